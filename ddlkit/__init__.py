@@ -1,0 +1,67 @@
+"""ddlkit: plugin-based, config-driven data-parallel training.
+
+The public facade: the hook marker, the registration record, the five interfaces, the run
+object handed to frameworks and hooks, and the errors. Everything else is internal.
+"""
+
+from .distributed import DistContext
+from .errors import (
+    ConfigError,
+    DdlkitError,
+    JobFailedError,
+    PluginConflictError,
+    PluginError,
+    PluginLoadError,
+    RunError,
+    UnknownNameError,
+)
+from .hookspecs import hookimpl, hookspec
+from .interfaces import (
+    ComputeTarget,
+    DataInfo,
+    DataSource,
+    Framework,
+    JobHandle,
+    JobSpec,
+    JobState,
+    JobStatus,
+    Loader,
+    Logger,
+    Shard,
+    StorageBackend,
+)
+from .registry import Registration
+from .run import Run, RunState
+from .schedule import LRSchedule
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "ComputeTarget",
+    "ConfigError",
+    "DataInfo",
+    "DataSource",
+    "DdlkitError",
+    "DistContext",
+    "Framework",
+    "JobFailedError",
+    "JobHandle",
+    "JobSpec",
+    "JobState",
+    "JobStatus",
+    "LRSchedule",
+    "Loader",
+    "Logger",
+    "PluginConflictError",
+    "PluginError",
+    "PluginLoadError",
+    "Registration",
+    "Run",
+    "RunError",
+    "RunState",
+    "Shard",
+    "StorageBackend",
+    "UnknownNameError",
+    "hookimpl",
+    "hookspec",
+]

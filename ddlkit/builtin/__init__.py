@@ -1,0 +1,1 @@
+"""In-core plugins. They register through the same hooks as third-party plugins."""

@@ -1,0 +1,20 @@
+"""The default ``ddlkit_run_loop``: prepare the data, then let the framework train.
+
+Registered ``trylast`` so a plugin's own loop (or a wrapper around this one) takes precedence.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from ..hookspecs import hookimpl
+
+if TYPE_CHECKING:
+    from ..run import Run
+
+
+@hookimpl(trylast=True)
+def ddlkit_run_loop(run: Run) -> bool:
+    run.data.prepare(run)
+    run.framework.train(run)
+    return True

@@ -1,0 +1,168 @@
+"""The ``ddlkit`` command.
+
+``ddlkit [OVERRIDES...]`` composes a run with Hydra and launches it (``--cfg job`` prints the
+composed config, ``--help`` lists the groups); ``ddlkit plugins`` lists what is installed.
+
+Plugins are loaded and their schemas stored *before* Hydra composes, because Hydra looks
+options up in its ConfigStore at composition time.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+from .errors import DdlkitError, UnknownNameError, exit_code_for
+from .registry import HOOK_POINTS, Registry
+
+_GROUP_OVERRIDE_PREFIXES = ("", "+", "++")
+
+
+def _fail(err: BaseException) -> int:
+    print(f"ddlkit: error: {err}", file=sys.stderr)
+    return exit_code_for(err)
+
+
+def _selected_names(value: object) -> list[str]:
+    """Names selected by a parsed override value: a name, a list of names, or a sweep of either."""
+    from hydra.core.override_parser.types import ChoiceSweep, Glob, RangeSweep
+
+    if isinstance(value, ChoiceSweep):
+        return [n for v in value.list for n in _selected_names(v)]
+    if isinstance(value, (Glob, RangeSweep)):
+        return []
+    if isinstance(value, list):
+        return [str(v) for v in value]
+    return [str(value)] if value is not None else []
+
+
+def check_names(overrides: Sequence[str], registry: Registry) -> None:
+    """Report an unknown ``framework=pytorh`` in our words (with the choices and any plugin that
+    failed to load) before Hydra composes anything; also checks the defaults' own choices."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from omegaconf import OmegaConf
+
+    from .config import CONF_DIR
+
+    chosen: dict[str, list[str]] = {}
+    for entry in OmegaConf.load(CONF_DIR / "config.yaml").defaults:
+        if not isinstance(entry, str):
+            for group, value in entry.items():
+                if group in HOOK_POINTS:
+                    chosen[group] = _selected_names(list(value) if not isinstance(value, str) else value)
+    parsed = OverridesParser.create().parse_overrides([o for o in overrides if not o.startswith("-")])
+    for ov in parsed:
+        key = ov.key_or_group
+        if key in HOOK_POINTS and not ov.is_delete():
+            chosen[key] = _selected_names(ov.value())
+    for group, names in chosen.items():
+        for name in names:
+            registry.get(group, name)
+
+
+def run_main(argv: list[str]) -> int:
+    """``ddlkit [OVERRIDES]``: the Hydra app."""
+    import hydra
+    from hydra.core.hydra_config import HydraConfig
+
+    from . import engine
+    from .config import store_schemas
+    from .plugins import get_plugin_manager
+
+    try:
+        pm = get_plugin_manager()
+        registry = Registry.collect(pm)
+        store_schemas(registry)
+        check_names(argv, registry)
+    except DdlkitError as err:
+        return _fail(err)
+    except Exception as err:  # a malformed override: Hydra will explain it below
+        if type(err).__name__ != "OverrideParseException":
+            raise
+
+    entered = {"code": 0}
+
+    def task(cfg) -> None:
+        entered["code"] = None
+        hc = HydraConfig.get()
+        try:
+            job = engine.prepare(cfg, job_dir=Path(hc.runtime.output_dir), job_name=_job_name(hc),
+                                 overrides=list(hc.overrides.task), registry=registry, pm=pm)
+            engine.run_job(job)
+        except DdlkitError as err:
+            entered["code"] = _fail(err)
+            if hc.mode is not None and hc.mode.name == "MULTIRUN":
+                return
+            sys.exit(entered["code"])
+        entered["code"] = 0
+
+    app = hydra.main(config_path="conf", config_name="config", version_base="1.3")(task)
+    saved_argv = sys.argv
+    sys.argv = ["ddlkit", *argv]
+    try:
+        app()
+    except SystemExit as exc:
+        # Hydra exits 1 for composition errors (bad type, unknown key) before the task runs: those are config errors
+        if entered["code"] == 0 and exc.code == 1:
+            return 2
+        return exc.code if isinstance(exc.code, int) else 1
+    finally:
+        sys.argv = saved_argv
+    return entered["code"] or 0
+
+
+def _job_name(hc) -> str:
+    out = Path(hc.runtime.output_dir)
+    return f"{out.parent.name}_{out.name}".replace(" ", "_")
+
+
+def plugins_main(argv: list[str]) -> int:
+    """``ddlkit plugins``: every plugin, where it comes from, its hooks and the names it registers."""
+    from rich.console import Console
+    from rich.table import Table
+
+    from .plugins import get_plugin_manager
+
+    try:
+        pm = get_plugin_manager()
+        registry = Registry.collect(pm)
+    except DdlkitError as err:
+        return _fail(err)
+    by_plugin: dict[int, list[str]] = {}
+    for group, entries in registry.entries.items():
+        for name, entry in sorted(entries.items()):
+            extra = ""
+            models = getattr(entry.registration.factory, "models", ())
+            if group == "framework" and models:
+                extra = f" (models: {', '.join(models)})"
+            by_plugin.setdefault(id(entry.plugin), []).append(f"{group}={name}{extra}")
+    table = Table(title="ddlkit plugins", show_lines=False)
+    for col in ("plugin", "distribution", "version", "registers", "other hooks"):
+        table.add_column(col, overflow="fold")
+    for name, plugin in sorted(pm.list_name_plugin(), key=lambda np: np[0]):
+        info = pm.infos.get(id(plugin))
+        hooks = sorted(h.name for h in pm.get_hookcallers(plugin) or []
+                       if h.name not in {hp.hook for hp in HOOK_POINTS.values()})
+        table.add_row(name, info.distribution if info else "?", info.version if info else "?",
+                      "\n".join(by_plugin.get(id(plugin), [])) or "-", ", ".join(hooks) or "-")
+    console = Console(width=max(Console().width, 120))
+    console.print(table)
+    for failure in pm.failures:
+        console.print(f"[red]failed to load[/red] {failure.name} from {failure.describe()}: {failure.error}",
+                      highlight=False)
+    return 0
+
+
+SUBCOMMANDS: dict[str, Callable[[list[str]], int]] = {"plugins": plugins_main}
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = list(sys.argv[1:] if argv is None else argv)
+    if args and args[0] in SUBCOMMANDS:
+        return SUBCOMMANDS[args[0]](args[1:])
+    return run_main(args)
+
+
+def console_main() -> None:
+    sys.exit(main())

@@ -1,0 +1,177 @@
+"""Hook specifications for ddlkit plugins.
+
+Two kinds of hook:
+
+* **Registration hooks** (``ddlkit_data_sources`` ... ``ddlkit_loggers``) are called once,
+  after all plugins are loaded. They yield :class:`ddlkit.Registration` records; only the core
+  maps a config name to an implementation, so only the core reports conflicts and choices.
+* **Lifecycle hooks** are broadcast to every plugin during a run, with keyword arguments.
+  Implementations may accept any subset of the arguments, so hooks grow by adding arguments.
+
+Lifecycle hooks run in the worker process of *every* rank; use ``run.dist.is_main`` to do
+rank-0-only work.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from typing import TYPE_CHECKING, Any, Literal
+
+import pluggy
+
+if TYPE_CHECKING:
+    from omegaconf import DictConfig
+
+    from .interfaces import ComputeTarget, DataSource, Framework, Logger, StorageBackend
+    from .registry import Registration
+    from .run import Run
+
+hookspec = pluggy.HookspecMarker("ddlkit")
+hookimpl = pluggy.HookimplMarker("ddlkit")  #: decorator plugins use to mark hook implementations
+
+RunStatus = Literal["completed", "failed", "interrupted"]
+
+
+# -------------------------------------------------------------------------
+# Registration hooks: called once, after all plugins are loaded
+# -------------------------------------------------------------------------
+@hookspec
+def ddlkit_data_sources() -> Iterable[Registration[DataSource]]:
+    """Register data sources; users select one with ``data=<name>``. Example::
+
+        @ddlkit.hookimpl
+        def ddlkit_data_sources():
+            yield ddlkit.Registration("parquet", ParquetSource, config=ParquetConfig)
+
+    :returns: Registrations. A name registered by two plugins raises :class:`PluginConflictError`.
+    .. versionadded:: 0.1
+    """
+
+
+@hookspec
+def ddlkit_storage_backends() -> Iterable[Registration[StorageBackend]]:
+    """Register storage backends; users select one with ``storage=<name>``. Example::
+
+        @ddlkit.hookimpl
+        def ddlkit_storage_backends():
+            yield ddlkit.Registration("gcs", GcsStorage, config=GcsStorageConfig)
+
+    .. versionadded:: 0.1
+    """
+
+
+@hookspec
+def ddlkit_compute_targets() -> Iterable[Registration[ComputeTarget]]:
+    """Register compute targets; users select one with ``compute=<name>``. Example::
+
+        @ddlkit.hookimpl
+        def ddlkit_compute_targets():
+            yield ddlkit.Registration("slurm", SlurmTarget, config=SlurmConfig)
+
+    .. versionadded:: 0.1
+    """
+
+
+@hookspec
+def ddlkit_frameworks() -> Iterable[Registration[Framework]]:
+    """Register deep-learning frameworks; users select one with ``framework=<name>``. Example::
+
+        @ddlkit.hookimpl
+        def ddlkit_frameworks():
+            yield ddlkit.Registration("jax", JaxFramework, config=JaxConfig)
+
+    .. versionadded:: 0.1
+    """
+
+
+@hookspec
+def ddlkit_loggers() -> Iterable[Registration[Logger]]:
+    """Register loggers; users select several at once with ``logger=[console,jsonl]``. Example::
+
+        @ddlkit.hookimpl
+        def ddlkit_loggers():
+            yield ddlkit.Registration("mlflow", MlflowLogger, config=MlflowConfig)
+
+    .. versionadded:: 0.1
+    """
+
+
+# -------------------------------------------------------------------------
+# Lifecycle hooks: broadcast; keyword arguments only
+# -------------------------------------------------------------------------
+@hookspec
+def ddlkit_configure(config: DictConfig) -> None:
+    """Validate your plugin's part of the composed config in the launcher, before any work starts.
+
+    Raise :class:`ddlkit.ConfigError` with a message that names the key and the fix. Example::
+
+        @ddlkit.hookimpl
+        def ddlkit_configure(config):
+            if config.framework.name == "jax" and config.trainer.precision == "fp16":
+                raise ddlkit.ConfigError("framework=jax supports trainer.precision=fp32|bf16")
+
+    .. versionadded:: 0.1
+    """
+
+
+@hookspec(firstresult=True)
+def ddlkit_run_loop(run: Run) -> bool | None:
+    """Drive one rank's training. The default is ``ddlkit.builtin.run_loop``.
+
+    Stops at the first non-None result. Wrap the default for timing or profiling::
+
+        @ddlkit.hookimpl(wrapper=True)
+        def ddlkit_run_loop(run):
+            t0 = time.perf_counter()
+            result = yield
+            print("run loop took", time.perf_counter() - t0)
+            return result
+
+    .. versionadded:: 0.1
+    """
+
+
+@hookspec
+def ddlkit_run_start(run: Run) -> None:
+    """Called on every rank after components are built and state is restored, before the first step.
+
+    .. versionadded:: 0.1
+    """
+
+
+@hookspec
+def ddlkit_step_end(run: Run, step: int, metrics: Mapping[str, float]) -> None:
+    """Called on every rank at each logging step (every ``trainer.log_every`` steps).
+
+    :param step: global optimizer step, counted from 1 across epochs and resumes.
+    :param metrics: ``loss``, ``lr``, ``images_per_sec`` (this rank's view), ``epoch``.
+    .. versionadded:: 0.1
+    """
+
+
+@hookspec
+def ddlkit_epoch_end(run: Run, epoch: int, metrics: Mapping[str, float]) -> None:
+    """Called on every rank after each epoch's validation.
+
+    :param epoch: 1-based number of the epoch just finished.
+    :param metrics: ``val_loss``, ``val_top1``, ``val_top5`` and the epoch's ``train_loss``.
+    .. versionadded:: 0.1
+    """
+
+
+@hookspec
+def ddlkit_checkpoint_saved(run: Run, path: str, step: int) -> None:
+    """Called on rank 0 after a checkpoint was written atomically to ``path``.
+
+    .. versionadded:: 0.1
+    """
+
+
+@hookspec
+def ddlkit_run_end(run: Run, status: RunStatus, result: Mapping[str, Any] | None) -> None:
+    """Called on every rank when the run ends, whatever the outcome.
+
+    :param status: ``completed``, ``failed`` or ``interrupted``.
+    :param result: the content of ``result.json`` when completed, else None.
+    .. versionadded:: 0.1
+    """

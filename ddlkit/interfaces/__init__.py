@@ -1,0 +1,22 @@
+"""One abstract base class per hook point. Plugins subclass these."""
+
+from .compute import ComputeTarget, JobHandle, JobSpec, JobState, JobStatus
+from .data import DataInfo, DataSource, Loader, Shard
+from .framework import Framework
+from .logger import Logger
+from .storage import StorageBackend
+
+__all__ = [
+    "ComputeTarget",
+    "DataInfo",
+    "DataSource",
+    "Framework",
+    "JobHandle",
+    "JobSpec",
+    "JobState",
+    "JobStatus",
+    "Loader",
+    "Logger",
+    "Shard",
+    "StorageBackend",
+]

@@ -1,0 +1,266 @@
+"""The rank-side state of a job, handed to the framework, the loggers and every lifecycle hook.
+
+A framework's loop talks only to this object (see :class:`ddlkit.Framework`), so the rules
+shared by all frameworks live here once: the learning-rate schedule, throughput measurement,
+when to log, when to checkpoint (atomically, rank 0 only), when to stop, and result.json.
+"""
+
+from __future__ import annotations
+
+import math
+import signal
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from .atomic import atomic_path, write_json
+from .checkpoint import CHECKPOINT_DIR, checkpoint_name, mark_latest
+from .errors import ConfigError, RunError
+from .interfaces import DataSource, Framework, Logger, Shard, StorageBackend
+from .schedule import LRSchedule
+from .throughput import ThroughputMeter
+
+if TYPE_CHECKING:
+    from omegaconf import DictConfig
+
+    from .distributed import DistContext
+    from .plugins import DdlkitPluginManager
+    from .registry import Registry
+
+#: worker exit status when the job stopped on SIGTERM after writing a resumable checkpoint
+EXIT_PREEMPTED = 75
+
+SaveFn = Callable[[Path, dict[str, Any]], None]
+LoadFn = Callable[[Path], dict[str, Any]]
+
+
+@dataclass
+class RunState:
+    """Progress counters; saved in every checkpoint's metadata."""
+
+    #: 0-based epoch in progress
+    epoch: int = 0
+    #: optimizer steps taken since the start of training (across resumes)
+    step: int = 0
+    #: batches of the current epoch already consumed
+    batch: int = 0
+
+
+class Preempted(Exception):
+    """Raised out of the training loop after a SIGTERM's checkpoint was written."""
+
+
+class Run:
+    def __init__(self, cfg: DictConfig, job_dir: Path, *, pm: DdlkitPluginManager, registry: Registry,
+                 dist: DistContext, resume_from: Path | None = None) -> None:
+        self.cfg = cfg
+        self.job_dir = Path(job_dir)
+        self.pm = pm
+        self.hook = pm.hook
+        self.dist = dist
+        self.data: DataSource = registry.create("data", cfg.data.name, cfg.data)
+        self.storage: StorageBackend = registry.create("storage", cfg.storage.name, cfg.storage)
+        self.framework: Framework = registry.create("framework", cfg.framework.name, cfg.framework)
+        self.loggers: list[Logger] = (
+            [registry.create("logger", name, node) for name, node in cfg.logger.items()] if dist.is_main else []
+        )
+        t = cfg.trainer
+        self.shard = Shard(dist.rank, dist.world_size)
+        self.global_batch = t.batch_size * dist.world_size
+        info = self.data.info
+        self.steps_per_epoch = info.train_length // self.global_batch
+        if self.steps_per_epoch < 1:
+            raise ConfigError(
+                f"data has {info.train_length} training images, fewer than one global batch of {self.global_batch} "
+                f"(trainer.batch_size={t.batch_size} x {dist.world_size} ranks). Lower trainer.batch_size or "
+                "raise data.length."
+            )
+        self.total_steps = self.steps_per_epoch * t.epochs
+        if t.max_steps is not None:
+            self.total_steps = min(self.total_steps, t.max_steps)
+        o = cfg.optimizer
+        self.schedule = LRSchedule(
+            base_lr=o.lr, global_batch=self.global_batch, steps_per_epoch=self.steps_per_epoch,
+            warmup_epochs=o.warmup_epochs, decay_epochs=tuple(o.decay_epochs), decay_factor=o.decay_factor,
+            reference_batch=o.reference_batch, scale_lr=o.scale_lr,
+        )
+        self.meter = ThroughputMeter(self.global_batch, t.warmup_steps)
+        self.state = RunState()
+        self.resume_from = resume_from
+        self.resumed_at: RunState | None = None
+        self.last_loss: float | None = None
+        self.epoch_metrics: dict[str, float] = {}
+        self.best_top1: float | None = None
+        self.checkpoints_written = 0
+        self.stop_requested = False
+        self._save: SaveFn | None = None
+        self._started = time.time()
+        self._last_checkpoint: tuple[int, int] | None = None
+        self._active_loggers: list[Logger] = []
+
+    # ---------------------------------------------------------------- framework side
+    def restore(self, save: SaveFn, load: LoadFn) -> RunState:
+        """Register how to write/read the framework's state, load ``resume_from`` if set, and
+        return where training starts. ``save(path, meta)`` must write everything to ``path``
+        (a file, or a directory it creates) and ``load(path)`` must return ``meta``."""
+        self._save = save
+        if self.resume_from is not None:
+            meta = load(self.resume_from)
+            self._check_compatible(meta)
+            self.state = RunState(**meta["state"])
+            self.resumed_at = RunState(**meta["state"])
+            self._last_checkpoint = (self.state.step, self.state.epoch)
+            self.last_loss = meta.get("last_loss")
+            self.best_top1 = meta.get("best_top1")
+        self.hook.ddlkit_run_start(run=self)
+        for lg in self.loggers:
+            lg.start(self)
+            self._active_loggers.append(lg)
+        return self.state
+
+    def epochs(self) -> range:
+        return range(self.state.epoch, self.cfg.trainer.epochs)
+
+    @property
+    def finished(self) -> bool:
+        return self.state.step >= self.total_steps
+
+    def step_end(self, loss: Callable[[], float] | float, lr: float) -> bool:
+        """Record one optimizer step. Returns True when the loop must stop now (max_steps
+        reached or a stop requested; a checkpoint has then been written)."""
+        self.meter.tick()
+        st = self.state
+        st.step += 1
+        st.batch += 1
+        t = self.cfg.trainer
+        if st.step % t.log_every == 0 or st.step == self.total_steps:
+            self.last_loss = loss() if callable(loss) else float(loss)
+            if not math.isfinite(self.last_loss):
+                raise RunError(
+                    f"loss became {self.last_loss} at step {st.step}: training diverged. Lower optimizer.lr "
+                    "or raise optimizer.warmup_epochs.", component="framework", step=st.step)
+            metrics = {"loss": self.last_loss, "lr": lr, "images_per_sec": self.meter.recent_rate(),
+                       "epoch": st.epoch + st.batch / self.steps_per_epoch}
+            for lg in self.loggers:
+                lg.log_metrics(st.step, metrics, split="train")
+            self.hook.ddlkit_step_end(run=self, step=st.step, metrics=metrics)
+        stop = self.stop_requested or st.step >= self.total_steps
+        if stop or (t.checkpoint_every and st.step % t.checkpoint_every == 0):
+            self.save_checkpoint()
+        if self.stop_requested:
+            raise Preempted(f"stopped on request at step {st.step}")
+        return stop
+
+    def validation_end(self, **metrics: float) -> None:
+        """Report validation metrics (``val_loss``, ``val_top1``, ``val_top5``) for the current state."""
+        self.meter.pause()
+        self.epoch_metrics = {k: float(v) for k, v in metrics.items()}
+        if "val_top1" in self.epoch_metrics:
+            self.best_top1 = max(self.best_top1 or 0.0, self.epoch_metrics["val_top1"])
+        epoch = self.state.epoch + min(self.state.batch / self.steps_per_epoch, 1.0)
+        for lg in self.loggers:
+            lg.log_metrics(self.state.step, {"epoch": epoch, **self.epoch_metrics}, split="val")
+
+    def epoch_end(self, **metrics: float) -> None:
+        """Call after each full epoch, with its validation metrics if validation ran."""
+        if metrics:
+            self.validation_end(**metrics)
+        st = self.state
+        st.epoch += 1
+        st.batch = 0
+        self.meter.pause()
+        self.hook.ddlkit_epoch_end(run=self, epoch=st.epoch, metrics=self.epoch_metrics)
+        self.save_checkpoint()
+
+    # ---------------------------------------------------------------- checkpoints
+    @property
+    def checkpoint_dir(self) -> Path:
+        return self.job_dir / CHECKPOINT_DIR
+
+    def save_checkpoint(self) -> Path | None:
+        """Write a checkpoint of the current state (rank 0 only; no-op if already saved at this point)."""
+        if self._save is None or not self.dist.is_main:
+            return None
+        key = (self.state.step, self.state.epoch)
+        if self._last_checkpoint == key:
+            return None
+        self.meter.pause()
+        path = self.checkpoint_dir / checkpoint_name(self.state.step)
+        meta = {"state": asdict(self.state), "last_loss": self.last_loss, "best_top1": self.best_top1,
+                "framework": self.cfg.framework.name, "model": self.cfg.model.name,
+                "global_batch_size": self.global_batch}
+        with atomic_path(path) as tmp:
+            self._save(tmp, meta)
+        mark_latest(path, keep=self.cfg.trainer.keep_checkpoints)
+        self._last_checkpoint = key
+        self.checkpoints_written += 1
+        self.hook.ddlkit_checkpoint_saved(run=self, path=str(path), step=self.state.step)
+        return path
+
+    def save_artifact(self, name: str, write: Callable[[Path], None]) -> Path | None:
+        """Write a file such as the final model into the job directory atomically (rank 0 only)."""
+        if not self.dist.is_main:
+            return None
+        path = self.job_dir / name
+        with atomic_path(path) as tmp:
+            write(tmp)
+        return path
+
+    def _check_compatible(self, meta: Mapping[str, Any]) -> None:
+        for key, mine in (("framework", self.cfg.framework.name), ("model", self.cfg.model.name)):
+            theirs = meta.get(key)
+            if theirs is not None and theirs != mine:
+                raise ConfigError(
+                    f"checkpoint {self.resume_from} was written with {key}={theirs}, this run has {key}={mine}. "
+                    "Use the same setting, or start fresh with trainer.resume=false (or another hydra.run.dir)."
+                )
+
+    # ---------------------------------------------------------------- lifecycle
+    def install_signal_handlers(self) -> None:
+        """SIGTERM (preemption, cancel) -> checkpoint at the next step boundary, then exit."""
+
+        def request_stop(signum: int, frame: object) -> None:
+            self.stop_requested = True
+
+        signal.signal(signal.SIGTERM, request_stop)
+
+    def result(self, status: str) -> dict[str, Any]:
+        """The content of result.json."""
+        t = self.cfg.trainer
+        return {
+            "status": status,
+            "framework": self.cfg.framework.name,
+            "model": self.cfg.model.name,
+            "data": self.cfg.data.name,
+            "world_size": self.dist.world_size,
+            "batch_size_per_rank": t.batch_size,
+            "global_batch_size": self.global_batch,
+            "precision": str(t.precision),
+            "epochs": self.state.epoch,
+            "steps": self.state.step,
+            "steps_per_epoch": self.steps_per_epoch,
+            "images_per_sec": round(self.meter.images_per_sec, 3),
+            "measured_steps": self.meter.measured_steps,
+            "warmup_steps": t.warmup_steps,
+            "final_loss": self.last_loss,
+            "val_loss": self.epoch_metrics.get("val_loss"),
+            "top1": self.epoch_metrics.get("val_top1"),
+            "top5": self.epoch_metrics.get("val_top5"),
+            "best_top1": self.best_top1,
+            "peak_lr": self.schedule.peak_lr,
+            "wall_time_s": round(time.time() - self._started, 3),
+            "resumed_from_step": self.resumed_at.step if self.resumed_at else None,
+        }
+
+    def finish(self, status: str) -> dict[str, Any] | None:
+        result = self.result(status) if status == "completed" else None
+        if result is not None and self.dist.is_main:
+            write_json(self.job_dir / "result.json", result)
+        try:
+            self.hook.ddlkit_run_end(run=self, status=status, result=result)
+        finally:
+            for lg in self._active_loggers:
+                lg.finish(status, result)
+        return result

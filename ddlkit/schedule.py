@@ -1,0 +1,43 @@
+"""The learning-rate rule shared by every framework (Goyal et al., arXiv:1706.02677).
+
+``lr(step) = base_lr * (global_batch / reference_batch) * warmup(step) * decay(step)``:
+
+* linear scaling: the base rate is stated for ``reference_batch`` (256) and scaled with the
+  global batch (per-rank batch x world size);
+* gradual warm-up: rising linearly from ``peak / warmup_steps`` to the peak over
+  ``warmup_epochs`` (large-batch training diverges without it);
+* step decay: multiplied by ``decay_factor`` at each epoch in ``decay_epochs``.
+
+Pure Python so TensorFlow, Keras and PyTorch all call the same function (one copy, not three).
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class LRSchedule:
+    base_lr: float
+    global_batch: int
+    steps_per_epoch: int
+    warmup_epochs: float = 5.0
+    decay_epochs: Sequence[float] = (30, 60, 80)
+    decay_factor: float = 0.1
+    reference_batch: int = 256
+    scale_lr: bool = True
+
+    @property
+    def peak_lr(self) -> float:
+        scale = self.global_batch / self.reference_batch if self.scale_lr else 1.0
+        return self.base_lr * scale
+
+    def __call__(self, step: int) -> float:
+        """Learning rate for the 0-based optimizer step ``step``."""
+        warmup_steps = round(self.warmup_epochs * self.steps_per_epoch)
+        if step < warmup_steps:
+            return self.peak_lr * (step + 1) / warmup_steps
+        boundaries = sorted(round(e * self.steps_per_epoch) for e in self.decay_epochs)
+        return self.peak_lr * self.decay_factor ** bisect.bisect_right(boundaries, step)

@@ -1,0 +1,80 @@
+"""The rank side: ``python -m ddlkit.worker JOBFILE``.
+
+Every rank of every compute target runs this on the same resolved job file. It never
+re-enters Hydra; it loads plugins (entry points, as the launcher did), learns its rank from
+the environment, and hands over to the ``ddlkit_run_loop`` hook.
+
+Exit status: 0 completed; 75 stopped on SIGTERM after a resumable checkpoint; 2 config
+error; 3 plugin error; 1 anything else.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import traceback
+from pathlib import Path
+
+from omegaconf import OmegaConf
+
+from . import secrets as secret_store
+from .checkpoint import resolve_resume
+from .distributed import DistContext
+from .errors import DdlkitError, exit_code_for
+from .plugins import get_plugin_manager
+from .registry import Registry
+from .run import EXIT_PREEMPTED, Preempted, Run
+
+
+def load_job(job_file: Path) -> dict:
+    job = json.loads(Path(job_file).read_text(encoding="utf-8"))
+    secret_store.restore_secrets(job["config"], secret_store.decode(os.environ.get(secret_store.SECRETS_ENV)))
+    return job
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if len(argv) != 1:
+        print("usage: python -m ddlkit.worker JOBFILE", file=sys.stderr)
+        return 2
+    job = load_job(Path(argv[0]))
+    secrets = secret_store.decode(os.environ.get(secret_store.SECRETS_ENV))
+    cfg = OmegaConf.create(job["config"])
+    job_dir = Path(job["job_dir"])
+    dist = DistContext.from_env(cfg.dist.backend)
+    run: Run | None = None
+    status = "failed"
+    try:
+        pm = get_plugin_manager()
+        registry = Registry.collect(pm)
+        run = Run(cfg, job_dir, pm=pm, registry=registry, dist=dist,
+                  resume_from=resolve_resume(job_dir, cfg.trainer.resume))
+        run.install_signal_handlers()
+        pm.hook.ddlkit_run_loop(run=run)
+        status = "completed"
+        return 0
+    except Preempted as stop:
+        status = "interrupted"
+        print(f"ddlkit worker (rank {dist.rank}): {stop}; checkpoint saved, resumable", file=sys.stderr)
+        return EXIT_PREEMPTED
+    except KeyboardInterrupt:
+        status = "interrupted"
+        return 130
+    except DdlkitError as err:
+        print(f"ddlkit worker (rank {dist.rank}): {type(err).__name__}: "
+              f"{secret_store.scrub(str(err), secrets)}", file=sys.stderr)
+        return exit_code_for(err)
+    except Exception:
+        # a bug in a plugin or a framework failure: the full trace belongs in the rank log
+        print(secret_store.scrub(traceback.format_exc(), secrets), file=sys.stderr)
+        return 1
+    finally:
+        if run is not None:
+            run.finish(status)
+        sys.stdout.flush()
+        sys.stderr.flush()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,161 @@
+"""The PyTorch training loop. torch is imported inside methods, so composing a config and
+``ddlkit plugins`` stay fast and work without torch installed."""
+
+from __future__ import annotations
+
+import contextlib
+import random
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import ddlkit
+
+if TYPE_CHECKING:
+    from omegaconf import DictConfig
+
+#: what ddlkit_pytorch.models builds (kept here as plain names so the launcher needs no torch)
+MODEL_NAMES = ("resnet18", "resnet34", "resnet50", "resnet101", "resnet152")
+
+
+@dataclass
+class PytorchConfig:
+    # cpu, cuda, cuda:N, or auto (cuda when available)
+    device: str = "auto"
+    # NHWC memory layout: faster convolutions on recent GPUs and on CPUs with oneDNN
+    channels_last: bool = False
+    # intra-op threads per rank; 0 keeps torch's default (all cores)
+    num_threads: int = 0
+    # torch.compile the model (the first steps get slower, later ones faster)
+    compile: bool = False
+
+
+class PytorchFramework(ddlkit.Framework):
+    models = MODEL_NAMES
+
+    def configure(self, config: DictConfig) -> None:
+        precision = str(config.trainer.precision)
+        if precision == "fp16" and self.cfg.device == "cpu":
+            raise ddlkit.ConfigError("trainer.precision=fp16 needs a GPU; on the CPU use trainer.precision=bf16 "
+                                     "(or fp32)")
+
+    def _device(self) -> Any:
+        import torch
+
+        wanted = self.cfg.device
+        if wanted == "auto":
+            wanted = "cuda" if torch.cuda.is_available() else "cpu"
+        if wanted.startswith("cuda") and not torch.cuda.is_available():
+            raise ddlkit.ConfigError(f"framework.device={wanted} but torch sees no GPU; use framework.device=cpu")
+        return torch.device(wanted)
+
+    def train(self, run: ddlkit.Run) -> None:
+        import torch
+        from torch import nn
+
+        from .models import build_model
+
+        t = run.cfg.trainer
+        if self.cfg.num_threads:
+            torch.set_num_threads(self.cfg.num_threads)
+        torch.manual_seed(t.seed)
+        random.seed(t.seed)
+        if t.deterministic:
+            torch.use_deterministic_algorithms(True)
+        device = self._device()
+        precision = str(t.precision)
+        if precision == "fp16" and device.type != "cuda":
+            raise ddlkit.ConfigError("trainer.precision=fp16 needs a GPU; on the CPU use trainer.precision=bf16")
+        memory_format = torch.channels_last if self.cfg.channels_last else torch.contiguous_format
+
+        info = run.data.info
+        model = build_model(run.cfg.model.name, num_classes=info.num_classes,
+                            zero_init_residual=run.cfg.model.zero_init_residual)
+        model = model.to(device, memory_format=memory_format)
+        o = run.cfg.optimizer
+        optimizer = torch.optim.SGD(model.parameters(), lr=run.schedule(0), momentum=o.momentum,
+                                    weight_decay=o.weight_decay, nesterov=o.nesterov)
+        scaler = torch.amp.GradScaler(device.type, enabled=precision == "fp16")
+        autocast_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(precision)
+        loss_fn = nn.CrossEntropyLoss(label_smoothing=o.label_smoothing)
+        step_model = torch.compile(model) if self.cfg.compile else model
+
+        def autocast() -> contextlib.AbstractContextManager:
+            if autocast_dtype is None:
+                return contextlib.nullcontext()
+            return torch.autocast(device.type, dtype=autocast_dtype)
+
+        def save(path: Path, meta: dict[str, Any]) -> None:
+            rng = {"torch": torch.get_rng_state(), "python": random.getstate()}
+            if device.type == "cuda":
+                rng["cuda"] = torch.cuda.get_rng_state(device)
+            torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict(),
+                        "scaler": scaler.state_dict(), "rng": rng, "meta": meta}, path)
+
+        def load(path: Path) -> dict[str, Any]:
+            # weights_only: a checkpoint is data, never code to run
+            ckpt = torch.load(path, map_location=device, weights_only=True)
+            model.load_state_dict(ckpt["model"])
+            optimizer.load_state_dict(ckpt["optimizer"])
+            scaler.load_state_dict(ckpt["scaler"])
+            torch.set_rng_state(ckpt["rng"]["torch"].cpu())
+            random.setstate(_as_random_state(ckpt["rng"]["python"]))
+            if "cuda" in ckpt["rng"] and device.type == "cuda":
+                torch.cuda.set_rng_state(ckpt["rng"]["cuda"].cpu(), device)
+            return ckpt["meta"]
+
+        loader_args = dict(batch_size=t.batch_size, shard=run.shard, seed=t.seed, device=device,
+                           channels_last=self.cfg.channels_last)
+        train_loader = run.data.loader("pytorch", "train", **loader_args)
+        val_loader = run.data.loader("pytorch", "val", **loader_args) if t.validate else None
+        run.restore(save, load)
+
+        def evaluate() -> dict[str, float]:
+            model.eval()
+            total = loss_sum = top1 = top5 = 0
+            with torch.no_grad(), autocast():
+                for images, labels in val_loader.iter_epoch(0):
+                    out = step_model(images.to(device, non_blocking=True))
+                    labels = labels.to(device, non_blocking=True)
+                    loss_sum += loss_fn(out.float(), labels).item() * labels.numel()
+                    best = out.topk(min(5, out.shape[1]), dim=1).indices
+                    hits = best.eq(labels.unsqueeze(1))
+                    top1 += hits[:, :1].any(dim=1).sum().item()
+                    top5 += hits.any(dim=1).sum().item()
+                    total += labels.numel()
+            model.train()
+            return {"val_loss": loss_sum / total, "val_top1": top1 / total, "val_top5": top5 / total}
+
+        model.train()
+        stopped = run.finished
+        for epoch in run.epochs():
+            if stopped:
+                break
+            for images, labels in train_loader.iter_epoch(epoch, run.state.batch):
+                lr = run.schedule(run.state.step)
+                for group in optimizer.param_groups:
+                    group["lr"] = lr
+                images = images.to(device, non_blocking=True)
+                labels = labels.to(device, non_blocking=True)
+                with autocast():
+                    loss = loss_fn(step_model(images), labels)
+                optimizer.zero_grad(set_to_none=True)
+                scaler.scale(loss).backward()
+                scaler.step(optimizer)
+                scaler.update()
+                if run.step_end(loss=lambda loss=loss: loss.item(), lr=lr):
+                    stopped = True
+                    break
+            metrics = evaluate() if val_loader is not None else {}
+            if stopped and run.state.batch < run.steps_per_epoch:
+                run.validation_end(**metrics) if metrics else None
+                break
+            run.epoch_end(**metrics)
+        if t.save_model:
+            run.save_artifact("model.pt", lambda p: torch.save(model.state_dict(), p))
+
+
+def _as_random_state(state: Any) -> tuple:
+    """torch.load gives lists back where random.getstate() had tuples."""
+    version, internal, gauss = state
+    return (version, tuple(internal), gauss)
