@@ -13,7 +13,7 @@ import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from .errors import DdlkitError, UnknownNameError, exit_code_for
+from .errors import ConfigError, DdlkitError, exit_code_for
 from .registry import HOOK_POINTS, Registry
 
 _GROUP_OVERRIDE_PREFIXES = ("", "+", "++")
@@ -43,7 +43,7 @@ def check_names(overrides: Sequence[str], registry: Registry) -> None:
     from hydra.core.override_parser.overrides_parser import OverridesParser
     from omegaconf import OmegaConf
 
-    from .config import CONF_DIR
+    from .config import CONF_DIR, experiment_dirs
 
     chosen: dict[str, list[str]] = {}
     for entry in OmegaConf.load(CONF_DIR / "config.yaml").defaults:
@@ -51,11 +51,21 @@ def check_names(overrides: Sequence[str], registry: Registry) -> None:
             for group, value in entry.items():
                 if group in HOOK_POINTS:
                     chosen[group] = _selected_names(list(value) if not isinstance(value, str) else value)
-    parsed = OverridesParser.create().parse_overrides([o for o in overrides if not o.startswith("-")])
+    # flags (and the values of flags such as `--cfg job`) are Hydra's business, not overrides
+    parsed = OverridesParser.create().parse_overrides([o for o in overrides if "=" in o and not o.startswith("-")])
     for ov in parsed:
         key = ov.key_or_group
         if key in HOOK_POINTS and not ov.is_delete():
             chosen[key] = _selected_names(ov.value())
+        elif key == "experiment" and not ov.is_delete():
+            known = sorted({p.stem for d in experiment_dirs() for p in d.glob("*.yaml")})
+            for name in _selected_names(ov.value()):
+                if name not in known:
+                    where = ", ".join(str(d) for d in experiment_dirs()) or "none exists here"
+                    raise ConfigError(
+                        f"unknown experiment {name!r} (`+experiment`). Choose one of: {', '.join(known) or '-'}. "
+                        f"Experiments are <name>.yaml files in ./experiments or in $DDLKIT_EXPERIMENTS "
+                        f"(directories: {where}).")
     for group, names in chosen.items():
         for name in names:
             registry.get(group, name)

@@ -93,9 +93,12 @@ def validate(cfg: DictConfig, registry: Registry, pm: DdlkitPluginManager) -> di
                           f"Choose one of: {', '.join(models)}.")
     data_cls = registry.get("data", cfg.data.name).factory
     supported = getattr(data_cls, "frameworks", ())
-    if supported and cfg.framework.name not in supported:
+    data_format = getattr(framework_cls, "data_format", None) or cfg.framework.name
+    if supported and data_format not in supported:
         raise ConfigError(f"data={cfg.data.name} has no input pipeline for framework={cfg.framework.name}; "
                           f"it supports: {', '.join(supported)}.")
+    # Framework.configure is the framework's own launcher-side check (documented on the interface)
+    registry.create("framework", cfg.framework.name, cfg.framework).configure(cfg)
     pm.hook.ddlkit_configure(config=cfg)
     return container
 

@@ -27,6 +27,9 @@ class Framework(ABC):
 
     #: model names this framework can build; checked in the launcher
     models: ClassVar[tuple[str, ...]] = ()
+    #: the ``framework`` argument this framework passes to :meth:`DataSource.loader`, checked
+    #: in the launcher against the data source's ``frameworks``; None: its registered name
+    data_format: ClassVar[str | None] = None
 
     def __init__(self, cfg: Any) -> None:
         self.cfg = cfg

@@ -1,0 +1,76 @@
+"""Start-up cost of the ``ddlkit`` command, and proof that composing never imports a framework.
+
+Times ``ddlkit --cfg job`` (load plugins, store schemas, compose, print) against two baselines
+run in the same script: a bare interpreter, and a minimal Hydra app that composes and prints a
+one-key config (the floor any Hydra CLI pays). Reports medians and ddlkit's extra seconds over
+the Hydra floor, and which heavy modules ``ddlkit --cfg job`` imported (from ``-X importtime``).
+
+    python benchmarks/startup.py [--repeat 5]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from _common import write_result
+
+HYDRA_APP = """
+import hydra
+from omegaconf import OmegaConf
+@hydra.main(version_base="1.3", config_path=None, config_name=None)
+def app(cfg):
+    pass
+app()
+"""
+HEAVY = ("torch", "tensorflow", "keras", "jax", "horovod", "wandb", "azure")
+
+
+def timed(argv: list[str], cwd: str) -> float:
+    t0 = time.perf_counter()
+    subprocess.run(argv, cwd=cwd, check=True, capture_output=True)
+    return time.perf_counter() - t0
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--repeat", type=int, default=5)
+    args = ap.parse_args()
+    with tempfile.TemporaryDirectory() as tmp:
+        app = Path(tmp) / "app.py"
+        app.write_text(HYDRA_APP)
+        cases = {
+            "python": [sys.executable, "-c", "pass"],
+            "hydra_minimal_app": [sys.executable, str(app), "--cfg", "job"],
+            "ddlkit_cfg_job": [sys.executable, "-m", "ddlkit", "--cfg", "job"],
+        }
+        samples: dict[str, list[float]] = {k: [] for k in cases}
+        for _ in range(args.repeat):  # interleaved, so drift hits all cases alike
+            for name, argv in cases.items():
+                samples[name].append(timed(argv, tmp))
+        trace = subprocess.run([sys.executable, "-X", "importtime", "-m", "ddlkit", "--cfg", "job"], cwd=tmp,
+                               capture_output=True, text=True, check=True).stderr
+    imported = sorted({ln.split("|")[-1].strip().split(".")[0] for ln in trace.splitlines() if "|" in ln})
+    heavy = [m for m in HEAVY if m in imported]
+    med = {k: statistics.median(v) for k, v in samples.items()}
+    payload = {
+        "benchmark": "startup", "repeat": args.repeat,
+        "median_s": med, "samples_s": samples,
+        "ddlkit_over_hydra_floor_s": med["ddlkit_cfg_job"] - med["hydra_minimal_app"],
+        "ratio_ddlkit_to_hydra_floor": med["ddlkit_cfg_job"] / med["hydra_minimal_app"],
+        "heavy_modules_imported": heavy,
+    }
+    path = write_result("startup", payload)
+    for k, v in med.items():
+        print(f"{k:20s} {v:.3f} s")
+    print(f"ddlkit --cfg job costs {payload['ddlkit_over_hydra_floor_s']:.3f} s over a minimal Hydra app; "
+          f"heavy modules imported: {heavy or 'none'} -> {path}")
+
+
+if __name__ == "__main__":
+    main()
