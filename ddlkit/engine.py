@@ -60,7 +60,8 @@ def _check(cond: bool, key: str, value: object, requirement: str) -> None:
 def validate(cfg: DictConfig, registry: Registry, pm: DdlkitPluginManager) -> dict[str, Any]:
     """Check the composed config before anything runs; return it resolved as plain containers."""
     for group, hp in HOOK_POINTS.items():
-        names = list(cfg[group].keys()) if hp.multi else [cfg[group].name]
+        # `logger=[]` (no loggers) leaves the key out of the composed config altogether
+        names = list(cfg.get(group) or {}) if hp.multi else [cfg[group].name]
         for name in names:
             registry.get(group, name)
     try:
@@ -111,7 +112,7 @@ def environment_info() -> dict[str, Any]:
         except PackageNotFoundError:
             pass
     return {"python": platform.python_version(), "platform": platform.platform(), "packages": packages,
-            "argv": sys.argv, "git": _git_state()}
+            "argv": secret_store.redact_overrides(sys.argv), "git": _git_state()}
 
 
 def _git_state() -> dict[str, Any] | None:
@@ -130,6 +131,8 @@ def prepare(cfg: DictConfig, *, job_dir: Path, job_name: str, overrides: Sequenc
             pm: DdlkitPluginManager) -> PreparedJob:
     """Validate, write the job directory's files, and build the compute target."""
     container = validate(cfg, registry, pm)
+    # a secret given on the command line must not reach the job files (nor the resume hint) either
+    overrides = secret_store.redact_overrides(overrides)
     job_dir = Path(job_dir).resolve()
     resolve_resume(job_dir, cfg.trainer.resume)  # a bad resume setting fails here, not on the cluster
     redacted, secrets = secret_store.split_secrets(container)

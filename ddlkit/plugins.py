@@ -55,6 +55,8 @@ class PluginInfo:
     module: str
     #: "ImportError: ..." when the plugin failed to load, else None
     error: str | None = None
+    #: loaded through the entry-point group (so DDLKIT_DISABLE_PLUGINS=<name> can block it)
+    from_entry_point: bool = False
 
     def describe(self) -> str:
         return f"{self.distribution} {self.version} ({self.module})"
@@ -87,12 +89,13 @@ class DdlkitPluginManager(pluggy.PluginManager):
             try:
                 plugin = ep.load()
             except Exception as err:
-                info = PluginInfo(ep.name, dist, ver, ep.value, error=f"{type(err).__name__}: {err}")
+                info = PluginInfo(ep.name, dist, ver, ep.value, error=f"{type(err).__name__}: {err}",
+                                  from_entry_point=True)
                 self.failures.append(info)
                 warnings.warn(f"ddlkit plugin {ep.name!r} from {info.describe()} failed to load: {info.error}",
                               RuntimeWarning, stacklevel=2)
                 continue
-            info = PluginInfo(ep.name, dist, ver, ep.value)
+            info = PluginInfo(ep.name, dist, ver, ep.value, from_entry_point=True)
             try:
                 self.register_plugin(plugin, info)
             except (ValueError, pluggy.PluginValidationError) as err:
@@ -110,7 +113,12 @@ class DdlkitPluginManager(pluggy.PluginManager):
         return info.describe() if info else repr(plugin)
 
     def failure_lines(self) -> list[str]:
-        return [f"{f.describe()} ({f.error})" for f in self.failures]
+        return [f"{f.describe()}: {f.error}" for f in self.failures]
+
+    def entry_point_name(self, plugin: object) -> str | None:
+        """The entry-point name a plugin was loaded under (what DDLKIT_DISABLE_PLUGINS takes), if any."""
+        info = self.infos.get(id(plugin))
+        return info.name if info is not None and info.from_entry_point else None
 
 
 def _dist_version(dist: str) -> str:

@@ -108,10 +108,17 @@ class Registry:
                     reg.entries[group][item.name] = entry
         if conflicts:
             (group, name), entries = next(iter(conflicts.items()))
-            lines = "\n".join(f"  - {e.origin}" for e in entries)
+            lines, blockable = [], []
+            for e in entries:
+                ep = pm.entry_point_name(e.plugin)
+                lines.append(f"  - {e.origin}" + (f", entry point {ep!r}" if ep else ""))
+                blockable += [ep] if ep else []
+            way_out = "Uninstall one"
+            if blockable:
+                way_out += f", or block one with DDLKIT_DISABLE_PLUGINS=<{' or '.join(blockable)}>"
             raise PluginConflictError(
-                f"{HOOK_POINTS[group].noun} {name!r} is registered by {len(entries)} plugins:\n{lines}\n"
-                "  Uninstall one, or block it with DDLKIT_DISABLE_PLUGINS=<entry-point name>."
+                f"{HOOK_POINTS[group].noun} {name!r} is registered by {len(entries)} plugins:\n"
+                + "\n".join(lines) + f"\n  {way_out}."
             )
         return reg
 

@@ -54,9 +54,11 @@ class Preempted(Exception):
 
 class Run:
     def __init__(self, cfg: DictConfig, job_dir: Path, *, pm: DdlkitPluginManager, registry: Registry,
-                 dist: DistContext, resume_from: Path | None = None) -> None:
+                 dist: DistContext, resume_from: Path | None = None, name: str | None = None) -> None:
         self.cfg = cfg
         self.job_dir = Path(job_dir)
+        #: the job's name (unique per job; results are published under it)
+        self.name = name or self.job_dir.name
         self.pm = pm
         self.hook = pm.hook
         self.dist = dist
@@ -64,7 +66,9 @@ class Run:
         self.storage: StorageBackend = registry.create("storage", cfg.storage.name, cfg.storage)
         self.framework: Framework = registry.create("framework", cfg.framework.name, cfg.framework)
         self.loggers: list[Logger] = (
-            [registry.create("logger", name, node) for name, node in cfg.logger.items()] if dist.is_main else []
+            # `logger=[]` composes to no `logger` key at all
+            [registry.create("logger", name, node) for name, node in (cfg.get("logger") or {}).items()]
+            if dist.is_main else []
         )
         t = cfg.trainer
         self.shard = Shard(dist.rank, dist.world_size)
@@ -147,7 +151,10 @@ class Run:
                 lg.log_metrics(st.step, metrics, split="train")
             self.hook.ddlkit_step_end(run=self, step=st.step, metrics=metrics)
         stop = self.stop_requested or st.step >= self.total_steps
-        if stop or (t.checkpoint_every and st.step % t.checkpoint_every == 0):
+        # at an epoch's last batch the framework calls epoch_end next, which checkpoints the
+        # finished epoch; saving here too would write the same step twice
+        at_epoch_end = st.batch >= self.steps_per_epoch and not self.stop_requested
+        if not at_epoch_end and (stop or (t.checkpoint_every and st.step % t.checkpoint_every == 0)):
             self.save_checkpoint()
         if self.stop_requested:
             raise Preempted(f"stopped on request at step {st.step}")
@@ -258,6 +265,9 @@ class Run:
         result = self.result(status) if status == "completed" else None
         if result is not None and self.dist.is_main:
             write_json(self.job_dir / "result.json", result)
+            where = self.storage.publish_results(self.job_dir, self.name)
+            if where:
+                print(f"ddlkit: results published to {where}", flush=True)
         try:
             self.hook.ddlkit_run_end(run=self, status=status, result=result)
         finally:

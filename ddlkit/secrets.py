@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 REDACTED = "***"
@@ -45,6 +45,16 @@ def split_secrets(container: Any, prefix: str = "") -> tuple[Any, dict[str, str]
         return node
 
     return walk(container, prefix), found
+
+
+def redact_overrides(overrides: Iterable[str]) -> list[str]:
+    """Command-line overrides (or argv) with secret values replaced: ``storage.sas_token=***``."""
+    out = []
+    for override in overrides:
+        key, sep, value = override.partition("=")
+        secret = sep and value and is_secret_key(key.lstrip("+~").rsplit(".", 1)[-1])
+        out.append(f"{key}={REDACTED}" if secret else override)
+    return out
 
 
 def restore_secrets(container: dict[str, Any], secrets: Mapping[str, str]) -> None:

@@ -49,7 +49,7 @@ def main(argv: list[str] | None = None) -> int:
         pm = get_plugin_manager()
         registry = Registry.collect(pm)
         run = Run(cfg, job_dir, pm=pm, registry=registry, dist=dist,
-                  resume_from=resolve_resume(job_dir, cfg.trainer.resume))
+                  resume_from=resolve_resume(job_dir, cfg.trainer.resume), name=job.get("name"))
         run.install_signal_handlers()
         pm.hook.ddlkit_run_loop(run=run)
         status = "completed"

@@ -1,0 +1,411 @@
+"""ddlkit's test kit: an opt-in pytest plugin for plugin authors (and ddlkit's own tests).
+
+It is deliberately not registered under ``pytest11``: that would import the kit, and Hydra
+with it, into every pytest session of every environment where ddlkit is installed. Enable it
+in your *top-level* ``conftest.py``::
+
+    pytest_plugins = ["ddlkit.testing"]
+
+    @pytest.fixture(autouse=True)
+    def _isolated(ddlkit_isolation):
+        pass
+
+Fixtures:
+
+* ``ddlkit_isolation`` - restores the environment (and fails a test that changed it without
+  ``monkeypatch``), runs the test in ``tmp_path``, clears ddlkit's cached plugin manager and
+  Hydra's global state; meant to be made autouse as above;
+* ``ddlkit_pm`` - a fresh :class:`~ddlkit.plugins.DdlkitPluginManager`: specs and built-ins,
+  no entry points; add your plugin with :func:`add_plugin`;
+* ``hook_recorder`` - a :class:`HookRecorder` of the lifecycle hook calls made on ``ddlkit_pm``;
+* ``run_inprocess`` - runs the real worker in this process on ``ddlkit_pm`` (fast; hooks
+  recordable); returns a :class:`WorkerOutcome`;
+* ``run_factory`` - runs the real ``python -m ddlkit`` CLI in a subprocess; returns a :class:`RunOutcome`.
+
+Both run fixtures add ``framework=fake`` (:mod:`ddlkit.testing.fakes`) unless the overrides
+choose a framework, so a run needs no deep-learning library and takes a fraction of a second
+in-process, about two seconds through the CLI. Helpers for your own fixtures: :func:`add_plugin`,
+:func:`compose` and :func:`make_run`. Contract suites for the five interfaces are in
+:mod:`ddlkit.testing.contracts`.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import ModuleType
+from typing import TYPE_CHECKING, Any
+
+import pytest
+
+from ..hookspecs import hookimpl
+from ..plugins import DdlkitPluginManager, PluginInfo, get_plugin_manager, new_plugin_manager
+from ..registry import HOOK_POINTS, Registry
+from ..secrets import SECRETS_ENV
+from . import fakes
+
+if TYPE_CHECKING:
+    from omegaconf import DictConfig
+
+    from ..run import Run
+
+__all__ = [
+    "DDLKIT_ENV",
+    "FAKES_MODULE",
+    "HookCall",
+    "HookRecorder",
+    "RunFactory",
+    "RunOutcome",
+    "WorkerOutcome",
+    "add_plugin",
+    "compose",
+    "ddlkit_isolation",
+    "ddlkit_pm",
+    "hook_recorder",
+    "make_run",
+    "run_factory",
+    "run_inprocess",
+    "with_default_framework",
+]
+
+#: environment variables that change what ddlkit loads or does; ``ddlkit_isolation`` removes
+#: them so that a developer's shell cannot change a test's outcome
+DDLKIT_ENV = (
+    "DDLKIT_PLUGINS",
+    "DDLKIT_DISABLE_PLUGINS",
+    "DDLKIT_DISABLE_PLUGIN_AUTOLOAD",
+    "DDLKIT_TRACE_PLUGINS",
+    "DDLKIT_EXPERIMENTS",
+    SECRETS_ENV,
+)
+#: pytest itself rewrites this one around every phase of a test
+_PYTEST_ENV = "PYTEST_CURRENT_TEST"
+#: the groups ddlkit.config.store_schemas stores besides the five hook points
+_CORE_GROUPS = ("model", "optimizer", "trainer", "dist", "experiment")
+#: what DDLKIT_PLUGINS names to load the fakes in a subprocess
+FAKES_MODULE = fakes.__name__
+
+
+# ---------------------------------------------------------------------------- helpers
+def add_plugin(pm: DdlkitPluginManager, plugin: ModuleType | object, *, name: str | None = None,
+               distribution: str = "tests", version: str = "0", module: str | None = None) -> object:
+    """Register ``plugin`` (a module, or an object with ``@ddlkit.hookimpl`` methods) on ``pm``
+    as if entry point ``name`` of ``distribution`` had loaded it from ``module`` (the import
+    path shown in messages). Returns the plugin."""
+    if module is None:
+        cls = type(plugin)
+        module = plugin.__name__ if isinstance(plugin, ModuleType) else f"{cls.__module__}.{cls.__qualname__}"
+    name = name or module
+    if not pm.has_plugin(name) and not pm.is_registered(plugin):
+        pm.register_plugin(plugin, PluginInfo(name, distribution, version, module))
+    return plugin
+
+
+def with_default_framework(overrides: Sequence[str]) -> list[str]:
+    """``overrides`` plus ``framework=fake`` unless they select a framework themselves."""
+    chosen = any(_override_key(o) == "framework" for o in overrides)
+    return list(overrides) if chosen else ["framework=fake", *overrides]
+
+
+def _override_key(override: str) -> str:
+    return override.split("=", 1)[0].lstrip("+~")
+
+
+def compose(registry: Registry, overrides: Sequence[str] = ()) -> DictConfig:
+    """Compose ``ddlkit``'s config as the CLI does (schemas from ``registry``), without running."""
+    from hydra import compose as hydra_compose
+    from hydra import initialize_config_module
+
+    from ..config import store_schemas
+
+    store_schemas(registry)
+    with initialize_config_module("ddlkit.conf", version_base="1.3"):
+        return hydra_compose("config", overrides=list(overrides))
+
+
+def make_run(pm: DdlkitPluginManager, job_dir: Path, *overrides: str) -> Run:
+    """A :class:`ddlkit.Run` built from validated config (fakes added), ready to hand to a
+    framework or a logger; nothing is trained and no job file is written."""
+    from omegaconf import OmegaConf
+
+    from ..distributed import DistContext
+    from ..engine import validate
+    from ..run import Run
+
+    add_plugin(pm, fakes, name=FAKES_MODULE)
+    registry = Registry.collect(pm)
+    cfg = compose(registry, with_default_framework(overrides))
+    # the worker's view: plain resolved containers, as read back from job.json
+    plain = OmegaConf.create(validate(cfg, registry, pm))
+    Path(job_dir).mkdir(parents=True, exist_ok=True)
+    return Run(plain, Path(job_dir), pm=pm, registry=registry, dist=DistContext())
+
+
+@dataclass
+class _JobFiles:
+    #: the job directory (``hydra.run.dir``); None for commands that run no job
+    job_dir: Path | None
+    _files: dict[str, str] = field(init=False, repr=False, default_factory=dict)
+
+    def __post_init__(self) -> None:
+        # a snapshot: re-running a job in the same directory (to resume) must not change this outcome
+        if self.job_dir is None:
+            return
+        for name in ("result.json", "metrics.jsonl"):
+            if (self.job_dir / name).is_file():
+                self._files[name] = (self.job_dir / name).read_text(encoding="utf-8")
+
+    def _text(self, name: str) -> str:
+        try:
+            return self._files[name]
+        except KeyError:
+            raise AssertionError(f"the run wrote no {name} (job directory: {self.job_dir})") from None
+
+    @property
+    def result(self) -> dict[str, Any]:
+        """``result.json``, parsed, as it was when the run ended."""
+        return json.loads(self._text("result.json"))
+
+    @property
+    def metrics(self) -> list[dict[str, Any]]:
+        """``metrics.jsonl``, one dict per line, as it was when the run ended."""
+        return [json.loads(line) for line in self._text("metrics.jsonl").splitlines() if line.strip()]
+
+
+@dataclass
+class RunOutcome(_JobFiles):
+    """What a ``ddlkit`` subprocess did."""
+
+    returncode: int
+    stdout: str
+    stderr: str
+    argv: list[str] = field(default_factory=list)
+
+    @property
+    def output(self) -> str:
+        return f"$ {' '.join(self.argv)}\n--- stdout ---\n{self.stdout[-6000:]}\n--- stderr ---\n{self.stderr[-6000:]}"
+
+    def assert_returncode(self, expected: int) -> RunOutcome:
+        """Fail showing the command's output unless it exited with ``expected``."""
+        if self.returncode != expected:
+            raise AssertionError(f"ddlkit exited {self.returncode}, expected {expected}\n{self.output}")
+        return self
+
+    def assert_success(self) -> RunOutcome:
+        return self.assert_returncode(0)
+
+
+@dataclass
+class WorkerOutcome(_JobFiles):
+    """What an in-process worker did. ``run`` is None when it failed before building the Run."""
+
+    exit_code: int
+    run: Run | None
+    #: the status passed to ``ddlkit_run_end``, None when no Run was built
+    status: str | None
+
+
+class RunFactory:
+    """``run_factory(*overrides)`` runs a job through the real CLI in a subprocess;
+    ``run_factory.cli(*args)`` runs any ``ddlkit`` command line (``plugins``, ``--cfg job``)."""
+
+    def __init__(self, base_dir: Path) -> None:
+        self.base_dir = base_dir
+        self._counter = itertools.count(1)
+
+    def __call__(self, *overrides: str, job_dir: Path | None = None, env: Mapping[str, str] | None = None,
+                 timeout: float = 120.0) -> RunOutcome:
+        """Run ``ddlkit [framework=fake] OVERRIDES hydra.run.dir=JOB_DIR``. Each call gets a new
+        job directory under ``tmp_path`` unless ``job_dir`` names one (reuse it to resume)."""
+        job_dir = Path(job_dir) if job_dir is not None else self.base_dir / f"run-{next(self._counter)}"
+        args = with_default_framework(overrides)
+        if not any(_override_key(o) == "hydra.run.dir" for o in overrides):
+            args.append(f"hydra.run.dir={job_dir}")
+        return self.cli(*args, env=env, timeout=timeout, job_dir=job_dir)
+
+    def cli(self, *args: str, env: Mapping[str, str] | None = None, python_args: Sequence[str] = (),
+            timeout: float = 120.0, job_dir: Path | None = None) -> RunOutcome:
+        """Run ``python [PYTHON_ARGS] -m ddlkit ARGS`` in ``tmp_path`` with the fakes loaded."""
+        plugins = [p for p in os.environ.get("DDLKIT_PLUGINS", "").split(",") if p.strip()]
+        full_env = {**os.environ, "DDLKIT_PLUGINS": ",".join([*plugins, FAKES_MODULE]), **(env or {})}
+        argv = [sys.executable, *python_args, "-m", "ddlkit", *args]
+        proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=full_env,
+                                cwd=self.base_dir)
+        try:
+            stdout, stderr = proc.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            # SIGINT, not SIGKILL: the launcher then cancels its job, so no worker outlives the test
+            proc.send_signal(signal.SIGINT)
+            try:
+                stdout, stderr = proc.communicate(timeout=30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                stdout, stderr = proc.communicate()
+            outcome = RunOutcome(job_dir, proc.returncode, stdout, stderr, argv)
+            raise AssertionError(f"ddlkit did not finish within {timeout} s\n{outcome.output}") from None
+        return RunOutcome(job_dir, proc.returncode, stdout, stderr, argv)
+
+
+@dataclass(frozen=True)
+class HookCall:
+    """One recorded hook call: its name and keyword arguments (also reachable as ``call["step"]``)."""
+
+    name: str
+    kwargs: Mapping[str, Any]
+
+    def __getitem__(self, key: str) -> Any:
+        return self.kwargs[key]
+
+
+class HookRecorder:
+    """Records every hook call made through a plugin manager, in order (as pytest's does).
+
+    Registration hooks are not recorded: the registry calls their implementations directly.
+    """
+
+    def __init__(self, pm: DdlkitPluginManager) -> None:
+        self.calls: list[HookCall] = []
+        self._undo = pm.add_hookcall_monitoring(self._before, lambda *args: None)
+
+    def _before(self, hook_name: str, hook_impls: object, kwargs: Mapping[str, Any]) -> None:
+        self.calls.append(HookCall(hook_name, dict(kwargs)))
+
+    def names(self) -> list[str]:
+        return [c.name for c in self.calls]
+
+    def getcalls(self, name: str) -> list[HookCall]:
+        return [c for c in self.calls if c.name == name]
+
+    def getcall(self, name: str) -> HookCall:
+        """The one call of ``name``; fails listing the calls made if there is not exactly one."""
+        calls = self.getcalls(name)
+        if len(calls) != 1:
+            raise AssertionError(f"expected exactly one call of {name}, got {len(calls)}; calls: {self.names()}")
+        return calls[0]
+
+    def clear(self) -> None:
+        self.calls.clear()
+
+    def finish_recording(self) -> None:
+        self._undo()
+
+
+class _RunEndCapture:
+    """Catches the Run and its final status, which the worker does not return."""
+
+    run: Run | None = None
+    status: str | None = None
+
+    @hookimpl
+    def ddlkit_run_end(self, run: Run, status: str) -> None:
+        self.run, self.status = run, status
+
+
+# ---------------------------------------------------------------------------- fixtures
+def _forget_ddlkit_schemas() -> None:
+    """Drop the config groups ddlkit stores (rebuilt by ``store_schemas`` before every compose), so
+    that no plugin registered in one test stays selectable in the next. Hydra's own groups stay:
+    they are stored once, when its modules are imported."""
+    from hydra.core.config_store import ConfigStore
+
+    repo = ConfigStore.instance().repo
+    for group in (*HOOK_POINTS, *_CORE_GROUPS):
+        repo.pop(group, None)
+
+
+@pytest.fixture
+def ddlkit_isolation(tmp_path: Path) -> Iterator[None]:
+    """Isolate a test from the process and the process from the test (make it autouse)."""
+    from hydra.core.global_hydra import GlobalHydra
+
+    _forget_ddlkit_schemas()
+    saved_sigterm = signal.getsignal(signal.SIGTERM)
+    with pytest.MonkeyPatch.context() as mp:
+        for name in DDLKIT_ENV:
+            mp.delenv(name, raising=False)
+        # relative paths (experiments/, outputs/) then land in the test's own directory
+        mp.chdir(tmp_path)
+        env_before = dict(os.environ)
+        get_plugin_manager.cache_clear()
+        try:
+            yield
+        finally:
+            leaked = sorted(k for k in set(env_before) | set(os.environ)
+                            if k != _PYTEST_ENV and env_before.get(k) != os.environ.get(k))
+            current = os.environ.get(_PYTEST_ENV)
+            os.environ.clear()
+            os.environ.update(env_before)
+            if current is not None:
+                os.environ[_PYTEST_ENV] = current
+            get_plugin_manager.cache_clear()
+            _forget_ddlkit_schemas()
+            GlobalHydra.instance().clear()
+            signal.signal(signal.SIGTERM, saved_sigterm)
+    if leaked:
+        pytest.fail(f"the test changed environment variables {leaked} without monkeypatch; they were restored. "
+                    "Use monkeypatch.setenv/delenv.", pytrace=False)
+
+
+@pytest.fixture
+def ddlkit_pm() -> DdlkitPluginManager:
+    """A fresh manager with ddlkit's hook specs and built-in plugins only."""
+    # new_plugin_manager also honours DDLKIT_PLUGINS and DDLKIT_TRACE_PLUGINS; keep them out
+    with pytest.MonkeyPatch.context() as mp:
+        mp.delenv("DDLKIT_PLUGINS", raising=False)
+        mp.delenv("DDLKIT_TRACE_PLUGINS", raising=False)
+        return new_plugin_manager(autoload=False)
+
+
+@pytest.fixture
+def hook_recorder(ddlkit_pm: DdlkitPluginManager) -> Iterator[HookRecorder]:
+    recorder = HookRecorder(ddlkit_pm)
+    yield recorder
+    recorder.finish_recording()
+
+
+@pytest.fixture
+def run_factory(tmp_path: Path) -> RunFactory:
+    return RunFactory(tmp_path)
+
+
+@pytest.fixture
+def run_inprocess(ddlkit_pm: DdlkitPluginManager, tmp_path: Path,
+                  monkeypatch: pytest.MonkeyPatch) -> Callable[..., WorkerOutcome]:
+    """``run_inprocess(*overrides, job_dir=None)``: compose and prepare the job as the launcher
+    does, then run :func:`ddlkit.worker.main` in this process on ``ddlkit_pm`` (plus the fakes),
+    so ``hook_recorder`` sees every hook and a debugger can step into the loop."""
+    from .. import worker
+    from ..engine import prepare
+
+    add_plugin(ddlkit_pm, fakes, name=FAKES_MODULE)
+    # the worker takes the process-wide manager; in a test it must be this one
+    monkeypatch.setattr(worker, "get_plugin_manager", lambda: ddlkit_pm)
+    counter = itertools.count(1)
+
+    def run(*overrides: str, job_dir: Path | None = None) -> WorkerOutcome:
+        job_dir = Path(job_dir) if job_dir is not None else tmp_path / f"inprocess-{next(counter)}"
+        registry = Registry.collect(ddlkit_pm)
+        args = with_default_framework(overrides)
+        job = prepare(compose(registry, args), job_dir=job_dir, job_name=job_dir.name, overrides=args,
+                      registry=registry, pm=ddlkit_pm)
+        capture = _RunEndCapture()
+        ddlkit_pm.register(capture)
+        saved_sigterm = signal.getsignal(signal.SIGTERM)  # the worker installs its own handler
+        try:
+            with monkeypatch.context() as mp:
+                for key, value in job.spec.env.items():
+                    mp.setenv(key, value)
+                code = worker.main([str(job.spec.job_file)])
+        finally:
+            signal.signal(signal.SIGTERM, saved_sigterm)
+            ddlkit_pm.unregister(capture)
+        return WorkerOutcome(job.spec.job_dir, code, capture.run, capture.status)
+
+    return run

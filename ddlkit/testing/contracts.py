@@ -1,0 +1,444 @@
+"""Contract suites: the behaviour every implementation of a hook point's interface owes ddlkit.
+
+None of these classes is named ``Test*``, so pytest collects nothing here until you subclass
+one in your own test module and provide its fixture (as Hydra's launcher test suites work)::
+
+    from ddlkit.testing.contracts import StorageBackendContract
+
+    class TestGcsStorage(StorageBackendContract):
+        @pytest.fixture
+        def backend(self, tmp_path):
+            return GcsStorage(GcsStorageConfig(bucket="test-bucket", prefix=tmp_path.name))
+
+Subject fixtures: ``backend`` (an *empty* :class:`~ddlkit.StorageBackend`), ``logger`` (a
+:class:`~ddlkit.Logger`), ``data_source`` (a small :class:`~ddlkit.DataSource`) and ``target``
+(a :class:`~ddlkit.ComputeTarget`); :class:`FrameworkContract` instead takes class attributes
+naming the framework and its plugin module. Class attributes tune a suite where an
+implementation legitimately differs; each is documented where it is declared. The suites need the kit's
+fixtures: ``pytest_plugins = ["ddlkit.testing"]`` in your top-level conftest.py.
+"""
+
+from __future__ import annotations
+
+import importlib
+import math
+import os
+import sys
+import textwrap
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any, ClassVar
+
+import pytest
+
+from ..interfaces import ComputeTarget, DataSource, JobHandle, JobSpec, JobState, Logger, Shard, StorageBackend
+from ..plugins import DdlkitPluginManager
+from ..run import Run, RunState
+from . import HookRecorder, WorkerOutcome, add_plugin, make_run
+
+__all__ = ["ComputeTargetContract", "DataSourceContract", "FrameworkContract", "LoggerContract",
+           "StorageBackendContract"]
+
+
+# ---------------------------------------------------------------------------- storage
+class StorageBackendContract:
+    """Provide ``backend``: an empty backend that tests may fill."""
+
+    #: whether the backend must refuse keys that leave its root (True for anything file-system-like;
+    #: an object store, where ``../x`` is just a key, may set False)
+    rejects_escaping_keys: ClassVar[bool] = True
+    escaping_keys: ClassVar[tuple[str, ...]] = ("../outside.bin", "a/../../outside.bin", "/outside.bin")
+
+    @pytest.fixture
+    def local_file(self, tmp_path: Path) -> Path:
+        path = tmp_path / "upload" / "blob.bin"
+        path.parent.mkdir(parents=True)
+        path.write_bytes(bytes(range(256)) * 16)
+        return path
+
+    def _put_bytes(self, backend: StorageBackend, tmp_path: Path, key: str, data: bytes) -> None:
+        src = tmp_path / "src.bin"
+        src.write_bytes(data)
+        backend.put(src, key)
+
+    def _get_bytes(self, backend: StorageBackend, tmp_path: Path, key: str) -> bytes:
+        dst = tmp_path / "dst.bin"
+        backend.get(key, dst)
+        return dst.read_bytes()
+
+    def test_new_backend_is_empty(self, backend: StorageBackend) -> None:
+        assert backend.list() == []
+
+    def test_put_get_round_trip(self, backend: StorageBackend, local_file: Path, tmp_path: Path) -> None:
+        backend.put(local_file, "dir/sub/blob.bin")
+        assert self._get_bytes(backend, tmp_path, "dir/sub/blob.bin") == local_file.read_bytes()
+
+    def test_put_replaces_previous_object(self, backend: StorageBackend, tmp_path: Path) -> None:
+        self._put_bytes(backend, tmp_path, "k.txt", b"first version, longer than the second")
+        self._put_bytes(backend, tmp_path, "k.txt", b"second")
+        assert self._get_bytes(backend, tmp_path, "k.txt") == b"second"
+        assert backend.list() == ["k.txt"], "temporary objects of a replacement must not be visible"
+
+    def test_failed_put_keeps_previous_object(self, backend: StorageBackend, tmp_path: Path) -> None:
+        self._put_bytes(backend, tmp_path, "k.txt", b"intact")
+        with pytest.raises(OSError):
+            backend.put(tmp_path / "no-such-file", "k.txt")
+        assert self._get_bytes(backend, tmp_path, "k.txt") == b"intact"
+        assert backend.list() == ["k.txt"]
+
+    def test_get_replaces_local_file(self, backend: StorageBackend, tmp_path: Path) -> None:
+        self._put_bytes(backend, tmp_path, "k.txt", b"new")
+        dst = tmp_path / "existing.txt"
+        dst.write_bytes(b"old content that is longer")
+        backend.get("k.txt", dst)
+        assert dst.read_bytes() == b"new"
+
+    def test_exists(self, backend: StorageBackend, tmp_path: Path) -> None:
+        self._put_bytes(backend, tmp_path, "a/b.txt", b"x")
+        assert backend.exists("a/b.txt")
+        assert not backend.exists("a/c.txt")
+        assert not backend.exists("a/b.tx")
+
+    def test_list_is_sorted_and_filtered_by_prefix(self, backend: StorageBackend, tmp_path: Path) -> None:
+        for key in ("b/2", "a/10", "ab", "a/1", "a/sub/3"):
+            self._put_bytes(backend, tmp_path, key, key.encode())
+        assert backend.list() == ["a/1", "a/10", "a/sub/3", "ab", "b/2"]
+        assert backend.list("a/") == ["a/1", "a/10", "a/sub/3"]
+        assert backend.list("a") == ["a/1", "a/10", "a/sub/3", "ab"]
+        assert backend.list("zzz") == []
+
+    def test_get_missing_raises_file_not_found(self, backend: StorageBackend, tmp_path: Path) -> None:
+        dst = tmp_path / "never-written.bin"
+        with pytest.raises(FileNotFoundError):
+            backend.get("missing/key.bin", dst)
+        assert not dst.exists()
+
+    def test_keys_escaping_the_root_are_rejected(self, backend: StorageBackend, local_file: Path) -> None:
+        if not self.rejects_escaping_keys:
+            pytest.skip("this backend treats such keys as ordinary keys")
+        for key in self.escaping_keys:
+            with pytest.raises(ValueError, match="escapes"):
+                backend.put(local_file, key)
+        assert backend.list() == []
+
+
+# ---------------------------------------------------------------------------- loggers
+class LoggerContract:
+    """Provide ``logger``: a fresh logger, built from its config as the registry would.
+
+    Override :meth:`read_back` if what the logger kept can be read back (a file, a service's
+    API): the suite then also checks order and resume behaviour.
+    """
+
+    #: whether records outlive the process (a file, a service), so that a resumed run's logger
+    #: finds the records of the run it continues
+    persistent: ClassVar[bool] = True
+
+    @pytest.fixture
+    def logger_run(self, ddlkit_pm: DdlkitPluginManager, tmp_path: Path) -> Run:
+        """A run the logger is started on (fake framework, not trained)."""
+        return make_run(ddlkit_pm, tmp_path / "job", "trainer.epochs=2", "data.length=320", "data.val_length=64")
+
+    def read_back(self, logger: Logger, run: Run) -> list[tuple[int, str]] | None:
+        """(step, split) of every metrics record the logger kept, in order; None if unknowable."""
+        return None
+
+    def _log_steps(self, logger: Logger, steps: range, run: Run) -> None:
+        for step in steps:
+            run.state.step = step
+            logger.log_metrics(step, {"loss": 1.0 / step, "lr": 0.1, "images_per_sec": 100.0, "epoch": step / 10},
+                               split="train")
+
+    def test_completed_lifecycle(self, logger: Logger, logger_run: Run) -> None:
+        logger.start(logger_run)
+        self._log_steps(logger, range(1, 6), logger_run)
+        logger.log_metrics(5, {"epoch": 1.0, "val_loss": 2.0, "val_top1": 0.5, "val_top5": 0.9}, split="val")
+        logger.finish("completed", logger_run.result("completed"))
+        kept = self.read_back(logger, logger_run)
+        if kept is not None:
+            assert kept == [(1, "train"), (2, "train"), (3, "train"), (4, "train"), (5, "train"), (5, "val")]
+
+    def test_finish_without_metrics(self, logger: Logger, logger_run: Run) -> None:
+        """A run that fails at once still starts and finishes its loggers."""
+        logger.start(logger_run)
+        logger.finish("failed", None)
+        kept = self.read_back(logger, logger_run)
+        if kept is not None:
+            assert kept == []
+
+    def test_resume_does_not_duplicate_records(self, logger: Logger, logger_run: Run) -> None:
+        """Records after the checkpoint a run resumes from are logged again, so they must not stay twice."""
+        logger.start(logger_run)
+        self._log_steps(logger, range(1, 8), logger_run)
+        logger.finish("interrupted", None)
+        if not self.persistent or self.read_back(logger, logger_run) is None:
+            pytest.skip("the logger's records cannot be read back after its process ends")
+        # the run resumes from a checkpoint taken at step 4, as Run.restore would set it up
+        logger_run.state = RunState(epoch=0, step=4, batch=4)
+        logger_run.resumed_at = RunState(epoch=0, step=4, batch=4)
+        # a new process builds a new logger from the same config (Registration.factory(cfg))
+        resumed = type(logger)(logger.cfg)
+        resumed.start(logger_run)
+        self._log_steps(resumed, range(5, 9), logger_run)
+        resumed.finish("completed", logger_run.result("completed"))
+        assert self.read_back(resumed, logger_run) == [(s, "train") for s in range(1, 9)]
+
+
+# ---------------------------------------------------------------------------- data
+class DataSourceContract:
+    """Provide ``data_source``: a small source (a few hundred images at most)."""
+
+    #: the ``framework`` argument passed to ``loader``: a batch format the source serves
+    loader_format: ClassVar[str] = "numpy"
+    batch_size: ClassVar[int] = 4
+
+    def to_numpy(self, x: Any) -> Any:
+        """Convert a batch element of ``loader_format`` to a numpy array."""
+        import numpy as np
+
+        return np.asarray(x)
+
+    def _loader(self, source: DataSource, split: str = "train", *, shard: Shard | None = None, seed: int = 0) -> Any:
+        return source.loader(self.loader_format, split, batch_size=self.batch_size, shard=shard or Shard(), seed=seed)
+
+    def _batches(self, loader: Any, epoch: int = 0, start_batch: int = 0) -> list[tuple[Any, Any]]:
+        return [(self.to_numpy(x), self.to_numpy(y)) for x, y in loader.iter_epoch(epoch, start_batch)]
+
+    def test_info_is_consistent(self, data_source: DataSource) -> None:
+        info = data_source.info
+        assert info.num_classes >= 1
+        assert info.image_size >= 1
+        assert info.train_length >= self.batch_size, "the contract needs at least one training batch"
+        assert info.val_length >= 0
+
+    def test_serves_the_declared_format(self, data_source: DataSource) -> None:
+        declared = type(data_source).frameworks
+        assert not declared or self.loader_format in declared, f"{self.loader_format} not in frameworks={declared}"
+
+    def test_train_epoch_has_len_batches_of_valid_samples(self, data_source: DataSource) -> None:
+        info = data_source.info
+        loader = self._loader(data_source)
+        assert len(loader) == info.train_length // self.batch_size
+        batches = self._batches(loader)
+        assert len(batches) == len(loader)
+        images, labels = batches[0]
+        assert images.shape[0] == labels.shape[0] == self.batch_size
+        assert list(images.shape[1:]).count(info.image_size) >= 2, f"image shape {images.shape}"
+        for _, labels in batches:
+            assert 0 <= labels.min() and labels.max() < info.num_classes
+
+    def test_val_epoch_has_len_batches(self, data_source: DataSource) -> None:
+        if data_source.info.val_length == 0:
+            pytest.skip("no validation split")
+        loader = self._loader(data_source, "val")
+        assert len(loader) >= 1
+        assert len(self._batches(loader)) == len(loader)
+
+    def test_start_batch_skips_exactly_the_seen_batches(self, data_source: DataSource) -> None:
+        """A run resumed mid-epoch must see exactly the batches it had not seen yet."""
+        loader = self._loader(data_source)
+        full = self._batches(loader, epoch=1)
+        skip = len(full) // 2
+        rest = self._batches(loader, epoch=1, start_batch=skip)
+        assert len(rest) == len(full) - skip
+        for (x, y), (fx, fy) in zip(rest, full[skip:], strict=True):
+            assert (x == fx).all() and (y == fy).all()
+
+    def test_same_seed_same_batches(self, data_source: DataSource) -> None:
+        (x1, y1), *_ = self._batches(self._loader(data_source, seed=7))
+        (x2, y2), *_ = self._batches(self._loader(data_source, seed=7))
+        assert (x1 == x2).all() and (y1 == y2).all()
+
+    def test_ranks_get_their_own_shard(self, data_source: DataSource) -> None:
+        info = data_source.info
+        if info.train_length < 2 * self.batch_size:
+            pytest.skip("too small for two ranks")
+        loaders = [self._loader(data_source, shard=Shard(rank, 2)) for rank in (0, 1)]
+        assert [len(lo) for lo in loaders] == [info.train_length // (2 * self.batch_size)] * 2
+        (x0, _), *_ = self._batches(loaders[0])
+        (x1, _), *_ = self._batches(loaders[1])
+        assert not (x0 == x1).all(), "two ranks received the same batch"
+
+
+# ---------------------------------------------------------------------------- compute
+class ComputeTargetContract:
+    """Provide ``target``. Its jobs run ``[sys.executable, "-c", CODE]``, so the Python running
+    the tests must exist where the jobs run (true for local targets and most containers)."""
+
+    #: whether jobs run on this machine, so that process ids written by a job can be checked here
+    local_processes: ClassVar[bool] = True
+    #: seconds a job may take to start, run a trivial command and report
+    timeout_s: ClassVar[float] = 60.0
+    #: seconds a cancelled job may take to end
+    cancel_timeout_s: ClassVar[float] = 15.0
+
+    @pytest.fixture
+    def handles(self) -> Iterator[list[JobHandle]]:
+        """Every handle submitted by a test; cancelled afterwards so a failing test leaks no job."""
+        handles: list[JobHandle] = []
+        yield handles
+        for handle in handles:
+            handle.cancel()
+            handle.wait(timeout=self.cancel_timeout_s)
+
+    def submit(self, target: ComputeTarget, handles: list[JobHandle], job_dir: Path, code: str,
+               env: dict[str, str] | None = None) -> JobHandle:
+        job_dir.mkdir(parents=True, exist_ok=True)  # the launcher creates it before submitting
+        job_file = job_dir / "job.json"
+        job_file.write_text("{}\n", encoding="utf-8")
+        spec = JobSpec(name=f"contract-{job_dir.name}", job_dir=job_dir, job_file=job_file,
+                       argv=[sys.executable, "-c", textwrap.dedent(code)], env=env or {})
+        handle = target.submit(spec)
+        handles.append(handle)
+        return handle
+
+    def test_success_streams_output(self, target: ComputeTarget, handles: list[JobHandle], tmp_path: Path) -> None:
+        handle = self.submit(target, handles, tmp_path / "ok", """
+            import os
+            print("hello from", os.environ["DDLKIT_CONTRACT_VALUE"], flush=True)
+            print("second line")
+        """, env={"DDLKIT_CONTRACT_VALUE": "the-spec-env"})
+        output = "".join(handle.logs(follow=True))
+        assert "hello from the-spec-env" in output
+        assert "second line" in output
+        status = handle.wait(timeout=self.timeout_s)
+        assert (status.state, status.exit_code) == (JobState.SUCCEEDED, 0)
+        assert handle.status().state is JobState.SUCCEEDED
+
+    def test_failure_reports_exit_code_and_last_lines(self, target: ComputeTarget, handles: list[JobHandle],
+                                                       tmp_path: Path) -> None:
+        handle = self.submit(target, handles, tmp_path / "fail", """
+            import sys
+            print("step 1 fine")
+            print("boom: the disk is on fire", flush=True)
+            sys.exit(3)
+        """)
+        status = handle.wait(timeout=self.timeout_s)
+        assert status.state is JobState.FAILED
+        assert status.exit_code == 3
+        assert "boom: the disk is on fire" in status.message
+
+    def test_wait_with_timeout_returns_while_running(self, target: ComputeTarget, handles: list[JobHandle],
+                                                     tmp_path: Path) -> None:
+        handle = self.submit(target, handles, tmp_path / "slow", "import time; time.sleep(60)")
+        t0 = time.monotonic()
+        status = handle.wait(timeout=0.2)
+        assert not status.state.done
+        assert time.monotonic() - t0 < 5
+
+    def test_cancel_ends_the_job_and_its_processes(self, target: ComputeTarget, handles: list[JobHandle],
+                                                   tmp_path: Path) -> None:
+        job_dir = tmp_path / "cancel"
+        handle = self.submit(target, handles, job_dir, f"""
+            import os, subprocess, sys, time
+            child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+            with open({str(job_dir / "pids")!r}, "w") as f:
+                f.write(f"{{os.getpid()}} {{child.pid}}")
+            print("ready", flush=True)
+            time.sleep(60)
+        """)
+        seen = ""
+        for chunk in handle.logs(follow=True):
+            seen += chunk
+            if "ready" in seen:
+                break
+        assert "ready" in seen, f"the job ended before it was ready; output: {seen!r}"
+        t0 = time.monotonic()
+        handle.cancel()
+        handle.cancel()  # idempotent
+        status = handle.wait(timeout=self.cancel_timeout_s)
+        assert status.state is JobState.CANCELLED, status
+        assert time.monotonic() - t0 < self.cancel_timeout_s
+        if self.local_processes:
+            pids = [int(p) for p in (job_dir / "pids").read_text().split()]
+            deadline = time.monotonic() + 5
+            while any(_alive(p) for p in pids) and time.monotonic() < deadline:
+                time.sleep(0.05)
+            assert not [p for p in pids if _alive(p)], "cancel() left processes of the job running"
+
+    def test_cancel_after_completion_changes_nothing(self, target: ComputeTarget, handles: list[JobHandle],
+                                                     tmp_path: Path) -> None:
+        handle = self.submit(target, handles, tmp_path / "done", "print('done')")
+        assert handle.wait(timeout=self.timeout_s).state is JobState.SUCCEEDED
+        handle.cancel()
+        assert handle.wait(timeout=self.timeout_s).state is JobState.SUCCEEDED
+
+
+def _alive(pid: int) -> bool:
+    """Whether ``pid`` runs; a zombie (exited, not yet reaped by its new parent) does not."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return True
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"
+
+
+# ---------------------------------------------------------------------------- frameworks
+class FrameworkContract:
+    """Set :attr:`framework`, :attr:`plugin` and :attr:`model_file`; the suite trains in this
+    process (``run_inprocess``), so keep :attr:`overrides` tiny."""
+
+    #: the registered name (``framework=<name>``)
+    framework: ClassVar[str]
+    #: the module holding the plugin's hook implementations (its entry-point target)
+    plugin: ClassVar[str]
+    #: the file ``run.save_artifact`` writes the final weights to
+    model_file: ClassVar[str]
+    #: settings that make a run take seconds: here 2 epochs of 5 steps, a log line every 2 steps
+    overrides: ClassVar[tuple[str, ...]] = (
+        "data.image_size=32", "data.num_classes=10", "data.length=80", "data.val_length=16", "trainer.batch_size=16",
+        "trainer.epochs=2", "trainer.log_every=2", "trainer.warmup_steps=1", "trainer.deterministic=true",
+    )
+
+    def assert_same_weights(self, a: Path, b: Path) -> None:
+        """Fail unless the weight files ``a`` and ``b`` hold equal weights; the default compares
+        bytes, override it for formats that embed timestamps."""
+        assert a.read_bytes() == b.read_bytes(), f"{a} and {b} differ"
+
+    @pytest.fixture
+    def train(self, ddlkit_pm: DdlkitPluginManager, run_inprocess: Any) -> Any:
+        """``train(*more_overrides, job_dir=None)``: a run of this framework; fails unless it exits 0."""
+        add_plugin(ddlkit_pm, importlib.import_module(self.plugin))
+
+        def run(*more: str, job_dir: Path | None = None) -> WorkerOutcome:
+            out = run_inprocess(f"framework={self.framework}", *self.overrides, *more, job_dir=job_dir)
+            assert (out.exit_code, out.status) == (0, "completed"), "the run failed; see the captured stderr"
+            return out
+
+        return run
+
+    def test_trains_and_reports_through_the_run(self, train: Any, hook_recorder: HookRecorder) -> None:
+        out = train()
+        steps_per_epoch, epochs = out.run.steps_per_epoch, out.run.cfg.trainer.epochs
+        result = out.result
+        assert (result["framework"], result["steps"], result["epochs"]) == (
+            self.framework, steps_per_epoch * epochs, epochs)
+        assert math.isfinite(result["final_loss"])
+        assert 0 <= result["top1"] <= result["top5"] <= 1
+        log_every = out.run.cfg.trainer.log_every
+        assert [c["step"] for c in hook_recorder.getcalls("ddlkit_step_end")] == [
+            s for s in range(1, steps_per_epoch * epochs + 1) if s % log_every == 0 or s == steps_per_epoch * epochs]
+        assert [c["epoch"] for c in hook_recorder.getcalls("ddlkit_epoch_end")] == list(range(1, epochs + 1))
+        assert (out.job_dir / self.model_file).is_file()
+
+    def test_stops_at_max_steps(self, train: Any) -> None:
+        out = train("trainer.max_steps=3")
+        assert (out.result["steps"], out.run.state.step) == (3, 3)
+        assert (out.job_dir / "checkpoints" / "step-00000003.ckpt").exists()
+
+    def test_a_resumed_run_ends_with_the_same_weights(self, train: Any, tmp_path: Path) -> None:
+        straight = train()
+        stop = straight.run.steps_per_epoch + 2  # mid-way through the second epoch
+        first = train(f"trainer.max_steps={stop}", job_dir=tmp_path / "resumed")
+        assert first.result["steps"] == stop
+        resumed = train(job_dir=tmp_path / "resumed")
+        assert resumed.result["resumed_from_step"] == stop
+        self.assert_same_weights(straight.job_dir / self.model_file, resumed.job_dir / self.model_file)
+        assert resumed.result["final_loss"] == straight.result["final_loss"]

@@ -1,0 +1,263 @@
+"""Fake components for tests: a plugin module, like any other, registering
+
+* ``framework=fake`` (:class:`FakeFramework`): a real, tiny training loop in numpy;
+* ``storage=memory`` (:class:`MemoryStorage`): objects in an in-process dict;
+* ``logger=recording`` (:class:`RecordingLogger`): keeps every call in memory.
+
+Enable it in a subprocess with ``DDLKIT_PLUGINS=ddlkit.testing.fakes`` (what ``run_factory``
+does) or register it on a manager with :func:`ddlkit.testing.add_plugin`. The fakes import
+neither torch nor TensorFlow, so tests of the core and of non-framework plugins stay fast.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path, PurePosixPath
+from typing import TYPE_CHECKING, Any
+
+from ..atomic import atomic_path
+from ..errors import ConfigError
+from ..hookspecs import hookimpl
+from ..interfaces import Framework, Logger, StorageBackend
+from ..registry import Registration
+
+if TYPE_CHECKING:
+    import numpy as np
+    from omegaconf import DictConfig
+
+    from ..run import Run
+
+#: file name of the trained weights FakeFramework writes into the job directory
+MODEL_FILE = "model.npy"
+
+
+# ---------------------------------------------------------------------------- framework=fake
+@dataclass
+class FakeFrameworkConfig:
+    # images are subsampled to side x side pixels before flattening, so that a step stays
+    # cheap at any data.image_size
+    side: int = 4
+    # raise RuntimeError at this global step (0 = never): drives the failure paths in tests
+    fail_at_step: int = 0
+
+
+class FakeFramework(Framework):
+    """Softmax regression trained with momentum SGD on ``run.data.loader("numpy", ...)`` batches.
+
+    It drives :class:`ddlkit.Run` exactly as a real framework plugin does (schedule, step_end,
+    validation_end, epoch_end, restore, save_artifact), deterministically and in float64, so
+    an interrupted and resumed run ends with weights identical to an uninterrupted one.
+    """
+
+    #: accepted so that the default ``model=resnet18`` validates; the architecture is ignored
+    #: (the model is always softmax regression)
+    models = ("resnet18", "resnet34", "resnet50", "resnet101", "resnet152")
+    #: asks data sources for numpy batches, which data=synthetic serves
+    data_format = "numpy"
+
+    def configure(self, config: DictConfig) -> None:
+        if self.cfg.side < 1:
+            raise ConfigError(f"framework.side={self.cfg.side} is invalid: it must be a positive integer.")
+
+    def train(self, run: Run) -> None:
+        import numpy as np
+
+        t, o = run.cfg.trainer, run.cfg.optimizer
+        info = run.data.info
+        side = min(self.cfg.side, info.image_size)
+        features = 3 * side * side + 1  # + 1: a constant input that serves as the bias
+        # parameters and momentum buffer in one dict, so save/load cannot forget one of them
+        params = {
+            "theta": np.random.default_rng(t.seed).normal(0.0, 0.01, (features, info.num_classes)),
+            "velocity": np.zeros((features, info.num_classes)),
+        }
+
+        def save(path: Path, meta: dict[str, Any]) -> None:
+            with open(path, "wb") as f:
+                np.savez(f, **params, meta=np.array(json.dumps(meta)))
+
+        def load(path: Path) -> dict[str, Any]:
+            with np.load(path, allow_pickle=False) as ckpt:
+                for key in params:
+                    params[key] = ckpt[key].copy()
+                return json.loads(str(ckpt["meta"]))
+
+        loader_args = dict(batch_size=t.batch_size, shard=run.shard, seed=t.seed)
+        train_loader = run.data.loader(self.data_format, "train", **loader_args)
+        val_loader = run.data.loader(self.data_format, "val", **loader_args) if t.validate else None
+        run.restore(save, load)
+
+        def evaluate() -> dict[str, float]:
+            total = loss_sum = top1 = top5 = 0.0
+            for images, labels in val_loader.iter_epoch(0):
+                probs = _softmax(_matmul(_inputs(images, side), params["theta"]))
+                labels = np.asarray(labels)
+                loss_sum += -np.log(probs[np.arange(len(labels)), labels] + 1e-12).sum()
+                best = np.argsort(-probs, axis=1)[:, :5]
+                top1 += (best[:, 0] == labels).sum()
+                top5 += (best == labels[:, None]).any(axis=1).sum()
+                total += len(labels)
+            return {"val_loss": loss_sum / total, "val_top1": top1 / total, "val_top5": top5 / total}
+
+        stopped = run.finished
+        for epoch in run.epochs():
+            if stopped:
+                break
+            for images, labels in train_loader.iter_epoch(epoch, run.state.batch):
+                if self.cfg.fail_at_step and run.state.step + 1 == self.cfg.fail_at_step:
+                    raise RuntimeError(f"fake framework failure at step {run.state.step + 1}")
+                lr = run.schedule(run.state.step)
+                loss = _sgd_step(params, _inputs(images, side), np.asarray(labels), lr, o)
+                if run.step_end(loss=loss, lr=lr):
+                    stopped = True
+                    break
+            metrics = evaluate() if val_loader is not None else {}
+            if stopped and run.state.batch < run.steps_per_epoch:
+                if metrics:
+                    run.validation_end(**metrics)
+                break
+            run.epoch_end(**metrics)
+        if t.save_model:
+            # .npy rather than .npz: no zip timestamps, so equal weights give equal bytes
+            run.save_artifact(MODEL_FILE, lambda p: _save_npy(p, params["theta"]))
+
+
+def _inputs(images: np.ndarray, side: int) -> np.ndarray:
+    """NHWC images -> every k-th pixel of a side x side grid, flattened, plus a constant 1."""
+    import numpy as np
+
+    x = np.asarray(images)
+    k = x.shape[1] // side
+    x = x[:, ::k, ::k, :][:, :side, :side, :].reshape(len(x), -1).astype(np.float64)
+    return np.concatenate([x, np.ones((len(x), 1))], axis=1)
+
+
+def _matmul(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """``a @ b`` without BLAS: a threaded BLAS spends longer starting its threads than these
+    tiny products take (15 ms instead of 0.5 ms on a busy 2-core machine)."""
+    import numpy as np
+
+    return np.einsum("ij,jk->ik", a, b)
+
+
+def _softmax(logits: np.ndarray) -> np.ndarray:
+    import numpy as np
+
+    z = np.exp(logits - logits.max(axis=1, keepdims=True))
+    return z / z.sum(axis=1, keepdims=True)
+
+
+def _sgd_step(params: dict[str, np.ndarray], x: np.ndarray, labels: np.ndarray, lr: float, o: Any) -> float:
+    """One step of cross-entropy + SGD with momentum and weight decay (torch.optim.SGD's rule)."""
+    import numpy as np
+
+    theta = params["theta"]
+    probs = _softmax(_matmul(x, theta))
+    classes = theta.shape[1]
+    target = np.full_like(probs, o.label_smoothing / classes)
+    target[np.arange(len(labels)), labels] += 1.0 - o.label_smoothing
+    loss = float(-(target * np.log(probs + 1e-12)).sum(axis=1).mean())
+    grad = _matmul(x.T, probs - target) / len(labels) + o.weight_decay * theta
+    velocity = o.momentum * params["velocity"] + grad
+    params["velocity"] = velocity
+    params["theta"] = theta - lr * (grad + o.momentum * velocity if o.nesterov else velocity)
+    return loss
+
+
+def _save_npy(path: Path, array: np.ndarray) -> None:
+    import numpy as np
+
+    with open(path, "wb") as f:
+        np.save(f, array)
+
+
+# ---------------------------------------------------------------------------- storage=memory
+@dataclass
+class MemoryStorageConfig:
+    # a credential the fake ignores; it lets tests check that secrets stay out of job files
+    sas_token: str = ""
+
+
+class MemoryStorage(StorageBackend):
+    """A storage backend in a dict: for tests of code that stores and fetches objects."""
+
+    def __init__(self, cfg: Any) -> None:
+        super().__init__(cfg)
+        self.objects: dict[str, bytes] = {}
+
+    @staticmethod
+    def _key(key: str) -> str:
+        parts = PurePosixPath(key).parts
+        if not key or key.startswith("/") or ".." in parts:
+            raise ValueError(f"key {key!r} escapes the storage root")
+        return key
+
+    def put(self, local_path: Path, key: str) -> None:
+        # read first: a failing read leaves the previous object in place (atomic replacement)
+        self.objects[self._key(key)] = Path(local_path).read_bytes()
+
+    def get(self, key: str, local_path: Path) -> None:
+        try:
+            data = self.objects[self._key(key)]
+        except KeyError:
+            raise FileNotFoundError(f"no object {key!r} in storage=memory") from None
+        with atomic_path(Path(local_path)) as tmp:
+            tmp.write_bytes(data)
+
+    def exists(self, key: str) -> bool:
+        return self._key(key) in self.objects
+
+    def list(self, prefix: str = "") -> list[str]:
+        return sorted(k for k in self.objects if k.startswith(prefix))
+
+
+# ---------------------------------------------------------------------------- logger=recording
+@dataclass(frozen=True)
+class LoggedCall:
+    #: "start", "log_metrics" or "finish"
+    method: str
+    step: int | None = None
+    split: str | None = None
+    metrics: Mapping[str, float] | None = None
+    status: str | None = None
+    result: Mapping[str, Any] | None = None
+
+
+class RecordingLogger(Logger):
+    """Keeps every call in :attr:`calls`, in order; reach it in-process through ``run.loggers``."""
+
+    def __init__(self, cfg: Any) -> None:
+        super().__init__(cfg)
+        self.calls: list[LoggedCall] = []
+
+    def start(self, run: Run) -> None:
+        self.calls.append(LoggedCall("start", step=run.state.step))
+
+    def log_metrics(self, step: int, metrics: Mapping[str, float], *, split: str) -> None:
+        self.calls.append(LoggedCall("log_metrics", step=step, split=split, metrics=dict(metrics)))
+
+    def finish(self, status: str, result: Mapping[str, Any] | None) -> None:
+        self.calls.append(LoggedCall("finish", status=status, result=dict(result) if result is not None else None))
+
+    def steps(self, split: str = "train") -> list[int]:
+        return [c.step for c in self.calls if c.method == "log_metrics" and c.split == split]
+
+
+# ---------------------------------------------------------------------------- registration
+@hookimpl
+def ddlkit_frameworks() -> Iterator[Registration[Framework]]:
+    yield Registration("fake", FakeFramework, config=FakeFrameworkConfig,
+                       description="softmax regression in numpy, for tests (ignores model.name)")
+
+
+@hookimpl
+def ddlkit_storage_backends() -> Iterator[Registration[StorageBackend]]:
+    yield Registration("memory", MemoryStorage, config=MemoryStorageConfig,
+                       description="objects in a dict of this process only, for tests")
+
+
+@hookimpl
+def ddlkit_loggers() -> Iterator[Registration[Logger]]:
+    yield Registration("recording", RecordingLogger, description="keeps every call in memory, for tests")

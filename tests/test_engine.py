@@ -1,0 +1,112 @@
+"""The launcher side: submitting, streaming, and turning a job's end into a result or an error."""
+
+from __future__ import annotations
+
+import io
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from ddlkit import ComputeTarget, JobFailedError, JobHandle, JobSpec, JobState, JobStatus
+from ddlkit.engine import PreparedJob, environment_info, run_job
+from ddlkit.run import EXIT_PREEMPTED
+
+
+class StubHandle(JobHandle):
+    def __init__(self, status: JobStatus, chunks: list[str]) -> None:
+        self.id, self._status, self.chunks, self.cancelled = "stub:1", status, chunks, False
+
+    def status(self) -> JobStatus:
+        return self._status
+
+    def logs(self, follow: bool = True) -> Iterator[str]:
+        yield from self.chunks
+
+    def cancel(self) -> None:
+        self.cancelled = True
+
+    def wait(self, timeout: float | None = None) -> JobStatus:
+        return self._status
+
+
+class StubTarget(ComputeTarget):
+    """Finishes every job at once with a preset status, optionally writing result.json first."""
+
+    def __init__(self, status: JobStatus, chunks: list[str], result: dict | None = None) -> None:
+        super().__init__(None)
+        self.handle, self.result, self.submitted = StubHandle(status, chunks), result, []
+
+    def submit(self, spec: JobSpec) -> JobHandle:
+        self.submitted.append(spec)
+        if self.result is not None:
+            (spec.job_dir / "result.json").write_text(json.dumps(self.result))
+        return self.handle
+
+
+def job(tmp_path: Path, target: ComputeTarget) -> PreparedJob:
+    spec = JobSpec(name="2026-01-01_00-00-00", job_dir=tmp_path, job_file=tmp_path / "job.json",
+                   argv=["python", "-m", "ddlkit.worker", str(tmp_path / "job.json")])
+    return PreparedJob(spec, target, config={"logger": {"jsonl": {}}},
+                       overrides=("trainer.epochs=2", "hydra.run.dir=old/dir", "model=resnet50"))
+
+
+def test_success_streams_the_log_and_returns_the_result(tmp_path: Path) -> None:
+    target = StubTarget(JobStatus(JobState.SUCCEEDED, 0), ["train step 1\n", "train step 2\n"], result={"steps": 2})
+    out = io.StringIO()
+    assert run_job(job(tmp_path, target), out=out, live=False) == {"steps": 2}
+    assert out.getvalue() == (f"ddlkit: job 2026-01-01_00-00-00 -> {tmp_path}\n"
+                              "train step 1\ntrain step 2\n"
+                              f"ddlkit: done; result in {tmp_path}/result.json\n")
+    assert [s.name for s in target.submitted] == ["2026-01-01_00-00-00"]
+
+
+def test_success_without_a_result_file_is_a_failure(tmp_path: Path) -> None:
+    target = StubTarget(JobStatus(JobState.SUCCEEDED, 0), [])
+    with pytest.raises(JobFailedError) as info:
+        run_job(job(tmp_path, target), out=io.StringIO(), live=False)
+    assert str(info.value) == f"job 2026-01-01_00-00-00 exited cleanly but wrote no {tmp_path}/result.json"
+
+
+def test_a_failed_job_raises_with_its_exit_code_and_a_resume_hint(tmp_path: Path) -> None:
+    target = StubTarget(JobStatus(JobState.FAILED, 3, "rank 0 ended with exit status 3; last lines: boom"), [])
+    with pytest.raises(JobFailedError) as info:
+        run_job(job(tmp_path, target), out=io.StringIO(), live=False)
+    assert info.value.exit_code == 3
+    assert str(info.value) == (
+        "job 2026-01-01_00-00-00 failed: rank 0 ended with exit status 3; last lines: boom\n"
+        f"  resume with: ddlkit trainer.epochs=2 model=resnet50 hydra.run.dir={tmp_path}")
+
+
+def test_a_job_killed_by_a_signal_exits_1(tmp_path: Path) -> None:
+    target = StubTarget(JobStatus(JobState.FAILED, -9, "killed by signal SIGKILL"), [])
+    with pytest.raises(JobFailedError) as info:
+        run_job(job(tmp_path, target), out=io.StringIO(), live=False)
+    assert info.value.exit_code == 1
+
+
+def test_a_preempted_job_says_how_to_resume(tmp_path: Path) -> None:
+    target = StubTarget(JobStatus(JobState.FAILED, EXIT_PREEMPTED, "stopped"), [])
+    with pytest.raises(JobFailedError) as info:
+        run_job(job(tmp_path, target), out=io.StringIO(), live=False)
+    assert info.value.exit_code == EXIT_PREEMPTED
+    assert str(info.value) == ("job 2026-01-01_00-00-00 stopped after saving a checkpoint; resume with: ddlkit "
+                               f"trainer.epochs=2 model=resnet50 hydra.run.dir={tmp_path}")
+
+
+def test_resume_hint_quotes_for_the_shell(tmp_path: Path) -> None:
+    spec = JobSpec(name="j", job_dir=tmp_path / "my job", job_file=tmp_path / "job.json", argv=[])
+    prepared = PreparedJob(spec, StubTarget(JobStatus(JobState.SUCCEEDED), []), {}, ("logger=[console,jsonl]",))
+    assert prepared.resume_hint == f"resume with: ddlkit 'logger=[console,jsonl]' 'hydra.run.dir={tmp_path}/my job'"
+
+
+def test_environment_info_records_versions(monkeypatch: pytest.MonkeyPatch) -> None:
+    from importlib.metadata import version
+
+    monkeypatch.setattr("sys.argv", ["ddlkit", "storage.account_key=abcdef", "trainer.epochs=1"])
+    info = environment_info()
+    assert info["packages"]["ddlkit"] == version("ddlkit")
+    assert info["packages"]["pluggy"] == version("pluggy")
+    assert info["argv"] == ["ddlkit", "storage.account_key=***", "trainer.epochs=1"]
+    assert info["git"] is None  # the test runs in tmp_path, outside any repository

@@ -1,0 +1,193 @@
+"""Name -> implementation resolution: conflicts, unknown names, bad registrations. Messages are
+asserted whole, since they are the user interface of a plugin host."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from importlib.metadata import version
+
+import pytest
+
+import ddlkit
+from ddlkit import PluginConflictError, PluginError, Registration, UnknownNameError
+from ddlkit.builtin.local_storage import LocalStorage
+from ddlkit.plugins import DdlkitPluginManager, PluginInfo
+from ddlkit.registry import Registry
+from ddlkit.testing import add_plugin
+
+DDLKIT = f"ddlkit {version('ddlkit')}"
+
+
+def storage_plugin(*items: object) -> object:
+    class Plugin:
+        @ddlkit.hookimpl
+        def ddlkit_storage_backends(self):
+            yield from items
+
+    return Plugin()
+
+
+def test_builtins_register_one_name_per_hook_point(ddlkit_pm: DdlkitPluginManager) -> None:
+    reg = Registry.collect(ddlkit_pm)
+    assert {g: reg.names(g) for g in reg.entries} == {
+        "data": ["synthetic"], "storage": ["local"], "compute": ["local"], "framework": [],
+        "logger": ["console", "jsonl"],
+    }
+    assert reg.entries["storage"]["local"].origin == f"{DDLKIT} (ddlkit.builtin.local_storage)"
+
+
+def test_conflict_names_both_origins_and_the_way_out(ddlkit_pm: DdlkitPluginManager) -> None:
+    add_plugin(ddlkit_pm, storage_plugin(Registration("local", LocalStorage)), name="acme",
+               distribution="acme-storage", version="1.0", module="acme_storage.ddlkit")
+    with pytest.raises(PluginConflictError) as info:
+        Registry.collect(ddlkit_pm)
+    assert str(info.value) == (
+        "storage backend 'local' is registered by 2 plugins:\n"
+        f"  - {DDLKIT} (ddlkit.builtin.local_storage)\n"
+        "  - acme-storage 1.0 (acme_storage.ddlkit)\n"
+        "  Uninstall one."
+    )
+
+
+def test_three_way_conflict_lists_every_plugin(ddlkit_pm: DdlkitPluginManager) -> None:
+    for n in ("one", "two", "three"):
+        add_plugin(ddlkit_pm, storage_plugin(Registration("s3", LocalStorage)), name=n, distribution=f"ddlkit-{n}",
+                   module=f"ddlkit_{n}.plugin")
+    with pytest.raises(PluginConflictError) as info:
+        Registry.collect(ddlkit_pm)
+    assert str(info.value).splitlines()[:4] == [
+        "storage backend 's3' is registered by 3 plugins:",
+        "  - ddlkit-one 0 (ddlkit_one.plugin)",
+        "  - ddlkit-two 0 (ddlkit_two.plugin)",
+        "  - ddlkit-three 0 (ddlkit_three.plugin)",
+    ]
+
+
+def test_unknown_name_lists_the_choices(ddlkit_pm: DdlkitPluginManager) -> None:
+    add_plugin(ddlkit_pm, storage_plugin(Registration("s3", LocalStorage), Registration("gcs", LocalStorage)))
+    reg = Registry.collect(ddlkit_pm)
+    with pytest.raises(UnknownNameError) as info:
+        reg.get("storage", "s4")
+    assert str(info.value) == "unknown storage backend 's4' (config key `storage`). Choose one of: gcs, local, s3."
+    err = info.value
+    assert (err.kind, err.name, err.choices, err.key, err.not_loaded) == (
+        "storage backend", "s4", ["gcs", "local", "s3"], "storage", [])
+    # a LookupError (so `except LookupError` works) but not a KeyError, whose str() adds quotes
+    assert isinstance(err, LookupError) and not isinstance(err, KeyError)
+    assert isinstance(err, ddlkit.ConfigError)
+
+
+def test_unknown_name_says_which_plugins_failed_to_load(ddlkit_pm: DdlkitPluginManager) -> None:
+    ddlkit_pm.failures.append(PluginInfo("azure", "ddlkit-azure", "0.1", "ddlkit_azure.plugin",
+                                         error="ModuleNotFoundError: No module named 'azure'"))
+    reg = Registry.collect(ddlkit_pm)
+    with pytest.raises(UnknownNameError) as info:
+        reg.get("storage", "azure")
+    assert str(info.value) == (
+        "unknown storage backend 'azure' (config key `storage`). Choose one of: local.\n"
+        "  Not loaded: ddlkit-azure 0.1 (ddlkit_azure.plugin): ModuleNotFoundError: No module named 'azure'"
+    )
+
+
+def test_unknown_name_in_an_empty_group(ddlkit_pm: DdlkitPluginManager) -> None:
+    with pytest.raises(UnknownNameError) as info:
+        Registry.collect(ddlkit_pm).get("framework", "pytorch")
+    assert str(info.value) == "unknown framework 'pytorch' (config key `framework`). No plugin registers any."
+
+
+@pytest.mark.parametrize("name", ["S3", "3d", "my store", "", "ü", "-x", "a.b"])
+def test_invalid_names_are_rejected(ddlkit_pm: DdlkitPluginManager, name: str) -> None:
+    add_plugin(ddlkit_pm, storage_plugin(Registration(name, LocalStorage)), name="bad", distribution="ddlkit-bad",
+               module="ddlkit_bad.plugin")
+    with pytest.raises(PluginError) as info:
+        Registry.collect(ddlkit_pm)
+    assert str(info.value) == (
+        f"ddlkit-bad 0 (ddlkit_bad.plugin): storage backend name {name!r} is invalid; "
+        "use lowercase letters, digits, '_' or '-', starting with a letter"
+    )
+
+
+@pytest.mark.parametrize("name", ["s3", "gcs-2", "my_store", "x"])
+def test_valid_names_are_accepted(ddlkit_pm: DdlkitPluginManager, name: str) -> None:
+    add_plugin(ddlkit_pm, storage_plugin(Registration(name, LocalStorage)))
+    assert name in Registry.collect(ddlkit_pm).names("storage")
+
+
+def test_yielding_something_else_than_a_registration(ddlkit_pm: DdlkitPluginManager) -> None:
+    add_plugin(ddlkit_pm, storage_plugin(("s3", LocalStorage)), name="tuple", distribution="ddlkit-tuple",
+               module="ddlkit_tuple.plugin")
+    with pytest.raises(PluginError) as info:
+        Registry.collect(ddlkit_pm)
+    assert str(info.value) == ("ddlkit-tuple 0 (ddlkit_tuple.plugin): hook "
+                               "ddlkit_storage_backends must yield ddlkit.Registration objects, got tuple")
+
+
+def test_config_must_be_a_class(ddlkit_pm: DdlkitPluginManager) -> None:
+    @dataclass
+    class S3Config:
+        bucket: str = "b"
+
+    add_plugin(ddlkit_pm, storage_plugin(Registration("s3", LocalStorage, config=S3Config())))
+    with pytest.raises(PluginError, match=r": storage backend 's3': config must be a dataclass type$"):
+        Registry.collect(ddlkit_pm)
+
+
+def test_a_hook_that_raises_is_reported_with_its_plugin(ddlkit_pm: DdlkitPluginManager) -> None:
+    class Broken:
+        @ddlkit.hookimpl
+        def ddlkit_loggers(self):
+            raise RuntimeError("cannot reach the tracking server")
+            yield  # a generator, as registration hooks usually are
+
+    add_plugin(ddlkit_pm, Broken(), name="tracker", distribution="ddlkit-tracker", version="2.1",
+               module="ddlkit_tracker.plugin")
+    with pytest.raises(PluginError) as info:
+        Registry.collect(ddlkit_pm)
+    assert str(info.value) == ("ddlkit-tracker 2.1 (ddlkit_tracker.plugin): hook ddlkit_loggers raised "
+                               "RuntimeError: cannot reach the tracking server")
+    assert isinstance(info.value.__cause__, RuntimeError)
+
+
+def test_a_hook_may_return_a_list_or_none(ddlkit_pm: DdlkitPluginManager) -> None:
+    class ListPlugin:
+        @ddlkit.hookimpl
+        def ddlkit_storage_backends(self):
+            return [Registration("s3", LocalStorage)]
+
+        @ddlkit.hookimpl
+        def ddlkit_loggers(self):
+            return None
+
+    add_plugin(ddlkit_pm, ListPlugin())
+    reg = Registry.collect(ddlkit_pm)
+    assert reg.names("storage") == ["local", "s3"]
+    assert reg.names("logger") == ["console", "jsonl"]
+
+
+def test_create_builds_from_the_config_node(ddlkit_pm: DdlkitPluginManager, tmp_path) -> None:
+    from ddlkit.builtin.local_storage import LocalStorageConfig
+
+    backend = Registry.collect(ddlkit_pm).create("storage", "local", LocalStorageConfig(root=str(tmp_path)))
+    assert isinstance(backend, LocalStorage) and backend.root == tmp_path
+
+
+def test_a_failing_factory_names_the_plugin(ddlkit_pm: DdlkitPluginManager) -> None:
+    def factory(cfg: object) -> object:
+        raise ValueError("bucket must not be empty")
+
+    add_plugin(ddlkit_pm, storage_plugin(Registration("s3", factory)), name="s3", distribution="ddlkit-s3",
+               version="0.3", module="ddlkit_s3.plugin")
+    with pytest.raises(PluginError) as info:
+        Registry.collect(ddlkit_pm).create("storage", "s3", None)
+    assert str(info.value) == ("storage backend 's3' from ddlkit-s3 0.3 (ddlkit_s3.plugin) failed to initialise: "
+                               "ValueError: bucket must not be empty")
+    assert isinstance(info.value.__cause__, ValueError)
+
+
+def test_a_factory_raising_a_ddlkit_error_passes_it_through(ddlkit_pm: DdlkitPluginManager) -> None:
+    def factory(cfg: object) -> object:
+        raise ddlkit.ConfigError("storage.bucket is required")
+
+    add_plugin(ddlkit_pm, storage_plugin(Registration("s3", factory)))
+    with pytest.raises(ddlkit.ConfigError, match=r"^storage.bucket is required$"):
+        Registry.collect(ddlkit_pm).create("storage", "s3", None)

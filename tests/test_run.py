@@ -1,0 +1,211 @@
+"""The rank side: lifecycle hooks in order, failure and preemption statuses, worker exit
+codes, and resume equivalence, all on an in-process worker with the fake framework."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+import ddlkit
+from ddlkit import RunError
+from ddlkit.plugins import DdlkitPluginManager
+from ddlkit.run import EXIT_PREEMPTED
+from ddlkit.testing import HookRecorder, add_plugin, make_run
+from ddlkit.testing.fakes import MODEL_FILE
+
+# 10 steps per epoch of 32 images, 2 epochs, a log line every 5 steps
+SMALL = ("data.length=320", "data.val_length=64", "data.num_classes=10", "trainer.log_every=5")
+
+
+def events(recorder: HookRecorder) -> list[tuple]:
+    """Hook calls as (name, the argument that tells them apart)."""
+    detail = {"ddlkit_step_end": "step", "ddlkit_epoch_end": "epoch", "ddlkit_checkpoint_saved": "step",
+              "ddlkit_run_end": "status"}
+    return [(c.name, c[detail[c.name]]) if c.name in detail else (c.name,) for c in recorder.calls]
+
+
+def test_hooks_fire_in_order(run_inprocess, hook_recorder: HookRecorder) -> None:
+    out = run_inprocess(*SMALL, "trainer.max_steps=15")
+    assert out.exit_code == 0
+    assert events(hook_recorder) == [
+        ("ddlkit_configure",),  # launcher side, while validating
+        ("ddlkit_run_loop",),
+        ("ddlkit_run_start",),
+        ("ddlkit_step_end", 5),
+        ("ddlkit_step_end", 10),
+        ("ddlkit_epoch_end", 1),
+        ("ddlkit_checkpoint_saved", 10),
+        ("ddlkit_step_end", 15),
+        ("ddlkit_checkpoint_saved", 15),  # max_steps reached mid-epoch: saved at once, no epoch end
+        ("ddlkit_run_end", "completed"),
+    ]
+    assert all(c["run"] is out.run for c in hook_recorder.calls if "run" in c.kwargs)
+    step = hook_recorder.getcalls("ddlkit_step_end")[0]
+    assert set(step["metrics"]) == {"loss", "lr", "images_per_sec", "epoch"}
+    assert step["metrics"]["epoch"] == 0.5
+    epoch_metrics = hook_recorder.getcall("ddlkit_epoch_end")["metrics"]
+    assert set(epoch_metrics) == {"val_loss", "val_top1", "val_top5"}
+    saved = hook_recorder.getcalls("ddlkit_checkpoint_saved")[-1]
+    assert Path(saved["path"]) == out.job_dir / "checkpoints" / "step-00000015.ckpt"
+    end = hook_recorder.getcall("ddlkit_run_end")
+    assert end["result"] == out.result and end["result"]["steps"] == 15
+
+
+def test_a_full_run_ends_each_epoch_and_checkpoints_the_last_step(run_inprocess, hook_recorder) -> None:
+    out = run_inprocess(*SMALL)
+    assert [c["epoch"] for c in hook_recorder.getcalls("ddlkit_epoch_end")] == [1, 2]
+    # one checkpoint per epoch end: the last step is not saved a second time
+    assert [c["step"] for c in hook_recorder.getcalls("ddlkit_checkpoint_saved")] == [10, 20]
+    assert hook_recorder.names()[-1] == "ddlkit_run_end"
+    assert (out.result["epochs"], out.result["steps"], out.result["status"]) == (2, 20, "completed")
+    assert sorted(p.name for p in (out.job_dir / "checkpoints").iterdir()) == [
+        "latest", "step-00000010.ckpt", "step-00000020.ckpt"]
+
+
+def test_a_failing_framework_ends_the_run_as_failed(run_inprocess, hook_recorder: HookRecorder,
+                                                    capsys: pytest.CaptureFixture) -> None:
+    out = run_inprocess(*SMALL, "framework.fail_at_step=7", "logger=[recording]")
+    assert out.exit_code == 1
+    end = hook_recorder.getcall("ddlkit_run_end")
+    assert (end["status"], end["result"]) == ("failed", None)
+    assert hook_recorder.names()[-1] == "ddlkit_run_end"
+    assert out.run.state.step == 6
+    assert not (out.job_dir / "result.json").exists()
+    (logger,) = out.run.loggers
+    assert logger.calls[-1].method == "finish" and logger.calls[-1].status == "failed"
+    # the traceback goes to the rank's log (stderr), for the launcher to show
+    err = capsys.readouterr().err
+    assert "Traceback" in err and "RuntimeError: fake framework failure at step 7" in err
+
+
+def test_a_run_error_is_reported_without_a_traceback(run_inprocess, ddlkit_pm, capsys) -> None:
+    class Diverge:
+        @ddlkit.hookimpl
+        def ddlkit_step_end(self, step):
+            if step == 5:
+                raise RunError("loss exploded", component="framework", step=step)
+
+    add_plugin(ddlkit_pm, Diverge())
+    out = run_inprocess(*SMALL)
+    assert (out.exit_code, out.status) == (1, "failed")
+    err = capsys.readouterr().err
+    assert "ddlkit worker (rank 0): RunError: loss exploded" in err and "Traceback" not in err
+
+
+def test_a_config_error_in_the_worker_exits_2(run_inprocess, ddlkit_pm, capsys) -> None:
+    class Picky:
+        @ddlkit.hookimpl
+        def ddlkit_run_start(self, run):
+            raise ddlkit.ConfigError("data.root=/nope does not exist on this node")
+
+    add_plugin(ddlkit_pm, Picky())
+    out = run_inprocess(*SMALL)
+    assert (out.exit_code, out.status) == (2, "failed")
+    assert "ConfigError: data.root=/nope does not exist on this node" in capsys.readouterr().err
+
+
+def test_a_stop_request_checkpoints_and_exits_resumable(run_inprocess, ddlkit_pm, hook_recorder, capsys) -> None:
+    class Preempt:
+        """Does what the SIGTERM handler does, at a known step."""
+
+        @ddlkit.hookimpl
+        def ddlkit_step_end(self, run, step):
+            if step == 5:
+                run.stop_requested = True
+
+    plugin = add_plugin(ddlkit_pm, Preempt())
+    out = run_inprocess(*SMALL)
+    assert (out.exit_code, out.status) == (EXIT_PREEMPTED, "interrupted")
+    assert hook_recorder.getcalls("ddlkit_checkpoint_saved")[-1]["step"] == 5
+    assert "stopped on request at step 5; checkpoint saved, resumable" in capsys.readouterr().err
+
+    ddlkit_pm.unregister(plugin)
+    again = run_inprocess(*SMALL, job_dir=out.job_dir)
+    assert again.exit_code == 0
+    assert (again.result["resumed_from_step"], again.result["steps"]) == (5, 20)
+
+
+def _train_lines(metrics: list[dict]) -> list[tuple]:
+    return [(m["step"], m["loss"], m["lr"], m["epoch"]) for m in metrics if m["split"] == "train"]
+
+
+@pytest.mark.parametrize("stop", [3, 10, 13], ids=["mid-epoch", "epoch-boundary", "second-epoch"])
+def test_an_interrupted_and_resumed_run_ends_like_an_uninterrupted_one(run_inprocess, tmp_path: Path,
+                                                                       stop: int) -> None:
+    straight = run_inprocess(*SMALL)
+    job_dir = tmp_path / "resumed"
+    first = run_inprocess(*SMALL, f"trainer.max_steps={stop}", job_dir=job_dir)
+    assert first.result["steps"] == stop
+    resumed = run_inprocess(*SMALL, job_dir=job_dir)
+    assert resumed.result["resumed_from_step"] == stop
+    assert (job_dir / MODEL_FILE).read_bytes() == (straight.job_dir / MODEL_FILE).read_bytes()
+    for key in ("steps", "epochs", "final_loss", "top1", "top5", "val_loss", "peak_lr"):
+        assert resumed.result[key] == straight.result[key], key
+    # metrics.jsonl was cut back to the checkpoint, so no step is logged twice; the first run
+    # also logged its last step, a line the straight run does not have
+    lines, expected = _train_lines(resumed.metrics), _train_lines(straight.metrics)
+    steps = [line[0] for line in lines]
+    assert steps == sorted(set(steps))
+    assert [line for line in lines if line[0] > stop] == [line for line in expected if line[0] > stop]
+    assert {line for line in expected if line[0] <= stop} <= set(lines)
+
+
+def test_resume_refuses_a_checkpoint_of_another_model(run_inprocess, tmp_path: Path, capsys) -> None:
+    job_dir = tmp_path / "job"
+    run_inprocess(*SMALL, "trainer.max_steps=3", job_dir=job_dir)
+    out = run_inprocess(*SMALL, "model=resnet50", job_dir=job_dir)
+    assert (out.exit_code, out.status) == (2, "failed")
+    assert (f"ConfigError: checkpoint {job_dir}/checkpoints/step-00000003.ckpt was written with model=resnet18, "
+            "this run has model=resnet50.") in capsys.readouterr().err
+
+
+def test_result_json_reports_the_run(run_inprocess) -> None:
+    result = run_inprocess(*SMALL, "trainer.batch_size=16").result
+    assert result == {
+        **result,
+        "status": "completed", "framework": "fake", "model": "resnet18", "data": "synthetic", "world_size": 1,
+        "batch_size_per_rank": 16, "global_batch_size": 16, "precision": "fp32", "epochs": 2, "steps": 40,
+        "steps_per_epoch": 20, "warmup_steps": 5, "peak_lr": 0.1 * 16 / 256, "resumed_from_step": None,
+    }
+    # 40 steps, minus 5 warm-up, minus the first step after the validation pause
+    assert result["measured_steps"] == 34
+    assert result["images_per_sec"] > 0 and result["wall_time_s"] > 0
+    assert 0 <= result["top1"] <= result["top5"] <= 1 and result["best_top1"] >= result["top1"]
+
+
+def test_a_diverging_loss_is_a_run_error(ddlkit_pm: DdlkitPluginManager, tmp_path: Path) -> None:
+    run = make_run(ddlkit_pm, tmp_path / "job", "trainer.log_every=1", "logger=[]")
+    with pytest.raises(RunError) as info:
+        run.step_end(loss=float("nan"), lr=0.1)
+    assert str(info.value) == ("loss became nan at step 1: training diverged. Lower optimizer.lr or raise "
+                               "optimizer.warmup_epochs.")
+    assert (info.value.component, info.value.step) == ("framework", 1)
+
+
+def test_the_loss_is_read_only_at_logging_steps(ddlkit_pm: DdlkitPluginManager, tmp_path: Path) -> None:
+    run = make_run(ddlkit_pm, tmp_path / "job", "trainer.log_every=3", "logger=[]")
+    reads = []
+
+    def loss() -> float:  # a device-side loss costs a synchronisation to read
+        reads.append(run.state.step)
+        return 1.0
+
+    for _ in range(7):
+        run.step_end(loss=loss, lr=0.1)
+    assert reads == [3, 6]
+
+
+def test_too_little_data_for_one_global_batch(ddlkit_pm: DdlkitPluginManager, tmp_path: Path) -> None:
+    with pytest.raises(ddlkit.ConfigError) as info:
+        make_run(ddlkit_pm, tmp_path / "job", "data.length=16", "trainer.batch_size=32")
+    assert str(info.value) == ("data has 16 training images, fewer than one global batch of 32 "
+                               "(trainer.batch_size=32 x 1 ranks). Lower trainer.batch_size or raise data.length.")
+
+
+def test_job_file_is_what_the_worker_reads(run_inprocess) -> None:
+    out = run_inprocess(*SMALL, "trainer.epochs=1")
+    job = json.loads((out.job_dir / "job.json").read_text())
+    assert job["config"]["trainer"]["epochs"] == 1 and job["config"]["framework"]["name"] == "fake"
+    assert out.run.cfg.trainer.epochs == 1
