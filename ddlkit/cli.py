@@ -15,6 +15,7 @@ from pathlib import Path
 
 from .errors import ConfigError, DdlkitError, exit_code_for
 from .registry import HOOK_POINTS, Registry
+from .sweep.plan import plan_main
 
 _GROUP_OVERRIDE_PREFIXES = ("", "+", "++")
 
@@ -107,19 +108,28 @@ def run_main(argv: list[str]) -> int:
             sys.exit(entered["code"])
         entered["code"] = 0
 
+    from .sweep.jobs import SWEEP_ATTR, DdlkitSweep
+
+    # `ddlkit -m`: the ddlkit launcher (hydra_plugins/ddlkit_launcher) finds this on the task and validates,
+    # prepares and submits every job itself, through the compute target, instead of calling task() per job
+    sweep = DdlkitSweep(registry, pm, job_name=_job_name)
+    setattr(task, SWEEP_ATTR, sweep)
+
     app = hydra.main(config_path="conf", config_name="config", version_base="1.3")(task)
     saved_argv = sys.argv
     sys.argv = ["ddlkit", *argv]
     try:
         app()
     except SystemExit as exc:
+        if sweep.exit_code is not None:  # the sweep launcher ended the sweep and chose its status
+            return sweep.exit_code
         # Hydra exits 1 for composition errors (bad type, unknown key) before the task runs: those are config errors
         if entered["code"] == 0 and exc.code == 1:
             return 2
         return exc.code if isinstance(exc.code, int) else 1
     finally:
         sys.argv = saved_argv
-    return entered["code"] or 0
+    return entered["code"] or sweep.exit_code or 0
 
 
 def _job_name(hc) -> str:
@@ -164,7 +174,14 @@ def plugins_main(argv: list[str]) -> int:
     return 0
 
 
-SUBCOMMANDS: dict[str, Callable[[list[str]], int]] = {"plugins": plugins_main}
+def data_main(argv: list[str]) -> int:
+    """``ddlkit data prepare|manifest|upload``: see :mod:`ddlkit.data_cli`."""
+    from .data_cli import main
+
+    return main(argv)
+
+
+SUBCOMMANDS: dict[str, Callable[[list[str]], int]] = {"plugins": plugins_main, "plan": plan_main, "data": data_main}
 
 
 def main(argv: Sequence[str] | None = None) -> int:

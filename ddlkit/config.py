@@ -19,6 +19,7 @@ from typing import Any
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, OmegaConf
 
+from .distributed import BACKENDS
 from .registry import HOOK_POINTS, Registry
 
 CONF_DIR = Path(__file__).parent / "conf"
@@ -89,9 +90,24 @@ class TrainerConfig:
 
 
 @dataclass
+class SweepConfig:
+    # `ddlkit -m`: jobs in flight at once, each a separate job on the compute target
+    max_parallel: int = 2
+    # keep-going, fail-fast, or retry:N (re-run a failed job up to N times; it resumes from its checkpoint)
+    on_failure: str = "keep-going"
+    # the sweep report's sort key and plotted metric: best_top1, final_loss, images_per_sec or duration_s
+    sort_by: str = "best_top1"
+
+
+@dataclass
 class DistConfig:
-    # none: one process; native: the framework's collectives; horovod: Horovod
+    # none: one process; native: the framework's collectives (torch.distributed, tf.distribute);
+    # horovod: Horovod (scripts/install_horovod.sh)
     backend: str = "none"
+    # seconds a rank waits in a collective for the slowest rank before the job fails
+    timeout_s: float = 1800.0
+    # ranks agree every N steps whether one of them got SIGTERM, and then all stop at that step
+    stop_check_every: int = 1
 
 
 def _with_name(schema: type | None, name: str) -> type:
@@ -114,7 +130,9 @@ def store_schemas(registry: Registry, cs: ConfigStore | None = None) -> None:
         cs.store(group="model", name=model, node=ModelConfig(name=model))
     cs.store(group="optimizer", name="sgd", node=OptimizerConfig)
     cs.store(group="trainer", name="default", node=TrainerConfig)
-    cs.store(group="dist", name="none", node=DistConfig(backend="none"))
+    for backend in BACKENDS:
+        cs.store(group="dist", name=backend, node=DistConfig(backend=backend))
+    cs.store(group="sweep", name="default", node=SweepConfig)
     store_experiments(cs)
 
 

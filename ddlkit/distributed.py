@@ -1,16 +1,223 @@
 """One view of the process group for every framework plugin: rank, size, node, collectives.
 
 A rank learns its place from the environment its launcher set: OpenMPI (``OMPI_COMM_WORLD_*``),
-torchrun (``RANK``/``WORLD_SIZE``/``LOCAL_RANK``) or none (a single process). Framework plugins
-do their gradient all-reduce with their own collectives; this context is for the framework-
-neutral part: who logs, who writes checkpoints, which node-local duties fall to whom.
+torchrun (``RANK``/``WORLD_SIZE``/``LOCAL_RANK``) or none (a single process). A launcher that
+knows the node layout better than the host does (``compute=local_mpi`` simulates several nodes
+on one machine) says so with ``DDLKIT_NODE``, ``DDLKIT_LOCAL_RANK``, ``DDLKIT_LOCAL_SIZE`` and
+``DDLKIT_NODE_SCRATCH``, which win over what MPI reports for the real host.
+
+Two kinds of communication, deliberately separate:
+
+* the gradient all-reduce belongs to the framework plugin and the ``dist.backend``:
+  ``native`` is ``torch.distributed`` (gloo/nccl) or ``tf.distribute``; ``horovod`` is Horovod;
+* the framework-neutral part lives here: the mean of logged metrics, the step at which to stop
+  on SIGTERM, barriers, broadcasts. It runs over a :class:`ControlPlane`, a star of TCP
+  connections to rank 0 (``DDLKIT_CONTROL_ADDR=host:port``, or ``MASTER_ADDR`` with
+  ``MASTER_PORT + 1``), so it works the same under every framework and backend (a Keras
+  callback cannot issue a ``tf.distribute`` collective), needs no framework import, and a rank
+  that dies closes its connection: the others fail at once instead of waiting out a timeout.
+
+With one process (``world_size == 1``) there is no connection and every collective is the
+identity: the single-process path pays nothing.
 """
 
 from __future__ import annotations
 
+import importlib.util
+import json
 import os
-from collections.abc import Mapping
-from dataclasses import dataclass
+import socket
+import struct
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .errors import ConfigError, RunError
+
+BACKENDS = ("none", "native", "horovod")
+#: ``host:port`` where rank 0 listens for the other ranks' control connections
+CONTROL_ADDR_ENV = "DDLKIT_CONTROL_ADDR"
+#: set by launchers that know (or simulate) the node layout; they win over the MPI/torchrun values
+NODE_ENV, LOCAL_RANK_ENV, LOCAL_SIZE_ENV, NODE_SCRATCH_ENV = (
+    "DDLKIT_NODE", "DDLKIT_LOCAL_RANK", "DDLKIT_LOCAL_SIZE", "DDLKIT_NODE_SCRATCH")
+
+_HEADER = struct.Struct("!I")
+_REDUCERS: dict[str, Callable[[Sequence[float]], float]] = {
+    "sum": lambda xs: float(sum(xs)),
+    "mean": lambda xs: float(sum(xs)) / len(xs),
+    "max": lambda xs: float(max(xs)),
+    "min": lambda xs: float(min(xs)),
+}
+
+
+def _recv_exact(sock: socket.socket, n: int) -> bytes | None:
+    buf = bytearray()
+    while len(buf) < n:
+        chunk = sock.recv(n - len(buf))
+        if not chunk:
+            return None
+        buf += chunk
+    return bytes(buf)
+
+
+class ControlPlane:
+    """Rank 0 holds one TCP connection to every other rank. Each collective is a gather to
+    rank 0, a function of the gathered values computed there, and the result sent back, so
+    every rank gets the same answer. Messages are length-prefixed JSON (never pickle: the
+    port is reachable by anything on the network) carrying the operation's name and sequence
+    number, so ranks that call different collectives fail loudly instead of mixing data."""
+
+    def __init__(self, rank: int, world_size: int, peers: dict[int, socket.socket], timeout_s: float) -> None:
+        self.rank, self.world_size, self.timeout_s = rank, world_size, timeout_s
+        #: on rank 0 the connection to each other rank; elsewhere {0: the connection to rank 0}
+        self.peers = peers
+        self.seq = 0
+
+    @classmethod
+    def connect(cls, rank: int, world_size: int, address: tuple[str, int], job_id: str,
+                timeout_s: float) -> ControlPlane:
+        deadline = time.monotonic() + timeout_s
+        hello = {"rank": rank, "world_size": world_size, "job": job_id}
+        if rank == 0:
+            peers = cls._accept_all(address, world_size, job_id, deadline)
+        else:
+            sock = cls._dial(address, deadline, rank)
+            cls._send(sock, hello)
+            peers = {0: sock}
+        for sock in peers.values():
+            sock.settimeout(timeout_s)
+        plane = cls(rank, world_size, peers, timeout_s)
+        # everyone answers once: a rank of another job (a reused port) or a wrong size fails here
+        plane.exchange("hello", hello, lambda values: None)
+        return plane
+
+    @staticmethod
+    def _dial(address: tuple[str, int], deadline: float, rank: int) -> socket.socket:
+        delay = 0.02
+        while True:
+            try:
+                sock = socket.create_connection(address, timeout=max(0.1, deadline - time.monotonic()))
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+                return sock
+            except OSError as err:
+                # rank 0 may not listen yet: retry until the deadline
+                if time.monotonic() + delay > deadline:
+                    raise RunError(f"rank {rank} could not reach rank 0's control port {address[0]}:{address[1]} "
+                                   f"({err}); is rank 0 running, and is {CONTROL_ADDR_ENV} (or MASTER_ADDR) "
+                                   "its address?", component="dist") from None
+                time.sleep(delay)
+                delay = min(delay * 2, 0.5)
+
+    @classmethod
+    def _accept_all(cls, address: tuple[str, int], world_size: int, job_id: str,
+                    deadline: float) -> dict[int, socket.socket]:
+        try:
+            server = socket.create_server(address, backlog=world_size)
+        except OSError as err:
+            raise RunError(f"rank 0 cannot listen on {address[0]}:{address[1]} for the other ranks: {err}",
+                           component="dist") from None
+        peers: dict[int, socket.socket] = {}
+        try:
+            while len(peers) < world_size - 1:
+                server.settimeout(max(0.01, deadline - time.monotonic()))
+                try:
+                    sock, _ = server.accept()
+                except TimeoutError:
+                    missing = sorted(set(range(1, world_size)) - set(peers))
+                    raise RunError(f"ranks {missing} did not join within the dist timeout; they failed to start "
+                                   "(see their logs) or cannot reach rank 0", component="dist") from None
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+                sock.settimeout(max(0.01, deadline - time.monotonic()))
+                hello = cls._recv(sock)
+                if (not isinstance(hello, dict) or hello.get("job") != job_id
+                        or hello.get("world_size") != world_size or hello.get("rank") in peers):
+                    sock.close()  # not one of ours: a stray connection, or another job's rank
+                    continue
+                peers[int(hello["rank"])] = sock
+        finally:
+            server.close()
+        return peers
+
+    @staticmethod
+    def _send(sock: socket.socket, message: Any) -> None:
+        data = json.dumps(message).encode()
+        sock.sendall(_HEADER.pack(len(data)) + data)
+
+    @staticmethod
+    def _recv(sock: socket.socket) -> Any:
+        header = _recv_exact(sock, _HEADER.size)
+        if header is None:
+            return None
+        data = _recv_exact(sock, _HEADER.unpack(header)[0])
+        return None if data is None else json.loads(data)
+
+    def _recv_from(self, peer: int, op: str) -> Any:
+        try:
+            message = self._recv(self.peers[peer])
+        except TimeoutError:
+            raise RunError(f"rank {peer} did not reach `{op}` within {self.timeout_s:.0f} s (dist.timeout_s); "
+                           "it is stuck or much slower than this rank", component="dist") from None
+        except OSError:  # reset by a peer that died
+            message = None
+        if message is None:
+            raise RunError(f"rank {peer} left the job during `{op}` (its connection closed): it failed or was "
+                           f"stopped; see its log", component="dist")
+        if "error" in message:
+            raise RunError(f"rank {peer}: {message['error']}", component="dist")
+        return message
+
+    def exchange(self, op: str, data: Any, combine: Callable[[list[Any]], Any]) -> Any:
+        """Gather ``data`` from every rank on rank 0, compute ``combine(values_in_rank_order)``
+        there, and return that result on every rank."""
+        self.seq += 1
+        if self.rank != 0:
+            self._send(self.peers[0], {"op": op, "seq": self.seq, "data": data})
+            return self._recv_from(0, op)["data"]
+        try:
+            values = [data]
+            for peer in range(1, self.world_size):
+                message = self._recv_from(peer, op)
+                if (message["op"], message["seq"]) != (op, self.seq):
+                    raise RunError(f"ranks disagree on the collective: rank 0 is in `{op}` #{self.seq}, rank {peer} "
+                                   f"in `{message['op']}` #{message['seq']}", component="dist")
+                values.append(message["data"])
+            result = combine(values)
+        except RunError as err:
+            # the other ranks learn why instead of seeing rank 0's connection drop
+            self._broadcast_error(str(err))
+            raise
+        for peer in range(1, self.world_size):
+            self._send(self.peers[peer], {"op": op, "seq": self.seq, "data": result})
+        return result
+
+    def _broadcast_error(self, error: str) -> None:
+        for sock in self.peers.values():
+            try:
+                self._send(sock, {"error": error})
+            except OSError:
+                pass
+
+    def close(self) -> None:
+        for sock in self.peers.values():
+            sock.close()
+        self.peers = {}
+
+
+def control_address(env: Mapping[str, str]) -> tuple[str, int]:
+    """Where rank 0's control plane listens: ``DDLKIT_CONTROL_ADDR``, else ``MASTER_ADDR`` and
+    ``MASTER_PORT + 1`` (the port after the framework's own rendezvous port)."""
+    if env.get(CONTROL_ADDR_ENV):
+        host, _, port = env[CONTROL_ADDR_ENV].rpartition(":")
+        if host and port.isdigit():
+            return host.strip("[]"), int(port)
+        raise ConfigError(f"{CONTROL_ADDR_ENV}={env[CONTROL_ADDR_ENV]} is invalid: it must be host:port.")
+    if env.get("MASTER_ADDR") and env.get("MASTER_PORT", "").isdigit():
+        return env["MASTER_ADDR"], int(env["MASTER_PORT"]) + 1
+    raise ConfigError(f"this job has several ranks but no rendezvous address: the compute target must set "
+                      f"MASTER_ADDR and MASTER_PORT (rank 0's host and a free port) or {CONTROL_ADDR_ENV}. "
+                      "compute=local_mpi and torchrun set them.")
 
 
 @dataclass(frozen=True)
@@ -23,6 +230,11 @@ class DistContext:
     node: int = 0
     #: "none", "native" or "horovod"
     backend: str = "none"
+    #: this node's local scratch directory ("local SSD") when the launcher provides one
+    node_scratch: str | None = None
+    #: seconds a collective waits for the slowest rank before failing
+    timeout_s: float = 1800.0
+    _plane: ControlPlane | None = field(default=None, init=False, compare=False, repr=False)
 
     @property
     def is_main(self) -> bool:
@@ -34,18 +246,78 @@ class DistContext:
         """Local rank 0: does per-node duties such as staging data to the node's disk."""
         return self.local_rank == 0
 
+    # ------------------------------------------------------------ connection
+    def connect(self, job_id: str, env: Mapping[str, str] | None = None) -> None:
+        """Join the control plane (all ranks call this at start; a no-op for one process)."""
+        if self.world_size == 1 or self._plane is not None:
+            return
+        address = control_address(os.environ if env is None else env)
+        object.__setattr__(self, "_plane", ControlPlane.connect(self.rank, self.world_size, address, job_id,
+                                                                self.timeout_s))
+
+    def close(self) -> None:
+        if self._plane is not None:
+            self._plane.close()
+            object.__setattr__(self, "_plane", None)
+
+    def _exchange(self, op: str, data: Any, combine: Callable[[list[Any]], Any]) -> Any:
+        if self._plane is None:
+            raise RunError(f"dist.backend={self.backend}: {op} across {self.world_size} ranks before "
+                           "DistContext.connect()", component="dist")
+        return self._plane.exchange(op, data, combine)
+
+    # ------------------------------------------------------------ collectives
+    def allreduce(self, values: Sequence[float], op: str = "sum") -> list[float]:
+        """Element-wise ``sum``/``mean``/``max``/``min`` of ``values`` over all ranks, summed in
+        rank order in float64, so every rank gets bit-identical results."""
+        reduce = _REDUCERS[op]
+        values = [float(v) for v in values]
+        if self.world_size == 1:
+            return values
+
+        def combine(gathered: list[list[float]]) -> list[float]:
+            if len({len(v) for v in gathered}) != 1:
+                raise RunError(f"allreduce of different lengths across ranks: {[len(v) for v in gathered]}",
+                               component="dist")
+            return [reduce(column) for column in zip(*gathered, strict=True)]
+
+        return self._exchange(f"allreduce:{op}", values, combine)
+
     def allreduce_mean(self, metrics: Mapping[str, float]) -> dict[str, float]:
-        """Average scalar metrics over ranks (identity for a single process)."""
-        if self.world_size != 1:
-            raise NotImplementedError(f"dist.backend={self.backend} collectives are not available yet")
-        return dict(metrics)
+        """Average scalar metrics over ranks (identity for a single process). Every rank must
+        pass the same keys."""
+        if self.world_size == 1:
+            return dict(metrics)
+        keys = sorted(metrics)
+        means = self._exchange("allreduce_mean", [keys, [float(metrics[k]) for k in keys]], _mean_by_key)
+        return dict(zip(keys, means, strict=True))
+
+    def any(self, flag: bool) -> bool:
+        """True on every rank if it is True on any rank: how ranks agree to stop together."""
+        if self.world_size == 1:
+            return flag
+        return bool(self._exchange("any", bool(flag), any))
+
+    def broadcast(self, obj: Any, root: int = 0) -> Any:
+        """``obj`` as passed on rank ``root``, on every rank (JSON-serialisable values)."""
+        if self.world_size == 1:
+            return obj
+        return self._exchange(f"broadcast:{root}", obj, lambda values: values[root])
+
+    def allgather(self, obj: Any) -> list[Any]:
+        """Every rank's ``obj``, in rank order, on every rank (JSON-serialisable values)."""
+        if self.world_size == 1:
+            return [obj]
+        return self._exchange("allgather", obj, list)
 
     def barrier(self) -> None:
         if self.world_size != 1:
-            raise NotImplementedError(f"dist.backend={self.backend} collectives are not available yet")
+            self._exchange("barrier", None, lambda values: None)
 
+    # ------------------------------------------------------------ construction
     @classmethod
-    def from_env(cls, backend: str = "none", env: Mapping[str, str] | None = None) -> DistContext:
+    def from_env(cls, backend: str = "none", env: Mapping[str, str] | None = None, *,
+                 timeout_s: float = 1800.0) -> DistContext:
         env = os.environ if env is None else env
 
         def pick(*names: str, default: int) -> int:
@@ -56,7 +328,48 @@ class DistContext:
 
         rank = pick("OMPI_COMM_WORLD_RANK", "RANK", default=0)
         world = pick("OMPI_COMM_WORLD_SIZE", "WORLD_SIZE", default=1)
-        local_rank = pick("OMPI_COMM_WORLD_LOCAL_RANK", "LOCAL_RANK", default=0)
-        local_size = pick("OMPI_COMM_WORLD_LOCAL_SIZE", "LOCAL_WORLD_SIZE", default=1)
-        node = pick("DDLKIT_NODE", "OMPI_COMM_WORLD_NODE_RANK", "GROUP_RANK", default=rank // max(local_size, 1))
-        return cls(rank, world, local_rank, local_size, node, backend)
+        local_rank = pick(LOCAL_RANK_ENV, "OMPI_COMM_WORLD_LOCAL_RANK", "LOCAL_RANK", default=0)
+        local_size = pick(LOCAL_SIZE_ENV, "OMPI_COMM_WORLD_LOCAL_SIZE", "LOCAL_WORLD_SIZE", default=1)
+        # OpenMPI has no node index (OMPI_COMM_WORLD_NODE_RANK is a rank *within* the node);
+        # ranks are placed node by node, so the index follows from the rank and the local size
+        node = pick(NODE_ENV, "GROUP_RANK", default=rank // max(local_size, 1))
+        return cls(rank, world, local_rank, local_size, node, backend, env.get(NODE_SCRATCH_ENV) or None, timeout_s)
+
+
+def _mean_by_key(gathered: list[list[Any]]) -> list[float]:
+    keys = gathered[0][0]
+    for rank, (other, _) in enumerate(gathered):
+        if other != keys:
+            raise RunError(f"ranks report different metrics: rank 0 {keys}, rank {rank} {other}", component="dist")
+    return [sum(column) / len(gathered) for column in zip(*(vals for _, vals in gathered), strict=True)]
+
+
+# ---------------------------------------------------------------------------- horovod
+#: the compiled extension each framework's Horovod binding needs, relative to the package
+_HOROVOD_EXTENSIONS = {"pytorch": "torch/mpi_lib_v2", "tensorflow": "tensorflow/mpi_lib", "keras": "tensorflow/mpi_lib"}
+HOROVOD_HOW_TO = {
+    "pytorch": "Build it against the installed torch with scripts/install_horovod.sh (Horovod 0.28.1 patched to "
+               "C++17; about 10 minutes on 2 cores, the wheel is cached), or use dist=native.",
+    "tensorflow": "Horovod 0.28.1, its last release, does not build against TensorFlow >= 2.16: use dist=native "
+                  "(tf.distribute.MultiWorkerMirroredStrategy), or an environment pinned to tensorflow 2.15 + "
+                  "horovod 0.28.1 (see the README, 'Horovod').",
+}
+HOROVOD_HOW_TO["keras"] = HOROVOD_HOW_TO["tensorflow"]
+
+
+def horovod_problem(framework: str) -> str | None:
+    """Why ``dist=horovod`` cannot run with ``framework`` in this environment, or None if it
+    can. Looks for Horovod's compiled extension without importing anything heavy, so the
+    launcher can check before a job starts."""
+    spec = importlib.util.find_spec("horovod")
+    how_to = HOROVOD_HOW_TO.get(framework, "")
+    if spec is None or not spec.submodule_search_locations:
+        return f"dist=horovod needs Horovod, which is not installed. {how_to}"
+    ext = _HOROVOD_EXTENSIONS.get(framework)
+    if ext is None:
+        return f"dist=horovod is not supported for framework={framework}."
+    base = Path(next(iter(spec.submodule_search_locations)))
+    pkg, name = ext.split("/")
+    if not any((base / pkg).glob(f"{name}*.so")):
+        return f"dist=horovod: the installed Horovod was built without {framework} support. {how_to}"
+    return None

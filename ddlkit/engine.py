@@ -6,12 +6,15 @@ the environment; :mod:`ddlkit.worker` trains from that file and never re-enters 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import platform
 import shlex
+import signal
 import subprocess
 import sys
-from collections.abc import Sequence
+import threading
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
@@ -24,6 +27,7 @@ from . import secrets as secret_store
 from .atomic import write_json, write_text
 from .checkpoint import resolve_resume
 from .config import to_container
+from .distributed import BACKENDS
 from .errors import ConfigError, JobFailedError
 from .interfaces import ComputeTarget, JobSpec, JobState
 from .registry import HOOK_POINTS, Registry
@@ -84,8 +88,7 @@ def validate(cfg: DictConfig, registry: Registry, pm: DdlkitPluginManager) -> di
     _check(o.warmup_epochs >= 0, "optimizer.warmup_epochs", o.warmup_epochs, ">= 0")
     _check(0 <= o.label_smoothing < 1, "optimizer.label_smoothing", o.label_smoothing, "in [0, 1)")
     _check(o.name == "sgd", "optimizer.name", o.name, "sgd (the only optimizer so far)")
-    _check(cfg.dist.backend == "none", "dist.backend", cfg.dist.backend,
-           "none: multi-process backends arrive with the local_mpi compute target")
+    _check_distributed(cfg, registry)
 
     framework_cls = registry.get("framework", cfg.framework.name).factory
     models = getattr(framework_cls, "models", ())
@@ -102,6 +105,26 @@ def validate(cfg: DictConfig, registry: Registry, pm: DdlkitPluginManager) -> di
     registry.create("framework", cfg.framework.name, cfg.framework).configure(cfg)
     pm.hook.ddlkit_configure(config=cfg)
     return container
+
+
+def _check_distributed(cfg: DictConfig, registry: Registry) -> None:
+    """The dist settings against the compute target's number of ranks."""
+    d = cfg.dist
+    _check(d.backend in BACKENDS, "dist.backend", d.backend, f"one of: {', '.join(BACKENDS)}")
+    _check(d.timeout_s > 0, "dist.timeout_s", d.timeout_s, "positive")
+    _check(d.stop_check_every >= 1, "dist.stop_check_every", d.stop_check_every, "a positive integer")
+    world_size = registry.create("compute", cfg.compute.name, cfg.compute).world_size
+    if world_size > 1 and d.backend == "none":
+        raise ConfigError(f"compute={cfg.compute.name} runs {world_size} ranks, which must share their gradients: "
+                          "add dist=native (the framework's own collectives) or dist=horovod.")
+    # the ranks repeat this check once their data is readable; a data source whose config states
+    # its length (data=synthetic) is checked here, before anything starts
+    length = cfg.data.get("length")
+    global_batch = cfg.trainer.batch_size * world_size
+    if isinstance(length, int) and length < global_batch:
+        raise ConfigError(f"data has {length} training images, fewer than one global batch of {global_batch} "
+                          f"(trainer.batch_size={cfg.trainer.batch_size} x {world_size} ranks). Lower "
+                          "trainer.batch_size or raise data.length.")
 
 
 def environment_info() -> dict[str, Any]:
@@ -150,6 +173,25 @@ def prepare(cfg: DictConfig, *, job_dir: Path, job_name: str, overrides: Sequenc
     return PreparedJob(spec, compute, redacted, tuple(overrides))
 
 
+@contextlib.contextmanager
+def _sigterm_interrupts() -> Iterator[None]:
+    """A SIGTERM to ddlkit (a batch scheduler's preemption, ``kill``) stops the job as Ctrl-C
+    does: the job checkpoints and stops, instead of running on without its launcher. Signal
+    handlers belong to the main thread; elsewhere (a sweep's job threads) nothing changes."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def interrupt(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGTERM, interrupt)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
 def run_job(job: PreparedJob, *, out: TextIO | None = None, live: bool | None = None) -> dict[str, Any]:
     """Submit, stream rank 0's output, and return result.json; raise JobFailedError otherwise."""
     out = out or sys.stdout
@@ -158,24 +200,25 @@ def run_job(job: PreparedJob, *, out: TextIO | None = None, live: bool | None = 
     out.write(f"ddlkit: job {spec.name} -> {spec.job_dir}\n")
     out.flush()
     handle = job.compute.submit(spec)
-    try:
-        if live and "console" in job.config.get("logger", {}):
-            from .builtin.console_logger import ProgressRenderer
+    with _sigterm_interrupts():
+        try:
+            if live and "console" in job.config.get("logger", {}):
+                from .builtin.console_logger import ProgressRenderer
 
-            with ProgressRenderer(out) as renderer:
+                with ProgressRenderer(out) as renderer:
+                    for chunk in handle.logs(follow=True):
+                        renderer.feed(chunk)
+            else:
                 for chunk in handle.logs(follow=True):
-                    renderer.feed(chunk)
-        else:
+                    out.write(chunk)
+                    out.flush()
+            status = handle.wait()
+        except KeyboardInterrupt:
+            out.write("\nddlkit: interrupted; asking the job to checkpoint and stop...\n")
+            handle.cancel()
             for chunk in handle.logs(follow=True):
                 out.write(chunk)
-                out.flush()
-        status = handle.wait()
-    except KeyboardInterrupt:
-        out.write("\nddlkit: interrupted; asking the job to checkpoint and stop...\n")
-        handle.cancel()
-        for chunk in handle.logs(follow=True):
-            out.write(chunk)
-        status = handle.wait()
+            status = handle.wait()
     if status.state is JobState.SUCCEEDED:
         result_path = spec.job_dir / "result.json"
         if not result_path.is_file():

@@ -39,6 +39,9 @@ BUILTIN_PLUGINS: tuple[str, ...] = (
     "ddlkit.builtin.local_compute",
     "ddlkit.builtin.local_storage",
     "ddlkit.builtin.synthetic_data",
+    "ddlkit.builtin.nfs_storage",
+    "ddlkit.builtin.local_ssd_storage",
+    "ddlkit.builtin.imagefolder",
     "ddlkit.builtin.console_logger",
     "ddlkit.builtin.jsonl_logger",
 )

@@ -98,6 +98,9 @@ class Run:
         self.epoch_metrics: dict[str, float] = {}
         self.best_top1: float | None = None
         self.checkpoints_written = 0
+        #: fields plugins add to result.json (e.g. staging_time_s); the core's own keys win
+        self.extra_result: dict[str, Any] = {}
+        #: this rank was asked to stop (SIGTERM); ranks act on it together, see _agree_to_stop
         self.stop_requested = False
         self._save: SaveFn | None = None
         self._started = time.time()
@@ -141,6 +144,9 @@ class Run:
         t = self.cfg.trainer
         if st.step % t.log_every == 0 or st.step == self.total_steps:
             self.last_loss = loss() if callable(loss) else float(loss)
+            if self.dist.world_size > 1:
+                # rank 0 logs the loss of the global batch; every rank then judges the same value
+                self.last_loss = self.dist.allreduce_mean({"loss": self.last_loss})["loss"]
             if not math.isfinite(self.last_loss):
                 raise RunError(
                     f"loss became {self.last_loss} at step {st.step}: training diverged. Lower optimizer.lr "
@@ -150,20 +156,35 @@ class Run:
             for lg in self.loggers:
                 lg.log_metrics(st.step, metrics, split="train")
             self.hook.ddlkit_step_end(run=self, step=st.step, metrics=metrics)
-        stop = self.stop_requested or st.step >= self.total_steps
+        stopping = self._agree_to_stop()
+        stop = stopping or st.step >= self.total_steps
         # at an epoch's last batch the framework calls epoch_end next, which checkpoints the
         # finished epoch; saving here too would write the same step twice
-        at_epoch_end = st.batch >= self.steps_per_epoch and not self.stop_requested
+        at_epoch_end = st.batch >= self.steps_per_epoch and not stopping
         if not at_epoch_end and (stop or (t.checkpoint_every and st.step % t.checkpoint_every == 0)):
             self.save_checkpoint()
-        if self.stop_requested:
+        if stopping:
             raise Preempted(f"stopped on request at step {st.step}")
         return stop
+
+    def _agree_to_stop(self) -> bool:
+        """Whether the loop stops at this step for a stop request (SIGTERM). A SIGTERM reaches the
+        ranks at different moments (or only some of them), but a rank that leaves the loop alone
+        would leave the others waiting forever in their next gradient all-reduce; so every
+        ``dist.stop_check_every`` steps the ranks all-reduce their flags and all stop at the same
+        step if any of them was asked to. One process decides alone, at no cost."""
+        if self.dist.world_size == 1:
+            return self.stop_requested
+        if self.state.step % self.cfg.dist.stop_check_every:
+            return False
+        self.stop_requested = self.dist.any(self.stop_requested)
+        return self.stop_requested
 
     def validation_end(self, **metrics: float) -> None:
         """Report validation metrics (``val_loss``, ``val_top1``, ``val_top5``) for the current state."""
         self.meter.pause()
-        self.epoch_metrics = {k: float(v) for k, v in metrics.items()}
+        # each rank validated its own shard: rank 0 logs (and checkpoints) the mean over ranks
+        self.epoch_metrics = self.dist.allreduce_mean({k: float(v) for k, v in metrics.items()})
         if "val_top1" in self.epoch_metrics:
             self.best_top1 = max(self.best_top1 or 0.0, self.epoch_metrics["val_top1"])
         epoch = self.state.epoch + min(self.state.batch / self.steps_per_epoch, 1.0)
@@ -237,6 +258,7 @@ class Run:
         """The content of result.json."""
         t = self.cfg.trainer
         return {
+            **self.extra_result,
             "status": status,
             "framework": self.cfg.framework.name,
             "model": self.cfg.model.name,

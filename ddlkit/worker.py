@@ -42,20 +42,25 @@ def main(argv: list[str] | None = None) -> int:
     secrets = secret_store.decode(os.environ.get(secret_store.SECRETS_ENV))
     cfg = OmegaConf.create(job["config"])
     job_dir = Path(job["job_dir"])
-    dist = DistContext.from_env(cfg.dist.backend)
+    dist = DistContext.from_env(cfg.dist.backend, timeout_s=cfg.dist.timeout_s)
     run: Run | None = None
     status = "failed"
+    #: every rank ends here at the same step (completed, or stopped by the ranks' agreement)
+    ended_together = False
     try:
+        # the ranks of one job share its job file: its name and directory tell them apart from
+        # the ranks of any other job that might reach the same port
+        dist.connect(job_id=f"{job.get('name')}@{job_dir}")
         pm = get_plugin_manager()
         registry = Registry.collect(pm)
         run = Run(cfg, job_dir, pm=pm, registry=registry, dist=dist,
                   resume_from=resolve_resume(job_dir, cfg.trainer.resume), name=job.get("name"))
         run.install_signal_handlers()
         pm.hook.ddlkit_run_loop(run=run)
-        status = "completed"
+        status, ended_together = "completed", True
         return 0
     except Preempted as stop:
-        status = "interrupted"
+        status, ended_together = "interrupted", True
         print(f"ddlkit worker (rank {dist.rank}): {stop}; checkpoint saved, resumable", file=sys.stderr)
         return EXIT_PREEMPTED
     except KeyboardInterrupt:
@@ -70,10 +75,38 @@ def main(argv: list[str] | None = None) -> int:
         print(secret_store.scrub(traceback.format_exc(), secrets), file=sys.stderr)
         return 1
     finally:
-        if run is not None:
-            run.finish(status)
+        finish_code = _finish(run, status, dist.rank, secrets) if run is not None else 0
+        _leave(dist, ended_together and not finish_code)
         sys.stdout.flush()
         sys.stderr.flush()
+        if finish_code:
+            # results could not be kept (e.g. uploads failed after their retries): that outranks
+            # the training outcome, so it replaces the pending return value
+            sys.exit(finish_code)
+
+
+def _finish(run: Run, status: str, rank: int, secrets: dict[str, str]) -> int:
+    """End the run (result.json, publishing, loggers); a DdlkitError becomes one clean line."""
+    try:
+        run.finish(status)
+        return 0
+    except DdlkitError as err:
+        print(f"ddlkit worker (rank {rank}): {type(err).__name__}: {secret_store.scrub(str(err), secrets)}",
+              file=sys.stderr)
+        return exit_code_for(err)
+
+
+def _leave(dist: DistContext, ended_together: bool) -> None:
+    """Leave the job together after a clean end. An MPI launcher stops the whole job as soon
+    as one rank exits with a non-zero status (75 after a preemption), so no rank may exit before
+    rank 0 has finished its checkpoint, result.json and loggers. After a failure a rank leaves
+    at once: its closed connection is how the others learn of it."""
+    if ended_together and dist.world_size > 1:
+        try:
+            dist.barrier()
+        except DdlkitError as err:
+            print(f"ddlkit worker (rank {dist.rank}): {err}", file=sys.stderr)
+    dist.close()
 
 
 if __name__ == "__main__":

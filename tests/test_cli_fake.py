@@ -184,7 +184,7 @@ def test_help_lists_the_options_plugins_registered(run_factory: RunFactory) -> N
     groups = dict(line.split(": ", 1) for line in out.stdout.split("== Configuration groups ==")[1]
                   .split("== Config ==")[0].splitlines() if ": " in line)
     assert "fake" in groups["framework"].split(", ")
-    assert groups["storage"] == "local, memory" and groups["logger"] == "console, jsonl, recording"
+    assert groups["storage"] == "azure, local, local_ssd, memory, nfs" and groups["logger"] == "console, jsonl, recording"
 
 
 PYTORCH_INSTALLED = any(ep.name == "pytorch" for ep in entry_points(group="ddlkit"))

@@ -49,10 +49,10 @@ def test_every_option_of_every_group_composes_and_validates(pm: DdlkitPluginMana
     cs = ConfigStore.instance()
     options = {g: sorted(n.removesuffix(".yaml") for n in cs.list(g)) for g in (*HOOK_POINTS, *CORE_GROUPS)}
     assert options == {
-        "data": ["synthetic"], "storage": ["local", "memory"], "compute": ["local"], "framework": ["fake"],
+        "data": ["imagefolder", "synthetic"], "storage": ["local", "local_ssd", "memory", "nfs"], "compute": ["local"], "framework": ["fake"],
         "logger": ["console", "jsonl", "recording"],
         "model": ["resnet101", "resnet152", "resnet18", "resnet34", "resnet50"],
-        "optimizer": ["sgd"], "trainer": ["default"], "dist": ["none"],
+        "optimizer": ["sgd"], "trainer": ["default"], "dist": ["horovod", "native", "none"],
     }
     for group, names in options.items():
         for name in names:
@@ -114,8 +114,9 @@ def test_wrong_values_fail_when_composing(pm: DdlkitPluginManager, override: str
     ("optimizer.momentum=1", "optimizer.momentum=1.0 is invalid: it must be in [0, 1)."),
     ("optimizer.label_smoothing=1.5", "optimizer.label_smoothing=1.5 is invalid: it must be in [0, 1)."),
     ("optimizer.name=adam", "optimizer.name=adam is invalid: it must be sgd (the only optimizer so far)."),
-    ("dist.backend=horovod", "dist.backend=horovod is invalid: it must be none: multi-process backends arrive "
-                             "with the local_mpi compute target."),
+    ("dist.backend=mpi", "dist.backend=mpi is invalid: it must be one of: none, native, horovod."),
+    ("dist.timeout_s=0", "dist.timeout_s=0.0 is invalid: it must be positive."),
+    ("dist.stop_check_every=0", "dist.stop_check_every=0 is invalid: it must be a positive integer."),
 ])
 def test_out_of_range_values_are_config_errors(pm: DdlkitPluginManager, override: str, message: str) -> None:
     with pytest.raises(ConfigError) as info:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+import ddlkit
 from ddlkit import DistContext
 
 
@@ -27,6 +28,6 @@ def test_torchrun_variables() -> None:
     assert DistContext.from_env("native", env) == DistContext(3, 4, 1, 2, 1, "native")
 
 
-def test_collectives_need_a_backend_for_several_ranks() -> None:
-    with pytest.raises(NotImplementedError, match=r"dist\.backend=native"):
+def test_collectives_of_several_ranks_need_a_connection() -> None:
+    with pytest.raises(ddlkit.RunError, match=r"dist\.backend=native: barrier across 2 ranks before"):
         DistContext(0, 2, backend="native").barrier()

@@ -69,7 +69,7 @@ def test_a_broken_plugin_warns_and_is_remembered(load_fake_group) -> None:
     with pytest.raises(UnknownNameError) as info:
         Registry.collect(pm).get("storage", "fake-broken")
     assert str(info.value) == (
-        "unknown storage backend 'fake-broken' (config key `storage`). Choose one of: fake-ok, local.\n"
+        "unknown storage backend 'fake-broken' (config key `storage`). Choose one of: fake-ok, local, local_ssd, nfs.\n"
         f"  Not loaded: ddlkit-fake 0.1 (ddlkit_fake.broken): {BROKEN_ERROR}")
 
 
@@ -95,7 +95,7 @@ def test_disable_plugins_blocks_by_entry_point_name(load_fake_group, recwarn: py
 def test_loading_twice_registers_once(load_fake_group) -> None:
     pm = load_fake_group(block="broken,dup")
     pm.load_entrypoints(group=GROUP)
-    assert Registry.collect(pm).names("storage") == ["fake-ok", "local"]
+    assert Registry.collect(pm).names("storage") == ["fake-ok", "local", "local_ssd", "nfs"]
 
 
 @pytest.mark.parametrize(("switch", "loaded"), [("1", False), ("yes", False), ("0", True), ("", True)])
@@ -114,7 +114,7 @@ def test_ddlkit_plugins_registers_modules_by_import_path(monkeypatch: pytest.Mon
         "ddlkit.testing.fakes", "DDLKIT_PLUGINS", "-", "ddlkit.testing.fakes")
     reg = Registry.collect(pm)
     assert reg.names("framework") == ["fake"]
-    assert reg.names("storage") == ["fake-ok", "local", "memory"]
+    assert reg.names("storage") == ["fake-ok", "local", "local_ssd", "memory", "nfs"]
 
 
 def test_ddlkit_plugins_naming_a_missing_module(monkeypatch: pytest.MonkeyPatch) -> None:

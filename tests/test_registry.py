@@ -30,7 +30,7 @@ def storage_plugin(*items: object) -> object:
 def test_builtins_register_one_name_per_hook_point(ddlkit_pm: DdlkitPluginManager) -> None:
     reg = Registry.collect(ddlkit_pm)
     assert {g: reg.names(g) for g in reg.entries} == {
-        "data": ["synthetic"], "storage": ["local"], "compute": ["local"], "framework": [],
+        "data": ["imagefolder", "synthetic"], "storage": ["local", "local_ssd", "nfs"], "compute": ["local"], "framework": [],
         "logger": ["console", "jsonl"],
     }
     assert reg.entries["storage"]["local"].origin == f"{DDLKIT} (ddlkit.builtin.local_storage)"
@@ -68,10 +68,11 @@ def test_unknown_name_lists_the_choices(ddlkit_pm: DdlkitPluginManager) -> None:
     reg = Registry.collect(ddlkit_pm)
     with pytest.raises(UnknownNameError) as info:
         reg.get("storage", "s4")
-    assert str(info.value) == "unknown storage backend 's4' (config key `storage`). Choose one of: gcs, local, s3."
+    assert str(info.value) == ("unknown storage backend 's4' (config key `storage`). "
+                               "Choose one of: gcs, local, local_ssd, nfs, s3.")
     err = info.value
     assert (err.kind, err.name, err.choices, err.key, err.not_loaded) == (
-        "storage backend", "s4", ["gcs", "local", "s3"], "storage", [])
+        "storage backend", "s4", ["gcs", "local", "local_ssd", "nfs", "s3"], "storage", [])
     # a LookupError (so `except LookupError` works) but not a KeyError, whose str() adds quotes
     assert isinstance(err, LookupError) and not isinstance(err, KeyError)
     assert isinstance(err, ddlkit.ConfigError)
@@ -84,7 +85,7 @@ def test_unknown_name_says_which_plugins_failed_to_load(ddlkit_pm: DdlkitPluginM
     with pytest.raises(UnknownNameError) as info:
         reg.get("storage", "azure")
     assert str(info.value) == (
-        "unknown storage backend 'azure' (config key `storage`). Choose one of: local.\n"
+        "unknown storage backend 'azure' (config key `storage`). Choose one of: local, local_ssd, nfs.\n"
         "  Not loaded: ddlkit-azure 0.1 (ddlkit_azure.plugin): ModuleNotFoundError: No module named 'azure'"
     )
 
@@ -160,7 +161,7 @@ def test_a_hook_may_return_a_list_or_none(ddlkit_pm: DdlkitPluginManager) -> Non
 
     add_plugin(ddlkit_pm, ListPlugin())
     reg = Registry.collect(ddlkit_pm)
-    assert reg.names("storage") == ["local", "s3"]
+    assert reg.names("storage") == ["local", "local_ssd", "nfs", "s3"]
     assert reg.names("logger") == ["console", "jsonl"]
 
 

@@ -4,7 +4,10 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, ClassVar
+
+if TYPE_CHECKING:
+    from ..run import Run
 
 
 class StorageBackend(ABC):
@@ -15,8 +18,18 @@ class StorageBackend(ABC):
     Writes are atomic: a reader sees the whole object or none of it, never a partial one.
     """
 
+    #: URL schemes this backend opens with :meth:`from_url` (``("blob",)`` for
+    #: ``blob://container/prefix``); ``ddlkit data upload`` and staging find backends by scheme
+    url_schemes: ClassVar[tuple[str, ...]] = ()
+
     def __init__(self, cfg: Any) -> None:
         self.cfg = cfg
+
+    @classmethod
+    def from_url(cls, url: str) -> StorageBackend:
+        """A backend whose keys are relative to ``url`` (one of :attr:`url_schemes`), with
+        credentials from the environment, never from the URL."""
+        raise NotImplementedError(f"{cls.__name__} cannot be opened from a URL")
 
     @abstractmethod
     def put(self, local_path: Path, key: str) -> None:
@@ -36,6 +49,13 @@ class StorageBackend(ABC):
     def data_path(self, root: str) -> Path:
         """A local directory from which the dataset ``root`` can be read by this node."""
         return Path(root).expanduser()
+
+    def prepare_data(self, root: str, run: Run) -> Path:
+        """Called on every rank by a data source's ``prepare``: make the dataset ``root`` readable
+        on this node and return the local directory. The default reads it in place
+        (:meth:`data_path`); a staging backend copies it on each node's local rank 0 while the
+        node's other ranks wait at ``run.dist.barrier()``."""
+        return self.data_path(root)
 
     def publish_results(self, job_dir: Path, job_name: str) -> str | None:
         """Copy the job's results somewhere durable; return where, or None if they stay put."""

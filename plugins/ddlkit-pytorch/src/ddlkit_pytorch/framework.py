@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import ddlkit
+from ddlkit.distributed import horovod_problem
 
 if TYPE_CHECKING:
     from omegaconf import DictConfig
@@ -33,13 +34,19 @@ class PytorchConfig:
 class PytorchFramework(ddlkit.Framework):
     models = MODEL_NAMES
 
+    #: the trained model (the plain module, without DDP/compile wrappers) once :meth:`train` has
+    #: returned, for ``ddlkit_run_end`` hooks that export or inspect it
+    model: Any = None
+
     def configure(self, config: DictConfig) -> None:
         precision = str(config.trainer.precision)
         if precision == "fp16" and self.cfg.device == "cpu":
             raise ddlkit.ConfigError("trainer.precision=fp16 needs a GPU; on the CPU use trainer.precision=bf16 "
                                      "(or fp32)")
+        if config.dist.backend == "horovod" and (problem := horovod_problem("pytorch")):
+            raise ddlkit.ConfigError(problem)
 
-    def _device(self) -> Any:
+    def _device(self, dist: ddlkit.DistContext) -> Any:
         import torch
 
         wanted = self.cfg.device
@@ -47,6 +54,8 @@ class PytorchFramework(ddlkit.Framework):
             wanted = "cuda" if torch.cuda.is_available() else "cpu"
         if wanted.startswith("cuda") and not torch.cuda.is_available():
             raise ddlkit.ConfigError(f"framework.device={wanted} but torch sees no GPU; use framework.device=cpu")
+        if wanted == "cuda" and dist.world_size > 1:
+            wanted = f"cuda:{dist.local_rank}"  # one GPU per rank of the node
         return torch.device(wanted)
 
     def train(self, run: ddlkit.Run) -> None:
@@ -62,7 +71,7 @@ class PytorchFramework(ddlkit.Framework):
         random.seed(t.seed)
         if t.deterministic:
             torch.use_deterministic_algorithms(True)
-        device = self._device()
+        device = self._device(run.dist)
         precision = str(t.precision)
         if precision == "fp16" and device.type != "cuda":
             raise ddlkit.ConfigError("trainer.precision=fp16 needs a GPU; on the CPU use trainer.precision=bf16")
@@ -78,7 +87,8 @@ class PytorchFramework(ddlkit.Framework):
         scaler = torch.amp.GradScaler(device.type, enabled=precision == "fp16")
         autocast_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(precision)
         loss_fn = nn.CrossEntropyLoss(label_smoothing=o.label_smoothing)
-        step_model = torch.compile(model) if self.cfg.compile else model
+        replicas = Replicas(run, device)
+        optimizer = replicas.wrap_optimizer(model, optimizer)
 
         def autocast() -> contextlib.AbstractContextManager:
             if autocast_dtype is None:
@@ -109,6 +119,11 @@ class PytorchFramework(ddlkit.Framework):
         train_loader = run.data.loader("pytorch", "train", **loader_args)
         val_loader = run.data.loader("pytorch", "val", **loader_args) if t.validate else None
         run.restore(save, load)
+        # after restore: the replicas start from rank 0's weights (and all ranks loaded the same
+        # checkpoint, or Horovod broadcast rank 0's optimizer state)
+        step_model = replicas.wrap_model(model, optimizer)
+        if self.cfg.compile:
+            step_model = torch.compile(step_model)
 
         def evaluate() -> dict[str, float]:
             model.eval()
@@ -139,9 +154,9 @@ class PytorchFramework(ddlkit.Framework):
                 labels = labels.to(device, non_blocking=True)
                 with autocast():
                     loss = loss_fn(step_model(images), labels)
-                optimizer.zero_grad(set_to_none=True)
+                optimizer.zero_grad()  # set_to_none by default (and Horovod's takes no argument)
                 scaler.scale(loss).backward()
-                scaler.step(optimizer)
+                replicas.step(optimizer, scaler)
                 scaler.update()
                 if run.step_end(loss=lambda loss=loss: loss.item(), lr=lr):
                     stopped = True
@@ -153,6 +168,80 @@ class PytorchFramework(ddlkit.Framework):
             run.epoch_end(**metrics)
         if t.save_model:
             run.save_artifact("model.pt", lambda p: torch.save(model.state_dict(), p))
+        replicas.close()
+        self.model = model
+
+
+class Replicas:
+    """How the ranks' model replicas stay identical, per ``dist.backend`` (a job of one rank
+    trains alone whatever the backend says):
+
+    * ``none``: one process, nothing to share;
+    * ``native``: ``torch.distributed`` (gloo on the CPU, nccl on GPUs) with the rendezvous the
+      launcher put in the environment (``MASTER_ADDR``/``MASTER_PORT``: local_mpi, torchrun), and
+      ``DistributedDataParallel``, which averages gradients during the backward pass and
+      broadcasts rank 0's parameters (and BatchNorm buffers, at each forward) to the others;
+    * ``horovod``: ``hvd.DistributedOptimizer`` averages gradients; rank 0's parameters and
+      optimizer state are broadcast after any resume. BatchNorm running statistics stay per rank
+      (rank 0's are the ones checkpointed), as in Horovod's own examples.
+    """
+
+    def __init__(self, run: ddlkit.Run, device: Any) -> None:
+        self.backend = run.cfg.dist.backend if run.dist.world_size > 1 else "none"
+        self.device = device
+        self.hvd: Any = None
+        if self.backend == "native":
+            from datetime import timedelta
+
+            import torch.distributed as tdist
+
+            tdist.init_process_group("nccl" if device.type == "cuda" else "gloo", rank=run.dist.rank,
+                                     world_size=run.dist.world_size, timeout=timedelta(seconds=run.cfg.dist.timeout_s),
+                                     device_id=device if device.type == "cuda" else None)
+        elif self.backend == "horovod":
+            import horovod.torch as hvd
+
+            hvd.init()
+            if hvd.size() != run.dist.world_size:
+                raise ddlkit.RunError(f"Horovod sees {hvd.size()} ranks but the job has {run.dist.world_size}: "
+                                      "Horovod was started outside the job's launcher?", component="framework")
+            self.hvd = hvd
+
+    def wrap_optimizer(self, model: Any, optimizer: Any) -> Any:
+        """Before the checkpoint is loaded: Horovod's optimizer is a new object, whose state
+        the checkpoint must fill."""
+        if self.hvd is None:
+            return optimizer
+        return self.hvd.DistributedOptimizer(optimizer, named_parameters=model.named_parameters())
+
+    def wrap_model(self, model: Any, optimizer: Any) -> Any:
+        """The module to train with; ``model`` itself stays the plain one (state_dict keys)."""
+        if self.backend == "native":
+            from torch.nn.parallel import DistributedDataParallel
+
+            return DistributedDataParallel(model, device_ids=[self.device.index] if self.device.type == "cuda" else None)
+        if self.hvd is not None:
+            self.hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+            self.hvd.broadcast_optimizer_state(optimizer, root_rank=0)
+        return model
+
+    def step(self, optimizer: Any, scaler: Any) -> None:
+        if self.hvd is not None and scaler.is_enabled():
+            # fp16 with Horovod: unscale only after the all-reduce, then step without a second one
+            optimizer.synchronize()
+            scaler.unscale_(optimizer)
+            with optimizer.skip_synchronize():
+                scaler.step(optimizer)
+            return
+        scaler.step(optimizer)
+
+    def close(self) -> None:
+        if self.backend == "native":
+            import torch.distributed as tdist
+
+            tdist.destroy_process_group()
+        elif self.hvd is not None:
+            self.hvd.shutdown()
 
 
 def _as_random_state(state: Any) -> tuple:

@@ -1,0 +1,247 @@
+"""Scaling efficiency of ddlkit's data-parallel training on this machine, and how fast a job
+ends when one of its ranks dies.
+
+Throughput: images/sec (``result.json``, measured as ``tf_cnn_benchmarks`` does: warm-up steps
+excluded) of the same model and per-rank batch on 1, 2 and 4 ranks, per framework and
+``dist`` backend, each job a real ``ddlkit`` command with ``compute=local_mpi`` and one intra-op
+thread per rank (``framework.num_threads=1``, ``OMP_NUM_THREADS=1``). Scaling efficiency =
+throughput(n) / (n x throughput(1)). The 1-rank job goes through the same launcher (mpirun,
+one rank) and trains alone, so the baseline is the plain single-process loop. Rounds visit the
+configurations in turn, so that drift in the machine's load hits them alike; each point is the
+median over rounds (``efficiency``), and the best round is kept too (``efficiency_best``: the
+round least disturbed by other work on the machine, whose 1-minute load is recorded per job). On a 2-core machine 2 ranks is the meaningful point (goal >= 0.90); 4 ranks
+oversubscribe the cores, so their efficiency is at most 0.5.
+
+Failure: a 2-rank PyTorch job (dist=native) is killed at one rank with SIGKILL mid-training; the
+time from the kill to the launcher's exit is reported, and likewise from a SIGTERM to the
+launcher (preemption: agree on a step, checkpoint, exit 75). The cost of the per-step stop
+agreement (one all-reduce of a flag over ddlkit's control plane) is measured on its own.
+
+    python benchmarks/scaling.py [--rounds 2 --steps 30] [--configs pytorch/native,tensorflow/native]
+
+Writes benchmarks/results/scaling.json and scaling.png.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing as mp
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from _common import RESULTS, summary, write_result
+
+CONFIGS = ("pytorch/native", "pytorch/horovod", "tensorflow/native", "keras/native")
+RANKS = (1, 2, 4)
+
+
+def available(config: str) -> str | None:
+    """Why ``config`` cannot run here, or None."""
+    import importlib.util
+
+    from ddlkit.distributed import horovod_problem
+
+    framework, backend = config.split("/")
+    if importlib.util.find_spec(f"ddlkit_{framework}") is None:
+        return f"the ddlkit-{framework} plugin is not installed"
+    if backend == "horovod":
+        return horovod_problem(framework)
+    return None
+
+
+def job_args(config: str, ranks: int, *, steps: int, batch: int, image_size: int, model: str) -> list[str]:
+    framework, backend = config.split("/")
+    return [f"framework={framework}", "framework.num_threads=1", f"model={model}", f"data.image_size={image_size}",
+            "data.num_classes=100", f"data.length={batch * ranks * steps}", f"trainer.batch_size={batch}",
+            "trainer.epochs=1", "trainer.warmup_steps=5", "trainer.validate=false", "trainer.save_model=false",
+            "trainer.log_every=10", "logger=[jsonl]", "compute=local_mpi", f"compute.procs_per_node={ranks}",
+            f"dist={backend}"]
+
+
+def env() -> dict[str, str]:
+    return {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "TF_CPP_MIN_LOG_LEVEL": "2"}
+
+
+def run_job(args: list[str], job_dir: Path) -> dict[str, Any]:
+    proc = subprocess.run([sys.executable, "-m", "ddlkit", *args, f"hydra.run.dir={job_dir}"], cwd=job_dir.parent,
+                          env=env(), capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise RuntimeError(f"ddlkit {' '.join(args)} failed ({proc.returncode}):\n{proc.stdout[-3000:]}"
+                           f"\n{proc.stderr[-2000:]}")
+    return json.loads((job_dir / "result.json").read_text())
+
+
+def measure_scaling(configs: list[str], rounds: int, work: Path, **shape: Any) -> dict[str, Any]:
+    samples: dict[str, dict[int, list[float]]] = {c: {n: [] for n in RANKS} for c in configs}
+    loads: dict[str, dict[int, list[float]]] = {c: {n: [] for n in RANKS} for c in configs}
+    for r in range(rounds):
+        for config in configs:
+            for n in RANKS:
+                job_dir = work / f"{config.replace('/', '-')}-{n}-{r}"
+                # the machine's load before the job: other work on the cores skews the numbers
+                loads[config][n].append(round(os.getloadavg()[0], 2))
+                result = run_job(job_args(config, n, **shape), job_dir)
+                samples[config][n].append(result["images_per_sec"])
+                print(f"round {r + 1}/{rounds} {config} {n} rank(s): {result['images_per_sec']:.1f} images/s "
+                      f"(load before: {loads[config][n][-1]})", flush=True)
+    out = {}
+    for config, by_n in samples.items():
+        base, best_base = statistics.median(by_n[1]), max(by_n[1])
+        out[config] = {str(n): {**summary(v), "best": max(v), "load_1m_before": loads[config][n],
+                                "efficiency": round(statistics.median(v) / (n * base), 3),
+                                "efficiency_best": round(max(v) / (n * best_base), 3)}
+                       for n, v in by_n.items()}
+    return out
+
+
+def _worker_pid(job_dir: Path, rank: int) -> int | None:
+    marker = str(job_dir / "job.json").encode()
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        try:
+            if Path(entry.path, "cmdline").read_bytes().split(b"\0")[1:4] != [b"-m", b"ddlkit.worker", marker]:
+                continue
+            if f"OMPI_COMM_WORLD_RANK={rank}".encode() in Path(entry.path, "environ").read_bytes().split(b"\0"):
+                return int(entry.name)
+        except OSError:
+            continue
+    return None
+
+
+def measure_stop(how: str, work: Path, shape: dict[str, Any]) -> dict[str, Any]:
+    """Seconds from SIGKILL of rank 1's worker (``kill``) or from SIGTERM to the launcher
+    (``preempt``) to the launcher's exit, with the launcher's exit status."""
+    job_dir = work / f"{how}-{time.monotonic_ns()}"
+    job_dir.mkdir()
+    # the console logger's progress lines tell when training is under way
+    args = [*job_args("pytorch/native", 2, **{**shape, "steps": 100000}), "trainer.log_every=1", "logger=[console]"]
+    proc = subprocess.Popen([sys.executable, "-m", "ddlkit", *args, f"hydra.run.dir={job_dir}"], cwd=work, env=env(),
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    assert proc.stdout is not None
+    seen = []
+    for line in proc.stdout:
+        seen.append(line)
+        if "step 8/" in line:
+            break
+    else:
+        raise RuntimeError(f"the job ended before training got under way:\n{''.join(seen)[-3000:]}")
+    t0 = time.perf_counter()
+    if how == "kill":
+        os.kill(_worker_pid(job_dir, 1), signal.SIGKILL)
+    else:
+        proc.send_signal(signal.SIGTERM)
+    proc.communicate(timeout=120)
+    return {"seconds": round(time.perf_counter() - t0, 3), "exit_status": proc.returncode}
+
+
+def _stop_check_rank(rank: int, port: int, n: int, out: Any) -> None:
+    from ddlkit.distributed import DistContext
+
+    env = {"OMPI_COMM_WORLD_RANK": str(rank), "OMPI_COMM_WORLD_SIZE": "2", "DDLKIT_CONTROL_ADDR": f"127.0.0.1:{port}"}
+    ctx = DistContext.from_env("native", env)
+    ctx.connect("bench", env=env)
+    ctx.barrier()
+    t0 = time.perf_counter()
+    for _ in range(n):
+        ctx.any(False)
+    out.put((time.perf_counter() - t0) / n)
+    ctx.close()
+
+
+def measure_stop_check(n: int = 5000) -> dict[str, Any]:
+    from ddlkit_mpi.target import free_port
+
+    ctx = mp.get_context("fork")
+    out = ctx.Queue()
+    port = free_port()
+    procs = [ctx.Process(target=_stop_check_rank, args=(r, port, n, out)) for r in (0, 1)]
+    for p in procs:
+        p.start()
+    seconds = max(out.get(timeout=120) for _ in procs)
+    for p in procs:
+        p.join()
+    return {"ranks": 2, "checks": n, "seconds_per_check": seconds}
+
+
+def plot(scaling: dict[str, Any], path: Path, title: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    configs = list(scaling)
+    width = 0.8 / len(RANKS)
+    fig, ax = plt.subplots(figsize=(2.2 + 2.2 * len(configs), 4.2))
+    colors = ("#4c72b0", "#dd8452", "#55a868")
+    for i, n in enumerate(RANKS):
+        xs = [c + (i - (len(RANKS) - 1) / 2) * width for c in range(len(configs))]
+        values = [scaling[c][str(n)]["median"] for c in configs]
+        bars = ax.bar(xs, values, width * 0.95, label=f"{n} rank{'s' if n > 1 else ''}", color=colors[i % 3])
+        for bar, config in zip(bars, configs, strict=True):
+            eff = scaling[config][str(n)]["efficiency"]
+            ax.annotate(f"{bar.get_height():.0f}" + ("" if n == 1 else f"\n{eff:.0%}"),
+                        (bar.get_x() + bar.get_width() / 2, bar.get_height()), ha="center", va="bottom", fontsize=8)
+    ax.set_xticks(range(len(configs)), [c.replace("/", "\n") for c in configs])
+    ax.set_ylabel("images/sec")
+    ax.set_title(title, fontsize=10)
+    ax.legend(frameon=False)
+    ax.spines[["top", "right"]].set_visible(False)
+    ax.margins(y=0.2)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--configs", default=",".join(CONFIGS))
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--steps", type=int, default=30, help="steps per job (5 of them warm-up)")
+    parser.add_argument("--batch", type=int, default=32, help="images per rank per step")
+    parser.add_argument("--image-size", type=int, default=64)
+    parser.add_argument("--model", default="resnet18")
+    parser.add_argument("--stop-repeats", type=int, default=3)
+    args = parser.parse_args()
+    shape = {"steps": args.steps, "batch": args.batch, "image_size": args.image_size, "model": args.model}
+    skipped = {c: why for c in args.configs.split(",") if (why := available(c))}
+    configs = [c for c in args.configs.split(",") if c not in skipped]
+    with tempfile.TemporaryDirectory(prefix="ddlkit-scaling-") as tmp:
+        work = Path(tmp)
+        scaling = measure_scaling(configs, args.rounds, work, **shape)
+        stops = {how: [measure_stop(how, work, shape) for _ in range(args.stop_repeats)] for how in ("kill", "preempt")}
+    stop_check = measure_stop_check()
+    payload = {
+        "benchmark": "scaling",
+        "what": "images/sec of data-parallel training on 1, 2, 4 ranks (compute=local_mpi, 1 thread per rank); "
+                "efficiency = throughput(n) / (n x throughput(1))",
+        "shape": {**shape, "threads_per_rank": 1, "data": "synthetic"},
+        "goal": {"efficiency_at_2_ranks": 0.90},
+        "scaling": scaling,
+        "skipped": skipped,
+        "death_to_exit_s": {**summary([s["seconds"] for s in stops["kill"]]),
+                            "exit_status": [s["exit_status"] for s in stops["kill"]],
+                            "how": "SIGKILL to rank 1's worker of a 2-rank pytorch/native job; until the launcher exits"},
+        "sigterm_to_exit_s": {**summary([s["seconds"] for s in stops["preempt"]]),
+                              "exit_status": [s["exit_status"] for s in stops["preempt"]],
+                              "how": "SIGTERM to the launcher: ranks agree on a step, rank 0 checkpoints, all exit 75"},
+        "stop_check": stop_check,
+    }
+    path = write_result("scaling", payload)
+    cpus = os.cpu_count()
+    plot(scaling, RESULTS / "scaling.png", f"ddlkit data-parallel throughput on {cpus} CPU cores "
+                                           f"({args.model}, {args.image_size}px, batch {args.batch}/rank, 1 thread/rank)")
+    print(json.dumps({c: {n: v["efficiency"] for n, v in s.items()} for c, s in scaling.items()}))
+    print(f"wrote {path} and {RESULTS / 'scaling.png'}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,163 @@
+"""``data=imagefolder``: real images in ImageNet's layout (or the reference's CSV index).
+
+``data.root`` is a directory or ``blob://container/prefix``; the selected storage decides how
+it becomes readable on each node (``storage=nfs`` reads in place, ``storage=local_ssd`` stages a
+copy first; see :meth:`ddlkit.StorageBackend.prepare_data`). The listing and labels come from
+:mod:`.index` without decoding anything, so ``info`` is known before any data is staged.
+
+Each framework gets its native pipeline, imported only when asked for: PyTorch a ``DataLoader``
+with worker processes (``_torch``), TensorFlow and Keras ``tf.data`` (``_tf``), numpy a thread
+pool (``_numpy``, for the test kit's fake framework). All share the per-epoch order of
+:mod:`._order` and the usual ImageNet augmentation: random-resized crop + horizontal flip for
+training, resize + center crop for validation, normalized with ImageNet's mean and std.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from enum import Enum
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from omegaconf import MISSING
+
+from ...errors import ConfigError
+from ...hookspecs import hookimpl
+from ...interfaces import DataInfo, DataSource, Shard
+from ...registry import Registration
+from ..transfer import is_url
+from .index import DatasetIndex, load_index
+
+if TYPE_CHECKING:
+    from omegaconf import DictConfig
+
+    from ...run import Run
+
+
+class Layout(str, Enum):
+    auto = "auto"
+    folders = "folders"
+    csv = "csv"
+
+
+class OnCorrupt(str, Enum):
+    error = "error"
+    skip = "skip"
+
+
+class Decoder(str, Enum):
+    auto = "auto"
+    simplejpeg = "simplejpeg"
+    pil = "pil"
+
+
+@dataclass
+class ImageFolderConfig:
+    # the dataset: a directory (train/<class>/*.JPEG, validation/<class>/*.JPEG, or train.csv +
+    # validation.csv) or blob://container/prefix (staged by storage=local_ssd)
+    root: str = MISSING
+    # auto: the CSV index when train.csv exists, else class folders
+    layout: Layout = Layout.auto
+    # square side of the images the model sees
+    image_size: int = 224
+    # validation: shorter side resized to this before the center crop; null: image_size / 0.875 (256 for 224)
+    val_resize: int | None = None
+    # random-resized crop: the smallest crop, as a fraction of the image's area
+    min_crop_area: float = 0.08
+    # decoding processes (pytorch) or threads (tensorflow, keras) per rank; -1: the node's cores
+    # divided among its ranks (tf.data autotunes)
+    workers: int = -1
+    # a file that cannot be decoded: error (stop, naming it) or skip (warn, count, use the next image)
+    on_corrupt: OnCorrupt = OnCorrupt.error
+    # JPEG decoder: auto (simplejpeg when installed, else Pillow), simplejpeg or pil
+    decoder: Decoder = Decoder.auto
+
+
+def _value(x: Any) -> Any:
+    """An enum member in the launcher's config, its string in the worker's job file."""
+    return getattr(x, "value", x)
+
+
+class ImageFolderData(DataSource):
+    frameworks = ("pytorch", "tensorflow", "keras", "numpy")
+
+    def __init__(self, cfg: DictConfig | ImageFolderConfig) -> None:
+        super().__init__(cfg)
+        self._index: DatasetIndex | None = None
+        self._local_root: Path | None = None
+        self._run: Run | None = None
+
+    @property
+    def index(self) -> DatasetIndex:
+        if self._index is None:
+            self._index = load_index(self.cfg.root, _value(self.cfg.layout))
+        return self._index
+
+    @property
+    def info(self) -> DataInfo:
+        index = self.index
+        return DataInfo(len(index.classes), self.cfg.image_size, len(index.train), len(index.val))
+
+    def prepare(self, run: Run) -> None:
+        self._run = run
+        self._local_root = run.storage.prepare_data(self.cfg.root, run)
+
+    @property
+    def local_root(self) -> Path:
+        """Where the images are read from on this node."""
+        if self._local_root is not None:
+            return self._local_root
+        if is_url(self.cfg.root):
+            raise ConfigError(f"data.root={self.cfg.root} must be staged before it is read: use storage=local_ssd "
+                              "(or another staging storage).")
+        return Path(self.cfg.root).expanduser()
+
+    def _workers(self, framework: str) -> int:
+        if self.cfg.workers >= 0:
+            return self.cfg.workers
+        if framework in ("tensorflow", "keras"):
+            return -1  # tf.data.AUTOTUNE
+        ranks = self._run.dist.local_size if self._run is not None else 1
+        return max(1, len(os.sched_getaffinity(0)) // ranks)
+
+    def loader(self, framework: str, split: str, *, batch_size: int, shard: Shard, seed: int,
+               device: Any = None, channels_last: bool = False) -> Any:
+        from ._decode import Augment, resolve_decoder
+
+        part = self.index.split(split)
+        if not len(part):
+            raise ConfigError(f"data.root={self.cfg.root} has no {'training' if split == 'train' else 'validation'} "
+                              "images" + ("; add validation/<class>/ folders or set trainer.validate=false."
+                                          if split == "val" else "."))
+        c = self.cfg
+        if c.image_size < 1 or not 0 < c.min_crop_area <= 1:
+            raise ConfigError("data.image_size must be >= 1 and data.min_crop_area in (0, 1].")
+        aug = Augment(size=c.image_size, train=split == "train", val_resize=c.val_resize or round(c.image_size / 0.875),
+                      min_area=c.min_crop_area, decoder=resolve_decoder(_value(c.decoder)))
+        root = self.local_root
+        files = [str(root / p) for p in part.paths]
+        common = dict(batch_size=batch_size, shard=shard, seed=seed, workers=self._workers(framework),
+                      on_corrupt=_value(c.on_corrupt))
+        if framework == "pytorch":
+            from ._torch import TorchImageLoader
+
+            return TorchImageLoader(files, part.labels, aug, device=device, channels_last=channels_last, **common)
+        if framework in ("tensorflow", "keras"):
+            from ._tf import TfImageLoader
+
+            run = self._run
+            # Keras' fit iterates `loader.dataset` once per epoch: each pass serves the run's current one
+            pass_epoch = (lambda: run.state.epoch) if run is not None else None
+            return TfImageLoader(files, part.labels, aug, pass_epoch=pass_epoch, **common)
+        if framework == "numpy":
+            from ._numpy import NumpyImageLoader
+
+            return NumpyImageLoader(files, part.labels, aug, **common)
+        raise ValueError(f"data=imagefolder has no loader for framework {framework!r}")
+
+
+@hookimpl
+def ddlkit_data_sources():
+    yield Registration("imagefolder", ImageFolderData, config=ImageFolderConfig,
+                       description="images in ImageNet's class-folder layout or the reference's CSV index")

@@ -1,0 +1,194 @@
+"""Decoding and augmenting one image (used by the PyTorch and numpy pipelines; TensorFlow's runs
+as graph ops in ``_tf.py``).
+
+Speed comes from never decoding more pixels than the output needs: the crop is chosen from the
+header first, then JPEGs are decoded with libjpeg-turbo's DCT scaling (``simplejpeg`` when
+installed, else Pillow's ``draft``) at the smallest scale that still leaves the crop at least
+``size`` pixels on a side. :func:`decode_region` stops there (the PyTorch workers resize with
+torch); :func:`decode` crops and resizes in one Pillow call. Anything else
+(PNG content behind a ``.JPEG`` name, CMYK, grayscale, palette images) goes through Pillow and
+``convert("RGB")``.
+
+Imports numpy and Pillow at module level: import this module only where images are decoded.
+"""
+
+from __future__ import annotations
+
+import io
+import math
+import random
+from dataclasses import dataclass
+
+import numpy as np
+from PIL import Image
+
+from ...errors import ConfigError
+
+#: ImageNet's per-channel mean and standard deviation (RGB, 0..1)
+MEAN = (0.485, 0.456, 0.406)
+STD = (0.229, 0.224, 0.225)
+RATIO = (3 / 4, 4 / 3)
+DECODERS = ("auto", "simplejpeg", "pil")
+_JPEG_MAGIC = b"\xff\xd8\xff"
+
+try:
+    import simplejpeg
+except ImportError:  # optional: Pillow decodes everything too, a little slower
+    simplejpeg = None
+
+
+class CorruptImageError(ConfigError):
+    """An image file that cannot be read or decoded."""
+
+    def __init__(self, path: str, reason: str) -> None:
+        self.path, self.reason = path, reason
+        super().__init__(f"cannot decode image {path}: {reason}. Replace or delete the file, or set "
+                         "data.on_corrupt=skip to train on the others (skipped files are counted and reported).")
+
+
+def resolve_decoder(name: str) -> str:
+    if name not in DECODERS:
+        raise ConfigError(f"data.decoder={name} is invalid: choose one of {', '.join(DECODERS)}.")
+    if name == "simplejpeg" and simplejpeg is None:
+        raise ConfigError("data.decoder=simplejpeg but simplejpeg is not installed: pip install simplejpeg "
+                          "(or use data.decoder=auto).")
+    if name == "auto":
+        return "simplejpeg" if simplejpeg is not None else "pil"
+    return name
+
+
+@dataclass(frozen=True)
+class Augment:
+    """What to do to each image: a random-resized crop + flip (train) or resize + center crop (val)."""
+
+    size: int
+    train: bool
+    #: validation: the shorter side is resized to this before the center crop
+    val_resize: int
+    #: train: the crop covers at least this fraction of the image
+    min_area: float = 0.08
+    decoder: str = "pil"
+
+
+def random_resized_crop(width: int, height: int, rnd: random.Random, min_area: float) -> tuple[int, int, int, int]:
+    """(x, y, w, h) of torchvision's RandomResizedCrop with scale=(min_area, 1), ratio=(3/4, 4/3)."""
+    area = width * height
+    log_ratio = (math.log(RATIO[0]), math.log(RATIO[1]))
+    for _ in range(10):
+        target = area * rnd.uniform(min_area, 1.0)
+        aspect = math.exp(rnd.uniform(*log_ratio))
+        w = int(round(math.sqrt(target * aspect)))
+        h = int(round(math.sqrt(target / aspect)))
+        if 0 < w <= width and 0 < h <= height:
+            return rnd.randint(0, width - w), rnd.randint(0, height - h), w, h
+    # fallback: the whole image, clamped to the ratio range, centered
+    in_ratio = width / height
+    if in_ratio < RATIO[0]:
+        w, h = width, int(round(width / RATIO[0]))
+    elif in_ratio > RATIO[1]:
+        w, h = int(round(height * RATIO[1])), height
+    else:
+        w, h = width, height
+    return (width - w) // 2, (height - h) // 2, w, h
+
+
+def center_crop(width: int, height: int, size: int, resize: int) -> tuple[float, float, float, float]:
+    """(x, y, w, h) in the original image of resize-shorter-side-to-``resize`` + center-crop-``size``."""
+    side = size * min(width, height) / resize
+    return (width - side) / 2, (height - side) / 2, side, side
+
+
+@dataclass
+class Region:
+    """A decoded image (possibly DCT-scaled down) and what to make of it."""
+
+    #: a numpy HWC uint8 array (simplejpeg) or an RGB Pillow image
+    image: np.ndarray | Image.Image
+    #: the crop as (left, top, right, bottom) in ``image``'s pixels, to be resized to size x size
+    box: tuple[float, float, float, float]
+    flip: bool
+
+
+def decode_region(path: str, aug: Augment, rnd: random.Random | None) -> Region:
+    """Read and decode ``path`` as far as :class:`Augment` needs, and draw its crop and flip.
+    Raises :class:`CorruptImageError` for anything that cannot be read or decoded."""
+    try:
+        with open(path, "rb") as f:
+            data = f.read()
+    except OSError as err:
+        raise CorruptImageError(path, f"{type(err).__name__}: {err.strerror or err}") from None
+    found = None
+    if aug.decoder == "simplejpeg" and data[:3] == _JPEG_MAGIC:
+        found = _simplejpeg(data, aug, rnd)
+    if found is None:
+        try:
+            found = _pil(data, aug, rnd)
+        except Exception as err:  # Pillow raises OSError, SyntaxError, ValueError... for bad files
+            raise CorruptImageError(path, f"{type(err).__name__}: {err}") from None
+    image, box = found
+    return Region(image, box, aug.train and rnd is not None and rnd.random() < 0.5)
+
+
+def decode(path: str, aug: Augment, rnd: random.Random | None) -> np.ndarray:
+    """``path`` decoded, cropped, resized (Pillow) and flipped: size x size x 3 uint8."""
+    region = decode_region(path, aug, rnd)
+    image = region.image if isinstance(region.image, Image.Image) else Image.fromarray(region.image)
+    arr = np.asarray(image.resize((aug.size, aug.size), Image.Resampling.BILINEAR, box=region.box))
+    return arr[:, ::-1] if region.flip else arr
+
+
+def decode_into(path: str, aug: Augment, rnd: random.Random | None, out: np.ndarray) -> None:
+    """:func:`decode` into ``out`` (size x size x 3 uint8)."""
+    out[...] = decode(path, aug, rnd)
+
+
+def _crop_box(width: int, height: int, aug: Augment, rnd: random.Random | None) -> tuple[float, float, float, float]:
+    if aug.train:
+        return random_resized_crop(width, height, rnd or random.Random(0), aug.min_area)
+    return center_crop(width, height, aug.size, aug.val_resize)
+
+
+def _scaled(box: tuple[float, float, float, float], width: int, height: int, decoded_w: int,
+            decoded_h: int) -> tuple[float, float, float, float]:
+    """(x, y, w, h) in original pixels -> (left, top, right, bottom) in the decoded image's."""
+    x, y, w, h = box
+    sx, sy = width / decoded_w, height / decoded_h
+    return x / sx, y / sy, min((x + w) / sx, decoded_w), min((y + h) / sy, decoded_h)
+
+
+def _simplejpeg(data: bytes, aug: Augment, rnd: random.Random | None) -> tuple[np.ndarray, tuple] | None:
+    """The fast path for RGB and grayscale JPEGs; None hands the file to Pillow (CMYK, or an
+    error that Pillow then reports in its own words)."""
+    state = rnd.getstate() if rnd is not None else None
+    try:
+        height, width, colorspace, _ = simplejpeg.decode_jpeg_header(data)
+        if colorspace not in ("YCbCr", "Gray", "RGB"):
+            return None
+        box = _crop_box(width, height, aug, rnd)
+        # the smallest DCT scale that still leaves the crop at least `size` pixels each way
+        min_w, min_h = math.ceil(width * aug.size / box[2]), math.ceil(height * aug.size / box[3])
+        arr = simplejpeg.decode_jpeg(data, colorspace="RGB", min_width=min(min_w, width),
+                                     min_height=min(min_h, height))
+    except ValueError:
+        if rnd is not None:
+            rnd.setstate(state)  # Pillow draws the same crop
+        return None
+    return arr, _scaled(box, width, height, arr.shape[1], arr.shape[0])
+
+
+def _pil(data: bytes, aug: Augment, rnd: random.Random | None) -> tuple[Image.Image, tuple]:
+    image = Image.open(io.BytesIO(data))
+    width, height = image.size
+    box = _crop_box(width, height, aug, rnd)
+    if image.format == "JPEG":
+        image.draft("RGB", (math.ceil(width * aug.size / box[2]), math.ceil(height * aug.size / box[3])))
+    if image.mode != "RGB":
+        image = image.convert("RGB")
+    image.load()
+    return image, _scaled(box, width, height, image.width, image.height)
+
+
+def sample_rng(seed: int, epoch: int, index: int) -> random.Random:
+    """The augmentation randomness of image ``index`` in ``epoch``: the same in every worker,
+    process and run, so that a resumed run sees exactly the batches an uninterrupted one would."""
+    return random.Random((seed * 1_000_003 + epoch) * 100_000_007 + index)

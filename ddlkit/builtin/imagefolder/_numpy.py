@@ -1,0 +1,60 @@
+"""numpy batches (NHWC float32, normalized) for the test kit's ``framework=fake`` and other
+numpy consumers, decoded by a thread pool (Pillow and simplejpeg release the GIL)."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+
+from ...interfaces import Shard
+from ._decode import MEAN, STD, Augment, CorruptImageError, decode_into, sample_rng
+from ._order import epoch_order, num_batches
+
+
+class NumpyImageLoader:
+    def __init__(self, files: Sequence[str], labels: Sequence[int], aug: Augment, *, batch_size: int, shard: Shard,
+                 seed: int, workers: int, on_corrupt: str) -> None:
+        self.files, self.labels, self.aug = files, np.asarray(labels, dtype=np.int64), aug
+        self.batch_size, self.shard, self.seed = batch_size, shard, seed
+        self.workers = max(1, workers)
+        self.skip_corrupt = on_corrupt == "skip"
+        self.skipped = 0
+        self._reported: set[str] = set()
+        self.n = num_batches(len(files), batch_size, shard, aug.train)
+
+    def __len__(self) -> int:
+        return self.n
+
+    def _one(self, epoch: int, index: int, out: np.ndarray) -> int:
+        """Decode image ``index`` (or, skipping corrupt files, the next one that decodes) into
+        ``out``; returns the label."""
+        for j in range(index, index + (len(self.files) if self.skip_corrupt else 1)):
+            j %= len(self.files)
+            try:
+                decode_into(self.files[j], self.aug, sample_rng(self.seed, epoch, j), out)
+                return int(self.labels[j])
+            except CorruptImageError as err:
+                if not self.skip_corrupt:
+                    raise
+                self.skipped += 1
+                if err.path not in self._reported:  # once per file, not once per epoch
+                    self._reported.add(err.path)
+                    print(f"ddlkit: warning: skipped corrupt image {err.path} ({err.reason}); trained on the next "
+                          "image instead", file=sys.stderr, flush=True)
+        raise CorruptImageError(self.files[index], "no image of the split decodes")
+
+    def iter_epoch(self, epoch: int, start_batch: int = 0) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+        order = epoch_order(len(self.files), batch_size=self.batch_size, shard=self.shard, seed=self.seed,
+                            epoch=epoch, train=self.aug.train)
+        b, size = self.batch_size, self.aug.size
+        mean, std = np.float32(255) * np.asarray(MEAN, np.float32), np.float32(255) * np.asarray(STD, np.float32)
+        with ThreadPoolExecutor(self.workers) as pool:
+            for k in range(start_batch, self.n):
+                indices = order[k * b:(k + 1) * b]
+                images = np.empty((len(indices), size, size, 3), np.uint8)
+                labels = np.fromiter(pool.map(self._one, [epoch] * len(indices), indices.tolist(), list(images)),
+                                     np.int64, len(indices))
+                yield (images.astype(np.float32) - mean) / std, labels

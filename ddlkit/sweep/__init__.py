@@ -1,0 +1,16 @@
+"""Multirun sweeps: ``ddlkit -m`` runs every combination of the swept values as its own job.
+
+* :mod:`.launch` - the launcher behind ``hydra/launcher=ddlkit`` (its docstring holds the design);
+* :mod:`.jobs` - ddlkit's own sweeps: validate all, submit to the compute target, ledger, report;
+* :mod:`.scheduler` - keeps ``max_parallel`` jobs in flight through the JobHandle contract;
+* :mod:`.forked` - a plain Hydra task's job as a forked child process;
+* :mod:`.ledger`, :mod:`.report`, :mod:`.settings`, :mod:`.compose`;
+* :mod:`.plan` - ``ddlkit plan -m ...``.
+
+Nothing here is imported by a single run; the CLI imports :mod:`.jobs` only to mark its task.
+"""
+
+#: set in the environment of every job of a sweep: the sweep's name (loggers group runs by it, e.g.
+#: W&B's ``group``) and the job's number
+SWEEP_NAME_ENV = "DDLKIT_SWEEP_NAME"
+SWEEP_JOB_ENV = "DDLKIT_SWEEP_JOB"

@@ -1,0 +1,122 @@
+"""The sweep report: ``report.csv``, ``report.md`` and ``report.png`` in the sweep directory.
+
+One row per job of the ledger (also the jobs a resumed sweep skipped), sorted by the chosen
+metric, best first; jobs without that metric (failed, not run) come last, in job order.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ..atomic import atomic_path, write_text
+from .ledger import JobRecord, Ledger
+from .settings import SORT_KEYS
+
+COLUMNS = ("job", "overrides", "status", "attempts", "duration_s", "images_per_sec", "final_loss", "best_top1",
+           "job_dir")
+#: how the Markdown table shows each numeric column
+_FORMATS = {"duration_s": "{:.1f}", "images_per_sec": "{:.1f}", "final_loss": "{:.4f}", "best_top1": "{:.4f}"}
+_TITLES = {"duration_s": "duration (s)", "images_per_sec": "images/sec", "final_loss": "final loss",
+           "best_top1": "best val top-1", "job_dir": "directory"}
+
+
+@dataclass(frozen=True)
+class Report:
+    rows: list[dict[str, Any]]
+    csv: Path
+    markdown: Path
+    #: None when matplotlib is not installed
+    png: Path | None
+
+
+def varying_overrides(records: Sequence[JobRecord]) -> dict[int, str]:
+    """Each job's overrides of the keys whose values differ between jobs: what tells the jobs apart."""
+    present = [dict(o.partition("=")[::2] for o in rec.overrides) for rec in records]
+    # a key set in some jobs only (+group=x) varies too: .get gives None where it is missing
+    varying = {key for p in present for key in p if len({q.get(key) for q in present}) > 1}
+    return {rec.num: " ".join(o for o in rec.overrides if o.partition("=")[0] in varying) for rec in records}
+
+
+def rows(ledger: Ledger, sort_by: str) -> list[dict[str, Any]]:
+    records = [ledger.jobs[n] for n in sorted(ledger.jobs)]
+    labels = varying_overrides(records)
+    table = []
+    for rec in records:
+        result = rec.result or {}
+        job_dir = Path(rec.job_dir)
+        table.append({
+            "job": rec.num, "overrides": labels[rec.num], "status": rec.status, "attempts": rec.attempts,
+            "duration_s": round(rec.duration_s, 3) if rec.duration_s is not None else None,
+            "images_per_sec": result.get("images_per_sec"), "final_loss": result.get("final_loss"),
+            "best_top1": result.get("best_top1"),
+            "job_dir": str(job_dir.relative_to(ledger.path.parent)) if job_dir.is_relative_to(ledger.path.parent)
+            else str(job_dir),
+        })
+    larger_first = SORT_KEYS[sort_by]
+    with_metric = [r for r in table if r[sort_by] is not None]
+    with_metric.sort(key=lambda r: (-r[sort_by] if larger_first else r[sort_by], r["job"]))
+    return with_metric + [r for r in table if r[sort_by] is None]
+
+
+def markdown(table: Sequence[dict[str, Any]], title: str) -> str:
+    def cell(col: str, value: Any) -> str:
+        if value is None:
+            return "-"
+        if col in _FORMATS:
+            return _FORMATS[col].format(value)
+        return str(value).replace("|", "\\|") if col == "overrides" else str(value)
+
+    lines = [f"# {title}", "", "| " + " | ".join(_TITLES.get(c, c) for c in COLUMNS) + " |",
+             "|" + "|".join("---:" if c in _FORMATS or c in ("job", "attempts") else "---" for c in COLUMNS) + "|"]
+    lines += ["| " + " | ".join(cell(c, row[c]) for c in COLUMNS) + " |" for row in table]
+    return "\n".join(lines) + "\n"
+
+
+def write_report(ledger: Ledger, sort_by: str) -> Report:
+    sweep_dir = ledger.path.parent
+    table = rows(ledger, sort_by)
+    buffer = io.StringIO()
+    writer = csv.DictWriter(buffer, fieldnames=COLUMNS, lineterminator="\n")
+    writer.writeheader()
+    writer.writerows(table)
+    write_text(sweep_dir / "report.csv", buffer.getvalue())
+    order = "largest" if SORT_KEYS[sort_by] else "smallest"
+    write_text(sweep_dir / "report.md", markdown(table, f"Sweep {ledger.name}: {len(table)} jobs, by {sort_by} "
+                                                        f"({order} first)"))
+    png = plot(table, sort_by, sweep_dir / "report.png", f"Sweep {ledger.name}")
+    return Report(table, sweep_dir / "report.csv", sweep_dir / "report.md", png)
+
+
+def plot(table: Sequence[dict[str, Any]], metric: str, path: Path, title: str) -> Path | None:
+    """A horizontal bar per job (in the table's order, best on top); jobs without the metric are labelled."""
+    try:
+        from matplotlib.figure import Figure
+    except ImportError:
+        return None
+    labels = [_short(f"#{r['job']} {r['overrides']}") for r in table]
+    values = [r[metric] if r[metric] is not None else 0.0 for r in table]
+    fig = Figure(figsize=(8, 1.2 + 0.35 * max(len(table), 1)), layout="constrained")
+    ax = fig.subplots()
+    positions = list(range(len(table)))[::-1]
+    bars = ax.barh(positions, values, color=["tab:blue" if r[metric] is not None else "none" for r in table])
+    for bar, row in zip(bars, table, strict=True):
+        note = _FORMATS[metric].format(row[metric]) if row[metric] is not None else row["status"]
+        ax.annotate(note, (bar.get_width(), bar.get_y() + bar.get_height() / 2), xytext=(3, 0),
+                    textcoords="offset points", va="center", fontsize=8)
+    ax.set_yticks(positions, labels, fontsize=8)
+    ax.set_xlabel(_TITLES.get(metric, metric))
+    ax.set_title(f"{title}: {_TITLES.get(metric, metric)} per job", fontsize=10)
+    # bars grow from 0; room on the right for the labels (and a visible axis when every value is 0)
+    ax.set_xlim(min(0.0, *values), (max(0.0, *values) or 1.0) * 1.2)
+    with atomic_path(path) as tmp:
+        fig.savefig(tmp, format="png", dpi=100)
+    return path
+
+
+def _short(text: str, limit: int = 48) -> str:
+    return text if len(text) <= limit else text[: limit - 1] + "…"

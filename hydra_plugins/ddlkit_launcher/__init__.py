@@ -1,0 +1,1 @@
+"""Hydra launcher plugin shipped with ddlkit: ``hydra/launcher=ddlkit`` (see ddlkit_launcher.py)."""

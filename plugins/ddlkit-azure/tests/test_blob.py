@@ -1,0 +1,145 @@
+"""storage=azure and blob:// URLs against a real Azurite on 127.0.0.1 (see ddlkit_azure.testing)."""
+
+from __future__ import annotations
+
+import json
+import uuid
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from ddlkit import ConfigError, RunError, StorageBackend
+from ddlkit.builtin import transfer
+from ddlkit.builtin.manifest import Manifest, build_manifest
+from ddlkit.builtin.transfer import TransientStorageError, open_storage
+from ddlkit.cli import main
+from ddlkit.testing import add_plugin
+from ddlkit.testing.contracts import StorageBackendContract
+from ddlkit.testing.images import ImageDataset, make_image_dataset
+from ddlkit_azure import _client, plugin
+from ddlkit_azure.storage import AzureBlobConfig, AzureBlobStorage
+from ddlkit_azure.testing import Azurite
+
+
+class TestAzureBlobStorage(StorageBackendContract):
+    @pytest.fixture
+    def backend(self, blob_env: Azurite) -> StorageBackend:
+        return AzureBlobStorage(AzureBlobConfig(container=f"c{uuid.uuid4().hex[:16]}", prefix="some/prefix"))
+
+
+@pytest.fixture(scope="module")
+def dataset(tmp_path_factory: pytest.TempPathFactory) -> ImageDataset:
+    ds = make_image_dataset(tmp_path_factory.mktemp("data") / "imagenet", classes=3, train_per_class=6,
+                            val_per_class=2, odd_files=True)
+    build_manifest(ds.root).write(ds.root / "manifest.tsv")
+    return ds
+
+
+@pytest.fixture
+def uploaded(dataset: ImageDataset, blob_container: str) -> str:
+    url = f"{blob_container}/imagenet"
+    assert main(["data", "upload", str(dataset.root), url, "--workers", "4"]) == 0
+    return url
+
+
+def test_blob_urls_open_with_credentials_from_the_environment(blob_container: str, tmp_path: Path, azurite: Azurite,
+                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    (tmp_path / "f").write_bytes(b"payload")
+    store = open_storage(f"{blob_container}/a/b")
+    assert isinstance(store, AzureBlobStorage)
+    store.put(tmp_path / "f", "x.bin")
+    assert open_storage(blob_container).list() == ["a/b/x.bin"]
+    # a SAS token instead of the connection string; a read-only one cannot write, and says why
+    monkeypatch.delenv("AZURE_STORAGE_CONNECTION_STRING")
+    monkeypatch.setenv("AZURE_STORAGE_ACCOUNT_URL", azurite.account_url)
+    monkeypatch.setenv("AZURE_STORAGE_SAS_TOKEN", azurite.sas_token("rl"))
+    reader = open_storage(f"{blob_container}/a/b")
+    assert reader.list() == ["x.bin"]
+    with pytest.raises(ConfigError) as info:
+        reader.put(tmp_path / "f", "y.bin")
+    assert "permission" in str(info.value) and "sig=" not in str(info.value)
+
+
+def test_upload_is_parallel_resumable_and_skips_matching_blobs(dataset: ImageDataset, blob_container: str,
+                                                               capsys: pytest.CaptureFixture[str]) -> None:
+    manifest = Manifest.read(dataset.root / "manifest.tsv")
+    uploaded = f"{blob_container}/imagenet"
+    assert main(["data", "upload", str(dataset.root), uploaded, "--workers", "4"]) == 0
+    assert f"uploaded {len(manifest)} files" in capsys.readouterr().out
+    store = open_storage(uploaded)
+    assert store.list() == sorted([e.path for e in manifest.entries] + ["manifest.tsv"])
+    assert store.list_hashes()[manifest.entries[0].path] == (manifest.entries[0].size, manifest.entries[0].sha256)
+    store.put(dataset.root / manifest.entries[0].path, manifest.entries[1].path)  # as if cut mid-file
+    assert main(["data", "upload", str(dataset.root), uploaded]) == 0
+    assert "uploaded 1 files" in capsys.readouterr().out
+    assert store.list_hashes()[manifest.entries[1].path] == (manifest.entries[1].size, manifest.entries[1].sha256)
+    assert main(["data", "upload", str(dataset.root), uploaded]) == 0
+    assert "uploaded 0 files (0.0 MB)" in capsys.readouterr().out
+
+
+def test_local_ssd_stages_from_blob_and_reuses_the_copy(uploaded: str, tmp_path: Path, dataset: ImageDataset) -> None:
+    manifest = Manifest.read(dataset.root / "manifest.tsv")
+    first = transfer.stage(open_storage(uploaded), tmp_path / "ssd", describe=uploaded)
+    assert (first.files_transferred, first.bytes_transferred) == (len(manifest), manifest.total_bytes)
+    assert build_manifest(tmp_path / "ssd").dumps() == manifest.dumps()
+    second = transfer.stage(open_storage(uploaded), tmp_path / "ssd", describe=uploaded)
+    assert (second.bytes_transferred, second.reused) == (0, True)
+
+
+def test_results_survive_transient_errors_and_never_look_complete_when_cut(tmp_path: Path, blob_container: str,
+                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(transfer.time, "sleep", lambda s: None)
+    job = tmp_path / "job"
+    job.mkdir()
+    for name in ("metrics.jsonl", "model.pt", "rank-0.log", "result.json"):
+        (job / name).write_text(name * 100)
+    storage = AzureBlobStorage(AzureBlobConfig(container=blob_container.removeprefix("blob://"), attempts=3))
+    real_upload = _client.Container.upload
+    calls = {"n": 0}
+
+    def flaky_upload(self: Any, local_path: Path, key: str) -> None:
+        calls["n"] += 1
+        if calls["n"] % 2:  # every other request times out
+            raise TransientStorageError("simulated timeout")
+        real_upload(self, local_path, key)
+
+    monkeypatch.setattr(_client.Container, "upload", flaky_upload)
+    assert storage.publish_results(job, "job-1") == f"{blob_container}/results/job-1"
+    assert sorted(storage.list("results/job-1/")) == [f"results/job-1/{n}" for n in
+                                                      ("metrics.jsonl", "model.pt", "rank-0.log", "result.json")]
+
+    def broken_upload(self: Any, local_path: Path, key: str) -> None:
+        if key.endswith("model.pt"):
+            raise TransientStorageError("simulated outage")
+        real_upload(self, local_path, key)
+
+    monkeypatch.setattr(_client.Container, "upload", broken_upload)
+    with pytest.raises(RunError) as info:
+        storage.publish_results(job, "job-2")
+    assert f"ddlkit data upload {job} {blob_container}/results/job-2" in str(info.value)
+    assert not storage.exists("results/job-2/result.json")
+
+
+@pytest.mark.slow
+def test_a_run_stages_from_blob_and_writes_results_back(run_inprocess: Any, ddlkit_pm: Any, uploaded: str,
+                                                        tmp_path: Path, blob_env: Azurite, dataset: ImageDataset,
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    add_plugin(ddlkit_pm, plugin, name="azure")
+    container = uploaded.removeprefix("blob://").split("/")[0]
+    out = run_inprocess("data=imagefolder", f"data.root={uploaded}", "data.image_size=16", "trainer.batch_size=4",
+                        "storage=azure", f"storage.container={container}", f"storage.scratch={tmp_path / 'ssd'}",
+                        "storage.upload_checkpoints=true", job_dir=tmp_path / "job")
+    assert (out.exit_code, out.status) == (0, "completed")
+    staging = json.loads((out.job_dir / "staging-node0.json").read_text())
+    assert staging["files_transferred"] == len(Manifest.read(dataset.root / "manifest.tsv"))
+    store = AzureBlobStorage(AzureBlobConfig(container=container))
+    downloaded = tmp_path / "result.json"
+    store.get("results/job/result.json", downloaded)
+    assert json.loads(downloaded.read_text()) == out.result
+    assert store.exists("results/job/checkpoints/latest") and store.exists("results/job/staging-node0.json")
+    # the credential lived in the environment only: no copy of it on disk or in the blobs
+    secret = blob_env.connection_string.split("AccountKey=")[1].split(";")[0]
+    for path in out.job_dir.rglob("*"):
+        if path.is_file() and path.suffix in (".json", ".yaml", ".jsonl", ".log"):
+            assert secret not in path.read_text(errors="replace"), path

@@ -1,0 +1,64 @@
+"""Where credentials come from, and that they never show; no Azure SDK, no emulator."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from ddlkit import ConfigError
+from ddlkit.secrets import split_secrets
+from ddlkit_azure.credentials import Auth, check_tls, resolve
+from ddlkit_azure.storage import AzureBlobConfig
+
+URL = "https://acct.blob.core.windows.net"
+
+
+def test_sas_is_preferred_then_connection_string_then_default_credential(tmp_path: Path) -> None:
+    env = {"AZURE_STORAGE_SAS_TOKEN": "?sv=1&sig=abc", "AZURE_STORAGE_CONNECTION_STRING": "AccountName=a;AccountKey=k",
+           "AZURE_STORAGE_ACCOUNT": "acct"}
+    sas = resolve("auto", env=env)
+    assert (sas.kind, sas.secret, sas.account_url) == (Auth.sas, "sv=1&sig=abc", URL)
+    del env["AZURE_STORAGE_SAS_TOKEN"]
+    assert resolve("auto", env=env).kind is Auth.connection_string
+    del env["AZURE_STORAGE_CONNECTION_STRING"]
+    default = resolve("auto", env=env)
+    assert (default.kind, default.secret) == (Auth.default_credential, None)
+    with pytest.raises(ConfigError, match="AZURE_STORAGE_SAS_TOKEN.*preferred"):
+        resolve("auto", env={})
+
+
+def test_secrets_are_read_from_files_and_never_shown(tmp_path: Path) -> None:
+    (tmp_path / "sas").write_text("sv=2&sig=SECRETSIG\n")
+    cred = resolve("sas", account_url=URL, sas_token_file=str(tmp_path / "sas"), env={})
+    assert cred.secret == "sv=2&sig=SECRETSIG"
+    assert "SECRETSIG" not in repr(cred) and "SECRETSIG" not in str(cred)
+    with pytest.raises(ConfigError, match="cannot read the credential file"):
+        resolve("sas", account_url=URL, sas_token_file=str(tmp_path / "missing"), env={})
+    with pytest.raises(ConfigError, match="no SAS token"):
+        resolve("sas", account_url=URL, env={"AZURE_STORAGE_CONNECTION_STRING": "x"})
+
+
+def test_plain_http_only_to_the_local_emulator() -> None:
+    assert check_tls("http://127.0.0.1:10000/devstoreaccount1")
+    assert check_tls(URL)
+    with pytest.raises(ConfigError, match="https"):
+        check_tls("http://acct.blob.core.windows.net")
+
+
+def test_the_config_holds_references_not_secrets() -> None:
+    """Fields name where the secret is, so nothing secret reaches config.yaml or job.json; if a user
+    nevertheless passes a token on the command line under a secret-looking key, it is redacted."""
+    fields = {"sas_token_file": "/run/secrets/sas", "connection_string_file": "/run/secrets/conn", "auth": "sas"}
+    redacted, found = split_secrets({"storage": {**vars(AzureBlobConfig(**fields)), "sas_token": "sv=1&sig=x"}})
+    assert found == {"storage.sas_token": "sv=1&sig=x"}
+    assert redacted["storage"]["sas_token_file"] == "/run/secrets/sas"
+
+
+def test_the_plugin_imports_no_azure_sdk(tmp_path: Path) -> None:
+    code = ("import sys, ddlkit_azure.plugin, ddlkit_azure.storage, ddlkit_azure.credentials\n"
+            "print(sorted(m for m in sys.modules if m.startswith('azure')))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path, timeout=60)
+    assert (out.returncode, out.stdout.strip()) == (0, "[]"), out.stderr

@@ -1,0 +1,60 @@
+"""The Keras callback through which ``model.fit`` reports to ddlkit's Run.
+
+Imported only inside ``KerasFramework.train()``: it imports Keras at module level.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import keras
+
+import ddlkit
+
+#: validation metrics as Keras names them in epoch logs (the compiled loss and metrics, prefixed)
+VAL_METRICS = ("val_loss", "val_top1", "val_top5")
+
+
+def logs_step(run: ddlkit.Run, step: int) -> bool:
+    """Whether ``run.step_end`` logs (and so reads the loss at) 1-based ``step``: every
+    ``trainer.log_every`` steps and at the last one (ddlkit.Run's rule, restated)."""
+    return step % run.cfg.trainer.log_every == 0 or step == run.total_steps
+
+
+class DdlkitCallback(keras.callbacks.Callback):
+    """Per batch: the scheduled learning rate before, ``run.step_end`` after (which logs,
+    checkpoints, and stops ``fit`` at ``max_steps``); per epoch: validation metrics to the Run."""
+
+    def __init__(self, run: ddlkit.Run) -> None:
+        super().__init__()
+        self.run = run
+        self.lr = run.schedule(run.state.step)
+
+    def on_train_batch_begin(self, batch: int, logs: Mapping[str, Any] | None = None) -> None:
+        step = self.run.state.step
+        self.lr = self.run.schedule(step)
+        self.model.optimizer.learning_rate = self.lr  # assigns the optimizer's learning-rate variable
+        if logs_step(self.run, step + 1):
+            # Keras' logs["loss"] is the mean since the metrics were last reset; reset them now and
+            # it is this batch's loss, which is what the other frameworks log. Only on logging steps:
+            # a reset is a handful of variable writes.
+            self.model.reset_metrics()
+
+    def on_train_batch_end(self, batch: int, logs: Mapping[str, Any] | None = None) -> None:
+        # Keras has already turned the logs into Python numbers for any callback with this method
+        if self.run.step_end(loss=lambda: float(logs["loss"]), lr=self.lr):
+            self.model.stop_training = True
+
+    def on_epoch_end(self, epoch: int, logs: Mapping[str, Any] | None = None) -> None:
+        self.end_epoch(logs or {})
+
+    def end_epoch(self, logs: Mapping[str, Any]) -> None:
+        """Report the epoch's validation; a pass cut short by ``max_steps`` is not a finished epoch."""
+        metrics = {name: float(logs[name]) for name in VAL_METRICS if name in logs}
+        run = self.run
+        if run.state.batch < run.steps_per_epoch:
+            if metrics:
+                run.validation_end(**metrics)
+        else:
+            run.epoch_end(**metrics)

@@ -1,0 +1,107 @@
+"""The Keras 3 training loop: ``model.fit``, with ddlkit's per-step work done in a callback.
+
+Keras and TensorFlow are imported inside :meth:`KerasFramework.train` only, so composing a
+config, ``ddlkit plugins`` and PyTorch runs never load them.
+
+Resuming mid-epoch: ``fit`` runs whole passes over one dataset, so a run resumed after batch
+``k`` of epoch ``e`` first fits epoch ``e`` alone on the loader's ``epoch(e, k)`` dataset
+(``initial_epoch=e, epochs=e + 1``: only the batches not yet seen), then fits the remaining
+epochs on the full dataset with ``initial_epoch=e + 1``. Keras keeps the compiled train
+function between the two calls, so nothing is traced twice.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import ddlkit
+
+try:
+    from ddlkit_tensorflow.framework import MODEL_NAMES, TensorflowConfig
+    from ddlkit_tensorflow.runtime import check_config, distribution_strategy, precision_of, setup_tensorflow
+except ImportError as err:
+    # ddlkit reports a plugin that fails to load with this message when framework=keras is chosen
+    raise ImportError("ddlkit-keras needs the ddlkit-tensorflow plugin (models, optimizer, runtime): "
+                      "pip install -e plugins/ddlkit-tensorflow") from err
+
+if TYPE_CHECKING:
+    from pathlib import Path
+
+    from omegaconf import DictConfig
+
+#: framework.backend values this plugin trains with
+BACKENDS = ("tensorflow",)
+
+
+@dataclass
+class KerasConfig(TensorflowConfig):
+    # Keras backend; only tensorflow so far (see the README for why not torch or jax yet)
+    backend: str = "tensorflow"
+
+
+class KerasFramework(ddlkit.Framework):
+    models = MODEL_NAMES
+
+    def configure(self, config: DictConfig) -> None:
+        if self.cfg.backend not in BACKENDS:
+            raise ddlkit.ConfigError(
+                f"framework.backend={self.cfg.backend} is not supported: framework=keras trains with "
+                f"{', '.join(BACKENDS)} (for PyTorch use framework=pytorch).")
+        check_config("keras", self.cfg.device, self.cfg.xla, config)
+
+    def train(self, run: ddlkit.Run) -> None:
+        # Keras reads its backend once, at its first import in this process
+        os.environ["KERAS_BACKEND"] = self.cfg.backend
+        setup_tensorflow(run, framework="keras", device=self.cfg.device, num_threads=self.cfg.num_threads)
+        import keras
+
+        if keras.backend.backend() != self.cfg.backend:
+            raise ddlkit.ConfigError(f"Keras was already imported in this process with backend "
+                                     f"{keras.backend.backend()}; framework.backend={self.cfg.backend} cannot apply.")
+        from ddlkit_tensorflow.models import build_model
+        from ddlkit_tensorflow.training import cross_entropy, export_model, load_state, make_optimizer, save_state
+
+        from .callback import DdlkitCallback
+
+        t, o = run.cfg.trainer, run.cfg.optimizer
+        info = run.data.info
+        with distribution_strategy(run, "keras").scope():
+            model = build_model(run.cfg.model.name, info.num_classes, info.image_size,
+                                zero_init_residual=run.cfg.model.zero_init_residual)
+            optimizer = make_optimizer(o, run.schedule(0), precision_of(run.cfg))
+            top_k = min(5, info.num_classes)
+            model.compile(optimizer=optimizer, loss=cross_entropy(o.label_smoothing), jit_compile=self.cfg.xla,
+                          metrics=[keras.metrics.SparseTopKCategoricalAccuracy(1, name="top1"),
+                                   keras.metrics.SparseTopKCategoricalAccuracy(top_k, name="top5")])
+            # slots (momentum buffers) exist before a checkpoint is loaded into them
+            optimizer.build(model.trainable_variables)
+
+        def save(path: Path, meta: dict[str, Any]) -> None:
+            save_state(path, model, optimizer, meta)
+
+        def load(path: Path) -> dict[str, Any]:
+            return load_state(path, model, optimizer)
+
+        loader_args = dict(batch_size=t.batch_size, shard=run.shard, seed=t.seed)
+        train_loader = run.data.loader("keras", "train", **loader_args)
+        val_data = run.data.loader("keras", "val", **loader_args).dataset if t.validate else None
+        run.restore(save, load)
+
+        callback = DdlkitCallback(run)
+        epoch, done = run.state.epoch, run.state.batch
+        if done and not run.finished:
+            if done < len(train_loader):
+                model.fit(train_loader.epoch(epoch, done), initial_epoch=epoch, epochs=epoch + 1,
+                          validation_data=val_data, callbacks=[callback], shuffle=False, verbose=0)
+            else:
+                # stopped after the epoch's last step, before its validation: only that is left
+                logs = model.evaluate(val_data, return_dict=True, verbose=0) if val_data is not None else {}
+                callback.end_epoch({f"val_{name}": value for name, value in logs.items()})
+        if not run.finished and run.state.epoch < t.epochs:
+            # shuffle=False: a tf.data pipeline orders itself (Keras would only warn that it cannot)
+            model.fit(train_loader.dataset, initial_epoch=run.state.epoch, epochs=t.epochs,
+                      validation_data=val_data, callbacks=[callback], shuffle=False, verbose=0)
+        if t.save_model:
+            run.save_artifact("model.keras", lambda path: export_model(model, path))

@@ -1,0 +1,14 @@
+"""Registers ``compute=local_mpi``. Hook implementations only: nothing heavy at import."""
+
+from __future__ import annotations
+
+import ddlkit
+
+from .target import LocalMpiConfig, LocalMpiTarget
+
+
+@ddlkit.hookimpl
+def ddlkit_compute_targets():
+    yield ddlkit.Registration("local_mpi", LocalMpiTarget, config=LocalMpiConfig,
+                              description="nodes x procs_per_node ranks on this machine, via OpenMPI's mpirun, "
+                                          "each simulated node with its own scratch directory")

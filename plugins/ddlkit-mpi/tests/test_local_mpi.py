@@ -1,0 +1,225 @@
+"""compute=local_mpi: the compute-target contract, the simulated node layout, rank logs, and
+what happens when a rank dies or the job is cancelled -- with the real mpirun."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+import ddlkit
+from ddlkit import ComputeTarget, JobHandle, JobSpec, JobState
+from ddlkit.testing import add_plugin, make_run
+from ddlkit.testing.contracts import ComputeTargetContract
+from ddlkit_mpi import plugin
+from ddlkit_mpi.rank import ErrorFilter, node_layout
+from ddlkit_mpi.target import LocalMpiConfig, LocalMpiTarget
+
+needs_mpirun = pytest.mark.skipif(shutil.which("mpirun") is None,
+                                  reason="OpenMPI's mpirun is not installed (apt-get install openmpi-bin)")
+
+
+def spec_for(job_dir: Path, code: str, env: dict[str, str] | None = None) -> JobSpec:
+    job_dir.mkdir(parents=True, exist_ok=True)
+    (job_dir / "job.json").write_text("{}")
+    return JobSpec(name=job_dir.name, job_dir=job_dir, job_file=job_dir / "job.json",
+                   argv=[sys.executable, "-c", code], env=env or {})
+
+
+def alive(pid: int) -> bool:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"
+
+
+# ---------------------------------------------------------------------------- without mpirun
+def test_ranks_fill_the_nodes_one_after_the_other() -> None:
+    assert [node_layout(r, 2) for r in range(4)] == [(0, 0), (0, 1), (1, 0), (1, 1)]
+    assert [node_layout(r, 3) for r in range(4)] == [(0, 0), (0, 1), (0, 2), (1, 0)]
+
+
+def test_error_filter_passes_error_lines_and_whole_tracebacks() -> None:
+    f = ErrorFilter()
+    picked = f.feed(b"step 1 ok\nWARNING: slow\nTraceback (most recent call last):\n  File \"x.py\", line 1\n")
+    picked += f.feed(b"    boom()\nRuntimeError: the disk is on fire\nstep 2 ok\nCUDA out of memory. Tried")
+    picked += f.feed(b" to allocate 2 GiB\n")
+    assert picked == [b"Traceback (most recent call last):", b"  File \"x.py\", line 1", b"    boom()",
+                      b"RuntimeError: the disk is on fire", b"CUDA out of memory. Tried to allocate 2 GiB"]
+
+
+def test_world_size_and_command(tmp_path: Path) -> None:
+    target = LocalMpiTarget(LocalMpiConfig(nodes=2, procs_per_node=3, scratch=str(tmp_path / "ssd")))
+    assert target.world_size == 6
+    cmd = target.command(spec_for(tmp_path / "job", "pass"))
+    assert cmd[:3] == ["mpirun", "-np", "6"]
+    assert {"--oversubscribe", "--bind-to"} <= set(cmd)
+    minder = cmd.index("ddlkit_mpi.rank")
+    assert cmd[minder + 1:minder + 7] == ["--job-dir", str(tmp_path / "job"), "--procs-per-node", "3",
+                                          "--scratch", str(tmp_path / "ssd")]
+    assert cmd[-4:] == ["--", sys.executable, "-c", "pass"]
+
+
+def test_environment_gives_loopback_rendezvous_and_shares_the_cores(tmp_path: Path,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    target = LocalMpiTarget(LocalMpiConfig(nodes=1, procs_per_node=2))
+    env = target.environment(spec_for(tmp_path, "pass", env={"SECRET_TOKEN": "s3cr3t"}))
+    assert env["MASTER_ADDR"] == "127.0.0.1" and env["DDLKIT_CONTROL_ADDR"].startswith("127.0.0.1:")
+    assert env["MASTER_PORT"] != env["DDLKIT_CONTROL_ADDR"].rsplit(":", 1)[1]
+    assert env["SECRET_TOKEN"] == "s3cr3t"  # secrets travel in the environment, never on mpirun's command line
+    assert env["OMP_NUM_THREADS"] == str(max(1, (os.cpu_count() or 1) // 2))
+    monkeypatch.setenv("OMP_NUM_THREADS", "7")
+    assert target.environment(spec_for(tmp_path, "pass"))["OMP_NUM_THREADS"] == "7"
+
+
+def test_bad_settings_are_config_errors() -> None:
+    with pytest.raises(ddlkit.ConfigError, match=r"compute.nodes=0 is invalid"):
+        LocalMpiTarget(LocalMpiConfig(nodes=0))
+    with pytest.raises(ddlkit.ConfigError, match="apt-get install openmpi-bin"):
+        LocalMpiTarget(LocalMpiConfig(mpirun="no-such-mpirun"))
+
+
+@needs_mpirun
+def test_the_launcher_checks_the_job_against_the_number_of_ranks(ddlkit_pm, tmp_path: Path) -> None:
+    add_plugin(ddlkit_pm, plugin, name="local_mpi")
+    four = ("compute=local_mpi", "compute.nodes=2", "compute.procs_per_node=2")
+    with pytest.raises(ddlkit.ConfigError, match="runs 4 ranks, which must share their gradients: add dist=native"):
+        make_run(ddlkit_pm, tmp_path / "a", *four)
+    with pytest.raises(ddlkit.ConfigError, match=r"fewer than one global batch of 128 \(trainer.batch_size=32 x 4"):
+        make_run(ddlkit_pm, tmp_path / "b", *four, "dist=native", "data.length=100")
+
+
+# ---------------------------------------------------------------------------- with mpirun
+@pytest.mark.slow
+@needs_mpirun
+class TestLocalMpiTarget(ComputeTargetContract):
+    @pytest.fixture
+    def target(self) -> ComputeTarget:
+        return LocalMpiTarget(LocalMpiConfig(nodes=1, procs_per_node=2, grace_period_s=5.0))
+
+
+LAYOUT = """
+import json, os
+from ddlkit import DistContext
+ctx = DistContext.from_env()
+print(json.dumps({"rank": ctx.rank, "world": ctx.world_size, "node": ctx.node, "local_rank": ctx.local_rank,
+                  "local_size": ctx.local_size, "scratch": ctx.node_scratch}), flush=True)
+"""
+
+
+@pytest.mark.slow
+@needs_mpirun
+def test_simulated_nodes_have_their_own_layout_and_scratch(tmp_path: Path) -> None:
+    target = LocalMpiTarget(LocalMpiConfig(nodes=2, procs_per_node=2, scratch=str(tmp_path / "ssd")))
+    handle = target.submit(spec_for(tmp_path / "job", LAYOUT))
+    console = "".join(handle.logs())
+    assert handle.wait(timeout=60).state is JobState.SUCCEEDED
+    seen = [json.loads((tmp_path / "job" / f"rank-{r}.log").read_text()) for r in range(4)]
+    assert [(s["rank"], s["node"], s["local_rank"], s["local_size"], s["world"]) for s in seen] == [
+        (0, 0, 0, 2, 4), (1, 0, 1, 2, 4), (2, 1, 0, 2, 4), (3, 1, 1, 2, 4)]
+    assert [s["scratch"] for s in seen] == [str(tmp_path / "ssd" / f"node-{n}") for n in (0, 0, 1, 1)]
+    assert (tmp_path / "ssd" / "node-0").is_dir() and (tmp_path / "ssd" / "node-1").is_dir()
+    # the console is rank 0's output only
+    assert json.loads(console.strip()) == seen[0]
+
+
+@pytest.mark.slow
+@needs_mpirun
+def test_console_shows_rank_0_and_the_other_ranks_errors(tmp_path: Path) -> None:
+    code = """
+import os, sys
+rank = int(os.environ["OMPI_COMM_WORLD_RANK"])
+print(f"progress of rank {rank}", flush=True)
+print(f"a harmless note from rank {rank}", file=sys.stderr, flush=True)
+if rank == 1:
+    raise RuntimeError("rank 1 cannot go on")
+"""
+    handle = LocalMpiTarget(LocalMpiConfig(nodes=1, procs_per_node=2)).submit(spec_for(tmp_path / "job", code))
+    console = "".join(handle.logs())
+    status = handle.wait(timeout=60)
+    assert "progress of rank 0" in console and "a harmless note from rank 0" in console
+    assert "progress of rank 1" not in console and "a harmless note from rank 1" not in console
+    assert "[rank 1] Traceback (most recent call last):" in console
+    assert "[rank 1] RuntimeError: rank 1 cannot go on" in console
+    assert (status.state, status.exit_code) == (JobState.FAILED, 1)
+    assert status.message.startswith("rank 1 (node 0) failed first, with exit status 1; last lines of ")
+    assert "RuntimeError: rank 1 cannot go on" in status.message
+    log1 = (tmp_path / "job" / "rank-1.log").read_text()
+    assert "progress of rank 1" in log1 and "a harmless note from rank 1" in log1
+
+
+SLEEPER = """
+import os, time
+from pathlib import Path
+rank = os.environ["OMPI_COMM_WORLD_RANK"]
+Path(f"pid-{rank}").write_text(str(os.getpid()))
+print(f"rank {rank} is working", flush=True)
+time.sleep(120)
+"""
+
+
+@pytest.mark.slow
+@needs_mpirun
+def test_a_killed_rank_ends_the_whole_job_within_seconds(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    job_dir = tmp_path / "job"
+    monkeypatch.chdir(job_dir.parent)
+    handle = LocalMpiTarget(LocalMpiConfig(nodes=2, procs_per_node=2)).submit(spec_for(job_dir, SLEEPER))
+    deadline = time.monotonic() + 60
+    while len(list(tmp_path.glob("pid-*"))) < 4:
+        assert time.monotonic() < deadline, "the ranks did not start"
+        time.sleep(0.05)
+    pids = {int(p.name[4:]): int(p.read_text()) for p in tmp_path.glob("pid-*")}
+    t0 = time.monotonic()
+    os.kill(pids[2], signal.SIGKILL)
+    status = handle.wait(timeout=30)
+    took = time.monotonic() - t0
+    assert took < 5, f"the job took {took:.1f} s to end after rank 2 died"
+    assert (status.state, status.exit_code) == (JobState.FAILED, -9)
+    assert status.message.startswith("rank 2 (node 1) failed first, with killed by signal SIGKILL; last lines of "
+                                      f"{job_dir / 'rank-2.log'}:\n    rank 2 is working")
+    assert not [p for p in pids.values() if alive(p)]
+    assert not alive(int(handle.id.rsplit(":", 1)[1]))  # mpirun
+
+
+@pytest.mark.slow
+@needs_mpirun
+def test_a_job_ignoring_sigterm_is_killed_after_the_grace_period(tmp_path: Path) -> None:
+    code = """
+import signal, time
+signal.signal(signal.SIGTERM, signal.SIG_IGN)
+print("ready", flush=True)
+time.sleep(120)
+"""
+    handle = LocalMpiTarget(LocalMpiConfig(procs_per_node=2, grace_period_s=1.0)).submit(spec_for(tmp_path, code))
+    next(chunk for chunk in handle.logs() if "ready" in chunk)
+    t0 = time.monotonic()
+    handle.cancel()
+    status = handle.wait(timeout=20)
+    assert 0.9 < time.monotonic() - t0 < 10
+    assert status.state is JobState.CANCELLED
+
+
+@pytest.mark.slow
+@needs_mpirun
+def test_a_rerun_in_the_same_directory_is_judged_on_its_own(tmp_path: Path) -> None:
+    target = LocalMpiTarget(LocalMpiConfig(procs_per_node=2))
+    failing = target.submit(spec_for(tmp_path, "import sys; sys.exit(4)"))
+    assert failing.wait(timeout=60).exit_code == 4
+    again = target.submit(spec_for(tmp_path, "print('fine now')"))
+    assert again.wait(timeout=60).state is JobState.SUCCEEDED
+
+
+def test_plugin_registers_local_mpi(ddlkit_pm) -> None:
+    from ddlkit.registry import Registry
+
+    add_plugin(ddlkit_pm, plugin, name="local_mpi")
+    registration = Registry.collect(ddlkit_pm).get("compute", "local_mpi")
+    assert registration.factory is LocalMpiTarget and registration.config is LocalMpiConfig

@@ -1,0 +1,34 @@
+"""The PyTorch plugin's launcher-side checks of the dist settings (training with several ranks
+is tested end to end in tests/dist)."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+from omegaconf import OmegaConf
+
+import ddlkit
+from ddlkit_pytorch import framework
+from ddlkit_pytorch.framework import PytorchConfig, PytorchFramework
+
+
+def config(backend: str) -> object:
+    return OmegaConf.create({"trainer": {"precision": "fp32"}, "dist": {"backend": backend}})
+
+
+def test_horovod_without_its_torch_build_is_refused_with_how_to_get_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(framework, "horovod_problem", lambda fw: f"no horovod for {fw}: run scripts/install_horovod.sh")
+    with pytest.raises(ddlkit.ConfigError, match="no horovod for pytorch: run scripts/install_horovod.sh"):
+        PytorchFramework(PytorchConfig()).configure(config("horovod"))
+    PytorchFramework(PytorchConfig()).configure(config("native"))  # native needs nothing extra
+
+
+def test_each_rank_of_a_node_gets_its_own_gpu(monkeypatch: pytest.MonkeyPatch) -> None:
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    fw = PytorchFramework(PytorchConfig(device="cuda"))
+    assert fw._device(ddlkit.DistContext(rank=3, world_size=4, local_rank=1, local_size=2)) == torch.device("cuda:1")
+    assert fw._device(ddlkit.DistContext()) == torch.device("cuda")
+    assert PytorchFramework(PytorchConfig(device="cpu"))._device(SimpleNamespace(world_size=2, local_rank=1)).type == "cpu"

@@ -1,0 +1,105 @@
+"""``logger=tensorboard``: TensorBoard scalars, on rank 0.
+
+Two event directories in the job directory, which TensorBoard shows as two runs:
+
+* ``<job dir>/tensorboard`` - per logging step (x = global step): ``train/loss``, ``train/lr``,
+  ``train/images_per_sec``, ``train/epoch``, and ``val/val_loss``, ``val/val_top1``, ... at the
+  step each validation ran;
+* ``<job dir>/tensorboard/epoch`` - per epoch (x = epoch): ``epoch/val_loss``,
+  ``epoch/val_top1``, ... (what validation measured at the end of each epoch).
+
+The files are written with tensorboard's record writer and protos only: neither TensorFlow nor
+PyTorch is imported (tensorboard's EventFileWriter imports TensorFlow when it is installed, and
+torch's SummaryWriter imports torch; a run of the other framework would pay for either). Each
+event is flushed as it is written, so the files are complete whenever the job stops. A
+resumed run first writes a session-start marker at the step it resumes from, so TensorBoard drops
+the points the interrupted attempt logged after its checkpoint instead of showing them twice.
+Point TensorBoard at a sweep directory to compare its jobs: ``tensorboard --logdir multirun/...``.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import os
+import socket
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import ddlkit
+
+if TYPE_CHECKING:
+    from tensorboard.compat.proto.event_pb2 import Event
+
+    from ddlkit import Run
+
+EPOCH_SUBDIR = "epoch"
+_FILE_NUMBERS = itertools.count()
+
+
+@dataclass
+class TensorboardConfig:
+    # event files go to <job dir>/<subdir> (per step) and <job dir>/<subdir>/epoch (per epoch)
+    subdir: str = "tensorboard"
+
+
+class EventFile:
+    """One TensorBoard event file (named as TensorBoard's writers name them), written through."""
+
+    def __init__(self, logdir: Path) -> None:
+        from tensorboard.compat.proto.event_pb2 import Event
+        from tensorboard.summary.writer.record_writer import RecordWriter
+
+        logdir.mkdir(parents=True, exist_ok=True)
+        self.path = logdir / (f"events.out.tfevents.{int(time.time()):010d}.{socket.gethostname()}."
+                              f"{os.getpid()}.{next(_FILE_NUMBERS)}")
+        self._records = RecordWriter(open(self.path, "wb"))
+        self.write(Event(wall_time=time.time(), file_version="brain.Event:2"))
+
+    def write(self, event: Event) -> None:
+        self._records.write(event.SerializeToString())
+        self._records.flush()
+
+    def scalars(self, step: int, values: Mapping[str, float]) -> None:
+        from tensorboard.compat.proto.event_pb2 import Event
+        from tensorboard.compat.proto.summary_pb2 import Summary
+
+        summary = Summary(value=[Summary.Value(tag=tag, simple_value=float(v)) for tag, v in values.items()])
+        self.write(Event(wall_time=time.time(), step=step, summary=summary))
+
+    def purge_from(self, step: int) -> None:
+        """TensorBoard discards this file's run's earlier events at ``step`` and after when it reads this."""
+        from tensorboard.compat.proto.event_pb2 import Event, SessionLog
+
+        self.write(Event(wall_time=time.time(), step=step, session_log=SessionLog(status=SessionLog.START)))
+
+    def close(self) -> None:
+        self._records.close()
+
+
+class TensorboardLogger(ddlkit.Logger):
+    def start(self, run: Run) -> None:
+        logdir = run.job_dir / self.cfg.subdir
+        self.steps = EventFile(logdir)
+        self.epochs = EventFile(logdir / EPOCH_SUBDIR)
+        if run.resumed_at is not None:
+            # what the interrupted attempt logged after its checkpoint is logged again by this one
+            self.steps.purge_from(run.resumed_at.step + 1)
+            self.epochs.purge_from(run.resumed_at.epoch + 1)
+
+    def log_metrics(self, step: int, metrics: Mapping[str, float], *, split: str) -> None:
+        self.steps.scalars(step, {f"{split}/{key}": value for key, value in metrics.items()
+                                  if not (split == "val" and key == "epoch")})
+        if split == "val":
+            # a validation after a partial epoch (max_steps) counts for the epoch it happened in
+            self.epochs.scalars(math.ceil(metrics["epoch"]),
+                                {f"epoch/{key}": value for key, value in metrics.items() if key != "epoch"})
+
+    def finish(self, status: str, result: Mapping[str, Any] | None) -> None:
+        try:
+            self.steps.close()
+        finally:
+            self.epochs.close()

@@ -1,0 +1,162 @@
+"""Keras pieces shared by ``framework=tensorflow`` (custom loop) and ``framework=keras`` (``fit``):
+the optimizer, the loss, the checkpoint format and the final model export.
+
+Everything here is Keras 3 (``keras.ops``), not TensorFlow, so it also serves Keras on another
+backend. Imported only inside a framework's ``train()``: it imports Keras at module level.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import keras
+import numpy as np
+from keras import ops
+
+import ddlkit
+
+__all__ = ["TorchSGD", "cross_entropy", "export_model", "load_state", "make_optimizer", "save_state"]
+
+#: key prefixes (and the meta key) inside a checkpoint file
+MODEL_PREFIX = "model/"
+OPTIMIZER_PREFIX = "optimizer/"
+META_KEY = "meta"
+
+
+@keras.saving.register_keras_serializable(package="ddlkit")
+class TorchSGD(keras.optimizers.Optimizer):
+    """SGD with momentum and weight decay computed exactly as ``torch.optim.SGD`` does::
+
+        g = grad + l2 * w            # weight decay coupled into the gradient (L2), all variables
+        b = momentum * b + g         # momentum buffer, kept *without* the learning rate
+        w = w - lr * (g + momentum * b if nesterov else b)
+
+    Why not ``keras.optimizers.SGD``: its velocity accumulates ``-lr * g``, so each step's
+    warm-up learning rate stays baked into the velocity, while PyTorch applies the current
+    rate to the whole buffer; and its ``weight_decay`` is decoupled (``w -= lr * wd * w``,
+    outside momentum), which with momentum 0.9 decays about ten times less than PyTorch's
+    coupled L2. ddlkit's schedule and defaults (Goyal et al.) are stated in PyTorch's terms,
+    so every framework uses PyTorch's update. ``l2`` applies to every trainable variable
+    (BatchNorm and biases too), as PyTorch's ``weight_decay`` does.
+    """
+
+    def __init__(self, learning_rate: float = 0.01, momentum: float = 0.0, nesterov: bool = False, l2: float = 0.0,
+                 name: str = "torch_sgd", **kwargs: Any) -> None:
+        super().__init__(learning_rate=learning_rate, name=name, **kwargs)
+        if not 0.0 <= momentum < 1.0:
+            raise ValueError(f"momentum must be in [0, 1), got {momentum}")
+        if l2 < 0:
+            raise ValueError(f"l2 must be >= 0, got {l2}")
+        if nesterov and not momentum:
+            raise ValueError("nesterov needs momentum > 0")
+        self.momentum, self.nesterov, self.l2 = float(momentum), bool(nesterov), float(l2)
+
+    def build(self, variables: list[Any]) -> None:
+        if self.built:
+            return
+        super().build(variables)
+        self.momentums = self.add_optimizer_variables(variables, "momentum") if self.momentum else []
+
+    def update_step(self, gradient: Any, variable: Any, learning_rate: Any) -> None:
+        lr = ops.cast(learning_rate, variable.dtype)
+        g = ops.cast(gradient, variable.dtype)
+        if self.l2:
+            g = ops.add(g, ops.multiply(variable, ops.cast(self.l2, variable.dtype)))
+        if self.momentum:
+            buf = self.momentums[self._get_variable_index(variable)]
+            momentum = ops.cast(self.momentum, variable.dtype)
+            new_buf = ops.add(ops.multiply(buf, momentum), g)
+            self.assign(buf, new_buf)
+            g = ops.add(g, ops.multiply(new_buf, momentum)) if self.nesterov else new_buf
+        self.assign_sub(variable, ops.multiply(g, lr))
+
+    def get_config(self) -> dict[str, Any]:
+        return {**super().get_config(), "momentum": self.momentum, "nesterov": self.nesterov, "l2": self.l2}
+
+
+def make_optimizer(optimizer_cfg: Any, learning_rate: float, precision: str) -> keras.optimizers.Optimizer:
+    """``optimizer=sgd`` as a Keras optimizer; under fp16 wrapped in dynamic loss scaling."""
+    o = optimizer_cfg
+    opt: keras.optimizers.Optimizer = TorchSGD(learning_rate=learning_rate, momentum=o.momentum,
+                                               nesterov=o.nesterov, l2=o.weight_decay)
+    if precision == "fp16":
+        opt = keras.optimizers.LossScaleOptimizer(opt)
+    return opt
+
+
+def cross_entropy(label_smoothing: float = 0.0) -> Callable[[Any, Any], Any]:
+    """Per-example cross-entropy of integer labels and logits, with PyTorch's label smoothing
+    (``(1 - e) * nll + e * mean over classes of -log p``; Keras' sparse loss has no smoothing)."""
+
+    def cross_entropy(labels: Any, logits: Any) -> Any:
+        logits = ops.cast(logits, "float32")
+        if not label_smoothing:
+            return keras.losses.sparse_categorical_crossentropy(labels, logits, from_logits=True)
+        log_p = ops.log_softmax(logits, axis=-1)
+        index = ops.expand_dims(ops.cast(labels, "int32"), -1)
+        nll = -ops.squeeze(ops.take_along_axis(log_p, index, axis=-1), -1)
+        return (1.0 - label_smoothing) * nll - label_smoothing * ops.mean(log_p, axis=-1)
+
+    return cross_entropy
+
+
+# ---------------------------------------------------------------------------------- checkpoints
+def save_state(path: Path, model: keras.Model, optimizer: keras.optimizers.Optimizer, meta: dict[str, Any]) -> None:
+    """Write one checkpoint *file* at ``path`` (an uncompressed ``.npz``): every model variable
+    by its Keras path (``layer1.0.bn1/moving_mean``: BatchNorm statistics included), every
+    optimizer variable (momentum buffers, iteration count, learning rate, loss scale) and ddlkit's
+    ``meta`` as JSON. ddlkit hands a temporary path and renames the file once it is complete.
+
+    One file rather than a directory because ddlkit saves twice at the same step when the last
+    step also ends an epoch, and a file can replace a file atomically while a directory cannot
+    replace a directory. No RNG state is saved because training draws no random numbers: ResNet
+    has no dropout, there is no augmentation, and the data's order is a function of (seed, epoch).
+    """
+    arrays = {f"{MODEL_PREFIX}{v.path}": np.asarray(v.numpy()) for v in model.weights}
+    store: dict[str, np.ndarray] = {}
+    optimizer.save_own_variables(store)
+    arrays.update({f"{OPTIMIZER_PREFIX}{k}": np.asarray(v) for k, v in store.items()})
+    with open(path, "wb") as f:
+        np.savez(f, **arrays, **{META_KEY: np.array(json.dumps(meta))})
+
+
+def load_state(path: Path, model: keras.Model, optimizer: keras.optimizers.Optimizer) -> dict[str, Any]:
+    """Restore what :func:`save_state` wrote into a built ``model`` and ``optimizer``; return ``meta``."""
+    with np.load(path, allow_pickle=False) as f:  # a checkpoint is data, never code to run
+        arrays = {k: f[k] for k in f.files}
+    weights = {k[len(MODEL_PREFIX):]: v for k, v in arrays.items() if k.startswith(MODEL_PREFIX)}
+    store = {k[len(OPTIMIZER_PREFIX):]: v for k, v in arrays.items() if k.startswith(OPTIMIZER_PREFIX)}
+    unfit = [v.path for v in model.weights if v.path not in weights or weights[v.path].shape != tuple(v.shape)]
+    if unfit or len(weights) != len(model.weights):
+        raise ddlkit.ConfigError(
+            f"checkpoint {path} does not fit this model: {len(weights)} saved variables for its "
+            f"{len(model.weights)}, {len(unfit)} missing or of another shape (e.g. {unfit[:2]}). It was written for "
+            "another model or data.num_classes; use the same settings, or start fresh with trainer.resume=false.")
+    have = len(optimizer.variables)
+    if len(store) != have:
+        # Keras would only warn and skip; a silently fresh momentum buffer is not a resume
+        raise ddlkit.ConfigError(
+            f"checkpoint {path} holds {len(store)} optimizer variables, this run's optimizer has {have}: it was "
+            "written with another trainer.precision or optimizer.momentum. Use the same settings, or start fresh "
+            "with trainer.resume=false.")
+    for v in model.weights:
+        v.assign(weights[v.path])
+    optimizer.load_own_variables(store)
+    return json.loads(str(arrays[META_KEY]))
+
+
+def export_model(model: keras.Model, path: Path) -> None:
+    """Save architecture + weights as ``.keras`` for scoring (``keras.models.load_model``).
+
+    A compiled model is saved through an uncompiled copy rebuilt from its config: the training
+    optimizer's state would double the file, and loading it would need ddlkit's optimizer and
+    loss. (``keras.models.clone_model`` would recompile the copy.)"""
+    if model.compiled:
+        copy = keras.Model.from_config(model.get_config())
+        for target, source in zip(copy.weights, model.weights, strict=True):
+            target.assign(source)
+        model = copy
+    model.save(path)

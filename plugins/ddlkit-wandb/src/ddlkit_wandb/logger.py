@@ -1,0 +1,142 @@
+"""``logger=wandb``: one W&B run per job, on rank 0.
+
+* the run's files live in the job directory (``<job dir>/wandb/``);
+* runs of one sweep share a ``group``: the sweep's name, which ``ddlkit -m`` puts in the
+  job's environment (``DDLKIT_SWEEP_NAME``);
+* the config is the job's resolved config with secrets redacted, plus ddlkit's
+  ``environment.json`` (Python, packages, git commit) under ``ddlkit.environment``; W&B adds
+  its own system information and metrics;
+* ``mode=auto`` logs online when an API key is configured (``WANDB_API_KEY``,
+  ``logger.wandb.api_key`` or ``wandb login``), offline otherwise (``wandb sync`` uploads later);
+  ``WANDB_MODE`` in the environment wins over ``auto``;
+* the job's W&B run id is kept in the job directory, so a resumed or retried job continues the
+  same W&B run rather than starting another;
+* the run is always finished, with a non-zero exit code when the job failed or was interrupted.
+
+wandb is imported when the run starts, never when the config is composed.
+"""
+
+from __future__ import annotations
+
+import json
+import netrc
+import os
+import re
+import secrets
+import string
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+from urllib.parse import urlparse
+
+from omegaconf import OmegaConf
+
+import ddlkit
+from ddlkit.atomic import write_text
+from ddlkit.run import EXIT_PREEMPTED
+from ddlkit.secrets import split_secrets
+from ddlkit.sweep import SWEEP_JOB_ENV, SWEEP_NAME_ENV
+
+if TYPE_CHECKING:
+    from ddlkit import Run
+
+MODES = ("auto", "online", "offline", "disabled")
+#: where the job's W&B run id is kept, inside the job directory
+RUN_ID_FILE = Path("wandb") / "ddlkit-run-id"
+_EXIT_CODES = {"completed": 0, "interrupted": EXIT_PREEMPTED}
+
+
+@dataclass
+class WandbConfig:
+    # the W&B project
+    project: str = "ddlkit"
+    # team or user; null = your default entity
+    entity: str | None = None
+    # runs with the same group are shown together; null = the sweep's name under `ddlkit -m`, else none
+    group: str | None = None
+    # the run's display name; null = the job's name (`name` itself is ddlkit's: the option's name, wandb)
+    run_name: str | None = None
+    tags: list[str] = field(default_factory=list)
+    # auto (online when an API key is configured, else offline), online, offline or disabled
+    mode: str = "auto"
+    # upload the trained model (model.* in the job directory) as a W&B artifact of type "model"
+    log_model: bool = False
+    # an API key, if not in WANDB_API_KEY or ~/.netrc; kept out of every file ddlkit writes
+    api_key: str | None = None
+
+
+class WandbLogger(ddlkit.Logger):
+    def start(self, run: Run) -> None:
+        import wandb
+
+        self.job_dir = run.job_dir
+        config, _ = split_secrets(OmegaConf.to_container(run.cfg, resolve=True))
+        config["ddlkit"] = {"job": run.name, "job_dir": str(run.job_dir), "world_size": run.dist.world_size,
+                            "sweep": os.environ.get(SWEEP_NAME_ENV), "sweep_job": os.environ.get(SWEEP_JOB_ENV),
+                            "environment": _read_json(run.job_dir / "environment.json")}
+        settings = wandb.Settings(api_key=self.cfg.api_key) if self.cfg.api_key else None
+        self.wb = wandb.init(
+            project=self.cfg.project, entity=self.cfg.entity,
+            group=self.cfg.group or os.environ.get(SWEEP_NAME_ENV), name=self.cfg.run_name or run.name,
+            tags=list(self.cfg.tags), job_type="train", config=config, dir=str(run.job_dir),
+            id=self._run_id(run.job_dir), resume="allow", mode=self._mode(), settings=settings,
+        )
+
+    def _mode(self) -> str | None:
+        """auto: None (wandb reads WANDB_MODE) when that is set, else online with a key, offline without."""
+        if self.cfg.mode != "auto":
+            return self.cfg.mode
+        if os.environ.get("WANDB_MODE"):
+            return None
+        return "online" if self.cfg.api_key or os.environ.get("WANDB_API_KEY") or _netrc_has_key() else "offline"
+
+    @staticmethod
+    def _run_id(job_dir: Path) -> str:
+        path = job_dir / RUN_ID_FILE
+        if path.is_file():
+            return path.read_text(encoding="utf-8").strip()
+        run_id = "".join(secrets.choice(string.ascii_lowercase + string.digits) for _ in range(12))
+        write_text(path, run_id + "\n")
+        return run_id
+
+    def log_metrics(self, step: int, metrics: Mapping[str, float], *, split: str) -> None:
+        self.wb.log({f"{split}/{key}": value for key, value in metrics.items()}, step=step)
+
+    def finish(self, status: str, result: Mapping[str, Any] | None) -> None:
+        try:
+            if result is not None:
+                self.wb.summary.update(dict(result))
+            if self.cfg.log_model and status == "completed":
+                self._log_model()
+        finally:
+            self.wb.finish(exit_code=_EXIT_CODES.get(status, 1))
+
+    def _log_model(self) -> None:
+        import wandb
+
+        models = sorted(p for p in self.job_dir.glob("model.*") if p.is_file())
+        if not models:
+            print(f"ddlkit: logger.wandb.log_model: the framework saved no model.* in {self.job_dir}", flush=True)
+            return
+        artifact = wandb.Artifact(re.sub(r"[^A-Za-z0-9._-]", "-", f"model-{self.wb.name}"), type="model",
+                                  metadata={"job_dir": str(self.job_dir)})
+        for path in models:
+            artifact.add_file(str(path))
+        self.wb.log_artifact(artifact)
+
+
+def _read_json(path: Path) -> Any:
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+
+
+def _netrc_has_key() -> bool:
+    """Whether ``wandb login`` stored a key for the W&B host (in ~/.netrc, where it keeps it)."""
+    host = urlparse(os.environ.get("WANDB_BASE_URL", "https://api.wandb.ai")).hostname or "api.wandb.ai"
+    try:
+        return netrc.netrc(os.environ.get("NETRC")).authenticators(host) is not None
+    except (OSError, netrc.NetrcParseError):
+        return False

@@ -1,0 +1,162 @@
+"""logger=wandb: registration and config checks, the online/offline choice, and a real sweep whose
+offline W&B runs are read back from the files wandb wrote (one per job, grouped, redacted, finished)."""
+
+from __future__ import annotations
+
+import json
+import struct
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import ddlkit_wandb.plugin
+import pytest
+from ddlkit_wandb.logger import RUN_ID_FILE, WandbConfig, WandbLogger
+
+import ddlkit
+from ddlkit.engine import validate
+from ddlkit.plugins import DdlkitPluginManager
+from ddlkit.registry import Registry
+from ddlkit.testing import FAKES_MODULE, RunFactory, add_plugin, compose, fakes
+
+TOKEN = "sv=2026&sig=wandb-must-not-see-this"
+
+
+def test_the_plugin_module_imports_no_wandb(tmp_path: Path) -> None:
+    proc = subprocess.run([sys.executable, "-c", "import sys, ddlkit_wandb.plugin; print('wandb' in sys.modules)"],
+                          capture_output=True, text=True, cwd=tmp_path, timeout=60)
+    assert proc.stdout.strip() == "False", proc.stderr
+
+
+def configured(ddlkit_pm: DdlkitPluginManager, *overrides: str) -> dict[str, Any]:
+    add_plugin(ddlkit_pm, fakes, name=FAKES_MODULE)
+    add_plugin(ddlkit_pm, ddlkit_wandb.plugin, name="wandb", distribution="ddlkit-wandb")
+    registry = Registry.collect(ddlkit_pm)
+    return validate(compose(registry, ["framework=fake", *overrides]), registry, ddlkit_pm)
+
+
+def test_logger_wandb_is_registered_with_its_options(ddlkit_pm: DdlkitPluginManager) -> None:
+    cfg = configured(ddlkit_pm, "logger=[jsonl,wandb]", "logger.wandb.project=p", "logger.wandb.tags=[a,b]")
+    assert cfg["logger"]["wandb"] == {"name": "wandb", "run_name": None, "project": "p", "entity": None,
+                                      "group": None, "tags": ["a", "b"], "mode": "auto", "log_model": False,
+                                      "api_key": None}
+
+
+@pytest.mark.parametrize("overrides, message", [
+    (["logger.wandb.mode=sometimes"], "logger.wandb.mode=sometimes is invalid: it must be one of auto, online, "
+                                      "offline, disabled."),
+    (["logger.wandb.log_model=true", "trainer.save_model=false"],
+     "logger.wandb.log_model=true uploads the trained model, which trainer.save_model=false does not write; set one "
+     "of them differently."),
+])
+def test_bad_settings_are_reported_before_anything_runs(ddlkit_pm: DdlkitPluginManager, overrides: list[str],
+                                                        message: str) -> None:
+    with pytest.raises(ddlkit.ConfigError) as info:
+        configured(ddlkit_pm, "logger=[wandb]", *overrides)
+    assert str(info.value) == message
+
+
+def mode_of(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, env: dict[str, str], **cfg: Any) -> str | None:
+    for name in ("WANDB_API_KEY", "WANDB_MODE", "WANDB_BASE_URL"):
+        monkeypatch.delenv(name, raising=False)
+    netrc = tmp_path / "netrc"
+    netrc.write_text(env.pop("netrc", ""))
+    monkeypatch.setenv("NETRC", str(netrc))
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    return WandbLogger(SimpleNamespace(**{**vars(WandbConfig()), **cfg}))._mode()
+
+
+def test_auto_mode_is_offline_without_an_api_key_and_online_with_one(monkeypatch: pytest.MonkeyPatch,
+                                                                      tmp_path: Path) -> None:
+    assert mode_of(monkeypatch, tmp_path, {}) == "offline"
+    assert mode_of(monkeypatch, tmp_path, {"WANDB_API_KEY": "k" * 40}) == "online"
+    assert mode_of(monkeypatch, tmp_path, {}, api_key="k" * 40) == "online"
+    assert mode_of(monkeypatch, tmp_path, {"netrc": "machine api.wandb.ai login user password " + "k" * 40}) == "online"
+    # WANDB_MODE wins: wandb reads it itself
+    assert mode_of(monkeypatch, tmp_path, {"WANDB_MODE": "disabled", "WANDB_API_KEY": "k" * 40}) is None
+    assert mode_of(monkeypatch, tmp_path, {"WANDB_API_KEY": "k" * 40}, mode="offline") == "offline"
+
+
+# ---------------------------------------------------------------------------- reading a .wandb file
+def wandb_records(path: Path) -> Iterator[Any]:
+    """The records of a .wandb file: W&B's header, then LevelDB-log framing (32 KiB blocks; each record
+    7 header bytes: crc32c, length, type full/first/middle/last) around protobuf Records."""
+    from wandb.proto import wandb_internal_pb2
+
+    data, block = path.read_bytes(), 32768
+    assert data[:4] == b":W&B", "not a .wandb file"
+    pos, pending = 7, b""
+    while pos + 7 <= len(data):
+        if block - pos % block < 7:  # a block's tail too short for a header is padding
+            pos += block - pos % block
+            continue
+        _, length, kind = struct.unpack("<IHB", data[pos:pos + 7])
+        if kind == 0:
+            pos += block - pos % block
+            continue
+        pending += data[pos + 7:pos + 7 + length]
+        pos += 7 + length
+        if kind in (1, 4):  # full, last
+            record = wandb_internal_pb2.Record()
+            record.ParseFromString(pending)
+            pending = b""
+            yield record
+
+
+def offline_run(job_dir: Path) -> dict[str, Any]:
+    runs = list((job_dir / "wandb").glob("offline-run-*"))
+    assert len(runs) == 1, runs
+    (file,) = runs[0].glob("run-*.wandb")
+    out: dict[str, Any] = {"history": [], "artifacts": []}
+    for record in wandb_records(file):
+        kind = record.WhichOneof("record_type")
+        if kind == "run":
+            out["run"] = record.run
+            out["config"] = {item.key: json.loads(item.value_json) for item in record.run.config.update}
+        elif kind == "history":
+            out["history"].append({"/".join(i.nested_key) or i.key: json.loads(i.value_json)
+                                   for i in record.history.item})
+        elif kind in ("exit", "environment"):
+            out[kind] = getattr(record, kind)
+        elif kind == "artifact":
+            out["artifacts"].append(record.artifact)
+    return out
+
+
+@pytest.mark.slow
+def test_a_sweep_logs_one_finished_redacted_offline_run_per_job(run_factory: RunFactory,
+                                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in ("WANDB_API_KEY", "WANDB_MODE", "WANDB_DIR"):
+        monkeypatch.delenv(name, raising=False)
+    home = run_factory.base_dir / "wandb-home"  # wandb's own caches and settings, kept out of $HOME
+    env = {"WANDB_CACHE_DIR": str(home / "cache"), "WANDB_DATA_DIR": str(home / "data"),
+           "WANDB_CONFIG_DIR": str(home / "config"), "NETRC": str(home / "no-netrc")}
+    sweep = run_factory.base_dir / "sweep"
+    # job 0 completes after 3 steps; job 1 fails at step 5
+    run_factory.cli("-m", "framework=fake", "logger=[jsonl,wandb]", "logger.wandb.log_model=true", "storage=memory",
+                    f"storage.sas_token='{TOKEN}'", "data.length=320", "data.num_classes=10", "trainer.log_every=1",
+                    "trainer.max_steps=3,6", "framework.fail_at_step=5", f"hydra.sweep.dir={sweep}",
+                    env=env).assert_returncode(1)
+
+    runs = {num: offline_run(sweep / str(num)) for num in (0, 1)}
+    for num, wb in runs.items():
+        job_dir = sweep / str(num)
+        assert wb["run"].run_id == (job_dir / RUN_ID_FILE).read_text().strip()
+        # grouped by the sweep's name (`<parent>_<name>` of its directory), named after the job
+        assert (wb["run"].run_group, wb["run"].display_name) == (f"{sweep.parent.name}_sweep", f"sweep_{num}")
+        assert wb["config"]["storage"] == {"name": "memory", "sas_token": "***"}
+        assert wb["config"]["ddlkit"]["sweep_job"] == str(num)
+        assert wb["config"]["ddlkit"]["environment"]["python"] == sys.version.split()[0]
+        assert wb["environment"].cpu_count > 0  # W&B's own system information
+        for path in job_dir.rglob("*"):
+            assert not path.is_file() or TOKEN.encode() not in path.read_bytes(), path
+    assert runs[0]["exit"].exit_code == 0 and runs[1]["exit"].exit_code == 1  # both finished
+    assert [h["_step"] for h in runs[0]["history"] if "train/loss" in h] == [1, 2, 3]
+    assert [h["_step"] for h in runs[1]["history"] if "train/loss" in h] == [1, 2, 3, 4]
+    assert [(a.type, a.name) for a in runs[0]["artifacts"]] == [("model", "model-sweep_0")]
+    assert [c.path for c in runs[0]["artifacts"][0].manifest.contents] == ["model.npy"]
+    assert runs[1]["artifacts"] == []  # a failed job has no final model

@@ -1,0 +1,166 @@
+"""``ddlkit -m`` and ``ddlkit plan`` end to end: the real CLI, launcher, compute=local and workers,
+with the fake framework (a job takes about a second)."""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import shlex
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from ddlkit.run import EXIT_PREEMPTED
+from ddlkit.testing import FAKES_MODULE, RunFactory
+
+pytestmark = pytest.mark.slow
+
+# 10 steps per epoch; one validation per epoch and one when a job stops early at max_steps
+COMMON = ("framework=fake", "logger=[jsonl]", "data.length=320", "data.val_length=64", "data.num_classes=10",
+          "trainer.warmup_steps=1", "trainer.log_every=1")
+# four jobs; the one with max_steps=6 reaches step 6, where the fake framework raises
+FOUR_JOBS = ("trainer.max_steps=3,4,5,6", "framework.fail_at_step=6")
+
+
+def ledger(sweep_dir: Path) -> dict[int, dict[str, Any]]:
+    return {int(n): job for n, job in json.loads((sweep_dir / "ledger.json").read_text())["jobs"].items()}
+
+
+def max_overlap(jobs: dict[int, dict[str, Any]]) -> int:
+    """The most jobs running at one moment, from the ledger's start and end times."""
+    events = sorted([(j["started"], 1) for j in jobs.values() if j["started"]]
+                    + [(j["ended"], -1) for j in jobs.values() if j["ended"]])
+    now = peak = 0
+    for _, delta in events:
+        now += delta
+        peak = max(peak, now)
+    return peak
+
+
+def test_keep_going_runs_every_job_in_its_own_directory_and_reports_the_failure(run_factory: RunFactory) -> None:
+    sweep = run_factory.base_dir / "sweep"
+    out = run_factory.cli("-m", *COMMON, *FOUR_JOBS, f"hydra.sweep.dir={sweep}").assert_returncode(1)
+
+    jobs = ledger(sweep)
+    assert {n: (j["status"], j["attempts"]) for n, j in jobs.items()} == {
+        0: ("completed", 1), 1: ("completed", 1), 2: ("completed", 1), 3: ("failed", 1)}
+    assert max_overlap(jobs) == 2  # sweep.max_parallel's default, and the jobs did run side by side
+    for num, steps in ((0, 3), (1, 4), (2, 5)):
+        job_dir = sweep / str(num)
+        result = json.loads((job_dir / "result.json").read_text())
+        assert (result["steps"], jobs[num]["result"]["final_loss"]) == (steps, result["final_loss"])
+        # its own logger run: metrics.jsonl of this job only
+        metrics = [json.loads(line) for line in (job_dir / "metrics.jsonl").read_text().splitlines()]
+        assert [m["step"] for m in metrics if m["split"] == "train"] == list(range(1, steps + 1))
+        assert json.loads((job_dir / "job.json").read_text())["name"] == f"sweep_{num}"
+    assert not (sweep / "3" / "result.json").exists()
+    assert jobs[3]["exit_code"] == 1 and jobs[3]["log"] == str(sweep / "3" / "rank-0.log")
+
+    # the failure is reported when it happens, with its error and log, before the summary
+    failure = out.stdout.index("ddlkit: sweep job #3 failed in")
+    assert "RuntimeError: fake framework failure at step 6" in out.stdout[failure:]
+    assert out.stdout.index(f"  log: {sweep}/3/rank-0.log", failure) < out.stdout.index("ddlkit: sweep done")
+    assert "3 completed, 1 failed (#3)" in out.stdout
+    assert (f"ddlkit: error: sweep job #3 ({' '.join(COMMON)} trainer.max_steps=6 framework.fail_at_step=6) "
+            f"failed (exit status 1); its log: {sweep}/3/rank-0.log\n"
+            f"  1 of 4 jobs failed; report: {sweep}/report.md") in out.stderr
+
+    with open(sweep / "report.csv", newline="") as f:
+        rows = list(csv.DictReader(f))
+    assert [(r["job"], r["overrides"], r["status"]) for r in rows][-1] == ("3", "trainer.max_steps=6", "failed")
+    assert sorted(r["job"] for r in rows) == ["0", "1", "2", "3"]
+    completed = [r for r in rows if r["status"] == "completed"]
+    assert all(float(r["final_loss"]) > 0 and float(r["images_per_sec"]) > 0 for r in completed)
+    best = [float(r["best_top1"]) for r in completed]
+    assert best == sorted(best, reverse=True)  # sweep.sort_by=best_top1, best first
+    assert "| 3 | trainer.max_steps=6 | failed |" in (sweep / "report.md").read_text()
+    assert (sweep / "report.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_fail_fast_starts_no_job_after_a_failure(run_factory: RunFactory) -> None:
+    sweep = run_factory.base_dir / "sweep"
+    out = run_factory.cli("-m", *COMMON, "trainer.max_steps=3,6,4,5", "framework.fail_at_step=6",
+                          "sweep.on_failure=fail-fast", "sweep.max_parallel=1",
+                          f"hydra.sweep.dir={sweep}").assert_returncode(1)
+    assert {n: j["status"] for n, j in ledger(sweep).items()} == {
+        0: "completed", 1: "failed", 2: "pending", 3: "pending"}
+    assert not (sweep / "2").exists() and not (sweep / "3").exists()
+    assert "sweep job #2 started" not in out.stdout
+    assert "on_failure=fail-fast" in out.stdout
+
+
+def test_an_interrupted_sweep_resumes_where_it_stopped(run_factory: RunFactory) -> None:
+    sweep = run_factory.base_dir / "sweep"
+    # 312 steps per job: long enough to be interrupted mid-run, after its first log line (step 20)
+    args = ["-m", *COMMON, "data.length=10000", "trainer.log_every=20", "trainer.epochs=1", "trainer.seed=1,2,3",
+            "sweep.max_parallel=1", f"hydra.sweep.dir={sweep}"]
+    env = {**os.environ, "DDLKIT_PLUGINS": FAKES_MODULE}
+    proc = subprocess.Popen([sys.executable, "-m", "ddlkit", *args], cwd=run_factory.base_dir, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            if (sweep / "1" / "metrics.jsonl").is_file() and (sweep / "1" / "metrics.jsonl").read_text().strip():
+                break  # job 0 completed, job 1 is training
+            time.sleep(0.05)
+        proc.send_signal(signal.SIGINT)  # Ctrl-C
+        stdout, stderr = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == EXIT_PREEMPTED, stdout + stderr
+    jobs = ledger(sweep)
+    assert {n: j["status"] for n, j in jobs.items()} == {0: "completed", 1: "interrupted", 2: "pending"}
+    assert jobs[1]["exit_code"] == EXIT_PREEMPTED  # it checkpointed and stopped
+    hint = next(line for line in stderr.splitlines() if line.startswith("  resume with: "))
+    command = shlex.split(hint.removeprefix("  resume with: "))
+    assert command[:2] == ["ddlkit", "-m"] and command[-1] == f"hydra.sweep.dir={sweep}"
+    first_result = (sweep / "0" / "result.json").read_text()
+
+    plan = run_factory.cli("plan", *command[2:]).assert_success()
+    assert "  #0 trainer.seed=1\n      compute=local, world size 1, fake resnet18; completed: skipped" in plan.stdout
+    assert "; interrupted: runs again in its directory" in plan.stdout
+
+    out = run_factory.cli(*command[1:]).assert_success()
+    assert "1 completed before, skipped" in out.stdout
+    assert "sweep job #0 started" not in out.stdout and "sweep job #1 started (attempt 2)" in out.stdout
+    jobs = ledger(sweep)
+    assert {n: (j["status"], j["attempts"]) for n, j in jobs.items()} == {
+        0: ("completed", 1), 1: ("completed", 2), 2: ("completed", 1)}
+    assert (sweep / "0" / "result.json").read_text() == first_result  # not run again
+    # job 1 kept its number and directory, and continued from its checkpoint
+    assert json.loads((sweep / "1" / "result.json").read_text())["resumed_from_step"] > 0
+    assert sorted(p.name for p in sweep.iterdir() if p.is_dir()) == ["0", "1", "2"]
+
+
+def test_plan_expands_and_validates_every_job_and_runs_nothing(run_factory: RunFactory) -> None:
+    out = run_factory.cli("plan", *COMMON, "trainer.max_steps=3,4", "optimizer.lr=0.1,0.2").assert_success()
+    sweep_dir = out.stdout.split(" -> ")[1].split(" (")[0]
+    assert out.stdout.startswith(f"ddlkit plan: 4 jobs -> {sweep_dir} (up to 2 at once, on_failure=keep-going)\n")
+    assert ("  #3 trainer.max_steps=4 optimizer.lr=0.2\n      compute=local, world size 1, fake resnet18; new\n"
+            f"      command: ddlkit {' '.join(shlex.quote(a) for a in COMMON)} trainer.max_steps=4 optimizer.lr=0.2 "
+            f"hydra.run.dir={sweep_dir}/3\n") in out.stdout
+    assert out.stdout.endswith("ddlkit plan: all 4 jobs are valid; nothing was run.\n")
+    assert sorted(p.name for p in run_factory.base_dir.iterdir()) == []  # no sweep directory left behind
+
+
+def test_a_bad_value_in_any_job_is_reported_before_any_job_starts(run_factory: RunFactory) -> None:
+    message = ("ddlkit: error: 2 of 4 sweep jobs are invalid; no job was started:\n"
+               f"  job #1 ({' '.join(COMMON)} trainer.max_steps=3 optimizer.lr=-1): "
+               "optimizer.lr=-1.0 is invalid: it must be positive.\n"
+               f"  job #3 ({' '.join(COMMON)} trainer.max_steps=4 optimizer.lr=-1): "
+               "optimizer.lr=-1.0 is invalid: it must be positive.\n")
+    sweeps = ("trainer.max_steps=3,4", "optimizer.lr=0.1,-1")
+    plan = run_factory.cli("plan", *COMMON, *sweeps).assert_returncode(2)
+    assert plan.stderr == message and plan.stdout == ""
+    sweep = run_factory.base_dir / "sweep"
+    out = run_factory.cli("-m", *COMMON, *sweeps, f"hydra.sweep.dir={sweep}").assert_returncode(2)
+    assert out.stderr == message
+    assert [p.name for p in sweep.iterdir()] == ["multirun.yaml"]  # Hydra's record of the command; no job
+
