@@ -22,15 +22,16 @@ the process's CPU time (``time.process_time``) is the work done whatever else ru
 ``ratio`` compares CPU time per block (ddlkit's overhead is CPU work: Python, logging, lr updates),
 ``ratio_best`` each side's fastest block by CPU time (neighbours only ever add time), and
 ``ratio_wall`` the wall times. On a busy 2-core machine an A/A comparison (the baseline against
-itself) scatters by about +-10% per pair and +-2% in the median of a dozen pairs. On a dedicated
-machine use ``--threads 0`` (TensorFlow's default) and read ``ratio_wall``. Goal: ratio >= 0.98.
+itself) scatters by about +-10% per pair and +-2% in the median of a dozen pairs; a higher
+priority (``nice -n -15``, as root) narrows that. On a dedicated machine use ``--threads 0``
+(TensorFlow's default) and read ``ratio_wall``. Goal: ratio >= 0.98.
 
 Cold start runs the real ``ddlkit`` command in a subprocess (``trainer.max_steps=1``) and reads
 when step 1 was logged from metrics.jsonl; ``tf_import_s`` is what importing TensorFlow and Keras
 alone costs in a fresh interpreter.
 
     python benchmarks/overhead_tf.py --framework tensorflow|keras [--model resnet18 --image-size 64
-        --batch 32 --block 5 --blocks 12 --runs 2 --threads 1 --cold-starts 2]
+        --batch 32 --block 5 --blocks 20 --runs 2 --threads 1 --cold-starts 2]
 """
 
 from __future__ import annotations

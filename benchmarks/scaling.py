@@ -39,7 +39,9 @@ from typing import Any
 
 from _common import RESULTS, summary, write_result
 
-CONFIGS = ("pytorch/native", "pytorch/horovod", "tensorflow/native", "keras/native")
+#: framework=keras is absent: it refuses dist=native (Keras 3's fit fails under
+#: MultiWorkerMirroredStrategy) and trains like framework=tensorflow otherwise
+CONFIGS = ("pytorch/native", "pytorch/horovod", "tensorflow/native")
 RANKS = (1, 2, 4)
 
 
@@ -158,11 +160,11 @@ def _stop_check_rank(rank: int, port: int, n: int, out: Any) -> None:
 
 
 def measure_stop_check(n: int = 5000) -> dict[str, Any]:
-    from ddlkit_mpi.target import free_port
+    from ddlkit_mpi.target import free_ports
 
     ctx = mp.get_context("fork")
     out = ctx.Queue()
-    port = free_port()
+    port, = free_ports(1)
     procs = [ctx.Process(target=_stop_check_rank, args=(r, port, n, out)) for r in (0, 1)]
     for p in procs:
         p.start()

@@ -20,6 +20,12 @@ Scheduling overhead per job, from the ledger's timestamps (ddlkit side):
 
 Goal: < 1 s per job.
 
+Other processes on the machine take cores away from a sweep, and two single-threaded jobs may not
+run at twice one job's speed on 2 vCPUs. Each round therefore also measures what the machine
+allows at that moment: the same single-threaded PyTorch compute run alone and two at once;
+``capacity`` = 2 x alone / pair time is the best ratio any launcher could reach then, and
+``efficiency`` = ratio / capacity is the share of it ddlkit's launcher reached.
+
     python benchmarks/sweep.py [--jobs 6 --steps 24 --rounds 2]
 """
 
@@ -44,6 +50,33 @@ def sweep_args(jobs: int, steps: int, batch: int) -> list[str]:
             "data.image_size=32", "data.num_classes=10", f"data.length={batch * steps}", f"trainer.batch_size={batch}",
             "trainer.epochs=1", "trainer.validate=false", "trainer.save_model=false", "trainer.log_every=8",
             "logger=[jsonl]", f"trainer.seed={','.join(str(s) for s in range(1, jobs + 1))}"]
+
+
+CALIBRATION = """
+import time, torch
+torch.set_num_threads(1)
+net = torch.nn.Sequential(torch.nn.Conv2d(3, 64, 3, padding=1), torch.nn.ReLU(), torch.nn.Conv2d(64, 64, 3, padding=1),
+                          torch.nn.ReLU(), torch.nn.Flatten(), torch.nn.Linear(64 * 32 * 32, 10))
+x = torch.randn(16, 3, 32, 32)
+net(x).sum().backward()
+t0 = time.perf_counter()
+for _ in range(40):
+    net(x).sum().backward()
+print(time.perf_counter() - t0)
+"""
+
+
+def capacity() -> dict[str, float]:
+    """The speed-up two single-threaded compute processes get on this machine now, over one alone."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+
+    def start() -> subprocess.Popen:
+        return subprocess.Popen([sys.executable, "-c", CALIBRATION], env=env, stdout=subprocess.PIPE, text=True)
+
+    alone = statistics.median(float(start().communicate()[0]) for _ in range(2))
+    pair = [start(), start()]
+    together = statistics.mean(float(p.communicate()[0]) for p in pair)
+    return {"alone_s": alone, "pair_s": together, "capacity": 2 * alone / together}
 
 
 def run_sweep(args: list[str], sweep_dir: Path, cwd: Path) -> float:
@@ -87,13 +120,16 @@ def main() -> None:
         cwd = Path(tmp)
         for r in range(args.rounds):
             basic_dir, ddlkit_dir = cwd / f"basic-{r}", cwd / f"ddlkit-{r}"
+            machine = capacity()
             walls["basic"].append(run_sweep([*base, "hydra/launcher=basic"], basic_dir, cwd))
             walls["ddlkit"].append(run_sweep([*base, "sweep.max_parallel=2"], ddlkit_dir, cwd))
-            details.append(overheads(ddlkit_dir, walls["ddlkit"][-1], 2))
+            details.append({**overheads(ddlkit_dir, walls["ddlkit"][-1], 2), "machine": machine,
+                            "ratio": walls["basic"][-1] / walls["ddlkit"][-1]})
             if r == args.rounds - 1:
                 timeline = json.loads((ddlkit_dir / "ledger.json").read_text())["jobs"]
             print(f"round {r + 1}: basic launcher {walls['basic'][-1]:.1f} s, "
-                  f"ddlkit launcher {walls['ddlkit'][-1]:.1f} s "
+                  f"ddlkit launcher {walls['ddlkit'][-1]:.1f} s, ratio {details[-1]['ratio']:.2f} "
+                  f"(machine capacity {machine['capacity']:.2f}) "
                   f"(dispatch median {details[-1]['dispatch_s']['median'] * 1000:.0f} ms, end seen median "
                   f"{details[-1]['end_seen_s']['median'] * 1000:.0f} ms)", flush=True)
             load.append(os.getloadavg()[0])
@@ -102,9 +138,11 @@ def main() -> None:
     dispatch = [s for r in details for s in r["dispatch_s"]["samples"]]
     end_seen = [s for r in details for s in r["end_seen_s"]["samples"]]
     aggregate = statistics.median(r["aggregate_per_job_s"] for r in details)
+    cap = statistics.median(r["machine"]["capacity"] for r in details)
     path = write_result("sweep", {
         "benchmark": "sweep", "config": vars(args), "command": base,
         "basic_launcher_wall_s": b, "ddlkit_launcher_wall_s": d, "ratio": ratio, "goal_ratio": 1.8,
+        "machine_capacity": cap, "efficiency": ratio / cap,
         "overhead_per_job_s": {"dispatch": summary(dispatch), "dispatch_max": max(dispatch),
                                "end_seen": summary(end_seen), "end_seen_max": max(end_seen),
                                "aggregate": aggregate},
@@ -113,7 +151,8 @@ def main() -> None:
         "load_average": load,
     })
     png = plot(walls, timeline, ratio)
-    print(f"ratio basic / ddlkit = {ratio:.2f}x (goal >= 1.8); scheduling overhead per job: dispatch median "
+    print(f"ratio basic / ddlkit = {ratio:.2f}x (goal >= 1.8; the machine allowed {cap:.2f}x: efficiency "
+          f"{ratio / cap:.0%}); scheduling overhead per job: dispatch median "
           f"{summary(dispatch)['median'] * 1000:.0f} ms (max {max(dispatch) * 1000:.0f} ms), end seen median "
           f"{summary(end_seen)['median'] * 1000:.0f} ms, aggregate {aggregate:.2f} s (goal < 1 s) -> {path}, {png}")
 

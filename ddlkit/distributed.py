@@ -44,6 +44,8 @@ NODE_ENV, LOCAL_RANK_ENV, LOCAL_SIZE_ENV, NODE_SCRATCH_ENV = (
     "DDLKIT_NODE", "DDLKIT_LOCAL_RANK", "DDLKIT_LOCAL_SIZE", "DDLKIT_NODE_SCRATCH")
 
 _HEADER = struct.Struct("!I")
+#: metrics, flags and addresses are small; anything bigger is not a ddlkit rank talking
+_MAX_MESSAGE = 1 << 24
 _REDUCERS: dict[str, Callable[[Sequence[float]], float]] = {
     "sum": lambda xs: float(sum(xs)),
     "mean": lambda xs: float(sum(xs)) / len(xs),
@@ -89,7 +91,7 @@ class ControlPlane:
         for sock in peers.values():
             sock.settimeout(timeout_s)
         plane = cls(rank, world_size, peers, timeout_s)
-        # everyone answers once: a rank of another job (a reused port) or a wrong size fails here
+        # one round trip: every rank returns only once rank 0 has accepted all of them
         plane.exchange("hello", hello, lambda values: None)
         return plane
 
@@ -129,8 +131,12 @@ class ControlPlane:
                     raise RunError(f"ranks {missing} did not join within the dist timeout; they failed to start "
                                    "(see their logs) or cannot reach rank 0", component="dist") from None
                 sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-                sock.settimeout(max(0.01, deadline - time.monotonic()))
-                hello = cls._recv(sock)
+                # a rank says hello at once; a stray connection that does not may not hold up the job
+                sock.settimeout(min(10.0, max(0.01, deadline - time.monotonic())))
+                try:
+                    hello = cls._recv(sock)
+                except (OSError, ValueError):  # silent, or not our protocol
+                    hello = None
                 if (not isinstance(hello, dict) or hello.get("job") != job_id
                         or hello.get("world_size") != world_size or hello.get("rank") in peers):
                     sock.close()  # not one of ours: a stray connection, or another job's rank
@@ -150,7 +156,10 @@ class ControlPlane:
         header = _recv_exact(sock, _HEADER.size)
         if header is None:
             return None
-        data = _recv_exact(sock, _HEADER.unpack(header)[0])
+        size = _HEADER.unpack(header)[0]
+        if size > _MAX_MESSAGE:
+            raise ValueError(f"a control message of {size} bytes: not from a ddlkit rank")
+        data = _recv_exact(sock, size)
         return None if data is None else json.loads(data)
 
     def _recv_from(self, peer: int, op: str) -> Any:
@@ -349,7 +358,7 @@ def _mean_by_key(gathered: list[list[Any]]) -> list[float]:
 _HOROVOD_EXTENSIONS = {"pytorch": "torch/mpi_lib_v2", "tensorflow": "tensorflow/mpi_lib", "keras": "tensorflow/mpi_lib"}
 HOROVOD_HOW_TO = {
     "pytorch": "Build it against the installed torch with scripts/install_horovod.sh (Horovod 0.28.1 patched to "
-               "C++17; about 10 minutes on 2 cores, the wheel is cached), or use dist=native.",
+               "C++17; 10-20 minutes on 2 cores, then the wheel is cached), or use dist=native.",
     "tensorflow": "Horovod 0.28.1, its last release, does not build against TensorFlow >= 2.16: use dist=native "
                   "(tf.distribute.MultiWorkerMirroredStrategy), or an environment pinned to tensorflow 2.15 + "
                   "horovod 0.28.1 (see the README, 'Horovod').",
@@ -361,15 +370,17 @@ def horovod_problem(framework: str) -> str | None:
     """Why ``dist=horovod`` cannot run with ``framework`` in this environment, or None if it
     can. Looks for Horovod's compiled extension without importing anything heavy, so the
     launcher can check before a job starts."""
-    spec = importlib.util.find_spec("horovod")
-    how_to = HOROVOD_HOW_TO.get(framework, "")
-    if spec is None or not spec.submodule_search_locations:
-        return f"dist=horovod needs Horovod, which is not installed. {how_to}"
     ext = _HOROVOD_EXTENSIONS.get(framework)
     if ext is None:
         return f"dist=horovod is not supported for framework={framework}."
+    how_to = HOROVOD_HOW_TO[framework]
+    spec = importlib.util.find_spec("horovod")
+    if spec is None or not spec.submodule_search_locations:
+        return f"dist=horovod with framework={framework} needs Horovod, which is not installed. {how_to}"
     base = Path(next(iter(spec.submodule_search_locations)))
     pkg, name = ext.split("/")
     if not any((base / pkg).glob(f"{name}*.so")):
-        return f"dist=horovod: the installed Horovod was built without {framework} support. {how_to}"
+        library = "PyTorch" if pkg == "torch" else "TensorFlow"
+        return (f"dist=horovod with framework={framework}: the installed Horovod was built without {library} "
+                f"support. {how_to}")
     return None

@@ -184,7 +184,9 @@ def test_help_lists_the_options_plugins_registered(run_factory: RunFactory) -> N
     groups = dict(line.split(": ", 1) for line in out.stdout.split("== Configuration groups ==")[1]
                   .split("== Config ==")[0].splitlines() if ": " in line)
     assert "fake" in groups["framework"].split(", ")
-    assert groups["storage"] == "azure, local, local_ssd, memory, nfs" and groups["logger"] == "console, jsonl, recording"
+    # built-ins and the fakes always; installed first-party plugins (azure, wandb, ...) may add more
+    assert {"local", "local_ssd", "memory", "nfs"} <= set(groups["storage"].split(", "))
+    assert {"console", "jsonl", "recording"} <= set(groups["logger"].split(", "))
 
 
 PYTORCH_INSTALLED = any(ep.name == "pytorch" for ep in entry_points(group="ddlkit"))

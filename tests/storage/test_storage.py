@@ -241,7 +241,9 @@ def test_local_ssd_defaults_to_the_scratch_directory_the_compute_target_provides
     dist = SimpleNamespace(is_local_main=True, node=3, node_scratch=str(tmp_path / "node3"),
                            barrier=lambda: barriers.append(1))
     storage = LocalSsdStorage(LocalSsdConfig())
-    path = storage.prepare_data(str(dataset.root), SimpleNamespace(dist=dist, job_dir=tmp_path / "job"))
+    run = SimpleNamespace(dist=dist, job_dir=tmp_path / "job", extra_result={})
+    path = storage.prepare_data(str(dataset.root), run)
+    assert run.extra_result["staging_time_s"] > 0
     assert path == tmp_path / "node3" / "datasets" / dataset_dirname(str(dataset.root))
     assert transfer.is_staged(path) and barriers == [1]
     assert json.loads((tmp_path / "job" / "staging-node3.json").read_text())["destination"] == str(path)

@@ -63,4 +63,14 @@ def test_configure_shares_the_tensorflow_checks() -> None:
     framework = KerasFramework(OmegaConf.structured(KerasConfig(device="cpu")))
     trainer = OmegaConf.structured(TrainerConfig(precision=Precision.fp16))
     with pytest.raises(ddlkit.ConfigError, match="fp16 needs a GPU"):
-        framework.configure(OmegaConf.create({"trainer": trainer}))
+        framework.configure(OmegaConf.create({"trainer": trainer, "dist": {"backend": "none"}}))
+    with pytest.raises(ddlkit.ConfigError, match="dist=horovod.*framework=keras.*dist=native"):
+        framework.configure(OmegaConf.create({"trainer": OmegaConf.structured(TrainerConfig()),
+                                              "dist": {"backend": "horovod"}}))
+
+
+def test_several_workers_are_refused_pointing_to_framework_tensorflow() -> None:
+    framework = KerasFramework(OmegaConf.structured(KerasConfig()))
+    config = OmegaConf.create({"trainer": OmegaConf.structured(TrainerConfig()), "dist": {"backend": "native"}})
+    with pytest.raises(ddlkit.ConfigError, match="keras-team/keras#20585.*use framework=tensorflow"):
+        framework.configure(config)

@@ -12,7 +12,7 @@ import pytest
 from omegaconf import OmegaConf
 
 import ddlkit
-from ddlkit.config import Precision, TrainerConfig
+from ddlkit.config import DistConfig, Precision, TrainerConfig
 from ddlkit_tensorflow.framework import MODEL_NAMES, TensorflowConfig, TensorflowFramework
 from ddlkit_tensorflow.runtime import distribution_strategy, import_tensorflow
 
@@ -60,7 +60,7 @@ def test_missing_tensorflow_is_a_config_error_naming_the_package(monkeypatch: py
 def _config(precision: str = "fp32", deterministic: bool = False) -> object:
     """The trainer part of a config as the launcher composes it (precision an enum member)."""
     trainer = TrainerConfig(precision=Precision(precision), deterministic=deterministic)
-    return OmegaConf.create({"trainer": OmegaConf.structured(trainer)})
+    return OmegaConf.create({"trainer": OmegaConf.structured(trainer), "dist": OmegaConf.structured(DistConfig())})
 
 
 @pytest.mark.parametrize(("framework_cfg", "config", "fragment"), [
@@ -77,7 +77,8 @@ def test_configure_rejects_what_cannot_run(framework_cfg: TensorflowConfig, conf
 def test_configure_reads_precision_from_the_job_file_too() -> None:
     framework = TensorflowFramework(OmegaConf.structured(TensorflowConfig(device="cpu")))
     with pytest.raises(ddlkit.ConfigError, match="fp16 needs a GPU"):
-        framework.configure(OmegaConf.create({"trainer": {"precision": "fp16", "deterministic": False}}))
+        framework.configure(OmegaConf.create({"trainer": {"precision": "fp16", "deterministic": False},
+                                              "dist": {"backend": "none"}}))
 
 
 def test_configure_accepts_bf16_with_xla_on_the_cpu() -> None:
@@ -85,11 +86,22 @@ def test_configure_accepts_bf16_with_xla_on_the_cpu() -> None:
     framework.configure(_config("bf16"))
 
 
-@pytest.mark.parametrize("backend", ["native", "horovod"])
-def test_multi_process_backends_arrive_with_local_mpi(backend: str) -> None:
-    run = SimpleNamespace(cfg=OmegaConf.create({"dist": {"backend": backend}}), dist=ddlkit.DistContext())
-    with pytest.raises(ddlkit.ConfigError, match="arrives with the local_mpi compute target"):
+def test_horovod_is_refused_before_the_job_starts_saying_what_works() -> None:
+    framework = TensorflowFramework(OmegaConf.structured(TensorflowConfig()))
+    config = _config()
+    config.dist.backend = "horovod"
+    with pytest.raises(ddlkit.ConfigError, match="dist=horovod.*TensorFlow.*dist=native"):
+        framework.configure(config)
+    run = SimpleNamespace(cfg=OmegaConf.create({"dist": {"backend": "horovod"}}), dist=ddlkit.DistContext())
+    with pytest.raises(ddlkit.ConfigError, match="dist=native"):
         distribution_strategy(run, "tensorflow")
+
+
+def test_a_job_of_one_rank_trains_with_the_default_strategy_whatever_the_backend() -> None:
+    import tensorflow as tf
+
+    run = SimpleNamespace(cfg=OmegaConf.create({"dist": {"backend": "native"}}), dist=ddlkit.DistContext())
+    assert distribution_strategy(run, "tensorflow") is tf.distribute.get_strategy()
 
 
 def test_backend_none_refuses_several_ranks() -> None:

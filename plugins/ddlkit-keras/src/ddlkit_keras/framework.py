@@ -43,6 +43,8 @@ class KerasConfig(TensorflowConfig):
 
 class KerasFramework(ddlkit.Framework):
     models = MODEL_NAMES
+    #: the trained Keras model once :meth:`train` has returned, for ``ddlkit_run_end`` hooks
+    model: Any = None
 
     def configure(self, config: DictConfig) -> None:
         if self.cfg.backend not in BACKENDS:
@@ -50,6 +52,12 @@ class KerasFramework(ddlkit.Framework):
                 f"framework.backend={self.cfg.backend} is not supported: framework=keras trains with "
                 f"{', '.join(BACKENDS)} (for PyTorch use framework=pytorch).")
         check_config("keras", self.cfg.device, self.cfg.xla, config)
+        if config.dist.backend == "native":
+            raise ddlkit.ConfigError(
+                "framework=keras cannot train with dist=native: Keras 3's model.fit fails under "
+                "tf.distribute.MultiWorkerMirroredStrategy (keras-team/keras#20585, tensorflow/tensorflow#72388). "
+                "For several ranks use framework=tensorflow (the same ResNets, optimizer and checkpoints, in a "
+                "custom loop) with dist=native; framework=keras trains in one process (dist=none).")
 
     def train(self, run: ddlkit.Run) -> None:
         # Keras reads its backend once, at its first import in this process
@@ -105,3 +113,4 @@ class KerasFramework(ddlkit.Framework):
                       validation_data=val_data, callbacks=[callback], shuffle=False, verbose=0)
         if t.save_model:
             run.save_artifact("model.keras", lambda path: export_model(model, path))
+        self.model = model

@@ -17,6 +17,7 @@ failed first. The guarantees:
 from __future__ import annotations
 
 import atexit
+import contextlib
 import json
 import os
 import shutil
@@ -89,10 +90,13 @@ def kill_session(sid: int, sig: int) -> None:
                 pass
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+def free_ports(n: int) -> list[int]:
+    """``n`` distinct free loopback ports (all bound at once, so none is handed out twice)."""
+    with contextlib.ExitStack() as stack:
+        socks = [stack.enter_context(socket.socket()) for _ in range(n)]
+        for s in socks:
+            s.bind(("127.0.0.1", 0))
+        return [s.getsockname()[1] for s in socks]
 
 
 class MpiJobHandle(ProcessHandle):
@@ -215,10 +219,11 @@ class LocalMpiTarget(ddlkit.ComputeTarget):
         ]
 
     def environment(self, spec: JobSpec) -> dict[str, str]:
+        master_port, control_port = free_ports(2)
         env = {**os.environ, **spec.env, "PYTHONUNBUFFERED": "1",
                # rendezvous on loopback: torch.distributed's store, and ddlkit's control plane
-               "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()),
-               "DDLKIT_CONTROL_ADDR": f"127.0.0.1:{free_port()}"}
+               "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(master_port),
+               "DDLKIT_CONTROL_ADDR": f"127.0.0.1:{control_port}"}
         env.setdefault("GLOO_SOCKET_IFNAME", "lo")
         # like torchrun: ranks sharing a machine share its cores instead of each taking them all
         env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // self.world_size)))

@@ -181,9 +181,9 @@ class Replicas:
       launcher put in the environment (``MASTER_ADDR``/``MASTER_PORT``: local_mpi, torchrun), and
       ``DistributedDataParallel``, which averages gradients during the backward pass and
       broadcasts rank 0's parameters (and BatchNorm buffers, at each forward) to the others;
-    * ``horovod``: ``hvd.DistributedOptimizer`` averages gradients; rank 0's parameters and
-      optimizer state are broadcast after any resume. BatchNorm running statistics stay per rank
-      (rank 0's are the ones checkpointed), as in Horovod's own examples.
+    * ``horovod``: ``hvd.DistributedOptimizer`` averages gradients; rank 0's parameters (and,
+      after a resume, its optimizer state) are broadcast before the first step. BatchNorm running
+      statistics stay per rank (rank 0's are the ones checkpointed), as in Horovod's own examples.
     """
 
     def __init__(self, run: ddlkit.Run, device: Any) -> None:
@@ -222,7 +222,12 @@ class Replicas:
             return DistributedDataParallel(model, device_ids=[self.device.index] if self.device.type == "cuda" else None)
         if self.hvd is not None:
             self.hvd.broadcast_parameters(model.state_dict(), root_rank=0)
-            self.hvd.broadcast_optimizer_state(optimizer, root_rank=0)
+            # only a resumed optimizer has state to share (every rank loaded the same checkpoint,
+            # so all take this branch or none). Horovod fills an empty state by stepping with zero
+            # gradients, which with weight decay moves the weights and seeds the momentum buffers:
+            # a fresh run would silently take a decay step the 1-rank run never takes
+            if optimizer.state_dict()["state"]:
+                self.hvd.broadcast_optimizer_state(optimizer, root_rank=0)
         return model
 
     def step(self, optimizer: Any, scaler: Any) -> None:

@@ -34,6 +34,8 @@ class TensorflowConfig:
 
 class TensorflowFramework(ddlkit.Framework):
     models = MODEL_NAMES
+    #: the trained Keras model once :meth:`train` has returned, for ``ddlkit_run_end`` hooks
+    model: Any = None
 
     def configure(self, config: DictConfig) -> None:
         check_config("tensorflow", self.cfg.device, self.cfg.xla, config)
@@ -122,3 +124,4 @@ class TensorflowFramework(ddlkit.Framework):
             run.epoch_end(**metrics)
         if t.save_model:
             run.save_artifact("model.keras", lambda path: export_model(model, path))
+        self.model = model

@@ -8,11 +8,14 @@ work where TensorFlow is not installed.
 
 from __future__ import annotations
 
+import json
 import os
+import socket
 from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
 import ddlkit
+from ddlkit.distributed import horovod_problem
 
 if TYPE_CHECKING:
     from omegaconf import DictConfig
@@ -48,6 +51,8 @@ def precision_of(config: DictConfig) -> str:
 
 def check_config(framework: str, device: str, xla: bool, config: DictConfig) -> None:
     """Launcher-side checks that need no TensorFlow (``Framework.configure``)."""
+    if config.dist.backend == "horovod":
+        raise ddlkit.ConfigError(horovod_refusal(framework))
     if xla and config.trainer.deterministic:
         raise ddlkit.ConfigError(f"framework.xla=true cannot run with trainer.deterministic=true: XLA has no "
                                  f"deterministic max-pool gradient. Choose one of the two for framework={framework}.")
@@ -94,23 +99,80 @@ def distribution_strategy(run: ddlkit.Run, framework: str) -> Any:
     ``scope()`` / ``run()`` / ``reduce()`` / ``experimental_distribute_dataset()``, so adding a
     backend means adding a branch here, nowhere else:
 
-    * ``none``: ``tf.distribute.get_strategy()``, the default strategy (one replica, no
-      collectives; its methods cost nothing);
-    * ``native``: ``tf.distribute.MultiWorkerMirroredStrategy`` with a cluster resolver built
-      from ``run.dist`` (rank, world size), as the local_mpi compute target will launch it;
-    * ``horovod``: an object with the same four methods over ``hvd.DistributedGradientTape`` /
-      ``hvd.DistributedOptimizer`` and ``hvd.broadcast_variables`` of the initial state.
-      (Horovod 0.28.1 does not build against TensorFlow >= 2.16; see the README.)
+    * ``none``, or a job of one rank: ``tf.distribute.get_strategy()``, the default strategy (one
+      replica, no collectives; its methods cost nothing);
+    * ``native``: ``tf.distribute.MultiWorkerMirroredStrategy`` (:class:`MultiWorker`), one worker
+      per rank, ``TF_CONFIG`` built from the ranks' addresses;
+    * ``horovod``: a ConfigError (:func:`check_config`): Horovod 0.28.1 does not build against
+      TensorFlow >= 2.16, and this plugin targets Keras 3 on TensorFlow 2.21.
     """
     backend = run.cfg.dist.backend
-    if backend == "none":
-        if run.dist.world_size != 1:
-            raise ddlkit.ConfigError(f"dist.backend=none trains in one process, but this job has "
-                                     f"{run.dist.world_size} ranks; use dist.backend=native.")
+    if backend == "none" and run.dist.world_size != 1:
+        raise ddlkit.ConfigError(f"dist.backend=none trains in one process, but this job has "
+                                 f"{run.dist.world_size} ranks; use dist.backend=native.")
+    if backend == "horovod":
+        raise ddlkit.ConfigError(horovod_refusal(framework))
+    if backend not in ("none", "native"):
+        raise ddlkit.ConfigError(f"dist.backend={backend} is unknown: choose none, native or horovod.")
+    import tensorflow as tf
+
+    if run.dist.world_size == 1:
+        return tf.distribute.get_strategy()
+    return MultiWorker(run)
+
+
+def horovod_refusal(framework: str) -> str:
+    problem = horovod_problem(framework)
+    if problem is None:  # a Horovod built with TensorFlow: only possible with TensorFlow <= 2.15
+        problem = (f"dist=horovod is not supported for framework={framework}: this plugin targets Keras 3 "
+                   "(TensorFlow >= 2.16), which Horovod 0.28.1 does not build against. Use dist=native.")
+    return problem
+
+
+class MultiWorker:
+    """``tf.distribute.MultiWorkerMirroredStrategy`` over the job's ranks, one worker each.
+
+    ``TF_CONFIG`` is built here rather than by the launcher: each rank picks a free port on its
+    host and the ranks exchange ``host:port`` over ddlkit's control plane, so the same code runs
+    under local_mpi (all on 127.0.0.1), a cluster's mpirun or torchrun. The strategy must exist
+    before TensorFlow runs any op, so this is created right after :func:`setup_tensorflow`.
+
+    The only difference from the strategy itself: :meth:`experimental_distribute_dataset` takes
+    this rank's own dataset as it is. ddlkit's loaders already give every rank its own shard in
+    per-rank batches, while TensorFlow's method would shard the dataset again across workers and
+    re-split each batch, taking it for a global batch.
+    """
+
+    def __init__(self, run: ddlkit.Run) -> None:
         import tensorflow as tf
 
-        return tf.distribute.get_strategy()
-    if backend in ("native", "horovod"):
-        raise ddlkit.ConfigError(f"dist.backend={backend} for framework={framework} arrives with the local_mpi "
-                                 "compute target; use dist.backend=none (one process) until then.")
-    raise ddlkit.ConfigError(f"dist.backend={backend} is unknown: choose none, native or horovod.")
+        host = "127.0.0.1" if _all_on_this_host() else socket.gethostname()
+        with socket.socket() as s:
+            s.bind((host, 0))
+            port = s.getsockname()[1]
+        workers = run.dist.allgather(f"{host}:{port}")
+        os.environ["TF_CONFIG"] = json.dumps({"cluster": {"worker": workers},
+                                              "task": {"type": "worker", "index": run.dist.rank}})
+        self.strategy = tf.distribute.MultiWorkerMirroredStrategy()
+
+    def scope(self) -> Any:
+        return self.strategy.scope()
+
+    def run(self, fn: Any, args: tuple = ()) -> Any:
+        return self.strategy.run(fn, args=args)
+
+    def reduce(self, op: Any, value: Any, axis: Any) -> Any:
+        return self.strategy.reduce(op, value, axis=axis)
+
+    def experimental_distribute_dataset(self, dataset: Any) -> Any:
+        import tensorflow as tf
+
+        options = tf.data.Options()
+        options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.OFF
+        return self.strategy.distribute_datasets_from_function(lambda context: dataset.with_options(options))
+
+
+def _all_on_this_host() -> bool:
+    """Whether the rendezvous address is loopback, i.e. every rank runs on this machine."""
+    host = os.environ.get("MASTER_ADDR", "")
+    return host == "localhost" or host.startswith("127.") or host == "::1"
