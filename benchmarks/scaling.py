@@ -7,9 +7,10 @@ excluded) of the same model and per-rank batch on 1, 2 and 4 ranks, per framewor
 thread per rank (``framework.num_threads=1``, ``OMP_NUM_THREADS=1``). Scaling efficiency =
 throughput(n) / (n x throughput(1)). The 1-rank job goes through the same launcher (mpirun,
 one rank) and trains alone, so the baseline is the plain single-process loop. Rounds visit the
-configurations in turn, so that drift in the machine's load hits them alike; each point is the
-median over rounds (``efficiency``), and the best round is kept too (``efficiency_best``: the
-round least disturbed by other work on the machine, whose 1-minute load is recorded per job). On a 2-core machine 2 ranks is the meaningful point (goal >= 0.90); 4 ranks
+configurations in turn, so that drift in the machine's load hits them alike; each round's n-rank
+throughput is compared with the same round's 1-rank run, and ``efficiency`` is the median over
+rounds (``efficiency_best`` compares the best rounds: those least disturbed by other work on the
+machine, whose 1-minute load is recorded before every job). On a 2-core machine 2 ranks is the meaningful point (goal >= 0.90); 4 ranks
 oversubscribe the cores, so their efficiency is at most 0.5.
 
 Failure: a 2-rank PyTorch job (dist=native) is killed at one rank with SIGKILL mid-training; the
@@ -94,13 +95,21 @@ def measure_scaling(configs: list[str], rounds: int, work: Path, **shape: Any) -
                 samples[config][n].append(result["images_per_sec"])
                 print(f"round {r + 1}/{rounds} {config} {n} rank(s): {result['images_per_sec']:.1f} images/s "
                       f"(load before: {loads[config][n][-1]})", flush=True)
+    return {config: summarise({str(n): v for n, v in by_n.items()}, {str(n): v for n, v in loads[config].items()})
+            for config, by_n in samples.items()}
+
+
+def summarise(samples: dict[str, list[float]], loads: dict[str, list[float]]) -> dict[str, Any]:
+    """Per rank count: the throughput samples (one per round), and the scaling efficiency of
+    each round against that round's 1-rank run (minutes apart, so under similar load), whose
+    median is ``efficiency``; ``efficiency_best`` compares the best rounds instead."""
+    base = samples["1"]
     out = {}
-    for config, by_n in samples.items():
-        base, best_base = statistics.median(by_n[1]), max(by_n[1])
-        out[config] = {str(n): {**summary(v), "best": max(v), "load_1m_before": loads[config][n],
-                                "efficiency": round(statistics.median(v) / (n * base), 3),
-                                "efficiency_best": round(max(v) / (n * best_base), 3)}
-                       for n, v in by_n.items()}
+    for n, values in samples.items():
+        paired = [v / (int(n) * b) for v, b in zip(values, base, strict=True)]
+        out[n] = {**summary(values), "best": max(values), "load_1m_before": loads[n],
+                  "efficiency": round(statistics.median(paired), 3),
+                  "efficiency_best": round(max(values) / (int(n) * max(base)), 3)}
     return out
 
 
@@ -203,6 +212,21 @@ def plot(scaling: dict[str, Any], path: Path, title: str) -> None:
     plt.close(fig)
 
 
+def chart_title(shape: dict[str, Any]) -> str:
+    return (f"ddlkit data-parallel throughput on {os.cpu_count()} CPU cores ({shape['model']}, {shape['image_size']}px, "
+            f"batch {shape['batch']}/rank, 1 thread/rank)")
+
+
+def replot(args: argparse.Namespace) -> None:
+    path = RESULTS / "scaling.json"
+    payload = json.loads(path.read_text())
+    payload["scaling"] = {config: summarise({n: p["samples"] for n, p in points.items()},
+                                            {n: p["load_1m_before"] for n, p in points.items()})
+                          for config, points in payload["scaling"].items()}
+    path.write_text(json.dumps(payload, indent=2) + "\n")
+    plot(payload["scaling"], RESULTS / "scaling.png", chart_title(payload["shape"]))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--configs", default=",".join(CONFIGS))
@@ -212,7 +236,12 @@ def main() -> None:
     parser.add_argument("--image-size", type=int, default=64)
     parser.add_argument("--model", default="resnet18")
     parser.add_argument("--stop-repeats", type=int, default=3)
+    parser.add_argument("--replot", action="store_true",
+                        help="recompute the efficiencies and redraw the chart from scaling.json; run nothing")
     args = parser.parse_args()
+    if args.replot:
+        replot(args)
+        return
     shape = {"steps": args.steps, "batch": args.batch, "image_size": args.image_size, "model": args.model}
     skipped = {c: why for c in args.configs.split(",") if (why := available(c))}
     configs = [c for c in args.configs.split(",") if c not in skipped]
@@ -238,9 +267,7 @@ def main() -> None:
         "stop_check": stop_check,
     }
     path = write_result("scaling", payload)
-    cpus = os.cpu_count()
-    plot(scaling, RESULTS / "scaling.png", f"ddlkit data-parallel throughput on {cpus} CPU cores "
-                                           f"({args.model}, {args.image_size}px, batch {args.batch}/rank, 1 thread/rank)")
+    plot(scaling, RESULTS / "scaling.png", chart_title(shape))
     print(json.dumps({c: {n: v["efficiency"] for n, v in s.items()} for c, s in scaling.items()}))
     print(f"wrote {path} and {RESULTS / 'scaling.png'}")
 

@@ -28,7 +28,7 @@ def atomic_path(final: Path, *, directory: bool = False) -> Iterator[Path]:
     try:
         yield target
         _fsync_tree(target)
-        if directory and final.exists():
+        if final.is_dir():  # a directory cannot be os.replace'd over: swap it out first
             old = final.with_name(f".{final.name}.old")
             shutil.rmtree(old, ignore_errors=True)
             os.replace(final, old)

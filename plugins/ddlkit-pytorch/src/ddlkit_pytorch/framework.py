@@ -39,7 +39,8 @@ class PytorchFramework(ddlkit.Framework):
     model: Any = None
 
     def configure(self, config: DictConfig) -> None:
-        precision = str(config.trainer.precision)
+        # an enum in the launcher's composed config, a plain string in the worker's job file
+        precision = getattr(config.trainer.precision, "value", str(config.trainer.precision))
         if precision == "fp16" and self.cfg.device == "cpu":
             raise ddlkit.ConfigError("trainer.precision=fp16 needs a GPU; on the CPU use trainer.precision=bf16 "
                                      "(or fp32)")
