@@ -177,8 +177,9 @@ class Run:
             return self.stop_requested
         if self.state.step % self.cfg.dist.stop_check_every:
             return False
-        self.stop_requested = self.dist.any(self.stop_requested)
-        return self.stop_requested
+        # never assign the agreed value to stop_requested: a SIGTERM handled while this rank
+        # waits in the exchange would be overwritten by the others' False and lost
+        return self.dist.any(self.stop_requested)
 
     def validation_end(self, **metrics: float) -> None:
         """Report validation metrics (``val_loss``, ``val_top1``, ``val_top5``) for the current state."""

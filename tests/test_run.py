@@ -197,6 +197,34 @@ def test_the_loss_is_read_only_at_logging_steps(ddlkit_pm: DdlkitPluginManager, 
     assert reads == [3, 6]
 
 
+class _PeersNeverAskToStop:
+    """Two ranks' control plane, seen from this rank: the other rank never asks to stop, and a
+    SIGTERM reaches this rank while it waits in the first exchange (after sending its flag)."""
+
+    world_size, rank, is_main = 2, 0, True
+
+    def __init__(self, run: ddlkit.Run) -> None:
+        self.run, self.calls = run, 0
+
+    def allreduce_mean(self, metrics: dict[str, float]) -> dict[str, float]:
+        return dict(metrics)
+
+    def any(self, flag: bool) -> bool:
+        self.calls += 1
+        if self.calls == 1:
+            self.run.stop_requested = True  # what the SIGTERM handler does, mid-exchange
+        return flag
+
+
+def test_a_sigterm_during_the_stop_agreement_is_not_lost(ddlkit_pm: DdlkitPluginManager, tmp_path: Path) -> None:
+    run = make_run(ddlkit_pm, tmp_path / "job", "logger=[]", "dist.stop_check_every=1")
+    run.dist = _PeersNeverAskToStop(run)
+    assert run.step_end(loss=1.0, lr=0.1) is False  # the exchange had already sent "no"
+    with pytest.raises(ddlkit.run.Preempted):
+        run.step_end(loss=1.0, lr=0.1)  # the next agreement carries the request
+    assert run.state.step == 2
+
+
 def test_too_little_data_for_one_global_batch(ddlkit_pm: DdlkitPluginManager, tmp_path: Path) -> None:
     with pytest.raises(ddlkit.ConfigError) as info:
         make_run(ddlkit_pm, tmp_path / "job", "data.length=16", "trainer.batch_size=32")

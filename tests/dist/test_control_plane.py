@@ -1,0 +1,222 @@
+"""ddlkit.distributed: where a rank learns its place, and the framework-neutral collectives
+(metric means, the stop agreement, broadcasts, barriers) over real processes and sockets."""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import queue
+import time
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+import ddlkit
+from ddlkit.distributed import DistContext, control_address, horovod_problem
+
+
+# ---------------------------------------------------------------------------- environment
+def test_the_launchers_node_layout_wins_over_the_hosts() -> None:
+    # local_mpi on one host: OpenMPI says local rank 3 of 4, the simulated layout says node 1, local rank 1
+    env = {"OMPI_COMM_WORLD_RANK": "3", "OMPI_COMM_WORLD_SIZE": "4", "OMPI_COMM_WORLD_LOCAL_RANK": "3",
+           "OMPI_COMM_WORLD_LOCAL_SIZE": "4", "DDLKIT_NODE": "1", "DDLKIT_LOCAL_RANK": "1", "DDLKIT_LOCAL_SIZE": "2",
+           "DDLKIT_NODE_SCRATCH": "/scratch/node-1"}
+    ctx = DistContext.from_env("native", env, timeout_s=9.0)
+    assert (ctx.rank, ctx.world_size, ctx.node, ctx.local_rank, ctx.local_size) == (3, 4, 1, 1, 2)
+    assert ctx.node_scratch == "/scratch/node-1" and ctx.timeout_s == 9.0
+    assert not ctx.is_local_main
+
+
+def test_the_node_index_follows_from_rank_and_local_size_under_plain_mpi() -> None:
+    env = {"OMPI_COMM_WORLD_RANK": "6", "OMPI_COMM_WORLD_SIZE": "8", "OMPI_COMM_WORLD_LOCAL_RANK": "2",
+           "OMPI_COMM_WORLD_LOCAL_SIZE": "4", "OMPI_COMM_WORLD_NODE_RANK": "2"}
+    assert DistContext.from_env(env=env).node == 1
+
+
+@pytest.mark.parametrize(("env", "expected"), [
+    ({"DDLKIT_CONTROL_ADDR": "10.0.0.4:7000", "MASTER_ADDR": "x", "MASTER_PORT": "1"}, ("10.0.0.4", 7000)),
+    ({"DDLKIT_CONTROL_ADDR": "[::1]:7000"}, ("::1", 7000)),
+    ({"MASTER_ADDR": "node-0", "MASTER_PORT": "29500"}, ("node-0", 29501)),
+])
+def test_control_address(env: dict[str, str], expected: tuple[str, int]) -> None:
+    assert control_address(env) == expected
+
+
+def test_several_ranks_without_a_rendezvous_address_is_a_config_error() -> None:
+    with pytest.raises(ddlkit.ConfigError, match="MASTER_ADDR and MASTER_PORT"):
+        DistContext(0, 2).connect("job", env={})
+    with pytest.raises(ddlkit.ConfigError, match="host:port"):
+        control_address({"DDLKIT_CONTROL_ADDR": "nohost"})
+
+
+def test_one_process_needs_no_connection_and_collectives_are_identities() -> None:
+    ctx = DistContext()
+    ctx.connect("job", env={})  # no address needed
+    assert ctx.allreduce([1, 2], "max") == [1.0, 2.0]
+    assert ctx.allreduce_mean({"a": 3}) == {"a": 3.0}
+    assert ctx.any(True) is True and ctx.any(False) is False
+    assert ctx.broadcast({"x": 1}) == {"x": 1} and ctx.allgather("me") == ["me"]
+    ctx.barrier()
+
+
+def test_horovod_problem_says_how_to_get_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    import importlib.util
+
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name: None)
+    problem = horovod_problem("pytorch")
+    assert problem is not None and "not installed" in problem and "scripts/install_horovod.sh" in problem
+    assert "dist=native" in (horovod_problem("tensorflow") or "")
+
+
+# ---------------------------------------------------------------------------- real processes
+def _rank_main(rank: int, world: int, port: int, job: str, body: Callable[[DistContext], Any],
+               results: Any) -> None:
+    env = {"OMPI_COMM_WORLD_RANK": str(rank), "OMPI_COMM_WORLD_SIZE": str(world),
+           "DDLKIT_CONTROL_ADDR": f"127.0.0.1:{port}"}
+    ctx = DistContext.from_env("native", env, timeout_s=20.0)
+    try:
+        ctx.connect(job, env=env)
+        results.put((rank, "ok", body(ctx)))
+    except ddlkit.DdlkitError as err:
+        results.put((rank, "error", f"{type(err).__name__}: {err}"))
+    finally:
+        ctx.close()
+
+
+def run_ranks(world: int, body: Callable[[DistContext], Any], timeout: float = 30.0,
+              job: str = "job") -> dict[int, tuple[str, Any]]:
+    from ddlkit_mpi.target import free_ports
+
+    ctx = mp.get_context("fork")
+    results = ctx.Queue()
+    port, = free_ports(1)
+    procs = [ctx.Process(target=_rank_main, args=(r, world, port, job, body, results)) for r in range(world)]
+    for p in procs:
+        p.start()
+    out = {}
+    deadline = time.monotonic() + timeout
+    # until every rank has answered, or the ones that have not are dead (and their answers read)
+    while len(out) < world and time.monotonic() < deadline:
+        running = any(p.is_alive() for p in procs)
+        try:
+            rank, kind, value = results.get(timeout=0.1)
+        except queue.Empty:
+            if not running:
+                break
+            continue
+        out[rank] = (kind, value)
+    for p in procs:
+        p.join(timeout=5)
+        if p.is_alive():
+            p.kill()
+    return out
+
+
+def _collectives(ctx: DistContext) -> dict[str, Any]:
+    r = ctx.rank
+    return {
+        "sum": ctx.allreduce([r, 1.0], "sum"),
+        "max": ctx.allreduce([r], "max"),
+        "mean": ctx.allreduce_mean({"loss": float(r), "top1": 0.5 * r}),
+        "any_one": ctx.any(r == 2),
+        "any_none": ctx.any(False),
+        "bcast": ctx.broadcast({"from": r}, root=1),
+        "gather": ctx.allgather(f"host-{r}"),
+        "barrier": ctx.barrier(),
+    }
+
+
+@pytest.mark.slow
+def test_every_rank_gets_the_same_answers() -> None:
+    out = run_ranks(3, _collectives)
+    assert {kind for kind, _ in out.values()} == {"ok"}, out
+    expected = {"sum": [3.0, 3.0], "max": [2.0], "mean": {"loss": 1.0, "top1": 0.5}, "any_one": True,
+                "any_none": False, "bcast": {"from": 1}, "gather": ["host-0", "host-1", "host-2"], "barrier": None}
+    assert [value for _, value in out.values()] == [expected] * 3
+
+
+def _mismatch(ctx: DistContext) -> None:
+    ctx.barrier() if ctx.rank == 1 else ctx.any(False)
+
+
+@pytest.mark.slow
+def test_ranks_calling_different_collectives_fail_loudly_instead_of_mixing_data() -> None:
+    out = run_ranks(3, _mismatch)
+    assert all(kind == "error" and "ranks disagree" in value for kind, value in out.values()), out
+
+
+def _one_rank_dies(ctx: DistContext) -> float:
+    ctx.barrier()
+    if ctx.rank == 2:
+        os._exit(9)  # dies without a word, as under kill -9
+    t0 = time.monotonic()
+    try:
+        ctx.any(False)
+    finally:
+        # the survivors report how long they waited: the dist timeout is 20 s
+        print(f"rank {ctx.rank} noticed after {time.monotonic() - t0:.3f} s", flush=True)
+    return -1.0
+
+
+@pytest.mark.slow
+def test_a_dead_rank_is_noticed_at_once_not_after_the_timeout() -> None:
+    t0 = time.monotonic()
+    out = run_ranks(3, _one_rank_dies)
+    assert time.monotonic() - t0 < 10
+    assert set(out) == {0, 1}, out
+    assert out[0][0] == "error" and "rank 2 left the job" in out[0][1]
+    # rank 1 learns it from rank 0, which tells everyone why before it gives up
+    assert out[1][0] == "error" and "rank 2 left the job" in out[1][1]
+
+
+def _strangers_knock(ctx: DistContext) -> list[str]:
+    return ctx.allgather(str(ctx.rank))
+
+
+@pytest.mark.slow
+def test_a_rank_of_another_job_cannot_join() -> None:
+    import socket
+
+    from ddlkit_mpi.target import free_ports
+
+    # rank 0 of job A listens; a rank of job B knocks first, then job A's rank 1 joins
+    port, = free_ports(1)
+    ctx = mp.get_context("fork")
+    results = ctx.Queue()
+    a0 = ctx.Process(target=_rank_main, args=(0, 2, port, "job-A", _strangers_knock, results))
+    a0.start()
+    deadline = time.monotonic() + 10
+    while True:
+        try:
+            stranger = socket.create_connection(("127.0.0.1", port))
+            break
+        except OSError:
+            assert time.monotonic() < deadline
+            time.sleep(0.02)
+    from ddlkit.distributed import ControlPlane
+
+    ControlPlane._send(stranger, {"rank": 1, "world_size": 2, "job": "job-B"})
+    a1 = ctx.Process(target=_rank_main, args=(1, 2, port, "job-A", _strangers_knock, results))
+    a1.start()
+    got = dict((results.get(timeout=20)[::2] for _ in range(2)))
+    a0.join(5), a1.join(5)
+    stranger.close()
+    assert got == {0: ["0", "1"], 1: ["0", "1"]}
+
+
+def _time_stop_checks(ctx: DistContext) -> float:
+    n = 2000
+    ctx.barrier()
+    t0 = time.perf_counter()
+    for _ in range(n):
+        ctx.any(False)
+    return (time.perf_counter() - t0) / n
+
+
+@pytest.mark.slow
+def test_the_per_step_stop_agreement_is_cheap() -> None:
+    out = run_ranks(2, _time_stop_checks)
+    seconds = max(value for _, value in out.values())
+    # measured ~0.1 ms on 2 busy cores; a training step takes 10-1000x longer
+    assert seconds < 0.005, f"one stop check took {seconds * 1e3:.2f} ms"

@@ -1,0 +1,154 @@
+"""PyTorch data parallelism end to end: real launchers, mpirun, 2 CPU ranks, for each backend
+(native = torch.distributed/gloo + DDP; horovod when it is installed).
+
+The equivalence test uses ``data=twin`` (tests/dist/dist_probe.py): both ranks see the same
+images with different labels, so BatchNorm's per-rank batch statistics equal those of the
+doubled 1-rank batch, and one step of 2 ranks x batch b must equal one step of 1 rank x 2b.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+from pathlib import Path
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("ddlkit_pytorch")
+pytest.importorskip("ddlkit_mpi")
+
+from ddlkit.distributed import horovod_problem  # noqa: E402
+
+pytestmark = pytest.mark.slow
+
+BACKENDS = ["native", pytest.param("horovod", marks=pytest.mark.skipif(
+    horovod_problem("pytorch") is not None, reason=str(horovod_problem("pytorch"))))]
+B = 8  # per-rank batch of the 2-rank jobs
+STEPS = 3
+# a constant learning rate (peak 0.05) that moves the weights far beyond float32 noise in 3 steps,
+# yet small enough that 3 steps do not amplify the ~1e-6 differences of summation order (at
+# lr 4.0 they grow to 20 % of the update; at 0.8 they stay below 1e-4)
+TRAIN = ["framework=pytorch", "model=resnet18", "data=twin", "data.image_size=32", "data.num_classes=10",
+         f"data.unique={B}", "data.length=64", f"trainer.max_steps={STEPS}", "trainer.validate=false",
+         "trainer.save_model=false", "trainer.log_every=1", "trainer.warmup_steps=1", "framework.num_threads=1",
+         "trainer.deterministic=true", "optimizer.lr=0.8", "optimizer.warmup_epochs=0"]
+TWO_RANKS = ["compute=local_mpi", "compute.procs_per_node=2", f"trainer.batch_size={B}"]
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory: pytest.TempPathFactory, dt: SimpleNamespace) -> dict[str, Path]:
+    jobs = dt.DistJobs(tmp_path_factory.mktemp("torch-dist"))
+    dirs = {"single": jobs.base / "single"}
+    jobs.run(*TRAIN, f"trainer.batch_size={2 * B}", job_dir=dirs["single"]).assert_success()
+    for backend in ("native", "horovod"):
+        if backend == "horovod" and horovod_problem("pytorch"):
+            continue
+        dirs[backend] = jobs.base / backend
+        jobs.run(*TRAIN, *TWO_RANKS, f"dist={backend}", job_dir=dirs[backend]).assert_success()
+    return dirs
+
+
+def initial_weights() -> dict[str, np.ndarray]:
+    """What every run starts from: the framework seeds torch with trainer.seed before building."""
+    from ddlkit_pytorch.models import build_model
+
+    torch.manual_seed(0)
+    return {k: v.numpy().copy() for k, v in build_model("resnet18", num_classes=10).state_dict().items()}
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_every_rank_holds_identical_weights(runs: dict[str, Path], dt: SimpleNamespace, backend: str) -> None:
+    rank0, rank1 = (dt.load_weights(runs[backend] / f"weights-rank-{r}.npz") for r in (0, 1))
+    assert rank0.keys() == rank1.keys() and len(rank0) > 100
+    differing = [k for k in rank0 if not np.array_equal(rank0[k], rank1[k])]
+    assert not differing, f"{len(differing)} tensors differ between the ranks, e.g. {differing[:3]}"
+    start = initial_weights()
+    assert not np.allclose(rank0["fc.weight"], start["fc.weight"]), "the weights did not move"
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_two_ranks_step_like_one_rank_with_twice_the_batch(runs: dict[str, Path], dt: SimpleNamespace,
+                                                           backend: str) -> None:
+    start = initial_weights()
+    single = dt.load_weights(runs["single"] / "weights-rank-0.npz")
+    two = dt.load_weights(runs[backend] / "weights-rank-0.npz")
+    compared = 0
+    for key, w0 in start.items():
+        # running_var is updated with the unbiased variance, n/(n-1): n = b on a rank, 2b alone
+        if key.endswith("running_var") or key.endswith("num_batches_tracked"):
+            continue
+        moved_alone, moved_two = single[key] - w0, two[key] - w0
+        scale = np.abs(moved_alone).max()
+        assert scale > 0 or key.endswith("running_mean"), f"{key} did not move"
+        # a sum instead of a mean would double the update, and one extra weight-decay step (what
+        # Horovod's broadcast_optimizer_state does to a fresh optimizer) moves BatchNorm weights by
+        # 1 % of it; summing in another order differs by < 1e-4 of the update after 3 steps
+        np.testing.assert_allclose(moved_two, moved_alone, rtol=0, atol=1e-3 * scale + 1e-7, err_msg=key)
+        compared += 1
+    assert compared > 60
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_the_result_reports_the_global_batch_and_the_mean_loss(runs: dict[str, Path], backend: str) -> None:
+    result = json.loads((runs[backend] / "result.json").read_text())
+    single = json.loads((runs["single"] / "result.json").read_text())
+    assert (result["world_size"], result["global_batch_size"], result["steps"]) == (2, 2 * B, STEPS)
+    # the logged loss is the mean of the ranks' losses: the loss of the global batch
+    assert result["final_loss"] == pytest.approx(single["final_loss"], rel=1e-3)
+    metrics = [json.loads(ln) for ln in (runs[backend] / "metrics.jsonl").read_text().splitlines()]
+    assert [m["step"] for m in metrics if m["split"] == "train"] == [1, 2, 3]
+    for rank in (0, 1):
+        assert (runs[backend] / f"rank-{rank}.log").is_file()
+
+
+LONG = [*TRAIN[:6], "data.length=100000", "trainer.epochs=1", "trainer.validate=false", "trainer.log_every=1",
+        "framework.num_threads=1", "optimizer.lr=0.1"]
+
+
+def test_a_killed_rank_stops_the_job_within_seconds_and_is_named(tmp_path: Path, dt: SimpleNamespace) -> None:
+    jobs = dt.DistJobs(tmp_path)
+    job_dir = tmp_path / "killed"
+    launcher = jobs.start(*LONG, *TWO_RANKS, "dist=native", job_dir=job_dir)
+    dt.read_lines_until(launcher, "step 3/", timeout=120)
+    victim = dt.worker_pids(job_dir)[1]
+    t0 = time.monotonic()
+    os.kill(victim, signal.SIGKILL)
+    output, _ = launcher.communicate(timeout=60)
+    took = time.monotonic() - t0
+    assert launcher.returncode == 1, output
+    assert took < 10, f"the job took {took:.1f} s to end after rank 1 was killed"
+    assert "rank 1 (node 0) failed first, with killed by signal SIGKILL; last lines of" in output
+    assert f"{job_dir / 'rank-1.log'}" in output
+    assert not dt.job_processes(job_dir), "processes of the job outlived it"
+
+
+def test_sigterm_stops_every_rank_at_the_same_step_and_resume_continues(tmp_path: Path,
+                                                                        dt: SimpleNamespace) -> None:
+    jobs = dt.DistJobs(tmp_path)
+    job_dir = tmp_path / "preempted"
+    total = ["data.length=2048", "trainer.batch_size=8"]  # 128 steps in the epoch
+    launcher = jobs.start(*LONG, *TWO_RANKS, *total, "dist=native", job_dir=job_dir)
+    dt.read_lines_until(launcher, "step 4/", timeout=120)
+    t0 = time.monotonic()
+    launcher.send_signal(signal.SIGTERM)  # a batch scheduler's preemption, or kill
+    output, _ = launcher.communicate(timeout=60)
+    took = time.monotonic() - t0
+    assert launcher.returncode == 75, output
+    assert "stopped after saving a checkpoint; resume with: ddlkit" in output
+    assert took < 20
+    stops = {r: (job_dir / f"rank-{r}.log").read_text().split("stopped on request at step ")[1].split(";")[0]
+             for r in (0, 1)}
+    assert stops[0] == stops[1], f"the ranks stopped at different steps: {stops}"
+    step = int(stops[0])
+    assert (job_dir / "checkpoints" / f"step-{step:08d}.ckpt").is_file()
+    assert not dt.job_processes(job_dir)
+
+    resumed = jobs.run(*LONG, *TWO_RANKS, *total, "dist=native", "trainer.max_steps=" + str(step + 3),
+                       job_dir=job_dir).assert_success()
+    assert resumed.result["resumed_from_step"] == step
+    assert resumed.result["steps"] == step + 3 and resumed.result["world_size"] == 2

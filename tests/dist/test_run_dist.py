@@ -1,0 +1,110 @@
+"""The Run's distributed duties, framework-neutral: the metrics rank 0 logs are the mean over
+ranks, and a SIGTERM that reaches any rank stops every rank at the same step."""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import queue
+import signal
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+from ddlkit.distributed import DistContext
+from ddlkit.run import Preempted
+from ddlkit.testing import make_run
+
+pytestmark = pytest.mark.slow
+
+
+def _rank(rank: int, port: int, pm: Any, job_dir: Path, overrides: tuple[str, ...], results: Any) -> None:
+    env = {"OMPI_COMM_WORLD_RANK": str(rank), "OMPI_COMM_WORLD_SIZE": "2", "DDLKIT_CONTROL_ADDR": f"127.0.0.1:{port}"}
+    dist = DistContext.from_env("native", env, timeout_s=20)
+    dist.connect("test", env=env)
+    run = make_run(pm, job_dir, *overrides)
+    run.dist = dist
+    out: dict[str, Any] = {}
+    run.validation_end(val_loss=float(rank), val_top1=0.25 * rank)
+    out["val"] = run.epoch_metrics
+    run.step_end(loss=lambda: 1.0 + rank, lr=0.1)  # step 1: a logging step (log_every=1)
+    out["loss"] = run.last_loss
+    try:
+        for step in range(2, 100):
+            if rank == 1 and step == 5:
+                run.stop_requested = True  # what SIGTERM's handler does, on rank 1 only
+            run.step_end(loss=1.0, lr=0.1)
+        out["stopped_at"] = None
+    except Preempted:
+        out["stopped_at"] = run.state.step
+    dist.close()
+    results.put((rank, out))
+
+
+def run_two(pm: Any, tmp_path: Path, *overrides: str) -> dict[int, dict[str, Any]]:
+    from ddlkit_mpi.target import free_ports
+
+    ctx = mp.get_context("fork")
+    results = ctx.Queue()
+    port, = free_ports(1)
+    # no loggers: they would need a started run; this test looks at what they would be given
+    args = ("logger=[]", "trainer.log_every=1", "data.length=100000", "trainer.batch_size=2", *overrides)
+    procs = [ctx.Process(target=_rank, args=(r, port, pm, tmp_path / f"rank{r}", args, results)) for r in (0, 1)]
+    for p in procs:
+        p.start()
+    out = {}
+    while len(out) < len(procs):
+        running = any(p.is_alive() for p in procs)
+        try:
+            rank, value = results.get(timeout=0.2)
+        except queue.Empty:
+            if not running:
+                break  # a rank crashed: its traceback is in the captured output
+            continue
+        out[rank] = value
+    for p in procs:
+        p.join(timeout=5)
+        if p.is_alive():
+            p.kill()
+    return out
+
+
+def test_rank_0_logs_the_mean_over_ranks_and_all_ranks_stop_at_the_same_step(ddlkit_pm, tmp_path: Path) -> None:
+    out = run_two(ddlkit_pm, tmp_path)
+    assert set(out) == {0, 1}, out
+    for rank in (0, 1):
+        assert out[rank]["val"] == {"val_loss": 0.5, "val_top1": 0.125}
+        assert out[rank]["loss"] == 1.5
+        # rank 1 was asked at step 5; the ranks agree after that step and stop together
+        assert out[rank]["stopped_at"] == 5
+
+
+def test_the_stop_agreement_every_n_steps_stops_at_a_multiple_of_n(ddlkit_pm, tmp_path: Path) -> None:
+    out = run_two(ddlkit_pm, tmp_path, "dist.stop_check_every=4")
+    assert [out[r]["stopped_at"] for r in (0, 1)] == [8, 8]
+
+
+FAKE_LONG = ["compute=local_mpi", "compute.procs_per_node=2", "dist=native", "data.image_size=8",
+             "data.num_classes=10", "data.length=2000000", "data.val_length=64", "trainer.batch_size=8",
+             "trainer.epochs=1", "trainer.log_every=100", "trainer.validate=false"]
+
+
+def test_sigterm_to_one_rank_stops_every_rank_and_the_job_resumes(tmp_path: Path, dt: SimpleNamespace) -> None:
+    """As on a cluster whose scheduler signals the ranks directly, one at a time."""
+    jobs = dt.DistJobs(tmp_path)
+    job_dir = tmp_path / "job"
+    launcher = jobs.start("framework=fake", *FAKE_LONG, job_dir=job_dir)
+    dt.read_lines_until(launcher, "step 300/", timeout=120)
+    os.kill(dt.worker_pids(job_dir)[1], signal.SIGTERM)
+    output, _ = launcher.communicate(timeout=60)
+    assert launcher.returncode == 75, output
+    stops = [(job_dir / f"rank-{r}.log").read_text().split("stopped on request at step ")[1].split(";")[0]
+             for r in (0, 1)]
+    assert stops[0] == stops[1], stops
+    step = int(stops[0])
+    assert (job_dir / "checkpoints" / f"step-{step:08d}.ckpt").is_file()
+    resumed = jobs.run("framework=fake", *FAKE_LONG, f"trainer.max_steps={step + 50}", job_dir=job_dir)
+    resumed.assert_success()
+    assert (resumed.result["resumed_from_step"], resumed.result["steps"]) == (step, step + 50)
