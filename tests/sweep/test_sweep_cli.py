@@ -7,6 +7,7 @@ import csv
 import json
 import os
 import shlex
+import shutil
 import signal
 import subprocess
 import sys
@@ -164,3 +165,21 @@ def test_a_bad_value_in_any_job_is_reported_before_any_job_starts(run_factory: R
     assert out.stderr == message
     assert [p.name for p in sweep.iterdir()] == ["multirun.yaml"]  # Hydra's record of the command; no job
 
+
+
+@pytest.mark.skipif(shutil.which("mpirun") is None, reason="OpenMPI's mpirun is not installed (apt-get install openmpi-bin)")
+def test_a_sweep_of_two_rank_jobs_on_local_mpi(run_factory: RunFactory) -> None:
+    pytest.importorskip("ddlkit_mpi")
+    sweep = run_factory.base_dir / "sweep"
+    out = run_factory.cli("-m", *COMMON, "compute=local_mpi", "compute.procs_per_node=2", "dist=native",
+                          "trainer.max_steps=3,4", f"hydra.sweep.dir={sweep}", timeout=240).assert_success()
+    jobs = ledger(sweep)
+    assert {n: j["status"] for n, j in jobs.items()} == {0: "completed", 1: "completed"}, out.stdout
+    for num, steps in ((0, 3), (1, 4)):
+        result = json.loads((sweep / str(num) / "result.json").read_text())
+        assert (result["world_size"], result["steps"]) == (2, steps)
+        # each job is a whole mpirun job: a log per rank, in the job's own directory
+        assert (sweep / str(num) / "rank-1.log").is_file()
+    plan = run_factory.cli("plan", *COMMON, "compute=local_mpi", "compute.procs_per_node=2", "dist=native",
+                           "trainer.max_steps=3,4").assert_success()
+    assert "compute=local_mpi, world size 2" in plan.stdout
