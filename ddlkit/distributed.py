@@ -358,7 +358,7 @@ def _mean_by_key(gathered: list[list[Any]]) -> list[float]:
 _HOROVOD_EXTENSIONS = {"pytorch": "torch/mpi_lib_v2", "tensorflow": "tensorflow/mpi_lib", "keras": "tensorflow/mpi_lib"}
 HOROVOD_HOW_TO = {
     "pytorch": "Build it against the installed torch with scripts/install_horovod.sh (Horovod 0.28.1 patched to "
-               "C++17; 10-20 minutes on 2 cores, then the wheel is cached), or use dist=native.",
+               "C++17; about 6 minutes on 2 cores, then the wheel is cached), or use dist=native.",
     "tensorflow": "Horovod 0.28.1, its last release, does not build against TensorFlow >= 2.16: use dist=native "
                   "(tf.distribute.MultiWorkerMirroredStrategy), or an environment pinned to tensorflow 2.15 + "
                   "horovod 0.28.1 (see the README, 'Horovod').",

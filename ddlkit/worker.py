@@ -10,6 +10,7 @@ error; 3 plugin error; 1 anything else.
 
 from __future__ import annotations
 
+import atexit
 import json
 import os
 import sys
@@ -109,5 +110,25 @@ def _leave(dist: DistContext, ended_together: bool) -> None:
     dist.close()
 
 
+def run_process() -> None:
+    """``python -m ddlkit.worker``: run, then leave without the interpreter's teardown.
+
+    Everything a job keeps is written and closed by then (checkpoints, result.json, loggers,
+    uploads). What remains is freeing the interpreter: with PyTorch or TensorFlow loaded that
+    takes one to two seconds per job, which a sweep of short jobs pays for every job and a
+    launcher waits out before it can start the next. The atexit handlers still run (they end
+    data-loader workers and logger services); only the finalisation of modules is skipped."""
+    try:
+        code = main()
+    except SystemExit as stop:
+        code = 0 if stop.code is None else stop.code if isinstance(stop.code, int) else 1
+    try:
+        atexit._run_exitfuncs()
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    run_process()
