@@ -134,6 +134,12 @@ class Run:
     def finished(self) -> bool:
         return self.state.step >= self.total_steps
 
+    def logs_at(self, step: int) -> bool:
+        """Whether :meth:`step_end` logs, and so reads the loss, at 1-based ``step``: every
+        ``trainer.log_every`` steps and at the last one. A loop that must fetch the loss from
+        the device, or a callback that receives it only some steps, asks this."""
+        return step % self.cfg.trainer.log_every == 0 or step == self.total_steps
+
     def step_end(self, loss: Callable[[], float] | float, lr: float) -> bool:
         """Record one optimizer step. Returns True when the loop must stop now (max_steps
         reached or a stop requested; a checkpoint has then been written)."""
@@ -142,7 +148,7 @@ class Run:
         st.step += 1
         st.batch += 1
         t = self.cfg.trainer
-        if st.step % t.log_every == 0 or st.step == self.total_steps:
+        if self.logs_at(st.step):
             self.last_loss = loss() if callable(loss) else float(loss)
             if self.dist.world_size > 1:
                 # rank 0 logs the loss of the global batch; every rank then judges the same value

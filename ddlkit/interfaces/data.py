@@ -65,4 +65,16 @@ class DataSource(ABC):
     @abstractmethod
     def loader(self, framework: str, split: Split, *, batch_size: int, shard: Shard, seed: int,
                device: Any = None, channels_last: bool = False) -> Loader:
-        """A loader of per-rank batches of ``batch_size`` for ``split``."""
+        """A loader of per-rank batches of ``batch_size`` for ``split``.
+
+        What each ``framework`` expects back (the :class:`Loader` protocol, plus):
+
+        * ``"pytorch"``: ``(images, labels)`` tensors, NCHW float32 (NHWC memory when
+          ``channels_last``) on ``device``;
+        * ``"tensorflow"`` and ``"keras"``: also ``epoch(epoch, start_batch=0)`` returning a
+          ``tf.data.Dataset`` of that epoch's NHWC batches (what ``iter_epoch`` iterates), and a
+          ``dataset`` attribute: one epoch as a dataset whose every new iteration is the next
+          epoch (what ``model.fit`` trains several epochs on). ``tf.data`` pipelines give the strategy and Keras their prefetching;
+          a plain Python iterator would serialise input and compute;
+        * ``"numpy"``: numpy arrays, NHWC (the test kit's fake framework).
+        """

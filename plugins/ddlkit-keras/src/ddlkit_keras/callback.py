@@ -16,12 +16,6 @@ import ddlkit
 VAL_METRICS = ("val_loss", "val_top1", "val_top5")
 
 
-def logs_step(run: ddlkit.Run, step: int) -> bool:
-    """Whether ``run.step_end`` logs (and so reads the loss at) 1-based ``step``: every
-    ``trainer.log_every`` steps and at the last one (ddlkit.Run's rule, restated)."""
-    return step % run.cfg.trainer.log_every == 0 or step == run.total_steps
-
-
 class DdlkitCallback(keras.callbacks.Callback):
     """Per batch: the scheduled learning rate before, ``run.step_end`` after (which logs,
     checkpoints, and stops ``fit`` at ``max_steps``); per epoch: validation metrics to the Run."""
@@ -35,7 +29,7 @@ class DdlkitCallback(keras.callbacks.Callback):
         step = self.run.state.step
         self.lr = self.run.schedule(step)
         self.model.optimizer.learning_rate = self.lr  # assigns the optimizer's learning-rate variable
-        if logs_step(self.run, step + 1):
+        if self.run.logs_at(step + 1):
             # Keras' logs["loss"] is the mean since the metrics were last reset; reset them now and
             # it is this batch's loss, which is what the other frameworks log. Only on logging steps:
             # a reset is a handful of variable writes.

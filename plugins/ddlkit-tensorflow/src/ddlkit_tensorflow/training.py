@@ -110,9 +110,9 @@ def save_state(path: Path, model: keras.Model, optimizer: keras.optimizers.Optim
     optimizer variable (momentum buffers, iteration count, learning rate, loss scale) and ddlkit's
     ``meta`` as JSON. ddlkit hands a temporary path and renames the file once it is complete.
 
-    One file rather than a directory because ddlkit saves twice at the same step when the last
-    step also ends an epoch, and a file can replace a file atomically while a directory cannot
-    replace a directory. No RNG state is saved because training draws no random numbers: ResNet
+    One file rather than a directory because a file can replace a file atomically (a resumed run
+    may write a step that an earlier attempt also wrote) while a directory cannot replace a
+    directory. No RNG state is saved because training draws no random numbers: ResNet
     has no dropout, there is no augmentation, and the data's order is a function of (seed, epoch).
     """
     arrays = {f"{MODEL_PREFIX}{v.path}": np.asarray(v.numpy()) for v in model.weights}
