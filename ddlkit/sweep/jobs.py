@@ -40,7 +40,7 @@ from ..run import EXIT_PREEMPTED
 from . import SWEEP_JOB_ENV, SWEEP_NAME_ENV
 from .compose import ComposedJob, compose_job, hydra_config_of
 from .ledger import LEDGER_FILE, JobRecord, Ledger, result_summary
-from .report import Report, varying_overrides, write_report
+from .report import LiveReport, Report, varying_overrides
 from .scheduler import Observer, Outcome, Scheduler, SweepJob
 from .settings import FailurePolicy, SweepSettings
 
@@ -102,13 +102,14 @@ class DdlkitSweep:
         self.say(f"ddlkit: sweep of {len(jobs)} jobs -> {sweep_dir} (up to {settings.max_parallel} at once on "
                     f"compute={','.join(computes)}, on_failure={policy})"
                     + (f"; {len(done)} completed before, skipped" if done else ""))
-        progress = _Progress(self, ledger, labels, policy)
+        live_report = LiveReport(settings.sort_by)
+        progress = _Progress(self, ledger, labels, policy, live_report)
         scheduler = Scheduler(settings.max_parallel, policy, poll_interval_s=settings.poll_interval_s,
                               observer=progress)
         t0 = time.perf_counter()
         sweep = scheduler.run([SweepJob(j.num, labels[j.num], functools.partial(self._submit, j, ledger.name))
                                for j in todo])
-        report = write_report(ledger, settings.sort_by)
+        report = live_report.close(ledger)
         self._print_summary(ledger, report, time.perf_counter() - t0, [j.num for j in jobs])
         if sweep.interrupted:
             self._end(EXIT_PREEMPTED, "ddlkit: sweep interrupted; its running jobs checkpointed and stopped.\n"
@@ -241,10 +242,11 @@ class DdlkitSweep:
 
 
 class _Progress(Observer):
-    """Prints each start and end as it happens, and keeps the ledger up to date."""
+    """Prints each start and end as it happens, and keeps the ledger and the report up to date."""
 
-    def __init__(self, sweep: DdlkitSweep, ledger: Ledger, labels: dict[int, str], policy: FailurePolicy) -> None:
-        self.sweep, self.ledger, self.labels, self.policy = sweep, ledger, labels, policy
+    def __init__(self, sweep: DdlkitSweep, ledger: Ledger, labels: dict[int, str], policy: FailurePolicy,
+                 report: LiveReport) -> None:
+        self.sweep, self.ledger, self.labels, self.policy, self.report = sweep, ledger, labels, policy, report
         # what earlier runs of this sweep (before a resume) already spent on each job
         self.before = {n: (r.attempts, r.duration_s or 0.0) for n, r in ledger.jobs.items()}
 
@@ -267,6 +269,7 @@ class _Progress(Observer):
         self.ledger.update(job.num, status=outcome.state, attempts=attempts + outcome.attempts,
                            ended=outcome.ended, duration_s=round(spent + outcome.duration_s, 3),
                            exit_code=outcome.exit_code, error=outcome.message or None, result=result)
+        self.report.update(self.ledger)
         head = f"ddlkit: sweep job #{job.num} {outcome.state} in {outcome.duration_s:.1f} s"
         label = self.labels[job.num] or "-"
         if result is not None:

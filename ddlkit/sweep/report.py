@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import csv
 import io
+import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -78,17 +79,62 @@ def markdown(table: Sequence[dict[str, Any]], title: str) -> str:
 
 
 def write_report(ledger: Ledger, sort_by: str) -> Report:
-    sweep_dir = ledger.path.parent
-    table = rows(ledger, sort_by)
+    return _write(rows(ledger, sort_by), ledger.path.parent, ledger.name, sort_by)
+
+
+class LiveReport:
+    """Rewrites the report in a background thread each time a job ends, so that a running
+    sweep's report is current, and so that the final one costs little: the plot library is
+    loaded by then (importing matplotlib takes ~0.7 s, which the end of the sweep would
+    otherwise wait for). Each update hands the thread a snapshot of the table; updates that
+    arrive while it writes collapse into the latest."""
+
+    def __init__(self, sort_by: str) -> None:
+        self.sort_by = sort_by
+        self._pending: tuple[list[dict[str, Any]], Path, str] | None = None
+        self._closed = False
+        self._cond = threading.Condition()
+        self._thread = threading.Thread(target=self._loop, name="ddlkit-sweep-report", daemon=True)
+        self._thread.start()
+
+    def update(self, ledger: Ledger) -> None:
+        snapshot = (rows(ledger, self.sort_by), ledger.path.parent, ledger.name)
+        with self._cond:
+            self._pending = snapshot
+            self._cond.notify()
+
+    def close(self, ledger: Ledger) -> Report:
+        """Wait for the thread, then write the final report here (its errors are raised)."""
+        with self._cond:
+            self._closed, self._pending = True, None
+            self._cond.notify()
+        self._thread.join()
+        return write_report(ledger, self.sort_by)
+
+    def _loop(self) -> None:
+        while True:
+            with self._cond:
+                while self._pending is None and not self._closed:
+                    self._cond.wait()
+                if self._pending is None:
+                    return
+                (table, sweep_dir, name), self._pending = self._pending, None
+            try:
+                _write(table, sweep_dir, name, self.sort_by)
+            except Exception:  # noqa: BLE001 - an interim report; close() writes the final one and reports its errors
+                pass
+
+
+def _write(table: list[dict[str, Any]], sweep_dir: Path, name: str, sort_by: str) -> Report:
     buffer = io.StringIO()
     writer = csv.DictWriter(buffer, fieldnames=COLUMNS, lineterminator="\n")
     writer.writeheader()
     writer.writerows(table)
     write_text(sweep_dir / "report.csv", buffer.getvalue())
     order = "largest" if SORT_KEYS[sort_by] else "smallest"
-    write_text(sweep_dir / "report.md", markdown(table, f"Sweep {ledger.name}: {len(table)} jobs, by {sort_by} "
+    write_text(sweep_dir / "report.md", markdown(table, f"Sweep {name}: {len(table)} jobs, by {sort_by} "
                                                         f"({order} first)"))
-    png = plot(table, sort_by, sweep_dir / "report.png", f"Sweep {ledger.name}")
+    png = plot(table, sort_by, sweep_dir / "report.png", f"Sweep {name}")
     return Report(table, sweep_dir / "report.csv", sweep_dir / "report.md", png)
 
 

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import csv
 import json
+import time
 from pathlib import Path
 
 import pytest
 
 from ddlkit import ConfigError
 from ddlkit.sweep.ledger import LEDGER_FILE, JobRecord, Ledger
-from ddlkit.sweep.report import rows, varying_overrides, write_report
+from ddlkit.sweep.report import LiveReport, rows, varying_overrides, write_report
 
 
 def test_a_new_ledger_records_every_job_and_is_written_atomically(tmp_path: Path) -> None:
@@ -110,3 +111,19 @@ def test_the_report_files(ledger: Ledger, tmp_path: Path) -> None:
     assert image.shape[0] > 100 and image.shape[1] > 400  # a real picture, one bar per job
     # blue bars for the three jobs with the metric
     assert ((image[..., 0] < 0.2) & (image[..., 2] > 0.6)).sum() > 1000
+
+
+def test_the_live_report_is_rewritten_in_the_background_as_jobs_end(ledger: Ledger, tmp_path: Path) -> None:
+    live = LiveReport("best_top1")
+    first_job = {0: ledger.jobs.pop(0)}
+    rest, ledger.jobs = ledger.jobs, first_job
+    live.update(ledger)  # job 0 ended: the report shows it while the others still run
+    deadline = time.monotonic() + 30
+    while not (tmp_path / "report.md").is_file() and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert "1 jobs" in (tmp_path / "report.md").read_text()
+    ledger.jobs = {**first_job, **rest}
+    report = live.close(ledger)  # the final report, written in the foreground
+    assert "4 jobs" in report.markdown.read_text()
+    assert report.png == tmp_path / "report.png"
+    assert not live._thread.is_alive()
