@@ -32,7 +32,6 @@ import statistics
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 from _common import summary, write_result
 

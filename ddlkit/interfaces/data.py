@@ -74,7 +74,8 @@ class DataSource(ABC):
         * ``"tensorflow"`` and ``"keras"``: also ``epoch(epoch, start_batch=0)`` returning a
           ``tf.data.Dataset`` of that epoch's NHWC batches (what ``iter_epoch`` iterates), and a
           ``dataset`` attribute: one epoch as a dataset whose every new iteration is the next
-          epoch (what ``model.fit`` trains several epochs on). ``tf.data`` pipelines give the strategy and Keras their prefetching;
-          a plain Python iterator would serialise input and compute;
+          epoch (what ``model.fit`` trains several epochs on). ``tf.data`` pipelines give the
+          strategy and Keras their prefetching; a plain Python iterator would serialise input and
+          compute;
         * ``"numpy"``: numpy arrays, NHWC (the test kit's fake framework).
         """

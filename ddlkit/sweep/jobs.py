@@ -236,7 +236,8 @@ class DdlkitSweep:
         parts = [f"{len(v)} {k}" + ("" if k == "completed" else f" ({', '.join(f'#{n}' for n in v)})")
                  for k, v in sorted(counts.items())]
         self.say(f"\n{report.markdown.read_text().strip()}\n")
-        plot = f", {report.png.name}" if report.png else " (no plot: matplotlib is not installed; pip install 'ddlkit[sweep]')"
+        plot = (f", {report.png.name}" if report.png
+                else " (no plot: matplotlib is not installed; pip install 'ddlkit[sweep]')")
         self.say(f"ddlkit: sweep done in {seconds:.1f} s: {', '.join(parts)}; report: {report.markdown} "
                     f"({report.csv.name}{plot})")
 

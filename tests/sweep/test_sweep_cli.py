@@ -167,7 +167,8 @@ def test_a_bad_value_in_any_job_is_reported_before_any_job_starts(run_factory: R
 
 
 
-@pytest.mark.skipif(shutil.which("mpirun") is None, reason="OpenMPI's mpirun is not installed (apt-get install openmpi-bin)")
+@pytest.mark.skipif(shutil.which("mpirun") is None,
+                    reason="OpenMPI's mpirun is not installed (apt-get install openmpi-bin)")
 def test_a_sweep_of_two_rank_jobs_on_local_mpi(run_factory: RunFactory) -> None:
     pytest.importorskip("ddlkit_mpi")
     sweep = run_factory.base_dir / "sweep"
