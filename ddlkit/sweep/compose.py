@@ -5,10 +5,10 @@ from __future__ import annotations
 import contextlib
 import copy
 import os
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import OmegaConf, open_dict, read_write
@@ -54,9 +54,44 @@ def hydra_config_of(config: DictConfig) -> Iterator[None]:
         HydraConfig.instance().cfg = saved
 
 
+class SharedCompositions:
+    """Hands the launcher the job configs Hydra's sweeper has just composed and thrown away.
+
+    Hydra's sweeper composes every job of a batch to check that it can be composed
+    (``Sweeper.validate_batch_is_legal``), discards the configs, and passes the overrides to the
+    launcher, which composes each job again. Composing takes ~0.15 s per job, and a sweep starts
+    its first job only when all are composed (a bad value in any job must stop the sweep before
+    any starts), so the second round delays every sweep by that much per job. Installed as the
+    config loader's ``load_sweep_config`` (what the sweeper calls), it keeps what it builds;
+    :meth:`take` gives each config out once, or composes one when the sweeper did not."""
+
+    #: configs kept at most (an enormous sweep composes the rest again rather than hold them all)
+    MAX_KEPT = 1024
+
+    def __init__(self, load: Callable[[DictConfig, list[str]], DictConfig]) -> None:
+        self._load = load
+        self._kept: dict[tuple[int, tuple[str, ...]], DictConfig] = {}
+
+    @classmethod
+    def install(cls, config_loader: Any) -> None:
+        if not isinstance(config_loader.load_sweep_config, cls):
+            config_loader.load_sweep_config = cls(config_loader.load_sweep_config)
+
+    def __call__(self, master_config: DictConfig, sweep_overrides: list[str]) -> DictConfig:
+        config = self._load(master_config, sweep_overrides)
+        if len(self._kept) < self.MAX_KEPT:
+            self._kept[(id(master_config), tuple(sweep_overrides))] = config
+        return config
+
+    def take(self, master_config: DictConfig, sweep_overrides: list[str]) -> DictConfig:
+        kept = self._kept.pop((id(master_config), tuple(sweep_overrides)), None)
+        return kept if kept is not None else self._load(master_config, sweep_overrides)
+
+
 def compose_job(hydra_context: HydraContext, base: DictConfig, overrides: Sequence[str], num: int) -> ComposedJob:
     """The job's config, built like Hydra's basic launcher and ``run_job`` build it (the same output dir)."""
-    config = hydra_context.config_loader.load_sweep_config(base, list(overrides))
+    load = hydra_context.config_loader.load_sweep_config
+    config = (load.take if isinstance(load, SharedCompositions) else load)(base, list(overrides))
     with open_dict(config):
         config.hydra.job.id = num
         config.hydra.job.num = num

@@ -54,7 +54,11 @@ class DdlkitLauncher(Launcher):
         self.task_function: TaskFunction | None = None
 
     def setup(self, *, hydra_context: "HydraContext", task_function: "TaskFunction", config: "DictConfig") -> None:
+        from ddlkit.sweep.compose import SharedCompositions
+
         self.config, self.hydra_context, self.task_function = config, hydra_context, task_function
+        # the sweeper composes each job to validate the batch before launch() composes it again
+        SharedCompositions.install(hydra_context.config_loader)
 
     def launch(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> "Sequence[JobReturn]":
         from ddlkit.sweep.launch import launch
