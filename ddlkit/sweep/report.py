@@ -87,7 +87,10 @@ class LiveReport:
     sweep's report is current, and so that the final one costs little: the plot library is
     loaded by then (importing matplotlib takes ~0.7 s, which the end of the sweep would
     otherwise wait for). Each update hands the thread a snapshot of the table; updates that
-    arrive while it writes collapse into the latest."""
+    arrive while it waits or writes collapse into the latest."""
+
+    #: seconds an update waits before it is written
+    SETTLE_S = 0.5
 
     def __init__(self, sort_by: str) -> None:
         self.sort_by = sort_by
@@ -116,7 +119,10 @@ class LiveReport:
             with self._cond:
                 while self._pending is None and not self._closed:
                     self._cond.wait()
-                if self._pending is None:
+                # a job's end is when the scheduler starts the next job: let it do that first
+                # (this thread would take the interpreter from it), and let ends close together collapse
+                self._cond.wait_for(lambda: self._closed, timeout=self.SETTLE_S)
+                if self._closed:
                     return
                 (table, sweep_dir, name), self._pending = self._pending, None
             try:
