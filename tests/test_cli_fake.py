@@ -17,7 +17,7 @@ import pytest
 
 from ddlkit.plugins import BUILTIN_PLUGINS
 from ddlkit.run import EXIT_PREEMPTED
-from ddlkit.testing import FAKES_MODULE, RunFactory, RunOutcome
+from ddlkit.testing import FAKES_MODULE, RunFactory, RunOutcome, interruptible
 from ddlkit.testing.fakes import MODEL_FILE
 
 TOKEN = "sv=2026-01-01&sig=do-not-leak-me"
@@ -98,7 +98,7 @@ def test_ctrl_c_checkpoints_the_job_and_says_how_to_resume(run_factory: RunFacto
     args = ["framework=fake", "data.length=640", "trainer.epochs=500", "trainer.log_every=5"]
     proc = subprocess.Popen([sys.executable, "-m", "ddlkit", *args, f"hydra.run.dir={job_dir}"], cwd=tmp_path,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env={**os.environ, "DDLKIT_PLUGINS": FAKES_MODULE})
+                            env={**os.environ, "DDLKIT_PLUGINS": FAKES_MODULE}, preexec_fn=interruptible)
     try:
         for line in proc.stdout:
             if line.startswith("train epoch"):  # the worker is training

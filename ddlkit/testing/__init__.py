@@ -69,6 +69,7 @@ __all__ = [
     "ddlkit_isolation",
     "ddlkit_pm",
     "hook_recorder",
+    "interruptible",
     "make_run",
     "run_factory",
     "run_inprocess",
@@ -237,7 +238,7 @@ class RunFactory:
         full_env = {**os.environ, "DDLKIT_PLUGINS": ",".join([*plugins, FAKES_MODULE]), **(env or {})}
         argv = [sys.executable, *python_args, "-m", "ddlkit", *args]
         proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=full_env,
-                                cwd=self.base_dir)
+                                cwd=self.base_dir, preexec_fn=interruptible)
         try:
             stdout, stderr = proc.communicate(timeout=timeout)
         except subprocess.TimeoutExpired:
@@ -251,6 +252,14 @@ class RunFactory:
             outcome = RunOutcome(job_dir, proc.returncode, stdout, stderr, argv)
             raise AssertionError(f"ddlkit did not finish within {timeout} s\n{outcome.output}") from None
         return RunOutcome(job_dir, proc.returncode, stdout, stderr, argv)
+
+
+def interruptible() -> None:
+    """``preexec_fn`` for a child a test will interrupt as Ctrl-C does (SIGINT): give it
+    SIGINT's default action. A shell starts a script's background jobs with SIGINT ignored, and
+    Python keeps an inherited ignore, so without this a test that sends SIGINT would pass or
+    fail according to how pytest itself was started."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 @dataclass(frozen=True)

@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 
 from ddlkit.run import EXIT_PREEMPTED
-from ddlkit.testing import FAKES_MODULE, RunFactory
+from ddlkit.testing import FAKES_MODULE, RunFactory, interruptible
 
 pytestmark = pytest.mark.slow
 
@@ -98,12 +98,13 @@ def test_fail_fast_starts_no_job_after_a_failure(run_factory: RunFactory) -> Non
 
 def test_an_interrupted_sweep_resumes_where_it_stopped(run_factory: RunFactory) -> None:
     sweep = run_factory.base_dir / "sweep"
-    # 312 steps per job: long enough to be interrupted mid-run, after its first log line (step 20)
-    args = ["-m", *COMMON, "data.length=10000", "trainer.log_every=20", "trainer.epochs=1", "trainer.seed=1,2,3",
+    # 3125 steps per job (about a second): long enough to be interrupted mid-run, after its first
+    # log line (step 20)
+    args = ["-m", *COMMON, "data.length=100000", "trainer.log_every=20", "trainer.epochs=1", "trainer.seed=1,2,3",
             "sweep.max_parallel=1", f"hydra.sweep.dir={sweep}"]
     env = {**os.environ, "DDLKIT_PLUGINS": FAKES_MODULE}
     proc = subprocess.Popen([sys.executable, "-m", "ddlkit", *args], cwd=run_factory.base_dir, env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, preexec_fn=interruptible)
     try:
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
