@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 import signal
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -129,6 +129,39 @@ class Run:
 
     def epochs(self) -> range:
         return range(self.state.epoch, self.cfg.trainer.epochs)
+
+    def train_epochs(self, batches: Callable[[int, int], Iterable[Any]],
+                     step: Callable[[Any, float], Callable[[], float] | float],
+                     evaluate: Callable[[], Mapping[str, float]] | None = None) -> None:
+        """The epoch loop every framework shares, from where ``restore`` left off to the end;
+        the framework brings what differs:
+
+        * ``batches(epoch, start_batch)``: that epoch's batches from ``start_batch`` on (a run
+          resumed mid-epoch sees only the batches it had not seen);
+        * ``step(batch, lr)``: one optimizer step at learning rate ``lr``, returning the loss, or a
+          function that reads it (called only on logging steps: on a GPU reading is a sync);
+        * ``evaluate()``: validation metrics (``val_loss``, ``val_top1``, ``val_top5``); None
+          when ``trainer.validate`` is off.
+
+        Each full epoch is validated, then ends with a checkpoint (:meth:`epoch_end`). A run that
+        stops mid-epoch (``max_steps``, or :class:`Preempted` raised out of :meth:`step_end`)
+        has checkpointed at that step; at ``max_steps`` it validates what it has without ending
+        the epoch, so that a resumed run finishes the epoch."""
+        stopped = self.finished
+        for epoch in self.epochs():
+            if stopped:
+                break
+            for batch in batches(epoch, self.state.batch):
+                lr = self.schedule(self.state.step)
+                if self.step_end(loss=step(batch, lr), lr=lr):
+                    stopped = True
+                    break
+            metrics = dict(evaluate()) if evaluate is not None else {}
+            if stopped and self.state.batch < self.steps_per_epoch:
+                if metrics:
+                    self.validation_end(**metrics)
+                break
+            self.epoch_end(**metrics)
 
     @property
     def finished(self) -> bool:

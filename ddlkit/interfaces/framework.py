@@ -14,15 +14,18 @@ if TYPE_CHECKING:
 class Framework(ABC):
     """Trains ``run.cfg.model`` on ``run.data`` and reports through ``run``.
 
-    The framework owns the loop (Keras' ``fit`` must), but everything shared lives in the
-    :class:`ddlkit.Run` it is handed: the LR schedule, the throughput meter, logging,
-    checkpoint paths and atomic writes, and resume state. A framework therefore calls:
+    Everything shared lives in the :class:`ddlkit.Run` it is handed: the LR schedule, the
+    throughput meter, logging, checkpoints (atomic, rank 0) and resume state. A framework:
 
-    * ``run.schedule(step)`` for the learning rate of each step;
-    * ``run.step_end(step, loss=..., lr=...)`` after every optimizer step (cheap: logs only
-      every ``trainer.log_every`` steps, and then needs a host-side loss value);
-    * ``run.epoch_end(epoch, val_loss=..., val_top1=..., val_top5=...)`` after validation;
-    * ``run.save_checkpoint(write, step=..., epoch=...)`` with a function writing to a path.
+    * calls ``run.restore(save, load)`` once its model and optimizer exist, with functions that
+      write its state to a path and read it back (the run loads ``resume_from`` then);
+    * hands the loop to ``run.train_epochs(batches, step, evaluate)``: its per-step work and
+      validation, while the run schedules the learning rate, counts steps, logs, checkpoints and
+      stops. A framework whose loop is not its own (Keras' ``fit``) makes the same calls from
+      its callbacks: ``run.schedule(step)``, ``run.step_end(loss=..., lr=...)`` after every
+      optimizer step, ``run.epoch_end(val_loss=..., val_top1=..., val_top5=...)`` after each
+      epoch's validation;
+    * saves the trained model with ``run.save_artifact(name, write)``.
     """
 
     #: model names this framework can build; checked in the launcher

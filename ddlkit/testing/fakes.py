@@ -101,24 +101,13 @@ class FakeFramework(Framework):
                 total += len(labels)
             return {"val_loss": loss_sum / total, "val_top1": top1 / total, "val_top5": top5 / total}
 
-        stopped = run.finished
-        for epoch in run.epochs():
-            if stopped:
-                break
-            for images, labels in train_loader.iter_epoch(epoch, run.state.batch):
-                if self.cfg.fail_at_step and run.state.step + 1 == self.cfg.fail_at_step:
-                    raise RuntimeError(f"fake framework failure at step {run.state.step + 1}")
-                lr = run.schedule(run.state.step)
-                loss = _sgd_step(params, _inputs(images, side), np.asarray(labels), lr, o)
-                if run.step_end(loss=loss, lr=lr):
-                    stopped = True
-                    break
-            metrics = evaluate() if val_loader is not None else {}
-            if stopped and run.state.batch < run.steps_per_epoch:
-                if metrics:
-                    run.validation_end(**metrics)
-                break
-            run.epoch_end(**metrics)
+        def step(batch: Any, lr: float) -> float:
+            if self.cfg.fail_at_step and run.state.step + 1 == self.cfg.fail_at_step:
+                raise RuntimeError(f"fake framework failure at step {run.state.step + 1}")
+            images, labels = batch
+            return _sgd_step(params, _inputs(images, side), np.asarray(labels), lr, o)
+
+        run.train_epochs(train_loader.iter_epoch, step, evaluate if val_loader is not None else None)
         if t.save_model:
             # .npy rather than .npz: no zip timestamps, so equal weights give equal bytes
             run.save_artifact(MODEL_FILE, lambda p: _save_npy(p, params["theta"]))

@@ -142,31 +142,22 @@ class PytorchFramework(ddlkit.Framework):
             model.train()
             return {"val_loss": loss_sum / total, "val_top1": top1 / total, "val_top5": top5 / total}
 
+        def step(batch: Any, lr: float) -> Any:
+            images, labels = batch
+            for group in optimizer.param_groups:
+                group["lr"] = lr
+            images = images.to(device, non_blocking=True)
+            labels = labels.to(device, non_blocking=True)
+            with autocast():
+                loss = loss_fn(step_model(images), labels)
+            optimizer.zero_grad()  # set_to_none by default (and Horovod's takes no argument)
+            scaler.scale(loss).backward()
+            replicas.step(optimizer, scaler)
+            scaler.update()
+            return loss.item  # read on logging steps only (a device sync on GPUs)
+
         model.train()
-        stopped = run.finished
-        for epoch in run.epochs():
-            if stopped:
-                break
-            for images, labels in train_loader.iter_epoch(epoch, run.state.batch):
-                lr = run.schedule(run.state.step)
-                for group in optimizer.param_groups:
-                    group["lr"] = lr
-                images = images.to(device, non_blocking=True)
-                labels = labels.to(device, non_blocking=True)
-                with autocast():
-                    loss = loss_fn(step_model(images), labels)
-                optimizer.zero_grad()  # set_to_none by default (and Horovod's takes no argument)
-                scaler.scale(loss).backward()
-                replicas.step(optimizer, scaler)
-                scaler.update()
-                if run.step_end(loss=lambda loss=loss: loss.item(), lr=lr):
-                    stopped = True
-                    break
-            metrics = evaluate() if val_loader is not None else {}
-            if stopped and run.state.batch < run.steps_per_epoch:
-                run.validation_end(**metrics) if metrics else None
-                break
-            run.epoch_end(**metrics)
+        run.train_epochs(train_loader.iter_epoch, step, evaluate if val_loader is not None else None)
         if t.save_model:
             run.save_artifact("model.pt", lambda p: torch.save(model.state_dict(), p))
         replicas.close()

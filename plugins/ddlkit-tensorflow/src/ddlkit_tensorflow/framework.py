@@ -103,25 +103,14 @@ class TensorflowFramework(ddlkit.Framework):
                 loss_sum, top1, top5, total = loss_sum + batch_loss, top1 + batch_top1, top5 + batch_top5, total + n
             return {"val_loss": loss_sum / total, "val_top1": top1 / total, "val_top5": top5 / total}
 
-        stopped = run.finished
-        for epoch in run.epochs():
-            if stopped:
-                break
-            batches = strategy.experimental_distribute_dataset(train_loader.epoch(epoch, run.state.batch))
-            for images, labels in batches:
-                lr = run.schedule(run.state.step)
-                optimizer.learning_rate = lr  # assigns the optimizer's learning-rate variable
-                loss = train_step(images, labels)
-                # the host reads the loss only on logging steps (a device sync on GPUs)
-                if run.step_end(loss=lambda loss=loss: float(loss), lr=lr):
-                    stopped = True
-                    break
-            metrics = evaluate() if val_loader is not None else {}
-            if stopped and run.state.batch < run.steps_per_epoch:
-                if metrics:
-                    run.validation_end(**metrics)
-                break
-            run.epoch_end(**metrics)
+        def step(batch: Any, lr: float) -> Any:
+            optimizer.learning_rate = lr  # assigns the optimizer's learning-rate variable
+            loss = train_step(*batch)
+            return lambda: float(loss)  # read on logging steps only (a device sync on GPUs)
+
+        run.train_epochs(
+            lambda epoch, start: strategy.experimental_distribute_dataset(train_loader.epoch(epoch, start)),
+            step, evaluate if val_loader is not None else None)
         if t.save_model:
             run.save_artifact("model.keras", lambda path: export_model(model, path))
         self.model = model
