@@ -113,8 +113,6 @@ def _link(src: Path, dst: Path, copy: bool) -> bool:
 def prepare(out: Path, *, val_images: Path | None, val_labels: Path | None, synsets: Path | None,
             train: Path | None, copy: bool, workers: int) -> int:
     from .builtin.imagefolder.index import is_image
-    from .builtin.manifest import build_manifest
-    from .builtin.transfer import Progress
 
     out = Path(out)
     copied = linked = 0
@@ -140,15 +138,7 @@ def prepare(out: Path, *, val_images: Path | None, val_labels: Path | None, syns
                     copied += fell_back
                     linked += not fell_back
     print(f"ddlkit: {linked} files linked, {copied} copied into {out}; the source is unchanged")
-    files = [p for p in out.rglob("*") if p.is_file() and not p.name.startswith(".")]
-    progress = Progress(f"hashing {out}", sum(p.stat().st_size for p in files))
-    try:
-        manifest = build_manifest(out, workers=workers, progress=progress.advance)
-    finally:
-        progress.close()
-    manifest.write(out / "manifest.tsv")
-    print(f"ddlkit: wrote {out / 'manifest.tsv'} ({len(manifest)} files, {manifest.total_bytes / 1e6:.1f} MB)")
-    return 0
+    return write_manifest(out, workers)
 
 
 # ---------------------------------------------------------------------------- manifest, upload

@@ -17,15 +17,13 @@ import pytest
 
 from ddlkit.plugins import BUILTIN_PLUGINS
 from ddlkit.run import EXIT_PREEMPTED
-from ddlkit.testing import FAKES_MODULE, RunFactory, RunOutcome, interruptible
+from ddlkit.testing import FAKES_MODULE, RESULT_KEYS, RunFactory, RunOutcome, interruptible
 from ddlkit.testing.fakes import MODEL_FILE
 
 TOKEN = "sv=2026-01-01&sig=do-not-leak-me"
 # 20 steps per epoch, 2 epochs; a credential that must stay out of every file and every log
 COMMON = ("data.length=640", "data.val_length=64", "data.num_classes=10", "trainer.log_every=5",
           "storage=memory", f"storage.sas_token='{TOKEN}'")
-RESULT_FIELDS = {"images_per_sec", "world_size", "global_batch_size", "epochs", "steps", "final_loss", "top1",
-                 "top5", "wall_time_s", "framework", "model"}
 
 
 @pytest.fixture(scope="module")
@@ -57,7 +55,7 @@ def test_a_run_writes_the_job_directory(runs: dict[str, RunOutcome]) -> None:
 
 def test_result_json(runs: dict[str, RunOutcome]) -> None:
     result = runs["straight"].result
-    assert RESULT_FIELDS <= result.keys()
+    assert RESULT_KEYS <= result.keys()
     assert {k: result[k] for k in ("framework", "model", "world_size", "global_batch_size", "epochs", "steps",
                                    "status")} == {
         "framework": "fake", "model": "resnet18", "world_size": 1, "global_batch_size": 32, "epochs": 2,

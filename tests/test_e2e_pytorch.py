@@ -10,6 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from ddlkit.testing import RESULT_KEYS
+
 torch = pytest.importorskip("torch")
 pytest.importorskip("ddlkit_pytorch")
 
@@ -21,8 +23,6 @@ COMMON = [
     "data.val_length=32", "trainer.batch_size=16", "trainer.epochs=2", "trainer.log_every=2",
     "trainer.warmup_steps=2", "trainer.deterministic=true", "framework.num_threads=1",
 ]
-RESULT_FIELDS = {"images_per_sec", "world_size", "global_batch_size", "epochs", "steps", "final_loss", "top1",
-                 "top5", "wall_time_s", "framework", "model"}
 
 
 def ddlkit(job_dir: Path, *overrides: str, cwd: Path) -> subprocess.CompletedProcess:
@@ -57,7 +57,7 @@ def test_job_directory_holds_config_metrics_checkpoint_result(runs):
 
 def test_result_json_reports_the_run(runs):
     result = json.loads((runs["straight"] / "result.json").read_text())
-    assert RESULT_FIELDS <= result.keys()
+    assert RESULT_KEYS <= result.keys()
     assert result["framework"] == "pytorch" and result["model"] == "resnet18"
     assert result["steps"] == 24 and result["epochs"] == 2
     assert result["world_size"] == 1 and result["global_batch_size"] == 16

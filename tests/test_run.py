@@ -12,7 +12,7 @@ import ddlkit
 from ddlkit import RunError
 from ddlkit.plugins import DdlkitPluginManager
 from ddlkit.run import EXIT_PREEMPTED
-from ddlkit.testing import HookRecorder, add_plugin, make_run
+from ddlkit.testing import RESULT_KEYS, HookRecorder, add_plugin, make_run
 from ddlkit.testing.fakes import MODEL_FILE
 
 # 10 steps per epoch of 32 images, 2 epochs, a log line every 5 steps
@@ -173,6 +173,7 @@ def test_result_json_reports_the_run(run_inprocess) -> None:
     assert result["measured_steps"] == 34
     assert result["images_per_sec"] > 0 and result["wall_time_s"] > 0
     assert 0 <= result["top1"] <= result["top5"] <= 1 and result["best_top1"] >= result["top1"]
+    assert set(result) == RESULT_KEYS  # the test kit's list is the core's (no plugin adds keys here)
 
 
 def test_a_diverging_loss_is_a_run_error(ddlkit_pm: DdlkitPluginManager, tmp_path: Path) -> None:

@@ -59,6 +59,7 @@ if TYPE_CHECKING:
 __all__ = [
     "DDLKIT_ENV",
     "FAKES_MODULE",
+    "RESULT_KEYS",
     "HookCall",
     "HookRecorder",
     "RunFactory",
@@ -86,6 +87,13 @@ DDLKIT_ENV = (
     "DDLKIT_EXPERIMENTS",
     SECRETS_ENV,
 )
+#: the keys ddlkit's core writes to every completed run's result.json (plugins may add their
+#: own through ``run.extra_result``): what end-to-end tests of a framework check
+RESULT_KEYS = frozenset({
+    "status", "framework", "model", "data", "world_size", "batch_size_per_rank", "global_batch_size", "precision",
+    "epochs", "steps", "steps_per_epoch", "images_per_sec", "measured_steps", "warmup_steps", "final_loss",
+    "val_loss", "top1", "top5", "best_top1", "peak_lr", "wall_time_s", "resumed_from_step",
+})
 #: pytest itself rewrites this one around every phase of a test
 _PYTEST_ENV = "PYTEST_CURRENT_TEST"
 #: the groups ddlkit.config.store_schemas stores besides the five hook points

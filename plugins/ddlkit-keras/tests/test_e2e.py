@@ -15,6 +15,9 @@ from typing import Any
 import numpy as np
 import pytest
 
+from ddlkit.checkpoint import latest_checkpoint
+from ddlkit.testing import RESULT_KEYS
+
 pytestmark = [
     pytest.mark.slow,
     # find_spec, not importorskip: the runs are subprocesses, this process needs no TensorFlow
@@ -28,10 +31,6 @@ COMMON = [
     "trainer.warmup_steps=2", "trainer.deterministic=true",
 ]
 TOTAL_STEPS = 12
-RESULT_FIELDS = {"status", "framework", "model", "data", "world_size", "batch_size_per_rank", "global_batch_size",
-                 "precision", "epochs", "steps", "steps_per_epoch", "images_per_sec", "measured_steps",
-                 "warmup_steps", "final_loss", "val_loss", "top1", "top5", "best_top1", "peak_lr", "wall_time_s",
-                 "resumed_from_step"}
 
 
 def ddlkit(job_dir: Path, *overrides: str) -> subprocess.CompletedProcess:
@@ -39,10 +38,6 @@ def ddlkit(job_dir: Path, *overrides: str) -> subprocess.CompletedProcess:
                           cwd=job_dir.parent, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
     return proc
-
-
-def checkpoint(job: Path) -> Path:
-    return job / "checkpoints" / (job / "checkpoints" / "latest").read_text().strip()
 
 
 def arrays(path: Path) -> dict[str, np.ndarray]:
@@ -77,7 +72,7 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
 
 def test_result_json_has_the_pytorch_fields(runs: dict) -> None:
     result = json.loads((runs["straight"] / "result.json").read_text())
-    assert RESULT_FIELDS <= result.keys()
+    assert RESULT_KEYS <= result.keys()
     assert result["status"] == "completed" and result["framework"] == "keras" and result["model"] == "resnet18"
     assert result["steps"] == TOTAL_STEPS and result["epochs"] == 2 and result["steps_per_epoch"] == 6
     assert result["images_per_sec"] > 0 and result["measured_steps"] > 0
@@ -109,7 +104,7 @@ def test_checkpoints_are_complete_and_no_partial_write_remains(runs: dict) -> No
     for job in (runs["straight"], runs["resumed"], runs["boundary"]):
         entries = sorted(p.name for p in (job / "checkpoints").iterdir())
         assert entries == ["latest", "step-00000006.ckpt", "step-00000012.ckpt"], entries
-        meta = json.loads(str(arrays(checkpoint(job))["meta"]))
+        meta = json.loads(str(arrays(latest_checkpoint(job))["meta"]))
         assert meta["state"] == {"epoch": 2, "step": TOTAL_STEPS, "batch": 0}
         assert meta["framework"] == "keras"
 
@@ -119,7 +114,7 @@ def test_a_resumed_run_ends_with_the_weights_of_an_uninterrupted_one(runs: dict,
                                                                      resumed_from: int) -> None:
     result = json.loads((runs[job] / "result.json").read_text())
     assert result["resumed_from_step"] == resumed_from and result["steps"] == TOTAL_STEPS and result["epochs"] == 2
-    a, b = arrays(checkpoint(runs["straight"])), arrays(checkpoint(runs[job]))
+    a, b = arrays(latest_checkpoint(runs["straight"])), arrays(latest_checkpoint(runs[job]))
     assert a.keys() == b.keys()
     different = [k for k in a if k != "meta" and not np.array_equal(a[k], b[k])]
     assert not different, f"state differs after resume: {different[:5]}"

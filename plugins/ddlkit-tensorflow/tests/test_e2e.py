@@ -15,6 +15,9 @@ from typing import Any
 import numpy as np
 import pytest
 
+from ddlkit.checkpoint import latest_checkpoint
+from ddlkit.testing import RESULT_KEYS
+
 pytestmark = [
     pytest.mark.slow,
     # find_spec, not importorskip: the runs are subprocesses, this process needs no TensorFlow
@@ -28,10 +31,6 @@ COMMON = [
     "trainer.warmup_steps=2", "trainer.deterministic=true",
 ]
 TOTAL_STEPS = 12
-RESULT_FIELDS = {"status", "framework", "model", "data", "world_size", "batch_size_per_rank", "global_batch_size",
-                 "precision", "epochs", "steps", "steps_per_epoch", "images_per_sec", "measured_steps",
-                 "warmup_steps", "final_loss", "val_loss", "top1", "top5", "best_top1", "peak_lr", "wall_time_s",
-                 "resumed_from_step"}
 
 
 def ddlkit(job_dir: Path, *overrides: str) -> subprocess.CompletedProcess:
@@ -54,10 +53,6 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     return {"straight": straight, "resumed": resumed, "resume_text": resume.stdout}
 
 
-def checkpoint(job: Path) -> Path:
-    return job / "checkpoints" / (job / "checkpoints" / "latest").read_text().strip()
-
-
 def arrays(path: Path) -> dict[str, np.ndarray]:
     with np.load(path, allow_pickle=False) as f:
         return {k: f[k] for k in f.files}
@@ -76,7 +71,7 @@ def test_job_directory_holds_metrics_checkpoint_model_and_result(runs: dict) -> 
 
 def test_result_json_has_the_pytorch_fields(runs: dict) -> None:
     result = json.loads((runs["straight"] / "result.json").read_text())
-    assert RESULT_FIELDS <= result.keys()
+    assert RESULT_KEYS <= result.keys()
     assert result["status"] == "completed" and result["framework"] == "tensorflow" and result["model"] == "resnet18"
     assert result["steps"] == TOTAL_STEPS and result["epochs"] == 2 and result["steps_per_epoch"] == 6
     assert result["images_per_sec"] > 0 and result["measured_steps"] > 0
@@ -103,7 +98,7 @@ def test_checkpoints_are_complete_and_no_partial_write_remains(runs: dict) -> No
         entries = sorted(p.name for p in (job / "checkpoints").iterdir())
         # no temporary (.step-*.tmp) entry left; two checkpoints kept (trainer.keep_checkpoints=2)
         assert entries == ["latest", "step-00000006.ckpt", "step-00000012.ckpt"], entries
-        saved = arrays(checkpoint(job))
+        saved = arrays(latest_checkpoint(job))
         meta = json.loads(str(saved["meta"]))
         assert meta["state"] == {"epoch": 2, "step": TOTAL_STEPS, "batch": 0}
         assert meta["framework"] == "tensorflow" and meta["model"] == "resnet18"
@@ -115,7 +110,7 @@ def test_a_resumed_run_ends_with_the_weights_of_an_uninterrupted_one(runs: dict)
     result = json.loads((runs["resumed"] / "result.json").read_text())
     assert result["resumed_from_step"] == 4 and result["steps"] == TOTAL_STEPS and result["epochs"] == 2
     assert "resumed from" in runs["resume_text"]
-    a, b = arrays(checkpoint(runs["straight"])), arrays(checkpoint(runs["resumed"]))
+    a, b = arrays(latest_checkpoint(runs["straight"])), arrays(latest_checkpoint(runs["resumed"]))
     assert a.keys() == b.keys()
     # with trainer.deterministic=true TensorFlow's CPU kernels repeat bit for bit; momentum and
     # the optimizer's iteration count were restored too, or the optimizer variables would differ
