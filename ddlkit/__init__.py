@@ -17,6 +17,8 @@ from .errors import (
 )
 from .hookspecs import hookimpl, hookspec
 from .interfaces import (
+    JOB_FILE,
+    WORKER_ARGS,
     ComputeTarget,
     DataInfo,
     DataSource,
@@ -37,6 +39,8 @@ from .schedule import LRSchedule
 __version__ = "0.1.0"
 
 __all__ = [
+    "JOB_FILE",
+    "WORKER_ARGS",
     "ComputeTarget",
     "ConfigError",
     "DataInfo",

@@ -1,7 +1,8 @@
 """The ``ddlkit`` command.
 
 ``ddlkit [OVERRIDES...]`` composes a run with Hydra and launches it (``--cfg job`` prints the
-composed config, ``--help`` lists the groups); ``ddlkit plugins`` lists what is installed.
+composed config, ``--help`` lists the groups; ``--detach`` submits and returns at once);
+``ddlkit plugins`` lists what is installed; ``ddlkit jobs`` finds submitted jobs again.
 
 Plugins are loaded and their schemas stored *before* Hydra composes, because Hydra looks
 options up in its ConfigStore at composition time.
@@ -18,6 +19,8 @@ from .registry import HOOK_POINTS, Registry
 from .sweep.plan import plan_main
 
 _GROUP_OVERRIDE_PREFIXES = ("", "+", "++")
+#: ``ddlkit --detach OVERRIDES``: submit the job, print its name, and return without waiting
+DETACH_FLAG = "--detach"
 
 
 def _fail(err: BaseException) -> int:
@@ -73,7 +76,12 @@ def check_names(overrides: Sequence[str], registry: Registry) -> None:
 
 
 def run_main(argv: list[str]) -> int:
-    """``ddlkit [OVERRIDES]``: the Hydra app."""
+    """``ddlkit [--detach] [OVERRIDES]``: the Hydra app."""
+    detach = DETACH_FLAG in argv
+    argv = [a for a in argv if a != DETACH_FLAG]
+    if detach and any(a in ("-m", "--multirun") for a in argv):
+        return _fail(ConfigError(f"{DETACH_FLAG} submits one job; a sweep's launcher schedules its jobs as slots "
+                                 "free up, so it must keep running (run it under nohup or tmux, or in a batch job)."))
     import hydra
     from hydra.core.hydra_config import HydraConfig
 
@@ -98,9 +106,9 @@ def run_main(argv: list[str]) -> int:
         entered["code"] = None
         hc = HydraConfig.get()
         try:
-            job = engine.prepare(cfg, job_dir=Path(hc.runtime.output_dir), job_name=_job_name(hc),
-                                 overrides=list(hc.overrides.task), registry=registry, pm=pm)
-            engine.run_job(job)
+            job = engine.prepare(cfg, job_dir=Path(hc.runtime.output_dir), overrides=list(hc.overrides.task),
+                                 registry=registry, pm=pm, env={str(k): str(v) for k, v in hc.job.env_set.items()})
+            engine.run_job(job, detach=detach)
         except DdlkitError as err:
             entered["code"] = _fail(err)
             if hc.mode is not None and hc.mode.name == "MULTIRUN":
@@ -112,7 +120,7 @@ def run_main(argv: list[str]) -> int:
 
     # `ddlkit -m`: the ddlkit launcher (hydra_plugins/ddlkit_launcher) finds this on the task and validates,
     # prepares and submits every job itself, through the compute target, instead of calling task() per job
-    sweep = DdlkitSweep(registry, pm, job_name=_job_name)
+    sweep = DdlkitSweep(registry, pm)
     setattr(task, SWEEP_ATTR, sweep)
 
     app = hydra.main(config_path="conf", config_name="config", version_base="1.3")(task)
@@ -130,11 +138,6 @@ def run_main(argv: list[str]) -> int:
     finally:
         sys.argv = saved_argv
     return entered["code"] or sweep.exit_code or 0
-
-
-def _job_name(hc) -> str:
-    out = Path(hc.runtime.output_dir)
-    return f"{out.parent.name}_{out.name}".replace(" ", "_")
 
 
 def plugins_main(argv: list[str]) -> int:
@@ -181,7 +184,15 @@ def data_main(argv: list[str]) -> int:
     return main(argv)
 
 
-SUBCOMMANDS: dict[str, Callable[[list[str]], int]] = {"plugins": plugins_main, "plan": plan_main, "data": data_main}
+def jobs_main(argv: list[str]) -> int:
+    """``ddlkit jobs list|status|logs|attach|cancel``: see :mod:`ddlkit.jobs.cli`."""
+    from .jobs.cli import main
+
+    return main(argv)
+
+
+SUBCOMMANDS: dict[str, Callable[[list[str]], int]] = {"plugins": plugins_main, "plan": plan_main, "data": data_main,
+                                                      "jobs": jobs_main}
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -151,3 +151,10 @@ def store_experiments(cs: ConfigStore) -> None:
 
 def to_container(cfg: Any) -> Any:
     return OmegaConf.to_container(cfg, resolve=True, throw_on_missing=True, enum_to_str=True)
+
+
+def component_config(registry: Registry, group: str, plain: Any) -> Any:
+    """A component's config node rebuilt from its resolved copy in a job file (``plain``, with
+    its ``name``), typed by the component's schema again: enums are enums, not strings."""
+    name = plain["name"]
+    return OmegaConf.merge(OmegaConf.structured(_with_name(registry.get(group, name).config, name)), plain)

@@ -1,20 +1,24 @@
-"""The launcher side of a job: validate -> write job files -> submit -> watch -> collect.
+"""The launcher side of a job: validate -> write the job directory -> submit -> follow -> collect.
 
-Hydra runs only here. What the ranks get is one resolved job file (secrets redacted) plus
-the environment; :mod:`ddlkit.worker` trains from that file and never re-enters Hydra.
+Hydra runs only here. What the ranks get is the job directory -- one resolved job file (secrets
+redacted) that names no path of the launcher's -- plus the environment the job spec carries;
+:mod:`ddlkit.worker` trains from that file, wherever the directory is, and never re-enters Hydra.
 """
 
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
+import os
 import platform
+import re
 import shlex
 import signal
 import subprocess
 import sys
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
@@ -28,8 +32,9 @@ from .atomic import write_json, write_text
 from .checkpoint import resolve_resume
 from .config import to_container
 from .distributed import BACKENDS
-from .errors import ConfigError, JobFailedError
-from .interfaces import ComputeTarget, JobSpec, JobState
+from .errors import ConfigError, DdlkitError, JobFailedError
+from .interfaces import JOB_FILE, ComputeTarget, JobHandle, JobSpec, JobState, JobStatus
+from .jobs import index
 from .registry import HOOK_POINTS, Registry
 
 if TYPE_CHECKING:
@@ -37,7 +42,9 @@ if TYPE_CHECKING:
 
     from .plugins import DdlkitPluginManager
 
-JOB_FILE = "job.json"
+RESULT_FILE = "result.json"
+#: what the launcher passes on to the ranks from its own environment: which plugins to load
+FORWARDED_ENV = ("DDLKIT_PLUGINS", "DDLKIT_DISABLE_PLUGINS", "DDLKIT_DISABLE_PLUGIN_AUTOLOAD", "DDLKIT_TRACE_PLUGINS")
 #: distributions whose versions are recorded in environment.json when installed
 RECORDED_PACKAGES = ("ddlkit", "hydra-core", "omegaconf", "pluggy", "numpy", "torch", "tensorflow", "tensorflow-cpu",
                      "keras", "horovod", "mpi4py", "wandb", "azure-storage-blob", "azure-ai-ml")
@@ -61,8 +68,15 @@ def _check(cond: bool, key: str, value: object, requirement: str) -> None:
         raise ConfigError(f"{key}={value} is invalid: it must be {requirement}.")
 
 
-def validate(cfg: DictConfig, registry: Registry, pm: DdlkitPluginManager) -> dict[str, Any]:
-    """Check the composed config before anything runs; return it resolved as plain containers."""
+def build_target(cfg: DictConfig, registry: Registry) -> ComputeTarget:
+    """The job's compute target: built once per job, from ``cfg.compute``."""
+    return registry.create("compute", cfg.compute.name, cfg.compute)
+
+
+def validate(cfg: DictConfig, registry: Registry, pm: DdlkitPluginManager, *,
+             compute: ComputeTarget | None = None) -> dict[str, Any]:
+    """Check the composed config before anything runs; return it resolved as plain containers.
+    ``compute``: the job's target, when the caller has built it already."""
     for group, hp in HOOK_POINTS.items():
         # `logger=[]` (no loggers) leaves the key out of the composed config altogether
         names = list(cfg.get(group) or {}) if hp.multi else [cfg[group].name]
@@ -88,7 +102,7 @@ def validate(cfg: DictConfig, registry: Registry, pm: DdlkitPluginManager) -> di
     _check(o.warmup_epochs >= 0, "optimizer.warmup_epochs", o.warmup_epochs, ">= 0")
     _check(0 <= o.label_smoothing < 1, "optimizer.label_smoothing", o.label_smoothing, "in [0, 1)")
     _check(o.name == "sgd", "optimizer.name", o.name, "sgd (the only optimizer so far)")
-    _check_distributed(cfg, registry)
+    _check_distributed(cfg, compute or build_target(cfg, registry))
 
     framework_cls = registry.get("framework", cfg.framework.name).factory
     models = getattr(framework_cls, "models", ())
@@ -107,13 +121,13 @@ def validate(cfg: DictConfig, registry: Registry, pm: DdlkitPluginManager) -> di
     return container
 
 
-def _check_distributed(cfg: DictConfig, registry: Registry) -> None:
+def _check_distributed(cfg: DictConfig, compute: ComputeTarget) -> None:
     """The dist settings against the compute target's number of ranks."""
     d = cfg.dist
     _check(d.backend in BACKENDS, "dist.backend", d.backend, f"one of: {', '.join(BACKENDS)}")
     _check(d.timeout_s > 0, "dist.timeout_s", d.timeout_s, "positive")
     _check(d.stop_check_every >= 1, "dist.stop_check_every", d.stop_check_every, "a positive integer")
-    world_size = registry.create("compute", cfg.compute.name, cfg.compute).world_size
+    world_size = compute.world_size
     if world_size > 1 and d.backend == "none":
         raise ConfigError(f"compute={cfg.compute.name} runs {world_size} ranks, which must share their gradients: "
                           "add dist=native (the framework's own collectives) or dist=horovod.")
@@ -150,27 +164,65 @@ def _git_state() -> dict[str, Any] | None:
         return None
 
 
-def prepare(cfg: DictConfig, *, job_dir: Path, job_name: str, overrides: Sequence[str], registry: Registry,
-            pm: DdlkitPluginManager) -> PreparedJob:
-    """Validate, write the job directory's files, and build the compute target."""
-    container = validate(cfg, registry, pm)
+def job_name(job_dir: Path) -> str:
+    """``outputs/2026-11-22/10-04-01`` -> ``2026-11-22_10-04-01-3fa2c1d9``: readable, and unique --
+    the suffix hashes the absolute directory, so two job directories never share a name (results
+    are published and ``ddlkit jobs`` finds jobs under it), while a re-run of the same directory
+    (a resume) keeps its name."""
+    job_dir = Path(job_dir).resolve()
+    readable = re.sub(r"[^A-Za-z0-9._-]+", "_", f"{job_dir.parent.name}_{job_dir.name}").strip("_") or "job"
+    return f"{readable}-{hashlib.sha1(str(job_dir).encode()).hexdigest()[:8]}"
+
+
+def job_environment(cfg: DictConfig, pm: DdlkitPluginManager,
+                    extra: Mapping[str, str] | None = None) -> tuple[dict[str, str], dict[str, str]]:
+    """``(env, secret_env)`` for the ranks: the plugin switches from this environment, what
+    plugins ask for (``ddlkit_job_environment``) and ``extra``; secret-looking names are secret."""
+    merged = {k: os.environ[k] for k in FORWARDED_ENV if k in os.environ}
+    for part in pm.hook.ddlkit_job_environment(config=cfg):
+        merged.update({str(k): str(v) for k, v in (part or {}).items()})
+    merged.update(extra or {})
+    env = {k: v for k, v in merged.items() if not secret_store.is_secret_key(k)}
+    return env, {k: v for k, v in merged.items() if k not in env}
+
+
+def prepare(cfg: DictConfig, *, job_dir: Path, overrides: Sequence[str], registry: Registry,
+            pm: DdlkitPluginManager, env: Mapping[str, str] | None = None, compute: ComputeTarget | None = None,
+            validated: dict[str, Any] | None = None) -> PreparedJob:
+    """Validate (unless ``validated`` holds the result already), build the compute target (unless
+    given), and write the job directory. ``env``: more environment for the ranks."""
+    compute = compute or build_target(cfg, registry)
+    container = validated if validated is not None else validate(cfg, registry, pm, compute=compute)
     # a secret given on the command line must not reach the job files (nor the resume hint) either
     overrides = secret_store.redact_overrides(overrides)
     job_dir = Path(job_dir).resolve()
-    resolve_resume(job_dir, cfg.trainer.resume)  # a bad resume setting fails here, not on the cluster
+    if compute.shares_job_dir:
+        # fail here, not after a queue: the ranks will see this same directory (the worker decides
+        # for targets that run a copy of it, where the checkpoints may be only on the cluster's side)
+        resolve_resume(job_dir, cfg.trainer.resume)
+    name = job_name(job_dir)
     redacted, secrets = secret_store.split_secrets(container)
     job_dir.mkdir(parents=True, exist_ok=True)
-    job_file = job_dir / JOB_FILE
-    write_json(job_file, {"version": 1, "name": job_name, "job_dir": str(job_dir), "config": redacted,
-                          "overrides": list(overrides), "secrets": sorted(secrets)})
+    # nothing in the job directory names the launcher's paths: it runs wherever it is copied
+    write_json(job_dir / JOB_FILE, {"version": 2, "name": name, "config": redacted, "overrides": list(overrides),
+                                    "secrets": sorted(secrets)})
     write_text(job_dir / "config.yaml", OmegaConf.to_yaml(OmegaConf.create(redacted)))
     write_text(job_dir / "overrides.yaml", OmegaConf.to_yaml(OmegaConf.create(list(overrides))))
     write_json(job_dir / "environment.json", environment_info())
-    compute = registry.create("compute", cfg.compute.name, cfg.compute)
-    env = {secret_store.SECRETS_ENV: secret_store.encode(secrets)} if secrets else {}
-    spec = JobSpec(name=job_name, job_dir=job_dir, job_file=job_file,
-                   argv=[sys.executable, "-m", "ddlkit.worker", str(job_file)], env=env)
+    rank_env, secret_env = job_environment(cfg, pm, env)
+    if secrets:
+        secret_env[secret_store.SECRETS_ENV] = secret_store.encode(secrets)
+    spec = JobSpec(name=name, job_dir=job_dir, env=rank_env, secret_env=secret_env)
     return PreparedJob(spec, compute, redacted, tuple(overrides))
+
+
+def submit(job: PreparedJob, *, detach: bool = False) -> JobHandle:
+    """Submit the job and record it, so that ``ddlkit jobs`` finds it from any shell."""
+    handle = job.compute.submit(job.spec)
+    if detach:
+        handle.detach()
+    index.record(job.spec.name, job.spec.job_dir, str(job.config["compute"]["name"]), handle.id, detached=detach)
+    return handle
 
 
 @contextlib.contextmanager
@@ -192,44 +244,85 @@ def _sigterm_interrupts() -> Iterator[None]:
         signal.signal(signal.SIGTERM, previous)
 
 
-def run_job(job: PreparedJob, *, out: TextIO | None = None, live: bool | None = None) -> dict[str, Any]:
-    """Submit, stream rank 0's output, and return result.json; raise JobFailedError otherwise."""
-    out = out or sys.stdout
-    live = out.isatty() if live is None else live
-    spec = job.spec
-    out.write(f"ddlkit: job {spec.name} -> {spec.job_dir}\n")
-    out.flush()
-    handle = job.compute.submit(spec)
+def _stream(handle: JobHandle, out: TextIO, progress_bar: bool) -> None:
+    if progress_bar:
+        from .builtin.console_logger import ProgressRenderer
+
+        with ProgressRenderer(out) as renderer:
+            for chunk in handle.logs(follow=True):
+                renderer.feed(chunk)
+    else:
+        for chunk in handle.logs(follow=True):
+            out.write(chunk)
+            out.flush()
+
+
+def follow(handle: JobHandle, *, out: TextIO, progress_bar: bool, on_interrupt: str = "cancel") -> JobStatus | None:
+    """Stream the job's output until it ends and return its status. Ctrl-C (or SIGTERM) either
+    cancels the job -- it checkpoints, and its last output is shown -- or, with
+    ``on_interrupt="detach"``, leaves it running and returns None."""
     with _sigterm_interrupts():
         try:
-            if live and "console" in job.config.get("logger", {}):
-                from .builtin.console_logger import ProgressRenderer
-
-                with ProgressRenderer(out) as renderer:
-                    for chunk in handle.logs(follow=True):
-                        renderer.feed(chunk)
-            else:
-                for chunk in handle.logs(follow=True):
-                    out.write(chunk)
-                    out.flush()
-            status = handle.wait()
+            _stream(handle, out, progress_bar)
+            return handle.wait()
         except KeyboardInterrupt:
+            if on_interrupt == "detach":
+                handle.detach()
+                return None
             out.write("\nddlkit: interrupted; asking the job to checkpoint and stop...\n")
             handle.cancel()
             for chunk in handle.logs(follow=True):
                 out.write(chunk)
-            status = handle.wait()
+            return handle.wait()
+
+
+def settle(handle: JobHandle, status: JobStatus, job_dir: Path) -> JobStatus:
+    """Once a job has ended: bring its files back, record its end, and apply ddlkit's rule for
+    an end -- a job that exited cleanly but wrote no ``result.json`` has failed."""
+    handle.collect()
+    result_path = Path(job_dir) / RESULT_FILE
+    if status.state is JobState.SUCCEEDED and not result_path.is_file():
+        status = JobStatus(JobState.FAILED, status.exit_code, f"the job exited cleanly but wrote no {result_path}")
+    with contextlib.suppress(DdlkitError):  # a job directory without a record still has a result
+        index.load(job_dir).ended_with(status)
+    return status
+
+
+def conclude(handle: JobHandle, status: JobStatus, *, job_dir: Path, name: str,
+             resume_hint: str, out: TextIO) -> dict[str, Any]:
+    """After the job ended: :func:`settle` it, and return ``result.json`` (or raise
+    :class:`JobFailedError` with what went wrong and how to resume)."""
+    status = settle(handle, status, job_dir)
     if status.state is JobState.SUCCEEDED:
-        result_path = spec.job_dir / "result.json"
-        if not result_path.is_file():
-            raise JobFailedError(f"job {spec.name} exited cleanly but wrote no {result_path}")
+        result_path = Path(job_dir) / RESULT_FILE
         result = json.loads(result_path.read_text())
         out.write(f"ddlkit: done; result in {result_path}\n")
         return result
     from .run import EXIT_PREEMPTED
 
     if status.exit_code == EXIT_PREEMPTED:
-        raise JobFailedError(f"job {spec.name} stopped after saving a checkpoint; {job.resume_hint}",
+        raise JobFailedError(f"job {name} stopped after saving a checkpoint; {resume_hint}",
                              exit_code=EXIT_PREEMPTED)
-    raise JobFailedError(f"job {spec.name} {status.state.value}: {status.message}\n  {job.resume_hint}",
+    raise JobFailedError(f"job {name} {status.state.value}: {status.message}\n  {resume_hint}",
                          exit_code=status.exit_code if status.exit_code and status.exit_code > 0 else 1)
+
+
+def run_job(job: PreparedJob, *, out: TextIO | None = None, live: bool | None = None,
+            detach: bool = False) -> dict[str, Any] | None:
+    """Submit, stream rank 0's output, and return result.json; raise JobFailedError otherwise.
+    With ``detach``: submit, say how to find the job again, and return None at once."""
+    out = out or sys.stdout
+    live = out.isatty() if live is None else live
+    spec = job.spec
+    out.write(f"ddlkit: job {spec.name} -> {spec.job_dir}\n")
+    out.flush()
+    handle = submit(job, detach=detach)
+    if detach:
+        out.write(f"ddlkit: detached; job {spec.name} runs on compute={job.config['compute']['name']} as "
+                  f"{handle.id}.\n  follow it: ddlkit jobs attach {spec.name}\n"
+                  f"  or: ddlkit jobs status|logs|cancel {spec.name}\n")
+        out.flush()
+        return None
+    status = follow(handle, out=out, progress_bar=live and "console" in job.config.get("logger", {}))
+    assert status is not None
+    return conclude(handle, status, job_dir=spec.job_dir, name=spec.name, resume_hint=job.resume_hint, out=out)

@@ -114,6 +114,26 @@ def ddlkit_configure(config: DictConfig) -> None:
     """
 
 
+@hookspec
+def ddlkit_job_environment(config: DictConfig) -> Mapping[str, str] | None:
+    """Environment variables the ranks of this job need, read in the launcher.
+
+    The ranks may run on another machine that does not share the launcher's environment, so
+    whatever a plugin reads from the environment on the rank side must be passed on here. The
+    results of all plugins are merged into the job's :attr:`ddlkit.JobSpec.env`; variables
+    whose names look secret (``*_KEY``, ``*_TOKEN``, ``*_SECRET``, ``*_CONNECTION_STRING``,
+    ``*_PASSWORD``, ...) go to :attr:`ddlkit.JobSpec.secret_env` instead, which a compute target
+    passes through its secret channel and never writes to a file. Example::
+
+        @ddlkit.hookimpl
+        def ddlkit_job_environment(config):
+            if config.storage.name == "azure":
+                return {k: v for k, v in os.environ.items() if k.startswith("AZURE_STORAGE_")}
+
+    .. versionadded:: 0.2
+    """
+
+
 @hookspec(firstresult=True)
 def ddlkit_run_loop(run: Run) -> bool | None:
     """Drive one rank's training. The default is ``ddlkit.builtin.run_loop``.

@@ -1,8 +1,10 @@
-"""The rank side: ``python -m ddlkit.worker JOBFILE``.
+"""The rank side: ``python -m ddlkit.worker job.json``, in the job directory.
 
-Every rank of every compute target runs this on the same resolved job file. It never
-re-enters Hydra; it loads plugins (entry points, as the launcher did), learns its rank from
-the environment, and hands over to the ``ddlkit_run_loop`` hook.
+Every rank of every compute target runs this on the same resolved job file. The job directory
+is the one that holds the job file, wherever it was copied or mounted: the file names no path
+of the launcher's. It never re-enters Hydra; it loads plugins (entry points, as the launcher
+did), learns its rank from the environment, decides whether to resume from the checkpoints it
+finds in its job directory, and hands over to the ``ddlkit_run_loop`` hook.
 
 Exit status: 0 completed; 75 stopped on SIGTERM after a resumable checkpoint; 2 config
 error; 3 plugin error; 1 anything else.
@@ -42,16 +44,16 @@ def main(argv: list[str] | None = None) -> int:
     job = load_job(Path(argv[0]))
     secrets = secret_store.decode(os.environ.get(secret_store.SECRETS_ENV))
     cfg = OmegaConf.create(job["config"])
-    job_dir = Path(job["job_dir"])
+    job_dir = Path(argv[0]).resolve().parent
     dist = DistContext.from_env(cfg.dist.backend, timeout_s=cfg.dist.timeout_s)
     run: Run | None = None
     status = "failed"
     #: every rank ends here at the same step (completed, or stopped by the ranks' agreement)
     ended_together = False
     try:
-        # the ranks of one job share its job file: its name and directory tell them apart from
-        # the ranks of any other job that might reach the same port
-        dist.connect(job_id=f"{job.get('name')}@{job_dir}")
+        # the ranks of one job share its job file: its name (unique per job directory) tells them
+        # apart from the ranks of any other job that might reach the same port
+        dist.connect(job_id=str(job.get("name")))
         pm = get_plugin_manager()
         registry = Registry.collect(pm)
         run = Run(cfg, job_dir, pm=pm, registry=registry, dist=dist,

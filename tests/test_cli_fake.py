@@ -15,6 +15,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from ddlkit.engine import job_name
 from ddlkit.plugins import BUILTIN_PLUGINS
 from ddlkit.run import EXIT_PREEMPTED
 from ddlkit.testing import FAKES_MODULE, RESULT_KEYS, RunFactory, RunOutcome, interruptible
@@ -41,12 +42,13 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, RunOutcome]:
 def test_a_run_writes_the_job_directory(runs: dict[str, RunOutcome]) -> None:
     out = runs["straight"]
     assert sorted(p.name for p in out.job_dir.iterdir()) == [
-        "checkpoints", "config.yaml", "environment.json", "job.json", "metrics.jsonl", MODEL_FILE, "overrides.yaml",
+        ".ddlkit", "checkpoints", "config.yaml", "environment.json", "job.json", "metrics.jsonl", MODEL_FILE, "overrides.yaml",
         "rank-0.log", "result.json"]
     assert sorted(p.name for p in (out.job_dir / "checkpoints").iterdir()) == [
         "latest", "step-00000020.ckpt", "step-00000040.ckpt"]
     assert (out.job_dir / "checkpoints" / "latest").read_text() == "step-00000040.ckpt\n"
-    assert out.stdout.startswith(f"ddlkit: job {out.job_dir.parent.name}_{out.job_dir.name} -> {out.job_dir}\n")
+    assert out.stdout.startswith(f"ddlkit: job {job_name(out.job_dir)} -> {out.job_dir}\n")
+    assert job_name(out.job_dir).startswith(f"{out.job_dir.parent.name}_{out.job_dir.name}-")
     assert out.stdout.endswith(f"ddlkit: done; result in {out.job_dir}/result.json\n")
     # the worker's output reaches the launcher's stdout and the rank log alike
     assert "train epoch 2/2 step 40/40 loss" in out.stdout

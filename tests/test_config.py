@@ -49,7 +49,7 @@ def test_every_option_of_every_group_composes_and_validates(pm: DdlkitPluginMana
     cs = ConfigStore.instance()
     options = {g: sorted(n.removesuffix(".yaml") for n in cs.list(g)) for g in (*HOOK_POINTS, *CORE_GROUPS)}
     assert options == {
-        "data": ["imagefolder", "synthetic"], "storage": ["local", "local_ssd", "memory", "nfs"], "compute": ["local"], "framework": ["fake"],
+        "data": ["imagefolder", "synthetic"], "storage": ["local", "local_ssd", "memory", "nfs"], "compute": ["elsewhere", "local"], "framework": ["fake"],
         "logger": ["console", "jsonl", "recording"],
         "model": ["resnet101", "resnet152", "resnet18", "resnet34", "resnet50"],
         "optimizer": ["sgd"], "trainer": ["default"], "dist": ["horovod", "native", "none"],
@@ -269,8 +269,8 @@ def test_secrets_never_reach_the_job_directory(pm: DdlkitPluginManager, tmp_path
                                                monkeypatch: pytest.MonkeyPatch) -> None:
     registry = Registry.collect(pm)
     overrides = ["framework=fake", "storage=memory", f"storage.sas_token='{TOKEN}'"]
-    job = prepare(compose(registry, overrides), job_dir=tmp_path / "job", job_name="job", overrides=overrides,
-                  registry=registry, pm=pm)
+    job = prepare(compose(registry, overrides), job_dir=tmp_path / "job", overrides=overrides, registry=registry,
+                  pm=pm)
     files = sorted(p.name for p in job.spec.job_dir.iterdir())
     assert files == ["config.yaml", "environment.json", "job.json", "overrides.yaml"]
     for name in files:
@@ -281,9 +281,10 @@ def test_secrets_never_reach_the_job_directory(pm: DdlkitPluginManager, tmp_path
     assert written["overrides"] == ["framework=fake", "storage=memory", "storage.sas_token=***"]
     assert "sas_token: '***'" in (job.spec.job_dir / "config.yaml").read_text()
     assert TOKEN not in job.resume_hint
-    # the ranks get the value through their environment, and only in memory
-    assert dict(job.spec.env) == {secret_store.SECRETS_ENV: json.dumps({"storage.sas_token": TOKEN})}
-    monkeypatch.setenv(secret_store.SECRETS_ENV, job.spec.env[secret_store.SECRETS_ENV])
+    # the ranks get the value through their secret environment (a target's secret channel), and only in memory
+    assert dict(job.spec.secret_env) == {secret_store.SECRETS_ENV: json.dumps({"storage.sas_token": TOKEN})}
+    assert TOKEN not in json.dumps(dict(job.spec.env))
+    monkeypatch.setenv(secret_store.SECRETS_ENV, job.spec.secret_env[secret_store.SECRETS_ENV])
     assert load_job(job.spec.job_file)["config"]["storage"]["sas_token"] == TOKEN
 
 

@@ -46,9 +46,8 @@ class StubTarget(ComputeTarget):
 
 
 def job(tmp_path: Path, target: ComputeTarget) -> PreparedJob:
-    spec = JobSpec(name="2026-01-01_00-00-00", job_dir=tmp_path, job_file=tmp_path / "job.json",
-                   argv=["python", "-m", "ddlkit.worker", str(tmp_path / "job.json")])
-    return PreparedJob(spec, target, config={"logger": {"jsonl": {}}},
+    spec = JobSpec(name="2026-01-01_00-00-00", job_dir=tmp_path)
+    return PreparedJob(spec, target, config={"logger": {"jsonl": {}}, "compute": {"name": "stub"}},
                        overrides=("trainer.epochs=2", "hydra.run.dir=old/dir", "model=resnet50"))
 
 
@@ -66,7 +65,8 @@ def test_success_without_a_result_file_is_a_failure(tmp_path: Path) -> None:
     target = StubTarget(JobStatus(JobState.SUCCEEDED, 0), [])
     with pytest.raises(JobFailedError) as info:
         run_job(job(tmp_path, target), out=io.StringIO(), live=False)
-    assert str(info.value) == f"job 2026-01-01_00-00-00 exited cleanly but wrote no {tmp_path}/result.json"
+    assert str(info.value).startswith(f"job 2026-01-01_00-00-00 failed: the job exited cleanly but wrote no "
+                                      f"{tmp_path}/result.json\n  resume with: ddlkit ")
 
 
 def test_a_failed_job_raises_with_its_exit_code_and_a_resume_hint(tmp_path: Path) -> None:
@@ -96,7 +96,7 @@ def test_a_preempted_job_says_how_to_resume(tmp_path: Path) -> None:
 
 
 def test_resume_hint_quotes_for_the_shell(tmp_path: Path) -> None:
-    spec = JobSpec(name="j", job_dir=tmp_path / "my job", job_file=tmp_path / "job.json", argv=[])
+    spec = JobSpec(name="j", job_dir=tmp_path / "my job")
     prepared = PreparedJob(spec, StubTarget(JobStatus(JobState.SUCCEEDED), []), {}, ("logger=[console,jsonl]",))
     assert prepared.resume_hint == f"resume with: ddlkit 'logger=[console,jsonl]' 'hydra.run.dir={tmp_path}/my job'"
 

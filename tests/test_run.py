@@ -31,6 +31,7 @@ def test_hooks_fire_in_order(run_inprocess, hook_recorder: HookRecorder) -> None
     assert out.exit_code == 0
     assert events(hook_recorder) == [
         ("ddlkit_configure",),  # launcher side, while validating
+        ("ddlkit_job_environment",),  # launcher side, while writing the job
         ("ddlkit_run_loop",),
         ("ddlkit_run_start",),
         ("ddlkit_step_end", 5),

@@ -1,12 +1,14 @@
 """One abstract base class per hook point. Plugins subclass these."""
 
-from .compute import ComputeTarget, JobHandle, JobSpec, JobState, JobStatus
+from .compute import JOB_FILE, WORKER_ARGS, ComputeTarget, JobHandle, JobSpec, JobState, JobStatus
 from .data import DataInfo, DataSource, Loader, Shard
 from .framework import Framework
 from .logger import Logger
 from .storage import StorageBackend
 
 __all__ = [
+    "JOB_FILE",
+    "WORKER_ARGS",
     "ComputeTarget",
     "DataInfo",
     "DataSource",

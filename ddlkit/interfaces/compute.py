@@ -6,6 +6,22 @@ and a job on a remote cluster fit it alike (and a sweep can keep many jobs in fl
     handle = target.submit(spec)        # returns at once
     for chunk in handle.logs(): ...     # rank 0's output, streamed until the job ends
     status = handle.wait()              # or handle.status() to poll, handle.cancel() to stop
+    handle.collect()                    # the job's files, back in the launcher's job directory
+    later = target.attach(handle.id, job_dir=spec.job_dir)   # the same job, from another process
+
+**A job is its directory.** The launcher writes the job directory (``job.json``, the config
+copies) and the target makes it available where the ranks run -- the same directory on a
+shared disk, or a copy. Every rank runs ``<python> *spec.args`` with *that* directory as its
+working directory; nothing in the directory or in ``spec.args`` names the launcher's paths or
+interpreter, so the job runs unchanged wherever the directory is copied or mounted, by whatever
+Python is there. What the ranks write (checkpoints, metrics, ``rank-N.log``, ``result.json``)
+lands in that directory; :meth:`JobHandle.collect` brings it back to ``spec.job_dir`` when the
+target's directory is not the launcher's.
+
+What the core does: composes and validates the config, builds the target once per job, writes
+the job directory, puts the environment the ranks need in ``spec.env`` and secrets in
+``spec.secret_env``, records the job (``ddlkit jobs``), streams, collects, reads ``result.json``.
+What a target does: the rest -- and keeps secrets in its secret channel, never in a file.
 """
 
 from __future__ import annotations
@@ -15,7 +31,12 @@ from abc import ABC, abstractmethod
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
+
+#: the resolved job file every rank reads, relative to the job directory
+JOB_FILE = "job.json"
+#: what each rank runs after the interpreter, in the job directory
+WORKER_ARGS = ("-m", "ddlkit.worker", JOB_FILE)
 
 
 class JobState(enum.Enum):
@@ -43,21 +64,35 @@ class JobStatus:
 class JobSpec:
     """Everything a compute target needs to run one job."""
 
-    #: unique and filesystem-safe, e.g. "2026-11-22_10-04-01"
+    #: unique (two job directories never share a name) and filesystem-safe,
+    #: e.g. "2026-11-22_10-04-01-3fa2c1d9"; stable across re-runs of the same job directory
     name: str
-    #: the job's output directory (shared by all ranks on a real cluster)
+    #: the launcher's job directory: what the target makes available to the ranks, and where
+    #: :meth:`JobHandle.collect` brings their files back
     job_dir: Path
-    #: the resolved job file every rank reads
-    job_file: Path
-    #: the command each rank runs, e.g. [python, -m, ddlkit.worker, job.json]
-    argv: list[str]
-    #: extra environment for the ranks (secrets travel here, never in files)
+    #: what every rank runs after the interpreter, with the job directory as working directory
+    args: tuple[str, ...] = WORKER_ARGS
+    #: environment the ranks need besides the target's own (plugins to load, storage account, ...)
     env: Mapping[str, str] = field(default_factory=dict)
+    #: environment that is secret (storage keys, SAS tokens, API keys, the config's secrets):
+    #: the target passes it through its secret channel, never writes it to a file or a log
+    secret_env: Mapping[str, str] = field(default_factory=dict)
+
+    @property
+    def job_file(self) -> Path:
+        """The launcher's copy of the job file."""
+        return self.job_dir / JOB_FILE
+
+    def command(self, python: str) -> list[str]:
+        """The rank's command line for the interpreter ``python`` (``sys.executable`` on this
+        machine; ``python`` or an image's interpreter elsewhere)."""
+        return [python, *self.args]
 
 
 class JobHandle(ABC):
     """A submitted job."""
 
+    #: the target's id for the job: :meth:`ComputeTarget.attach` rebuilds a handle from it
     id: str
 
     @abstractmethod
@@ -65,19 +100,40 @@ class JobHandle(ABC):
 
     @abstractmethod
     def logs(self, follow: bool = True) -> Iterator[str]:
-        """Rank 0's output in chunks of text; with ``follow`` it ends only when the job ends."""
+        """Rank 0's output in chunks of text, from its start; with ``follow`` it ends only when
+        the job ends, without ``follow`` it ends with what there is now."""
 
     @abstractmethod
     def cancel(self) -> None:
-        """Ask the job to stop; idempotent."""
+        """Ask the job to stop (a ddlkit job checkpoints first); idempotent."""
 
     @abstractmethod
     def wait(self, timeout: float | None = None) -> JobStatus:
         """Block until the job is done (or ``timeout`` seconds pass) and return its status."""
 
+    def collect(self) -> None:
+        """Bring what the ranks wrote (``result.json``, ``rank-N.log``, metrics, the model, the
+        latest checkpoint) into the launcher's job directory. Called by the core after the job
+        ended, whatever its state, before it reads ``result.json``. Targets that run the job in
+        the launcher's own directory (a shared disk) have nothing to do."""
+
+    def detach(self) -> None:
+        """Let the job outlive this process: the launcher is about to exit without waiting, and
+        :meth:`ComputeTarget.attach` finds the job again later. Jobs on a remote scheduler are
+        detached anyway; a target that runs processes of its own undoes its exit guard."""
+
 
 class ComputeTarget(ABC):
-    """Runs jobs. ``world_size`` is how many ranks a job on this target has."""
+    """Runs jobs. ``world_size`` is how many ranks a job on this target has.
+
+    The core builds one target per job, from ``cfg`` (the ``compute`` config node)."""
+
+    #: how often (seconds) a watcher such as the sweep scheduler should ask :meth:`JobHandle.status`:
+    #: a scheduler's API has rate limits and minute-long queues; a local process answers at once
+    poll_interval_s: ClassVar[float] = 5.0
+    #: whether ranks run in the launcher's own job directory (a local disk or a shared file
+    #: system): then the launcher checks ``trainer.resume`` before submitting, and collect() is a no-op
+    shares_job_dir: ClassVar[bool] = False
 
     def __init__(self, cfg: Any) -> None:
         self.cfg = cfg
@@ -88,3 +144,17 @@ class ComputeTarget(ABC):
 
     @abstractmethod
     def submit(self, spec: JobSpec) -> JobHandle: ...
+
+    def attach(self, job_id: str, *, job_dir: Path) -> JobHandle:
+        """A handle on the job ``job_id`` that an earlier :meth:`submit` started (maybe in another
+        process); ``job_dir`` is the launcher's job directory of that job. It must work for a
+        running job and for one that has ended."""
+        from ..errors import ConfigError
+
+        raise ConfigError(f"compute={getattr(self.cfg, 'name', type(self).__name__)} cannot attach to a job "
+                          "it did not start in this process.")
+
+    def plan(self, spec: JobSpec) -> str:
+        """What :meth:`submit` would do, for ``ddlkit plan``: the command line or the request it
+        would send, with secrets redacted. Runs nothing, needs no credentials and no network."""
+        return " ".join(spec.command("python"))

@@ -9,7 +9,10 @@ of calling the task function once per job. Then:
 2. the ledger (:mod:`.ledger`) is opened: a re-run of the same sweep skips completed jobs;
 3. the scheduler (:mod:`.scheduler`) prepares each job (``engine.prepare``: its job directory,
    as for a single run) and submits it to the job's compute target as a slot frees up, with
-   ``DDLKIT_SWEEP_NAME``/``DDLKIT_SWEEP_JOB`` in its environment (loggers group runs by them);
+   ``DDLKIT_SWEEP_NAME``/``DDLKIT_SWEEP_JOB`` in its environment (loggers group runs by them),
+   and looks at it at the target's own pace (``ComputeTarget.poll_interval_s``). The ledger
+   keeps each job's handle id: a re-run of the sweep re-attaches to jobs that still run
+   instead of submitting them twice;
 4. starts and ends are printed as they happen, failures with their error and log;
 5. the report (:mod:`.report`) is written, and the exit status set: 0 all completed, 1 a job
    failed, 75 interrupted (resumable).
@@ -17,13 +20,12 @@ of calling the task function once per job. Then:
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import json
 import shlex
 import sys
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn, TextIO
 
@@ -35,7 +37,8 @@ from omegaconf.errors import OmegaConfBaseException
 from .. import engine
 from .. import secrets as secret_store
 from ..errors import ConfigError, DdlkitError, exit_code_for
-from ..interfaces import JobHandle, JobState, JobStatus
+from ..interfaces import ComputeTarget, JobHandle, JobSpec, JobState, JobStatus
+from ..jobs import index
 from ..run import EXIT_PREEMPTED
 from . import SWEEP_JOB_ENV, SWEEP_NAME_ENV
 from .compose import ComposedJob, compose_job, hydra_config_of
@@ -53,6 +56,7 @@ if TYPE_CHECKING:
 
 #: the task-function attribute through which the launcher finds ddlkit's sweep support
 SWEEP_ATTR = "ddlkit_sweep"
+#: where a job's rank 0 output is, once the target has brought the job's files back
 RANK0_LOG = "rank-0.log"
 
 
@@ -66,12 +70,13 @@ def sweep_name(sweep_dir: Path) -> str:
 
 
 class DdlkitSweep:
-    def __init__(self, registry: Registry, pm: DdlkitPluginManager, *, job_name: Callable[[Any], str],
-                 out: TextIO | None = None) -> None:
+    def __init__(self, registry: Registry, pm: DdlkitPluginManager, *, out: TextIO | None = None) -> None:
         self.registry, self.pm = registry, pm
-        #: names a job from its ``hydra`` config node, exactly as the CLI names a single run
-        self.job_name = job_name
         self.out = out or sys.stdout
+        #: per job number: its compute target and its validated config, from the check before any job runs
+        self._checked: dict[int, tuple[ComputeTarget, dict[str, Any]]] = {}
+        #: jobs of an earlier run of this sweep found still running, and re-attached to
+        self._adopted: set[int] = set()
         #: the exit status ``ddlkit -m`` ends with; None until the launcher has run
         self.exit_code: int | None = None
 
@@ -107,7 +112,8 @@ class DdlkitSweep:
         scheduler = Scheduler(settings.max_parallel, policy, poll_interval_s=settings.poll_interval_s,
                               observer=progress)
         t0 = time.perf_counter()
-        sweep = scheduler.run([SweepJob(j.num, labels[j.num], functools.partial(self._submit, j, ledger.name))
+        sweep = scheduler.run([SweepJob(j.num, labels[j.num], functools.partial(self._submit, j, ledger),
+                                        poll_interval_s=self._checked[j.num][0].poll_interval_s)
                                for j in todo])
         report = live_report.close(ledger)
         self._print_summary(ledger, report, time.perf_counter() - t0, [j.num for j in jobs])
@@ -129,7 +135,9 @@ class DdlkitSweep:
             try:
                 job = compose_job(hydra_context, config, overrides, num)
                 with hydra_config_of(job.config):
-                    engine.validate(job.task_config(), self.registry, self.pm)
+                    cfg = job.task_config()
+                    target = engine.build_target(cfg, self.registry)
+                    self._checked[num] = (target, engine.validate(cfg, self.registry, self.pm, compute=target))
             except DdlkitError as err:
                 errors.append(f"job #{num} ({label}): {err}")
                 continue
@@ -162,15 +170,33 @@ class DdlkitSweep:
         return secret_store.redact_overrides(job.overrides)
 
     # ---------------------------------------------------------------- running
-    def _submit(self, job: ComposedJob, name: str) -> JobHandle:
+    def _submit(self, job: ComposedJob, ledger: Ledger) -> JobHandle:
+        target, validated = self._checked[job.num]
+        self._adopted.discard(job.num)
+        adopted = self._reattach(target, ledger.jobs[job.num])
+        if adopted is not None:
+            self._adopted.add(job.num)
+            return _SweepHandle(adopted, job.output_dir)
+        env = {**{str(k): str(v) for k, v in job.config.hydra.job.env_set.items()},
+               SWEEP_NAME_ENV: ledger.name, SWEEP_JOB_ENV: str(job.num)}
         with hydra_config_of(job.config):
-            prepared = engine.prepare(job.task_config(), job_dir=job.output_dir,
-                                      job_name=self.job_name(job.config.hydra), overrides=job.overrides,
-                                      registry=self.registry, pm=self.pm)
-        env = {**prepared.spec.env, **{str(k): str(v) for k, v in job.config.hydra.job.env_set.items()},
-               SWEEP_NAME_ENV: name, SWEEP_JOB_ENV: str(job.num)}
-        spec = dataclasses.replace(prepared.spec, env=env)
-        return _ResultCheckingHandle(prepared.compute.submit(spec), spec.job_dir / "result.json")
+            prepared = engine.prepare(job.task_config(), job_dir=job.output_dir, overrides=job.overrides,
+                                      registry=self.registry, pm=self.pm, env=env, compute=target,
+                                      validated=validated)
+        return _SweepHandle(engine.submit(prepared), prepared.spec.job_dir)
+
+    @staticmethod
+    def _reattach(target: ComputeTarget, record: JobRecord) -> JobHandle | None:
+        """The job an earlier run of this sweep left running (the launcher was killed, or its
+        machine restarted), if it still runs or has completed since: no job is submitted twice."""
+        if record.status != "running" or not record.handle:
+            return None
+        try:
+            handle = target.attach(record.handle, job_dir=Path(record.job_dir))
+            state = handle.status().state
+        except DdlkitError:
+            return None
+        return handle if state in (JobState.RUNNING, JobState.PENDING, JobState.SUCCEEDED) else None
 
     def _resume_command(self, sweep_dir: Path) -> list[str]:
         """The command that re-runs this sweep in the same directory (the CLI sets sys.argv to ddlkit's)."""
@@ -218,15 +244,19 @@ class DdlkitSweep:
         labels = varying_overrides([JobRecord(j.num, self._overrides(j), "") for j in jobs])
         for job in jobs:
             cfg = job.config
-            target = self.registry.create("compute", cfg.compute.name, cfg.compute)
+            target = self._checked[job.num][0]
             record = ledger.jobs[job.num]
             state = ("completed: skipped" if job.num in done else
                      f"{record.status}: runs again in its directory" if record.attempts else "new")
             command = shlex.join(["ddlkit", *self._overrides(job), f"hydra.run.dir={job.output_dir}"])
+            env, secret_env = engine.job_environment(cfg, self.pm)
+            spec = JobSpec(name=engine.job_name(job.output_dir), job_dir=job.output_dir.resolve(), env=env,
+                           secret_env=secret_env)
             self.say(f"  #{job.num} {labels[job.num] or '-'}\n"
                         f"      compute={cfg.compute.name}, world size {target.world_size}, {cfg.framework.name} "
                         f"{cfg.model.name}; {state}\n"
-                        f"      command: {command}")
+                        f"      command: {command}\n"
+                        f"      runs: {target.plan(spec)}")
         self.say(f"ddlkit plan: all {len(jobs)} jobs are valid; nothing was run.")
 
     def _print_summary(self, ledger: Ledger, report: Report, seconds: float, nums: list[int]) -> None:
@@ -254,12 +284,17 @@ class _Progress(Observer):
     def started(self, job: SweepJob, outcome: Outcome) -> None:
         record = self.ledger.jobs[job.num]
         attempts = self.before[job.num][0] + outcome.attempts
+        adopted = job.num in self.sweep._adopted
+        if adopted:  # an earlier run of the sweep started it, and counted the attempt
+            attempts, outcome.started, outcome.submitted = record.attempts, record.started, record.submitted
+        assert outcome.handle is not None
         self.ledger.update(job.num, status="running", attempts=attempts, submitted=outcome.submitted,
                            started=outcome.started, ended=None, exit_code=None, error=None,
+                           name=engine.job_name(Path(record.job_dir)), handle=outcome.handle.id,
                            log=str(Path(record.job_dir) / RANK0_LOG))
         again = f" (attempt {attempts})" if attempts > 1 else ""
-        self.sweep.say(f"ddlkit: sweep job #{job.num} started{again}: {self.labels[job.num] or '-'} -> "
-                          f"{record.job_dir}")
+        what = "still running: re-attached" if adopted else f"started{again}"
+        self.sweep.say(f"ddlkit: sweep job #{job.num} {what}: {self.labels[job.num] or '-'} -> {record.job_dir}")
 
     def ended(self, job: SweepJob, outcome: Outcome, *, will_retry: bool) -> None:
         record = self.ledger.jobs[job.num]
@@ -267,9 +302,12 @@ class _Progress(Observer):
         result = None
         if outcome.state == "completed":
             result = result_summary(json.loads((Path(record.job_dir) / "result.json").read_text()))
+        if job.num in self.sweep._adopted:
+            attempts -= 1  # the earlier run of the sweep counted the attempt this one re-attached to
+        log = record.log if record.log and Path(record.log).is_file() else f"ddlkit jobs logs {record.name}"
         self.ledger.update(job.num, status=outcome.state, attempts=attempts + outcome.attempts,
                            ended=outcome.ended, duration_s=round(spent + outcome.duration_s, 3),
-                           exit_code=outcome.exit_code, error=outcome.message or None, result=result)
+                           exit_code=outcome.exit_code, error=outcome.message or None, result=result, log=log)
         self.report.update(self.ledger)
         head = f"ddlkit: sweep job #{job.num} {outcome.state} in {outcome.duration_s:.1f} s"
         label = self.labels[job.num] or "-"
@@ -327,21 +365,23 @@ def _remove_plan_leftovers(sweep_dir: Path) -> None:
         here = here.parent
 
 
-class _ResultCheckingHandle(JobHandle):
-    """A compute target's handle, plus ddlkit's rule for a job's end (as ``engine.run_job`` applies
-    it): a job that exits cleanly without writing result.json has failed."""
+class _SweepHandle(JobHandle):
+    """A compute target's handle, settled (``engine.settle``: files collected, end recorded,
+    no result.json = failed) once the scheduler sees it end."""
 
-    def __init__(self, inner: JobHandle, result_path: Path) -> None:
-        self.inner, self.result_path, self.id = inner, result_path, inner.id
+    def __init__(self, inner: JobHandle, job_dir: Path) -> None:
+        self.inner, self.job_dir, self.id = inner, job_dir, inner.id
+        self._settled: JobStatus | None = None
 
-    def _checked(self, status: JobStatus) -> JobStatus:
-        if status.state is JobState.SUCCEEDED and not self.result_path.is_file():
-            return JobStatus(JobState.FAILED, status.exit_code,
-                             f"the job exited cleanly but wrote no {self.result_path}")
-        return status
+    def _settle(self, status: JobStatus) -> JobStatus:
+        if not status.state.done:
+            return status
+        if self._settled is None:
+            self._settled = engine.settle(self.inner, status, self.job_dir)
+        return self._settled
 
     def status(self) -> JobStatus:
-        return self._checked(self.inner.status())
+        return self._settled or self._settle(self.inner.status())
 
     def logs(self, follow: bool = True) -> Iterator[str]:
         return self.inner.logs(follow)
@@ -350,4 +390,7 @@ class _ResultCheckingHandle(JobHandle):
         self.inner.cancel()
 
     def wait(self, timeout: float | None = None) -> JobStatus:
-        return self._checked(self.inner.wait(timeout))
+        return self._settled or self._settle(self.inner.wait(timeout))
+
+    def detach(self) -> None:
+        self.inner.detach()

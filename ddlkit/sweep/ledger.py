@@ -42,8 +42,11 @@ class JobRecord:
     duration_s: float | None = None
     exit_code: int | None = None
     error: str | None = None
-    #: the job's rank-0 log
+    #: the job's rank-0 log (or the command that shows it)
     log: str | None = None
+    #: the job's name (``ddlkit jobs`` finds it by it) and its compute target's id for the last attempt
+    name: str | None = None
+    handle: str | None = None
     #: the RESULT_FIELDS of result.json, once completed
     result: dict[str, Any] | None = None
 

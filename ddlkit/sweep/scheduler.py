@@ -1,9 +1,10 @@
 """Keeps up to ``max_parallel`` jobs in flight through the compute contract (:class:`ddlkit.JobHandle`).
 
 The scheduler knows nothing of Hydra or of ddlkit's configs: a job is a number, a label and a
-``start()`` that returns a handle. It starts jobs while slots are free, looks at the running
-ones every ``poll_interval_s`` (draining their log streams, asking their status), starts the next
-job as soon as one ends, and applies the failure policy. Because it uses only ``status``,
+``start()`` that returns a handle. It starts jobs while slots are free, asks each running job's
+status at that job's own pace (its compute target's ``poll_interval_s``: a local process
+answers at once, a cluster's API is rate-limited), starts the next job as soon as one ends, and
+applies the failure policy. It reads no logs: a target keeps each job's output itself. Because it uses only ``status``,
 ``logs``, ``cancel`` and ``wait``, any compute target's jobs can be scheduled, and so can the
 forked tasks of a plain Hydra app (:mod:`ddlkit.sweep.forked`).
 """
@@ -30,6 +31,8 @@ class SweepJob:
     label: str
     #: submits the job (one attempt) and returns its handle; may raise to say it could not start
     start: Callable[[], JobHandle]
+    #: seconds between status calls for this job; None: the scheduler's own pace
+    poll_interval_s: float | None = None
 
 
 @dataclass
@@ -83,6 +86,8 @@ class Scheduler:
         pending = deque(jobs)
         running: dict[int, SweepJob] = {}
         cancelled: set[int] = set()
+        #: per running job, when to ask its status next (time.monotonic())
+        self._next_poll: dict[int, float] = {}
         try:
             while pending or running:
                 while pending and sweep.stopped_by is None and len(running) < self.max_parallel:
@@ -90,6 +95,7 @@ class Scheduler:
                     if self._start(job, sweep.outcomes[job.num]):
                         # tracked before anyone hears of it: an interrupt from here on cancels it too
                         running[job.num] = job
+                        self._next_poll[job.num] = time.monotonic() + self._pace(job)
                         self.observer.started(job, sweep.outcomes[job.num])
                     else:
                         self._after_failure(job, sweep, pending, running, cancelled)
@@ -97,7 +103,7 @@ class Scheduler:
                     pending.clear()
                 ended = self._poll(running, sweep, pending, cancelled)
                 if not ended and running:
-                    time.sleep(self.poll_interval_s)
+                    time.sleep(max(0.0, min(self._next_poll[n] for n in running) - time.monotonic()))
         except KeyboardInterrupt:
             self._interrupt(running, sweep)
         return sweep
@@ -120,16 +126,20 @@ class Scheduler:
         outcome.state, outcome.exit_code, outcome.message, outcome.handle = "running", None, "", handle
         return True
 
+    def _pace(self, job: SweepJob) -> float:
+        return job.poll_interval_s if job.poll_interval_s is not None else self.poll_interval_s
+
     def _poll(self, running: dict[int, SweepJob], sweep: SweepRun, pending: deque[SweepJob],
               cancelled: set[int]) -> bool:
+        """Ask the status of each running job that is due; True if one ended."""
         ended = False
+        now = time.monotonic()
         for num, job in list(running.items()):
+            if self._next_poll[num] > now:
+                continue
+            self._next_poll[num] = now + self._pace(job)
             outcome = sweep.outcomes[num]
             assert outcome.handle is not None
-            # nobody reads a sweep job's stream live (the target keeps its log), but an undrained
-            # stream may hold the whole output in memory
-            for _ in outcome.handle.logs(follow=False):
-                pass
             if not outcome.handle.status().state.done:
                 continue
             status = outcome.handle.wait()

@@ -13,8 +13,9 @@ in your *top-level* ``conftest.py``::
 Fixtures:
 
 * ``ddlkit_isolation`` - restores the environment (and fails a test that changed it without
-  ``monkeypatch``), runs the test in ``tmp_path``, clears ddlkit's cached plugin manager and
-  Hydra's global state; meant to be made autouse as above;
+  ``monkeypatch``), runs the test in ``tmp_path`` with ddlkit's state directory (the jobs index
+  of ``ddlkit jobs``) below it, clears ddlkit's cached plugin manager and Hydra's global state;
+  meant to be made autouse as above;
 * ``ddlkit_pm`` - a fresh :class:`~ddlkit.plugins.DdlkitPluginManager`: specs and built-ins,
   no entry points; add your plugin with :func:`add_plugin`;
 * ``hook_recorder`` - a :class:`HookRecorder` of the lifecycle hook calls made on ``ddlkit_pm``;
@@ -46,6 +47,8 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 from ..hookspecs import hookimpl
+from ..interfaces import JOB_FILE
+from ..jobs.index import STATE_DIR_ENV
 from ..plugins import DdlkitPluginManager, PluginInfo, get_plugin_manager, new_plugin_manager
 from ..registry import HOOK_POINTS, Registry
 from ..secrets import SECRETS_ENV
@@ -85,6 +88,7 @@ DDLKIT_ENV = (
     "DDLKIT_DISABLE_PLUGIN_AUTOLOAD",
     "DDLKIT_TRACE_PLUGINS",
     "DDLKIT_EXPERIMENTS",
+    STATE_DIR_ENV,
     SECRETS_ENV,
 )
 #: the keys ddlkit's core writes to every completed run's result.json (plugins may add their
@@ -347,8 +351,10 @@ def ddlkit_isolation(tmp_path: Path) -> Iterator[None]:
     with pytest.MonkeyPatch.context() as mp:
         for name in DDLKIT_ENV:
             mp.delenv(name, raising=False)
-        # relative paths (experiments/, outputs/) then land in the test's own directory
+        # relative paths (experiments/, outputs/) then land in the test's own directory, and
+        # the jobs a test submits are recorded there, not in the user's own index
         mp.chdir(tmp_path)
+        mp.setenv(STATE_DIR_ENV, str(tmp_path / ".ddlkit-state"))
         env_before = dict(os.environ)
         get_plugin_manager.cache_clear()
         try:
@@ -410,16 +416,17 @@ def run_inprocess(ddlkit_pm: DdlkitPluginManager, tmp_path: Path,
         job_dir = Path(job_dir) if job_dir is not None else tmp_path / f"inprocess-{next(counter)}"
         registry = Registry.collect(ddlkit_pm)
         args = with_default_framework(overrides)
-        job = prepare(compose(registry, args), job_dir=job_dir, job_name=job_dir.name, overrides=args,
-                      registry=registry, pm=ddlkit_pm)
+        job = prepare(compose(registry, args), job_dir=job_dir, overrides=args, registry=registry, pm=ddlkit_pm)
         capture = _RunEndCapture()
         ddlkit_pm.register(capture)
         saved_sigterm = signal.getsignal(signal.SIGTERM)  # the worker installs its own handler
         try:
             with monkeypatch.context() as mp:
-                for key, value in job.spec.env.items():
+                for key, value in {**job.spec.env, **job.spec.secret_env}.items():
                     mp.setenv(key, value)
-                code = worker.main([str(job.spec.job_file)])
+                # the worker runs in its job directory, as every compute target starts it
+                mp.chdir(job.spec.job_dir)
+                code = worker.main([JOB_FILE])
         finally:
             signal.signal(signal.SIGTERM, saved_sigterm)
             ddlkit_pm.unregister(capture)

@@ -20,19 +20,21 @@ fixtures: ``pytest_plugins = ["ddlkit.testing"]`` in your top-level conftest.py.
 
 from __future__ import annotations
 
+import hashlib
 import importlib
 import math
 import os
 import sys
 import textwrap
 import time
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, ClassVar
 
 import pytest
 
-from ..interfaces import ComputeTarget, DataSource, JobHandle, JobSpec, JobState, Logger, Shard, StorageBackend
+from ..interfaces import JOB_FILE, ComputeTarget, DataSource, JobHandle, JobSpec, JobState, Logger, Shard, StorageBackend
 from ..plugins import DdlkitPluginManager
 from ..run import Run, RunState
 from . import HookRecorder, WorkerOutcome, add_plugin, make_run
@@ -263,8 +265,10 @@ class DataSourceContract:
 
 # ---------------------------------------------------------------------------- compute
 class ComputeTargetContract:
-    """Provide ``target``. Its jobs run ``[sys.executable, "-c", CODE]``, so the Python running
-    the tests must exist where the jobs run (true for local targets and most containers)."""
+    """Provide ``target``. Its jobs run ``[sys.executable, "-c", CODE]`` in their job directory
+    (``JobSpec.args = ("-c", CODE)``), so the Python running the tests must exist where the jobs
+    run (true for local targets and most containers). Nothing here assumes that the job runs in
+    the launcher's job directory: what a job writes is checked after :meth:`JobHandle.collect`."""
 
     #: whether jobs run on this machine, so that process ids written by a job can be checked here
     local_processes: ClassVar[bool] = True
@@ -281,17 +285,20 @@ class ComputeTargetContract:
         for handle in handles:
             handle.cancel()
             handle.wait(timeout=self.cancel_timeout_s)
+            handle.collect()
 
     def submit(self, target: ComputeTarget, handles: list[JobHandle], job_dir: Path, code: str,
-               env: dict[str, str] | None = None) -> JobHandle:
+               env: dict[str, str] | None = None, secret_env: dict[str, str] | None = None) -> JobHandle:
         job_dir.mkdir(parents=True, exist_ok=True)  # the launcher creates it before submitting
-        job_file = job_dir / "job.json"
-        job_file.write_text("{}\n", encoding="utf-8")
-        spec = JobSpec(name=f"contract-{job_dir.name}", job_dir=job_dir, job_file=job_file,
-                       argv=[sys.executable, "-c", textwrap.dedent(code)], env=env or {})
+        (job_dir / JOB_FILE).write_text('{"contract": "the job file"}\n', encoding="utf-8")
+        spec = JobSpec(name=f"contract-{job_dir.name}-{uuid.uuid4().hex[:8]}", job_dir=job_dir,
+                       args=("-c", textwrap.dedent(code)), env=env or {}, secret_env=secret_env or {})
         handle = target.submit(spec)
         handles.append(handle)
         return handle
+
+    def test_poll_interval_is_positive(self, target: ComputeTarget) -> None:
+        assert target.poll_interval_s > 0
 
     def test_success_streams_output(self, target: ComputeTarget, handles: list[JobHandle], tmp_path: Path) -> None:
         handle = self.submit(target, handles, tmp_path / "ok", """
@@ -305,6 +312,34 @@ class ComputeTargetContract:
         status = handle.wait(timeout=self.timeout_s)
         assert (status.state, status.exit_code) == (JobState.SUCCEEDED, 0)
         assert handle.status().state is JobState.SUCCEEDED
+
+    def test_job_runs_in_its_job_directory_and_its_files_come_back(
+            self, target: ComputeTarget, handles: list[JobHandle], tmp_path: Path) -> None:
+        job_dir = tmp_path / "files"
+        handle = self.submit(target, handles, job_dir, """
+            import json
+            job = json.load(open("job.json"))           # relative: the job directory is the cwd
+            with open("written-by-the-job.txt", "w") as f:
+                f.write(job["contract"])
+        """)
+        assert handle.wait(timeout=self.timeout_s).state is JobState.SUCCEEDED
+        handle.collect()
+        assert (job_dir / "written-by-the-job.txt").read_text() == "the job file"
+
+    def test_secret_env_reaches_the_job_and_no_file(self, target: ComputeTarget, handles: list[JobHandle],
+                                                    tmp_path: Path) -> None:
+        secret = f"s3cr3t-{uuid.uuid4().hex}"
+        job_dir = tmp_path / "secret"
+        handle = self.submit(target, handles, job_dir, """
+            import hashlib, os
+            print("digest", hashlib.sha256(os.environ["DDLKIT_CONTRACT_SECRET"].encode()).hexdigest())
+        """, secret_env={"DDLKIT_CONTRACT_SECRET": secret})
+        output = "".join(handle.logs(follow=True))
+        assert handle.wait(timeout=self.timeout_s).state is JobState.SUCCEEDED
+        assert f"digest {hashlib.sha256(secret.encode()).hexdigest()}" in output
+        handle.collect()
+        leaked = [p for p in job_dir.rglob("*") if p.is_file() and secret.encode() in p.read_bytes()]
+        assert not leaked, f"the secret was written to {leaked}"
 
     def test_failure_reports_exit_code_and_last_lines(self, target: ComputeTarget, handles: list[JobHandle],
                                                        tmp_path: Path) -> None:
@@ -329,19 +364,16 @@ class ComputeTargetContract:
 
     def test_cancel_ends_the_job_and_its_processes(self, target: ComputeTarget, handles: list[JobHandle],
                                                    tmp_path: Path) -> None:
-        job_dir = tmp_path / "cancel"
-        handle = self.submit(target, handles, job_dir, f"""
+        handle = self.submit(target, handles, tmp_path / "cancel", """
             import os, subprocess, sys, time
             child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
-            with open({str(job_dir / "pids")!r}, "w") as f:
-                f.write(f"{{os.getpid()}} {{child.pid}}")
-            print("ready", flush=True)
+            print(f"ready {os.getpid()} {child.pid}", flush=True)
             time.sleep(60)
         """)
         seen = ""
         for chunk in handle.logs(follow=True):
             seen += chunk
-            if "ready" in seen:
+            if "ready" in seen and "\n" in seen.split("ready", 1)[1]:
                 break
         assert "ready" in seen, f"the job ended before it was ready; output: {seen!r}"
         t0 = time.monotonic()
@@ -351,7 +383,7 @@ class ComputeTargetContract:
         assert status.state is JobState.CANCELLED, status
         assert time.monotonic() - t0 < self.cancel_timeout_s
         if self.local_processes:
-            pids = [int(p) for p in (job_dir / "pids").read_text().split()]
+            pids = [int(p) for p in seen.split("ready", 1)[1].split()[:2]]
             deadline = time.monotonic() + 5
             while any(_alive(p) for p in pids) and time.monotonic() < deadline:
                 time.sleep(0.05)
@@ -363,6 +395,38 @@ class ComputeTargetContract:
         assert handle.wait(timeout=self.timeout_s).state is JobState.SUCCEEDED
         handle.cancel()
         assert handle.wait(timeout=self.timeout_s).state is JobState.SUCCEEDED
+
+    def test_attach_follows_a_running_job_from_its_start(self, target: ComputeTarget, handles: list[JobHandle],
+                                                        tmp_path: Path) -> None:
+        job_dir = tmp_path / "attach"
+        handle = self.submit(target, handles, job_dir, """
+            import time
+            print("first", flush=True)
+            time.sleep(1.5)
+            print("second", flush=True)
+        """)
+        again = target.attach(handle.id, job_dir=job_dir)
+        assert again.id == handle.id
+        output = "".join(again.logs(follow=True))
+        assert "first" in output and "second" in output, output
+        assert again.wait(timeout=self.timeout_s).state is JobState.SUCCEEDED
+        assert handle.wait(timeout=self.timeout_s).state is JobState.SUCCEEDED
+
+    def test_attach_to_an_ended_job_reports_its_end(self, target: ComputeTarget, handles: list[JobHandle],
+                                                    tmp_path: Path) -> None:
+        job_dir = tmp_path / "ended"
+        handle = self.submit(target, handles, job_dir, "import sys; print('bye', flush=True); sys.exit(4)")
+        assert handle.wait(timeout=self.timeout_s).state is JobState.FAILED
+        status = target.attach(handle.id, job_dir=job_dir).wait(timeout=self.timeout_s)
+        assert (status.state, status.exit_code) == (JobState.FAILED, 4)
+
+    def test_plan_describes_the_job_without_running_it(self, target: ComputeTarget, tmp_path: Path) -> None:
+        spec = JobSpec(name="contract-plan", job_dir=tmp_path / "plan", args=("-c", "print('never')"),
+                       secret_env={"DDLKIT_CONTRACT_SECRET": "never-printed"})
+        text = target.plan(spec)
+        assert isinstance(text, str) and text
+        assert "never-printed" not in text
+        assert not (tmp_path / "plan").exists()
 
 
 def _alive(pid: int) -> bool:

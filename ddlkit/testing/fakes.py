@@ -2,7 +2,9 @@
 
 * ``framework=fake`` (:class:`FakeFramework`): a real, tiny training loop in numpy;
 * ``storage=memory`` (:class:`MemoryStorage`): objects in an in-process dict;
-* ``logger=recording`` (:class:`RecordingLogger`): keeps every call in memory.
+* ``logger=recording`` (:class:`RecordingLogger`): keeps every call in memory;
+* ``compute=elsewhere`` (:class:`~ddlkit.testing.elsewhere.ElsewhereTarget`): runs the job on a
+  copy of its directory, in a bare environment, as a remote cluster would.
 
 Enable it in a subprocess with ``DDLKIT_PLUGINS=ddlkit.testing.fakes`` (what ``run_factory``
 does) or register it on a manager with :func:`ddlkit.testing.add_plugin`. The fakes import
@@ -12,6 +14,7 @@ neither torch nor TensorFlow, so tests of the core and of non-framework plugins 
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
@@ -20,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 from ..atomic import atomic_path
 from ..errors import ConfigError
 from ..hookspecs import hookimpl
-from ..interfaces import Framework, Logger, StorageBackend
+from ..interfaces import ComputeTarget, Framework, Logger, StorageBackend
 from ..registry import Registration
 
 if TYPE_CHECKING:
@@ -41,6 +44,8 @@ class FakeFrameworkConfig:
     side: int = 4
     # raise RuntimeError at this global step (0 = never): drives the failure paths in tests
     fail_at_step: int = 0
+    # seconds each step sleeps: a job that lasts, to attach to, cancel or interrupt in tests
+    step_delay_s: float = 0.0
 
 
 class FakeFramework(Framework):
@@ -104,6 +109,8 @@ class FakeFramework(Framework):
         def step(batch: Any, lr: float) -> float:
             if self.cfg.fail_at_step and run.state.step + 1 == self.cfg.fail_at_step:
                 raise RuntimeError(f"fake framework failure at step {run.state.step + 1}")
+            if self.cfg.step_delay_s:
+                time.sleep(self.cfg.step_delay_s)
             images, labels = batch
             return _sgd_step(params, _inputs(images, side), np.asarray(labels), lr, o)
 
@@ -250,3 +257,12 @@ def ddlkit_storage_backends() -> Iterator[Registration[StorageBackend]]:
 @hookimpl
 def ddlkit_loggers() -> Iterator[Registration[Logger]]:
     yield Registration("recording", RecordingLogger, description="keeps every call in memory, for tests")
+
+
+@hookimpl
+def ddlkit_compute_targets() -> Iterator[Registration[ComputeTarget]]:
+    from .elsewhere import ElsewhereComputeConfig, ElsewhereTarget
+
+    yield Registration("elsewhere", ElsewhereTarget, config=ElsewhereComputeConfig,
+                       description="runs the job on a copy of its directory in a bare environment, as a "
+                                   "remote cluster would; for tests")

@@ -17,6 +17,7 @@ from ddlkit.builtin.local_ssd_storage import LocalSsdConfig, LocalSsdStorage, da
 from ddlkit.builtin.local_storage import LocalStorage, LocalStorageConfig
 from ddlkit.builtin.manifest import Manifest, build_manifest
 from ddlkit.builtin.nfs_storage import NfsStorage, NfsStorageConfig
+from ddlkit.engine import job_name
 from ddlkit.builtin.transfer import TransientStorageError, publish_files, result_files, stage
 from ddlkit.testing.contracts import StorageBackendContract
 from ddlkit.testing.images import ImageDataset, make_image_dataset
@@ -225,7 +226,7 @@ def test_local_ssd_run_stages_once_per_node_and_publishes(run_inprocess: Any, da
     assert first.result["steps"] == 2 * (18 // 4)  # 3 classes x 6 training images, batches of 4
     # staging is timed apart from training, in result.json
     assert 0 < first.result["staging_time_s"] < first.result["wall_time_s"]
-    published = results / "first"
+    published = results / job_name(first.job_dir)
     assert json.loads((published / "result.json").read_text()) == first.result
     assert (published / "staging-node0.json").is_file() and (published / "checkpoints" / "latest").is_file()
     # upload_checkpoints: the first epoch's checkpoint was copied when it was written, not only the last one
@@ -254,4 +255,4 @@ def test_local_ssd_defaults_to_the_scratch_directory_the_compute_target_provides
 def test_nfs_run_reads_in_place(run_inprocess: Any, dataset: ImageDataset, tmp_path: Path) -> None:
     out = _run(run_inprocess, dataset, tmp_path, "nfs", "storage=nfs", f"storage.root={dataset.root.parent}")
     assert not (out.job_dir / "staging-node0.json").exists()
-    assert (dataset.root.parent / "results" / "nfs" / "result.json").is_file()
+    assert (dataset.root.parent / "results" / job_name(out.job_dir) / "result.json").is_file()

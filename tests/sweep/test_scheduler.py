@@ -140,10 +140,31 @@ def test_a_job_that_cannot_start_counts_as_failed() -> None:
     assert outcomes[1].state == "completed"
 
 
-def test_the_log_streams_are_drained() -> None:
+def test_each_job_is_polled_at_its_targets_pace_and_its_logs_are_not_read() -> None:
+    """A remote target's API is not asked every 50 ms: a job is polled at its own interval. Load
+    on the machine can only make the calls fewer, so the bound cannot pass by luck."""
     jobs = Jobs()
-    run([jobs.make(0, chunks=("a\n", "b\n"))])
-    assert jobs.handles[0].chunks == []
+    calls = {0: 0, 1: 0}
+
+    def counted(job: SweepJob) -> SweepJob:
+        def start() -> JobHandle:
+            handle = job.start()
+            status = handle.status
+
+            def counting() -> JobStatus:
+                calls[job.num] += 1
+                return status()
+            handle.status = counting  # type: ignore[method-assign]
+            return handle
+        return SweepJob(job.num, job.label, start, poll_interval_s=job.poll_interval_s)
+
+    slow, fast = jobs.make(0, duration=0.6, chunks=("a\n",)), jobs.make(1, duration=0.6)
+    outcomes = run([counted(SweepJob(0, slow.label, slow.start, poll_interval_s=0.25)),
+                    counted(SweepJob(1, fast.label, fast.start, poll_interval_s=0.01))], max_parallel=2)
+    assert outcomes[0].state == outcomes[1].state == "completed"
+    assert calls[0] <= 0.6 / 0.25 + 3, calls  # 3 polls, and the 2 status calls of the scripted wait()
+    assert calls[1] > 3 * calls[0], calls     # the fast job's pace is its own
+    assert jobs.handles[0].chunks == ["a\n"]  # nobody read the log: the target keeps it
 
 
 def test_an_interrupt_cancels_and_waits_for_the_running_jobs() -> None:

@@ -17,6 +17,7 @@ from typing import Any
 
 import pytest
 
+from ddlkit.engine import job_name
 from ddlkit.run import EXIT_PREEMPTED
 from ddlkit.testing import FAKES_MODULE, RunFactory, interruptible
 
@@ -59,7 +60,8 @@ def test_keep_going_runs_every_job_in_its_own_directory_and_reports_the_failure(
         # its own logger run: metrics.jsonl of this job only
         metrics = [json.loads(line) for line in (job_dir / "metrics.jsonl").read_text().splitlines()]
         assert [m["step"] for m in metrics if m["split"] == "train"] == list(range(1, steps + 1))
-        assert json.loads((job_dir / "job.json").read_text())["name"] == f"sweep_{num}"
+        assert json.loads((job_dir / "job.json").read_text())["name"] == job_name(job_dir) == jobs[num]["name"]
+        assert job_name(job_dir).startswith(f"sweep_{num}-")
     assert not (sweep / "3" / "result.json").exists()
     assert jobs[3]["exit_code"] == 1 and jobs[3]["log"] == str(sweep / "3" / "rank-0.log")
 

@@ -1,0 +1,176 @@
+"""``ddlkit jobs``: find submitted jobs again, on any compute target, from any shell.
+
+    ddlkit jobs list [--all]             recent jobs: name, target, state, submitted, job directory
+    ddlkit jobs status JOB               state, exit code, explanation, result
+    ddlkit jobs logs JOB [--follow]      rank 0's output (until the job ends, with --follow)
+    ddlkit jobs attach JOB               follow as if never detached; Ctrl-C detaches again
+    ddlkit jobs cancel JOB               ask the job to checkpoint and stop; wait until it has
+
+JOB is a job's name (or a unique prefix of it) or its job directory. The job's compute target
+is rebuilt from the job's own ``job.json`` and re-attached with the id recorded at submission.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shlex
+import sys
+import time
+from pathlib import Path
+from typing import TextIO
+
+from ..errors import ConfigError, DdlkitError, exit_code_for
+from ..interfaces import JOB_FILE, JobHandle, JobStatus
+from . import index
+
+
+def _handle(sub: index.Submission) -> JobHandle:
+    """Rebuild the job's compute target from its job file, and attach to the job."""
+    from ..config import component_config
+    from ..plugins import get_plugin_manager
+    from ..registry import Registry
+
+    job_dir = Path(sub.job_dir)
+    try:
+        compute = json.loads((job_dir / JOB_FILE).read_text(encoding="utf-8"))["config"]["compute"]
+    except (OSError, ValueError, KeyError) as err:
+        raise ConfigError(f"{job_dir / JOB_FILE} is missing or unreadable ({err}); cannot reach job {sub.name}.") \
+            from None
+    registry = Registry.collect(get_plugin_manager())
+    target = registry.create("compute", compute["name"], component_config(registry, "compute", compute))
+    return target.attach(sub.id, job_dir=job_dir)
+
+
+def _resume_hint(job_dir: Path) -> str:
+    overrides = json.loads((job_dir / JOB_FILE).read_text(encoding="utf-8")).get("overrides", [])
+    kept = [o for o in overrides if not o.startswith("hydra.run.dir=")]
+    return f"resume with: ddlkit {shlex.join([*kept, f'hydra.run.dir={job_dir}'])}"
+
+
+def _ago(t: float) -> str:
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(t))
+
+
+def _live_status(sub: index.Submission) -> JobStatus | None:
+    """The target's answer for a job not yet recorded as ended; None if it cannot be reached."""
+    try:
+        return _handle(sub).status()
+    except DdlkitError:
+        return None
+
+
+def cmd_list(args: argparse.Namespace, out: TextIO) -> int:
+    entries = index.recent(None if args.all else 20)
+    if not entries:
+        out.write(f"ddlkit: no jobs recorded yet (in {index.state_dir()}).\n")
+        return 0
+    rows = [("JOB", "TARGET", "STATE", "SUBMITTED", "JOB DIR")]
+    for entry in entries:
+        state = "?"
+        try:
+            sub = index.load(Path(entry["job_dir"]))
+            state = sub.state
+            if not sub.ended:
+                status = _live_status(sub)
+                state = status.state.value if status else f"{sub.state}?"
+        except DdlkitError:
+            state = "gone"
+        rows.append((entry["name"], entry.get("target", "?"), state, _ago(entry.get("submitted", 0)),
+                     entry["job_dir"]))
+    widths = [max(len(r[i]) for r in rows) for i in range(4)]
+    for row in rows:
+        out.write("  ".join(c.ljust(w) for c, w in zip(row, widths)) + "  " + row[4] + "\n")
+    return 0
+
+
+def cmd_status(args: argparse.Namespace, out: TextIO) -> int:
+    sub = index.find(args.job)
+    status = _handle(sub).status()
+    out.write(f"job:       {sub.name}\n"
+              f"target:    compute={sub.target}, id {sub.id}\n"
+              f"state:     {status.state.value}"
+              + (f" (exit status {status.exit_code})" if status.exit_code not in (None, 0) else "") + "\n"
+              f"submitted: {_ago(sub.submitted)} on {sub.host or '?'}\n"
+              f"job dir:   {sub.job_dir}\n")
+    if status.message:
+        out.write(status.message.rstrip() + "\n")
+    result = Path(sub.job_dir) / "result.json"
+    if status.state.done and result.is_file():
+        data = json.loads(result.read_text(encoding="utf-8"))
+        shown = {k: data.get(k) for k in ("steps", "images_per_sec", "final_loss", "best_top1") if k in data}
+        out.write(f"result:    {json.dumps(shown)}\n")
+    return 0
+
+
+def cmd_logs(args: argparse.Namespace, out: TextIO) -> int:
+    handle = _handle(index.find(args.job))
+    try:
+        for chunk in handle.logs(follow=args.follow):
+            out.write(chunk)
+            out.flush()
+    except KeyboardInterrupt:
+        pass
+    return 0
+
+
+def cmd_attach(args: argparse.Namespace, out: TextIO) -> int:
+    from .. import engine
+
+    sub = index.find(args.job)
+    handle = _handle(sub)
+    out.write(f"ddlkit: attached to job {sub.name} (compute={sub.target}, id {sub.id}); Ctrl-C detaches, "
+              f"`ddlkit jobs cancel {sub.name}` stops it\n")
+    out.flush()
+    status = engine.follow(handle, out=out, progress_bar=out.isatty(), on_interrupt="detach")
+    if status is None:
+        out.write(f"\nddlkit: detached; job {sub.name} runs on. Attach again: ddlkit jobs attach {sub.name}\n")
+        return 0
+    engine.conclude(handle, status, job_dir=Path(sub.job_dir), name=sub.name,
+                    resume_hint=_resume_hint(Path(sub.job_dir)), out=out)
+    return 0
+
+
+def cmd_cancel(args: argparse.Namespace, out: TextIO) -> int:
+    sub = index.find(args.job)
+    handle = _handle(sub)
+    status = handle.status()
+    if status.state.done:
+        out.write(f"ddlkit: job {sub.name} already ended ({status.state.value}); nothing to cancel.\n")
+        return 0
+    out.write(f"ddlkit: asking job {sub.name} to checkpoint and stop...\n")
+    out.flush()
+    handle.cancel()
+    status = handle.wait()
+    handle.collect()
+    sub.ended_with(status)
+    out.write(f"ddlkit: job {sub.name} {status.state.value}"
+              + (f" (exit status {status.exit_code})" if status.exit_code is not None else "")
+              + f"; {_resume_hint(Path(sub.job_dir))}\n")
+    return 0
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="ddlkit jobs", description="Find submitted jobs again, on any target.")
+    sub = parser.add_subparsers(dest="command", required=True)
+    ls = sub.add_parser("list", help="recent jobs")
+    ls.add_argument("--all", action="store_true", help="every recorded job, not only the 20 most recent")
+    for name, text in (("status", "a job's state"), ("attach", "follow a job; Ctrl-C detaches"),
+                       ("cancel", "checkpoint and stop a job")):
+        sub.add_parser(name, help=text).add_argument("job", help="job name (or prefix) or job directory")
+    lg = sub.add_parser("logs", help="rank 0's output")
+    lg.add_argument("job", help="job name (or prefix) or job directory")
+    lg.add_argument("-f", "--follow", action="store_true", help="until the job ends")
+    return parser
+
+
+COMMANDS = {"list": cmd_list, "status": cmd_status, "logs": cmd_logs, "attach": cmd_attach, "cancel": cmd_cancel}
+
+
+def main(argv: list[str], out: TextIO | None = None) -> int:
+    args = _parser().parse_args(argv)
+    try:
+        return COMMANDS[args.command](args, out or sys.stdout)
+    except DdlkitError as err:
+        print(f"ddlkit: error: {err}", file=sys.stderr)
+        return exit_code_for(err)

@@ -1,0 +1,128 @@
+"""Where ``ddlkit jobs`` finds a job again: its submission record, and an index of recent jobs.
+
+* ``<job_dir>/.ddlkit/submission.json`` -- the job's own record: its name, the compute target
+  that runs it and the target's id for it, when it was submitted, and the last state the
+  launcher saw (rewritten when the job ends). The job directory is self-describing: ``ddlkit
+  jobs status <job dir>`` works wherever the directory is.
+* ``<state dir>/jobs/<name>.json`` -- a pointer per job (name, job directory, target, submitted),
+  so that ``ddlkit jobs list`` and ``ddlkit jobs status <name>`` work from any directory. The
+  state directory is ``$DDLKIT_STATE_DIR``, else ``$XDG_STATE_HOME/ddlkit``, else
+  ``~/.local/state/ddlkit``.
+
+Both are written atomically (one file per job: concurrent launchers never rewrite each other's
+records) and hold nothing secret.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import time
+from dataclasses import asdict, dataclass, fields
+from pathlib import Path
+from typing import Any
+
+from ..atomic import write_json
+from ..errors import ConfigError
+from ..interfaces import JOB_FILE, JobStatus
+from .process import STATE_DIR
+
+STATE_DIR_ENV = "DDLKIT_STATE_DIR"
+SUBMISSION_FILE = f"{STATE_DIR}/submission.json"
+
+
+def state_dir() -> Path:
+    if os.environ.get(STATE_DIR_ENV):
+        return Path(os.environ[STATE_DIR_ENV]).expanduser()
+    base = os.environ.get("XDG_STATE_HOME") or Path.home() / ".local" / "state"
+    return Path(base) / "ddlkit"
+
+
+def _index_dir() -> Path:
+    return state_dir() / "jobs"
+
+
+@dataclass
+class Submission:
+    name: str
+    job_dir: str
+    #: the compute target's name (``compute=<target>``) and its id for the job
+    target: str
+    id: str
+    submitted: float
+    host: str = ""
+    #: the last state the launcher saw: pending, running, succeeded, failed, cancelled
+    state: str = "running"
+    exit_code: int | None = None
+    ended: float | None = None
+    detached: bool = False
+
+    @property
+    def path(self) -> Path:
+        return Path(self.job_dir) / SUBMISSION_FILE
+
+    def save(self) -> None:
+        write_json(self.path, asdict(self))
+
+    def ended_with(self, status: JobStatus) -> None:
+        """Record the end the launcher saw."""
+        self.state, self.exit_code, self.ended = status.state.value, status.exit_code, time.time()
+        self.save()
+
+
+def record(name: str, job_dir: Path, target: str, job_id: str, *, detached: bool = False) -> Submission:
+    """Record a job that was just submitted: in its job directory and in the index."""
+    sub = Submission(name, str(Path(job_dir).resolve()), target, job_id, time.time(), socket.gethostname(),
+                     detached=detached)
+    sub.save()
+    write_json(_index_dir() / f"{name}.json", {"name": name, "job_dir": sub.job_dir, "target": target,
+                                              "submitted": sub.submitted})
+    return sub
+
+
+def load(job_dir: Path) -> Submission:
+    path = Path(job_dir) / SUBMISSION_FILE
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+        known = {f.name for f in fields(Submission)}
+        return Submission(**{k: v for k, v in data.items() if k in known})
+    except FileNotFoundError:
+        if (Path(job_dir) / JOB_FILE).is_file():
+            raise ConfigError(f"{job_dir} is a ddlkit job directory, but its job was never submitted (no "
+                              f"{SUBMISSION_FILE}): run it with `ddlkit ... hydra.run.dir={job_dir}`.") from None
+        raise ConfigError(f"{job_dir} is not a ddlkit job directory (it has no {JOB_FILE}).") from None
+    except (OSError, ValueError, TypeError) as err:
+        raise ConfigError(f"{path} is not a readable submission record ({err}).") from None
+
+
+def recent(limit: int | None = 20) -> list[dict[str, Any]]:
+    """Index entries, newest first (unreadable entries are skipped)."""
+    entries = []
+    for path in _index_dir().glob("*.json"):
+        try:
+            entries.append(json.loads(path.read_text(encoding="utf-8")))
+        except (OSError, ValueError):
+            continue
+    entries.sort(key=lambda e: e.get("submitted", 0), reverse=True)
+    return entries if limit is None else entries[:limit]
+
+
+def find(ref: str) -> Submission:
+    """The job ``ref`` names: a job directory, a job name, or a unique prefix of a name."""
+    path = Path(ref).expanduser()
+    if path.is_dir():
+        return load(path)
+    entries = recent(limit=None)
+    matches = [e for e in entries if e["name"] == ref] or [e for e in entries if e["name"].startswith(ref)]
+    if len(matches) == 1:
+        job_dir = Path(matches[0]["job_dir"])
+        if not job_dir.is_dir():
+            raise ConfigError(f"job {matches[0]['name']}'s directory {job_dir} no longer exists.")
+        return load(job_dir)
+    if len(matches) > 1:
+        raise ConfigError(f"{ref!r} names {len(matches)} jobs: {', '.join(e['name'] for e in matches[:10])}. "
+                          "Give more of the name.")
+    names = ", ".join(e["name"] for e in entries[:10]) or "none recorded yet"
+    raise ConfigError(f"unknown job {ref!r}: not a job directory nor a recorded job name. Recent jobs: {names} "
+                      "(`ddlkit jobs list`).")

@@ -1,0 +1,249 @@
+"""Jobs whose processes run on this machine: :class:`ProcessJob`, for targets such as
+``compute=local`` (the worker) and ``compute=local_mpi`` / ``compute=mpi`` (``mpirun``).
+
+The command runs under a small minder (:mod:`ddlkit.jobs._minder`) in a session of its own,
+with the job directory as its working directory. The command writes its output to a log file
+in the job directory and the minder writes its exit code next to it, so any process -- the
+launcher that started it, ``ddlkit jobs`` in another shell, a re-run sweep -- can follow, judge
+and cancel the job from its id (the minder's pid) and its directory. While the launcher that
+started a job has not detached it, an exit guard kills the job's whole session if the launcher
+exits: ddlkit leaves no orphans it did not mean to leave.
+"""
+
+from __future__ import annotations
+
+import atexit
+import codecs
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from pathlib import Path
+
+from ..atomic import write_text
+from ..interfaces import JobHandle, JobState, JobStatus
+
+#: bookkeeping of the process job in its job directory
+STATE_DIR = ".ddlkit"
+EXIT_FILE = f"{STATE_DIR}/exit.json"
+CANCEL_FILE = f"{STATE_DIR}/cancel-requested"
+_MINDER = str(Path(__file__).with_name("_minder.py"))
+#: seconds between looks at a log file that is being followed
+_FOLLOW_PACE_S = 0.05
+
+#: minder pids of jobs started by this process and not detached: killed (whole session) at exit
+_OWNED: set[int] = set()
+
+
+@atexit.register
+def _kill_owned() -> None:
+    for pid in list(_OWNED):
+        kill_session(pid, signal.SIGKILL)
+
+
+def processes() -> Iterator[tuple[int, int, int]]:
+    """(pid, parent pid, session id) of every process, from /proc."""
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = Path(entry.path, "stat").read_text()
+        except OSError:
+            continue
+        fields = stat.rsplit(")", 1)[1].split()
+        yield int(entry.name), int(fields[1]), int(fields[3])
+
+
+def kill_session(sid: int, sig: int, *, spare: int | None = None) -> None:
+    """Signal every process of session ``sid`` (but ``spare``). Launchers such as mpirun put each
+    rank in a process group of its own, so a group kill would miss them; all stay in the session."""
+    for pid, _, session in processes():
+        if session == sid and pid != spare:
+            try:
+                os.kill(pid, sig)
+            except (ProcessLookupError, PermissionError):
+                pass
+
+
+def describe_exit(code: int) -> str:
+    if code < 0:
+        try:
+            return f"killed by signal {signal.Signals(-code).name}"
+        except ValueError:
+            return f"killed by signal {-code}"
+    return f"exit status {code}"
+
+
+def log_tail(path: Path, lines: int = 15) -> list[str]:
+    """The last ``lines`` lines of a log file (reads only its end)."""
+    try:
+        with open(path, "rb") as f:
+            f.seek(0, os.SEEK_END)
+            f.seek(max(0, f.tell() - 16384))
+            return f.read().decode("utf-8", errors="replace").splitlines()[-lines:]
+    except OSError:
+        return ["(no log)"]
+
+
+class ProcessJob(JobHandle):
+    """A job run by the minder on this machine. ``id`` is the minder's pid.
+
+    Subclasses refine :meth:`final_status` (``compute=local_mpi`` names the rank that failed first)."""
+
+    def __init__(self, pid: int, *, job_dir: Path, log_name: str, grace_period_s: float,
+                 proc: subprocess.Popen | None = None) -> None:
+        self.id = str(pid)
+        self.pid, self.job_dir, self.grace = pid, Path(job_dir), grace_period_s
+        self.log_path = self.job_dir / log_name
+        #: the minder as our child: exact exit codes without reading files
+        self.proc = proc
+        self._offset = 0
+        self._decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        self._final: JobStatus | None = None
+
+    # ---------------------------------------------------------------- starting and finding
+    @classmethod
+    def start(cls, command: Sequence[str], *, job_dir: Path, log_name: str, env: Mapping[str, str],
+              grace_period_s: float) -> ProcessJob:
+        """Run ``command`` in ``job_dir`` (its working directory), its output appended to ``log_name``."""
+        job_dir = Path(job_dir)
+        (job_dir / STATE_DIR).mkdir(parents=True, exist_ok=True)
+        # a resumed job runs in the same directory: the previous run's ending is not this one's
+        for name in (EXIT_FILE, CANCEL_FILE):
+            (job_dir / name).unlink(missing_ok=True)
+        proc = subprocess.Popen([sys.executable, "-I", _MINDER, log_name, EXIT_FILE, "--", *command], cwd=job_dir,
+                                env=dict(env), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                stderr=subprocess.DEVNULL, start_new_session=True)
+        _OWNED.add(proc.pid)
+        return cls(proc.pid, job_dir=job_dir, log_name=log_name, grace_period_s=grace_period_s, proc=proc)
+
+    @classmethod
+    def attach(cls, job_id: str, *, job_dir: Path, log_name: str, grace_period_s: float) -> ProcessJob:
+        from ..errors import ConfigError
+
+        if not job_id.isdigit():
+            raise ConfigError(f"{job_id!r} is not the id of a job on this machine (a process id).")
+        return cls(int(job_id), job_dir=job_dir, log_name=log_name, grace_period_s=grace_period_s)
+
+    def detach(self) -> None:
+        _OWNED.discard(self.pid)
+
+    # ---------------------------------------------------------------- state
+    def _exit_code(self) -> int | None:
+        """The command's exit code; None while it runs. A job whose minder vanished without a
+        record (killed with SIGKILL, the machine restarted) counts as killed."""
+        if self.proc is not None:
+            if self.proc.poll() is None:
+                return None
+            record = self._record()
+            return record["code"] if record else -signal.SIGKILL
+        record = self._record()
+        if record is not None:
+            return record["code"]
+        if self._minder_alive():
+            return None
+        return self._record()["code"] if self._record() else -signal.SIGKILL
+
+    def _record(self) -> dict | None:
+        try:
+            return json.loads((self.job_dir / EXIT_FILE).read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            return None
+
+    def _minder_alive(self) -> bool:
+        """Whether our minder still runs: the pid exists, is no zombie, and runs in this job's
+        directory (a recycled pid does not)."""
+        try:
+            stat = Path(f"/proc/{self.pid}/stat").read_text()
+            cwd = os.readlink(f"/proc/{self.pid}/cwd")
+        except OSError:
+            return False
+        return stat.rsplit(")", 1)[1].split()[0] != "Z" and Path(cwd) == self.job_dir.resolve()
+
+    @property
+    def cancel_requested(self) -> bool:
+        return (self.job_dir / CANCEL_FILE).exists()
+
+    def status(self) -> JobStatus:
+        if self._final is not None:
+            return self._final
+        code = self._exit_code()
+        if code is None:
+            return JobStatus(JobState.RUNNING)
+        _OWNED.discard(self.pid)
+        self._final = self.final_status(code)
+        return self._final
+
+    def final_status(self, code: int) -> JobStatus:
+        """The job's status once its command ended with ``code``."""
+        if code == 0:
+            return JobStatus(JobState.SUCCEEDED, 0)
+        state = JobState.CANCELLED if self.cancel_requested else JobState.FAILED
+        message = f"rank 0 ended with {describe_exit(code)}; last lines of {self.log_path}:\n" + "\n".join(
+            "    " + ln for ln in log_tail(self.log_path))
+        return JobStatus(state, code, message)
+
+    def wait(self, timeout: float | None = None) -> JobStatus:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        if self.proc is not None:
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                return JobStatus(JobState.RUNNING)
+            return self.status()
+        while not (status := self.status()).state.done:
+            if deadline is not None and time.monotonic() >= deadline:
+                return status
+            time.sleep(0.1)
+        return status
+
+    # ---------------------------------------------------------------- output
+    def _read_new(self) -> str:
+        try:
+            with open(self.log_path, "rb") as f:
+                f.seek(self._offset)
+                data = f.read()
+        except FileNotFoundError:
+            return ""
+        self._offset += len(data)
+        return self._decoder.decode(data)
+
+    def logs(self, follow: bool = True) -> Iterator[str]:
+        """The log from where the previous call stopped (the first call: from the start)."""
+        while True:
+            done = self.status().state.done  # before reading: what is written before the end is read
+            text = self._read_new()
+            if text:
+                yield text
+            elif done or not follow:
+                return
+            else:
+                time.sleep(_FOLLOW_PACE_S)
+
+    # ---------------------------------------------------------------- stopping
+    def cancel(self) -> None:
+        if self.status().state.done or self.cancel_requested:
+            return
+        write_text(self.job_dir / CANCEL_FILE, f"{time.time()}\n")
+        try:
+            os.kill(self.pid, signal.SIGTERM)  # the minder passes it on to the command
+        except ProcessLookupError:
+            return
+        timer = threading.Timer(self.grace, self._kill)
+        timer.daemon = True
+        timer.start()
+
+    def _kill(self) -> None:
+        """After the grace period: kill the command and all it started, then the minder if it
+        has not recorded the end within a few seconds."""
+        if self.status().state.done:
+            return
+        kill_session(self.pid, signal.SIGKILL, spare=self.pid)
+        deadline = time.monotonic() + 5
+        while not self.status().state.done and time.monotonic() < deadline:
+            time.sleep(0.05)
+        kill_session(self.pid, signal.SIGKILL)
