@@ -1,0 +1,119 @@
+"""``ddlkit --detach`` and ``ddlkit jobs``: submit without waiting, find the job again from any
+shell (by name, prefix or directory), follow, attach, cancel; clear errors for bad references."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from ddlkit.engine import job_name
+from ddlkit.jobs import index
+from ddlkit.run import EXIT_PREEMPTED
+from ddlkit.testing import FAKES_MODULE, RunFactory, interruptible
+
+SMALL = ("data.image_size=8", "data.num_classes=4", "data.val_length=16", "trainer.batch_size=8", "trainer.epochs=1",
+         "trainer.log_every=10")
+#: about 10 s: long enough to be found, attached to and cancelled while it runs
+SLOW = (*SMALL, "data.length=8000", "framework.step_delay_s=0.01")
+
+
+def wait_for(predicate, timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError("timed out")
+        time.sleep(0.05)
+
+
+def state(run_factory: RunFactory, ref: str) -> str:
+    out = run_factory.cli("jobs", "status", ref).assert_success()
+    return next(line.split()[1] for line in out.stdout.splitlines() if line.startswith("state:"))
+
+
+@pytest.mark.slow
+def test_detach_returns_at_once_and_the_job_is_found_followed_and_cancelled(run_factory: RunFactory) -> None:
+    job_dir = run_factory.base_dir / "detached"
+    t0 = time.monotonic()
+    out = run_factory("--detach", *SLOW, job_dir=job_dir).assert_success()
+    assert time.monotonic() - t0 < 10  # the job itself takes longer than that
+    name = job_name(job_dir)
+    assert f"ddlkit: detached; job {name} runs on compute=local" in out.stdout
+    assert f"ddlkit jobs attach {name}" in out.stdout
+    assert not (job_dir / "result.json").exists()
+
+    listing = run_factory.cli("jobs", "list").assert_success().stdout
+    row = next(line for line in listing.splitlines() if line.startswith(name))
+    assert row.split()[1:3] == ["local", "running"] and row.endswith(str(job_dir))
+    assert state(run_factory, name) == state(run_factory, str(job_dir)) == state(run_factory, name[:12]) == "running"
+
+    wait_for(lambda: "step 10/" in (job_dir / "rank-0.log").read_text())
+    logs = run_factory.cli("jobs", "logs", name).assert_success().stdout
+    assert logs.startswith("ddlkit: fake resnet18") and "step 10/1000" in logs
+
+    cancel = run_factory.cli("jobs", "cancel", name).assert_success().stdout
+    assert f"ddlkit: job {name} cancelled (exit status {EXIT_PREEMPTED}); resume with: ddlkit " in cancel
+    assert (job_dir / "checkpoints" / "latest").is_file()
+    assert state(run_factory, name) == "cancelled"
+    again = run_factory.cli("jobs", "cancel", name).assert_success().stdout
+    assert again == f"ddlkit: job {name} already ended (cancelled); nothing to cancel.\n"
+    assert index.load(job_dir).state == "cancelled"
+
+
+@pytest.mark.slow
+def test_attach_follows_a_detached_job_to_its_result(run_factory: RunFactory) -> None:
+    job_dir = run_factory.base_dir / "attached"
+    run_factory("--detach", *SMALL, "data.length=800", "framework.step_delay_s=0.01", job_dir=job_dir).assert_success()
+    out = run_factory.cli("jobs", "attach", str(job_dir)).assert_success().stdout
+    # from the job's first line, as if it had never detached, to the launcher's last
+    assert "ddlkit: fake resnet18" in out and "step 100/100" in out
+    assert out.endswith(f"ddlkit: done; result in {job_dir}/result.json\n")
+    assert index.load(job_dir).state == "succeeded"
+
+
+@pytest.mark.slow
+def test_a_job_run_in_the_foreground_is_found_from_another_shell(run_factory: RunFactory) -> None:
+    job_dir = run_factory.base_dir / "foreground"
+    env = {**os.environ, "DDLKIT_PLUGINS": FAKES_MODULE}
+    launcher = subprocess.Popen([sys.executable, "-m", "ddlkit", "framework=fake", *SMALL, "data.length=1600",
+                                 "framework.step_delay_s=0.01", f"hydra.run.dir={job_dir}"], cwd=run_factory.base_dir,
+                                env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, preexec_fn=interruptible)
+    try:
+        wait_for(lambda: (job_dir / index.SUBMISSION_FILE).is_file())
+        assert state(run_factory, job_name(job_dir)) == "running"
+        followed = run_factory.cli("jobs", "logs", "--follow", str(job_dir)).assert_success().stdout
+        assert "ddlkit run completed" in followed
+        assert launcher.wait(timeout=30) == 0
+    finally:
+        launcher.kill()
+    assert state(run_factory, str(job_dir)) == "succeeded"
+    assert json.loads((job_dir / index.SUBMISSION_FILE).read_text())["state"] == "succeeded"
+
+
+def test_an_unknown_job_is_named_with_the_recent_ones(run_factory: RunFactory) -> None:
+    index.record("2026-11-23_10-00-00-0badcafe", run_factory.base_dir / "a", "local", "1")
+    out = run_factory.cli("jobs", "status", "nosuchjob").assert_returncode(2)
+    assert out.stderr == ("ddlkit: error: unknown job 'nosuchjob': not a job directory nor a recorded job name. "
+                          "Recent jobs: 2026-11-23_10-00-00-0badcafe (`ddlkit jobs list`).\n")
+
+
+def test_a_directory_that_is_no_job_is_refused(run_factory: RunFactory) -> None:
+    plain = run_factory.base_dir / "plain"
+    plain.mkdir()
+    out = run_factory.cli("jobs", "logs", str(plain)).assert_returncode(2)
+    assert out.stderr == f"ddlkit: error: {plain} is not a ddlkit job directory (it has no job.json).\n"
+
+
+def test_detach_refuses_a_sweep(run_factory: RunFactory) -> None:
+    out = run_factory.cli("--detach", "-m", "optimizer.lr=0.1,0.2").assert_returncode(2)
+    assert out.stderr.startswith("ddlkit: error: --detach submits one job; a sweep's launcher schedules")
+
+
+def test_list_with_no_jobs(run_factory: RunFactory) -> None:
+    out = run_factory.cli("jobs", "list").assert_success()
+    assert out.stdout == f"ddlkit: no jobs recorded yet (in {index.state_dir()}).\n"

@@ -1,0 +1,111 @@
+"""A job runs somewhere else: compute=elsewhere copies the job directory away, moves the
+launcher's copy out of reach, runs the job in a bare environment, and brings the files back.
+A full training run, a resume and a sweep must work on it exactly as on compute=local."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from ddlkit import ComputeTarget
+from ddlkit.engine import job_name
+from ddlkit.testing import FAKES_MODULE, RunFactory, interruptible
+from ddlkit.testing.contracts import ComputeTargetContract
+from ddlkit.testing.elsewhere import ElsewhereComputeConfig, ElsewhereTarget
+from ddlkit.testing.fakes import MODEL_FILE
+
+COMMON = ("data.image_size=8", "data.num_classes=4", "data.length=64", "data.val_length=16", "trainer.batch_size=8",
+          "trainer.epochs=2", "trainer.log_every=2", "trainer.deterministic=true")
+
+
+class TestElsewhereTarget(ComputeTargetContract):
+    @pytest.fixture
+    def target(self, tmp_path: Path) -> ComputeTarget:
+        return ElsewhereTarget(ElsewhereComputeConfig(root=str(tmp_path / "cluster"), poll_interval_s=0.05,
+                                                      grace_period_s=5.0))
+
+
+def elsewhere(tmp_path: Path) -> tuple[str, str]:
+    return "compute=elsewhere", f"compute.root={tmp_path / 'cluster'}"
+
+
+@pytest.mark.slow
+def test_a_run_elsewhere_ends_with_the_weights_of_a_local_run(run_factory: RunFactory, tmp_path: Path) -> None:
+    local = run_factory(*COMMON).assert_success()
+    remote = run_factory(*COMMON, *elsewhere(tmp_path)).assert_success()
+    assert (remote.job_dir / MODEL_FILE).read_bytes() == (local.job_dir / MODEL_FILE).read_bytes()
+    for key in ("steps", "final_loss", "top1", "top5", "val_loss", "best_top1"):
+        assert remote.result[key] == local.result[key], key
+    assert [m.get("loss") for m in remote.metrics] == [m.get("loss") for m in local.metrics]
+    # it really ran on the other copy, which names no path of the launcher's
+    cluster_copy = tmp_path / "cluster" / job_name(remote.job_dir)
+    assert (cluster_copy / "result.json").is_file() and (remote.job_dir / "rank-0.log").is_file()
+    assert str(remote.job_dir) not in (remote.job_dir / "job.json").read_text()
+    assert not remote.job_dir.with_name(remote.job_dir.name + ".away").exists()
+
+
+@pytest.mark.slow
+def test_a_run_elsewhere_resumes_from_the_checkpoints_on_the_other_side(run_factory: RunFactory,
+                                                                        tmp_path: Path) -> None:
+    straight = run_factory(*COMMON).assert_success()
+    job_dir = tmp_path / "resumed"
+    run_factory(*COMMON, *elsewhere(tmp_path), "trainer.max_steps=3", job_dir=job_dir).assert_success()
+    resumed = run_factory(*COMMON, *elsewhere(tmp_path), job_dir=job_dir).assert_success()
+    assert resumed.result["resumed_from_step"] == 3
+    assert (resumed.job_dir / MODEL_FILE).read_bytes() == (straight.job_dir / MODEL_FILE).read_bytes()
+
+
+@pytest.mark.slow
+def test_a_sweep_runs_elsewhere(run_factory: RunFactory, tmp_path: Path) -> None:
+    sweep = tmp_path / "sweep"
+    run_factory.cli("-m", *COMMON, *elsewhere(tmp_path), "optimizer.lr=0.1,0.2",
+                    f"hydra.sweep.dir={sweep}").assert_success()
+    ledger = json.loads((sweep / "ledger.json").read_text())["jobs"]
+    for num in ("0", "1"):
+        job = ledger[num]
+        assert job["status"] == "completed" and job["attempts"] == 1
+        assert job["handle"].startswith(f"{job_name(sweep / num)}/")
+        assert json.loads((sweep / num / "result.json").read_text())["steps"] == 16
+        assert job["log"] == str(sweep / num / "rank-0.log")
+
+
+@pytest.mark.slow
+def test_a_rerun_sweep_reattaches_to_jobs_its_killed_launcher_left_running(run_factory: RunFactory,
+                                                                          tmp_path: Path) -> None:
+    """The launcher dies (SIGKILL: no cleanup at all); its jobs on the cluster run on. Running the
+    sweep again re-attaches to them instead of submitting them a second time."""
+    sweep = tmp_path / "sweep"
+    args = ["-m", "framework=fake", *COMMON, *elsewhere(tmp_path), "data.length=3000", "framework.step_delay_s=0.01",
+            "optimizer.lr=0.1,0.2", f"hydra.sweep.dir={sweep}"]
+    env = {**os.environ, "DDLKIT_PLUGINS": FAKES_MODULE}
+    launcher = subprocess.Popen([sys.executable, "-m", "ddlkit", *args], cwd=tmp_path, env=env,
+                                stdout=open(tmp_path / "launcher.log", "w"), stderr=subprocess.STDOUT,
+                                preexec_fn=interruptible)
+    deadline = time.monotonic() + 60
+    ledger = sweep / "ledger.json"
+    while time.monotonic() < deadline:
+        jobs = json.loads(ledger.read_text())["jobs"] if ledger.is_file() else {}
+        if len(jobs) == 2 and all(j["status"] == "running" and j["handle"] for j in jobs.values()):
+            break
+        time.sleep(0.1)
+    else:
+        launcher.kill()
+        pytest.fail("the sweep's two jobs did not start:\n" + (tmp_path / "launcher.log").read_text())
+    launcher.send_signal(signal.SIGKILL)
+    launcher.wait()
+
+    out = run_factory.cli(*args, timeout=120).assert_success()
+    assert out.stdout.count("still running: re-attached") == 2, out.output
+    jobs = json.loads(ledger.read_text())["jobs"]
+    for num in ("0", "1"):
+        assert (jobs[num]["status"], jobs[num]["attempts"]) == ("completed", 1)
+        log = (sweep / num / "rank-0.log").read_text()
+        assert log.count("ddlkit: fake") == 1, "the job was submitted twice"
+        assert json.loads((sweep / num / "result.json").read_text())["resumed_from_step"] is None
