@@ -14,7 +14,8 @@ from ddlkit.builtin import transfer
 from ddlkit.builtin.manifest import Manifest, build_manifest
 from ddlkit.builtin.transfer import TransientStorageError, open_storage
 from ddlkit.cli import main
-from ddlkit.testing import add_plugin
+from ddlkit.engine import job_name
+from ddlkit.testing import RunFactory, add_plugin
 from ddlkit.testing.contracts import StorageBackendContract
 from ddlkit.testing.images import ImageDataset, make_image_dataset
 from ddlkit_azure import _client, plugin
@@ -135,11 +136,34 @@ def test_a_run_stages_from_blob_and_writes_results_back(run_inprocess: Any, ddlk
     assert staging["files_transferred"] == len(Manifest.read(dataset.root / "manifest.tsv"))
     store = AzureBlobStorage(AzureBlobConfig(container=container))
     downloaded = tmp_path / "result.json"
-    store.get("results/job/result.json", downloaded)
+    published = f"results/{job_name(out.job_dir)}"
+    store.get(f"{published}/result.json", downloaded)
     assert json.loads(downloaded.read_text()) == out.result
-    assert store.exists("results/job/checkpoints/latest") and store.exists("results/job/staging-node0.json")
+    assert store.exists(f"{published}/checkpoints/latest") and store.exists(f"{published}/staging-node0.json")
     # the credential lived in the environment only: no copy of it on disk or in the blobs
     secret = blob_env.connection_string.split("AccountKey=")[1].split(";")[0]
     for path in out.job_dir.rglob("*"):
         if path.is_file() and path.suffix in (".json", ".yaml", ".jsonl", ".log"):
             assert secret not in path.read_text(errors="replace"), path
+
+
+@pytest.mark.slow
+def test_a_job_elsewhere_reaches_blob_storage_with_what_the_launcher_passes_on(
+        run_factory: RunFactory, uploaded: str, tmp_path: Path, blob_env: Azurite) -> None:
+    """compute=elsewhere runs the job in a bare environment on a copy of its directory: the
+    storage account and its credential reach it only through the job spec (the credential in
+    its secret environment), and land in no file on either side."""
+    container = uploaded.removeprefix("blob://").split("/")[0]
+    cluster = tmp_path / "cluster"
+    out = run_factory("data=imagefolder", f"data.root={uploaded}", "data.image_size=16", "trainer.batch_size=4",
+                      "trainer.epochs=1", "storage=azure", f"storage.container={container}",
+                      f"storage.scratch={tmp_path / 'ssd'}", "compute=elsewhere", f"compute.root={cluster}",
+                      timeout=180).assert_success()
+    downloaded = tmp_path / "published.json"
+    AzureBlobStorage(AzureBlobConfig(container=container)).get(f"results/{job_name(out.job_dir)}/result.json",
+                                                               downloaded)
+    assert json.loads(downloaded.read_text()) == out.result
+    secret = blob_env.connection_string.split("AccountKey=")[1].split(";")[0]
+    for path in [*out.job_dir.rglob("*"), *cluster.rglob("*")]:
+        if path.is_file():
+            assert secret.encode() not in path.read_bytes(), path

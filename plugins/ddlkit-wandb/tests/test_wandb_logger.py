@@ -17,7 +17,7 @@ import pytest
 from ddlkit_wandb.logger import RUN_ID_FILE, WandbConfig, WandbLogger
 
 import ddlkit
-from ddlkit.engine import validate
+from ddlkit.engine import job_name, validate
 from ddlkit.plugins import DdlkitPluginManager
 from ddlkit.registry import Registry
 from ddlkit.testing import FAKES_MODULE, RunFactory, add_plugin, compose, fakes
@@ -147,7 +147,7 @@ def test_a_sweep_logs_one_finished_redacted_offline_run_per_job(run_factory: Run
         job_dir = sweep / str(num)
         assert wb["run"].run_id == (job_dir / RUN_ID_FILE).read_text().strip()
         # grouped by the sweep's name (`<parent>_<name>` of its directory), named after the job
-        assert (wb["run"].run_group, wb["run"].display_name) == (f"{sweep.parent.name}_sweep", f"sweep_{num}")
+        assert (wb["run"].run_group, wb["run"].display_name) == (f"{sweep.parent.name}_sweep", job_name(job_dir))
         assert wb["config"]["storage"] == {"name": "memory", "sas_token": "***"}
         assert wb["config"]["ddlkit"]["sweep_job"] == str(num)
         assert wb["config"]["ddlkit"]["environment"]["python"] == sys.version.split()[0]
@@ -157,6 +157,24 @@ def test_a_sweep_logs_one_finished_redacted_offline_run_per_job(run_factory: Run
     assert runs[0]["exit"].exit_code == 0 and runs[1]["exit"].exit_code == 1  # both finished
     assert [h["_step"] for h in runs[0]["history"] if "train/loss" in h] == [1, 2, 3]
     assert [h["_step"] for h in runs[1]["history"] if "train/loss" in h] == [1, 2, 3, 4]
-    assert [(a.type, a.name) for a in runs[0]["artifacts"]] == [("model", "model-sweep_0")]
+    assert [(a.type, a.name) for a in runs[0]["artifacts"]] == [("model", f"model-{job_name(sweep / '0')}")]
     assert [c.path for c in runs[0]["artifacts"][0].manifest.contents] == ["model.npy"]
     assert runs[1]["artifacts"] == []  # a failed job has no final model
+
+
+def test_the_ranks_get_the_wandb_environment_the_key_as_a_secret(ddlkit_pm: DdlkitPluginManager, tmp_path: Path,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """Rank 0 may run on another machine: the launcher's W&B variables go with the job, the key
+    in the secret environment (a target's secret channel), and only when logger=wandb is chosen."""
+    from ddlkit.engine import job_environment
+
+    monkeypatch.setenv("WANDB_API_KEY", "k" * 40)
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    add_plugin(ddlkit_pm, fakes, name=FAKES_MODULE)
+    add_plugin(ddlkit_pm, ddlkit_wandb.plugin, name="wandb", distribution="ddlkit-wandb")
+    registry = Registry.collect(ddlkit_pm)
+    env, secret_env = job_environment(compose(registry, ["framework=fake", "logger=[wandb]"]), ddlkit_pm)
+    assert (env.get("WANDB_MODE"), secret_env.get("WANDB_API_KEY")) == ("offline", "k" * 40)
+    assert "WANDB_API_KEY" not in env
+    env, secret_env = job_environment(compose(registry, ["framework=fake", "logger=[console]"]), ddlkit_pm)
+    assert "WANDB_MODE" not in env and "WANDB_API_KEY" not in secret_env

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from importlib.util import find_spec
 from typing import TYPE_CHECKING
@@ -32,3 +33,16 @@ def ddlkit_configure(config: DictConfig) -> None:
     if cfg.log_model and not config.trainer.save_model:
         raise ddlkit.ConfigError("logger.wandb.log_model=true uploads the trained model, which "
                                  "trainer.save_model=false does not write; set one of them differently.")
+
+
+#: what wandb reads from the environment on rank 0: the key, where to log, and how
+RANK_ENV = ("WANDB_API_KEY", "WANDB_MODE", "WANDB_BASE_URL", "WANDB_ENTITY", "WANDB_PROJECT", "WANDB_DIR")
+
+
+@ddlkit.hookimpl
+def ddlkit_job_environment(config: DictConfig) -> dict[str, str] | None:
+    """Rank 0 may run on another machine: pass on the W&B variables set here (the API key
+    travels as a secret, never in a file)."""
+    if (config.get("logger") or {}).get("wandb") is None:
+        return None
+    return {k: os.environ[k] for k in RANK_ENV if k in os.environ}
