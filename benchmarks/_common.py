@@ -29,7 +29,7 @@ def make_job(job_dir: Path, overrides: Sequence[str]) -> Path:
     store_schemas(registry)
     with initialize_config_module("ddlkit.conf", version_base="1.3"):
         cfg = compose("config", overrides=list(overrides))
-    job = engine.prepare(cfg, job_dir=job_dir, job_name=job_dir.name, overrides=overrides, registry=registry, pm=pm)
+    job = engine.prepare(cfg, job_dir=job_dir, overrides=overrides, registry=registry, pm=pm)
     return job.spec.job_file
 
 

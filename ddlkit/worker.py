@@ -41,7 +41,13 @@ def main(argv: list[str] | None = None) -> int:
     if len(argv) != 1:
         print("usage: python -m ddlkit.worker JOBFILE", file=sys.stderr)
         return 2
-    job = load_job(Path(argv[0]))
+    try:
+        job = load_job(Path(argv[0]))
+    except (OSError, ValueError, KeyError) as err:
+        # the compute target did not make the job directory available where this rank runs
+        print(f"ddlkit worker: cannot read the job file {Path(argv[0]).resolve()} ({err}); a compute target "
+              "runs every rank in (a copy of) the job directory", file=sys.stderr)
+        return 2
     secrets = secret_store.decode(os.environ.get(secret_store.SECRETS_ENV))
     cfg = OmegaConf.create(job["config"])
     job_dir = Path(argv[0]).resolve().parent

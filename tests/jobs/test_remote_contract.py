@@ -109,3 +109,11 @@ def test_a_rerun_sweep_reattaches_to_jobs_its_killed_launcher_left_running(run_f
         log = (sweep / num / "rank-0.log").read_text()
         assert log.count("ddlkit: fake") == 1, "the job was submitted twice"
         assert json.loads((sweep / num / "result.json").read_text())["resumed_from_step"] is None
+
+
+def test_a_rank_started_outside_its_job_directory_says_so(tmp_path: Path) -> None:
+    proc = subprocess.run([sys.executable, "-m", "ddlkit.worker", "job.json"], cwd=tmp_path, capture_output=True,
+                          text=True, timeout=60)
+    assert proc.returncode == 2
+    assert proc.stderr.startswith(f"ddlkit worker: cannot read the job file {tmp_path}/job.json (")
+    assert "Traceback" not in proc.stderr
