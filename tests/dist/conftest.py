@@ -45,14 +45,16 @@ class DistJobs:
 def worker_pids(job_dir: Path) -> dict[int, int]:
     """{rank: pid} of the worker processes running ``job_dir``'s job."""
     found = {}
-    marker = str(job_dir / "job.json").encode()
     for entry in os.scandir("/proc"):
         if not entry.name.isdigit():
             continue
         try:
             cmdline = Path(entry.path, "cmdline").read_bytes().split(b"\0")
-            # python -m ddlkit.worker JOBFILE (mpirun's and the rank minders' command lines contain it too)
-            if cmdline[1:4] != [b"-m", b"ddlkit.worker", marker]:
+            # python -m ddlkit.worker job.json, in the job directory (mpirun's and the rank minders'
+            # command lines end with it too, but only the worker's starts with it)
+            if cmdline[1:4] != [b"-m", b"ddlkit.worker", b"job.json"]:
+                continue
+            if Path(os.readlink(Path(entry.path, "cwd"))) != job_dir.resolve():
                 continue
             environ = dict(line.split(b"=", 1) for line in Path(entry.path, "environ").read_bytes().split(b"\0")
                            if b"=" in line)
@@ -63,14 +65,16 @@ def worker_pids(job_dir: Path) -> dict[int, int]:
 
 
 def job_processes(job_dir: Path) -> list[int]:
-    """Processes whose command line mentions ``job_dir`` (launcher, mpirun, rank minders, workers)."""
+    """Processes of the job: those that run in ``job_dir`` (minder, mpirun, rank minders, workers)
+    or whose command line names it (the launcher)."""
     pids = []
     for entry in os.scandir("/proc"):
         if entry.name.isdigit() and int(entry.name) != os.getpid():
             try:
                 stat = Path(entry.path, "stat").read_text()
-                if str(job_dir).encode() in Path(entry.path, "cmdline").read_bytes() and \
-                        stat.rsplit(")", 1)[1].split()[0] != "Z":
+                mine = (str(job_dir).encode() in Path(entry.path, "cmdline").read_bytes()
+                        or Path(os.readlink(Path(entry.path, "cwd"))) == job_dir.resolve())
+                if mine and stat.rsplit(")", 1)[1].split()[0] != "Z":
                     pids.append(int(entry.name))
             except OSError:
                 continue

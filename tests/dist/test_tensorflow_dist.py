@@ -27,7 +27,7 @@ B = 8
 TRAIN = ["framework=tensorflow", "model=resnet18", "data=twin", "data.image_size=32", "data.num_classes=10",
          f"data.unique={B}", "data.length=64", "trainer.max_steps=2", "trainer.validate=false",
          "trainer.save_model=false", "trainer.log_every=1", "trainer.warmup_steps=1", "framework.num_threads=1",
-         "trainer.deterministic=true", "optimizer.lr=0.8", "optimizer.warmup_epochs=0"]
+         "trainer.deterministic=true", "optimizer.lr=0.08", "optimizer.warmup_epochs=0"]
 
 
 @pytest.fixture(scope="module")
@@ -72,7 +72,9 @@ def test_two_workers_step_like_one_with_twice_the_batch(runs: dict[str, Path], d
         moved_alone, moved_two = single[key] - w0, two[key] - w0
         scale = np.abs(moved_alone).max()
         assert scale > 0, f"{key} did not move"
-        # a sum of the workers' gradients instead of their mean would double the update
+        # a sum of the workers' gradients instead of their mean would double the update (at lr 0.8
+        # the kernels' different summation orders for batches of 8 and 16 grew to 2.3 % of the
+        # update in 2 steps on AMD EPYC; at this learning rate they stay within the tolerance)
         np.testing.assert_allclose(moved_two, moved_alone, rtol=0, atol=2e-3 * scale + 1e-7, err_msg=key)
         compared += 1
     assert compared > 60
