@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 import ddlkit
-from ddlkit import ComputeTarget, JobHandle, JobSpec, JobState
+from ddlkit import ComputeTarget, JobSpec, JobState
 from ddlkit.testing import add_plugin, make_run
 from ddlkit.testing.contracts import ComputeTargetContract
 from ddlkit_mpi import plugin
@@ -25,11 +25,11 @@ needs_mpirun = pytest.mark.skipif(shutil.which("mpirun") is None,
                                   reason="OpenMPI's mpirun is not installed (apt-get install openmpi-bin)")
 
 
-def spec_for(job_dir: Path, code: str, env: dict[str, str] | None = None) -> JobSpec:
+def spec_for(job_dir: Path, code: str, env: dict[str, str] | None = None,
+             secret_env: dict[str, str] | None = None) -> JobSpec:
     job_dir.mkdir(parents=True, exist_ok=True)
     (job_dir / "job.json").write_text("{}")
-    return JobSpec(name=job_dir.name, job_dir=job_dir, job_file=job_dir / "job.json",
-                   argv=[sys.executable, "-c", code], env=env or {})
+    return JobSpec(name=job_dir.name, job_dir=job_dir, args=("-c", code), env=env or {}, secret_env=secret_env or {})
 
 
 def alive(pid: int) -> bool:
@@ -58,24 +58,40 @@ def test_error_filter_passes_error_lines_and_whole_tracebacks() -> None:
 def test_world_size_and_command(tmp_path: Path) -> None:
     target = LocalMpiTarget(LocalMpiConfig(nodes=2, procs_per_node=3, scratch=str(tmp_path / "ssd")))
     assert target.world_size == 6
-    cmd = target.command(spec_for(tmp_path / "job", "pass"))
+    spec = spec_for(tmp_path / "job", "pass", env={"DDLKIT_PLUGINS": "x"}, secret_env={"API_KEY": "s3cr3t"})
+    cmd = target.command(spec)
     assert cmd[:3] == ["mpirun", "-np", "6"]
     assert {"--oversubscribe", "--bind-to"} <= set(cmd)
+    # the job's environment is passed on by name: no value (no secret) on the command line
+    assert [cmd[i + 1] for i, a in enumerate(cmd) if a == "-x"] == [
+        "MASTER_ADDR", "MASTER_PORT", "DDLKIT_CONTROL_ADDR", "PYTHONUNBUFFERED", "OMP_NUM_THREADS",
+        "GLOO_SOCKET_IFNAME", "DDLKIT_PLUGINS", "API_KEY"]
+    assert "s3cr3t" not in target.plan(spec)
     minder = cmd.index("ddlkit_mpi.rank")
-    assert cmd[minder + 1:minder + 7] == ["--job-dir", str(tmp_path / "job"), "--procs-per-node", "3",
-                                          "--scratch", str(tmp_path / "ssd")]
+    # the ranks run in the job directory: the command names none of the launcher's job paths
+    assert cmd[minder - 2:minder + 9] == [sys.executable, "-m", "ddlkit_mpi.rank", "--job-dir", ".",
+                                          "--procs-per-node", "3", "--scratch", str(tmp_path / "ssd"),
+                                          "--cancel-file", ".ddlkit/cancel-requested"]
     assert cmd[-4:] == ["--", sys.executable, "-c", "pass"]
+    assert str(tmp_path / "job") not in target.plan(spec)
+    default = LocalMpiTarget(LocalMpiConfig()).command(spec)
+    assert default[default.index("--scratch") + 1] == "nodes"  # relative: nodes/ in the job directory
+    assert target.command(spec, python="python3")[minder - 2] == "python3"
+    assert target.command(spec, python="python3")[-3:] == ["python3", "-c", "pass"]
 
 
 def test_environment_gives_loopback_rendezvous_and_shares_the_cores(tmp_path: Path,
                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
     target = LocalMpiTarget(LocalMpiConfig(nodes=1, procs_per_node=2))
-    env = target.environment(spec_for(tmp_path, "pass", env={"SECRET_TOKEN": "s3cr3t"}))
+    env = target.environment(spec_for(tmp_path, "pass", env={"PLAIN": "p"}, secret_env={"SECRET_TOKEN": "s3cr3t"}))
     assert env["MASTER_ADDR"] == "127.0.0.1" and env["DDLKIT_CONTROL_ADDR"].startswith("127.0.0.1:")
     assert env["MASTER_PORT"] != env["DDLKIT_CONTROL_ADDR"].rsplit(":", 1)[1]
     assert env["SECRET_TOKEN"] == "s3cr3t"  # secrets travel in the environment, never on mpirun's command line
+    assert env["PLAIN"] == "p" and env["GLOO_SOCKET_IFNAME"] == "lo" and env["PATH"] == os.environ["PATH"]
     assert env["OMP_NUM_THREADS"] == str(max(1, (os.cpu_count() or 1) // 2))
+    four = LocalMpiTarget(LocalMpiConfig(nodes=2, procs_per_node=2)).environment(spec_for(tmp_path, "pass"))
+    assert four["OMP_NUM_THREADS"] == str(max(1, (os.cpu_count() or 1) // 4))  # all 4 ranks share this machine
     monkeypatch.setenv("OMP_NUM_THREADS", "7")
     assert target.environment(spec_for(tmp_path, "pass"))["OMP_NUM_THREADS"] == "7"
 
@@ -168,15 +184,16 @@ time.sleep(120)
 
 @pytest.mark.slow
 @needs_mpirun
-def test_a_killed_rank_ends_the_whole_job_within_seconds(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_killed_rank_ends_the_whole_job_within_seconds(tmp_path: Path) -> None:
     job_dir = tmp_path / "job"
-    monkeypatch.chdir(job_dir.parent)
     handle = LocalMpiTarget(LocalMpiConfig(nodes=2, procs_per_node=2)).submit(spec_for(job_dir, SLEEPER))
     deadline = time.monotonic() + 60
-    while len(list(tmp_path.glob("pid-*"))) < 4:
+    while len(list(job_dir.glob("pid-*"))) < 4:  # the ranks run in the job directory
         assert time.monotonic() < deadline, "the ranks did not start"
         time.sleep(0.05)
-    pids = {int(p.name[4:]): int(p.read_text()) for p in tmp_path.glob("pid-*")}
+    mpirun = handle._mpirun()
+    assert mpirun is not None and "mpirun" in Path(f"/proc/{mpirun}/cmdline").read_text()
+    pids = {int(p.name[4:]): int(p.read_text()) for p in job_dir.glob("pid-*")}
     t0 = time.monotonic()
     os.kill(pids[2], signal.SIGKILL)
     status = handle.wait(timeout=30)
@@ -186,7 +203,7 @@ def test_a_killed_rank_ends_the_whole_job_within_seconds(tmp_path: Path, monkeyp
     assert status.message.startswith("rank 2 (node 1) failed first, with killed by signal SIGKILL; last lines of "
                                       f"{job_dir / 'rank-2.log'}:\n    rank 2 is working")
     assert not [p for p in pids.values() if alive(p)]
-    assert not alive(int(handle.id.rsplit(":", 1)[1]))  # mpirun
+    assert not alive(mpirun)
 
 
 @pytest.mark.slow
@@ -215,6 +232,41 @@ def test_a_rerun_in_the_same_directory_is_judged_on_its_own(tmp_path: Path) -> N
     assert failing.wait(timeout=60).exit_code == 4
     again = target.submit(spec_for(tmp_path, "print('fine now')"))
     assert again.wait(timeout=60).state is JobState.SUCCEEDED
+
+
+STOPPER = """
+import os, signal, sys, time
+def stop(signum, frame):
+    print(f"rank {os.environ['OMPI_COMM_WORLD_RANK']} checkpoints and stops", flush=True)
+    sys.exit(75)
+signal.signal(signal.SIGTERM, stop)
+print(f"rank {os.environ['OMPI_COMM_WORLD_RANK']} ready", flush=True)
+time.sleep(120)
+"""
+
+
+@pytest.mark.slow
+@needs_mpirun
+def test_cancel_from_another_process_reaches_every_rank_and_not_mpirun(tmp_path: Path) -> None:
+    """``ddlkit jobs cancel`` works on an attached handle: every rank's worker gets SIGTERM (and
+    checkpoints, exit 75), mpirun is left to see its ranks end."""
+    target = LocalMpiTarget(LocalMpiConfig(nodes=2, procs_per_node=2, grace_period_s=30))
+    job_dir = tmp_path / "job"
+    handle = target.submit(spec_for(job_dir, STOPPER))
+    deadline = time.monotonic() + 60
+    while sum("ready" in p.read_text() for p in job_dir.glob("rank-*.log")) < 4:
+        assert time.monotonic() < deadline, "the ranks did not start"
+        time.sleep(0.05)
+    other = target.attach(handle.id, job_dir=job_dir)
+    assert other.proc is None  # a handle as another process builds it: no child of its own
+    t0 = time.monotonic()
+    other.cancel()
+    status = other.wait(timeout=30)
+    assert time.monotonic() - t0 < 10
+    assert (status.state, status.exit_code) == (JobState.CANCELLED, 75), status
+    records = [json.loads((job_dir / ".ranks" / f"rank-{r}.json").read_text()) for r in range(4)]
+    assert [r["code"] for r in records] == [75] * 4  # each stopped on its own, none was killed
+    assert handle.wait(timeout=10).state is JobState.CANCELLED
 
 
 def test_plugin_registers_local_mpi(ddlkit_pm) -> None:

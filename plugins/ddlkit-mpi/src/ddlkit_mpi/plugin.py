@@ -1,10 +1,10 @@
-"""Registers ``compute=local_mpi``. Hook implementations only: nothing heavy at import."""
+"""Registers ``compute=local_mpi`` and ``compute=mpi``. Hook implementations only: nothing heavy at import."""
 
 from __future__ import annotations
 
 import ddlkit
 
-from .target import LocalMpiConfig, LocalMpiTarget
+from .target import LocalMpiConfig, LocalMpiTarget, MpiConfig, MpiTarget
 
 
 @ddlkit.hookimpl
@@ -12,3 +12,6 @@ def ddlkit_compute_targets():
     yield ddlkit.Registration("local_mpi", LocalMpiTarget, config=LocalMpiConfig,
                               description="nodes x procs_per_node ranks on this machine, via OpenMPI's mpirun, "
                                           "each simulated node with its own scratch directory")
+    yield ddlkit.Registration("mpi", MpiTarget, config=MpiConfig,
+                              description="one job across real hosts via OpenMPI's mpirun: compute.hosts, "
+                                          "compute.hostfile, or the cluster scheduler's allocation")

@@ -1,20 +1,30 @@
-"""What ``mpirun`` starts for every rank: ``python -m ddlkit_mpi.rank [options] -- COMMAND...``.
+"""What ``mpirun`` starts for every rank: ``python -m ddlkit_mpi.rank [options] -- COMMAND...``,
+in the job directory (``--job-dir .``: mpirun's working directory, which OpenMPI gives every rank,
+on every host).
 
 It runs COMMAND (the ddlkit worker) as its child and is the rank's minder:
 
-* **node layout**: ranks are placed node by node (``--procs-per-node``), so rank ``r`` is local
-  rank ``r % P`` on simulated node ``r // P``; the child gets ``DDLKIT_NODE``,
-  ``DDLKIT_LOCAL_RANK``, ``DDLKIT_LOCAL_SIZE`` and ``DDLKIT_NODE_SCRATCH`` (the node's own
-  "local SSD", created here), which :class:`ddlkit.DistContext` prefers over the real host's
-  MPI values;
+* **node layout**, one of two modes:
+
+  - simulated (``compute=local_mpi``, ``--procs-per-node P``): ranks are placed node by node, so
+    rank ``r`` is local rank ``r % P`` on simulated node ``r // P`` of this one machine;
+  - real hosts (``compute=mpi``, ``--node-sizes 4,4,...``: the ranks mpirun places on each host,
+    in order): local rank and local size are OpenMPI's own (``OMPI_COMM_WORLD_LOCAL_RANK``,
+    ``OMPI_COMM_WORLD_LOCAL_SIZE``); OpenMPI exports no node index, so the node is the host whose
+    block of ranks (``--map-by slot`` fills host after host) begins with this host's first rank;
+
+  the child gets ``DDLKIT_NODE``, ``DDLKIT_LOCAL_RANK``, ``DDLKIT_LOCAL_SIZE`` and
+  ``DDLKIT_NODE_SCRATCH`` (``<scratch>/node-K``, created here, on the node's own disk when
+  ``--scratch`` is local to it), which :class:`ddlkit.DistContext` prefers over anything else;
 * **logs**: everything the child prints goes to ``rank-N.log`` in the job directory; rank 0's
   output is also passed on to mpirun (the console), other ranks pass on only their error lines,
   prefixed ``[rank N]``;
 * **exit record**: when the child ends, ``.ranks/rank-N.json`` says how and when, so the
   launcher can name the rank that failed *first* (mpirun then stops the others, which fail too);
-* **signals**: SIGTERM/SIGINT are passed to the child (the worker checkpoints and stops); the
-  child dies with this process (``PR_SET_PDEATHSIG``), and whatever the child left running is
-  killed when it ends, so a rank leaves no orphans.
+* **signals**: SIGTERM/SIGINT are passed to the child (the worker checkpoints and stops), and so
+  is SIGUSR1, as SIGTERM: mpirun forwards SIGUSR1 to every rank on every host, which is how a
+  multi-host job is cancelled; the child dies with this process (``PR_SET_PDEATHSIG``), and
+  whatever the child left running is killed when it ends, so a rank leaves no orphans.
 
 Standard library only, and nothing from ddlkit: it starts once per rank before the worker.
 """
@@ -75,37 +85,96 @@ def node_layout(rank: int, procs_per_node: int) -> tuple[int, int]:
     return divmod(rank, procs_per_node)
 
 
-def main(argv: list[str] | None = None) -> int:
+def host_node(rank: int, local_rank: int, local_size: int, node_sizes: list[int]) -> int:
+    """The node (index into the hosts) of ``rank``, OpenMPI's local rank ``local_rank`` of
+    ``local_size`` on its host, when mpirun placed ``node_sizes[i]`` ranks on host ``i``, host
+    after host: the host whose block of ranks begins where this host's ranks begin."""
+    first, start = rank - local_rank, 0
+    for node, size in enumerate(node_sizes):
+        if start == first and size == local_size:
+            return node
+        start += size
+    # not laid out host after host (a --map-by in compute.mpirun_args): equal hosts are the common case
+    return rank // max(local_size, 1)
+
+
+def _parse(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m ddlkit_mpi.rank")
-    parser.add_argument("--job-dir", type=Path, required=True)
-    parser.add_argument("--procs-per-node", type=int, required=True)
-    parser.add_argument("--scratch", type=Path, required=True, help="base of the nodes' scratch directories")
+    parser.add_argument("--job-dir", type=Path, default=Path("."))
+    layout = parser.add_mutually_exclusive_group(required=True)
+    layout.add_argument("--procs-per-node", type=int, help="simulated nodes of this many ranks each, on this machine")
+    layout.add_argument("--node-sizes", type=lambda s: [int(n) for n in s.split(",")],
+                        help="real hosts: the ranks mpirun places on each host, in order (e.g. 4,4)")
+    parser.add_argument("--scratch", default="nodes",
+                        help="base of the nodes' scratch directories ($VARS and ~ expanded on the node; "
+                             "relative: to the job directory)")
+    parser.add_argument("--cancel-file", help="the job's cancel marker (relative: to the job directory): a rank "
+                                              "that starts after it was written stops at once")
     parser.add_argument("command", nargs=argparse.REMAINDER)
-    args = parser.parse_args(argv)
+    return parser.parse_args(argv)
+
+
+#: the worker, once started (a list, so that the signal handler sees it)
+started: list[subprocess.Popen[bytes]] = []
+#: signals that arrived before the worker was started: it gets them once it is
+pending: list[int] = []
+
+
+def _forward(signum: int, frame: object) -> None:
+    """To the worker only, not its process group: the worker decides how to stop (it checkpoints
+    at the next step); its helpers are cleaned up when it has ended. SIGUSR1 is what mpirun
+    forwards to the ranks of a cancelled multi-host job: the worker gets SIGTERM."""
+    sig = signal.SIGTERM if signum == signal.SIGUSR1 else signum
+    if not started:
+        pending.append(sig)
+        return
+    try:
+        os.kill(started[0].pid, sig)
+    except ProcessLookupError:
+        pass
+
+
+def main(argv: list[str] | None = None) -> int:
+    # first of all: a stop request that comes while this minder starts up must not kill it
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1):
+        signal.signal(sig, _forward)
+    args = _parse(argv)
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
+    if not command:
+        print("python -m ddlkit_mpi.rank: no command after --", file=sys.stderr)
+        return 2
 
     rank = int(os.environ["OMPI_COMM_WORLD_RANK"])
-    node, local_rank = node_layout(rank, args.procs_per_node)
-    scratch = args.scratch / f"node-{node}"
+    wanted = os.environ.get("OMPI_MCA_initial_wdir")
+    if wanted and os.path.realpath(wanted) != os.path.realpath(os.getcwd()):
+        # OpenMPI falls back to the home directory on a host where mpirun's directory is missing
+        print(f"[rank {rank}] error: the job directory {wanted} does not exist on host {os.uname().nodename}: "
+              "compute=mpi needs the job directory on a file system every host mounts at the same path",
+              file=sys.stderr, flush=True)
+        return 1
+    if args.procs_per_node is not None:
+        node, local_rank = node_layout(rank, args.procs_per_node)
+        local_size = args.procs_per_node
+    else:
+        local_rank = int(os.environ["OMPI_COMM_WORLD_LOCAL_RANK"])
+        local_size = int(os.environ["OMPI_COMM_WORLD_LOCAL_SIZE"])
+        node = host_node(rank, local_rank, local_size, args.node_sizes)
+    base = Path(os.path.expanduser(os.path.expandvars(args.scratch)))
+    scratch = (base if base.is_absolute() else Path.cwd() / base) / f"node-{node}"
     scratch.mkdir(parents=True, exist_ok=True)
     env = {**os.environ, "DDLKIT_NODE": str(node), "DDLKIT_LOCAL_RANK": str(local_rank),
-           "DDLKIT_LOCAL_SIZE": str(args.procs_per_node), "DDLKIT_NODE_SCRATCH": str(scratch)}
+           "DDLKIT_LOCAL_SIZE": str(local_size), "DDLKIT_NODE_SCRATCH": str(scratch)}
     log_path = args.job_dir / f"rank-{rank}.log"
     parent = os.getppid()
 
-    child = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL,
-                             env=env, process_group=0, preexec_fn=_die_with_parent)
-
-    def forward(signum: int, frame: object) -> None:
-        # to the worker only, not its process group: the worker decides how to stop (it
-        # checkpoints at the next step); its helpers are cleaned up when it has ended
-        try:
-            os.kill(child.pid, signum)
-        except ProcessLookupError:
-            pass
-
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, forward)
+    if args.cancel_file and os.path.exists(args.cancel_file):
+        # the job was cancelled before this rank started: the stop signal may have missed it
+        pending.append(signal.SIGTERM)
+    started.append(subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                    stdin=subprocess.DEVNULL, env=env, process_group=0, preexec_fn=_die_with_parent))
+    child = started[0]
+    for sig in pending:
+        os.kill(child.pid, sig)
 
     errors = ErrorFilter()
     out, err = sys.stdout.buffer, sys.stderr.buffer
@@ -149,7 +218,8 @@ def main(argv: list[str] | None = None) -> int:
             err.write(f"[rank {rank}] ended with {how}\n".encode())
             err.flush()
     _write_record(args.job_dir, {"rank": rank, "node": node, "local_rank": local_rank, "code": code,
-                                 "time": finished, "log": str(log_path), "pid": child.pid})
+                                 "time": finished, "log": str(log_path), "pid": child.pid,
+                                 "host": os.uname().nodename})
     # a signal death is reported to mpirun the shell's way (128 + signal), never as success
     return 128 - code if code < 0 else code
 

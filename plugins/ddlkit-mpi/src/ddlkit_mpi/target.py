@@ -1,51 +1,62 @@
-"""``compute=local_mpi``: a job's ranks on this machine, started by OpenMPI's ``mpirun``, as if
-on ``compute.nodes`` nodes of ``compute.procs_per_node`` ranks each.
+"""``compute=local_mpi`` and ``compute=mpi``: a job's ranks started by OpenMPI's ``mpirun``.
 
-The launcher side. ``mpirun`` runs in a session of its own, and every rank runs
-``python -m ddlkit_mpi.rank`` (see :mod:`ddlkit_mpi.rank`) around the worker command, which
-writes ``rank-N.log`` and an exit record per rank. From those this handle reports the rank that
-failed first. The guarantees:
+* ``local_mpi``: all ranks on this machine, as if on ``compute.nodes`` nodes of
+  ``compute.procs_per_node`` ranks each (a cluster simulated on one machine);
+* ``mpi``: one job across real hosts (``compute.hosts``, ``compute.hostfile``, or the allocation a
+  cluster scheduler hands over, see :mod:`ddlkit_mpi.hosts`) -- what runs *inside* a cluster job.
+
+Both are one implementation (:class:`MpirunTarget`, :class:`MpiJob`); they differ in where the
+ranks go and how the node layout is learnt. ``mpirun`` runs under ddlkit's process minder
+(:class:`ddlkit.jobs.process.ProcessJob`) in the job directory, its output in ``mpirun.log``; every
+rank runs ``python -m ddlkit_mpi.rank --job-dir . ...`` (see :mod:`ddlkit_mpi.rank`) around the
+worker command, which writes ``rank-N.log`` and an exit record per rank, from which the handle
+names the rank that failed first. The guarantees:
 
 * a rank that dies (any non-zero status or signal) ends the job: mpirun stops the others, and if
-  it has not within ``compute.abort_timeout_s`` the handle kills everything in the session;
-* ``cancel()`` sends SIGTERM to each rank's worker (not to mpirun, which would kill the ranks
-  after a second, before they can checkpoint), and kills the session after
-  ``compute.grace_period_s``;
-* when the job ends, or the launcher exits, nothing the job started survives.
+  it has not within ``compute.abort_timeout_s`` the launcher that started the job kills
+  everything in the job's session;
+* ``cancel()`` asks every rank's worker to checkpoint and stop (SIGTERM), never mpirun itself,
+  which would kill the ranks a second later, before they can checkpoint: ``local_mpi`` signals
+  each rank minder in the job's session, ``mpi`` sends SIGUSR1 to mpirun, which forwards it to
+  the ranks on every host; after ``compute.grace_period_s`` the session is killed;
+* when the job ends, or the launcher that started it exits without detaching, nothing the job
+  started survives; ``attach(id)`` follows, judges and cancels the job from another process.
 """
 
 from __future__ import annotations
 
-import atexit
 import contextlib
+import fcntl
 import json
 import os
+import shlex
 import shutil
 import signal
 import socket
-import subprocess
+import struct
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import ddlkit
-from ddlkit.builtin.local_compute import ProcessHandle, describe_exit
+from ddlkit.atomic import write_json, write_text
 from ddlkit.interfaces import JobHandle, JobSpec, JobState, JobStatus
+from ddlkit.jobs.process import CANCEL_FILE, ProcessJob, describe_exit, kill_session, log_tail, processes
 
+from .hosts import Host, discover
 from .rank import RECORDS_DIR
 
-#: sessions (mpirun's pid) of jobs still running; killed when the launcher exits
-_LIVE_SESSIONS: set[int] = set()
-
-
-@atexit.register
-def _kill_leftover_sessions() -> None:
-    for sid in list(_LIVE_SESSIONS):
-        kill_session(sid, signal.SIGKILL)
+#: mpirun's output (rank 0's plus the other ranks' error lines), in the job directory
+MPIRUN_LOG = "mpirun.log"
+RANK_MODULE = "ddlkit_mpi.rank"
+#: the job's rank layout, written at submission for handles built later (``ddlkit jobs``)
+LAYOUT_FILE = ".ddlkit/mpi-layout.json"
+#: what every rank gets from mpirun's environment on every host (``-x NAME``), besides the job's own
+RANK_ENV = ("MASTER_ADDR", "MASTER_PORT", "DDLKIT_CONTROL_ADDR", "PYTHONUNBUFFERED", "OMP_NUM_THREADS")
 
 
 @dataclass
@@ -57,7 +68,7 @@ class LocalMpiConfig:
     # seconds a cancelled job gets to checkpoint at its next step before it is killed
     grace_period_s: float = 30.0
     # base directory of the nodes' local scratch ("local SSD") directories, node-K below it;
-    # null: <job_dir>/nodes
+    # null: nodes/ in the job directory; relative: to the job directory
     scratch: str | None = None
     # after a rank has failed, seconds mpirun gets to stop the other ranks before ddlkit kills them
     abort_timeout_s: float = 5.0
@@ -66,28 +77,31 @@ class LocalMpiConfig:
     mpirun_args: list[str] = field(default_factory=list)
 
 
-def _processes() -> Iterator[tuple[int, int, int]]:
-    """(pid, parent pid, session id) of every process, from /proc."""
-    for entry in os.scandir("/proc"):
-        if not entry.name.isdigit():
-            continue
-        try:
-            stat = Path(entry.path, "stat").read_text()
-        except OSError:
-            continue
-        fields = stat.rsplit(")", 1)[1].split()
-        yield int(entry.name), int(fields[1]), int(fields[3])
-
-
-def kill_session(sid: int, sig: int) -> None:
-    """Signal every process of session ``sid``: mpirun puts each rank in a process group of its
-    own, so a process-group kill would miss them, but all stay in mpirun's session."""
-    for pid, _, session in _processes():
-        if session == sid:
-            try:
-                os.kill(pid, sig)
-            except (ProcessLookupError, PermissionError):
-                pass
+@dataclass
+class MpiConfig:
+    # hosts as name or name:slots, e.g. [node1:4,node2:4]; or:
+    hosts: list[str] = field(default_factory=list)
+    # an OpenMPI hostfile (`host slots=N` per line); with neither, the scheduler's allocation
+    # ($AZ_BATCHAI_MPI_HOST_FILE, $AZ_BATCH_HOST_LIST, $PBS_NODEFILE, $SLURM_JOB_NODELIST)
+    hostfile: str | None = None
+    # use only the first N hosts; null: all of them
+    nodes: int | None = None
+    # ranks per host (GPUs per node); null: each host's slots (1 where its source gives none)
+    procs_per_node: int | None = None
+    # the ranks' interpreter on the hosts; null: this one (sys.executable)
+    python: str | None = None
+    # base of each node's scratch directory (its local disk), node-K below it; $VARS and ~ are
+    # expanded on the node; null: nodes/ in the job directory; relative: to the job directory
+    scratch: str | None = None
+    # rank 0's rendezvous port on the first host (MASTER_PORT); ddlkit's control plane uses the next one
+    master_port: int = 29500
+    # seconds a cancelled job gets to checkpoint at its next step before it is killed
+    grace_period_s: float = 30.0
+    # after a rank has failed, seconds mpirun gets to stop the other ranks before ddlkit kills them
+    abort_timeout_s: float = 5.0
+    # the mpirun to run, and extra arguments for it (e.g. [--mca, btl_tcp_if_include, eth0])
+    mpirun: str = "mpirun"
+    mpirun_args: list[str] = field(default_factory=list)
 
 
 def free_ports(n: int) -> list[int]:
@@ -99,17 +113,83 @@ def free_ports(n: int) -> list[int]:
         return [s.getsockname()[1] for s in socks]
 
 
-class MpiJobHandle(ProcessHandle):
-    """``mpirun`` as a :class:`~ddlkit.JobHandle`. :meth:`logs` streams mpirun's output (rank 0
-    plus every rank's error lines), also kept in ``mpirun.log``."""
+def _cmdline(pid: int) -> list[str]:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace").split("\0")
+    except OSError:
+        return []
 
-    def __init__(self, proc: subprocess.Popen, spec: JobSpec, cfg: LocalMpiConfig, world_size: int) -> None:
-        super().__init__(proc, spec.job_dir / "mpirun.log", cfg.grace_period_s, f"{spec.name}:{proc.pid}")
-        _LIVE_SESSIONS.add(proc.pid)
-        self.job_dir, self.cfg, self.world_size = spec.job_dir, cfg, world_size
-        self.records_dir = spec.job_dir / RECORDS_DIR
-        self._watchdog = threading.Thread(target=self._watch, name=f"ddlkit-mpi-watch-{self.id}", daemon=True)
-        self._watchdog.start()
+
+def _cwd(pid: int) -> str | None:
+    try:
+        return os.readlink(f"/proc/{pid}/cwd")
+    except OSError:
+        return None
+
+
+# ---------------------------------------------------------------------------- the job
+class MpiJob(ProcessJob):
+    """``mpirun`` as a :class:`~ddlkit.JobHandle`. ``id`` is its minder's pid; :meth:`logs`
+    streams ``mpirun.log`` (rank 0's output plus every rank's error lines)."""
+
+    #: ranks the job has (a job is a success only when all of them reported success)
+    world_size: int = 1
+    abort_timeout_s: float = 5.0
+    #: how cancel() reaches the ranks: "session" (SIGTERM to each rank minder in the job's
+    #: session, all on this machine) or "mpirun" (SIGUSR1 to mpirun, forwarded to every host)
+    stop_via: str = "session"
+    #: host names by node index, for messages (empty: simulated nodes)
+    node_names: Sequence[str] = ()
+
+    @classmethod
+    def launch(cls, command: Sequence[str], *, job_dir: Path, env: Mapping[str, str], grace_period_s: float,
+               world_size: int, abort_timeout_s: float, stop_via: str, node_names: Sequence[str] = ()) -> MpiJob:
+        """Start ``command`` (an mpirun command line) in ``job_dir``, and its abort watchdog here."""
+        # a resumed job runs in the same directory: the previous run's exit records are not ours
+        shutil.rmtree(Path(job_dir) / RECORDS_DIR, ignore_errors=True)
+        job = cls.start(command, job_dir=job_dir, log_name=MPIRUN_LOG, env=env, grace_period_s=grace_period_s)
+        assert isinstance(job, MpiJob)
+        job.configure(world_size=world_size, abort_timeout_s=abort_timeout_s, stop_via=stop_via,
+                      node_names=node_names)
+        threading.Thread(target=job._watch, name=f"ddlkit-mpi-watch-{job.id}", daemon=True).start()
+        return job
+
+    @classmethod
+    def find(cls, job_id: str, *, job_dir: Path, grace_period_s: float, world_size: int, abort_timeout_s: float,
+             stop_via: str, node_names: Sequence[str] = ()) -> MpiJob:
+        """The job ``job_id`` (started by :meth:`launch`, maybe in another process)."""
+        job = cls.attach(job_id, job_dir=job_dir, log_name=MPIRUN_LOG, grace_period_s=grace_period_s)
+        assert isinstance(job, MpiJob)
+        job.configure(world_size=world_size, abort_timeout_s=abort_timeout_s, stop_via=stop_via,
+                      node_names=node_names)
+        return job
+
+    def configure(self, *, world_size: int, abort_timeout_s: float, stop_via: str,
+                  node_names: Sequence[str] = ()) -> None:
+        self.world_size, self.abort_timeout_s, self.stop_via = world_size, abort_timeout_s, stop_via
+        self.node_names = tuple(node_names)
+        self.records_dir = self.job_dir / RECORDS_DIR
+
+    # ------------------------------------------------------------ the job's processes
+    def _session(self) -> list[int]:
+        """The processes of the job's session (its id is the minder's pid), if the session is
+        this job's: one of them works in the job directory (a recycled pid's does not)."""
+        pids = [pid for pid, _, sid in processes() if sid == self.pid]
+        job_dir = str(self.job_dir.resolve())
+        return pids if any(_cwd(p) == job_dir for p in pids) else []
+
+    def _rank_minders(self) -> list[int]:
+        """The ``ddlkit_mpi.rank`` processes of this job on this machine."""
+        return [p for p in self._session() if _cmdline(p)[1:3] == ["-m", RANK_MODULE]]
+
+    def _mpirun(self) -> int | None:
+        """mpirun's pid: the minder's child."""
+        return next((pid for pid, ppid, sid in processes() if ppid == self.pid and sid == self.pid), None)
+
+    def _kill_leftovers(self) -> None:
+        for pid in self._session():
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, signal.SIGKILL)
 
     # ------------------------------------------------------------ rank records
     def _records(self) -> list[dict[str, Any]]:
@@ -122,123 +202,358 @@ class MpiJobHandle(ProcessHandle):
         return records
 
     def _watch(self) -> None:
-        """The backstop of mpirun's own abort: once a rank has failed, the others get
-        ``abort_timeout_s`` to end before the whole session is killed."""
+        """The backstop of mpirun's own abort, in the process that started the job: once a rank
+        has failed, the others get ``abort_timeout_s`` to end before the session is killed."""
+        assert self.proc is not None
         failed_at: float | None = None
         while self.proc.poll() is None:
             if failed_at is None:
                 if any(r["code"] != 0 for r in self._records()):
                     failed_at = time.monotonic()
-            elif time.monotonic() - failed_at > self.cfg.abort_timeout_s:
-                kill_session(self.proc.pid, signal.SIGKILL)
+            elif time.monotonic() - failed_at > self.abort_timeout_s:
+                # all but the minder, which records how mpirun ended
+                kill_session(self.pid, signal.SIGKILL, spare=self.pid)
                 return
             time.sleep(0.1)
 
-    # ------------------------------------------------------------ JobHandle
-    def _final(self, code: int) -> JobStatus:
+    def _where(self, record: dict[str, Any]) -> str:
+        node = record["node"]
+        if 0 <= node < len(self.node_names):
+            return f"node {node}, host {self.node_names[node]}"
+        return f"node {node}"
+
+    def final_status(self, code: int) -> JobStatus:
         # mpirun has ended: whatever a rank left behind goes with it
-        kill_session(self.proc.pid, signal.SIGKILL)
-        _LIVE_SESSIONS.discard(self.proc.pid)
-        super()._final(code)  # for its side effect: local_compute's exit guard forgets the process
+        self._kill_leftovers()
         records = self._records()
         failures = sorted((r for r in records if r["code"] != 0), key=lambda r: r["time"])
         if code == 0 and not failures and len(records) == self.world_size:
             return JobStatus(JobState.SUCCEEDED, 0)
-        state = JobState.CANCELLED if self._cancelled else JobState.FAILED
+        state = JobState.CANCELLED if self.cancel_requested else JobState.FAILED
         if not failures:
-            tail = "".join(self._tail).splitlines()[-15:]
             return JobStatus(state, code or 1, f"mpirun ended with {describe_exit(code)} and {len(records)} of "
                              f"{self.world_size} ranks reported an exit; last lines of {self.log_path}:\n"
-                             + "\n".join("    " + ln for ln in tail))
+                             + "\n".join("    " + ln for ln in log_tail(self.log_path)))
         first = failures[0]
-        log = Path(first["log"])
-        try:
-            tail = log.read_text(encoding="utf-8", errors="replace").splitlines()[-15:]
-        except OSError:
-            tail = ["(no log)"]
+        log = self.job_dir / first["log"]
         others = [f"rank {r['rank']}: {describe_exit(r['code'])}" for r in records if r is not first]
         missing = sorted(set(range(self.world_size)) - {r["rank"] for r in records})
         if missing:
             others.append(f"ranks {missing}: killed before they could report")
-        message = (f"rank {first['rank']} (node {first['node']}) failed first, with {describe_exit(first['code'])}; "
-                   f"last lines of {log}:\n" + "\n".join("    " + ln for ln in tail)
+        message = (f"rank {first['rank']} ({self._where(first)}) failed first, with {describe_exit(first['code'])}; "
+                   f"last lines of {log}:\n" + "\n".join("    " + ln for ln in log_tail(log))
                    + (f"\n  then {'; '.join(others)}" if others else ""))
         return JobStatus(state, first["code"], message)
 
+    # ------------------------------------------------------------ cancel
     def cancel(self) -> None:
-        if self.proc.poll() is not None or self._cancelled:
+        if self.status().state.done or self.cancel_requested:
             return
-        self._cancelled = True
+        write_text(self.job_dir / CANCEL_FILE, f"{time.time()}\n")
         threading.Thread(target=self._terminate, name=f"ddlkit-mpi-cancel-{self.id}", daemon=True).start()
 
     def _terminate(self) -> None:
-        """SIGTERM to every rank minder (mpirun's children), including ranks that are still
-        starting, then SIGKILL to the whole session once the grace period is over."""
+        """Ask every rank to stop -- again for ranks that are still starting -- then, once the
+        grace period is over, kill the session."""
         deadline = time.monotonic() + self.grace
         signalled: set[int] = set()
-        while self.proc.poll() is None and time.monotonic() < deadline:
-            for pid, ppid, _ in _processes():
-                if ppid == self.proc.pid and pid not in signalled:
-                    try:
-                        os.kill(pid, signal.SIGTERM)
-                    except ProcessLookupError:
-                        continue
-                    signalled.add(pid)
+        while not self.status().state.done and time.monotonic() < deadline:
+            if self.stop_via == "mpirun":
+                # mpirun forwards SIGUSR1 to the ranks it has started, on every host; each rank's
+                # minder passes it on to its worker as SIGTERM. Once: a rank that starts later
+                # finds the cancel marker (written before this) and stops by itself
+                if not signalled and (mpirun := self._mpirun()) is not None:
+                    with contextlib.suppress(ProcessLookupError):
+                        os.kill(mpirun, signal.SIGUSR1)
+                    signalled.add(mpirun)
+            else:
+                for pid in self._rank_minders():
+                    if pid not in signalled:
+                        with contextlib.suppress(ProcessLookupError):
+                            os.kill(pid, signal.SIGTERM)
+                        signalled.add(pid)
             time.sleep(0.1)
-        if self.proc.poll() is None:
-            kill_session(self.proc.pid, signal.SIGKILL)
+        self._kill()
 
 
-class LocalMpiTarget(ddlkit.ComputeTarget):
-    cfg: LocalMpiConfig
+# ---------------------------------------------------------------------------- targets
+class MpirunTarget(ddlkit.ComputeTarget):
+    """What ``local_mpi`` and ``mpi`` share: the mpirun command, the ranks' environment, the job."""
 
-    def __init__(self, cfg: Any) -> None:
-        super().__init__(cfg)
-        for key in ("nodes", "procs_per_node"):
-            if getattr(cfg, key) < 1:
-                raise ddlkit.ConfigError(f"compute.{key}={getattr(cfg, key)} is invalid: it must be a positive integer.")
-        if shutil.which(cfg.mpirun) is None:
-            raise ddlkit.ConfigError(f"compute=local_mpi needs OpenMPI's `{cfg.mpirun}`, which is not on PATH: "
-                                     "apt-get install openmpi-bin (or set compute.mpirun to its path).")
+    # mpirun runs on this machine and answers at once
+    poll_interval_s = 0.05
+    # the ranks run in the launcher's job directory (on a shared file system for other hosts)
+    shares_job_dir = True
+    #: how cancel() reaches the ranks, see :attr:`MpiJob.stop_via`
+    stop_via: ClassVar[str] = "session"
+    #: environment set for the ranks besides :data:`RANK_ENV` (passed on with ``-x`` too)
+    extra_env_names: ClassVar[tuple[str, ...]] = ()
+    #: the registered name, for messages
+    name: ClassVar[str]
 
     @property
     def world_size(self) -> int:
-        return self.cfg.nodes * self.cfg.procs_per_node
+        return sum(self.node_sizes())
 
-    def command(self, spec: JobSpec) -> list[str]:
+    # ------------------------------------------------------------ what the subclasses say
+    def node_sizes(self) -> list[int]:
+        """Ranks per node, in the order mpirun places them."""
+        raise NotImplementedError
+
+    def node_names(self) -> list[str]:
+        return []
+
+    def ranks_per_machine(self) -> int:
+        """How many ranks share a machine's cores (the most on any host)."""
+        return max(self.node_sizes())
+
+    def placement_args(self) -> list[str]:
+        """mpirun's arguments that say where the ranks go."""
+        raise NotImplementedError
+
+    def layout_args(self) -> list[str]:
+        """The rank minder's arguments that say how a rank learns its node and local rank."""
+        raise NotImplementedError
+
+    def rendezvous(self) -> tuple[str, int, int]:
+        """(rank 0's address, MASTER_PORT, the control plane's port)."""
+        raise NotImplementedError
+
+    def python(self) -> str:
+        return sys.executable
+
+    def check_runnable(self) -> None:
+        """local_mpi checks when it is built; mpi when it submits, so that ``ddlkit plan`` prints
+        its command on a machine without OpenMPI."""
+        if shutil.which(self.cfg.mpirun) is None:
+            raise ddlkit.ConfigError(f"compute={self.name} needs OpenMPI's `{self.cfg.mpirun}`, which is not on PATH: "
+                                     "apt-get install openmpi-bin (or set compute.mpirun to its path).")
+
+    # ------------------------------------------------------------ the command and its environment
+    def forwarded_env(self, spec: JobSpec) -> list[str]:
+        """The names passed to the ranks with ``-x NAME``: the value stays in mpirun's environment,
+        so a secret never shows on a command line (nor in ``ddlkit plan``)."""
+        return list(dict.fromkeys([*RANK_ENV, *self.extra_env_names, *spec.env, *spec.secret_env]))
+
+    def command(self, spec: JobSpec, python: str | None = None) -> list[str]:
+        """The mpirun command line, run with the job directory as working directory."""
         c = self.cfg
-        scratch = Path(c.scratch).expanduser() if c.scratch else spec.job_dir / "nodes"
+        python = python or self.python()
+        mpirun = c.mpirun
+        if os.sep in mpirun and not os.path.isabs(mpirun):
+            mpirun = os.path.abspath(mpirun)  # mpirun starts in the job directory
         return [
-            c.mpirun, "-np", str(self.world_size),
-            # a simulation on one machine: ranks may outnumber cores (and OpenMPI counts physical
-            # cores), and no rank is pinned, so the OS spreads them
-            "--oversubscribe", "--bind-to", "none", "--map-by", "slot",
+            mpirun, "-np", str(self.world_size), *self.placement_args(),
+            # ranks fill one node after the other; none is pinned, so the OS spreads them
+            "--bind-to", "none", "--map-by", "slot",
+            *(arg for name in self.forwarded_env(spec) for arg in ("-x", name)),
             *c.mpirun_args,
-            sys.executable, "-m", "ddlkit_mpi.rank", "--job-dir", str(spec.job_dir),
-            "--procs-per-node", str(c.procs_per_node), "--scratch", str(scratch), "--", *spec.argv,
+            python, "-m", RANK_MODULE, "--job-dir", ".", *self.layout_args(), "--scratch", c.scratch or "nodes",
+            "--cancel-file", CANCEL_FILE, "--", *spec.command(python),
         ]
 
     def environment(self, spec: JobSpec) -> dict[str, str]:
-        master_port, control_port = free_ports(2)
-        env = {**os.environ, **spec.env, "PYTHONUNBUFFERED": "1",
-               # rendezvous on loopback: torch.distributed's store, and ddlkit's control plane
-               "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(master_port),
-               "DDLKIT_CONTROL_ADDR": f"127.0.0.1:{control_port}"}
-        env.setdefault("GLOO_SOCKET_IFNAME", "lo")
+        """mpirun's environment: this one, the job's (``spec.env``, ``spec.secret_env``), the rendezvous."""
+        addr, master_port, control_port = self.rendezvous()
+        env = {**os.environ, **spec.env, **spec.secret_env, "PYTHONUNBUFFERED": "1",
+               # torch.distributed's rendezvous, and ddlkit's control plane
+               "MASTER_ADDR": addr, "MASTER_PORT": str(master_port), "DDLKIT_CONTROL_ADDR": f"{addr}:{control_port}"}
         # like torchrun: ranks sharing a machine share its cores instead of each taking them all
-        env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // self.world_size)))
-        # a rank waiting in an MPI collective (Horovod's all-reduce) busy-polls; on a machine whose
-        # cores all train, that steals the core another rank computes on. Yielding doubled Horovod's
-        # 2-rank throughput on 2 cores (OpenMPI yields by itself only when ranks outnumber slots)
-        env.setdefault("OMPI_MCA_mpi_yield_when_idle", "1")
+        env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // self.ranks_per_machine())))
         if os.geteuid() == 0:
             # containers run as root; OpenMPI refuses that unless told both of these
             env.update(OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
         return env
 
+    def plan(self, spec: JobSpec) -> str:
+        return shlex.join(self.command(spec))
+
+    # ------------------------------------------------------------ ComputeTarget
     def submit(self, spec: JobSpec) -> JobHandle:
-        # a resumed job runs in the same directory: the previous run's exit records are not ours
-        shutil.rmtree(spec.job_dir / RECORDS_DIR, ignore_errors=True)
-        proc = subprocess.Popen(self.command(spec), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                stdin=subprocess.DEVNULL, env=self.environment(spec), start_new_session=True)
-        return MpiJobHandle(proc, spec, self.cfg, self.world_size)
+        self.check_runnable()
+        command, env = self.command(spec), self.environment(spec)
+        # what attach() needs, should it be built where the hosts cannot be found again (another
+        # shell, outside the cluster job): no secret, only the layout
+        write_json(spec.job_dir / LAYOUT_FILE, {"world_size": self.world_size, "node_sizes": self.node_sizes(),
+                                                "node_names": self.node_names()})
+        return MpiJob.launch(command, job_dir=spec.job_dir, env=env, grace_period_s=self.cfg.grace_period_s,
+                             world_size=self.world_size, abort_timeout_s=self.cfg.abort_timeout_s,
+                             stop_via=self.stop_via, node_names=self.node_names())
+
+    def attach(self, job_id: str, *, job_dir: Path) -> JobHandle:
+        try:
+            layout = json.loads((Path(job_dir) / LAYOUT_FILE).read_text(encoding="utf-8"))
+            world_size, node_names = int(layout["world_size"]), list(layout["node_names"])
+        except (OSError, ValueError, KeyError, TypeError):
+            world_size, node_names = self.world_size, self.node_names()
+        return MpiJob.find(job_id, job_dir=job_dir, grace_period_s=self.cfg.grace_period_s, world_size=world_size,
+                           abort_timeout_s=self.cfg.abort_timeout_s, stop_via=self.stop_via, node_names=node_names)
+
+
+class LocalMpiTarget(MpirunTarget):
+    """``compute=local_mpi``: ``nodes`` x ``procs_per_node`` ranks on this machine."""
+
+    cfg: LocalMpiConfig
+    name = "local_mpi"
+    extra_env_names = ("GLOO_SOCKET_IFNAME",)
+
+    def __init__(self, cfg: Any) -> None:
+        super().__init__(cfg)
+        for key in ("nodes", "procs_per_node"):
+            if getattr(cfg, key) < 1:
+                raise ddlkit.ConfigError(f"compute.{key}={getattr(cfg, key)} is invalid: "
+                                         "it must be a positive integer.")
+        self.check_runnable()
+
+    def node_sizes(self) -> list[int]:
+        return [self.cfg.procs_per_node] * self.cfg.nodes
+
+    def ranks_per_machine(self) -> int:
+        return self.world_size  # every simulated node is this machine
+
+    def placement_args(self) -> list[str]:
+        # a simulation on one machine: ranks may outnumber cores (and OpenMPI counts physical cores)
+        return ["--oversubscribe"]
+
+    def layout_args(self) -> list[str]:
+        return ["--procs-per-node", str(self.cfg.procs_per_node)]
+
+    def rendezvous(self) -> tuple[str, int, int]:
+        master_port, control_port = free_ports(2)  # free loopback ports, chosen per job
+        return "127.0.0.1", master_port, control_port
+
+    def environment(self, spec: JobSpec) -> dict[str, str]:
+        env = super().environment(spec)
+        env.setdefault("GLOO_SOCKET_IFNAME", "lo")
+        # a rank waiting in an MPI collective (Horovod's all-reduce) busy-polls; on a machine whose
+        # cores all train, that steals the core another rank computes on. Yielding doubled Horovod's
+        # 2-rank throughput on 2 cores (OpenMPI yields by itself only when ranks outnumber slots)
+        env.setdefault("OMPI_MCA_mpi_yield_when_idle", "1")
+        return env
+
+
+# ---------------------------------------------------------------------------- compute=mpi
+_LOOPBACK_NAMES = {"localhost", "localhost.localdomain", "127.0.0.1", "::1"}
+
+
+def _local_addresses() -> set[str]:
+    """This machine's interface addresses (IPv4 by ioctl, IPv6 from /proc), as OpenMPI compares them."""
+    found = {"127.0.0.1", "::1"}
+    with contextlib.suppress(OSError), socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        for _, name in socket.if_nameindex():
+            with contextlib.suppress(OSError):
+                req = struct.pack("256s", name.encode()[:15])
+                addr = fcntl.ioctl(s.fileno(), 0x8915, req)[20:24]  # SIOCGIFADDR
+                found.add(socket.inet_ntoa(addr))
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/net/if_inet6").read_text().splitlines():
+            raw = bytes.fromhex(line.split()[0])
+            found.add(socket.inet_ntop(socket.AF_INET6, raw))
+    return found
+
+
+def is_this_host(name: str) -> bool:
+    """Whether OpenMPI takes host ``name`` for the machine mpirun runs on: a loopback name, this
+    machine's host name (short or not), or one of its interface addresses. No name lookup."""
+    if name in _LOOPBACK_NAMES:
+        return True
+    if _is_ip(name):
+        return name in _local_addresses()
+    # OpenMPI compares host names without their domain (orte_keep_fqdn_hostnames=false)
+    return name.split(".")[0] == socket.gethostname().split(".")[0]
+
+
+def _is_ip(name: str) -> bool:
+    for family in (socket.AF_INET, socket.AF_INET6):
+        with contextlib.suppress(OSError):
+            socket.inet_pton(family, name)
+            return True
+    return False
+
+
+class MpiTarget(MpirunTarget):
+    """``compute=mpi``: one job across real hosts."""
+
+    cfg: MpiConfig
+    name = "mpi"
+    # the ranks may run on other machines: mpirun forwards SIGUSR1 to all of them
+    stop_via = "mpirun"
+
+    def __init__(self, cfg: Any, env: Mapping[str, str] | None = None) -> None:
+        super().__init__(cfg)
+        c = cfg
+        for key in ("nodes", "procs_per_node"):
+            if getattr(c, key) is not None and getattr(c, key) < 1:
+                raise ddlkit.ConfigError(f"compute.{key}={getattr(c, key)} is invalid: it must be a positive integer.")
+        for key in ("grace_period_s", "abort_timeout_s"):
+            if getattr(c, key) < 0:
+                raise ddlkit.ConfigError(f"compute.{key}={getattr(c, key)} is invalid: it must be >= 0.")
+        if not 1 <= c.master_port <= 65534:
+            raise ddlkit.ConfigError(f"compute.master_port={c.master_port} is invalid: it must be a port in "
+                                     "[1, 65534] (the control plane uses the next one).")
+        # the hosts depend on where the target is built: inside the cluster job (the scheduler's
+        # variables, the hostfile) they must be found, and a problem is an error as soon as the
+        # job needs them (the launcher asks world_size first); `ddlkit jobs` in another shell
+        # attaches from the layout recorded at submission instead
+        self._error: ddlkit.ConfigError | None = None
+        try:
+            self._hosts, self._sizes = self._resolve(env)
+        except ddlkit.ConfigError as e:
+            self._error = e
+
+    def _resolve(self, env: Mapping[str, str] | None) -> tuple[list[Host], list[int]]:
+        c = self.cfg
+        hosts, self.source = discover(c.hosts, c.hostfile, env)
+        if c.nodes is not None:
+            if c.nodes > len(hosts):
+                raise ddlkit.ConfigError(f"compute.nodes={c.nodes} asks for more hosts than {self.source} names "
+                                         f"({len(hosts)}: {', '.join(h.name for h in hosts)}).")
+            hosts = hosts[:c.nodes]
+        wanted = c.procs_per_node
+        short = [h for h in hosts if wanted is not None and h.slots is not None and h.slots < wanted]
+        if short:
+            total_slots = sum(h.slots or c.procs_per_node for h in hosts)
+            raise ddlkit.ConfigError(
+                f"compute=mpi asks for {c.procs_per_node * len(hosts)} ranks (compute.procs_per_node="
+                f"{c.procs_per_node} on {len(hosts)} hosts) but the hosts have {total_slots} slots: "
+                + ", ".join(f"{h.name} has {h.slots}" for h in short) + f" (from {self.source}).")
+        # mpirun places the first ranks on its own host when that host is listed (OpenMPI's rule,
+        # whatever the order given): list it first, so node ids and rank 0's address are right
+        local = [h for h in hosts if is_this_host(h.name)]
+        hosts = local[:1] + [h for h in hosts if h not in local[:1]]
+        return hosts, [c.procs_per_node or h.slots or 1 for h in hosts]
+
+    @property
+    def hosts(self) -> list[Host]:
+        if self._error is not None:
+            raise self._error
+        return self._hosts
+
+    @property
+    def sizes(self) -> list[int]:
+        if self._error is not None:
+            raise self._error
+        return self._sizes
+
+    def node_sizes(self) -> list[int]:
+        return list(self.sizes)
+
+    def node_names(self) -> list[str]:
+        return [h.name for h in self.hosts]
+
+    def placement_args(self) -> list[str]:
+        # every host with the ranks it runs: exactly what the hostfile allows, no oversubscription
+        return ["-H", ",".join(f"{h.name}:{n}" for h, n in zip(self.hosts, self.sizes, strict=True))]
+
+    def layout_args(self) -> list[str]:
+        return ["--node-sizes", ",".join(map(str, self.sizes))]
+
+    def python(self) -> str:
+        return self.cfg.python or sys.executable
+
+    def rendezvous(self) -> tuple[str, int, int]:
+        first = self.hosts[0].name
+        if first in _LOOPBACK_NAMES and not all(is_this_host(h.name) for h in self.hosts):
+            first = socket.gethostname()  # other machines cannot reach rank 0 at "localhost"
+        return first, self.cfg.master_port, self.cfg.master_port + 1
+
