@@ -28,7 +28,20 @@ def test_each_rank_of_a_node_gets_its_own_gpu(monkeypatch: pytest.MonkeyPatch) -
     import torch
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
     fw = PytorchFramework(PytorchConfig(device="cuda"))
     assert fw._device(ddlkit.DistContext(rank=3, world_size=4, local_rank=1, local_size=2)) == torch.device("cuda:1")
     assert fw._device(ddlkit.DistContext()) == torch.device("cuda")
     assert PytorchFramework(PytorchConfig(device="cpu"))._device(SimpleNamespace(world_size=2, local_rank=1)).type == "cpu"
+
+
+def test_a_rank_without_a_gpu_of_its_own_is_refused_by_name(monkeypatch: pytest.MonkeyPatch) -> None:
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    fw = PytorchFramework(PytorchConfig(device="cuda"))
+    assert fw._device(ddlkit.DistContext(rank=0, world_size=2, local_rank=0, local_size=2)) == torch.device("cuda:0")
+    with pytest.raises(ddlkit.ConfigError, match=r"sees 1 GPU\(s\) on this node, so rank 1 \(local rank 1\) has none"):
+        fw._device(ddlkit.DistContext(rank=1, world_size=2, local_rank=1, local_size=2))
+

@@ -4,7 +4,9 @@
 from __future__ import annotations
 
 import contextlib
+import os
 import random
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -57,13 +59,24 @@ class PytorchFramework(ddlkit.Framework):
             raise ddlkit.ConfigError(f"framework.device={wanted} but torch sees no GPU; use framework.device=cpu")
         if wanted == "cuda" and dist.world_size > 1:
             wanted = f"cuda:{dist.local_rank}"  # one GPU per rank of the node
-        return torch.device(wanted)
+        device = torch.device(wanted)
+        if device.type == "cuda" and device.index is not None and device.index >= torch.cuda.device_count():
+            raise ddlkit.ConfigError(
+                f"framework.device={wanted}: torch sees {torch.cuda.device_count()} GPU(s) on this node, so rank "
+                f"{dist.rank} (local rank {dist.local_rank}) has none; run one rank per GPU (e.g. "
+                "compute.procs_per_node=<GPUs>) or use framework.device=cpu")
+        return device
 
     def train(self, run: ddlkit.Run) -> None:
+        device = self._device(run.dist)
+        with _cuda_settings(device, deterministic=run.cfg.trainer.deterministic):
+            self._train(run, device)
+
+    def _train(self, run: ddlkit.Run, device: Any) -> None:
         import torch
         from torch import nn
 
-        from .models import build_model
+        from .models import AutocastForward, build_model
 
         t = run.cfg.trainer
         if self.cfg.num_threads:
@@ -72,7 +85,8 @@ class PytorchFramework(ddlkit.Framework):
         random.seed(t.seed)
         if t.deterministic:
             torch.use_deterministic_algorithms(True)
-        device = self._device(run.dist)
+        if device.type == "cuda" and device.index is not None:
+            torch.cuda.set_device(device)  # stray allocations (RNG state, NCCL buffers) land on this rank's GPU
         precision = str(t.precision)
         if precision == "fp16" and device.type != "cuda":
             raise ddlkit.ConfigError("trainer.precision=fp16 needs a GPU; on the CPU use trainer.precision=bf16")
@@ -90,6 +104,9 @@ class PytorchFramework(ddlkit.Framework):
         loss_fn = nn.CrossEntropyLoss(label_smoothing=o.label_smoothing)
         replicas = Replicas(run, device)
         optimizer = replicas.wrap_optimizer(model, optimizer)
+        run.extra_result["device"] = str(device)
+        if device.type == "cuda":
+            run.extra_result["device_name"] = torch.cuda.get_device_name(device)
 
         def autocast() -> contextlib.AbstractContextManager:
             if autocast_dtype is None:
@@ -122,7 +139,11 @@ class PytorchFramework(ddlkit.Framework):
         run.restore(save, load)
         # after restore: the replicas start from rank 0's weights (and all ranks loaded the same
         # checkpoint, or Horovod broadcast rank 0's optimizer state)
-        step_model = replicas.wrap_model(model, optimizer)
+        forward_model = model
+        if self.cfg.compile and autocast_dtype is not None:
+            # the autocast inside the compiled graph: see AutocastForward (a torch caching bug)
+            forward_model = AutocastForward(model, device.type, autocast_dtype)
+        step_model = replicas.wrap_model(forward_model, optimizer)
         if self.cfg.compile:
             step_model = torch.compile(step_model)
 
@@ -158,10 +179,52 @@ class PytorchFramework(ddlkit.Framework):
 
         model.train()
         run.train_epochs(train_loader.iter_epoch, step, evaluate if val_loader is not None else None)
+        if scaler.is_enabled():
+            run.extra_result["loss_scale"] = scaler.get_scale()
         if t.save_model:
             run.save_artifact("model.pt", lambda p: torch.save(model.state_dict(), p))
         replicas.close()
         self.model = model
+
+
+#: cuBLAS's setting under which its matrix products are deterministic (see torch's reproducibility notes)
+CUBLAS_DETERMINISTIC = ":4096:8"
+
+
+@contextlib.contextmanager
+def _cuda_settings(device: Any, *, deterministic: bool) -> Iterator[None]:
+    """What a CUDA run needs from process-wide settings, restored afterwards (in-process runs and
+    tests share the process):
+
+    * ``cudnn.benchmark``: cuDNN times its convolution algorithms once per input shape and keeps
+      the fastest, unless the run must be deterministic (the choice could differ between runs);
+    * deterministic runs: cuBLAS needs ``CUBLAS_WORKSPACE_CONFIG`` before its first product, or
+      ``torch.use_deterministic_algorithms`` refuses every matrix product on the GPU. Set for the
+      run when the user has not set it (torch reads it once per process, at the first product).
+    """
+    if device.type != "cuda":
+        yield
+        return
+    import torch
+
+    benchmark = torch.backends.cudnn.benchmark
+    torch.backends.cudnn.benchmark = not deterministic
+    set_env = deterministic and "CUBLAS_WORKSPACE_CONFIG" not in os.environ
+    if set_env:
+        os.environ["CUBLAS_WORKSPACE_CONFIG"] = CUBLAS_DETERMINISTIC
+    try:
+        yield
+    except RuntimeError as err:
+        if deterministic and "CUBLAS_WORKSPACE_CONFIG" in str(err):
+            raise ddlkit.ConfigError(
+                "trainer.deterministic=true on a GPU: this process ran a cuBLAS product before the run started, "
+                f"so cuBLAS is not deterministic here; set CUBLAS_WORKSPACE_CONFIG={CUBLAS_DETERMINISTIC} before "
+                "the process starts") from err
+        raise
+    finally:
+        torch.backends.cudnn.benchmark = benchmark
+        if set_env:
+            os.environ.pop("CUBLAS_WORKSPACE_CONFIG", None)
 
 
 class Replicas:
@@ -185,11 +248,8 @@ class Replicas:
         if self.backend == "native":
             from datetime import timedelta
 
-            import torch.distributed as tdist
-
-            tdist.init_process_group("nccl" if device.type == "cuda" else "gloo", rank=run.dist.rank,
-                                     world_size=run.dist.world_size, timeout=timedelta(seconds=run.cfg.dist.timeout_s),
-                                     device_id=device if device.type == "cuda" else None)
+            init_process_group(device, rank=run.dist.rank, world_size=run.dist.world_size,
+                               timeout=timedelta(seconds=run.cfg.dist.timeout_s))
         elif self.backend == "horovod":
             import horovod.torch as hvd
 
@@ -239,6 +299,20 @@ class Replicas:
             tdist.destroy_process_group()
         elif self.hvd is not None:
             self.hvd.shutdown()
+
+
+def init_process_group(device: Any, *, rank: int, world_size: int, timeout: Any) -> None:
+    """torch.distributed for ``dist=native``: NCCL bound to this rank's GPU, or gloo on the CPU
+    (rendezvous from ``MASTER_ADDR``/``MASTER_PORT``)."""
+    import torch
+    import torch.distributed as tdist
+
+    if device.type == "cuda":
+        # NCCL needs the device's index (device_id binds the communicator to it eagerly)
+        device = torch.device("cuda", device.index if device.index is not None else torch.cuda.current_device())
+        tdist.init_process_group("nccl", rank=rank, world_size=world_size, timeout=timeout, device_id=device)
+    else:
+        tdist.init_process_group("gloo", rank=rank, world_size=world_size, timeout=timeout)
 
 
 def _as_random_state(state: Any) -> tuple:

@@ -27,7 +27,7 @@ from typing import Callable, Sequence, Type, Union
 import torch
 from torch import Tensor, nn
 
-__all__ = ["BasicBlock", "Bottleneck", "ResNet", "MODELS", "build_model"]
+__all__ = ["BasicBlock", "Bottleneck", "ResNet", "MODELS", "build_model", "AutocastForward"]
 
 
 def _conv3x3(in_planes: int, out_planes: int, stride: int = 1) -> nn.Conv2d:
@@ -233,3 +233,22 @@ def build_model(name: str, num_classes: int = 1000, zero_init_residual: bool = F
         # (CLI/config), and the message should say what would have worked.
         raise ValueError(f"unknown model {name!r}; choose one of: {', '.join(MODELS)}")
     return factory(num_classes=num_classes, zero_init_residual=zero_init_residual)
+
+
+class AutocastForward(nn.Module):
+    """Runs ``module`` under ``torch.autocast(device_type, dtype)``: what ``framework.compile`` compiles
+    when a run autocasts, so that the dtype is part of the compiled graph.
+
+    Compiled under an *ambient* autocast instead, torch 2.11 (CUDA 13) reuses a cached graph
+    compiled for another autocast dtype: an fp16 run after a bf16 one (in the same process, even
+    after ``torch._dynamo.reset()``, or in any process sharing the inductor cache) silently
+    computes in bf16. Holds no parameters of its own: ``module``'s state_dict is unchanged.
+    """
+
+    def __init__(self, module: nn.Module, device_type: str, dtype: torch.dtype) -> None:
+        super().__init__()
+        self.module, self.device_type, self.dtype = module, device_type, dtype
+
+    def forward(self, x: Tensor) -> Tensor:
+        with torch.autocast(self.device_type, dtype=self.dtype):
+            return self.module(x)
