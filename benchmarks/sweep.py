@@ -26,7 +26,12 @@ allows at that moment: the same single-threaded PyTorch compute run alone and tw
 ``capacity`` = 2 x alone / pair time is the best ratio any launcher could reach then, and
 ``efficiency`` = ratio / capacity is the share of it ddlkit's launcher reached.
 
-    python benchmarks/sweep.py [--jobs 6 --steps 24 --rounds 2]
+With ``--before REF`` each round also runs the ddlkit side on the core as it was at git REF
+(exported to a temporary directory and put first on ``PYTHONPATH``; plugins stay as installed),
+and the JSON gains ``before``: that wall time and the ratio before / now, so a change to the
+launcher is measured against what it replaced, in the same run.
+
+    python benchmarks/sweep.py [--jobs 6 --steps 24 --rounds 2] [--before f1fab0e]
 """
 
 from __future__ import annotations
@@ -79,8 +84,11 @@ def capacity() -> dict[str, float]:
     return {"alone_s": alone, "pair_s": together, "capacity": 2 * alone / together}
 
 
-def run_sweep(args: list[str], sweep_dir: Path, cwd: Path) -> float:
+def run_sweep(args: list[str], sweep_dir: Path, cwd: Path, core: Path | None = None) -> float:
+    """Wall time of ``ddlkit ARGS``; ``core``: a checkout whose ``ddlkit`` package is used instead."""
     env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+    if core is not None:
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(core), os.environ.get("PYTHONPATH")]))
     t0 = time.perf_counter()
     proc = subprocess.run([sys.executable, "-m", "ddlkit", *args, f"hydra.sweep.dir={sweep_dir}"], cwd=cwd, env=env,
                           capture_output=True, text=True)
@@ -111,18 +119,24 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=24)
     ap.add_argument("--batch", type=int, default=16)
     ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--before", metavar="REF", help="also time the ddlkit side on the core at git REF")
     args = ap.parse_args()
     base = sweep_args(args.jobs, args.steps, args.batch)
-    walls: dict[str, list[float]] = {"basic": [], "ddlkit": []}
+    walls: dict[str, list[float]] = {"basic": [], "ddlkit": [], "before": []}
     details: list[dict[str, Any]] = []
     load = [os.getloadavg()[0]]
     with tempfile.TemporaryDirectory() as tmp:
         cwd = Path(tmp)
+        before_core = export(args.before, cwd / "before-core") if args.before else None
         for r in range(args.rounds):
             basic_dir, ddlkit_dir = cwd / f"basic-{r}", cwd / f"ddlkit-{r}"
             machine = capacity()
             walls["basic"].append(run_sweep([*base, "hydra/launcher=basic"], basic_dir, cwd))
             walls["ddlkit"].append(run_sweep([*base, "sweep.max_parallel=2"], ddlkit_dir, cwd))
+            if before_core is not None:
+                walls["before"].append(run_sweep([*base, "sweep.max_parallel=2"], cwd / f"before-{r}", cwd,
+                                                 before_core))
+                print(f"round {r + 1}: ddlkit launcher at {args.before} {walls['before'][-1]:.1f} s", flush=True)
             details.append({**overheads(ddlkit_dir, walls["ddlkit"][-1], 2), "machine": machine,
                             "ratio": walls["basic"][-1] / walls["ddlkit"][-1]})
             if r == args.rounds - 1:
@@ -149,12 +163,24 @@ def main() -> None:
         "goal_overhead_per_job_s": 1.0, "poll_interval_s": 0.05, "rounds": details,
         # 1-minute load average (2 cores) before and after each round: other processes compete for the cores
         "load_average": load,
+        **({"before": {"ref": args.before, "ddlkit_launcher_wall_s": summary(walls["before"]),
+                       "ratio_before_over_now": statistics.median(walls["before"]) / d["median"]}}
+           if walls["before"] else {}),
     })
     png = plot(walls, timeline, ratio)
     print(f"ratio basic / ddlkit = {ratio:.2f}x (goal >= 1.8; the machine allowed {cap:.2f}x: efficiency "
           f"{ratio / cap:.0%}); scheduling overhead per job: dispatch median "
           f"{summary(dispatch)['median'] * 1000:.0f} ms (max {max(dispatch) * 1000:.0f} ms), end seen median "
           f"{summary(end_seen)['median'] * 1000:.0f} ms, aggregate {aggregate:.2f} s (goal < 1 s) -> {path}, {png}")
+
+
+def export(ref: str, dest: Path) -> Path:
+    """The repository's files at git ``ref``, in ``dest``."""
+    repo = Path(__file__).resolve().parent.parent
+    dest.mkdir(parents=True)
+    archive = subprocess.run(["git", "-C", str(repo), "archive", ref], check=True, capture_output=True).stdout
+    subprocess.run(["tar", "-x", "-C", str(dest)], input=archive, check=True)
+    return dest
 
 
 def plot(walls: dict[str, list[float]], timeline: dict[str, dict[str, Any]], ratio: float) -> Path:
