@@ -26,8 +26,8 @@ allows at that moment: the same single-threaded PyTorch compute run alone and tw
 ``capacity`` = 2 x alone / pair time is the best ratio any launcher could reach then, and
 ``efficiency`` = ratio / capacity is the share of it ddlkit's launcher reached.
 
-With ``--before REF`` each round also runs the ddlkit side on the core as it was at git REF
-(exported to a temporary directory and put first on ``PYTHONPATH``; plugins stay as installed),
+With ``--before REF`` each round also runs the ddlkit side on the code as it was at git REF
+(exported to a temporary directory; its core and first-party plugins put first on ``PYTHONPATH``),
 and the JSON gains ``before``: that wall time and the ratio before / now, so a change to the
 launcher is measured against what it replaced, in the same run.
 
@@ -88,7 +88,9 @@ def run_sweep(args: list[str], sweep_dir: Path, cwd: Path, core: Path | None = N
     """Wall time of ``ddlkit ARGS``; ``core``: a checkout whose ``ddlkit`` package is used instead."""
     env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
     if core is not None:
-        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(core), os.environ.get("PYTHONPATH")]))
+        # the old core and the old first-party plugins (same module names as the installed ones)
+        paths = [str(core), *(str(p) for p in sorted(core.glob("plugins/*/src")))]
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [*paths, os.environ.get("PYTHONPATH")]))
     t0 = time.perf_counter()
     proc = subprocess.run([sys.executable, "-m", "ddlkit", *args, f"hydra.sweep.dir={sweep_dir}"], cwd=cwd, env=env,
                           capture_output=True, text=True)
