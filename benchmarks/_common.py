@@ -12,6 +12,26 @@ from pathlib import Path
 from typing import Any
 
 RESULTS = Path(__file__).parent / "results"
+#: (width, height) of the benchmarks' generated JPEGs: ImageNet's most common sizes
+PHOTO_SIZES = ((500, 375), (500, 333), (375, 500), (500, 400), (640, 480), (400, 300))
+
+
+def save_photo_like(path: Path, i: int) -> None:
+    """JPEG number ``i``: smooth structure plus texture, about ImageNet's bytes per pixel (quality 90)."""
+    import numpy as np
+    from PIL import Image
+
+    rng = np.random.default_rng(i)
+    w, h = PHOTO_SIZES[i % len(PHOTO_SIZES)]
+    y, x = np.mgrid[0:h, 0:w].astype(np.float32)
+    img = np.zeros((h, w, 3), np.float32)
+    for c in range(3):
+        for _ in range(4):
+            fx, fy, ph = rng.uniform(0.002, 0.05), rng.uniform(0.002, 0.05), rng.uniform(0, 6.28)
+            img[..., c] += np.sin(x * fx + y * fy + ph) * rng.uniform(20, 60)
+    img += rng.normal(0, 10, img.shape)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    Image.fromarray(np.clip(img + 128, 0, 255).astype(np.uint8)).save(path, quality=90)
 
 
 def make_job(job_dir: Path, overrides: Sequence[str]) -> Path:

@@ -40,12 +40,11 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from _common import RESULTS, make_job, run_worker, write_result
+from _common import RESULTS, make_job, run_worker, save_photo_like, write_result
 
 #: the seed's reference: tf_cnn_benchmarks, ResNet-50, one V100, fp32, batch 64, TF 1.8
 V100_REFERENCE = 357.0
 PRECISIONS = ("fp32", "bf16", "fp16")
-SIZES = ((500, 375), (500, 333), (375, 500), (500, 400), (640, 480), (400, 300))
 
 
 # ---------------------------------------------------------------------------- the machine
@@ -219,22 +218,7 @@ def matrix(a: argparse.Namespace, tmp: Path, batches: list[int], compile: bool, 
 
 # ---------------------------------------------------------------------------- image folder
 def _make_image(args: tuple[Path, int]) -> None:
-    """One photo-like JPEG: smooth structure plus texture, about ImageNet's bytes per pixel."""
-    import numpy as np
-    from PIL import Image
-
-    path, i = args
-    rng = np.random.default_rng(i)
-    w, h = SIZES[i % len(SIZES)]
-    y, x = np.mgrid[0:h, 0:w].astype(np.float32)
-    img = np.zeros((h, w, 3), np.float32)
-    for c in range(3):
-        for _ in range(4):
-            fx, fy, ph = rng.uniform(0.002, 0.05), rng.uniform(0.002, 0.05), rng.uniform(0, 6.28)
-            img[..., c] += np.sin(x * fx + y * fy + ph) * rng.uniform(20, 60)
-    img += rng.normal(0, 10, img.shape)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    Image.fromarray(np.clip(img + 128, 0, 255).astype(np.uint8)).save(path, quality=90)
+    save_photo_like(*args)
 
 
 def make_folder(root: Path, unique: list[Path], n: int, classes: int) -> Path:

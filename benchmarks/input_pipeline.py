@@ -25,30 +25,15 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from _common import summary, write_result
+from _common import save_photo_like, summary, write_result
 
-SIZES = ((500, 375), (500, 333), (375, 500), (500, 400), (640, 480), (400, 300))
 MEAN, STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
 
 
 def make_dataset(root: Path, images: int, classes: int) -> None:
-    """Photo-like JPEGs: smooth structure plus texture, about ImageNet's bytes per pixel."""
-    import numpy as np
-    from PIL import Image
-
-    rng = np.random.default_rng(0)
+    """Photo-like JPEGs (see ``_common.save_photo_like``) in ``classes`` class folders."""
     for i in range(images):
-        w, h = SIZES[i % len(SIZES)]
-        y, x = np.mgrid[0:h, 0:w].astype(np.float32)
-        img = np.zeros((h, w, 3), np.float32)
-        for c in range(3):
-            for _ in range(4):
-                fx, fy, ph = rng.uniform(0.002, 0.05), rng.uniform(0.002, 0.05), rng.uniform(0, 6.28)
-                img[..., c] += np.sin(x * fx + y * fy + ph) * rng.uniform(20, 60)
-        img += rng.normal(0, 10, img.shape)
-        folder = root / "train" / f"n{i % classes:08d}"
-        folder.mkdir(parents=True, exist_ok=True)
-        Image.fromarray(np.clip(img + 128, 0, 255).astype(np.uint8)).save(folder / f"{i:06d}.JPEG", quality=90)
+        save_photo_like(root / "train" / f"n{i % classes:08d}" / f"{i:06d}.JPEG", i)
 
 
 # ---------------------------------------------------------------------------- the baseline

@@ -38,7 +38,6 @@ from .. import engine
 from .. import secrets as secret_store
 from ..errors import ConfigError, DdlkitError, exit_code_for
 from ..interfaces import ComputeTarget, JobHandle, JobSpec, JobState, JobStatus
-from ..jobs import index
 from ..run import EXIT_PREEMPTED
 from . import SWEEP_JOB_ENV, SWEEP_NAME_ENV
 from .compose import ComposedJob, compose_job, hydra_config_of

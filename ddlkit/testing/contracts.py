@@ -24,7 +24,6 @@ import hashlib
 import importlib
 import math
 import os
-import sys
 import textwrap
 import time
 import uuid
