@@ -74,8 +74,8 @@ class DdlkitSweep:
         self.out = out or sys.stdout
         #: per job number: its compute target and its validated config, from the check before any job runs
         self._checked: dict[int, tuple[ComputeTarget, dict[str, Any]]] = {}
-        #: jobs of an earlier run of this sweep found still running, and re-attached to
-        self._adopted: set[int] = set()
+        #: jobs an earlier run of this sweep left running, re-attached to instead of submitted again
+        self.adopted: set[int] = set()
         #: the exit status ``ddlkit -m`` ends with; None until the launcher has run
         self.exit_code: int | None = None
 
@@ -171,10 +171,10 @@ class DdlkitSweep:
     # ---------------------------------------------------------------- running
     def _submit(self, job: ComposedJob, ledger: Ledger) -> JobHandle:
         target, validated = self._checked[job.num]
-        self._adopted.discard(job.num)
+        self.adopted.discard(job.num)
         adopted = self._reattach(target, ledger.jobs[job.num])
         if adopted is not None:
-            self._adopted.add(job.num)
+            self.adopted.add(job.num)
             return _SweepHandle(adopted, job.output_dir)
         env = {**{str(k): str(v) for k, v in job.config.hydra.job.env_set.items()},
                SWEEP_NAME_ENV: ledger.name, SWEEP_JOB_ENV: str(job.num)}
@@ -283,7 +283,7 @@ class _Progress(Observer):
     def started(self, job: SweepJob, outcome: Outcome) -> None:
         record = self.ledger.jobs[job.num]
         attempts = self.before[job.num][0] + outcome.attempts
-        adopted = job.num in self.sweep._adopted
+        adopted = job.num in self.sweep.adopted
         if adopted:  # an earlier run of the sweep started it, and counted the attempt
             attempts, outcome.started, outcome.submitted = record.attempts, record.started, record.submitted
         assert outcome.handle is not None
@@ -301,7 +301,7 @@ class _Progress(Observer):
         result = None
         if outcome.state == "completed":
             result = result_summary(json.loads((Path(record.job_dir) / "result.json").read_text()))
-        if job.num in self.sweep._adopted:
+        if job.num in self.sweep.adopted:
             attempts -= 1  # the earlier run of the sweep counted the attempt this one re-attached to
         log = record.log if record.log and Path(record.log).is_file() else f"ddlkit jobs logs {record.name}"
         self.ledger.update(job.num, status=outcome.state, attempts=attempts + outcome.attempts,
