@@ -200,6 +200,7 @@ def prepare(cfg: DictConfig, *, job_dir: Path, overrides: Sequence[str], registr
         # fail here, not after a queue: the ranks will see this same directory (the worker decides
         # for targets that run a copy of it, where the checkpoints may be only on the cluster's side)
         resolve_resume(job_dir, cfg.trainer.resume)
+    refuse_a_running_job(job_dir, registry)
     name = job_name(job_dir)
     redacted, secrets = secret_store.split_secrets(container)
     job_dir.mkdir(parents=True, exist_ok=True)
@@ -216,6 +217,25 @@ def prepare(cfg: DictConfig, *, job_dir: Path, overrides: Sequence[str], registr
     return PreparedJob(spec, compute, redacted, tuple(overrides))
 
 
+def refuse_a_running_job(job_dir: Path, registry: Registry) -> None:
+    """A job directory has one writer: re-running a job whose previous run still runs (detached,
+    or launched from another shell) would overwrite its files under it."""
+    try:
+        sub = index.load(job_dir)
+    except ConfigError:
+        return  # never submitted: nothing runs there
+    if sub.ended is not None:
+        return
+    try:
+        state = sub.handle(registry).status().state
+    except DdlkitError:
+        return  # its target cannot say (gone, or unreachable): the worker's lock still guards the directory
+    if not state.done:
+        raise ConfigError(f"job {sub.name} still runs in {job_dir} (compute={sub.target}, id {sub.id}): follow it "
+                          f"with `ddlkit jobs attach {sub.name}`, stop it with `ddlkit jobs cancel {sub.name}`, or "
+                          "choose another hydra.run.dir.")
+
+
 def submit(job: PreparedJob, *, detach: bool = False) -> JobHandle:
     """Submit the job and record it, so that ``ddlkit jobs`` finds it from any shell."""
     handle = job.compute.submit(job.spec)
@@ -226,10 +246,10 @@ def submit(job: PreparedJob, *, detach: bool = False) -> JobHandle:
 
 
 @contextlib.contextmanager
-def _sigterm_interrupts() -> Iterator[None]:
-    """A SIGTERM to ddlkit (a batch scheduler's preemption, ``kill``) stops the job as Ctrl-C
-    does: the job checkpoints and stops, instead of running on without its launcher. Signal
-    handlers belong to the main thread; elsewhere (a sweep's job threads) nothing changes."""
+def sigterm_interrupts() -> Iterator[None]:
+    """A SIGTERM to ddlkit (a batch scheduler's preemption, ``kill``) stops a job or a sweep as
+    Ctrl-C does: the jobs checkpoint and stop, instead of running on without their launcher.
+    Signal handlers belong to the main thread; elsewhere nothing changes."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
@@ -261,7 +281,7 @@ def follow(handle: JobHandle, *, out: TextIO, progress_bar: bool, on_interrupt: 
     """Stream the job's output until it ends and return its status. Ctrl-C (or SIGTERM) either
     cancels the job -- it checkpoints, and its last output is shown -- or, with
     ``on_interrupt="detach"``, leaves it running and returns None."""
-    with _sigterm_interrupts():
+    with sigterm_interrupts():
         try:
             _stream(handle, out, progress_bar)
             return handle.wait()

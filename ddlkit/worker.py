@@ -13,18 +13,21 @@ error; 3 plugin error; 1 anything else.
 from __future__ import annotations
 
 import atexit
+import fcntl
 import json
 import os
+import socket
 import sys
 import traceback
 from pathlib import Path
+from typing import TextIO
 
 from omegaconf import OmegaConf
 
 from . import secrets as secret_store
 from .checkpoint import resolve_resume
 from .distributed import DistContext
-from .errors import DdlkitError, exit_code_for
+from .errors import ConfigError, DdlkitError, exit_code_for
 from .plugins import get_plugin_manager
 from .registry import Registry
 from .run import EXIT_PREEMPTED, Preempted, Run
@@ -60,6 +63,8 @@ def main(argv: list[str] | None = None) -> int:
         # the ranks of one job share its job file: its name (unique per job directory) tells them
         # apart from the ranks of any other job that might reach the same port
         dist.connect(job_id=str(job.get("name")))
+        if dist.rank == 0:
+            lock = hold_job_directory(job_dir)  # noqa: F841 (held until this process exits)
         pm = get_plugin_manager()
         registry = Registry.collect(pm)
         run = Run(cfg, job_dir, pm=pm, registry=registry, dist=dist,
@@ -92,6 +97,29 @@ def main(argv: list[str] | None = None) -> int:
             # results could not be kept (e.g. uploads failed after their retries): that outranks
             # the training outcome, so it replaces the pending return value
             sys.exit(finish_code)
+
+
+def hold_job_directory(job_dir: Path) -> TextIO:
+    """Lock the job directory for this job's rank 0, or raise ConfigError naming the process that
+    holds it: two jobs writing checkpoints into one directory would destroy each other's. The
+    lock is the kernel's (``lockf``, which NFS shares too), so it is released on any exit, SIGKILL
+    included; the returned file keeps it while it is open."""
+    path = job_dir / ".ddlkit" / "lock"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    f = open(path, "a+", encoding="utf-8")
+    try:
+        fcntl.lockf(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        f.seek(0)
+        holder = f.read().strip() or "another process"
+        f.close()
+        raise ConfigError(f"{job_dir} is in use by another run of a job ({holder}): wait for it, stop it "
+                          f"(`ddlkit jobs cancel {job_dir}`), or run in another directory.") from None
+    f.seek(0)
+    f.truncate()
+    f.write(f"pid {os.getpid()} on {socket.gethostname()}\n")
+    f.flush()
+    return f
 
 
 def _finish(run: Run, status: str, rank: int, secrets: dict[str, str]) -> int:

@@ -20,26 +20,16 @@ import time
 from pathlib import Path
 from typing import TextIO
 
-from ..errors import ConfigError, DdlkitError, exit_code_for
+from ..errors import DdlkitError, exit_code_for
 from ..interfaces import JOB_FILE, JobHandle, JobStatus
 from . import index
 
 
 def _handle(sub: index.Submission) -> JobHandle:
-    """Rebuild the job's compute target from its job file, and attach to the job."""
-    from ..config import component_config
     from ..plugins import get_plugin_manager
     from ..registry import Registry
 
-    job_dir = Path(sub.job_dir)
-    try:
-        compute = json.loads((job_dir / JOB_FILE).read_text(encoding="utf-8"))["config"]["compute"]
-    except (OSError, ValueError, KeyError) as err:
-        raise ConfigError(f"{job_dir / JOB_FILE} is missing or unreadable ({err}); cannot reach job {sub.name}.") \
-            from None
-    registry = Registry.collect(get_plugin_manager())
-    target = registry.create("compute", compute["name"], component_config(registry, "compute", compute))
-    return target.attach(sub.id, job_dir=job_dir)
+    return sub.handle(Registry.collect(get_plugin_manager()))
 
 
 def _resume_hint(job_dir: Path) -> str:

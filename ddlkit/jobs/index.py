@@ -21,12 +21,15 @@ import socket
 import time
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..atomic import write_json
 from ..errors import ConfigError
-from ..interfaces import JOB_FILE, JobStatus
+from ..interfaces import JOB_FILE, JobHandle, JobStatus
 from .process import STATE_DIR
+
+if TYPE_CHECKING:
+    from ..registry import Registry
 
 STATE_DIR_ENV = "DDLKIT_STATE_DIR"
 SUBMISSION_FILE = f"{STATE_DIR}/submission.json"
@@ -64,6 +67,18 @@ class Submission:
 
     def save(self) -> None:
         write_json(self.path, asdict(self))
+
+    def handle(self, registry: Registry) -> JobHandle:
+        """Rebuild the job's compute target from its job file, and attach to the job."""
+        from ..config import component_config
+
+        try:
+            compute = json.loads((Path(self.job_dir) / JOB_FILE).read_text(encoding="utf-8"))["config"]["compute"]
+        except (OSError, ValueError, KeyError) as err:
+            raise ConfigError(f"{Path(self.job_dir) / JOB_FILE} is missing or unreadable ({err}); cannot reach job "
+                              f"{self.name}.") from None
+        target = registry.create("compute", compute["name"], component_config(registry, "compute", compute))
+        return target.attach(self.id, job_dir=Path(self.job_dir))
 
     def ended_with(self, status: JobStatus) -> None:
         """Record the end the launcher saw."""

@@ -6,8 +6,9 @@ with the job directory as its working directory. The command writes its output t
 in the job directory and the minder writes its exit code next to it, so any process -- the
 launcher that started it, ``ddlkit jobs`` in another shell, a re-run sweep -- can follow, judge
 and cancel the job from its id (the minder's pid) and its directory. While the launcher that
-started a job has not detached it, an exit guard kills the job's whole session if the launcher
-exits: ddlkit leaves no orphans it did not mean to leave.
+started a job has not detached it, the job does not outlive the launcher: an exit guard kills the
+job's whole session when the launcher exits, and should the launcher die without running it
+(SIGKILL), the minder notices and stops the job as a cancel does (it checkpoints first).
 """
 
 from __future__ import annotations
@@ -31,6 +32,8 @@ from ..interfaces import JobHandle, JobState, JobStatus
 STATE_DIR = ".ddlkit"
 EXIT_FILE = f"{STATE_DIR}/exit.json"
 CANCEL_FILE = f"{STATE_DIR}/cancel-requested"
+#: written by detach(): the minder then lets the job outlive its launcher
+DETACHED_FILE = f"{STATE_DIR}/detached"
 _MINDER = str(Path(__file__).with_name("_minder.py"))
 #: seconds between looks at a log file that is being followed
 _FOLLOW_PACE_S = 0.05
@@ -108,14 +111,17 @@ class ProcessJob(JobHandle):
     # ---------------------------------------------------------------- starting and finding
     @classmethod
     def start(cls, command: Sequence[str], *, job_dir: Path, log_name: str, env: Mapping[str, str],
-              grace_period_s: float) -> ProcessJob:
-        """Run ``command`` in ``job_dir`` (its working directory), its output appended to ``log_name``."""
+              grace_period_s: float, stop_signal: int = signal.SIGTERM) -> ProcessJob:
+        """Run ``command`` in ``job_dir`` (its working directory), its output appended to ``log_name``.
+        ``stop_signal``: what ``command`` gets if the launcher dies before detaching the job (it
+        stops as if cancelled)."""
         job_dir = Path(job_dir)
         (job_dir / STATE_DIR).mkdir(parents=True, exist_ok=True)
         # a resumed job runs in the same directory: the previous run's ending is not this one's
-        for name in (EXIT_FILE, CANCEL_FILE):
+        for name in (EXIT_FILE, CANCEL_FILE, DETACHED_FILE):
             (job_dir / name).unlink(missing_ok=True)
-        proc = subprocess.Popen([sys.executable, "-I", _MINDER, log_name, EXIT_FILE, "--", *command], cwd=job_dir,
+        proc = subprocess.Popen([sys.executable, "-I", _MINDER, log_name, EXIT_FILE, str(grace_period_s),
+                                 str(int(stop_signal)), "--", *command], cwd=job_dir,
                                 env=dict(env), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                                 stderr=subprocess.DEVNULL, start_new_session=True)
         _OWNED.add(proc.pid)
@@ -130,6 +136,7 @@ class ProcessJob(JobHandle):
         return cls(int(job_id), job_dir=job_dir, log_name=log_name, grace_period_s=grace_period_s)
 
     def detach(self) -> None:
+        write_text(self.job_dir / DETACHED_FILE, f"{time.time()}\n")
         _OWNED.discard(self.pid)
 
     # ---------------------------------------------------------------- state

@@ -111,9 +111,11 @@ class DdlkitSweep:
         scheduler = Scheduler(settings.max_parallel, policy, poll_interval_s=settings.poll_interval_s,
                               observer=progress)
         t0 = time.perf_counter()
-        sweep = scheduler.run([SweepJob(j.num, labels[j.num], functools.partial(self._submit, j, ledger),
-                                        poll_interval_s=self._checked[j.num][0].poll_interval_s)
-                               for j in todo])
+        # SIGTERM (a scheduler stopping the launcher, `kill`) interrupts the sweep as Ctrl-C does
+        with engine.sigterm_interrupts():
+            sweep = scheduler.run([SweepJob(j.num, labels[j.num], functools.partial(self._submit, j, ledger),
+                                            poll_interval_s=self._checked[j.num][0].poll_interval_s)
+                                   for j in todo])
         report = live_report.close(ledger)
         self._print_summary(ledger, report, time.perf_counter() - t0, [j.num for j in jobs])
         if sweep.interrupted:

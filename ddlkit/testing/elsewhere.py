@@ -9,7 +9,8 @@ It behaves as a target whose ranks run on another machine would, with what one m
   copy as its working directory and a **bare environment**: ``PATH``, ``HOME``, ``LANG`` and
   what ``JobSpec.env`` / ``JobSpec.secret_env`` carry -- nothing inherited from the launcher;
 * ``collect`` moves the launcher's directory back and copies the job's files into it;
-* ``attach`` works from any process (the id names the job and its process);
+* its jobs outlive the launcher (as a cluster's do); ``attach`` works from any process (the id
+  names the job and its process);
 * it is polled at ``compute.poll_interval_s``, as a slow remote service would be.
 
 Third-party target authors: run :class:`~ddlkit.testing.contracts.ComputeTargetContract` on
@@ -105,6 +106,7 @@ class ElsewhereTarget(ComputeTarget):
         shutil.copy2(away / JOB_FILE, spec.job_dir / JOB_FILE)
         remote = ProcessJob.start(spec.command(sys.executable), job_dir=remote_dir, log_name="rank-0.log",
                                   env=self._bare_environment(spec), grace_period_s=self.cfg.grace_period_s)
+        remote.detach()  # a cluster's job does not die with the launcher that submitted it
         return ElsewhereHandle(remote, spec.name, spec.job_dir)
 
     def attach(self, job_id: str, *, job_dir: Path) -> JobHandle:

@@ -147,7 +147,10 @@ class MpiJob(ProcessJob):
         """Start ``command`` (an mpirun command line) in ``job_dir``, and its abort watchdog here."""
         # a resumed job runs in the same directory: the previous run's exit records are not ours
         shutil.rmtree(Path(job_dir) / RECORDS_DIR, ignore_errors=True)
-        job = cls.start(command, job_dir=job_dir, log_name=MPIRUN_LOG, env=env, grace_period_s=grace_period_s)
+        # should the launcher die before detaching the job, the minder asks the ranks to stop as a
+        # cancel does: mpirun passes SIGUSR1 on to every rank (SIGTERM would kill them at once)
+        job = cls.start(command, job_dir=job_dir, log_name=MPIRUN_LOG, env=env, grace_period_s=grace_period_s,
+                        stop_signal=signal.SIGUSR1)
         assert isinstance(job, MpiJob)
         job.configure(world_size=world_size, abort_timeout_s=abort_timeout_s, stop_via=stop_via,
                       node_names=node_names)
