@@ -14,6 +14,7 @@ import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
+from . import secrets as secret_store
 from .errors import ConfigError, DdlkitError, exit_code_for
 from .registry import HOOK_POINTS, Registry
 from .sweep.plan import plan_main
@@ -73,10 +74,72 @@ def check_names(overrides: Sequence[str], registry: Registry) -> None:
     for group, names in chosen.items():
         for name in names:
             registry.get(group, name)
+    experiment = any(ov.key_or_group == "experiment" for ov in parsed)
+    for ov in parsed:
+        if not ov.is_delete():
+            _check_secret_key(ov.key_or_group, chosen, registry, experiment=experiment)
+
+
+def _check_secret_key(key: str, chosen: dict[str, list[str]], registry: Registry, *, experiment: bool) -> None:
+    """A secret-looking key that is no option of the selected component (``storage.sas_token``
+    with ``storage=azure``, with or without ``+``) is refused before Hydra, which would echo its
+    value in its error, or with ``+`` add it to the config where nothing reads it."""
+    import dataclasses
+    import typing
+
+    parts = key.split(".")
+    if len(parts) < 2 or parts[0] not in HOOK_POINTS or not secret_store.is_secret_key(parts[-1]):
+        return
+    group, hp = parts[0], HOOK_POINTS[parts[0]]
+    if hp.multi:
+        names, path = [parts[1]], parts[2:]
+    elif experiment and group not in chosen:  # an experiment may select another option: Hydra decides
+        return
+    else:
+        names, path = chosen.get(group, []), parts[1:]
+    for name in names:
+        try:
+            schema = registry.get(group, name).config
+        except DdlkitError:
+            continue  # an unselected logger: Hydra reports it
+        node: object = schema
+        known = bool(path)
+        for part in path:
+            if not dataclasses.is_dataclass(node):
+                known = node is not None  # below a field of no dataclass type (a dict): Hydra decides
+                break
+            fields = {f.name: f for f in dataclasses.fields(node)}
+            if part not in fields:
+                known = False
+                break
+            try:
+                node = typing.get_type_hints(node).get(part) if isinstance(node, type) else None
+            except Exception:  # an annotation that cannot be resolved here: Hydra decides
+                return
+        if not known:
+            options = sorted(f.name for f in dataclasses.fields(schema)) if dataclasses.is_dataclass(schema) else []
+            ways = [o for o in options if o.startswith(parts[-1]) or o.endswith("_file") or o == "auth"]
+            hint = (f" It takes its credentials from the environment or from a file: see {', '.join(ways)} in "
+                    f"`ddlkit {group}={name} --help` and the README's \"Credentials\"." if ways else "")
+            raise ConfigError(f"`{key}` is not an option of {group}={name} (the value was not used, and is "
+                              f"not shown).{hint}")
 
 
 def run_main(argv: list[str]) -> int:
-    """``ddlkit [--detach] [OVERRIDES]``: the Hydra app."""
+    """``ddlkit [--detach] [OVERRIDES]``: the Hydra app. Whatever it prints (Hydra's ``--cfg``,
+    ``--info``, ``--help``, its errors, a sweep's plan, the job's output) is scrubbed of the
+    secret values on the command line and of credentials in URLs."""
+    secrets = secret_store.override_secrets(argv)
+    saved = sys.stdout, sys.stderr
+    sys.stdout = secret_store.RedactingStream(sys.stdout, secrets)
+    sys.stderr = secret_store.RedactingStream(sys.stderr, secrets)
+    try:
+        return _run_main(argv)
+    finally:
+        sys.stdout, sys.stderr = saved
+
+
+def _run_main(argv: list[str]) -> int:
     detach = DETACH_FLAG in argv
     argv = [a for a in argv if a != DETACH_FLAG]
     if detach and any(a in ("-m", "--multirun") for a in argv):

@@ -83,6 +83,8 @@ class DdlkitSweep:
     def launch(self, settings: SweepSettings, *, hydra_context: HydraContext, config: DictConfig,
                job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> list[JobReturn]:
         sweep_dir = Path(str(config.hydra.sweep.dir)).resolve()
+        # Hydra's sweeper has just written the composed config and the command line, secrets included
+        secret_store.redact_config_file(sweep_dir / "multirun.yaml")
         had_ledger = (sweep_dir / LEDGER_FILE).is_file()
         try:
             policy = settings.policy("sweep")

@@ -174,6 +174,11 @@ def _save_npy(path: Path, array: np.ndarray) -> None:
 class MemoryStorageConfig:
     # a credential the fake ignores; it lets tests check that secrets stay out of job files
     sas_token: str = ""
+    # a URL the fake ignores (one with a SAS in its query string must stay out of job files too)
+    account_url: str = ""
+    # when set: the storage refuses to start (on the ranks) unless this is the sha256 of
+    # "<sas_token>|<account_url>", so that tests see the ranks got the real values back
+    expect_sha256: str = ""
 
 
 class MemoryStorage(StorageBackend):
@@ -182,6 +187,14 @@ class MemoryStorage(StorageBackend):
     def __init__(self, cfg: Any) -> None:
         super().__init__(cfg)
         self.objects: dict[str, bytes] = {}
+        expected = getattr(cfg, "expect_sha256", "") if cfg is not None else ""
+        if expected:
+            import hashlib
+
+            got = hashlib.sha256(f"{cfg.sas_token}|{cfg.account_url}".encode()).hexdigest()
+            if got != expected:
+                raise ConfigError("storage=memory: sha256 of sas_token|account_url is not storage.expect_sha256 "
+                                  "(the ranks did not get the secrets back)")
 
     @staticmethod
     def _key(key: str) -> str:

@@ -167,3 +167,38 @@ def test_a_job_elsewhere_reaches_blob_storage_with_what_the_launcher_passes_on(
     for path in [*out.job_dir.rglob("*"), *cluster.rglob("*")]:
         if path.is_file():
             assert secret.encode() not in path.read_bytes(), path
+
+
+@pytest.mark.slow
+def test_a_sas_in_the_account_url_is_used_and_never_written_or_printed(run_factory: RunFactory, azurite: Azurite,
+                                                                      tmp_path: Path,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 17, item 10: the SAS in ``storage.account_url`` authenticates the results upload (no
+    other credential is set) and is in no file, blob or line of output; item 8: the README's
+    ``storage.sas_token=...`` is refused in one line that does not show the token."""
+    for name in ("AZURE_STORAGE_SAS_TOKEN", "AZURE_STORAGE_CONNECTION_STRING", "AZURE_STORAGE_ACCOUNT_URL",
+                 "AZURE_STORAGE_ACCOUNT"):
+        monkeypatch.delenv(name, raising=False)
+    sas = azurite.sas_token()
+    signature = sas.split("sig=")[1].split("&")[0]
+    container = f"t{uuid.uuid4().hex[:20]}"
+    out = run_factory("storage=azure", f"storage.account_url='{azurite.account_url}?{sas}'",
+                      f"storage.container={container}", f"storage.scratch={tmp_path / 'ssd'}", "data.length=64",
+                      "data.val_length=16", "trainer.epochs=1", "trainer.batch_size=8", timeout=180).assert_success()
+    written = json.loads((out.job_dir / "job.json").read_text())
+    assert written["config"]["storage"]["account_url"] == f"{azurite.account_url}?***"
+    monkeypatch.setenv("AZURE_STORAGE_CONNECTION_STRING", azurite.connection_string)
+    store = AzureBlobStorage(AzureBlobConfig(container=container))
+    published = f"results/{job_name(out.job_dir)}"
+    assert store.exists(f"{published}/result.json")
+    for key in store.list(published):
+        store.get(key, tmp_path / "blob")
+        assert signature.encode() not in (tmp_path / "blob").read_bytes(), key
+    assert signature not in out.stdout + out.stderr
+    for path in run_factory.base_dir.rglob("*"):
+        assert not path.is_file() or signature.encode() not in path.read_bytes(), path
+
+    refused = run_factory("storage=azure", f"storage.sas_token='{sas}'", "data.length=64").assert_returncode(2)
+    assert signature not in refused.stdout + refused.stderr
+    assert refused.stderr.startswith("ddlkit: error: `storage.sas_token` is not an option of storage=azure")
+    assert "sas_token_file" in refused.stderr and len(refused.stderr.splitlines()) == 1

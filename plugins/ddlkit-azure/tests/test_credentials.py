@@ -41,6 +41,22 @@ def test_secrets_are_read_from_files_and_never_shown(tmp_path: Path) -> None:
         resolve("sas", account_url=URL, env={"AZURE_STORAGE_CONNECTION_STRING": "x"})
 
 
+def test_a_sas_in_the_account_url_is_the_sas_token_and_never_shown() -> None:
+    """Issue 17, item 10: ``storage.account_url='https://acct...?sv=..&sig=..'``."""
+    url = f"{URL}?sv=2026&se=2030-01-01&sp=racwdl&sig=URLSECRET"
+    cred = resolve("auto", account_url=url, env={})
+    assert (cred.kind, cred.secret, cred.account_url) == (Auth.sas, "sv=2026&se=2030-01-01&sp=racwdl&sig=URLSECRET", URL)
+    assert "URLSECRET" not in repr(cred)
+    # a token from the environment or a file comes first; the URL still loses its query
+    cred = resolve("sas", account_url=url, env={"AZURE_STORAGE_SAS_TOKEN": "sv=1&sig=ENV"})
+    assert (cred.secret, cred.account_url) == ("sv=1&sig=ENV", URL)
+    # a URL with an ordinary query string is left alone
+    assert resolve("default_credential", account_url=f"{URL}?x=1", env={}).account_url == f"{URL}?x=1"
+    # and the config's copies hold it without the SAS, the ranks the whole value
+    redacted, found = split_secrets({"storage": {"account_url": url}})
+    assert (redacted["storage"]["account_url"], found) == (f"{URL}?***", {"storage.account_url": url})
+
+
 def test_plain_http_only_to_the_local_emulator() -> None:
     assert check_tls("http://127.0.0.1:10000/devstoreaccount1")
     assert check_tls(URL)

@@ -23,6 +23,11 @@ from ddlkit.registry import Registry
 from ddlkit.testing import FAKES_MODULE, RunFactory, add_plugin, compose, fakes
 
 TOKEN = "sv=2026&sig=wandb-must-not-see-this"
+#: an account URL carrying a SAS (issue 17, item 10): the W&B config gets it without the SAS
+URL_SAS = "sv=2026&se=2030-01-01&sp=racwdl&sig=wandb-must-not-see-this-either"
+ACCOUNT = "http://127.0.0.1:10000/devstoreaccount1"
+#: an API key given on the command line (item 9); the runs stay offline (WANDB_MODE=offline)
+API_KEY = "wandb-must-not-see-this-key-" + "k" * 12
 
 
 def test_the_plugin_module_imports_no_wandb(tmp_path: Path) -> None:
@@ -134,13 +139,18 @@ def test_a_sweep_logs_one_finished_redacted_offline_run_per_job(run_factory: Run
         monkeypatch.delenv(name, raising=False)
     home = run_factory.base_dir / "wandb-home"  # wandb's own caches and settings, kept out of $HOME
     env = {"WANDB_CACHE_DIR": str(home / "cache"), "WANDB_DATA_DIR": str(home / "data"),
-           "WANDB_CONFIG_DIR": str(home / "config"), "NETRC": str(home / "no-netrc")}
+           "WANDB_CONFIG_DIR": str(home / "config"), "NETRC": str(home / "no-netrc"), "WANDB_MODE": "offline"}
     sweep = run_factory.base_dir / "sweep"
     # job 0 completes after 3 steps; job 1 fails at step 5
-    run_factory.cli("-m", "framework=fake", "logger=[jsonl,wandb]", "logger.wandb.log_model=true", "storage=memory",
-                    f"storage.sas_token='{TOKEN}'", "data.length=320", "data.num_classes=10", "trainer.log_every=1",
-                    "trainer.max_steps=3,6", "framework.fail_at_step=5", f"hydra.sweep.dir={sweep}",
-                    env=env).assert_returncode(1)
+    launcher = run_factory.cli(
+        "-m", "framework=fake", "logger=[jsonl,wandb]", "logger.wandb.log_model=true", "storage=memory",
+        f"storage.sas_token='{TOKEN}'", f"storage.account_url='{ACCOUNT}?{URL_SAS}'", f"logger.wandb.api_key={API_KEY}",
+        "data.length=320", "data.num_classes=10", "trainer.log_every=1", "trainer.max_steps=3,6",
+        "framework.fail_at_step=5", f"hydra.sweep.dir={sweep}", env=env).assert_returncode(1)
+    for marker in (TOKEN, URL_SAS, API_KEY):
+        assert marker not in launcher.stdout + launcher.stderr
+        for path in run_factory.base_dir.rglob("*"):
+            assert not path.is_file() or marker.encode() not in path.read_bytes(), path
 
     runs = {num: offline_run(sweep / str(num)) for num in (0, 1)}
     for num, wb in runs.items():
@@ -148,7 +158,9 @@ def test_a_sweep_logs_one_finished_redacted_offline_run_per_job(run_factory: Run
         assert wb["run"].run_id == (job_dir / RUN_ID_FILE).read_text().strip()
         # grouped by the sweep's name (`<parent>_<name>` of its directory), named after the job
         assert (wb["run"].run_group, wb["run"].display_name) == (f"{sweep.parent.name}_sweep", job_name(job_dir))
-        assert wb["config"]["storage"] == {"name": "memory", "sas_token": "***"}
+        assert wb["config"]["storage"] == {"name": "memory", "sas_token": "***", "account_url": f"{ACCOUNT}?***",
+                                           "expect_sha256": ""}
+        assert wb["config"]["logger"]["wandb"]["api_key"] == "***"
         assert wb["config"]["ddlkit"]["sweep_job"] == str(num)
         assert wb["config"]["ddlkit"]["environment"]["python"] == sys.version.split()[0]
         assert wb["environment"].cpu_count > 0  # W&B's own system information
@@ -160,6 +172,22 @@ def test_a_sweep_logs_one_finished_redacted_offline_run_per_job(run_factory: Run
     assert [(a.type, a.name) for a in runs[0]["artifacts"]] == [("model", f"model-{job_name(sweep / '0')}")]
     assert [c.path for c in runs[0]["artifacts"][0].manifest.contents] == ["model.npy"]
     assert runs[1]["artifacts"] == []  # a failed job has no final model
+
+
+@pytest.mark.parametrize("command", [("--cfg", "job"), ("--info", "config"), ("--help",), ("plan", "-m")], ids=" ".join)
+def test_the_api_key_is_not_printed(run_factory: RunFactory, command: tuple[str, ...]) -> None:
+    """Issue 17, item 9: ``ddlkit --cfg job logger.wandb.api_key=KEY`` printed the key."""
+    plan = command[0] == "plan"
+    args = [*command[:1]] if plan else []
+    args += ["-m"] if plan else []
+    args += ["framework=fake", "logger=[console,wandb]", f"logger.wandb.api_key={API_KEY}"]
+    args += [] if plan else list(command)
+    out = run_factory.cli(*args).assert_success()
+    assert API_KEY not in out.stdout + out.stderr
+    if command != ("--help",):
+        assert "api_key: '***'" in out.stdout or "api_key: ***" in out.stdout or "api_key=***" in out.stdout, out.output
+    for path in run_factory.base_dir.rglob("*"):
+        assert not path.is_file() or API_KEY.encode() not in path.read_bytes(), path
 
 
 def test_the_ranks_get_the_wandb_environment_the_key_as_a_secret(ddlkit_pm: DdlkitPluginManager, tmp_path: Path,

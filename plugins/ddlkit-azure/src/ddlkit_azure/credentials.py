@@ -11,6 +11,9 @@ message. In order of preference (``auth=auto`` takes the first one present):
 
 The account comes from ``storage.account_url``, ``$AZURE_STORAGE_ACCOUNT_URL``,
 ``$AZURE_STORAGE_ACCOUNT`` (``https://<name>.blob.core.windows.net``) or the connection string.
+An account URL that carries a SAS in its query string (``https://<name>.blob.core.windows.net?sv=...&sig=...``)
+is split: the SAS is used as the SAS token (after one from a file or the environment), and ddlkit
+redacts it from every copy of the config (see :mod:`ddlkit.secrets`).
 """
 
 from __future__ import annotations
@@ -21,9 +24,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
-from urllib.parse import urlsplit
+from urllib.parse import urlsplit, urlunsplit
 
 from ddlkit import ConfigError
+from ddlkit.secrets import has_credentials
 
 SAS_ENV = "AZURE_STORAGE_SAS_TOKEN"
 CONNECTION_STRING_ENV = "AZURE_STORAGE_CONNECTION_STRING"
@@ -68,8 +72,9 @@ def resolve(auth: str, *, account_url: str | None = None, sas_token_file: str | 
     kind = Auth(auth)
     url = account_url or env.get(ACCOUNT_URL_ENV) or (
         f"https://{env[ACCOUNT_ENV]}.blob.core.windows.net" if env.get(ACCOUNT_ENV) else None)
+    url, url_sas = split_sas(url) if url else (url, None)
     if kind in (Auth.auto, Auth.sas):
-        sas = _read_secret(sas_token_file, SAS_ENV, env)
+        sas = _read_secret(sas_token_file, SAS_ENV, env) or url_sas
         if sas:
             if url is None:
                 raise ConfigError(f"a SAS token needs the account: set storage.account_url or ${ACCOUNT_URL_ENV}.")
@@ -87,6 +92,15 @@ def resolve(auth: str, *, account_url: str | None = None, sas_token_file: str | 
         raise ConfigError(f"no Azure credentials found: set ${SAS_ENV} (preferred) or ${CONNECTION_STRING_ENV}, or "
                           f"set storage.account_url (or ${ACCOUNT_URL_ENV}) to sign in with DefaultAzureCredential.")
     return Credential(Auth.default_credential, None, check_tls(url))
+
+
+def split_sas(url: str) -> tuple[str, str | None]:
+    """``(url without its query, the SAS)`` for an account URL with a SAS (``...?sv=..&sig=..``),
+    else ``(url, None)``."""
+    parts = urlsplit(url)
+    if parts.query and has_credentials(parts.query):
+        return urlunsplit(parts._replace(query="")), parts.query
+    return url, None
 
 
 def check_tls(url: str) -> str:
