@@ -16,8 +16,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from .atomic import atomic_path, write_json
-from .checkpoint import CHECKPOINT_DIR, checkpoint_name, mark_latest
-from .errors import ConfigError, RunError
+from .checkpoint import (CHECKPOINT_DIR, build_manifest, checkpoint_name, mark_latest, no_space, read_manifest,
+                         remove_stale, verify, write_manifest)
+from .errors import ConfigError, DdlkitError, RunError
 from .interfaces import DataSource, Framework, Logger, Shard, StorageBackend
 from .schedule import LRSchedule
 from .throughput import ThroughputMeter
@@ -105,6 +106,8 @@ class Run:
         self._save: SaveFn | None = None
         self._started = time.time()
         self._last_checkpoint: tuple[int, int] | None = None
+        #: the newest complete checkpoint of this job (the one resumed from, then each one written)
+        self.last_checkpoint_path: Path | None = resume_from
         self._active_loggers: list[Logger] = []
 
     # ---------------------------------------------------------------- framework side
@@ -113,8 +116,14 @@ class Run:
         return where training starts. ``save(path, meta)`` must write everything to ``path``
         (a file, or a directory it creates) and ``load(path)`` must return ``meta``."""
         self._save = save
+        if self.dist.is_main:
+            # what a run killed mid-checkpoint left (nothing else writes here: the job is starting)
+            stale = remove_stale(self.checkpoint_dir)
+            if stale:
+                print(f"ddlkit: removed {len(stale)} stale temporary file(s) of an interrupted checkpoint write from "
+                      f"{self.checkpoint_dir}: {', '.join(sorted(p.name for p in stale))}", flush=True)
         if self.resume_from is not None:
-            meta = load(self.resume_from)
+            meta = self._load(load, self.resume_from)
             self._check_compatible(meta)
             self.state = RunState(**meta["state"])
             self.resumed_at = RunState(**meta["state"])
@@ -126,6 +135,21 @@ class Run:
             lg.start(self)
             self._active_loggers.append(lg)
         return self.state
+
+    def _load(self, load: LoadFn, path: Path) -> dict[str, Any]:
+        try:
+            return load(path)
+        except DdlkitError:
+            raise
+        except Exception as err:
+            # resolve_resume verified it against its manifest if it has one: what fails here is a
+            # checkpoint without one (an older ddlkit's, or one given by path), or another version's
+            why = ("it matches its manifest, so it was written by an incompatible version or settings"
+                   if read_manifest(path) is not None else "it has no manifest to verify it against")
+            raise RunError(
+                f"cannot load checkpoint {path} ({type(err).__name__}: {str(err).strip()[:300]}); {why}. Resume from "
+                "another checkpoint with trainer.resume=<path>, or start fresh with trainer.resume=false.",
+                component="framework") from err
 
     def epochs(self) -> range:
         return range(self.state.epoch, self.cfg.trainer.epochs)
@@ -259,21 +283,67 @@ class Run:
         meta = {"state": asdict(self.state), "last_loss": self.last_loss, "best_top1": self.best_top1,
                 "framework": self.cfg.framework.name, "model": self.cfg.model.name,
                 "global_batch_size": self.global_batch}
-        with atomic_path(path) as tmp:
-            self._save(tmp, meta)
-        mark_latest(path, keep=self.cfg.trainer.keep_checkpoints)
+        try:
+            with atomic_path(path) as tmp:
+                try:
+                    self._save(tmp, meta)
+                    # hashed from the bytes just written (still in the page cache), and in place
+                    # before the checkpoint is: a checkpoint of this version always has its manifest
+                    write_manifest(path, build_manifest(tmp))
+                except Exception as err:
+                    # asked before atomic_path removes the partial write and frees its space
+                    full = no_space(err, tmp.parent)
+                    if full:
+                        raise self._disk_full(full, err) from err
+                    raise
+            mark_latest(path, keep=self.cfg.trainer.keep_checkpoints)
+        except OSError as err:  # the fsync, a rename or the pointer
+            full = no_space(err, self.checkpoint_dir, slack=0)
+            if full:
+                raise self._disk_full(full, err) from err
+            raise
         self._last_checkpoint = key
+        self.last_checkpoint_path = path
         self.checkpoints_written += 1
         self.hook.ddlkit_checkpoint_saved(run=self, path=str(path), step=self.state.step)
         return path
+
+    def _disk_full(self, reason: str, err: BaseException) -> RunError:
+        """The error for a checkpoint that did not fit: what is kept, and how to go on."""
+        where = f"{reason} on {self.checkpoint_dir} while writing checkpoint step {self.state.step}"
+        prev = self.last_checkpoint_path
+        if prev is None:
+            kept = "no earlier checkpoint exists, so a new run starts from step 0"
+        elif (problem := verify(prev, hashes=False)) is not None:
+            kept = f"the previous checkpoint {prev} is damaged too ({problem})"
+        else:
+            manifest = read_manifest(prev)
+            size = f" ({manifest['bytes'] / 2**20:.1f} MiB; the next one needs as much)" if manifest else ""
+            kept = (f"the previous checkpoint {prev} is intact{size}: free space, then run the same command to "
+                    "resume from it")
+        return RunError(f"{where}; {kept}", component="checkpoint", step=self.state.step)
 
     def save_artifact(self, name: str, write: Callable[[Path], None]) -> Path | None:
         """Write a file such as the final model into the job directory atomically (rank 0 only)."""
         if not self.dist.is_main:
             return None
         path = self.job_dir / name
-        with atomic_path(path) as tmp:
-            write(tmp)
+        try:
+            with atomic_path(path) as tmp:
+                try:
+                    write(tmp)
+                except Exception as err:
+                    full = no_space(err, tmp.parent)
+                    if full:
+                        raise RunError(f"{full} on {self.job_dir} while writing {name}; the latest checkpoint "
+                                       f"{self.last_checkpoint_path} is intact", component="storage") from err
+                    raise
+        except OSError as err:
+            full = no_space(err, self.job_dir, slack=0)
+            if full:
+                raise RunError(f"{full} on {self.job_dir} while writing {name}; the latest checkpoint "
+                               f"{self.last_checkpoint_path} is intact", component="storage") from err
+            raise
         return path
 
     def _check_compatible(self, meta: Mapping[str, Any]) -> None:

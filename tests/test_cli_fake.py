@@ -45,7 +45,8 @@ def test_a_run_writes_the_job_directory(runs: dict[str, RunOutcome]) -> None:
         ".ddlkit", "checkpoints", "config.yaml", "environment.json", "job.json", "metrics.jsonl", MODEL_FILE, "overrides.yaml",
         "rank-0.log", "result.json"]
     assert sorted(p.name for p in (out.job_dir / "checkpoints").iterdir()) == [
-        "latest", "step-00000020.ckpt", "step-00000040.ckpt"]
+        "latest", "step-00000020.ckpt", "step-00000020.ckpt.manifest.json", "step-00000040.ckpt",
+        "step-00000040.ckpt.manifest.json"]
     assert (out.job_dir / "checkpoints" / "latest").read_text() == "step-00000040.ckpt\n"
     assert out.stdout.startswith(f"ddlkit: job {job_name(out.job_dir)} -> {out.job_dir}\n")
     assert job_name(out.job_dir).startswith(f"{out.job_dir.parent.name}_{out.job_dir.name}-")

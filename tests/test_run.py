@@ -4,12 +4,14 @@ codes, and resume equivalence, all on an in-process worker with the fake framewo
 from __future__ import annotations
 
 import json
+import subprocess
 from pathlib import Path
 
 import pytest
 
 import ddlkit
 from ddlkit import RunError
+from ddlkit.checkpoint import verify
 from ddlkit.plugins import DdlkitPluginManager
 from ddlkit.run import EXIT_PREEMPTED
 from ddlkit.testing import RESULT_KEYS, HookRecorder, add_plugin, make_run
@@ -62,7 +64,8 @@ def test_a_full_run_ends_each_epoch_and_checkpoints_the_last_step(run_inprocess,
     assert hook_recorder.names()[-1] == "ddlkit_run_end"
     assert (out.result["epochs"], out.result["steps"], out.result["status"]) == (2, 20, "completed")
     assert sorted(p.name for p in (out.job_dir / "checkpoints").iterdir()) == [
-        "latest", "step-00000010.ckpt", "step-00000020.ckpt"]
+        "latest", "step-00000010.ckpt", "step-00000010.ckpt.manifest.json", "step-00000020.ckpt",
+        "step-00000020.ckpt.manifest.json"]
 
 
 def test_a_failing_framework_ends_the_run_as_failed(run_inprocess, hook_recorder: HookRecorder,
@@ -239,3 +242,130 @@ def test_job_file_is_what_the_worker_reads(run_inprocess) -> None:
     job = json.loads((out.job_dir / "job.json").read_text())
     assert job["config"]["trainer"]["epochs"] == 1 and job["config"]["framework"]["name"] == "fake"
     assert out.run.cfg.trainer.epochs == 1
+
+
+# ---------------------------------------------------------------------------- resume never silently loses progress
+# issue 17, items 5-7, end to end on the in-process worker
+
+
+def _interrupted_at_15(run_inprocess, job_dir: Path, *overrides: str) -> Path:
+    """A run stopped at step 15 (checkpoints at steps 10 and 15, ``latest`` naming 15)."""
+    first = run_inprocess(*SMALL, *overrides, "trainer.max_steps=15", job_dir=job_dir)
+    assert first.exit_code == 0
+    ckdir = job_dir / "checkpoints"
+    assert (ckdir / "latest").read_text() == "step-00000015.ckpt\n"
+    return ckdir
+
+
+def test_resume_when_latest_names_a_deleted_checkpoint(run_inprocess, tmp_path: Path, capsys) -> None:
+    """Item 5: it started from step 0 without a word; now it resumes from the newest intact checkpoint."""
+    straight = run_inprocess(*SMALL)
+    ckdir = _interrupted_at_15(run_inprocess, tmp_path / "job")
+    (ckdir / "step-00000015.ckpt").unlink()
+    capsys.readouterr()
+    resumed = run_inprocess(*SMALL, job_dir=tmp_path / "job")
+    assert resumed.exit_code == 0
+    assert resumed.result["resumed_from_step"] == 10
+    err = capsys.readouterr().err
+    assert f"ddlkit: warning: {ckdir}/latest names step-00000015.ckpt, which does not exist (deleted?)" in err
+    assert f"ddlkit: warning: resuming from {ckdir}/step-00000010.ckpt, the newest intact checkpoint" in err
+    assert (tmp_path / "job" / MODEL_FILE).read_bytes() == (straight.job_dir / MODEL_FILE).read_bytes()
+
+
+def test_resume_passes_over_a_truncated_latest_checkpoint(run_inprocess, tmp_path: Path, capsys) -> None:
+    """Item 6: a truncated latest checkpoint is named and passed over; nothing is deleted until a
+    newer checkpoint is complete, and the run ends as an uninterrupted one."""
+    straight = run_inprocess(*SMALL)
+    ckdir = _interrupted_at_15(run_inprocess, tmp_path / "job")
+    bad = ckdir / "step-00000015.ckpt"
+    size = bad.stat().st_size
+    with open(bad, "r+b") as f:
+        f.truncate(size // 2)
+    capsys.readouterr()
+    resumed = run_inprocess(*SMALL, job_dir=tmp_path / "job")
+    assert resumed.exit_code == 0
+    assert (resumed.result["resumed_from_step"], resumed.result["steps"]) == (10, 20)
+    err = capsys.readouterr().err
+    assert (f"ddlkit: warning: checkpoint {bad} is damaged: step-00000015.ckpt is {size // 2} bytes, {size} were "
+            "written (truncated); skipped") in err
+    assert f"resuming from {ckdir}/step-00000010.ckpt, the newest intact checkpoint" in err
+    assert "Traceback" not in err
+    assert (tmp_path / "job" / MODEL_FILE).read_bytes() == (straight.job_dir / MODEL_FILE).read_bytes()
+    assert (ckdir / "latest").read_text() == "step-00000020.ckpt\n"
+    # step 10 went only once step 20 was complete and verified (keep_checkpoints=2); the damaged
+    # one is kept for inspection, not silently deleted by the resume
+    assert sorted(p.name for p in ckdir.glob("step-*.ckpt")) == ["step-00000015.ckpt", "step-00000020.ckpt"]
+
+
+def test_resume_refuses_to_start_over_when_no_checkpoint_is_intact(run_inprocess, tmp_path: Path) -> None:
+    ckdir = _interrupted_at_15(run_inprocess, tmp_path / "job", "trainer.keep_checkpoints=1")
+    (ckdir / "step-00000015.ckpt").write_bytes(b"")
+    with pytest.raises(ddlkit.ConfigError) as info:
+        run_inprocess(*SMALL, job_dir=tmp_path / "job")
+    assert str(info.value).startswith(f"{ckdir} holds no intact checkpoint to resume from (checkpoint "
+                                      f"{ckdir}/step-00000015.ckpt is damaged: step-00000015.ckpt is 0 bytes")
+    assert "trainer.resume=false" in str(info.value)
+    assert (ckdir / "step-00000015.ckpt").exists() and (ckdir / "latest").read_text() == "step-00000015.ckpt\n"
+    fresh = run_inprocess(*SMALL, "trainer.resume=false", job_dir=tmp_path / "job")  # the way out it names
+    assert (fresh.exit_code, fresh.result["resumed_from_step"]) == (0, None)
+
+
+def test_a_load_failure_names_the_checkpoint(run_inprocess, tmp_path: Path, capsys) -> None:
+    """A checkpoint without a manifest (an older ddlkit's) cannot be verified: if it fails to load,
+    the error names it and the ways out, without a traceback."""
+    ckdir = _interrupted_at_15(run_inprocess, tmp_path / "job")
+    (ckdir / "step-00000015.ckpt.manifest.json").unlink()
+    (ckdir / "step-00000015.ckpt").write_bytes(b"PK\x03\x04 not a zip")
+    out = run_inprocess(*SMALL, job_dir=tmp_path / "job")
+    assert (out.exit_code, out.status) == (1, "failed")
+    err = capsys.readouterr().err
+    assert f"RunError: cannot load checkpoint {ckdir}/step-00000015.ckpt (" in err
+    assert "it has no manifest to verify it against. Resume from another checkpoint with trainer.resume=<path>" in err
+    assert "Traceback" not in err
+
+
+def test_stale_temporary_files_of_a_killed_checkpoint_write_are_removed(run_inprocess, tmp_path: Path,
+                                                                       capsys) -> None:
+    """Item 7 (second half): a write killed mid-way leaves ``.step-*.ckpt.*.tmp``; the next run removes it."""
+    from ddlkit.atomic import atomic_path
+
+    ckdir = _interrupted_at_15(run_inprocess, tmp_path / "job")
+    killed = atomic_path(ckdir / "step-00000016.ckpt")  # never exited: as if the process died mid-write
+    partial = killed.__enter__()
+    partial.write_bytes(b"half a checkpoint")
+    stale = partial.parent
+    assert stale.name.startswith(".step-00000016.ckpt.") and stale.name.endswith(".tmp")
+    capsys.readouterr()
+    resumed = run_inprocess(*SMALL, job_dir=tmp_path / "job")
+    assert (resumed.exit_code, resumed.result["resumed_from_step"]) == (0, 15)
+    assert not stale.exists()
+    assert sorted(p.name for p in ckdir.iterdir() if p.name.startswith(".")) == []
+    assert f"ddlkit: removed 1 stale temporary file(s) of an interrupted checkpoint write from {ckdir}: {stale.name}" \
+        in capsys.readouterr().out
+    del killed
+
+
+def test_a_full_disk_keeps_the_previous_checkpoint_and_says_so(run_inprocess, tmp_path: Path, capsys,
+                                                               mount_tmpfs) -> None:
+    """Item 7: the checkpoint directory fills up while writing step 15: a one-line error naming the
+    directory and the intact previous checkpoint, exit 1, nothing lost; with room again the same
+    command resumes from it and ends as an uninterrupted run."""
+    big = ("framework.side=32", "trainer.checkpoint_every=5")  # checkpoints of ~0.5 MB, at 5, 10, 15, 20
+    straight = run_inprocess(*SMALL, *big)
+    job = tmp_path / "job"
+    ckdir = mount_tmpfs(job / "checkpoints", "1200k")  # room for two checkpoints, not three
+    out = run_inprocess(*SMALL, *big, job_dir=job)
+    assert (out.exit_code, out.status) == (1, "failed")
+    err = capsys.readouterr().err
+    assert (f"ddlkit worker (rank 0): RunError: no space left on {ckdir} while writing checkpoint step 15; the "
+            f"previous checkpoint {ckdir}/step-00000010.ckpt is intact (0.5 MiB; the next one needs as much): free "
+            "space, then run the same command to resume from it") in err
+    assert "unexpected pos" not in err and "Traceback" not in err
+    assert (ckdir / "latest").read_text() == "step-00000010.ckpt\n"
+    assert verify(ckdir / "step-00000010.ckpt") is None
+    assert not [p for p in ckdir.iterdir() if p.name.endswith(".tmp")]  # the partial write is gone
+
+    subprocess.run(["mount", "-o", "remount,size=4m", str(ckdir)], check=True)  # room again
+    resumed = run_inprocess(*SMALL, *big, job_dir=job)
+    assert (resumed.exit_code, resumed.result["resumed_from_step"]) == (0, 10)
+    assert (job / MODEL_FILE).read_bytes() == (straight.job_dir / MODEL_FILE).read_bytes()

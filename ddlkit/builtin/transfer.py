@@ -302,8 +302,12 @@ def result_files(job_dir: Path, *, checkpoints: bool) -> list[str]:
 
 
 def checkpoint_files(job_dir: Path, checkpoint: Path) -> list[str]:
-    """A checkpoint's files (it is a file, or a directory the framework wrote)."""
+    """A checkpoint's files (it is a file, or a directory the framework wrote), then its manifest if it has one."""
+    from ..checkpoint import manifest_path
+
     files = [checkpoint] if checkpoint.is_file() else sorted(p for p in checkpoint.rglob("*") if p.is_file())
+    if manifest_path(checkpoint).is_file():
+        files.append(manifest_path(checkpoint))
     return [p.relative_to(job_dir).as_posix() for p in files]
 
 

@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from ddlkit.checkpoint import latest_checkpoint
+from ddlkit.checkpoint import latest_checkpoint, verify
 from ddlkit.testing import RESULT_KEYS
 
 pytestmark = [
@@ -103,7 +103,9 @@ def test_the_logged_loss_is_the_batch_loss_not_keras_running_mean(runs: dict) ->
 def test_checkpoints_are_complete_and_no_partial_write_remains(runs: dict) -> None:
     for job in (runs["straight"], runs["resumed"], runs["boundary"]):
         entries = sorted(p.name for p in (job / "checkpoints").iterdir())
-        assert entries == ["latest", "step-00000006.ckpt", "step-00000012.ckpt"], entries
+        assert entries == ["latest", "step-00000006.ckpt", "step-00000006.ckpt.manifest.json", "step-00000012.ckpt",
+                           "step-00000012.ckpt.manifest.json"], entries
+        assert verify(job / "checkpoints" / "step-00000012.ckpt") is None
         meta = json.loads(str(arrays(latest_checkpoint(job))["meta"]))
         assert meta["state"] == {"epoch": 2, "step": TOTAL_STEPS, "batch": 0}
         assert meta["framework"] == "keras"

@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from ddlkit.checkpoint import latest_checkpoint
+from ddlkit.checkpoint import latest_checkpoint, verify
 from ddlkit.testing import RESULT_KEYS
 
 pytestmark = [
@@ -97,7 +97,9 @@ def test_checkpoints_are_complete_and_no_partial_write_remains(runs: dict) -> No
     for job in (runs["straight"], runs["resumed"]):
         entries = sorted(p.name for p in (job / "checkpoints").iterdir())
         # no temporary (.step-*.tmp) entry left; two checkpoints kept (trainer.keep_checkpoints=2)
-        assert entries == ["latest", "step-00000006.ckpt", "step-00000012.ckpt"], entries
+        assert entries == ["latest", "step-00000006.ckpt", "step-00000006.ckpt.manifest.json", "step-00000012.ckpt",
+                           "step-00000012.ckpt.manifest.json"], entries
+        assert verify(job / "checkpoints" / "step-00000012.ckpt") is None
         saved = arrays(latest_checkpoint(job))
         meta = json.loads(str(saved["meta"]))
         assert meta["state"] == {"epoch": 2, "step": TOTAL_STEPS, "batch": 0}
