@@ -198,8 +198,9 @@ def prepare(cfg: DictConfig, *, job_dir: Path, overrides: Sequence[str], registr
     job_dir = Path(job_dir).resolve()
     if compute.shares_job_dir:
         # fail here, not after a queue: the ranks will see this same directory (the worker decides
-        # for targets that run a copy of it, where the checkpoints may be only on the cluster's side)
-        resolve_resume(job_dir, cfg.trainer.resume)
+        # for targets that run a copy of it, where the checkpoints may be only on the cluster's side,
+        # and it is the worker that warns about a checkpoint it passes over: once, in the job's log)
+        resolve_resume(job_dir, cfg.trainer.resume, warn=lambda message: None)
     refuse_a_running_job(job_dir, registry)
     name = job_name(job_dir)
     redacted, secrets = secret_store.split_secrets(container)
