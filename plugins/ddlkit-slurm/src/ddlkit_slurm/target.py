@@ -1,0 +1,504 @@
+"""``compute=slurm``: one ddlkit job = one Slurm batch job, its ranks started by ``srun``.
+
+``submit`` writes ``slurm.sbatch`` into the job directory and runs ``sbatch --parsable`` with the
+job directory as working directory (``--chdir``; a Slurm cluster shares its home/project file
+system with the nodes, so the ranks run in the launcher's own job directory). The job's
+environment (``spec.env``) and its secrets (``spec.secret_env``) travel in sbatch's environment
+(``--export=ALL``): the script names no secret. The batch script:
+
+* sets ``MASTER_ADDR`` (the allocation's first node), ``MASTER_PORT`` (from the job id) and
+  ddlkit's control-plane address, then starts the ranks with ``srun python -m ddlkit_slurm.rank --
+  python -m ddlkit.worker job.json`` (see :mod:`ddlkit_slurm.rank`);
+* asks Slurm for a warning signal before the time limit (``--signal=B:USR1@signal_before_s``);
+  on it the ranks get SIGTERM, checkpoint and exit 75 (ddlkit's ``EXIT_PREEMPTED``), and the
+  script re-queues the job (``scontrol requeue``) up to ``max_requeues`` times: the re-run
+  resumes from the checkpoint in the same job directory (``trainer.resume=auto``);
+* on ``cancel()`` (SIGUSR1 to the batch shell with ``.ddlkit/cancel-requested`` written) or a
+  SIGTERM to the batch shell passes SIGTERM to the ranks and ends the job after ``grace_period_s``
+  if they have not stopped;
+* writes ``.ddlkit/slurm-exit.json`` (the ranks' exit code, the job id, the restarts) when it ends
+  without being re-queued: the handle's final status, also after Slurm forgot the job.
+
+The handle asks ``scontrol show job`` (no accounting database needed) at most once per
+``compute.poll_interval_s``, however often :meth:`SlurmJob.status` is called; in between it reads
+the script's exit record, a file in the job directory, so the end of a job is seen at once while
+the scheduler is asked a few times a minute. A watcher (the sweep scheduler) may therefore look
+every half second (:attr:`SlurmTarget.poll_interval_s`).
+"""
+
+from __future__ import annotations
+
+import codecs
+import json
+import os
+import re
+import shlex
+import shutil
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import ddlkit
+from ddlkit.atomic import write_text
+from ddlkit.interfaces import JobHandle, JobSpec, JobState, JobStatus
+from ddlkit.jobs.process import CANCEL_FILE, log_tail
+
+#: the batch script, written into the job directory
+SCRIPT = "slurm.sbatch"
+#: the batch job's output: what the script says plus rank 0's output (followed by logs())
+OUTPUT = "slurm.log"
+#: the script's record of how the job ended (relative to the job directory)
+EXIT_RECORD = ".ddlkit/slurm-exit.json"
+#: the script's record of how the ranks ended when Slurm stopped the job (time limit, scancel, preemption)
+STOP_RECORD = ".ddlkit/slurm-stopped.json"
+RANK_MODULE = "ddlkit_slurm.rank"
+#: Slurm's time formats: minutes, minutes:seconds, hours:minutes:seconds, days-hours,
+#: days-hours:minutes, days-hours:minutes:seconds; and the unlimited ones
+_TIME = re.compile(r"^(\d+|\d+:\d+|\d+:\d+:\d+|\d+-\d+|\d+-\d+:\d+|\d+-\d+:\d+:\d+|unlimited|infinite)$",
+                   re.IGNORECASE)
+_PENDING = {"PENDING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED", "CONFIGURING", "RESV_DEL_HOLD", "SUSPENDED",
+            "STOPPED", "RESIZING"}
+_RUNNING = {"RUNNING", "COMPLETING", "SIGNALING", "STAGE_OUT"}
+
+#: scheduler commands run by this process (sbatch, scontrol, scancel, sinfo): what the benchmark counts
+SCHEDULER_CALLS = {"count": 0}
+
+
+@dataclass
+class SlurmConfig:
+    # nodes of the allocation, and ranks (Slurm tasks) per node; the job has nodes x procs_per_node ranks
+    nodes: int = 1
+    procs_per_node: int = 1
+    # the partition (null: the cluster's default)
+    partition: str | None = None
+    # the time limit, in Slurm's formats (minutes, HH:MM:SS, D-HH:MM:SS, ...); null: the partition's
+    time: str | None = None
+    # GPUs per node (--gpus-per-node), CPUs per rank (--cpus-per-task), memory per node (--mem, e.g. 64G)
+    gpus_per_node: int | None = None
+    cpus_per_task: int | None = None
+    mem: str | None = None
+    account: str | None = None
+    qos: str | None = None
+    constraint: str | None = None
+    # extra batch options, one per entry, e.g. ["--exclusive", "--reservation=demo"]
+    extra_sbatch: list[str] = field(default_factory=list)
+    # the ranks' interpreter on the nodes; null: this one (sys.executable)
+    python: str | None = None
+    # seconds before the time limit at which Slurm warns the job (it checkpoints and re-queues
+    # itself); 0: no warning. Slurm may send it up to a minute early
+    signal_before_s: int = 120
+    # how often a job that checkpointed on the warning (or a preemption) re-queues itself to resume
+    max_requeues: int = 3
+    # seconds between looks at the queue (scontrol show job) per job; the job's end is seen at once
+    # (from its exit record in the job directory)
+    poll_interval_s: float = 5.0
+    # seconds a cancelled job gets to checkpoint before Slurm kills it
+    grace_period_s: float = 30.0
+    # what starts the ranks inside the allocation: srun
+    launcher: str = "srun"
+
+
+def _run(args: list[str], *, env: Mapping[str, str] | None = None, timeout: float = 60) -> subprocess.CompletedProcess:
+    SCHEDULER_CALLS["count"] += 1
+    try:
+        return subprocess.run(args, capture_output=True, text=True, env=None if env is None else dict(env), check=False,
+                              timeout=timeout, stdin=subprocess.DEVNULL)
+    except FileNotFoundError:
+        raise ddlkit.ConfigError(f"compute=slurm needs Slurm's `{args[0]}` on PATH: run ddlkit on a Slurm login "
+                                 "node (or start a local cluster with scripts/local_slurm.sh start).") from None
+    except subprocess.TimeoutExpired:
+        raise ddlkit.ConfigError(f"`{shlex.join(args[:3])}` did not answer within {timeout:.0f} s: "
+                                 "is the Slurm controller up (scontrol ping)?") from None
+
+
+def _first_line(text: str) -> str:
+    lines = [ln.strip() for ln in text.strip().splitlines() if ln.strip()]
+    return "; ".join(lines[:3]) if lines else "(no message)"
+
+
+def parse_scontrol(text: str) -> dict[str, str]:
+    """``scontrol show job -o`` output: ``Key=Value`` pairs (values without spaces but Command's)."""
+    fields: dict[str, str] = {}
+    for token in text.split():
+        key, sep, value = token.partition("=")
+        if sep and key not in fields:
+            fields[key] = value
+    return fields
+
+
+# ---------------------------------------------------------------------------- the handle
+class SlurmJob(JobHandle):
+    """A Slurm batch job of ddlkit's; ``id`` is the Slurm job id."""
+
+    def __init__(self, job_id: str, *, job_dir: Path, poll_interval_s: float, grace_period_s: float,
+                 time_limit: str | None = None) -> None:
+        self.id = str(job_id)
+        self.job_dir = Path(job_dir)
+        self.poll_interval_s, self.grace = poll_interval_s, grace_period_s
+        self.time_limit = time_limit
+        self.log_path = self.job_dir / OUTPUT
+        self._offset = 0
+        self._decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        self._final: JobStatus | None = None
+        #: (when, what) Slurm last said: asked again only after poll_interval_s
+        self._asked: tuple[float, dict[str, str] | None] | None = None
+
+    # ------------------------------------------------------------ state
+    def _record(self) -> dict | None:
+        try:
+            record = json.loads((self.job_dir / EXIT_RECORD).read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            return None
+        return record if str(record.get("job_id")) == self.id else None
+
+    @property
+    def cancel_requested(self) -> bool:
+        return (self.job_dir / CANCEL_FILE).exists()
+
+    def _tail(self) -> str:
+        return f"last lines of {self.log_path}:\n" + "\n".join("    " + ln for ln in log_tail(self.log_path))
+
+    def _from_record(self, record: dict) -> JobStatus:
+        code = int(record["code"])
+        if code == 0:
+            return JobStatus(JobState.SUCCEEDED, 0)
+        state = JobState.CANCELLED if self.cancel_requested else JobState.FAILED
+        if code == 75:
+            why = (f"the ranks checkpointed and stopped (exit 75) after {record.get('restarts', 0)} re-queue(s), "
+                   "the most compute.max_requeues allows" if record.get("warned") else
+                   "the ranks checkpointed and stopped (exit 75)")
+            return JobStatus(state, code, f"Slurm job {self.id}: {why}; {self._tail()}")
+        return JobStatus(state, code, f"Slurm job {self.id}: the ranks ended with exit status {code}; {self._tail()}")
+
+    def _stop_code(self) -> int | None:
+        """The ranks' exit code when Slurm stopped the job (from the script's stop record)."""
+        try:
+            record = json.loads((self.job_dir / STOP_RECORD).read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            return None
+        return int(record["code"]) if str(record.get("job_id")) == self.id else None
+
+    def query(self) -> dict[str, str] | None:
+        """Slurm's view of the job (``scontrol show job``); None when Slurm no longer knows it."""
+        proc = _run(["scontrol", "show", "job", "-o", self.id])
+        if proc.returncode != 0:
+            if "invalid job id" in (proc.stderr + proc.stdout).lower():
+                return None
+            raise ddlkit.ConfigError(f"scontrol show job {self.id} failed: {_first_line(proc.stderr or proc.stdout)}")
+        return parse_scontrol(proc.stdout)
+
+    def status(self) -> JobStatus:
+        if self._final is not None:
+            return self._final
+        record = self._record()
+        if record is not None:
+            self._final = self._from_record(record)
+            return self._final
+        now = time.monotonic()
+        if self._asked is None or now - self._asked[0] >= self.poll_interval_s:
+            self._asked = (now, self.query())
+        info = self._asked[1]
+        record = self._record()  # the job may have ended while we asked
+        if record is not None:
+            self._final = self._from_record(record)
+            return self._final
+        if info is None:
+            self._final = JobStatus(JobState.FAILED, None, f"Slurm no longer knows job {self.id} and it left no exit "
+                                                           f"record in {self.job_dir / EXIT_RECORD}; {self._tail()}")
+            return self._final
+        state = info.get("JobState", "")
+        reason = info.get("Reason", "")
+        if state in _PENDING:
+            return JobStatus(JobState.PENDING, None, f"Slurm: {state} ({reason})")
+        if state in _RUNNING:
+            return JobStatus(JobState.RUNNING, None, f"Slurm: {state} on {info.get('NodeList', '?')}")
+        code_text = info.get("ExitCode", "0:0")
+        code, _, sig = code_text.partition(":")
+        exit_code = -int(sig) if sig.isdigit() and int(sig) else int(code) if code.isdigit() else None
+        if state == "COMPLETED":
+            self._final = JobStatus(JobState.SUCCEEDED, 0)
+        elif state == "CANCELLED" or self.cancel_requested:
+            stopped = self._stop_code()
+            self._final = JobStatus(JobState.CANCELLED, stopped if stopped is not None else exit_code, f"Slurm job {self.id} was cancelled "
+                                                                   f"({reason}); {self._tail()}")
+        elif state == "TIMEOUT":
+            if self._stop_code() == 75:
+                self._final = JobStatus(JobState.FAILED, 75, (
+                    f"Slurm job {self.id} ran out of time (time limit {info.get('TimeLimit', self.time_limit)}); the "
+                    f"ranks saved a checkpoint when Slurm stopped them; {self._tail()}"))
+            else:
+                self._final = JobStatus(JobState.FAILED, exit_code, (
+                    f"Slurm job {self.id} ran out of time (time limit {info.get('TimeLimit', self.time_limit)}) "
+                    "without saving a checkpoint: raise compute.time, or compute.signal_before_s so that the "
+                    f"warning comes while the job can still checkpoint; {self._tail()}"))
+        else:
+            self._final = JobStatus(JobState.FAILED, exit_code, f"Slurm job {self.id} ended {state} ({reason}); "
+                                                                f"{self._tail()}")
+        return self._final
+
+    def wait(self, timeout: float | None = None) -> JobStatus:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while not (status := self.status()).state.done:
+            if deadline is not None and time.monotonic() >= deadline:
+                return status
+            pause = 0.1 if deadline is None else min(0.1, max(0.0, deadline - time.monotonic()))
+            time.sleep(pause)
+        return status
+
+    # ------------------------------------------------------------ output
+    def _read_new(self) -> str:
+        try:
+            with open(self.log_path, "rb") as f:
+                f.seek(self._offset)
+                data = f.read()
+        except FileNotFoundError:
+            return ""
+        self._offset += len(data)
+        return self._decoder.decode(data)
+
+    def logs(self, follow: bool = True) -> Iterator[str]:
+        """The batch job's output (rank 0's output and the script's lines), from where the
+        previous call stopped."""
+        while True:
+            done = self.status().state.done if follow or self._record() is not None else False
+            text = self._read_new()
+            if text:
+                yield text
+            elif done or not follow:
+                return
+            else:
+                time.sleep(0.1)
+
+    # ------------------------------------------------------------ stopping
+    def cancel(self) -> None:
+        if self._final is not None or self._record() is not None or self.cancel_requested:
+            return
+        self._asked = None  # what Slurm says now: a pending job is removed, a running one checkpoints
+        status = self.status()
+        if status.state.done:
+            return
+        write_text(self.job_dir / CANCEL_FILE, f"{time.time()}\n")
+        if status.state is JobState.PENDING:
+            _run(["scancel", self.id])
+            return
+        # SIGUSR1 to the batch shell only (srun itself must not get SIGTERM: it would kill the
+        # ranks at once): seeing the cancel marker, it passes SIGTERM to the ranks, which
+        # checkpoint, and ends the job after the grace period by itself (also when this process is gone)
+        _run(["scancel", "--signal=USR1", "--batch", self.id])
+        timer = threading.Timer(self.grace + 5, self._kill)
+        timer.daemon = True
+        timer.start()
+
+    def _kill(self) -> None:
+        if not self.status().state.done:
+            _run(["scancel", self.id])
+
+
+# ---------------------------------------------------------------------------- the target
+class SlurmTarget(ddlkit.ComputeTarget):
+    """``compute=slurm``: a batch job of ``nodes`` x ``procs_per_node`` ranks."""
+
+    cfg: SlurmConfig
+    # the job directory is on the cluster's shared file system, where the ranks run
+    shares_job_dir = True
+    # see query_interval_s: Slurm itself is asked once per compute.poll_interval_s
+    poll_interval_s = 0.5
+
+    def __init__(self, cfg: Any) -> None:
+        super().__init__(cfg)
+        c = cfg
+        for key in ("nodes", "procs_per_node"):
+            if getattr(c, key) < 1:
+                raise ddlkit.ConfigError(f"compute.{key}={getattr(c, key)} is invalid: it must be a positive integer.")
+        for key in ("gpus_per_node", "cpus_per_task"):
+            if getattr(c, key) is not None and getattr(c, key) < 0:
+                raise ddlkit.ConfigError(f"compute.{key}={getattr(c, key)} is invalid: it must be >= 0.")
+        for key in ("signal_before_s", "max_requeues", "grace_period_s"):
+            if getattr(c, key) < 0:
+                raise ddlkit.ConfigError(f"compute.{key}={getattr(c, key)} is invalid: it must be >= 0.")
+        if not c.poll_interval_s > 0:
+            raise ddlkit.ConfigError(f"compute.poll_interval_s={c.poll_interval_s} is invalid: it must be positive.")
+        if c.time is not None and not _TIME.match(str(c.time)):
+            raise ddlkit.ConfigError(
+                f"compute.time={c.time} is not a Slurm time limit: use minutes (90), HH:MM:SS (04:00:00), "
+                "D-HH:MM:SS (1-12:00:00), D-HH, MM:SS or UNLIMITED.")
+        if c.launcher != "srun":
+            raise ddlkit.ConfigError(f"compute.launcher={c.launcher} is not supported: compute=slurm starts its ranks "
+                                     "with srun (for mpirun inside an allocation, run compute=mpi in a batch job).")
+        for line in c.extra_sbatch:
+            if not str(line).strip().lstrip("#").replace("SBATCH", "", 1).strip().startswith("-"):
+                raise ddlkit.ConfigError(f"compute.extra_sbatch entry {line!r} is not a batch option: write it as "
+                                         "sbatch takes it, e.g. --exclusive or --reservation=demo.")
+        #: the handle asks Slurm once per compute.poll_interval_s and reads the exit record in between,
+        #: so watchers may look often: a sweep sees a job's end within half a second
+        self.query_interval_s = float(c.poll_interval_s)
+        self.poll_interval_s = min(0.5, self.query_interval_s)
+
+    @property
+    def world_size(self) -> int:
+        return self.cfg.nodes * self.cfg.procs_per_node
+
+    def python(self) -> str:
+        return self.cfg.python or sys.executable
+
+    # ------------------------------------------------------------ the batch script
+    def sbatch_options(self, spec: JobSpec) -> list[str]:
+        c = self.cfg
+        opts = [f"--job-name={spec.name}", f"--nodes={c.nodes}", f"--ntasks-per-node={c.procs_per_node}",
+                f"--output={OUTPUT}", "--open-mode=append", "--requeue"]
+        for key, flag in (("partition", "partition"), ("time", "time"), ("gpus_per_node", "gpus-per-node"),
+                          ("cpus_per_task", "cpus-per-task"), ("mem", "mem"), ("account", "account"),
+                          ("qos", "qos"), ("constraint", "constraint")):
+            value = getattr(c, key)
+            if value is not None and value != "":
+                opts.append(f"--{flag}={value}")
+        if c.signal_before_s:
+            # B: to the batch shell only, which decides: checkpoint the ranks, then re-queue
+            opts.append(f"--signal=B:USR1@{int(c.signal_before_s)}")
+        for line in c.extra_sbatch:
+            opts.append(str(line).strip().removeprefix("#SBATCH").strip())
+        return opts
+
+    def script(self, spec: JobSpec) -> str:
+        c = self.cfg
+        python = self.python()
+        rank_cmd = shlex.join([python, "-m", RANK_MODULE, "--", *spec.command(python)])
+        header = "\n".join(f"#SBATCH {o}" for o in self.sbatch_options(spec))
+        env_names = ", ".join(sorted(spec.env)) or "(none)"
+        secret_names = ", ".join(sorted(spec.secret_env)) or "(none)"
+        return f"""#!/bin/bash
+# ddlkit job {spec.name}: {self.world_size} rank(s) on {c.nodes} node(s), written by compute=slurm.
+# sbatch runs it with the job directory as working directory (--chdir) and passes the launcher's
+# environment (--export=ALL), which holds the job's variables: {env_names}
+# and its secrets (names only): {secret_names}
+{header}
+
+set -u
+mkdir -p .ddlkit
+rm -f {EXIT_RECORD} {STOP_RECORD}
+restarts=${{SLURM_RESTART_COUNT:-0}}
+max_requeues={int(c.max_requeues)}
+grace={int(c.grace_period_s)}
+# the rendezvous: rank 0 runs on the allocation's first node; the port follows from the job id
+MASTER_ADDR=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)
+MASTER_PORT=$((20000 + SLURM_JOB_ID % 20000 * 2))
+export MASTER_ADDR MASTER_PORT DDLKIT_CONTROL_ADDR="$MASTER_ADDR:$((MASTER_PORT + 1))" PYTHONUNBUFFERED=1
+export OMP_NUM_THREADS=${{OMP_NUM_THREADS:-${{SLURM_CPUS_PER_TASK:-1}}}}
+echo "ddlkit-slurm: job $SLURM_JOB_ID (run $((restarts + 1))) on $SLURM_JOB_NODELIST: {self.world_size} rank(s)"
+if [ -e {CANCEL_FILE} ] && [ "$restarts" -gt 0 ]; then
+    echo "ddlkit-slurm: the job was cancelled; not resuming it"; exit 75
+fi
+
+warned=0 stopping=0 signalled=0
+stop_ranks() {{  # SIGTERM to every rank (the job's steps, not this shell nor srun): they checkpoint
+    scancel --signal=TERM "$SLURM_JOB_ID" 2>/dev/null
+}}
+on_stop() {{  # ddlkit's cancel, or a preemption: checkpoint, then end (within the grace period)
+    signalled=1
+    [ "$stopping" = 1 ] && return
+    stopping=1
+    echo "ddlkit-slurm: stop requested: the ranks checkpoint and stop (at most ${{grace}} s)"
+    stop_ranks
+    (sleep "$grace"; echo "ddlkit-slurm: the ranks did not stop within ${{grace}} s"; scancel "$SLURM_JOB_ID") &
+}}
+on_usr1() {{  # Slurm's warning before the time limit (--signal=B:USR1), or ddlkit's cancel
+    signalled=1
+    if [ -e {CANCEL_FILE} ]; then on_stop; return; fi
+    [ "$warned" = 1 ] && return
+    warned=1
+    echo "ddlkit-slurm: warning signal (time limit near): the ranks checkpoint and stop"
+    stop_ranks
+}}
+trap on_usr1 USR1
+trap on_stop TERM INT
+
+srun --kill-on-bad-exit=1 --ntasks={self.world_size} {rank_cmd} &
+srun_pid=$!
+code=1
+while :; do
+    signalled=0
+    wait "$srun_pid"; c=$?
+    [ "$c" -eq 127 ] && break
+    code=$c
+    [ "$signalled" = 1 ] || break
+done
+
+if [ "$code" -eq 75 ] && [ "$warned" = 1 ] && [ "$stopping" = 0 ] && [ ! -e {CANCEL_FILE} ] \\
+        && [ "$restarts" -lt "$max_requeues" ]; then
+    echo "ddlkit-slurm: checkpoint saved; re-queueing the job to resume ($((restarts + 1)) of $max_requeues)"
+    if scontrol requeue "$SLURM_JOB_ID"; then
+        exit 0
+    fi
+    echo "ddlkit-slurm: scontrol requeue failed"
+fi
+if [ "$stopping" = 1 ] && [ ! -e {CANCEL_FILE} ]; then
+    # Slurm ended the job (time limit, scancel, preemption): its state says how; this says
+    # whether the ranks saved a checkpoint first (exit 75)
+    echo "ddlkit-slurm: stopped by Slurm; the ranks ended with exit status $code"
+    printf '{{"job_id": "%s", "code": %d, "restarts": %d}}\\n' "$SLURM_JOB_ID" "$code" "$restarts" > {STOP_RECORD}.tmp
+    mv {STOP_RECORD}.tmp {STOP_RECORD}
+    exit "$code"
+fi
+echo "ddlkit-slurm: the ranks ended with exit status $code"
+printf '{{"job_id": "%s", "code": %d, "restarts": %d, "warned": %d, "time": %d}}\\n' \\
+    "$SLURM_JOB_ID" "$code" "$restarts" "$warned" "$(date +%s)" > {EXIT_RECORD}.tmp
+mv {EXIT_RECORD}.tmp {EXIT_RECORD}
+exit "$code"
+"""
+
+    def sbatch_command(self, spec: JobSpec, job_dir: Path | str) -> list[str]:
+        return ["sbatch", "--parsable", f"--chdir={job_dir}", "--export=ALL", SCRIPT]
+
+    def plan(self, spec: JobSpec) -> str:
+        return (f"# {shlex.join(self.sbatch_command(spec, spec.job_dir))}   (in {spec.job_dir})\n"
+                + self.script(spec))
+
+    # ------------------------------------------------------------ checks against the cluster
+    def check_cluster(self) -> None:
+        c = self.cfg
+        if shutil.which("sbatch") is None:
+            raise ddlkit.ConfigError("compute=slurm needs Slurm's `sbatch` on PATH: run ddlkit on a Slurm login node "
+                                     "(or start a local cluster with scripts/local_slurm.sh start).")
+        proc = _run(["sinfo", "-h", "-o", "%R %D"])
+        if proc.returncode != 0:
+            raise ddlkit.ConfigError(f"sinfo failed: {_first_line(proc.stderr or proc.stdout)}")
+        partitions: dict[str, int] = {}
+        for line in proc.stdout.splitlines():
+            if line.split():
+                name, _, count = line.split()[0], None, line.split()[-1]
+                partitions[name] = partitions.get(name, 0) + (int(count) if count.isdigit() else 0)
+        if c.partition is not None:
+            if c.partition not in partitions:
+                raise ddlkit.ConfigError(f"compute.partition={c.partition} is not a partition of this cluster; sinfo "
+                                         f"reports: {', '.join(sorted(partitions)) or '(none)'}.")
+            if c.nodes > partitions[c.partition]:
+                raise ddlkit.ConfigError(f"compute.nodes={c.nodes} asks for more nodes than partition {c.partition} "
+                                         f"has ({partitions[c.partition]}).")
+
+    # ------------------------------------------------------------ ComputeTarget
+    def submit(self, spec: JobSpec) -> JobHandle:
+        self.check_cluster()
+        job_dir = Path(spec.job_dir).resolve()
+        (job_dir / ".ddlkit").mkdir(parents=True, exist_ok=True)
+        # a resumed job runs in the same directory: the previous run's ending is not this one's
+        for name in (EXIT_RECORD, STOP_RECORD, CANCEL_FILE):
+            (job_dir / name).unlink(missing_ok=True)
+        write_text(job_dir / SCRIPT, self.script(spec))
+        env = {**os.environ, **spec.env, **spec.secret_env}
+        proc = _run(self.sbatch_command(spec, job_dir), env=env)
+        job_id = proc.stdout.strip().split(";")[0]
+        if proc.returncode != 0 or not job_id.isdigit():
+            raise ddlkit.ConfigError(f"sbatch refused the job: {_first_line(proc.stderr or proc.stdout)}")
+        return SlurmJob(job_id, job_dir=job_dir, poll_interval_s=self.query_interval_s,
+                        grace_period_s=self.cfg.grace_period_s, time_limit=self.cfg.time)
+
+    def attach(self, job_id: str, *, job_dir: Path) -> JobHandle:
+        if not str(job_id).isdigit():
+            raise ddlkit.ConfigError(f"{job_id!r} is not a Slurm job id.")
+        return SlurmJob(str(job_id), job_dir=Path(job_dir).resolve(), poll_interval_s=self.query_interval_s,
+                        grace_period_s=self.cfg.grace_period_s, time_limit=self.cfg.time)

@@ -1,0 +1,345 @@
+"""compute=slurm on a real Slurm cluster (see conftest.py): the compute contract, training runs,
+pending and running, cancel with checkpoint, a warning signal that makes the job checkpoint,
+re-queue and resume, a sweep, ``ddlkit plan``, ``ddlkit jobs``, and the one-line errors."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+import ddlkit
+from ddlkit import JobSpec, JobState
+from ddlkit.testing import FAKES_MODULE, RunFactory, interruptible
+from ddlkit.testing.contracts import ComputeTargetContract
+from ddlkit_slurm.rank import layout, tasks_per_node
+from ddlkit_slurm.target import EXIT_RECORD, SCRIPT, SlurmConfig, SlurmJob, SlurmTarget
+
+#: a job that lasts: the fake framework sleeps this long per step (80 steps by default)
+SLOW = ("framework.step_delay_s=0.25",)
+
+
+def slurm_target(**options: object) -> SlurmTarget:
+    return SlurmTarget(SlurmConfig(**{"poll_interval_s": 0.5, "grace_period_s": 20.0, **options}))
+
+
+def scontrol(job_id: str) -> dict[str, str]:
+    out = subprocess.run(["scontrol", "show", "job", "-o", job_id], capture_output=True, text=True, check=True).stdout
+    return dict(t.split("=", 1) for t in out.split() if "=" in t)
+
+
+def wait_for(predicate, timeout: float, what: str, pace: float = 0.2):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(pace)
+    raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+
+
+def one_line_error(outcome, *fragments: str) -> str:
+    outcome.assert_returncode(2)
+    lines = [ln for ln in outcome.stderr.strip().splitlines() if ln.strip()]
+    assert len(lines) == 1, outcome.output
+    assert "Traceback" not in outcome.stderr
+    for fragment in fragments:
+        assert fragment in lines[0], outcome.output
+    return lines[0]
+
+
+def submission(job_dir: Path) -> dict:
+    return json.loads((job_dir / ".ddlkit" / "submission.json").read_text())
+
+
+# ---------------------------------------------------------------------------- no cluster needed
+def test_tasks_per_node_and_rank_layout() -> None:
+    assert tasks_per_node("4(x2),2") == [4, 4, 2]
+    env = {"SLURM_PROCID": "5", "SLURM_NTASKS": "10", "SLURM_LOCALID": "1", "SLURM_NODEID": "1",
+           "SLURM_STEP_TASKS_PER_NODE": "4(x2),2"}
+    assert layout(env) == {"RANK": "5", "WORLD_SIZE": "10", "LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "4",
+                           "GROUP_RANK": "1", "DDLKIT_NODE": "1", "DDLKIT_LOCAL_RANK": "1", "DDLKIT_LOCAL_SIZE": "4"}
+    dist = ddlkit.DistContext.from_env("native", layout(env))
+    assert (dist.rank, dist.world_size, dist.local_rank, dist.local_size, dist.node) == (5, 10, 1, 4, 1)
+
+
+def test_batch_script_has_the_options_and_no_secret(tmp_path: Path) -> None:
+    target = slurm_target(nodes=2, procs_per_node=4, partition="gpu", time="04:00:00", gpus_per_node=4,
+                          cpus_per_task=8, mem="64G", account="proj", qos="high", constraint="a100",
+                          extra_sbatch=["--exclusive", "#SBATCH --reservation=demo"], python="/opt/py/bin/python",
+                          signal_before_s=300, max_requeues=2)
+    spec = JobSpec(name="job-1", job_dir=tmp_path / "never", env={"DDLKIT_PLUGINS": "x"},
+                   secret_env={"DDLKIT_SECRET_KEY": "hunter2"})
+    text = target.plan(spec)
+    for line in ("--nodes=2", "--ntasks-per-node=4", "--partition=gpu", "--time=04:00:00", "--gpus-per-node=4",
+                 "--cpus-per-task=8", "--mem=64G", "--account=proj", "--qos=high", "--constraint=a100",
+                 "--exclusive", "--reservation=demo", "--signal=B:USR1@300", "--requeue", "--job-name=job-1"):
+        assert f"#SBATCH {line}\n" in text, line
+    assert "srun --kill-on-bad-exit=1 --ntasks=8 /opt/py/bin/python -m ddlkit_slurm.rank -- /opt/py/bin/python " \
+           "-m ddlkit.worker job.json" in text
+    assert "max_requeues=2" in text and "DDLKIT_SECRET_KEY" in text and "hunter2" not in text
+    assert target.world_size == 8
+    assert not (tmp_path / "never").exists()
+
+
+@pytest.mark.parametrize(("options", "fragment"), [
+    ({"time": "four hours"}, "compute.time=four hours is not a Slurm time limit"),
+    ({"nodes": 0}, "compute.nodes=0 is invalid"),
+    ({"launcher": "pdsh"}, "compute.launcher=pdsh is not supported"),
+    ({"extra_sbatch": ["exclusive"]}, "is not a batch option"),
+    ({"poll_interval_s": 0}, "compute.poll_interval_s=0 is invalid"),
+])
+def test_bad_options_are_config_errors(options: dict, fragment: str) -> None:
+    with pytest.raises(ddlkit.ConfigError, match=fragment.replace("(", r"\(").replace(".", r"\.")):
+        slurm_target(**options)
+
+
+def test_no_sbatch_on_path_says_it_needs_a_login_node(run_factory: RunFactory, tmp_path: Path) -> None:
+    outcome = run_factory("compute=slurm", env={"PATH": str(tmp_path / "empty-bin")})
+    one_line_error(outcome, "needs Slurm's `sbatch` on PATH", "login node")
+
+
+def test_plan_prints_the_batch_script(run_factory: RunFactory) -> None:
+    outcome = run_factory.cli("plan", "framework=fake", "compute=slurm", "compute.partition=batch",
+                              "compute.time=10:00", "compute.procs_per_node=2", "dist=native")
+    outcome.assert_success()
+    assert "#!/bin/bash" in outcome.stdout
+    assert "#SBATCH --partition=batch" in outcome.stdout and "#SBATCH --time=10:00" in outcome.stdout
+    assert "#SBATCH --ntasks-per-node=2" in outcome.stdout and "sbatch --parsable" in outcome.stdout
+    assert "srun" in outcome.stdout and "ddlkit.worker job.json" in outcome.stdout
+
+
+# ---------------------------------------------------------------------------- the contract
+@pytest.mark.slow
+class TestSlurmContract(ComputeTargetContract):
+    # a real queue: seconds to schedule, srun to start the step
+    timeout_s = 120.0
+    cancel_timeout_s = 60.0
+
+    @pytest.fixture
+    def target(self, slurm_cluster: str) -> SlurmTarget:
+        return slurm_target(grace_period_s=10.0)
+
+
+# ---------------------------------------------------------------------------- bad input, on the cluster
+def test_unknown_partition_lists_the_partitions(slurm_cluster: str, run_factory: RunFactory) -> None:
+    one_line_error(run_factory("compute=slurm", "compute.partition=nope"),
+                   "compute.partition=nope is not a partition", "debug")
+
+
+def test_more_nodes_than_the_partition_has(slurm_cluster: str, run_factory: RunFactory) -> None:
+    one_line_error(run_factory("compute=slurm", "compute.partition=debug", "compute.nodes=5", "dist=native"),
+                   "compute.nodes=5 asks for more nodes than partition debug has (1)")
+
+
+def test_bad_time_format_is_rejected(slurm_cluster: str, run_factory: RunFactory) -> None:
+    one_line_error(run_factory("compute=slurm", "compute.time=4h"), "compute.time=4h is not a Slurm time limit")
+
+
+def test_sbatch_failure_shows_slurms_message(slurm_cluster: str, run_factory: RunFactory) -> None:
+    line = one_line_error(run_factory("compute=slurm", "compute.extra_sbatch=['--reservation=no-such-reservation']"),
+                          "sbatch refused the job")
+    assert "reservation" in line.lower()
+
+
+# ---------------------------------------------------------------------------- real training jobs
+@pytest.mark.slow
+def test_training_run_on_slurm(slurm_cluster: str, run_factory: RunFactory) -> None:
+    outcome = run_factory("compute=slurm", "compute.poll_interval_s=0.5").assert_success()
+    assert outcome.result["status"] == "completed" and outcome.result["world_size"] == 1
+    job_dir = outcome.job_dir
+    assert "train epoch" in outcome.stdout  # rank 0's output streamed through the batch job's output
+    job_id = submission(job_dir)["id"]
+    assert json.loads((job_dir / EXIT_RECORD).read_text())["job_id"] == job_id
+    assert scontrol(job_id)["JobState"] == "COMPLETED"
+    assert (job_dir / SCRIPT).read_text().startswith("#!/bin/bash")
+
+
+@pytest.mark.slow
+def test_multi_rank_job_with_native_dist(slurm_cluster: str, run_factory: RunFactory) -> None:
+    outcome = run_factory("compute=slurm", "compute.procs_per_node=3", "dist=native",
+                          "compute.poll_interval_s=0.5").assert_success()
+    assert outcome.result["world_size"] == 3
+    for rank in range(3):
+        assert (outcome.job_dir / f"rank-{rank}.log").is_file()
+    assert scontrol(submission(outcome.job_dir)["id"])["NumTasks"] == "3"
+
+
+@pytest.mark.slow
+def test_pending_then_running(slurm_cluster: str, tmp_path: Path) -> None:
+    """A job that waits for a full node is PENDING, then RUNNING once the node frees up."""
+    cpus = subprocess.run(["sinfo", "-h", "-o", "%c"], capture_output=True, text=True, check=True).stdout.split()[0]
+    blocker = subprocess.run(["sbatch", "--parsable", f"--ntasks={cpus}", f"--chdir={tmp_path}",
+                              "--output=/dev/null", "--wrap", "sleep 120"], capture_output=True, text=True, check=True)
+    blocker_id = blocker.stdout.strip()
+    try:
+        wait_for(lambda: scontrol(blocker_id)["JobState"] == "RUNNING", 60, "the blocker to run")
+        target = slurm_target()
+        job_dir = tmp_path / "waits"
+        job_dir.mkdir()
+        (job_dir / "job.json").write_text("{}")
+        handle = target.submit(JobSpec(name="waits", job_dir=job_dir,
+                                       args=("-c", "import time; print('running', flush=True); time.sleep(3)")))
+        assert handle.status().state is JobState.PENDING
+        waiting = wait_for(lambda: (s := handle.status()).state is JobState.PENDING and "Resources" in s.message
+                           and s, 30, "Slurm to say the job waits for resources")
+        assert "PENDING" in waiting.message
+        time.sleep(2)
+        assert handle.status().state is JobState.PENDING
+    finally:
+        subprocess.run(["scancel", blocker_id], check=True)
+    wait_for(lambda: handle.status().state is JobState.RUNNING, 60, "the job to run")
+    status = handle.wait(timeout=60)
+    assert status.state is JobState.SUCCEEDED, status
+    assert "running" in "".join(handle.logs(follow=False))
+
+
+@pytest.mark.slow
+def test_jobs_cancel_checkpoints_and_jobs_status_logs(slurm_cluster: str, run_factory: RunFactory,
+                                                      tmp_path: Path) -> None:
+    job_dir = tmp_path / "cancelled"
+    run_factory.cli("--detach", "framework=fake", "compute=slurm", "compute.poll_interval_s=0.5",
+                    *SLOW, f"hydra.run.dir={job_dir}").assert_success()
+    job_id = submission(job_dir)["id"]
+    wait_for(lambda: "step 10/" in (job_dir / "slurm.log").read_text() if (job_dir / "slurm.log").exists() else False,
+             90, "the job to train")
+    status = run_factory.cli("jobs", "status", str(job_dir)).assert_success()
+    assert "running" in status.stdout.lower(), status.output
+    logs = run_factory.cli("jobs", "logs", str(job_dir)).assert_success()
+    assert "train epoch" in logs.stdout
+    cancel = run_factory.cli("jobs", "cancel", str(job_dir), timeout=120)
+    assert cancel.returncode in (0, 75), cancel.output
+    record = json.loads((job_dir / EXIT_RECORD).read_text())
+    assert record["job_id"] == job_id and record["code"] == 75  # the worker checkpointed, then stopped
+    assert any((job_dir / "checkpoints").iterdir())
+    after = run_factory.cli("jobs", "status", str(job_dir))
+    assert "cancelled" in after.stdout.lower(), after.output
+    assert SlurmJob(job_id, job_dir=job_dir, poll_interval_s=1, grace_period_s=1).status().state is JobState.CANCELLED
+
+
+@pytest.mark.slow
+def test_warning_signal_checkpoints_requeues_and_resumes(slurm_cluster: str, run_factory: RunFactory,
+                                                         tmp_path: Path) -> None:
+    """What Slurm sends before the time limit (--signal=B:USR1@...): the job checkpoints, re-queues
+    itself and resumes from its checkpoint in the same job directory."""
+    job_dir = tmp_path / "preempted"
+    run_factory.cli("--detach", "framework=fake", "compute=slurm", "compute.poll_interval_s=0.5",
+                    *SLOW, f"hydra.run.dir={job_dir}").assert_success()
+    job_id = submission(job_dir)["id"]
+    log = job_dir / "slurm.log"
+    wait_for(lambda: log.exists() and "step 10/" in log.read_text(), 90, "the job to train")
+    subprocess.run(["scancel", "--signal=USR1", "--batch", job_id], check=True)
+    wait_for(lambda: "re-queueing" in log.read_text(), 60, "the job to re-queue itself")
+    handle = SlurmJob(job_id, job_dir=job_dir, poll_interval_s=0.5, grace_period_s=10)
+    status = handle.wait(timeout=180)
+    assert status.state is JobState.SUCCEEDED, status
+    result = json.loads((job_dir / "result.json").read_text())
+    assert result["status"] == "completed"
+    assert result["resumed_from_step"] > 0
+    assert scontrol(job_id)["Restarts"] == "1"
+    assert "(run 2)" in log.read_text()
+
+
+@pytest.mark.slow
+def test_max_requeues_zero_stops_with_a_checkpoint(slurm_cluster: str, run_factory: RunFactory,
+                                                   tmp_path: Path) -> None:
+    job_dir = tmp_path / "no-requeue"
+    run_factory.cli("--detach", "framework=fake", "compute=slurm", "compute.poll_interval_s=0.5",
+                    "compute.max_requeues=0", *SLOW, f"hydra.run.dir={job_dir}").assert_success()
+    job_id = submission(job_dir)["id"]
+    log = job_dir / "slurm.log"
+    wait_for(lambda: log.exists() and "step 10/" in log.read_text(), 90, "the job to train")
+    subprocess.run(["scancel", "--signal=USR1", "--batch", job_id], check=True)
+    status = SlurmJob(job_id, job_dir=job_dir, poll_interval_s=0.5, grace_period_s=10).wait(timeout=90)
+    assert (status.state, status.exit_code) == (JobState.FAILED, 75), status
+    assert "compute.max_requeues" in status.message
+    assert scontrol(job_id)["Restarts"] == "0"
+
+
+@pytest.mark.slow
+def test_time_limit_without_checkpoint_says_so(slurm_cluster: str, tmp_path: Path) -> None:
+    """No warning signal (signal_before_s=0): Slurm ends the job at its time limit (1 minute)."""
+    target = slurm_target(time="1", signal_before_s=0)
+    job_dir = tmp_path / "timeout"
+    job_dir.mkdir()
+    (job_dir / "job.json").write_text("{}")
+    handle = target.submit(JobSpec(name="timeout", job_dir=job_dir, args=("-c", "import time; time.sleep(600)")))
+    status = handle.wait(timeout=200)
+    assert status.state is JobState.FAILED, status
+    assert "ran out of time" in status.message and "without saving a checkpoint" in status.message, status.message
+    assert "compute.signal_before_s" in status.message
+    assert scontrol(handle.id)["JobState"] == "TIMEOUT"
+
+
+@pytest.mark.slow
+def test_sweep_of_two_jobs(slurm_cluster: str, run_factory: RunFactory, tmp_path: Path) -> None:
+    sweep_dir = tmp_path / "sweep"
+    outcome = run_factory.cli("-m", "framework=fake", "compute=slurm", "compute.poll_interval_s=0.5",
+                              "optimizer.lr=0.1,0.05", f"hydra.sweep.dir={sweep_dir}", timeout=240)
+    outcome.assert_success()
+    ledger = json.loads((sweep_dir / "ledger.json").read_text())
+    jobs = ledger["jobs"] if isinstance(ledger, dict) and "jobs" in ledger else ledger
+    entries = list(jobs.values()) if isinstance(jobs, dict) else jobs
+    assert len(entries) == 2
+    assert all(e["status"] == "completed" for e in entries), entries
+    ids = {str(e["handle"]) for e in entries}
+    assert len(ids) == 2 and all(i.isdigit() for i in ids)  # one Slurm job each
+    for i in ids:
+        assert scontrol(i)["JobState"] == "COMPLETED"
+    assert (sweep_dir / "report.md").is_file()
+
+
+@pytest.mark.slow
+def test_ctrl_c_cancels_the_job_which_checkpoints(slurm_cluster: str, tmp_path: Path) -> None:
+    job_dir = tmp_path / "interrupted"
+    proc = subprocess.Popen([sys.executable, "-m", "ddlkit", "framework=fake", "compute=slurm",
+                             "compute.poll_interval_s=0.5", *SLOW, f"hydra.run.dir={job_dir}"],
+                            env={**os.environ, "DDLKIT_PLUGINS": FAKES_MODULE}, cwd=tmp_path, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, preexec_fn=interruptible)
+    try:
+        log = job_dir / "slurm.log"
+        wait_for(lambda: log.exists() and "step 10/" in log.read_text(), 90, "the job to train")
+        proc.send_signal(signal.SIGINT)
+        out, _ = proc.communicate(timeout=90)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 75, out
+    assert "asking the job to checkpoint and stop" in out and "resume" in out
+    record = json.loads((job_dir / EXIT_RECORD).read_text())
+    assert record["code"] == 75
+    assert submission(job_dir)["state"] == "cancelled"
+
+
+@pytest.mark.slow
+def test_jobs_attach_follows_a_detached_job_to_its_end(slurm_cluster: str, run_factory: RunFactory,
+                                                      tmp_path: Path) -> None:
+    job_dir = tmp_path / "attached"
+    run_factory.cli("--detach", "framework=fake", "compute=slurm", "compute.poll_interval_s=0.5",
+                    "framework.step_delay_s=0.02", f"hydra.run.dir={job_dir}").assert_success()
+    attached = run_factory.cli("jobs", "attach", str(job_dir), timeout=120).assert_success()
+    assert "train epoch" in attached.stdout and "ranks ended with exit status 0" in attached.stdout
+    assert json.loads((job_dir / "result.json").read_text())["status"] == "completed"
+
+
+@pytest.mark.slow
+def test_a_plain_scancel_is_reported_as_cancelled(slurm_cluster: str, tmp_path: Path) -> None:
+    """Slurm's own cancel (not ddlkit's): SIGTERM to every process of the job, then the end."""
+    job_dir = tmp_path / "scancelled"
+    job_dir.mkdir()
+    (job_dir / "job.json").write_text("{}")
+    handle = slurm_target().submit(JobSpec(name="scancelled", job_dir=job_dir,
+                                           args=("-c", "import time; print('up', flush=True); time.sleep(600)")))
+    wait_for(lambda: (job_dir / "slurm.log").exists() and "up" in (job_dir / "slurm.log").read_text(), 60,
+             "the job to run")
+    subprocess.run(["scancel", handle.id], check=True)
+    status = handle.wait(timeout=60)
+    assert status.state is JobState.CANCELLED, status
+    assert scontrol(handle.id)["JobState"] == "CANCELLED"
+    assert "stopped by Slurm" in (job_dir / "slurm.log").read_text()
