@@ -22,7 +22,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 
 from ..atomic import write_text
@@ -92,6 +92,40 @@ def log_tail(path: Path, lines: int = 15) -> list[str]:
         return ["(no log)"]
 
 
+class LogFollower:
+    """Reads a log file that a job appends to, each read from where the previous one stopped (text
+    decoded across chunk boundaries): how a handle streams a job's output from a file in its job
+    directory (:meth:`ddlkit.JobHandle.logs`)."""
+
+    def __init__(self, path: Path, *, pace_s: float = _FOLLOW_PACE_S) -> None:
+        self.path, self.pace_s = Path(path), pace_s
+        self._offset = 0
+        self._decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+
+    def read_new(self) -> str:
+        try:
+            with open(self.path, "rb") as f:
+                f.seek(self._offset)
+                data = f.read()
+        except FileNotFoundError:
+            return ""
+        self._offset += len(data)
+        return self._decoder.decode(data)
+
+    def chunks(self, done: Callable[[], bool], *, follow: bool) -> Iterator[str]:
+        """New text as it comes; without ``follow`` what there is now, with ``follow`` until
+        ``done()`` (asked before each read, so what is written before the end is read)."""
+        while True:
+            finished = done()
+            text = self.read_new()
+            if text:
+                yield text
+            elif finished or not follow:
+                return
+            else:
+                time.sleep(self.pace_s)
+
+
 class ProcessJob(JobHandle):
     """A job run by the minder on this machine. ``id`` is the minder's pid.
 
@@ -104,8 +138,7 @@ class ProcessJob(JobHandle):
         self.log_path = self.job_dir / log_name
         #: the minder as our child: exact exit codes without reading files
         self.proc = proc
-        self._offset = 0
-        self._decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        self._log = LogFollower(self.log_path)
         self._final: JobStatus | None = None
 
     # ---------------------------------------------------------------- starting and finding
@@ -209,27 +242,9 @@ class ProcessJob(JobHandle):
         return status
 
     # ---------------------------------------------------------------- output
-    def _read_new(self) -> str:
-        try:
-            with open(self.log_path, "rb") as f:
-                f.seek(self._offset)
-                data = f.read()
-        except FileNotFoundError:
-            return ""
-        self._offset += len(data)
-        return self._decoder.decode(data)
-
     def logs(self, follow: bool = True) -> Iterator[str]:
         """The log from where the previous call stopped (the first call: from the start)."""
-        while True:
-            done = self.status().state.done  # before reading: what is written before the end is read
-            text = self._read_new()
-            if text:
-                yield text
-            elif done or not follow:
-                return
-            else:
-                time.sleep(_FOLLOW_PACE_S)
+        return self._log.chunks(lambda: self.status().state.done, follow=follow)
 
     # ---------------------------------------------------------------- stopping
     def cancel(self) -> None:

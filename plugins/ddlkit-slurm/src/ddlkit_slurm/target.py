@@ -28,7 +28,6 @@ every half second (:attr:`SlurmTarget.poll_interval_s`).
 
 from __future__ import annotations
 
-import codecs
 import json
 import os
 import re
@@ -46,7 +45,7 @@ from typing import Any
 import ddlkit
 from ddlkit.atomic import write_text
 from ddlkit.interfaces import JobHandle, JobSpec, JobState, JobStatus
-from ddlkit.jobs.process import CANCEL_FILE, log_tail
+from ddlkit.jobs.process import CANCEL_FILE, LogFollower, log_tail
 
 #: the batch script, written into the job directory
 SCRIPT = "slurm.sbatch"
@@ -142,8 +141,7 @@ class SlurmJob(JobHandle):
         self.poll_interval_s, self.grace = poll_interval_s, grace_period_s
         self.time_limit = time_limit
         self.log_path = self.job_dir / OUTPUT
-        self._offset = 0
-        self._decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        self._log = LogFollower(self.log_path, pace_s=0.1)
         self._final: JobStatus | None = None
         #: (when, what) Slurm last said: asked again only after poll_interval_s
         self._asked: tuple[float, dict[str, str] | None] | None = None
@@ -251,28 +249,11 @@ class SlurmJob(JobHandle):
         return status
 
     # ------------------------------------------------------------ output
-    def _read_new(self) -> str:
-        try:
-            with open(self.log_path, "rb") as f:
-                f.seek(self._offset)
-                data = f.read()
-        except FileNotFoundError:
-            return ""
-        self._offset += len(data)
-        return self._decoder.decode(data)
-
     def logs(self, follow: bool = True) -> Iterator[str]:
         """The batch job's output (rank 0's output and the script's lines), from where the
-        previous call stopped."""
-        while True:
-            done = self.status().state.done if follow or self._record() is not None else False
-            text = self._read_new()
-            if text:
-                yield text
-            elif done or not follow:
-                return
-            else:
-                time.sleep(0.1)
+        previous call stopped. Without ``follow``, Slurm is not asked whether the job ended."""
+        return self._log.chunks(
+            lambda: self.status().state.done if follow or self._record() is not None else False, follow=follow)
 
     # ------------------------------------------------------------ stopping
     def cancel(self) -> None:
