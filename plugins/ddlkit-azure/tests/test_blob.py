@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import uuid
 from pathlib import Path
 from typing import Any
@@ -202,3 +204,33 @@ def test_a_sas_in_the_account_url_is_used_and_never_written_or_printed(run_facto
     assert signature not in refused.stdout + refused.stderr
     assert refused.stderr.startswith("ddlkit: error: `storage.sas_token` is not an option of storage=azure")
     assert "sas_token_file" in refused.stderr and len(refused.stderr.splitlines()) == 1
+
+
+#: remote addresses in /proc/net/{tcp,udp}[6] that are this machine: unspecified, 127.0.0.1, ::1, ::ffff:127.0.0.1
+_LOOPBACK_HEX = {"00000000", "0100007F", "00000000000000000000000000000000", "00000000000000000000000001000000",
+                 "0000000000000000FFFF00000100007F"}
+
+
+def _remote_addresses(pid: int) -> list[str]:
+    """The remote addresses (hex, as the kernel shows them) of every socket process ``pid`` holds."""
+    inodes = set()
+    for fd in os.listdir(f"/proc/{pid}/fd"):
+        with contextlib.suppress(OSError):
+            target = os.readlink(f"/proc/{pid}/fd/{fd}")
+            if target.startswith("socket:["):
+                inodes.add(target[8:-1])
+    found = []
+    for table in ("tcp", "tcp6", "udp", "udp6"):
+        for line in Path(f"/proc/{pid}/net/{table}").read_text().splitlines()[1:]:
+            fields = line.split()
+            if fields[9] in inodes:
+                found.append(fields[2].split(":")[0])
+    return found
+
+
+def test_azurite_talks_to_loopback_only(azurite: Azurite, uploaded: str) -> None:
+    """Started with --disableTelemetry, the emulator holds no socket to any other host."""
+    assert "--disableTelemetry" in azurite.process.args
+    addresses = _remote_addresses(azurite.process.pid)
+    assert addresses, "azurite holds no socket at all: the check would prove nothing"
+    assert set(addresses) <= _LOOPBACK_HEX, addresses

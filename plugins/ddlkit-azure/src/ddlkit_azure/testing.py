@@ -76,8 +76,10 @@ def start_azurite(location: Path) -> Azurite:
     port = _free_port()
     log = open(location / "azurite.log", "wb")
     process = subprocess.Popen(
+        # --disableTelemetry: Azurite otherwise reports to an outside host; tests talk to loopback only
         [command, "--blobHost", "127.0.0.1", "--blobPort", str(port), "--location", str(location), "--silent",
-         "--skipApiVersionCheck", "--loose"], stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+         "--skipApiVersionCheck", "--loose", "--disableTelemetry"], stdout=log, stderr=subprocess.STDOUT,
+        start_new_session=True)
     log.close()
     deadline = time.monotonic() + START_TIMEOUT_S
     while time.monotonic() < deadline:
