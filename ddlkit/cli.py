@@ -145,6 +145,11 @@ def _run_main(argv: list[str]) -> int:
     if detach and any(a in ("-m", "--multirun") for a in argv):
         return _fail(ConfigError(f"{DETACH_FLAG} submits one job; a sweep's launcher schedules its jobs as slots "
                                  "free up, so it must keep running (run it under nohup or tmux, or in a batch job)."))
+    for key, default in (("hydra.run.dir", "outputs"), ("hydra.sweep.dir", "multirun")):
+        # an empty directory would be the working directory: checkpoints and results strewn into it
+        if any(a.lstrip("+").partition("=")[::2] in ((key, ""), (key, "''"), (key, '""')) for a in argv):
+            return _fail(ConfigError(f"{key} is empty: give the job a directory of its own, e.g. {key}=runs/r50, "
+                                     f"or leave {key} out ({default}/<date>/<time>)."))
     import hydra
     from hydra.core.hydra_config import HydraConfig
 

@@ -204,3 +204,13 @@ def test_composing_imports_no_deep_learning_library(run_factory: RunFactory, arg
                 if line.startswith("import time:") and "|" in line}
     assert {"hydra", "omegaconf", "ddlkit"} <= imported  # the check sees imports at all
     assert not imported & {"torch", "tensorflow", "keras", "jax"}
+
+
+@pytest.mark.parametrize("override", ["hydra.run.dir=", "hydra.run.dir=''", "hydra.sweep.dir="])
+def test_an_empty_job_directory_is_refused(run_factory: RunFactory, override: str) -> None:
+    """Issue 17, item 17: `hydra.run.dir=` wrote a checkpoint into the current directory."""
+    args = ["-m", override, "optimizer.lr=0.1"] if "sweep" in override else [override]
+    out = run_factory.cli("framework=fake", *args).assert_returncode(2)
+    key = override.partition("=")[0]
+    assert out.stderr.startswith(f"ddlkit: error: {key} is empty: give the job a directory of its own")
+    assert sorted(p.name for p in run_factory.base_dir.iterdir()) == []

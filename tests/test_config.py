@@ -120,11 +120,23 @@ def test_wrong_values_fail_when_composing(pm: DdlkitPluginManager, override: str
     ("dist.backend=mpi", "dist.backend=mpi is invalid: it must be one of: none, native, horovod."),
     ("dist.timeout_s=0", "dist.timeout_s=0.0 is invalid: it must be positive."),
     ("dist.stop_check_every=0", "dist.stop_check_every=0 is invalid: it must be a positive integer."),
+    ("data.image_size=0", "data.image_size=0 is invalid: it must be >= 1."),
+    ("data.image_size=-32", "data.image_size=-32 is invalid: it must be >= 1."),
+    ("data.num_classes=0", "data.num_classes=0 is invalid: it must be >= 1."),
 ])
 def test_out_of_range_values_are_config_errors(pm: DdlkitPluginManager, override: str, message: str) -> None:
     with pytest.raises(ConfigError) as info:
         checked(pm, override)
     assert str(info.value) == message
+
+
+def test_a_batch_that_cannot_fit_in_memory_is_refused_before_anything_runs(pm: DdlkitPluginManager) -> None:
+    """Issue 17, item 14: `trainer.batch_size=1000000000 data.length=1000000000` tried to allocate 12 TB."""
+    with pytest.raises(ConfigError) as info:
+        checked(pm, "trainer.batch_size=1000000000", "data.length=1000000000")
+    assert str(info.value).startswith("one batch of trainer.batch_size=1000000000 images of 64x64 px needs "
+                                      "45,776.4 GiB as float32, more than half of this machine's ")
+    assert str(info.value).endswith(" GiB: lower trainer.batch_size or data.image_size.")
 
 
 def test_a_missing_mandatory_value_names_the_key(pm: DdlkitPluginManager) -> None:

@@ -14,9 +14,16 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
+import os
+from typing import TYPE_CHECKING
+
+from ..errors import ConfigError
 from ..hookspecs import hookimpl
 from ..interfaces import DataInfo, DataSource, Shard
 from ..registry import Registration
+
+if TYPE_CHECKING:
+    from omegaconf import DictConfig
 
 
 @dataclass
@@ -90,3 +97,25 @@ class SyntheticData(DataSource):
 def ddlkit_data_sources():
     yield Registration("synthetic", SyntheticData, config=SyntheticDataConfig,
                        description="random images generated once on the device (benchmarking)")
+
+
+def check_batch_fits(batch_size: int, image_size: int, what: str = "one batch") -> None:
+    """Refuse a batch whose float32 images alone would take more than half of this machine's
+    memory: it would fail deep in a framework (or swap the machine to a halt) after start-up."""
+    needed = batch_size * 3 * image_size * image_size * 4
+    memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    if needed > memory / 2:
+        raise ConfigError(f"{what} of trainer.batch_size={batch_size} images of {image_size}x{image_size} px needs "
+                          f"{needed / 2**30:,.1f} GiB as float32, more than half of this machine's "
+                          f"{memory / 2**30:,.1f} GiB: lower trainer.batch_size or data.image_size.")
+
+
+@hookimpl
+def ddlkit_configure(config: DictConfig) -> None:
+    if config.data.name != "synthetic":
+        return
+    c = config.data
+    for key, low in (("image_size", 1), ("num_classes", 1), ("length", 1), ("val_length", 0)):
+        if c[key] < low:
+            raise ConfigError(f"data.{key}={c[key]} is invalid: it must be >= {low}.")
+    check_batch_fits(config.trainer.batch_size, c.image_size)

@@ -45,3 +45,11 @@ def test_a_rank_without_a_gpu_of_its_own_is_refused_by_name(monkeypatch: pytest.
     with pytest.raises(ddlkit.ConfigError, match=r"sees 1 GPU\(s\) on this node, so rank 1 \(local rank 1\) has none"):
         fw._device(ddlkit.DistContext(rank=1, world_size=2, local_rank=1, local_size=2))
 
+
+
+def test_a_negative_thread_count_is_refused() -> None:
+    """Issue 17, item 14: framework.num_threads=-3 passed validation and crashed in torch."""
+    with pytest.raises(ddlkit.ConfigError) as info:
+        PytorchFramework(PytorchConfig(num_threads=-3)).configure(config("none"))
+    assert str(info.value) == "framework.num_threads=-3 is invalid: it must be >= 0 (0: torch's default)."
+    PytorchFramework(PytorchConfig(num_threads=0)).configure(config("none"))

@@ -48,6 +48,9 @@ class PytorchFramework(ddlkit.Framework):
                                      "(or fp32)")
         if config.dist.backend == "horovod" and (problem := horovod_problem("pytorch")):
             raise ddlkit.ConfigError(problem)
+        if self.cfg.num_threads < 0:
+            raise ddlkit.ConfigError(f"framework.num_threads={self.cfg.num_threads} is invalid: it must be >= 0 "
+                                     "(0: torch's default).")
 
     def _device(self, dist: ddlkit.DistContext) -> Any:
         import torch
