@@ -112,10 +112,10 @@ def check_batch_fits(batch_size: int, image_size: int, what: str = "one batch") 
 
 @hookimpl
 def ddlkit_configure(config: DictConfig) -> None:
-    if config.data.name != "synthetic":
+    c = config.get("data") or {}
+    if c.get("name") != "synthetic":
         return
-    c = config.data
     for key, low in (("image_size", 1), ("num_classes", 1), ("length", 1), ("val_length", 0)):
         if c[key] < low:
             raise ConfigError(f"data.{key}={c[key]} is invalid: it must be >= {low}.")
-    check_batch_fits(config.trainer.batch_size, c.image_size)
+    check_batch_fits(config["trainer"]["batch_size"], c["image_size"])
