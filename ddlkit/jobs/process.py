@@ -179,14 +179,11 @@ class ProcessJob(JobHandle):
         if self.proc is not None:
             if self.proc.poll() is None:
                 return None
-            record = self._record()
-            return record["code"] if record else -signal.SIGKILL
-        record = self._record()
-        if record is not None:
-            return record["code"]
-        if self._minder_alive():
+        elif self._record() is None and self._minder_alive():
             return None
-        return self._record()["code"] if self._record() else -signal.SIGKILL
+        # ended; read after the minder was seen gone, since it writes the record before it exits
+        record = self._record()
+        return record["code"] if record else -signal.SIGKILL
 
     def _record(self) -> dict | None:
         try:
