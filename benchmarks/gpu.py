@@ -372,6 +372,7 @@ def main() -> None:
     ap.add_argument("--batches", default="64,256")
     ap.add_argument("--compile-batches", default="256")
     ap.add_argument("--compile-layouts", default="off,on", help="channels_last settings of the compiled runs")
+    ap.add_argument("--compile-precisions", default=",".join(PRECISIONS), help="precisions of the compiled runs")
     ap.add_argument("--probe", default="512,1024", help="batches above 256 to try for the largest that fits")
     ap.add_argument("--warmup", type=int, default=20)
     ap.add_argument("--steps", type=int, default=80, help="measured steps at batch 64 (scaled by 64/batch above)")
@@ -415,7 +416,8 @@ def main() -> None:
         if "compile" in parts:
             rows = payload.setdefault("synthetic", [])
             layouts = tuple(v == "on" for v in a.compile_layouts.split(","))
-            matrix(a, tmp, [int(b) for b in a.compile_batches.split(",")], True, save, rows, layouts=layouts)
+            matrix(a, tmp, [int(b) for b in a.compile_batches.split(",")], True, save, rows, layouts=layouts,
+                   precisions=tuple(a.compile_precisions.split(",")))
         if "imagefolder" in parts:
             imagefolder(a, tmp, save, payload.setdefault("imagefolder", []))
     print(f"-> {write_result(name, payload)}")
