@@ -50,7 +50,19 @@ class RunState:
 
 
 class Preempted(Exception):
-    """Raised out of the training loop after a SIGTERM's checkpoint was written."""
+    """Raised out of the training loop after a SIGTERM's checkpoint was written, or at once by a
+    SIGTERM that came before training started (``checkpointed=False``: there was nothing to save)."""
+
+    def __init__(self, message: str, *, checkpointed: bool = True) -> None:
+        super().__init__(message)
+        self.checkpointed = checkpointed
+
+
+def stop_at_once(signum: int, frame: object) -> None:
+    """The SIGTERM handler until training starts (staging a dataset, building the model): there
+    is nothing to checkpoint, and a stalled download must not hold the stop until the scheduler's
+    kill after its grace period."""
+    raise Preempted(f"stopped by {signal.Signals(signum).name} before training started", checkpointed=False)
 
 
 class Run:
@@ -103,6 +115,8 @@ class Run:
         self.extra_result: dict[str, Any] = {}
         #: this rank was asked to stop (SIGTERM); ranks act on it together, see _agree_to_stop
         self.stop_requested = False
+        #: from restore() on, a SIGTERM checkpoints at the next step boundary; before, it stops at once
+        self._training = False
         self._save: SaveFn | None = None
         self._started = time.time()
         self._last_checkpoint: tuple[int, int] | None = None
@@ -116,6 +130,7 @@ class Run:
         return where training starts. ``save(path, meta)`` must write everything to ``path``
         (a file, or a directory it creates) and ``load(path)`` must return ``meta``."""
         self._save = save
+        self._training = True
         if self.dist.is_main:
             # what a run killed mid-checkpoint left (nothing else writes here: the job is starting)
             stale = remove_stale(self.checkpoint_dir)
@@ -361,6 +376,8 @@ class Run:
 
         def request_stop(signum: int, frame: object) -> None:
             self.stop_requested = True
+            if not self._training:
+                stop_at_once(signum, frame)
 
         signal.signal(signal.SIGTERM, request_stop)
 

@@ -16,6 +16,7 @@ import atexit
 import fcntl
 import json
 import os
+import signal
 import socket
 import sys
 import traceback
@@ -30,7 +31,7 @@ from .distributed import DistContext
 from .errors import ConfigError, DdlkitError, exit_code_for
 from .plugins import get_plugin_manager
 from .registry import Registry
-from .run import EXIT_PREEMPTED, Preempted, Run
+from .run import EXIT_PREEMPTED, Preempted, Run, stop_at_once
 
 
 def load_job(job_file: Path) -> dict:
@@ -60,6 +61,7 @@ def main(argv: list[str] | None = None) -> int:
     #: every rank ends here at the same step (completed, or stopped by the ranks' agreement)
     ended_together = False
     try:
+        signal.signal(signal.SIGTERM, stop_at_once)  # until the run's own handler replaces it
         # the ranks of one job share its job file: its name (unique per job directory) tells them
         # apart from the ranks of any other job that might reach the same port
         dist.connect(job_id=str(job.get("name")))
@@ -70,12 +72,15 @@ def main(argv: list[str] | None = None) -> int:
         run = Run(cfg, job_dir, pm=pm, registry=registry, dist=dist,
                   resume_from=resolve_resume(job_dir, cfg.trainer.resume), name=job.get("name"))
         run.install_signal_handlers()
+        if dist.is_main and (checked := run.storage.check_access(run.name)):
+            print(f"ddlkit: {checked}", flush=True)
         pm.hook.ddlkit_run_loop(run=run)
         status, ended_together = "completed", True
         return 0
     except Preempted as stop:
         status, ended_together = "interrupted", True
-        print(f"ddlkit worker (rank {dist.rank}): {stop}; checkpoint saved, resumable", file=sys.stderr)
+        saved = "checkpoint saved, resumable" if stop.checkpointed else "nothing to checkpoint yet, resumable"
+        print(f"ddlkit worker (rank {dist.rank}): {stop}; {saved}", file=sys.stderr)
         return EXIT_PREEMPTED
     except KeyboardInterrupt:
         status = "interrupted"

@@ -84,7 +84,12 @@ def open_storage(location: str) -> StorageBackend:
 # ---------------------------------------------------------------------------- retries and progress
 def retry(fn: Callable[[], T], *, what: str, attempts: int = 5, base_delay_s: float = 0.5) -> T:
     """Call ``fn`` until it succeeds, retrying :class:`TransientStorageError` (and other OSErrors
-    but "not found") with exponential backoff; the last error propagates, naming ``what``."""
+    but "not found") with exponential backoff; the last error propagates, naming ``what``.
+
+    Each retry is announced on stderr with its delay: a storage account that stopped answering
+    must show up as a line a minute, not as silence. Backends keep their own SDK's retries off
+    and bound each attempt (connect/read timeouts), so the worst case is ``attempts`` bounded
+    attempts plus ``base_delay_s * (2**(attempts-1) - 1)`` seconds of waiting."""
     for attempt in range(1, attempts + 1):
         try:
             return fn()
@@ -93,7 +98,10 @@ def retry(fn: Callable[[], T], *, what: str, attempts: int = 5, base_delay_s: fl
         except OSError as err:
             if attempt == attempts:
                 raise RunError(f"{what} failed after {attempts} attempts: {err}", component="storage") from err
-            time.sleep(base_delay_s * 2 ** (attempt - 1))
+            delay = base_delay_s * 2 ** (attempt - 1)
+            print(f"ddlkit: {what} failed ({err}); retrying in {delay:g} s (attempt {attempt + 1} of {attempts})",
+                  file=sys.stderr, flush=True)
+            time.sleep(delay)
     raise AssertionError("unreachable")
 
 

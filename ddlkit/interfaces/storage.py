@@ -57,6 +57,14 @@ class StorageBackend(ABC):
         node's other ranks wait at ``run.dist.barrier()``."""
         return self.data_path(root)
 
+    def check_access(self, job_name: str) -> str | None:
+        """Called once, on rank 0, before the dataset is staged and training starts: prove now
+        that the results of ``job_name`` can be written (a probe write where they will go), not
+        after hours of training. Raise :class:`~ddlkit.ConfigError` naming the credential and the
+        fix; return one line saying what was checked and with which credential, or None when there
+        is nothing to check (results stay in the job directory)."""
+        return None
+
     def publish_results(self, job_dir: Path, job_name: str) -> str | None:
         """Copy the job's results somewhere durable; return where, or None if they stay put."""
         return None

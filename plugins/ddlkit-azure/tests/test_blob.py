@@ -5,7 +5,14 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +24,8 @@ from ddlkit.builtin.manifest import Manifest, build_manifest
 from ddlkit.builtin.transfer import TransientStorageError, open_storage
 from ddlkit.cli import main
 from ddlkit.engine import job_name
-from ddlkit.testing import RunFactory, add_plugin
+from ddlkit.run import EXIT_PREEMPTED
+from ddlkit.testing import FAKES_MODULE, RunFactory, add_plugin, interruptible
 from ddlkit.testing.contracts import StorageBackendContract
 from ddlkit.testing.images import ImageDataset, make_image_dataset
 from ddlkit_azure import _client, plugin
@@ -124,6 +132,71 @@ def test_results_survive_transient_errors_and_never_look_complete_when_cut(tmp_p
     assert not storage.exists("results/job-2/result.json")
 
 
+class SilentEndpoint:
+    """A blob endpoint that accepts connections and never answers (a hung storage account)."""
+
+    def __init__(self, url: str, connections: list[socket.socket]) -> None:
+        self.url, self.connections = url, connections
+
+
+@pytest.fixture
+def silent_endpoint() -> Iterator[SilentEndpoint]:
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(64)
+    accepted: list[socket.socket] = []
+    stop = threading.Event()
+
+    def accept() -> None:
+        server.settimeout(0.2)
+        while not stop.is_set():
+            with contextlib.suppress(OSError):
+                accepted.append(server.accept()[0])
+
+    thread = threading.Thread(target=accept, daemon=True)
+    thread.start()
+    yield SilentEndpoint(f"http://127.0.0.1:{server.getsockname()[1]}/devstoreaccount1", accepted)
+    stop.set()
+    thread.join()
+    for conn in accepted:
+        conn.close()
+    server.close()
+
+
+def _unused_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.parametrize("endpoint", ["down", "silent"])
+def test_an_endpoint_that_is_down_or_silent_fails_fast_announcing_each_retry(
+        endpoint: str, request: pytest.FixtureRequest, tmp_path: Path, azurite: Azurite,
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """With the SDK's own silent retries the results upload kept quiet for over 10 minutes; now
+    every attempt is bounded, each retry is a line on stderr with its delay, and the end is the
+    error with the `ddlkit data upload` hint."""
+    if endpoint == "down":
+        url = f"http://127.0.0.1:{_unused_port()}/devstoreaccount1"
+    else:
+        url = request.getfixturevalue("silent_endpoint").url
+        monkeypatch.setattr(_client, "READ_TIMEOUT_S", 1)
+    monkeypatch.setenv("AZURE_STORAGE_CONNECTION_STRING", azurite.connection_string.replace(azurite.account_url, url))
+    job = tmp_path / "job"
+    job.mkdir()
+    (job / "result.json").write_text("{}")
+    storage = AzureBlobStorage(AzureBlobConfig(container="results", attempts=3))
+    started = time.monotonic()
+    with pytest.raises(RunError) as info:
+        storage.publish_results(job, "job-1")
+    elapsed = time.monotonic() - started
+    assert "failed after 3 attempts" in str(info.value) and f"ddlkit data upload {job}" in str(info.value)
+    retries = [line for line in capsys.readouterr().err.splitlines() if "retrying in" in line]
+    assert [line.split("retrying in ")[1] for line in retries] == ["0.5 s (attempt 2 of 3)", "1 s (attempt 3 of 3)"]
+    # three bounded attempts and 1.5 s of back-off: seconds, not minutes (the SDK alone used to retry 3 times more)
+    assert elapsed < (6 if endpoint == "down" else 3 * 1 + 1.5 + 5), elapsed
+
+
 @pytest.mark.slow
 def test_a_run_stages_from_blob_and_writes_results_back(run_inprocess: Any, ddlkit_pm: Any, uploaded: str,
                                                         tmp_path: Path, blob_env: Azurite, dataset: ImageDataset,
@@ -204,6 +277,61 @@ def test_a_sas_in_the_account_url_is_used_and_never_written_or_printed(run_facto
     assert signature not in refused.stdout + refused.stderr
     assert refused.stderr.startswith("ddlkit: error: `storage.sas_token` is not an option of storage=azure")
     assert "sas_token_file" in refused.stderr and len(refused.stderr.splitlines()) == 1
+
+
+@pytest.mark.slow
+def test_a_credential_that_cannot_write_results_is_refused_before_training(
+        run_factory: RunFactory, azurite: Azurite, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 17, item 13: a read-only SAS used to be found out only when the results were
+    uploaded, after training. Rank 0 now writes a probe blob where the results go before the
+    dataset is staged, names the credential it used, and stops with exit 2 if it may not write."""
+    for name in ("AZURE_STORAGE_CONNECTION_STRING", "AZURE_STORAGE_ACCOUNT"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("AZURE_STORAGE_ACCOUNT_URL", azurite.account_url)
+    container = f"t{uuid.uuid4().hex[:20]}"
+    monkeypatch.setenv("AZURE_STORAGE_SAS_TOKEN", azurite.sas_token("racwdl"))
+    args = ("storage=azure", f"storage.container={container}", f"storage.scratch={tmp_path / 'ssd'}",
+            "data.length=64", "data.val_length=16", "trainer.epochs=1", "trainer.batch_size=8")
+    ok = run_factory(*args, timeout=180).assert_success()
+    where = f"blob://{container}/results/{job_name(ok.job_dir)}"
+    assert f"ddlkit: storage=azure: {where} is writable with the SAS token" in ok.stdout
+    assert not AzureBlobStorage(AzureBlobConfig(container=container)).exists(
+        f"results/{job_name(ok.job_dir)}/.ddlkit-write-check")  # the probe is gone
+
+    monkeypatch.setenv("AZURE_STORAGE_SAS_TOKEN", azurite.sas_token("rl"))
+    refused = run_factory(*args, timeout=180).assert_returncode(2)
+    assert "access denied to the SAS token" in refused.stderr and "write" in refused.stderr
+    assert not list((refused.job_dir / "checkpoints").glob("*.ckpt")) and not (refused.job_dir / "metrics.jsonl").exists()
+
+
+@pytest.mark.slow
+def test_sigterm_while_staging_from_a_silent_endpoint_stops_the_job_at_once(
+        silent_endpoint: SilentEndpoint, azurite: Azurite, tmp_path: Path) -> None:
+    """Issue 17, item 3: a SIGTERM (a scheduler's cancel) during a stalled download used to wait
+    for the kill after the grace period (30 s here); there is nothing to checkpoint yet, so the
+    worker stops at once and the launcher reports a resumable stop."""
+    job_dir = tmp_path / "job"
+    env = {**os.environ, "DDLKIT_PLUGINS": FAKES_MODULE,
+           "AZURE_STORAGE_CONNECTION_STRING": azurite.connection_string.replace(azurite.account_url,
+                                                                                silent_endpoint.url)}
+    proc = subprocess.Popen([sys.executable, "-m", "ddlkit", "framework=fake", "storage=azure", "data=imagefolder",
+                             "data.root=blob://data/imagenet", f"storage.scratch={tmp_path / 'ssd'}",
+                             f"hydra.run.dir={job_dir}"], cwd=tmp_path, env=env, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, preexec_fn=interruptible)
+    try:
+        deadline = time.monotonic() + 90
+        while not silent_endpoint.connections and time.monotonic() < deadline:
+            time.sleep(0.2)  # until the worker is inside its first (never answered) request
+        assert silent_endpoint.connections, "the worker never reached the endpoint"
+        stopped = time.monotonic()
+        proc.send_signal(signal.SIGTERM)
+        stdout, stderr = proc.communicate(timeout=60)
+        waited = time.monotonic() - stopped
+    finally:
+        proc.kill()
+    assert proc.returncode == EXIT_PREEMPTED, stdout + stderr
+    assert "stopped by SIGTERM before training started; nothing to checkpoint yet" in stdout
+    assert waited < 15, waited  # not the 30 s grace period, not the 5 x 30 s of a stalled staging
 
 
 #: remote addresses in /proc/net/{tcp,udp}[6] that are this machine: unspecified, 127.0.0.1, ::1, ::ffff:127.0.0.1

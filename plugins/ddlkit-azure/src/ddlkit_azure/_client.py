@@ -10,10 +10,13 @@ from __future__ import annotations
 
 import hashlib
 import os
+import re
 import uuid
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from pathlib import Path
+from urllib.parse import urlsplit
+
 import requests
 from azure.core.exceptions import (AzureError, ClientAuthenticationError, HttpResponseError, ResourceExistsError,
                                    ResourceNotFoundError, ServiceRequestError, ServiceResponseError)
@@ -30,6 +33,26 @@ from .credentials import Auth, Credential, check_tls
 SHA256_KEY = "ddlkit_sha256"
 _CHUNK = 4 << 20
 _TRANSIENT_STATUS = {408, 429, 500, 502, 503, 504}
+_SOCKET_ERROR = re.compile(r"(\[Errno -?\d+\][^\"')]*|Read timed out|timed out|Connection aborted|"
+                           r"Connection reset by peer|Remote end closed connection without response)")
+#: Every network wait is bounded, and the SDK does not retry on its own: ddlkit's retry loop
+#: (ddlkit.builtin.transfer.retry) is the only one, and it prints each retry with its delay. The
+#: SDK's default (3 silent retries with 15-24 s back-off, 20 s connects, 300 s reads) kept a run
+#: quiet for over 10 minutes when the endpoint was down. A read is one 4 MiB block or one small
+#: request, which a working endpoint answers in seconds.
+CONNECT_TIMEOUT_S = 10
+READ_TIMEOUT_S = 30
+
+
+_CREDENTIAL_NAMES = {Auth.sas: "the SAS token", Auth.connection_string: "the connection string"}
+#: what to do about a refusal, per credential kind
+_FIXES = {
+    Auth.sas: "The SAS token needs read, write, create and list permissions on the container and must not have "
+              "expired.",
+    Auth.connection_string: "Check the connection string's account key (regenerated keys invalidate it).",
+    Auth.default_credential: "Give the identity the 'Storage Blob Data Contributor' role on the storage account "
+                             "(or sign in as one that has it: az login).",
+}
 
 
 def service_client(cred: Credential, *, connections: int) -> BlobServiceClient:
@@ -38,8 +61,10 @@ def service_client(cred: Credential, *, connections: int) -> BlobServiceClient:
     adapter = requests.adapters.HTTPAdapter(pool_connections=connections, pool_maxsize=connections)
     session.mount("https://", adapter)
     session.mount("http://", adapter)
-    options = dict(transport=RequestsTransport(session=session, session_owner=True), connection_timeout=20,
-                   read_timeout=300)
+    # the timeouts go to the transport itself: a client given a transport does not pass its own on
+    transport = RequestsTransport(session=session, session_owner=True, connection_timeout=CONNECT_TIMEOUT_S,
+                                  read_timeout=READ_TIMEOUT_S)
+    options = dict(transport=transport, retry_total=0)
     if cred.kind is Auth.connection_string:
         client = BlobServiceClient.from_connection_string(cred.secret, **options)
         check_tls(client.url)
@@ -63,6 +88,8 @@ class Container:
         self.name, self.prefix = container, prefix.strip("/")
         self.max_concurrency = max_concurrency
         self._secrets = {"secret": cred.secret} if cred.secret else {}
+        self._auth = cred.kind
+        self._service = service
         self._created = False
 
     def blob_name(self, key: str) -> str:
@@ -75,23 +102,48 @@ class Container:
         except ResourceNotFoundError:
             raise FileNotFoundError(f"{what}: not found in container {self.name!r}") from None
         except ClientAuthenticationError as err:
-            raise ConfigError(f"{what}: Azure refused the credentials ({self._message(err)}). Check the SAS token's "
-                              "permissions and expiry, or the connection string.") from None
+            raise ConfigError(f"{what}: Azure refused {self.credential} ({self._message(err)}). "
+                              f"{_FIXES[self._auth]}") from None
         except HttpResponseError as err:
             if err.status_code in _TRANSIENT_STATUS:
                 raise TransientStorageError(f"{what}: {self._message(err)}") from None
             if err.status_code == 403:
-                raise ConfigError(f"{what}: access denied ({self._message(err)}). The SAS token needs read, write, "
-                                  "list and create permissions on the container and must not have expired.") from None
+                raise ConfigError(f"{what}: access denied to {self.credential} ({self._message(err)}). "
+                                  f"{_FIXES[self._auth]}") from None
             raise RunError(f"{what}: {self._message(err)}", component="storage") from None
         except (ServiceRequestError, ServiceResponseError) as err:
-            raise TransientStorageError(f"{what}: {self._message(err)}") from None
+            raise TransientStorageError(f"{what}: {self._network_message(err)}") from None
         except AzureError as err:
             raise RunError(f"{what}: {self._message(err)}", component="storage") from None
+
+    def _network_message(self, err: Exception) -> str:
+        """urllib3's wrapper text (pool, URL, retries) reduced to what went wrong and where."""
+        found = _SOCKET_ERROR.search(str(err))
+        host = urlsplit(self.client.url).netloc
+        return f"no answer from {host}: {found.group(1).strip()}" if found else self._message(err)
 
     def _message(self, err: Exception) -> str:
         text = str(getattr(err, "reason", None) or err).splitlines()[0] if str(err) else type(err).__name__
         return scrub(text, self._secrets)
+
+    @property
+    def credential(self) -> str:
+        """Which credential this client signs with, for messages: DefaultAzureCredential names the
+        one of its chain that answered (environment, managed identity, Azure CLI, ...)."""
+        if self._auth is not Auth.default_credential:
+            return _CREDENTIAL_NAMES[self._auth]
+        used = getattr(self._service.credential, "_successful_credential", None)
+        return f"DefaultAzureCredential ({type(used).__name__})" if used else "DefaultAzureCredential"
+
+    def check_write(self, key: str) -> None:
+        """Write an empty blob at ``key`` (the credential may create and write here), then delete
+        it; a SAS without delete permission (which ddlkit does not need) leaves it there, empty."""
+        self.ensure_container()
+        blob = self.client.get_blob_client(self.blob_name(key))
+        with self._errors(f"writing a probe blob {key}"):
+            blob.upload_blob(b"", overwrite=True)
+        with suppress(HttpResponseError):
+            blob.delete_blob()
 
     def ensure_container(self) -> None:
         if self._created:

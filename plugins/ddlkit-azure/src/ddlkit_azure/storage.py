@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from ddlkit import ConfigError, StorageBackend
 from ddlkit.builtin.local_ssd_storage import LocalSsdConfig, StagingStorage
-from ddlkit.builtin.transfer import is_url, open_storage, split_url
+from ddlkit.builtin.transfer import is_url, open_storage, retry, split_url
 
 from .credentials import Auth, resolve
 
@@ -119,6 +119,15 @@ class AzureBlobStorage(StagingStorage):
         if results:
             return open_storage(results), job_name
         return self, f"results/{job_name}"
+
+    def check_access(self, job_name: str) -> str | None:
+        backend, prefix = self.results_target(job_name)
+        if not isinstance(backend, AzureBlobStorage):
+            return backend.check_access(job_name)
+        where = self.describe_results(job_name)
+        retry(lambda: backend.container.check_write(backend._key(f"{prefix}/.ddlkit-write-check")),
+              what=f"checking that {where} is writable", attempts=self.cfg.attempts)
+        return f"storage=azure: {where} is writable with {backend.container.credential}"
 
     def describe_results(self, job_name: str) -> str:
         if self.cfg.results:
