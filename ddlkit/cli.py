@@ -259,8 +259,15 @@ def jobs_main(argv: list[str]) -> int:
     return main(argv)
 
 
+def compute_main(argv: list[str]) -> int:
+    """``ddlkit compute down [--yes] OVERRIDES``: see :mod:`ddlkit.compute_cli`."""
+    from .compute_cli import main
+
+    return main(argv)
+
+
 SUBCOMMANDS: dict[str, Callable[[list[str]], int]] = {"plugins": plugins_main, "plan": plan_main, "data": data_main,
-                                                      "jobs": jobs_main}
+                                                      "jobs": jobs_main, "compute": compute_main}
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -8,6 +8,7 @@ Objects (``put``/``get``) are files under ``root``, as with ``storage=local``.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -33,7 +34,9 @@ class NfsStorageConfig:
 class NfsStorage(LocalStorage, CheckpointPublisher):
     def __init__(self, cfg: NfsStorageConfig) -> None:
         super().__init__(cfg)
-        self.root = Path(cfg.root).expanduser()
+        # $VARS expand on the node: a cluster's mount point may be known only there
+        # (compute=batchai: storage.root='$AZ_BATCHAI_MOUNT_ROOT/nfs')
+        self.root = Path(os.path.expandvars(cfg.root)).expanduser()
 
     def _mounted_root(self) -> Path:
         if not self.root.is_dir():

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import enum
 from abc import ABC, abstractmethod
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
@@ -158,3 +158,13 @@ class ComputeTarget(ABC):
         """What :meth:`submit` would do, for ``ddlkit plan``: the command line or the request it
         would send, with secrets redacted. Runs nothing, needs no credentials and no network."""
         return " ".join(spec.command("python"))
+
+    def down(self, *, confirm: Callable[[Sequence[str]], bool]) -> list[str]:
+        """``ddlkit compute down``: delete what this target created for earlier jobs and keeps
+        between them (a cluster, a file server), and nothing it did not create. Call ``confirm``
+        with one line per resource it would delete; delete only when it returns True. Returns the
+        lines of what was deleted. Targets that keep nothing between jobs say so."""
+        from ..errors import ConfigError
+
+        raise ConfigError(f"compute={getattr(self.cfg, 'name', type(self).__name__)} keeps nothing between jobs: "
+                          "there is nothing to take down.")

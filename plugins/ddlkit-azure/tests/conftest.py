@@ -1,8 +1,22 @@
-"""The plugin's suite uses ddlkit's test kit and its own Azurite fixtures, as a third party would."""
+"""The plugin's suite uses ddlkit's test kit and its own Azurite fixtures, as a third party would,
+and the loopback HTTPS kit (:mod:`ddlkit_azure.loopback`) for the services Azurite does not emulate."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from pathlib import Path
+
 import pytest
+from ddlkit_azure.azureml_loopback import LoopbackWorkspace
+from ddlkit_azure.loopback import (
+    CREDENTIAL_ENV,
+    Certificate,
+    LoopbackServer,
+    install_az,
+    make_certificate,
+    sdk_environment,
+)
+from ddlkit_azure.testing import Azurite
 
 pytest_plugins = ["ddlkit.testing", "ddlkit_azure.testing"]
 
@@ -10,3 +24,47 @@ pytest_plugins = ["ddlkit.testing", "ddlkit_azure.testing"]
 @pytest.fixture(autouse=True)
 def _isolated(ddlkit_isolation: None) -> None:
     """Environment restored, own working directory, fresh plugin manager (ddlkit.testing)."""
+
+
+@pytest.fixture(scope="session")
+def loopback_certificate(tmp_path_factory: pytest.TempPathFactory) -> Certificate:
+    """A self-signed certificate for 127.0.0.1/localhost (one per session: key generation is not free)."""
+    return make_certificate(tmp_path_factory.mktemp("loopback-tls"))
+
+
+@pytest.fixture
+def https_loopback(loopback_certificate: Certificate, monkeypatch: pytest.MonkeyPatch) -> Iterator[LoopbackServer]:
+    """A started :class:`LoopbackServer` (no routes yet), and ``REQUESTS_CA_BUNDLE``/``SSL_CERT_FILE``
+    set so that the real SDKs (and subprocesses started by the test) trust it."""
+    for name, value in sdk_environment(loopback_certificate).items():
+        monkeypatch.setenv(name, value)
+    with LoopbackServer(loopback_certificate) as server:
+        yield server
+        assert not server.errors, "a loopback handler raised:\n" + "\n".join(server.errors)
+
+
+@pytest.fixture
+def azure_cli_login(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """Signed in as far as ``DefaultAzureCredential`` can tell: a stand-in ``az`` first on ``PATH``
+    (it prints a token), ``AZURE_TOKEN_CREDENTIALS=AzureCliCredential``, and no other credential's
+    variables. Returns the stand-in's directory; ``<it>/az.log`` has one line per ``az`` call."""
+    for name in CREDENTIAL_ENV:
+        monkeypatch.delenv(name, raising=False)
+    bin_dir = install_az(tmp_path / "az-bin")
+    for name, value in sdk_environment(az_bin=bin_dir).items():
+        monkeypatch.setenv(name, value)
+    return bin_dir
+
+
+@pytest.fixture
+def azureml_workspace(https_loopback: LoopbackServer, azurite: Azurite, azure_cli_login: Path, tmp_path: Path,
+                      monkeypatch: pytest.MonkeyPatch) -> Iterator[LoopbackWorkspace]:
+    """A loopback Azure ML workspace (:mod:`ddlkit_azure.azureml_loopback`) whose jobs run on this
+    machine, its storage in Azurite; the SDK (in this process and in subprocesses) signed in and
+    pointed at it."""
+    with LoopbackWorkspace(https_loopback, azurite, tmp_path / "azureml", grace_period_s=20.0) as workspace:
+        for name, value in workspace.environment.items():
+            monkeypatch.setenv(name, value)
+        # MLClient records the cloud it chose in the process's environment
+        monkeypatch.setenv("AZUREML_CURRENT_CLOUD", "AzureCloud")
+        yield workspace

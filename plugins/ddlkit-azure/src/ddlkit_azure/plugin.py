@@ -1,4 +1,5 @@
-"""ddlkit hooks for Azure Blob Storage (the entry-point target; imports no Azure SDK)."""
+"""ddlkit hooks for Azure: ``storage=azure`` (Blob Storage) and ``compute=azureml`` (Azure Machine
+Learning command jobs). The entry-point target; imports no Azure SDK."""
 
 from __future__ import annotations
 
@@ -8,6 +9,8 @@ from typing import TYPE_CHECKING
 
 import ddlkit
 
+from .azureml import AzureMLConfig, AzureMLTarget
+from .batchai import BatchAIConfig, BatchAITarget, check_config
 from .storage import AzureBlobConfig, AzureBlobStorage
 
 if TYPE_CHECKING:
@@ -19,6 +22,23 @@ def ddlkit_storage_backends() -> Iterator[ddlkit.Registration]:
     yield ddlkit.Registration("azure", AzureBlobStorage, config=AzureBlobConfig,
                               description="Azure Blob Storage: blob:// data staged to local disk, results to "
                                           "a container")
+
+
+@ddlkit.hookimpl
+def ddlkit_compute_targets() -> Iterator[ddlkit.Registration]:
+    yield ddlkit.Registration("azureml", AzureMLTarget, config=AzureMLConfig,
+                              description="one Azure Machine Learning command job per ddlkit job on a compute "
+                                          "cluster: nodes x procs_per_node ranks, MPI or PyTorch distribution")
+    yield ddlkit.Registration("batchai", BatchAITarget, config=BatchAIConfig,
+                              description="Azure Batch AI (retired 2019; API 2018-05-01): workspace, NFS file "
+                                          "server and GPU cluster created or reused, one MPI job per ddlkit job")
+
+
+@ddlkit.hookimpl(specname="ddlkit_configure")
+def check_batchai(config: DictConfig) -> None:
+    """compute=batchai's requirements on the rest of the run (storage=nfs's root, local disks)."""
+    if config.compute.name == "batchai":
+        check_config(config)
 
 
 #: what the ranks read from their environment to reach Blob Storage (credentials.py): the storage

@@ -1,0 +1,223 @@
+"""compute=azureml against the loopback Azure ML workspace (the real azure-ai-ml SDK over HTTPS on
+127.0.0.1, storage in Azurite, jobs run on this machine; no Azure service is contacted).
+
+* **submission latency**, command to job accepted: from starting ``ddlkit --detach compute=azureml
+  framework=fake ...`` (the real CLI: interpreter start-up, composing, validating, importing the
+  SDK, the workspace and cluster checks, the code upload) to the loopback receiving the job's PUT,
+  and to the CLI's return; baseline in the same rounds: the same command with ``compute=local``.
+  In-process, warm: ``AzureMLTarget.submit`` against a hand-written minimal SDK submission
+  (``MLClient.jobs.create_or_update(command(...))`` of the same code directory and image), and the
+  REST calls each makes;
+* **REST calls per job-minute while following**: a job that prints for ``--follow-s`` seconds,
+  followed as ``ddlkit`` follows one (``logs(follow=True)``, then ``wait()``) at the default
+  ``compute.poll_interval_s``, every request the workspace got counted; baseline: the SDK's own
+  ``MLClient.jobs.stream`` following the same kind of job;
+* **start-up**: ``ddlkit --cfg job compute=azureml ...`` against ``ddlkit --cfg job`` (compute=local),
+  and whether composing imported ``azure.ai.ml`` (``-X importtime``); for scale, importing
+  ``azure.ai.ml`` alone.
+
+    python benchmarks/azureml.py [--rounds 3 --follow-s 60]
+
+Needs Azurite (``npm install -g azurite``) and ``pip install -e plugins/ddlkit-azure azure-ai-ml``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import io
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from _common import summary, write_result
+from ddlkit_azure.azureml_loopback import LoopbackWorkspace
+from ddlkit_azure.loopback import (
+    CREDENTIAL_ENV,
+    LoopbackServer,
+    install_az,
+    make_certificate,
+    sdk_environment,
+)
+from ddlkit_azure.testing import start_azurite, stop_azurite
+
+FAKE = ("framework=fake", "compute.image=docker.io/ddlkit/fake:bench-cpu", "data.image_size=8", "data.length=32",
+        "data.val_length=8", "data.num_classes=4", "trainer.batch_size=4", "trainer.epochs=1")
+TICKS = "import time\nfor i in range({n}):\n    print('tick', i, flush=True); time.sleep(0.5)"
+
+
+def workspace_args(ws: LoopbackWorkspace) -> list[str]:
+    return ["compute=azureml", f"compute.subscription_id={ws.subscription}",
+            f"compute.resource_group={ws.resource_group}", f"compute.workspace={ws.workspace}",
+            "compute.cluster=gpu-cluster"]
+
+
+def job_puts(server: LoopbackServer) -> list:
+    return server.requests("PUT", r".*/workspaces/[^/]+/jobs/[^/]+")
+
+
+def cli_submission(base: Path, ws: LoopbackWorkspace, i: int) -> dict[str, float]:
+    """Wall time of ``ddlkit --detach`` on both targets; for azureml, also until the job's PUT arrived."""
+    seen = len(job_puts(ws.server))
+    t0_wall, t0 = time.time(), time.monotonic()
+    subprocess.run([sys.executable, "-m", "ddlkit", "--detach", *workspace_args(ws), *FAKE,
+                    f"hydra.run.dir={base / f'cli-azureml-{i}'}"], check=True, capture_output=True, cwd=base)
+    azureml_s = time.monotonic() - t0
+    accepted_s = job_puts(ws.server)[seen].time - t0_wall
+    t0 = time.monotonic()
+    subprocess.run([sys.executable, "-m", "ddlkit", "--detach", "compute=local", *FAKE[:1], *FAKE[2:],
+                    f"hydra.run.dir={base / f'cli-local-{i}'}"], check=True, capture_output=True, cwd=base)
+    local_s = time.monotonic() - t0
+    return {"azureml_cli_returned_s": azureml_s, "azureml_job_accepted_s": accepted_s, "local_cli_returned_s": local_s}
+
+
+def target(ws: LoopbackWorkspace, **changes: object):
+    from ddlkit_azure.azureml import AzureMLConfig, AzureMLTarget
+    from omegaconf import OmegaConf
+
+    cfg = AzureMLConfig(subscription_id=ws.subscription, resource_group=ws.resource_group, workspace=ws.workspace,
+                        cluster="gpu-cluster", image="docker.io/ddlkit/fake:bench-cpu", framework="fake",
+                        dist="none", data_root=None, storage="local")
+    return AzureMLTarget(OmegaConf.merge(OmegaConf.structured(cfg), changes))
+
+
+def in_process_submission(base: Path, ws: LoopbackWorkspace, i: int) -> dict[str, float]:
+    """``AzureMLTarget.submit`` vs the SDK's bare ``create_or_update`` of the same job (warm client)."""
+    from azure.ai.ml import Output, command
+    from azure.ai.ml.entities import Environment
+
+    from ddlkit.interfaces import JobSpec
+
+    tgt = target(ws)
+    client = tgt.workspace.client
+    job_dir = base / f"inproc-{i}"
+    job_dir.mkdir()
+    (job_dir / "job.json").write_text("{}")
+    spec = JobSpec(name=f"bench-{i}", job_dir=job_dir, args=("-c", "print('hi')"))
+    before = len(ws.server.requests())
+    t0 = time.monotonic()
+    tgt.submit(spec)
+    ddlkit_s, ddlkit_calls = time.monotonic() - t0, len(ws.server.requests()) - before
+
+    bare = base / f"bare-{i}"
+    bare.mkdir()
+    (bare / "job.json").write_text("{}")
+    before = len(ws.server.requests())
+    t0 = time.monotonic()
+    with contextlib.redirect_stderr(io.StringIO()):
+        client.jobs.create_or_update(command(
+            name=f"bare-{i}-{os.getpid()}", code=str(bare), command="python -c \"print('hi')\"",
+            environment=Environment(image="docker.io/ddlkit/fake:bench-cpu"), compute="gpu-cluster",
+            outputs={"job_dir": Output(type="uri_folder", mode="rw_mount")}))
+    bare_s, bare_calls = time.monotonic() - t0, len(ws.server.requests()) - before
+    return {"ddlkit_submit_s": ddlkit_s, "ddlkit_requests": ddlkit_calls, "bare_sdk_submit_s": bare_s,
+            "bare_sdk_requests": bare_calls}
+
+
+def follow_ddlkit(base: Path, ws: LoopbackWorkspace, follow_s: float) -> dict[str, float]:
+    from ddlkit.interfaces import JobSpec
+
+    tgt = target(ws)  # the default compute.poll_interval_s
+    job_dir = base / "follow-ddlkit"
+    job_dir.mkdir()
+    (job_dir / "job.json").write_text("{}")
+    handle = tgt.submit(JobSpec(name="follow", job_dir=job_dir, args=("-c", TICKS.format(n=int(follow_s * 2)))))
+    before = len(ws.server.requests())
+    t0 = time.monotonic()
+    text = "".join(handle.logs(follow=True))
+    status = handle.wait()
+    elapsed = time.monotonic() - t0
+    calls = len(ws.server.requests()) - before
+    assert status.state.value == "succeeded" and f"tick {int(follow_s * 2) - 1}" in text, (status, text[-300:])
+    return {"poll_interval_s": tgt.poll_interval_s, "followed_s": elapsed, "requests": calls,
+            "requests_per_job_minute": calls / (elapsed / 60)}
+
+
+def follow_sdk_stream(base: Path, ws: LoopbackWorkspace, follow_s: float) -> dict[str, float]:
+    from azure.ai.ml import command
+    from azure.ai.ml.entities import Environment
+
+    client = target(ws).workspace.client
+    code = base / "follow-sdk"
+    code.mkdir()
+    (code / "ticks.py").write_text(TICKS.format(n=int(follow_s * 2)))
+    with contextlib.redirect_stderr(io.StringIO()):
+        job = client.jobs.create_or_update(command(
+            name=f"stream-{os.getpid()}", code=str(code), command="python ticks.py", compute="gpu-cluster",
+            environment=Environment(image="docker.io/ddlkit/fake:bench-cpu")))
+    before = len(ws.server.requests())
+    t0 = time.monotonic()
+    with contextlib.redirect_stdout(io.StringIO()) as out:
+        client.jobs.stream(job.name)
+    elapsed = time.monotonic() - t0
+    calls = len(ws.server.requests()) - before
+    assert f"tick {int(follow_s * 2) - 1}" in out.getvalue(), out.getvalue()[-300:]
+    return {"followed_s": elapsed, "requests": calls, "requests_per_job_minute": calls / (elapsed / 60)}
+
+
+def startup(base: Path, ws: LoopbackWorkspace, rounds: int) -> dict:
+    azureml = [sys.executable, "-m", "ddlkit", "--cfg", "job", *workspace_args(ws)]
+    local = [sys.executable, "-m", "ddlkit", "--cfg", "job"]
+    sdk = [sys.executable, "-c", "import azure.ai.ml"]
+    times: dict[str, list[float]] = {"ddlkit_cfg_job_azureml_s": [], "ddlkit_cfg_job_local_s": [],
+                                     "import_azure_ai_ml_s": []}
+    for _ in range(rounds):
+        for key, argv in zip(times, (azureml, local, sdk)):
+            t0 = time.monotonic()
+            subprocess.run(argv, check=True, capture_output=True, cwd=base)
+            times[key].append(time.monotonic() - t0)
+    trace = subprocess.run([sys.executable, "-X", "importtime", *azureml[1:]], capture_output=True, text=True,
+                           cwd=base, check=True).stderr
+    imported = {line.rsplit("|", 1)[-1].strip() for line in trace.splitlines() if "|" in line}
+    return {**{k: summary(v) for k, v in times.items()},
+            "imports_ddlkit_azure_azureml": "ddlkit_azure.azureml" in imported,
+            "imports_azure_ai_ml": any(m.startswith("azure.ai.ml") for m in imported),
+            "imports_azure_identity": any(m.startswith("azure.identity") for m in imported)}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--follow-s", type=float, default=60.0)
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory(prefix="ddlkit-bench-azureml-") as tmp:
+        base = Path(tmp)
+        azurite = start_azurite(base / "azurite")
+        cert = make_certificate(base / "tls")
+        try:
+            with LoopbackServer(cert) as server, LoopbackWorkspace(server, azurite, base / "workspace") as ws:
+                for name in CREDENTIAL_ENV:
+                    os.environ.pop(name, None)
+                os.environ.update(sdk_environment(cert, install_az(base / "bin")))
+                os.environ.update(ws.environment)
+                os.environ.update({"DDLKIT_PLUGINS": "ddlkit.testing.fakes", "DDLKIT_STATE_DIR": str(base / "state")})
+                cli = [cli_submission(base, ws, i) for i in range(args.rounds)]
+                inproc = [in_process_submission(base, ws, i) for i in range(args.rounds)]
+                follow = follow_ddlkit(base, ws, args.follow_s)
+                stream = follow_sdk_stream(base, ws, args.follow_s)
+                start = startup(base, ws, args.rounds)
+                proxied = sorted({host for host, _ in ws.proxy.connects})
+        finally:
+            stop_azurite(azurite.process)
+    med = lambda rows, k: summary([r[k] for r in rows])
+    payload = {
+        "endpoint": "loopback Azure ML workspace (ddlkit_azure.azureml_loopback): real azure-ai-ml "
+                    f"{__import__('importlib.metadata').metadata.version('azure-ai-ml')}, HTTPS on 127.0.0.1, "
+                    f"blob traffic via the intercepting proxy to Azurite (hosts: {', '.join(proxied)})",
+        "submission_cli": {k: med(cli, k) for k in cli[0]},
+        "submission_in_process": {k: med(inproc, k) for k in inproc[0]},
+        "following": {"ddlkit": follow, "sdk_jobs_stream": stream,
+                      "ratio_sdk_over_ddlkit": stream["requests_per_job_minute"] / follow["requests_per_job_minute"]},
+        "startup": start,
+    }
+    path = write_result("azureml", payload)
+    print(json.dumps(payload, indent=2))
+    print(f"written to {path}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,439 @@
+"""Everything that touches ``azure-ai-ml`` for ``compute=azureml`` (imported when a job is planned,
+submitted or followed; never when a run is composed).
+
+SDK errors become the errors ddlkit acts on, scrubbed of the job's secrets: no credential, a
+refused role (403), a missing workspace or cluster, an SDK validation error -> ``ConfigError``
+(one line, exit status 2).
+"""
+
+from __future__ import annotations
+
+import codecs
+import contextlib
+import io
+import json
+import logging
+import re
+import shlex
+import shutil
+import tempfile
+import time
+import uuid
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import requests
+from azure.ai.ml import (
+    Input,
+    MLClient,
+    MpiDistribution,
+    Output,
+    PyTorchDistribution,
+    command,
+)
+from azure.ai.ml.entities import Environment
+from azure.ai.ml.exceptions import MlException
+from azure.core.exceptions import (
+    ClientAuthenticationError,
+    HttpResponseError,
+    ResourceNotFoundError,
+    ServiceRequestError,
+)
+
+import ddlkit
+from ddlkit.interfaces import JOB_FILE, JobHandle, JobSpec, JobState, JobStatus
+from ddlkit.jobs.process import STATE_DIR
+from ddlkit.secrets import REDACTED, scrub
+
+from .arm import SIGN_IN, management_credential
+
+if TYPE_CHECKING:
+    from .azureml import AzureMLConfig, AzureMLTarget
+
+# the SDK reports uploads, downloads and experimental classes on INFO/WARNING loggers, which
+# Hydra's logging setup would print among the job's output
+for _name in ("azure.ai.ml", "azure.core.pipeline.policies.http_logging_policy", "azure.identity"):
+    logging.getLogger(_name).setLevel(logging.ERROR)
+
+#: the job directory's files the launcher writes: the job's code (what the command copies into its output)
+LAUNCHER_FILES = (JOB_FILE, "config.yaml", "overrides.yaml", "environment.json")
+#: the job's output that holds its directory
+OUTPUT = "job_dir"
+#: the job's input that holds the data (when data.root is a datastore URI)
+DATA_INPUT = "data"
+#: where the job's copy of job.json reads data.root from (the input's path on the node)
+DATA_ROOT_ENV = "DDLKIT_DATA_ROOT"
+#: Azure ML's job states (run history's) -> ddlkit's
+STATES = {
+    **dict.fromkeys(("NotStarted", "Queued", "Preparing", "Starting", "Provisioning", "Paused"), JobState.PENDING),
+    **dict.fromkeys(("Running", "Finalizing", "NotResponding"), JobState.RUNNING),
+    "Completed": JobState.SUCCEEDED, "Failed": JobState.FAILED,
+    **dict.fromkeys(("Canceled", "CancelRequested"), JobState.CANCELLED),
+}
+TERMINAL = ("Completed", "Failed", "Canceled")
+#: rank 0's log among the run's log files: one process, or the first of several
+RANK0_LOGS = ("user_logs/std_log.txt", "user_logs/std_log_process_0.txt")
+_RANK_LOG = re.compile(r"^user_logs/std_log(?:_process_(\d+))?\.txt$")
+_EXIT = re.compile(r"exited with (?:status )?code (-?\d+)")
+#: REST calls this process made to follow jobs (run details, log reads, job reads): what the benchmark counts
+REST_CALLS = {"count": 0}
+_ARM = "https://management.azure.com"
+
+
+def _counted() -> None:
+    REST_CALLS["count"] += 1
+
+
+# ---------------------------------------------------------------------------- the job definition
+def job_command(target: AzureMLTarget, spec: JobSpec, files: list[str]) -> str:
+    """What every process of the job runs (bash, in the code directory): the job's files into its
+    output, then ``spec.command("python")`` there."""
+    copy = " ".join(shlex.quote(f) for f in files)
+    lines = [
+        "set -e",
+        f'out="${{{{outputs.{OUTPUT}}}}}"',
+        'mkdir -p "$out"',
+        # every process of the job does this, into the same directory: each file is replaced in
+        # one step, so no process reads a file another is writing
+        f'for f in {copy}; do cp "$f" "$out/.$f.$(hostname).$$" && mv -f "$out/.$f.$(hostname).$$" "$out/$f"; done',
+        'cd "$out"',
+    ]
+    if target.data_input:
+        lines.append(f'export {DATA_ROOT_ENV}="${{{{inputs.{DATA_INPUT}}}}}"')
+    kind = distribution_kind(target)
+    if kind == "mpi":
+        # OpenMPI gives each rank its place; rank 0's host comes from Azure ML (several nodes: "ip:port")
+        lines += ['MASTER_ADDR="${AZ_BATCH_MASTER_NODE%%:*}"',
+                  'export MASTER_ADDR="${MASTER_ADDR:-${AZ_BATCHAI_MPI_MASTER_NODE:-127.0.0.1}}"',
+                  f"export MASTER_PORT={int(target.cfg.master_port)}"]
+    elif kind == "pytorch":
+        # Azure ML sets MASTER_ADDR, MASTER_PORT, RANK, WORLD_SIZE, LOCAL_RANK and NODE_RANK
+        lines.append(f'export DDLKIT_LOCAL_SIZE={int(target.cfg.procs_per_node)} DDLKIT_NODE="${{NODE_RANK:-0}}"')
+    lines.append("exec " + shlex.join(spec.command("python")))
+    return "\n".join(lines)
+
+
+def distribution_kind(target: AzureMLTarget) -> str | None:
+    if target.world_size == 1:
+        return None
+    if target.cfg.framework == "pytorch" and target.cfg.dist == "native":
+        return "pytorch"
+    return "mpi"
+
+
+def azureml_job_name(spec: JobSpec) -> str:
+    """Unique in the workspace (a job directory run again is a new Azure ML job, in the same output)."""
+    return re.sub(r"[^A-Za-z0-9_-]", "_", f"ddlkit-{spec.name}")[:240] + f"-{uuid.uuid4().hex[:6]}"
+
+
+def build_job(target: AzureMLTarget, spec: JobSpec, *, code: str, files: list[str], name: str,
+              environment_variables: Mapping[str, str]) -> Any:
+    cfg = target.cfg
+    kind = distribution_kind(target)
+    distribution = (PyTorchDistribution(process_count_per_instance=cfg.procs_per_node) if kind == "pytorch" else
+                    MpiDistribution(process_count_per_instance=cfg.procs_per_node) if kind == "mpi" else None)
+    inputs = ({DATA_INPUT: Input(type="uri_folder", path=target.data_input, mode=target.input_mode)}
+              if target.data_input else {})
+    outputs = {OUTPUT: Output(type="uri_folder", mode="rw_mount", path=f"{str(cfg.output_root).rstrip('/')}/{spec.name}/")}
+    return command(
+        name=name, display_name=spec.name, experiment_name=cfg.experiment, tags={"ddlkit_job": spec.name},
+        code=code, command=job_command(target, spec, files), environment=Environment(image=target.image()),
+        compute=cfg.cluster, instance_count=cfg.nodes, distribution=distribution, inputs=inputs, outputs=outputs,
+        environment_variables={**environment_variables, "PYTHONUNBUFFERED": "1"},
+        queue_settings={"job_tier": "Spot"} if cfg.spot else None)
+
+
+def stage(spec: JobSpec, target: AzureMLTarget, into: Path) -> list[str]:
+    """The job's code: the launcher's files of the job directory, copied into ``into``; the copy
+    of ``job.json`` takes ``data.root`` from the data input's path on the node."""
+    into.mkdir(parents=True)
+    files = [f for f in LAUNCHER_FILES if (spec.job_dir / f).is_file()]
+    for f in files:
+        shutil.copy2(spec.job_dir / f, into / f)
+    if target.data_input and JOB_FILE in files:
+        job = json.loads((into / JOB_FILE).read_text(encoding="utf-8"))
+        config = job.get("config", {})
+        if isinstance(config.get("data"), dict):
+            config["data"]["root"] = f"${{oc.env:{DATA_ROOT_ENV}}}"
+            (into / JOB_FILE).write_text(json.dumps(job, indent=2), encoding="utf-8")
+    return files
+
+
+def plan(target: AzureMLTarget, spec: JobSpec) -> str:
+    """The request ``submit`` would send to create the job, secrets as ``***``; offline: the code
+    and environment are named as the SDK would name them once uploaded."""
+    from azure.ai.ml.entities._job.to_rest_functions import to_rest_job_object
+
+    cfg = target.cfg
+    arm = (f"/subscriptions/{cfg.subscription_id}/resourceGroups/{cfg.resource_group}/providers/"
+           f"Microsoft.MachineLearningServices/workspaces/{cfg.workspace}")
+    name = azureml_job_name(spec)[:-6] + "<random>"
+    files = list(LAUNCHER_FILES)  # what the launcher writes into the job directory before it submits
+    shown = {**spec.env, **dict.fromkeys(spec.secret_env, REDACTED)}
+    job = build_job(target, spec, code=str(spec.job_dir), files=files, name=name, environment_variables=shown)._to_job()
+    environment = job.environment
+    job.environment = f"{arm}/environments/{environment.name}/versions/{environment.version}"
+    job.code = f"{arm}/codes/<uploaded at submission>/versions/1"
+    job.compute = f"{arm}/computes/{cfg.cluster}"
+    body = to_rest_job_object(job).as_dict()
+    body.pop("name", None)
+    text = json.dumps(body, indent=2, sort_keys=True)
+    return (f"PUT {_ARM}{arm}/jobs/{name}\n"
+            f"# code: {', '.join(files)} from {spec.job_dir}, uploaded to the workspace's default datastore\n"
+            f"# environment: {target.image()} (an anonymous environment version)\n"
+            f"{scrub(text, spec.secret_env)}")
+
+
+# ---------------------------------------------------------------------------- the workspace
+class Workspace:
+    """The Azure ML workspace of a ``compute=azureml`` config, through one ``MLClient``."""
+
+    def __init__(self, cfg: AzureMLConfig) -> None:
+        self.cfg = cfg
+        self._client: MLClient | None = None
+
+    @property
+    def client(self) -> MLClient:
+        if self._client is None:
+            c = self.cfg
+            self._client = MLClient(management_credential(), str(c.subscription_id), str(c.resource_group),
+                                    str(c.workspace), enable_telemetry=False, show_progress=False)
+        return self._client
+
+    @contextlib.contextmanager
+    def errors(self, what: str, secrets: Mapping[str, str] | None = None) -> Iterator[None]:
+        """Azure's answers as the errors ddlkit acts on (one line, secrets scrubbed)."""
+        c = self.cfg
+        try:
+            yield
+        except ClientAuthenticationError as err:
+            if getattr(err, "status_code", None) == 401:
+                raise ddlkit.ConfigError(f"{what}: Azure refused the credential (401): sign in again (`az login`) "
+                                         "or check the service principal's secret.") from None
+            raise ddlkit.ConfigError(f"{what}: no Azure credential found; {SIGN_IN}.") from None
+        except HttpResponseError as err:
+            status = err.status_code
+            message = _first_line(err, secrets)
+            if status == 403:
+                raise ddlkit.ConfigError(
+                    f"{what}: access denied to workspace {c.workspace} (403: {message}). The identity needs the "
+                    f"'AzureML Data Scientist' role (or Contributor) on the workspace: ask its owner for `az role "
+                    f"assignment create --role \"AzureML Data Scientist\" --scope <workspace id>`.") from None
+            if status == 404 and isinstance(err, ResourceNotFoundError) and "orkspace" in message:
+                raise ddlkit.ConfigError(
+                    f"{what}: workspace {c.workspace} was not found in resource group {c.resource_group} of "
+                    f"subscription {c.subscription_id} ({message}): check compute.subscription_id, "
+                    "compute.resource_group and compute.workspace.") from None
+            raise ddlkit.ConfigError(f"{what}: Azure ML answered {status}: {message}") from None
+        except ServiceRequestError as err:
+            raise ddlkit.ConfigError(f"{what}: cannot reach Azure ML ({_first_line(err, secrets)}).") from None
+        except MlException as err:
+            raise ddlkit.ConfigError(f"{what}: the Azure ML SDK refused the job: {_first_line(err, secrets)}") from None
+
+    def check_cluster(self) -> None:
+        """The workspace answers, the cluster exists and has room for the job's nodes."""
+        c = self.cfg
+        with self.errors(f"reading workspace {c.workspace}"):
+            self.client.workspaces.get(str(c.workspace))
+        with self.errors(f"reading cluster {c.cluster}"):
+            try:
+                cluster = self.client.compute.get(str(c.cluster))
+            except ResourceNotFoundError:
+                names = sorted(compute.name for compute in self.client.compute.list())
+                raise ddlkit.ConfigError(f"compute.cluster={c.cluster} is not a compute of workspace {c.workspace}; "
+                                         f"it has: {', '.join(names) or '(none)'}.") from None
+        most = getattr(cluster, "max_instances", None)
+        if most is not None and c.nodes > most:
+            raise ddlkit.ConfigError(
+                f"compute.nodes={c.nodes} is more than cluster {c.cluster} can have ({most} nodes at most): lower "
+                f"compute.nodes, or raise the cluster's maximum (az ml compute update --name {c.cluster} "
+                f"--max-instances {c.nodes}).")
+
+    def submit(self, target: AzureMLTarget, spec: JobSpec) -> AzureMLJob:
+        self.check_cluster()
+        name = azureml_job_name(spec)
+        with tempfile.TemporaryDirectory(prefix="ddlkit-azureml-") as tmp:
+            code = Path(tmp) / "job"
+            files = stage(spec, target, code)
+            job = build_job(target, spec, code=str(code), files=files, name=name,
+                            environment_variables={**spec.env, **spec.secret_env})
+            # the SDK prints a colour reset and blank lines to stderr after uploading the code,
+            # whatever show_progress says: they would land among the job's output
+            with self.errors(f"submitting job {spec.name}", spec.secret_env), \
+                    contextlib.redirect_stderr(io.StringIO()):
+                created = self.client.jobs.create_or_update(job)
+        return AzureMLJob(self, created.name, job_dir=spec.job_dir, poll_interval_s=target.poll_interval_s,
+                          secrets=spec.secret_env)
+
+
+def _first_line(err: BaseException, secrets: Mapping[str, str] | None) -> str:
+    text = str(getattr(err, "message", None) or err).strip()
+    lines = [ln.strip() for ln in text.splitlines() if ln.strip() and not ln.strip().startswith(("Code:", "Message:"))]
+    return scrub(lines[0] if lines else type(err).__name__, dict(secrets or {}))
+
+
+# ---------------------------------------------------------------------------- the handle
+class AzureMLJob(JobHandle):
+    """An Azure ML command job; ``id`` is its name in the workspace.
+
+    One look at the job is one run-history call (state, error, log files), at most once per
+    ``poll_interval_s`` however often :meth:`status` is called; following the log adds one ranged
+    read of rank 0's log file per look."""
+
+    def __init__(self, workspace: Workspace, name: str, *, job_dir: Path, poll_interval_s: float,
+                 secrets: Mapping[str, str] | None = None) -> None:
+        self.workspace, self.id = workspace, name
+        self.job_dir = Path(job_dir)
+        self.poll_interval_s = poll_interval_s
+        self._secrets = dict(secrets or {})
+        self._details: Any = None
+        self._asked = float("-inf")
+        self._final: JobStatus | None = None
+        self._offset = 0
+        self._decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        self._cancelled = False
+
+    # ------------------------------------------------------------ state
+    def details(self, *, fresh: bool = False) -> Any:
+        """Run history's details of the job (state, error, log files), asked at most once per poll interval."""
+        if fresh or self._details is None or time.monotonic() - self._asked >= self.poll_interval_s:
+            with self.workspace.errors(f"reading job {self.id}", self._secrets):
+                _counted()
+                # what `az ml job stream` / MLClient.jobs.stream read: the run's details
+                self._details = self.workspace.client.jobs._runs_operations.get_run_details(self.id)
+            self._asked = time.monotonic()
+        return self._details
+
+    def status(self) -> JobStatus:
+        if self._final is not None:
+            return self._final
+        details = self.details()
+        state = STATES.get(details.status or "NotStarted", JobState.PENDING)
+        if details.status not in TERMINAL:
+            if state is JobState.CANCELLED:  # CancelRequested: still stopping
+                state = JobState.RUNNING
+            return JobStatus(state, None, f"Azure ML: {details.status}")
+        self._final = self._ended(details)
+        return self._final
+
+    def _ended(self, details: Any) -> JobStatus:
+        if details.status == "Completed":
+            return JobStatus(JobState.SUCCEEDED, 0)
+        error = getattr(getattr(details.error, "error", None), "message", None) or ""
+        tail = self._tail(details)
+        found = _EXIT.search(error)
+        code = int(found.group(1)) if found else None
+        from ddlkit.run import EXIT_PREEMPTED
+
+        if details.status == "Canceled":
+            # Azure ML keeps no exit status for a cancelled job: the worker's own last words say
+            # whether it stopped after a checkpoint (the resume hint then applies)
+            code = EXIT_PREEMPTED if ", resumable" in tail else code  # ddlkit.worker: "...; <what>, resumable"
+            return JobStatus(JobState.CANCELLED, code, f"Azure ML job {self.id} was cancelled; {self._tail_text(tail)}")
+        return JobStatus(JobState.FAILED, code if code is not None else 1,
+                         f"Azure ML job {self.id} failed: {scrub(error, self._secrets) or 'no reason given'}; "
+                         f"{self._tail_text(tail)}")
+
+    def _tail_text(self, tail: str) -> str:
+        lines = tail.splitlines()[-15:] or ["(no log)"]
+        return "last lines of rank 0's log:\n" + "\n".join("    " + ln for ln in lines)
+
+    def _tail(self, details: Any) -> str:
+        url = self._rank0_url(details)
+        if url is None:
+            return ""
+        return self._read(url).decode("utf-8", errors="replace")
+
+    def wait(self, timeout: float | None = None) -> JobStatus:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while not (status := self.status()).state.done:
+            left = None if deadline is None else deadline - time.monotonic()
+            if left is not None and left <= 0:
+                return status
+            time.sleep(min(self.poll_interval_s, left) if left is not None else self.poll_interval_s)
+        return status
+
+    # ------------------------------------------------------------ output
+    @staticmethod
+    def _rank0_url(details: Any) -> str | None:
+        files = details.log_files or {}
+        return next((files[name] for name in RANK0_LOGS if name in files), None)
+
+    def _read(self, url: str, headers: Mapping[str, str] | None = None) -> bytes:
+        _counted()
+        try:
+            response = requests.get(url, headers=dict(headers or {}), timeout=60)
+        except requests.RequestException as err:
+            raise ddlkit.ConfigError(f"reading job {self.id}'s log: {scrub(str(err), self._secrets)}") from None
+        if response.status_code == 416:  # nothing past the offset yet
+            return b""
+        if response.status_code not in (200, 206):
+            raise ddlkit.ConfigError(f"reading job {self.id}'s log: HTTP {response.status_code}")
+        return response.content
+
+    def _read_new(self, details: Any) -> str:
+        url = self._rank0_url(details)
+        if url is None:
+            return ""
+        data = self._read(url, headers={"Range": f"bytes={self._offset}-"})
+        self._offset += len(data)
+        return self._decoder.decode(data)
+
+    def logs(self, follow: bool = True) -> Iterator[str]:
+        """Rank 0's log (``user_logs/std_log.txt``, or ``std_log_process_0.txt`` of several
+        processes), from where the previous call stopped; one look per poll interval."""
+        first = True
+        while True:
+            details = self.details(fresh=first)
+            first = False
+            done = details.status in TERMINAL
+            text = self._read_new(details)
+            if text:
+                yield text
+            if done or not follow:
+                if done:
+                    self.status()
+                return
+            time.sleep(self.poll_interval_s)
+
+    # ------------------------------------------------------------ stopping
+    def cancel(self) -> None:
+        if self._cancelled or self.status().state.done:
+            return
+        self._cancelled = True
+        with self.workspace.errors(f"cancelling job {self.id}", self._secrets):
+            _counted()
+            # Azure ML stops the processes (SIGTERM: a ddlkit worker checkpoints and exits)
+            self.workspace.client.jobs.begin_cancel(self.id)
+        self._asked = float("-inf")
+
+    # ------------------------------------------------------------ files
+    def collect(self) -> None:
+        """The job's output (its directory: result, metrics, checkpoints, model, rank logs) into
+        the launcher's job directory -- the launcher's own files stay -- and each process's
+        Azure ML log as ``rank-N.log``."""
+        with tempfile.TemporaryDirectory(prefix="ddlkit-azureml-") as tmp:
+            try:
+                with self.workspace.errors(f"downloading job {self.id}'s output", self._secrets):
+                    _counted()
+                    self.workspace.client.jobs.download(self.id, download_path=tmp, output_name=OUTPUT)
+            except ddlkit.ConfigError:
+                if self.status().state is JobState.SUCCEEDED:
+                    raise
+                # a job that failed or was cancelled before it ran has no output: its logs may still tell why
+            source = Path(tmp) / "named-outputs" / OUTPUT
+            if source.is_dir():
+                for path in sorted(source.rglob("*")):
+                    rel = path.relative_to(source)
+                    # the launcher's own files stay; the job's bookkeeping (its lock) stays there
+                    if rel.parts[0] == STATE_DIR or len(rel.parts) == 1 and rel.name in LAUNCHER_FILES:
+                        continue
+                    if path.is_file():
+                        (self.job_dir / rel).parent.mkdir(parents=True, exist_ok=True)
+                        shutil.copy2(path, self.job_dir / rel)
+        details = self.details(fresh=True)
+        for name, url in (details.log_files or {}).items():
+            m = _RANK_LOG.match(name)
+            if m:
+                (self.job_dir / f"rank-{m.group(1) or 0}.log").write_bytes(self._read(url))

@@ -1,0 +1,177 @@
+"""``compute=azureml``: one ddlkit job = one Azure Machine Learning (v2) command job on a compute cluster.
+
+What a job is there (the request ``ddlkit plan compute=azureml ...`` prints):
+
+* **code**: the job directory's own files (``job.json`` and the config copies), uploaded by the
+  SDK to the workspace's default datastore as an anonymous code asset;
+* **environment**: ``compute.image``, by default ddlkit's image for the framework at ddlkit's
+  version (:func:`ddlkit.containers.default_image`);
+* **resources**: ``instance_count = compute.nodes`` on ``compute.cluster``; the **distribution**
+  starts ``compute.procs_per_node`` processes per node: ``PyTorchDistribution`` for
+  ``framework=pytorch dist=native`` (Azure ML sets ``MASTER_ADDR``, ``MASTER_PORT``, ``RANK``,
+  ``WORLD_SIZE``, ``LOCAL_RANK``, ``NODE_RANK``), ``MpiDistribution`` otherwise (Horovod, and
+  TensorFlow's native backend, which builds its ``TF_CONFIG`` over ddlkit's control plane; the
+  ranks read OpenMPI's ``OMPI_COMM_WORLD_*`` and the command takes ``MASTER_ADDR`` from
+  ``AZ_BATCH_MASTER_NODE`` / ``AZ_BATCHAI_MPI_MASTER_NODE``); none for a single rank;
+* **an output** ``job_dir``: a read-write mount of ``<compute.output_root>/<job name>/``. The
+  command copies the job's files there and runs ``spec.command("python")`` *in it*, so what the
+  ranks write -- checkpoints, metrics, logs, ``result.json``, the model -- lands in the workspace
+  as it is written: a preempted job that Azure ML queues again resumes from its last checkpoint,
+  and so does a later run of the same job directory (the same name, the same output);
+* **an input** ``data`` when ``data.root`` is an ``azureml://`` URI (``download`` with
+  ``storage=local_ssd``, a read-only mount otherwise); the job's copy of ``job.json`` reads
+  ``data.root`` from the input's path (``DDLKIT_DATA_ROOT``). A local path is refused: the nodes
+  cannot see this machine's disk;
+* **environment variables**: ``spec.env`` and ``spec.secret_env``. Azure ML has no secret field
+  for a command job: the secrets are environment variables of the job, kept in its definition in
+  the workspace (readable by whoever may read the workspace's jobs); ddlkit shows them as ``***``
+  in ``ddlkit plan`` and keeps them out of every file and log it writes. See the README.
+
+Credentials come from ``DefaultAzureCredential`` (environment, workload identity, managed
+identity, ``az login``), never from the config. The SDK is imported only when a job is planned,
+submitted or followed (:mod:`ddlkit_azure._azureml`), never when a run is composed.
+"""
+
+from __future__ import annotations
+
+import enum
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from omegaconf import MISSING, DictConfig, OmegaConf
+
+import ddlkit
+
+if TYPE_CHECKING:
+    from ._azureml import AzureMLJob, Workspace
+
+#: the keys that name the workspace and the cluster: required
+REQUIRED = {"subscription_id": "the workspace's Azure subscription id", "resource_group": "its resource group",
+            "workspace": "the Azure ML workspace's name", "cluster": "the compute cluster that runs the job"}
+_DATASTORE_URI = re.compile(r"^azureml://")
+_URL = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")
+
+
+class InputMode(str, enum.Enum):
+    #: download with storage=local_ssd (data staged to the nodes' disks), a read-only mount otherwise
+    auto = "auto"
+    download = "download"
+    ro_mount = "ro_mount"
+
+
+@dataclass
+class AzureMLConfig:
+    # the workspace: its subscription id, resource group and name (required)
+    subscription_id: str = MISSING
+    resource_group: str = MISSING
+    workspace: str = MISSING
+    # the compute cluster (AmlCompute) that runs the job (required)
+    cluster: str = MISSING
+    # nodes of the cluster (instance_count) and ranks per node; the job has nodes x procs_per_node ranks
+    nodes: int = 1
+    procs_per_node: int = 1
+    # the job's Docker image; null: ddlkit's image for the framework at ddlkit's version
+    image: str | None = None
+    # with image=null: the CUDA variant of ddlkit's image (true) or the CPU one (false)
+    gpu: bool = True
+    # the Azure ML experiment the jobs are grouped under
+    experiment: str = "ddlkit"
+    # queue the job on spot (low-priority) capacity: cheaper, may be preempted; a preempted job is
+    # queued again by Azure ML and resumes from its last checkpoint
+    spot: bool = False
+    # how an azureml:// data.root reaches the job: auto, download or ro_mount
+    input_mode: InputMode = InputMode.auto
+    # where the jobs' directories live in the workspace: <output_root>/<job name>/
+    output_root: str = "azureml://datastores/workspaceblobstore/paths/ddlkit"
+    # rank 0's rendezvous port for MPI jobs (ddlkit's control plane uses the next one)
+    master_port: int = 29500
+    # seconds between looks at the job (its state, its log); each look is one or two REST calls
+    poll_interval_s: float = 30.0
+    # taken from the rest of the run's config (do not set): what picks the distribution, the
+    # image and the data input
+    framework: str = "${framework.name}"
+    dist: str = "${dist.backend}"
+    data_root: str | None = "${oc.select:data.root,null}"
+    storage: str = "${storage.name}"
+
+
+class AzureMLTarget(ddlkit.ComputeTarget):
+    """``compute=azureml``: a command job of ``nodes`` x ``procs_per_node`` ranks."""
+
+    cfg: AzureMLConfig
+    # the ranks run in the job's output on the workspace's storage, not in the launcher's directory
+    shares_job_dir = False
+
+    def __init__(self, cfg: Any) -> None:
+        super().__init__(cfg)
+        for key, what in REQUIRED.items():
+            if isinstance(cfg, DictConfig) and OmegaConf.is_missing(cfg, key) or not getattr(cfg, key, None):
+                raise ddlkit.ConfigError(f"compute=azureml needs compute.{key} ({what}): set it, e.g. "
+                                         f"compute.{key}=<{key}>.")
+        for key in ("nodes", "procs_per_node"):
+            if getattr(cfg, key) < 1:
+                raise ddlkit.ConfigError(f"compute.{key}={getattr(cfg, key)} is invalid: it must be a positive integer.")
+        if not cfg.poll_interval_s > 0:
+            raise ddlkit.ConfigError(f"compute.poll_interval_s={cfg.poll_interval_s} is invalid: it must be positive.")
+        if not 0 < cfg.master_port < 65535:
+            raise ddlkit.ConfigError(f"compute.master_port={cfg.master_port} is invalid: it must be a port below 65535.")
+        root = cfg.data_root
+        if root and not _URL.match(str(root)):
+            raise ddlkit.ConfigError(
+                f"data.root={root} is a path on this machine, which compute=azureml's nodes cannot see: put the data "
+                "on a datastore of the workspace and give its URI, e.g. "
+                "data.root=azureml://datastores/<datastore>/paths/<path>/ (or a blob:// URL with storage=azure).")
+        if not _DATASTORE_URI.match(str(cfg.output_root)):
+            raise ddlkit.ConfigError(f"compute.output_root={cfg.output_root} must be a datastore URI, e.g. "
+                                     "azureml://datastores/workspaceblobstore/paths/ddlkit.")
+        self.poll_interval_s = float(cfg.poll_interval_s)
+        self._workspace: Workspace | None = None
+
+    @property
+    def world_size(self) -> int:
+        return self.cfg.nodes * self.cfg.procs_per_node
+
+    @property
+    def input_mode(self) -> str:
+        mode = getattr(self.cfg.input_mode, "value", self.cfg.input_mode)
+        if mode == InputMode.auto.value:
+            return "download" if self.cfg.storage == "local_ssd" else "ro_mount"
+        return str(mode)
+
+    @property
+    def data_input(self) -> str | None:
+        """``data.root`` when it is a datastore URI: the job's ``data`` input."""
+        root = self.cfg.data_root
+        return str(root) if root and _DATASTORE_URI.match(str(root)) else None
+
+    def image(self) -> str:
+        if self.cfg.image:
+            return str(self.cfg.image)
+        from ddlkit.containers import default_image
+
+        return default_image(str(self.cfg.framework), gpu=bool(self.cfg.gpu))
+
+    @property
+    def workspace(self) -> Workspace:
+        """The workspace's client (built on first use: imports the SDK)."""
+        if self._workspace is None:
+            from ._azureml import Workspace
+
+            self._workspace = Workspace(self.cfg)
+        return self._workspace
+
+    # ------------------------------------------------------------ ComputeTarget
+    def submit(self, spec: ddlkit.JobSpec) -> AzureMLJob:
+        return self.workspace.submit(self, spec)
+
+    def attach(self, job_id: str, *, job_dir: Path) -> AzureMLJob:
+        from ._azureml import AzureMLJob
+
+        return AzureMLJob(self.workspace, str(job_id), job_dir=Path(job_dir), poll_interval_s=self.poll_interval_s)
+
+    def plan(self, spec: ddlkit.JobSpec) -> str:
+        from ._azureml import plan
+
+        return plan(self, spec)

@@ -1,0 +1,230 @@
+"""compute=azureml: the job definition (what ``ddlkit plan`` prints, offline), the config checks,
+and the workspace's refusals, through the real azure-ai-ml SDK against the loopback workspace."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from ddlkit_azure.azureml import AzureMLConfig, AzureMLTarget
+from ddlkit_azure.azureml_loopback import LoopbackWorkspace
+from ddlkit_azure.loopback import LoopbackServer, Response, error_body
+from omegaconf import OmegaConf
+
+import ddlkit
+from ddlkit.containers import default_image
+from ddlkit.interfaces import JobSpec
+from ddlkit.plugins import get_plugin_manager
+from ddlkit.registry import Registry
+
+SECRET = "sv=2026-01-01&sig=AZUREMLtestSECRET%3D"
+WORKSPACE = {"subscription_id": "sub-x", "resource_group": "rg-x", "workspace": "ws-x", "cluster": "gpu-cluster"}
+DERIVED = {"framework": "pytorch", "dist": "none", "data_root": None, "storage": "local"}
+
+
+def target(**changes: object) -> AzureMLTarget:
+    return AzureMLTarget(OmegaConf.merge(OmegaConf.structured(AzureMLConfig(**{**WORKSPACE, **DERIVED})), changes))
+
+
+def on(loopback: LoopbackWorkspace, **changes: object) -> AzureMLTarget:
+    """A target on the loopback workspace (``changes`` win)."""
+    return target(**{"subscription_id": loopback.subscription, "resource_group": loopback.resource_group,
+                     "workspace": loopback.workspace, "poll_interval_s": 0.2, **changes})
+
+
+def spec(tmp_path: Path, secret_env: dict[str, str] | None = None) -> JobSpec:
+    return JobSpec(name="2026-11-23_10-00-00-0123abcd", job_dir=tmp_path / "job", env={"DDLKIT_PLUGINS": "p"},
+                   secret_env=secret_env or {})
+
+
+def planned(t: AzureMLTarget, tmp_path: Path, secret_env: dict[str, str] | None = None) -> tuple[str, dict]:
+    text = t.plan(spec(tmp_path, secret_env))
+    request, body = text.split("\n{", 1)
+    return request, json.loads("{" + body)["properties"]
+
+
+# ---------------------------------------------------------------------------- registration
+def test_azureml_is_registered_through_the_plugins_entry_point() -> None:
+    registration = Registry.collect(get_plugin_manager()).get("compute", "azureml")
+    assert registration.factory is AzureMLTarget and registration.config is AzureMLConfig
+
+
+# ---------------------------------------------------------------------------- the job definition
+@pytest.mark.parametrize(("framework", "dist", "nodes", "per_node", "kind"), [
+    ("pytorch", "none", 1, 1, None),
+    ("pytorch", "native", 2, 4, "PyTorch"),
+    ("pytorch", "horovod", 2, 4, "Mpi"),
+    ("tensorflow", "native", 4, 1, "Mpi"),
+    ("keras", "native", 1, 2, "Mpi"),
+])
+def test_the_distribution_fits_the_framework_and_backend(tmp_path: Path, framework: str, dist: str, nodes: int,
+                                                         per_node: int, kind: str | None) -> None:
+    _, job = planned(target(framework=framework, dist=dist, nodes=nodes, procs_per_node=per_node), tmp_path)
+    assert job["resources"]["instanceCount"] == nodes
+    assert (job.get("distribution") or {}).get("distributionType") == kind
+    if kind:
+        assert job["distribution"]["processCountPerInstance"] == per_node
+    command = job["command"]
+    assert command.endswith("exec python -m ddlkit.worker job.json")
+    # every case gives the ranks their place: MPI's from OpenMPI plus rank 0's host from Azure ML,
+    # PyTorch's from Azure ML plus the node layout
+    assert ('MASTER_ADDR="${AZ_BATCH_MASTER_NODE%%:*}"' in command) is (kind == "Mpi")
+    assert (f"DDLKIT_LOCAL_SIZE={per_node}" in command) is (kind == "PyTorch")
+
+
+def test_the_plan_is_the_request_the_sdk_sends_with_secrets_redacted(tmp_path: Path) -> None:
+    request, job = planned(target(experiment="exp", spot=True), tmp_path, {"AZURE_STORAGE_SAS_TOKEN": SECRET})
+    assert request.startswith("PUT https://management.azure.com/subscriptions/sub-x/resourceGroups/rg-x/providers/"
+                              "Microsoft.MachineLearningServices/workspaces/ws-x/jobs/ddlkit-2026-11-23_10-00-00-")
+    assert SECRET not in request + json.dumps(job)
+    assert job["environmentVariables"] == {"AZURE_STORAGE_SAS_TOKEN": "***", "DDLKIT_PLUGINS": "p",
+                                           "PYTHONUNBUFFERED": "1"}
+    assert job["jobType"] == "Command" and job["experimentName"] == "exp"
+    assert job["computeId"].endswith("/workspaces/ws-x/computes/gpu-cluster")
+    assert "/environments/CliV2AnonymousEnvironment/versions/" in job["environmentId"]
+    assert job["outputs"] == {"job_dir": {"jobOutputType": "uri_folder", "mode": "ReadWriteMount", "uri":
+                              "azureml://datastores/workspaceblobstore/paths/ddlkit/2026-11-23_10-00-00-0123abcd/"}}
+    assert job["queueSettings"] == {"jobTier": "Spot"}
+    assert job["tags"] == {"ddlkit_job": "2026-11-23_10-00-00-0123abcd"}
+    assert f"# environment: {default_image('pytorch')}" in request
+    assert not (tmp_path / "job").exists()
+
+
+def test_planning_needs_no_credential_nor_network(tmp_path: Path) -> None:
+    """In a process with no way to sign in and no route out, the plan is printed and no
+    credential library is even imported."""
+    script = f"""
+import sys
+from pathlib import Path
+from omegaconf import OmegaConf
+from ddlkit.interfaces import JobSpec
+from ddlkit_azure.azureml import AzureMLConfig, AzureMLTarget
+cfg = OmegaConf.structured(AzureMLConfig(**{ {**WORKSPACE, **DERIVED}!r}))
+text = AzureMLTarget(cfg).plan(JobSpec(name="n", job_dir=Path({str(tmp_path / 'job')!r})))
+assert text.startswith("PUT "), text
+print("imported:", sorted(m for m in sys.modules if m.startswith("azure.identity")))
+"""
+    env = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "HTTPS_PROXY": "http://127.0.0.1:9",
+           "NO_PROXY": "", "AZUREML_DEV_URL_MFE": "https://127.0.0.1:9"}
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=120,
+                          check=False)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "imported: []" in proc.stdout
+
+
+@pytest.mark.parametrize(("storage", "mode", "wire"), [
+    ("local", "auto", "ReadOnlyMount"), ("local_ssd", "auto", "Download"), ("local", "download", "Download"),
+    ("local_ssd", "ro_mount", "ReadOnlyMount")])
+def test_an_azureml_data_root_is_an_input_of_the_job(tmp_path: Path, storage: str, mode: str, wire: str) -> None:
+    root = "azureml://datastores/imagenet/paths/ilsvrc/"
+    _, job = planned(target(data_root=root, storage=storage, input_mode=mode), tmp_path)
+    assert job["inputs"] == {"data": {"jobInputType": "uri_folder", "mode": wire, "uri": root}}
+    assert 'export DDLKIT_DATA_ROOT="${{inputs.data}}"' in job["command"]
+
+
+def test_the_image_is_ddlkits_for_the_framework_unless_given(tmp_path: Path) -> None:
+    assert target(framework="tensorflow").image() == default_image("tensorflow")
+    assert target(framework="keras", gpu=False).image() == default_image("keras", gpu=False)
+    assert target(image="myacr.azurecr.io/train:1").image() == "myacr.azurecr.io/train:1"
+
+
+# ---------------------------------------------------------------------------- config errors (before any network)
+@pytest.mark.parametrize("key", ["subscription_id", "resource_group", "workspace", "cluster"])
+def test_a_missing_workspace_key_is_named(key: str) -> None:
+    cfg = OmegaConf.structured(AzureMLConfig(**DERIVED))
+    for other in set(WORKSPACE) - {key}:
+        cfg[other] = WORKSPACE[other]
+    with pytest.raises(ddlkit.ConfigError, match=rf"compute=azureml needs compute\.{key} \(.*compute\.{key}=<{key}>"):
+        AzureMLTarget(cfg)
+
+
+@pytest.mark.parametrize("root", ["/data/imagenet", "data/imagenet", "~/imagenet"])
+def test_a_local_data_root_is_refused(root: str) -> None:
+    with pytest.raises(ddlkit.ConfigError, match=rf"data.root={root} is a path on this machine.*azureml://datastores/"):
+        target(data_root=root)
+
+
+def test_a_blob_url_data_root_is_read_by_the_ranks_themselves(tmp_path: Path) -> None:
+    _, job = planned(target(data_root="blob://datasets/imagenet"), tmp_path)
+    assert "inputs" not in job or not job["inputs"]
+
+
+@pytest.mark.parametrize(("key", "value"), [("nodes", 0), ("procs_per_node", -1), ("poll_interval_s", 0.0)])
+def test_bad_numbers_are_refused(key: str, value: object) -> None:
+    with pytest.raises(ddlkit.ConfigError, match=rf"compute\.{key}={value} is invalid"):
+        target(**{key: value})
+
+
+# ---------------------------------------------------------------------------- the workspace's answers
+def test_an_unknown_cluster_lists_the_workspaces_clusters(azureml_workspace: LoopbackWorkspace,
+                                                          tmp_path: Path) -> None:
+    with pytest.raises(ddlkit.ConfigError, match="compute.cluster=gpu-clutser is not a compute of workspace "
+                                                 r"ws-ddlkit; it has: cpu-cluster, gpu-cluster\.$"):
+        azureml_workspace.clusters["cpu-cluster"] = type(azureml_workspace.clusters["gpu-cluster"])("cpu-cluster")
+        on(azureml_workspace, cluster="gpu-clutser").submit(spec(tmp_path))
+    assert not azureml_workspace.jobs
+
+
+def test_more_nodes_than_the_cluster_has_are_refused(azureml_workspace: LoopbackWorkspace, tmp_path: Path) -> None:
+    with pytest.raises(ddlkit.ConfigError, match=r"compute.nodes=5 is more than cluster gpu-cluster can have \(4 "
+                                                 r"nodes at most\).*--max-instances 5"):
+        on(azureml_workspace, nodes=5, dist="native").submit(spec(tmp_path))
+    assert not azureml_workspace.jobs
+
+
+def test_a_403_names_the_missing_role(azureml_workspace: LoopbackWorkspace, https_loopback: LoopbackServer,
+                                      tmp_path: Path) -> None:
+    https_loopback.route("GET", r"/subscriptions/.*", lambda r, m: Response(403, error_body(
+        "AuthorizationFailed", "The client 'tester@example.invalid' does not have authorization to perform action "
+        "'Microsoft.MachineLearningServices/workspaces/read'")))
+    with pytest.raises(ddlkit.ConfigError, match=r"access denied to workspace ws-ddlkit \(403: .*AuthorizationFailed"
+                                                 r".*'AzureML Data Scientist' role"):
+        on(azureml_workspace).submit(spec(tmp_path))
+
+
+def test_a_missing_workspace_names_the_keys(azureml_workspace: LoopbackWorkspace, tmp_path: Path) -> None:
+    with pytest.raises(ddlkit.ConfigError, match="workspace nowhere was not found in resource group rg-ddlkit"):
+        on(azureml_workspace, workspace="nowhere").submit(spec(tmp_path))
+
+
+def test_without_a_credential_the_ways_to_sign_in_are_named(azureml_workspace: LoopbackWorkspace, tmp_path: Path,
+                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PATH", "/usr/bin:/bin")  # no az
+    with pytest.raises(ddlkit.ConfigError, match=r"no Azure credential found.*`az login`.*managed identity.*"
+                                                 "AZURE_CLIENT_ID, AZURE_TENANT_ID and AZURE_CLIENT_SECRET"):
+        on(azureml_workspace).submit(spec(tmp_path))
+    assert not azureml_workspace.server.requests()
+
+
+# ---------------------------------------------------------------------------- through the CLI
+def ddlkit_cli(*args: str, cwd: Path) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "ddlkit", *args], cwd=cwd, capture_output=True, text=True,
+                          timeout=120, check=False)
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (("compute.subscription_id=S",), ("ddlkit: error: compute=azureml needs compute.resource_group (its resource "
+                                      "group): set it, e.g. compute.resource_group=<resource_group>.")),
+    (("compute.subscription_id=S", "compute.resource_group=RG", "compute.workspace=W", "compute.cluster=c",
+      "data=imagefolder", "data.root=/data/imagenet"), ("ddlkit: error: data.root=/data/imagenet is a path on this "
+                                                        "machine, which compute=azureml's nodes cannot see")),
+])
+def test_bad_input_is_one_line_and_exit_status_2(tmp_path: Path, args: tuple[str, ...], message: str) -> None:
+    proc = ddlkit_cli("compute=azureml", *args, cwd=tmp_path)
+    assert proc.returncode == 2
+    assert proc.stderr.startswith(message) and proc.stderr.count("\n") == 1, proc.stderr
+    assert "Traceback" not in proc.stdout + proc.stderr
+
+
+def test_composing_an_azureml_run_does_not_import_the_sdk(tmp_path: Path) -> None:
+    proc = subprocess.run([sys.executable, "-X", "importtime", "-m", "ddlkit", "--cfg", "job", "compute=azureml",
+                           *(f"compute.{k}={v}" for k, v in WORKSPACE.items())], cwd=tmp_path, capture_output=True,
+                          text=True, timeout=120, check=False)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "compute:\n  subscription_id: sub-x" in proc.stdout
+    imported = [line.rsplit("|", 1)[-1].strip() for line in proc.stderr.splitlines() if "|" in line]
+    assert "ddlkit_azure.azureml" in imported
+    assert not [m for m in imported if m.startswith(("azure.ai", "azure.identity", "azure.core"))]

@@ -1,0 +1,229 @@
+"""compute=azureml end to end: the real ``ddlkit`` CLI submits through the real azure-ai-ml SDK to
+the loopback workspace (HTTPS on 127.0.0.1, storage in Azurite), which runs the job on this
+machine; the result, the logs and the model come back into the local job directory.
+
+No Azure service is contacted: the SDK's ARM and run-history calls go to the loopback server,
+its blob calls through the intercepting proxy to Azurite (asserted: every CONNECT was to the
+workspace's storage host)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from ddlkit_azure.azureml_loopback import BLOB_HOST, LoopbackWorkspace
+from ddlkit_azure.loopback import LoopbackServer
+from ddlkit_azure.testing import Azurite
+
+from ddlkit.containers import default_image
+
+pytestmark = pytest.mark.slow
+
+TINY = ("data=synthetic", "data.image_size=32", "data.num_classes=10", "data.length=64", "data.val_length=16",
+        "trainer.batch_size=16", "trainer.epochs=1")
+#: the fake framework (ddlkit.testing.fakes, loaded on the ranks through DDLKIT_PLUGINS): jobs that last
+FAKE = ("framework=fake", "compute.image=docker.io/ddlkit/fake:test-cpu", "data=synthetic", "data.image_size=8",
+        "data.num_classes=4", "data.val_length=8", "trainer.batch_size=4", "trainer.epochs=1")
+
+
+def workspace_args(workspace: LoopbackWorkspace, *more: str) -> list[str]:
+    return ["compute=azureml", f"compute.subscription_id={workspace.subscription}",
+            f"compute.resource_group={workspace.resource_group}", f"compute.workspace={workspace.workspace}",
+            "compute.cluster=gpu-cluster", "compute.poll_interval_s=0.3", *more]
+
+
+def ddlkit(*args: str, cwd: Path, timeout: float = 300, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "ddlkit", *args], cwd=cwd, capture_output=True, text=True,
+                          timeout=timeout, env={**os.environ, **(env or {})}, check=False)
+
+
+def files_holding(root: Path, text: str) -> list[Path]:
+    return [p for p in root.rglob("*") if p.is_file() and text.encode() in p.read_bytes()]
+
+
+def job_put(server: LoopbackServer) -> dict:
+    (put,) = server.requests("PUT", r".*/workspaces/[^/]+/jobs/[^/]+")
+    return put.body["properties"]
+
+
+def test_a_training_run_end_to_end(azureml_workspace: LoopbackWorkspace, azurite: Azurite, tmp_path: Path,
+                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    server = azureml_workspace.server
+    sas = azurite.sas_token()
+    monkeypatch.setenv("AZURE_STORAGE_ACCOUNT_URL", azurite.account_url)
+    monkeypatch.setenv("AZURE_STORAGE_SAS_TOKEN", sas)
+    job_dir = tmp_path / "runs" / "r18"
+    run = ddlkit(*workspace_args(azureml_workspace, "compute.gpu=false"), "framework=pytorch", "model=resnet18",
+                 *TINY, "storage=azure", "storage.container=results", f"hydra.run.dir={job_dir}", cwd=tmp_path)
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+
+    # the result, the model, the metrics, a checkpoint and rank 0's log came back
+    result = json.loads((job_dir / "result.json").read_text())
+    assert (result["status"], result["framework"], result["steps"], result["world_size"]) == (
+        "completed", "pytorch", 4, 1)
+    for name in ("model.pt", "metrics.jsonl", "checkpoints/latest", "rank-0.log"):
+        assert (job_dir / name).is_file(), name
+    assert "train epoch 1/1" in (job_dir / "rank-0.log").read_text()
+    # progress streamed from the job's log file, as it ran
+    assert "train epoch 1/1 step 4/4" in run.stdout and f"ddlkit: done; result in {job_dir}" in run.stdout
+
+    # the request the SDK sent: the job, its code and its environment
+    job = job_put(server)
+    name = job["displayName"]
+    (azureml_name,) = azureml_workspace.jobs
+    assert job["jobType"] == "Command" and job["experimentName"] == "ddlkit"
+    assert job["resources"]["instanceCount"] == 1 and not job.get("distribution")
+    assert job["command"].endswith("exec python -m ddlkit.worker job.json")
+    assert job["computeId"].endswith("/workspaces/ws-ddlkit/computes/gpu-cluster")
+    assert job["outputs"]["job_dir"] == {"jobOutputType": "uri_folder", "mode": "ReadWriteMount",
+                                         "uri": f"azureml://datastores/workspaceblobstore/paths/ddlkit/{name}/"}
+    (environment,) = server.requests("PUT", r".*/environments/CliV2AnonymousEnvironment/versions/.*")
+    assert environment.body["properties"]["image"] == default_image("pytorch", gpu=False)
+    assert job["environmentId"].endswith(environment.path.split("/workspaces/ws-ddlkit")[1])
+    (code,) = server.requests("PUT", r".*/codes/[^/]+/versions/[^/]+")
+    assert job["codeId"].endswith(code.path.split("/workspaces/ws-ddlkit")[1])
+    # the secret went in the job's environment (its only channel on Azure ML), and reached the rank:
+    # the results were published with it
+    assert job["environmentVariables"]["AZURE_STORAGE_SAS_TOKEN"] == sas
+    assert job["environmentVariables"]["PYTHONUNBUFFERED"] == "1"
+    published = azureml_workspace._service().get_container_client("results").list_blobs(
+        name_starts_with=f"results/{name}/")
+    assert "result.json" in {blob.name.rsplit("/", 1)[1] for blob in published}
+    # ... and nowhere else: not in another request, a file, the console or the jobs index
+    carrying = [r.path for r in server.requests() if sas in r.data.decode(errors="replace") or sas in str(r.query)]
+    assert carrying == [server.requests("PUT", r".*/jobs/[^/]+")[0].path]
+    assert not files_holding(tmp_path, sas), "the SAS token was written to a file"
+    assert sas not in run.stdout + run.stderr
+
+    # the job went through Azure ML's states, and nothing but the workspace's storage host was proxied
+    assert azureml_workspace.jobs[azureml_name].states == [
+        "NotStarted", "Queued", "Preparing", "Running", "Finalizing", "Completed"]
+    assert {host for host, _ in azureml_workspace.proxy.connects} == {BLOB_HOST}
+    assert all(r.auth_scheme == "Bearer" for r in server.requests() if "/subscriptions/" in r.path)
+
+    # ddlkit jobs finds it and reads it from Azure ML
+    status = ddlkit("jobs", "status", name, cwd=tmp_path)
+    assert status.returncode == 0 and "state:     succeeded" in status.stdout, status.stdout + status.stderr
+    assert f"compute=azureml, id {azureml_name}" in status.stdout
+    logs = ddlkit("jobs", "logs", name, cwd=tmp_path)
+    assert "train epoch 1/1 step 4/4" in logs.stdout
+
+
+def test_detach_then_status_logs_attach_and_cancel(azureml_workspace: LoopbackWorkspace, tmp_path: Path,
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("DDLKIT_PLUGINS", "ddlkit.testing.fakes")
+    job_dir = tmp_path / "long"
+    submit = ddlkit("--detach", *workspace_args(azureml_workspace), *FAKE, "framework.step_delay_s=0.2",
+                    "data.length=2000", f"hydra.run.dir={job_dir}", cwd=tmp_path)
+    assert submit.returncode == 0, submit.stdout + submit.stderr
+    name = json.loads((job_dir / ".ddlkit" / "submission.json").read_text())["name"]
+    (azureml_name,) = azureml_workspace.jobs
+    job = azureml_workspace.jobs[azureml_name]
+    deadline = time.monotonic() + 120
+    while job.state != "Running" and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert job.state == "Running"
+
+    status = ddlkit("jobs", "status", name, cwd=tmp_path)
+    assert "state:     running" in status.stdout, status.stdout + status.stderr
+    # attach streams the job from its start; Ctrl-C (SIGINT) detaches, the job runs on
+    attach = subprocess.Popen([sys.executable, "-m", "ddlkit", "jobs", "attach", name], cwd=tmp_path,
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    seen = ""
+    while "train epoch 1/1" not in seen and (line := attach.stdout.readline()):
+        seen += line
+    attach.send_signal(signal.SIGINT)
+    out, _ = attach.communicate(timeout=60)
+    assert "train epoch 1/1" in seen and "ddlkit: detached" in out, seen + out
+    assert job.state == "Running"
+    logs = ddlkit("jobs", "logs", name, cwd=tmp_path)
+    assert "train epoch 1/1" in logs.stdout
+
+    cancel = ddlkit("jobs", "cancel", name, cwd=tmp_path)
+    assert cancel.returncode == 0, cancel.stdout + cancel.stderr
+    assert f"ddlkit: job {name} cancelled (exit status 75); resume with:" in cancel.stdout
+    assert job.states[-3:] == ["Running", "CancelRequested", "Canceled"]
+    # the job checkpointed on the way out, in its output, which came back
+    assert (job_dir / "checkpoints" / "latest").is_file()
+    assert "checkpoint saved, resumable" in (job_dir / "rank-0.log").read_text()
+    again = ddlkit("jobs", "cancel", name, cwd=tmp_path)
+    assert again.returncode == 0 and "already ended (cancelled)" in again.stdout
+
+
+@pytest.mark.parametrize(("framework", "layout", "kind"), [
+    (("framework=fake", "compute.image=docker.io/ddlkit/fake:test-cpu"), ("compute.nodes=2",), "Mpi"),
+    (("framework=pytorch", "model=resnet18", "compute.gpu=false"), ("compute.procs_per_node=2",), "PyTorch"),
+])
+def test_every_rank_finds_its_place(azureml_workspace: LoopbackWorkspace, tmp_path: Path,
+                                    monkeypatch: pytest.MonkeyPatch, framework: tuple, layout: tuple,
+                                    kind: str) -> None:
+    monkeypatch.setenv("DDLKIT_PLUGINS", "ddlkit.testing.fakes")
+    job_dir = tmp_path / "two"
+    run = ddlkit(*workspace_args(azureml_workspace, *layout), *framework, "dist=native", *TINY[:4],
+                 "trainer.batch_size=8", "trainer.epochs=1", f"hydra.run.dir={job_dir}", cwd=tmp_path, timeout=600)
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    assert job_put(azureml_workspace.server)["distribution"]["distributionType"] == kind
+    result = json.loads((job_dir / "result.json").read_text())
+    assert (result["world_size"], result["global_batch_size"]) == (2, 16)
+    # each process's Azure ML log came back as its rank log
+    assert (job_dir / "rank-0.log").is_file() and (job_dir / "rank-1.log").is_file()
+
+
+def test_a_preempted_job_resumes_from_its_checkpoint_and_a_sweep_counts_it_once(
+        azureml_workspace: LoopbackWorkspace, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("DDLKIT_PLUGINS", "ddlkit.testing.fakes")
+    sweep_dir = tmp_path / "sweep"
+    sweep = subprocess.Popen(
+        [sys.executable, "-m", "ddlkit", "-m", *workspace_args(azureml_workspace, "compute.spot=true"), *FAKE,
+         "framework.step_delay_s=0.1", "data.length=160", "trainer.checkpoint_every=5", "optimizer.lr=0.1",
+         f"hydra.sweep.dir={sweep_dir}"], cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        deadline = time.monotonic() + 120
+        while not azureml_workspace.jobs and time.monotonic() < deadline:
+            time.sleep(0.2)
+        (azureml_name,) = azureml_workspace.jobs
+        job = azureml_workspace.jobs[azureml_name]
+        output = job.workdir / "attempt-1" / "outputs" / "job_dir"
+        while not (output / "checkpoints" / "step-00000010.ckpt").exists() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert (output / "checkpoints").is_dir(), job.states
+        azureml_workspace.preempt(azureml_name, hard=True)  # SIGKILL: no checkpoint on the way out
+        out, _ = sweep.communicate(timeout=300)
+    finally:
+        if sweep.poll() is None:
+            sweep.kill()
+    assert sweep.returncode == 0, out[-3000:]
+    assert job_put(azureml_workspace.server)["queueSettings"] == {"jobTier": "Spot"}
+    assert job.attempts == 2 and job.states.count("Running") == 2 and job.states[-1] == "Completed"
+    ledger = json.loads((sweep_dir / "ledger.json").read_text())
+    (entry,) = ledger["jobs"].values()
+    assert (entry["status"], entry["attempts"]) == ("completed", 1)
+    (result_file,) = sweep_dir.glob("*/result.json")
+    result = json.loads(result_file.read_text())
+    assert result["resumed_from_step"] >= 10 and result["resumed_from_step"] % 5 == 0
+    assert result["steps"] == 40
+
+
+def test_running_the_same_job_directory_again_resumes_from_its_output(azureml_workspace: LoopbackWorkspace,
+                                                                      tmp_path: Path,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("DDLKIT_PLUGINS", "ddlkit.testing.fakes")
+    job_dir = tmp_path / "again"
+    args = (*workspace_args(azureml_workspace), *FAKE, "data.length=64", f"hydra.run.dir={job_dir}")
+    first = ddlkit(*args, "trainer.max_steps=6", cwd=tmp_path)
+    assert first.returncode == 0, first.stdout[-2000:] + first.stderr[-2000:]
+    assert json.loads((job_dir / "result.json").read_text())["steps"] == 6
+    second = ddlkit(*args, cwd=tmp_path)
+    assert second.returncode == 0, second.stdout[-2000:] + second.stderr[-2000:]
+    result = json.loads((job_dir / "result.json").read_text())
+    assert (result["resumed_from_step"], result["steps"]) == (6, 16)
+    # two Azure ML jobs (names are unique in a workspace), one output: the job directory's
+    first_job, second_job = (r.body["properties"] for r in azureml_workspace.server.requests("PUT", r".*/jobs/[^/]+"))
+    assert first_job["outputs"] == second_job["outputs"]
+    assert len(azureml_workspace.jobs) == 2

@@ -1,0 +1,365 @@
+"""compute=batchai: the real ``azure-mgmt-batchai`` 7.0.0 client (and ``azure-storage-file-share``)
+over real HTTPS against the loopback Batch AI service (:mod:`ddlkit_azure.batchai_loopback`), whose
+jobs really run here under ``mpirun``; ``DefaultAzureCredential`` signs in through the stand-in ``az``.
+
+The compute-target contract, ``ddlkit plan`` (every request, in order, secrets redacted, nothing
+sent), training runs through the CLI that get ``result.json`` back, idempotent re-runs, request
+bodies against the published schema, job states, log streaming, cancel, ``ddlkit jobs``,
+staging onto the file server (with Azurite), ``ddlkit compute down``, and the one-line errors.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import ddlkit
+import pytest
+from ddlkit import ConfigError, JobState
+from ddlkit.testing import RunFactory
+from ddlkit.testing.contracts import ComputeTargetContract
+
+from ddlkit_azure.batchai import (
+    BatchAIConfig,
+    BatchAITarget,
+    ClusterSettings,
+    FileServerSettings,
+    FileShareSettings,
+    vm_gpus,
+    vm_has_local_disk,
+)
+from ddlkit_azure.batchai_client import ACCOUNT_KEY_ENV, Service
+from ddlkit_azure.batchai_loopback import FILES_KEY, BatchAILoopback, schema_errors
+from ddlkit_azure.loopback import LoopbackServer
+
+SUB, RG, WS = "00000000-0000-0000-0000-0000000000c1", "ddlkit-rg", "ddlkit-ws"
+ARM = rf"/subscriptions/{SUB}/resourceGroups/{RG}/providers/Microsoft\.BatchAI/workspaces/{WS}"
+#: the request a secret must never appear in besides the job's create: marker values
+SECRET = "batchai-secret-marker-5f3c9a"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture
+def ssh_key(tmp_path: Path) -> Path:
+    path = tmp_path / "id_test.pub"
+    path.write_text("ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIDdkbGtpdC1sb29wYmFjay10ZXN0LWtleQ ddlkit@test\n")
+    return path
+
+
+@pytest.fixture
+def batchai(https_loopback: LoopbackServer, azure_cli_login: Path, tmp_path: Path,
+            monkeypatch: pytest.MonkeyPatch) -> BatchAILoopback:
+    monkeypatch.setenv(ACCOUNT_KEY_ENV, FILES_KEY)
+    service = BatchAILoopback(https_loopback, tmp_path / "batchai")
+    yield service
+    service.stop()
+    assert not service.invalid, f"request bodies that do not fit the published schema: {service.invalid}"
+
+
+def config(service: BatchAILoopback, ssh_key: Path, **options) -> BatchAIConfig:
+    cluster = options.pop("cluster", {})
+    file_server = options.pop("file_server", {})
+    return BatchAIConfig(**{
+        "subscription_id": SUB, "resource_group": RG, "workspace": WS, "endpoint": service.server.url,
+        "gpu": False, "poll_interval_s": 0.2, "framework": "pytorch", "storage": "local", "data_root": None,
+        "master_port": free_port(),
+        "cluster": ClusterSettings(**{"vm_size": "Standard_D4_v2", "ssh_public_key_file": str(ssh_key), **cluster}),
+        "file_server": FileServerSettings(**file_server),
+        "file_share": FileShareSettings(url=service.share_url), **options})
+
+
+def cli_args(service: BatchAILoopback, ssh_key: Path, *more: str) -> list[str]:
+    return ["compute=batchai", f"compute.subscription_id={SUB}", f"compute.resource_group={RG}",
+            f"compute.workspace={WS}", f"compute.endpoint={service.server.url}",
+            f"compute.file_share.url={service.share_url}", f"compute.cluster.ssh_public_key_file={ssh_key}",
+            "compute.cluster.vm_size=Standard_D4_v2", "compute.gpu=false", "compute.poll_interval_s=0.2",
+            f"compute.master_port={free_port()}", *more]
+
+
+#: framework=fake (the test kit's) has no image of ddlkit's: the loopback only records the image
+FAKE_IMAGE = "compute.image=localhost/ddlkit-fake:test"
+
+
+def one_line_error(outcome, *fragments: str) -> str:
+    outcome.assert_returncode(2)
+    lines = [ln for ln in outcome.stderr.strip().splitlines() if ln.startswith("ddlkit: error:")]
+    assert len(lines) == 1 and "Traceback" not in outcome.stderr, outcome.output
+    for fragment in fragments:
+        assert fragment in lines[0], outcome.output
+    return lines[0]
+
+
+def creates(service: BatchAILoopback) -> list[str]:
+    """The kinds of resource created, in order (workspaces, experiments, fileServers, clusters, jobs)."""
+    return [r.path.split("/")[-2] if "/experiments/" not in r.path or "/jobs/" in r.path else "experiments"
+            for r in service.server.requests("PUT", ARM + r".*")]
+
+
+# ---------------------------------------------------------------------------- the contract
+@pytest.mark.slow
+class TestBatchAIContract(ComputeTargetContract):
+    """The loopback's jobs run on this machine (under mpirun): their processes can be checked after a cancel."""
+
+    timeout_s = 90.0
+    cancel_timeout_s = 25.0
+
+    @pytest.fixture
+    def target(self, batchai: BatchAILoopback, ssh_key: Path) -> BatchAITarget:
+        batchai.terminate_grace_s = 5.0
+        return BatchAITarget(config(batchai, ssh_key))
+
+
+# ---------------------------------------------------------------------------- the schema, VM sizes
+def test_the_schema_check_can_fail() -> None:
+    assert schema_errors("ClusterCreateParameters", {"properties": {"vmSize": "x", "vmPriority": "cheap",
+                                                                    "nodes": 3}}) == [
+        "properties.userAccountSettings: required by ClusterBaseProperties",
+        "properties.vmPriority: 'cheap' is not one of dedicated, lowpriority",
+        "properties.nodes: not a property of ClusterBaseProperties"]
+
+
+def test_vm_sizes() -> None:
+    assert (vm_gpus("Standard_NC24rs_v3"), vm_gpus("STANDARD_NC6"), vm_gpus("Standard_D4_v2")) == (4, 1, 0)
+    assert vm_gpus("Standard_NC96ads_A100_v4") is None  # a GPU family ddlkit does not list: not refused
+    assert vm_has_local_disk("Standard_NC24rs_v3") and vm_has_local_disk("Standard_D4ds_v4")
+    assert not vm_has_local_disk("Standard_D4s_v4") and not vm_has_local_disk("Standard_E8_v5")
+
+
+# ---------------------------------------------------------------------------- plan
+def test_plan_prints_every_request_in_order_and_sends_nothing(batchai: BatchAILoopback, ssh_key: Path,
+                                                              run_factory: RunFactory, azure_cli_login: Path,
+                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(ACCOUNT_KEY_ENV, SECRET + "-filekey")
+    monkeypatch.setenv("AZURE_STORAGE_SAS_TOKEN", f"sv=2024&sig={SECRET}")
+    monkeypatch.setenv("AZURE_STORAGE_ACCOUNT_URL", "https://acct.blob.core.windows.net")
+    out = run_factory.cli("plan", *cli_args(batchai, ssh_key, "compute.nodes=2", "compute.procs_per_node=2",
+                                            "storage=nfs", "storage.root=$AZ_BATCHAI_MOUNT_ROOT/nfs",
+                                            "dist=native", "compute.stage_from=blob://datasets/tiny",
+                                            "data=imagefolder", "data.root=datasets/tiny"))
+    out.assert_success()
+    text = out.stdout
+    sent = re.findall(r"^\s*\d+\. (GET|PUT|POST|DELETE) https://[^/\s]+(/subscriptions/\S+)", text, re.MULTILINE)
+    kinds = [(method, url.split("?")[0].rsplit("/", 2)[-2]) for method, url in sent]
+    assert kinds == [("GET", "workspaces"), ("PUT", "workspaces"), ("GET", "experiments"), ("PUT", "experiments"),
+                     ("GET", WS), ("PUT", "fileServers"), ("GET", "clusters"), ("PUT", "clusters"),
+                     ("GET", "jobs"), ("PUT", "jobs"), ("GET", "jobs"), ("GET", "jobs"), ("PUT", "jobs")], text
+    assert '"processCount": 4' in text and '"nodeCount": 2' in text and "--node-sizes 2,2" in text
+    assert '"accountKey": "***"' in text and '"name": "AZURE_STORAGE_SAS_TOKEN"' in text
+    assert SECRET not in text + out.stderr
+    assert batchai.server.requests() == [], "ddlkit plan sent a request"
+    assert not (azure_cli_login / "az.log").exists(), "ddlkit plan asked for a credential"
+
+
+# ---------------------------------------------------------------------------- through the CLI
+@pytest.mark.slow
+def test_a_job_runs_and_a_second_reuses_everything(batchai: BatchAILoopback, ssh_key: Path,
+                                                   run_factory: RunFactory, tmp_path: Path) -> None:
+    args = cli_args(batchai, ssh_key, FAKE_IMAGE, "compute.nodes=2", "compute.procs_per_node=1", "dist=native",
+                    "storage=nfs", "storage.root=$AZ_BATCHAI_MOUNT_ROOT/nfs", "trainer.epochs=1")
+    first = run_factory(*args, job_dir=tmp_path / "first")
+    first.assert_success()
+    assert first.result["world_size"] == 2
+    assert creates(batchai) == ["workspaces", "experiments", "fileServers", "clusters", "jobs"]
+    job_put = batchai.server.requests("PUT", ARM + r"/experiments/ddlkit/jobs/.*")[0].body["properties"]
+    assert job_put["customMpiSettings"]["processCount"] == 2 and job_put["nodeCount"] == 2
+    assert job_put["containerSettings"]["imageSourceRegistry"]["image"] == "localhost/ddlkit-fake:test"
+    # rank 0's output streamed from stdout.txt, through listOutputFiles and the file's download URL
+    last = [ln for ln in (tmp_path / "first" / "rank-0.log").read_text().splitlines() if ln.strip()][-1]
+    assert last in first.stdout and "ddlkit: done" in first.stdout, first.output
+    assert batchai.server.requests("POST", ARM + r".*/listOutputFiles")
+    assert [r for r in batchai.server.requests("GET") if r.param("sig")], "no download URL was used"
+    # the results went to the file server (storage=nfs) as well as back to the job directory
+    assert list(batchai.file_server_dir("ddlkit-nfs").glob("results/*/result.json"))
+
+    batchai.server.clear()
+    second = run_factory(*args, job_dir=tmp_path / "second")
+    second.assert_success()
+    assert creates(batchai) == ["jobs"], "a second job created resources again"
+    looked_up = {r.path.rsplit("/", 1)[-1] for r in batchai.server.requests("GET", ARM + r"(/.*)?")}
+    assert {WS, "ddlkit", "fileServers"} <= looked_up, looked_up  # workspace, experiment and cluster, file servers
+
+    changed = run_factory(*args[:-1], "compute.cluster.vm_size=Standard_D8_v3", "trainer.epochs=1",
+                          job_dir=tmp_path / "third")
+    one_line_error(changed, "cluster ddlkit exists with other settings", "vm_size is Standard_D4_v2",
+                   "compute.cluster.vm_size=Standard_D8_v3", "compute down")
+
+
+@pytest.mark.slow
+def test_states_logs_cancel_and_ddlkit_jobs(batchai: BatchAILoopback, ssh_key: Path, run_factory: RunFactory,
+                                           tmp_path: Path) -> None:
+    batchai.queue_s = 2.0
+    job_dir = tmp_path / "job"
+    args = cli_args(batchai, ssh_key, FAKE_IMAGE)
+    out = run_factory("--detach", *args, "framework.step_delay_s=0.3", job_dir=job_dir)
+    out.assert_success()
+    job_id = json.loads((job_dir / ".ddlkit" / "submission.json").read_text())["id"]
+    handle = BatchAITarget(config(batchai, ssh_key)).attach(job_id, job_dir=job_dir)
+    states = [handle.status().state]
+    deadline = time.monotonic() + 60
+    while states[-1] is not JobState.RUNNING and time.monotonic() < deadline:
+        time.sleep(0.2)
+        states.append(handle.status().state)
+    assert states[0] is JobState.PENDING and states[-1] is JobState.RUNNING, states
+    status = run_factory.cli("jobs", "status", str(job_dir))
+    assert "state:     running" in status.stdout, status.output
+    seen = ""
+    for chunk in handle.logs(follow=True):  # rank 0's output as it comes, from stdout.txt
+        seen += chunk
+        if "step" in seen:
+            break
+    assert "step" in seen, seen
+    cancel = run_factory.cli("jobs", "cancel", str(job_dir), timeout=90)
+    cancel.assert_success()
+    assert "cancelled" in cancel.stdout and "resume with: ddlkit" in cancel.stdout, cancel.output
+    assert batchai.server.requests("POST", ARM + r".*/terminate")
+    assert batchai.job_processes(job_id) is None
+    status = run_factory.cli("jobs", "status", str(job_dir))
+    assert "state:     cancelled" in status.stdout, status.output
+    logs = run_factory.cli("jobs", "logs", str(job_dir))
+    assert seen in logs.stdout, logs.output
+
+
+@pytest.mark.slow
+def test_secrets_travel_as_job_secrets_and_nowhere_else(batchai: BatchAILoopback, ssh_key: Path,
+                                                        run_factory: RunFactory, tmp_path: Path) -> None:
+    job_dir = tmp_path / "job"
+    # an environment variable the job gets whose name says it is secret (engine.job_environment)
+    out = run_factory(*cli_args(batchai, ssh_key, FAKE_IMAGE), "trainer.epochs=1",
+                      f"+hydra.job.env_set.DDLKIT_TEST_TOKEN={SECRET}", job_dir=job_dir)
+    out.assert_success()
+    (put,) = batchai.server.requests("PUT", ARM + r"/experiments/ddlkit/jobs/.*")
+    props = put.body["properties"]
+    assert {"name": "DDLKIT_TEST_TOKEN", "value": SECRET} in props["secrets"]
+    assert SECRET not in json.dumps(props["environmentVariables"])
+    reported = Service(config(batchai, ssh_key)).get_job(put.path.rsplit("/", 1)[-1])
+    assert [(s.name, s.value) for s in reported.secrets if s.name == "DDLKIT_TEST_TOKEN"] == [("DDLKIT_TEST_TOKEN", None)]
+    leaked = [p for root in (job_dir, batchai.root, tmp_path / ".ddlkit-state") for p in root.rglob("*")
+              if p.is_file() and SECRET.encode() in p.read_bytes()]
+    assert not leaked, leaked
+    assert SECRET not in out.stdout + out.stderr
+
+
+def test_errors_are_one_line(batchai: BatchAILoopback, ssh_key: Path, run_factory: RunFactory,
+                             monkeypatch: pytest.MonkeyPatch) -> None:
+    gpu = run_factory(*[a for a in cli_args(batchai, ssh_key) if a != "compute.gpu=false"])  # a GPU run
+    one_line_error(gpu, "compute.cluster.vm_size=Standard_D4_v2 has no GPU", "compute.gpu=false")
+    assert batchai.server.requests() == []
+    ssd = run_factory(*cli_args(batchai, ssh_key, FAKE_IMAGE, "compute.cluster.vm_size=Standard_D4s_v4", "storage=local_ssd"))
+    one_line_error(ssd, "storage=local_ssd", "Standard_D4s_v4 has none", "storage=nfs")
+    nfs = run_factory(*cli_args(batchai, ssh_key, FAKE_IMAGE, "storage=nfs", "storage.root=/mnt/nfs"))
+    one_line_error(nfs, "storage.root='$AZ_BATCHAI_MOUNT_ROOT/nfs'")
+    batchai.core_quota = 4
+    quota = run_factory(*cli_args(batchai, ssh_key, FAKE_IMAGE, "compute.nodes=2", "dist=native"))
+    one_line_error(quota, "creating cluster ddlkit", "QuotaExceeded", "Maximum allowed: 4")
+    monkeypatch.setenv("PATH", "/usr/bin:/bin")  # no `az`: nothing to sign in with
+    nobody = run_factory(*cli_args(batchai, ssh_key, FAKE_IMAGE))
+    one_line_error(nobody, "no Azure credential found", "az login", "managed identity")
+
+
+def test_a_file_server_being_created_is_waited_for(batchai: BatchAILoopback, ssh_key: Path) -> None:
+    said: list[str] = []
+    batchai.add_file_server(SUB, RG, WS, "ddlkit-nfs", ready_after_s=1.0)
+    service = Service(config(batchai, ssh_key, storage="nfs", file_server={"wait_s": 30}), say=said.append)
+    assert service.prepare()[1].provisioning_state == "succeeded"
+    assert any("file server ddlkit-nfs is still being created" in s for s in said), said
+    batchai.add_file_server(SUB, RG, WS, "slow-nfs")
+    slow = Service(config(batchai, ssh_key, storage="nfs", file_server={"name": "slow-nfs", "wait_s": 0.5}),
+                   say=said.append)
+    with pytest.raises(ConfigError, match="file server slow-nfs is still being created after .* compute.file_server"):
+        slow.prepare()
+
+
+@pytest.mark.slow
+def test_down_deletes_only_what_ddlkit_created(batchai: BatchAILoopback, ssh_key: Path, run_factory: RunFactory,
+                                               tmp_path: Path) -> None:
+    args = cli_args(batchai, ssh_key, FAKE_IMAGE, "storage=nfs", "storage.root=$AZ_BATCHAI_MOUNT_ROOT/nfs",
+                    "trainer.epochs=1")
+    run_factory(*args, job_dir=tmp_path / "job").assert_success()
+    batchai.add_file_server(SUB, RG, WS, "theirs", state="succeeded")
+    refused = run_factory.cli("compute", "down", *args)
+    one_line_error(refused, "add --yes")
+    assert batchai.server.requests("DELETE") == []
+    down = run_factory.cli("compute", "down", "--yes", *args)
+    down.assert_success()
+    assert "will delete" in down.stdout and "cluster ddlkit" in down.stdout and "file server ddlkit-nfs" in down.stdout
+    assert [r.path.rsplit("/", 2)[-2] for r in batchai.server.requests("DELETE")] == ["clusters", "fileServers"]
+    theirs = run_factory.cli("compute", "down", "--yes", *args[:-2], "compute.file_server.name=theirs", "storage=nfs",
+                             "storage.root=$AZ_BATCHAI_MOUNT_ROOT/nfs")
+    theirs.assert_success()
+    assert "theirs was not created by ddlkit: kept" in theirs.stderr and "nothing deleted" in theirs.stdout
+    assert len(batchai.server.requests("DELETE")) == 2
+
+
+def test_composing_imports_no_azure_sdk(batchai: BatchAILoopback, ssh_key: Path, tmp_path: Path) -> None:
+    code = ("import sys; from ddlkit.cli import main; main(sys.argv[1:]); "
+            "print('AZURE', sorted(m for m in sys.modules if m.startswith(('azure', 'msrest'))))")
+    proc = subprocess.run([sys.executable, "-c", code, "--cfg", "job", *cli_args(batchai, ssh_key)],
+                          capture_output=True, text=True, cwd=tmp_path, timeout=120, check=False)
+    assert "AZURE []" in proc.stdout, proc.stdout[-2000:] + proc.stderr
+
+
+def test_compute_down_on_a_target_that_keeps_nothing(run_factory: RunFactory) -> None:
+    one_line_error(run_factory.cli("compute", "down", "--yes", "compute=local"),
+                   "compute=local keeps nothing between jobs")
+
+
+# ---------------------------------------------------------------------------- staging
+@pytest.mark.slow
+def test_staging_copies_the_dataset_once(batchai: BatchAILoopback, ssh_key: Path, blob_container: str,
+                                         tmp_path: Path) -> None:
+    from ddlkit.data_cli import upload
+
+    data = tmp_path / "tiny"
+    for cls in ("a", "b"):
+        (data / "train" / cls).mkdir(parents=True)
+        for i in range(3):
+            (data / "train" / cls / f"{i}.bin").write_bytes(bytes([i]) * (1000 + i))
+    assert upload(data, f"{blob_container}/tiny", workers=4) == 0
+    said: list[str] = []
+    cfg = config(batchai, ssh_key, storage="nfs", stage_from=f"{blob_container}/tiny", data_root="datasets/tiny")
+    service = Service(cfg, say=said.append)
+    cluster, _ = service.prepare()
+    service.stage(cluster)
+    staged = batchai.file_server_dir("ddlkit-nfs") / "datasets" / "tiny"
+    assert sorted(p.relative_to(staged).as_posix() for p in staged.rglob("*.bin")) == [
+        f"train/{c}/{i}.bin" for c in ("a", "b") for i in range(3)]
+    assert (staged / ".ddlkit" / "complete").is_file()
+    stage_jobs = batchai.server.requests("PUT", ARM + r"/experiments/ddlkit/jobs/stage-.*")
+    assert len(stage_jobs) == 1
+    assert stage_jobs[0].body["properties"]["secrets"][0]["name"] == "AZURE_STORAGE_CONNECTION_STRING"
+
+    Service(cfg, say=said.append).stage(cluster)
+    assert len(batchai.server.requests("PUT", ARM + r"/experiments/ddlkit/jobs/stage-.*")) == 1
+    assert "staging skipped" in said[-1]
+
+
+# ---------------------------------------------------------------------------- a real training run
+@pytest.mark.slow
+@pytest.mark.parametrize("dist", ["native", "horovod"])
+def test_resnet18_trains_through_the_cli(batchai: BatchAILoopback, ssh_key: Path, run_factory: RunFactory,
+                                         tmp_path: Path, dist: str) -> None:
+    if dist == "horovod" and shutil.which("mpirun") is not None:
+        pytest.importorskip("horovod.torch", reason="Horovod is not installed (scripts/install_horovod.sh)")
+    job_dir = tmp_path / "job"
+    out = run_factory(*cli_args(batchai, ssh_key, "compute.nodes=1", "compute.procs_per_node=2", f"dist={dist}",
+                                "storage=nfs", "storage.root=$AZ_BATCHAI_MOUNT_ROOT/nfs"),
+                      "framework=pytorch", "model=resnet18", "data=synthetic", "data.image_size=32",
+                      "data.num_classes=10", "data.length=64", "data.val_length=16", "trainer.batch_size=8",
+                      "trainer.epochs=1", "framework.num_threads=1", job_dir=job_dir, timeout=400)
+    out.assert_success()
+    assert (out.result["world_size"], out.result["framework"], out.result["model"]) == (2, "pytorch", "resnet18")
+    assert (job_dir / "model.pt").is_file() and (job_dir / "rank-1.log").is_file()
+    (put,) = batchai.server.requests("PUT", ARM + r"/experiments/ddlkit/jobs/.*")
+    image = put.body["properties"]["containerSettings"]["imageSourceRegistry"]["image"]
+    assert image == f"docker.io/ddlkit/pytorch:{ddlkit.__version__}-cpu"
