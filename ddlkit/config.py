@@ -106,6 +106,9 @@ class DistConfig:
     backend: str = "none"
     # seconds a rank waits in a collective for the slowest rank before the job fails
     timeout_s: float = 1800.0
+    # seconds without a heartbeat from a rank (stopped, hung) before the others say so, and
+    # again after each further such period; a slow but live rank keeps sending them
+    warn_after_s: float = 60.0
     # ranks agree every N steps whether one of them got SIGTERM, and then all stop at that step
     stop_check_every: int = 1
 

@@ -126,6 +126,7 @@ def _check_distributed(cfg: DictConfig, compute: ComputeTarget) -> None:
     d = cfg.dist
     _check(d.backend in BACKENDS, "dist.backend", d.backend, f"one of: {', '.join(BACKENDS)}")
     _check(d.timeout_s > 0, "dist.timeout_s", d.timeout_s, "positive")
+    _check(d.warn_after_s >= 1, "dist.warn_after_s", d.warn_after_s, "at least 1 (seconds)")
     _check(d.stop_check_every >= 1, "dist.stop_check_every", d.stop_check_every, "a positive integer")
     world_size = compute.world_size
     if world_size > 1 and d.backend == "none":

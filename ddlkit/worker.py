@@ -28,7 +28,7 @@ from omegaconf import OmegaConf
 from . import secrets as secret_store
 from .checkpoint import resolve_resume
 from .distributed import DistContext
-from .errors import ConfigError, DdlkitError, exit_code_for
+from .errors import ConfigError, DdlkitError, RunError, exit_code_for
 from .plugins import get_plugin_manager
 from .registry import Registry
 from .run import EXIT_PREEMPTED, Preempted, Run, stop_at_once
@@ -55,7 +55,7 @@ def main(argv: list[str] | None = None) -> int:
     secrets = secret_store.decode(os.environ.get(secret_store.SECRETS_ENV))
     cfg = OmegaConf.create(job["config"])
     job_dir = Path(argv[0]).resolve().parent
-    dist = DistContext.from_env(cfg.dist.backend, timeout_s=cfg.dist.timeout_s)
+    dist = DistContext.from_env(cfg.dist.backend, timeout_s=cfg.dist.timeout_s, warn_after_s=cfg.dist.warn_after_s)
     run: Run | None = None
     status = "failed"
     #: every rank ends here at the same step (completed, or stopped by the ranks' agreement)
@@ -71,6 +71,7 @@ def main(argv: list[str] | None = None) -> int:
         registry = Registry.collect(pm)
         run = Run(cfg, job_dir, pm=pm, registry=registry, dist=dist,
                   resume_from=resolve_resume(job_dir, cfg.trainer.resume), name=job.get("name"))
+        dist.track_step(lambda: run.state.step)
         run.install_signal_handlers()
         if dist.is_main and (checked := run.storage.check_access(run.name)):
             print(f"ddlkit: {checked}", flush=True)
@@ -88,10 +89,12 @@ def main(argv: list[str] | None = None) -> int:
     except DdlkitError as err:
         print(f"ddlkit worker (rank {dist.rank}): {type(err).__name__}: "
               f"{secret_store.scrub(str(err), secrets)}", file=sys.stderr)
+        _name_silent_ranks(dist, err)
         return exit_code_for(err)
-    except Exception:
+    except Exception as err:
         # a bug in a plugin or a framework failure: the full trace belongs in the rank log
         print(secret_store.scrub(traceback.format_exc(), secrets), file=sys.stderr)
+        _name_silent_ranks(dist, err)
         return 1
     finally:
         finish_code = _finish(run, status, dist.rank, secrets) if run is not None else 0
@@ -125,6 +128,17 @@ def hold_job_directory(job_dir: Path) -> TextIO:
     f.write(f"pid {os.getpid()} on {socket.gethostname()}\n")
     f.flush()
     return f
+
+
+def _name_silent_ranks(dist: DistContext, err: BaseException) -> None:
+    """After a failure, name the ranks that had stopped answering, last: a framework's
+    collective that timed out waiting for a stopped rank names none, and the launcher's report
+    quotes the end of the log of the rank that failed first, a live one (#17)."""
+    if isinstance(err, RunError) and err.component == "dist":
+        return  # the control plane's own errors say it already
+    for silent in dist.silent_ranks():
+        print(f"ddlkit worker (rank {dist.rank}): {silent}: this rank's collectives were waiting for it, which "
+              "is the likely cause of the error above", file=sys.stderr)
 
 
 def _finish(run: Run, status: str, rank: int, secrets: dict[str, str]) -> int:

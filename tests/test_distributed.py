@@ -1,11 +1,18 @@
-"""Where a rank learns its place: OpenMPI, torchrun, or a single process."""
+"""Where a rank learns its place: OpenMPI, torchrun, or a single process; what one process pays
+(nothing); and the dist settings' checks."""
 
 from __future__ import annotations
+
+import threading
 
 import pytest
 
 import ddlkit
 from ddlkit import DistContext
+from ddlkit.engine import validate
+from ddlkit.plugins import DdlkitPluginManager
+from ddlkit.registry import Registry
+from ddlkit.testing import FAKES_MODULE, add_plugin, compose, fakes, with_default_framework
 
 
 def test_a_single_process_by_default() -> None:
@@ -31,3 +38,22 @@ def test_torchrun_variables() -> None:
 def test_collectives_of_several_ranks_need_a_connection() -> None:
     with pytest.raises(ddlkit.RunError, match=r"dist\.backend=native: barrier across 2 ranks before"):
         DistContext(0, 2, backend="native").barrier()
+
+
+def test_one_process_starts_no_thread_for_liveness() -> None:
+    before = threading.active_count()
+    ctx = DistContext.from_env(env={}, warn_after_s=1.0)
+    ctx.connect("job", env={})
+    ctx.track_step(lambda: 3)
+    ctx.barrier()
+    assert ctx.silent_ranks() == []
+    assert threading.active_count() == before
+
+
+@pytest.mark.parametrize("value", ["0", "0.5", "-60"])
+def test_the_silence_before_a_warning_must_be_at_least_a_second(ddlkit_pm: DdlkitPluginManager, value: str) -> None:
+    add_plugin(ddlkit_pm, fakes, name=FAKES_MODULE)
+    registry = Registry.collect(ddlkit_pm)
+    with pytest.raises(ddlkit.ConfigError) as info:
+        validate(compose(registry, with_default_framework([f"dist.warn_after_s={value}"])), registry, ddlkit_pm)
+    assert str(info.value) == f"dist.warn_after_s={float(value)} is invalid: it must be at least 1 (seconds)."

@@ -8,7 +8,7 @@ import shutil
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -19,10 +19,11 @@ from ddlkit.testing import FAKES_MODULE, RunFactory, RunOutcome
 
 HERE = Path(__file__).parent
 
-def probe_env() -> dict[str, str]:
-    """Environment that loads the fakes and tests/dist/dist_probe.py into launcher and ranks."""
+def probe_env(*plugins: str) -> dict[str, str]:
+    """Environment that loads the fakes, tests/dist/dist_probe.py and ``plugins`` (more modules
+    of tests/dist) into launcher and ranks."""
     path = os.pathsep.join(p for p in (str(HERE), os.environ.get("PYTHONPATH", "")) if p)
-    return {"DDLKIT_PLUGINS": f"{FAKES_MODULE},dist_probe", "PYTHONPATH": path}
+    return {"DDLKIT_PLUGINS": ",".join([FAKES_MODULE, "dist_probe", *plugins]), "PYTHONPATH": path}
 
 
 class DistJobs:
@@ -35,11 +36,13 @@ class DistJobs:
     def run(self, *overrides: str, job_dir: Path, timeout: float = 240.0) -> RunOutcome:
         return self.factory(*overrides, job_dir=job_dir, env=probe_env(), timeout=timeout)
 
-    def start(self, *overrides: str, job_dir: Path) -> subprocess.Popen:
-        """A launcher in the background (for tests that signal or kill parts of the job)."""
+    def start(self, *overrides: str, job_dir: Path, env: Mapping[str, str] | None = None,
+              plugins: tuple[str, ...] = ()) -> subprocess.Popen:
+        """A launcher in the background (for tests that signal or kill parts of the job), with
+        ``env`` and the plugin modules ``plugins`` of tests/dist added."""
         argv = [sys.executable, "-m", "ddlkit", *overrides, f"hydra.run.dir={job_dir}"]
-        return subprocess.Popen(argv, cwd=self.base, env={**os.environ, **probe_env()}, stdout=subprocess.PIPE,
-                                stderr=subprocess.STDOUT, text=True)
+        return subprocess.Popen(argv, cwd=self.base, env={**os.environ, **(env or {}), **probe_env(*plugins)},
+                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
 
 def worker_pids(job_dir: Path) -> dict[int, int]:

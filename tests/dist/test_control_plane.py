@@ -6,8 +6,13 @@ from __future__ import annotations
 import multiprocessing as mp
 import os
 import queue
+import re
+import signal
+import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -70,11 +75,23 @@ def test_horovod_problem_says_how_to_get_it(monkeypatch: pytest.MonkeyPatch) -> 
 
 
 # ---------------------------------------------------------------------------- real processes
+@dataclass(frozen=True)
+class Plane:
+    """The ranks' dist settings, and where their warnings go."""
+
+    timeout_s: float = 20.0
+    warn_after_s: float = 60.0
+    #: each rank's stderr goes to rank-N.err in this directory (None: the test's own)
+    stderr_dir: Path | None = None
+
+
 def _rank_main(rank: int, world: int, port: int, job: str, body: Callable[[DistContext], Any],
-               results: Any) -> None:
+               results: Any, plane: Plane) -> None:
     env = {"OMPI_COMM_WORLD_RANK": str(rank), "OMPI_COMM_WORLD_SIZE": str(world),
            "DDLKIT_CONTROL_ADDR": f"127.0.0.1:{port}"}
-    ctx = DistContext.from_env("native", env, timeout_s=20.0)
+    if plane.stderr_dir is not None:
+        sys.stderr = open(plane.stderr_dir / f"rank-{rank}.err", "w", encoding="utf-8")  # noqa: SIM115
+    ctx = DistContext.from_env("native", env, timeout_s=plane.timeout_s, warn_after_s=plane.warn_after_s)
     try:
         ctx.connect(job, env=env)
         results.put((rank, "ok", body(ctx)))
@@ -84,21 +101,29 @@ def _rank_main(rank: int, world: int, port: int, job: str, body: Callable[[DistC
         ctx.close()
 
 
-def run_ranks(world: int, body: Callable[[DistContext], Any], timeout: float = 30.0,
-              job: str = "job") -> dict[int, tuple[str, Any]]:
+def start_ranks(world: int, body: Callable[[DistContext], Any], job: str = "job",
+                plane: Plane = Plane()) -> tuple[list[Any], Any]:
+    """``world`` ranks in processes of their own, each running ``body``: (processes, answers)."""
     from ddlkit_mpi.target import free_ports
 
     ctx = mp.get_context("fork")
     results = ctx.Queue()
     port, = free_ports(1)
-    procs = [ctx.Process(target=_rank_main, args=(r, world, port, job, body, results)) for r in range(world)]
+    procs = [ctx.Process(target=_rank_main, args=(r, world, port, job, body, results, plane)) for r in range(world)]
     for p in procs:
         p.start()
+    return procs, results
+
+
+def collect(procs: list[Any], results: Any, timeout: float = 30.0,
+            ranks: Iterable[int] | None = None) -> dict[int, tuple[str, Any]]:
+    """The answers of ``ranks`` (default: all), then every rank ended (killed if it must be)."""
+    waiting = set(range(len(procs)) if ranks is None else ranks)
     out = {}
     deadline = time.monotonic() + timeout
-    # until every rank has answered, or the ones that have not are dead (and their answers read)
-    while len(out) < world and time.monotonic() < deadline:
-        running = any(p.is_alive() for p in procs)
+    # until those ranks have answered, or the ones that have not are dead (and their answers read)
+    while waiting - set(out) and time.monotonic() < deadline:
+        running = any(procs[r].is_alive() for r in waiting)
         try:
             rank, kind, value = results.get(timeout=0.1)
         except queue.Empty:
@@ -107,10 +132,29 @@ def run_ranks(world: int, body: Callable[[DistContext], Any], timeout: float = 3
             continue
         out[rank] = (kind, value)
     for p in procs:
+        if _stopped(p.pid):
+            p.kill()
         p.join(timeout=5)
         if p.is_alive():
             p.kill()
     return out
+
+
+def run_ranks(world: int, body: Callable[[DistContext], Any], timeout: float = 30.0, job: str = "job",
+              plane: Plane = Plane()) -> dict[int, tuple[str, Any]]:
+    return collect(*start_ranks(world, body, job, plane), timeout=timeout)
+
+
+def _text(path: Path) -> str:
+    """What a rank has written to ``path`` so far."""
+    return path.read_text() if path.exists() else ""
+
+
+def _stopped(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "T"
+    except OSError:
+        return False
 
 
 def _collectives(ctx: DistContext) -> dict[str, Any]:
@@ -184,7 +228,7 @@ def test_a_rank_of_another_job_cannot_join() -> None:
     port, = free_ports(1)
     ctx = mp.get_context("fork")
     results = ctx.Queue()
-    a0 = ctx.Process(target=_rank_main, args=(0, 2, port, "job-A", _strangers_knock, results))
+    a0 = ctx.Process(target=_rank_main, args=(0, 2, port, "job-A", _strangers_knock, results, Plane()))
     a0.start()
     deadline = time.monotonic() + 10
     while True:
@@ -197,7 +241,7 @@ def test_a_rank_of_another_job_cannot_join() -> None:
     from ddlkit.distributed import ControlPlane
 
     ControlPlane._send(stranger, {"rank": 1, "world_size": 2, "job": "job-B"})
-    a1 = ctx.Process(target=_rank_main, args=(1, 2, port, "job-A", _strangers_knock, results))
+    a1 = ctx.Process(target=_rank_main, args=(1, 2, port, "job-A", _strangers_knock, results, Plane()))
     a1.start()
     got = dict((results.get(timeout=20)[::2] for _ in range(2)))
     a0.join(5), a1.join(5)
@@ -220,3 +264,139 @@ def test_the_per_step_stop_agreement_is_cheap() -> None:
     seconds = max(value for _, value in out.values())
     # measured ~0.1 ms on 2 busy cores; a training step takes 10-1000x longer
     assert seconds < 0.005, f"one stop check took {seconds * 1e3:.2f} ms"
+
+
+# ---------------------------------------------------------------------------- a rank that stops answering
+STOPPED_AT = 12  # the step the stopped rank reports
+
+
+def _rank_1_stops(ctx: DistContext) -> None:
+    """After a barrier, rank 1 stops as under SIGSTOP (all its threads: no more heartbeats)."""
+    ctx.track_step(lambda: STOPPED_AT)
+    ctx.barrier()
+    if ctx.rank == 1:
+        os.kill(os.getpid(), signal.SIGSTOP)
+
+
+def _waits_for_rank_1(ctx: DistContext) -> bool:
+    _rank_1_stops(ctx)
+    answer = ctx.any(False)
+    time.sleep(1)  # the job goes on (if rank 1 resumes: long enough to see it answer again)
+    return answer
+
+
+@pytest.mark.slow
+def test_a_stopped_rank_is_reported_while_waiting_and_named_when_the_wait_fails(tmp_path: Path) -> None:
+    plane = Plane(timeout_s=6.0, warn_after_s=1.0, stderr_dir=tmp_path)
+    out = collect(*start_ranks(2, _waits_for_rank_1, plane=plane), ranks=[0])
+    kind, error = out[0]
+    assert kind == "error"
+    assert re.fullmatch(rf"RunError: rank 1 did not reach `any` within 6 s \(dist.timeout_s\): rank 1 stopped "
+                        rf"answering at step {STOPPED_AT}, [6-9] s ago \(its process is stopped or hung, or its "
+                        r"host or the network is\)", error), error
+    warnings = (tmp_path / "rank-0.err").read_text().splitlines()
+    # once per dist.warn_after_s of silence, while rank 0 waits
+    assert warnings[0] == (f"ddlkit: rank 1 has not been heard from for 1 s (last at step {STOPPED_AT}): stopped or "
+                           "hung? The job waits for it up to dist.timeout_s=6 s")
+    assert [int(w.split(" for ")[1].split(" s ")[0]) for w in warnings] == list(range(1, len(warnings) + 1))
+    assert len(warnings) >= 4
+
+
+def _waits_without_a_timeout(ctx: DistContext) -> None:
+    _rank_1_stops(ctx)
+    time.sleep(60)  # as in Horovod's all-reduce, which has no timeout of its own
+
+
+@pytest.mark.slow
+def test_a_rank_that_stays_silent_past_the_timeout_ends_a_wait_that_has_none(tmp_path: Path) -> None:
+    procs, results = start_ranks(2, _waits_without_a_timeout,
+                                 plane=Plane(timeout_s=3.0, warn_after_s=1.0, stderr_dir=tmp_path))
+    t0 = time.monotonic()
+    procs[0].join(timeout=30)
+    took = time.monotonic() - t0
+    collect(procs, results, ranks=[])
+    assert procs[0].exitcode == 1
+    assert took < 15, f"rank 0 waited {took:.1f} s for a rank silent for dist.timeout_s=3 s"
+    last = (tmp_path / "rank-0.err").read_text().splitlines()[-1]
+    assert re.fullmatch(rf"ddlkit worker \(rank 0\): RunError: rank 1 stopped answering at step {STOPPED_AT}, [4-6] s "
+                        r"ago \(its process is stopped or hung, or its host or the network is\); the job has waited "
+                        r"for it longer than dist.timeout_s=3 s: this rank ends the job", last), last
+
+
+def _rank_1_is_busy(ctx: DistContext) -> list[str]:
+    ctx.barrier()
+    if ctx.rank == 1:
+        # 4 x dist.warn_after_s of pure Python, which holds the GIL but lets the heartbeats through
+        deadline = time.monotonic() + 4
+        while time.monotonic() < deadline:
+            sum(range(1000))
+    ctx.barrier()
+    return ctx.silent_ranks()
+
+
+@pytest.mark.slow
+def test_a_slow_rank_that_is_alive_is_not_reported(tmp_path: Path) -> None:
+    out = run_ranks(2, _rank_1_is_busy, plane=Plane(warn_after_s=1.0, stderr_dir=tmp_path))
+    assert out == {0: ("ok", []), 1: ("ok", [])}
+    assert (tmp_path / "rank-0.err").read_text() == ""
+
+
+@pytest.mark.slow
+def test_a_pause_shorter_than_the_timeout_is_reported_and_then_forgiven(tmp_path: Path) -> None:
+    procs, results = start_ranks(2, _waits_for_rank_1, plane=Plane(timeout_s=20.0, warn_after_s=1.0,
+                                                                   stderr_dir=tmp_path))
+    log = tmp_path / "rank-0.err"
+    deadline = time.monotonic() + 20
+    while "has not been heard from for 2 s" not in _text(log):
+        assert time.monotonic() < deadline, "rank 0 did not report the stopped rank"
+        time.sleep(0.05)
+    os.kill(procs[1].pid, signal.SIGCONT)
+    assert collect(procs, results) == {0: ("ok", False), 1: ("ok", False)}
+    lines = log.read_text().splitlines()
+    assert re.fullmatch(r"ddlkit: rank 1 is answering again, after [2-5] s of silence", lines[-1]), lines
+
+
+def _rank_2_stops(ctx: DistContext) -> list[str]:
+    ctx.track_step(lambda: 5)
+    ctx.barrier()
+    if ctx.rank == 2:
+        os.kill(os.getpid(), signal.SIGSTOP)
+    time.sleep(3)
+    return ctx.silent_ranks()
+
+
+@pytest.mark.slow
+def test_every_rank_can_name_a_stopped_rank_that_only_rank_0_hears(tmp_path: Path) -> None:
+    out = collect(*start_ranks(3, _rank_2_stops, plane=Plane(warn_after_s=1.0, stderr_dir=tmp_path)), ranks=[0, 1])
+    about = r" \(its process is stopped or hung, or its host or the network is\)"
+    assert out[0][0] == "ok" and len(out[0][1]) == 1, out
+    assert re.fullmatch(r"rank 2 stopped answering at step 5, [2-5] s ago" + about, out[0][1][0]), out
+    assert out[1][0] == "ok" and len(out[1][1]) == 1, out
+    assert re.fullmatch(r"rank 2 stopped answering at step 5, [2-5] s ago, as rank 0 sees it" + about,
+                        out[1][1][0]), out
+
+
+def _suspended_between_barriers(ctx: DistContext) -> list[str]:
+    ctx.barrier()
+    print("between the barriers", file=sys.stderr, flush=True)
+    time.sleep(2)  # the test suspends the whole job meanwhile
+    ctx.barrier()
+    return ctx.silent_ranks()
+
+
+@pytest.mark.slow
+def test_a_whole_job_suspended_past_the_timeout_then_resumed_goes_on(tmp_path: Path) -> None:
+    """As Slurm's `scontrol suspend` / `resume` do: every rank stops, so no rank is to blame."""
+    procs, results = start_ranks(2, _suspended_between_barriers,
+                                 plane=Plane(timeout_s=3.0, warn_after_s=1.0, stderr_dir=tmp_path))
+    deadline = time.monotonic() + 20
+    while not all("between" in _text(tmp_path / f"rank-{r}.err") for r in (0, 1)):
+        assert time.monotonic() < deadline, "the ranks did not pass the first barrier"
+        time.sleep(0.05)
+    for p in procs:
+        os.kill(p.pid, signal.SIGSTOP)
+    time.sleep(6)  # longer than dist.timeout_s + dist.warn_after_s
+    for p in procs:
+        os.kill(p.pid, signal.SIGCONT)
+    assert collect(procs, results) == {0: ("ok", []), 1: ("ok", [])}
+    assert (tmp_path / "rank-0.err").read_text() == "between the barriers\n"

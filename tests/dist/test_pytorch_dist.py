@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import time
 from pathlib import Path
@@ -142,6 +143,25 @@ def test_a_killed_rank_stops_the_job_within_seconds_and_is_named(tmp_path: Path,
     assert took < 10, f"the job took {took:.1f} s to end after rank 1 was killed"
     assert "rank 1 (node 0) failed first, with killed by signal SIGKILL; last lines of" in output
     assert f"{job_dir / 'rank-1.log'}" in output
+    assert not dt.job_processes(job_dir), "processes of the job outlived it"
+
+
+def test_a_stopped_rank_is_named_when_the_all_reduce_times_out(tmp_path: Path, dt: SimpleNamespace) -> None:
+    """Issue 17, item 4: gloo's timeout names no rank, and the report quoted only rank 0's log."""
+    jobs = dt.DistJobs(tmp_path)
+    job_dir = tmp_path / "stopped"
+    # dist.warn_after_s=5: this rank's own end after a silence of dist.timeout_s + 5 s must not come first
+    launcher = jobs.start(*LONG, *TWO_RANKS, "dist=native", "dist.timeout_s=20", "dist.warn_after_s=5",
+                          job_dir=job_dir)
+    dt.read_lines_until(launcher, "step 3/", timeout=120)
+    os.kill(dt.worker_pids(job_dir)[1], signal.SIGSTOP)
+    output, _ = launcher.communicate(timeout=120)
+    assert launcher.returncode == 1, output
+    assert re.search(r"ddlkit: rank 1 has not been heard from for 5 s \(last at step \d+\): stopped or hung\?", output)
+    report = output[output.index("ddlkit: error: "):]
+    assert "Timed out waiting 20000ms" in report, report  # gloo's error, in the quoted end of rank 0's log
+    assert re.search(r"ddlkit worker \(rank 0\): rank 1 stopped answering at step \d+, \d+ s ago \(.*\): this rank's "
+                     r"collectives were waiting for it, which is the likely cause of the error above", report), report
     assert not dt.job_processes(job_dir), "processes of the job outlived it"
 
 

@@ -1,12 +1,16 @@
 """The Run's distributed duties, framework-neutral: the metrics rank 0 logs are the mean over
-ranks, and a SIGTERM that reaches any rank stops every rank at the same step."""
+ranks, a SIGTERM that reaches any rank stops every rank at the same step, and a rank that stops
+answering is named while the job waits for it and when the job fails."""
 
 from __future__ import annotations
 
+import json
 import multiprocessing as mp
 import os
 import queue
+import re
 import signal
+import time
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -108,3 +112,59 @@ def test_sigterm_to_one_rank_stops_every_rank_and_the_job_resumes(tmp_path: Path
     resumed = jobs.run("framework=fake", *FAKE_LONG, f"trainer.max_steps={step + 50}", job_dir=job_dir)
     resumed.assert_success()
     assert (resumed.result["resumed_from_step"], resumed.result["steps"]) == (step, step + 50)
+
+
+def test_a_stopped_rank_is_named_while_the_job_waits_and_when_it_fails(tmp_path: Path, dt: SimpleNamespace) -> None:
+    """Issue 17, item 4: a SIGSTOPped (or hung) rank closes no connection; the job used to wait
+    dist.timeout_s in silence and then report only the failure of the rank that waited."""
+    jobs = dt.DistJobs(tmp_path)
+    job_dir = tmp_path / "job"
+    launcher = jobs.start("framework=fake", *FAKE_LONG, "dist.timeout_s=20", "dist.warn_after_s=3", job_dir=job_dir)
+    dt.read_lines_until(launcher, "step 300/", timeout=120)
+    os.kill(dt.worker_pids(job_dir)[1], signal.SIGSTOP)
+    t0 = time.monotonic()
+    warning = dt.read_lines_until(launcher, "has not been heard from", timeout=30).splitlines()[-1]
+    warned_after = time.monotonic() - t0
+    output, _ = launcher.communicate(timeout=90)
+    took = time.monotonic() - t0
+    assert launcher.returncode == 1, output
+    found = re.fullmatch(r"ddlkit: rank 1 has not been heard from for 3 s \(last at step (\d+)\): stopped or hung\? "
+                         r"The job waits for it up to dist.timeout_s=20 s", warning)
+    assert found and int(found[1]) >= 300, warning
+    assert warned_after < 10, f"the first warning came {warned_after:.1f} s after the stop, for dist.warn_after_s=3"
+    # the launcher's report quotes the log of rank 0, the rank that failed first: it names rank 1
+    report = output[output.index("ddlkit: error: "):]
+    assert re.search(rf"ddlkit worker \(rank 0\): RunError: rank 1 did not reach `any` within 20 s \(dist.timeout_s\): "
+                     rf"rank 1 stopped answering at step {found[1]}, \d+ s ago", report), report
+    assert took < 60, f"the job ended {took:.1f} s after the stop, for dist.timeout_s=20"
+    assert not dt.job_processes(job_dir), "processes of the job outlived it"
+
+
+def test_a_rank_that_is_slow_but_alive_is_not_called_hung(tmp_path: Path, dt: SimpleNamespace) -> None:
+    jobs = dt.DistJobs(tmp_path)
+    job_dir = tmp_path / "job"
+    # rank 1 computes for 4 x dist.warn_after_s at step 200 while rank 0 waits for it
+    launcher = jobs.start("framework=fake", *FAKE_LONG, "dist.warn_after_s=2", "trainer.max_steps=400",
+                          job_dir=job_dir, env={"DDLKIT_TEST_BUSY_RANK": "1:200:8"}, plugins=("busy_rank",))
+    output, _ = launcher.communicate(timeout=180)
+    assert launcher.returncode == 0, output
+    assert "busy_rank: rank 1 computes for 8 s at step 200" in (job_dir / "rank-1.log").read_text()
+    assert json.loads((job_dir / "result.json").read_text())["wall_time_s"] >= 8  # rank 0 did wait
+    assert "heard from" not in output and "stopped answering" not in output, output
+
+
+def test_a_pause_shorter_than_the_timeout_is_reported_and_the_job_completes(tmp_path: Path,
+                                                                           dt: SimpleNamespace) -> None:
+    jobs = dt.DistJobs(tmp_path)
+    job_dir = tmp_path / "job"
+    launcher = jobs.start("framework=fake", *FAKE_LONG, "dist.timeout_s=60", "dist.warn_after_s=2",
+                          "trainer.max_steps=5000", job_dir=job_dir)
+    dt.read_lines_until(launcher, "step 300/", timeout=120)
+    rank_1 = dt.worker_pids(job_dir)[1]
+    os.kill(rank_1, signal.SIGSTOP)
+    dt.read_lines_until(launcher, "ddlkit: rank 1 has not been heard from for 4 s", timeout=30)
+    os.kill(rank_1, signal.SIGCONT)
+    output, _ = launcher.communicate(timeout=120)
+    assert launcher.returncode == 0, output
+    assert re.search(r"ddlkit: rank 1 is answering again, after [4-9] s of silence", output), output
+    assert json.loads((job_dir / "result.json").read_text())["steps"] == 5000

@@ -53,6 +53,10 @@ def test_error_filter_passes_error_lines_and_whole_tracebacks() -> None:
     picked += f.feed(b" to allocate 2 GiB\n")
     assert picked == [b"Traceback (most recent call last):", b"  File \"x.py\", line 1", b"    boom()",
                       b"RuntimeError: the disk is on fire", b"CUDA out of memory. Tried to allocate 2 GiB"]
+    # a rank that says rank 0 went silent is heard on the console: rank 0 itself cannot say it
+    warning = b"ddlkit: rank 0 has not been heard from for 60 s (last at step 12): stopped or hung?"
+    assert f.feed(b"step 3 ok\n" + warning + b"\nddlkit: rank 0 is answering again, after 70 s of silence\n") == [
+        warning, b"ddlkit: rank 0 is answering again, after 70 s of silence"]
 
 
 def test_world_size_and_command(tmp_path: Path) -> None:

@@ -46,6 +46,9 @@ from pathlib import Path
 #: lines of a non-zero rank's stderr that reach the console
 ERROR_LINE = re.compile(rb"\b(error|exception|traceback|fatal|killed|aborted|segmentation fault|out of memory)\b",
                         re.IGNORECASE)
+#: and the control plane's word that a rank stopped answering, or answers again (ddlkit.distributed):
+#: when rank 0 is the silent one, only the other ranks can say so
+LIVENESS_LINE = re.compile(rb"^ddlkit: rank \d+ (has not been heard from|is answering again)")
 #: where the exit records go, relative to the job directory
 RECORDS_DIR = ".ranks"
 _PR_SET_PDEATHSIG = 1
@@ -59,8 +62,8 @@ def _die_with_parent() -> None:
 
 
 class ErrorFilter:
-    """Picks a rank's error lines out of its stderr: lines that name an error, and whole
-    Python tracebacks (up to and including the exception line)."""
+    """Picks a rank's error lines out of its stderr: lines that name an error, whole Python
+    tracebacks (up to and including the exception line) and liveness warnings."""
 
     def __init__(self) -> None:
         self.partial = b""
@@ -73,7 +76,7 @@ class ErrorFilter:
         for line in lines:
             if line.startswith(b"Traceback (most recent call last)"):
                 self.in_traceback = True
-            if self.in_traceback or ERROR_LINE.search(line):
+            if self.in_traceback or ERROR_LINE.search(line) or LIVENESS_LINE.match(line):
                 picked.append(line)
             if self.in_traceback and line and not line[:1].isspace() and not line.startswith(b"Traceback"):
                 self.in_traceback = False  # the exception line ends the traceback
