@@ -27,6 +27,7 @@ What a target does: the rest -- and keeps secrets in its secret channel, never i
 from __future__ import annotations
 
 import enum
+import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -110,6 +111,17 @@ class JobHandle(ABC):
     @abstractmethod
     def wait(self, timeout: float | None = None) -> JobStatus:
         """Block until the job is done (or ``timeout`` seconds pass) and return its status."""
+
+    def poll_until_done(self, timeout: float | None, interval_s: float) -> JobStatus:
+        """A :meth:`wait` for handles that can only ask: :meth:`status` every ``interval_s``
+        seconds until the job is done or ``timeout`` seconds have passed."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while not (status := self.status()).state.done:
+            left = None if deadline is None else deadline - time.monotonic()
+            if left is not None and left <= 0:
+                return status
+            time.sleep(interval_s if left is None else min(interval_s, left))
+        return status
 
     def collect(self) -> None:
         """Bring what the ranks wrote (``result.json``, ``rank-N.log``, metrics, the model, the

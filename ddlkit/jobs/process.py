@@ -225,18 +225,13 @@ class ProcessJob(JobHandle):
         return JobStatus(state, code, message)
 
     def wait(self, timeout: float | None = None) -> JobStatus:
-        deadline = None if timeout is None else time.monotonic() + timeout
         if self.proc is not None:
             try:
                 self.proc.wait(timeout)
             except subprocess.TimeoutExpired:
                 return JobStatus(JobState.RUNNING)
             return self.status()
-        while not (status := self.status()).state.done:
-            if deadline is not None and time.monotonic() >= deadline:
-                return status
-            time.sleep(0.1)
-        return status
+        return self.poll_until_done(timeout, 0.1)
 
     # ---------------------------------------------------------------- output
     def logs(self, follow: bool = True) -> Iterator[str]:

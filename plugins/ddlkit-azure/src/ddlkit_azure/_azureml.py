@@ -346,13 +346,7 @@ class AzureMLJob(JobHandle):
         return self._read(url).decode("utf-8", errors="replace")
 
     def wait(self, timeout: float | None = None) -> JobStatus:
-        deadline = None if timeout is None else time.monotonic() + timeout
-        while not (status := self.status()).state.done:
-            left = None if deadline is None else deadline - time.monotonic()
-            if left is not None and left <= 0:
-                return status
-            time.sleep(min(self.poll_interval_s, left) if left is not None else self.poll_interval_s)
-        return status
+        return self.poll_until_done(timeout, self.poll_interval_s)
 
     # ------------------------------------------------------------ output
     @staticmethod

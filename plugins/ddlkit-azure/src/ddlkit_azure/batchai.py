@@ -39,12 +39,13 @@ from enum import Enum
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from omegaconf import MISSING
+
 import ddlkit
 from ddlkit.atomic import write_text
 from ddlkit.containers import DEFAULT_REGISTRY, default_image
 from ddlkit.interfaces import JobHandle, JobSpec, JobState, JobStatus
 from ddlkit.jobs.process import CANCEL_FILE, STATE_DIR
-from omegaconf import MISSING
 
 if TYPE_CHECKING:
     from .batchai_client import Service
@@ -327,14 +328,7 @@ class BatchAIJob(JobHandle):
         return self._final
 
     def wait(self, timeout: float | None = None) -> JobStatus:
-        deadline = None if timeout is None else time.monotonic() + timeout
-        while not (status := self.status()).state.done:
-            if deadline is not None and time.monotonic() >= deadline:
-                return status
-            pause = self.poll_interval_s if deadline is None else min(self.poll_interval_s,
-                                                                      max(0.0, deadline - time.monotonic()))
-            time.sleep(pause)
-        return status
+        return self.poll_until_done(timeout, self.poll_interval_s)
 
     def logs(self, follow: bool = True) -> Iterator[str]:
         """``stdout.txt`` of the job's ``stdouterr`` output directory, from where the last call stopped."""

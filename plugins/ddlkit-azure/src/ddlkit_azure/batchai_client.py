@@ -41,6 +41,7 @@ from azure.core.exceptions import (
 from azure.core.pipeline.transport import HttpRequest, RequestsTransport
 from azure.mgmt.batchai import BatchAI
 from azure.mgmt.batchai import models as m
+
 from ddlkit import ConfigError, JobSpec, RunError
 from ddlkit.atomic import atomic_path, write_json
 from ddlkit.containers import default_image

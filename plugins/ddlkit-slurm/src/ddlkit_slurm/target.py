@@ -240,13 +240,7 @@ class SlurmJob(JobHandle):
         return self._final
 
     def wait(self, timeout: float | None = None) -> JobStatus:
-        deadline = None if timeout is None else time.monotonic() + timeout
-        while not (status := self.status()).state.done:
-            if deadline is not None and time.monotonic() >= deadline:
-                return status
-            pause = 0.1 if deadline is None else min(0.1, max(0.0, deadline - time.monotonic()))
-            time.sleep(pause)
-        return status
+        return self.poll_until_done(timeout, 0.1)
 
     # ------------------------------------------------------------ output
     def logs(self, follow: bool = True) -> Iterator[str]:
