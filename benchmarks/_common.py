@@ -5,9 +5,12 @@ from __future__ import annotations
 import contextlib
 import io
 import json
+import os
 import platform
 import statistics
-from collections.abc import Sequence
+import subprocess
+import sys
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -75,3 +78,34 @@ def write_result(name: str, payload: dict[str, Any]) -> Path:
     path = RESULTS / f"{name}.json"
     path.write_text(json.dumps(payload, indent=2) + "\n")
     return path
+
+
+def export(ref: str, dest: Path) -> Path:
+    """The repository's files at git ``ref``, in ``dest``."""
+    repo = Path(__file__).resolve().parent.parent
+    dest.mkdir(parents=True)
+    archive = subprocess.run(["git", "-C", str(repo), "archive", ref], check=True, capture_output=True).stdout
+    subprocess.run(["tar", "-x", "-C", str(dest)], input=archive, check=True)
+    return dest
+
+
+def core_env(core: Path, env: Mapping[str, str] | None = None) -> dict[str, str]:
+    """``env`` (default: this one) with an exported checkout's ``ddlkit`` and first-party plugins
+    first on ``PYTHONPATH`` (the same module names as the installed ones, so they win)."""
+    env = dict(os.environ if env is None else env)
+    paths = [str(core), *(str(p) for p in sorted(core.glob("plugins/*/src")))]
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [*paths, env.get("PYTHONPATH")]))
+    return env
+
+
+def run_before(ref: str, script: str, argv: Sequence[str], workdir: Path, result: str | None = None) -> dict[str, Any]:
+    """Run benchmark ``script`` as it was at git ``ref``, on that revision's code, with ``argv``;
+    return the JSON result it wrote, ``results/<result>.json`` (default: the script's name) in the
+    exported tree, not in this one's."""
+    core = export(ref, workdir / f"before-{ref}")
+    proc = subprocess.run([sys.executable, str(core / "benchmarks" / script), *argv], cwd=core, env=core_env(core),
+                          capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise RuntimeError(f"{script} at {ref} failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
+    print(proc.stdout, end="", flush=True)
+    return json.loads((core / "benchmarks" / "results" / f"{result or Path(script).stem}.json").read_text())

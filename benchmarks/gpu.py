@@ -234,10 +234,9 @@ def make_folder(root: Path, unique: list[Path], n: int, classes: int) -> Path:
 @contextlib.contextmanager
 def timed_batches(waits: list[float]) -> Iterator[None]:
     """Record how long the training loop blocks in ``next(batch)`` for each batch."""
-    from ddlkit.builtin import synthetic_data
-    from ddlkit.builtin.imagefolder import _torch
+    from ddlkit_pytorch import data, imagefolder
 
-    originals = {cls: cls.iter_epoch for cls in (_torch.TorchImageLoader, synthetic_data._RepeatLoader)}
+    originals = {cls: cls.iter_epoch for cls in (imagefolder.TorchImageLoader, data.PooledLoader)}
 
     def wrap(method: Callable[..., Iterator[Any]]) -> Callable[..., Iterator[Any]]:
         def iter_epoch(self: Any, *args: Any, **kwargs: Any) -> Iterator[Any]:

@@ -10,7 +10,13 @@ not load against the CPU torch here) in a ``DataLoader`` with the same worker co
 2. Data wait inside a real training loop: ResNet-18 at 224 px on this CPU, fed by each pipeline;
    the wait is the time blocked in ``next(batch)``. Goal: < 5 % of the step time with ddlkit.
 
+With ``--before REF`` the same benchmark also runs as it was at git REF, on that revision's code
+(exported, first on ``PYTHONPATH``; ``_common.run_before``), after this one; the JSON gains
+``before``: its figures, and each pipeline's ddlkit/baseline ratio now over the ratio then (the
+baseline, unchanged, absorbs the drift between the two runs).
+
     python benchmarks/input_pipeline.py [--images 480 --workers 2 --batch 32 --rounds 3 --train-steps 4]
+        [--before REF]
 """
 
 from __future__ import annotations
@@ -25,7 +31,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from _common import save_photo_like, summary, write_result
+from _common import run_before, save_photo_like, summary, write_result
 
 MEAN, STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
 
@@ -81,11 +87,19 @@ def baseline_loader(root: Path, size: int, batch: int, workers: int) -> Any:
 
 
 def ddlkit_loader(root: Path, framework: str, size: int, batch: int, workers: int) -> Any:
+    """The data source's loader through the framework plugin's adapter, as a run gets it."""
     from ddlkit import Shard
     from ddlkit.builtin.imagefolder import ImageFolderConfig, ImageFolderData
 
     source = ImageFolderData(ImageFolderConfig(root=str(root), image_size=size, workers=workers))
-    return source.loader(framework, "train", batch_size=batch, shard=Shard(), seed=0)
+    neutral = source.loader("train", batch_size=batch, shard=Shard(), seed=0)
+    if framework == "pytorch":
+        from ddlkit_pytorch.data import torch_loader
+
+        return torch_loader(neutral, images=True, device="cpu", channels_last=False)
+    from ddlkit_tensorflow.data import tf_loader
+
+    return tf_loader(neutral)
 
 
 # ---------------------------------------------------------------------------- measurements
@@ -145,6 +159,7 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--train-steps", type=int, default=4)
     ap.add_argument("--train-warmup", type=int, default=1)
+    ap.add_argument("--before", metavar="REF", help="also run this benchmark as it was at git REF, on its code")
     args = ap.parse_args()
     import torch
 
@@ -184,6 +199,17 @@ def main() -> None:
         "training_resnet18": train,
         "goal_data_wait_fraction": 0.05,
     }
+    if args.before:
+        with tempfile.TemporaryDirectory() as tmp:
+            argv = [f"--{k.replace('_', '-')}={v}" for k, v in vars(args).items() if k != "before"]
+            then = run_before(args.before, "input_pipeline.py", argv, Path(tmp))
+        payload["before"] = {"ref": args.before, "pipeline_images_per_sec": then["pipeline_images_per_sec"],
+                             "ratio_pytorch": then["ratio_pytorch"], "ratio_tensorflow": then["ratio_tensorflow"],
+                             "now_over_before_pytorch": payload["ratio_pytorch"] / then["ratio_pytorch"],
+                             "now_over_before_tensorflow": payload["ratio_tensorflow"] / then["ratio_tensorflow"]}
+        print(f"now / before {args.before} (each as ddlkit / baseline): pytorch "
+              f"{payload['before']['now_over_before_pytorch']:.3f}, tensorflow "
+              f"{payload['before']['now_over_before_tensorflow']:.3f}")
     path = write_result("input_pipeline", payload)
     print(f"ratio pytorch {payload['ratio_pytorch']:.2f}x, tensorflow {payload['ratio_tensorflow']:.2f}x "
           f"(goal >= 1.0); ddlkit data wait {100 * train['ddlkit_pytorch']['data_wait_fraction']:.1f}% "

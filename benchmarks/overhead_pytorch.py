@@ -5,7 +5,12 @@ size and thread count; both exclude the same warm-up steps. ddlkit runs its real
 code path (job file -> Run -> plugin -> loggers -> checkpoint at the end); rounds alternate
 between the two so machine drift hits both equally. Goal: ratio >= 0.98.
 
+With ``--before REF`` the benchmark also runs as it was at git REF, on that revision's code
+(``_common.run_before``); the JSON gains ``before``, with ``now_over_before``: this run's ratio
+over that run's (each against its own hand-written loop, which absorbs the drift between them).
+
     python benchmarks/overhead_pytorch.py [--model resnet18 --image-size 64 --batch 32 --steps 40 --rounds 3]
+        [--before REF]
 """
 
 from __future__ import annotations
@@ -15,7 +20,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from _common import make_job, run_worker, summary, write_result
+from _common import make_job, run_before, run_worker, summary, write_result
 
 
 def baseline(model_name: str, image_size: int, batch: int, steps: int, warmup: int, classes: int) -> float:
@@ -55,6 +60,7 @@ def main() -> None:
     ap.add_argument("--warmup", type=int, default=5)
     ap.add_argument("--classes", type=int, default=1000)
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--before", metavar="REF", help="also run this benchmark as it was at git REF, on its code")
     args = ap.parse_args()
 
     overrides = [
@@ -72,9 +78,18 @@ def main() -> None:
             print(f"round {r + 1}: ddlkit {ddlkit_ips[-1]:.1f} img/s, hand-written {base_ips[-1]:.1f} img/s")
     d, b = summary(ddlkit_ips), summary(base_ips)
     ratio = d["median"] / b["median"]
+    before = {}
+    if args.before:
+        with tempfile.TemporaryDirectory() as tmp:
+            argv = [f"--{k.replace('_', '-')}={v}" for k, v in vars(args).items() if k != "before"]
+            then = run_before(args.before, "overhead_pytorch.py", argv, Path(tmp))
+        before = {"before": {"ref": args.before, "ddlkit_images_per_sec": then["ddlkit_images_per_sec"],
+                             "baseline_images_per_sec": then["baseline_images_per_sec"], "ratio": then["ratio"],
+                             "now_over_before": ratio / then["ratio"]}}
+        print(f"ratio now {ratio:.3f}, at {args.before} {then['ratio']:.3f}: now / before = {ratio / then['ratio']:.3f}")
     path = write_result("overhead_pytorch", {
         "benchmark": "overhead_pytorch", "config": vars(args), "ddlkit_images_per_sec": d,
-        "baseline_images_per_sec": b, "ratio": ratio, "goal": 0.98,
+        "baseline_images_per_sec": b, "ratio": ratio, "goal": 0.98, **before,
     })
     print(f"ratio ddlkit / hand-written = {ratio:.3f} (goal >= 0.98) -> {path}")
 

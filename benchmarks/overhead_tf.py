@@ -30,8 +30,12 @@ Cold start runs the real ``ddlkit`` command in a subprocess (``trainer.max_steps
 when step 1 was logged from metrics.jsonl; ``tf_import_s`` is what importing TensorFlow and Keras
 alone costs in a fresh interpreter.
 
+With ``--before REF`` the benchmark also runs as it was at git REF, on that revision's code
+(``_common.run_before``); the JSON gains ``before``, with ``now_over_before``: this run's CPU-time
+ratio over that run's (each against its own hand-written baseline).
+
     python benchmarks/overhead_tf.py --framework tensorflow|keras [--model resnet18 --image-size 64
-        --batch 32 --block 5 --blocks 20 --runs 2 --threads 1 --cold-starts 2]
+        --batch 32 --block 5 --blocks 20 --runs 2 --threads 1 --cold-starts 2] [--before REF]
 """
 
 from __future__ import annotations
@@ -53,7 +57,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")
 
 import keras  # noqa: E402
 import tensorflow as tf  # noqa: E402
-from _common import make_job, run_worker, summary, write_result  # noqa: E402
+from _common import make_job, run_before, run_worker, summary, write_result  # noqa: E402
 
 import ddlkit  # noqa: E402
 from ddlkit.plugins import get_plugin_manager  # noqa: E402
@@ -207,6 +211,7 @@ def main() -> None:
     ap.add_argument("--runs", type=int, default=2, help="ddlkit runs, each with a fresh baseline")
     ap.add_argument("--threads", type=int, default=1, help="TensorFlow intra- and inter-op threads (0: default)")
     ap.add_argument("--cold-starts", type=int, default=2)
+    ap.add_argument("--before", metavar="REF", help="also run this benchmark as it was at git REF, on its code")
     args = ap.parse_args()
     if args.threads:
         tf.config.threading.set_intra_op_parallelism_threads(args.threads)
@@ -239,13 +244,21 @@ def main() -> None:
     # each side's least disturbed block (timeit's estimator): neighbours only ever add time
     ratio_best = min(b[1] for b in base_blocks) / min(d[1] for d in ddlkit_blocks)
     name = f"overhead_{args.framework}"
+    before = {}
+    if args.before:
+        with tempfile.TemporaryDirectory() as tmp:
+            argv = [f"--{k.replace('_', '-')}={v}" for k, v in vars(args).items() if k != "before"]
+            then = run_before(args.before, "overhead_tf.py", argv, Path(tmp), result=name)
+        before = {"before": {"ref": args.before, "ratio": then["ratio"], "ratio_wall": then["ratio_wall"],
+                             "ddlkit_images_per_cpu_sec": then["ddlkit_images_per_cpu_sec"],
+                             "now_over_before": ratio / then["ratio"]}}
     path = write_result(name, {
         "benchmark": name, "config": vars(args), "device": "cpu",
         "baseline": "tf.function + GradientTape loop" if args.framework == "tensorflow" else "model.fit",
         "ddlkit_images_per_sec": ips(ddlkit_blocks, 0), "baseline_images_per_sec": ips(base_blocks, 0),
         "ddlkit_images_per_cpu_sec": ips(ddlkit_blocks, 1), "baseline_images_per_cpu_sec": ips(base_blocks, 1),
         "ratio": ratio, "ratio_best": ratio_best, "ratio_wall": ratio_wall, "block_pairs": len(pairs), "goal": 0.98,
-        "cold_start_to_first_step_s": summary(colds), "tf_import_s": tf_import,
+        "cold_start_to_first_step_s": summary(colds), "tf_import_s": tf_import, **before,
     })
     d_ips, b_ips = statistics.median(images / d[0] for d in ddlkit_blocks), statistics.median(
         images / b[0] for b in base_blocks)

@@ -47,7 +47,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from _common import RESULTS, summary, write_result
+from _common import RESULTS, core_env, export, summary, write_result
 
 
 def sweep_args(jobs: int, steps: int, batch: int) -> list[str]:
@@ -88,9 +88,7 @@ def run_sweep(args: list[str], sweep_dir: Path, cwd: Path, core: Path | None = N
     """Wall time of ``ddlkit ARGS``; ``core``: a checkout whose ``ddlkit`` package is used instead."""
     env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
     if core is not None:
-        # the old core and the old first-party plugins (same module names as the installed ones)
-        paths = [str(core), *(str(p) for p in sorted(core.glob("plugins/*/src")))]
-        env["PYTHONPATH"] = os.pathsep.join(filter(None, [*paths, os.environ.get("PYTHONPATH")]))
+        env = core_env(core, env)
     t0 = time.perf_counter()
     proc = subprocess.run([sys.executable, "-m", "ddlkit", *args, f"hydra.sweep.dir={sweep_dir}"], cwd=cwd, env=env,
                           capture_output=True, text=True)
@@ -174,15 +172,6 @@ def main() -> None:
           f"{ratio / cap:.0%}); scheduling overhead per job: dispatch median "
           f"{summary(dispatch)['median'] * 1000:.0f} ms (max {max(dispatch) * 1000:.0f} ms), end seen median "
           f"{summary(end_seen)['median'] * 1000:.0f} ms, aggregate {aggregate:.2f} s (goal < 1 s) -> {path}, {png}")
-
-
-def export(ref: str, dest: Path) -> Path:
-    """The repository's files at git ``ref``, in ``dest``."""
-    repo = Path(__file__).resolve().parent.parent
-    dest.mkdir(parents=True)
-    archive = subprocess.run(["git", "-C", str(repo), "archive", ref], check=True, capture_output=True).stdout
-    subprocess.run(["tar", "-x", "-C", str(dest)], input=archive, check=True)
-    return dest
 
 
 def plot(walls: dict[str, list[float]], timeline: dict[str, dict[str, Any]], ratio: float) -> Path:

@@ -1,7 +1,9 @@
 """ddlkit: plugin-based, config-driven data-parallel training.
 
-The public facade: the hook marker, the registration record, the five interfaces, the run
-object handed to frameworks and hooks, and the errors. Everything else is internal.
+The public facade: the hook marker, the registration record, the five interfaces and the
+framework-neutral batch, the run object handed to frameworks and hooks, and the errors; the
+shared optimizer schemas in :mod:`ddlkit.optim`, bring-your-own-code helpers in
+:mod:`ddlkit.custom`. Everything else is internal.
 """
 
 from .distributed import DistContext
@@ -19,6 +21,7 @@ from .hookspecs import hookimpl, hookspec
 from .interfaces import (
     JOB_FILE,
     WORKER_ARGS,
+    Batch,
     ComputeTarget,
     DataInfo,
     DataSource,
@@ -41,6 +44,7 @@ __version__ = "0.1.0"
 __all__ = [
     "JOB_FILE",
     "WORKER_ARGS",
+    "Batch",
     "ComputeTarget",
     "ConfigError",
     "DataInfo",

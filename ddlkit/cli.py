@@ -10,18 +10,23 @@ options up in its ConfigStore at composition time.
 
 from __future__ import annotations
 
+import argparse
+import os
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any, NoReturn
 
 from . import secrets as secret_store
-from .errors import ConfigError, DdlkitError, exit_code_for
+from .commandline import launch_args
+from .errors import ConfigError, DdlkitError, RunError, UnknownNameError, exit_code_for
 from .registry import HOOK_POINTS, Registry
 from .sweep.plan import plan_main
 
-_GROUP_OVERRIDE_PREFIXES = ("", "+", "++")
 #: ``ddlkit --detach OVERRIDES``: submit the job, print its name, and return without waiting
 DETACH_FLAG = "--detach"
+#: Hydra's switch for raising its errors (with their tracebacks) rather than printing them
+FULL_ERROR_ENV = "HYDRA_FULL_ERROR"
 
 
 def _fail(err: BaseException) -> int:
@@ -42,13 +47,62 @@ def _selected_names(value: object) -> list[str]:
     return [str(value)] if value is not None else []
 
 
-def check_names(overrides: Sequence[str], registry: Registry) -> None:
-    """Report an unknown ``framework=pytorh`` in our words (with the choices and any plugin that
-    failed to load) before Hydra composes anything; also checks the defaults' own choices."""
+class HydraCommand:
+    """The command line as Hydra's own parser reads it, and the config groups' options as Hydra
+    finds them for it: ddlkit's and the plugins' schemas, and the user's presets and experiments
+    (``./conf``, ``--config-dir``, ``hydra.searchpath``, the experiment directories) -- the options
+    ``--help`` and tab completion list, and so the ones the command line accepts."""
+
+    def __init__(self, args: argparse.Namespace) -> None:
+        self.args = args
+        self._loader: Any = None
+
+    @classmethod
+    def parse(cls, argv: Sequence[str]) -> HydraCommand | None:
+        """None for a command line Hydra will refuse itself (with its usage message)."""
+        from hydra._internal.utils import get_args_parser
+
+        parser = get_args_parser()
+
+        def refuse(message: str) -> NoReturn:
+            raise ValueError(message)
+
+        parser.error = refuse  # type: ignore[method-assign]
+        try:
+            return cls(parser.parse_args(list(argv)))
+        except (ValueError, SystemExit):
+            return None
+
+    @property
+    def overrides(self) -> list[str]:
+        return list(self.args.overrides)
+
+    def options(self, group: str) -> list[str]:
+        from hydra._internal.config_loader_impl import ConfigLoaderImpl
+        from hydra._internal.utils import create_config_search_path
+        from hydra.core.config_search_path import SearchPathQuery
+
+        if self._loader is None:
+            search_path = create_config_search_path("pkg://ddlkit.conf")
+            if self.args.config_dir:
+                search_path.prepend("command-line", f"file://{os.path.abspath(self.args.config_dir)}",
+                                    anchor=SearchPathQuery(provider="schema"))
+            self._loader = ConfigLoaderImpl(config_search_path=search_path)
+        searchpath = [o for o in self.overrides if o.partition("=")[0] == "hydra.searchpath"]
+        return self._loader.get_group_options(group, config_name=self.args.config_name or "config",
+                                              overrides=searchpath)
+
+
+def check_names(command: HydraCommand, registry: Registry) -> None:
+    """Report an unknown ``framework=pytorh`` in our words (with the choices, presets included,
+    and any plugin that failed to load) before Hydra composes anything; also checks the
+    defaults' own choices. A preset (``compute=mycluster`` from ``conf/compute/mycluster.yaml``)
+    is accepted like a registered name; its plugin is checked once it is composed."""
     from hydra.core.override_parser.overrides_parser import OverridesParser
     from omegaconf import OmegaConf
 
-    from .config import CONF_DIR, experiment_dirs
+    from .config import CONF_DIR
+    from .hydra_errors import EXPERIMENT_PLACES
 
     chosen: dict[str, list[str]] = {}
     for entry in OmegaConf.load(CONF_DIR / "config.yaml").defaults:
@@ -56,24 +110,27 @@ def check_names(overrides: Sequence[str], registry: Registry) -> None:
             for group, value in entry.items():
                 if group in HOOK_POINTS:
                     chosen[group] = _selected_names(list(value) if not isinstance(value, str) else value)
-    # flags (and the values of flags such as `--cfg job`) are Hydra's business, not overrides
-    parsed = OverridesParser.create().parse_overrides([o for o in overrides if "=" in o and not o.startswith("-")])
+    parsed = OverridesParser.create().parse_overrides(command.overrides)
     for ov in parsed:
         key = ov.key_or_group
         if key in HOOK_POINTS and not ov.is_delete():
             chosen[key] = _selected_names(ov.value())
         elif key == "experiment" and not ov.is_delete():
-            known = sorted({p.stem for d in experiment_dirs() for p in d.glob("*.yaml")})
+            # without any experiment, Hydra would take `+experiment=x` for a key to add, not a config to select
+            known = command.options("experiment")
             for name in _selected_names(ov.value()):
                 if name not in known:
-                    where = ", ".join(str(d) for d in experiment_dirs()) or "none exists here"
-                    raise ConfigError(
-                        f"unknown experiment {name!r} (`+experiment`). Choose one of: {', '.join(known) or '-'}. "
-                        f"Experiments are <name>.yaml files in ./experiments or in $DDLKIT_EXPERIMENTS "
-                        f"(directories: {where}).")
+                    raise ConfigError(f"unknown experiment {name!r} (`+experiment`). Choose one of: "
+                                      f"{', '.join(known) or '-'}. Experiments are {EXPERIMENT_PLACES}.")
     for group, names in chosen.items():
-        for name in names:
-            registry.get(group, name)
+        unknown = [n for n in names if n not in registry.names(group)]
+        if not unknown:
+            continue
+        options = command.options(group)
+        for name in unknown:
+            if name not in options:
+                hp = HOOK_POINTS[group]
+                raise UnknownNameError(hp.noun, name, options, hp.group, registry.not_loaded)
     experiment = any(ov.key_or_group == "experiment" for ov in parsed)
     for ov in parsed:
         if not ov.is_delete():
@@ -152,21 +209,26 @@ def _run_main(argv: list[str]) -> int:
                                      f"or leave {key} out ({default}/<date>/<time>)."))
     import hydra
     from hydra.core.hydra_config import HydraConfig
+    from hydra.errors import HydraException
+    from omegaconf.errors import OmegaConfBaseException
 
     from . import engine
     from .config import store_schemas
     from .plugins import get_plugin_manager
 
+    from .hydra_errors import explain
+
+    command = HydraCommand.parse(argv)
     try:
         pm = get_plugin_manager()
         registry = Registry.collect(pm)
         store_schemas(registry)
-        check_names(argv, registry)
+        if command is not None:  # else Hydra refuses the command line below, with its usage
+            check_names(command, registry)
     except DdlkitError as err:
         return _fail(err)
-    except Exception as err:  # a malformed override: Hydra will explain it below
-        if type(err).__name__ != "OverrideParseException":
-            raise
+    except Exception as err:
+        return _fail(_explained(err, explain))
 
     entered = {"code": 0}
 
@@ -175,16 +237,18 @@ def _run_main(argv: list[str]) -> int:
         hc = HydraConfig.get()
         try:
             job = engine.prepare(cfg, job_dir=Path(hc.runtime.output_dir), overrides=list(hc.overrides.task),
-                                 registry=registry, pm=pm, env={str(k): str(v) for k, v in hc.job.env_set.items()})
+                                 registry=registry, pm=pm, env={str(k): str(v) for k, v in hc.job.env_set.items()},
+                                 launch=launch_args(hc))
             engine.run_job(job, detach=detach)
-        except DdlkitError as err:
-            entered["code"] = _fail(err)
+        except (DdlkitError, HydraException, OmegaConfBaseException) as err:
+            # a task that raises gets Hydra's "Error executing job" line too: config errors end here
+            entered["code"] = _fail(err if isinstance(err, DdlkitError) else _explained(err, explain))
             if hc.mode is not None and hc.mode.name == "MULTIRUN":
                 return
             sys.exit(entered["code"])
         entered["code"] = 0
 
-    from .sweep.jobs import SWEEP_ATTR, DdlkitSweep
+    from .sweep.jobs import SWEEP_ATTR, DdlkitSweep, SweepError
 
     # `ddlkit -m`: the ddlkit launcher (hydra_plugins/ddlkit_launcher) finds this on the task and validates,
     # prepares and submits every job itself, through the compute target, instead of calling task() per job
@@ -192,20 +256,46 @@ def _run_main(argv: list[str]) -> int:
     setattr(task, SWEEP_ATTR, sweep)
 
     app = hydra.main(config_path="conf", config_name="config", version_base="1.3")(task)
-    saved_argv = sys.argv
+    saved_argv, full_error = sys.argv, os.environ.get(FULL_ERROR_ENV)
     sys.argv = ["ddlkit", *argv]
+    # Hydra then raises its errors instead of printing them in several lines; ddlkit tells them in one
+    os.environ[FULL_ERROR_ENV] = "1"
     try:
         app()
     except SystemExit as exc:
         if sweep.exit_code is not None:  # the sweep launcher ended the sweep and chose its status
             return sweep.exit_code
-        # Hydra exits 1 for composition errors (bad type, unknown key) before the task runs: those are config errors
-        if entered["code"] == 0 and exc.code == 1:
-            return 2
         return exc.code if isinstance(exc.code, int) else 1
+    except Exception as err:
+        if full_error == "1":  # the user asked for Hydra's full traceback
+            raise
+        if isinstance(err, SweepError):  # a sweep job's failure, which the launcher has put in words
+            print(err, file=sys.stderr)
+            return sweep.exit_code or 1
+        if command is not None and command.args.multirun and explain(err) is None:
+            # the sweeper gave up (Optuna: "No trials are completed yet"): the search did not complete
+            return _fail(RunError(f"the sweep could not complete: {type(err).__name__}: {_one_line(err)} "
+                                  f"({FULL_ERROR_ENV}=1 shows where)"))
+        return _fail(_explained(err, explain))
     finally:
         sys.argv = saved_argv
+        if full_error is None:
+            os.environ.pop(FULL_ERROR_ENV, None)
+        else:
+            os.environ[FULL_ERROR_ENV] = full_error
     return entered["code"] or sweep.exit_code or 0
+
+
+def _explained(err: Exception, explain: Callable[[BaseException], DdlkitError | None]) -> DdlkitError:
+    """``err`` in ddlkit's words, or raised again: an error that is not about the user's input is a bug."""
+    explained = explain(err)
+    if explained is None:
+        raise err
+    return explained
+
+
+def _one_line(err: BaseException) -> str:
+    return next((line.strip() for line in str(err).splitlines() if line.strip()), type(err).__name__)
 
 
 def plugins_main(argv: list[str]) -> int:
@@ -222,12 +312,15 @@ def plugins_main(argv: list[str]) -> int:
         return _fail(err)
     by_plugin: dict[int, list[str]] = {}
     for group, entries in registry.entries.items():
+        if group in registry.implementations:  # models, optimizers: one line per plugin and framework
+            names: dict[tuple[int, str], list[str]] = {}
+            for (framework, name), entry in sorted(registry.implementations[group].items()):
+                names.setdefault((id(entry.plugin), framework), []).append(name)
+            for (plugin, framework), these in names.items():
+                by_plugin.setdefault(plugin, []).append(f"{group}={','.join(these)} (framework={framework})")
+            continue
         for name, entry in sorted(entries.items()):
-            extra = ""
-            models = getattr(entry.registration.factory, "models", ())
-            if group == "framework" and models:
-                extra = f" (models: {', '.join(models)})"
-            by_plugin.setdefault(id(entry.plugin), []).append(f"{group}={name}{extra}")
+            by_plugin.setdefault(id(entry.plugin), []).append(f"{group}={name}")
     table = Table(title="ddlkit plugins", show_lines=False)
     for col in ("plugin", "distribution", "version", "registers", "other hooks"):
         table.add_column(col, overflow="fold")

@@ -1,7 +1,7 @@
 """Config schemas, and how plugin schemas reach Hydra.
 
 Every option of every group is a structured config in Hydra's ConfigStore: the core's own
-(model, optimizer, trainer, dist) from this module, and each plugin's from its
+(trainer, dist, sweep) from this module, and each plugin's from its
 :class:`~ddlkit.Registration` ``config`` dataclass, stored as ``<group>/<name>``. A plugin
 therefore adds options to a group without touching ``conf/``, and values are type-checked
 when Hydra composes. ``conf/config.yaml`` holds only the defaults list and Hydra settings.
@@ -10,56 +10,38 @@ when Hydra composes. ``conf/config.yaml`` holds only the defaults list and Hydra
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import enum
 import os
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from hydra.core.config_store import ConfigStore
-from omegaconf import MISSING, OmegaConf
+from omegaconf import DictConfig, OmegaConf, open_dict, read_write
 
 from .distributed import BACKENDS
+from .errors import ConfigError
 from .registry import HOOK_POINTS, Registry
 
 CONF_DIR = Path(__file__).parent / "conf"
 #: experiment configs are looked up here (relative to the working directory) and in $DDLKIT_EXPERIMENTS
 EXPERIMENTS_DIR = "experiments"
+#: the user's own config directory beside their code (relative to the working directory), searched
+#: like ``--config-dir``: presets (``conf/compute/mycluster.yaml``) and experiments (``conf/experiment/``)
+USER_CONF_DIR = "conf"
 
-MODELS = ("resnet18", "resnet34", "resnet50", "resnet101", "resnet152")
+#: the config's top-level keys besides the hook points
+CORE_GROUPS = ("trainer", "dist", "sweep")
+#: how an unknown key that only ``+key=value`` can have put in the config is named
+_ADDED = " (`+` cannot add an option)"
 
 
 class Precision(enum.Enum):
     fp32 = "fp32"
     bf16 = "bf16"
     fp16 = "fp16"
-
-
-@dataclass
-class ModelConfig:
-    # architecture; frameworks list the ones they build (`ddlkit plugins`)
-    name: str = MISSING
-    # start each residual block as identity (Goyal et al. sec. 5.1); helps large-batch training
-    zero_init_residual: bool = False
-
-
-@dataclass
-class OptimizerConfig:
-    name: str = "sgd"
-    # learning rate for a global batch of `reference_batch`; scaled linearly with the real global batch
-    lr: float = 0.1
-    momentum: float = 0.9
-    weight_decay: float = 1e-4
-    nesterov: bool = False
-    # scale lr by global_batch / reference_batch (Goyal et al.)
-    scale_lr: bool = True
-    reference_batch: int = 256
-    # linear warm-up length in epochs (may be fractional)
-    warmup_epochs: float = 5.0
-    # epochs at which lr is multiplied by decay_factor
-    decay_epochs: list[float] = field(default_factory=lambda: [30.0, 60.0, 80.0])
-    decay_factor: float = 0.1
-    label_smoothing: float = 0.0
 
 
 @dataclass
@@ -97,6 +79,11 @@ class SweepConfig:
     on_failure: str = "keep-going"
     # the sweep report's sort key and plotted metric: best_top1, final_loss, images_per_sec or duration_s
     sort_by: str = "best_top1"
+    # with a search sweeper (hydra/sweeper=optuna): the result field each job reports to it, e.g.
+    # best_top1, final_loss, images_per_sec (null: the basic sweeper, which optimizes nothing)
+    objective: str | None = None
+    # maximize, minimize, or auto: the objective's natural direction (best_top1 up, final_loss down)
+    direction: str = "auto"
 
 
 @dataclass
@@ -129,27 +116,31 @@ def store_schemas(registry: Registry, cs: ConfigStore | None = None) -> None:
             node = _with_name(registry.get(group, name).config, name)
             # loggers are multi-select: nest each under its own name (logger.console, logger.jsonl)
             cs.store(group=group, name=name, node=node, package=f"{group}.{name}" if hp.multi else group)
-    for model in MODELS:
-        cs.store(group="model", name=model, node=ModelConfig(name=model))
-    cs.store(group="optimizer", name="sgd", node=OptimizerConfig)
     cs.store(group="trainer", name="default", node=TrainerConfig)
     for backend in BACKENDS:
         cs.store(group="dist", name=backend, node=DistConfig(backend=backend))
     cs.store(group="sweep", name="default", node=SweepConfig)
-    store_experiments(cs)
 
 
 def experiment_dirs() -> list[Path]:
+    """The directories whose ``<name>.yaml`` files are ``+experiment=<name>``: ``./experiments``, then
+    ``$DDLKIT_EXPERIMENTS``. Hydra reads them through ``hydra_plugins/ddlkit_searchpath``, a file only
+    when it is selected."""
     dirs = [Path(EXPERIMENTS_DIR)]
     dirs += [Path(p) for p in os.environ.get("DDLKIT_EXPERIMENTS", "").split(os.pathsep) if p]
-    return [d for d in dirs if d.is_dir()]
+    return [d.resolve() for d in dirs if d.is_dir()]
 
 
-def store_experiments(cs: ConfigStore) -> None:
-    """Expose ``experiments/<name>.yaml`` as ``+experiment=<name>`` (merged at the top level)."""
-    for d in experiment_dirs():
-        for path in sorted(d.glob("*.yaml")):
-            cs.store(group="experiment", name=path.stem, node=OmegaConf.load(path), package="_global_")
+def user_conf_dirs() -> list[Path]:
+    """``./conf`` when there is one: searched for presets and experiments like a ``--config-dir``."""
+    return [Path(USER_CONF_DIR).resolve()] if Path(USER_CONF_DIR).is_dir() else []
+
+
+def yaml_error_line(err: BaseException) -> str:
+    """A YAML parse error (several lines, with a caret under the spot) as one line naming the spot."""
+    mark = getattr(err, "problem_mark", None)
+    problem = getattr(err, "problem", None) or (str(err).splitlines() or [type(err).__name__])[0]
+    return f"{problem} at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else problem
 
 
 def to_container(cfg: Any) -> Any:
@@ -161,3 +152,106 @@ def component_config(registry: Registry, group: str, plain: Any) -> Any:
     its ``name``), typed by the component's schema again: enums are enums, not strings."""
     name = plain["name"]
     return OmegaConf.merge(OmegaConf.structured(_with_name(registry.get(group, name).config, name)), plain)
+
+
+def check_composed(cfg: DictConfig, registry: Registry) -> None:
+    """Check the composed config's shape before its values: every component names a registered
+    plugin, a preset that names its plugin only by ``name: local_mpi`` gets that plugin's schema
+    (so its keys and types are checked as an option's are), and no key is one that no schema
+    declares -- ``+trainer.batchsize=8`` opens the config for the typo, and nothing would read it."""
+    for group, hp in HOOK_POINTS.items():
+        components = cfg.get(group)
+        if not isinstance(components, DictConfig):
+            continue
+        for key in list(components) if hp.multi else [None]:
+            node = components[key] if key is not None else components
+            if isinstance(node, DictConfig) and OmegaConf.get_type(node) is dict:
+                typed = _typed_preset(registry, f"{group}.{key}" if key else group, group, node)
+                with read_write(cfg), open_dict(cfg), open_dict(components):
+                    if key is None:
+                        cfg[group] = typed
+                    else:
+                        components[key] = typed
+    for path, node in _typed_nodes(cfg, ""):
+        declared = {f.name for f in dataclasses.fields(OmegaConf.get_type(node))}
+        for extra in (k for k in node if k not in declared):
+            raise ConfigError(unknown_key_message(cfg, f"{path}.{extra}", _ADDED))
+    for extra in (k for k in cfg if k not in HOOK_POINTS and k not in CORE_GROUPS):
+        raise ConfigError(unknown_key_message(cfg, str(extra), _ADDED))
+
+
+def _typed_preset(registry: Registry, where: str, group: str, node: DictConfig) -> DictConfig:
+    """A preset composed without its plugin's schema (``name: local_mpi``, no defaults list),
+    merged onto that schema: its keys and values are checked as an option's are."""
+    from omegaconf.errors import OmegaConfBaseException
+
+    name = node.get("name")
+    if not isinstance(name, str):
+        raise ConfigError(f"the {where} preset does not say which {HOOK_POINTS[group].noun} it configures: give it "
+                          f"a defaults list naming one ({', '.join(registry.names(group))}), or `name: <one of them>`.")
+    schema = OmegaConf.structured(_with_name(registry.get(group, name).config, name))
+    # rooted at the preset's place, so that messages name the keys as the user would write them
+    rooted = OmegaConf.create()
+    OmegaConf.update(rooted, where, schema, force_add=True)
+    for key in node:
+        if key not in schema:
+            raise ConfigError(unknown_key_message(rooted, f"{where}.{key}"))
+    try:
+        OmegaConf.update(rooted, where, node, merge=True)
+    except OmegaConfBaseException as err:
+        from .hydra_errors import explain
+
+        raise explain(err) or ConfigError(str(err)) from None
+    return OmegaConf.select(rooted, where)
+
+
+def _typed_nodes(node: DictConfig, path: str) -> Iterator[tuple[str, DictConfig]]:
+    """Every dict node typed by a dataclass, below ``node`` (at ``path``)."""
+    for key, value in node.items_ex(resolve=False):
+        if isinstance(value, DictConfig) and not value._is_none() and not value._is_missing():
+            here = f"{path}.{key}" if path else str(key)
+            if dataclasses.is_dataclass(OmegaConf.get_type(value)):
+                yield here, value
+            yield from _typed_nodes(value, here)
+
+
+def _keys(node: DictConfig, path: str = "") -> Iterator[str]:
+    for key, value in node.items_ex(resolve=False):
+        here = f"{path}.{key}" if path else str(key)
+        if here == "hydra":
+            continue
+        yield here
+        if isinstance(value, DictConfig) and not value._is_none() and not value._is_missing():
+            yield from _keys(value, here)
+
+
+def closest_key(root: DictConfig | None, key: str) -> tuple[str | None, list[str]]:
+    """The valid key nearest to ``key`` in the config ``root`` -- the same last part elsewhere
+    (``trainer.decay_epochs``: ``optimizer.decay_epochs``), else the closest option of the same
+    parent, else the closest key anywhere -- and the parent's options."""
+    if root is None:
+        return None, []
+    parent, _, last = key.rpartition(".")
+    node = OmegaConf.select(root, parent, default=None) if parent else root
+    options = sorted(str(k) for k in node if str(k) not in (last, "hydra")) if isinstance(node, DictConfig) else []
+    keys = [k for k in _keys(root) if k != key]
+    elsewhere = [k for k in keys if k.rpartition(".")[2] == last]
+    if elsewhere:
+        return elsewhere[0], options
+    near = difflib.get_close_matches(last, options, n=1, cutoff=0.6)
+    if near:
+        return f"{parent}.{near[0]}" if parent else near[0], options
+    near = difflib.get_close_matches(key, keys, n=1, cutoff=0.75)
+    return (near[0] if near else None), options
+
+
+def unknown_key_message(root: DictConfig | None, key: str, note: str = "") -> str:
+    """``unknown key `trainer.batchsize`: trainer has no option batchsize. Did you mean
+    `trainer.batch_size`?``, or the parent's options when no key is close."""
+    parent, _, last = key.rpartition(".")
+    where = f"{parent} has no option {last}" if parent else f"there is no config group or key {last}"
+    suggestion, options = closest_key(root, key)
+    if suggestion:
+        return f"unknown key `{key}`{note}: {where}. Did you mean `{suggestion}`?"
+    listed = f" Its options: {', '.join(options)}." if options else ""
+    return f"unknown key `{key}`{note}: {where}.{listed}"

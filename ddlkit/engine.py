@@ -13,7 +13,6 @@ import json
 import os
 import platform
 import re
-import shlex
 import signal
 import subprocess
 import sys
@@ -30,9 +29,10 @@ from omegaconf.errors import MissingMandatoryValue, OmegaConfBaseException
 from . import secrets as secret_store
 from .atomic import write_json, write_text
 from .checkpoint import resolve_resume
-from .config import to_container
+from .commandline import job_command
+from .config import check_composed, to_container
 from .distributed import BACKENDS
-from .errors import ConfigError, DdlkitError, JobFailedError
+from .errors import ConfigError, DdlkitError, JobFailedError, exit_code_for
 from .interfaces import JOB_FILE, ComputeTarget, JobHandle, JobSpec, JobState, JobStatus
 from .jobs import index
 from .registry import HOOK_POINTS, Registry
@@ -56,11 +56,13 @@ class PreparedJob:
     compute: ComputeTarget
     config: dict[str, Any]
     overrides: tuple[str, ...] = ()
+    #: what composed the job besides its overrides (``--config-dir``, ``hydra.searchpath``, ...):
+    #: see :func:`ddlkit.commandline.launch_args`
+    launch: tuple[str, ...] = ()
 
     @property
     def resume_hint(self) -> str:
-        kept = [o for o in self.overrides if not o.startswith("hydra.run.dir=")]
-        return f"resume with: ddlkit {shlex.join(kept + [f'hydra.run.dir={self.spec.job_dir}'])}"
+        return f"resume with: {job_command(self.overrides, self.spec.job_dir, self.launch)}"
 
 
 def _check(cond: bool, key: str, value: object, requirement: str) -> None:
@@ -70,6 +72,7 @@ def _check(cond: bool, key: str, value: object, requirement: str) -> None:
 
 def build_target(cfg: DictConfig, registry: Registry) -> ComputeTarget:
     """The job's compute target: built once per job, from ``cfg.compute``."""
+    check_composed(cfg, registry)  # a preset's node gets its plugin's schema before it is read
     return registry.create("compute", cfg.compute.name, cfg.compute)
 
 
@@ -77,6 +80,7 @@ def validate(cfg: DictConfig, registry: Registry, pm: DdlkitPluginManager, *,
              compute: ComputeTarget | None = None) -> dict[str, Any]:
     """Check the composed config before anything runs; return it resolved as plain containers.
     ``compute``: the job's target, when the caller has built it already."""
+    check_composed(cfg, registry)
     for group, hp in HOOK_POINTS.items():
         # `logger=[]` (no loggers) leaves the key out of the composed config altogether
         names = list(cfg.get(group) or {}) if hp.multi else [cfg[group].name]
@@ -97,28 +101,29 @@ def validate(cfg: DictConfig, registry: Registry, pm: DdlkitPluginManager, *,
     _check(t.checkpoint_every >= 0, "trainer.checkpoint_every", t.checkpoint_every, ">= 0 (0 = per epoch)")
     _check(t.max_steps is None or t.max_steps >= 1, "trainer.max_steps", t.max_steps, "null or a positive integer")
     _check(o.lr > 0, "optimizer.lr", o.lr, "positive")
-    _check(0 <= o.momentum < 1, "optimizer.momentum", o.momentum, "in [0, 1)")
-    _check(o.weight_decay >= 0, "optimizer.weight_decay", o.weight_decay, ">= 0")
     _check(o.warmup_epochs >= 0, "optimizer.warmup_epochs", o.warmup_epochs, ">= 0")
     _check(0 <= o.label_smoothing < 1, "optimizer.label_smoothing", o.label_smoothing, "in [0, 1)")
-    _check(o.name == "sgd", "optimizer.name", o.name, "sgd (the only optimizer so far)")
+    _check_optimizer_options(o)
     _check_distributed(cfg, compute or build_target(cfg, registry))
-
-    framework_cls = registry.get("framework", cfg.framework.name).factory
-    models = getattr(framework_cls, "models", ())
-    if models and cfg.model.name not in models:
-        raise ConfigError(f"framework={cfg.framework.name} cannot build model={cfg.model.name}. "
-                          f"Choose one of: {', '.join(models)}.")
-    data_cls = registry.get("data", cfg.data.name).factory
-    supported = getattr(data_cls, "frameworks", ())
-    data_format = getattr(framework_cls, "data_format", None) or cfg.framework.name
-    if supported and data_format not in supported:
-        raise ConfigError(f"data={cfg.data.name} has no input pipeline for framework={cfg.framework.name}; "
-                          f"it supports: {', '.join(supported)}.")
+    # the selected framework must implement the selected model and optimizer
+    for group in ("model", "optimizer"):
+        registry.get_for(group, cfg.framework.name, cfg[group].name)
     # Framework.configure is the framework's own launcher-side check (documented on the interface)
     registry.create("framework", cfg.framework.name, cfg.framework).configure(cfg)
     pm.hook.ddlkit_configure(config=cfg)
     return container
+
+
+def _check_optimizer_options(o: DictConfig) -> None:
+    """The shared hyperparameters' ranges, for the optimizers that have them."""
+    for key, ok, requirement in (("momentum", lambda v: 0 <= v < 1, "in [0, 1)"),
+                                 ("beta1", lambda v: 0 <= v < 1, "in [0, 1)"),
+                                 ("beta2", lambda v: 0 <= v < 1, "in [0, 1)"),
+                                 ("eps", lambda v: v > 0, "positive"),
+                                 ("weight_decay", lambda v: v >= 0, ">= 0"),
+                                 ("trust_coefficient", lambda v: v > 0, "positive")):
+        if key in o:
+            _check(ok(o[key]), f"optimizer.{key}", o[key], requirement)
 
 
 def _check_distributed(cfg: DictConfig, compute: ComputeTarget) -> None:
@@ -189,9 +194,10 @@ def job_environment(cfg: DictConfig, pm: DdlkitPluginManager,
 
 def prepare(cfg: DictConfig, *, job_dir: Path, overrides: Sequence[str], registry: Registry,
             pm: DdlkitPluginManager, env: Mapping[str, str] | None = None, compute: ComputeTarget | None = None,
-            validated: dict[str, Any] | None = None) -> PreparedJob:
+            validated: dict[str, Any] | None = None, launch: Sequence[str] = ()) -> PreparedJob:
     """Validate (unless ``validated`` holds the result already), build the compute target (unless
-    given), and write the job directory. ``env``: more environment for the ranks."""
+    given), and write the job directory. ``env``: more environment for the ranks; ``launch``: what
+    composed the job besides its overrides, for the command that resumes it."""
     compute = compute or build_target(cfg, registry)
     container = validated if validated is not None else validate(cfg, registry, pm, compute=compute)
     # a secret given on the command line must not reach the job files (nor the resume hint) either
@@ -216,7 +222,7 @@ def prepare(cfg: DictConfig, *, job_dir: Path, overrides: Sequence[str], registr
     if secrets:
         secret_env[secret_store.SECRETS_ENV] = secret_store.encode(secrets)
     spec = JobSpec(name=name, job_dir=job_dir, env=rank_env, secret_env=secret_env)
-    return PreparedJob(spec, compute, redacted, tuple(overrides))
+    return PreparedJob(spec, compute, redacted, tuple(overrides), tuple(secret_store.redact_overrides(launch)))
 
 
 def refuse_a_running_job(job_dir: Path, registry: Registry) -> None:
@@ -325,7 +331,10 @@ def conclude(handle: JobHandle, status: JobStatus, *, job_dir: Path, name: str,
     if status.exit_code == EXIT_PREEMPTED:
         raise JobFailedError(f"job {name} stopped after saving a checkpoint; {resume_hint}",
                              exit_code=EXIT_PREEMPTED)
-    raise JobFailedError(f"job {name} {status.state.value}: {status.message}\n  {resume_hint}",
+    # a rank's config error (exit status 2: a model.target that does not import, a model of the
+    # wrong kind) is fixed in the command, so the same command would only fail again
+    hint = "" if status.exit_code == exit_code_for(ConfigError()) else f"\n  {resume_hint}"
+    raise JobFailedError(f"job {name} {status.state.value}: {status.message}{hint}",
                          exit_code=status.exit_code if status.exit_code and status.exit_code > 0 else 1)
 
 

@@ -2,8 +2,8 @@
 
 Two kinds of hook:
 
-* **Registration hooks** (``ddlkit_data_sources`` ... ``ddlkit_loggers``) are called once,
-  after all plugins are loaded. They yield :class:`ddlkit.Registration` records; only the core
+* **Registration hooks** (``ddlkit_data_sources`` ... ``ddlkit_loggers``, and the per-framework
+  ``ddlkit_models`` and ``ddlkit_optimizers``) are called once, after all plugins are loaded. They yield :class:`ddlkit.Registration` records; only the core
   maps a config name to an implementation, so only the core reports conflicts and choices.
 * **Lifecycle hooks** are broadcast to every plugin during a run, with keyword arguments.
   Implementations may accept any subset of the arguments, so hooks grow by adding arguments.
@@ -93,6 +93,50 @@ def ddlkit_loggers() -> Iterable[Registration[Logger]]:
             yield ddlkit.Registration("mlflow", MlflowLogger, config=MlflowConfig)
 
     .. versionadded:: 0.1
+    """
+
+
+@hookspec
+def ddlkit_models() -> Iterable[Registration[Any]]:
+    """Register models, each for one framework; users select one with ``model=<name>``. Example::
+
+        @dataclass
+        class UNetConfig:
+            # encoder stages
+            depth: int = 4
+
+        def build_unet(cfg, data):
+            return UNet(depth=cfg.depth, classes=data.num_classes)   # a torch.nn.Module
+
+        @ddlkit.hookimpl
+        def ddlkit_models():
+            yield ddlkit.Registration("unet", build_unet, config=UNetConfig, framework="pytorch")
+
+    The factory is called as ``factory(cfg, data=DataInfo)`` on every rank and returns the
+    framework's model (a ``torch.nn.Module`` for ``pytorch``, a ``keras.Model`` for ``tensorflow``
+    and ``keras``); import the framework inside it. Several frameworks may register one name
+    (the ResNets are registered by each framework plugin); options they share must agree.
+
+    .. versionadded:: 0.2
+    """
+
+
+@hookspec
+def ddlkit_optimizers() -> Iterable[Registration[Any]]:
+    """Register optimizers, each for one framework; users select one with ``optimizer=<name>``.
+    Example::
+
+        @ddlkit.hookimpl
+        def ddlkit_optimizers():
+            yield ddlkit.Registration("sgd", build_sgd, config=ddlkit.optim.SGDConfig, framework="pytorch")
+
+    What the factory is called with besides its config node is the framework's convention
+    (PyTorch: ``factory(cfg, params)``; TensorFlow and Keras: ``factory(cfg)``). Its config
+    subclasses :class:`ddlkit.optim.OptimizerConfig`, whose learning-rate schedule (Goyal et al.)
+    the Run applies for every optimizer; the standard names share their schemas
+    (:mod:`ddlkit.optim`), so ``optimizer=adamw`` means the same hyperparameters everywhere.
+
+    .. versionadded:: 0.2
     """
 
 

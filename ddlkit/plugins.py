@@ -42,6 +42,7 @@ BUILTIN_PLUGINS: tuple[str, ...] = (
     "ddlkit.builtin.nfs_storage",
     "ddlkit.builtin.local_ssd_storage",
     "ddlkit.builtin.imagefolder",
+    "ddlkit.builtin.custom_data",
     "ddlkit.builtin.console_logger",
     "ddlkit.builtin.jsonl_logger",
 )

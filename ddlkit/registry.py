@@ -1,4 +1,4 @@
-"""Name -> implementation resolution for the five hook points.
+"""Name -> implementation resolution for the registration hook points.
 
 Plugins *register* names through the registration hooks; only this module turns
 ``storage=local`` into an object. Because every name passes through here, this is the one
@@ -7,12 +7,13 @@ place that can detect two plugins claiming a name and list the choices for a typ
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
-from .errors import DdlkitError, PluginConflictError, PluginError, UnknownNameError
+from .errors import ConfigError, DdlkitError, PluginConflictError, PluginError, UnknownNameError
 
 if TYPE_CHECKING:
     from .plugins import DdlkitPluginManager
@@ -42,6 +43,9 @@ class Registration(Generic[T]):
     config: type | None = None
     #: one line shown by ``ddlkit plugins``
     description: str = ""
+    #: models and optimizers only: the framework (its registered name) this implementation is for;
+    #: each framework builds ``model=<name>`` and ``optimizer=<name>`` with its own
+    framework: str = ""
 
 
 @dataclass(frozen=True)
@@ -56,6 +60,8 @@ class HookPoint:
     noun: str
     #: whether the config selects several at once (loggers)
     multi: bool = False
+    #: whether each framework registers its own implementation of a name (models, optimizers)
+    per_framework: bool = False
 
 
 HOOK_POINTS: dict[str, HookPoint] = {
@@ -66,6 +72,8 @@ HOOK_POINTS: dict[str, HookPoint] = {
         HookPoint("compute", "ddlkit_compute_targets", "compute target"),
         HookPoint("framework", "ddlkit_frameworks", "framework"),
         HookPoint("logger", "ddlkit_loggers", "logger", multi=True),
+        HookPoint("model", "ddlkit_models", "model", per_framework=True),
+        HookPoint("optimizer", "ddlkit_optimizers", "optimizer", per_framework=True),
     )
 }
 
@@ -82,14 +90,20 @@ class Entry:
 class Registry:
     """All registrations, per hook point, collected from a plugin manager."""
 
+    #: per group, each name's entry; for a per-framework group (models, optimizers) the first
+    #: framework's, with ``config`` the union of every framework's schema for the name
     entries: dict[str, dict[str, Entry]] = field(default_factory=dict)
+    #: per-framework groups: ``(framework, name)`` -> that framework's implementation
+    implementations: dict[str, dict[tuple[str, str], Entry]] = field(default_factory=dict)
     #: human lines for plugins that failed to load, used to explain a missing name
     not_loaded: list[str] = field(default_factory=list)
 
     @classmethod
     def collect(cls, pm: DdlkitPluginManager) -> Registry:
-        reg = cls(entries={g: {} for g in HOOK_POINTS}, not_loaded=pm.failure_lines())
-        conflicts: dict[tuple[str, str], list[Entry]] = {}
+        reg = cls(entries={g: {} for g in HOOK_POINTS}, not_loaded=pm.failure_lines(),
+                  implementations={g: {} for g, hp in HOOK_POINTS.items() if hp.per_framework})
+        #: (group, name) -- (group, (framework, name)) for models and optimizers -> the plugins claiming it
+        conflicts: dict[tuple[str, Any], list[Entry]] = {}
         for group, hp in HOOK_POINTS.items():
             hook = getattr(pm.hook, hp.hook)
             for impl in hook.get_hookimpls():
@@ -102,12 +116,17 @@ class Registry:
                 for item in items:
                     entry = Entry(item, impl.plugin, pm.describe(impl.plugin))
                     _check_registration(hp, entry)
-                    existing = reg.entries[group].get(item.name)
+                    table: dict[Any, Entry] = reg.implementations[group] if hp.per_framework else reg.entries[group]
+                    key = (item.framework, item.name) if hp.per_framework else item.name
+                    existing = table.get(key)
                     if existing is not None:
-                        conflicts.setdefault((group, item.name), [existing]).append(entry)
-                    reg.entries[group][item.name] = entry
+                        conflicts.setdefault((group, key), [existing]).append(entry)
+                    table[key] = entry
+            if hp.per_framework:
+                reg.entries[group] = _union_by_name(hp, reg.implementations[group])
         if conflicts:
-            (group, name), entries = next(iter(conflicts.items()))
+            (group, key), entries = next(iter(conflicts.items()))
+            name = f"{key[1]!r} (framework={key[0]})" if isinstance(key, tuple) else repr(key)
             lines, blockable = [], []
             for e in entries:
                 ep = pm.entry_point_name(e.plugin)
@@ -117,7 +136,7 @@ class Registry:
             if blockable:
                 way_out += f", or block one with DDLKIT_DISABLE_PLUGINS=<{' or '.join(blockable)}>"
             raise PluginConflictError(
-                f"{HOOK_POINTS[group].noun} {name!r} is registered by {len(entries)} plugins:\n"
+                f"{HOOK_POINTS[group].noun} {name} is registered by {len(entries)} plugins:\n"
                 + "\n".join(lines) + f"\n  {way_out}."
             )
         return reg
@@ -135,16 +154,86 @@ class Registry:
     def create(self, group: str, name: str, cfg: Any) -> Any:
         """Build the component registered as ``group=name`` from its config node."""
         registration = self.get(group, name)
-        try:
-            return registration.factory(cfg)
-        except DdlkitError:
-            raise
-        except Exception as err:
-            origin = self.entries[group][name].origin
-            raise PluginError(
-                f"{HOOK_POINTS[group].noun} {name!r} from {origin} failed to initialise: "
-                f"{type(err).__name__}: {err}"
-            ) from err
+        return _call(self.entries[group][name].origin, registration, HOOK_POINTS[group].noun, cfg)
+
+    def frameworks_of(self, group: str, name: str) -> list[str]:
+        """The frameworks that implement ``group=name`` (a per-framework group)."""
+        return sorted(f for f, n in self.implementations[group] if n == name)
+
+    def names_for(self, group: str, framework: str) -> list[str]:
+        """The names of a per-framework group that ``framework`` implements."""
+        return sorted(n for f, n in self.implementations[group] if f == framework)
+
+    def get_for(self, group: str, framework: str, name: str) -> Registration[Any]:
+        """``framework``'s implementation of ``group=name``; a ConfigError lists what it has."""
+        self.get(group, name)  # an unknown name: the choices of every framework
+        entry = self.implementations[group].get((framework, name))
+        if entry is None:
+            hp = HOOK_POINTS[group]
+            raise ConfigError(
+                f"framework={framework} has no {hp.noun} {name!r} ({hp.noun} {name} is implemented for "
+                f"framework={', '.join(self.frameworks_of(group, name))}). Choose one framework={framework} has: "
+                f"{', '.join(self.names_for(group, framework)) or '(none)'}.")
+        return entry.registration
+
+    def create_for(self, group: str, framework: str, name: str, cfg: Any, *args: Any, **kwargs: Any) -> Any:
+        """Build ``framework``'s ``group=name`` as ``factory(cfg, *args, **kwargs)``."""
+        registration = self.get_for(group, framework, name)
+        return _call(self.implementations[group][(framework, name)].origin, registration, HOOK_POINTS[group].noun,
+                     cfg, *args, **kwargs)
+
+
+def _call(origin: str, registration: Registration[Any], noun: str, cfg: Any, *args: Any, **kwargs: Any) -> Any:
+    """``factory(cfg, ...)``; a plugin's failure names the plugin."""
+    try:
+        return registration.factory(cfg, *args, **kwargs)
+    except DdlkitError:
+        raise
+    except Exception as err:
+        raise PluginError(
+            f"{noun} {registration.name!r} from {origin} failed to initialise: {type(err).__name__}: {err}"
+        ) from err
+
+
+def _union_by_name(hp: HookPoint, implementations: dict[tuple[str, str], Entry]) -> dict[str, Entry]:
+    """One entry per name for a per-framework group, for the config group's option: its schema is
+    the union of the frameworks' schemas for that name, so ``model=resnet50 model.x=...`` composes
+    whichever framework is selected. A field two frameworks declare must agree in type and default:
+    a name means the same option everywhere."""
+    by_name: dict[str, list[Entry]] = {}
+    for (_, name), entry in sorted(implementations.items()):
+        by_name.setdefault(name, []).append(entry)
+    merged: dict[str, Entry] = {}
+    for name, entries in by_name.items():
+        fields: dict[str, tuple[dataclasses.Field, Entry]] = {}
+        bases: list[type] = []
+        for entry in entries:
+            schema = entry.registration.config
+            if schema is None:
+                continue
+            if not dataclasses.is_dataclass(schema):
+                raise PluginError(f"{entry.origin}: {hp.noun} {name!r}: config must be a dataclass type")
+            for f in dataclasses.fields(schema):
+                seen = fields.get(f.name)
+                if seen is not None and _signature(seen[0]) != _signature(f):
+                    raise PluginError(
+                        f"{hp.noun} {name!r}: option {f.name!r} is declared differently by {seen[1].origin} "
+                        f"({_signature(seen[0])}) and {entry.origin} ({_signature(f)}); the plugins must agree, "
+                        f"since `{hp.group}.{f.name}` means one thing whichever framework runs.")
+                fields.setdefault(f.name, (f, entry))
+            if schema not in bases and not any(issubclass(b, schema) for b in bases):
+                bases = [b for b in bases if not issubclass(schema, b)] + [schema]
+        first = entries[0]
+        config = bases[0] if len(bases) == 1 else (
+            dataclasses.make_dataclass(f"{hp.group.title()}_{name}", [], bases=tuple(bases)) if bases else None)
+        merged[name] = Entry(dataclasses.replace(first.registration, config=config), first.plugin, first.origin)
+    return merged
+
+
+def _signature(f: dataclasses.Field) -> str:
+    default = f.default if f.default is not dataclasses.MISSING else (
+        f.default_factory() if f.default_factory is not dataclasses.MISSING else "<required>")
+    return f"{getattr(f.type, '__name__', f.type)} = {default!r}"
 
 
 def _check_registration(hp: HookPoint, entry: Entry) -> None:
@@ -160,6 +249,9 @@ def _check_registration(hp: HookPoint, entry: Entry) -> None:
         )
     if item.config is not None and not isinstance(item.config, type):
         raise PluginError(f"{entry.origin}: {hp.noun} {item.name!r}: config must be a dataclass type")
+    if hp.per_framework and not item.framework:
+        raise PluginError(f"{entry.origin}: {hp.noun} {item.name!r} names no framework: a {hp.noun} is registered "
+                          "for one framework, Registration(..., framework=\"<its name>\")")
 
 
 def iter_names(registry: Registry) -> Iterable[tuple[str, str, Entry]]:

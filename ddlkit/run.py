@@ -74,6 +74,7 @@ class Run:
         self.name = name or self.job_dir.name
         self.pm = pm
         self.hook = pm.hook
+        self.registry = registry
         self.dist = dist
         self.data: DataSource = registry.create("data", cfg.data.name, cfg.data)
         self.storage: StorageBackend = registry.create("storage", cfg.storage.name, cfg.storage)
@@ -125,6 +126,19 @@ class Run:
         self._active_loggers: list[Logger] = []
 
     # ---------------------------------------------------------------- framework side
+    def build_model(self, **kwargs: Any) -> Any:
+        """The selected model (``model=<name>``), built by the selected framework's registration
+        of it as ``factory(cfg.model, data=DataInfo, **kwargs)``."""
+        return self.registry.create_for("model", self.cfg.framework.name, self.cfg.model.name, self.cfg.model,
+                                        data=self.data.info, **kwargs)
+
+    def build_optimizer(self, *args: Any, **kwargs: Any) -> Any:
+        """The selected optimizer (``optimizer=<name>``), built by the selected framework's
+        registration of it as ``factory(cfg.optimizer, *args, **kwargs)``; the learning rate it
+        is built with does not matter: the framework sets ``schedule(step)`` at every step."""
+        return self.registry.create_for("optimizer", self.cfg.framework.name, self.cfg.optimizer.name,
+                                        self.cfg.optimizer, *args, **kwargs)
+
     def restore(self, save: SaveFn, load: LoadFn) -> RunState:
         """Register how to write/read the framework's state, load ``resume_from`` if set, and
         return where training starts. ``save(path, meta)`` must write everything to ``path``

@@ -18,13 +18,14 @@ from ddlkit import ConfigError, Registration
 from ddlkit import secrets as secret_store
 from ddlkit.config import store_schemas, to_container
 from ddlkit.engine import prepare, validate
+from ddlkit.optim import AdamWConfig, SGDConfig
 from ddlkit.plugins import DdlkitPluginManager
 from ddlkit.registry import HOOK_POINTS, Registry
 from ddlkit.testing import FAKES_MODULE, add_plugin, compose, fakes, with_default_framework
 from ddlkit.testing.fakes import FakeFramework
 from ddlkit.worker import load_job
 
-CORE_GROUPS = ("model", "optimizer", "trainer", "dist")
+CORE_GROUPS = ("trainer", "dist")
 TOKEN = "sv=2026&sig=very-secret-signature"
 
 
@@ -49,9 +50,9 @@ def test_every_option_of_every_group_composes_and_validates(pm: DdlkitPluginMana
     cs = ConfigStore.instance()
     options = {g: sorted(n.removesuffix(".yaml") for n in cs.list(g)) for g in (*HOOK_POINTS, *CORE_GROUPS)}
     assert options == {
-        "data": ["imagefolder", "synthetic"], "storage": ["local", "local_ssd", "memory", "nfs"], "compute": ["elsewhere", "local"], "framework": ["fake"],
-        "logger": ["console", "jsonl", "recording"],
-        "model": ["resnet101", "resnet152", "resnet18", "resnet34", "resnet50"],
+        "data": ["custom", "imagefolder", "synthetic"], "storage": ["local", "local_ssd", "memory", "nfs"],
+        "compute": ["elsewhere", "local"], "framework": ["fake"], "logger": ["console", "jsonl", "recording"],
+        "model": ["resnet101", "resnet152", "resnet18", "resnet34", "resnet50", "softmax"],
         "optimizer": ["sgd"], "trainer": ["default"], "dist": ["horovod", "native", "none"],
     }
     for group, names in options.items():
@@ -62,9 +63,10 @@ def test_every_option_of_every_group_composes_and_validates(pm: DdlkitPluginMana
             else:
                 # an option with a mandatory value gets one, as a user must give it
                 required = {("data", "imagefolder"): ["data.root=/data/imagenet"],
+                            ("data", "custom"): ["data.target=json:loads"],
                             ("storage", "nfs"): ["storage.root=/mnt/nfs"]}.get((group, name), [])
                 container = checked(pm, f"{group}={name}", *required)
-                if group in HOOK_POINTS or group == "model":
+                if group in HOOK_POINTS:
                     assert container[group]["name"] == name, (group, name)
 
 
@@ -116,7 +118,7 @@ def test_wrong_values_fail_when_composing(pm: DdlkitPluginManager, override: str
     ("optimizer.lr=-1", "optimizer.lr=-1.0 is invalid: it must be positive."),
     ("optimizer.momentum=1", "optimizer.momentum=1.0 is invalid: it must be in [0, 1)."),
     ("optimizer.label_smoothing=1.5", "optimizer.label_smoothing=1.5 is invalid: it must be in [0, 1)."),
-    ("optimizer.name=adam", "optimizer.name=adam is invalid: it must be sgd (the only optimizer so far)."),
+    ("optimizer.name=adam", "unknown optimizer 'adam' (config key `optimizer`). Choose one of: sgd."),
     ("dist.backend=mpi", "dist.backend=mpi is invalid: it must be one of: none, native, horovod."),
     ("dist.timeout_s=0", "dist.timeout_s=0.0 is invalid: it must be positive."),
     ("dist.stop_check_every=0", "dist.stop_check_every=0 is invalid: it must be a positive integer."),
@@ -158,37 +160,48 @@ def test_a_missing_mandatory_value_names_the_key(pm: DdlkitPluginManager) -> Non
     assert checked(pm, "storage=bucket", "storage.bucket=b1")["storage"] == {"bucket": "b1", "name": "bucket"}
 
 
-class TinyFramework(FakeFramework):
-    models = ("resnet18",)
+def _tiny_framework() -> object:
+    """framework=tiny: the fake's loop, with one model and two optimizers of its own."""
 
-
-class FormatlessFramework(FakeFramework):
-    data_format = None  # so it asks data sources for batches under its registered name
-
-
-def _framework_plugin(name: str, cls: type) -> object:
     class Plugin:
         @ddlkit.hookimpl
         def ddlkit_frameworks(self):
-            yield Registration(name, cls, config=fakes.FakeFrameworkConfig)
+            yield Registration("tiny", FakeFramework, config=fakes.FakeFrameworkConfig)
+
+        @ddlkit.hookimpl
+        def ddlkit_models(self):
+            yield Registration("resnet18", fakes.build_softmax, framework="tiny")
+
+        @ddlkit.hookimpl
+        def ddlkit_optimizers(self):
+            for name in ("sgd", "adamw"):
+                yield Registration(name, fakes.build_sgd, config=SGDConfig if name == "sgd" else AdamWConfig,
+                                   framework="tiny")
 
     return Plugin()
 
 
 def test_a_model_the_framework_cannot_build(pm: DdlkitPluginManager) -> None:
-    add_plugin(pm, _framework_plugin("tiny", TinyFramework))
+    add_plugin(pm, _tiny_framework())
     assert checked(pm, "framework=tiny")["model"]["name"] == "resnet18"
     with pytest.raises(ConfigError) as info:
         checked(pm, "framework=tiny", "model=resnet50")
-    assert str(info.value) == "framework=tiny cannot build model=resnet50. Choose one of: resnet18."
+    assert str(info.value) == ("framework=tiny has no model 'resnet50' (model resnet50 is implemented for "
+                               "framework=fake). Choose one framework=tiny has: resnet18.")
 
 
-def test_data_must_serve_the_framework_format(pm: DdlkitPluginManager) -> None:
-    add_plugin(pm, _framework_plugin("jaxish", FormatlessFramework))
+def test_an_optimizer_the_framework_does_not_implement_lists_those_it_has(pm: DdlkitPluginManager) -> None:
+    add_plugin(pm, _tiny_framework())
+    assert checked(pm, "framework=tiny", "optimizer=adamw")["optimizer"]["beta2"] == 0.999
     with pytest.raises(ConfigError) as info:
-        checked(pm, "framework=jaxish")
-    assert str(info.value) == ("data=synthetic has no input pipeline for framework=jaxish; "
-                               "it supports: pytorch, tensorflow, keras, numpy.")
+        checked(pm, "optimizer=adamw")  # framework=fake
+    assert str(info.value) == ("framework=fake has no optimizer 'adamw' (optimizer adamw is implemented for "
+                               "framework=tiny). Choose one framework=fake has: sgd.")
+
+
+def test_optimizer_hyperparameters_are_range_checked(pm: DdlkitPluginManager) -> None:
+    with pytest.raises(ConfigError, match=r"^optimizer.momentum=1.5 is invalid: it must be in \[0, 1\).$"):
+        checked(pm, "optimizer.momentum=1.5")
 
 
 def test_plugins_validate_through_framework_configure_and_the_configure_hook(pm: DdlkitPluginManager) -> None:

@@ -65,7 +65,9 @@ def test_result_json_reports_the_run(runs):
     # warm-up excluded: 24 steps minus 2 warm-up, minus the first step after each validation pause
     assert result["measured_steps"] in range(19, 23)
     assert 0.0 <= result["top1"] <= result["top5"] <= 1.0
-    assert result["final_loss"] < 2.3  # below chance for 10 classes: the model learned the batch
+    assert result["final_loss"] < 2.3  # below chance for 10 classes
+    # synthetic images carry their label (a class pattern plus noise): validation far above chance (0.1)
+    assert result["top1"] > 0.5
 
 
 def test_metrics_file_has_a_line_per_logging_step_and_validation(runs):

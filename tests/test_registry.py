@@ -3,6 +3,7 @@ asserted whole, since they are the user interface of a plugin host."""
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from importlib.metadata import version
 
@@ -30,8 +31,8 @@ def storage_plugin(*items: object) -> object:
 def test_builtins_register_one_name_per_hook_point(ddlkit_pm: DdlkitPluginManager) -> None:
     reg = Registry.collect(ddlkit_pm)
     assert {g: reg.names(g) for g in reg.entries} == {
-        "data": ["imagefolder", "synthetic"], "storage": ["local", "local_ssd", "nfs"], "compute": ["local"], "framework": [],
-        "logger": ["console", "jsonl"],
+        "data": ["custom", "imagefolder", "synthetic"], "storage": ["local", "local_ssd", "nfs"], "compute": ["local"],
+        "framework": [], "logger": ["console", "jsonl"], "model": [], "optimizer": [],
     }
     assert reg.entries["storage"]["local"].origin == f"{DDLKIT} (ddlkit.builtin.local_storage)"
 
@@ -192,3 +193,69 @@ def test_a_factory_raising_a_ddlkit_error_passes_it_through(ddlkit_pm: DdlkitPlu
     add_plugin(ddlkit_pm, storage_plugin(Registration("s3", factory)))
     with pytest.raises(ddlkit.ConfigError, match=r"^storage.bucket is required$"):
         Registry.collect(ddlkit_pm).create("storage", "s3", None)
+
+
+# ---------------------------------------------------------------------------- models and optimizers
+@dataclass
+class WidthConfig:
+    width: int = 64
+
+
+@dataclass
+class DepthConfig:
+    depth: int = 4
+
+
+def model_plugin(*items: Registration) -> object:
+    class Plugin:
+        @ddlkit.hookimpl
+        def ddlkit_models(self):
+            yield from items
+
+    return Plugin()
+
+
+def test_a_model_is_registered_per_framework_and_its_options_are_the_union(ddlkit_pm: DdlkitPluginManager) -> None:
+    add_plugin(ddlkit_pm, model_plugin(Registration("unet", lambda cfg, data: ("torch", cfg), config=WidthConfig,
+                                                    framework="pytorch"),
+                                       Registration("unet", lambda cfg, data: ("jax", cfg), config=DepthConfig,
+                                                    framework="jax")))
+    reg = Registry.collect(ddlkit_pm)
+    assert reg.names("model") == ["unet"] and reg.frameworks_of("model", "unet") == ["jax", "pytorch"]
+    assert sorted(f.name for f in dataclasses.fields(reg.get("model", "unet").config)) == ["depth", "width"]
+    assert reg.create_for("model", "jax", "unet", "cfg", data=None) == ("jax", "cfg")
+
+
+def test_a_framework_without_the_model_lists_its_own(ddlkit_pm: DdlkitPluginManager) -> None:
+    add_plugin(ddlkit_pm, model_plugin(Registration("unet", print, framework="pytorch"),
+                                       Registration("mlp", print, framework="jax")))
+    with pytest.raises(ddlkit.ConfigError) as info:
+        Registry.collect(ddlkit_pm).get_for("model", "jax", "unet")
+    assert str(info.value) == ("framework=jax has no model 'unet' (model unet is implemented for framework=pytorch). "
+                               "Choose one framework=jax has: mlp.")
+
+
+def test_one_framework_registering_a_model_twice_is_a_conflict(ddlkit_pm: DdlkitPluginManager) -> None:
+    for n in ("one", "two"):
+        add_plugin(ddlkit_pm, model_plugin(Registration("unet", print, framework="pytorch")), name=n,
+                   distribution=f"ddlkit-{n}", module=f"ddlkit_{n}.plugin")
+    with pytest.raises(PluginConflictError, match=r"^model 'unet' \(framework=pytorch\) is registered by 2 plugins"):
+        Registry.collect(ddlkit_pm)
+
+
+def test_frameworks_must_agree_on_a_shared_option(ddlkit_pm: DdlkitPluginManager) -> None:
+    @dataclass
+    class OtherWidth:
+        width: int = 32
+
+    add_plugin(ddlkit_pm, model_plugin(Registration("unet", print, config=WidthConfig, framework="pytorch"),
+                                       Registration("unet", print, config=OtherWidth, framework="jax")))
+    with pytest.raises(PluginError, match=r"model 'unet': option 'width' is declared differently by .* \(int = 32\) "
+                                          r"and .* \(int = 64\); the plugins must agree"):
+        Registry.collect(ddlkit_pm)
+
+
+def test_a_model_must_name_its_framework(ddlkit_pm: DdlkitPluginManager) -> None:
+    add_plugin(ddlkit_pm, model_plugin(Registration("unet", print)))
+    with pytest.raises(PluginError, match="model 'unet' names no framework"):
+        Registry.collect(ddlkit_pm)

@@ -1,7 +1,7 @@
 """One abstract base class per hook point. Plugins subclass these."""
 
 from .compute import JOB_FILE, WORKER_ARGS, ComputeTarget, JobHandle, JobSpec, JobState, JobStatus
-from .data import DataInfo, DataSource, Loader, Shard
+from .data import Batch, DataInfo, DataSource, Loader, Shard
 from .framework import Framework
 from .logger import Logger
 from .storage import StorageBackend
@@ -9,6 +9,7 @@ from .storage import StorageBackend
 __all__ = [
     "JOB_FILE",
     "WORKER_ARGS",
+    "Batch",
     "ComputeTarget",
     "DataInfo",
     "DataSource",

@@ -1,25 +1,38 @@
-"""Data sources: where training and validation batches come from."""
+"""Data sources: where training and validation batches come from.
+
+A data source names no framework. It serves framework-neutral batches -- :class:`Batch`, numpy
+arrays -- through a :class:`Loader`, and each framework plugin owns the adapter that turns a
+loader into its tensors and input pipeline (``ddlkit_pytorch.data``, ``ddlkit_tensorflow.data``).
+An adapter may recognise a loader class it knows and build a native pipeline for it instead of
+converting numpy batches (the built-in image-folder and synthetic loaders get ``DataLoader``
+worker processes and ``tf.data`` graphs that way); a loader it does not know is served through
+its numpy batches, so a new data source works with every framework and a new framework with
+every data source.
+"""
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, ClassVar, Literal, Protocol
+from typing import TYPE_CHECKING, Any, Literal, NamedTuple, Protocol
 
 if TYPE_CHECKING:
     from ..run import Run
 
 Split = Literal["train", "val"]
+SPLITS: tuple[str, ...] = ("train", "val")
 
 
 @dataclass(frozen=True)
 class DataInfo:
     """What a framework needs to know to build a model for this data."""
 
+    #: classes of a classification task (0: not a classification task)
     num_classes: int
+    #: square side of the images; 0 when the inputs are not images (passed to models as they are)
     image_size: int
-    #: number of images per epoch in each split
+    #: number of samples per epoch in each split
     train_length: int
     val_length: int
 
@@ -32,25 +45,32 @@ class Shard:
     world_size: int = 1
 
 
+class Batch(NamedTuple):
+    """One batch, framework-neutral: numpy arrays whose first axis is the batch.
+
+    Images (``DataInfo.image_size > 0``) are float32 NHWC, normalized; each framework's adapter
+    gives them to its models in its own layout (PyTorch: NCHW). Classification targets are int64
+    class indices; other tasks' targets are whatever their loss expects. A NamedTuple, so
+    ``images, labels = batch`` works.
+    """
+
+    inputs: Any
+    targets: Any
+
+
 class Loader(Protocol):
-    """A framework-native batch iterator for one split, re-iterable per epoch."""
+    """Framework-neutral batches of one split, re-iterable per epoch."""
 
     def __len__(self) -> int:
         """Batches per epoch on this rank."""
 
-    def iter_epoch(self, epoch: int, start_batch: int = 0) -> Iterator[tuple[Any, Any]]:
-        """Yield ``(images, labels)`` for ``epoch`` (0-based), skipping the first ``start_batch``
-        batches so that a run resumed mid-epoch sees exactly the batches it had not yet seen."""
+    def iter_epoch(self, epoch: int, start_batch: int = 0) -> Iterator[Batch]:
+        """Yield the batches of ``epoch`` (0-based), skipping the first ``start_batch`` so that a
+        run resumed mid-epoch sees exactly the batches it had not yet seen."""
 
 
 class DataSource(ABC):
-    """Produces framework-native batches.
-
-    ``frameworks`` lists the framework names :meth:`loader` supports; selecting another
-    combination is reported as a config error before the job starts.
-    """
-
-    frameworks: ClassVar[tuple[str, ...]] = ()
+    """Produces framework-neutral batches (see the module docstring)."""
 
     def __init__(self, cfg: Any) -> None:
         self.cfg = cfg
@@ -63,19 +83,13 @@ class DataSource(ABC):
         """Called on every rank before loaders are built: stage files, wait for local rank 0."""
 
     @abstractmethod
-    def loader(self, framework: str, split: Split, *, batch_size: int, shard: Shard, seed: int,
-               device: Any = None, channels_last: bool = False) -> Loader:
-        """A loader of per-rank batches of ``batch_size`` for ``split``.
+    def loader(self, split: Split, *, batch_size: int, shard: Shard, seed: int) -> Loader:
+        """A loader of this rank's batches of ``batch_size`` for ``split`` (``"train"`` or ``"val"``):
+        training batches are full, the last validation batch may be short."""
 
-        What each ``framework`` expects back (the :class:`Loader` protocol, plus):
 
-        * ``"pytorch"``: ``(images, labels)`` tensors, NCHW float32 (NHWC memory when
-          ``channels_last``) on ``device``;
-        * ``"tensorflow"`` and ``"keras"``: also ``epoch(epoch, start_batch=0)`` returning a
-          ``tf.data.Dataset`` of that epoch's NHWC batches (what ``iter_epoch`` iterates), and a
-          ``dataset`` attribute: one epoch as a dataset whose every new iteration is the next
-          epoch (what ``model.fit`` trains several epochs on). ``tf.data`` pipelines give the
-          strategy and Keras their prefetching; a plain Python iterator would serialise input and
-          compute;
-        * ``"numpy"``: numpy arrays, NHWC (the test kit's fake framework).
-        """
+def check_split(split: str) -> None:
+    """Refuse anything but ``train`` and ``val``: callers of the 0.1 signature passed a framework first."""
+    if split not in SPLITS:
+        raise ValueError(f"split must be one of {', '.join(SPLITS)}, got {split!r} (DataSource.loader takes no "
+                         "framework: batches are framework-neutral, and framework plugins adapt them)")

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from omegaconf import DictConfig
@@ -26,13 +26,14 @@ class Framework(ABC):
       optimizer step, ``run.epoch_end(val_loss=..., val_top1=..., val_top5=...)`` after each
       epoch's validation;
     * saves the trained model with ``run.save_artifact(name, write)``.
-    """
 
-    #: model names this framework can build; checked in the launcher
-    models: ClassVar[tuple[str, ...]] = ()
-    #: the ``framework`` argument this framework passes to :meth:`DataSource.loader`, checked
-    #: in the launcher against the data source's ``frameworks``; None: its registered name
-    data_format: ClassVar[str | None] = None
+    What it trains comes from the registry, not from the framework: ``run.build_model()`` builds
+    the selected model with this framework's registration of it (``ddlkit_models``) and
+    ``run.build_optimizer(...)`` the selected optimizer (``ddlkit_optimizers``); the launcher has
+    checked that both exist for this framework. The data arrive as framework-neutral batches
+    (``run.data.loader(split, ...)``); turning them into tensors and an input pipeline is the
+    framework plugin's own business.
+    """
 
     def __init__(self, cfg: Any) -> None:
         self.cfg = cfg

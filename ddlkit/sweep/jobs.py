@@ -26,6 +26,7 @@ import shlex
 import sys
 import time
 from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn, TextIO
 
@@ -40,7 +41,9 @@ from ..errors import ConfigError, DdlkitError, exit_code_for
 from ..interfaces import ComputeTarget, JobHandle, JobSpec, JobState, JobStatus
 from ..run import EXIT_PREEMPTED
 from . import SWEEP_JOB_ENV, SWEEP_NAME_ENV
-from .compose import ComposedJob, compose_job, hydra_config_of
+from ..commandline import job_command, launch_args, override
+from ..hydra_errors import explain
+from .compose import compose_job, hydra_config_of, job_view
 from .ledger import LEDGER_FILE, JobRecord, Ledger, result_summary
 from .report import LiveReport, Report, varying_overrides
 from .scheduler import Observer, Outcome, Scheduler, SweepJob
@@ -68,12 +71,26 @@ def sweep_name(sweep_dir: Path) -> str:
     return f"{sweep_dir.parent.name}_{sweep_dir.name}".replace(" ", "_")
 
 
+@dataclass(frozen=True)
+class CheckedJob:
+    """What a sweep keeps of a job it has composed and validated: its config is composed again
+    when the job starts, so that a sweep of thousands of jobs holds no config per job."""
+
+    num: int
+    #: the job's task overrides, as the sweeper expanded them
+    overrides: list[str]
+    output_dir: Path
+    #: its compute target's pace (``ComputeTarget.poll_interval_s``) and name
+    poll_interval_s: float
+    compute: str
+    #: ``ddlkit plan`` only: the job's lines after its label and state
+    plan: str = ""
+
+
 class DdlkitSweep:
     def __init__(self, registry: Registry, pm: DdlkitPluginManager, *, out: TextIO | None = None) -> None:
         self.registry, self.pm = registry, pm
         self.out = out or sys.stdout
-        #: per job number: its compute target and its validated config, from the check before any job runs
-        self._checked: dict[int, tuple[ComputeTarget, dict[str, Any]]] = {}
         #: jobs an earlier run of this sweep left running, re-attached to instead of submitted again
         self.adopted: set[int] = set()
         #: the exit status ``ddlkit -m`` ends with; None until the launcher has run
@@ -86,14 +103,22 @@ class DdlkitSweep:
         # Hydra's sweeper has just written the composed config and the command line, secrets included
         secret_store.redact_config_file(sweep_dir / "multirun.yaml")
         had_ledger = (sweep_dir / LEDGER_FILE).is_file()
+        sweeper = str(config.hydra.runtime.choices.get("hydra/sweeper", "basic"))
+        launch = launch_args(config.hydra)
         try:
             policy = settings.policy("sweep")
-            jobs = self._compose_and_validate(hydra_context, config, job_overrides, initial_job_idx)
+            objective = settings.objective_for(config.hydra.get("sweeper"), sweeper)
+            jobs = self._check_all(hydra_context, config, job_overrides, initial_job_idx, settings.dry_run, launch)
             ledger = Ledger.open(sweep_dir, sweep_name(sweep_dir))
             done = set(ledger.reconcile((j.num, self._overrides(j), str(j.output_dir)) for j in jobs))
             if settings.dry_run:
                 self._print_plan(jobs, ledger, done, settings, policy)
                 self._set_exit(0)
+                if sweeper != "basic":
+                    # a search sweeper chooses each batch from the results of the ones before: it cannot be planned on
+                    self.say(f"ddlkit plan: hydra/sweeper={sweeper} chooses the values of each batch of trials from "
+                             f"the results before it; these are its first {len(jobs)}.")
+                    raise SystemExit(0)
                 return []
         except DdlkitError as err:
             self._end(exit_code_for(err), f"ddlkit: error: {err}")
@@ -104,7 +129,7 @@ class DdlkitSweep:
         ledger.save()
         todo = [j for j in jobs if j.num not in done]
         labels = varying_overrides(list(ledger.jobs.values()))
-        computes = sorted({str(j.config.compute.name) for j in jobs})
+        computes = sorted({j.compute for j in jobs})
         self.say(f"ddlkit: sweep of {len(jobs)} jobs -> {sweep_dir} (up to {settings.max_parallel} at once on "
                     f"compute={','.join(computes)}, on_failure={policy})"
                     + (f"; {len(done)} completed before, skipped" if done else ""))
@@ -112,12 +137,13 @@ class DdlkitSweep:
         progress = _Progress(self, ledger, labels, policy, live_report)
         scheduler = Scheduler(settings.max_parallel, policy, poll_interval_s=settings.poll_interval_s,
                               observer=progress)
+        start = functools.partial(self._submit, hydra_context, config, ledger, launch)
         t0 = time.perf_counter()
         # SIGTERM (a scheduler stopping the launcher, `kill`) interrupts the sweep as Ctrl-C does
         with engine.sigterm_interrupts():
-            sweep = scheduler.run([SweepJob(j.num, labels[j.num], functools.partial(self._submit, j, ledger),
-                                            poll_interval_s=self._checked[j.num][0].poll_interval_s)
-                                   for j in todo])
+            sweep = scheduler.run([SweepJob(j.num, labels[j.num], functools.partial(start, j),
+                                            poll_interval_s=j.poll_interval_s) for j in todo])
+        ledger.save()
         report = live_report.close(ledger)
         self._print_summary(ledger, report, time.perf_counter() - t0, [j.num for j in jobs])
         if sweep.interrupted:
@@ -125,30 +151,36 @@ class DdlkitSweep:
                                       f"  resume with: {shlex.join(ledger.command)}")
         failures = {j.num: self._failure(ledger.jobs[j.num], sweep.stopped_by, ledger, report.markdown)
                     for j in jobs if ledger.jobs[j.num].status != "completed"}
-        self._set_exit(1 if failures else 0)
-        return [self._job_return(j, ledger.jobs[j.num], failures.get(j.num)) for j in jobs]
+        # a search sweeper is told of failed trials and decides itself whether the search goes on
+        self._set_exit(1 if failures and sweeper == "basic" else 0)
+        task_name = str(config.hydra.job.name)
+        return [self._job_return(j, ledger.jobs[j.num], failures.get(j.num), objective, task_name) for j in jobs]
 
     # ---------------------------------------------------------------- before anything runs
-    def _compose_and_validate(self, hydra_context: HydraContext, config: DictConfig,
-                              job_overrides: Sequence[Sequence[str]], first: int) -> list[ComposedJob]:
+    def _check_all(self, hydra_context: HydraContext, config: DictConfig, job_overrides: Sequence[Sequence[str]],
+                   first: int, plan: bool, launch: list[str]) -> list[CheckedJob]:
+        """Compose and validate every job (each config read and dropped at once); with ``plan``,
+        keep what ``ddlkit plan`` prints of each."""
         check_sweep_settings_fixed(job_overrides)
         jobs, errors = [], []
         for i, overrides in enumerate(job_overrides):
             num, label = first + i, " ".join(secret_store.redact_overrides(overrides)) or "-"
             try:
-                job = compose_job(hydra_context, config, overrides, num)
-                with hydra_config_of(job.config):
-                    cfg = job.task_config()
+                with job_view(hydra_context, config, overrides, num) as (cfg, output_dir):
                     target = engine.build_target(cfg, self.registry)
-                    self._checked[num] = (target, engine.validate(cfg, self.registry, self.pm, compute=target))
+                    engine.validate(cfg, self.registry, self.pm, compute=target)
+                    text = self._plan_lines(cfg, target, list(overrides), output_dir, launch) if plan else ""
+                    jobs.append(CheckedJob(num, list(overrides), output_dir, target.poll_interval_s,
+                                           str(cfg.compute.name), text))
             except DdlkitError as err:
                 errors.append(f"job #{num} ({label}): {err}")
-                continue
+                single = err
             except (HydraException, OmegaConfBaseException) as err:  # Hydra could not compose it: a bad type, ...
-                cause = f": {err.__cause__}" if err.__cause__ else ""
-                errors.append(f"job #{num} ({label}): {err}{cause}")
-                continue
-            jobs.append(job)
+                explained = explain(err)
+                errors.append(f"job #{num} ({label}): {explained if explained is not None else err}")
+                single = explained or ConfigError(str(err))
+        if len(job_overrides) == 1 and errors:  # a sweep of one job: its error as a single run tells it
+            raise single
         if errors:
             noun = "job is" if len(errors) == 1 else "jobs are"
             raise ConfigError(f"{len(errors)} of {len(job_overrides)} sweep {noun} invalid; no job was started:\n  "
@@ -169,23 +201,25 @@ class DdlkitSweep:
             self.exit_code = code
 
     @staticmethod
-    def _overrides(job: ComposedJob) -> list[str]:
+    def _overrides(job: CheckedJob) -> list[str]:
         return secret_store.redact_overrides(job.overrides)
 
     # ---------------------------------------------------------------- running
-    def _submit(self, job: ComposedJob, ledger: Ledger) -> JobHandle:
-        target, validated = self._checked[job.num]
-        self.adopted.discard(job.num)
-        adopted = self._reattach(target, ledger.jobs[job.num])
-        if adopted is not None:
-            self.adopted.add(job.num)
-            return _SweepHandle(adopted, job.output_dir)
-        env = {**{str(k): str(v) for k, v in job.config.hydra.job.env_set.items()},
-               SWEEP_NAME_ENV: ledger.name, SWEEP_JOB_ENV: str(job.num)}
-        with hydra_config_of(job.config):
-            prepared = engine.prepare(job.task_config(), job_dir=job.output_dir, overrides=job.overrides,
-                                      registry=self.registry, pm=self.pm, env=env, compute=target,
-                                      validated=validated)
+    def _submit(self, hydra_context: HydraContext, config: DictConfig, ledger: Ledger, launch: list[str],
+                job: CheckedJob) -> JobHandle:
+        composed = compose_job(hydra_context, config, job.overrides, job.num)
+        with hydra_config_of(composed.config):
+            cfg = composed.task_config()
+            target = engine.build_target(cfg, self.registry)
+            self.adopted.discard(job.num)
+            adopted = self._reattach(target, ledger.jobs[job.num])
+            if adopted is not None:
+                self.adopted.add(job.num)
+                return _SweepHandle(adopted, job.output_dir)
+            env = {**{str(k): str(v) for k, v in composed.config.hydra.job.env_set.items()},
+                   SWEEP_NAME_ENV: ledger.name, SWEEP_JOB_ENV: str(job.num)}
+            prepared = engine.prepare(cfg, job_dir=job.output_dir, overrides=job.overrides, registry=self.registry,
+                                      pm=self.pm, env=env, compute=target, launch=launch)
         return _SweepHandle(engine.submit(prepared), prepared.spec.job_dir)
 
     @staticmethod
@@ -205,7 +239,7 @@ class DdlkitSweep:
         """The command that re-runs this sweep in the same directory (the CLI sets sys.argv to ddlkit's)."""
         args = [a for a in secret_store.redact_overrides(sys.argv[1:])
                 if a not in ("-m", "--multirun") and not a.startswith("hydra.sweep.dir=")]
-        return ["ddlkit", "-m", *args, f"hydra.sweep.dir={sweep_dir}"]
+        return ["ddlkit", "-m", *args, override("hydra.sweep.dir", str(sweep_dir))]
 
     @staticmethod
     def _failure(record: JobRecord, stopped_by: int | None, ledger: Ledger, report: Path) -> SweepError:
@@ -222,15 +256,22 @@ class DdlkitSweep:
                           f"  {failed} of {len(ledger.jobs)} jobs failed; report: {report}")
 
     @staticmethod
-    def _job_return(job: ComposedJob, record: JobRecord, failure: SweepError | None) -> JobReturn:
-        ret = JobReturn(overrides=job.overrides, cfg=job.task_config(), hydra_cfg=job.hydra_config(),
-                        working_dir=str(job.output_dir), task_name=str(job.config.hydra.job.name))
+    def _job_return(job: CheckedJob, record: JobRecord, failure: SweepError | None, objective: str | None,
+                    task_name: str) -> JobReturn:
+        """What Hydra's sweeper gets for the job: with ``sweep.objective``, that field of its result
+        (what a search sweeper optimizes); else the whole result. A failed job's return raises."""
+        ret = JobReturn(overrides=job.overrides, working_dir=str(job.output_dir), task_name=task_name)
+        result_path = job.output_dir / "result.json"
+        result = json.loads(result_path.read_text()) if failure is None and result_path.is_file() else record.result
+        if failure is None and objective is not None and (result or {}).get(objective) is None:
+            failure = SweepError(f"ddlkit: error: sweep job #{job.num} completed, but its result has no "
+                                 f"{objective} (e.g. best_top1 needs trainer.validate=true); choose another "
+                                 "sweep.objective")
         if failure is not None:
             ret.status, ret.return_value = TaskStatus.FAILED, failure
             return ret
-        result_path = job.output_dir / "result.json"
         ret.status = TaskStatus.COMPLETED
-        ret.return_value = json.loads(result_path.read_text()) if result_path.is_file() else record.result
+        ret.return_value = float(result[objective]) if objective is not None else result
         return ret
 
     # ---------------------------------------------------------------- printing
@@ -239,27 +280,29 @@ class DdlkitSweep:
         self.out.write(text + "\n")
         self.out.flush()
 
-    def _print_plan(self, jobs: list[ComposedJob], ledger: Ledger, done: set[int], settings: SweepSettings,
+    def _plan_lines(self, cfg: DictConfig, target: ComputeTarget, overrides: list[str], output_dir: Path,
+                    launch: list[str]) -> str:
+        """What ``ddlkit plan`` says of a job after its label and state: what it runs on, the
+        command that runs it alone, and what its compute target would do."""
+        env, secret_env = engine.job_environment(cfg, self.pm)
+        spec = JobSpec(name=engine.job_name(output_dir), job_dir=output_dir, env=env, secret_env=secret_env)
+        command = job_command(secret_store.redact_overrides(overrides), output_dir, launch)
+        return (f"      compute={cfg.compute.name}, world size {target.world_size}, {cfg.framework.name} "
+                f"{cfg.model.name}; {{state}}\n"
+                f"      command: {command}\n"
+                f"      runs: {target.plan(spec)}")
+
+    def _print_plan(self, jobs: list[CheckedJob], ledger: Ledger, done: set[int], settings: SweepSettings,
                     policy: FailurePolicy) -> None:
         sweep_dir = ledger.path.parent
         self.say(f"ddlkit plan: {len(jobs)} jobs -> {sweep_dir} (up to {settings.max_parallel} at once, "
                     f"on_failure={policy})")
         labels = varying_overrides([JobRecord(j.num, self._overrides(j), "") for j in jobs])
         for job in jobs:
-            cfg = job.config
-            target = self._checked[job.num][0]
             record = ledger.jobs[job.num]
             state = ("completed: skipped" if job.num in done else
                      f"{record.status}: runs again in its directory" if record.attempts else "new")
-            command = shlex.join(["ddlkit", *self._overrides(job), f"hydra.run.dir={job.output_dir}"])
-            env, secret_env = engine.job_environment(cfg, self.pm)
-            spec = JobSpec(name=engine.job_name(job.output_dir), job_dir=job.output_dir.resolve(), env=env,
-                           secret_env=secret_env)
-            self.say(f"  #{job.num} {labels[job.num] or '-'}\n"
-                        f"      compute={cfg.compute.name}, world size {target.world_size}, {cfg.framework.name} "
-                        f"{cfg.model.name}; {state}\n"
-                        f"      command: {command}\n"
-                        f"      runs: {target.plan(spec)}")
+            self.say(f"  #{job.num} {labels[job.num] or '-'}\n" + job.plan.replace("{state}", state, 1))
         self.say(f"ddlkit plan: all {len(jobs)} jobs are valid; nothing was run.")
 
     def _print_summary(self, ledger: Ledger, report: Report, seconds: float, nums: list[int]) -> None:

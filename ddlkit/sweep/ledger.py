@@ -1,13 +1,21 @@
-"""The sweep ledger: ``<sweep dir>/ledger.json``, one record per job, rewritten atomically on every change.
+"""The sweep ledger: ``<sweep dir>/ledger.json``, one record per job.
 
 It is what makes a sweep resumable: re-running the same command with the same
 ``hydra.sweep.dir`` finds it, keeps every job's number and directory, skips the completed jobs
 and re-runs the others (in their own directories, so they continue from their checkpoints).
+
+Each change (a job started, a job ended) is appended to ``ledger.journal.jsonl`` as one line at
+once, and ``ledger.json`` is rewritten (atomically) at most once every ``SAVE_DELAY_S`` seconds
+after a change, at once when the journal holds as many lines as the ledger has jobs, and at the
+end of the sweep: a reader of ledger.json is never more than a second behind, and a sweep of N
+jobs no longer writes O(N^2) bytes of ledger (rewriting it on every change did). Opening a
+ledger replays its journal, so a launcher killed at any point loses no change it had made.
 """
 
 from __future__ import annotations
 
 import json
+import threading
 import time
 from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass, field, fields
@@ -18,6 +26,11 @@ from ..atomic import write_json
 from ..errors import ConfigError
 
 LEDGER_FILE = "ledger.json"
+JOURNAL_FILE = "ledger.journal.jsonl"
+#: the journal is folded into ledger.json when it has this many lines, or as many as the ledger has jobs
+MIN_JOURNAL_LINES = 64
+#: and at the latest this long after a change
+SAVE_DELAY_S = 1.0
 VERSION = 1
 #: result.json fields kept in the ledger (and shown in the report)
 RESULT_FIELDS = ("images_per_sec", "final_loss", "best_top1", "top1", "top5", "val_loss", "steps", "epochs",
@@ -59,6 +72,11 @@ class Ledger:
     created: float = field(default_factory=time.time)
     #: the command that ran the sweep most recently (secrets redacted)
     command: list[str] = field(default_factory=list)
+    #: changes appended to the journal since ledger.json was last written
+    _journal_lines: int = field(default=0, repr=False)
+    #: the pending delayed save, and the lock that keeps it and update() apart
+    _timer: threading.Timer | None = field(default=None, repr=False)
+    _lock: threading.RLock = field(default_factory=threading.RLock, repr=False)
 
     @classmethod
     def open(cls, sweep_dir: Path, name: str) -> Ledger:
@@ -74,7 +92,29 @@ class Ledger:
         except (ValueError, KeyError, TypeError) as err:
             raise ConfigError(f"{path} is not a readable sweep ledger ({err}). Move it away to start the sweep "
                               "afresh, or use another hydra.sweep.dir.") from None
-        return cls(path, data.get("name", name), jobs, data.get("created", time.time()), data.get("command", []))
+        ledger = cls(path, data.get("name", name), jobs, data.get("created", time.time()), data.get("command", []))
+        ledger._replay()
+        return ledger
+
+    @property
+    def journal(self) -> Path:
+        return self.path.parent / JOURNAL_FILE
+
+    def _replay(self) -> None:
+        """Apply the changes the journal holds beyond ledger.json (a launcher that died mid-sweep)."""
+        try:
+            lines = self.journal.read_text(encoding="utf-8").splitlines()
+        except FileNotFoundError:
+            return
+        for line in lines:
+            try:
+                change = json.loads(line)
+            except ValueError:  # the last line, cut short when the launcher died
+                continue
+            record = self.jobs.get(int(change.pop("num", -1)))
+            if record is not None:
+                for key, value in change.items():
+                    setattr(record, key, value)
 
     def reconcile(self, jobs: Iterable[tuple[int, list[str], str]]) -> list[int]:
         """Add ``(num, overrides, job_dir)`` for jobs the ledger lacks; check the others are the same
@@ -95,17 +135,36 @@ class Ledger:
         return done
 
     def update(self, num: int, **changes: Any) -> None:
-        record = self.jobs[num]
-        for key, value in changes.items():
-            setattr(record, key, value)
-        self.save()
+        with self._lock:
+            record = self.jobs[num]
+            for key, value in changes.items():
+                setattr(record, key, value)
+            if not self.path.is_file():  # the journal holds changes to ledger.json's records: write those first
+                self.save()
+                return
+            with self.journal.open("a", encoding="utf-8") as journal:
+                journal.write(json.dumps({"num": num, **changes}) + "\n")
+            self._journal_lines += 1
+            if self._journal_lines >= max(MIN_JOURNAL_LINES, len(self.jobs)):
+                self.save()
+            elif self._timer is None:
+                self._timer = threading.Timer(SAVE_DELAY_S, self.save)
+                self._timer.daemon = True
+                self._timer.start()
 
     def save(self) -> None:
-        write_json(self.path, {
-            "version": VERSION, "name": self.name, "sweep_dir": str(self.path.parent), "created": self.created,
-            "updated": time.time(), "command": self.command,
-            "jobs": {str(num): asdict(rec) for num, rec in sorted(self.jobs.items())},
-        })
+        """Rewrite ledger.json with every change, and start an empty journal."""
+        with self._lock:
+            if self._timer is not None:
+                self._timer.cancel()
+                self._timer = None
+            write_json(self.path, {
+                "version": VERSION, "name": self.name, "sweep_dir": str(self.path.parent), "created": self.created,
+                "updated": time.time(), "command": self.command,
+                "jobs": {str(num): asdict(rec) for num, rec in sorted(self.jobs.items())},
+            })
+            self.journal.unlink(missing_ok=True)
+            self._journal_lines = 0
 
 
 def result_summary(result: Mapping[str, Any]) -> dict[str, Any]:

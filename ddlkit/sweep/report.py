@@ -9,6 +9,7 @@ from __future__ import annotations
 import csv
 import io
 import threading
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -39,7 +40,8 @@ def varying_overrides(records: Sequence[JobRecord]) -> dict[int, str]:
     """Each job's overrides of the keys whose values differ between jobs: what tells the jobs apart."""
     present = [dict(o.partition("=")[::2] for o in rec.overrides) for rec in records]
     # a key set in some jobs only (+group=x) varies too: .get gives None where it is missing
-    varying = {key for p in present for key in p if len({q.get(key) for q in present}) > 1}
+    keys = {key for p in present for key in p}  # each key once: the sets below are O(jobs) each, not per job
+    varying = {key for key in keys if len({p.get(key) for p in present}) > 1}
     return {rec.num: " ".join(o for o in rec.overrides if o.partition("=")[0] in varying) for rec in records}
 
 
@@ -83,27 +85,30 @@ def write_report(ledger: Ledger, sort_by: str) -> Report:
 
 
 class LiveReport:
-    """Rewrites the report in a background thread each time a job ends, so that a running
-    sweep's report is current, and so that the final one costs little: the plot library is
-    loaded by then (importing matplotlib takes ~0.7 s, which the end of the sweep would
-    otherwise wait for). Each update hands the thread a snapshot of the table; updates that
-    arrive while it waits or writes collapse into the latest."""
+    """Rewrites the report in a background thread as jobs end, so that a running sweep's report
+    is current, and so that the final one costs little: the plot library is loaded by then
+    (importing matplotlib takes ~0.7 s, which the end of the sweep would otherwise wait for).
 
-    #: seconds an update waits before it is written
+    A job's end only marks the report out of date: the thread builds the table from the ledger
+    when it writes, at most once every :attr:`SETTLE_S` and never more often than ten times the
+    last write took -- so the report of an N-job sweep costs O(N) per write, not per job end,
+    and the launcher no time at all. The final report (:meth:`close`) is built in the caller."""
+
+    #: seconds at least between two writes
     SETTLE_S = 0.5
 
     def __init__(self, sort_by: str) -> None:
         self.sort_by = sort_by
-        self._pending: tuple[list[dict[str, Any]], Path, str] | None = None
+        self._pending: Ledger | None = None
         self._closed = False
+        self._pause = self.SETTLE_S
         self._cond = threading.Condition()
         self._thread = threading.Thread(target=self._loop, name="ddlkit-sweep-report", daemon=True)
         self._thread.start()
 
     def update(self, ledger: Ledger) -> None:
-        snapshot = (rows(ledger, self.sort_by), ledger.path.parent, ledger.name)
         with self._cond:
-            self._pending = snapshot
+            self._pending = ledger
             self._cond.notify()
 
     def close(self, ledger: Ledger) -> Report:
@@ -121,14 +126,16 @@ class LiveReport:
                     self._cond.wait()
                 # a job's end is when the scheduler starts the next job: let it do that first
                 # (this thread would take the interpreter from it), and let ends close together collapse
-                self._cond.wait_for(lambda: self._closed, timeout=self.SETTLE_S)
+                self._cond.wait_for(lambda: self._closed, timeout=self._pause)
                 if self._closed:
                     return
-                (table, sweep_dir, name), self._pending = self._pending, None
+                ledger, self._pending = self._pending, None
+            started = time.perf_counter()
             try:
-                _write(table, sweep_dir, name, self.sort_by)
-            except Exception:  # noqa: BLE001 - an interim report; close() writes the final one and reports its errors
+                write_report(ledger, self.sort_by)
+            except Exception:  # noqa: BLE001 - an interim report (read while jobs change); close() writes the final one
                 pass
+            self._pause = max(self.SETTLE_S, 10 * (time.perf_counter() - started))
 
 
 def _write(table: list[dict[str, Any]], sweep_dir: Path, name: str, sort_by: str) -> Report:

@@ -4,11 +4,20 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from typing import Any
 
 from ..errors import ConfigError
 
 #: report sort keys -> whether larger is better (sorted first)
 SORT_KEYS: dict[str, bool] = {"best_top1": True, "final_loss": False, "images_per_sec": True, "duration_s": False}
+#: result fields a search sweeper can optimize (``sweep.objective``), each with its natural direction
+#: (``sweep.direction=auto``); the other fields a sweep's ledger keeps need ``sweep.direction`` set
+OBJECTIVE_DIRECTIONS: dict[str, str] = {"best_top1": "maximize", "top1": "maximize", "top5": "maximize",
+                                        "images_per_sec": "maximize", "final_loss": "minimize",
+                                        "val_loss": "minimize", "wall_time_s": "minimize"}
+DIRECTIONS = ("maximize", "minimize")
+#: Hydra's own sweeper, which enumerates values and optimizes nothing
+BASIC_SWEEPER = "hydra._internal.core_plugins.basic_sweeper.BasicSweeper"
 
 _RETRY = re.compile(r"^retry:(\d+)$")
 
@@ -43,6 +52,9 @@ class SweepSettings:
     max_parallel: int = 2
     on_failure: str = "keep-going"
     sort_by: str = "best_top1"
+    #: the result field each job returns to the sweeper (None: the whole result), and its direction
+    objective: str | None = None
+    direction: str = "auto"
     poll_interval_s: float = 0.05
     dry_run: bool = False
 
@@ -59,3 +71,46 @@ class SweepSettings:
             return FailurePolicy.parse(self.on_failure)
         except ValueError as err:
             raise ConfigError(f"{prefix}.on_failure={self.on_failure} is invalid: it must be {err}.") from None
+
+    def objective_for(self, sweeper: Any, sweeper_name: str) -> str | None:
+        """Check ``sweep.objective`` and ``sweep.direction`` against the sweeper (``hydra.sweeper``,
+        selected as ``hydra/sweeper=<sweeper_name>``); the objective, or None for the basic sweeper
+        without one."""
+        from .ledger import RESULT_FIELDS
+
+        search = sweeper is not None and sweeper.get("_target_") != BASIC_SWEEPER
+        fields = ", ".join(RESULT_FIELDS)
+        if self.objective is None:
+            if search:
+                raise ConfigError(f"hydra/sweeper={sweeper_name} searches for the best value of one number: name "
+                                  f"it with sweep.objective=<a result field> ({fields}).")
+            return None
+        if self.objective not in RESULT_FIELDS:
+            raise ConfigError(f"sweep.objective={self.objective} is no field of a job's result: choose one of {fields}.")
+        direction = OBJECTIVE_DIRECTIONS.get(self.objective) if self.direction == "auto" else self.direction
+        if direction not in DIRECTIONS:
+            raise ConfigError(f"sweep.direction={self.direction} is invalid for sweep.objective={self.objective}: it "
+                              "must be maximize or minimize" + (" (auto knows no direction for that field)."
+                                                                if self.direction == "auto" else "."))
+        wanted = _sweeper_direction(sweeper) if search else None
+        if wanted is not None and wanted != direction:
+            raise ConfigError(f"hydra/sweeper={sweeper_name} will {wanted} sweep.objective={self.objective}, which is to "
+                              f"be {direction}d: add hydra.sweeper.direction={direction}, or set "
+                              f"sweep.direction={wanted}.")
+        return self.objective
+
+
+def _sweeper_direction(sweeper: Any) -> str | None:
+    """The direction a search sweeper's config asks for: Optuna's ``direction``, Nevergrad's
+    ``optim.maximize``, Ax's ``ax_config.experiment.minimize``; None when it says none."""
+    from omegaconf import OmegaConf
+
+    direction = OmegaConf.select(sweeper, "direction", default=None)
+    if direction is not None:
+        return str(getattr(direction, "name", direction))
+    for key, meaning in (("optim.maximize", ("minimize", "maximize")), ("ax_config.experiment.minimize",
+                                                                        ("maximize", "minimize"))):
+        flag = OmegaConf.select(sweeper, key, default=None)
+        if flag is not None:
+            return meaning[bool(flag)]
+    return None

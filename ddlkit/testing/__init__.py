@@ -100,8 +100,8 @@ RESULT_KEYS = frozenset({
 })
 #: pytest itself rewrites this one around every phase of a test
 _PYTEST_ENV = "PYTEST_CURRENT_TEST"
-#: the groups ddlkit.config.store_schemas stores besides the five hook points
-_CORE_GROUPS = ("model", "optimizer", "trainer", "dist", "experiment")
+#: the groups ddlkit.config.store_schemas stores besides the hook points
+_CORE_GROUPS = ("trainer", "dist", "experiment")
 #: what DDLKIT_PLUGINS names to load the fakes in a subprocess
 FAKES_MODULE = fakes.__name__
 

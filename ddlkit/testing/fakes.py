@@ -1,6 +1,8 @@
 """Fake components for tests: a plugin module, like any other, registering
 
-* ``framework=fake`` (:class:`FakeFramework`): a real, tiny training loop in numpy;
+* ``framework=fake`` (:class:`FakeFramework`): a real, tiny training loop in numpy, with its
+  model (``model=softmax``, and the ResNets' names as aliases of it, so that the default config
+  composes) and its one optimizer (``optimizer=sgd``);
 * ``storage=memory`` (:class:`MemoryStorage`): objects in an in-process dict;
 * ``logger=recording`` (:class:`RecordingLogger`): keeps every call in memory;
 * ``compute=elsewhere`` (:class:`~ddlkit.testing.elsewhere.ElsewhereTarget`): runs the job on a
@@ -49,18 +51,13 @@ class FakeFrameworkConfig:
 
 
 class FakeFramework(Framework):
-    """Softmax regression trained with momentum SGD on ``run.data.loader("numpy", ...)`` batches.
+    """Softmax regression trained with momentum SGD on the data source's numpy batches as they
+    are (no adapter: the neutral batches are what it computes with).
 
     It drives :class:`ddlkit.Run` exactly as a real framework plugin does (schedule, step_end,
     validation_end, epoch_end, restore, save_artifact), deterministically and in float64, so
     an interrupted and resumed run ends with weights identical to an uninterrupted one.
     """
-
-    #: accepted so that the default ``model=resnet18`` validates; the architecture is ignored
-    #: (the model is always softmax regression)
-    models = ("resnet18", "resnet34", "resnet50", "resnet101", "resnet152")
-    #: asks data sources for numpy batches, which data=synthetic serves
-    data_format = "numpy"
 
     def configure(self, config: DictConfig) -> None:
         if self.cfg.side < 1:
@@ -72,12 +69,9 @@ class FakeFramework(Framework):
         t, o = run.cfg.trainer, run.cfg.optimizer
         info = run.data.info
         side = min(self.cfg.side, info.image_size)
-        features = 3 * side * side + 1  # + 1: a constant input that serves as the bias
         # parameters and momentum buffer in one dict, so save/load cannot forget one of them
-        params = {
-            "theta": np.random.default_rng(t.seed).normal(0.0, 0.01, (features, info.num_classes)),
-            "velocity": np.zeros((features, info.num_classes)),
-        }
+        params = run.build_model(side=side, seed=t.seed)
+        run.build_optimizer()
 
         def save(path: Path, meta: dict[str, Any]) -> None:
             with open(path, "wb") as f:
@@ -90,8 +84,8 @@ class FakeFramework(Framework):
                 return json.loads(str(ckpt["meta"]))
 
         loader_args = dict(batch_size=t.batch_size, shard=run.shard, seed=t.seed)
-        train_loader = run.data.loader(self.data_format, "train", **loader_args)
-        val_loader = run.data.loader(self.data_format, "val", **loader_args) if t.validate else None
+        train_loader = run.data.loader("train", **loader_args)
+        val_loader = run.data.loader("val", **loader_args) if t.validate else None
         run.restore(save, load)
 
         def evaluate() -> dict[str, float]:
@@ -254,11 +248,39 @@ class RecordingLogger(Logger):
         return [c.step for c in self.calls if c.method == "log_metrics" and c.split == split]
 
 
+def build_softmax(cfg: Any, data: Any, *, side: int, seed: int) -> dict[str, np.ndarray]:
+    """``model=softmax`` for ``framework=fake``: its weights and momentum buffer."""
+    import numpy as np
+
+    features = 3 * side * side + 1  # + 1: a constant input that serves as the bias
+    return {"theta": np.random.default_rng(seed).normal(0.0, 0.01, (features, data.num_classes)),
+            "velocity": np.zeros((features, data.num_classes))}
+
+
+def build_sgd(cfg: Any) -> None:
+    """``optimizer=sgd`` for ``framework=fake``: the update is :func:`_sgd_step`, which reads ``cfg``."""
+
+
 # ---------------------------------------------------------------------------- registration
 @hookimpl
 def ddlkit_frameworks() -> Iterator[Registration[Framework]]:
     yield Registration("fake", FakeFramework, config=FakeFrameworkConfig,
-                       description="softmax regression in numpy, for tests (ignores model.name)")
+                       description="softmax regression in numpy, for tests")
+
+
+@hookimpl
+def ddlkit_models() -> Iterator[Registration[Any]]:
+    yield Registration("softmax", build_softmax, framework="fake", description="softmax regression (numpy)")
+    # aliases, so that the default config (model=resnet18) composes with framework=fake
+    for name in ("resnet18", "resnet34", "resnet50", "resnet101", "resnet152"):
+        yield Registration(name, build_softmax, framework="fake", description="softmax regression (numpy)")
+
+
+@hookimpl
+def ddlkit_optimizers() -> Iterator[Registration[Any]]:
+    from ..optim import SGDConfig
+
+    yield Registration("sgd", build_sgd, config=SGDConfig, framework="fake", description="SGD with momentum (numpy)")
 
 
 @hookimpl

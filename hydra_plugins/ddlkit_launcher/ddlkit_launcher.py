@@ -9,7 +9,7 @@ every Hydra app, so it imports nothing but its config schema here; the work is d
 # sys.modules, and dataclasses then cannot resolve string annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Optional
 
 from hydra.core.config_store import ConfigStore
 from hydra.plugins.launcher import Launcher
@@ -32,6 +32,9 @@ class DdlkitLauncherConf:
     on_failure: Any = "${oc.select:sweep.on_failure,keep-going}"
     # ddlkit sweeps: the report's sort key and plotted metric (best_top1, final_loss, images_per_sec, duration_s)
     sort_by: Any = "${oc.select:sweep.sort_by,best_top1}"
+    # ddlkit sweeps: the result field returned to the sweeper (a search sweeper optimizes it), and its direction
+    objective: Any = "${oc.select:sweep.objective,null}"
+    direction: Any = "${oc.select:sweep.direction,auto}"
     # seconds between two looks at the running jobs' status
     poll_interval_s: float = 0.05
     # expand, compose and validate every job and print them, run nothing (what `ddlkit plan` sets)
@@ -43,12 +46,14 @@ ConfigStore.instance().store(group="hydra/launcher", name="ddlkit", node=DdlkitL
 
 class DdlkitLauncher(Launcher):
     def __init__(self, max_parallel: int = 2, on_failure: str = "keep-going", sort_by: str = "best_top1",
-                 poll_interval_s: float = 0.05, dry_run: bool = False) -> None:
+                 objective: Optional[str] = None, direction: str = "auto", poll_interval_s: float = 0.05,
+                 dry_run: bool = False) -> None:
         from ddlkit.sweep.settings import SweepSettings
 
         # checked at launch, where a bad value can be reported in the app's terms (sweep.* for ddlkit)
         self.settings = SweepSettings(max_parallel=max_parallel, on_failure=on_failure, sort_by=sort_by,
-                                      poll_interval_s=poll_interval_s, dry_run=dry_run)
+                                      objective=objective, direction=direction, poll_interval_s=poll_interval_s,
+                                      dry_run=dry_run)
         self.config: DictConfig | None = None
         self.hydra_context: HydraContext | None = None
         self.task_function: TaskFunction | None = None

@@ -53,16 +53,22 @@ class TestImageFolderNumpy(DataSourceContract):
         return source(dataset.root)
 
 
-class TestImageFolderPytorch(DataSourceContract):
-    loader_format = "pytorch"
-    batch_size = 4
+def loader_as(fmt: str, loader: Any, **torch_options: Any) -> Any:
+    """The neutral loader itself (``numpy``), or through the PyTorch plugin's adapter."""
+    if fmt == "numpy":
+        return loader
+    from ddlkit_pytorch.data import torch_loader
 
-    @pytest.fixture
-    def data_source(self, dataset: ImageDataset) -> DataSource:
-        return source(dataset.root, workers=1)
+    return torch_loader(loader, images=True, device="cpu", **{"channels_last": False, **torch_options})
 
-    def to_numpy(self, x: Any) -> Any:
-        return x.numpy()
+
+def test_the_pytorch_pipeline_serves_the_contract_batches(dataset: ImageDataset) -> None:
+    """The same images and labels, in order, as the neutral loader (NCHW; torch's resize rounds the
+    crop box to whole pixels, Pillow's does not)."""
+    pytest.importorskip("ddlkit_pytorch")
+    neutral = source(dataset.root, workers=1).loader("train", batch_size=4, shard=Shard(1, 2), seed=5)
+    for (x, y), (xn, yn) in zip(loader_as("pytorch", neutral).iter_epoch(2, 1), neutral.iter_epoch(2, 1), strict=True):
+        assert np.array_equal(y.numpy(), yn) and np.abs(x.permute(0, 2, 3, 1).numpy() - xn).mean() < 0.05
 
 
 # ---------------------------------------------------------------------------- listing
@@ -146,7 +152,7 @@ def test_grayscale_cmyk_and_png_content_decode_as_rgb(dataset: ImageDataset, dec
 
 
 def test_train_augmentation_varies_by_epoch_and_is_reproducible(dataset: ImageDataset) -> None:
-    loader = source(dataset.root).loader("numpy", "train", batch_size=24, shard=Shard(), seed=3)
+    loader = source(dataset.root).loader("train", batch_size=24, shard=Shard(), seed=3)
     (x0, y0), = batches(loader, 0)
     (x1, y1), = batches(loader, 1)
     assert not np.array_equal(y0, y1), "the order is reshuffled every epoch"
@@ -171,7 +177,8 @@ def test_shards_are_disjoint_and_cover_the_used_images(dataset: ImageDataset) ->
 def test_corrupt_file_is_an_error_that_names_it(corrupt_dataset: ImageDataset) -> None:
     bad = str(corrupt_dataset.root / corrupt_dataset.corrupt[0])
     for fmt in ("numpy", "pytorch"):
-        loader = source(corrupt_dataset.root, workers=1).loader(fmt, "train", batch_size=19, shard=Shard(), seed=0)
+        loader = loader_as(fmt, source(corrupt_dataset.root, workers=1).loader("train", batch_size=19, shard=Shard(),
+                                                                             seed=0))
         with pytest.raises(CorruptImageError) as info:
             batches(loader)
         assert bad in str(info.value) and "data.on_corrupt=skip" in str(info.value)
@@ -180,8 +187,8 @@ def test_corrupt_file_is_an_error_that_names_it(corrupt_dataset: ImageDataset) -
 @pytest.mark.parametrize("fmt", ["numpy", "pytorch"])
 def test_skipped_corrupt_files_are_counted_and_batches_stay_full(corrupt_dataset: ImageDataset, fmt: str,
                                                                  capfd: pytest.CaptureFixture[str]) -> None:
-    loader = source(corrupt_dataset.root, on_corrupt="skip", workers=1).loader(fmt, "train", batch_size=19,
-                                                                              shard=Shard(), seed=0)
+    loader = loader_as(fmt, source(corrupt_dataset.root, on_corrupt="skip", workers=1).loader("train", batch_size=19,
+                                                                                              shard=Shard(), seed=0))
     got = batches(loader) + batches(loader, 1)
     assert [len(y) for _, y in got] == [19, 19]
     assert loader.skipped == 2  # once per epoch
@@ -193,13 +200,13 @@ def test_pytorch_batches_are_normalized_nchw_and_channels_last_on_request(datase
     import torch
 
     src = source(dataset.root, workers=0)
-    (x, y), = list(src.loader("pytorch", "train", batch_size=24, shard=Shard(), seed=0).iter_epoch(0))
-    (xn, _), = batches(src.loader("numpy", "train", batch_size=24, shard=Shard(), seed=0))
+    (x, y), = list(loader_as("pytorch", src.loader("train", batch_size=24, shard=Shard(), seed=0)).iter_epoch(0))
+    (xn, _), = batches(src.loader("train", batch_size=24, shard=Shard(), seed=0))
     assert x.shape == (24, 3, SIZE, SIZE) and x.is_contiguous() and y.dtype == torch.int64
     # the same crops and flips; torch's resize (integer crop box) and Pillow's (fractional) differ by rounding
     assert np.abs(x.permute(0, 2, 3, 1).numpy() - xn).mean() < 0.05
-    (xc, _), = list(src.loader("pytorch", "train", batch_size=24, shard=Shard(), seed=0,
-                               channels_last=True).iter_epoch(0))
+    (xc, _), = list(loader_as("pytorch", src.loader("train", batch_size=24, shard=Shard(), seed=0),
+                              channels_last=True).iter_epoch(0))
     assert xc.is_contiguous(memory_format=torch.channels_last) and torch.equal(xc, x)
 
 
@@ -237,3 +244,15 @@ def test_png_bytes_with_a_jpeg_name_are_not_a_corrupt_file(tmp_path: Path) -> No
     decode_into(str(tmp_path / "x.JPEG"), Augment(SIZE, False, 37, decoder="simplejpeg" if simplejpeg else "pil"),
                 None, out)
     assert tuple(out[SIZE // 2, SIZE // 2]) == (10, 200, 30)
+
+
+def test_16_bit_pngs_keep_their_values(tmp_path: Path) -> None:
+    """Issue 17, item 20: a 16-bit grayscale PNG decoded as solid white (Pillow opens it as I;16 and
+    its convert("RGB") clips every value above 255). Now its high byte, as TensorFlow decodes it."""
+    gradient = (np.arange(SIZE * SIZE).reshape(SIZE, SIZE) * 64).astype(np.uint16)  # 0 .. 65472
+    Image.fromarray(gradient).save(tmp_path / "g16.png")
+    assert Image.open(tmp_path / "g16.png").mode == "I;16"
+    out = np.zeros((SIZE, SIZE, 3), np.uint8)
+    decode_into(str(tmp_path / "g16.png"), Augment(SIZE, False, SIZE, decoder="pil"), None, out)
+    assert np.array_equal(out[..., 0], (gradient >> 8).astype(np.uint8))
+    assert (out[..., 0] == out[..., 2]).all() and out.min() == 0 and out.max() == 255

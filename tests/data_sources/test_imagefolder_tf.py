@@ -1,22 +1,28 @@
-"""data=imagefolder through tf.data (TensorFlow and Keras): the contract, the per-pass epoch of
-``loader.dataset``, corrupt files. Imports TensorFlow, hence slow."""
+"""data=imagefolder through the TensorFlow plugin's tf.data pipeline (TensorFlow and Keras): the
+per-pass epoch of ``loader.dataset``, resuming, corrupt files -- in the pipeline, and through the
+CLI, where a corrupt file ends the job with one line and exit status 2 (issue 17, item 21).
+Imports TensorFlow, hence slow."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
 import pytest
 
-from ddlkit import DataSource, Shard
+import ddlkit
+
+from ddlkit import Shard
 from ddlkit.builtin.imagefolder import ImageFolderConfig, ImageFolderData
-from ddlkit.testing.contracts import DataSourceContract
+from ddlkit.builtin.imagefolder._decode import CorruptImageError
 from ddlkit.testing.images import ImageDataset, make_image_dataset
 
 pytestmark = pytest.mark.slow
 tf = pytest.importorskip("tensorflow")
+tf_data = pytest.importorskip("ddlkit_tensorflow.data")
 SIZE = 32
 
 
@@ -30,21 +36,12 @@ def source(root: Path, **overrides: Any) -> ImageFolderData:
     return ImageFolderData(ImageFolderConfig(root=str(root), image_size=SIZE, **overrides))
 
 
-class TestImageFolderTensorflow(DataSourceContract):
-    loader_format = "tensorflow"
-    batch_size = 4
-
-    @pytest.fixture
-    def data_source(self, dataset: ImageDataset) -> DataSource:
-        return source(dataset.root, on_corrupt="skip")
-
-    def to_numpy(self, x: Any) -> Any:
-        return x.numpy()
+def tf_pipeline(src: ImageFolderData, batch_size: int, seed: int = 0, **kw: Any) -> Any:
+    return tf_data.tf_loader(src.loader("train", batch_size=batch_size, shard=Shard(), seed=seed), **kw)
 
 
 def test_odd_files_decode_and_batches_are_normalized(dataset: ImageDataset) -> None:
-    loader = source(dataset.root, on_corrupt="skip").loader("tensorflow", "train", batch_size=25, shard=Shard(),
-                                                            seed=0)
+    loader = tf_pipeline(source(dataset.root, on_corrupt="skip"), 25)
     (x, y), = [(a.numpy(), b.numpy()) for a, b in loader.iter_epoch(0)]
     assert x.shape == (25, SIZE, SIZE, 3) and x.dtype == np.float32 and y.dtype == np.int64
     assert -3 < x.mean() < 3 and np.isfinite(x).all()
@@ -52,20 +49,18 @@ def test_odd_files_decode_and_batches_are_normalized(dataset: ImageDataset) -> N
 
 
 def test_each_pass_over_dataset_serves_the_runs_current_epoch(dataset: ImageDataset) -> None:
-    src = source(dataset.root, on_corrupt="skip")
-    run = SimpleNamespace(state=SimpleNamespace(epoch=2), dist=SimpleNamespace(local_size=1))
-    src._run = run  # what prepare(run) records
-    loader = src.loader("keras", "train", batch_size=5, shard=Shard(), seed=1)
+    epoch = [2]
+    loader = tf_pipeline(source(dataset.root, on_corrupt="skip"), 5, seed=1, pass_epoch=lambda: epoch[0])
     labels = [b.numpy() for _, b in loader.dataset]
     assert np.array_equal(np.concatenate(labels), np.concatenate([b.numpy() for _, b in loader.epoch(2)]))
-    run.state.epoch = 3
+    epoch[0] = 3
     assert np.array_equal(np.concatenate([b.numpy() for _, b in loader.dataset]),
                           np.concatenate([b.numpy() for _, b in loader.epoch(3)]))
     assert int(loader.dataset.cardinality()) == len(loader)
 
 
 def test_start_batch_skips_without_decoding_and_matches(dataset: ImageDataset) -> None:
-    loader = source(dataset.root, on_corrupt="skip").loader("tensorflow", "train", batch_size=5, shard=Shard(), seed=0)
+    loader = tf_pipeline(source(dataset.root, on_corrupt="skip"), 5)
     full = [(x.numpy(), y.numpy()) for x, y in loader.epoch(1)]
     rest = [(x.numpy(), y.numpy()) for x, y in loader.epoch(1, 3)]
     assert len(rest) == len(full) - 3
@@ -73,13 +68,28 @@ def test_start_batch_skips_without_decoding_and_matches(dataset: ImageDataset) -
         assert np.array_equal(a, c) and np.array_equal(b, d)
 
 
-def test_corrupt_file_stops_the_pipeline_naming_it(dataset: ImageDataset, capfd: pytest.CaptureFixture[str]) -> None:
-    loader = source(dataset.root).loader("tensorflow", "train", batch_size=25, shard=Shard(), seed=0)
-    with pytest.raises(tf.errors.OpError) as info:
+def test_corrupt_file_stops_the_pipeline_naming_it(dataset: ImageDataset) -> None:
+    loader = tf_pipeline(source(dataset.root), 25)
+    with pytest.raises(CorruptImageError) as info, tf_data.data_errors(loader):
         list(loader.iter_epoch(0))
     bad = str(dataset.root / dataset.corrupt[0])
-    assert bad in str(info.value)
-    assert f"ddlkit: error: cannot decode image {bad}" in capfd.readouterr().err
+    assert info.value.path == bad and "data.on_corrupt=skip" in str(info.value)
+    assert info.value.__cause__ is None and info.value.__suppress_context__  # not TensorFlow's wrapper of it
+
+
+@pytest.mark.parametrize("framework", ["tensorflow", "keras"])
+def test_a_corrupt_file_ends_the_job_with_one_line_and_status_2(dataset: ImageDataset, framework: str,
+                                                                tmp_path: Path) -> None:
+    pytest.importorskip(f"ddlkit_{framework}")
+    proc = subprocess.run([sys.executable, "-m", "ddlkit", f"framework={framework}", "data=imagefolder",
+                           f"data.root={dataset.root}", f"data.image_size={SIZE}", "trainer.batch_size=25",
+                           "trainer.epochs=1", f"hydra.run.dir={tmp_path / 'job'}"],
+                          cwd=tmp_path, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    bad = str(dataset.root / dataset.corrupt[0])
+    log = (tmp_path / "job" / "rank-0.log").read_text()
+    assert f"CorruptImageError: cannot decode image {bad}" in log
+    assert "Traceback" not in log and "py_func" not in log and "Traceback" not in proc.stderr
 
 
 def test_a_dataset_of_unreadable_files_is_an_error(tmp_path: Path, dataset: ImageDataset) -> None:
@@ -88,6 +98,6 @@ def test_a_dataset_of_unreadable_files_is_an_error(tmp_path: Path, dataset: Imag
         (root / "train" / cls).mkdir(parents=True)
         for i in range(8):
             (root / "train" / cls / f"{i}.JPEG").write_bytes(b"\xff\xd8\xff garbage")
-    loader = source(root, on_corrupt="skip").loader("tensorflow", "train", batch_size=4, shard=Shard(), seed=0)
-    with pytest.raises(tf.errors.OpError, match="in a row failed to decode"):
+    loader = tf_pipeline(source(root, on_corrupt="skip"), 4)
+    with pytest.raises(ddlkit.RunError, match="in a row failed to decode"), tf_data.data_errors(loader):
         list(loader.iter_epoch(0))

@@ -34,7 +34,7 @@ class TwinConfig:
 
 
 class _Repeat:
-    def __init__(self, batch: tuple[Any, Any], n: int) -> None:
+    def __init__(self, batch: ddlkit.Batch, n: int) -> None:
         self.batch, self.n = batch, n
 
     def __len__(self) -> int:
@@ -46,31 +46,21 @@ class _Repeat:
 
 
 class TwinData(ddlkit.DataSource):
-    frameworks = ("pytorch", "tensorflow", "keras")
+    """Framework-neutral, like every data source: numpy batches that each framework adapts."""
 
     @property
     def info(self) -> ddlkit.DataInfo:
         c = self.cfg
         return ddlkit.DataInfo(c.num_classes, c.image_size, c.length, c.val_length)
 
-    def loader(self, framework: str, split: str, *, batch_size: int, shard: ddlkit.Shard, seed: int,
-               device: Any = None, channels_last: bool = False) -> Any:
+    def loader(self, split: str, *, batch_size: int, shard: ddlkit.Shard, seed: int) -> Any:
         c = self.cfg
         rng = np.random.default_rng(seed)
         pictures = rng.standard_normal((c.unique, c.image_size, c.image_size, 3)).astype(np.float32)
         all_labels = rng.integers(0, c.num_classes, 1 << 16)
         index = np.arange(shard.rank * batch_size, (shard.rank + 1) * batch_size)
-        images, labels = pictures[index % c.unique], all_labels[index]
         n = max(1, (c.length if split == "train" else c.val_length) // (batch_size * shard.world_size))
-        if framework == "pytorch":
-            import torch
-
-            batch = (torch.from_numpy(images).permute(0, 3, 1, 2).contiguous().to(device),
-                     torch.from_numpy(labels).to(device))
-            return _Repeat(batch, n)
-        from ddlkit.builtin._tf_synthetic import TfRepeatLoader
-
-        return TfRepeatLoader(images, labels, n)
+        return _Repeat(ddlkit.Batch(pictures[index % c.unique], all_labels[index]), n)
 
 
 @ddlkit.hookimpl

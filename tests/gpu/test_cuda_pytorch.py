@@ -77,6 +77,11 @@ def test_compile_keeps_each_runs_autocast_dtype(monkeypatch: pytest.MonkeyPatch,
     from ddlkit_pytorch.models import AutocastForward
 
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
+    # Triton writes these into the environment at its first compile: restored after the test
+    # (delenv of an unset variable records nothing to restore, hence the setenv first)
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path / "triton"))
+    monkeypatch.setenv("TRITON_PTXAS_PATH", "")
+    monkeypatch.delenv("TRITON_PTXAS_PATH")
 
     def net() -> torch.nn.Module:
         torch.manual_seed(0)
@@ -117,9 +122,14 @@ def test_imagefolder_batches_are_pinned_and_normalized_on_the_gpu_like_on_the_cp
 
     ds = make_image_dataset(tmp_path / "imagenet", classes=3, train_per_class=4, val_per_class=1)
     source = ImageFolderData(ImageFolderConfig(root=str(ds.root), image_size=32, workers=2))
-    kw = dict(batch_size=4, shard=Shard(), seed=0, channels_last=channels_last)
-    gpu = list(source.loader("pytorch", "train", device=torch.device("cuda"), **kw).iter_epoch(0))
-    cpu = list(source.loader("pytorch", "train", device=torch.device("cpu"), **kw).iter_epoch(0))
+    from ddlkit_pytorch.data import torch_loader
+
+    def batches(device: str) -> list:
+        neutral = source.loader("train", batch_size=4, shard=Shard(), seed=0)
+        return list(torch_loader(neutral, images=True, device=torch.device(device),
+                                 channels_last=channels_last).iter_epoch(0))
+
+    gpu, cpu = batches("cuda"), batches("cpu")
     assert len(gpu) == len(cpu) == 3
     for (gi, gl), (ci, cl) in zip(gpu, cpu):
         assert gi.is_cuda and gl.is_cuda and gi.dtype == torch.float32

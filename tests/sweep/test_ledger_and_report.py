@@ -17,7 +17,11 @@ from ddlkit.sweep.report import LiveReport, rows, varying_overrides, write_repor
 def test_a_new_ledger_records_every_job_and_is_written_atomically(tmp_path: Path) -> None:
     ledger = Ledger.open(tmp_path, "s")
     assert ledger.reconcile([(0, ["lr=0.1"], str(tmp_path / "0")), (1, ["lr=0.2"], str(tmp_path / "1"))]) == []
+    ledger.save()
     ledger.update(1, status="completed", result={"final_loss": 1.5})
+    # the change is in the journal at once: a launcher killed now loses nothing
+    assert Ledger.open(tmp_path, "s").jobs[1].result == {"final_loss": 1.5}
+    ledger.save()
     data = json.loads((tmp_path / LEDGER_FILE).read_text())
     assert data["name"] == "s" and data["version"] == 1
     assert {n: (j["overrides"], j["status"]) for n, j in data["jobs"].items()} == {
@@ -34,6 +38,34 @@ def test_reopening_keeps_the_jobs_and_names_the_completed_ones(tmp_path: Path) -
     assert again.name == "s"
     assert again.reconcile([(0, ["lr=0.1"], "d0"), (1, ["lr=0.2"], "d1"), (2, ["lr=0.3"], "d2")]) == [0]
     assert (again.jobs[1].status, again.jobs[1].attempts, again.jobs[1].error) == ("failed", 2, "boom")
+
+
+def test_ledger_writing_grows_linearly_with_the_number_of_jobs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    jobs = 3000
+    ledger = Ledger.open(tmp_path, "s")
+    ledger.reconcile((n, [f"lr={n}"], f"d{n}") for n in range(jobs))
+    rewrites = []
+    save = Ledger.save
+    monkeypatch.setattr(Ledger, "save", lambda self: (rewrites.append(1), save(self)))
+    for n in range(jobs):  # every job starts, then ends: two changes each
+        ledger.update(n, status="running", attempts=1)
+        ledger.update(n, status="completed", result={"final_loss": 1.0 / (n + 1)})
+    # ledger.json (O(jobs) bytes) is rewritten once per `jobs` changes, not on each: O(jobs) in all
+    assert len(rewrites) == 2
+    reopened = Ledger.open(tmp_path, "s")
+    assert all(r.status == "completed" for r in reopened.jobs.values())
+    assert reopened.jobs[jobs - 1].result == {"final_loss": 1.0 / jobs}
+
+
+def test_a_journal_line_cut_short_by_a_killed_launcher_is_ignored(tmp_path: Path) -> None:
+    ledger = Ledger.open(tmp_path, "s")
+    ledger.reconcile([(0, ["lr=0.1"], "d0"), (1, ["lr=0.2"], "d1")])
+    ledger.save()
+    ledger.update(0, status="completed")
+    with (tmp_path / "ledger.journal.jsonl").open("a") as journal:
+        journal.write('{"num": 1, "status": "compl')
+    reopened = Ledger.open(tmp_path, "s")
+    assert (reopened.jobs[0].status, reopened.jobs[1].status) == ("completed", "pending")
 
 
 def test_another_sweep_in_the_same_directory_is_refused(tmp_path: Path) -> None:

@@ -95,7 +95,8 @@ def test_isolation_hides_the_developer_shell(pytester: pytest.Pytester, monkeypa
 
 def test_ddlkit_pm_has_builtins_only(ddlkit_pm: DdlkitPluginManager) -> None:
     assert sorted(n for n, _ in ddlkit_pm.list_name_plugin()) == [
-        "ddlkit.builtin.console_logger", "ddlkit.builtin.imagefolder", "ddlkit.builtin.jsonl_logger",
+        "ddlkit.builtin.console_logger", "ddlkit.builtin.custom_data", "ddlkit.builtin.imagefolder",
+        "ddlkit.builtin.jsonl_logger",
         "ddlkit.builtin.local_compute", "ddlkit.builtin.local_ssd_storage", "ddlkit.builtin.local_storage",
         "ddlkit.builtin.nfs_storage", "ddlkit.builtin.run_loop", "ddlkit.builtin.synthetic_data"]
 

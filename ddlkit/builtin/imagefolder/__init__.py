@@ -5,16 +5,16 @@ it becomes readable on each node (``storage=nfs`` reads in place, ``storage=loca
 copy first; see :meth:`ddlkit.StorageBackend.prepare_data`). The listing and labels come from
 :mod:`.index` without decoding anything, so ``info`` is known before any data is staged.
 
-Each framework gets its native pipeline, imported only when asked for: PyTorch a ``DataLoader``
-with worker processes (``_torch``), TensorFlow and Keras ``tf.data`` (``_tf``), numpy a thread
-pool (``_numpy``, for the test kit's fake framework). All share the per-epoch order of
-:mod:`._order` and the usual ImageNet augmentation: random-resized crop + horizontal flip for
-training, resize + center crop for validation, normalized with ImageNet's mean and std.
+The loader (:class:`.files.ImageFiles`) is framework-neutral: it says which files a rank reads in
+which order (:mod:`._order`) with the usual ImageNet augmentation -- random-resized crop +
+horizontal flip for training, resize + center crop for validation, normalized with ImageNet's
+mean and std -- and serves numpy batches decoded by a thread pool. Framework plugins build their
+native pipeline from it instead (PyTorch: ``DataLoader`` worker processes; TensorFlow and Keras:
+``tf.data``), drawing the same crops.
 """
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
@@ -25,6 +25,7 @@ from omegaconf import MISSING
 from ...errors import ConfigError
 from ...hookspecs import hookimpl
 from ...interfaces import DataInfo, DataSource, Shard
+from ...interfaces.data import check_split
 from ...registry import Registration
 from ..transfer import is_url
 from .index import DatasetIndex, load_index
@@ -33,6 +34,7 @@ if TYPE_CHECKING:
     from omegaconf import DictConfig
 
     from ...run import Run
+    from .files import ImageFiles
 
 
 class Layout(str, Enum):
@@ -80,8 +82,6 @@ def _value(x: Any) -> Any:
 
 
 class ImageFolderData(DataSource):
-    frameworks = ("pytorch", "tensorflow", "keras", "numpy")
-
     def __init__(self, cfg: DictConfig | ImageFolderConfig) -> None:
         super().__init__(cfg)
         self._index: DatasetIndex | None = None
@@ -113,18 +113,12 @@ class ImageFolderData(DataSource):
                               "(or another staging storage).")
         return Path(self.cfg.root).expanduser()
 
-    def _workers(self, framework: str) -> int:
-        if self.cfg.workers >= 0:
-            return self.cfg.workers
-        if framework in ("tensorflow", "keras"):
-            return -1  # tf.data.AUTOTUNE
-        ranks = self._run.dist.local_size if self._run is not None else 1
-        return max(1, len(os.sched_getaffinity(0)) // ranks)
-
-    def loader(self, framework: str, split: str, *, batch_size: int, shard: Shard, seed: int,
-               device: Any = None, channels_last: bool = False) -> Any:
+    def loader(self, split: str, *, batch_size: int, shard: Shard, seed: int) -> ImageFiles:
+        # numpy and Pillow: imported where images are decoded, not when the plugin loads
         from ._decode import Augment, resolve_decoder
+        from .files import ImageFiles
 
+        check_split(split)
         part = self.index.split(split)
         if not len(part):
             raise ConfigError(f"data.root={self.cfg.root} has no {'training' if split == 'train' else 'validation'} "
@@ -136,25 +130,9 @@ class ImageFolderData(DataSource):
         aug = Augment(size=c.image_size, train=split == "train", val_resize=c.val_resize or round(c.image_size / 0.875),
                       min_area=c.min_crop_area, decoder=resolve_decoder(_value(c.decoder)))
         root = self.local_root
-        files = [str(root / p) for p in part.paths]
-        common = dict(batch_size=batch_size, shard=shard, seed=seed, workers=self._workers(framework),
-                      on_corrupt=_value(c.on_corrupt))
-        if framework == "pytorch":
-            from ._torch import TorchImageLoader
-
-            return TorchImageLoader(files, part.labels, aug, device=device, channels_last=channels_last, **common)
-        if framework in ("tensorflow", "keras"):
-            from ._tf import TfImageLoader
-
-            run = self._run
-            # Keras' fit iterates `loader.dataset` once per epoch: each pass serves the run's current one
-            pass_epoch = (lambda: run.state.epoch) if run is not None else None
-            return TfImageLoader(files, part.labels, aug, pass_epoch=pass_epoch, **common)
-        if framework == "numpy":
-            from ._numpy import NumpyImageLoader
-
-            return NumpyImageLoader(files, part.labels, aug, **common)
-        raise ValueError(f"data=imagefolder has no loader for framework {framework!r}")
+        return ImageFiles([str(root / p) for p in part.paths], part.labels, aug, batch_size=batch_size, shard=shard,
+                          seed=seed, workers=c.workers, on_corrupt=_value(c.on_corrupt),
+                          local_size=self._run.dist.local_size if self._run is not None else 1)
 
 
 @hookimpl

@@ -182,6 +182,10 @@ def _pil(data: bytes, aug: Augment, rnd: random.Random | None) -> tuple[Image.Im
     box = _crop_box(width, height, aug, rnd)
     if image.format == "JPEG":
         image.draft("RGB", (math.ceil(width * aug.size / box[2]), math.ceil(height * aug.size / box[3])))
+    if image.mode.startswith("I"):
+        # 16-bit grayscale (PNG, TIFF) opens as I;16 or I: Pillow's convert("RGB") clips every value
+        # above 255 to white; keep the high byte, as TensorFlow's decoder does (issue 17, item 20)
+        image = Image.fromarray((np.asarray(image, dtype=np.uint32) >> 8).clip(0, 255).astype(np.uint8), "L")
     if image.mode != "RGB":
         image = image.convert("RGB")
     image.load()

@@ -38,10 +38,12 @@ def test_parameter_counts_equal_torchvision(name: str) -> None:
     assert count(model.non_trainable_weights) == 2 * sum(bn.gamma.shape[0] for bn in batchnorms)
 
 
-def test_models_registry_matches_the_framework_names() -> None:
-    from ddlkit_tensorflow.framework import MODEL_NAMES
+def test_every_model_is_registered_for_tensorflow_and_keras() -> None:
+    from ddlkit_tensorflow.components import RESNETS, models
 
-    assert tuple(MODELS) == MODEL_NAMES
+    assert tuple(MODELS) == RESNETS
+    for framework in ("tensorflow", "keras"):
+        assert [r.name for r in models(framework)] == [*RESNETS, "custom"]
 
 
 @pytest.mark.parametrize(("name", "size", "input_size"), [("resnet18", 32, 32), ("resnet50", 64, 64),

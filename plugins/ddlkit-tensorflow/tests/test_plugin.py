@@ -13,7 +13,7 @@ from omegaconf import OmegaConf
 
 import ddlkit
 from ddlkit.config import DistConfig, Precision, TrainerConfig
-from ddlkit_tensorflow.framework import MODEL_NAMES, TensorflowConfig, TensorflowFramework
+from ddlkit_tensorflow.framework import TensorflowConfig, TensorflowFramework
 from ddlkit_tensorflow.runtime import distribution_strategy, import_tensorflow
 
 
@@ -41,9 +41,12 @@ def test_the_entry_point_registers_framework_tensorflow() -> None:
     from ddlkit.plugins import new_plugin_manager
     from ddlkit.registry import Registry
 
-    registration = Registry.collect(new_plugin_manager()).get("framework", "tensorflow")
+    registry = Registry.collect(new_plugin_manager())
+    registration = registry.get("framework", "tensorflow")
     assert registration.factory is TensorflowFramework and registration.config is TensorflowConfig
-    assert TensorflowFramework.models == MODEL_NAMES
+    assert registry.names_for("model", "tensorflow") == ["custom", "resnet101", "resnet152", "resnet18", "resnet34",
+                                                         "resnet50"]
+    assert registry.names_for("optimizer", "tensorflow") == ["adamw", "lamb", "lars", "sgd"]
 
 
 def test_missing_tensorflow_is_a_config_error_naming_the_package(monkeypatch: pytest.MonkeyPatch) -> None:

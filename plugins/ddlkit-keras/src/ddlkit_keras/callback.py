@@ -12,8 +12,6 @@ import keras
 
 import ddlkit
 
-#: validation metrics as Keras names them in epoch logs (the compiled loss and metrics, prefixed)
-VAL_METRICS = ("val_loss", "val_top1", "val_top5")
 
 
 class DdlkitCallback(keras.callbacks.Callback):
@@ -45,7 +43,8 @@ class DdlkitCallback(keras.callbacks.Callback):
 
     def end_epoch(self, logs: Mapping[str, Any]) -> None:
         """Report the epoch's validation; a pass cut short by ``max_steps`` is not a finished epoch."""
-        metrics = {name: float(logs[name]) for name in VAL_METRICS if name in logs}
+        # validation: the compiled loss and metrics, as Keras names them in epoch logs
+        metrics = {name: float(value) for name, value in logs.items() if name.startswith("val_")}
         run = self.run
         if run.state.batch < run.steps_per_epoch:
             if metrics:

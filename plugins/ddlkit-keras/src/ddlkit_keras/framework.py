@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 import ddlkit
 
 try:
-    from ddlkit_tensorflow.framework import MODEL_NAMES, TensorflowConfig
+    from ddlkit_tensorflow.framework import TensorflowConfig
     from ddlkit_tensorflow.runtime import check_config, distribution_strategy, precision_of, setup_tensorflow
 except ImportError as err:
     # ddlkit reports a plugin that fails to load with this message when framework=keras is chosen
@@ -42,7 +42,6 @@ class KerasConfig(TensorflowConfig):
 
 
 class KerasFramework(ddlkit.Framework):
-    models = MODEL_NAMES
     #: the trained Keras model once :meth:`train` has returned, for ``ddlkit_run_end`` hooks
     model: Any = None
 
@@ -68,21 +67,19 @@ class KerasFramework(ddlkit.Framework):
         if keras.backend.backend() != self.cfg.backend:
             raise ddlkit.ConfigError(f"Keras was already imported in this process with backend "
                                      f"{keras.backend.backend()}; framework.backend={self.cfg.backend} cannot apply.")
-        from ddlkit_tensorflow.models import build_model
-        from ddlkit_tensorflow.training import cross_entropy, export_model, load_state, make_optimizer, save_state
+        from ddlkit_tensorflow.data import data_errors, tf_loader
+        from ddlkit_tensorflow.training import (build_model, check_classifier, export_model, load_state,
+                                                make_optimizer, save_state, task)
 
         from .callback import DdlkitCallback
 
-        t, o = run.cfg.trainer, run.cfg.optimizer
-        info = run.data.info
+        t = run.cfg.trainer
         with distribution_strategy(run, "keras").scope():
-            model = build_model(run.cfg.model.name, info.num_classes, info.image_size,
-                                zero_init_residual=run.cfg.model.zero_init_residual)
-            optimizer = make_optimizer(o, run.schedule(0), precision_of(run.cfg))
-            top_k = min(5, info.num_classes)
-            model.compile(optimizer=optimizer, loss=cross_entropy(o.label_smoothing), jit_compile=self.cfg.xla,
-                          metrics=[keras.metrics.SparseTopKCategoricalAccuracy(1, name="top1"),
-                                   keras.metrics.SparseTopKCategoricalAccuracy(top_k, name="top5")])
+            model = build_model(run)
+            optimizer = make_optimizer(run, precision_of(run.cfg))
+            loss, metrics = task(run)
+            model.compile(optimizer=optimizer, loss=loss, jit_compile=self.cfg.xla,
+                          metrics=[keras.metrics.MeanMetricWrapper(fn, name=name) for name, fn in metrics.items()])
             # slots (momentum buffers) exist before a checkpoint is loaded into them
             optimizer.build(model.trainable_variables)
 
@@ -93,11 +90,23 @@ class KerasFramework(ddlkit.Framework):
             return load_state(path, model, optimizer)
 
         loader_args = dict(batch_size=t.batch_size, shard=run.shard, seed=t.seed)
-        train_loader = run.data.loader("keras", "train", **loader_args)
-        val_data = run.data.loader("keras", "val", **loader_args).dataset if t.validate else None
+        data = run.data.loader("train", **loader_args)
+        check_classifier(run, model, data)
+        # fit iterates `dataset` once per epoch: each pass serves the run's current one
+        train_loader = tf_loader(data, pass_epoch=lambda: run.state.epoch)
+        val_loader = tf_loader(run.data.loader("val", **loader_args)) if t.validate else None
+        val_data = val_loader.dataset if val_loader is not None else None
         run.restore(save, load)
+        with data_errors(train_loader, val_loader):
+            self._fit(run, model, train_loader, val_data, DdlkitCallback(run))
+        if t.save_model:
+            run.save_artifact("model.keras", lambda path: export_model(model, path))
+        self.model = model
 
-        callback = DdlkitCallback(run)
+    @staticmethod
+    def _fit(run: ddlkit.Run, model: Any, train_loader: Any, val_data: Any, callback: Any) -> None:
+        """Fit from where the run stands to the end (see the module docstring for a mid-epoch resume)."""
+        t = run.cfg.trainer
         epoch, done = run.state.epoch, run.state.batch
         if done and not run.finished:
             if done < len(train_loader):
@@ -111,6 +120,3 @@ class KerasFramework(ddlkit.Framework):
             # shuffle=False: a tf.data pipeline orders itself (Keras would only warn that it cannot)
             model.fit(train_loader.dataset, initial_epoch=run.state.epoch, epochs=t.epochs,
                       validation_data=val_data, callbacks=[callback], shuffle=False, verbose=0)
-        if t.save_model:
-            run.save_artifact("model.keras", lambda path: export_model(model, path))
-        self.model = model

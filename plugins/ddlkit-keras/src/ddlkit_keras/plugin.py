@@ -6,10 +6,23 @@ from collections.abc import Iterator
 
 import ddlkit
 
-from .framework import KerasConfig, KerasFramework
+from .framework import KerasConfig, KerasFramework  # first: it says what is missing without ddlkit-tensorflow
+
+from ddlkit_tensorflow import components  # noqa: E402,I001
 
 
 @ddlkit.hookimpl
 def ddlkit_frameworks() -> Iterator[ddlkit.Registration]:
     yield ddlkit.Registration("keras", KerasFramework, config=KerasConfig,
-                              description="Keras 3 model.fit (TensorFlow backend), ResNet-18..152, bf16/fp16, XLA")
+                              description="Keras 3 model.fit (TensorFlow backend), bf16/fp16, XLA")
+
+
+@ddlkit.hookimpl
+def ddlkit_models() -> Iterator[ddlkit.Registration]:
+    # the TensorFlow plugin's models and optimizers, registered for framework=keras
+    yield from components.models("keras")
+
+
+@ddlkit.hookimpl
+def ddlkit_optimizers() -> Iterator[ddlkit.Registration]:
+    yield from components.optimizers("keras")

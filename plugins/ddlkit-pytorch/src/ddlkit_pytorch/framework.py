@@ -17,10 +17,6 @@ from ddlkit.distributed import horovod_problem
 if TYPE_CHECKING:
     from omegaconf import DictConfig
 
-#: what ddlkit_pytorch.models builds (kept here as plain names so the launcher needs no torch)
-MODEL_NAMES = ("resnet18", "resnet34", "resnet50", "resnet101", "resnet152")
-
-
 @dataclass
 class PytorchConfig:
     # cpu, cuda, cuda:N, or auto (cuda when available)
@@ -34,8 +30,6 @@ class PytorchConfig:
 
 
 class PytorchFramework(ddlkit.Framework):
-    models = MODEL_NAMES
-
     #: the trained model (the plain module, without DDP/compile wrappers) once :meth:`train` has
     #: returned, for ``ddlkit_run_end`` hooks that export or inspect it
     model: Any = None
@@ -79,7 +73,10 @@ class PytorchFramework(ddlkit.Framework):
         import torch
         from torch import nn
 
-        from .models import AutocastForward, build_model
+        from ddlkit.custom import import_target, model_source, output_mismatch, wrong_kind
+
+        from .data import probe_inputs, torch_loader
+        from .models import AutocastForward
 
         t = run.cfg.trainer
         if self.cfg.num_threads:
@@ -96,15 +93,22 @@ class PytorchFramework(ddlkit.Framework):
         memory_format = torch.channels_last if self.cfg.channels_last else torch.contiguous_format
 
         info = run.data.info
-        model = build_model(run.cfg.model.name, num_classes=info.num_classes,
-                            zero_init_residual=run.cfg.model.zero_init_residual)
+        model = run.build_model()
+        if not isinstance(model, nn.Module):
+            raise wrong_kind(model_source(run.cfg.model), model, "pytorch", "torch.nn.Module")
         model = model.to(device, memory_format=memory_format)
         o = run.cfg.optimizer
-        optimizer = torch.optim.SGD(model.parameters(), lr=run.schedule(0), momentum=o.momentum,
-                                    weight_decay=o.weight_decay, nesterov=o.nesterov)
+        optimizer = run.build_optimizer(model.parameters())
         scaler = torch.amp.GradScaler(device.type, enabled=precision == "fp16")
         autocast_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(precision)
-        loss_fn = nn.CrossEntropyLoss(label_smoothing=o.label_smoothing)
+        custom_loss = run.cfg.model.get("loss")
+        if custom_loss:
+            loss_fn = import_target(custom_loss, "model.loss")
+            metrics = {"loss": loss_fn, **{name: import_target(path, f"model.metrics.{name}")
+                                           for name, path in run.cfg.model.get("metrics", {}).items()}}
+        else:
+            loss_fn = nn.CrossEntropyLoss(label_smoothing=o.label_smoothing)
+            metrics = {"loss": loss_fn, "top1": _top_k(1), "top5": _top_k(5)}
         replicas = Replicas(run, device)
         optimizer = replicas.wrap_optimizer(model, optimizer)
         run.extra_result["device"] = str(device)
@@ -135,10 +139,19 @@ class PytorchFramework(ddlkit.Framework):
                 torch.cuda.set_rng_state(ckpt["rng"]["cuda"].cpu(), device)
             return ckpt["meta"]
 
-        loader_args = dict(batch_size=t.batch_size, shard=run.shard, seed=t.seed, device=device,
-                           channels_last=self.cfg.channels_last)
-        train_loader = run.data.loader("pytorch", "train", **loader_args)
-        val_loader = run.data.loader("pytorch", "val", **loader_args) if t.validate else None
+        loader_args = dict(batch_size=t.batch_size, shard=run.shard, seed=t.seed)
+        adapt = dict(images=info.image_size > 0, device=device, channels_last=self.cfg.channels_last)
+        data = run.data.loader("train", **loader_args)
+        if not custom_loss:
+            # a classifier must give (batch, classes) logits: checked on two samples before anything trains
+            model.eval()
+            with torch.no_grad():
+                shape = tuple(model(probe_inputs(data, info, **adapt)).shape)
+            model.train()
+            if len(shape) != 2 or shape[1] != info.num_classes:
+                raise output_mismatch(model_source(run.cfg.model), shape, info.num_classes)
+        train_loader = torch_loader(data, **adapt)
+        val_loader = torch_loader(run.data.loader("val", **loader_args), **adapt) if t.validate else None
         run.restore(save, load)
         # after restore: the replicas start from rank 0's weights (and all ranks loaded the same
         # checkpoint, or Horovod broadcast rank 0's optimizer state)
@@ -152,19 +165,17 @@ class PytorchFramework(ddlkit.Framework):
 
         def evaluate() -> dict[str, float]:
             model.eval()
-            total = loss_sum = top1 = top5 = 0
+            total, sums = 0, dict.fromkeys(metrics, 0.0)
             with torch.no_grad(), autocast():
-                for images, labels in val_loader.iter_epoch(0):
-                    out = step_model(images.to(device, non_blocking=True))
-                    labels = labels.to(device, non_blocking=True)
-                    loss_sum += loss_fn(out.float(), labels).item() * labels.numel()
-                    best = out.topk(min(5, out.shape[1]), dim=1).indices
-                    hits = best.eq(labels.unsqueeze(1))
-                    top1 += hits[:, :1].any(dim=1).sum().item()
-                    top5 += hits.any(dim=1).sum().item()
-                    total += labels.numel()
+                for inputs, targets in val_loader.iter_epoch(0):
+                    out = step_model(inputs.to(device, non_blocking=True)).float()
+                    targets = targets.to(device, non_blocking=True)
+                    n = targets.shape[0]
+                    for name, fn in metrics.items():  # each a batch mean: weighted by the batch's size
+                        sums[name] += float(fn(out, targets)) * n
+                    total += n
             model.train()
-            return {"val_loss": loss_sum / total, "val_top1": top1 / total, "val_top5": top5 / total}
+            return {f"val_{name}": value / total for name, value in sums.items()}
 
         def step(batch: Any, lr: float) -> Any:
             images, labels = batch
@@ -188,6 +199,16 @@ class PytorchFramework(ddlkit.Framework):
             run.save_artifact("model.pt", lambda p: torch.save(model.state_dict(), p))
         replicas.close()
         self.model = model
+
+
+def _top_k(k: int) -> Any:
+    """The share of a batch whose label is among the ``k`` highest logits."""
+
+    def top_k(logits: Any, labels: Any) -> Any:
+        best = logits.topk(min(k, logits.shape[1]), dim=1).indices
+        return best.eq(labels.unsqueeze(1)).any(dim=1).float().mean()
+
+    return top_k
 
 
 #: cuBLAS's setting under which its matrix products are deterministic (see torch's reproducibility notes)

@@ -6,10 +6,21 @@ from collections.abc import Iterator
 
 import ddlkit
 
+from . import components
 from .framework import PytorchConfig, PytorchFramework
 
 
 @ddlkit.hookimpl
 def ddlkit_frameworks() -> Iterator[ddlkit.Registration]:
     yield ddlkit.Registration("pytorch", PytorchFramework, config=PytorchConfig,
-                              description="PyTorch: ResNet-18..152, SGD, bf16/fp16 autocast")
+                              description="PyTorch: bf16/fp16 autocast, channels_last, torch.compile")
+
+
+@ddlkit.hookimpl
+def ddlkit_models() -> Iterator[ddlkit.Registration]:
+    yield from components.models()
+
+
+@ddlkit.hookimpl
+def ddlkit_optimizers() -> Iterator[ddlkit.Registration]:
+    yield from components.optimizers()

@@ -6,10 +6,21 @@ from collections.abc import Iterator
 
 import ddlkit
 
+from . import components
 from .framework import TensorflowConfig, TensorflowFramework
 
 
 @ddlkit.hookimpl
 def ddlkit_frameworks() -> Iterator[ddlkit.Registration]:
     yield ddlkit.Registration("tensorflow", TensorflowFramework, config=TensorflowConfig,
-                              description="TensorFlow: tf.function + GradientTape loop, ResNet-18..152, bf16/fp16, XLA")
+                              description="TensorFlow: tf.function + GradientTape loop, bf16/fp16, XLA")
+
+
+@ddlkit.hookimpl
+def ddlkit_models() -> Iterator[ddlkit.Registration]:
+    yield from components.models("tensorflow")
+
+
+@ddlkit.hookimpl
+def ddlkit_optimizers() -> Iterator[ddlkit.Registration]:
+    yield from components.optimizers("tensorflow")

@@ -1,5 +1,5 @@
 """Keras pieces shared by ``framework=tensorflow`` (custom loop) and ``framework=keras`` (``fit``):
-the optimizer, the loss, the checkpoint format and the final model export.
+the optimizers Keras lacks, the loss, the checkpoint format and the final model export.
 
 Everything here is Keras 3 (``keras.ops``), not TensorFlow, so it also serves Keras on another
 backend. Imported only inside a framework's ``train()``: it imports Keras at module level.
@@ -18,7 +18,7 @@ from keras import ops
 
 import ddlkit
 
-__all__ = ["TorchSGD", "cross_entropy", "export_model", "load_state", "make_optimizer", "save_state"]
+__all__ = ["Lars", "TorchSGD", "cross_entropy", "export_model", "load_state", "make_optimizer", "save_state"]
 
 #: key prefixes (and the meta key) inside a checkpoint file
 MODEL_PREFIX = "model/"
@@ -60,31 +60,122 @@ class TorchSGD(keras.optimizers.Optimizer):
         super().build(variables)
         self.momentums = self.add_optimizer_variables(variables, "momentum") if self.momentum else []
 
+    def direction(self, gradient: Any, variable: Any) -> Any:
+        """The gradient momentum accumulates: here ``grad + l2 * w``."""
+        # Python floats, not tensors: they take the variable's dtype (a cast would round them to
+        # float32 first, which a float64 variable would notice)
+        return ops.add(gradient, ops.multiply(variable, self.l2)) if self.l2 else gradient
+
     def update_step(self, gradient: Any, variable: Any, learning_rate: Any) -> None:
         lr = ops.cast(learning_rate, variable.dtype)
-        g = ops.cast(gradient, variable.dtype)
-        if self.l2:
-            g = ops.add(g, ops.multiply(variable, ops.cast(self.l2, variable.dtype)))
+        g = self.direction(ops.cast(gradient, variable.dtype), variable)
         if self.momentum:
             buf = self.momentums[self._get_variable_index(variable)]
-            momentum = ops.cast(self.momentum, variable.dtype)
-            new_buf = ops.add(ops.multiply(buf, momentum), g)
+            new_buf = ops.add(ops.multiply(buf, self.momentum), g)
             self.assign(buf, new_buf)
-            g = ops.add(g, ops.multiply(new_buf, momentum)) if self.nesterov else new_buf
+            g = ops.add(g, ops.multiply(new_buf, self.momentum)) if self.nesterov else new_buf
         self.assign_sub(variable, ops.multiply(g, lr))
 
     def get_config(self) -> dict[str, Any]:
         return {**super().get_config(), "momentum": self.momentum, "nesterov": self.nesterov, "l2": self.l2}
 
 
-def make_optimizer(optimizer_cfg: Any, learning_rate: float, precision: str) -> keras.optimizers.Optimizer:
-    """``optimizer=sgd`` as a Keras optimizer; under fp16 wrapped in dynamic loss scaling."""
-    o = optimizer_cfg
-    opt: keras.optimizers.Optimizer = TorchSGD(learning_rate=learning_rate, momentum=o.momentum,
-                                               nesterov=o.nesterov, l2=o.weight_decay)
+@keras.saving.register_keras_serializable(package="ddlkit")
+class Lars(TorchSGD):
+    """LARS (You et al., arXiv:1708.03888) with the update of ``pytorch_optimizer.LARS``, which the
+    PyTorch plugin uses, so ``optimizer=lars`` trains alike in every framework. Keras has no LARS.
+
+    For a weight matrix or kernel (more than one dimension) the direction is::
+
+        trust = trust_coefficient * ||w|| / (||g|| + l2 * ||w||)   (1 if a norm is 0)
+        g = (g + l2 * w) * trust
+
+    while biases and BatchNorm's scales and shifts keep ``g`` (no decay, no scaling); momentum
+    and the step are :class:`TorchSGD`'s.
+    """
+
+    def __init__(self, learning_rate: float = 0.1, momentum: float = 0.9, nesterov: bool = False, l2: float = 0.0,
+                 trust_coefficient: float = 0.001, name: str = "lars", **kwargs: Any) -> None:
+        super().__init__(learning_rate=learning_rate, momentum=momentum, nesterov=nesterov, l2=l2, name=name, **kwargs)
+        self.trust_coefficient = float(trust_coefficient)
+
+    def direction(self, gradient: Any, variable: Any) -> Any:
+        if len(variable.shape) < 2:
+            return gradient
+        w_norm, g_norm = ops.sqrt(ops.sum(ops.square(variable))), ops.sqrt(ops.sum(ops.square(gradient)))
+        denominator = g_norm + self.l2 * w_norm
+        trust = ops.where(ops.logical_and(w_norm > 0, denominator > 0),
+                          self.trust_coefficient * w_norm / ops.maximum(denominator, 1e-30), 1.0)
+        return ops.multiply(ops.add(gradient, ops.multiply(variable, self.l2)), trust)
+
+    def get_config(self) -> dict[str, Any]:
+        return {**super().get_config(), "trust_coefficient": self.trust_coefficient}
+
+
+def make_optimizer(run: ddlkit.Run, precision: str) -> keras.optimizers.Optimizer:
+    """The selected optimizer (``run.build_optimizer``); under fp16 wrapped in dynamic loss scaling."""
+    opt = run.build_optimizer()
+    if not isinstance(opt, keras.optimizers.Optimizer):
+        raise ddlkit.PluginError(f"optimizer={run.cfg.optimizer.name} for framework={run.cfg.framework.name} built a "
+                                 f"{type(opt).__name__}, not a keras.optimizers.Optimizer")
     if precision == "fp16":
         opt = keras.optimizers.LossScaleOptimizer(opt)
     return opt
+
+
+def build_model(run: ddlkit.Run) -> keras.Model:
+    """The selected model (``run.build_model``), which must be a ``keras.Model``."""
+    from ddlkit.custom import model_source, wrong_kind
+
+    model = run.build_model()
+    if not isinstance(model, keras.Model):
+        raise wrong_kind(model_source(run.cfg.model), model, run.cfg.framework.name, "keras.Model")
+    return model
+
+
+def task(run: ddlkit.Run) -> tuple[Callable[[Any, Any], Any], dict[str, Callable[[Any, Any], Any]]]:
+    """``(loss, metrics)``, each ``fn(targets, outputs)`` in Keras' convention (one value per
+    example, or the batch's mean): ``model.loss`` and ``model.metrics`` when the model names a
+    loss (``model=custom``), else cross-entropy with top-1 and top-5 accuracy."""
+    from ddlkit.custom import import_target
+
+    loss = run.cfg.model.get("loss")
+    if loss:
+        return import_target(loss, "model.loss"), {
+            name: import_target(path, f"model.metrics.{name}") for name, path in run.cfg.model.get("metrics", {}).items()}
+    classes = run.data.info.num_classes
+
+    def top_k(k: int) -> Callable[[Any, Any], Any]:
+        def metric(labels: Any, logits: Any) -> Any:
+            return ops.cast(ops.in_top_k(ops.cast(labels, "int32"), ops.cast(logits, "float32"), k), "float32")
+
+        return metric
+
+    return cross_entropy(run.cfg.optimizer.label_smoothing), {"top1": top_k(1), "top5": top_k(min(5, classes))}
+
+
+def check_classifier(run: ddlkit.Run, model: keras.Model, loader: Any) -> None:
+    """A classifier (no ``model.loss``) must give ``(batch, data.num_classes)`` logits: checked on
+    two samples before anything trains (zeros for images, else the loader's first two)."""
+    from ddlkit.custom import model_source, output_mismatch
+
+    if run.cfg.model.get("loss"):
+        return
+    info = run.data.info
+    if info.image_size:
+        probe = np.zeros((2, info.image_size, info.image_size, 3), np.float32)
+    else:
+        probe = next(iter(loader.iter_epoch(0))).inputs[:2]
+    shape = tuple(model(probe, training=False).shape)
+    if len(shape) != 2 or shape[1] != info.num_classes:
+        raise output_mismatch(model_source(run.cfg.model), shape, info.num_classes)
+
+
+def per_example(values: Any) -> Any:
+    """A loss or metric's output as one value per example: a scalar (the batch's mean) stays a
+    scalar; extra axes (a segmentation's pixels) are averaged."""
+    values = ops.cast(values, "float32")
+    return ops.mean(values, axis=tuple(range(1, len(values.shape)))) if len(values.shape) > 1 else values
 
 
 def cross_entropy(label_smoothing: float = 0.0) -> Callable[[Any, Any], Any]:
@@ -140,8 +231,8 @@ def load_state(path: Path, model: keras.Model, optimizer: keras.optimizers.Optim
         # Keras would only warn and skip; a silently fresh momentum buffer is not a resume
         raise ddlkit.ConfigError(
             f"checkpoint {path} holds {len(store)} optimizer variables, this run's optimizer has {have}: it was "
-            "written with another trainer.precision or optimizer.momentum. Use the same settings, or start fresh "
-            "with trainer.resume=false.")
+            "written with another optimizer, trainer.precision or optimizer.momentum. Use the same settings, or "
+            "start fresh with trainer.resume=false.")
     for v in model.weights:
         v.assign(weights[v.path])
     optimizer.load_own_variables(store)
@@ -155,8 +246,12 @@ def export_model(model: keras.Model, path: Path) -> None:
     optimizer's state would double the file, and loading it would need ddlkit's optimizer and
     loss. (``keras.models.clone_model`` would recompile the copy.)"""
     if model.compiled:
-        copy = keras.Model.from_config(model.get_config())
-        for target, source in zip(copy.weights, model.weights, strict=True):
-            target.assign(source)
-        model = copy
+        try:  # the model's own class: a Sequential (model=custom) is no functional Model
+            copy = type(model).from_config(model.get_config())
+        except (NotImplementedError, TypeError, ValueError):
+            copy = None  # a subclassed model without a config: saved as it is, optimizer state included
+        if copy is not None:
+            for target, source in zip(copy.weights, model.weights, strict=True):
+                target.assign(source)
+            model = copy
     model.save(path)

@@ -1,4 +1,6 @@
-"""The PyTorch pipeline: a ``DataLoader`` whose worker processes each decode a whole batch.
+"""``data=imagefolder`` for PyTorch: a ``DataLoader`` whose worker processes each decode a whole
+batch, built from the core's framework-neutral :class:`~ddlkit.builtin.imagefolder.files.ImageFiles`
+(which files, in which order, which crops) by :func:`ddlkit_pytorch.data.torch_loader`.
 
 Workers write each batch straight into one shared-memory tensor (no per-image tensors, no
 collate copy). Where the normalization happens depends on the device: for a CPU run the workers
@@ -25,10 +27,10 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset, get_worker_info
 
-from ...errors import RunError
-from ...interfaces import Shard
-from ._decode import MEAN, STD, Augment, CorruptImageError, decode_region, sample_rng
-from ._order import epoch_order, num_batches
+from ddlkit.builtin.imagefolder._decode import MEAN, STD, Augment, CorruptImageError, decode_region, sample_rng
+from ddlkit.builtin.imagefolder._order import epoch_order, num_batches
+from ddlkit.errors import RunError
+from ddlkit.interfaces import Shard
 
 #: how many following images are tried in place of a corrupt one (on_corrupt=skip)
 MAX_SUBSTITUTES = 16

@@ -1,6 +1,8 @@
-"""The TensorFlow / Keras pipeline: ``tf.data`` with parallel decoding in TensorFlow's own threads.
+"""``data=imagefolder`` for TensorFlow and Keras: ``tf.data`` with parallel decoding in TensorFlow's
+own threads, built from the core's framework-neutral
+:class:`~ddlkit.builtin.imagefolder.files.ImageFiles` by :func:`ddlkit_tensorflow.data.tf_loader`.
 
-The loader has the shape of ``ddlkit.builtin._tf_synthetic``'s: ``epoch(e, start_batch)`` is a
+The loader has the shape of every loader of :mod:`ddlkit_tensorflow.data`: ``epoch(e, start_batch)`` is a
 ``tf.data.Dataset`` of one epoch's batches, ``dataset`` is a dataset each new iteration of which
 is the run's current epoch (what ``model.fit`` consumes), ``iter_epoch`` iterates ``epoch``.
 
@@ -14,7 +16,9 @@ Corrupt files: TensorFlow cannot catch an error inside a graph, so the decode er
 (``ignore_errors``) and the *gap* they leave is detected downstream: every element carries its
 position in the epoch, and a sequential ``scan`` compares it with the expected one. A gap means
 the files at the missing positions failed; a Python callback names them and either raises
-(``on_corrupt=error``) or counts them (``skip``), in which case the next image that decoded is
+(``on_corrupt=error``: the error is kept in :attr:`TfImageLoader.error`, a short assertion stops
+the pipeline, and :func:`ddlkit_tensorflow.data.data_errors` raises the kept error in its place) or
+counts them (``skip``), in which case the next image that decoded is
 repeated into the empty slots, so batches stay full and the epoch keeps its length. The
 positions after the epoch's last image are ``MAX_SUBSTITUTES`` spare images and a sentinel that
 never fails, so that a gap at the very end is detected and filled too.
@@ -30,12 +34,14 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 
-from ...errors import RunError
-from ...interfaces import Shard
-from ._decode import MEAN, RATIO, STD, Augment, CorruptImageError
-from ._order import epoch_order, num_batches
+from ddlkit.builtin.imagefolder._decode import MEAN, RATIO, STD, Augment, CorruptImageError
+from ddlkit.builtin.imagefolder._order import epoch_order, num_batches
+from ddlkit.errors import DdlkitError, RunError
+from ddlkit.interfaces import Shard
 
 MAX_SUBSTITUTES = 16
+#: the message of the assertion that stops a pipeline on a data error (``TfImageLoader.error`` says which)
+_STOPPED = "ddlkit: the input pipeline stopped on a data error"
 _SEED_STRIDE = 1_000_003
 
 
@@ -48,6 +54,8 @@ class TfImageLoader:
         self.parallel = workers if workers > 0 else tf.data.AUTOTUNE
         self.skip_corrupt = on_corrupt == "skip"
         self.skipped = 0
+        #: the data error that stopped the pipeline (TensorFlow hands it on wrapped in its own)
+        self.error: DdlkitError | None = None
         self._reported: set[str] = set()
         self.n = num_batches(len(self.files), batch_size, shard, aug.train)
         self._passes = 0
@@ -128,7 +136,11 @@ class TfImageLoader:
         gap = pos - expected
         report = tf.cond(gap > 0, lambda: tf.numpy_function(self._on_gap, [epoch, expected, pos], tf.int64),
                          lambda: tf.constant(0, tf.int64))
-        with tf.control_dependencies([report]):
+        # a Python exception raised inside numpy_function would be logged by TensorFlow with its
+        # whole traceback, per thread: the error is kept in self.error instead, and this short
+        # assertion stops the pipeline (data_errors() raises self.error in its place)
+        stop = tf.debugging.assert_equal(report, tf.constant(0, tf.int64), message=_STOPPED)
+        with tf.control_dependencies([report, stop]):
             # a real image fills its own slot and the failed ones before it; a spare fills what is
             # left before the end; the sentinel (a zero image) fills nothing
             remaining = tf.maximum(tf.cast(slots, tf.int64) - expected, 0)
@@ -144,14 +156,12 @@ class TfImageLoader:
         if not failed:
             return np.int64(0)
         if int(end) >= len(order):  # reached the sentinel: every spare failed too
-            raise RunError(f"{len(failed) + MAX_SUBSTITUTES} images in a row failed to decode, from {failed[0]}: is "
-                           "the dataset readable?", component="data")
+            self.error = RunError(f"{len(failed) + MAX_SUBSTITUTES} images in a row failed to decode, from "
+                                  f"{failed[0]}: is the dataset readable?", component="data")
+            return np.int64(1)
         if not self.skip_corrupt:
-            err = CorruptImageError(failed[0], "TensorFlow could not read or decode it")
-            if failed[0] not in self._reported:  # the one clear line in the log, above TensorFlow's trace
-                self._reported.add(failed[0])
-                print(f"ddlkit: error: {err}", file=sys.stderr, flush=True)
-            raise err
+            self.error = CorruptImageError(failed[0], "TensorFlow could not read or decode it")
+            return np.int64(1)
         self.skipped += len(failed)
         for path in failed:
             if path not in self._reported:  # once per file, not once per epoch

@@ -1,25 +1,36 @@
-"""numpy batches (NHWC float32, normalized) for the test kit's ``framework=fake`` and other
-numpy consumers, decoded by a thread pool (Pillow and simplejpeg release the GIL)."""
+"""The image-folder loader: which files, in which order, with which augmentation -- and, for
+consumers without a pipeline of their own (the test kit's fake framework, a framework plugin
+that has no native one), numpy batches decoded by a thread pool (Pillow and simplejpeg release
+the GIL).
+
+Framework plugins recognise :class:`ImageFiles` and build their own pipeline from its fields
+(``ddlkit_pytorch.imagefolder``: ``DataLoader`` worker processes; ``ddlkit_tensorflow.imagefolder``:
+``tf.data``); every pipeline reads the same order (:mod:`._order`) and draws the same crops.
+"""
 
 from __future__ import annotations
 
+import os
 import sys
 from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
-from ...interfaces import Shard
+from ...interfaces import Batch, Shard
 from ._decode import MEAN, STD, Augment, CorruptImageError, decode_into, sample_rng
 from ._order import epoch_order, num_batches
 
 
-class NumpyImageLoader:
+class ImageFiles:
     def __init__(self, files: Sequence[str], labels: Sequence[int], aug: Augment, *, batch_size: int, shard: Shard,
-                 seed: int, workers: int, on_corrupt: str) -> None:
+                 seed: int, workers: int, on_corrupt: str, local_size: int = 1) -> None:
         self.files, self.labels, self.aug = files, np.asarray(labels, dtype=np.int64), aug
         self.batch_size, self.shard, self.seed = batch_size, shard, seed
-        self.workers = max(1, workers)
+        #: data.workers as configured: -1 lets each pipeline choose (see :meth:`auto_workers`)
+        self.workers = workers
+        #: ranks on this node, which share its cores
+        self.local_size = local_size
         self.skip_corrupt = on_corrupt == "skip"
         self.skipped = 0
         self._reported: set[str] = set()
@@ -27,6 +38,12 @@ class NumpyImageLoader:
 
     def __len__(self) -> int:
         return self.n
+
+    def auto_workers(self) -> int:
+        """``data.workers``, with -1 resolved to the node's cores divided among its ranks."""
+        if self.workers >= 0:
+            return self.workers
+        return max(1, len(os.sched_getaffinity(0)) // max(self.local_size, 1))
 
     def _one(self, epoch: int, index: int, out: np.ndarray) -> int:
         """Decode image ``index`` (or, skipping corrupt files, the next one that decodes) into
@@ -46,15 +63,15 @@ class NumpyImageLoader:
                           "image instead", file=sys.stderr, flush=True)
         raise CorruptImageError(self.files[index], "no image of the split decodes")
 
-    def iter_epoch(self, epoch: int, start_batch: int = 0) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+    def iter_epoch(self, epoch: int, start_batch: int = 0) -> Iterator[Batch]:
         order = epoch_order(len(self.files), batch_size=self.batch_size, shard=self.shard, seed=self.seed,
                             epoch=epoch, train=self.aug.train)
         b, size = self.batch_size, self.aug.size
         mean, std = np.float32(255) * np.asarray(MEAN, np.float32), np.float32(255) * np.asarray(STD, np.float32)
-        with ThreadPoolExecutor(self.workers) as pool:
+        with ThreadPoolExecutor(max(1, self.auto_workers())) as pool:
             for k in range(start_batch, self.n):
                 indices = order[k * b:(k + 1) * b]
                 images = np.empty((len(indices), size, size, 3), np.uint8)
                 labels = np.fromiter(pool.map(self._one, [epoch] * len(indices), indices.tolist(), list(images)),
                                      np.int64, len(indices))
-                yield (images.astype(np.float32) - mean) / std, labels
+                yield Batch((images.astype(np.float32) - mean) / std, labels)

@@ -1,0 +1,145 @@
+"""Hydra's and OmegaConf's errors about a command line, told as ddlkit tells every mistake.
+
+Hydra reports a bad override in six to fourteen lines (its message, OmegaConf's, the key and the
+schema's class, a hint to set ``HYDRA_FULL_ERROR``) and suggests ``+key=value`` for a typo, which
+would add the typo to the config. :func:`explain` turns such an error into one line that names
+the problem and the fix, as a :class:`~ddlkit.errors.ConfigError` (exit status 2):
+
+    `trainer.batch_size=abc` is invalid: 'abc' is not an integer. Give one, e.g. trainer.batch_size=32.
+    unknown key `trainer.batchsize`: trainer has no option batchsize. Did you mean `trainer.batch_size`?
+    unknown model 'resnet99' (config key `model`). Choose one of: resnet101, resnet152, resnet18, resnet34, resnet50.
+    hydra/sweeper=optuna is not installed: pip install hydra-optuna-sweeper
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+from typing import Any
+
+from .config import unknown_key_message, yaml_error_line
+from .errors import ConfigError, DdlkitError
+from .registry import HOOK_POINTS
+
+#: the pip package of each of Hydra's sweeper and launcher plugins, by option
+HYDRA_PLUGIN_PACKAGES: dict[str, dict[str, str]] = {
+    "hydra/sweeper": {"optuna": "hydra-optuna-sweeper", "ax": "hydra-ax-sweeper",
+                      "nevergrad": "hydra-nevergrad-sweeper"},
+    "hydra/launcher": {"joblib": "hydra-joblib-launcher", "submitit_local": "hydra-submitit-launcher",
+                       "submitit_slurm": "hydra-submitit-launcher", "rq": "hydra-rq-launcher",
+                       "ray_aws": "hydra-ray-launcher"},
+}
+#: how OmegaConf names a type it could not convert a value to, and how a user reads it
+_TYPE_WORDS = {"Integer": "an integer", "Float": "a number", "Boolean": "true or false", "str": "a string"}
+#: where experiments come from, for the error that lists them
+EXPERIMENT_PLACES = ("<name>.yaml files in ./experiments or $DDLKIT_EXPERIMENTS, or experiment/<name>.yaml in "
+                     "./conf, --config-dir or hydra.searchpath")
+
+
+def explain(err: BaseException) -> DdlkitError | None:
+    """``err``, raised while Hydra parsed the command line or composed the config, as a ddlkit
+    error; None when it is not about the user's input (a bug: the caller lets it through)."""
+    from hydra.errors import HydraException, MissingConfigException, OverrideParseException, SearchPathException
+    from omegaconf.errors import OmegaConfBaseException
+    from yaml import YAMLError
+
+    for link in _chain(err):
+        if isinstance(link, YAMLError):
+            where = getattr(getattr(link, "problem_mark", None), "name", None) or "a config file"
+            return ConfigError(f"{where} is not valid YAML: {yaml_error_line(link)}. Fix the file, or leave out "
+                               "what selects it.")
+    if isinstance(err, OverrideParseException):
+        return ConfigError(f"cannot read the override `{err.override}`: {_first_line(err.message)}. Quote a value "
+                           "holding spaces or any of ()[]{},=$;& for Hydra, inside the shell's quotes: "
+                           "\"key='a value'\".")
+    if isinstance(err, MissingConfigException):
+        return _missing_config(err)
+    if isinstance(err, SearchPathException):
+        where = str(err).split("'")[1] if "'" in str(err) else str(err)
+        return ConfigError(f"--config-dir {where}: no such directory. Give a directory of presets "
+                           "(<group>/<name>.yaml) and experiments (experiment/<name>.yaml).")
+    if not isinstance(err, (HydraException, OmegaConfBaseException)):
+        return None
+    cause = err.__cause__ if err.__cause__ is not None else err
+    if isinstance(cause, OmegaConfBaseException) and getattr(cause, "full_key", None):
+        return _bad_key_or_value(str(err), cause)
+    message = _first_line(str(err))
+    if message.endswith("raised while composing config:"):  # OmegaConf's own message is on the next line
+        where = message.split(":", 1)[0]
+        detail = [line.strip() for line in str(err).splitlines()[1:] if line.strip()]
+        full_key = next((line.split(":", 1)[1].strip() for line in detail if line.startswith("full_key:")), None)
+        if detail and " not in " in detail[0] and full_key:
+            return ConfigError(f"{where}: {unknown_key_message(None, full_key)}")
+        message = f"{where}: {detail[0] if detail else message}"
+    if "validated against ConfigStore schema with the same name" in str(err):
+        name = message.split("'")[1]
+        return ConfigError(f"the config file {name}.yaml has the name of an option ddlkit or a plugin defines: "
+                           "rename the file, and name that option in its defaults list to build on it.")
+    if "does not support sweep type" in message:
+        return ConfigError(f"hydra/sweeper=basic lists every combination of the values it is given, and cannot "
+                           f"search a range ({message.rpartition(':')[2].strip().lower()}: interval() or tag()): "
+                           "give values (a,b,c) or range(start,stop,step), or search it with hydra/sweeper=optuna "
+                           "(pip install hydra-optuna-sweeper) and sweep.objective=<a result field>.")
+    if message.startswith("Could not append to config. An item is already at"):
+        key = message.split("'")[1]
+        return ConfigError(f"`{key}` is already in the config: set it without the `+` ({key}=...).")
+    return ConfigError(message.rstrip("."))
+
+
+def _chain(err: BaseException) -> Iterator[BaseException]:
+    seen: set[int] = set()
+    link: BaseException | None = err
+    while link is not None and id(link) not in seen:
+        seen.add(id(link))
+        yield link
+        link = link.__cause__ or (None if link.__suppress_context__ else link.__context__)
+
+
+def _first_line(text: str) -> str:
+    return next((line.strip() for line in text.splitlines() if line.strip()), text)
+
+
+def _missing_config(err: Any) -> ConfigError:
+    missing: str = err.missing_cfg_file or ""
+    if str(err).startswith("Cannot find primary config"):  # --config-name's
+        return ConfigError(f"{_first_line(str(err)).rstrip('.')}: put {missing}.yaml in a directory given with "
+                           "--config-dir (-cd), or drop --config-name (-cn).")
+    group, _, name = missing.rpartition("/")
+    options = sorted(err.options or [])
+    package = HYDRA_PLUGIN_PACKAGES.get(group, {}).get(name)
+    if package:
+        return ConfigError(f"{group}={name} is not installed: pip install {package}")
+    context = str(err).split("'")[1] if str(err).startswith("In '") else ""
+    inside = f" (named in {context}.yaml)" if context and context not in ("config", "hydra/config") else ""
+    choices = (f"Choose one of: {', '.join(options)}." if options else
+               "No option is available: is the plugin that registers it installed? (`ddlkit plugins`)")
+    if group == "experiment":
+        return ConfigError(f"unknown experiment {name!r} (`+experiment`){inside}. {choices} Experiments are "
+                           f"{EXPERIMENT_PLACES}.")
+    noun = HOOK_POINTS[group].noun if group in HOOK_POINTS else group.replace("/", " ")
+    return ConfigError(f"unknown {noun} {name!r} (config key `{group.replace('/', '.')}`){inside}. {choices}")
+
+
+def _bad_key_or_value(message: str, cause: Any) -> ConfigError:
+    from omegaconf.errors import ConfigAttributeError, ConfigKeyError, ValidationError
+
+    key: str = cause.full_key
+    if isinstance(cause, (ConfigKeyError, ConfigAttributeError)) and not isinstance(cause, ValidationError):
+        root = cause.parent_node._get_root() if cause.parent_node is not None else None
+        return ConfigError(unknown_key_message(root, key))
+    reason = _first_line(cause.msg)
+    typed = re.match(r"Value '(.*)' of type '\w+' could not be converted to (\w+)", reason)
+    enum = re.match(r"Invalid value '(.*)', expected one of \[(.*)\]", reason)
+    given = message.removeprefix("Error merging override ").strip() if message.startswith("Error merging") else (
+        f"{key}={cause.value}")
+    current = cause.child_node._value() if cause.child_node is not None else None
+    example = f", e.g. {key}={getattr(current, 'name', current)}" if current is not None else ""
+    if typed:
+        return ConfigError(f"`{given}` is invalid: '{typed[1]}' is not {_TYPE_WORDS.get(typed[2], typed[2])}. "
+                           f"Give {_TYPE_WORDS.get(typed[2], 'a ' + typed[2])}{example}.")
+    if enum:
+        return ConfigError(f"`{given}` is invalid: choose one of {enum[2]}.")
+    if "is not Optional" in reason or "cannot be assigned None" in reason:
+        return ConfigError(f"`{given}` is invalid: {key} cannot be null. Give it a value{example}.")
+    return ConfigError(f"`{given}` is invalid: {reason.rstrip('.')}.")
+

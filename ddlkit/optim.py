@@ -1,0 +1,76 @@
+"""The optimizer options every framework shares.
+
+Framework plugins register their optimizers (``ddlkit_optimizers``); the core keeps no list of
+them. What the core does own is the learning-rate rule every optimizer follows -- scaled with
+the global batch and warmed up (Goyal et al., :mod:`ddlkit.schedule`), applied by the
+:class:`ddlkit.Run` -- and the schemas of the standard optimizers, so that
+``optimizer=adamw optimizer.beta2=0.98`` means the same whichever framework runs it. A plugin
+that registers one of these names uses its schema here; a plugin's own optimizer subclasses
+:class:`OptimizerConfig`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+__all__ = ["AdamWConfig", "LambConfig", "LarsConfig", "OptimizerConfig", "SGDConfig"]
+
+
+@dataclass
+class OptimizerConfig:
+    """The schedule (and loss smoothing) options of every optimizer."""
+
+    # learning rate for a global batch of `reference_batch`; scaled linearly with the real global batch
+    lr: float = 0.1
+    # scale lr by global_batch / reference_batch (Goyal et al.)
+    scale_lr: bool = True
+    reference_batch: int = 256
+    # linear warm-up length in epochs (may be fractional)
+    warmup_epochs: float = 5.0
+    # epochs at which lr is multiplied by decay_factor
+    decay_epochs: list[float] = field(default_factory=lambda: [30.0, 60.0, 80.0])
+    decay_factor: float = 0.1
+    # cross-entropy label smoothing (classification)
+    label_smoothing: float = 0.0
+
+
+@dataclass
+class SGDConfig(OptimizerConfig):
+    """SGD with momentum and coupled L2 weight decay, as ``torch.optim.SGD``."""
+
+    momentum: float = 0.9
+    weight_decay: float = 1e-4
+    nesterov: bool = False
+
+
+@dataclass
+class AdamWConfig(OptimizerConfig):
+    """Adam with decoupled weight decay (Loshchilov & Hutter), as ``torch.optim.AdamW``."""
+
+    lr: float = 0.001
+    beta1: float = 0.9
+    beta2: float = 0.999
+    eps: float = 1e-8
+    # decoupled: each step multiplies the weights by (1 - lr * weight_decay)
+    weight_decay: float = 0.01
+
+
+@dataclass
+class LambConfig(AdamWConfig):
+    """LAMB (You et al., arXiv:1904.00962): AdamW's update scaled per tensor by ||w|| / ||update||."""
+
+    lr: float = 0.004
+    eps: float = 1e-6
+
+
+@dataclass
+class LarsConfig(OptimizerConfig):
+    """LARS (You et al., arXiv:1708.03888): SGD with momentum whose step for each weight matrix or
+    kernel is scaled by trust_coefficient * ||w|| / (||g|| + weight_decay * ||w||); biases and
+    BatchNorm parameters take plain SGD steps without weight decay."""
+
+    momentum: float = 0.9
+    weight_decay: float = 1e-4
+    # eta in the paper
+    trust_coefficient: float = 0.001
+    nesterov: bool = False

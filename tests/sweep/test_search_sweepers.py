@@ -1,0 +1,65 @@
+"""Hydra's search sweepers on ddlkit's launcher (issue 16): Optuna optimizes ``sweep.objective``,
+failed trials are told to it as failed, and a search that cannot complete exits non-zero."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from omegaconf import OmegaConf
+
+from ddlkit.testing import RunFactory
+
+pytest.importorskip("hydra_plugins.hydra_optuna_sweeper", reason="pip install -e '.[sweep]' (hydra-optuna-sweeper)")
+pytestmark = pytest.mark.slow
+
+STUDY = ("-m", "framework=fake", "data.length=64", "data.val_length=16", "data.num_classes=10", "trainer.epochs=1",
+         "hydra/sweeper=optuna", "hydra.sweeper.n_trials=4", "hydra.sweeper.n_jobs=2", "hydra.sweeper.sampler.seed=0")
+
+
+def test_optuna_optimizes_the_objective_and_every_trial_is_in_the_ledger(run_factory: RunFactory) -> None:
+    sweep_dir = run_factory.base_dir / "study"
+    out = run_factory.cli(*STUDY, "sweep.objective=final_loss", "optimizer.lr=interval(0.01,1.0)",
+                          f"hydra.sweep.dir={sweep_dir}", timeout=300).assert_success()
+    jobs = json.loads((sweep_dir / "ledger.json").read_text())["jobs"]
+    losses = {num: job["result"]["final_loss"] for num, job in jobs.items() if job["status"] == "completed"}
+    assert len(jobs) == len(losses) == 4, out.output
+    best = OmegaConf.load(sweep_dir / "optimization_results.yaml")
+    assert best.best_value == min(losses.values())  # the launcher returned each trial's final_loss
+    assert "4 jobs" in (sweep_dir / "report.md").read_text()
+
+
+def test_failed_trials_are_failed_for_the_study_and_a_search_without_results_exits_1(run_factory: RunFactory) -> None:
+    sweep_dir = run_factory.base_dir / "failing"
+    out = run_factory.cli(*STUDY, "sweep.objective=final_loss", "framework.fail_at_step=1",
+                          "hydra.sweeper.max_failure_rate=1.0", "optimizer.lr=interval(0.01,1.0)",
+                          f"hydra.sweep.dir={sweep_dir}", timeout=300).assert_returncode(1)
+    assert out.stderr.strip().splitlines()[-1] == ("ddlkit: error: the sweep could not complete: ValueError: No trials "
+                                                   "are completed yet. (HYDRA_FULL_ERROR=1 shows where)")
+    jobs = json.loads((sweep_dir / "ledger.json").read_text())["jobs"]
+    assert [job["status"] for job in jobs.values()] == ["failed"] * 4  # every trial ran and was told as failed
+
+
+def test_plan_shows_the_first_batch_of_a_study(run_factory: RunFactory) -> None:
+    out = run_factory.cli("plan", *STUDY[1:], "sweep.objective=final_loss", "optimizer.lr=interval(0.01,1.0)",
+                          timeout=120).assert_success()
+    assert out.stdout.count("      command: ddlkit optimizer.lr=") == 2
+    assert out.stdout.strip().endswith("chooses the values of each batch of trials from the results before it; "
+                                       "these are its first 2.")
+
+
+@pytest.mark.parametrize(("setting", "message"), [
+    ((), "hydra/sweeper=optuna searches for the best value of one number: name it with sweep.objective=<a result "
+         "field> (images_per_sec, final_loss, best_top1, top1, top5, val_loss, steps, epochs, world_size, "
+         "global_batch_size, wall_time_s)."),
+    (("sweep.objective=accuracy",), "sweep.objective=accuracy is no field of a job's result: choose one of "
+                                    "images_per_sec, final_loss, best_top1, top1, top5, val_loss, steps, epochs, "
+                                    "world_size, global_batch_size, wall_time_s."),
+    (("sweep.objective=best_top1",), "hydra/sweeper=optuna will minimize sweep.objective=best_top1, which is to be "
+                                     "maximized: add hydra.sweeper.direction=maximize, or set sweep.direction=minimize."),
+])
+def test_an_objective_the_search_cannot_use_is_refused_before_any_trial(setting: tuple[str, ...], message: str,
+                                                                        run_factory: RunFactory) -> None:
+    out = run_factory.cli(*STUDY, *setting, "optimizer.lr=interval(0.01,1.0)", timeout=120).assert_returncode(2)
+    assert out.stderr.strip().splitlines()[-1] == f"ddlkit: error: {message}"
+    assert not list(run_factory.base_dir.glob("multirun/*/*/0"))  # no trial ran

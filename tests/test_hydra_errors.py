@@ -1,0 +1,83 @@
+"""Mistakes Hydra finds are told in the README's one line, exit status 2 (issue 17, items 15 and 19):
+unknown keys however they are added, with the closest valid key; wrong types and enum values."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from ddlkit.cli import main
+from ddlkit.commandline import hydra_quote
+from ddlkit.testing import FAKES_MODULE
+
+
+@pytest.fixture(autouse=True)
+def _fakes(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("DDLKIT_PLUGINS", FAKES_MODULE)
+
+
+@pytest.mark.parametrize(("override", "message"), [
+    ("trainer.batch_size=abc", "`trainer.batch_size=abc` is invalid: 'abc' is not an integer. Give an integer, "
+                               "e.g. trainer.batch_size=32."),
+    ("trainer.precision=fp8", "`trainer.precision=fp8` is invalid: choose one of fp32, bf16, fp16."),
+    ("trainer.epochs=null", "`trainer.epochs=null` is invalid: trainer.epochs cannot be null. Give it a value, "
+                            "e.g. trainer.epochs=2."),
+    ("data.lenght=3", "unknown key `data.lenght`: data has no option lenght. Did you mean `data.length`?"),
+    ("modle=resnet18", "unknown key `modle`: there is no config group or key modle. Did you mean `model`?"),
+    ("trainer.decay_epochs=[1]", "unknown key `trainer.decay_epochs`: trainer has no option decay_epochs. "
+                                 "Did you mean `optimizer.decay_epochs`?"),
+    ("+trainer.epochs=3", "`trainer.epochs` is already in the config: set it without the `+` (trainer.epochs=...)."),
+    # every framework's models (the test kit's fake framework adds softmax)
+    ("model=resnet99", "unknown model 'resnet99' (config key `model`). Choose one of: custom, resnet101, resnet152, "
+                       "resnet18, resnet34, resnet50, softmax."),
+    ("hydra/sweeper=nevergrad", "hydra/sweeper=nevergrad is not installed: pip install hydra-nevergrad-sweeper"),
+])
+def test_one_line_naming_the_problem_and_the_fix(override: str, message: str,
+                                                 capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["framework=fake", override, "--cfg", "job"]) == 2
+    out = capsys.readouterr()
+    assert out.err == f"ddlkit: error: {message}\n"
+    assert out.out == ""
+
+
+@pytest.mark.parametrize("override", ["+trainer.batchsize=8", "++trainer.batchsize=8"])
+def test_a_key_no_schema_declares_is_refused_however_it_is_added(override: str, tmp_path: Path,
+                                                                 capsys: pytest.CaptureFixture[str]) -> None:
+    job_dir = tmp_path / "job"
+    assert main(["framework=fake", override, f"hydra.run.dir={job_dir}"]) == 2
+    assert capsys.readouterr().err == (
+        "ddlkit: error: unknown key `trainer.batchsize` (`+` cannot add an option): trainer has no option batchsize. "
+        "Did you mean `trainer.batch_size`?\n")
+    assert not job_dir.exists() or not any(job_dir.iterdir())  # nothing written: no config.yaml with the typo
+
+
+def test_a_top_level_key_added_with_plus_is_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["framework=fake", "+tranier.epochs=3", f"hydra.run.dir={tmp_path / 'job'}"]) == 2
+    assert capsys.readouterr().err.startswith(
+        "ddlkit: error: unknown key `tranier` (`+` cannot add an option): there is no config group or key tranier. "
+        "Did you mean `trainer`?")
+
+
+def test_an_override_hydra_cannot_read_says_how_to_quote(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["framework=fake", "trainer.resume=$(x", "--cfg", "job"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("ddlkit: error: cannot read the override `trainer.resume=$(x`: ") and err.count("\n") == 1
+    assert "\"key='a value'\"" in err
+
+
+def test_a_range_on_the_basic_sweeper_names_the_sweeper_that_can_search_it(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["plan", "-m", "framework=fake", "optimizer.lr=interval(0.01,1)"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("ddlkit: error: hydra/sweeper=basic lists every combination") and err.count("\n") == 1
+    assert "hydra/sweeper=optuna (pip install hydra-optuna-sweeper)" in err
+
+
+@pytest.mark.parametrize("value", ["/tmp/a b", "/tmp/x $(y; z & w)", "/tmp/it's", "null", "1e5", "/t/${x}", "a,b=c",
+                                   "runs/r50"])
+def test_hydra_quote_reads_back_as_the_same_string(value: str) -> None:
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from omegaconf import OmegaConf
+
+    parsed = OverridesParser.create().parse_override(f"k={hydra_quote(value)}").value()
+    assert OmegaConf.create({"k": str(parsed)}).k == value  # as OmegaConf resolves it: ${ stays literal
