@@ -105,3 +105,14 @@ def test_a_pytorch_run_never_imports_tensorflow(tmp_path):
     assert proc.returncode == 0, proc.stderr
     assert "framework:" in proc.stdout and "name: pytorch" in proc.stdout
     assert proc.stdout.strip().endswith("NOTF NOTORCH")
+
+
+def test_a_batch_of_one_with_batchnorm_is_refused_in_one_line(tmp_path):
+    """Issue 17, item 14: torch refused it at the ResNet's last BatchNorm with a traceback; now
+    the rank stops before training with what to change, and the job exits 2."""
+    proc = ddlkit(tmp_path / "job", "trainer.batch_size=1", "data.length=8", "data.val_length=4", cwd=tmp_path)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert "trainer.batch_size=1 is too small for this model: its BatchNorm layers need at least 2 samples" in (
+        proc.stderr)
+    assert "Traceback" not in proc.stdout + proc.stderr
+    assert not (tmp_path / "job" / "metrics.jsonl").exists()
