@@ -30,8 +30,9 @@ KEYS = ["trainer.epochs", "trainer.batch_size", "trainer.max_steps", "trainer.lo
         "trainer.deterministic", "trainer.validate", "trainer.save_model", "optimizer.lr", "optimizer.momentum",
         "optimizer.weight_decay", "optimizer.nesterov", "optimizer.warmup_epochs", "optimizer.decay_epochs",
         "optimizer.label_smoothing", "data.image_size", "data.num_classes", "data.length", "data.val_length",
-        "dist.timeout_s", "dist.stop_check_every", "compute.grace_period_s", "storage.root", "framework.side",
-        "framework.fail_at_step", "sweep.max_parallel", "sweep.on_failure", "sweep.sort_by", "sweep.objective",
+        "dist.timeout_s", "dist.warn_after_s", "dist.stop_check_every", "compute.grace_period_s", "storage.root",
+        "framework.side", "framework.fail_at_step", "sweep.max_parallel", "sweep.on_failure", "sweep.sort_by",
+        "sweep.objective",
         "model.name", "logger.console.summary", "trainer.batchsize", "data.lenght", "modle", "trainer", "optimizer.foo",
         "storage.sas_token", "hydra.run.dir", "hydra.job.chdir"]
 GROUPS = {"framework": ["fake", "pytorch", "nope"], "data": ["synthetic", "imagefolder", "x"],
