@@ -15,6 +15,7 @@ native pipeline from it instead (PyTorch: ``DataLoader`` worker processes; Tenso
 
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
@@ -133,6 +134,14 @@ class ImageFolderData(DataSource):
         return ImageFiles([str(root / p) for p in part.paths], part.labels, aug, batch_size=batch_size, shard=shard,
                           seed=seed, workers=c.workers, on_corrupt=_value(c.on_corrupt),
                           local_size=self._run.dist.local_size if self._run is not None else 1)
+
+
+def image_files(loader: object) -> ImageFiles | None:
+    """``loader`` if it is data=imagefolder's (an :class:`~.files.ImageFiles`, from which a
+    framework builds its own pipeline), else None -- without importing the decoding modules
+    (numpy, Pillow) into runs that read other data: an ImageFiles exists only once they are loaded."""
+    files = sys.modules.get(f"{__name__}.files")
+    return loader if files is not None and isinstance(loader, files.ImageFiles) else None
 
 
 @hookimpl

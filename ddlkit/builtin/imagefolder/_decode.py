@@ -9,7 +9,8 @@ torch); :func:`decode` crops and resizes in one Pillow call. Anything else
 (PNG content behind a ``.JPEG`` name, CMYK, grayscale, palette images) goes through Pillow and
 ``convert("RGB")``.
 
-Imports numpy and Pillow at module level: import this module only where images are decoded.
+Imports numpy (and Pillow, when installed) at module level: import this module only where images
+are decoded. Pillow is data=imagefolder's dependency alone: TensorFlow's pipeline decodes without it.
 """
 
 from __future__ import annotations
@@ -20,9 +21,17 @@ import random
 from dataclasses import dataclass
 
 import numpy as np
-from PIL import Image
 
 from ...errors import ConfigError
+
+try:
+    from PIL import Image
+except ImportError:  # needed only where images are decoded here (the PyTorch and numpy pipelines)
+    Image = None
+
+#: how a run that must decode with Pillow, without it, is told what to do
+PILLOW_MISSING = ("data=imagefolder decodes images with Pillow, which is not installed: pip install pillow "
+                  "(and simplejpeg for faster JPEG decoding: pip install simplejpeg)")
 
 #: ImageNet's per-channel mean and standard deviation (RGB, 0..1)
 MEAN = (0.485, 0.456, 0.406)
@@ -121,6 +130,8 @@ def decode_region(path: str, aug: Augment, rnd: random.Random | None) -> Region:
     if aug.decoder == "simplejpeg" and data[:3] == _JPEG_MAGIC:
         found = _simplejpeg(data, aug, rnd)
     if found is None:
+        if Image is None:
+            raise ConfigError(PILLOW_MISSING)
         try:
             found = _pil(data, aug, rnd)
         except Exception as err:  # Pillow raises OSError, SyntaxError, ValueError... for bad files
@@ -131,6 +142,8 @@ def decode_region(path: str, aug: Augment, rnd: random.Random | None) -> Region:
 
 def decode(path: str, aug: Augment, rnd: random.Random | None) -> np.ndarray:
     """``path`` decoded, cropped, resized (Pillow) and flipped: size x size x 3 uint8."""
+    if Image is None:
+        raise ConfigError(PILLOW_MISSING)
     region = decode_region(path, aug, rnd)
     image = region.image if isinstance(region.image, Image.Image) else Image.fromarray(region.image)
     arr = np.asarray(image.resize((aug.size, aug.size), Image.Resampling.BILINEAR, box=region.box))

@@ -22,14 +22,14 @@ from typing import Any
 
 import torch
 
-from ddlkit.builtin.imagefolder.files import ImageFiles
+from ddlkit.builtin.imagefolder import image_files
 from ddlkit.builtin.synthetic_data import SyntheticImages
 
 
 def torch_loader(loader: Any, *, images: bool, device: Any, channels_last: bool) -> Any:
     """``loader`` (a data source's) as a loader of tensors on ``device``; ``images``: its inputs
     are NHWC images."""
-    if isinstance(loader, ImageFiles):
+    if image_files(loader) is not None:  # data=imagefolder: a native pipeline
         from .imagefolder import TorchImageLoader
 
         return TorchImageLoader(loader.files, loader.labels, loader.aug, batch_size=loader.batch_size,

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import os
 import random
 from collections.abc import Iterator
@@ -42,6 +43,11 @@ class PytorchFramework(ddlkit.Framework):
                                      "(or fp32)")
         if config.dist.backend == "horovod" and (problem := horovod_problem("pytorch")):
             raise ddlkit.ConfigError(problem)
+        if config.data.name == "imagefolder" and importlib.util.find_spec("PIL") is None:
+            # this plugin's image pipeline decodes with Pillow: say so now, not in every rank's first batch
+            from ddlkit.builtin.imagefolder._decode import PILLOW_MISSING
+
+            raise ddlkit.ConfigError(PILLOW_MISSING)
         if self.cfg.num_threads < 0:
             raise ddlkit.ConfigError(f"framework.num_threads={self.cfg.num_threads} is invalid: it must be >= 0 "
                                      "(0: torch's default).")

@@ -28,14 +28,14 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 
-from ddlkit.builtin.imagefolder.files import ImageFiles
+from ddlkit.builtin.imagefolder import image_files
 from ddlkit.builtin.synthetic_data import SyntheticImages
 
 
 def tf_loader(loader: Any, *, pass_epoch: Callable[[], int] | None = None) -> Any:
     """``loader`` (a data source's) as a ``tf.data`` loader; ``pass_epoch``: which epoch a new pass
     over ``dataset`` serves (default: the passes count the epochs)."""
-    if isinstance(loader, ImageFiles):
+    if image_files(loader) is not None:  # data=imagefolder: a native pipeline
         from .imagefolder import TfImageLoader
 
         return TfImageLoader(loader.files, loader.labels, loader.aug, batch_size=loader.batch_size, shard=loader.shard,
