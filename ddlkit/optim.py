@@ -13,6 +13,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from .schedule import LRScaling
+
 __all__ = ["AdamWConfig", "LambConfig", "LarsConfig", "OptimizerConfig", "SGDConfig"]
 
 
@@ -20,10 +22,11 @@ __all__ = ["AdamWConfig", "LambConfig", "LarsConfig", "OptimizerConfig", "SGDCon
 class OptimizerConfig:
     """The schedule (and loss smoothing) options of every optimizer."""
 
-    # learning rate for a global batch of `reference_batch`; scaled linearly with the real global batch
+    # learning rate for a global batch of `reference_batch`, scaled to the real global batch by `scale_lr`
     lr: float = 0.1
-    # scale lr by global_batch / reference_batch (Goyal et al.)
-    scale_lr: bool = True
+    # linear: lr x global_batch / reference_batch (Goyal et al.: SGD, LARS); sqrt: x its square root
+    # (adaptive optimizers: AdamW, LAMB); none: lr as given
+    scale_lr: LRScaling = LRScaling.linear
     reference_batch: int = 256
     # linear warm-up length in epochs (may be fractional)
     warmup_epochs: float = 5.0
@@ -48,6 +51,8 @@ class AdamWConfig(OptimizerConfig):
     """Adam with decoupled weight decay (Loshchilov & Hutter), as ``torch.optim.AdamW``."""
 
     lr: float = 0.001
+    # Adam's steps follow the square root of the batch (Malladi et al., NeurIPS 2022, arXiv:2205.10287)
+    scale_lr: LRScaling = LRScaling.sqrt
     beta1: float = 0.9
     beta2: float = 0.999
     eps: float = 1e-8
@@ -57,7 +62,8 @@ class AdamWConfig(OptimizerConfig):
 
 @dataclass
 class LambConfig(AdamWConfig):
-    """LAMB (You et al., arXiv:1904.00962): AdamW's update scaled per tensor by ||w|| / ||update||."""
+    """LAMB (You et al., arXiv:1904.00962): AdamW's update scaled per tensor by ||w|| / ||update||;
+    its learning rate follows the square root of the batch, as in the paper (inherited from AdamW)."""
 
     lr: float = 0.004
     eps: float = 1e-6

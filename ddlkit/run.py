@@ -8,6 +8,7 @@ when to log, when to checkpoint (atomically, rank 0 only), when to stop, and res
 from __future__ import annotations
 
 import math
+import os
 import signal
 import time
 from collections.abc import Callable, Iterable, Mapping
@@ -56,6 +57,28 @@ class Preempted(Exception):
     def __init__(self, message: str, *, checkpointed: bool = True) -> None:
         super().__init__(message)
         self.checkpointed = checkpointed
+
+
+#: when this module was imported: the start-up clock where /proc cannot tell the process's age
+_IMPORTED = time.monotonic()
+
+
+def process_age() -> float:
+    """Seconds since this process started."""
+    try:
+        with open("/proc/self/stat", encoding="ascii") as f:
+            start_ticks = int(f.read().rsplit(")", 1)[1].split()[19])  # field 22, starttime
+        with open("/proc/uptime", encoding="ascii") as f:
+            return float(f.read().split()[0]) - start_ticks / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError):
+        return time.monotonic() - _IMPORTED
+
+
+def report_phase(dist: DistContext, what: str) -> None:
+    """Rank 0 says which start-up phase its rank has reached and when (since the rank started),
+    so the minutes before the first step are never silent (#22)."""
+    if dist.is_main:
+        print(f"ddlkit: [{process_age():5.1f}s] {what}", flush=True)
 
 
 def stop_at_once(signum: int, frame: object) -> None:
@@ -124,8 +147,16 @@ class Run:
         #: the newest complete checkpoint of this job (the one resumed from, then each one written)
         self.last_checkpoint_path: Path | None = resume_from
         self._active_loggers: list[Logger] = []
+        #: intra-op threads each rank computes with, as the framework set them (framework.num_threads)
+        self.num_threads: int | None = None
 
     # ---------------------------------------------------------------- framework side
+    def phase(self, what: str) -> None:
+        """Say on rank 0 that start-up reached ``what`` ("model built", "data ready"), with the
+        seconds since the rank started; the worker and the Run say the rest (ranks connected,
+        first step done)."""
+        report_phase(self.dist, what)
+
     def build_model(self, **kwargs: Any) -> Any:
         """The selected model (``model=<name>``), built by the selected framework's registration
         of it as ``factory(cfg.model, data=DataInfo, **kwargs)``."""
@@ -230,6 +261,8 @@ class Run:
         """Record one optimizer step. Returns True when the loop must stop now (max_steps
         reached or a stop requested; a checkpoint has then been written)."""
         self.meter.tick()
+        if self.meter.steps_seen == 1:
+            self.phase("first step done")
         st = self.state
         st.step += 1
         st.batch += 1
@@ -243,8 +276,10 @@ class Run:
                 raise RunError(
                     f"loss became {self.last_loss} at step {st.step}: training diverged. Lower optimizer.lr "
                     "or raise optimizer.warmup_epochs.", component="framework", step=st.step)
-            metrics = {"loss": self.last_loss, "lr": lr, "images_per_sec": self.meter.recent_rate(),
-                       "epoch": st.epoch + st.batch / self.steps_per_epoch}
+            rate = self.meter.recent_rate()
+            metrics = {"loss": self.last_loss, "lr": lr, "epoch": st.epoch + st.batch / self.steps_per_epoch,
+                       # none yet at the first step of an attempt: a rate needs two
+                       **({"images_per_sec": rate} if rate is not None else {})}
             for lg in self.loggers:
                 lg.log_metrics(st.step, metrics, split="train")
             self.hook.ddlkit_step_end(run=self, step=st.step, metrics=metrics)

@@ -1,9 +1,11 @@
 """The learning-rate rule shared by every framework (Goyal et al., arXiv:1706.02677).
 
-``lr(step) = base_lr * (global_batch / reference_batch) * warmup(step) * decay(step)``:
+``lr(step) = base_lr * scale(global_batch / reference_batch) * warmup(step) * decay(step)``:
 
-* linear scaling: the base rate is stated for ``reference_batch`` (256) and scaled with the
-  global batch (per-rank batch x world size);
+* scaling with the batch: the base rate is stated for ``reference_batch`` (256) and scaled with
+  the global batch (per-rank batch x world size) by ``scale_lr`` (:class:`LRScaling`): linearly
+  for SGD and LARS (Goyal et al.), by the square root for AdamW and LAMB (each optimizer's schema
+  in :mod:`ddlkit.optim` chooses);
 * gradual warm-up: rising linearly from ``peak / warmup_steps`` to the peak over
   ``warmup_epochs`` (large-batch training diverges without it);
 * step decay: multiplied by ``decay_factor`` at each epoch in ``decay_epochs``.
@@ -14,8 +16,23 @@ Pure Python so TensorFlow, Keras and PyTorch all call the same function (one cop
 from __future__ import annotations
 
 import bisect
+import enum
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+
+
+class LRScaling(enum.Enum):
+    """How the peak learning rate follows the global batch (``optimizer.scale_lr``)."""
+
+    #: lr x batch / reference: SGD's rule (Goyal et al., arXiv:1706.02677), which LARS keeps
+    linear = "linear"
+    #: lr x sqrt(batch / reference): the rule for adaptive optimizers -- derived for Adam and
+    #: RMSprop by Malladi et al., "On the SDEs and Scaling Rules for Adaptive Gradient
+    #: Algorithms" (NeurIPS 2022, arXiv:2205.10287); what LAMB's authors scale by (arXiv:1904.00962)
+    sqrt = "sqrt"
+    #: the rate as given, whatever the batch
+    none = "none"
 
 
 @dataclass(frozen=True)
@@ -27,11 +44,18 @@ class LRSchedule:
     decay_epochs: Sequence[float] = (30, 60, 80)
     decay_factor: float = 0.1
     reference_batch: int = 256
-    scale_lr: bool = True
+    #: an :class:`LRScaling` or its name
+    scale_lr: LRScaling | str = LRScaling.linear
+
+    @property
+    def scaling(self) -> LRScaling:
+        # an enum member from the launcher's composed config, its name from a job file
+        return LRScaling(getattr(self.scale_lr, "value", self.scale_lr))
 
     @property
     def peak_lr(self) -> float:
-        scale = self.global_batch / self.reference_batch if self.scale_lr else 1.0
+        ratio = self.global_batch / self.reference_batch
+        scale = {LRScaling.linear: ratio, LRScaling.sqrt: math.sqrt(ratio), LRScaling.none: 1.0}[self.scaling]
         return self.base_lr * scale
 
     def __call__(self, step: int) -> float:

@@ -28,6 +28,10 @@ class ThroughputMeter:
             self.measured_steps += 1
             self.measured_time += now - self._last
         self._last = now
+        if self._window_start is None:
+            # the display's window opens at the first step (of the run, or after a pause), so the
+            # first progress line of a run, resumed or not, has a rate to show
+            self._window_start = (self.steps_seen, now)
 
     def pause(self) -> None:
         """Stop the clock (e.g. before validation); the next tick restarts it without counting."""
@@ -35,13 +39,14 @@ class ThroughputMeter:
         self.steps_seen = max(self.steps_seen, self.warmup_steps)  # no second warm-up after a pause
         self._window_start = None
 
-    def recent_rate(self) -> float:
-        """Images/sec since the previous call (for progress display)."""
+    def recent_rate(self) -> float | None:
+        """Images/sec since the previous call (for progress display); None before two steps
+        were timed since the start or a pause."""
         now = time.perf_counter()
         start = self._window_start
         self._window_start = (self.steps_seen, now)
         if start is None or now <= start[1] or self.steps_seen == start[0]:
-            return self.images_per_sec
+            return self.images_per_sec or None
         return (self.steps_seen - start[0]) * self.global_batch / (now - start[1])
 
     @property

@@ -31,7 +31,7 @@ from .distributed import DistContext
 from .errors import ConfigError, DdlkitError, RunError, exit_code_for
 from .plugins import get_plugin_manager
 from .registry import Registry
-from .run import EXIT_PREEMPTED, Preempted, Run, stop_at_once
+from .run import EXIT_PREEMPTED, Preempted, Run, report_phase, stop_at_once
 
 
 def load_job(job_file: Path) -> dict:
@@ -65,6 +65,8 @@ def main(argv: list[str] | None = None) -> int:
         # the ranks of one job share its job file: its name (unique per job directory) tells them
         # apart from the ranks of any other job that might reach the same port
         dist.connect(job_id=str(job.get("name")))
+        if dist.world_size > 1:
+            report_phase(dist, f"{dist.world_size} ranks connected")
         if dist.rank == 0:
             lock = hold_job_directory(job_dir)  # noqa: F841 (held until this process exits)
         pm = get_plugin_manager()

@@ -5,13 +5,34 @@ from __future__ import annotations
 import pytest
 
 from ddlkit import LRSchedule
+from ddlkit.schedule import LRScaling
+from ddlkit.testing import add_plugin, make_run
 
 
 def test_peak_scales_linearly_with_the_global_batch() -> None:
     assert LRSchedule(0.1, global_batch=256, steps_per_epoch=10).peak_lr == pytest.approx(0.1)
     assert LRSchedule(0.1, global_batch=8192, steps_per_epoch=10).peak_lr == pytest.approx(3.2)
     assert LRSchedule(0.1, global_batch=64, steps_per_epoch=10, reference_batch=32).peak_lr == pytest.approx(0.2)
-    assert LRSchedule(0.1, global_batch=8192, steps_per_epoch=10, scale_lr=False).peak_lr == pytest.approx(0.1)
+    assert LRSchedule(0.1, global_batch=8192, steps_per_epoch=10, scale_lr="none").peak_lr == pytest.approx(0.1)
+
+
+def test_square_root_scaling() -> None:
+    assert LRSchedule(0.001, global_batch=1024, steps_per_epoch=10, scale_lr="sqrt").peak_lr == pytest.approx(0.002)
+    assert LRSchedule(0.001, global_batch=64, steps_per_epoch=10, scale_lr=LRScaling.sqrt).peak_lr == \
+        pytest.approx(0.0005)
+
+
+@pytest.mark.parametrize(("optimizer", "rule", "peak"), [
+    ("sgd", "linear", 0.1 * 32 / 256), ("lars", "linear", 0.1 * 32 / 256),
+    ("adamw", "sqrt", 0.001 * (32 / 256) ** 0.5), ("lamb", "sqrt", 0.004 * (32 / 256) ** 0.5),
+])
+def test_each_optimizer_scales_by_its_own_rule(ddlkit_pm, tmp_path, optimizer: str, rule: str, peak: float) -> None:
+    """Issue 22, item 5: adamw at batch 32 trained at 0.001 x 32/256 = 0.000125, SGD's linear rule."""
+    add_plugin(ddlkit_pm, pytest.importorskip("ddlkit_pytorch.plugin"))  # the optimizers' registrations
+    run = make_run(ddlkit_pm, tmp_path, "framework=pytorch", f"optimizer={optimizer}", "trainer.batch_size=32")
+    assert (run.schedule.scaling.value, run.schedule.peak_lr) == (rule, pytest.approx(peak))
+    assert make_run(ddlkit_pm, tmp_path / "none", "framework=pytorch", f"optimizer={optimizer}", "trainer.batch_size=32",
+                    "optimizer.scale_lr=none").schedule.peak_lr == pytest.approx(run.schedule.base_lr)
 
 
 def test_warmup_rises_linearly_to_the_peak() -> None:

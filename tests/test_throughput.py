@@ -60,7 +60,19 @@ def test_pause_during_warmup_ends_the_warmup(clock: Clock) -> None:
 def test_recent_rate_covers_the_steps_since_the_last_call(clock: Clock) -> None:
     meter = ThroughputMeter(global_batch=10, warmup_steps=0)
     ticks(meter, clock, 0.0, 1.0)
-    assert meter.recent_rate() == pytest.approx(10.0)  # first call: the overall rate
+    assert meter.recent_rate() == pytest.approx(10.0)  # first call: since the first step
     ticks(meter, clock, 1.25, 1.5, 1.75, 2.0)
     assert meter.recent_rate() == pytest.approx(40.0)
     assert meter.images_per_sec == pytest.approx(5 * 10 / 2.0)
+
+
+def test_the_first_progress_line_has_a_rate_during_warmup(clock: Clock) -> None:
+    """Issue 22, item 8: a resumed run (a fresh meter) showed img/s 0.0 until its warm-up ended."""
+    meter = ThroughputMeter(global_batch=10, warmup_steps=5)
+    ticks(meter, clock, 0.0)
+    assert meter.recent_rate() is None  # one step: nothing to time yet
+    ticks(meter, clock, 1.0, 2.0)
+    assert meter.recent_rate() == pytest.approx(10.0)
+    meter.pause()
+    ticks(meter, clock, 100.0, 100.5)
+    assert meter.recent_rate() == pytest.approx(20.0)  # the pause is not in the window

@@ -8,6 +8,7 @@ every compute target and the logs stay free of terminal control codes.
 
 from __future__ import annotations
 
+import math
 import re
 import sys
 import time
@@ -25,7 +26,7 @@ if TYPE_CHECKING:
 
 PROGRESS_RE = re.compile(
     r"^train epoch (?P<epoch>\d+)/(?P<epochs>\d+) step (?P<step>\d+)/(?P<total>\d+) "
-    r"loss (?P<loss>\S+) lr (?P<lr>\S+) img/s (?P<ips>\S+) eta (?P<eta>\S+)$"
+    r"loss (?P<loss>\S+) lr (?P<lr>\S+) (?P<unit>img|samples)/s (?P<ips>\S+) eta (?P<eta>\S+)$"
 )
 
 
@@ -35,8 +36,32 @@ class ConsoleLoggerConfig:
     summary: bool = True
 
 
+def describe_data(run: Run) -> str:
+    """What the run trains on, as the header says it: images and classes when it has them, else
+    samples (data=custom's own task: a regression, a loss of its own)."""
+    info = run.data.info
+    shape = [f"{info.image_size}px images"] if info.image_size else []
+    task = [f"{info.num_classes} classes"] if info.num_classes else []
+    parts = shape + task or [f"{info.train_length} samples"]
+    return f"{run.cfg.data.name} data ({', '.join(parts)})"
+
+
+def unit(run: Run) -> str:
+    """What a throughput counts: images, or samples when the inputs are not images."""
+    return "img" if run.data.info.image_size else "samples"
+
+
 def _eta(seconds: float) -> str:
     return str(timedelta(seconds=int(seconds))) if seconds == seconds and seconds < 1e7 else "?"
+
+
+def _lr_rule(schedule: Any) -> str:
+    """How the peak lr came about (optimizer.scale_lr), for the header."""
+    rule = schedule.scaling.value
+    ratio = f"{schedule.global_batch}/{schedule.reference_batch}"
+    how = {"linear": f"{schedule.base_lr:.4g} x {ratio}", "sqrt": f"{schedule.base_lr:.4g} x sqrt({ratio})",
+           "none": "as given"}[rule]
+    return f"{how}: optimizer.scale_lr={rule}"
 
 
 class ConsoleLogger(Logger):
@@ -52,12 +77,12 @@ class ConsoleLogger(Logger):
         self.run = run
         self.t0 = time.perf_counter()
         self.step0 = run.state.step
-        c, info = run.cfg, run.data.info
+        c, s = run.cfg, run.schedule
+        threads = f" x {run.num_threads} thread(s)" if run.num_threads else ""
         self._print(
-            f"ddlkit: {c.framework.name} {c.model.name} on {c.data.name} data ({info.image_size}px, "
-            f"{info.num_classes} classes) | {run.dist.world_size} rank(s) x batch {c.trainer.batch_size} "
-            f"= {run.global_batch} | {run.total_steps} steps ({run.steps_per_epoch}/epoch) | peak lr "
-            f"{run.schedule.peak_lr:.4g}"
+            f"ddlkit: {c.framework.name} {c.model.name} on {describe_data(run)} | {run.dist.world_size} "
+            f"rank(s){threads} x batch {c.trainer.batch_size} = {run.global_batch} | {run.total_steps} steps "
+            f"({run.steps_per_epoch}/epoch) | peak lr {s.peak_lr:.4g} ({_lr_rule(s)})"
         )
         if run.resumed_at is not None:
             self._print(f"resumed from {run.resume_from} at epoch {run.state.epoch + 1}, step {run.state.step}")
@@ -68,15 +93,22 @@ class ConsoleLogger(Logger):
             done = step - self.step0
             rate = done / (time.perf_counter() - self.t0) if done else 0.0
             eta = (run.total_steps - step) / rate if rate else float("nan")
-            epoch = min(int(metrics["epoch"]) + 1, run.cfg.trainer.epochs)
+            # the epoch a step belongs to: its last step ends it (epoch 1.0 is epoch 1's)
+            epoch = max(1, math.ceil(metrics["epoch"]))
+            ips = metrics.get("images_per_sec")
             self._print(
                 f"train epoch {epoch}/{run.cfg.trainer.epochs} step {step}/{run.total_steps} "
-                f"loss {metrics['loss']:.4f} lr {metrics['lr']:.6f} img/s {metrics['images_per_sec']:.1f} "
-                f"eta {_eta(eta)}"
+                f"loss {metrics['loss']:.4f} lr {metrics['lr']:.6f} {unit(run)}/s "
+                f"{'-' if ips is None else f'{ips:.1f}'} eta {_eta(eta)}"
             )
         else:
-            parts = [f"{k} {v:.4f}" for k, v in metrics.items() if k != "epoch"]
-            self._print(f"epoch {metrics['epoch']:.3g}/{run.cfg.trainer.epochs} validation: " + "  ".join(parts))
+            parts = "  ".join(f"{k} {v:.4f}" for k, v in metrics.items() if k != "epoch")
+            epochs, epoch = run.cfg.trainer.epochs, metrics["epoch"]
+            if epoch == int(epoch):
+                self._print(f"epoch {int(epoch)}/{epochs} validation: {parts}")
+            else:  # a run that stopped mid-epoch (trainer.max_steps)
+                self._print(f"step {step}/{run.total_steps} validation (in epoch {math.ceil(epoch)}/{epochs}): "
+                            f"{parts}")
 
     def finish(self, status: str, result: Mapping[str, Any] | None) -> None:
         if result is None or not self.cfg.summary:
@@ -89,7 +121,10 @@ class ConsoleLogger(Logger):
         for key in ("framework", "model", "world_size", "global_batch_size", "epochs", "steps",
                     "images_per_sec", "final_loss", "top1", "top5", "wall_time_s"):
             value = result.get(key)
-            table.add_row(key, f"{value:.4g}" if isinstance(value, float) else str(value))
+            if value is None and key in ("top1", "top5"):
+                continue  # not measured: another task, or no more classes than k
+            name = "samples_per_sec" if key == "images_per_sec" and unit(self.run) == "samples" else key
+            table.add_row(name, f"{value:.4g}" if isinstance(value, float) else str(value))
         Console(file=self.stream, force_terminal=False, width=80).print(table)
 
 
@@ -103,7 +138,7 @@ class ProgressRenderer:
         self.console = Console(file=out or sys.stdout)
         self.progress = Progress(
             TextColumn("[bold]epoch {task.fields[epoch]}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
-            TextColumn("loss {task.fields[loss]}"), TextColumn("{task.fields[ips]} img/s"),
+            TextColumn("loss {task.fields[loss]}"), TextColumn("{task.fields[ips]} {task.fields[unit]}/s"),
             TextColumn("eta {task.fields[eta]}"), TimeElapsedColumn(), console=self.console, transient=False,
         )
         self.task: Any = None
@@ -125,7 +160,8 @@ class ProgressRenderer:
             if not m:
                 self.progress.console.print(line, markup=False, highlight=False)
                 continue
-            fields = {"epoch": f"{m['epoch']}/{m['epochs']}", "loss": m["loss"], "ips": m["ips"], "eta": m["eta"]}
+            fields = {"epoch": f"{m['epoch']}/{m['epochs']}", "loss": m["loss"], "ips": m["ips"], "unit": m["unit"],
+                      "eta": m["eta"]}
             if self.task is None:
                 self.task = self.progress.add_task("train", total=int(m["total"]), **fields)
             self.progress.update(self.task, completed=int(m["step"]), total=int(m["total"]), **fields)

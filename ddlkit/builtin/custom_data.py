@@ -78,6 +78,55 @@ class Samples:
                                                                                                 for _, y in pairs])))
 
 
+#: how many samples of a sequence are checked before training (all of them for arrays)
+CHECKED_SAMPLES = 8
+
+
+def check_samples(samples: Samples, cfg: Any, where: str) -> None:
+    """What the user's function gave, against ``data.image_size`` and ``data.num_classes``, once,
+    before any framework sees it: a wrong dtype, shape or label would otherwise surface as a
+    framework's traceback at the first step (issue 23, item 8). Arrays are checked whole, a
+    sequence by its first samples."""
+    import numpy as np
+
+    if samples.arrays is not None:
+        inputs, targets = samples.arrays
+    else:
+        try:
+            inputs, targets = samples.take(np.arange(min(len(samples), CHECKED_SAMPLES)))
+        except ValueError as err:  # np.stack of samples whose shapes differ
+            raise ConfigError(f"{where}: its first samples do not stack into a batch ({err}): every input must have "
+                              "the same shape, and every target too.") from None
+    for what, a in (("inputs", inputs), ("targets", targets)):
+        if not (np.issubdtype(a.dtype, np.number) or a.dtype == np.bool_):
+            raise ConfigError(f"{where} gives {what} of dtype {a.dtype}: {what} must be numbers. Convert them in "
+                              "your function (e.g. np.asarray(x, dtype=np.float32)).")
+    size = cfg.image_size
+    if size and inputs.shape[1:] != (size, size, 3):
+        raise ConfigError(f"{where} gives inputs of shape {inputs.shape[1:]} per sample, but data.image_size={size} "
+                          f"means {size}x{size}x3 images (height, width, channels). Give them that shape, set "
+                          "data.image_size to their size, or data.image_size=0 to give the inputs to the model as "
+                          "they are.")
+    classes = cfg.num_classes
+    if not classes or not len(targets):
+        return
+    if targets.ndim != 1:
+        raise ConfigError(f"{where} gives targets of shape {targets.shape[1:]} per sample, but data.num_classes="
+                          f"{classes} means one class index per sample (one-hot labels: take their argmax). Or set "
+                          "data.num_classes=0 and model.loss for another task.")
+    if not np.issubdtype(targets.dtype, np.integer):
+        raise ConfigError(f"{where} gives {targets.dtype} targets, but data.num_classes={classes} means class "
+                          "indices: return integers (e.g. labels.astype(np.int64)), or set data.num_classes=0 and "
+                          "model.loss for another task.")
+    low, high = int(targets.min()), int(targets.max())
+    if low < 0:
+        raise ConfigError(f"{where} gives class {low}: class indices run from 0 to data.num_classes - 1 "
+                          f"({classes - 1}). Fix the labels.")
+    if high >= classes:
+        raise ConfigError(f"{where} gives class {high}, but data.num_classes={classes} allows 0 to {classes - 1}. "
+                          f"Set data.num_classes={high + 1} or fix the labels.")
+
+
 def _float32(a: Any) -> Any:
     import numpy as np
 
@@ -114,7 +163,10 @@ class CustomData(DataSource):
     def samples(self, split: str) -> Samples:
         if split not in self._samples:
             produced = build(self.cfg.target, "data.target", {**self.cfg.kwargs, "split": split})
-            self._samples[split] = Samples(produced, f"data.target={self.cfg.target} (split {split!r})")
+            where = f"data.target={self.cfg.target} (split {split!r})"
+            samples = Samples(produced, where)
+            check_samples(samples, self.cfg, where)
+            self._samples[split] = samples
         return self._samples[split]
 
     @property

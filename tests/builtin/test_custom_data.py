@@ -111,3 +111,68 @@ def test_a_path_without_a_colon_is_refused() -> None:
     with pytest.raises(ddlkit.ConfigError, match=r"^data.target=userdata.arrays is not an import path: write it as "
                                                   r"package.module:function.$"):
         _ = source("userdata.arrays").info
+
+
+BAD_SAMPLES = '''
+import numpy as np
+
+
+def float_labels(split):
+    return np.zeros((8, 5), np.float32), np.array([0.0, 1.0] * 4)
+
+
+def strings(split):
+    return np.array([["a", "b"]] * 8), np.zeros(8, np.int64)
+
+
+def big_label(split):
+    return np.zeros((8, 5), np.float32), np.arange(8)
+
+
+def negative_label(split):
+    return np.zeros((8, 5), np.float32), np.full(8, -1)
+
+
+def one_hot(split):
+    return np.zeros((8, 5), np.float32), np.eye(4, dtype=np.int64)[np.arange(8) % 4]
+
+
+def wrong_shape(split):
+    return [(np.zeros((28, 28), np.float32), 1)] * 8
+
+
+def ragged_samples(split):
+    return [(np.zeros((i + 1,), np.float32), 1) for i in range(8)]
+'''
+
+
+@pytest.mark.parametrize(("target", "overrides", "message"), [
+    ("float_labels", {"num_classes": 4}, "data.target=baddata:float_labels (split 'train') gives float32 targets, but "
+     "data.num_classes=4 means class indices: return integers (e.g. labels.astype(np.int64)), or set "
+     "data.num_classes=0 and model.loss for another task."),
+    ("strings", {}, "data.target=baddata:strings (split 'train') gives inputs of dtype <U1: inputs must be numbers. "
+     "Convert them in your function (e.g. np.asarray(x, dtype=np.float32))."),
+    ("big_label", {"num_classes": 4}, "data.target=baddata:big_label (split 'train') gives class 7, but "
+     "data.num_classes=4 allows 0 to 3. Set data.num_classes=8 or fix the labels."),
+    ("negative_label", {"num_classes": 4}, "data.target=baddata:negative_label (split 'train') gives class -1: class "
+     "indices run from 0 to data.num_classes - 1 (3). Fix the labels."),
+    ("one_hot", {"num_classes": 4}, "data.target=baddata:one_hot (split 'train') gives targets of shape (4,) per "
+     "sample, but data.num_classes=4 means one class index per sample (one-hot labels: take their argmax). Or set "
+     "data.num_classes=0 and model.loss for another task."),
+    ("wrong_shape", {"num_classes": 4, "image_size": 32}, "data.target=baddata:wrong_shape (split 'train') gives "
+     "inputs of shape (28, 28) per sample, but data.image_size=32 means 32x32x3 images (height, width, channels). "
+     "Give them that shape, set data.image_size to their size, or data.image_size=0 to give the inputs to the model "
+     "as they are."),
+    ("ragged_samples", {}, "data.target=baddata:ragged_samples (split 'train'): its first samples do not stack into a "
+     "batch (all input arrays must have the same shape): every input must have the same shape, and every target "
+     "too."),
+])
+def test_samples_are_checked_against_the_config_before_training(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                                 target: str, overrides: dict, message: str) -> None:
+    """Issue 23, item 8: these reached the framework and failed there with a 50-70-line traceback."""
+    (tmp_path / "baddata.py").write_text(BAD_SAMPLES)
+    monkeypatch.setenv(LAUNCH_DIR_ENV, str(tmp_path))
+    monkeypatch.delitem(sys.modules, "baddata", raising=False)
+    with pytest.raises(ddlkit.ConfigError) as info:
+        _ = source(f"baddata:{target}", **overrides).info
+    assert str(info.value) == message

@@ -14,7 +14,7 @@ from ddlkit_pytorch.framework import PytorchConfig, PytorchFramework
 
 
 def config(backend: str) -> object:
-    return OmegaConf.create({"trainer": {"precision": "fp32"}, "dist": {"backend": backend}})
+    return OmegaConf.create({"trainer": {"precision": "fp32"}, "dist": {"backend": backend}, "data": {"name": "synthetic"}})
 
 
 def test_horovod_without_its_torch_build_is_refused_with_how_to_get_it(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -51,5 +51,7 @@ def test_a_negative_thread_count_is_refused() -> None:
     """Issue 17, item 14: framework.num_threads=-3 passed validation and crashed in torch."""
     with pytest.raises(ddlkit.ConfigError) as info:
         PytorchFramework(PytorchConfig(num_threads=-3)).configure(config("none"))
-    assert str(info.value) == "framework.num_threads=-3 is invalid: it must be >= 0 (0: torch's default)."
-    PytorchFramework(PytorchConfig(num_threads=0)).configure(config("none"))
+    assert str(info.value) == ("framework.num_threads=-3 is invalid: use auto (the cores this process may use, shared "
+                               "by the ranks of its node), a number of threads >= 1, or 0 (torch's default: all cores).")
+    for fine in (0, 3, "auto"):
+        PytorchFramework(PytorchConfig(num_threads=fine)).configure(config("none"))

@@ -82,6 +82,7 @@ class KerasFramework(ddlkit.Framework):
                           metrics=[keras.metrics.MeanMetricWrapper(fn, name=name) for name, fn in metrics.items()])
             # slots (momentum buffers) exist before a checkpoint is loaded into them
             optimizer.build(model.trainable_variables)
+        run.phase(f"model built ({model.count_params() / 1e6:.3g}M parameters)")
 
         def save(path: Path, meta: dict[str, Any]) -> None:
             save_state(path, model, optimizer, meta)
@@ -96,6 +97,7 @@ class KerasFramework(ddlkit.Framework):
         train_loader = tf_loader(data, pass_epoch=lambda: run.state.epoch)
         val_loader = tf_loader(run.data.loader("val", **loader_args)) if t.validate else None
         val_data = val_loader.dataset if val_loader is not None else None
+        run.phase("data ready")
         run.restore(save, load)
         with data_errors(train_loader, val_loader):
             self._fit(run, model, train_loader, val_data, DdlkitCallback(run))

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import ddlkit
+from ddlkit import threads
 from ddlkit.distributed import horovod_problem
 
 if TYPE_CHECKING:
@@ -24,8 +25,9 @@ class PytorchConfig:
     device: str = "auto"
     # NHWC memory layout: faster convolutions on recent GPUs and on CPUs with oneDNN
     channels_last: bool = False
-    # intra-op threads per rank; 0 keeps torch's default (all cores)
-    num_threads: int = 0
+    # intra-op threads per rank: auto (the cores this process may use, shared by the ranks of its
+    # node; see ddlkit.threads), a number, or 0 for torch's default (all cores)
+    num_threads: Any = "auto"
     # torch.compile the model (the first steps get slower, later ones faster)
     compile: bool = False
 
@@ -48,9 +50,7 @@ class PytorchFramework(ddlkit.Framework):
             from ddlkit.builtin.imagefolder._decode import PILLOW_MISSING
 
             raise ddlkit.ConfigError(PILLOW_MISSING)
-        if self.cfg.num_threads < 0:
-            raise ddlkit.ConfigError(f"framework.num_threads={self.cfg.num_threads} is invalid: it must be >= 0 "
-                                     "(0: torch's default).")
+        threads.check(self.cfg.num_threads, "torch")
 
     def _device(self, dist: ddlkit.DistContext) -> Any:
         import torch
@@ -85,8 +85,9 @@ class PytorchFramework(ddlkit.Framework):
         from .models import AutocastForward
 
         t = run.cfg.trainer
-        if self.cfg.num_threads:
-            torch.set_num_threads(self.cfg.num_threads)
+        if num_threads := threads.per_rank(self.cfg.num_threads, run.dist.local_size):
+            torch.set_num_threads(num_threads)
+        run.num_threads = torch.get_num_threads()
         torch.manual_seed(t.seed)
         random.seed(t.seed)
         if t.deterministic:
@@ -108,6 +109,7 @@ class PytorchFramework(ddlkit.Framework):
                                      "layers need at least 2 samples per rank to train. Use trainer.batch_size=2 or "
                                      "more.")
         model = model.to(device, memory_format=memory_format)
+        run.phase(f"model built ({sum(p.numel() for p in model.parameters()) / 1e6:.3g}M parameters)")
         o = run.cfg.optimizer
         optimizer = run.build_optimizer(model.parameters())
         scaler = torch.amp.GradScaler(device.type, enabled=precision == "fp16")
@@ -119,7 +121,8 @@ class PytorchFramework(ddlkit.Framework):
                                            for name, path in run.cfg.model.get("metrics", {}).items()}}
         else:
             loss_fn = nn.CrossEntropyLoss(label_smoothing=o.label_smoothing)
-            metrics = {"loss": loss_fn, "top1": _top_k(1), "top5": _top_k(5)}
+            # top-5 of 5 classes or fewer is always 1: not reported
+            metrics = {"loss": loss_fn, "top1": _top_k(1), **({"top5": _top_k(5)} if info.num_classes > 5 else {})}
         replicas = Replicas(run, device)
         optimizer = replicas.wrap_optimizer(model, optimizer)
         run.extra_result["device"] = str(device)
@@ -163,6 +166,7 @@ class PytorchFramework(ddlkit.Framework):
                 raise output_mismatch(model_source(run.cfg.model), shape, info.num_classes)
         train_loader = torch_loader(data, **adapt)
         val_loader = torch_loader(run.data.loader("val", **loader_args), **adapt) if t.validate else None
+        run.phase("data ready")
         run.restore(save, load)
         # after restore: the replicas start from rank 0's weights (and all ranks loaded the same
         # checkpoint, or Horovod broadcast rank 0's optimizer state)

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
+from typing import Any
 
 import ddlkit
+from ddlkit import threads
 
 from . import components
 from .framework import PytorchConfig, PytorchFramework
@@ -24,3 +26,11 @@ def ddlkit_models() -> Iterator[ddlkit.Registration]:
 @ddlkit.hookimpl
 def ddlkit_optimizers() -> Iterator[ddlkit.Registration]:
     yield from components.optimizers()
+
+
+@ddlkit.hookimpl
+def ddlkit_job_environment(config: Any) -> Mapping[str, str] | None:
+    # torch's OpenMP reads its wait policy once, when torch is imported: the ranks' environment has it
+    if config.framework.name == "pytorch":
+        return threads.rank_environment(config.framework.num_threads)
+    return None

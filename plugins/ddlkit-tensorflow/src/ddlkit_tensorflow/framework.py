@@ -24,8 +24,9 @@ class TensorflowConfig:
     xla: bool = False
     # auto (a GPU when TensorFlow sees one), cpu, or gpu
     device: str = "auto"
-    # intra-op threads per rank; 0 keeps TensorFlow's default (all cores)
-    num_threads: int = 0
+    # intra-op threads per rank: auto (the cores this process may use, shared by the ranks of its
+    # node; see ddlkit.threads), a number, or 0 for TensorFlow's default (all cores)
+    num_threads: Any = "auto"
 
 
 class TensorflowFramework(ddlkit.Framework):
@@ -48,6 +49,7 @@ class TensorflowFramework(ddlkit.Framework):
             optimizer = make_optimizer(run, precision_of(run.cfg))
             # slots (momentum buffers) exist before a checkpoint is loaded into them
             optimizer.build(model.trainable_variables)
+        run.phase(f"model built ({model.count_params() / 1e6:.3g}M parameters)")
         loss_fn, metrics = task(run)
         metrics = {"loss": loss_fn, **metrics}
         global_batch = run.global_batch
@@ -97,6 +99,7 @@ class TensorflowFramework(ddlkit.Framework):
         check_classifier(run, model, data)
         train_loader = tf_loader(data)
         val_loader = tf_loader(run.data.loader("val", **loader_args)) if t.validate else None
+        run.phase("data ready")
         run.restore(save, load)
 
         def evaluate() -> dict[str, float]:

@@ -15,6 +15,7 @@ from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
 import ddlkit
+from ddlkit import threads
 from ddlkit.distributed import horovod_problem
 
 if TYPE_CHECKING:
@@ -53,6 +54,7 @@ def check_config(framework: str, device: str, xla: bool, config: DictConfig) -> 
     """Launcher-side checks that need no TensorFlow (``Framework.configure``)."""
     if config.dist.backend == "horovod":
         raise ddlkit.ConfigError(horovod_refusal(framework))
+    threads.check(config.framework.num_threads, "TensorFlow")
     if xla and config.trainer.deterministic:
         raise ddlkit.ConfigError(f"framework.xla=true cannot run with trainer.deterministic=true: XLA has no "
                                  f"deterministic max-pool gradient. Choose one of the two for framework={framework}.")
@@ -63,7 +65,7 @@ def check_config(framework: str, device: str, xla: bool, config: DictConfig) -> 
                                  f"on the CPU use trainer.precision=bf16 (or fp32) with framework={framework}.")
 
 
-def setup_tensorflow(run: ddlkit.Run, *, framework: str, device: str, num_threads: int) -> ModuleType:
+def setup_tensorflow(run: ddlkit.Run, *, framework: str, device: str, num_threads: Any) -> ModuleType:
     """Apply the settings TensorFlow only accepts before its runtime starts (devices, threads,
     determinism), seed every generator, set the precision policy; return the ``tensorflow`` module.
 
@@ -81,8 +83,11 @@ def setup_tensorflow(run: ddlkit.Run, *, framework: str, device: str, num_thread
     if precision == "fp16" and not gpus:
         raise ddlkit.ConfigError(f"trainer.precision=fp16 needs a GPU and TensorFlow sees none; on the CPU use "
                                  f"trainer.precision=bf16 (or fp32) with framework={framework}.")
-    if num_threads:
-        tf.config.threading.set_intra_op_parallelism_threads(num_threads)
+    run.num_threads = threads.per_rank(num_threads, run.dist.local_size)
+    if run.num_threads:
+        tf.config.threading.set_intra_op_parallelism_threads(run.num_threads)
+    else:  # TensorFlow's default: one per core it sees
+        run.num_threads = os.cpu_count() or 1
     import keras
 
     # Python's random, NumPy and TensorFlow's global seed: model initialisation repeats exactly

@@ -136,7 +136,7 @@ def build_model(run: ddlkit.Run) -> keras.Model:
 def task(run: ddlkit.Run) -> tuple[Callable[[Any, Any], Any], dict[str, Callable[[Any, Any], Any]]]:
     """``(loss, metrics)``, each ``fn(targets, outputs)`` in Keras' convention (one value per
     example, or the batch's mean): ``model.loss`` and ``model.metrics`` when the model names a
-    loss (``model=custom``), else cross-entropy with top-1 and top-5 accuracy."""
+    loss (``model=custom``), else cross-entropy with top-1 and (over 5 classes) top-5 accuracy."""
     from ddlkit.custom import import_target
 
     loss = run.cfg.model.get("loss")
@@ -151,7 +151,9 @@ def task(run: ddlkit.Run) -> tuple[Callable[[Any, Any], Any], dict[str, Callable
 
         return metric
 
-    return cross_entropy(run.cfg.optimizer.label_smoothing), {"top1": top_k(1), "top5": top_k(min(5, classes))}
+    # top-5 of 5 classes or fewer is always 1: not reported
+    metrics = {"top1": top_k(1), **({"top5": top_k(5)} if classes > 5 else {})}
+    return cross_entropy(run.cfg.optimizer.label_smoothing), metrics
 
 
 def check_classifier(run: ddlkit.Run, model: keras.Model, loader: Any) -> None:
