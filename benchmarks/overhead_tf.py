@@ -176,7 +176,7 @@ def overrides(args: argparse.Namespace, steps: int) -> list[str]:
         f"data.num_classes={args.classes}", f"data.length={args.batch * steps}",
         f"trainer.batch_size={args.batch}", "trainer.epochs=1", "trainer.validate=false",
         "trainer.save_model=false", "trainer.resume=false", f"trainer.log_every={args.block}",
-        f"optimizer.lr={LR}", "optimizer.scale_lr=false", "optimizer.warmup_epochs=0",
+        f"optimizer.lr={LR}", "optimizer.scale_lr=none", "optimizer.warmup_epochs=0",
         f"optimizer.momentum={MOMENTUM}", f"optimizer.weight_decay={WEIGHT_DECAY}",
     ]
 

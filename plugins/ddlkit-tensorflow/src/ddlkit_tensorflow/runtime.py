@@ -8,9 +8,14 @@ work where TensorFlow is not installed.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import re
 import socket
+import sys
+import tempfile
+from collections.abc import Iterator
 from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
@@ -30,17 +35,42 @@ POLICIES = {"fp32": "float32", "bf16": "mixed_bfloat16", "fp16": "mixed_float16"
 DEVICES = ("auto", "cpu", "gpu")
 
 
+#: what TensorFlow's C++ prints while it loads, before any log level applies
+LOAD_NOTICES = re.compile(r"All log messages before absl::InitializeLog\(\) is called|oneDNN custom operations are on")
+
+
 def import_tensorflow(framework: str) -> ModuleType:
     """``import tensorflow``, or a ConfigError that says what to install."""
-    # TF's C++ INFO lines (oneDNN notices, CPU feature lists) would open every rank log; keep
-    # warnings and errors, and leave the user's own setting alone
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")
+    # TF's C++ log lines repeat what its Python errors say, around ddlkit's own one-line errors
+    # (a corrupt image: libjpeg's complaint, then a rendezvous aborting), and its INFO lines
+    # would open every rank log; a user who wants them sets the variable (0: everything)
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
     try:
-        import tensorflow as tf
+        with _without_load_notices():
+            import tensorflow as tf
     except ImportError as err:
         raise ddlkit.ConfigError(f"framework={framework} needs TensorFlow, which cannot be imported here ({err}). "
                                  f"Install it: {INSTALL_HINT}.") from None
     return tf
+
+
+@contextlib.contextmanager
+def _without_load_notices() -> Iterator[None]:
+    """Drop the notices TensorFlow's C++ writes to stderr while it loads (:data:`LOAD_NOTICES`:
+    absl's, then oneDNN's, each twice), which no log level silences; pass on anything else."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    with tempfile.TemporaryFile() as caught:
+        os.dup2(caught.fileno(), 2)
+        try:
+            yield
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+            caught.seek(0)
+            text = caught.read().decode("utf-8", errors="replace")
+            sys.stderr.write("".join(line for line in text.splitlines(keepends=True) if not LOAD_NOTICES.search(line)))
+            sys.stderr.flush()
 
 
 def precision_of(config: DictConfig) -> str:
