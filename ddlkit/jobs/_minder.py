@@ -11,7 +11,11 @@
   ``.ddlkit/detached`` in the working directory says it did), COMMAND gets STOP_SIGNAL (a
   number: SIGTERM for a worker; mpirun passes SIGUSR1 on to its ranks) as if cancelled, and
   SIGKILL GRACE_S seconds later: a job nobody watches does not run on by mistake;
-* whatever COMMAND left running in its process group is killed once it has ended.
+* whatever COMMAND left running in its process group is killed once it has ended;
+* should the minder itself be killed (``kill -9`` of the job's id, which is its pid), a guard it
+  forked first -- in the job's session, in a process group of its own, told of the minder's end
+  by a pipe the kernel closes -- kills every process of the session and records the end: a
+  job's processes never train on unseen.
 
 Standard library only, and started with ``-I``: it imports nothing from site-packages, so it
 starts in milliseconds and the job's environment cannot change it. Its exit status is COMMAND's
@@ -30,6 +34,57 @@ DETACHED_MARKER = os.path.join(".ddlkit", "detached")
 CANCEL_MARKER = os.path.join(".ddlkit", "cancel-requested")
 #: seconds between looks at the launcher
 _WATCH_S = 0.5
+#: seconds the guard keeps killing a killed minder's session (processes may fork meanwhile)
+_KILL_FOR_S = 30.0
+
+
+def _session_members(sid: int) -> list[int]:
+    """Live (not zombie) processes of session ``sid``, from /proc (as ddlkit.jobs.process reads
+    them; the minder imports nothing from ddlkit)."""
+    members = []
+    for name in os.listdir("/proc"):
+        if name.isdigit():
+            try:
+                with open(f"/proc/{name}/stat", encoding="utf-8") as f:
+                    fields = f.read().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            if int(fields[3]) == sid and fields[0] != "Z":
+                members.append(int(name))
+    return members
+
+
+def _write_exit(exit_path: str, code: int, ended: float) -> None:
+    tmp = f"{exit_path}.{os.getpid()}.tmp"
+    with open(tmp, "w", encoding="utf-8") as f:
+        json.dump({"code": code, "time": ended}, f)
+    os.replace(tmp, exit_path)
+
+
+def _guard(done: int, log_path: str, exit_path: str) -> None:
+    """The forked guard: wait for the minder's end; unless it said it ended normally (one byte
+    on the pipe; a killed minder's pipe just closes), kill the whole session and record the end."""
+    os.setpgid(0, 0)  # `kill -9 -<id>` (the minder's process group) spares the guard
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        signal.signal(sig, signal.SIG_IGN)  # a cancel signals the session; the guard stays to the end
+    minder = os.getppid()
+    try:
+        if os.read(done, 1):
+            return
+    except OSError:
+        pass
+    with open(log_path, "ab", buffering=0) as log:
+        log.write(f"ddlkit: this job's minder (id {minder}) was killed; killing the job's processes\n".encode())
+    me, sid, deadline = os.getpid(), os.getsid(0), time.monotonic() + _KILL_FOR_S
+    while (others := [pid for pid in _session_members(sid) if pid != me]) and time.monotonic() < deadline:
+        for pid in others:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+        time.sleep(0.05)
+    if not os.path.exists(exit_path):  # a minder killed after it recorded the end leaves that record
+        _write_exit(exit_path, -signal.SIGKILL, time.time())
 
 
 def main(argv: list[str]) -> int:
@@ -38,6 +93,16 @@ def main(argv: list[str]) -> int:
         print("usage: python -I _minder.py LOG EXIT_FILE GRACE_S STOP_SIGNAL -- COMMAND...", file=sys.stderr)
         return 2
     launcher = os.getppid()
+    # the guard first: from here on, a killed minder does not leave the job running
+    done_read, done_write = os.pipe()
+    guard = os.fork()
+    if guard == 0:
+        os.close(done_write)
+        try:
+            _guard(done_read, log_path, exit_path)
+        finally:
+            os._exit(0)
+    os.close(done_read)
     with open(log_path, "ab", buffering=0) as log:
         # its own process group: what it leaves behind can be killed without killing this minder
         child = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
@@ -72,10 +137,12 @@ def main(argv: list[str]) -> int:
         os.killpg(child.pid, signal.SIGKILL)
     except (ProcessLookupError, PermissionError):
         pass
-    tmp = f"{exit_path}.tmp"
-    with open(tmp, "w", encoding="utf-8") as f:
-        json.dump({"code": code, "time": ended}, f)
-    os.replace(tmp, exit_path)
+    _write_exit(exit_path, code, ended)
+    try:
+        os.write(done_write, b"x")  # the guard's leave to go
+    except OSError:
+        pass  # killed with the session by a cancel's last resort
+    os.waitpid(guard, 0)
     return 128 - code if code < 0 else code
 
 

@@ -8,7 +8,10 @@ launcher that started it, ``ddlkit jobs`` in another shell, a re-run sweep -- ca
 and cancel the job from its id (the minder's pid) and its directory. While the launcher that
 started a job has not detached it, the job does not outlive the launcher: an exit guard kills the
 job's whole session when the launcher exits, and should the launcher die without running it
-(SIGKILL), the minder notices and stops the job as a cancel does (it checkpoints first).
+(SIGKILL), the minder notices and stops the job as a cancel does (it checkpoints first). Should
+the minder itself be killed (``kill -9`` of the job's id), its guard kills the whole session and
+records the end: a job's processes never train on unseen, and until they are gone the job's
+session keeps it running for :meth:`ProcessJob.status`.
 """
 
 from __future__ import annotations
@@ -70,6 +73,13 @@ def kill_session(sid: int, sig: int, *, spare: int | None = None) -> None:
                 os.kill(pid, sig)
             except (ProcessLookupError, PermissionError):
                 pass
+
+
+def _cwd(pid: int) -> str | None:
+    try:
+        return os.readlink(f"/proc/{pid}/cwd")
+    except OSError:
+        return None  # gone, a zombie, or another user's
 
 
 def describe_exit(code: int) -> str:
@@ -174,12 +184,13 @@ class ProcessJob(JobHandle):
 
     # ---------------------------------------------------------------- state
     def _exit_code(self) -> int | None:
-        """The command's exit code; None while it runs. A job whose minder vanished without a
-        record (killed with SIGKILL, the machine restarted) counts as killed."""
+        """The command's exit code; None while it runs. A job whose session is gone without a
+        record (the machine restarted) counts as killed."""
         if self.proc is not None:
             if self.proc.poll() is None:
                 return None
-        elif self._record() is None and self._minder_alive():
+        elif self._record() is None and self.session():
+            # the minder, or what runs the job after the minder was killed (its guard kills that)
             return None
         # ended; read after the minder was seen gone, since it writes the record before it exits
         record = self._record()
@@ -191,15 +202,13 @@ class ProcessJob(JobHandle):
         except (OSError, ValueError):
             return None
 
-    def _minder_alive(self) -> bool:
-        """Whether our minder still runs: the pid exists, is no zombie, and runs in this job's
-        directory (a recycled pid does not)."""
-        try:
-            stat = Path(f"/proc/{self.pid}/stat").read_text()
-            cwd = os.readlink(f"/proc/{self.pid}/cwd")
-        except OSError:
-            return False
-        return stat.rsplit(")", 1)[1].split()[0] != "Z" and Path(cwd) == self.job_dir.resolve()
+    def session(self) -> list[int]:
+        """The live processes of the job's session (its id is the minder's pid): the minder, its
+        guard, the command and all it started -- if the session is this job's, that is if one of
+        them works in the job directory (a recycled pid's session does not)."""
+        pids = [pid for pid, _, sid in processes() if sid == self.pid]
+        job_dir = str(self.job_dir.resolve())
+        return pids if any(_cwd(p) == job_dir for p in pids) else []
 
     @property
     def cancel_requested(self) -> bool:

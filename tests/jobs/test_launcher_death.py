@@ -103,6 +103,26 @@ def test_a_killed_launcher_takes_its_job_down_with_a_checkpoint(tmp_path: Path) 
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("target", ["id", "group"])
+def test_a_detached_job_dies_with_its_killed_id(run_factory: RunFactory, target: str) -> None:
+    """``kill -9`` of the id ``--detach`` printed (or of its process group) leaves no worker
+    training on unseen (issue 23, item 1): the minder's guard kills the job's session, records
+    the end, and ``ddlkit jobs`` then sees a failed job that can be run again."""
+    job_dir = run_factory.base_dir / "killed"
+    out = run_factory("--detach", *SLOW[1:], job_dir=job_dir).assert_success()
+    job_id = int(out.stdout.split(" runs on compute=local as ")[1].split(".")[0])
+    wait_for(lambda: training(job_dir), what="the job to train")
+    os.kill(job_id if target == "id" else -job_id, signal.SIGKILL)
+    wait_for(lambda: not processes_in(job_dir), timeout=10, what="the job's processes to end")
+    status = run_factory.cli("jobs", "status", str(job_dir)).assert_success().stdout
+    assert "state:     failed (exit status -9)" in status
+    assert f"ddlkit: this job's minder (id {job_id}) was killed; killing the job's processes" in status
+    cancel = run_factory.cli("jobs", "cancel", str(job_dir)).assert_success().stdout
+    assert cancel.endswith("already ended (failed); nothing to cancel.\n")
+    assert index.load(job_dir).handle(Registry.collect(get_plugin_manager())).status().state is JobState.FAILED
+
+
+@pytest.mark.slow
 def test_a_job_directory_refuses_a_second_live_run(run_factory: RunFactory) -> None:
     job_dir = run_factory.base_dir / "busy"
     run_factory("--detach", *SLOW[1:], job_dir=job_dir).assert_success()

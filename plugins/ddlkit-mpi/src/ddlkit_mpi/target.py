@@ -120,13 +120,6 @@ def _cmdline(pid: int) -> list[str]:
         return []
 
 
-def _cwd(pid: int) -> str | None:
-    try:
-        return os.readlink(f"/proc/{pid}/cwd")
-    except OSError:
-        return None
-
-
 # ---------------------------------------------------------------------------- the job
 class MpiJob(ProcessJob):
     """``mpirun`` as a :class:`~ddlkit.JobHandle`. ``id`` is its minder's pid; :meth:`logs`
@@ -174,23 +167,18 @@ class MpiJob(ProcessJob):
         self.records_dir = self.job_dir / RECORDS_DIR
 
     # ------------------------------------------------------------ the job's processes
-    def _session(self) -> list[int]:
-        """The processes of the job's session (its id is the minder's pid), if the session is
-        this job's: one of them works in the job directory (a recycled pid's does not)."""
-        pids = [pid for pid, _, sid in processes() if sid == self.pid]
-        job_dir = str(self.job_dir.resolve())
-        return pids if any(_cwd(p) == job_dir for p in pids) else []
-
     def _rank_minders(self) -> list[int]:
         """The ``ddlkit_mpi.rank`` processes of this job on this machine."""
-        return [p for p in self._session() if _cmdline(p)[1:3] == ["-m", RANK_MODULE]]
+        return [p for p in self.session() if _cmdline(p)[1:3] == ["-m", RANK_MODULE]]
 
     def _mpirun(self) -> int | None:
-        """mpirun's pid: the minder's child."""
-        return next((pid for pid, ppid, sid in processes() if ppid == self.pid and sid == self.pid), None)
+        """mpirun's pid: the minder's child that is not its guard (a fork of the minder)."""
+        minder = _cmdline(self.pid)
+        return next((pid for pid, ppid, sid in processes()
+                     if ppid == self.pid and sid == self.pid and _cmdline(pid) != minder), None)
 
     def _kill_leftovers(self) -> None:
-        for pid in self._session():
+        for pid in self.session():
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.kill(pid, signal.SIGKILL)
 
