@@ -225,6 +225,8 @@ def _run_main(argv: list[str]) -> int:
         store_schemas(registry)
         if command is not None:  # else Hydra refuses the command line below, with its usage
             check_names(command, registry)
+            if command.args.multirun:
+                argv = _sweeps_win(argv, command.overrides)
     except DdlkitError as err:
         return _fail(err)
     except Exception as err:
@@ -272,6 +274,8 @@ def _run_main(argv: list[str]) -> int:
         if isinstance(err, SweepError):  # a sweep job's failure, which the launcher has put in words
             print(err, file=sys.stderr)
             return sweep.exit_code or 1
+        if isinstance(err, DdlkitError):  # the launcher refused the sweeper's settings
+            return _fail(err)
         if command is not None and command.args.multirun and explain(err) is None:
             # the sweeper gave up (Optuna: "No trials are completed yet"): the search did not complete
             return _fail(RunError(f"the sweep could not complete: {type(err).__name__}: {_one_line(err)} "
@@ -284,6 +288,22 @@ def _run_main(argv: list[str]) -> int:
         else:
             os.environ[FULL_ERROR_ENV] = full_error
     return entered["code"] or sweep.exit_code or 0
+
+
+def _sweeps_win(argv: list[str], overrides: list[str]) -> list[str]:
+    """``argv`` without the values given to keys that are also swept (``T trainer.batch_size=8
+    'trainer.batch_size=interval(2,6)'``), each dropped with a note: the sweep gives the key its
+    values whatever the order and the sweeper (Hydra's basic sweeper lets the later override win,
+    Optuna the fixed value: a search dimension lost in silence)."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    parsed = OverridesParser.create().parse_overrides(overrides)
+    swept = {ov.get_key_element(): ov.input_line for ov in parsed if ov.is_sweep_override()}
+    dropped = {ov.input_line: ov.get_key_element() for ov in parsed
+               if not ov.is_sweep_override() and not ov.is_delete() and ov.get_key_element() in swept}
+    for line, key in dropped.items():
+        print(f"ddlkit: note: {line} is left out: the sweep {swept[key]} gives {key} its values", file=sys.stderr)
+    return [a for a in argv if a not in dropped]
 
 
 def _explained(err: Exception, explain: Callable[[BaseException], DdlkitError | None]) -> DdlkitError:

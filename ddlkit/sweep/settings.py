@@ -100,6 +100,16 @@ class SweepSettings:
         return self.objective
 
 
+def check_sweeper(sweeper: Any) -> None:
+    """A search sweeper's own settings that would end the search with no trial run (Optuna then
+    fails with "No trials are completed yet")."""
+    from omegaconf import OmegaConf
+
+    trials = OmegaConf.select(sweeper, "n_trials", default=None) if sweeper is not None else None
+    if isinstance(trials, int) and trials < 1:
+        raise ConfigError(f"hydra.sweeper.n_trials={trials} is invalid: it must be at least 1 (the trials to run).")
+
+
 def _sweeper_direction(sweeper: Any) -> str | None:
     """The direction a search sweeper's config asks for: Optuna's ``direction``, Nevergrad's
     ``optim.maximize``, Ax's ``ax_config.experiment.minimize``; None when it says none."""

@@ -60,7 +60,10 @@ class DdlkitLauncher(Launcher):
 
     def setup(self, *, hydra_context: "HydraContext", task_function: "TaskFunction", config: "DictConfig") -> None:
         from ddlkit.sweep.compose import SharedCompositions
+        from ddlkit.sweep.settings import check_sweeper
 
+        # the sweeper sets its launcher up before its first trial: the last moment to refuse it
+        check_sweeper(config.hydra.get("sweeper"))
         self.config, self.hydra_context, self.task_function = config, hydra_context, task_function
         # the sweeper composes each job to validate the batch before launch() composes it again
         SharedCompositions.install(hydra_context.config_loader)

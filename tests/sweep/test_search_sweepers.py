@@ -63,3 +63,24 @@ def test_an_objective_the_search_cannot_use_is_refused_before_any_trial(setting:
     out = run_factory.cli(*STUDY, *setting, "optimizer.lr=interval(0.01,1.0)", timeout=120).assert_returncode(2)
     assert out.stderr.strip().splitlines()[-1] == f"ddlkit: error: {message}"
     assert not list(run_factory.base_dir.glob("multirun/*/*/0"))  # no trial ran
+
+
+def test_a_searched_key_given_a_value_too_is_searched(run_factory: RunFactory) -> None:
+    """``T trainer.batch_size=int(interval(2,6))`` with ``T`` setting ``trainer.batch_size=8``:
+    Optuna kept the fixed value, every trial was the same, in silence (issue 23, item 2)."""
+    sweep_dir = run_factory.base_dir / "both"
+    out = run_factory.cli(*STUDY, "hydra.sweeper.n_trials=2", "sweep.objective=final_loss", "trainer.batch_size=8",
+                          "trainer.batch_size=int(interval(2,6))", f"hydra.sweep.dir={sweep_dir}",
+                          timeout=300).assert_success()
+    assert ("ddlkit: note: trainer.batch_size=8 is left out: the sweep trainer.batch_size=int(interval(2,6)) gives "
+            "trainer.batch_size its values\n") in out.stderr
+    jobs = json.loads((sweep_dir / "ledger.json").read_text())["jobs"].values()
+    sizes = [next(int(o.split("=")[1]) for o in job["overrides"] if o.startswith("trainer.batch_size=")) for job in jobs]
+    assert len(sizes) == 2 and all(2 <= s <= 6 for s in sizes), sizes
+
+
+def test_a_study_of_no_trials_is_refused(run_factory: RunFactory) -> None:
+    out = run_factory.cli(*STUDY, "hydra.sweeper.n_trials=0", "sweep.objective=final_loss",
+                          "optimizer.lr=interval(0.01,1.0)", timeout=120).assert_returncode(2)
+    assert out.stderr == ("ddlkit: error: hydra.sweeper.n_trials=0 is invalid: it must be at least 1 (the trials to "
+                          "run).\n")

@@ -154,6 +154,15 @@ def test_plan_expands_and_validates_every_job_and_runs_nothing(run_factory: RunF
     assert sorted(p.name for p in run_factory.base_dir.iterdir()) == []  # no sweep directory left behind
 
 
+def test_a_swept_key_given_a_value_too_is_swept_whatever_the_order(run_factory: RunFactory) -> None:
+    """The basic sweeper let the later of ``trainer.max_steps=3,4 trainer.max_steps=5`` win: a
+    sweep dimension lost in silence (issue 23, item 2)."""
+    out = run_factory.cli("plan", *COMMON, "trainer.max_steps=3,4", "trainer.max_steps=5").assert_success()
+    assert out.stderr == ("ddlkit: note: trainer.max_steps=5 is left out: the sweep trainer.max_steps=3,4 gives "
+                          "trainer.max_steps its values\n")
+    assert "  #0 trainer.max_steps=3\n" in out.stdout and "  #1 trainer.max_steps=4\n" in out.stdout
+
+
 def test_a_bad_value_in_any_job_is_reported_before_any_job_starts(run_factory: RunFactory) -> None:
     message = ("ddlkit: error: 2 of 4 sweep jobs are invalid; no job was started:\n"
                f"  job #1 ({' '.join(COMMON)} trainer.max_steps=3 optimizer.lr=-1): "
