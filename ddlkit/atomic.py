@@ -2,18 +2,22 @@
 
 Write to a temporary sibling, fsync, then ``os.replace`` (atomic on POSIX within a file
 system). Directories (TensorFlow checkpoints are several files) are swapped by renaming.
+
+:func:`hold_lock` gives a directory one writer (a job directory, a sweep directory).
 """
 
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import json
 import os
 import shutil
+import socket
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 
 
 @contextlib.contextmanager
@@ -64,3 +68,27 @@ def _fsync_dir(path: Path) -> None:
             os.fsync(fd)
         finally:
             os.close(fd)
+
+
+class LockHeld(Exception):
+    """Another process holds the lock; the message is what it wrote there (``pid N on HOST``)."""
+
+
+def hold_lock(path: Path) -> TextIO:
+    """Take the kernel's lock on ``path`` (``lockf``, which NFS shares too) and write there which
+    process holds it, or raise :class:`LockHeld`. The lock lasts while the returned file is open
+    and is released on any exit, SIGKILL included: no stale lock to clear by hand."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    f = open(path, "a+", encoding="utf-8")
+    try:
+        fcntl.lockf(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        f.seek(0)
+        holder = f.read().strip() or "another process"
+        f.close()
+        raise LockHeld(holder) from None
+    f.seek(0)
+    f.truncate()
+    f.write(f"pid {os.getpid()} on {socket.gethostname()}\n")
+    f.flush()
+    return f

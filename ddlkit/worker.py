@@ -13,11 +13,9 @@ error; 3 plugin error; 1 anything else.
 from __future__ import annotations
 
 import atexit
-import fcntl
 import json
 import os
 import signal
-import socket
 import sys
 import traceback
 from pathlib import Path
@@ -26,6 +24,7 @@ from typing import TextIO
 from omegaconf import OmegaConf
 
 from . import secrets as secret_store
+from .atomic import LockHeld, hold_lock
 from .checkpoint import resolve_resume
 from .distributed import DistContext
 from .errors import ConfigError, DdlkitError, RunError, exit_code_for
@@ -114,22 +113,11 @@ def hold_job_directory(job_dir: Path) -> TextIO:
     holds it: two jobs writing checkpoints into one directory would destroy each other's. The
     lock is the kernel's (``lockf``, which NFS shares too), so it is released on any exit, SIGKILL
     included; the returned file keeps it while it is open."""
-    path = job_dir / ".ddlkit" / "lock"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    f = open(path, "a+", encoding="utf-8")
     try:
-        fcntl.lockf(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError:
-        f.seek(0)
-        holder = f.read().strip() or "another process"
-        f.close()
+        return hold_lock(job_dir / ".ddlkit" / "lock")
+    except LockHeld as holder:
         raise ConfigError(f"{job_dir} is in use by another run of a job ({holder}): wait for it, stop it "
                           f"(`ddlkit jobs cancel {job_dir}`), or run in another directory.") from None
-    f.seek(0)
-    f.truncate()
-    f.write(f"pid {os.getpid()} on {socket.gethostname()}\n")
-    f.flush()
-    return f
 
 
 def _name_silent_ranks(dist: DistContext, err: BaseException) -> None:

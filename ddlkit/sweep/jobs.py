@@ -37,6 +37,7 @@ from omegaconf.errors import OmegaConfBaseException
 
 from .. import engine
 from .. import secrets as secret_store
+from ..atomic import LockHeld, hold_lock
 from ..errors import ConfigError, DdlkitError, exit_code_for
 from ..interfaces import ComputeTarget, JobHandle, JobSpec, JobState, JobStatus
 from ..run import EXIT_PREEMPTED
@@ -60,6 +61,8 @@ if TYPE_CHECKING:
 SWEEP_ATTR = "ddlkit_sweep"
 #: where a job's rank 0 output is, once the target has brought the job's files back
 RANK0_LOG = "rank-0.log"
+#: the lock that gives a sweep directory one launcher (see hold_sweep_directory)
+SWEEP_LOCK = ".sweep.lock"
 
 
 class SweepError(CompactHydraException):
@@ -95,6 +98,8 @@ class DdlkitSweep:
         self.adopted: set[int] = set()
         #: the exit status ``ddlkit -m`` ends with; None until the launcher has run
         self.exit_code: int | None = None
+        #: the sweep directory's lock, held from the first launch (a sweeper's first batch) to the exit
+        self._writer: TextIO | None = None
 
     # ---------------------------------------------------------------- entry point (the launcher's)
     def launch(self, settings: SweepSettings, *, hydra_context: HydraContext, config: DictConfig,
@@ -109,6 +114,8 @@ class DdlkitSweep:
             policy = settings.policy("sweep")
             objective = settings.objective_for(config.hydra.get("sweeper"), sweeper)
             jobs = self._check_all(hydra_context, config, job_overrides, initial_job_idx, settings.dry_run, launch)
+            if not settings.dry_run and self._writer is None:  # a plan writes nothing
+                self._writer = hold_sweep_directory(sweep_dir)
             ledger = Ledger.open(sweep_dir, sweep_name(sweep_dir))
             done = set(ledger.reconcile((j.num, self._overrides(j), str(j.output_dir)) for j in jobs))
             if settings.dry_run:
@@ -392,6 +399,18 @@ def check_sweep_settings_fixed(job_overrides: Sequence[Sequence[str]]) -> None:
     if swept:
         raise ConfigError(f"{', '.join(swept)} cannot vary within a sweep: it configures the sweep itself. "
                           "Give it one value.")
+
+
+def hold_sweep_directory(sweep_dir: Path) -> TextIO:
+    """Lock the sweep directory for this launcher, or raise ConfigError naming the one that holds
+    it: two launchers of one sweep would each run its jobs and rewrite its ledger, each taking the
+    other's jobs for failed ones."""
+    try:
+        return hold_lock(sweep_dir / SWEEP_LOCK)
+    except LockHeld as holder:
+        raise ConfigError(f"{sweep_dir} is in use by another launcher of this sweep ({holder}): wait for it to end "
+                          "(`ddlkit jobs list` shows its jobs), or stop it (Ctrl-C where it runs, or `kill` its pid: its "
+                          "jobs checkpoint and stop), then run this command again to resume the sweep.") from None
 
 
 def _remove_plan_leftovers(sweep_dir: Path) -> None:

@@ -9,6 +9,7 @@ import os
 import shlex
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -141,6 +142,35 @@ def test_an_interrupted_sweep_resumes_where_it_stopped(run_factory: RunFactory) 
     # job 1 kept its number and directory, and continued from its checkpoint
     assert json.loads((sweep / "1" / "result.json").read_text())["resumed_from_step"] > 0
     assert sorted(p.name for p in sweep.iterdir() if p.is_dir()) == ["0", "1", "2"]
+
+
+def test_a_second_launcher_of_a_running_sweep_is_refused_at_once(run_factory: RunFactory) -> None:
+    """Two launchers of one sweep directory each ran its jobs and rewrote its ledger, each taking
+    the other's jobs for failed ones (issue 23, item 3): the second is refused, the first unharmed."""
+    sweep = run_factory.base_dir / "sweep"
+    # 3125 steps per job (about a second each)
+    args = ["-m", *COMMON, "data.length=100000", "trainer.log_every=20", "trainer.epochs=1", "trainer.seed=1,2,3",
+            "sweep.max_parallel=1", f"hydra.sweep.dir={sweep}"]
+    env = {**os.environ, "DDLKIT_PLUGINS": FAKES_MODULE}
+    first = subprocess.Popen([sys.executable, "-m", "ddlkit", *args], cwd=run_factory.base_dir, env=env,
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, preexec_fn=interruptible)
+    try:
+        deadline = time.monotonic() + 60
+        while not (sweep / "0" / "rank-0.log").is_file() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        second = run_factory.cli(*args).assert_returncode(2)
+        stdout, stderr = first.communicate(timeout=120)
+    finally:
+        if first.poll() is None:
+            first.kill()
+    assert second.stderr == (f"ddlkit: error: {sweep} is in use by another launcher of this sweep (pid {first.pid} on "
+                             f"{socket.gethostname()}): wait for it to end (`ddlkit jobs list` shows its jobs), or stop "
+                             "it (Ctrl-C where it runs, or `kill` its pid: its jobs checkpoint and stop), then run this "
+                             "command again to resume the sweep.\n")
+    assert "started" not in second.stdout
+    assert first.returncode == 0, stdout + stderr
+    assert {n: j["status"] for n, j in ledger(sweep).items()} == {0: "completed", 1: "completed", 2: "completed"}
+    assert run_factory.cli(*args).assert_success().stdout.count("3 completed before, skipped") == 1  # lock released
 
 
 def test_plan_expands_and_validates_every_job_and_runs_nothing(run_factory: RunFactory) -> None:
