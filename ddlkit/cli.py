@@ -77,7 +77,7 @@ class HydraCommand:
     def overrides(self) -> list[str]:
         return list(self.args.overrides)
 
-    def options(self, group: str) -> list[str]:
+    def _config_loader(self) -> Any:
         from hydra._internal.config_loader_impl import ConfigLoaderImpl
         from hydra._internal.utils import create_config_search_path
         from hydra.core.config_search_path import SearchPathQuery
@@ -88,9 +88,16 @@ class HydraCommand:
                 search_path.prepend("command-line", f"file://{os.path.abspath(self.args.config_dir)}",
                                     anchor=SearchPathQuery(provider="schema"))
             self._loader = ConfigLoaderImpl(config_search_path=search_path)
+        return self._loader
+
+    def options(self, group: str) -> list[str]:
         searchpath = [o for o in self.overrides if o.partition("=")[0] == "hydra.searchpath"]
-        return self._loader.get_group_options(group, config_name=self.args.config_name or "config",
-                                              overrides=searchpath)
+        return self._config_loader().get_group_options(group, config_name=self.args.config_name or "config",
+                                                       overrides=searchpath)
+
+    def is_group(self, key: str) -> bool:
+        """Whether Hydra takes ``key=...`` for the choice of a config group's option (``trainer=...``)."""
+        return bool(self._config_loader().repository.group_exists(key))
 
 
 def check_names(command: HydraCommand, registry: Registry) -> None:
@@ -111,6 +118,8 @@ def check_names(command: HydraCommand, registry: Registry) -> None:
                 if group in HOOK_POINTS:
                     chosen[group] = _selected_names(list(value) if not isinstance(value, str) else value)
     parsed = OverridesParser.create().parse_overrides(command.overrides)
+    for ov in parsed:
+        _check_group_value(command, ov)
     for ov in parsed:
         key = ov.key_or_group
         if key in HOOK_POINTS and not ov.is_delete():
@@ -135,6 +144,33 @@ def check_names(command: HydraCommand, registry: Registry) -> None:
     for ov in parsed:
         if not ov.is_delete():
             _check_secret_key(ov.key_or_group, chosen, registry, experiment=experiment)
+
+
+def _check_group_value(command: HydraCommand, ov: Any) -> None:
+    """A group's option is chosen by name: ``trainer=0``, ``dist=nan``, ``compute=null``,
+    ``~data=1`` reach Hydra's composition as a number or null, and it fails with a traceback."""
+    from hydra.core.override_parser.types import ChoiceSweep, RangeSweep
+
+    value = ov.value()
+    if isinstance(value, dict) or not command.is_group(ov.key_or_group):
+        return  # a dict sets keys of the group's config: Hydra composes that
+    if ov.is_delete():  # `~group` or `~group=option`
+        values: list[object] = [] if value is None else [value]
+    elif isinstance(value, RangeSweep):
+        values = [value.start]
+    elif isinstance(value, ChoiceSweep):
+        values = [x for v in value.list for x in (v if isinstance(v, list) else [v])]
+    else:
+        values = value if isinstance(value, list) else [value]
+    not_names = [v for v in values if not isinstance(v, str)]
+    if not not_names:
+        return
+    bad, group = not_names[0], ov.key_or_group
+    options = command.options(group)
+    shown = "null" if bad is None else str(bad).lower() if isinstance(bad, bool) else str(bad)
+    quote = f" (quote a name that reads as a value: {group}='{shown}')" if shown in options else ""
+    raise ConfigError(f"`{ov.input_line}` is invalid: {group} is a config group, whose option is chosen by name, not "
+                      f"{shown}. Choose one of: {', '.join(options) or '-'}{quote}.")
 
 
 def _check_secret_key(key: str, chosen: dict[str, list[str]], registry: Registry, *, experiment: bool) -> None:
@@ -202,6 +238,13 @@ def _run_main(argv: list[str]) -> int:
     if detach and any(a in ("-m", "--multirun") for a in argv):
         return _fail(ConfigError(f"{DETACH_FLAG} submits one job; a sweep's launcher schedules its jobs as slots "
                                  "free up, so it must keep running (run it under nohup or tmux, or in a batch job)."))
+    if detach:
+        from .jobs import index
+
+        try:
+            index.require_writable()  # before anything is written: a detached job is found again through it
+        except ConfigError as err:
+            return _fail(err)
     for key, default in (("hydra.run.dir", "outputs"), ("hydra.sweep.dir", "multirun")):
         # an empty directory would be the working directory: checkpoints and results strewn into it
         if any(a.lstrip("+").partition("=")[::2] in ((key, ""), (key, "''"), (key, '""')) for a in argv):

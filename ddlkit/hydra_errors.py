@@ -48,6 +48,10 @@ def explain(err: BaseException) -> DdlkitError | None:
             where = getattr(getattr(link, "problem_mark", None), "name", None) or "a config file"
             return ConfigError(f"{where} is not valid YAML: {yaml_error_line(link)}. Fix the file, or leave out "
                                "what selects it.")
+    if isinstance(err, ValueError) and str(err).startswith("Config group override"):
+        # the CLI names the override (ddlkit.cli.check_names); this is for a group it did not know of
+        return ConfigError(f"a config group's option is chosen by name ({_first_line(str(err)).split(':')[0]}): give "
+                           "its name, quoted if it reads as a number or null (group='0').")
     if isinstance(err, OverrideParseException):
         return ConfigError(f"cannot read the override `{err.override}`: {_first_line(err.message)}. Quote a value "
                            "holding spaces or any of ()[]{},=$;& for Hydra, inside the shell's quotes: "

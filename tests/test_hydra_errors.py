@@ -81,3 +81,41 @@ def test_hydra_quote_reads_back_as_the_same_string(value: str) -> None:
 
     parsed = OverridesParser.create().parse_override(f"k={hydra_quote(value)}").value()
     assert OmegaConf.create({"k": str(parsed)}).k == value  # as OmegaConf resolves it: ${ stays literal
+
+
+@pytest.mark.parametrize(("override", "shown", "option"), [
+    ("trainer=0", "0", "default"), ("dist=nan", "nan", "native"), ("compute=null", "null", "local"),
+    ("~data=1", "1", "synthetic"), ("~dist=[]", "[]", "native"), ("trainer=default,0", "0", "default"),
+])
+@pytest.mark.parametrize("command", [[], ["plan"]])
+def test_a_group_given_no_name_is_one_line(command: list[str], override: str, shown: str, option: str,
+                                           capsys: pytest.CaptureFixture[str]) -> None:
+    """A number or null for a config group's option reached Hydra's composition: a 50-line
+    ValueError traceback, exit 1 (issue 23, item 4)."""
+    assert main([*command, "framework=fake", override]) == 2
+    group = override.lstrip("~").partition("=")[0]
+    err = capsys.readouterr().err
+    assert err.startswith(f"ddlkit: error: `{override}` is invalid: {group} is a config group, whose option is "
+                          f"chosen by name, not {shown}. Choose one of: ")
+    assert option in err.split("Choose one of: ")[1] and err.count("\n") == 1
+
+
+def test_a_plan_with_a_job_that_does_not_compose_leaves_no_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    """Hydra's sweeper wrote multirun.yaml, then failed to compose the first job, before the
+    launcher that removes a plan's files ran (issue 23, item 4)."""
+    monkeypatch.chdir(tmp_path)
+    assert main(["plan", "framework=fake", "trainer.batch_size=abc,8", "hydra.sweep.dir=."]) == 2
+    assert capsys.readouterr().err.startswith("ddlkit: error: 1 of 2 sweep job is invalid; no job was started:\n"
+                                              "  job #0 (framework=fake trainer.batch_size=abc): `trainer.batch_size=abc` is invalid")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_group_only_a_search_path_holds_given_no_name_is_one_line(tmp_path: Path,
+                                                                      capsys: pytest.CaptureFixture[str]) -> None:
+    (tmp_path / "extra").mkdir()
+    (tmp_path / "extra" / "small.yaml").write_text("x: 1\n")
+    assert main(["framework=fake", f"hydra.searchpath=[file://{tmp_path}]", "+extra=1", "--cfg", "job"]) == 2
+    assert capsys.readouterr().err == (
+        "ddlkit: error: a config group's option is chosen by name (Config group override must be a string or a list. "
+        "Got int): give its name, quoted if it reads as a number or null (group='0').\n")

@@ -18,6 +18,8 @@ from __future__ import annotations
 import json
 import os
 import socket
+import sys
+import tempfile
 import time
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
@@ -44,6 +46,27 @@ def state_dir() -> Path:
 
 def _index_dir() -> Path:
     return state_dir() / "jobs"
+
+
+def _unwritable(err: OSError) -> str:
+    """Why the index cannot be written, and how to give it a place (the variable that chose it)."""
+    chosen = next((f" (${name})" for name in (STATE_DIR_ENV, "XDG_STATE_HOME") if os.environ.get(name)), "")
+    return (f"the job index's directory {_index_dir()}{chosen} cannot be written ({err.strerror or err}): set "
+            f"{STATE_DIR_ENV} to a writable directory")
+
+
+def require_writable() -> None:
+    """Raise ConfigError unless the index can be written: a detached job is found again only through it."""
+    try:
+        _index_dir().mkdir(parents=True, exist_ok=True)
+        tempfile.TemporaryFile(dir=_index_dir()).close()
+    except OSError as err:
+        raise ConfigError(f"--detach records the job in the job index, to find it again: {_unwritable(err)}, or run "
+                          "without --detach.") from None
+
+
+#: whether the warning that the index cannot be written was printed (once per process: a sweep records many jobs)
+_warned = False
 
 
 @dataclass
@@ -91,8 +114,16 @@ def record(name: str, job_dir: Path, target: str, job_id: str, *, detached: bool
     sub = Submission(name, str(Path(job_dir).resolve()), target, job_id, time.time(), socket.gethostname(),
                      detached=detached)
     sub.save()
-    write_json(_index_dir() / f"{name}.json", {"name": name, "job_dir": sub.job_dir, "target": target,
-                                              "submitted": sub.submitted})
+    try:
+        write_json(_index_dir() / f"{name}.json", {"name": name, "job_dir": sub.job_dir, "target": target,
+                                                  "submitted": sub.submitted})
+    except OSError as err:
+        # the job runs all the same: `ddlkit jobs` finds it by its directory, which holds its record
+        global _warned
+        if not _warned:
+            print(f"ddlkit: warning: {_unwritable(err)}; until then `ddlkit jobs` finds jobs by their directory only "
+                  "(`ddlkit jobs status <job dir>`).", file=sys.stderr, flush=True)
+            _warned = True
     return sub
 
 

@@ -70,7 +70,7 @@ class SharedCompositions:
     and with the Hydra fields that depend on the overrides (``hydra.overrides.task``,
     ``hydra.job.override_dirname``) set to theirs.
 
-    :meth:`__call__` (the sweeper's check) and :meth:`shared` return the shape's one config,
+    :meth:`__call__` (the sweeper's check, see there) and :meth:`shared` return the shape's one config,
     changed in place for each job: valid until the next call, for callers that only read it at
     once. :meth:`take` returns a config of the job's own."""
 
@@ -85,8 +85,17 @@ class SharedCompositions:
         if not isinstance(config_loader.load_sweep_config, cls):
             config_loader.load_sweep_config = cls(config_loader.load_sweep_config)
 
-    def __call__(self, master_config: DictConfig, sweep_overrides: list[str]) -> DictConfig:
-        return self.shared(master_config, sweep_overrides)
+    def __call__(self, master_config: DictConfig, sweep_overrides: list[str]) -> DictConfig | None:
+        """The sweeper's check of a job, before it hands the batch to the launcher: a job that does
+        not compose is left to the launcher, which composes every job again and reports all that
+        fail, each with its number (and ``ddlkit plan`` then removes what the sweeper wrote)."""
+        from hydra.errors import HydraException
+        from omegaconf.errors import OmegaConfBaseException
+
+        try:
+            return self.shared(master_config, sweep_overrides)
+        except (HydraException, OmegaConfBaseException):
+            return None
 
     def shared(self, master_config: DictConfig, sweep_overrides: list[str]) -> DictConfig:
         shape = _shape([self._parse(o) for o in sweep_overrides])

@@ -113,6 +113,26 @@ def test_detach_refuses_a_sweep(run_factory: RunFactory) -> None:
     assert out.stderr.startswith("ddlkit: error: --detach submits one job; a sweep's launcher schedules")
 
 
+def test_an_unwritable_state_directory_leaves_a_run_unharmed_and_refuses_detach(run_factory: RunFactory) -> None:
+    """Every run failed with an 85-line traceback (issue 23, item 5): a run trains, with one
+    warning; --detach, whose job is found again through the index, is refused before anything."""
+    not_a_dir = run_factory.base_dir / "state-file"
+    not_a_dir.write_text("")
+    env = {index.STATE_DIR_ENV: str(not_a_dir)}
+    why = (f"the job index's directory {not_a_dir}/jobs ($DDLKIT_STATE_DIR) cannot be written (Not a directory): "
+           "set DDLKIT_STATE_DIR to a writable directory")
+    job_dir = run_factory.base_dir / "unindexed"
+    out = run_factory(*SMALL, "data.length=64", job_dir=job_dir, env=env).assert_success()
+    assert out.stderr == (f"ddlkit: warning: {why}; until then `ddlkit jobs` finds jobs by their directory only "
+                          "(`ddlkit jobs status <job dir>`).\n")
+    assert state(run_factory, str(job_dir)) == "succeeded"
+    detached = run_factory.base_dir / "detached"
+    out = run_factory("--detach", *SMALL, job_dir=detached, env=env).assert_returncode(2)
+    assert out.stderr == (f"ddlkit: error: --detach records the job in the job index, to find it again: {why}, or run "
+                          "without --detach.\n")
+    assert not detached.exists()
+
+
 def test_list_with_no_jobs(run_factory: RunFactory) -> None:
     out = run_factory.cli("jobs", "list").assert_success()
     assert out.stdout == f"ddlkit: no jobs recorded yet (in {index.state_dir()}).\n"
