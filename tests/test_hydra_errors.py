@@ -106,9 +106,10 @@ def test_a_plan_with_a_job_that_does_not_compose_leaves_no_file(tmp_path: Path, 
     launcher that removes a plan's files ran (issue 23, item 4)."""
     monkeypatch.chdir(tmp_path)
     assert main(["plan", "framework=fake", "trainer.batch_size=abc,8", "hydra.sweep.dir=."]) == 2
-    assert capsys.readouterr().err.startswith("ddlkit: error: 1 of 2 sweep job is invalid; no job was started:\n"
-                                              "  job #0 (framework=fake trainer.batch_size=abc): `trainer.batch_size=abc` is invalid")
     assert list(tmp_path.iterdir()) == []
+    assert capsys.readouterr().err.startswith(
+        "ddlkit: error: 1 of 2 sweep job is invalid; no job was started:\n"
+        "  job #0 (framework=fake trainer.batch_size=abc): `trainer.batch_size=abc` is invalid")
 
 
 def test_a_group_only_a_search_path_holds_given_no_name_is_one_line(tmp_path: Path,
