@@ -255,7 +255,8 @@ class ProcessJob(JobHandle):
         try:
             os.kill(self.pid, signal.SIGTERM)  # the minder passes it on to the command
         except ProcessLookupError:
-            return
+            # the minder was killed and what it ran lives on (its guard is killing it, or it had none)
+            kill_session(self.pid, signal.SIGTERM)
         timer = threading.Timer(self.grace, self._kill)
         timer.daemon = True
         timer.start()
