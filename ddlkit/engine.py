@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import itertools
 import json
 import os
 import platform
@@ -28,7 +29,7 @@ from omegaconf.errors import MissingMandatoryValue, OmegaConfBaseException
 
 from . import secrets as secret_store
 from .atomic import write_json, write_text
-from .checkpoint import resolve_resume
+from .checkpoint import latest_checkpoint, resolve_resume
 from .commandline import job_command
 from .config import check_composed, to_container
 from .distributed import BACKENDS
@@ -272,15 +273,63 @@ def sigterm_interrupts() -> Iterator[None]:
         signal.signal(signal.SIGTERM, previous)
 
 
+#: seconds of silence after which :func:`follow` says what a job without output is doing, and
+#: between its looks at the job's state until the first output comes
+NOTICE_AFTER_S = 3.0
+
+
+class _StateNotices:
+    """Until a job's first output: its state and what its target says of it (a scheduler's reason
+    for keeping it queued), once it has been silent for :data:`NOTICE_AFTER_S`, then on each change.
+    A job that waits in a queue, or takes long to start, is never silent."""
+
+    def __init__(self, handle: JobHandle, out: TextIO) -> None:
+        self.handle, self.out = handle, out
+        self.lock = threading.Lock()
+        self.output = threading.Event()
+        self._thread = threading.Thread(target=self._watch, name="ddlkit-job-state", daemon=True)
+        self._thread.start()
+
+    def _watch(self) -> None:
+        said = None
+        while not self.output.wait(NOTICE_AFTER_S):
+            try:
+                status = self.handle.status()
+            except Exception:  # noqa: BLE001 -- the stream asks too, and reports what is wrong
+                return
+            if status.state.done:
+                return
+            notice = (f"ddlkit: job {status.state.value}" + (f" ({status.message})" if status.message else "")
+                      + ", no output yet")
+            with self.lock:
+                if notice != said and not self.output.is_set():
+                    self.out.write(notice + "\n")
+                    self.out.flush()
+                    said = notice
+
+    def stop(self) -> None:
+        """The job's output has come (or the job ended): no more notices."""
+        with self.lock:  # a notice is never written into the job's output
+            self.output.set()
+
+
 def _stream(handle: JobHandle, out: TextIO, progress_bar: bool) -> None:
+    chunks = iter(handle.logs(follow=True))
+    notices = _StateNotices(handle, out)
+    try:
+        first = next(chunks, None)
+    finally:
+        notices.stop()
+    if first is None:
+        return
     if progress_bar:
         from .builtin.console_logger import ProgressRenderer
 
         with ProgressRenderer(out) as renderer:
-            for chunk in handle.logs(follow=True):
+            for chunk in itertools.chain([first], chunks):
                 renderer.feed(chunk)
     else:
-        for chunk in handle.logs(follow=True):
+        for chunk in itertools.chain([first], chunks):
             out.write(chunk)
             out.flush()
 
@@ -316,6 +365,15 @@ def settle(handle: JobHandle, status: JobStatus, job_dir: Path) -> JobStatus:
     return status
 
 
+def resumable(status: JobStatus, job_dir: Path) -> bool:
+    """Whether the job's command, run again, resumes the ended job: its ranks stopped when told to
+    (exit status 75, while running), or it left a checkpoint. A job that failed before training, or
+    was cancelled before it started, has nothing to resume: its message names the cause instead."""
+    from .run import EXIT_PREEMPTED
+
+    return status.exit_code == EXIT_PREEMPTED or latest_checkpoint(job_dir) is not None
+
+
 def conclude(handle: JobHandle, status: JobStatus, *, job_dir: Path, name: str,
              resume_hint: str, out: TextIO) -> dict[str, Any]:
     """After the job ended: :func:`settle` it, and return ``result.json`` (or raise
@@ -329,11 +387,12 @@ def conclude(handle: JobHandle, status: JobStatus, *, job_dir: Path, name: str,
     from .run import EXIT_PREEMPTED
 
     if status.exit_code == EXIT_PREEMPTED:
-        raise JobFailedError(f"job {name} stopped after saving a checkpoint; {resume_hint}",
-                             exit_code=EXIT_PREEMPTED)
+        saved = "after saving a checkpoint" if latest_checkpoint(job_dir) is not None else "before its first checkpoint"
+        raise JobFailedError(f"job {name} stopped {saved}; {resume_hint}", exit_code=EXIT_PREEMPTED)
     # a rank's config error (exit status 2: a model.target that does not import, a model of the
     # wrong kind) is fixed in the command, so the same command would only fail again
-    hint = "" if status.exit_code == exit_code_for(ConfigError()) else f"\n  {resume_hint}"
+    resume = resumable(status, job_dir) and status.exit_code != exit_code_for(ConfigError())
+    hint = f"\n  {resume_hint}" if resume else ""
     raise JobFailedError(f"job {name} {status.state.value}: {status.message}{hint}",
                          exit_code=status.exit_code if status.exit_code and status.exit_code > 0 else 1)
 

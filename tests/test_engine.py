@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import io
 import json
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from ddlkit import ComputeTarget, JobFailedError, JobHandle, JobSpec, JobState, JobStatus
+from ddlkit.checkpoint import CHECKPOINT_DIR, LATEST, checkpoint_name
 from ddlkit.engine import PreparedJob, environment_info, run_job
 from ddlkit.run import EXIT_PREEMPTED
 
@@ -61,15 +63,70 @@ def test_success_streams_the_log_and_returns_the_result(tmp_path: Path) -> None:
     assert [s.name for s in target.submitted] == ["2026-01-01_00-00-00"]
 
 
+class QueuedHandle(StubHandle):
+    """A job that waits: its target tells ``states`` in turn, one per look (the last one stays), and
+    its first output comes only after the launcher has looked past the last one."""
+
+    def __init__(self, states: list[JobStatus]) -> None:
+        super().__init__(JobStatus(JobState.SUCCEEDED, 0), ["train step 1\n"])
+        self.states, self.looks = states, 0
+
+    def status(self) -> JobStatus:
+        self.looks += 1
+        return self.states[min(self.looks, len(self.states)) - 1]
+
+    def logs(self, follow: bool = True) -> Iterator[str]:
+        while self.looks <= len(self.states):
+            time.sleep(0.01)
+        yield from self.chunks
+
+
+def test_a_waiting_job_says_its_state_and_why_until_its_first_output(tmp_path: Path,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr("ddlkit.engine.NOTICE_AFTER_S", 0.01)
+    target = StubTarget(JobStatus(JobState.SUCCEEDED, 0), [], result={"steps": 1})
+    target.handle = QueuedHandle([JobStatus(JobState.PENDING, None, "queue: Resources"),
+                                  JobStatus(JobState.PENDING, None, "queue: Resources"),
+                                  JobStatus(JobState.PENDING, None, "queue: Priority"),
+                                  JobStatus(JobState.RUNNING)])
+    out = io.StringIO()
+    run_job(job(tmp_path, target), out=out, live=False)
+    assert out.getvalue().splitlines()[1:] == [
+        "ddlkit: job pending (queue: Resources), no output yet",  # once, then on each change
+        "ddlkit: job pending (queue: Priority), no output yet",
+        "ddlkit: job running, no output yet",
+        "train step 1",
+        f"ddlkit: done; result in {tmp_path}/result.json"]
+
+
+def a_checkpoint(job_dir: Path) -> None:
+    (job_dir / CHECKPOINT_DIR / checkpoint_name(5)).mkdir(parents=True)
+    (job_dir / CHECKPOINT_DIR / LATEST).write_text(checkpoint_name(5))
+
+
 def test_success_without_a_result_file_is_a_failure(tmp_path: Path) -> None:
     target = StubTarget(JobStatus(JobState.SUCCEEDED, 0), [])
     with pytest.raises(JobFailedError) as info:
         run_job(job(tmp_path, target), out=io.StringIO(), live=False)
-    assert str(info.value).startswith(f"job 2026-01-01_00-00-00 failed: the job exited cleanly but wrote no "
-                                      f"{tmp_path}/result.json\n  resume with: ddlkit ")
+    assert str(info.value) == (f"job 2026-01-01_00-00-00 failed: the job exited cleanly but wrote no "
+                               f"{tmp_path}/result.json")
+
+
+@pytest.mark.parametrize("status", [
+    JobStatus(JobState.FAILED, 1, "rank 0 ended with exit status 1; last lines: ModuleNotFoundError: No module"),
+    JobStatus(JobState.FAILED, -9, "rank 0 ended with killed by signal SIGKILL"),
+    JobStatus(JobState.CANCELLED, 0, "Slurm job 7 was cancelled (None); last lines: (no log)"),
+])
+def test_a_job_that_ended_without_a_checkpoint_has_nothing_to_resume(tmp_path: Path, status: JobStatus) -> None:
+    """A failure before training (an import error, a bad shape), or a job cancelled before it
+    started: the message names the cause, and no `resume with:` promises what cannot be."""
+    with pytest.raises(JobFailedError) as info:
+        run_job(job(tmp_path, StubTarget(status, [])), out=io.StringIO(), live=False)
+    assert str(info.value) == f"job 2026-01-01_00-00-00 {status.state.value}: {status.message}"
 
 
 def test_a_failed_job_raises_with_its_exit_code_and_a_resume_hint(tmp_path: Path) -> None:
+    a_checkpoint(tmp_path)
     target = StubTarget(JobStatus(JobState.FAILED, 3, "rank 0 ended with exit status 3; last lines: boom"), [])
     with pytest.raises(JobFailedError) as info:
         run_job(job(tmp_path, target), out=io.StringIO(), live=False)
@@ -86,12 +143,17 @@ def test_a_job_killed_by_a_signal_exits_1(tmp_path: Path) -> None:
     assert info.value.exit_code == 1
 
 
-def test_a_preempted_job_says_how_to_resume(tmp_path: Path) -> None:
+@pytest.mark.parametrize("checkpointed", [True, False])
+def test_a_preempted_job_says_how_to_resume(tmp_path: Path, checkpointed: bool) -> None:
+    """Stopped while running: resumable, also before its first checkpoint (the same command starts it again)."""
+    if checkpointed:
+        a_checkpoint(tmp_path)
     target = StubTarget(JobStatus(JobState.FAILED, EXIT_PREEMPTED, "stopped"), [])
     with pytest.raises(JobFailedError) as info:
         run_job(job(tmp_path, target), out=io.StringIO(), live=False)
     assert info.value.exit_code == EXIT_PREEMPTED
-    assert str(info.value) == ("job 2026-01-01_00-00-00 stopped after saving a checkpoint; resume with: ddlkit "
+    saved = "after saving a checkpoint" if checkpointed else "before its first checkpoint"
+    assert str(info.value) == (f"job 2026-01-01_00-00-00 stopped {saved}; resume with: ddlkit "
                                f"trainer.epochs=2 model=resnet50 hydra.run.dir={tmp_path}")
 
 

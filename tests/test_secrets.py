@@ -177,7 +177,8 @@ def test_plan_and_a_sweep_redact(cli: _Cli, tmp_path: Path) -> None:
 
 
 def test_a_failed_job_and_its_resume_hint_redact(cli: _Cli, tmp_path: Path) -> None:
-    out = cli.run(*SECRET_ARGS, *SMALL, "framework.fail_at_step=3", job_dir=tmp_path / "job")
+    out = cli.run(*SECRET_ARGS, *SMALL, "trainer.checkpoint_every=2", "framework.fail_at_step=3",
+                  job_dir=tmp_path / "job")
     assert out.returncode not in (0, 2), out.output
     assert "resume with: ddlkit" in out.stderr, out.output
     assert _leaks(out, tmp_path) == []

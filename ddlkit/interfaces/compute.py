@@ -57,7 +57,11 @@ class JobStatus:
     state: JobState
     #: the job's exit code once done (the first failing rank's, for multi-rank jobs)
     exit_code: int | None = None
-    #: a human explanation of a failure: which rank, what status, the last log lines
+    #: once done, a human explanation of a failure: which rank, what status, the last log lines;
+    #: before, what the target says of the job in one line -- a scheduler's state and its reason for
+    #: keeping the job queued ("Slurm: PENDING, reason Resources"), where it runs. The launcher shows
+    #: it while the job has no output yet, once and on each change. A job that can never start (it asks
+    #: for more than the cluster has) is no pending job: the target ends it, FAILED, the fix in its message
     message: str = ""
 
 

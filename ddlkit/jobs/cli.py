@@ -122,6 +122,8 @@ def cmd_attach(args: argparse.Namespace, out: TextIO) -> int:
 
 
 def cmd_cancel(args: argparse.Namespace, out: TextIO) -> int:
+    from .. import engine
+
     sub = index.find(args.job)
     handle = _handle(sub)
     status = handle.status()
@@ -136,7 +138,8 @@ def cmd_cancel(args: argparse.Namespace, out: TextIO) -> int:
     sub.ended_with(status)
     out.write(f"ddlkit: job {sub.name} {status.state.value}"
               + (f" (exit status {status.exit_code})" if status.exit_code is not None else "")
-              + f"; {_resume_hint(Path(sub.job_dir))}\n")
+              + (f"; {_resume_hint(Path(sub.job_dir))}\n" if engine.resumable(status, Path(sub.job_dir))
+                 else "; it left no checkpoint: nothing to resume\n"))
     return 0
 
 

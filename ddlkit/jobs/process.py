@@ -219,7 +219,7 @@ class ProcessJob(JobHandle):
             return self._final
         code = self._exit_code()
         if code is None:
-            return JobStatus(JobState.RUNNING)
+            return JobStatus(JobState.RUNNING, None, f"process {self.pid} on this machine")
         _OWNED.discard(self.pid)
         self._final = self.final_status(code)
         return self._final

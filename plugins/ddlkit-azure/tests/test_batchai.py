@@ -183,8 +183,10 @@ def test_a_job_runs_and_a_second_reuses_everything(batchai: BatchAILoopback, ssh
     assert list(batchai.file_server_dir("ddlkit-nfs").glob("results/*/result.json"))
 
     batchai.server.clear()
+    batchai.queue_s = 4.0  # a queued job is not silent: the launcher says what the service says
     second = run_factory(*args, job_dir=tmp_path / "second")
     second.assert_success()
+    assert "\nddlkit: job pending (Batch AI: queued), no output yet\n" in second.stdout, second.output
     assert creates(batchai) == ["jobs"], "a second job created resources again"
     looked_up = {r.path.rsplit("/", 1)[-1] for r in batchai.server.requests("GET", ARM + r"(/.*)?")}
     assert {WS, "ddlkit", "fileServers"} <= looked_up, looked_up  # workspace, experiment and cluster, file servers

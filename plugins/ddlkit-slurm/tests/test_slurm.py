@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -105,6 +107,15 @@ def test_no_sbatch_on_path_says_it_needs_a_login_node(run_factory: RunFactory, t
     one_line_error(outcome, "needs Slurm's `sbatch` on PATH", "login node")
 
 
+@pytest.mark.skipif(shutil.which("sinfo") is None or Path("/etc/slurm/slurm.conf").exists(),
+                    reason="needs Slurm's commands and no cluster configured in /etc/slurm")
+def test_no_slurm_conf_says_how_to_give_one(run_factory: RunFactory, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("SLURM_CONF", raising=False)
+    line = one_line_error(run_factory("compute=slurm"), "sinfo finds no Slurm configuration: export SLURM_CONF=",
+                          "scripts/local_slurm.sh start")
+    assert "DNS" not in line
+
+
 def test_plan_prints_the_batch_script(run_factory: RunFactory) -> None:
     outcome = run_factory.cli("plan", "framework=fake", "compute=slurm", "compute.partition=batch",
                               "compute.time=10:00", "compute.procs_per_node=2", "dist=native")
@@ -136,6 +147,34 @@ def test_unknown_partition_lists_the_partitions(slurm_cluster: str, run_factory:
 def test_more_nodes_than_the_partition_has(slurm_cluster: str, run_factory: RunFactory) -> None:
     one_line_error(run_factory("compute=slurm", "compute.partition=debug", "compute.nodes=5", "dist=native"),
                    "compute.nodes=5 asks for more nodes than partition debug has (1)")
+
+
+def test_more_nodes_than_the_default_partition_has(slurm_cluster: str, run_factory: RunFactory) -> None:
+    """Without compute.partition the job goes to the cluster's default partition: checked as well
+    (the job was queued, and stayed PENDING for ever, in silence)."""
+    one_line_error(run_factory("compute=slurm", "compute.nodes=2", "dist=native", timeout=60),
+                   "compute.nodes=2 asks for more nodes than partition debug has (1), the cluster's default: lower "
+                   "compute.nodes.")
+
+
+@pytest.mark.parametrize("sbatch_args, reason, fix", [
+    # Slurm says PartitionConfig first, the precise reason once its scheduler has looked
+    (["--nodes=2"], "PartitionNodeLimit|PartitionConfig", "lower compute.nodes"),
+    (["--partition=batch", "--time=2-00:00:00"], "PartitionTimeLimit|PartitionConfig", "compute.time"),
+    (["--ntasks-per-node=999"], "PartitionConfig", "compute.procs_per_node"),
+])
+def test_a_job_that_can_never_start_fails_naming_the_fix(slurm_cluster: str, tmp_path: Path, sbatch_args: list[str],
+                                                         reason: str, fix: str) -> None:
+    """A job the cluster keeps queued that can never run (the check before sbatch cannot know every
+    limit) ends, cancelled, with the fix: exit status 2, as a config error."""
+    job_id = subprocess.run(["sbatch", "--parsable", *sbatch_args, f"--chdir={tmp_path}", "--output=/dev/null",
+                             "--wrap", "true"], capture_output=True, text=True, check=True).stdout.strip()
+    handle = slurm_target().attach(job_id, job_dir=tmp_path)
+    status = handle.wait(timeout=30)
+    assert status.state is JobState.FAILED and status.exit_code == 2, status
+    assert re.match(rf"Slurm job {job_id} can never start \(({reason})\): ", status.message), status.message
+    assert fix in status.message and "\n" not in status.message
+    wait_for(lambda: scontrol(job_id)["JobState"] == "CANCELLED", 10, "Slurm to cancel the job")
 
 
 def test_bad_time_format_is_rejected(slurm_cluster: str, run_factory: RunFactory) -> None:
@@ -198,6 +237,37 @@ def test_pending_then_running(slurm_cluster: str, tmp_path: Path) -> None:
     status = handle.wait(timeout=60)
     assert status.state is JobState.SUCCEEDED, status
     assert "running" in "".join(handle.logs(follow=False))
+
+
+@pytest.mark.slow
+def test_a_pending_job_says_so_and_why(slurm_cluster: str, run_factory: RunFactory, tmp_path: Path) -> None:
+    """While a job waits in the queue, the launcher prints its state and Slurm's reason: it is not silent."""
+    cpus = subprocess.run(["sinfo", "-h", "-o", "%c"], capture_output=True, text=True, check=True).stdout.split()[0]
+    blocker_id = subprocess.run(["sbatch", "--parsable", f"--ntasks={cpus}", f"--chdir={tmp_path}",
+                                 "--output=/dev/null", "--wrap", "sleep 120"], capture_output=True, text=True,
+                                check=True).stdout.strip()
+    try:
+        wait_for(lambda: scontrol(blocker_id)["JobState"] == "RUNNING", 60, "the blocker to run")
+        env = {**os.environ, "DDLKIT_PLUGINS": "ddlkit.testing.fakes"}
+        launcher = subprocess.Popen([sys.executable, "-m", "ddlkit", "framework=fake", "compute=slurm",
+                                     "compute.poll_interval_s=0.5", f"hydra.run.dir={tmp_path / 'job'}"],
+                                    cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        try:
+            lines = iter(launcher.stdout.readline, "")
+            assert next(lines).startswith("ddlkit: job ")
+            assert next(lines) == "ddlkit: job pending (Slurm: PENDING, reason Resources), no output yet\n"
+            # a job cancelled before it started has nothing to resume
+            run_factory("--detach", "compute=slurm", job_dir=tmp_path / "never").assert_success()
+            cancel = run_factory.cli("jobs", "cancel", str(tmp_path / "never")).assert_success()
+            assert cancel.stdout.endswith("; it left no checkpoint: nothing to resume\n"), cancel.output
+            assert "resume with" not in cancel.output
+        finally:
+            subprocess.run(["scancel", blocker_id], check=True)
+        stdout, stderr = launcher.communicate(timeout=120)
+    finally:
+        subprocess.run(["scancel", blocker_id], check=True)
+    assert launcher.returncode == 0, stderr
+    assert "ddlkit: done; result in" in stdout
 
 
 @pytest.mark.slow

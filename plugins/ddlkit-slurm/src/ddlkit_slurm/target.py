@@ -44,6 +44,7 @@ from typing import Any
 
 import ddlkit
 from ddlkit.atomic import write_text
+from ddlkit.errors import exit_code_for
 from ddlkit.interfaces import JobHandle, JobSpec, JobState, JobStatus
 from ddlkit.jobs.process import CANCEL_FILE, LogFollower, log_tail
 
@@ -63,6 +64,22 @@ _TIME = re.compile(r"^(\d+|\d+:\d+|\d+:\d+:\d+|\d+-\d+|\d+-\d+:\d+|\d+-\d+:\d+:\
 _PENDING = {"PENDING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED", "CONFIGURING", "RESV_DEL_HOLD", "SUSPENDED",
             "STOPPED", "RESIZING"}
 _RUNNING = {"RUNNING", "COMPLETING", "SIGNALING", "STAGE_OUT"}
+#: reasons a job stays PENDING that no wait resolves (the job asks for more than its partition has
+#: or allows, and the cluster does not refuse it at sbatch: EnforcePartLimits=NO), with the fix
+_NEVER_STARTS = {
+    "PartitionNodeLimit": "it asks for more nodes than its partition has or allows: lower compute.nodes, or choose "
+                          "another compute.partition (sinfo lists them)",
+    "PartitionTimeLimit": "its time limit is above its partition's: lower compute.time, or choose another "
+                          "compute.partition (sinfo -o '%P %l' lists their limits)",
+    # what Slurm says first of any of the above
+    "PartitionConfig": "it asks for more than its partition has or allows: lower compute.nodes, compute.time, "
+                       "compute.procs_per_node, compute.cpus_per_task, compute.gpus_per_node or compute.mem, or choose "
+                       "another compute.partition (sinfo -o '%P %D %l %c %m' shows what each has)",
+    "BadConstraints": "no node satisfies its constraints: check compute.constraint, compute.gpus_per_node, "
+                      "compute.cpus_per_task and compute.mem",
+}
+#: what sinfo, scontrol and sbatch say when they find no slurm.conf (nor a DNS SRV record naming one)
+_NO_CONFIG = "configuration source"
 
 #: scheduler commands run by this process (sbatch, scontrol, scancel, sinfo): what the benchmark counts
 SCHEDULER_CALLS = {"count": 0}
@@ -118,6 +135,16 @@ def _run(args: list[str], *, env: Mapping[str, str] | None = None, timeout: floa
 def _first_line(text: str) -> str:
     lines = [ln.strip() for ln in text.strip().splitlines() if ln.strip()]
     return "; ".join(lines[:3]) if lines else "(no message)"
+
+
+def _failed(what: str, proc: subprocess.CompletedProcess) -> ddlkit.ConfigError:
+    """A Slurm command's failure; one that finds no cluster configuration says how to give one
+    (Slurm's own words are a DNS lookup's)."""
+    text = proc.stderr or proc.stdout
+    if _NO_CONFIG in text:
+        return ddlkit.ConfigError(f"{what} finds no Slurm configuration: export SLURM_CONF=<path to slurm.conf> (for "
+                                  'the local cluster: eval "$(bash scripts/local_slurm.sh start)").')
+    return ddlkit.ConfigError(f"{what} failed: {_first_line(text)}")
 
 
 def parse_scontrol(text: str) -> dict[str, str]:
@@ -187,7 +214,7 @@ class SlurmJob(JobHandle):
         if proc.returncode != 0:
             if "invalid job id" in (proc.stderr + proc.stdout).lower():
                 return None
-            raise ddlkit.ConfigError(f"scontrol show job {self.id} failed: {_first_line(proc.stderr or proc.stdout)}")
+            raise _failed(f"scontrol show job {self.id}", proc)
         return parse_scontrol(proc.stdout)
 
     def status(self) -> JobStatus:
@@ -211,8 +238,15 @@ class SlurmJob(JobHandle):
             return self._final
         state = info.get("JobState", "")
         reason = info.get("Reason", "")
+        if state == "PENDING" and reason in _NEVER_STARTS:
+            # Slurm would keep it queued, silently, for ever
+            _run(["scancel", self.id])
+            self._final = JobStatus(JobState.FAILED, exit_code_for(ddlkit.ConfigError()),
+                                    f"Slurm job {self.id} can never start ({reason}): {_NEVER_STARTS[reason]}; "
+                                    "it was cancelled")
+            return self._final
         if state in _PENDING:
-            return JobStatus(JobState.PENDING, None, f"Slurm: {state} ({reason})")
+            return JobStatus(JobState.PENDING, None, f"Slurm: {state}, reason {reason}")
         if state in _RUNNING:
             return JobStatus(JobState.RUNNING, None, f"Slurm: {state} on {info.get('NodeList', '?')}")
         code_text = info.get("ExitCode", "0:0")
@@ -439,21 +473,28 @@ exit "$code"
         if shutil.which("sbatch") is None:
             raise ddlkit.ConfigError("compute=slurm needs Slurm's `sbatch` on PATH: run ddlkit on a Slurm login node "
                                      "(or start a local cluster with scripts/local_slurm.sh start).")
-        proc = _run(["sinfo", "-h", "-o", "%R %D"])
+        # %P marks the default partition with a '*'; a partition has a line per state of its nodes
+        proc = _run(["sinfo", "-h", "-o", "%P %D"])
         if proc.returncode != 0:
-            raise ddlkit.ConfigError(f"sinfo failed: {_first_line(proc.stderr or proc.stdout)}")
+            raise _failed("sinfo", proc)
         partitions: dict[str, int] = {}
+        default = None
         for line in proc.stdout.splitlines():
             if line.split():
-                name, _, count = line.split()[0], None, line.split()[-1]
+                name, count = line.split()[0], line.split()[-1]
+                if name.endswith("*"):
+                    name = default = name[:-1]
                 partitions[name] = partitions.get(name, 0) + (int(count) if count.isdigit() else 0)
-        if c.partition is not None:
-            if c.partition not in partitions:
-                raise ddlkit.ConfigError(f"compute.partition={c.partition} is not a partition of this cluster; sinfo "
-                                         f"reports: {', '.join(sorted(partitions)) or '(none)'}.")
-            if c.nodes > partitions[c.partition]:
-                raise ddlkit.ConfigError(f"compute.nodes={c.nodes} asks for more nodes than partition {c.partition} "
-                                         f"has ({partitions[c.partition]}).")
+        if c.partition is not None and c.partition not in partitions:
+            raise ddlkit.ConfigError(f"compute.partition={c.partition} is not a partition of this cluster; sinfo "
+                                     f"reports: {', '.join(sorted(partitions)) or '(none)'}.")
+        partition = c.partition if c.partition is not None else default
+        if partition is not None and c.nodes > partitions[partition]:
+            larger = sorted(p for p, n in partitions.items() if n >= c.nodes)
+            raise ddlkit.ConfigError(
+                f"compute.nodes={c.nodes} asks for more nodes than partition {partition} has ({partitions[partition]})"
+                + ("" if c.partition is not None else ", the cluster's default") + ": lower compute.nodes"
+                + (f", or choose compute.partition={' or '.join(larger)}." if larger else "."))
 
     # ------------------------------------------------------------ ComputeTarget
     def submit(self, spec: JobSpec) -> JobHandle:
