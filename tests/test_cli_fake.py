@@ -180,6 +180,13 @@ def test_plugins_lists_the_builtins_and_the_fakes(run_factory: RunFactory) -> No
         assert text in fakes, fakes
 
 
+def test_help_names_every_subcommand_and_detach(run_factory: RunFactory) -> None:
+    header = run_factory.cli("--help").assert_success().stdout.split("== Configuration groups ==")[0]
+    for command in ("ddlkit plan", "ddlkit jobs", "ddlkit data", "ddlkit plugins", "ddlkit compute down", "--detach",
+                    "-m "):
+        assert command in header, header
+
+
 def test_help_lists_the_options_plugins_registered(run_factory: RunFactory) -> None:
     out = run_factory.cli("--help").assert_success()
     groups = dict(line.split(": ", 1) for line in out.stdout.split("== Configuration groups ==")[1]

@@ -10,7 +10,8 @@ in your *top-level* ``conftest.py``::
     def _isolated(ddlkit_isolation):
         pass
 
-Fixtures:
+A session with the kit records the jobs it submits in a temporary state directory of its own
+(``DDLKIT_STATE_DIR``), never in the user's ``ddlkit jobs list``. Fixtures:
 
 * ``ddlkit_isolation`` - restores the environment (and fails a test that changed it without
   ``monkeypatch``), runs the test in ``tmp_path`` with ddlkit's state directory (the jobs index
@@ -35,9 +36,11 @@ from __future__ import annotations
 import itertools
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -104,6 +107,28 @@ _PYTEST_ENV = "PYTEST_CURRENT_TEST"
 _CORE_GROUPS = ("trainer", "dist", "experiment")
 #: what DDLKIT_PLUGINS names to load the fakes in a subprocess
 FAKES_MODULE = fakes.__name__
+
+
+# ---------------------------------------------------------------------------- the session
+_SESSION_STATE = pytest.StashKey[tuple[str | None, str]]()
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """A pytest session with the kit records the jobs it submits in a state directory of its own
+    -- also those of fixtures that outlive a test (module or session scope) and of tests without
+    ``ddlkit_isolation`` --, never in the user's index (``ddlkit jobs list``)."""
+    path = tempfile.mkdtemp(prefix="ddlkit-test-state-")
+    config.stash[_SESSION_STATE] = (os.environ.get(STATE_DIR_ENV), path)
+    os.environ[STATE_DIR_ENV] = path
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    previous, path = config.stash[_SESSION_STATE]
+    if previous is None:
+        os.environ.pop(STATE_DIR_ENV, None)
+    else:
+        os.environ[STATE_DIR_ENV] = previous
+    shutil.rmtree(path, ignore_errors=True)
 
 
 # ---------------------------------------------------------------------------- helpers

@@ -3,6 +3,8 @@ what they saw. Each scenario runs in its own pytest session (pytester)."""
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
 from ddlkit.plugins import DdlkitPluginManager
@@ -47,6 +49,28 @@ def test_a_plugin_author_subclasses_a_contract(pytester: pytest.Pytester) -> Non
     assert failed == ["test_exists", "test_failed_put_keeps_previous_object", "test_get_replaces_local_file",
                       "test_keys_escaping_the_root_are_rejected", "test_list_is_sorted_and_filtered_by_prefix",
                       "test_put_get_round_trip", "test_put_replaces_previous_object"]
+
+
+def test_a_session_records_its_jobs_in_a_state_directory_of_its_own(pytester: pytest.Pytester,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """Also jobs submitted by a module-scoped fixture or a test without ddlkit_isolation: never
+    in the user's `ddlkit jobs list`."""
+    monkeypatch.setenv("DDLKIT_STATE_DIR", "/the/users/own")
+    pytester.makeconftest(pytest_plugins_line)
+    pytester.makepyfile('''
+        import pytest
+        from ddlkit.jobs import index
+
+        @pytest.fixture(scope="module")
+        def shared():
+            return index.state_dir()
+
+        def test_x(shared):
+            assert shared == index.state_dir() and shared.is_dir()
+            assert str(shared) != "/the/users/own"
+    ''')
+    pytester.runpytest_inprocess("-p", "no:cacheprovider").assert_outcomes(passed=1)
+    assert os.environ["DDLKIT_STATE_DIR"] == "/the/users/own"
 
 
 def test_isolation_reports_a_leaked_environment_variable(pytester: pytest.Pytester) -> None:
