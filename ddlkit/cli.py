@@ -286,6 +286,7 @@ def _run_main(argv: list[str]) -> int:
                                  launch=launch_args(hc))
             engine.run_job(job, detach=detach)
         except (DdlkitError, HydraException, OmegaConfBaseException) as err:
+            engine.remove_empty_dirs(Path(hc.runtime.output_dir))  # Hydra made it; the job never started
             # a task that raises gets Hydra's "Error executing job" line too: config errors end here
             entered["code"] = _fail(err if isinstance(err, DdlkitError) else _explained(err, explain))
             if hc.mode is not None and hc.mode.name == "MULTIRUN":
@@ -307,6 +308,7 @@ def _run_main(argv: list[str]) -> int:
     os.environ[FULL_ERROR_ENV] = "1"
     try:
         app()
+        sweep.finish()
     except SystemExit as exc:
         if sweep.exit_code is not None:  # the sweep launcher ended the sweep and chose its status
             return sweep.exit_code

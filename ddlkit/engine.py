@@ -226,6 +226,21 @@ def prepare(cfg: DictConfig, *, job_dir: Path, overrides: Sequence[str], registr
     return PreparedJob(spec, compute, redacted, tuple(overrides), tuple(secret_store.redact_overrides(launch)))
 
 
+def remove_empty_dirs(directory: Path) -> None:
+    """Remove ``directory`` and then its parents while they are empty, up to the working directory:
+    what Hydra made for a job that never started (``outputs/<date>/<time>``) is not left behind."""
+    cwd = Path.cwd().resolve()
+    here = Path(directory).resolve()
+    while here != cwd:
+        try:
+            here.rmdir()
+        except OSError:
+            return
+        if cwd not in here.parents:
+            return
+        here = here.parent
+
+
 def refuse_a_running_job(job_dir: Path, registry: Registry) -> None:
     """A job directory has one writer: re-running a job whose previous run still runs (detached,
     or launched from another shell) would overwrite its files under it."""

@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING, Any, NoReturn, TextIO
 from hydra.core.utils import JobReturn
 from hydra.core.utils import JobStatus as TaskStatus
 from hydra.errors import CompactHydraException, HydraException
+from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from .. import engine
@@ -100,6 +101,10 @@ class DdlkitSweep:
         self.exit_code: int | None = None
         #: the sweep directory's lock, held from the first launch (a sweeper's first batch) to the exit
         self._writer: TextIO | None = None
+        #: when the first batch started; a search sweeper's batches make one sweep, told once (see finish)
+        self._started: float | None = None
+        #: a search sweeper's latest (ledger, report, objective): what finish() reports
+        self._search: tuple[Ledger, Report, str | None] | None = None
 
     # ---------------------------------------------------------------- entry point (the launcher's)
     def launch(self, settings: SweepSettings, *, hydra_context: HydraContext, config: DictConfig,
@@ -137,22 +142,28 @@ class DdlkitSweep:
         todo = [j for j in jobs if j.num not in done]
         labels = varying_overrides(list(ledger.jobs.values()))
         computes = sorted({j.compute for j in jobs})
-        self.say(f"ddlkit: sweep of {len(jobs)} jobs -> {sweep_dir} (up to {settings.max_parallel} at once on "
-                    f"compute={','.join(computes)}, on_failure={policy})"
-                    + (f"; {len(done)} completed before, skipped" if done else ""))
+        where = (f"{sweep_dir} (up to {settings.max_parallel} at once on compute={','.join(computes)}, "
+                 f"on_failure={policy})" + (f"; {len(done)} completed before, skipped" if done else ""))
+        if sweeper == "basic":
+            self.say(f"ddlkit: sweep of {_jobs(len(jobs))} -> {where}")
+        elif self._started is None:  # a search: its batches, chosen one after another, make one sweep
+            self.say(f"ddlkit: sweep by hydra/sweeper={sweeper}, in batches of {len(jobs)} -> {where}")
+        self._started = self._started or time.perf_counter()
         live_report = LiveReport(settings.sort_by)
         progress = _Progress(self, ledger, labels, policy, live_report)
         scheduler = Scheduler(settings.max_parallel, policy, poll_interval_s=settings.poll_interval_s,
                               observer=progress)
         start = functools.partial(self._submit, hydra_context, config, ledger, launch)
-        t0 = time.perf_counter()
         # SIGTERM (a scheduler stopping the launcher, `kill`) interrupts the sweep as Ctrl-C does
         with engine.sigterm_interrupts():
             sweep = scheduler.run([SweepJob(j.num, labels[j.num], functools.partial(start, j),
                                             poll_interval_s=j.poll_interval_s) for j in todo])
         ledger.save()
         report = live_report.close(ledger)
-        self._print_summary(ledger, report, time.perf_counter() - t0, [j.num for j in jobs])
+        if sweeper == "basic" or sweep.interrupted:
+            self._print_summary(ledger, report, [j.num for j in jobs])
+        else:
+            self._search = (ledger, report, objective)
         if sweep.interrupted:
             self._end(EXIT_PREEMPTED, "ddlkit: sweep interrupted; its running jobs checkpointed and stopped.\n"
                                       f"  resume with: {shlex.join(ledger.command)}")
@@ -302,7 +313,7 @@ class DdlkitSweep:
     def _print_plan(self, jobs: list[CheckedJob], ledger: Ledger, done: set[int], settings: SweepSettings,
                     policy: FailurePolicy) -> None:
         sweep_dir = ledger.path.parent
-        self.say(f"ddlkit plan: {len(jobs)} jobs -> {sweep_dir} (up to {settings.max_parallel} at once, "
+        self.say(f"ddlkit plan: {_jobs(len(jobs))} -> {sweep_dir} (up to {settings.max_parallel} at once, "
                     f"on_failure={policy})")
         labels = varying_overrides([JobRecord(j.num, self._overrides(j), "") for j in jobs])
         for job in jobs:
@@ -310,9 +321,30 @@ class DdlkitSweep:
             state = ("completed: skipped" if job.num in done else
                      f"{record.status}: runs again in its directory" if record.attempts else "new")
             self.say(f"  #{job.num} {labels[job.num] or '-'}\n" + job.plan.replace("{state}", state, 1))
-        self.say(f"ddlkit plan: all {len(jobs)} jobs are valid; nothing was run.")
+        self.say(f"ddlkit plan: {'the job is' if len(jobs) == 1 else f'all {len(jobs)} jobs are'} valid; "
+                 "nothing was run.")
 
-    def _print_summary(self, ledger: Ledger, report: Report, seconds: float, nums: list[int]) -> None:
+    def finish(self) -> None:
+        """After the sweeper's last batch: a search's report of all its trials, and its best one."""
+        if self._search is None:
+            return
+        ledger, report, objective = self._search
+        self._print_summary(ledger, report, sorted(ledger.jobs))
+        try:  # what the sweeper found (hydra-optuna-sweeper writes it when the study ends)
+            found = OmegaConf.to_container(OmegaConf.load(ledger.path.parent / "optimization_results.yaml"))
+        except (OSError, OmegaConfBaseException):
+            return
+        if "best_params" not in found:  # several objectives: no one best trial
+            return
+        # the sweeper made each trial's overrides of its parameters as key=value
+        params = [f"{key}={value}" for key, value in found["best_params"].items()]
+        best = next((r for r in ledger.jobs.values() if set(params) <= set(r.overrides)), None)
+        params = " ".join(params)
+        self.say(f"ddlkit: best of {_jobs(len(ledger.jobs)).replace('job', 'trial')}: {params} -> {objective} "
+                 f"{found['best_value']}" + (f" (job #{best.num}, {best.job_dir})" if best else ""))
+
+    def _print_summary(self, ledger: Ledger, report: Report, nums: list[int]) -> None:
+        seconds = time.perf_counter() - (self._started or time.perf_counter())
         counts: dict[str, list[int]] = {}
         for num in nums:
             counts.setdefault(ledger.jobs[num].status, []).append(num)
@@ -320,7 +352,8 @@ class DdlkitSweep:
                  for k, v in sorted(counts.items())]
         self.say(f"\n{report.markdown.read_text().strip()}\n")
         plot = (f", {report.png.name}" if report.png
-                else " (no plot: matplotlib is not installed; pip install 'ddlkit[sweep]')")
+                else "; no plot: matplotlib is not installed: pip install matplotlib, or pip install -e '.[sweep]' "
+                     "in ddlkit's checkout")
         self.say(f"ddlkit: sweep done in {seconds:.1f} s: {', '.join(parts)}; report: {report.markdown} "
                     f"({report.csv.name}{plot})")
 
@@ -413,21 +446,15 @@ def hold_sweep_directory(sweep_dir: Path) -> TextIO:
                           "jobs checkpoint and stop), then run this command again to resume the sweep.") from None
 
 
+def _jobs(count: int) -> str:
+    return f"{count} job" if count == 1 else f"{count} jobs"
+
+
 def _remove_plan_leftovers(sweep_dir: Path) -> None:
     """Hydra's sweeper wrote ``multirun.yaml`` (making the directories) before the plan was asked
-    for; a plan leaves nothing behind. Removes directories only while they are empty, up to the
-    working directory."""
+    for; a plan leaves nothing behind."""
     (sweep_dir / "multirun.yaml").unlink(missing_ok=True)
-    cwd = Path.cwd().resolve()
-    here = sweep_dir
-    while here != cwd:
-        try:
-            here.rmdir()
-        except OSError:
-            return
-        if cwd not in here.parents:
-            return
-        here = here.parent
+    engine.remove_empty_dirs(sweep_dir)
 
 
 class _SweepHandle(JobHandle):

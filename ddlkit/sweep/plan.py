@@ -21,4 +21,23 @@ def plan_main(argv: list[str]) -> int:
         return _fail(ConfigError(f"ddlkit plan works with the ddlkit launcher, not hydra/launcher={launchers[-1]}; "
                                  "drop that override."))
     args = [a for a in argv if a not in _MULTIRUN_FLAGS]
-    return run_main(["--multirun", *args, "hydra.launcher.dry_run=true"])
+    # a single run's job is planned in the directory the run would have (hydra.run.dir), not a sweep's
+    single = ["hydra.sweep.dir=${hydra.run.dir}", "hydra.sweep.subdir=."] if _one_run(argv) else []
+    return run_main(["--multirun", *single, *args, "hydra.launcher.dry_run=true"])
+
+
+def _one_run(argv: list[str]) -> bool:
+    """Whether the command line runs one job: no -m, no swept value, no search sweeper."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.errors import HydraException
+
+    from ..cli import HydraCommand
+
+    command = HydraCommand.parse(argv)
+    if command is None or any(a in _MULTIRUN_FLAGS for a in argv):
+        return False
+    try:
+        parsed = OverridesParser.create().parse_overrides(command.overrides)
+    except HydraException:  # the run tells what is wrong with it
+        return False
+    return not any(o.is_sweep_override() or o.get_key_element().lstrip("+~") == "hydra/sweeper" for o in parsed)

@@ -145,8 +145,8 @@ def _write(table: list[dict[str, Any]], sweep_dir: Path, name: str, sort_by: str
     writer.writerows(table)
     write_text(sweep_dir / "report.csv", buffer.getvalue())
     order = "largest" if SORT_KEYS[sort_by] else "smallest"
-    write_text(sweep_dir / "report.md", markdown(table, f"Sweep {name}: {len(table)} jobs, by {sort_by} "
-                                                        f"({order} first)"))
+    jobs = "1 job" if len(table) == 1 else f"{len(table)} jobs"
+    write_text(sweep_dir / "report.md", markdown(table, f"Sweep {name}: {jobs}, by {sort_by} ({order} first)"))
     png = plot(table, sort_by, sweep_dir / "report.png", f"Sweep {name}")
     return Report(table, sweep_dir / "report.csv", sweep_dir / "report.md", png)
 

@@ -153,7 +153,7 @@ def test_the_live_report_is_rewritten_in_the_background_as_jobs_end(ledger: Ledg
     deadline = time.monotonic() + 30
     while not (tmp_path / "report.md").is_file() and time.monotonic() < deadline:
         time.sleep(0.02)
-    assert "1 jobs" in (tmp_path / "report.md").read_text()
+    assert "1 job," in (tmp_path / "report.md").read_text()
     ledger.jobs = {**first_job, **rest}
     report = live.close(ledger)  # the final report, written in the foreground
     assert "4 jobs" in report.markdown.read_text()

@@ -27,6 +27,15 @@ def test_optuna_optimizes_the_objective_and_every_trial_is_in_the_ledger(run_fac
     best = OmegaConf.load(sweep_dir / "optimization_results.yaml")
     assert best.best_value == min(losses.values())  # the launcher returned each trial's final_loss
     assert "4 jobs" in (sweep_dir / "report.md").read_text()
+    # one sweep, however many batches: one header, one report, and the best trial at the end
+    for once in ("ddlkit: sweep by ", "# Sweep ", "ddlkit: sweep done "):
+        assert out.stdout.count(once) == 1, out.stdout
+    assert "ddlkit: sweep of " not in out.stdout
+    assert f"ddlkit: sweep by hydra/sweeper=optuna, in batches of 2 -> {sweep_dir} " in out.stdout
+    num = min(losses, key=losses.get)
+    lr = next(o for o in jobs[num]["overrides"] if o.startswith("optimizer.lr="))
+    assert out.stdout.splitlines()[-1] == (f"ddlkit: best of 4 trials: {lr} -> final_loss {best.best_value} "
+                                           f"(job #{num}, {sweep_dir / num})")
 
 
 def test_failed_trials_are_failed_for_the_study_and_a_search_without_results_exits_1(run_factory: RunFactory) -> None:

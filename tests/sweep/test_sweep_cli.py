@@ -184,6 +184,32 @@ def test_plan_expands_and_validates_every_job_and_runs_nothing(run_factory: RunF
     assert sorted(p.name for p in run_factory.base_dir.iterdir()) == []  # no sweep directory left behind
 
 
+def test_plan_of_a_single_run_names_its_job_directory(run_factory: RunFactory) -> None:
+    """Not "1 jobs" in a multirun/ directory: the directory the run itself would have."""
+    out = run_factory.cli("plan", *COMMON, "hydra.run.dir=runs/r1").assert_success()
+    job_dir = run_factory.base_dir / "runs" / "r1"
+    assert out.stdout.startswith(f"ddlkit plan: 1 job -> {job_dir} (")
+    assert f"hydra.run.dir={job_dir}\n" in out.stdout
+    assert out.stdout.endswith("ddlkit plan: the job is valid; nothing was run.\n")
+    default = run_factory.cli("plan", *COMMON).assert_success()
+    assert f" -> {run_factory.base_dir}/outputs/" in default.stdout.splitlines()[0]
+    assert sorted(p.name for p in run_factory.base_dir.iterdir()) == []  # no directory left behind
+
+
+def test_without_matplotlib_the_report_says_how_to_get_the_plot(run_factory: RunFactory) -> None:
+    hide = run_factory.base_dir.parent / "no-matplotlib"
+    hide.mkdir()
+    (hide / "sitecustomize.py").write_text("import sys\nsys.modules['matplotlib'] = None\n")
+    out = run_factory.cli("-m", *COMMON, "trainer.max_steps=2", env={"PYTHONPATH": str(hide)}).assert_success()
+    assert ("(report.csv; no plot: matplotlib is not installed: pip install matplotlib, or pip install -e "
+            "'.[sweep]' in ddlkit's checkout)\n") in out.stdout, out.stdout  # ddlkit[sweep] is on no index
+
+
+def test_a_failed_validation_leaves_no_empty_job_directory(run_factory: RunFactory) -> None:
+    run_factory.cli(*COMMON, "trainer.epochs=0").assert_returncode(2)
+    assert sorted(p.name for p in run_factory.base_dir.iterdir()) == []  # was outputs/<date>/<time>/, empty
+
+
 def test_a_swept_key_given_a_value_too_is_swept_whatever_the_order(run_factory: RunFactory) -> None:
     """The basic sweeper let the later of ``trainer.max_steps=3,4 trainer.max_steps=5`` win: a
     sweep dimension lost in silence (issue 23, item 2)."""
