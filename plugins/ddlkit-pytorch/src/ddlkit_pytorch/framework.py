@@ -7,13 +7,14 @@ import contextlib
 import importlib.util
 import os
 import random
+import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import ddlkit
-from ddlkit import threads
+from ddlkit import cpu, threads
 from ddlkit.distributed import horovod_problem
 
 if TYPE_CHECKING:
@@ -97,6 +98,8 @@ class PytorchFramework(ddlkit.Framework):
         precision = str(t.precision)
         if precision == "fp16" and device.type != "cuda":
             raise ddlkit.ConfigError("trainer.precision=fp16 needs a GPU; on the CPU use trainer.precision=bf16")
+        if device.type == "cpu" and run.dist.is_main and (slow := cpu.bf16_warning(precision)):
+            print(f"ddlkit: warning: {slow}", file=sys.stderr, flush=True)
         memory_format = torch.channels_last if self.cfg.channels_last else torch.contiguous_format
 
         info = run.data.info

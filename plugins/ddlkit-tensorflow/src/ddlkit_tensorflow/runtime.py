@@ -20,7 +20,7 @@ from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
 import ddlkit
-from ddlkit import threads
+from ddlkit import cpu, threads
 from ddlkit.distributed import horovod_problem
 
 if TYPE_CHECKING:
@@ -113,6 +113,8 @@ def setup_tensorflow(run: ddlkit.Run, *, framework: str, device: str, num_thread
     if precision == "fp16" and not gpus:
         raise ddlkit.ConfigError(f"trainer.precision=fp16 needs a GPU and TensorFlow sees none; on the CPU use "
                                  f"trainer.precision=bf16 (or fp32) with framework={framework}.")
+    if not gpus and run.dist.is_main and (slow := cpu.bf16_warning(precision)):
+        print(f"ddlkit: warning: {slow}", file=sys.stderr, flush=True)
     run.num_threads = threads.per_rank(num_threads, run.dist.local_size)
     if run.num_threads:
         tf.config.threading.set_intra_op_parallelism_threads(run.num_threads)
