@@ -72,6 +72,36 @@ def test_blob_urls_open_with_credentials_from_the_environment(blob_container: st
     assert "permission" in str(info.value) and "sig=" not in str(info.value)
 
 
+def test_a_blob_data_root_is_read_in_the_account_of_storage_account_url(
+        run_factory: RunFactory, uploaded: str, azurite: Azurite, tmp_path: Path,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The account given as storage.account_url (the SAS token in the environment) is the one a
+    blob:// data.root is read from; the ranks said "set storage.account_url", which was set (issue 23, item 6)."""
+    monkeypatch.delenv("AZURE_STORAGE_CONNECTION_STRING")
+    monkeypatch.setenv("AZURE_STORAGE_SAS_TOKEN", azurite.sas_token())
+    container = uploaded.removeprefix("blob://").split("/")[0]
+    out = run_factory("data=imagefolder", f"data.root={uploaded}", "data.image_size=16", "trainer.batch_size=4",
+                      "trainer.epochs=1", "storage=azure", f"storage.account_url={azurite.account_url}",
+                      f"storage.container={container}", f"storage.scratch={tmp_path / 'ssd'}").assert_success()
+    assert out.result["status"] == "completed"
+
+
+def test_no_storage_credential_is_one_line_naming_where_it_was_looked_for(
+        run_factory: RunFactory, azurite: Azurite, monkeypatch: pytest.MonkeyPatch) -> None:
+    """An emulator's http endpoint and no SAS token nor connection string: the SDK's 'Token credential
+    is only supported with HTTPS' traceback from every rank, exit 1, and a resume hint (issue 23, item 7)."""
+    for name in ("AZURE_STORAGE_SAS_TOKEN", "AZURE_STORAGE_CONNECTION_STRING", "AZURE_STORAGE_ACCOUNT_URL"):
+        monkeypatch.delenv(name, raising=False)
+    out = run_factory("storage=azure", f"storage.account_url={azurite.account_url}").assert_returncode(2)
+    assert out.stderr == (
+        "ddlkit: error: no Azure storage credential found: looked for $AZURE_STORAGE_SAS_TOKEN and "
+        "$AZURE_STORAGE_CONNECTION_STRING in the environment and storage.sas_token_file, "
+        "storage.connection_string_file in the config, and a sign-in (DefaultAzureCredential) cannot be used over "
+        f"plain http ({azurite.account_url}): export AZURE_STORAGE_SAS_TOKEN=<a SAS token> or "
+        "AZURE_STORAGE_CONNECTION_STRING=<a connection string>.\n"), out.output
+    assert out.stdout == "" and not out.job_dir.exists()
+
+
 def test_upload_is_parallel_resumable_and_skips_matching_blobs(dataset: ImageDataset, blob_container: str,
                                                                capsys: pytest.CaptureFixture[str]) -> None:
     manifest = Manifest.read(dataset.root / "manifest.tsv")

@@ -88,9 +88,16 @@ def resolve(auth: str, *, account_url: str | None = None, sas_token_file: str | 
         if kind is Auth.connection_string:
             raise ConfigError(f"storage.auth=connection_string but there is none: set ${CONNECTION_STRING_ENV} or "
                               "storage.connection_string_file.")
+    looked_for = (f"no Azure storage credential found: looked for ${SAS_ENV} and ${CONNECTION_STRING_ENV} in the "
+                  "environment and storage.sas_token_file, storage.connection_string_file in the config")
     if url is None:
-        raise ConfigError(f"no Azure credentials found: set ${SAS_ENV} (preferred) or ${CONNECTION_STRING_ENV}, or "
-                          f"set storage.account_url (or ${ACCOUNT_URL_ENV}) to sign in with DefaultAzureCredential.")
+        raise ConfigError(f"{looked_for}: set ${SAS_ENV} (preferred) or ${CONNECTION_STRING_ENV}, or set "
+                          f"storage.account_url (or ${ACCOUNT_URL_ENV}) to sign in with DefaultAzureCredential.")
+    if urlsplit(url).scheme == "http":
+        # the SDK refuses a sign-in's token over plain http (the emulator): a ValueError from deep inside it
+        raise ConfigError(f"{looked_for}, and a sign-in (DefaultAzureCredential) cannot be used over plain http "
+                          f"({url}): export {SAS_ENV}=<a SAS token> or {CONNECTION_STRING_ENV}=<a connection "
+                          "string>.")
     return Credential(Auth.default_credential, None, check_tls(url))
 
 

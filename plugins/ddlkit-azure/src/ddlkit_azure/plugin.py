@@ -11,6 +11,7 @@ import ddlkit
 
 from .azureml import AzureMLConfig, AzureMLTarget
 from .batchai import BatchAIConfig, BatchAITarget, check_config
+from .credentials import ACCOUNT_URL_ENV, SAS_ENV, resolve, split_sas
 from .storage import AzureBlobConfig, AzureBlobStorage
 
 if TYPE_CHECKING:
@@ -41,6 +42,20 @@ def check_batchai(config: DictConfig) -> None:
         check_config(config)
 
 
+@ddlkit.hookimpl(specname="ddlkit_configure")
+def check_storage_credential(config: DictConfig) -> None:
+    """storage=azure at a plain-http endpoint (the local emulator) needs a SAS token or a connection
+    string, which the ranks get from this environment: said before anything runs, in one line. (At
+    an https endpoint the ranks may sign in with an identity of their own machine: not checked here.)"""
+    s = config.storage
+    if s.name != "azure":
+        return
+    url = s.account_url or os.environ.get(ACCOUNT_URL_ENV)
+    if url and str(url).startswith("http://"):
+        resolve(getattr(s.auth, "value", s.auth), account_url=url, sas_token_file=s.sas_token_file,
+                connection_string_file=s.connection_string_file)
+
+
 #: what the ranks read from their environment to reach Blob Storage (credentials.py): the storage
 #: account and its credential, and DefaultAzureCredential's service-principal variables
 RANK_ENV_PREFIXES = ("AZURE_STORAGE_",)
@@ -55,4 +70,11 @@ def ddlkit_job_environment(config: DictConfig) -> dict[str, str] | None:
 
     if config.storage.name != "azure" and "blob://" not in str(OmegaConf.to_container(config, resolve=True)):
         return None
-    return {k: v for k, v in os.environ.items() if k.startswith(RANK_ENV_PREFIXES) or k in RANK_ENV}
+    env = {k: v for k, v in os.environ.items() if k.startswith(RANK_ENV_PREFIXES) or k in RANK_ENV}
+    if config.storage.name == "azure" and config.storage.get("account_url"):
+        # a blob:// URL elsewhere in the run (data.root) opens from the environment: in the storage's account
+        url, sas = split_sas(str(config.storage.account_url))
+        env[ACCOUNT_URL_ENV] = url
+        if sas:  # after a SAS from the environment, as storage=azure itself takes them (credentials.resolve)
+            env.setdefault(SAS_ENV, sas)
+    return env
