@@ -7,6 +7,7 @@ import json
 import os
 import shutil
 import signal
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -279,3 +280,55 @@ def test_plugin_registers_local_mpi(ddlkit_pm) -> None:
     add_plugin(ddlkit_pm, plugin, name="local_mpi")
     registration = Registry.collect(ddlkit_pm).get("compute", "local_mpi")
     assert registration.factory is LocalMpiTarget and registration.config is LocalMpiConfig
+
+
+def _rank_process(job_dir: Path, module: str, rank: int) -> int | None:
+    """The pid of rank ``rank``'s ``python -m module`` in ``job_dir`` (its rank wrapper or its worker)."""
+    for entry in Path("/proc").iterdir():
+        try:
+            args = (entry / "cmdline").read_bytes().split(b"\0")
+            if b"-m" not in args or args[args.index(b"-m") + 1] != module.encode():
+                continue
+            if os.readlink(entry / "cwd") != str(job_dir):
+                continue
+            env = dict(line.split(b"=", 1) for line in (entry / "environ").read_bytes().split(b"\0") if b"=" in line)
+        except (OSError, ValueError, IndexError):
+            continue
+        if env.get(b"OMPI_COMM_WORLD_RANK") == str(rank).encode():
+            return int(entry.name)
+    return None
+
+
+@pytest.mark.slow
+@needs_mpirun
+@pytest.mark.parametrize(("module", "sig", "headline"), [
+    ("ddlkit_mpi.rank", signal.SIGKILL, "rank 1 was killed by signal SIGKILL first; rank 0 (node 0) failed waiting "
+                                        "for it, with exit status 1; last lines of "),
+    ("ddlkit.worker", signal.SIGSTOP, "rank 1 stopped answering first; rank 0 (node 0) failed waiting for it, with "
+                                      "exit status 1; last lines of "),
+], ids=["wrapper-killed", "worker-stopped"])
+def test_the_headline_names_the_rank_that_failed_first_not_the_one_that_waited(
+        module: str, sig: signal.Signals, headline: str, tmp_path: Path) -> None:
+    """Rank 1 stopped, or its rank wrapper killed: it reports nothing, rank 0 fails waiting for it
+    and was named as the rank that failed (issue 23, minor)."""
+    job_dir = tmp_path / "job"
+    env = {**os.environ, "DDLKIT_PLUGINS": "ddlkit.testing.fakes"}
+    launcher = subprocess.Popen([sys.executable, "-m", "ddlkit", "framework=fake", "compute=local_mpi",
+                                 "compute.procs_per_node=2", "dist=native", "framework.step_delay_s=0.2",
+                                 "data.length=6400", "dist.timeout_s=5", "dist.warn_after_s=2",
+                                 f"hydra.run.dir={job_dir}"], cwd=tmp_path, env=env, text=True,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        deadline = time.monotonic() + 90
+        while not ((job_dir / "rank-0.log").is_file() and "step 10/" in (job_dir / "rank-0.log").read_text()):
+            assert time.monotonic() < deadline and launcher.poll() is None, "the job did not train"
+            time.sleep(0.2)
+        pid = _rank_process(job_dir, module, 1)
+        assert pid is not None
+        os.kill(pid, sig)
+        _, stderr = launcher.communicate(timeout=90)
+    finally:
+        launcher.kill()
+    assert launcher.returncode == 1, stderr
+    assert stderr.startswith(f"ddlkit: error: job {job_dir.parent.name}_job-"), stderr
+    assert f" failed: {headline}{job_dir / 'rank-0.log'}:\n" in stderr, stderr

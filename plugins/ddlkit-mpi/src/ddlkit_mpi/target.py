@@ -29,6 +29,7 @@ import contextlib
 import fcntl
 import json
 import os
+import re
 import shlex
 import shutil
 import signal
@@ -121,6 +122,12 @@ def _cmdline(pid: int) -> list[str]:
 
 
 # ---------------------------------------------------------------------------- the job
+#: a rank's error when a peer it waited for in a collective stopped answering or left (ddlkit.distributed)
+_PEER_FAILED = re.compile(r"RunError: rank (\d+) (did not reach|left the job)")
+#: OpenMPI's account of a rank it saw end by a signal
+_MPIRUN_NOTICED = re.compile(r"mpirun noticed that process rank (\d+) .* exited on signal (\d+)")
+
+
 class MpiJob(ProcessJob):
     """``mpirun`` as a :class:`~ddlkit.JobHandle`. ``id`` is its minder's pid; :meth:`logs`
     streams ``mpirun.log`` (rank 0's output plus every rank's error lines)."""
@@ -227,14 +234,34 @@ class MpiJob(ProcessJob):
                              + "\n".join("    " + ln for ln in log_tail(self.log_path)))
         first = failures[0]
         log = self.job_dir / first["log"]
+        tail = log_tail(log)
         others = [f"rank {r['rank']}: {describe_exit(r['code'])}" for r in records if r is not first]
         missing = sorted(set(range(self.world_size)) - {r["rank"] for r in records})
         if missing:
             others.append(f"ranks {missing}: killed before they could report")
-        message = (f"rank {first['rank']} ({self._where(first)}) failed first, with {describe_exit(first['code'])}; "
-                   f"last lines of {log}:\n" + "\n".join("    " + ln for ln in log_tail(log))
+        failed = f"rank {first['rank']} ({self._where(first)}) failed first, with {describe_exit(first['code'])}"
+        if culprit := self._culprit(first, records, tail):
+            failed = (f"{culprit} first; rank {first['rank']} ({self._where(first)}) failed waiting for it, with "
+                      f"{describe_exit(first['code'])}")
+        message = (f"{failed}; last lines of {log}:\n" + "\n".join("    " + ln for ln in tail)
                    + (f"\n  then {'; '.join(others)}" if others else ""))
         return JobStatus(state, first["code"], message)
+
+    def _culprit(self, first: dict[str, Any], records: list[dict[str, Any]], tail: list[str]) -> str | None:
+        """The rank that really failed first, when the first rank to report a failure only waited
+        for it: a rank stopped (SIGSTOP, hung) or killed with its rank wrapper reports nothing
+        itself; the waiting rank's error names it, and mpirun says how it ended."""
+        named = _PEER_FAILED.search("\n".join(tail))
+        if named is None or int(named[1]) == first["rank"]:
+            return None
+        rank = int(named[1])
+        own = next((r for r in records if r["rank"] == rank), None)
+        if own is not None and own["code"] >= 0:
+            return None  # it reported an error of its own, later: the first report stands
+        noticed = {int(m[1]): int(m[2]) for m in _MPIRUN_NOTICED.finditer("\n".join(log_tail(self.log_path, 40)))}
+        if rank in noticed:
+            return f"rank {rank} was {describe_exit(-noticed[rank])}"
+        return f"rank {rank} {'stopped answering' if named[2] == 'did not reach' else 'left the job'}"
 
     # ------------------------------------------------------------ cancel
     def cancel(self) -> None:
