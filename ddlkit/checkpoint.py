@@ -9,6 +9,9 @@ Layout of ``<job_dir>/checkpoints/``:
   checkpoint written by this version of ddlkit always has one;
 * ``latest``: a one-line pointer, replaced atomically only after the checkpoint and its manifest
   are complete and the checkpoint matches its manifest. Older checkpoints are deleted only then.
+* ``best.ckpt`` (and its manifest): with ``trainer.best_checkpoint.monitor``, the checkpoint of
+  the best validation so far (:func:`keep_best`); the rotation never deletes it, and resuming
+  never picks it (``trainer.resume=<job>/checkpoints/best.ckpt`` does).
 
 Resuming (:func:`resolve_resume`) verifies the checkpoint ``latest`` names against its manifest
 and falls back to the newest older checkpoint that verifies, with a warning that names every
@@ -30,11 +33,13 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from .atomic import write_json, write_text
+from .atomic import atomic_path, write_json, write_text
 from .errors import ConfigError, RunError
 
 CHECKPOINT_DIR = "checkpoints"
 LATEST = "latest"
+#: the kept checkpoint of the best validation (trainer.best_checkpoint)
+BEST = "best.ckpt"
 #: appended to a checkpoint's name: its manifest
 MANIFEST_SUFFIX = ".manifest.json"
 MANIFEST_VERSION = 1
@@ -166,6 +171,27 @@ def mark_latest(path: Path, keep: int) -> None:
     for old in older[: max(len(older) - (keep - 1), 0)]:
         _remove(old)
         manifest_path(old).unlink(missing_ok=True)
+
+
+def keep_best(checkpoint: Path, best: Path) -> None:
+    """Keep ``checkpoint`` also as ``best``, atomically, with a manifest (written first, as a step
+    checkpoint's is): hard links where the file system has them (no copy; rotating the step
+    checkpoint out leaves them), else a copy."""
+    checkpoint = Path(checkpoint)
+    manifest = read_manifest(checkpoint) or build_manifest(checkpoint)
+    with atomic_path(best) as tmp:
+        if checkpoint.is_dir():
+            shutil.copytree(checkpoint, tmp, copy_function=_link_or_copy)
+        else:
+            _link_or_copy(checkpoint, tmp)
+        write_manifest(best, {**manifest, "checkpoint": Path(best).name})
+
+
+def _link_or_copy(source: Path | str, target: Path | str) -> None:
+    try:
+        os.link(source, target)
+    except OSError:  # no hard links here (another file system, some network mounts)
+        shutil.copy2(source, target)
 
 
 def remove_stale(checkpoint_dir: Path) -> list[Path]:

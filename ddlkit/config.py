@@ -45,6 +45,27 @@ class Precision(enum.Enum):
 
 
 @dataclass
+class EarlyStoppingConfig:
+    # the validation metric to watch (val_loss, val_top1, val_top5, or val_<name> of model.metrics);
+    # null: train all epochs
+    monitor: str | None = None
+    # min or max: which way is better; auto: max for val_top1/val_top5, min for val_loss
+    mode: str = "auto"
+    # stop after this many validations in a row without an improvement
+    patience: int = 3
+    # a change of at most this much is no improvement
+    min_delta: float = 0.0
+
+
+@dataclass
+class BestCheckpointConfig:
+    # the validation metric whose best value's checkpoint is kept as checkpoints/best.ckpt; null: none kept
+    monitor: str | None = None
+    # min or max: which way is better; auto: max for val_top1/val_top5, min for val_loss
+    mode: str = "auto"
+
+
+@dataclass
 class TrainerConfig:
     epochs: int = 2
     # images per rank per step; the global batch is batch_size x world size
@@ -69,6 +90,20 @@ class TrainerConfig:
     validate: bool = True
     # write the trained weights to model.<ext> in the job directory at the end
     save_model: bool = True
+    # clip the gradient's global L2 norm (over all parameters) to this value before each optimizer
+    # step: after the ranks' all-reduce (and under fp16 after unscaling); null or 0: no clipping
+    clip_grad_norm: float | None = None
+    # micro-batches of batch_size per optimizer step: the global batch is batch_size x world size x
+    # accumulate_batches (steps, learning-rate scaling, logging and images/sec count optimizer steps)
+    accumulate_batches: int = 1
+    # stop when a validation metric stops improving (trainer.early_stopping.monitor=val_loss)
+    early_stopping: EarlyStoppingConfig = field(default_factory=EarlyStoppingConfig)
+    # keep the checkpoint of the best validation (trainer.best_checkpoint.monitor=val_top1)
+    best_checkpoint: BestCheckpointConfig = field(default_factory=BestCheckpointConfig)
+    # your callbacks, as import paths like model.target: trainer.callbacks=[my_pkg.cbs:PrintLr], each a
+    # class (called with no arguments) or object with any of the methods on_run_start, on_step_end,
+    # on_epoch_end, on_checkpoint_saved, on_run_end (see ddlkit.callbacks)
+    callbacks: list[str] = field(default_factory=list)
 
 
 @dataclass

@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any, TextIO
 from omegaconf import OmegaConf
 from omegaconf.errors import MissingMandatoryValue, OmegaConfBaseException
 
+from . import callbacks, monitor
 from . import secrets as secret_store
 from .atomic import write_json, write_text
 from .checkpoint import latest_checkpoint, resolve_resume
@@ -101,6 +102,12 @@ def validate(cfg: DictConfig, registry: Registry, pm: DdlkitPluginManager, *,
     _check(t.warmup_steps >= 0, "trainer.warmup_steps", t.warmup_steps, ">= 0")
     _check(t.checkpoint_every >= 0, "trainer.checkpoint_every", t.checkpoint_every, ">= 0 (0 = per epoch)")
     _check(t.max_steps is None or t.max_steps >= 1, "trainer.max_steps", t.max_steps, "null or a positive integer")
+    _check(t.accumulate_batches >= 1, "trainer.accumulate_batches", t.accumulate_batches,
+           "a positive integer (micro-batches per optimizer step; 1 = none accumulated)")
+    _check(t.clip_grad_norm is None or t.clip_grad_norm >= 0, "trainer.clip_grad_norm", t.clip_grad_norm,
+           "null, 0 (no clipping) or a positive gradient norm")
+    monitor.check(cfg)
+    callbacks.resolve(t.callbacks)
     _check(o.lr > 0, "optimizer.lr", o.lr, "positive")
     _check(o.warmup_epochs >= 0, "optimizer.warmup_epochs", o.warmup_epochs, ">= 0")
     _check(0 <= o.label_smoothing < 1, "optimizer.label_smoothing", o.label_smoothing, "in [0, 1)")
@@ -141,11 +148,14 @@ def _check_distributed(cfg: DictConfig, compute: ComputeTarget) -> None:
     # the ranks repeat this check once their data is readable; a data source whose config states
     # its length (data=synthetic) is checked here, before anything starts
     length = cfg.data.get("length")
-    global_batch = cfg.trainer.batch_size * world_size
+    t = cfg.trainer
+    global_batch = t.batch_size * world_size * t.accumulate_batches
     if isinstance(length, int) and length < global_batch:
+        accumulated = f" x {t.accumulate_batches} micro-batches" if t.accumulate_batches > 1 else ""
         raise ConfigError(f"data has {length} training images, fewer than one global batch of {global_batch} "
-                          f"(trainer.batch_size={cfg.trainer.batch_size} x {world_size} ranks). Lower "
-                          "trainer.batch_size or raise data.length.")
+                          f"(trainer.batch_size={t.batch_size} x {world_size} ranks{accumulated}). Lower "
+                          f"trainer.batch_size{' or trainer.accumulate_batches,' if accumulated else ''} or raise "
+                          "data.length.")
 
 
 def environment_info() -> dict[str, Any]:

@@ -11,16 +11,19 @@ import math
 import os
 import signal
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from .atomic import atomic_path, write_json
-from .checkpoint import (CHECKPOINT_DIR, build_manifest, checkpoint_name, mark_latest, no_space, read_manifest,
-                         remove_stale, verify, write_manifest)
+from .callbacks import CallbackPlugin
+from .callbacks import load as load_callbacks
+from .checkpoint import (BEST, CHECKPOINT_DIR, build_manifest, checkpoint_name, keep_best, mark_latest, no_space,
+                         read_manifest, remove_stale, verify, write_manifest)
 from .errors import ConfigError, DdlkitError, RunError
 from .interfaces import DataSource, Framework, Logger, Shard, StorageBackend
+from .monitor import EarlyStopping, Watch
 from .schedule import LRSchedule
 from .throughput import ThroughputMeter
 
@@ -46,7 +49,8 @@ class RunState:
     epoch: int = 0
     #: optimizer steps taken since the start of training (across resumes)
     step: int = 0
-    #: batches of the current epoch already consumed
+    #: optimizer steps of the current epoch already taken (each of ``trainer.accumulate_batches``
+    #: micro-batches): the same images whatever the ranks and micro-batches that make up the global batch
     batch: int = 0
 
 
@@ -109,14 +113,17 @@ class Run:
         )
         t = cfg.trainer
         self.shard = Shard(dist.rank, dist.world_size)
-        self.global_batch = t.batch_size * dist.world_size
+        #: micro-batches per optimizer step (trainer.accumulate_batches)
+        self.accumulate = t.accumulate_batches
+        self.global_batch = t.batch_size * dist.world_size * self.accumulate
         info = self.data.info
         self.steps_per_epoch = info.train_length // self.global_batch
         if self.steps_per_epoch < 1:
+            accumulated = f" x {self.accumulate} micro-batches" if self.accumulate > 1 else ""
             raise ConfigError(
                 f"data has {info.train_length} training images, fewer than one global batch of {self.global_batch} "
-                f"(trainer.batch_size={t.batch_size} x {dist.world_size} ranks). Lower trainer.batch_size or "
-                "raise data.length."
+                f"(trainer.batch_size={t.batch_size} x {dist.world_size} ranks{accumulated}). Lower "
+                f"trainer.batch_size{' or trainer.accumulate_batches,' if accumulated else ''} or raise data.length."
             )
         self.total_steps = self.steps_per_epoch * t.epochs
         if t.max_steps is not None:
@@ -149,6 +156,13 @@ class Run:
         self._active_loggers: list[Logger] = []
         #: intra-op threads each rank computes with, as the framework set them (framework.num_threads)
         self.num_threads: int | None = None
+        #: trainer.early_stopping and trainer.best_checkpoint, when they watch a metric
+        self.early_stopping = EarlyStopping(t.early_stopping) if t.early_stopping.monitor else None
+        self.best = Watch("best_checkpoint", t.best_checkpoint) if t.best_checkpoint.monitor else None
+        #: trainer.callbacks, called through the hooks like a plugin until finish()
+        self._callbacks = CallbackPlugin(load_callbacks(t.callbacks)) if t.callbacks else None
+        if self._callbacks is not None:
+            pm.register(self._callbacks)
 
     # ---------------------------------------------------------------- framework side
     def phase(self, what: str) -> None:
@@ -190,6 +204,11 @@ class Run:
             self._last_checkpoint = (self.state.step, self.state.epoch)
             self.last_loss = meta.get("last_loss")
             self.best_top1 = meta.get("best_top1")
+            # a watcher resumes where it was (if it watched the same metric then)
+            for key, watcher in (("early_stopping", self.early_stopping), ("best_checkpoint", self.best)):
+                saved = (meta.get("watchers") or {}).get(key)
+                if watcher is not None and saved and saved.get("monitor") == watcher.monitor:
+                    watcher.load(saved)
         self.hook.ddlkit_run_start(run=self)
         for lg in self.loggers:
             lg.start(self)
@@ -214,21 +233,41 @@ class Run:
     def epochs(self) -> range:
         return range(self.state.epoch, self.cfg.trainer.epochs)
 
+    def step_batches(self, micro_batches: Callable[[int, int], Iterable[Any]]) -> Callable[[int, int], Iterable[list]]:
+        """A loader's ``iter_epoch(epoch, start_batch)`` as :meth:`train_epochs` wants ``batches``:
+        from optimizer step ``start`` on, one list of ``trainer.accumulate_batches`` micro-batches
+        per optimizer step (an epoch's last micro-batches that make no full step are left out)."""
+        n = self.accumulate
+
+        def batches(epoch: int, start: int) -> Iterator[list]:
+            group: list = []
+            for batch in micro_batches(epoch, start * n):
+                group.append(batch)
+                if len(group) == n:
+                    yield group
+                    group = []
+
+        return batches
+
     def train_epochs(self, batches: Callable[[int, int], Iterable[Any]],
                      step: Callable[[Any, float], Callable[[], float] | float],
                      evaluate: Callable[[], Mapping[str, float]] | None = None) -> None:
         """The epoch loop every framework shares, from where ``restore`` left off to the end;
         the framework brings what differs:
 
-        * ``batches(epoch, start_batch)``: that epoch's batches from ``start_batch`` on (a run
-          resumed mid-epoch sees only the batches it had not seen);
-        * ``step(batch, lr)``: one optimizer step at learning rate ``lr``, returning the loss, or a
-          function that reads it (called only on logging steps: on a GPU reading is a sync);
+        * ``batches(epoch, start)``: that epoch's data from optimizer step ``start`` on, one item
+          per optimizer step (a run resumed mid-epoch sees only the batches it had not seen). With
+          ``trainer.accumulate_batches=N`` an item holds N micro-batches: :meth:`step_batches` groups
+          a loader's batches so, or the framework groups them in its own pipeline;
+        * ``step(batch, lr)``: one optimizer step at learning rate ``lr`` (gradients of the item's
+          micro-batches averaged, all-reduced once, clipped to ``trainer.clip_grad_norm``),
+          returning the loss, or a function that reads it (called only on logging steps: on a GPU
+          reading is a sync);
         * ``evaluate()``: validation metrics (``val_loss``, ``val_top1``, ``val_top5``); None
           when ``trainer.validate`` is off.
 
-        Each full epoch is validated, then ends with a checkpoint (:meth:`epoch_end`). A run that
-        stops mid-epoch (``max_steps``, or :class:`Preempted` raised out of :meth:`step_end`)
+        Each full epoch is validated, then ends with a checkpoint (:meth:`epoch_end`), and the run
+        stops there if ``trainer.early_stopping`` says so. A run that stops mid-epoch (``max_steps``, or :class:`Preempted` raised out of :meth:`step_end`)
         has checkpointed at that step; at ``max_steps`` it validates what it has without ending
         the epoch, so that a resumed run finishes the epoch."""
         stopped = self.finished
@@ -245,11 +284,16 @@ class Run:
                 if metrics:
                     self.validation_end(**metrics)
                 break
-            self.epoch_end(**metrics)
+            if self.epoch_end(**metrics):
+                break
 
     @property
     def finished(self) -> bool:
-        return self.state.step >= self.total_steps
+        return self.state.step >= self.total_steps or self.stopped_early
+
+    @property
+    def stopped_early(self) -> bool:
+        return self.early_stopping is not None and self.early_stopping.reason is not None
 
     def logs_at(self, step: int) -> bool:
         """Whether :meth:`step_end` logs, and so reads the loss, at 1-based ``step``: every
@@ -318,9 +362,13 @@ class Run:
         epoch = self.state.epoch + min(self.state.batch / self.steps_per_epoch, 1.0)
         for lg in self.loggers:
             lg.log_metrics(self.state.step, {"epoch": epoch, **self.epoch_metrics}, split="val")
+        if self._last_checkpoint == (self.state.step, self.state.epoch):
+            # the validation of a run stopped mid-epoch (max_steps), checkpointed already
+            self._keep_best()
 
-    def epoch_end(self, **metrics: float) -> None:
-        """Call after each full epoch, with its validation metrics if validation ran."""
+    def epoch_end(self, **metrics: float) -> bool:
+        """Call after each full epoch, with its validation metrics if validation ran. Returns True
+        when the run stops early (``trainer.early_stopping``); its checkpoint is written then."""
         if metrics:
             self.validation_end(**metrics)
         st = self.state
@@ -328,7 +376,26 @@ class Run:
         st.batch = 0
         self.meter.pause()
         self.hook.ddlkit_epoch_end(run=self, epoch=st.epoch, metrics=self.epoch_metrics)
+        stop = False
+        if self.early_stopping is not None and metrics:
+            # every rank judges the same, bit-identical means (DistContext.allreduce_mean), so all
+            # stop at the same epoch without another exchange
+            stop = self.early_stopping.should_stop(self.epoch_metrics, step=st.step, epoch=st.epoch)
+            if stop and st.step < self.total_steps and self.dist.is_main:
+                print(f"ddlkit: stopping early after epoch {st.epoch} (step {st.step}): {self.early_stopping.reason}",
+                      flush=True)
         self.save_checkpoint()
+        if metrics:
+            self._keep_best()
+        return stop and st.step < self.total_steps
+
+    def _keep_best(self) -> None:
+        """After a validation whose state is checkpointed: if it is the best so far of
+        ``trainer.best_checkpoint.monitor``, keep that checkpoint as ``checkpoints/best.ckpt``."""
+        if self.best is None or not self.best.update(self.epoch_metrics, step=self.state.step, epoch=self.state.epoch):
+            return
+        if self.dist.is_main and self.last_checkpoint_path is not None:
+            keep_best(self.last_checkpoint_path, self.checkpoint_dir / BEST)
 
     # ---------------------------------------------------------------- checkpoints
     @property
@@ -346,7 +413,10 @@ class Run:
         path = self.checkpoint_dir / checkpoint_name(self.state.step)
         meta = {"state": asdict(self.state), "last_loss": self.last_loss, "best_top1": self.best_top1,
                 "framework": self.cfg.framework.name, "model": self.cfg.model.name,
-                "global_batch_size": self.global_batch}
+                "global_batch_size": self.global_batch,
+                "watchers": {key: {"monitor": w.monitor, **w.state()}
+                             for key, w in (("early_stopping", self.early_stopping), ("best_checkpoint", self.best))
+                             if w is not None}}
         try:
             with atomic_path(path) as tmp:
                 try:
@@ -457,6 +527,16 @@ class Run:
             "peak_lr": self.schedule.peak_lr,
             "wall_time_s": round(time.time() - self._started, 3),
             "resumed_from_step": self.resumed_at.step if self.resumed_at else None,
+            "accumulate_batches": self.accumulate,
+            "clip_grad_norm": t.clip_grad_norm or None,
+            # why the run ended before its last epoch, or None
+            "stopped_early": ({"monitor": self.early_stopping.monitor, "reason": self.early_stopping.reason,
+                               "epoch": self.state.epoch, "step": self.state.step}
+                              if self.stopped_early else None),
+            "best_checkpoint": ({"monitor": self.best.monitor, "mode": self.best.mode, "value": self.best.best,
+                                 "step": self.best.best_step, "epoch": self.best.best_epoch,
+                                 "path": f"{CHECKPOINT_DIR}/{BEST}"}
+                                if self.best is not None and self.best.best is not None else None),
         }
 
     def finish(self, status: str) -> dict[str, Any] | None:
@@ -469,6 +549,8 @@ class Run:
         try:
             self.hook.ddlkit_run_end(run=self, status=status, result=result)
         finally:
+            if self._callbacks is not None:
+                self.pm.unregister(self._callbacks)
             for lg in self._active_loggers:
                 lg.finish(status, result)
         return result

@@ -1,5 +1,6 @@
 """``data=custom``: samples from the user's own Python code, and the launcher's side of every
-import path in the config (``model.target``, ``model.loss``, ``model.metrics``, ``data.target``).
+import path in the config (``model.target``, ``model.loss``, ``model.metrics``, ``data.target``,
+``trainer.callbacks``).
 
 ``data.target=package.module:function`` is called on each rank as ``function(split=split, **data.kwargs)``
 for ``split`` ``"train"`` and ``"val"``, and returns the split's samples, either
@@ -195,6 +196,8 @@ def import_paths(config: Mapping[str, Any]) -> Iterator[tuple[str, str]]:
         yield "model.loss", model["loss"]
     for name, path in (model.get("metrics") or {}).items():
         yield f"model.metrics.{name}", path
+    for i, path in enumerate((config.get("trainer") or {}).get("callbacks") or []):
+        yield f"trainer.callbacks[{i}]", path
 
 
 @hookimpl

@@ -99,7 +99,8 @@ DDLKIT_ENV = (
 RESULT_KEYS = frozenset({
     "status", "framework", "model", "data", "world_size", "batch_size_per_rank", "global_batch_size", "precision",
     "epochs", "steps", "steps_per_epoch", "images_per_sec", "measured_steps", "warmup_steps", "final_loss",
-    "val_loss", "top1", "top5", "best_top1", "peak_lr", "wall_time_s", "resumed_from_step",
+    "val_loss", "top1", "top5", "best_top1", "peak_lr", "wall_time_s", "resumed_from_step", "accumulate_batches",
+    "clip_grad_norm", "stopped_early", "best_checkpoint",
 })
 #: pytest itself rewrites this one around every phase of a test
 _PYTEST_ENV = "PYTEST_CURRENT_TEST"

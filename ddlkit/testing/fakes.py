@@ -100,15 +100,18 @@ class FakeFramework(Framework):
                 total += len(labels)
             return {"val_loss": loss_sum / total, "val_top1": top1 / total, "val_top5": top5 / total}
 
-        def step(batch: Any, lr: float) -> float:
+        def step(micro_batches: list[Any], lr: float) -> float:
             if self.cfg.fail_at_step and run.state.step + 1 == self.cfg.fail_at_step:
                 raise RuntimeError(f"fake framework failure at step {run.state.step + 1}")
             if self.cfg.step_delay_s:
                 time.sleep(self.cfg.step_delay_s)
-            images, labels = batch
-            return _sgd_step(params, _inputs(images, side), np.asarray(labels), lr, o)
+            # the mean loss of equal micro-batches is the mean over their union: one batch of all
+            images = np.concatenate([np.asarray(b[0]) for b in micro_batches])
+            labels = np.concatenate([np.asarray(b[1]) for b in micro_batches])
+            return _sgd_step(params, _inputs(images, side), labels, lr, o, t.clip_grad_norm)
 
-        run.train_epochs(train_loader.iter_epoch, step, evaluate if val_loader is not None else None)
+        run.train_epochs(run.step_batches(train_loader.iter_epoch), step,
+                         evaluate if val_loader is not None else None)
         if t.save_model:
             # .npy rather than .npz: no zip timestamps, so equal weights give equal bytes
             run.save_artifact(MODEL_FILE, lambda p: _save_npy(p, params["theta"]))
@@ -139,8 +142,10 @@ def _softmax(logits: np.ndarray) -> np.ndarray:
     return z / z.sum(axis=1, keepdims=True)
 
 
-def _sgd_step(params: dict[str, np.ndarray], x: np.ndarray, labels: np.ndarray, lr: float, o: Any) -> float:
-    """One step of cross-entropy + SGD with momentum and weight decay (torch.optim.SGD's rule)."""
+def _sgd_step(params: dict[str, np.ndarray], x: np.ndarray, labels: np.ndarray, lr: float, o: Any,
+              clip: float | None = None) -> float:
+    """One step of cross-entropy + SGD with momentum and weight decay (torch.optim.SGD's rule), the
+    gradient clipped to norm ``clip`` first (as torch.nn.utils.clip_grad_norm_ does)."""
     import numpy as np
 
     theta = params["theta"]
@@ -149,7 +154,10 @@ def _sgd_step(params: dict[str, np.ndarray], x: np.ndarray, labels: np.ndarray, 
     target = np.full_like(probs, o.label_smoothing / classes)
     target[np.arange(len(labels)), labels] += 1.0 - o.label_smoothing
     loss = float(-(target * np.log(probs + 1e-12)).sum(axis=1).mean())
-    grad = _matmul(x.T, probs - target) / len(labels) + o.weight_decay * theta
+    grad = _matmul(x.T, probs - target) / len(labels)
+    if clip:
+        grad = grad * min(1.0, clip / (float(np.linalg.norm(grad)) + 1e-6))
+    grad = grad + o.weight_decay * theta
     velocity = o.momentum * params["velocity"] + grad
     params["velocity"] = velocity
     params["theta"] = theta - lr * (grad + o.momentum * velocity if o.nesterov else velocity)

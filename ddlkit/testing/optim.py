@@ -1,5 +1,6 @@
 """Reference computations of the shared optimizers (:mod:`ddlkit.optim`), in numpy, for the tests
-of plugins that implement them: ``optimizer=lars`` must mean the same update in every framework.
+of plugins that implement them: ``optimizer=lars`` must mean the same update in every framework,
+and so must ``trainer.clip_grad_norm`` and ``trainer.accumulate_batches`` (:func:`linear_step`).
 
     from ddlkit.testing.optim import lars_reference
     expected = lars_reference(weights, gradients, lrs, LarsConfig(weight_decay=1e-2))
@@ -12,7 +13,41 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["lars_reference"]
+__all__ = ["LINEAR_BIAS", "LINEAR_KERNEL", "clip_by_global_norm", "lars_reference", "linear_data", "linear_step"]
+
+#: a tiny linear classifier (4 inputs, 3 classes) and its data, every value exact in float32, for the
+#: frameworks' tests of trainer.clip_grad_norm and trainer.accumulate_batches against :func:`linear_step`
+LINEAR_KERNEL = np.array([[0.5, -0.25, 0.75], [-1.0, 0.5, 0.25], [0.25, 0.75, -0.5], [1.0, -0.75, 0.5]])
+LINEAR_BIAS = np.array([0.125, -0.25, 0.0])
+
+
+def linear_data(split: str = "train", n: int = 16) -> tuple[np.ndarray, np.ndarray]:
+    """``data.target=ddlkit.testing.optim:linear_data``: ``n`` samples of 4 features (multiples of
+    1/4 in [-2, 2]) with labels 0-2."""
+    rng = np.random.default_rng(0 if split == "train" else 1)
+    return np.round(rng.uniform(-2, 2, (n, 4)) * 4) / 4, rng.integers(0, 3, n)
+
+
+def clip_by_global_norm(grads: Sequence[np.ndarray], max_norm: float | None) -> list[np.ndarray]:
+    """``grads`` scaled together so that their global L2 norm is at most ``max_norm`` (None: as they are)."""
+    norm = float(np.sqrt(sum(float(np.sum(np.square(g))) for g in grads)))
+    factor = min(1.0, max_norm / norm) if max_norm else 1.0
+    return [np.asarray(g, np.float64) * factor for g in grads]
+
+
+def linear_step(kernel: np.ndarray, bias: np.ndarray, x: np.ndarray, labels: np.ndarray, lr: float,
+                clip_grad_norm: float | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """``(kernel, bias)`` of ``logits = x @ kernel + bias`` after one plain SGD step (no momentum,
+    no weight decay) on the mean cross-entropy over all of ``x`` -- what any split of ``x`` into
+    accumulated micro-batches (``trainer.accumulate_batches``), over any number of ranks, must
+    give too -- with the gradient clipped to ``clip_grad_norm`` first."""
+    x = np.asarray(x, np.float64)
+    logits = x @ kernel + bias
+    p = np.exp(logits - logits.max(axis=1, keepdims=True))
+    p /= p.sum(axis=1, keepdims=True)
+    p[np.arange(len(x)), labels] -= 1.0  # d(mean cross-entropy)/d(logits) * len(x)
+    g_kernel, g_bias = clip_by_global_norm([x.T @ p / len(x), p.mean(axis=0)], clip_grad_norm)
+    return kernel - lr * g_kernel, bias - lr * g_bias
 
 
 def lars_reference(weights: Sequence[np.ndarray], gradients: Sequence[Sequence[np.ndarray]], lrs: Sequence[float],
