@@ -15,12 +15,13 @@ from __future__ import annotations
 import argparse
 import json
 import shlex
+import socket
 import sys
 import time
 from pathlib import Path
 from typing import TextIO
 
-from ..errors import DdlkitError, exit_code_for
+from ..errors import ConfigError, DdlkitError, exit_code_for
 from ..interfaces import JOB_FILE, JobHandle, JobStatus
 from . import index
 
@@ -30,6 +31,14 @@ def _handle(sub: index.Submission) -> JobHandle:
     from ..registry import Registry
 
     return sub.handle(Registry.collect(get_plugin_manager()))
+
+
+def _elsewhere(sub: index.Submission, handle: JobHandle) -> bool:
+    """Whether the job's processes run on another machine (compute=local or local_mpi, submitted
+    there): only that machine's processes tell its state, this host can say nothing of it."""
+    from .process import ProcessJob
+
+    return isinstance(handle, ProcessJob) and bool(sub.host) and sub.host != socket.gethostname()
 
 
 def _resume_hint(job_dir: Path) -> str:
@@ -45,7 +54,8 @@ def _ago(t: float) -> str:
 def _live_status(sub: index.Submission) -> JobStatus | None:
     """The target's answer for a job not yet recorded as ended; None if it cannot be reached."""
     try:
-        return _handle(sub).status()
+        handle = _handle(sub)
+        return None if _elsewhere(sub, handle) else handle.status()
     except DdlkitError:
         return None
 
@@ -76,7 +86,14 @@ def cmd_list(args: argparse.Namespace, out: TextIO) -> int:
 
 def cmd_status(args: argparse.Namespace, out: TextIO) -> int:
     sub = index.find(args.job)
-    status = _handle(sub).status()
+    handle = _handle(sub)
+    if _elsewhere(sub, handle):
+        out.write(f"job:       {sub.name}\n"
+                  f"state:     unknown from this host: it runs as process {sub.id} on host {sub.host}; ask there\n"
+                  f"submitted: {_ago(sub.submitted)} on {sub.host}\n"
+                  f"job dir:   {sub.job_dir}\n")
+        return 0
+    status = handle.status()
     out.write(f"job:       {sub.name}\n"
               f"target:    compute={sub.target}, id {sub.id}\n"
               f"state:     {status.state.value}"
@@ -126,6 +143,9 @@ def cmd_cancel(args: argparse.Namespace, out: TextIO) -> int:
 
     sub = index.find(args.job)
     handle = _handle(sub)
+    if _elsewhere(sub, handle):
+        raise ConfigError(f"job {sub.name} runs as process {sub.id} on host {sub.host}: its state is unknown from "
+                          f"this host; cancel it there (ddlkit jobs cancel {sub.name}).")
     status = handle.status()
     if status.state.done:
         out.write(f"ddlkit: job {sub.name} already ended ({status.state.value}); nothing to cancel.\n")

@@ -185,7 +185,7 @@ class ProcessJob(JobHandle):
     # ---------------------------------------------------------------- state
     def _exit_code(self) -> int | None:
         """The command's exit code; None while it runs. A job whose session is gone without a
-        record (the machine restarted) counts as killed."""
+        record (the machine restarted) counts as killed (:meth:`status` says it is unknown how it ended)."""
         if self.proc is not None:
             if self.proc.poll() is None:
                 return None
@@ -221,7 +221,12 @@ class ProcessJob(JobHandle):
         if code is None:
             return JobStatus(JobState.RUNNING, None, f"process {self.pid} on this machine")
         _OWNED.discard(self.pid)
-        self._final = self.final_status(code)
+        if self.proc is None and self._record() is None:
+            self._final = JobStatus(JobState.FAILED, None, (
+                f"how it ended is unknown: no process of job {self.id} runs on this machine and it left no exit "
+                f"record ({self.job_dir / EXIT_FILE}); the machine restarted, or its processes were killed"))
+        else:
+            self._final = self.final_status(code)
         return self._final
 
     def final_status(self, code: int) -> JobStatus:

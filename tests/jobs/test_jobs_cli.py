@@ -94,6 +94,29 @@ def test_a_job_run_in_the_foreground_is_found_from_another_shell(run_factory: Ru
     assert json.loads((job_dir / index.SUBMISSION_FILE).read_text())["state"] == "succeeded"
 
 
+def test_a_job_of_another_host_or_without_an_exit_record_has_no_invented_end(run_factory: RunFactory) -> None:
+    """Its status said "exit status -9 / killed by SIGKILL", its cancel "already ended (failed)" (issue 23, minor)."""
+    job_dir = run_factory.base_dir / "job"
+    run_factory("--detach", *SMALL, job_dir=job_dir).assert_success()
+    wait_for(lambda: (job_dir / ".ddlkit" / "exit.json").is_file())
+    record = job_dir / ".ddlkit" / "submission.json"
+    submission = json.loads(record.read_text())
+    record.write_text(json.dumps({**submission, "host": "other-host"}))
+    status = run_factory.cli("jobs", "status", str(job_dir)).assert_success().stdout
+    assert (f"state:     unknown from this host: it runs as process {submission['id']} on host other-host; ask "
+            "there\n") in status and "exit status" not in status, status
+    cancel = run_factory.cli("jobs", "cancel", str(job_dir)).assert_returncode(2)
+    assert cancel.stderr == (f"ddlkit: error: job {job_name(job_dir)} runs as process {submission['id']} on host "
+                             "other-host: its state is unknown from this host; cancel it there (ddlkit jobs cancel "
+                             f"{job_name(job_dir)}).\n")
+    # on its own host, with no exit record and no process left (the machine restarted)
+    record.write_text(json.dumps(submission))
+    (job_dir / ".ddlkit" / "exit.json").unlink()
+    status = run_factory.cli("jobs", "status", str(job_dir)).assert_success().stdout
+    assert "state:     failed\n" in status and "how it ended is unknown: no process of job" in status, status
+    assert "-9" not in status and "SIGKILL" not in status, status
+
+
 def test_an_unknown_job_is_named_with_the_recent_ones(run_factory: RunFactory) -> None:
     index.record("2026-11-23_10-00-00-0badcafe", run_factory.base_dir / "a", "local", "1")
     out = run_factory.cli("jobs", "status", "nosuchjob").assert_returncode(2)
