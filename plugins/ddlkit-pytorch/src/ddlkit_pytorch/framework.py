@@ -127,7 +127,7 @@ class PytorchFramework(ddlkit.Framework):
             # top-5 of 5 classes or fewer is always 1: not reported
             metrics = {"loss": loss_fn, "top1": _top_k(1), **({"top5": _top_k(5)} if info.num_classes > 5 else {})}
         replicas = Replicas(run, device)
-        optimizer = replicas.wrap_optimizer(model, optimizer)
+        optimizer = replicas.wrap_optimizer(model, optimizer, accumulate=run.accumulate)
         run.extra_result["device"] = str(device)
         if device.type == "cuda":
             run.extra_result["device_name"] = torch.cuda.get_device_name(device)
@@ -195,22 +195,32 @@ class PytorchFramework(ddlkit.Framework):
             model.train()
             return {f"val_{name}": value / total for name, value in sums.items()}
 
-        def step(batch: Any, lr: float) -> Any:
-            images, labels = batch
+        parameters = list(model.parameters())
+
+        def step(micro_batches: list[Any], lr: float) -> Any:
             for group in optimizer.param_groups:
                 group["lr"] = lr
-            images = images.to(device, non_blocking=True)
-            labels = labels.to(device, non_blocking=True)
-            with autocast():
-                loss = loss_fn(step_model(images), labels)
             optimizer.zero_grad()  # set_to_none by default (and Horovod's takes no argument)
-            scaler.scale(loss).backward()
-            replicas.step(optimizer, scaler)
+            n = len(micro_batches)
+            total = None
+            for i, (images, labels) in enumerate(micro_batches):
+                images = images.to(device, non_blocking=True)
+                labels = labels.to(device, non_blocking=True)
+                # the gradients of the micro-batches' mean losses add up to the mean over them all;
+                # DDP all-reduces only in the last one's backward pass
+                with replicas.accumulating(step_model, last=i == n - 1):
+                    with autocast():
+                        loss = loss_fn(step_model(images), labels)
+                    scaler.scale(loss / n if n > 1 else loss).backward()
+                total = loss.detach() if total is None else total + loss.detach()
+            replicas.step(optimizer, scaler, clip_grad_norm=t.clip_grad_norm, parameters=parameters)
             scaler.update()
-            return loss.item  # read on logging steps only (a device sync on GPUs)
+            mean = total / n if n > 1 else total
+            return mean.item  # read on logging steps only (a device sync on GPUs)
 
         model.train()
-        run.train_epochs(train_loader.iter_epoch, step, evaluate if val_loader is not None else None)
+        run.train_epochs(run.step_batches(train_loader.iter_epoch), step,
+                         evaluate if val_loader is not None else None)
         if scaler.is_enabled():
             run.extra_result["loss_scale"] = scaler.get_scale()
         if t.save_model:
@@ -301,12 +311,13 @@ class Replicas:
                                       "Horovod was started outside the job's launcher?", component="framework")
             self.hvd = hvd
 
-    def wrap_optimizer(self, model: Any, optimizer: Any) -> Any:
+    def wrap_optimizer(self, model: Any, optimizer: Any, *, accumulate: int = 1) -> Any:
         """Before the checkpoint is loaded: Horovod's optimizer is a new object, whose state
-        the checkpoint must fill."""
+        the checkpoint must fill. It all-reduces once per ``accumulate`` backward passes."""
         if self.hvd is None:
             return optimizer
-        return self.hvd.DistributedOptimizer(optimizer, named_parameters=model.named_parameters())
+        return self.hvd.DistributedOptimizer(optimizer, named_parameters=model.named_parameters(),
+                                             backward_passes_per_step=accumulate)
 
     def wrap_model(self, model: Any, optimizer: Any) -> Any:
         """The module to train with; ``model`` itself stays the plain one (state_dict keys)."""
@@ -324,14 +335,34 @@ class Replicas:
                 self.hvd.broadcast_optimizer_state(optimizer, root_rank=0)
         return model
 
-    def step(self, optimizer: Any, scaler: Any) -> None:
-        if self.hvd is not None and scaler.is_enabled():
-            # fp16 with Horovod: unscale only after the all-reduce, then step without a second one
+    def accumulating(self, model: Any, *, last: bool) -> contextlib.AbstractContextManager:
+        """Around a micro-batch's forward and backward pass: DDP's ``no_sync`` unless it is the
+        step's last, so the ranks all-reduce once per optimizer step (Horovod counts the passes
+        itself: ``backward_passes_per_step``)."""
+        if last or self.backend != "native":
+            return contextlib.nullcontext()
+        return model.no_sync()
+
+    def step(self, optimizer: Any, scaler: Any, *, clip_grad_norm: float | None = None,
+             parameters: list[Any] | None = None) -> None:
+        """The optimizer step, the gradients clipped to ``clip_grad_norm`` (their global L2 norm)
+        first: after the all-reduce (DDP's ran in the backward pass, Horovod's is forced here) and
+        after fp16's unscaling. An fp16 overflow makes the norm inf and the gradients NaN, which the
+        scaler sees (it recorded the overflow when unscaling) and skips the step."""
+        import torch
+
+        if self.hvd is not None and (scaler.is_enabled() or clip_grad_norm):
+            # Horovod: unscale and clip only after the all-reduce, then step without a second one
             optimizer.synchronize()
             scaler.unscale_(optimizer)
+            if clip_grad_norm:
+                torch.nn.utils.clip_grad_norm_(parameters, clip_grad_norm)
             with optimizer.skip_synchronize():
                 scaler.step(optimizer)
             return
+        if clip_grad_norm:
+            scaler.unscale_(optimizer)
+            torch.nn.utils.clip_grad_norm_(parameters, clip_grad_norm)
         scaler.step(optimizer)
 
     def close(self) -> None:
