@@ -227,6 +227,23 @@ def test_an_endpoint_that_is_down_or_silent_fails_fast_announcing_each_retry(
     assert elapsed < (6 if endpoint == "down" else 3 * 1 + 1.5 + 5), elapsed
 
 
+def test_a_silent_endpoint_is_reported_within_seconds_of_the_first_contact(
+        silent_endpoint: SilentEndpoint, azurite: Azurite, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """The write check, a run's first contact with its storage, waited a whole read timeout (30 s)
+    in silence before its first line (issue 23, minor)."""
+    monkeypatch.setattr(transfer, "WAIT_NOTICE_S", 0.5)
+    monkeypatch.setattr(_client, "READ_TIMEOUT_S", 2)
+    monkeypatch.setenv("AZURE_STORAGE_CONNECTION_STRING",
+                       azurite.connection_string.replace(azurite.account_url, silent_endpoint.url))
+    storage = AzureBlobStorage(AzureBlobConfig(container="results", attempts=1))
+    with pytest.raises(RunError):
+        storage.check_access("job-1")
+    assert capsys.readouterr().err.splitlines()[0] == (
+        "ddlkit: checking that blob://results/results/job-1 is writable: no answer for 0.5 s; still waiting "
+        "(attempt 1 of 1)")
+
+
 @pytest.mark.slow
 def test_a_run_stages_from_blob_and_writes_results_back(run_inprocess: Any, ddlkit_pm: Any, uploaded: str,
                                                         tmp_path: Path, blob_env: Azurite, dataset: ImageDataset,

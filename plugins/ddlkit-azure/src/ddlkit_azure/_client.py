@@ -38,10 +38,11 @@ _SOCKET_ERROR = re.compile(r"(\[Errno -?\d+\][^\"')]*|Read timed out|timed out|C
 #: Every network wait is bounded, and the SDK does not retry on its own: ddlkit's retry loop
 #: (ddlkit.builtin.transfer.retry) is the only one, and it prints each retry with its delay. The
 #: SDK's default (3 silent retries with 15-24 s back-off, 20 s connects, 300 s reads) kept a run
-#: quiet for over 10 minutes when the endpoint was down. A read is one 4 MiB block or one small
-#: request, which a working endpoint answers in seconds.
+#: quiet for over 10 minutes when the endpoint was down. A read is the wait for the answer to one
+#: 4 MiB block or one small request, which a working endpoint gives in a second or two: 20 s of
+#: silence is a hung endpoint (5 attempts: given up after ~110 s, was ~160 s with 30 s).
 CONNECT_TIMEOUT_S = 10
-READ_TIMEOUT_S = 30
+READ_TIMEOUT_S = 20
 
 
 _CREDENTIAL_NAMES = {Auth.sas: "the SAS token", Auth.connection_string: "the connection string"}

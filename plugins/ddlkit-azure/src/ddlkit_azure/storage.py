@@ -126,7 +126,7 @@ class AzureBlobStorage(StagingStorage):
             return backend.check_access(job_name)
         where = self.describe_results(job_name)
         retry(lambda: backend.container.check_write(backend._key(f"{prefix}/.ddlkit-write-check")),
-              what=f"checking that {where} is writable", attempts=self.cfg.attempts)
+              what=f"checking that {where} is writable", attempts=self.cfg.attempts, small=True)
         return f"storage=azure: {where} is writable with {backend.container.credential}"
 
     def describe_results(self, job_name: str) -> str:
