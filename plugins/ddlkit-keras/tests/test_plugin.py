@@ -74,3 +74,12 @@ def test_several_workers_are_refused_pointing_to_framework_tensorflow() -> None:
     config = OmegaConf.create({"trainer": OmegaConf.structured(TrainerConfig()), "dist": {"backend": "native"}})
     with pytest.raises(ddlkit.ConfigError, match="keras-team/keras#20585.*use framework=tensorflow"):
         framework.configure(config)
+
+
+def test_accumulation_under_fp16_is_refused() -> None:
+    framework = KerasFramework(OmegaConf.structured(KerasConfig()))
+    trainer = OmegaConf.structured(TrainerConfig(precision=Precision.fp16, accumulate_batches=2))
+    config = OmegaConf.create({"trainer": trainer, "dist": {"backend": "none"}, "framework": {"num_threads": "auto"}})
+    with pytest.raises(ddlkit.ConfigError, match="framework=keras cannot accumulate gradients under "
+                                                 "trainer.precision=fp16.*Use framework=tensorflow"):
+        framework.configure(config)

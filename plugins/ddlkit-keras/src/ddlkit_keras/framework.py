@@ -57,6 +57,11 @@ class KerasFramework(ddlkit.Framework):
                 "tf.distribute.MultiWorkerMirroredStrategy (keras-team/keras#20585, tensorflow/tensorflow#72388). "
                 "For several ranks use framework=tensorflow (the same ResNets, optimizer and checkpoints, in a "
                 "custom loop) with dist=native; framework=keras trains in one process (dist=none).")
+        if config.trainer.accumulate_batches > 1 and precision_of(config) == "fp16":
+            raise ddlkit.ConfigError(
+                "framework=keras cannot accumulate gradients under trainer.precision=fp16: Keras' loss-scale "
+                "optimizer skips an overflowing micro-batch without counting it, which shifts its accumulation "
+                "out of step with the optimizer steps. Use framework=tensorflow, or trainer.precision=bf16.")
 
     def train(self, run: ddlkit.Run) -> None:
         # Keras reads its backend once, at its first import in this process
@@ -77,6 +82,14 @@ class KerasFramework(ddlkit.Framework):
         with distribution_strategy(run, "keras").scope():
             model = build_model(run)
             optimizer = make_optimizer(run, precision_of(run.cfg))
+            # Keras' own clipping and accumulation: the loss-scale optimizer hands its inner one
+            # unscaled gradients, which that accumulates, averages, clips, then applies; fit trains
+            # one replica here (no all-reduce to come after the clipping, see configure)
+            inner = getattr(optimizer, "inner_optimizer", optimizer)
+            if t.clip_grad_norm:
+                inner.global_clipnorm = float(t.clip_grad_norm)
+            if run.accumulate > 1:
+                inner.gradient_accumulation_steps = run.accumulate  # read when it is built, below
             loss, metrics = task(run)
             model.compile(optimizer=optimizer, loss=loss, jit_compile=self.cfg.xla,
                           metrics=[keras.metrics.MeanMetricWrapper(fn, name=name) for name, fn in metrics.items()])
@@ -109,16 +122,22 @@ class KerasFramework(ddlkit.Framework):
     def _fit(run: ddlkit.Run, model: Any, train_loader: Any, val_data: Any, callback: Any) -> None:
         """Fit from where the run stands to the end (see the module docstring for a mid-epoch resume)."""
         t = run.cfg.trainer
+        n = run.accumulate
+
+        def steps(dataset: Any, count: int) -> Any:
+            """``count`` optimizer steps of micro-batches (a pass leaves out those that make no full step)."""
+            return dataset.take(count * n) if n > 1 else dataset
+
         epoch, done = run.state.epoch, run.state.batch
         if done and not run.finished:
-            if done < len(train_loader):
-                model.fit(train_loader.epoch(epoch, done), initial_epoch=epoch, epochs=epoch + 1,
-                          validation_data=val_data, callbacks=[callback], shuffle=False, verbose=0)
+            if done < run.steps_per_epoch:
+                model.fit(steps(train_loader.epoch(epoch, done * n), run.steps_per_epoch - done), initial_epoch=epoch,
+                          epochs=epoch + 1, validation_data=val_data, callbacks=[callback], shuffle=False, verbose=0)
             else:
                 # stopped after the epoch's last step, before its validation: only that is left
                 logs = model.evaluate(val_data, return_dict=True, verbose=0) if val_data is not None else {}
                 callback.end_epoch({f"val_{name}": value for name, value in logs.items()})
         if not run.finished and run.state.epoch < t.epochs:
             # shuffle=False: a tf.data pipeline orders itself (Keras would only warn that it cannot)
-            model.fit(train_loader.dataset, initial_epoch=run.state.epoch, epochs=t.epochs,
+            model.fit(steps(train_loader.dataset, run.steps_per_epoch), initial_epoch=run.state.epoch, epochs=t.epochs,
                       validation_data=val_data, callbacks=[callback], shuffle=False, verbose=0)

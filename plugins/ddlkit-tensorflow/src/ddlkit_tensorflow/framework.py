@@ -52,23 +52,57 @@ class TensorflowFramework(ddlkit.Framework):
         run.phase(f"model built ({model.count_params() / 1e6:.3g}M parameters)")
         loss_fn, metrics = task(run)
         metrics = {"loss": loss_fn, **metrics}
-        global_batch = run.global_batch
+        global_batch = run.global_batch  # micro-batches included
+        accumulate, clip = run.accumulate, t.clip_grad_norm
 
-        @tf.function(jit_compile=self.cfg.xla)
-        def replica_train_step(images: Any, labels: Any) -> Any:
+        def loss_and_gradients(images: Any, labels: Any, **tape_args: Any) -> tuple[Any, Any]:
             with tf.GradientTape() as tape:
                 logits = model(images, training=True)
                 # the sum over this replica's examples / the global batch: summed over replicas
-                # it is the global mean, which is what the gradient all-reduce assumes
+                # (and micro-batches) it is the global mean, which is what the all-reduce assumes
                 losses = per_example(loss_fn(labels, logits))
                 if len(losses.shape):
                     loss = tf.nn.compute_average_loss(losses, global_batch_size=global_batch)
                 else:  # the replica's mean: weighted by its share of the global batch
                     loss = losses * tf.cast(tf.shape(labels)[0], tf.float32) / global_batch
                 scaled = optimizer.scale_loss(loss)  # identity unless fp16 loss scaling
-            grads = tape.gradient(scaled, model.trainable_variables)
+            return loss, tape.gradient(scaled, model.trainable_variables, **tape_args)
+
+        @tf.function(jit_compile=self.cfg.xla)
+        def replica_train_step(images: Any, labels: Any) -> Any:
+            if accumulate == 1:
+                loss, grads = loss_and_gradients(images, labels)
+            else:
+                # N micro-batches stacked (see `batches`), their gradients summed in a loop that
+                # holds one micro-batch's activations at a time; nothing is all-reduced before apply
+                loss = tf.constant(0.0)
+                grads = [tf.zeros(v.shape, v.dtype) for v in model.trainable_variables]
+                for i in tf.range(accumulate):
+                    micro_loss, micro_grads = loss_and_gradients(
+                        images[i], labels[i], unconnected_gradients=tf.UnconnectedGradients.ZERO)
+                    loss += micro_loss
+                    grads = [g + m for g, m in zip(grads, micro_grads, strict=True)]
+            if clip:
+                grads = clipped_after_all_reduce(grads)
             optimizer.apply(grads, model.trainable_variables)
             return loss
+
+        def clipped_after_all_reduce(grads: list[Any]) -> list[Any]:
+            """The gradients clipped to global norm ``clip`` as summed over the replicas. Keras'
+            optimizer clips (global_clipnorm) before its all-reduce, each replica by its own norm,
+            so the sum is formed here, clipped, and each replica hands on its 1/n share for the
+            optimizer to sum again (one more all-reduce, only with clipping and several ranks).
+            Under fp16 the gradients are scaled: clipped at ``clip`` times the scale, which is
+            clipping the unscaled ones at ``clip``; an overflow's inf norm gives NaN gradients,
+            which the loss-scale optimizer skips."""
+            context = tf.distribute.get_replica_context()
+            replicas = context.num_replicas_in_sync
+            if replicas > 1:
+                grads = context.all_reduce(tf.distribute.ReduceOp.SUM, grads)
+            scale = getattr(optimizer, "dynamic_scale", None)
+            limit = clip if scale is None else clip * tf.cast(scale, tf.float32)
+            grads, _ = tf.clip_by_global_norm(grads, limit)
+            return [g / replicas for g in grads] if replicas > 1 else grads
 
         @tf.function
         def train_step(images: Any, labels: Any) -> Any:
@@ -115,10 +149,15 @@ class TensorflowFramework(ddlkit.Framework):
             loss = train_step(*batch)
             return lambda: float(loss)  # read on logging steps only (a device sync on GPUs)
 
+        def batches(epoch: int, start: int) -> Any:
+            """From optimizer step ``start`` on: one element per step, N micro-batches stacked."""
+            dataset = train_loader.epoch(epoch, start * accumulate)
+            if accumulate > 1:
+                dataset = dataset.batch(accumulate, drop_remainder=True)
+            return strategy.experimental_distribute_dataset(dataset)
+
         with data_errors(train_loader, val_loader):
-            run.train_epochs(
-                lambda epoch, start: strategy.experimental_distribute_dataset(train_loader.epoch(epoch, start)),
-                step, evaluate if val_loader is not None else None)
+            run.train_epochs(batches, step, evaluate if val_loader is not None else None)
         if t.save_model:
             run.save_artifact("model.keras", lambda path: export_model(model, path))
         self.model = model

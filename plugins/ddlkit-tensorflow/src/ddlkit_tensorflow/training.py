@@ -233,8 +233,8 @@ def load_state(path: Path, model: keras.Model, optimizer: keras.optimizers.Optim
         # Keras would only warn and skip; a silently fresh momentum buffer is not a resume
         raise ddlkit.ConfigError(
             f"checkpoint {path} holds {len(store)} optimizer variables, this run's optimizer has {have}: it was "
-            "written with another optimizer, trainer.precision or optimizer.momentum. Use the same settings, or "
-            "start fresh with trainer.resume=false.")
+            "written with another optimizer, trainer.precision, optimizer.momentum or (framework=keras) "
+            "trainer.accumulate_batches. Use the same settings, or start fresh with trainer.resume=false.")
     for v in model.weights:
         v.assign(weights[v.path])
     optimizer.load_own_variables(store)
