@@ -267,9 +267,10 @@ class Run:
           when ``trainer.validate`` is off.
 
         Each full epoch is validated, then ends with a checkpoint (:meth:`epoch_end`), and the run
-        stops there if ``trainer.early_stopping`` says so. A run that stops mid-epoch (``max_steps``, or :class:`Preempted` raised out of :meth:`step_end`)
-        has checkpointed at that step; at ``max_steps`` it validates what it has without ending
-        the epoch, so that a resumed run finishes the epoch."""
+        stops there if ``trainer.early_stopping`` says so. A run that stops mid-epoch (``max_steps``,
+        or :class:`Preempted` raised out of :meth:`step_end`) has checkpointed at that step; at
+        ``max_steps`` it validates what it has without ending the epoch, so that a resumed run
+        finishes the epoch."""
         stopped = self.finished
         for epoch in self.epochs():
             if stopped:

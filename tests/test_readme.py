@@ -127,6 +127,12 @@ def keras_unet():
     return keras.Model(inputs, keras.layers.Dense(1000)(keras.layers.Flatten()(inputs)))
 """
 
+MY_PKG_CBS = """
+class PrintLr:
+    def on_step_end(self, run, step, metrics):
+        print(step, metrics["lr"])
+"""
+
 
 @pytest.fixture(autouse=True)
 def _as_in_the_readme(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -136,6 +142,7 @@ def _as_in_the_readme(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     (tmp_path / "my_pkg").mkdir()
     (tmp_path / "my_pkg" / "__init__.py").write_text("")
     (tmp_path / "my_pkg" / "nets.py").write_text(MY_PKG_NETS)
+    (tmp_path / "my_pkg" / "cbs.py").write_text(MY_PKG_CBS)
 
 
 @pytest.mark.parametrize("example", [e for e in EXAMPLES if e.expected is not None], ids=str)

@@ -81,9 +81,10 @@ def test_an_unknown_monitor_is_one_line_exit_2_at_the_launcher(run_factory: RunF
     assert not list(run_factory.base_dir.glob("run-1/checkpoints"))
 
 
-def test_accumulation_counts_optimizer_steps_of_the_global_batch(run_inprocess) -> None:
+def test_accumulation_counts_optimizer_steps_of_the_global_batch(run_inprocess, capsys) -> None:
     # 320 images, 8 per micro-batch x 4 micro-batches = 32 per step: 10 optimizer steps per epoch
     accumulated = run_inprocess(*SMALL, "trainer.batch_size=8", "trainer.accumulate_batches=4", "trainer.epochs=2")
+    assert "| 1 rank(s) x batch 8 x 4 accumulated = 32 | 20 steps (10/epoch) |" in capsys.readouterr().out
     plain = run_inprocess(*SMALL, "trainer.batch_size=32", "trainer.epochs=2")
     result = accumulated.result
     assert (result["global_batch_size"], result["steps_per_epoch"], result["steps"]) == (32, 10, 20)
@@ -139,8 +140,9 @@ def test_the_best_checkpoint_is_kept_through_the_rotation(run_inprocess) -> None
     assert steps == ["step-00000030.ckpt"]  # the rotation kept one step checkpoint, and best.ckpt besides
     record = out.result["best_checkpoint"]
     losses = [m["val_loss"] for m in out.metrics if m.get("split") == "val"]
-    assert record == {"monitor": "val_loss", "mode": "max", "value": max(losses), "step": 10 * (losses.index(max(losses)) + 1),
-                      "epoch": losses.index(max(losses)) + 1, "path": "checkpoints/best.ckpt"}
+    epoch = losses.index(max(losses)) + 1
+    assert record == {"monitor": "val_loss", "mode": "max", "value": max(losses), "step": 10 * epoch, "epoch": epoch,
+                      "path": "checkpoints/best.ckpt"}
     assert verify(best) is None and read_manifest(best)["checkpoint"] == BEST
     with np.load(best) as ckpt:
         assert json.loads(str(ckpt["meta"]))["state"]["step"] == record["step"]

@@ -79,10 +79,11 @@ class ConsoleLogger(Logger):
         self.step0 = run.state.step
         c, s = run.cfg, run.schedule
         threads = f" x {run.num_threads} thread(s)" if run.num_threads else ""
+        accumulated = f" x {run.accumulate} accumulated" if run.accumulate > 1 else ""
         self._print(
             f"ddlkit: {c.framework.name} {c.model.name} on {describe_data(run)} | {run.dist.world_size} "
-            f"rank(s){threads} x batch {c.trainer.batch_size} = {run.global_batch} | {run.total_steps} steps "
-            f"({run.steps_per_epoch}/epoch) | peak lr {s.peak_lr:.4g} ({_lr_rule(s)})"
+            f"rank(s){threads} x batch {c.trainer.batch_size}{accumulated} = {run.global_batch} | "
+            f"{run.total_steps} steps ({run.steps_per_epoch}/epoch) | peak lr {s.peak_lr:.4g} ({_lr_rule(s)})"
         )
         if run.resumed_at is not None:
             self._print(f"resumed from {run.resume_from} at epoch {run.state.epoch + 1}, step {run.state.step}")
