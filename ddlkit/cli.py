@@ -391,10 +391,11 @@ def plugins_main(argv: list[str]) -> int:
         table.add_column(col, overflow="fold")
     for name, plugin in sorted(pm.list_name_plugin(), key=lambda np: np[0]):
         info = pm.infos.get(id(plugin))
-        hooks = sorted(h.name for h in pm.get_hookcallers(plugin) or []
-                       if h.name not in {hp.hook for hp in HOOK_POINTS.values()})
+        # a set: a plugin module may implement a hook more than once (specname=)
+        hooks = sorted({h.name for h in pm.get_hookcallers(plugin) or []
+                        if h.name not in {hp.hook for hp in HOOK_POINTS.values()}})
         table.add_row(name, info.distribution if info else "?", info.version if info else "?",
-                      "\n".join(by_plugin.get(id(plugin), [])) or "-", ", ".join(hooks) or "-")
+                      "\n".join(by_plugin.get(id(plugin), [])) or "-", "\n".join(hooks) or "-")
     console = Console(width=max(Console().width, 120))
     console.print(table)
     for failure in pm.failures:

@@ -50,7 +50,7 @@ class KerasFramework(ddlkit.Framework):
             raise ddlkit.ConfigError(
                 f"framework.backend={self.cfg.backend} is not supported: framework=keras trains with "
                 f"{', '.join(BACKENDS)} (for PyTorch use framework=pytorch).")
-        check_config("keras", self.cfg.device, self.cfg.xla, config)
+        check_config("keras", self.cfg.device, self.cfg.xla, self.cfg.num_threads, config)
         if config.dist.backend == "native":
             raise ddlkit.ConfigError(
                 "framework=keras cannot train with dist=native: Keras 3's model.fit fails under "

@@ -34,7 +34,7 @@ class TensorflowFramework(ddlkit.Framework):
     model: Any = None
 
     def configure(self, config: DictConfig) -> None:
-        check_config("tensorflow", self.cfg.device, self.cfg.xla, config)
+        check_config("tensorflow", self.cfg.device, self.cfg.xla, self.cfg.num_threads, config)
 
     def train(self, run: ddlkit.Run) -> None:
         tf = setup_tensorflow(run, framework="tensorflow", device=self.cfg.device, num_threads=self.cfg.num_threads)

@@ -80,11 +80,12 @@ def precision_of(config: DictConfig) -> str:
     return str(getattr(precision, "value", precision))
 
 
-def check_config(framework: str, device: str, xla: bool, config: DictConfig) -> None:
-    """Launcher-side checks that need no TensorFlow (``Framework.configure``)."""
+def check_config(framework: str, device: str, xla: bool, num_threads: Any, config: DictConfig) -> None:
+    """Launcher-side checks that need no TensorFlow (``Framework.configure``); the framework's own
+    options come from its component config, the rest from the run's ``config``."""
     if config.dist.backend == "horovod":
         raise ddlkit.ConfigError(horovod_refusal(framework))
-    threads.check(config.framework.num_threads, "TensorFlow")
+    threads.check(num_threads, "TensorFlow")
     if xla and config.trainer.deterministic:
         raise ddlkit.ConfigError(f"framework.xla=true cannot run with trainer.deterministic=true: XLA has no "
                                  f"deterministic max-pool gradient. Choose one of the two for framework={framework}.")
