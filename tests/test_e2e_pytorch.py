@@ -90,6 +90,9 @@ def test_resumed_run_ends_with_the_same_weights(runs):
     result = json.loads((runs["resumed"] / "result.json").read_text())
     assert result["resumed_from_step"] == 5 and result["steps"] == 24
     assert "resumed from" in runs["resume_stdout"]
+    # this run's lines only, not the interrupted attempt's too (issue 22, item 8): rank-0.log holds both
+    assert runs["resume_stdout"].count("first step done") == 1, runs["resume_stdout"]
+    assert (runs["resumed"] / "rank-0.log").read_text().count("first step done") == 2
 
 
 def test_model_weights_use_torchvision_keys(runs):

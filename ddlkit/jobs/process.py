@@ -107,9 +107,10 @@ class LogFollower:
     decoded across chunk boundaries): how a handle streams a job's output from a file in its job
     directory (:meth:`ddlkit.JobHandle.logs`)."""
 
-    def __init__(self, path: Path, *, pace_s: float = _FOLLOW_PACE_S) -> None:
+    def __init__(self, path: Path, *, pace_s: float = _FOLLOW_PACE_S, offset: int = 0) -> None:
         self.path, self.pace_s = Path(path), pace_s
-        self._offset = 0
+        #: where reading starts: 0, or the end of what an earlier run of the job wrote
+        self._offset = offset
         self._decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
 
     def read_new(self) -> str:
@@ -142,13 +143,13 @@ class ProcessJob(JobHandle):
     Subclasses refine :meth:`final_status` (``compute=local_mpi`` names the rank that failed first)."""
 
     def __init__(self, pid: int, *, job_dir: Path, log_name: str, grace_period_s: float,
-                 proc: subprocess.Popen | None = None) -> None:
+                 proc: subprocess.Popen | None = None, log_offset: int = 0) -> None:
         self.id = str(pid)
         self.pid, self.job_dir, self.grace = pid, Path(job_dir), grace_period_s
         self.log_path = self.job_dir / log_name
         #: the minder as our child: exact exit codes without reading files
         self.proc = proc
-        self._log = LogFollower(self.log_path)
+        self._log = LogFollower(self.log_path, offset=log_offset)
         self._final: JobStatus | None = None
 
     # ---------------------------------------------------------------- starting and finding
@@ -163,12 +164,19 @@ class ProcessJob(JobHandle):
         # a resumed job runs in the same directory: the previous run's ending is not this one's
         for name in (EXIT_FILE, CANCEL_FILE, DETACHED_FILE):
             (job_dir / name).unlink(missing_ok=True)
+        # and its log goes on in the same file: the launcher follows this run's lines only
+        # (`ddlkit jobs logs` and `attach` show the whole file)
+        try:
+            log_offset = (job_dir / log_name).stat().st_size
+        except FileNotFoundError:
+            log_offset = 0
         proc = subprocess.Popen([sys.executable, "-I", _MINDER, log_name, EXIT_FILE, str(grace_period_s),
                                  str(int(stop_signal)), "--", *command], cwd=job_dir,
                                 env=dict(env), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                                 stderr=subprocess.DEVNULL, start_new_session=True)
         _OWNED.add(proc.pid)
-        return cls(proc.pid, job_dir=job_dir, log_name=log_name, grace_period_s=grace_period_s, proc=proc)
+        return cls(proc.pid, job_dir=job_dir, log_name=log_name, grace_period_s=grace_period_s, proc=proc,
+                   log_offset=log_offset)
 
     @classmethod
     def attach(cls, job_id: str, *, job_dir: Path, log_name: str, grace_period_s: float) -> ProcessJob:
