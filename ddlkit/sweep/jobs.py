@@ -424,8 +424,8 @@ def check_sweep_settings_fixed(job_overrides: Sequence[Sequence[str]]) -> None:
     """``sweep.*`` configures the sweep as a whole: one value for all jobs, never a swept one."""
     values: dict[str, set[str]] = {}
     for overrides in job_overrides:
-        for override in overrides:
-            key, _, value = override.partition("=")
+        for given in overrides:
+            key, _, value = given.partition("=")
             if key.lstrip("+~").startswith("sweep."):
                 values.setdefault(key, set()).add(value)
     swept = sorted(key for key, seen in values.items() if len(seen) > 1)

@@ -71,3 +71,33 @@ def lars_reference(weights: Sequence[np.ndarray], gradients: Sequence[Sequence[n
                 g = g + cfg.momentum * buffers[i] if cfg.nesterov else buffers[i]
             w[i] = w[i] - lr * g
     return w
+
+
+#: issue 22's trainer options all at once, for a framework's run of the linear model on 64 samples
+#: (``data=custom``) whose test directory holds ``linear_model.PrintEpochs`` (a callback printing
+#: ``callback: epoch N ...`` at each epoch's end): see :func:`check_every_trainer_option`
+EVERY_TRAINER_OPTION = (
+    "+data.kwargs.n=64", "trainer.epochs=6", "trainer.batch_size=4", "trainer.accumulate_batches=2",
+    "trainer.clip_grad_norm=1.0", "trainer.keep_checkpoints=1", "trainer.early_stopping.monitor=val_loss",
+    "trainer.early_stopping.patience=1", "trainer.early_stopping.min_delta=100",
+    "trainer.best_checkpoint.monitor=val_top1", "trainer.callbacks=[linear_model:PrintEpochs]",
+)
+
+
+def check_every_trainer_option(out: Any) -> dict[str, Any]:
+    """What a run with :data:`EVERY_TRAINER_OPTION` must show (``out``: the test kit's
+    ``RunOutcome``); returns its ``best_checkpoint`` record for framework-specific checks."""
+    from ..checkpoint import BEST, verify
+
+    result = out.result
+    # 64 samples / (4 x 2): 8 steps per epoch; no improvement of 100 after epoch 1: stopped after epoch 2
+    assert (result["steps_per_epoch"], result["steps"], result["epochs"]) == (8, 16, 2), result
+    assert result["stopped_early"]["reason"].startswith("val_loss did not improve by more than 100 for 1 validation")
+    assert f"ddlkit: stopping early after epoch 2 (step 16): {result['stopped_early']['reason']}" in out.stdout
+    assert [line.split(" val_loss")[0] for line in out.stdout.splitlines() if line.startswith("callback:")] == [
+        "callback: epoch 1", "callback: epoch 2"]
+    assert verify(out.job_dir / "checkpoints" / BEST) is None
+    best = result["best_checkpoint"]
+    assert best["step"] in (8, 16) and best["monitor"] == "val_top1"
+    assert result["clip_grad_norm"] == 1.0
+    return best

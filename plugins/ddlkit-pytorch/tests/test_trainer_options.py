@@ -5,16 +5,15 @@ option of issue 22, item 10 works in a real training run."""
 
 from __future__ import annotations
 
-import json
 import textwrap
-from pathlib import Path
 
 import numpy as np
 import pytest
 
-from ddlkit.checkpoint import BEST, verify
+from ddlkit.checkpoint import BEST
 from ddlkit.testing import RunFactory
-from ddlkit.testing.optim import LINEAR_BIAS, LINEAR_KERNEL, linear_data, linear_step
+from ddlkit.testing.optim import (EVERY_TRAINER_OPTION, LINEAR_BIAS, LINEAR_KERNEL, check_every_trainer_option,
+                                  linear_data, linear_step)
 
 torch = pytest.importorskip("torch")
 pytest.importorskip("ddlkit_pytorch")
@@ -84,21 +83,7 @@ def test_two_ranks_accumulate_and_clip_as_one(run_factory: RunFactory) -> None:
 
 
 def test_every_trainer_option_in_one_run(run_factory: RunFactory) -> None:
-    out = run_factory(*LINEAR, "+data.kwargs.n=64", "trainer.epochs=6", "trainer.batch_size=4",
-                      "trainer.accumulate_batches=2", "trainer.clip_grad_norm=1.0", "trainer.keep_checkpoints=1",
-                      "trainer.early_stopping.monitor=val_loss", "trainer.early_stopping.patience=1",
-                      "trainer.early_stopping.min_delta=100", "trainer.best_checkpoint.monitor=val_top1",
-                      "trainer.callbacks=[linear_model:PrintEpochs]").assert_success()
-    result = out.result
-    # 64 samples / (4 x 2): 8 steps per epoch; no improvement of 100 after epoch 1: stopped after epoch 2
-    assert (result["steps_per_epoch"], result["steps"], result["epochs"]) == (8, 16, 2)
-    assert result["stopped_early"]["reason"].startswith("val_loss did not improve by more than 100 for 1 validation")
-    assert f"ddlkit: stopping early after epoch 2 (step 16): {result['stopped_early']['reason']}" in out.stdout
-    assert [line.split(" val_loss")[0] for line in out.stdout.splitlines() if line.startswith("callback:")] == [
-        "callback: epoch 1", "callback: epoch 2"]
-    best = out.job_dir / "checkpoints" / BEST
-    assert verify(best) is None
-    assert result["best_checkpoint"]["step"] in (8, 16) and result["best_checkpoint"]["monitor"] == "val_top1"
-    meta = torch.load(best, weights_only=True)["meta"]
-    assert meta["state"]["step"] == result["best_checkpoint"]["step"]
-    assert json.loads((out.job_dir / "result.json").read_text())["clip_grad_norm"] == 1.0
+    out = run_factory(*LINEAR, *EVERY_TRAINER_OPTION).assert_success()
+    best = check_every_trainer_option(out)
+    meta = torch.load(out.job_dir / "checkpoints" / BEST, weights_only=True)["meta"]
+    assert meta["state"]["step"] == best["step"]

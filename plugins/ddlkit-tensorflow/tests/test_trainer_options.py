@@ -11,9 +11,9 @@ import textwrap
 import numpy as np
 import pytest
 
-from ddlkit.checkpoint import BEST, verify
 from ddlkit.testing import RunFactory
-from ddlkit.testing.optim import LINEAR_BIAS, LINEAR_KERNEL, linear_data, linear_step
+from ddlkit.testing.optim import (EVERY_TRAINER_OPTION, LINEAR_BIAS, LINEAR_KERNEL, check_every_trainer_option,
+                                  linear_data, linear_step)
 
 keras = pytest.importorskip("keras")
 pytest.importorskip("ddlkit_tensorflow")
@@ -87,18 +87,4 @@ def test_two_ranks_clip_the_all_reduced_gradient(run_factory: RunFactory) -> Non
 
 @pytest.mark.parametrize("framework", FRAMEWORKS)
 def test_every_trainer_option_in_one_run(run_factory: RunFactory, framework: str) -> None:
-    out = run_factory(f"framework={framework}", *LINEAR, "+data.kwargs.n=64", "trainer.epochs=6",
-                      "trainer.batch_size=4", "trainer.accumulate_batches=2", "trainer.clip_grad_norm=1.0",
-                      "trainer.keep_checkpoints=1", "trainer.early_stopping.monitor=val_loss",
-                      "trainer.early_stopping.patience=1", "trainer.early_stopping.min_delta=100",
-                      "trainer.best_checkpoint.monitor=val_top1",
-                      "trainer.callbacks=[linear_model:PrintEpochs]").assert_success()
-    result = out.result
-    # 64 samples / (4 x 2): 8 steps per epoch; no improvement of 100 after epoch 1: stopped after epoch 2
-    assert (result["steps_per_epoch"], result["steps"], result["epochs"]) == (8, 16, 2)
-    assert result["stopped_early"]["reason"].startswith("val_loss did not improve by more than 100 for 1 validation")
-    assert f"ddlkit: stopping early after epoch 2 (step 16): {result['stopped_early']['reason']}" in out.stdout
-    assert [line.split(" val_loss")[0] for line in out.stdout.splitlines() if line.startswith("callback:")] == [
-        "callback: epoch 1", "callback: epoch 2"]
-    assert verify(out.job_dir / "checkpoints" / BEST) is None
-    assert result["best_checkpoint"]["step"] in (8, 16) and result["best_checkpoint"]["monitor"] == "val_top1"
+    check_every_trainer_option(run_factory(f"framework={framework}", *LINEAR, *EVERY_TRAINER_OPTION).assert_success())
