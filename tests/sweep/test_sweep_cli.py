@@ -99,15 +99,24 @@ def test_fail_fast_starts_no_job_after_a_failure(run_factory: RunFactory) -> Non
     assert "on_failure=fail-fast" in out.stdout
 
 
+def long_sweep(sweep: Path) -> list[str]:
+    """``-m`` arguments of a sweep of 3 jobs run one at a time, 3125 steps each (about a second):
+    long enough to act on while it runs."""
+    return ["-m", *COMMON, "data.length=100000", "trainer.log_every=20", "trainer.epochs=1", "trainer.seed=1,2,3",
+            "sweep.max_parallel=1", f"hydra.sweep.dir={sweep}"]
+
+
+def start_launcher(run_factory: RunFactory, args: list[str]) -> subprocess.Popen:
+    """``ddlkit ARGS`` in the background, with the fakes, interruptible by Ctrl-C as in a terminal."""
+    env = {**os.environ, "DDLKIT_PLUGINS": FAKES_MODULE}
+    return subprocess.Popen([sys.executable, "-m", "ddlkit", *args], cwd=run_factory.base_dir, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, preexec_fn=interruptible)
+
+
 def test_an_interrupted_sweep_resumes_where_it_stopped(run_factory: RunFactory) -> None:
     sweep = run_factory.base_dir / "sweep"
-    # 3125 steps per job (about a second): long enough to be interrupted mid-run, after its first
-    # log line (step 20)
-    args = ["-m", *COMMON, "data.length=100000", "trainer.log_every=20", "trainer.epochs=1", "trainer.seed=1,2,3",
-            "sweep.max_parallel=1", f"hydra.sweep.dir={sweep}"]
-    env = {**os.environ, "DDLKIT_PLUGINS": FAKES_MODULE}
-    proc = subprocess.Popen([sys.executable, "-m", "ddlkit", *args], cwd=run_factory.base_dir, env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, preexec_fn=interruptible)
+    # interrupted mid-run, after job 1's first log line (step 20)
+    proc = start_launcher(run_factory, long_sweep(sweep))
     try:
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
@@ -148,12 +157,8 @@ def test_a_second_launcher_of_a_running_sweep_is_refused_at_once(run_factory: Ru
     """Two launchers of one sweep directory each ran its jobs and rewrote its ledger, each taking
     the other's jobs for failed ones (issue 23, item 3): the second is refused, the first unharmed."""
     sweep = run_factory.base_dir / "sweep"
-    # 3125 steps per job (about a second each)
-    args = ["-m", *COMMON, "data.length=100000", "trainer.log_every=20", "trainer.epochs=1", "trainer.seed=1,2,3",
-            "sweep.max_parallel=1", f"hydra.sweep.dir={sweep}"]
-    env = {**os.environ, "DDLKIT_PLUGINS": FAKES_MODULE}
-    first = subprocess.Popen([sys.executable, "-m", "ddlkit", *args], cwd=run_factory.base_dir, env=env,
-                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, preexec_fn=interruptible)
+    args = long_sweep(sweep)
+    first = start_launcher(run_factory, args)
     try:
         deadline = time.monotonic() + 60
         while not (sweep / "0" / "rank-0.log").is_file() and time.monotonic() < deadline:
