@@ -116,11 +116,7 @@ def setup_tensorflow(run: ddlkit.Run, *, framework: str, device: str, num_thread
                                  f"trainer.precision=bf16 (or fp32) with framework={framework}.")
     if not gpus and run.dist.is_main and (slow := cpu.bf16_warning(precision)):
         print(f"ddlkit: warning: {slow}", file=sys.stderr, flush=True)
-    run.num_threads = threads.per_rank(num_threads, run.dist.local_size)
-    if run.num_threads:
-        tf.config.threading.set_intra_op_parallelism_threads(run.num_threads)
-    else:  # TensorFlow's default: one per core it sees
-        run.num_threads = os.cpu_count() or 1
+    run.num_threads = _set_threads(tf, threads.per_rank(num_threads, run.dist.local_size))
     import keras
 
     # Python's random, NumPy and TensorFlow's global seed: model initialisation repeats exactly
@@ -129,6 +125,23 @@ def setup_tensorflow(run: ddlkit.Run, *, framework: str, device: str, num_thread
         tf.config.experimental.enable_op_determinism()
     keras.mixed_precision.set_global_policy(POLICIES[precision])
     return tf
+
+
+def _set_threads(tf: ModuleType, wanted: int) -> int:
+    """Set TensorFlow's intra-op thread pool to ``wanted`` threads (0: TensorFlow's default, one per
+    core it sees) and return how many it uses. TensorFlow fixes the pool when its runtime starts: a
+    rank is a fresh process, so this always applies there; a second run in one process (a notebook,
+    an in-process test) keeps the first run's pool, and is told so instead of failing."""
+    current = tf.config.threading.get_intra_op_parallelism_threads()
+    if wanted and wanted != current:
+        try:
+            tf.config.threading.set_intra_op_parallelism_threads(wanted)
+            current = wanted
+        except RuntimeError:
+            print(f"ddlkit: warning: TensorFlow already started in this process with {current or 'its default'} "
+                  f"intra-op threads, and keeps them (framework.num_threads asked for {wanted}); start a new "
+                  f"process to change it", file=sys.stderr, flush=True)
+    return current or os.cpu_count() or 1
 
 
 def distribution_strategy(run: ddlkit.Run, framework: str) -> Any:
