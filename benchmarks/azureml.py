@@ -35,8 +35,8 @@ import time
 from pathlib import Path
 
 from _common import summary, write_result
-from ddlkit_azure.azureml_loopback import LoopbackWorkspace
-from ddlkit_azure.loopback import (
+from ddlkit_azure.testing.azureml import LoopbackWorkspace
+from ddlkit_azure.testing.loopback import (
     CREDENTIAL_ENV,
     LoopbackServer,
     install_az,
@@ -205,7 +205,7 @@ def main() -> None:
             stop_azurite(azurite.process)
     med = lambda rows, k: summary([r[k] for r in rows])
     payload = {
-        "endpoint": "loopback Azure ML workspace (ddlkit_azure.azureml_loopback): real azure-ai-ml "
+        "endpoint": "loopback Azure ML workspace (ddlkit_azure.testing.azureml): real azure-ai-ml "
                     f"{__import__('importlib.metadata').metadata.version('azure-ai-ml')}, HTTPS on 127.0.0.1, "
                     f"blob traffic via the intercepting proxy to Azurite (hosts: {', '.join(proxied)})",
         "submission_cli": {k: med(cli, k) for k in cli[0]},

@@ -40,8 +40,8 @@ from ddlkit_azure.batchai import (
     FileShareSettings,
 )
 from ddlkit_azure.batchai_client import ACCOUNT_KEY_ENV, Service
-from ddlkit_azure.batchai_loopback import FILES_KEY, BatchAILoopback
-from ddlkit_azure.loopback import (
+from ddlkit_azure.testing.batchai import FILES_KEY, BatchAILoopback
+from ddlkit_azure.testing.loopback import (
     CREDENTIAL_ENV,
     LoopbackServer,
     install_az,

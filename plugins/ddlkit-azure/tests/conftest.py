@@ -1,5 +1,5 @@
 """The plugin's suite uses ddlkit's test kit and its own Azurite fixtures, as a third party would,
-and the loopback HTTPS kit (:mod:`ddlkit_azure.loopback`) for the services Azurite does not emulate."""
+and the loopback HTTPS kit (:mod:`ddlkit_azure.testing.loopback`) for the services Azurite does not emulate."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from ddlkit_azure.azureml_loopback import LoopbackWorkspace
-from ddlkit_azure.loopback import (
+from ddlkit_azure.testing.azureml import LoopbackWorkspace
+from ddlkit_azure.testing.loopback import (
     CREDENTIAL_ENV,
     Certificate,
     LoopbackServer,
@@ -59,7 +59,7 @@ def azure_cli_login(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 @pytest.fixture
 def azureml_workspace(https_loopback: LoopbackServer, azurite: Azurite, azure_cli_login: Path, tmp_path: Path,
                       monkeypatch: pytest.MonkeyPatch) -> Iterator[LoopbackWorkspace]:
-    """A loopback Azure ML workspace (:mod:`ddlkit_azure.azureml_loopback`) whose jobs run on this
+    """A loopback Azure ML workspace (:mod:`ddlkit_azure.testing.azureml`) whose jobs run on this
     machine, its storage in Azurite; the SDK (in this process and in subprocesses) signed in and
     pointed at it."""
     with LoopbackWorkspace(https_loopback, azurite, tmp_path / "azureml", grace_period_s=20.0) as workspace:

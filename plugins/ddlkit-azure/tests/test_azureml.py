@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 from ddlkit_azure.azureml import AzureMLConfig, AzureMLTarget
-from ddlkit_azure.azureml_loopback import LoopbackWorkspace
-from ddlkit_azure.loopback import LoopbackServer, Response, error_body
+from ddlkit_azure.testing.azureml import LoopbackWorkspace
+from ddlkit_azure.testing.loopback import LoopbackServer, Response, error_body
 from omegaconf import OmegaConf
 
 import ddlkit

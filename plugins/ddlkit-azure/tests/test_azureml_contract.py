@@ -1,11 +1,11 @@
 """compute=azureml passes the compute contract suite, through the real azure-ai-ml SDK against the
-loopback workspace (ddlkit_azure.azureml_loopback), whose jobs run on this machine."""
+loopback workspace (ddlkit_azure.testing.azureml), whose jobs run on this machine."""
 
 from __future__ import annotations
 
 import pytest
 from ddlkit_azure.azureml import AzureMLConfig, AzureMLTarget
-from ddlkit_azure.azureml_loopback import LoopbackWorkspace
+from ddlkit_azure.testing.azureml import LoopbackWorkspace
 from omegaconf import OmegaConf
 
 from ddlkit.testing.contracts import ComputeTargetContract

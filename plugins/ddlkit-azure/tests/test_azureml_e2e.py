@@ -17,8 +17,8 @@ import time
 from pathlib import Path
 
 import pytest
-from ddlkit_azure.azureml_loopback import BLOB_HOST, LoopbackWorkspace
-from ddlkit_azure.loopback import LoopbackServer
+from ddlkit_azure.testing.azureml import BLOB_HOST, LoopbackWorkspace
+from ddlkit_azure.testing.loopback import LoopbackServer
 from ddlkit_azure.testing import Azurite
 
 from ddlkit.containers import default_image

@@ -1,5 +1,5 @@
 """compute=batchai: the real ``azure-mgmt-batchai`` 7.0.0 client (and ``azure-storage-file-share``)
-over real HTTPS against the loopback Batch AI service (:mod:`ddlkit_azure.batchai_loopback`), whose
+over real HTTPS against the loopback Batch AI service (:mod:`ddlkit_azure.testing.batchai`), whose
 jobs really run here under ``mpirun``; ``DefaultAzureCredential`` signs in through the stand-in ``az``.
 
 The compute-target contract, ``ddlkit plan`` (every request, in order, secrets redacted, nothing
@@ -35,8 +35,8 @@ from ddlkit_azure.batchai import (
     vm_has_local_disk,
 )
 from ddlkit_azure.batchai_client import ACCOUNT_KEY_ENV, Service
-from ddlkit_azure.batchai_loopback import FILES_KEY, BatchAILoopback, schema_errors
-from ddlkit_azure.loopback import LoopbackServer
+from ddlkit_azure.testing.batchai import FILES_KEY, BatchAILoopback, schema_errors
+from ddlkit_azure.testing.loopback import LoopbackServer
 
 SUB, RG, WS = "00000000-0000-0000-0000-0000000000c1", "ddlkit-rg", "ddlkit-ws"
 ARM = rf"/subscriptions/{SUB}/resourceGroups/{RG}/providers/Microsoft\.BatchAI/workspaces/{WS}"

@@ -12,7 +12,7 @@ from pathlib import Path
 import certifi
 import pytest
 import requests
-from ddlkit_azure.loopback import (
+from ddlkit_azure.testing.loopback import (
     InterceptingProxy,
     LoopbackServer,
     Response,

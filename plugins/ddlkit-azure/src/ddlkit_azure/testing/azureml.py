@@ -1,5 +1,5 @@
 """A loopback Azure Machine Learning workspace: the REST API the ``azure-ai-ml`` SDK talks to,
-served on 127.0.0.1 by a :class:`~ddlkit_azure.loopback.LoopbackServer`, with jobs that really run.
+served on 127.0.0.1 by a :class:`~ddlkit_azure.testing.loopback.LoopbackServer`, with jobs that really run.
 
 It follows the published API (the SDK's own request shapes) for what a command job needs:
 
@@ -12,7 +12,7 @@ It follows the published API (the SDK's own request shapes) for what a command j
   files themselves (``user_logs/std_log.txt``, ``std_log_process_N.txt`` for several processes).
 
 Blob traffic goes to a real Azurite. The SDK addresses a datastore as
-``https://<account>.blob.core.windows.net``; an :class:`~ddlkit_azure.loopback.InterceptingProxy`
+``https://<account>.blob.core.windows.net``; an :class:`~ddlkit_azure.testing.loopback.InterceptingProxy`
 (``HTTPS_PROXY``, see :attr:`LoopbackWorkspace.environment`) carries exactly that host to Azurite.
 
 **Jobs run here.** A job PUT starts a thread that moves the job through ``Queued`` ->
@@ -49,8 +49,8 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
+from . import ACCOUNT, ACCOUNT_KEY, Azurite
 from .loopback import InterceptingProxy, LoopbackServer, Request, Response, error_body
-from .testing import ACCOUNT, ACCOUNT_KEY, Azurite
 
 ARM_PREFIX = (r"/subscriptions/(?P<sub>[^/]+)/resourceGroups/(?P<rg>[^/]+)/providers/"
               r"Microsoft\.MachineLearningServices/workspaces/(?P<ws>[^/]+)")
@@ -124,7 +124,7 @@ class LoopbackJob:
 class LoopbackWorkspace:
     """An Azure ML workspace on ``server`` (started), its storage in ``azurite``, its jobs run in
     ``root``. Set :attr:`environment` where the SDK runs (and remove
-    :data:`~ddlkit_azure.loopback.CREDENTIAL_ENV`; sign in with ``install_az``)."""
+    :data:`~ddlkit_azure.testing.loopback.CREDENTIAL_ENV`; sign in with ``install_az``)."""
 
     def __init__(self, server: LoopbackServer, azurite: Azurite, root: Path, *, subscription: str = "sub-0001",
                  resource_group: str = "rg-ddlkit", workspace: str = "ws-ddlkit",

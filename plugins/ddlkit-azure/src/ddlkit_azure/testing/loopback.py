@@ -512,7 +512,7 @@ def install_az(bin_dir: Path, *, claims: Mapping[str, Any] | None = None, lifeti
         "tenant": all_claims["tid"], "tokenType": "Bearer"}, indent=2)
     script = bin_dir / "az"
     script.write_text(f"""#!/bin/sh
-# A stand-in for the Azure CLI (ddlkit_azure.loopback): answers `az account get-access-token` only.
+# A stand-in for the Azure CLI (ddlkit_azure.testing.loopback): answers `az account get-access-token` only.
 echo "$*" >> "{bin_dir / 'az.log'}"
 if [ "$1 $2" = "account get-access-token" ]; then
 cat <<'EOF'

@@ -1,5 +1,5 @@
 """A loopback Azure Batch AI service (API 2018-05-01) and the Azure Files share its clusters mount,
-served on 127.0.0.1 by a :class:`~ddlkit_azure.loopback.LoopbackServer`, with jobs that really run.
+served on 127.0.0.1 by a :class:`~ddlkit_azure.testing.loopback.LoopbackServer`, with jobs that really run.
 
 Batch AI was retired in 2019; this follows the published REST API
 (``specification/batchai/resource-manager/Microsoft.BatchAI/stable/2018-05-01`` and its

@@ -1,4 +1,12 @@
-"""pytest fixtures: a real Azurite (Microsoft's Blob Storage emulator) on a free loopback port.
+"""The Azure plugin's test kit: stand-ins for the Azure services, for this plugin's tests, its
+benchmarks and plugins built on it. Nothing in the product imports it.
+
+* this module (a pytest plugin): a real Azurite (Microsoft's Blob Storage emulator) on a free
+  loopback port;
+* :mod:`.loopback`: HTTPS on 127.0.0.1 with a self-signed certificate, an intercepting proxy and a
+  stand-in ``az`` CLI, for testing the real Azure SDKs against services Azurite does not emulate;
+* :mod:`.azureml`: an Azure ML workspace on that server whose jobs really run on this machine;
+* :mod:`.batchai`: a Batch AI service (API 2018-05-01) on that server, likewise.
 
 Enable in a top-level ``conftest.py`` with ``pytest_plugins = ["ddlkit_azure.testing"]`` (or import
 the fixtures). Azurite is the npm package ``azurite`` (``npm install -g azurite``); tests that use
