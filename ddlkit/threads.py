@@ -11,9 +11,13 @@ All cores alone is not what made the old default collapse on a busy machine: Ope
 spin while they wait for each other, and a spinning thread holds the core that its partner,
 descheduled for other work, needs. So a rank with ``auto`` threads also gets
 ``OMP_WAIT_POLICY=PASSIVE`` (:data:`WAIT_POLICY`, unless set): waiting threads sleep. Measured on
-2 cores with 2 busy processes beside (PyTorch, benchmarks/threads.py): a tiny CNN at 69 img/s
-with 2 spinning threads, 800 with 2 passive ones, 957 with 1; ResNet-18 at 7, 121 and 109; on the
-quiet machine passive costs nothing for ResNet-18 and ~15 % for the tiny CNN.
+2 cores (PyTorch, 32 px, batch 32, ``benchmarks/threads.py``, medians of 3 rounds), images/s for
+all cores spinning (the old default) / 1 thread / ``auto``: with 2 busy processes beside, a tiny
+CNN 166 / 4,305 / 2,574 and ResNet-18 52 / 251 / 267; on the quiet machine 6,937 / 4,454 / 4,407
+and 444 / 266 / 340. Passive waiting is the one choice that never collapses: it gives up 23-36 %
+on cores nobody else uses, where spinning threads lose 5-16x on shared ones. A shorter spin
+(``GOMP_SPINCOUNT=10000``) sits between (quiet: 6,080 and 489; busy: 2,233 and 164) and is
+what to set, with ``OMP_WAIT_POLICY`` unset, on cores a scheduler gives a job alone.
 """
 
 from __future__ import annotations
