@@ -50,7 +50,7 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 from ..hookspecs import hookimpl
-from ..interfaces import JOB_FILE
+from ..jobdir import JOB_FILE, METRICS_FILE, RESULT_FILE
 from ..jobs.index import STATE_DIR_ENV
 from ..plugins import DdlkitPluginManager, PluginInfo, get_plugin_manager, new_plugin_manager
 from ..registry import HOOK_POINTS, Registry
@@ -197,7 +197,7 @@ class _JobFiles:
         # a snapshot: re-running a job in the same directory (to resume) must not change this outcome
         if self.job_dir is None:
             return
-        for name in ("result.json", "metrics.jsonl"):
+        for name in (RESULT_FILE, METRICS_FILE):
             if (self.job_dir / name).is_file():
                 self._files[name] = (self.job_dir / name).read_text(encoding="utf-8")
 
@@ -210,12 +210,12 @@ class _JobFiles:
     @property
     def result(self) -> dict[str, Any]:
         """``result.json``, parsed, as it was when the run ended."""
-        return json.loads(self._text("result.json"))
+        return json.loads(self._text(RESULT_FILE))
 
     @property
     def metrics(self) -> list[dict[str, Any]]:
         """``metrics.jsonl``, one dict per line, as it was when the run ended."""
-        return [json.loads(line) for line in self._text("metrics.jsonl").splitlines() if line.strip()]
+        return [json.loads(line) for line in self._text(METRICS_FILE).splitlines() if line.strip()]
 
 
 @dataclass

@@ -7,7 +7,8 @@ from pathlib import Path
 import pytest
 
 from ddlkit import ConfigError, StorageBackend
-from ddlkit.builtin.local_storage import RESULT_FILES, LocalStorage, LocalStorageConfig
+from ddlkit.builtin.local_storage import LocalStorage, LocalStorageConfig
+from ddlkit.jobdir import RESULT_FILES
 from ddlkit.testing.contracts import StorageBackendContract
 
 
