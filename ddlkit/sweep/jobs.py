@@ -43,6 +43,7 @@ from ..atomic import LockHeld, hold_lock
 from ..errors import ConfigError, DdlkitError, exit_code_for
 from ..interfaces import ComputeTarget, JobHandle, JobSpec, JobState, JobStatus
 from ..jobdir import EXIT_PREEMPTED, RESULT_FILE, rank_log
+from ..result import HEADLINE
 from . import SWEEP_JOB_ENV, SWEEP_NAME_ENV
 from ..commandline import job_command, launch_args, override
 from ..hydra_errors import explain
@@ -413,11 +414,7 @@ class _Progress(Observer):
 
 
 def _metrics(result: dict[str, Any]) -> str:
-    parts = []
-    for key, title, fmt in (("images_per_sec", "images/sec", "{:.1f}"), ("final_loss", "final loss", "{:.4f}"),
-                            ("best_top1", "best val top-1", "{:.4f}")):
-        if result.get(key) is not None:
-            parts.append(f"{title} {fmt.format(result[key])}")
+    parts = [f"{f.title} {f.format.format(result[f.name])}" for f in HEADLINE if result.get(f.name) is not None]
     return ", ".join(parts) or "no metrics"
 
 

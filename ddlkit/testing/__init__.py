@@ -49,6 +49,7 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
+from .. import result as result_schema
 from ..hookspecs import hookimpl
 from ..jobdir import JOB_FILE, METRICS_FILE, RESULT_FILE
 from ..jobs.index import STATE_DIR_ENV
@@ -96,12 +97,7 @@ DDLKIT_ENV = (
 )
 #: the keys ddlkit's core writes to every completed run's result.json (plugins may add their
 #: own through ``run.extra_result``): what end-to-end tests of a framework check
-RESULT_KEYS = frozenset({
-    "status", "framework", "model", "data", "world_size", "batch_size_per_rank", "global_batch_size", "precision",
-    "epochs", "steps", "steps_per_epoch", "images_per_sec", "measured_steps", "warmup_steps", "final_loss",
-    "val_loss", "top1", "top5", "best_top1", "peak_lr", "wall_time_s", "resumed_from_step", "accumulate_batches",
-    "clip_grad_norm", "stopped_early", "best_checkpoint",
-})
+RESULT_KEYS = result_schema.NAMES
 #: pytest itself rewrites this one around every phase of a test
 _PYTEST_ENV = "PYTEST_CURRENT_TEST"
 #: the groups ddlkit.config.store_schemas stores besides the hook points
