@@ -59,12 +59,13 @@ def make_job(job_dir: Path, overrides: Sequence[str]) -> Path:
 def run_worker(job_file: Path) -> dict[str, Any]:
     """Run ddlkit's worker in this process (quietly) and return result.json."""
     from ddlkit import worker
+    from ddlkit.jobdir import RESULT_FILE
 
     with contextlib.redirect_stdout(io.StringIO()):
         code = worker.main([str(job_file)])
     if code != 0:
         raise RuntimeError(f"ddlkit worker exited {code}; see {job_file.parent}/")
-    return json.loads((job_file.parent / "result.json").read_text())
+    return json.loads((job_file.parent / RESULT_FILE).read_text())
 
 
 def summary(samples: Sequence[float]) -> dict[str, Any]:

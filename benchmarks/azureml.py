@@ -35,6 +35,7 @@ import time
 from pathlib import Path
 
 from _common import summary, write_result
+from ddlkit.jobdir import JOB_FILE
 from ddlkit_azure.testing.azureml import LoopbackWorkspace
 from ddlkit_azure.testing.loopback import (
     CREDENTIAL_ENV,
@@ -96,7 +97,7 @@ def in_process_submission(base: Path, ws: LoopbackWorkspace, i: int) -> dict[str
     client = tgt.workspace.client
     job_dir = base / f"inproc-{i}"
     job_dir.mkdir()
-    (job_dir / "job.json").write_text("{}")
+    (job_dir / JOB_FILE).write_text("{}")
     spec = JobSpec(name=f"bench-{i}", job_dir=job_dir, args=("-c", "print('hi')"))
     before = len(ws.server.requests())
     t0 = time.monotonic()
@@ -105,7 +106,7 @@ def in_process_submission(base: Path, ws: LoopbackWorkspace, i: int) -> dict[str
 
     bare = base / f"bare-{i}"
     bare.mkdir()
-    (bare / "job.json").write_text("{}")
+    (bare / JOB_FILE).write_text("{}")
     before = len(ws.server.requests())
     t0 = time.monotonic()
     with contextlib.redirect_stderr(io.StringIO()):
@@ -124,7 +125,7 @@ def follow_ddlkit(base: Path, ws: LoopbackWorkspace, follow_s: float) -> dict[st
     tgt = target(ws)  # the default compute.poll_interval_s
     job_dir = base / "follow-ddlkit"
     job_dir.mkdir()
-    (job_dir / "job.json").write_text("{}")
+    (job_dir / JOB_FILE).write_text("{}")
     handle = tgt.submit(JobSpec(name="follow", job_dir=job_dir, args=("-c", TICKS.format(n=int(follow_s * 2)))))
     before = len(ws.server.requests())
     t0 = time.monotonic()

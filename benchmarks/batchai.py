@@ -50,7 +50,7 @@ from ddlkit_azure.testing.loopback import (
 )
 from ddlkit_azure.testing import start_azurite, stop_azurite
 
-from ddlkit import JobSpec
+from ddlkit import JOB_FILE, JobSpec
 
 
 def configure(service: BatchAILoopback, key: Path, poll: float, **more: object) -> BatchAIConfig:
@@ -63,7 +63,7 @@ def configure(service: BatchAILoopback, key: Path, poll: float, **more: object) 
 def job_dir(root: Path, name: str) -> Path:
     path = root / name
     path.mkdir(parents=True)
-    (path / "job.json").write_text(json.dumps({"benchmark": name}))
+    (path / JOB_FILE).write_text(json.dumps({"benchmark": name}))
     return path
 
 

@@ -60,6 +60,7 @@ import tensorflow as tf  # noqa: E402
 from _common import make_job, run_before, run_worker, summary, write_result  # noqa: E402
 
 import ddlkit  # noqa: E402
+from ddlkit.jobdir import METRICS_FILE  # noqa: E402
 from ddlkit.plugins import get_plugin_manager  # noqa: E402
 from ddlkit_tensorflow.models import build_model  # noqa: E402
 
@@ -189,7 +190,7 @@ def cold_start(args: argparse.Namespace, job_dir: Path) -> float:
     proc = subprocess.run(argv, capture_output=True, text=True, timeout=600)
     if proc.returncode != 0:
         raise RuntimeError(f"cold-start run failed:\n{proc.stdout[-3000:]}{proc.stderr[-3000:]}")
-    first = json.loads((job_dir / "metrics.jsonl").read_text().splitlines()[0])
+    first = json.loads((job_dir / METRICS_FILE).read_text().splitlines()[0])
     return first["time"] - start
 
 

@@ -15,7 +15,7 @@ oversubscribe the cores, so their efficiency is at most 0.5.
 
 Failure: a 2-rank PyTorch job (dist=native) is killed at one rank with SIGKILL mid-training; the
 time from the kill to the launcher's exit is reported, and likewise from a SIGTERM to the
-launcher (preemption: agree on a step, checkpoint, exit 75). The cost of the per-step stop
+launcher (preemption: agree on a step, checkpoint, exit ``EXIT_PREEMPTED``). The cost of the per-step stop
 agreement (one all-reduce of a flag over ddlkit's control plane) is measured on its own.
 
     python benchmarks/scaling.py [--rounds 2 --steps 30] [--configs pytorch/native,tensorflow/native]
@@ -39,6 +39,7 @@ from pathlib import Path
 from typing import Any
 
 from _common import RESULTS, summary, write_result
+from ddlkit.jobdir import EXIT_PREEMPTED, JOB_FILE, RESULT_FILE
 
 #: framework=keras is absent: it refuses dist=native (Keras 3's fit fails under
 #: MultiWorkerMirroredStrategy) and trains like framework=tensorflow otherwise
@@ -79,7 +80,7 @@ def run_job(args: list[str], job_dir: Path) -> dict[str, Any]:
     if proc.returncode != 0:
         raise RuntimeError(f"ddlkit {' '.join(args)} failed ({proc.returncode}):\n{proc.stdout[-3000:]}"
                            f"\n{proc.stderr[-2000:]}")
-    return json.loads((job_dir / "result.json").read_text())
+    return json.loads((job_dir / RESULT_FILE).read_text())
 
 
 def measure_scaling(configs: list[str], rounds: int, work: Path, **shape: Any) -> dict[str, Any]:
@@ -114,7 +115,7 @@ def summarise(samples: dict[str, list[float]], loads: dict[str, list[float]]) ->
 
 
 def _worker_pid(job_dir: Path, rank: int) -> int | None:
-    marker = str(job_dir / "job.json").encode()
+    marker = str(job_dir / JOB_FILE).encode()
     for entry in os.scandir("/proc"):
         if not entry.name.isdigit():
             continue
@@ -263,7 +264,8 @@ def main() -> None:
                             "how": "SIGKILL to rank 1's worker of a 2-rank pytorch/native job; until the launcher exits"},
         "sigterm_to_exit_s": {**summary([s["seconds"] for s in stops["preempt"]]),
                               "exit_status": [s["exit_status"] for s in stops["preempt"]],
-                              "how": "SIGTERM to the launcher: ranks agree on a step, rank 0 checkpoints, all exit 75"},
+                              "how": "SIGTERM to the launcher: ranks agree on a step, rank 0 checkpoints, all exit "
+                                     f"{EXIT_PREEMPTED}"},
         "stop_check": stop_check,
     }
     path = write_result("scaling", payload)

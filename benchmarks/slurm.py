@@ -27,6 +27,7 @@ import time
 from pathlib import Path
 
 from _common import summary, write_result
+from ddlkit.jobdir import JOB_FILE
 
 REPO = Path(__file__).resolve().parents[1]
 FAKES = ("DDLKIT_PLUGINS", "ddlkit.testing.fakes")
@@ -76,7 +77,7 @@ def calls_per_minute(base: Path, follow_s: float) -> dict[str, float]:
     tgt = slurm.SlurmTarget(slurm.SlurmConfig())
     job_dir = base / "follow"
     job_dir.mkdir()
-    (job_dir / "job.json").write_text("{}")
+    (job_dir / JOB_FILE).write_text("{}")
     code = f"import time\nfor i in range({int(follow_s * 2)}):\n    print('tick', i, flush=True); time.sleep(0.5)"
     before = slurm.SCHEDULER_CALLS["count"]
     t0 = time.monotonic()

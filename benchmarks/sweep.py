@@ -48,6 +48,7 @@ from pathlib import Path
 from typing import Any
 
 from _common import RESULTS, core_env, export, summary, write_result
+from ddlkit.jobdir import RESULT_FILE
 
 
 def sweep_args(jobs: int, steps: int, batch: int) -> list[str]:
@@ -106,7 +107,7 @@ def overheads(sweep_dir: Path, wall: float, parallel: int) -> dict[str, Any]:
         # the end that freed this job's slot: the last one seen before it was submitted
         freed = max(e for e in ends if e <= job["submitted"])
         dispatch.append(job["started"] - freed)
-    end_seen = [j["ended"] - (Path(j["job_dir"]) / "result.json").stat().st_mtime for j in jobs]
+    end_seen = [j["ended"] - (Path(j["job_dir"]) / RESULT_FILE).stat().st_mtime for j in jobs]
     busy = sum(j["duration_s"] for j in jobs)
     return {"dispatch_s": summary(dispatch), "end_seen_s": summary(end_seen),
             "aggregate_per_job_s": (wall - busy / parallel) / len(jobs),

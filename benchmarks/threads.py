@@ -27,6 +27,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from _common import RESULTS, summary, write_result
+from ddlkit.jobdir import RESULT_FILE
 
 HERE = Path(__file__).resolve().parent
 #: label -> framework.num_threads (the old default: 0, with OpenMP's wait policy left alone)
@@ -61,7 +62,7 @@ def train(model: str, threads: str, args: argparse.Namespace, job_dir: Path) -> 
                           capture_output=True, text=True, timeout=1800)
     if proc.returncode:
         raise RuntimeError(f"{' '.join(cmd)} failed ({proc.returncode}):\n{proc.stdout[-2000:]}\n{proc.stderr[-2000:]}")
-    return json.loads((job_dir / "result.json").read_text())["images_per_sec"]
+    return json.loads((job_dir / RESULT_FILE).read_text())["images_per_sec"]
 
 
 @contextmanager

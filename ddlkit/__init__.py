@@ -3,7 +3,8 @@
 The public facade: the hook marker, the registration record, the five interfaces and the
 framework-neutral batch, the run object handed to frameworks and hooks, and the errors; the
 shared optimizer schemas in :mod:`ddlkit.optim`, bring-your-own-code helpers in
-:mod:`ddlkit.custom`. Everything else is internal.
+:mod:`ddlkit.custom`, the job directory's layout and exit statuses in :mod:`ddlkit.jobdir`, the
+fields of ``result.json`` in :mod:`ddlkit.result`. Everything else is internal.
 """
 
 from .distributed import DistContext

@@ -34,8 +34,10 @@ from .checkpoint import latest_checkpoint, resolve_resume
 from .commandline import job_command
 from .config import check_composed, to_container
 from .distributed import BACKENDS
-from .errors import ConfigError, DdlkitError, JobFailedError, exit_code_for
-from .interfaces import JOB_FILE, ComputeTarget, JobHandle, JobSpec, JobState, JobStatus
+from .errors import ConfigError, DdlkitError, JobFailedError
+from .interfaces import ComputeTarget, JobHandle, JobSpec, JobState, JobStatus
+from .jobdir import (CONFIG_FILE, ENVIRONMENT_FILE, EXIT_CONFIG_ERROR, EXIT_PREEMPTED, JOB_FILE, OVERRIDES_FILE,
+                     RESULT_FILE)
 from .jobs import index
 from .registry import HOOK_POINTS, Registry
 
@@ -44,7 +46,6 @@ if TYPE_CHECKING:
 
     from .plugins import DdlkitPluginManager
 
-RESULT_FILE = "result.json"
 #: what the launcher passes on to the ranks from its own environment: which plugins to load
 FORWARDED_ENV = ("DDLKIT_PLUGINS", "DDLKIT_DISABLE_PLUGINS", "DDLKIT_DISABLE_PLUGIN_AUTOLOAD", "DDLKIT_TRACE_PLUGINS")
 #: distributions whose versions are recorded in environment.json when installed
@@ -226,9 +227,9 @@ def prepare(cfg: DictConfig, *, job_dir: Path, overrides: Sequence[str], registr
     # nothing in the job directory names the launcher's paths: it runs wherever it is copied
     write_json(job_dir / JOB_FILE, {"version": 2, "name": name, "config": redacted, "overrides": list(overrides),
                                     "secrets": sorted(secrets)})
-    write_text(job_dir / "config.yaml", OmegaConf.to_yaml(OmegaConf.create(redacted)))
-    write_text(job_dir / "overrides.yaml", OmegaConf.to_yaml(OmegaConf.create(list(overrides))))
-    write_json(job_dir / "environment.json", environment_info())
+    write_text(job_dir / CONFIG_FILE, OmegaConf.to_yaml(OmegaConf.create(redacted)))
+    write_text(job_dir / OVERRIDES_FILE, OmegaConf.to_yaml(OmegaConf.create(list(overrides))))
+    write_json(job_dir / ENVIRONMENT_FILE, environment_info())
     rank_env, secret_env = job_environment(cfg, pm, env)
     if secrets:
         secret_env[secret_store.SECRETS_ENV] = secret_store.encode(secrets)
@@ -392,10 +393,8 @@ def settle(handle: JobHandle, status: JobStatus, job_dir: Path) -> JobStatus:
 
 def resumable(status: JobStatus, job_dir: Path) -> bool:
     """Whether the job's command, run again, resumes the ended job: its ranks stopped when told to
-    (exit status 75, while running), or it left a checkpoint. A job that failed before training, or
-    was cancelled before it started, has nothing to resume: its message names the cause instead."""
-    from .run import EXIT_PREEMPTED
-
+    (``EXIT_PREEMPTED``, while running), or it left a checkpoint. A job that failed before training,
+    or was cancelled before it started, has nothing to resume: its message names the cause instead."""
     return status.exit_code == EXIT_PREEMPTED or latest_checkpoint(job_dir) is not None
 
 
@@ -409,14 +408,12 @@ def conclude(handle: JobHandle, status: JobStatus, *, job_dir: Path, name: str,
         result = json.loads(result_path.read_text())
         out.write(f"ddlkit: done; result in {result_path}\n")
         return result
-    from .run import EXIT_PREEMPTED
-
     if status.exit_code == EXIT_PREEMPTED:
         saved = "after saving a checkpoint" if latest_checkpoint(job_dir) is not None else "before its first checkpoint"
         raise JobFailedError(f"job {name} stopped {saved}; {resume_hint}", exit_code=EXIT_PREEMPTED)
-    # a rank's config error (exit status 2: a model.target that does not import, a model of the
-    # wrong kind) is fixed in the command, so the same command would only fail again
-    resume = resumable(status, job_dir) and status.exit_code != exit_code_for(ConfigError())
+    # a rank's config error (a model.target that does not import, a model of the wrong kind) is
+    # fixed in the command, so the same command would only fail again
+    resume = resumable(status, job_dir) and status.exit_code != EXIT_CONFIG_ERROR
     hint = f"\n  {resume_hint}" if resume else ""
     raise JobFailedError(f"job {name} {status.state.value}: {status.message}{hint}",
                          exit_code=status.exit_code if status.exit_code and status.exit_code > 0 else 1)

@@ -17,6 +17,8 @@ readable message and an exit code (:data:`EXIT_CODES`), never a traceback.
 
 from __future__ import annotations
 
+from .jobdir import EXIT_CONFIG_ERROR, EXIT_FAILED, EXIT_PLUGIN_ERROR
+
 __all__ = [
     "EXIT_CODES",
     "ConfigError",
@@ -78,25 +80,25 @@ class RunError(DdlkitError):
 class JobFailedError(RunError):
     """A submitted job ended with a non-zero status (raised by the launcher)."""
 
-    def __init__(self, message: str, *, exit_code: int = 1):
+    def __init__(self, message: str, *, exit_code: int = EXIT_FAILED):
         super().__init__(message, component="compute")
         self.exit_code = exit_code
 
 
 #: Process exit codes of the ``ddlkit`` command, by error class (first match wins).
 EXIT_CODES: dict[type[BaseException], int] = {
-    UnknownNameError: 2,
-    ConfigError: 2,
-    PluginError: 3,
-    RunError: 1,
-    DdlkitError: 1,
+    UnknownNameError: EXIT_CONFIG_ERROR,
+    ConfigError: EXIT_CONFIG_ERROR,
+    PluginError: EXIT_PLUGIN_ERROR,
+    RunError: EXIT_FAILED,
+    DdlkitError: EXIT_FAILED,
 }
 
 
 def exit_code_for(err: BaseException) -> int:
     if isinstance(err, JobFailedError):
-        return err.exit_code or 1
+        return err.exit_code or EXIT_FAILED
     for cls, code in EXIT_CODES.items():
         if isinstance(err, cls):
             return code
-    return 1
+    return EXIT_FAILED

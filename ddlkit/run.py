@@ -23,6 +23,7 @@ from .checkpoint import (BEST, CHECKPOINT_DIR, build_manifest, checkpoint_name, 
                          read_manifest, remove_stale, verify, write_manifest)
 from .errors import ConfigError, DdlkitError, RunError
 from .interfaces import DataSource, Framework, Logger, Shard, StorageBackend
+from .jobdir import RESULT_FILE
 from .monitor import EarlyStopping, Watch
 from .schedule import LRSchedule
 from .throughput import ThroughputMeter
@@ -33,9 +34,6 @@ if TYPE_CHECKING:
     from .distributed import DistContext
     from .plugins import DdlkitPluginManager
     from .registry import Registry
-
-#: worker exit status when the job stopped on SIGTERM after writing a resumable checkpoint
-EXIT_PREEMPTED = 75
 
 SaveFn = Callable[[Path, dict[str, Any]], None]
 LoadFn = Callable[[Path], dict[str, Any]]
@@ -543,7 +541,7 @@ class Run:
     def finish(self, status: str) -> dict[str, Any] | None:
         result = self.result(status) if status == "completed" else None
         if result is not None and self.dist.is_main:
-            write_json(self.job_dir / "result.json", result)
+            write_json(self.job_dir / RESULT_FILE, result)
             where = self.storage.publish_results(self.job_dir, self.name)
             if where:
                 print(f"ddlkit: results published to {where}", flush=True)

@@ -6,8 +6,8 @@ of the launcher's. It never re-enters Hydra; it loads plugins (entry points, as 
 did), learns its rank from the environment, decides whether to resume from the checkpoints it
 finds in its job directory, and hands over to the ``ddlkit_run_loop`` hook.
 
-Exit status: 0 completed; 75 stopped on SIGTERM after a resumable checkpoint; 2 config
-error; 3 plugin error; 1 anything else.
+Exit status: :data:`~ddlkit.jobdir.EXIT_COMPLETED`; ``EXIT_PREEMPTED``, stopped on SIGTERM after a
+resumable checkpoint; ``EXIT_CONFIG_ERROR``; ``EXIT_PLUGIN_ERROR``; ``EXIT_FAILED``, anything else.
 """
 
 from __future__ import annotations
@@ -28,9 +28,10 @@ from .atomic import LockHeld, hold_lock
 from .checkpoint import resolve_resume
 from .distributed import DistContext
 from .errors import ConfigError, DdlkitError, RunError, exit_code_for
+from .jobdir import EXIT_COMPLETED, EXIT_CONFIG_ERROR, EXIT_FAILED, EXIT_PREEMPTED, LOCK_FILE
 from .plugins import get_plugin_manager
 from .registry import Registry
-from .run import EXIT_PREEMPTED, Preempted, Run, report_phase, stop_at_once
+from .run import Preempted, Run, report_phase, stop_at_once
 
 
 def load_job(job_file: Path) -> dict:
@@ -43,14 +44,14 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if len(argv) != 1:
         print("usage: python -m ddlkit.worker JOBFILE", file=sys.stderr)
-        return 2
+        return EXIT_CONFIG_ERROR
     try:
         job = load_job(Path(argv[0]))
     except (OSError, ValueError, KeyError) as err:
         # the compute target did not make the job directory available where this rank runs
         print(f"ddlkit worker: cannot read the job file {Path(argv[0]).resolve()} ({err}); a compute target "
               "runs every rank in (a copy of) the job directory", file=sys.stderr)
-        return 2
+        return EXIT_CONFIG_ERROR
     secrets = secret_store.decode(os.environ.get(secret_store.SECRETS_ENV))
     cfg = OmegaConf.create(job["config"])
     job_dir = Path(argv[0]).resolve().parent
@@ -78,7 +79,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"ddlkit: {checked}", flush=True)
         pm.hook.ddlkit_run_loop(run=run)
         status, ended_together = "completed", True
-        return 0
+        return EXIT_COMPLETED
     except Preempted as stop:
         status, ended_together = "interrupted", True
         saved = "checkpoint saved, resumable" if stop.checkpointed else "nothing to checkpoint yet, resumable"
@@ -96,9 +97,9 @@ def main(argv: list[str] | None = None) -> int:
         # a bug in a plugin or a framework failure: the full trace belongs in the rank log
         print(secret_store.scrub(traceback.format_exc(), secrets), file=sys.stderr)
         _name_silent_ranks(dist, err)
-        return 1
+        return EXIT_FAILED
     finally:
-        finish_code = _finish(run, status, dist.rank, secrets) if run is not None else 0
+        finish_code = _finish(run, status, dist.rank, secrets) if run is not None else EXIT_COMPLETED
         _leave(dist, ended_together and not finish_code)
         sys.stdout.flush()
         sys.stderr.flush()
@@ -114,7 +115,7 @@ def hold_job_directory(job_dir: Path) -> TextIO:
     lock is the kernel's (``lockf``, which NFS shares too), so it is released on any exit, SIGKILL
     included; the returned file keeps it while it is open."""
     try:
-        return hold_lock(job_dir / ".ddlkit" / "lock")
+        return hold_lock(job_dir / LOCK_FILE)
     except LockHeld as holder:
         raise ConfigError(f"{job_dir} is in use by another run of a job ({holder}): wait for it, stop it "
                           f"(`ddlkit jobs cancel {job_dir}`), or run in another directory.") from None
@@ -135,7 +136,7 @@ def _finish(run: Run, status: str, rank: int, secrets: dict[str, str]) -> int:
     """End the run (result.json, publishing, loggers); a DdlkitError becomes one clean line."""
     try:
         run.finish(status)
-        return 0
+        return EXIT_COMPLETED
     except DdlkitError as err:
         print(f"ddlkit worker (rank {rank}): {type(err).__name__}: {secret_store.scrub(str(err), secrets)}",
               file=sys.stderr)
@@ -144,7 +145,7 @@ def _finish(run: Run, status: str, rank: int, secrets: dict[str, str]) -> int:
 
 def _leave(dist: DistContext, ended_together: bool) -> None:
     """Leave the job together after a clean end. An MPI launcher stops the whole job as soon
-    as one rank exits with a non-zero status (75 after a preemption), so no rank may exit before
+    as one rank exits with a non-zero status (EXIT_PREEMPTED after a preemption), so no rank may exit before
     rank 0 has finished its checkpoint, result.json and loggers. After a failure a rank leaves
     at once: its closed connection is how the others learn of it."""
     if ended_together and dist.world_size > 1:

@@ -16,8 +16,8 @@ import numpy as np
 import pytest
 
 from ddlkit.engine import job_name
+from ddlkit.jobdir import EXIT_PREEMPTED
 from ddlkit.plugins import BUILTIN_PLUGINS
-from ddlkit.run import EXIT_PREEMPTED
 from ddlkit.testing import FAKES_MODULE, RESULT_KEYS, RunFactory, RunOutcome, interruptible
 from ddlkit.testing.fakes import MODEL_FILE
 

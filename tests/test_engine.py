@@ -13,7 +13,7 @@ import pytest
 from ddlkit import ComputeTarget, JobFailedError, JobHandle, JobSpec, JobState, JobStatus
 from ddlkit.checkpoint import CHECKPOINT_DIR, LATEST, checkpoint_name
 from ddlkit.engine import PreparedJob, environment_info, run_job
-from ddlkit.run import EXIT_PREEMPTED
+from ddlkit.jobdir import EXIT_PREEMPTED
 
 
 class StubHandle(JobHandle):

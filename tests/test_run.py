@@ -12,8 +12,8 @@ import pytest
 import ddlkit
 from ddlkit import RunError
 from ddlkit.checkpoint import verify
+from ddlkit.jobdir import EXIT_PREEMPTED
 from ddlkit.plugins import DdlkitPluginManager
-from ddlkit.run import EXIT_PREEMPTED
 from ddlkit.testing import RESULT_KEYS, HookRecorder, add_plugin, make_run
 from ddlkit.testing.fakes import MODEL_FILE
 

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any, TextIO
 from ..hookspecs import hookimpl
 from ..interfaces import Logger
 from ..registry import Registration
+from ..result import SUMMARY
 
 if TYPE_CHECKING:
     from ..run import Run
@@ -119,8 +120,7 @@ class ConsoleLogger(Logger):
         from rich.table import Table
 
         table = Table(title=f"ddlkit run {status}", show_header=False)
-        for key in ("framework", "model", "world_size", "global_batch_size", "epochs", "steps",
-                    "images_per_sec", "final_loss", "top1", "top5", "wall_time_s"):
+        for key in (f.name for f in SUMMARY):
             value = result.get(key)
             if value is None and key in ("top1", "top5"):
                 continue  # not measured: another task, or no more classes than k

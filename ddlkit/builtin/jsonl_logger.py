@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 from ..atomic import write_text
 from ..hookspecs import hookimpl
 from ..interfaces import Logger
+from ..jobdir import METRICS_FILE
 from ..registry import Registration
 
 if TYPE_CHECKING:
@@ -20,7 +21,7 @@ if TYPE_CHECKING:
 @dataclass
 class JsonlLoggerConfig:
     # file name inside the job directory
-    filename: str = "metrics.jsonl"
+    filename: str = METRICS_FILE
 
 
 class JsonlLogger(Logger):

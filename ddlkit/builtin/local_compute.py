@@ -14,10 +14,11 @@ from pathlib import Path
 
 from ..hookspecs import hookimpl
 from ..interfaces import ComputeTarget, JobHandle, JobSpec
+from ..jobdir import rank_log
 from ..jobs.process import ProcessJob
 from ..registry import Registration
 
-RANK0_LOG = "rank-0.log"
+RANK0_LOG = rank_log(0)
 
 
 @dataclass

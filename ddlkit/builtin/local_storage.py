@@ -11,10 +11,8 @@ from ..atomic import atomic_path
 from ..errors import ConfigError
 from ..hookspecs import hookimpl
 from ..interfaces import StorageBackend
+from ..jobdir import RESULT_FILES
 from ..registry import Registration
-
-#: files of a job directory that are results (checkpoints are published separately if asked)
-RESULT_FILES = ("result.json", "metrics.jsonl", "config.yaml", "overrides.yaml", "environment.json")
 
 
 @dataclass

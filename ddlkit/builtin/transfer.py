@@ -31,16 +31,13 @@ from typing import TypeVar
 
 from ..errors import ConfigError, RunError
 from ..interfaces import StorageBackend
+from ..jobdir import OUTPUT_GLOBS, RESULT_FILE, RESULT_FILES, STATE_DIR
 from .manifest import MANIFEST_NAME, Entry, Manifest, sha256_file
 
 T = TypeVar("T")
 
-#: the job-directory files that are results (checkpoints are chosen separately)
-RESULT_GLOBS = ("config.yaml", "overrides.yaml", "environment.json", "job.json", "metrics.jsonl", "staging*.json",
-                "model.*", "rank-*.log")
-RESULT_JSON = "result.json"
-#: bookkeeping of a staged copy, inside it: the manifest being staged, the completion marker, temp files
-STATE_DIR = ".ddlkit"
+#: the job-directory files published before the checkpoints (and result.json, always last)
+RESULT_GLOBS = (*(name for name in RESULT_FILES if name != RESULT_FILE), *OUTPUT_GLOBS)
 
 
 class TransientStorageError(OSError):
@@ -321,8 +318,8 @@ def result_files(job_dir: Path, *, checkpoints: bool) -> list[str]:
         latest = latest_checkpoint(job_dir)
         if latest is not None:
             found += checkpoint_files(job_dir, latest) + [f"{CHECKPOINT_DIR}/{LATEST}"]
-    if (job_dir / RESULT_JSON).is_file():
-        found.append(RESULT_JSON)
+    if (job_dir / RESULT_FILE).is_file():
+        found.append(RESULT_FILE)
     return found
 
 

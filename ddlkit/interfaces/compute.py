@@ -34,10 +34,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
 
-#: the resolved job file every rank reads, relative to the job directory
-JOB_FILE = "job.json"
-#: what each rank runs after the interpreter, in the job directory
-WORKER_ARGS = ("-m", "ddlkit.worker", JOB_FILE)
+# re-exported: the job file and the rank command are part of this contract (ddlkit.JOB_FILE)
+from ..jobdir import JOB_FILE, WORKER_ARGS
 
 
 class JobState(enum.Enum):

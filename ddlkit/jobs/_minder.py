@@ -1,16 +1,18 @@
 """Runs one job's command on this machine and leaves what a launcher needs to find it later.
 
-    python -I _minder.py LOG EXIT_FILE GRACE_S STOP_SIGNAL -- COMMAND...
+    python -I _minder.py LOG EXIT_FILE CANCEL_FILE DETACHED_FILE GRACE_S STOP_SIGNAL -- COMMAND...
+
+(the files are relative to the working directory, the job directory: :mod:`ddlkit.jobdir` names them)
 
 * COMMAND's output (stdout and stderr) is appended to LOG by COMMAND itself: nothing sits in a
   pipe to the launcher, so a detached job outlives its launcher;
 * when COMMAND ends, ``{"code": N, "time": T}`` is written to EXIT_FILE (atomically): its exit
   code, negative for a signal, which a process that is not this one's parent cannot learn otherwise;
 * SIGTERM and SIGINT are passed to COMMAND (it decides how to stop: a ddlkit worker checkpoints);
-* if the launcher that started it dies (even by SIGKILL) before it detached the job (the file
-  ``.ddlkit/detached`` in the working directory says it did), COMMAND gets STOP_SIGNAL (a
-  number: SIGTERM for a worker; mpirun passes SIGUSR1 on to its ranks) as if cancelled, and
-  SIGKILL GRACE_S seconds later: a job nobody watches does not run on by mistake;
+* if the launcher that started it dies (even by SIGKILL) before it detached the job (DETACHED_FILE
+  says it did), CANCEL_FILE is written, as a cancel does, and COMMAND gets STOP_SIGNAL (a
+  number: SIGTERM for a worker; mpirun passes SIGUSR1 on to its ranks), and SIGKILL GRACE_S
+  seconds later: a job nobody watches does not run on by mistake;
 * whatever COMMAND left running in its process group is killed once it has ended;
 * should the minder itself be killed (``kill -9`` of the job's id, which is its pid), a guard it
   forked first -- in the job's session, in a process group of its own, told of the minder's end
@@ -18,8 +20,9 @@
   job's processes never train on unseen.
 
 Standard library only, and started with ``-I``: it imports nothing from site-packages, so it
-starts in milliseconds and the job's environment cannot change it. Its exit status is COMMAND's
-(128 + N for signal N).
+starts in milliseconds and the job's environment cannot change it. That is why the job
+directory's file names come as arguments from the launcher rather than from ``ddlkit.jobdir``.
+Its exit status is COMMAND's (128 + N for signal N).
 """
 
 import json
@@ -29,9 +32,6 @@ import subprocess
 import sys
 import time
 
-DETACHED_MARKER = os.path.join(".ddlkit", "detached")
-#: what ProcessJob.cancel() writes too: the job's end is then a cancellation, not a failure
-CANCEL_MARKER = os.path.join(".ddlkit", "cancel-requested")
 #: seconds between looks at the launcher
 _WATCH_S = 0.5
 #: seconds the guard keeps killing a killed minder's session (processes may fork meanwhile)
@@ -88,9 +88,10 @@ def _guard(done: int, log_path: str, exit_path: str) -> None:
 
 
 def main(argv: list[str]) -> int:
-    log_path, exit_path, grace, stop_signal, sep, *command = argv
+    log_path, exit_path, cancel_path, detached_path, grace, stop_signal, sep, *command = argv
     if sep != "--" or not command:
-        print("usage: python -I _minder.py LOG EXIT_FILE GRACE_S STOP_SIGNAL -- COMMAND...", file=sys.stderr)
+        print("usage: python -I _minder.py LOG EXIT_FILE CANCEL_FILE DETACHED_FILE GRACE_S STOP_SIGNAL -- COMMAND...",
+              file=sys.stderr)
         return 2
     launcher = os.getppid()
     # the guard first: from here on, a killed minder does not leave the job running
@@ -123,11 +124,12 @@ def main(argv: list[str]) -> int:
             break
         except subprocess.TimeoutExpired:
             pass
-        if orphaned_at is None and os.getppid() != launcher and not os.path.exists(DETACHED_MARKER):
+        if orphaned_at is None and os.getppid() != launcher and not os.path.exists(detached_path):
             orphaned_at = time.monotonic()
             with open(log_path, "ab", buffering=0) as log:
                 log.write(b"ddlkit: the launcher of this job is gone; asking the job to checkpoint and stop\n")
-            with open(CANCEL_MARKER, "w", encoding="utf-8") as f:
+            # what ProcessJob.cancel() writes too: the job's end is then a cancellation, not a failure
+            with open(cancel_path, "w", encoding="utf-8") as f:
                 f.write(f"{time.time()} launcher gone\n")
             forward(int(stop_signal))
         elif orphaned_at is not None and time.monotonic() - orphaned_at > float(grace):

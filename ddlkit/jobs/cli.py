@@ -22,7 +22,9 @@ from pathlib import Path
 from typing import TextIO
 
 from ..errors import ConfigError, DdlkitError, exit_code_for
-from ..interfaces import JOB_FILE, JobHandle, JobStatus
+from ..interfaces import JobHandle, JobStatus
+from ..jobdir import JOB_FILE, RESULT_FILE
+from ..result import STATUS
 from . import index
 
 
@@ -102,10 +104,10 @@ def cmd_status(args: argparse.Namespace, out: TextIO) -> int:
               f"job dir:   {sub.job_dir}\n")
     if status.message:
         out.write(status.message.rstrip() + "\n")
-    result = Path(sub.job_dir) / "result.json"
+    result = Path(sub.job_dir) / RESULT_FILE
     if status.state.done and result.is_file():
         data = json.loads(result.read_text(encoding="utf-8"))
-        shown = {k: data.get(k) for k in ("steps", "images_per_sec", "final_loss", "best_top1") if k in data}
+        shown = {f.name: data.get(f.name) for f in STATUS if f.name in data}
         out.write(f"result:    {json.dumps(shown)}\n")
     return 0
 

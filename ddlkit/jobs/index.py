@@ -1,6 +1,6 @@
 """Where ``ddlkit jobs`` finds a job again: its submission record, and an index of recent jobs.
 
-* ``<job_dir>/.ddlkit/submission.json`` -- the job's own record: its name, the compute target
+* ``<job_dir>/`` :data:`~ddlkit.jobdir.SUBMISSION_FILE` -- the job's own record: its name, the compute target
   that runs it and the target's id for it, when it was submitted, and the last state the
   launcher saw (rewritten when the job ends). The job directory is self-describing: ``ddlkit
   jobs status <job dir>`` works wherever the directory is.
@@ -27,14 +27,13 @@ from typing import TYPE_CHECKING, Any
 
 from ..atomic import write_json
 from ..errors import ConfigError
-from ..interfaces import JOB_FILE, JobHandle, JobStatus
-from .process import STATE_DIR
+from ..interfaces import JobHandle, JobStatus
+from ..jobdir import JOB_FILE, SUBMISSION_FILE
 
 if TYPE_CHECKING:
     from ..registry import Registry
 
 STATE_DIR_ENV = "DDLKIT_STATE_DIR"
-SUBMISSION_FILE = f"{STATE_DIR}/submission.json"
 
 
 def state_dir() -> Path:

@@ -30,13 +30,8 @@ from pathlib import Path
 
 from ..atomic import write_text
 from ..interfaces import JobHandle, JobState, JobStatus
+from ..jobdir import CANCEL_FILE, DETACHED_FILE, EXIT_FILE, STATE_DIR
 
-#: bookkeeping of the process job in its job directory
-STATE_DIR = ".ddlkit"
-EXIT_FILE = f"{STATE_DIR}/exit.json"
-CANCEL_FILE = f"{STATE_DIR}/cancel-requested"
-#: written by detach(): the minder then lets the job outlive its launcher
-DETACHED_FILE = f"{STATE_DIR}/detached"
 _MINDER = str(Path(__file__).with_name("_minder.py"))
 #: seconds between looks at a log file that is being followed
 _FOLLOW_PACE_S = 0.05
@@ -170,8 +165,9 @@ class ProcessJob(JobHandle):
             log_offset = (job_dir / log_name).stat().st_size
         except FileNotFoundError:
             log_offset = 0
-        proc = subprocess.Popen([sys.executable, "-I", _MINDER, log_name, EXIT_FILE, str(grace_period_s),
-                                 str(int(stop_signal)), "--", *command], cwd=job_dir,
+        # the minder gets the job directory's names as arguments: it imports nothing from ddlkit
+        proc = subprocess.Popen([sys.executable, "-I", _MINDER, log_name, EXIT_FILE, CANCEL_FILE, DETACHED_FILE,
+                                 str(grace_period_s), str(int(stop_signal)), "--", *command], cwd=job_dir,
                                 env=dict(env), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                                 stderr=subprocess.DEVNULL, start_new_session=True)
         _OWNED.add(proc.pid)

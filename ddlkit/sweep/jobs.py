@@ -14,8 +14,9 @@ of calling the task function once per job. Then:
    keeps each job's handle id: a re-run of the sweep re-attaches to jobs that still run
    instead of submitting them twice;
 4. starts and ends are printed as they happen, failures with their error and log;
-5. the report (:mod:`.report`) is written, and the exit status set: 0 all completed, 1 a job
-   failed, 75 interrupted (resumable).
+5. the report (:mod:`.report`) is written, and the exit status set (:mod:`ddlkit.jobdir`):
+   ``EXIT_COMPLETED`` all completed, ``EXIT_FAILED`` a job failed, ``EXIT_PREEMPTED`` interrupted
+   (resumable).
 """
 
 from __future__ import annotations
@@ -41,7 +42,8 @@ from .. import secrets as secret_store
 from ..atomic import LockHeld, hold_lock
 from ..errors import ConfigError, DdlkitError, exit_code_for
 from ..interfaces import ComputeTarget, JobHandle, JobSpec, JobState, JobStatus
-from ..run import EXIT_PREEMPTED
+from ..jobdir import EXIT_PREEMPTED, RESULT_FILE, rank_log
+from ..result import HEADLINE
 from . import SWEEP_JOB_ENV, SWEEP_NAME_ENV
 from ..commandline import job_command, launch_args, override
 from ..hydra_errors import explain
@@ -61,7 +63,7 @@ if TYPE_CHECKING:
 #: the task-function attribute through which the launcher finds ddlkit's sweep support
 SWEEP_ATTR = "ddlkit_sweep"
 #: where a job's rank 0 output is, once the target has brought the job's files back
-RANK0_LOG = "rank-0.log"
+RANK0_LOG = rank_log(0)
 #: the lock that gives a sweep directory one launcher (see hold_sweep_directory)
 SWEEP_LOCK = ".sweep.lock"
 
@@ -279,7 +281,7 @@ class DdlkitSweep:
         """What Hydra's sweeper gets for the job: with ``sweep.objective``, that field of its result
         (what a search sweeper optimizes); else the whole result. A failed job's return raises."""
         ret = JobReturn(overrides=job.overrides, working_dir=str(job.output_dir), task_name=task_name)
-        result_path = job.output_dir / "result.json"
+        result_path = job.output_dir / RESULT_FILE
         result = json.loads(result_path.read_text()) if failure is None and result_path.is_file() else record.result
         if failure is None and objective is not None and (result or {}).get(objective) is None:
             failure = SweepError(f"ddlkit: error: sweep job #{job.num} completed, but its result has no "
@@ -387,7 +389,7 @@ class _Progress(Observer):
         attempts, spent = self.before[job.num]
         result = None
         if outcome.state == "completed":
-            result = result_summary(json.loads((Path(record.job_dir) / "result.json").read_text()))
+            result = result_summary(json.loads((Path(record.job_dir) / RESULT_FILE).read_text()))
         if job.num in self.sweep.adopted:
             attempts -= 1  # the earlier run of the sweep counted the attempt this one re-attached to
         log = record.log if record.log and Path(record.log).is_file() else f"ddlkit jobs logs {record.name}"
@@ -412,11 +414,7 @@ class _Progress(Observer):
 
 
 def _metrics(result: dict[str, Any]) -> str:
-    parts = []
-    for key, title, fmt in (("images_per_sec", "images/sec", "{:.1f}"), ("final_loss", "final loss", "{:.4f}"),
-                            ("best_top1", "best val top-1", "{:.4f}")):
-        if result.get(key) is not None:
-            parts.append(f"{title} {fmt.format(result[key])}")
+    parts = [f"{f.title} {f.format.format(result[f.name])}" for f in HEADLINE if result.get(f.name) is not None]
     return ", ".join(parts) or "no metrics"
 
 

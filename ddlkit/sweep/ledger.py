@@ -24,6 +24,7 @@ from typing import Any
 
 from ..atomic import write_json
 from ..errors import ConfigError
+from ..result import LEDGER
 
 LEDGER_FILE = "ledger.json"
 JOURNAL_FILE = "ledger.journal.jsonl"
@@ -33,8 +34,7 @@ MIN_JOURNAL_LINES = 64
 SAVE_DELAY_S = 1.0
 VERSION = 1
 #: result.json fields kept in the ledger (and shown in the report)
-RESULT_FIELDS = ("images_per_sec", "final_loss", "best_top1", "top1", "top5", "val_loss", "steps", "epochs",
-                 "world_size", "global_batch_size", "wall_time_s")
+RESULT_FIELDS = tuple(f.name for f in LEDGER)
 
 
 @dataclass

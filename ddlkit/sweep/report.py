@@ -16,15 +16,15 @@ from pathlib import Path
 from typing import Any
 
 from ..atomic import atomic_path, write_text
+from ..result import HEADLINE
 from .ledger import JobRecord, Ledger
 from .settings import SORT_KEYS
 
-COLUMNS = ("job", "overrides", "status", "attempts", "duration_s", "images_per_sec", "final_loss", "best_top1",
-           "job_dir")
+#: the report's own columns around the result's headline fields
+COLUMNS = ("job", "overrides", "status", "attempts", "duration_s", *(f.name for f in HEADLINE), "job_dir")
 #: how the Markdown table shows each numeric column
-_FORMATS = {"duration_s": "{:.1f}", "images_per_sec": "{:.1f}", "final_loss": "{:.4f}", "best_top1": "{:.4f}"}
-_TITLES = {"duration_s": "duration (s)", "images_per_sec": "images/sec", "final_loss": "final loss",
-           "best_top1": "best val top-1", "job_dir": "directory"}
+_FORMATS = {"duration_s": "{:.1f}", **{f.name: f.format for f in HEADLINE}}
+_TITLES = {"duration_s": "duration (s)", **{f.name: f.title for f in HEADLINE}, "job_dir": "directory"}
 
 
 @dataclass(frozen=True)
@@ -55,8 +55,7 @@ def rows(ledger: Ledger, sort_by: str) -> list[dict[str, Any]]:
         table.append({
             "job": rec.num, "overrides": labels[rec.num], "status": rec.status, "attempts": rec.attempts,
             "duration_s": round(rec.duration_s, 3) if rec.duration_s is not None else None,
-            "images_per_sec": result.get("images_per_sec"), "final_loss": result.get("final_loss"),
-            "best_top1": result.get("best_top1"),
+            **{f.name: result.get(f.name) for f in HEADLINE},
             "job_dir": str(job_dir.relative_to(ledger.path.parent)) if job_dir.is_relative_to(ledger.path.parent)
             else str(job_dir),
         })

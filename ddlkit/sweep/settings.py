@@ -7,15 +7,16 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..errors import ConfigError
+from ..result import HEADLINE, LEDGER, MAXIMIZE, MINIMIZE
 
-#: report sort keys -> whether larger is better (sorted first)
-SORT_KEYS: dict[str, bool] = {"best_top1": True, "final_loss": False, "images_per_sec": True, "duration_s": False}
+#: report sort keys -> whether larger is better (sorted first): the report's result columns, by
+#: name, and how long a job ran
+SORT_KEYS: dict[str, bool] = {**{f.name: f.direction == MAXIMIZE for f in sorted(HEADLINE, key=lambda f: f.name)},
+                              "duration_s": False}
 #: result fields a search sweeper can optimize (``sweep.objective``), each with its natural direction
 #: (``sweep.direction=auto``); the other fields a sweep's ledger keeps need ``sweep.direction`` set
-OBJECTIVE_DIRECTIONS: dict[str, str] = {"best_top1": "maximize", "top1": "maximize", "top5": "maximize",
-                                        "images_per_sec": "maximize", "final_loss": "minimize",
-                                        "val_loss": "minimize", "wall_time_s": "minimize"}
-DIRECTIONS = ("maximize", "minimize")
+OBJECTIVE_DIRECTIONS: dict[str, str] = {f.name: f.direction for f in LEDGER if f.direction is not None}
+DIRECTIONS = (MAXIMIZE, MINIMIZE)
 #: Hydra's own sweeper, which enumerates values and optimizes nothing
 BASIC_SWEEPER = "hydra._internal.core_plugins.basic_sweeper.BasicSweeper"
 

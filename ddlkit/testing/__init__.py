@@ -49,8 +49,9 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
+from .. import result as result_schema
 from ..hookspecs import hookimpl
-from ..interfaces import JOB_FILE
+from ..jobdir import JOB_FILE, METRICS_FILE, RESULT_FILE
 from ..jobs.index import STATE_DIR_ENV
 from ..plugins import DdlkitPluginManager, PluginInfo, get_plugin_manager, new_plugin_manager
 from ..registry import HOOK_POINTS, Registry
@@ -96,12 +97,7 @@ DDLKIT_ENV = (
 )
 #: the keys ddlkit's core writes to every completed run's result.json (plugins may add their
 #: own through ``run.extra_result``): what end-to-end tests of a framework check
-RESULT_KEYS = frozenset({
-    "status", "framework", "model", "data", "world_size", "batch_size_per_rank", "global_batch_size", "precision",
-    "epochs", "steps", "steps_per_epoch", "images_per_sec", "measured_steps", "warmup_steps", "final_loss",
-    "val_loss", "top1", "top5", "best_top1", "peak_lr", "wall_time_s", "resumed_from_step", "accumulate_batches",
-    "clip_grad_norm", "stopped_early", "best_checkpoint",
-})
+RESULT_KEYS = result_schema.NAMES
 #: pytest itself rewrites this one around every phase of a test
 _PYTEST_ENV = "PYTEST_CURRENT_TEST"
 #: the groups ddlkit.config.store_schemas stores besides the hook points
@@ -197,7 +193,7 @@ class _JobFiles:
         # a snapshot: re-running a job in the same directory (to resume) must not change this outcome
         if self.job_dir is None:
             return
-        for name in ("result.json", "metrics.jsonl"):
+        for name in (RESULT_FILE, METRICS_FILE):
             if (self.job_dir / name).is_file():
                 self._files[name] = (self.job_dir / name).read_text(encoding="utf-8")
 
@@ -210,12 +206,12 @@ class _JobFiles:
     @property
     def result(self) -> dict[str, Any]:
         """``result.json``, parsed, as it was when the run ended."""
-        return json.loads(self._text("result.json"))
+        return json.loads(self._text(RESULT_FILE))
 
     @property
     def metrics(self) -> list[dict[str, Any]]:
         """``metrics.jsonl``, one dict per line, as it was when the run ended."""
-        return [json.loads(line) for line in self._text("metrics.jsonl").splitlines() if line.strip()]
+        return [json.loads(line) for line in self._text(METRICS_FILE).splitlines() if line.strip()]
 
 
 @dataclass

@@ -318,9 +318,9 @@ class ComputeTargetContract:
     def test_job_runs_in_its_job_directory_and_its_files_come_back(
             self, target: ComputeTarget, handles: list[JobHandle], tmp_path: Path) -> None:
         job_dir = tmp_path / "files"
-        handle = self.submit(target, handles, job_dir, """
+        handle = self.submit(target, handles, job_dir, f"""
             import json
-            job = json.load(open("job.json"))           # relative: the job directory is the cwd
+            job = json.load(open({JOB_FILE!r}))           # relative: the job directory is the cwd
             with open("written-by-the-job.txt", "w") as f:
                 f.write(job["contract"])
         """)

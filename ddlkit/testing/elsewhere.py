@@ -31,7 +31,8 @@ from typing import Any
 
 from ..errors import ConfigError
 from ..interfaces import JOB_FILE, ComputeTarget, JobHandle, JobSpec, JobStatus
-from ..jobs.process import STATE_DIR, ProcessJob
+from ..jobdir import STATE_DIR, rank_log
+from ..jobs.process import ProcessJob
 
 AWAY_SUFFIX = ".away"
 
@@ -69,7 +70,7 @@ class ElsewhereHandle(JobHandle):
     def collect(self) -> None:
         """Put the launcher's directory back (keeping what the launcher wrote meanwhile, e.g. its
         submission record), then copy in what the job wrote. The remote side's own bookkeeping
-        (``.ddlkit/``) stays there."""
+        (``STATE_DIR``) stays there."""
         away = self.job_dir.with_name(self.job_dir.name + AWAY_SUFFIX)
         if away.is_dir():
             if self.job_dir.is_dir():
@@ -104,7 +105,7 @@ class ElsewhereTarget(ComputeTarget):
         # the launcher keeps its job file (``ddlkit jobs`` rebuilds the target from it); the rest is away
         spec.job_dir.mkdir()
         shutil.copy2(away / JOB_FILE, spec.job_dir / JOB_FILE)
-        remote = ProcessJob.start(spec.command(sys.executable), job_dir=remote_dir, log_name="rank-0.log",
+        remote = ProcessJob.start(spec.command(sys.executable), job_dir=remote_dir, log_name=rank_log(0),
                                   env=self._bare_environment(spec), grace_period_s=self.cfg.grace_period_s)
         remote.detach()  # a cluster's job does not die with the launcher that submitted it
         return ElsewhereHandle(remote, spec.name, spec.job_dir)
@@ -113,7 +114,7 @@ class ElsewhereTarget(ComputeTarget):
         name, _, pid = job_id.rpartition("/")
         if not name or not (self.root / name).is_dir():
             raise ConfigError(f"compute=elsewhere has no job {job_id!r} under {self.root}.")
-        remote = ProcessJob.attach(pid, job_dir=self.root / name, log_name="rank-0.log",
+        remote = ProcessJob.attach(pid, job_dir=self.root / name, log_name=rank_log(0),
                                    grace_period_s=self.cfg.grace_period_s)
         return ElsewhereHandle(remote, name, job_dir)
 

@@ -7,7 +7,8 @@ from pathlib import Path
 import pytest
 
 from ddlkit import ConfigError, StorageBackend
-from ddlkit.builtin.local_storage import RESULT_FILES, LocalStorage, LocalStorageConfig
+from ddlkit.builtin.local_storage import LocalStorage, LocalStorageConfig
+from ddlkit.jobdir import RESULT_FILE, RESULT_FILES
 from ddlkit.testing.contracts import StorageBackendContract
 
 
@@ -50,3 +51,20 @@ def test_publish_results_copies_the_result_files(tmp_path: Path) -> None:
     assert storage.publish_results(job_dir, "run-1") == str(tmp_path / "store" / "results" / "run-1")
     assert storage.list("results/") == sorted(f"results/run-1/{name}" for name in RESULT_FILES)
     assert LocalStorage(LocalStorageConfig()).publish_results(job_dir, "run-1") is None
+
+
+def test_result_json_is_published_last(tmp_path: Path) -> None:
+    """A result.json at the destination means the other files arrived (as with the other storages)."""
+    job_dir = tmp_path / "job"
+    job_dir.mkdir()
+    for name in RESULT_FILES:
+        (job_dir / name).write_text(name)
+    puts: list[str] = []
+
+    class Recording(LocalStorage):
+        def put(self, local_path: Path, key: str) -> None:
+            puts.append(key)
+            super().put(local_path, key)
+
+    Recording(LocalStorageConfig(root=str(tmp_path / "store"))).publish_results(job_dir, "run-1")
+    assert puts[-1] == f"results/run-1/{RESULT_FILE}" and len(puts) == len(RESULT_FILES)

@@ -16,11 +16,10 @@ import pytest
 
 from ddlkit import JobState
 from ddlkit.engine import job_name
+from ddlkit.jobdir import EXIT_FILE, EXIT_PREEMPTED
 from ddlkit.jobs import index
-from ddlkit.jobs.process import EXIT_FILE
 from ddlkit.plugins import get_plugin_manager
 from ddlkit.registry import Registry
-from ddlkit.run import EXIT_PREEMPTED
 from ddlkit.testing import FAKES_MODULE, RunFactory, interruptible
 from ddlkit.worker import hold_job_directory
 

@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 
 from ddlkit.engine import job_name
-from ddlkit.run import EXIT_PREEMPTED
+from ddlkit.jobdir import EXIT_PREEMPTED
 from ddlkit.testing import FAKES_MODULE, RunFactory, interruptible
 
 pytestmark = pytest.mark.slow

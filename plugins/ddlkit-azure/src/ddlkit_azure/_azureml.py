@@ -42,8 +42,9 @@ from azure.core.exceptions import (
 )
 
 import ddlkit
-from ddlkit.interfaces import JOB_FILE, JobHandle, JobSpec, JobState, JobStatus
-from ddlkit.jobs.process import STATE_DIR
+from ddlkit.interfaces import JobHandle, JobSpec, JobState, JobStatus
+from ddlkit.jobdir import (CONFIG_FILE, ENVIRONMENT_FILE, EXIT_COMPLETED, EXIT_FAILED, EXIT_PREEMPTED, JOB_FILE,
+                           OVERRIDES_FILE, STATE_DIR, rank_log)
 from ddlkit.secrets import REDACTED, scrub
 
 from .arm import SIGN_IN, management_credential
@@ -57,7 +58,7 @@ for _name in ("azure.ai.ml", "azure.core.pipeline.policies.http_logging_policy",
     logging.getLogger(_name).setLevel(logging.ERROR)
 
 #: the job directory's files the launcher writes: the job's code (what the command copies into its output)
-LAUNCHER_FILES = (JOB_FILE, "config.yaml", "overrides.yaml", "environment.json")
+LAUNCHER_FILES = (JOB_FILE, CONFIG_FILE, OVERRIDES_FILE, ENVIRONMENT_FILE)
 #: the job's output that holds its directory
 OUTPUT = "job_dir"
 #: the job's input that holds the data (when data.root is a datastore URI)
@@ -319,19 +320,17 @@ class AzureMLJob(JobHandle):
 
     def _ended(self, details: Any) -> JobStatus:
         if details.status == "Completed":
-            return JobStatus(JobState.SUCCEEDED, 0)
+            return JobStatus(JobState.SUCCEEDED, EXIT_COMPLETED)
         error = getattr(getattr(details.error, "error", None), "message", None) or ""
         tail = self._tail(details)
         found = _EXIT.search(error)
         code = int(found.group(1)) if found else None
-        from ddlkit.run import EXIT_PREEMPTED
-
         if details.status == "Canceled":
             # Azure ML keeps no exit status for a cancelled job: the worker's own last words say
             # whether it stopped after a checkpoint (the resume hint then applies)
             code = EXIT_PREEMPTED if ", resumable" in tail else code  # ddlkit.worker: "...; <what>, resumable"
             return JobStatus(JobState.CANCELLED, code, f"Azure ML job {self.id} was cancelled; {self._tail_text(tail)}")
-        return JobStatus(JobState.FAILED, code if code is not None else 1,
+        return JobStatus(JobState.FAILED, code if code is not None else EXIT_FAILED,
                          f"Azure ML job {self.id} failed: {scrub(error, self._secrets) or 'no reason given'}; "
                          f"{self._tail_text(tail)}")
 
@@ -430,4 +429,4 @@ class AzureMLJob(JobHandle):
         for name, url in (details.log_files or {}).items():
             m = _RANK_LOG.match(name)
             if m:
-                (self.job_dir / f"rank-{m.group(1) or 0}.log").write_bytes(self._read(url))
+                (self.job_dir / rank_log(m.group(1) or 0)).write_bytes(self._read(url))

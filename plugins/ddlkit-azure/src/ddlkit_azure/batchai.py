@@ -45,7 +45,7 @@ import ddlkit
 from ddlkit.atomic import write_text
 from ddlkit.containers import DEFAULT_REGISTRY, default_image
 from ddlkit.interfaces import JobHandle, JobSpec, JobState, JobStatus
-from ddlkit.jobs.process import CANCEL_FILE, STATE_DIR
+from ddlkit.jobdir import CANCEL_FILE, STATE_DIR
 
 if TYPE_CHECKING:
     from .batchai_client import Service
@@ -357,5 +357,5 @@ class BatchAIJob(JobHandle):
 
     def collect(self) -> None:
         """Download the job's output directory ``JOB`` (what the ranks wrote) into the job
-        directory; the launcher's own bookkeeping (``.ddlkit/``) is kept."""
+        directory; the launcher's own bookkeeping (``STATE_DIR``) is kept."""
         self.service.download_outputs(self.id, self.job_dir, skip=(STATE_DIR,))

@@ -45,6 +45,7 @@ from azure.mgmt.batchai import models as m
 from ddlkit import ConfigError, JobSpec, RunError
 from ddlkit.atomic import atomic_path, write_json
 from ddlkit.containers import default_image
+from ddlkit.jobdir import CANCEL_FILE, STATE_DIR
 from ddlkit.jobs.index import state_dir
 from ddlkit.secrets import REDACTED, is_secret_key, scrub
 
@@ -61,9 +62,9 @@ from .batchai import (
 ACCOUNT_KEY_ENV = "AZURE_STORAGE_KEY"
 #: the ranks' command runs in the job's output directory, copied from its input directory once per job
 #: (the first node to make the marker directory copies; the others wait for it)
-PREPARE = ('out="$AZ_BATCHAI_OUTPUT_{id}"; mkdir -p "$out/.ddlkit"; '
-           'if mkdir "$out/.ddlkit/copy" 2>/dev/null; then cp -a "$AZ_BATCHAI_INPUT_{id}/." "$out/" '
-           '&& touch "$out/.ddlkit/copied"; else while [ ! -e "$out/.ddlkit/copied" ]; do sleep 1; done; fi')
+PREPARE = ('out="$AZ_BATCHAI_OUTPUT_{id}"; mkdir -p "$out/{state}"; '
+           'if mkdir "$out/{state}/copy" 2>/dev/null; then cp -a "$AZ_BATCHAI_INPUT_{id}/." "$out/" '
+           '&& touch "$out/{state}/copied"; else while [ ! -e "$out/{state}/copied" ]; do sleep 1; done; fi')
 #: what the ranks need to find rank 0: the first host of the service's MPI host file
 RENDEZVOUS = ('export MASTER_ADDR="$(awk \'NF && $1 !~ /^#/ {{print $1; exit}}\' "$AZ_BATCHAI_MPI_HOST_FILE")" '
               'MASTER_PORT={port} PYTHONUNBUFFERED=1; export DDLKIT_CONTROL_ADDR="$MASTER_ADDR:{control}"; '
@@ -521,7 +522,7 @@ class Service:
         python = c.python
         rank = [python, "-m", "ddlkit_mpi.rank", "--job-dir", ".", "--node-sizes",
                 ",".join([str(c.procs_per_node)] * c.nodes), "--scratch", "$AZ_BATCHAI_JOB_TEMP/ddlkit",
-                "--cancel-file", ".ddlkit/cancel-requested", "--", *spec.command(python)]
+                "--cancel-file", CANCEL_FILE, "--", *spec.command(python)]
         # the node's variables stay for its shell to expand
         quoted = " ".join(f'"{a}"' if a.startswith("$AZ_BATCHAI") else shlex.quote(a) for a in rank)
         # the service's mpirun starts every rank in its own directory; the rank minder checks that it
@@ -533,7 +534,7 @@ class Service:
         return m.JobCreateParameters(
             **self._base_job(cluster, c.nodes),
             custom_mpi_settings=m.CustomMpiSettings(command_line=command, process_count=c.nodes * c.procs_per_node),
-            job_preparation=m.JobPreparation(command_line=PREPARE.format(id=JOB_DIRECTORY_ID)),
+            job_preparation=m.JobPreparation(command_line=PREPARE.format(id=JOB_DIRECTORY_ID, state=STATE_DIR)),
             input_directories=[m.InputDirectory(id=JOB_DIRECTORY_ID, path=job_dir)],
             output_directories=[m.OutputDirectory(id=JOB_DIRECTORY_ID, path_prefix=self.mount(c.file_share.mount_path),
                                                   path_suffix="job")],
@@ -554,7 +555,7 @@ class Service:
         return name
 
     def upload_job_dir(self, spec: JobSpec, name: str) -> None:
-        """The job directory (but the launcher's ``.ddlkit/``) to ``<share>/<directory>/jobs/<name>/``."""
+        """The job directory (but the launcher's ``STATE_DIR``) to ``<share>/<directory>/jobs/<name>/``."""
         folder = self.job_folder(name)
         if self.planning:
             self.recorded.append(Recorded("PUT", f"{self.cfg.file_share.url.rstrip('/')}/{folder}/...", None,
@@ -562,7 +563,7 @@ class Service:
                                           "environment.json, and checkpoints of a resumed job), file by file"))
             return
         files = [p for p in sorted(Path(spec.job_dir).rglob("*"))
-                 if p.is_file() and p.relative_to(spec.job_dir).parts[0] != ".ddlkit"]
+                 if p.is_file() and p.relative_to(spec.job_dir).parts[0] != STATE_DIR]
         share = self.share.client(self.account_key())
         try:
             made: set[str] = set()

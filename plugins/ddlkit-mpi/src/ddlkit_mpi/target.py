@@ -46,7 +46,8 @@ from typing import Any, ClassVar
 import ddlkit
 from ddlkit.atomic import write_json, write_text
 from ddlkit.interfaces import JobHandle, JobSpec, JobState, JobStatus
-from ddlkit.jobs.process import CANCEL_FILE, ProcessJob, describe_exit, kill_session, log_tail, processes
+from ddlkit.jobdir import CANCEL_FILE, STATE_DIR
+from ddlkit.jobs.process import ProcessJob, describe_exit, kill_session, log_tail, processes
 
 from .hosts import Host, discover
 from .rank import RECORDS_DIR
@@ -55,7 +56,7 @@ from .rank import RECORDS_DIR
 MPIRUN_LOG = "mpirun.log"
 RANK_MODULE = "ddlkit_mpi.rank"
 #: the job's rank layout, written at submission for handles built later (``ddlkit jobs``)
-LAYOUT_FILE = ".ddlkit/mpi-layout.json"
+LAYOUT_FILE = f"{STATE_DIR}/mpi-layout.json"
 #: what every rank gets from mpirun's environment on every host (``-x NAME``), besides the job's own
 RANK_ENV = ("MASTER_ADDR", "MASTER_PORT", "DDLKIT_CONTROL_ADDR", "PYTHONUNBUFFERED", "OMP_NUM_THREADS")
 

@@ -11,15 +11,17 @@ It runs COMMAND (the ddlkit worker) as its child and is the rank's minder:
   goes to this process's stdout, which srun writes to the batch job's output (``slurm.log``), the
   file the launcher follows; another rank that fails prints its last lines there, prefixed;
 * **signals**: SIGTERM, SIGINT and SIGUSR1 reach the child as SIGTERM (the worker checkpoints at
-  its next step and exits 75); the child dies with this process (``PR_SET_PDEATHSIG``), and
+  its next step and exits ``EXIT_PREEMPTED``); the child dies with this process (``PR_SET_PDEATHSIG``), and
   whatever it left running in its process group is killed when it ends.
 
-Standard library only, nothing from ddlkit: it starts once per rank before the worker.
+Standard library only, and nothing of the ddlkit package but its job-directory protocol (one file,
+loaded by its path): it starts once per rank before the worker.
 """
 
 from __future__ import annotations
 
 import ctypes
+import importlib.util
 import os
 import re
 import selectors
@@ -27,8 +29,26 @@ import signal
 import subprocess
 import sys
 from collections import deque
+from types import ModuleType
 
 _PR_SET_PDEATHSIG = 1
+
+
+def _load_jobdir() -> ModuleType:
+    """:mod:`ddlkit.jobdir`, the file names and exit codes of the job directory, loaded from its file:
+    ``import ddlkit.jobdir`` would import the ddlkit package (pluggy, OmegaConf, ...) first, and
+    jobdir.py imports nothing."""
+    package = importlib.util.find_spec("ddlkit")  # locates the package without importing it
+    assert package is not None and package.submodule_search_locations, "ddlkit is not installed"
+    spec = importlib.util.spec_from_file_location(
+        "_ddlkit_jobdir", os.path.join(package.submodule_search_locations[0], "jobdir.py"))
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+jobdir = _load_jobdir()
 #: the worker, once started; signals that came before it
 started: list[subprocess.Popen[bytes]] = []
 pending: list[int] = []
@@ -85,7 +105,7 @@ def main(argv: list[str] | None = None) -> int:
     rank = int(ranks["RANK"])
     env = {**os.environ, **ranks}
     tail: deque[bytes] = deque(maxlen=15)
-    with open(f"rank-{rank}.log", "ab", buffering=0) as log:
+    with open(jobdir.rank_log(rank), "ab", buffering=0) as log:
         child = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                  env=env, process_group=0, preexec_fn=_die_with_parent)
         started.append(child)
@@ -126,10 +146,10 @@ def main(argv: list[str] | None = None) -> int:
             os.killpg(child.pid, signal.SIGKILL)
         except (ProcessLookupError, PermissionError):
             pass
-    if rank != 0 and code not in (0, 75):
+    if rank != 0 and code not in (jobdir.EXIT_COMPLETED, jobdir.EXIT_PREEMPTED):
         lines = [*tail, partial] if partial else list(tail)
         text = "".join(f"[rank {rank}] {ln.decode(errors='replace')}\n" for ln in lines)
-        out.write(f"[rank {rank}] exited with code {code}; last lines of rank-{rank}.log:\n{text}".encode())
+        out.write(f"[rank {rank}] exited with code {code}; last lines of {jobdir.rank_log(rank)}:\n{text}".encode())
         out.flush()
     return 128 - code if code < 0 else code
 

@@ -10,13 +10,13 @@ environment (``spec.env``) and its secrets (``spec.secret_env``) travel in sbatc
   ddlkit's control-plane address, then starts the ranks with ``srun python -m ddlkit_slurm.rank --
   python -m ddlkit.worker job.json`` (see :mod:`ddlkit_slurm.rank`);
 * asks Slurm for a warning signal before the time limit (``--signal=B:USR1@signal_before_s``);
-  on it the ranks get SIGTERM, checkpoint and exit 75 (ddlkit's ``EXIT_PREEMPTED``), and the
+  on it the ranks get SIGTERM, checkpoint and exit with ``ddlkit.jobdir.EXIT_PREEMPTED``, and the
   script re-queues the job (``scontrol requeue``) up to ``max_requeues`` times: the re-run
   resumes from the checkpoint in the same job directory (``trainer.resume=auto``);
-* on ``cancel()`` (SIGUSR1 to the batch shell with ``.ddlkit/cancel-requested`` written) or a
+* on ``cancel()`` (SIGUSR1 to the batch shell with ``jobdir.CANCEL_FILE`` written) or a
   SIGTERM to the batch shell passes SIGTERM to the ranks and ends the job after ``grace_period_s``
   if they have not stopped;
-* writes ``.ddlkit/slurm-exit.json`` (the ranks' exit code, the job id, the restarts) when it ends
+* writes :data:`EXIT_RECORD` (the ranks' exit code, the job id, the restarts) when it ends
   without being re-queued: the handle's final status, also after Slurm forgot the job.
 
 The handle asks ``scontrol show job`` (no accounting database needed) at most once per
@@ -44,18 +44,18 @@ from typing import Any
 
 import ddlkit
 from ddlkit.atomic import write_text
-from ddlkit.errors import exit_code_for
 from ddlkit.interfaces import JobHandle, JobSpec, JobState, JobStatus
-from ddlkit.jobs.process import CANCEL_FILE, LogFollower, log_tail
+from ddlkit.jobdir import CANCEL_FILE, EXIT_CONFIG_ERROR, EXIT_PREEMPTED, STATE_DIR
+from ddlkit.jobs.process import LogFollower, log_tail
 
 #: the batch script, written into the job directory
 SCRIPT = "slurm.sbatch"
 #: the batch job's output: what the script says plus rank 0's output (followed by logs())
 OUTPUT = "slurm.log"
 #: the script's record of how the job ended (relative to the job directory)
-EXIT_RECORD = ".ddlkit/slurm-exit.json"
+EXIT_RECORD = f"{STATE_DIR}/slurm-exit.json"
 #: the script's record of how the ranks ended when Slurm stopped the job (time limit, scancel, preemption)
-STOP_RECORD = ".ddlkit/slurm-stopped.json"
+STOP_RECORD = f"{STATE_DIR}/slurm-stopped.json"
 RANK_MODULE = "ddlkit_slurm.rank"
 #: Slurm's time formats: minutes, minutes:seconds, hours:minutes:seconds, days-hours,
 #: days-hours:minutes, days-hours:minutes:seconds; and the unlimited ones
@@ -193,10 +193,10 @@ class SlurmJob(JobHandle):
         if code == 0:
             return JobStatus(JobState.SUCCEEDED, 0)
         state = JobState.CANCELLED if self.cancel_requested else JobState.FAILED
-        if code == 75:
-            why = (f"the ranks checkpointed and stopped (exit 75) after {record.get('restarts', 0)} re-queue(s), "
+        if code == EXIT_PREEMPTED:
+            why = (f"the ranks checkpointed and stopped (exit {code}) after {record.get('restarts', 0)} re-queue(s), "
                    "the most compute.max_requeues allows" if record.get("warned") else
-                   "the ranks checkpointed and stopped (exit 75)")
+                   f"the ranks checkpointed and stopped (exit {code})")
             return JobStatus(state, code, f"Slurm job {self.id}: {why}; {self._tail()}")
         return JobStatus(state, code, f"Slurm job {self.id}: the ranks ended with exit status {code}; {self._tail()}")
 
@@ -241,7 +241,7 @@ class SlurmJob(JobHandle):
         if state == "PENDING" and reason in _NEVER_STARTS:
             # Slurm would keep it queued, silently, for ever
             _run(["scancel", self.id])
-            self._final = JobStatus(JobState.FAILED, exit_code_for(ddlkit.ConfigError()),
+            self._final = JobStatus(JobState.FAILED, EXIT_CONFIG_ERROR,
                                     f"Slurm job {self.id} can never start ({reason}): {_NEVER_STARTS[reason]}; "
                                     "it was cancelled")
             return self._final
@@ -259,8 +259,8 @@ class SlurmJob(JobHandle):
             self._final = JobStatus(JobState.CANCELLED, stopped if stopped is not None else exit_code, f"Slurm job {self.id} was cancelled "
                                                                    f"({reason}); {self._tail()}")
         elif state == "TIMEOUT":
-            if self._stop_code() == 75:
-                self._final = JobStatus(JobState.FAILED, 75, (
+            if self._stop_code() == EXIT_PREEMPTED:
+                self._final = JobStatus(JobState.FAILED, EXIT_PREEMPTED, (
                     f"Slurm job {self.id} ran out of time (time limit {info.get('TimeLimit', self.time_limit)}); the "
                     f"ranks saved a checkpoint when Slurm stopped them; {self._tail()}"))
             else:
@@ -388,7 +388,7 @@ class SlurmTarget(ddlkit.ComputeTarget):
 {header}
 
 set -u
-mkdir -p .ddlkit
+mkdir -p {STATE_DIR}
 rm -f {EXIT_RECORD} {STOP_RECORD}
 restarts=${{SLURM_RESTART_COUNT:-0}}
 max_requeues={int(c.max_requeues)}
@@ -400,7 +400,7 @@ export MASTER_ADDR MASTER_PORT DDLKIT_CONTROL_ADDR="$MASTER_ADDR:$((MASTER_PORT 
 export OMP_NUM_THREADS=${{OMP_NUM_THREADS:-${{SLURM_CPUS_PER_TASK:-1}}}}
 echo "ddlkit-slurm: job $SLURM_JOB_ID (run $((restarts + 1))) on $SLURM_JOB_NODELIST: {self.world_size} rank(s)"
 if [ -e {CANCEL_FILE} ] && [ "$restarts" -gt 0 ]; then
-    echo "ddlkit-slurm: the job was cancelled; not resuming it"; exit 75
+    echo "ddlkit-slurm: the job was cancelled; not resuming it"; exit {EXIT_PREEMPTED}
 fi
 
 warned=0 stopping=0 signalled=0
@@ -437,7 +437,7 @@ while :; do
     [ "$signalled" = 1 ] || break
 done
 
-if [ "$code" -eq 75 ] && [ "$warned" = 1 ] && [ "$stopping" = 0 ] && [ ! -e {CANCEL_FILE} ] \\
+if [ "$code" -eq {EXIT_PREEMPTED} ] && [ "$warned" = 1 ] && [ "$stopping" = 0 ] && [ ! -e {CANCEL_FILE} ] \\
         && [ "$restarts" -lt "$max_requeues" ]; then
     echo "ddlkit-slurm: checkpoint saved; re-queueing the job to resume ($((restarts + 1)) of $max_requeues)"
     if scontrol requeue "$SLURM_JOB_ID"; then
@@ -447,7 +447,7 @@ if [ "$code" -eq 75 ] && [ "$warned" = 1 ] && [ "$stopping" = 0 ] && [ ! -e {CAN
 fi
 if [ "$stopping" = 1 ] && [ ! -e {CANCEL_FILE} ]; then
     # Slurm ended the job (time limit, scancel, preemption): its state says how; this says
-    # whether the ranks saved a checkpoint first (exit 75)
+    # whether the ranks saved a checkpoint first (exit {EXIT_PREEMPTED})
     echo "ddlkit-slurm: stopped by Slurm; the ranks ended with exit status $code"
     printf '{{"job_id": "%s", "code": %d, "restarts": %d}}\\n' "$SLURM_JOB_ID" "$code" "$restarts" > {STOP_RECORD}.tmp
     mv {STOP_RECORD}.tmp {STOP_RECORD}
@@ -500,7 +500,7 @@ exit "$code"
     def submit(self, spec: JobSpec) -> JobHandle:
         self.check_cluster()
         job_dir = Path(spec.job_dir).resolve()
-        (job_dir / ".ddlkit").mkdir(parents=True, exist_ok=True)
+        (job_dir / STATE_DIR).mkdir(parents=True, exist_ok=True)
         # a resumed job runs in the same directory: the previous run's ending is not this one's
         for name in (EXIT_RECORD, STOP_RECORD, CANCEL_FILE):
             (job_dir / name).unlink(missing_ok=True)

@@ -34,7 +34,7 @@ from omegaconf import OmegaConf
 
 import ddlkit
 from ddlkit.atomic import write_text
-from ddlkit.run import EXIT_PREEMPTED
+from ddlkit.jobdir import ENVIRONMENT_FILE, EXIT_COMPLETED, EXIT_PREEMPTED
 from ddlkit.secrets import split_secrets
 from ddlkit.sweep import SWEEP_JOB_ENV, SWEEP_NAME_ENV
 
@@ -44,7 +44,7 @@ if TYPE_CHECKING:
 MODES = ("auto", "online", "offline", "disabled")
 #: where the job's W&B run id is kept, inside the job directory
 RUN_ID_FILE = Path("wandb") / "ddlkit-run-id"
-_EXIT_CODES = {"completed": 0, "interrupted": EXIT_PREEMPTED}
+_EXIT_CODES = {"completed": EXIT_COMPLETED, "interrupted": EXIT_PREEMPTED}
 
 
 @dataclass
@@ -74,7 +74,7 @@ class WandbLogger(ddlkit.Logger):
         config, _ = split_secrets(OmegaConf.to_container(run.cfg, resolve=True))
         config["ddlkit"] = {"job": run.name, "job_dir": str(run.job_dir), "world_size": run.dist.world_size,
                             "sweep": os.environ.get(SWEEP_NAME_ENV), "sweep_job": os.environ.get(SWEEP_JOB_ENV),
-                            "environment": _read_json(run.job_dir / "environment.json")}
+                            "environment": _read_json(run.job_dir / ENVIRONMENT_FILE)}
         settings = wandb.Settings(api_key=self.cfg.api_key) if self.cfg.api_key else None
         self.wb = wandb.init(
             project=self.cfg.project, entity=self.cfg.entity,

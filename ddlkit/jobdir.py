@@ -1,0 +1,84 @@
+"""The job directory: what lives in it, who writes it, and when. The protocol's reference.
+
+A job *is* its directory (see :mod:`ddlkit.interfaces.compute`): the launcher writes it, a compute
+target makes it available where the ranks run (the same directory on a shared disk, or a copy),
+the ranks write their output into it, and the target brings that back. Every name below is the
+one place its file is spelled; plugins and shell scripts rendered by compute targets use these
+constants, never the literals. Paths are relative to the job directory, with ``/`` separators
+(they go into shell scripts and remote file shares as they are)::
+
+    <job_dir>/
+      job.json            JOB_FILE          launcher, before submit: the resolved config (secrets
+                                            redacted) every rank runs from (WORKER_ARGS)
+      config.yaml         CONFIG_FILE       launcher, before submit: the same config, for people
+      overrides.yaml      OVERRIDES_FILE    launcher, before submit: the command-line overrides
+      environment.json    ENVIRONMENT_FILE  launcher, before submit: versions, host, git commit
+      rank-N.log          rank_log(N)       the target (its rank minder), while the job runs:
+                                            rank N's output
+      metrics.jsonl       METRICS_FILE      rank 0 (logger=jsonl), while the job runs
+      checkpoints/                          rank 0, while the job runs (ddlkit.checkpoint)
+      result.json         RESULT_FILE       rank 0, once, when training completed; its absence
+                                            after the job ended means the job failed
+      .ddlkit/            STATE_DIR         bookkeeping, never results; a target that copies the
+                                            job directory elsewhere leaves it behind
+        lock              LOCK_FILE         rank 0, while it runs: two runs of one job directory
+                                            would destroy each other's checkpoints
+        submission.json   SUBMISSION_FILE   launcher, at submit and when the job ends
+                                            (ddlkit.jobs.index: how ``ddlkit jobs`` finds it)
+        cancel-requested  CANCEL_FILE       whoever cancels the job (``JobHandle.cancel``), before
+                                            signalling it: the job's end is then a cancellation
+        exit.json         EXIT_FILE         the process minder of a job run on this machine
+                                            (ddlkit.jobs.process), when the job's command ended
+        detached          DETACHED_FILE     ``ProcessJob.detach``: the job outlives its launcher
+        <target>-*        the target's own  e.g. compute=slurm's ``.ddlkit/slurm-exit.json``
+
+Exit status of every rank (``python -m ddlkit.worker job.json``): :data:`EXIT_COMPLETED`,
+:data:`EXIT_FAILED` (anything else), :data:`EXIT_CONFIG_ERROR` (the user's fix),
+:data:`EXIT_PLUGIN_ERROR` (the plugin author's fix), and :data:`EXIT_PREEMPTED`: stopped on SIGTERM
+after saving a resumable checkpoint -- a scheduler may re-queue the job, a re-run of the same job
+directory resumes it.
+
+Results are published in the order of :data:`RESULT_FILES`, ``result.json`` last: a result.json
+at the destination means everything before it arrived.
+
+This module imports nothing, so that a process that must start in milliseconds can load it by its
+file path without importing the ``ddlkit`` package (``ddlkit_slurm.rank`` does, once per rank).
+"""
+
+#: the resolved job file every rank reads
+JOB_FILE = "job.json"
+#: what each rank runs after the interpreter, in the job directory
+WORKER_ARGS = ("-m", "ddlkit.worker", JOB_FILE)
+CONFIG_FILE = "config.yaml"
+OVERRIDES_FILE = "overrides.yaml"
+ENVIRONMENT_FILE = "environment.json"
+
+
+def rank_log(rank: int | str) -> str:
+    """Rank ``rank``'s output (``rank-0.log`` is what the launcher follows; ``"*"`` gives the glob)."""
+    return f"rank-{rank}.log"
+
+
+#: written by the jsonl logger (its default ``logger.jsonl.filename``)
+METRICS_FILE = "metrics.jsonl"
+#: written by rank 0 when training completed, and only then (its fields: :mod:`ddlkit.result`)
+RESULT_FILE = "result.json"
+#: the job's files that are its results, in the order they are published: result.json last
+RESULT_FILES = (CONFIG_FILE, OVERRIDES_FILE, ENVIRONMENT_FILE, METRICS_FILE, RESULT_FILE)
+#: what a storage that publishes a job's whole output adds to RESULT_FILES (checkpoints aside)
+OUTPUT_GLOBS = (JOB_FILE, "staging*.json", "model.*", rank_log("*"))
+
+#: ddlkit's bookkeeping inside a directory (a job's; a staged dataset copy's): never a result
+STATE_DIR = ".ddlkit"
+LOCK_FILE = f"{STATE_DIR}/lock"
+SUBMISSION_FILE = f"{STATE_DIR}/submission.json"
+CANCEL_FILE = f"{STATE_DIR}/cancel-requested"
+EXIT_FILE = f"{STATE_DIR}/exit.json"
+DETACHED_FILE = f"{STATE_DIR}/detached"
+
+EXIT_COMPLETED = 0
+EXIT_FAILED = 1
+EXIT_CONFIG_ERROR = 2
+EXIT_PLUGIN_ERROR = 3
+#: stopped on SIGTERM after writing a resumable checkpoint (EX_TEMPFAIL: try again later)
+EXIT_PREEMPTED = 75

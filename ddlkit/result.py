@@ -1,0 +1,85 @@
+"""The fields of ``result.json``: one table, from which every reader of a result takes its keys.
+
+:meth:`ddlkit.Run.result` writes one key per :data:`FIELDS` row (``tests/test_result.py`` fails
+when the two differ); plugins may add keys of their own through ``run.extra_result``. The
+views below choose fields of the table, in the order their readers show them: the sweep's
+ledger and objectives, the sweep report's columns and its line per finished job, ``ddlkit jobs
+status`` and the console logger's end-of-run table. Nothing else spells a result key.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+#: a larger value is better (sweep objectives, report sorting)
+MAXIMIZE = "maximize"
+#: a smaller value is better
+MINIMIZE = "minimize"
+
+
+@dataclass(frozen=True)
+class Field:
+    name: str
+    #: the type of the value when present; every field may be null (not measured, not applicable)
+    type: type
+    #: MAXIMIZE, MINIMIZE, or None for a field that is no measure of how good a run was
+    direction: str | None
+    #: how a report shows the value
+    format: str = "{}"
+    #: how a report titles the value; by default its name, in words
+    title: str = ""
+
+    def __post_init__(self) -> None:
+        if not self.title:
+            object.__setattr__(self, "title", self.name.replace("_", " "))
+
+
+#: in the order Run.result writes them
+FIELDS: tuple[Field, ...] = (
+    Field("status", str, None),
+    Field("framework", str, None),
+    Field("model", str, None),
+    Field("data", str, None),
+    Field("world_size", int, None),
+    Field("batch_size_per_rank", int, None),
+    Field("global_batch_size", int, None),
+    Field("precision", str, None),
+    Field("epochs", int, None),
+    Field("steps", int, None),
+    Field("steps_per_epoch", int, None),
+    Field("images_per_sec", float, MAXIMIZE, "{:.1f}", "images/sec"),
+    Field("measured_steps", int, None),
+    Field("warmup_steps", int, None),
+    Field("final_loss", float, MINIMIZE, "{:.4f}", "final loss"),
+    Field("val_loss", float, MINIMIZE, "{:.4f}", "val loss"),
+    Field("top1", float, MAXIMIZE, "{:.4f}", "val top-1"),
+    Field("top5", float, MAXIMIZE, "{:.4f}", "val top-5"),
+    Field("best_top1", float, MAXIMIZE, "{:.4f}", "best val top-1"),
+    Field("peak_lr", float, None, "{:.4g}"),
+    Field("wall_time_s", float, MINIMIZE, "{:.1f}", "wall time (s)"),
+    Field("resumed_from_step", int, None),
+    Field("accumulate_batches", int, None),
+    Field("clip_grad_norm", float, None, "{:.4g}"),
+    #: why the run ended before its last epoch: monitor, reason, epoch, step
+    Field("stopped_early", dict, None),
+    #: the best checkpoint kept: monitor, mode, value, step, epoch, path
+    Field("best_checkpoint", dict, None),
+)
+BY_NAME: dict[str, Field] = {f.name: f for f in FIELDS}
+NAMES: frozenset[str] = frozenset(BY_NAME)
+
+
+def _view(*names: str) -> tuple[Field, ...]:
+    return tuple(BY_NAME[name] for name in names)  # a KeyError at import names a field the table lacks
+
+
+#: what a finished job is summed up by: the sweep report's result columns, its line per job
+HEADLINE = _view("images_per_sec", "final_loss", "best_top1")
+#: what the sweep's ledger keeps of each job's result, and what ``sweep.objective`` may name
+LEDGER = HEADLINE + _view("top1", "top5", "val_loss", "steps", "epochs", "world_size", "global_batch_size",
+                          "wall_time_s")
+#: what ``ddlkit jobs status`` shows of an ended job's result
+STATUS = _view("steps") + HEADLINE
+#: the console logger's table at the end of a completed run
+SUMMARY = _view("framework", "model", "world_size", "global_batch_size", "epochs", "steps", "images_per_sec",
+                "final_loss", "top1", "top5", "wall_time_s")
