@@ -92,6 +92,23 @@ def stop_at_once(signum: int, frame: object) -> None:
     raise Preempted(f"stopped by {signal.Signals(signum).name} before training started", checkpointed=False)
 
 
+def check_one_global_batch(train_length: int, trainer: Any, world_size: int) -> int:
+    """The global batch (``trainer.batch_size`` x ranks x ``trainer.accumulate_batches``), or a
+    ConfigError when ``train_length`` samples do not fill one. The ranks check it once their data
+    is readable; the launcher asks here too where the data source states its length without
+    reading any data (:meth:`ddlkit.DataSource.config_info`), before anything starts."""
+    batch, accumulate = trainer.batch_size, trainer.accumulate_batches
+    global_batch = batch * world_size * accumulate
+    if train_length < global_batch:
+        accumulated = f" x {accumulate} micro-batches" if accumulate > 1 else ""
+        raise ConfigError(
+            f"data has {train_length} training images, fewer than one global batch of {global_batch} "
+            f"(trainer.batch_size={batch} x {world_size} ranks{accumulated}). Lower "
+            f"trainer.batch_size{' or trainer.accumulate_batches,' if accumulated else ''} or raise data.length."
+        )
+    return global_batch
+
+
 class Run:
     def __init__(self, cfg: DictConfig, job_dir: Path, *, pm: DdlkitPluginManager, registry: Registry,
                  dist: DistContext, resume_from: Path | None = None, name: str | None = None) -> None:
@@ -115,16 +132,9 @@ class Run:
         self.shard = Shard(dist.rank, dist.world_size)
         #: micro-batches per optimizer step (trainer.accumulate_batches)
         self.accumulate = t.accumulate_batches
-        self.global_batch = t.batch_size * dist.world_size * self.accumulate
-        info = self.data.info
-        self.steps_per_epoch = info.train_length // self.global_batch
-        if self.steps_per_epoch < 1:
-            accumulated = f" x {self.accumulate} micro-batches" if self.accumulate > 1 else ""
-            raise ConfigError(
-                f"data has {info.train_length} training images, fewer than one global batch of {self.global_batch} "
-                f"(trainer.batch_size={t.batch_size} x {dist.world_size} ranks{accumulated}). Lower "
-                f"trainer.batch_size{' or trainer.accumulate_batches,' if accumulated else ''} or raise data.length."
-            )
+        train_length = self.data.info.train_length
+        self.global_batch = check_one_global_batch(train_length, t, dist.world_size)
+        self.steps_per_epoch = train_length // self.global_batch
         self.total_steps = self.steps_per_epoch * t.epochs
         if t.max_steps is not None:
             self.total_steps = min(self.total_steps, t.max_steps)

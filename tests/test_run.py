@@ -237,6 +237,16 @@ def test_too_little_data_for_one_global_batch(ddlkit_pm: DdlkitPluginManager, tm
                                "(trainer.batch_size=32 x 1 ranks). Lower trainer.batch_size or raise data.length.")
 
 
+def test_a_source_whose_size_only_the_ranks_know_is_checked_by_the_run(ddlkit_pm: DdlkitPluginManager,
+                                                                          tmp_path: Path) -> None:
+    """data=custom states no size in its config: the launcher passes it, the Run refuses it."""
+    with pytest.raises(ddlkit.ConfigError) as info:
+        make_run(ddlkit_pm, tmp_path / "job", "data=custom", "data.target=ddlkit.testing.optim:linear_data",
+                 "data.num_classes=3", "trainer.batch_size=32")
+    assert str(info.value) == ("data has 16 training images, fewer than one global batch of 32 "
+                               "(trainer.batch_size=32 x 1 ranks). Lower trainer.batch_size or raise data.length.")
+
+
 def test_job_file_is_what_the_worker_reads(run_inprocess) -> None:
     out = run_inprocess(*SMALL, "trainer.epochs=1")
     job = json.loads((out.job_dir / "job.json").read_text())

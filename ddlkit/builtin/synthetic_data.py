@@ -96,6 +96,9 @@ class SyntheticData(DataSource):
         c = self.cfg
         return DataInfo(c.num_classes, c.image_size, c.length, c.val_length)
 
+    def config_info(self) -> DataInfo:
+        return self.info
+
     def loader(self, split: str, *, batch_size: int, shard: Shard, seed: int) -> SyntheticImages:
         check_split(split)
         length = self.cfg.length if split == "train" else self.cfg.val_length

@@ -79,6 +79,12 @@ class DataSource(ABC):
     @abstractmethod
     def info(self) -> DataInfo: ...
 
+    def config_info(self) -> DataInfo | None:
+        """:attr:`info` when this source's config alone states it -- no file listed, no user code
+        imported -- else None (the default: only the ranks, once the data is readable, know it).
+        The launcher checks the job against it (one global batch at least) before anything runs."""
+        return None
+
     def prepare(self, run: Run) -> None:
         """Called on every rank before loaders are built: stage files, wait for local rank 0."""
 
