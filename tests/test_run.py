@@ -247,6 +247,19 @@ def test_a_source_whose_size_only_the_ranks_know_is_checked_by_the_run(ddlkit_pm
                                "(trainer.batch_size=32 x 1 ranks). Lower trainer.batch_size or raise data.length.")
 
 
+def test_restore_still_checkpoints_and_starts_with_a_deprecation_warning(ddlkit_pm: DdlkitPluginManager,
+                                                                         tmp_path: Path,
+                                                                         hook_recorder: HookRecorder) -> None:
+    """0.1's framework contract, for framework plugins outside this repository, until 0.2."""
+    run = make_run(ddlkit_pm, tmp_path / "job", "logger=[recording]")
+    with pytest.warns(DeprecationWarning, match=r"run.checkpointing\(save, load\), then run.start\(\)"):
+        state = run.restore(lambda path, meta: None, lambda path: {})
+    assert state == ddlkit.run.RunState()
+    assert hook_recorder.names() == ["ddlkit_configure", "ddlkit_run_start"]
+    (logger,) = run.loggers
+    assert [c.method for c in logger.calls] == ["start"]
+
+
 def test_job_file_is_what_the_worker_reads(run_inprocess) -> None:
     out = run_inprocess(*SMALL, "trainer.epochs=1")
     job = json.loads((out.job_dir / "job.json").read_text())

@@ -128,13 +128,13 @@ class TensorflowFramework(ddlkit.Framework):
         def load(path: Path) -> dict[str, Any]:
             return load_state(path, model, optimizer)
 
-        loader_args = dict(batch_size=t.batch_size, shard=run.shard, seed=t.seed)
-        data = run.data.loader("train", **loader_args)
-        check_classifier(run, model, data)
-        train_loader = tf_loader(data)
-        val_loader = tf_loader(run.data.loader("val", **loader_args)) if t.validate else None
+        train, val = run.loaders()
+        check_classifier(run, model, train)
+        train_loader = tf_loader(train)
+        val_loader = tf_loader(val) if val is not None else None
         run.phase("data ready")
-        run.restore(save, load)
+        run.checkpointing(save, load)
+        run.start()
 
         def evaluate() -> dict[str, float]:
             sums = dict.fromkeys([*metrics, "count"], 0.0)
