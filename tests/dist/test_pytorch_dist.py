@@ -23,12 +23,12 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("ddlkit_pytorch")
 pytest.importorskip("ddlkit_mpi")
 
-from ddlkit.distributed import horovod_problem  # noqa: E402
+from ddlkit_pytorch.framework import horovod_problem  # noqa: E402
 
 pytestmark = pytest.mark.slow
 
 BACKENDS = ["native", pytest.param("horovod", marks=pytest.mark.skipif(
-    horovod_problem("pytorch") is not None, reason=str(horovod_problem("pytorch"))))]
+    horovod_problem() is not None, reason=str(horovod_problem())))]
 B = 8  # per-rank batch of the 2-rank jobs
 STEPS = 3
 # a constant learning rate (peak 0.05) that moves the weights far beyond float32 noise in 3 steps,
@@ -47,7 +47,7 @@ def runs(tmp_path_factory: pytest.TempPathFactory, dt: SimpleNamespace) -> dict[
     dirs = {"single": jobs.base / "single"}
     jobs.run(*TRAIN, f"trainer.batch_size={2 * B}", job_dir=dirs["single"]).assert_success()
     for backend in ("native", "horovod"):
-        if backend == "horovod" and horovod_problem("pytorch"):
+        if backend == "horovod" and horovod_problem():
             continue
         dirs[backend] = jobs.base / backend
         jobs.run(*TRAIN, *TWO_RANKS, f"dist={backend}", job_dir=dirs[backend]).assert_success()
@@ -100,7 +100,7 @@ def test_horovod_steps_exactly_like_native(runs: dict[str, Path], dt: SimpleName
     broadcast_optimizer_state does to a fresh optimizer) would move BatchNorm weights by about
     1 % of the update: caught here where the 1-rank comparison's tolerance cannot."""
     if "horovod" not in runs:
-        pytest.skip(horovod_problem("pytorch") or "horovod did not run")
+        pytest.skip(horovod_problem() or "horovod did not run")
     start = initial_weights()
     native = dt.load_weights(runs["native"] / "weights-rank-0.npz")
     horovod = dt.load_weights(runs["horovod"] / "weights-rank-0.npz")
