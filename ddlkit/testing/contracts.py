@@ -33,8 +33,9 @@ from typing import Any, ClassVar
 
 import pytest
 
-from ..interfaces import (JOB_FILE, Batch, ComputeTarget, DataSource, JobHandle, JobSpec, JobState, Logger, Shard,
-                          StorageBackend)
+from ..interfaces import (JOB_FILE, Batch, ComputeTarget, DataSource, ImageFilesSpec, ImagePoolSpec, JobHandle,
+                          JobSpec, JobState, Logger, Shard, StorageBackend)
+from ..interfaces.data import native_spec
 from ..plugins import DdlkitPluginManager
 from ..run import Run, RunState
 from . import HookRecorder, WorkerOutcome, add_plugin, make_run
@@ -263,6 +264,23 @@ class DataSourceContract:
         (x0, _), *_ = self._batches(loaders[0])
         (x1, _), *_ = self._batches(loaders[1])
         assert not (x0 == x1).all(), "two ranks received the same batch"
+
+    def test_a_declared_native_spec_describes_what_the_loader_serves(self, data_source: DataSource) -> None:
+        """A framework builds its own pipeline from a loader's ``native_spec()`` instead of its
+        batches, so the description must be of the same batches (a loader may declare none)."""
+        loader = self._loader(data_source, shard=Shard(0, 1), seed=3)
+        spec = native_spec(loader)
+        if isinstance(spec, ImagePoolSpec):
+            assert spec.batches == len(loader)
+            for k, (x, y) in enumerate(self._batches(loader, epoch=1)):
+                i = spec.index(1, k)
+                assert (x == spec.images[i]).all() and (y == spec.labels[i]).all()
+        elif isinstance(spec, ImageFilesSpec):
+            assert (spec.batch_size, spec.shard, spec.seed) == (self.batch_size, Shard(0, 1), 3)
+            assert len(spec.files) == len(spec.labels) == data_source.info.train_length
+            assert spec.on_corrupt in ("error", "skip")
+        else:
+            assert spec is None, f"native_spec() gave {spec!r}: an ImageFilesSpec, an ImagePoolSpec or None"
 
 
 # ---------------------------------------------------------------------------- compute
