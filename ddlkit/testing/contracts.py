@@ -510,6 +510,7 @@ class FrameworkContract:
         assert [c["step"] for c in hook_recorder.getcalls("ddlkit_step_end")] == [
             s for s in range(1, steps_per_epoch * epochs + 1) if s % log_every == 0 or s == steps_per_epoch * epochs]
         assert [c["epoch"] for c in hook_recorder.getcalls("ddlkit_epoch_end")] == list(range(1, epochs + 1))
+        assert len(hook_recorder.getcalls("ddlkit_run_start")) == 1, "call run.start() once, before the first step"
         assert (out.job_dir / self.model_file).is_file()
 
     def test_stops_at_max_steps(self, train: Any) -> None:

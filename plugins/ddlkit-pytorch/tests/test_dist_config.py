@@ -44,9 +44,9 @@ def test_horovod_without_its_torch_build_is_refused_with_how_to_get_it(monkeypat
     (tmp_path / "tensorflow").mkdir()
     (tmp_path / "tensorflow" / "mpi_lib.cpython-312-x86_64-linux-gnu.so").touch()  # another framework's binding
     horovod_at(monkeypatch, tmp_path)
-    with pytest.raises(ddlkit.ConfigError, match=r"^dist=horovod with framework=pytorch: the installed Horovod was "
-                                                 r"built without PyTorch support\. Build it against the installed torch "
-                                                 r"with scripts/install_horovod.sh"):
+    with pytest.raises(ddlkit.ConfigError, match=r"^dist=horovod with framework=pytorch: the installed Horovod "
+                                                 r"was built without PyTorch support\. Build it against the "
+                                                 r"installed torch with scripts/install_horovod.sh"):
         PytorchFramework(PytorchConfig()).configure(config("horovod"))
 
 
