@@ -1,5 +1,5 @@
 """The PyTorch plugin's launcher-side checks of the dist settings (training with several ranks
-is tested end to end in tests/dist)."""
+is tested end to end in test_dist.py)."""
 
 from __future__ import annotations
 
