@@ -206,7 +206,7 @@ class Run:
         def loader(split: str) -> Loader:
             return self.data.loader(split, batch_size=t.batch_size, shard=self.shard, seed=t.seed)
 
-        return loader("train"), loader("val") if t.validate else None
+        return loader("train"), (loader("val") if t.validate else None)
 
     def checkpointing(self, save: SaveFn, load: LoadFn) -> RunState:
         """Register how to write/read the framework's state, load ``resume_from`` if set, and

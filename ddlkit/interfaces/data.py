@@ -3,18 +3,18 @@
 A data source names no framework. It serves framework-neutral batches -- :class:`Batch`, numpy
 arrays -- through a :class:`Loader`, and each framework plugin owns the adapter that turns a
 loader into its tensors and input pipeline (``ddlkit_pytorch.data``, ``ddlkit_tensorflow.data``).
-A loader may also describe its images (:meth:`Loader.native_spec`: :class:`ImageFilesSpec`,
-:class:`ImagePoolSpec`), so that an adapter builds a native pipeline from the description instead
-of converting numpy batches (the built-in image-folder and synthetic loaders get ``DataLoader``
-worker processes and ``tf.data`` graphs that way); a loader that describes nothing is served
-through its numpy batches, so a new data source works with every framework and a new framework
-with every data source.
+A loader may also describe its images with a ``native_spec()`` method (:func:`native_spec`:
+:class:`ImageFilesSpec`, :class:`ImagePoolSpec`), so that an adapter builds a native pipeline from
+the description instead of converting numpy batches (the built-in image-folder and synthetic
+loaders get ``DataLoader`` worker processes and ``tf.data`` graphs that way); a loader that
+describes nothing is served through its numpy batches, so a new data source works with every
+framework and a new framework with every data source.
 """
 
 from __future__ import annotations
 
-from abc import ABC, abstractmethod
 import os
+from abc import ABC, abstractmethod
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal, NamedTuple, Protocol

@@ -177,7 +177,7 @@ class LoggerContract:
         logger.finish("interrupted", None)
         if not self.persistent or self.read_back(logger, logger_run) is None:
             pytest.skip("the logger's records cannot be read back after its process ends")
-        # the run resumes from a checkpoint taken at step 4, as Run.restore would set it up
+        # the run resumes from a checkpoint taken at step 4, as Run.checkpointing would set it up
         logger_run.state = RunState(epoch=0, step=4, batch=4)
         logger_run.resumed_at = RunState(epoch=0, step=4, batch=4)
         # a new process builds a new logger from the same config (Registration.factory(cfg))
