@@ -135,12 +135,12 @@ def main() -> None:
         return
     if shutil.which("mpirun") is None:
         sys.exit("allreduce.py needs OpenMPI's mpirun (apt-get install openmpi-bin)")
-    from ddlkit.distributed import horovod_problem
+    from ddlkit_pytorch.framework import horovod_problem
 
     megabytes = sum(4 * math.prod(s) for s in shapes) / 1e6
     results, skipped = {}, {}
     for kind in KINDS:
-        if kind == "horovod-mpi" and (why := horovod_problem("pytorch")):
+        if kind == "horovod-mpi" and (why := horovod_problem()):
             skipped[kind] = why
             continue
         seconds = launch(kind, args.repeats)

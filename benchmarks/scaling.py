@@ -51,13 +51,13 @@ def available(config: str) -> str | None:
     """Why ``config`` cannot run here, or None."""
     import importlib.util
 
-    from ddlkit.distributed import horovod_problem
-
     framework, backend = config.split("/")
     if importlib.util.find_spec(f"ddlkit_{framework}") is None:
         return f"the ddlkit-{framework} plugin is not installed"
-    if backend == "horovod":
-        return horovod_problem(framework)
+    if backend == "horovod":  # pytorch: the one framework that trains with Horovod
+        from ddlkit_pytorch.framework import horovod_problem
+
+        return horovod_problem()
     return None
 
 

@@ -1,10 +1,11 @@
 """ddlkit: plugin-based, config-driven data-parallel training.
 
-The public facade: the hook marker, the registration record, the five interfaces and the
-framework-neutral batch, the run object handed to frameworks and hooks, and the errors; the
-shared optimizer schemas in :mod:`ddlkit.optim`, bring-your-own-code helpers in
-:mod:`ddlkit.custom`, the job directory's layout and exit statuses in :mod:`ddlkit.jobdir`, the
-fields of ``result.json`` in :mod:`ddlkit.result`. Everything else is internal.
+The public facade: the hook marker, the registration record, the five interfaces, the
+framework-neutral batch and the image descriptions a framework may build its own pipeline from,
+the run object handed to frameworks and hooks, and the errors; the shared optimizer schemas in
+:mod:`ddlkit.optim`, bring-your-own-code helpers in :mod:`ddlkit.custom`, the job directory's
+layout and exit statuses in :mod:`ddlkit.jobdir`, the fields of ``result.json`` in
+:mod:`ddlkit.result`. Everything else is internal.
 """
 
 from .distributed import DistContext
@@ -27,6 +28,8 @@ from .interfaces import (
     DataInfo,
     DataSource,
     Framework,
+    ImageFilesSpec,
+    ImagePoolSpec,
     JobHandle,
     JobSpec,
     JobState,
@@ -53,6 +56,8 @@ __all__ = [
     "DdlkitError",
     "DistContext",
     "Framework",
+    "ImageFilesSpec",
+    "ImagePoolSpec",
     "JobFailedError",
     "JobHandle",
     "JobSpec",

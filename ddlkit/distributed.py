@@ -546,33 +546,14 @@ def _mean_by_key(gathered: list[list[Any]]) -> list[float]:
 
 
 # ---------------------------------------------------------------------------- horovod
-#: the compiled extension each framework's Horovod binding needs, relative to the package
-_HOROVOD_EXTENSIONS = {"pytorch": "torch/mpi_lib_v2", "tensorflow": "tensorflow/mpi_lib", "keras": "tensorflow/mpi_lib"}
-HOROVOD_HOW_TO = {
-    "pytorch": "Build it against the installed torch with scripts/install_horovod.sh (Horovod 0.28.1 patched to "
-               "C++17; about 6 minutes on 2 cores, then the wheel is cached), or use dist=native.",
-    "tensorflow": "Horovod 0.28.1, its last release, does not build against TensorFlow >= 2.16: use dist=native "
-                  "(tf.distribute.MultiWorkerMirroredStrategy), or an environment pinned to tensorflow 2.15 + "
-                  "horovod 0.28.1 (see the README, 'Horovod').",
-}
-HOROVOD_HOW_TO["keras"] = HOROVOD_HOW_TO["tensorflow"]
-
-
-def horovod_problem(framework: str) -> str | None:
-    """Why ``dist=horovod`` cannot run with ``framework`` in this environment, or None if it
-    can. Looks for Horovod's compiled extension without importing anything heavy, so the
-    launcher can check before a job starts."""
-    ext = _HOROVOD_EXTENSIONS.get(framework)
-    if ext is None:
-        return f"dist=horovod is not supported for framework={framework}."
-    how_to = HOROVOD_HOW_TO[framework]
+def horovod_built_with(extension: str) -> bool | None:
+    """Whether the installed Horovod has a framework binding's compiled ``extension`` (its
+    directory in the package and the library's name, e.g. ``"torch/mpi_lib_v2"``), or None when
+    Horovod is not installed. Imports nothing heavy, so a framework plugin's launcher-side check
+    (``Framework.configure``) can ask before a job starts, and say what to do."""
     spec = importlib.util.find_spec("horovod")
     if spec is None or not spec.submodule_search_locations:
-        return f"dist=horovod with framework={framework} needs Horovod, which is not installed. {how_to}"
+        return None
     base = Path(next(iter(spec.submodule_search_locations)))
-    pkg, name = ext.split("/")
-    if not any((base / pkg).glob(f"{name}*.so")):
-        library = "PyTorch" if pkg == "torch" else "TensorFlow"
-        return (f"dist=horovod with framework={framework}: the installed Horovod was built without {library} "
-                f"support. {how_to}")
-    return None
+    pkg, name = extension.split("/")
+    return any((base / pkg).glob(f"{name}*.so"))

@@ -40,6 +40,7 @@ from .jobdir import (CONFIG_FILE, ENVIRONMENT_FILE, EXIT_CONFIG_ERROR, EXIT_PREE
                      RESULT_FILE)
 from .jobs import index
 from .registry import HOOK_POINTS, Registry
+from .run import check_one_global_batch
 
 if TYPE_CHECKING:
     from omegaconf import DictConfig
@@ -113,7 +114,7 @@ def validate(cfg: DictConfig, registry: Registry, pm: DdlkitPluginManager, *,
     _check(o.warmup_epochs >= 0, "optimizer.warmup_epochs", o.warmup_epochs, ">= 0")
     _check(0 <= o.label_smoothing < 1, "optimizer.label_smoothing", o.label_smoothing, "in [0, 1)")
     _check_optimizer_options(o)
-    _check_distributed(cfg, compute or build_target(cfg, registry))
+    _check_distributed(cfg, compute or build_target(cfg, registry), registry)
     # the selected framework must implement the selected model and optimizer
     for group in ("model", "optimizer"):
         registry.get_for(group, cfg.framework.name, cfg[group].name)
@@ -135,8 +136,8 @@ def _check_optimizer_options(o: DictConfig) -> None:
             _check(ok(o[key]), f"optimizer.{key}", o[key], requirement)
 
 
-def _check_distributed(cfg: DictConfig, compute: ComputeTarget) -> None:
-    """The dist settings against the compute target's number of ranks."""
+def _check_distributed(cfg: DictConfig, compute: ComputeTarget, registry: Registry) -> None:
+    """The dist settings and the data against the compute target's number of ranks."""
     d = cfg.dist
     _check(d.backend in BACKENDS, "dist.backend", d.backend, f"one of: {', '.join(BACKENDS)}")
     _check(d.timeout_s > 0, "dist.timeout_s", d.timeout_s, "positive")
@@ -146,17 +147,11 @@ def _check_distributed(cfg: DictConfig, compute: ComputeTarget) -> None:
     if world_size > 1 and d.backend == "none":
         raise ConfigError(f"compute={cfg.compute.name} runs {world_size} ranks, which must share their gradients: "
                           "add dist=native (the framework's own collectives) or dist=horovod.")
-    # the ranks repeat this check once their data is readable; a data source whose config states
-    # its length (data=synthetic) is checked here, before anything starts
-    length = cfg.data.get("length")
-    t = cfg.trainer
-    global_batch = t.batch_size * world_size * t.accumulate_batches
-    if isinstance(length, int) and length < global_batch:
-        accumulated = f" x {t.accumulate_batches} micro-batches" if t.accumulate_batches > 1 else ""
-        raise ConfigError(f"data has {length} training images, fewer than one global batch of {global_batch} "
-                          f"(trainer.batch_size={t.batch_size} x {world_size} ranks{accumulated}). Lower "
-                          f"trainer.batch_size{' or trainer.accumulate_batches,' if accumulated else ''} or raise "
-                          "data.length.")
+    # every rank checks the data against the global batch once the data is readable; a source
+    # whose config states its size is checked here as well, before anything starts
+    stated = registry.create("data", cfg.data.name, cfg.data).config_info()
+    if stated is not None:
+        check_one_global_batch(stated.train_length, cfg.trainer, world_size)
 
 
 def environment_info() -> dict[str, Any]:

@@ -11,6 +11,7 @@ import math
 import os
 import signal
 import time
+import warnings
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -22,7 +23,7 @@ from .callbacks import load as load_callbacks
 from .checkpoint import (BEST, CHECKPOINT_DIR, build_manifest, checkpoint_name, keep_best, mark_latest, no_space,
                          read_manifest, remove_stale, verify, write_manifest)
 from .errors import ConfigError, DdlkitError, RunError
-from .interfaces import DataSource, Framework, Logger, Shard, StorageBackend
+from .interfaces import DataSource, Framework, Loader, Logger, Shard, StorageBackend
 from .jobdir import RESULT_FILE
 from .monitor import EarlyStopping, Watch
 from .schedule import LRSchedule
@@ -90,6 +91,23 @@ def stop_at_once(signum: int, frame: object) -> None:
     raise Preempted(f"stopped by {signal.Signals(signum).name} before training started", checkpointed=False)
 
 
+def check_one_global_batch(train_length: int, trainer: Any, world_size: int) -> int:
+    """The global batch (``trainer.batch_size`` x ranks x ``trainer.accumulate_batches``), or a
+    ConfigError when ``train_length`` samples do not fill one. The ranks check it once their data
+    is readable; the launcher asks here too where the data source states its length without
+    reading any data (:meth:`ddlkit.DataSource.config_info`), before anything starts."""
+    batch, accumulate = trainer.batch_size, trainer.accumulate_batches
+    global_batch = batch * world_size * accumulate
+    if train_length < global_batch:
+        accumulated = f" x {accumulate} micro-batches" if accumulate > 1 else ""
+        raise ConfigError(
+            f"data has {train_length} training images, fewer than one global batch of {global_batch} "
+            f"(trainer.batch_size={batch} x {world_size} ranks{accumulated}). Lower "
+            f"trainer.batch_size{' or trainer.accumulate_batches,' if accumulated else ''} or raise data.length."
+        )
+    return global_batch
+
+
 class Run:
     def __init__(self, cfg: DictConfig, job_dir: Path, *, pm: DdlkitPluginManager, registry: Registry,
                  dist: DistContext, resume_from: Path | None = None, name: str | None = None) -> None:
@@ -113,16 +131,9 @@ class Run:
         self.shard = Shard(dist.rank, dist.world_size)
         #: micro-batches per optimizer step (trainer.accumulate_batches)
         self.accumulate = t.accumulate_batches
-        self.global_batch = t.batch_size * dist.world_size * self.accumulate
-        info = self.data.info
-        self.steps_per_epoch = info.train_length // self.global_batch
-        if self.steps_per_epoch < 1:
-            accumulated = f" x {self.accumulate} micro-batches" if self.accumulate > 1 else ""
-            raise ConfigError(
-                f"data has {info.train_length} training images, fewer than one global batch of {self.global_batch} "
-                f"(trainer.batch_size={t.batch_size} x {dist.world_size} ranks{accumulated}). Lower "
-                f"trainer.batch_size{' or trainer.accumulate_batches,' if accumulated else ''} or raise data.length."
-            )
+        train_length = self.data.info.train_length
+        self.global_batch = check_one_global_batch(train_length, t, dist.world_size)
+        self.steps_per_epoch = train_length // self.global_batch
         self.total_steps = self.steps_per_epoch * t.epochs
         if t.max_steps is not None:
             self.total_steps = min(self.total_steps, t.max_steps)
@@ -144,7 +155,7 @@ class Run:
         self.extra_result: dict[str, Any] = {}
         #: this rank was asked to stop (SIGTERM); ranks act on it together, see _agree_to_stop
         self.stop_requested = False
-        #: from restore() on, a SIGTERM checkpoints at the next step boundary; before, it stops at once
+        #: from checkpointing() on, a SIGTERM checkpoints at the next step boundary; before, it stops at once
         self._training = False
         self._save: SaveFn | None = None
         self._started = time.time()
@@ -182,10 +193,24 @@ class Run:
         return self.registry.create_for("optimizer", self.cfg.framework.name, self.cfg.optimizer.name,
                                         self.cfg.optimizer, *args, **kwargs)
 
-    def restore(self, save: SaveFn, load: LoadFn) -> RunState:
+    def loaders(self) -> tuple[Loader, Loader | None]:
+        """This rank's ``(train, val)`` loaders of the selected data source: batches of
+        ``trainer.batch_size`` from the rank's shard, ordered by ``trainer.seed``; ``val`` is None
+        when ``trainer.validate`` is off. With ``trainer.accumulate_batches=N`` each batch is one
+        micro-batch: :meth:`step_batches` groups N of them per optimizer step (or the framework
+        groups them in its own pipeline)."""
+        t = self.cfg.trainer
+
+        def loader(split: str) -> Loader:
+            return self.data.loader(split, batch_size=t.batch_size, shard=self.shard, seed=t.seed)
+
+        return loader("train"), (loader("val") if t.validate else None)
+
+    def checkpointing(self, save: SaveFn, load: LoadFn) -> RunState:
         """Register how to write/read the framework's state, load ``resume_from`` if set, and
         return where training starts. ``save(path, meta)`` must write everything to ``path``
-        (a file, or a directory it creates) and ``load(path)`` must return ``meta``."""
+        (a file, or a directory it creates) and ``load(path)`` must return ``meta``. From here on
+        a SIGTERM checkpoints at the next step boundary. Call :meth:`start` next."""
         self._save = save
         self._training = True
         if self.dist.is_main:
@@ -207,11 +232,25 @@ class Run:
                 saved = (meta.get("watchers") or {}).get(key)
                 if watcher is not None and saved and saved.get("monitor") == watcher.monitor:
                     watcher.load(saved)
+        return self.state
+
+    def start(self) -> None:
+        """Training starts now: fire ``ddlkit_run_start`` and start the loggers. Call it once,
+        after :meth:`checkpointing` (the hooks and loggers see the resumed state) and before
+        the first step."""
         self.hook.ddlkit_run_start(run=self)
         for lg in self.loggers:
             lg.start(self)
             self._active_loggers.append(lg)
-        return self.state
+
+    def restore(self, save: SaveFn, load: LoadFn) -> RunState:
+        """Deprecated: :meth:`checkpointing`, then :meth:`start`. It was the documented framework
+        contract of 0.1, so framework plugins outside this repository call it; it goes in 0.2."""
+        warnings.warn("Run.restore(save, load) is deprecated and goes in ddlkit 0.2: call run.checkpointing(save, "
+                      "load), then run.start()", DeprecationWarning, stacklevel=2)
+        state = self.checkpointing(save, load)
+        self.start()
+        return state
 
     def _load(self, load: LoadFn, path: Path) -> dict[str, Any]:
         try:
@@ -250,7 +289,7 @@ class Run:
     def train_epochs(self, batches: Callable[[int, int], Iterable[Any]],
                      step: Callable[[Any, float], Callable[[], float] | float],
                      evaluate: Callable[[], Mapping[str, float]] | None = None) -> None:
-        """The epoch loop every framework shares, from where ``restore`` left off to the end;
+        """The epoch loop every framework shares, from where ``checkpointing`` left off to the end;
         the framework brings what differs:
 
         * ``batches(epoch, start)``: that epoch's data from optimizer step ``start`` on, one item

@@ -237,6 +237,29 @@ def test_too_little_data_for_one_global_batch(ddlkit_pm: DdlkitPluginManager, tm
                                "(trainer.batch_size=32 x 1 ranks). Lower trainer.batch_size or raise data.length.")
 
 
+def test_a_source_whose_size_only_the_ranks_know_is_checked_by_the_run(ddlkit_pm: DdlkitPluginManager,
+                                                                          tmp_path: Path) -> None:
+    """data=custom states no size in its config: the launcher passes it, the Run refuses it."""
+    with pytest.raises(ddlkit.ConfigError) as info:
+        make_run(ddlkit_pm, tmp_path / "job", "data=custom", "data.target=ddlkit.testing.optim:linear_data",
+                 "data.num_classes=3", "trainer.batch_size=32")
+    assert str(info.value) == ("data has 16 training images, fewer than one global batch of 32 "
+                               "(trainer.batch_size=32 x 1 ranks). Lower trainer.batch_size or raise data.length.")
+
+
+def test_restore_still_checkpoints_and_starts_with_a_deprecation_warning(ddlkit_pm: DdlkitPluginManager,
+                                                                         tmp_path: Path,
+                                                                         hook_recorder: HookRecorder) -> None:
+    """0.1's framework contract, for framework plugins outside this repository, until 0.2."""
+    run = make_run(ddlkit_pm, tmp_path / "job", "logger=[recording]")
+    with pytest.warns(DeprecationWarning, match=r"run.checkpointing\(save, load\), then run.start\(\)"):
+        state = run.restore(lambda path, meta: None, lambda path: {})
+    assert state == ddlkit.run.RunState()
+    assert hook_recorder.names() == ["ddlkit_configure", "ddlkit_run_start"]
+    (logger,) = run.loggers
+    assert [c.method for c in logger.calls] == ["start"]
+
+
 def test_job_file_is_what_the_worker_reads(run_inprocess) -> None:
     out = run_inprocess(*SMALL, "trainer.epochs=1")
     job = json.loads((out.job_dir / "job.json").read_text())

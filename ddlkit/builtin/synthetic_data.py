@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..errors import ConfigError
 from ..hookspecs import hookimpl
-from ..interfaces import Batch, DataInfo, DataSource, Shard
+from ..interfaces import Batch, DataInfo, DataSource, ImagePoolSpec, Shard
 from ..interfaces.data import check_split
 from ..registry import Registration
 
@@ -49,7 +49,7 @@ class SyntheticDataConfig:
 class SyntheticImages:
     """A split's batches: ``len(self)`` per epoch, drawn in turn from a pool of distinct ones.
 
-    Framework adapters may read :meth:`pool` to put the whole pool on their device at once."""
+    Framework adapters may take the pool from :meth:`native_spec` to put it on their device at once."""
 
     def __init__(self, *, batch_size: int, image_size: int, num_classes: int, batches: int, pool_mib: int,
                  seed: int, stream: tuple[int, ...]) -> None:
@@ -79,15 +79,16 @@ class SyntheticImages:
             images[k] += patterns[labels[k]].repeat(block, axis=1).repeat(block, axis=2)[:, :size, :size]
         return images, labels
 
-    def pool_index(self, epoch: int, batch: int) -> int:
-        """Which pooled batch is batch ``batch`` of ``epoch``."""
-        return (epoch * self.batches + batch) % self.pool_size
+    def native_spec(self) -> ImagePoolSpec:
+        """The pool, which a framework puts on its device at once."""
+        images, labels = self.pool
+        return ImagePoolSpec(images, labels, batches=self.batches)
 
     def iter_epoch(self, epoch: int, start_batch: int = 0) -> Iterator[Batch]:
-        images, labels = self.pool
+        pool = self.native_spec()
         for k in range(start_batch, self.batches):
-            i = self.pool_index(epoch, k)
-            yield Batch(images[i], labels[i])
+            i = pool.index(epoch, k)
+            yield Batch(pool.images[i], pool.labels[i])
 
 
 class SyntheticData(DataSource):
@@ -95,6 +96,9 @@ class SyntheticData(DataSource):
     def info(self) -> DataInfo:
         c = self.cfg
         return DataInfo(c.num_classes, c.image_size, c.length, c.val_length)
+
+    def config_info(self) -> DataInfo:
+        return self.info
 
     def loader(self, split: str, *, batch_size: int, shard: Shard, seed: int) -> SyntheticImages:
         check_split(split)

@@ -1,7 +1,7 @@
 """One abstract base class per hook point. Plugins subclass these."""
 
 from .compute import JOB_FILE, WORKER_ARGS, ComputeTarget, JobHandle, JobSpec, JobState, JobStatus
-from .data import Batch, DataInfo, DataSource, Loader, Shard
+from .data import Batch, DataInfo, DataSource, ImageFilesSpec, ImagePoolSpec, Loader, Shard
 from .framework import Framework
 from .logger import Logger
 from .storage import StorageBackend
@@ -14,6 +14,8 @@ __all__ = [
     "DataInfo",
     "DataSource",
     "Framework",
+    "ImageFilesSpec",
+    "ImagePoolSpec",
     "JobHandle",
     "JobSpec",
     "JobState",

@@ -3,17 +3,19 @@
 A data source names no framework. It serves framework-neutral batches -- :class:`Batch`, numpy
 arrays -- through a :class:`Loader`, and each framework plugin owns the adapter that turns a
 loader into its tensors and input pipeline (``ddlkit_pytorch.data``, ``ddlkit_tensorflow.data``).
-An adapter may recognise a loader class it knows and build a native pipeline for it instead of
-converting numpy batches (the built-in image-folder and synthetic loaders get ``DataLoader``
-worker processes and ``tf.data`` graphs that way); a loader it does not know is served through
-its numpy batches, so a new data source works with every framework and a new framework with
-every data source.
+A loader may also describe its images with a ``native_spec()`` method (:func:`native_spec`:
+:class:`ImageFilesSpec`, :class:`ImagePoolSpec`), so that an adapter builds a native pipeline from
+the description instead of converting numpy batches (the built-in image-folder and synthetic
+loaders get ``DataLoader`` worker processes and ``tf.data`` graphs that way); a loader that
+describes nothing is served through its numpy batches, so a new data source works with every
+framework and a new framework with every data source.
 """
 
 from __future__ import annotations
 
+import os
 from abc import ABC, abstractmethod
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal, NamedTuple, Protocol
 
@@ -58,8 +60,54 @@ class Batch(NamedTuple):
     targets: Any
 
 
+@dataclass(frozen=True)
+class ImageFilesSpec:
+    """A loader's images as files to decode (``data=imagefolder``'s): a framework's pipeline
+    reads them in ``ddlkit.builtin.imagefolder``'s order for ``batch_size``, ``shard`` and
+    ``seed``, with the crops of ``aug``, so that it serves the same batches as the loader."""
+
+    files: Sequence[str]
+    #: int64 class index of each file
+    labels: Any
+    #: the augmentation: crop, flip, resize, normalization and decoder (``ddlkit.builtin.imagefolder``)
+    aug: Any
+    batch_size: int
+    shard: Shard
+    seed: int
+    #: ``data.workers`` as configured: -1 lets each pipeline choose (see :meth:`auto_workers`)
+    workers: int
+    #: a file that cannot be decoded: ``"error"`` or ``"skip"`` (the next image that decodes)
+    on_corrupt: str
+    #: ranks on this node, which share its cores
+    local_size: int = 1
+
+    def auto_workers(self) -> int:
+        """``workers``, with -1 resolved to the node's cores divided among its ranks."""
+        if self.workers >= 0:
+            return self.workers
+        return max(1, len(os.sched_getaffinity(0)) // max(self.local_size, 1))
+
+
+@dataclass(frozen=True)
+class ImagePoolSpec:
+    """A loader's batches as a pool generated once that the epochs cycle through
+    (``data=synthetic``'s): a framework puts the whole pool on its device once."""
+
+    #: float32 ``(pool, batch, size, size, 3)``
+    images: Any
+    #: int64 ``(pool, batch)``
+    labels: Any
+    #: batches per epoch
+    batches: int
+
+    def index(self, epoch: int, batch: int) -> int:
+        """Which pooled batch is batch ``batch`` of ``epoch``."""
+        return (epoch * self.batches + batch) % len(self.images)
+
+
 class Loader(Protocol):
-    """Framework-neutral batches of one split, re-iterable per epoch."""
+    """Framework-neutral batches of one split, re-iterable per epoch. A loader may also define
+    ``native_spec()`` (see :func:`native_spec`)."""
 
     def __len__(self) -> int:
         """Batches per epoch on this rank."""
@@ -67,6 +115,15 @@ class Loader(Protocol):
     def iter_epoch(self, epoch: int, start_batch: int = 0) -> Iterator[Batch]:
         """Yield the batches of ``epoch`` (0-based), skipping the first ``start_batch`` so that a
         run resumed mid-epoch sees exactly the batches it had not yet seen."""
+
+
+def native_spec(loader: Loader) -> ImageFilesSpec | ImagePoolSpec | None:
+    """What ``loader`` declares about its images through its optional ``native_spec()`` method,
+    from which a framework adapter may build its own pipeline; None for a loader that only yields
+    batches. Optional, and so asked here rather than declared on :class:`Loader`: a data source's
+    loader need not know about native pipelines to work with every framework."""
+    declared = getattr(loader, "native_spec", None)
+    return declared() if declared is not None else None
 
 
 class DataSource(ABC):
@@ -78,6 +135,12 @@ class DataSource(ABC):
     @property
     @abstractmethod
     def info(self) -> DataInfo: ...
+
+    def config_info(self) -> DataInfo | None:
+        """:attr:`info` when this source's config alone states it -- no file listed, no user code
+        imported -- else None (the default: only the ranks, once the data is readable, know it).
+        The launcher checks the job against it (one global batch at least) before anything runs."""
+        return None
 
     def prepare(self, run: Run) -> None:
         """Called on every rank before loaders are built: stage files, wait for local rank 0."""

@@ -17,8 +17,11 @@ class Framework(ABC):
     Everything shared lives in the :class:`ddlkit.Run` it is handed: the LR schedule, the
     throughput meter, logging, checkpoints (atomic, rank 0) and resume state. A framework:
 
-    * calls ``run.restore(save, load)`` once its model and optimizer exist, with functions that
-      write its state to a path and read it back (the run loads ``resume_from`` then);
+    * takes its data from ``run.loaders()``: this rank's train and validation loaders, built
+      from ``trainer.batch_size``, the rank's shard and ``trainer.seed``;
+    * calls ``run.checkpointing(save, load)`` once its model and optimizer exist, with functions
+      that write its state to a path and read it back (the run loads ``resume_from`` then), and
+      ``run.start()`` right before its first step (the ``ddlkit_run_start`` hook, the loggers);
     * hands the loop to ``run.train_epochs(batches, step, evaluate)``: its per-step work and
       validation, while the run schedules the learning rate, counts steps, logs, checkpoints and
       stops. A framework whose loop is not its own (Keras' ``fit``) makes the same calls from
@@ -31,8 +34,8 @@ class Framework(ABC):
     the selected model with this framework's registration of it (``ddlkit_models``) and
     ``run.build_optimizer(...)`` the selected optimizer (``ddlkit_optimizers``); the launcher has
     checked that both exist for this framework. The data arrive as framework-neutral batches
-    (``run.data.loader(split, ...)``); turning them into tensors and an input pipeline is the
-    framework plugin's own business.
+    (``run.loaders()``); turning them into tensors and an input pipeline is the framework
+    plugin's own business.
     """
 
     def __init__(self, cfg: Any) -> None:

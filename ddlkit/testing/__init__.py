@@ -28,7 +28,7 @@ Both run fixtures add ``framework=fake`` (:mod:`ddlkit.testing.fakes`) unless th
 choose a framework, so a run needs no deep-learning library and takes a fraction of a second
 in-process, about two seconds through the CLI. Helpers for your own fixtures: :func:`add_plugin`,
 :func:`compose` and :func:`make_run`. Contract suites for the five interfaces are in
-:mod:`ddlkit.testing.contracts`.
+:mod:`ddlkit.testing.contracts`; multi-rank jobs under ``mpirun`` in :mod:`ddlkit.testing.multirank`.
 """
 
 from __future__ import annotations

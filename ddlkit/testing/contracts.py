@@ -33,8 +33,9 @@ from typing import Any, ClassVar
 
 import pytest
 
-from ..interfaces import (JOB_FILE, Batch, ComputeTarget, DataSource, JobHandle, JobSpec, JobState, Logger, Shard,
-                          StorageBackend)
+from ..interfaces import (JOB_FILE, Batch, ComputeTarget, DataSource, ImageFilesSpec, ImagePoolSpec, JobHandle,
+                          JobSpec, JobState, Logger, Shard, StorageBackend)
+from ..interfaces.data import native_spec
 from ..plugins import DdlkitPluginManager
 from ..run import Run, RunState
 from . import HookRecorder, WorkerOutcome, add_plugin, make_run
@@ -176,7 +177,7 @@ class LoggerContract:
         logger.finish("interrupted", None)
         if not self.persistent or self.read_back(logger, logger_run) is None:
             pytest.skip("the logger's records cannot be read back after its process ends")
-        # the run resumes from a checkpoint taken at step 4, as Run.restore would set it up
+        # the run resumes from a checkpoint taken at step 4, as Run.checkpointing would set it up
         logger_run.state = RunState(epoch=0, step=4, batch=4)
         logger_run.resumed_at = RunState(epoch=0, step=4, batch=4)
         # a new process builds a new logger from the same config (Registration.factory(cfg))
@@ -263,6 +264,23 @@ class DataSourceContract:
         (x0, _), *_ = self._batches(loaders[0])
         (x1, _), *_ = self._batches(loaders[1])
         assert not (x0 == x1).all(), "two ranks received the same batch"
+
+    def test_a_declared_native_spec_describes_what_the_loader_serves(self, data_source: DataSource) -> None:
+        """A framework builds its own pipeline from a loader's ``native_spec()`` instead of its
+        batches, so the description must be of the same batches (a loader may declare none)."""
+        loader = self._loader(data_source, shard=Shard(0, 1), seed=3)
+        spec = native_spec(loader)
+        if isinstance(spec, ImagePoolSpec):
+            assert spec.batches == len(loader)
+            for k, (x, y) in enumerate(self._batches(loader, epoch=1)):
+                i = spec.index(1, k)
+                assert (x == spec.images[i]).all() and (y == spec.labels[i]).all()
+        elif isinstance(spec, ImageFilesSpec):
+            assert (spec.batch_size, spec.shard, spec.seed) == (self.batch_size, Shard(0, 1), 3)
+            assert len(spec.files) == len(spec.labels) == data_source.info.train_length
+            assert spec.on_corrupt in ("error", "skip")
+        else:
+            assert spec is None, f"native_spec() gave {spec!r}: an ImageFilesSpec, an ImagePoolSpec or None"
 
 
 # ---------------------------------------------------------------------------- compute
@@ -492,6 +510,7 @@ class FrameworkContract:
         assert [c["step"] for c in hook_recorder.getcalls("ddlkit_step_end")] == [
             s for s in range(1, steps_per_epoch * epochs + 1) if s % log_every == 0 or s == steps_per_epoch * epochs]
         assert [c["epoch"] for c in hook_recorder.getcalls("ddlkit_epoch_end")] == list(range(1, epochs + 1))
+        assert len(hook_recorder.getcalls("ddlkit_run_start")) == 1, "call run.start() once, before the first step"
         assert (out.job_dir / self.model_file).is_file()
 
     def test_stops_at_max_steps(self, train: Any) -> None:

@@ -55,7 +55,7 @@ class FakeFramework(Framework):
     are (no adapter: the neutral batches are what it computes with).
 
     It drives :class:`ddlkit.Run` exactly as a real framework plugin does (schedule, step_end,
-    validation_end, epoch_end, restore, save_artifact), deterministically and in float64, so
+    validation_end, epoch_end, loaders, checkpointing, start, save_artifact), deterministically and in float64, so
     an interrupted and resumed run ends with weights identical to an uninterrupted one.
     """
 
@@ -83,10 +83,9 @@ class FakeFramework(Framework):
                     params[key] = ckpt[key].copy()
                 return json.loads(str(ckpt["meta"]))
 
-        loader_args = dict(batch_size=t.batch_size, shard=run.shard, seed=t.seed)
-        train_loader = run.data.loader("train", **loader_args)
-        val_loader = run.data.loader("val", **loader_args) if t.validate else None
-        run.restore(save, load)
+        train_loader, val_loader = run.loaders()
+        run.checkpointing(save, load)
+        run.start()
 
         def evaluate() -> dict[str, float]:
             total = loss_sum = top1 = top5 = 0.0

@@ -1,7 +1,7 @@
 """PyTorch training on data=imagefolder, in process: a run resumed mid-epoch ends where an
 uninterrupted one does (the order and the crops depend on seed + epoch only), corrupt file
-skipped. (TensorFlow and Keras pipelines: test_imagefolder_tf.py; in-process Keras runs take
-a minute, too long for this suite.)"""
+skipped. (TensorFlow and Keras pipelines: plugins/ddlkit-tensorflow/tests/test_imagefolder.py;
+in-process Keras runs take a minute, too long for this suite.)"""
 
 from __future__ import annotations
 

@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 
 import ddlkit
-from ddlkit.distributed import DistContext, control_address, horovod_problem
+from ddlkit.distributed import DistContext, control_address, horovod_built_with
 
 
 # ---------------------------------------------------------------------------- environment
@@ -65,13 +65,19 @@ def test_one_process_needs_no_connection_and_collectives_are_identities() -> Non
     ctx.barrier()
 
 
-def test_horovod_problem_says_how_to_get_it(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_horovod_built_with_looks_for_a_bindings_extension(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    import importlib.machinery
     import importlib.util
 
     monkeypatch.setattr(importlib.util, "find_spec", lambda name: None)
-    problem = horovod_problem("pytorch")
-    assert problem is not None and "not installed" in problem and "scripts/install_horovod.sh" in problem
-    assert "dist=native" in (horovod_problem("tensorflow") or "")
+    assert horovod_built_with("torch/mpi_lib_v2") is None  # not installed
+    (tmp_path / "torch").mkdir()
+    (tmp_path / "torch" / "mpi_lib_v2.cpython-312-x86_64-linux-gnu.so").touch()
+    spec = importlib.machinery.ModuleSpec("horovod", None, is_package=True)
+    spec.submodule_search_locations = [str(tmp_path)]
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name: spec if name == "horovod" else None)
+    assert horovod_built_with("torch/mpi_lib_v2") is True
+    assert horovod_built_with("tensorflow/mpi_lib") is False
 
 
 # ---------------------------------------------------------------------------- real processes

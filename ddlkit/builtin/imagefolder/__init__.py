@@ -9,13 +9,12 @@ The loader (:class:`.files.ImageFiles`) is framework-neutral: it says which file
 which order (:mod:`._order`) with the usual ImageNet augmentation -- random-resized crop +
 horizontal flip for training, resize + center crop for validation, normalized with ImageNet's
 mean and std -- and serves numpy batches decoded by a thread pool. Framework plugins build their
-native pipeline from it instead (PyTorch: ``DataLoader`` worker processes; TensorFlow and Keras:
-``tf.data``), drawing the same crops.
+native pipeline from its ``native_spec()`` instead (PyTorch: ``DataLoader`` worker processes;
+TensorFlow and Keras: ``tf.data``), drawing the same crops.
 """
 
 from __future__ import annotations
 
-import sys
 from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
@@ -134,14 +133,6 @@ class ImageFolderData(DataSource):
         return ImageFiles([str(root / p) for p in part.paths], part.labels, aug, batch_size=batch_size, shard=shard,
                           seed=seed, workers=c.workers, on_corrupt=_value(c.on_corrupt),
                           local_size=self._run.dist.local_size if self._run is not None else 1)
-
-
-def image_files(loader: object) -> ImageFiles | None:
-    """``loader`` if it is data=imagefolder's (an :class:`~.files.ImageFiles`, from which a
-    framework builds its own pipeline), else None -- without importing the decoding modules
-    (numpy, Pillow) into runs that read other data: an ImageFiles exists only once they are loaded."""
-    files = sys.modules.get(f"{__name__}.files")
-    return loader if files is not None and isinstance(loader, files.ImageFiles) else None
 
 
 @hookimpl

@@ -3,21 +3,20 @@ consumers without a pipeline of their own (the test kit's fake framework, a fram
 that has no native one), numpy batches decoded by a thread pool (Pillow and simplejpeg release
 the GIL).
 
-Framework plugins recognise :class:`ImageFiles` and build their own pipeline from its fields
+Framework plugins build their own pipeline from its :meth:`~ImageFiles.native_spec`
 (``ddlkit_pytorch.imagefolder``: ``DataLoader`` worker processes; ``ddlkit_tensorflow.imagefolder``:
 ``tf.data``); every pipeline reads the same order (:mod:`._order`) and draws the same crops.
 """
 
 from __future__ import annotations
 
-import os
 import sys
 from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
-from ...interfaces import Batch, Shard
+from ...interfaces import Batch, ImageFilesSpec, Shard
 from ._decode import MEAN, STD, Augment, CorruptImageError, decode_into, sample_rng
 from ._order import epoch_order, num_batches
 
@@ -27,10 +26,11 @@ class ImageFiles:
                  seed: int, workers: int, on_corrupt: str, local_size: int = 1) -> None:
         self.files, self.labels, self.aug = files, np.asarray(labels, dtype=np.int64), aug
         self.batch_size, self.shard, self.seed = batch_size, shard, seed
-        #: data.workers as configured: -1 lets each pipeline choose (see :meth:`auto_workers`)
+        #: data.workers as configured: -1 lets each pipeline choose (ImageFilesSpec.auto_workers)
         self.workers = workers
         #: ranks on this node, which share its cores
         self.local_size = local_size
+        self.on_corrupt = on_corrupt
         self.skip_corrupt = on_corrupt == "skip"
         self.skipped = 0
         self._reported: set[str] = set()
@@ -39,11 +39,11 @@ class ImageFiles:
     def __len__(self) -> int:
         return self.n
 
-    def auto_workers(self) -> int:
-        """``data.workers``, with -1 resolved to the node's cores divided among its ranks."""
-        if self.workers >= 0:
-            return self.workers
-        return max(1, len(os.sched_getaffinity(0)) // max(self.local_size, 1))
+    def native_spec(self) -> ImageFilesSpec:
+        """The files, order and crops, from which a framework builds its own pipeline."""
+        return ImageFilesSpec(self.files, self.labels, self.aug, batch_size=self.batch_size, shard=self.shard,
+                              seed=self.seed, workers=self.workers, on_corrupt=self.on_corrupt,
+                              local_size=self.local_size)
 
     def _one(self, epoch: int, index: int, out: np.ndarray) -> int:
         """Decode image ``index`` (or, skipping corrupt files, the next one that decodes) into
@@ -68,7 +68,7 @@ class ImageFiles:
                             epoch=epoch, train=self.aug.train)
         b, size = self.batch_size, self.aug.size
         mean, std = np.float32(255) * np.asarray(MEAN, np.float32), np.float32(255) * np.asarray(STD, np.float32)
-        with ThreadPoolExecutor(max(1, self.auto_workers())) as pool:
+        with ThreadPoolExecutor(max(1, self.native_spec().auto_workers())) as pool:
             for k in range(start_batch, self.n):
                 indices = order[k * b:(k + 1) * b]
                 images = np.empty((len(indices), size, size, 3), np.uint8)

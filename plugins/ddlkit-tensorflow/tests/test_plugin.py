@@ -14,7 +14,7 @@ from omegaconf import OmegaConf
 import ddlkit
 from ddlkit.config import DistConfig, Precision, TrainerConfig
 from ddlkit_tensorflow.framework import TensorflowConfig, TensorflowFramework
-from ddlkit_tensorflow.runtime import distribution_strategy, import_tensorflow
+from ddlkit_tensorflow.runtime import distribution_strategy, horovod_refusal, import_tensorflow
 
 
 def python(code: str, cwd: Path) -> subprocess.CompletedProcess:
@@ -98,6 +98,15 @@ def test_horovod_is_refused_before_the_job_starts_saying_what_works() -> None:
     run = SimpleNamespace(cfg=OmegaConf.create({"dist": {"backend": "horovod"}}), dist=ddlkit.DistContext())
     with pytest.raises(ddlkit.ConfigError, match="dist=native"):
         distribution_strategy(run, "tensorflow")
+
+
+def test_without_horovod_the_refusal_still_says_what_works(monkeypatch: pytest.MonkeyPatch) -> None:
+    import importlib.util
+
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name: None)
+    refusal = horovod_refusal("tensorflow")
+    assert refusal.startswith("dist=horovod with framework=tensorflow needs Horovod, which is not installed.")
+    assert "dist=native" in refusal
 
 
 def test_a_job_of_one_rank_trains_with_the_default_strategy_whatever_the_backend() -> None:

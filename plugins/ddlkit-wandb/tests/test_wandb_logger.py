@@ -7,6 +7,7 @@ import json
 import struct
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from types import SimpleNamespace
@@ -15,12 +16,14 @@ from typing import Any
 import ddlkit_wandb.plugin
 import pytest
 from ddlkit_wandb.logger import RUN_ID_FILE, WandbConfig, WandbLogger
+from omegaconf import OmegaConf
 
 import ddlkit
 from ddlkit.engine import job_name, validate
 from ddlkit.plugins import DdlkitPluginManager
 from ddlkit.registry import Registry
 from ddlkit.testing import FAKES_MODULE, RunFactory, add_plugin, compose, fakes
+from ddlkit.testing.contracts import LoggerContract
 
 TOKEN = "sv=2026&sig=wandb-must-not-see-this"
 #: an account URL carrying a SAS (issue 17, item 10): the W&B config gets it without the SAS
@@ -206,3 +209,45 @@ def test_the_ranks_get_the_wandb_environment_the_key_as_a_secret(ddlkit_pm: Ddlk
     assert "WANDB_API_KEY" not in env
     env, secret_env = job_environment(compose(registry, ["framework=fake", "logger=[console]"]), ddlkit_pm)
     assert "WANDB_MODE" not in env and "WANDB_API_KEY" not in secret_env
+
+
+# ---------------------------------------------------------------------------- the test kit's contract
+@pytest.mark.slow  # wandb starts its service process for the first run of a session (seconds)
+class TestWandbLogger(LoggerContract):
+    """Offline W&B runs (no account, no network), read back from the .wandb files wandb wrote."""
+
+    @pytest.fixture
+    def logger(self, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[ddlkit.Logger]:
+        import wandb
+
+        for name in ("WANDB_API_KEY", "WANDB_MODE", "WANDB_DIR"):
+            monkeypatch.delenv(name, raising=False)
+        home = tmp_path / "wandb-home"  # wandb's own caches and settings, kept out of $HOME
+        for name, where in (("WANDB_CACHE_DIR", "cache"), ("WANDB_DATA_DIR", "data"),
+                            ("WANDB_CONFIG_DIR", "config"), ("NETRC", "no-netrc")):
+            monkeypatch.setenv(name, str(home / where))
+        yield WandbLogger(OmegaConf.structured(WandbConfig(mode="offline")))
+        wandb.teardown()  # the service process the test's runs started
+
+    def read_back(self, logger: ddlkit.Logger, run: ddlkit.Run) -> list[tuple[int, str]]:
+        """The records of the job's W&B run as W&B keeps them: one history row per step (a train
+        and a validation record at the same step share it), and, each attempt resuming the run
+        under the same id, a row whose step is not above the run's latest one is ignored (W&B's
+        steps must increase)."""
+        import wandb
+
+        wandb.teardown()  # the service writes the .wandb files: all of them, now
+        # wandb names a run's directory after the second it started in, and the contract may start
+        # the next attempt at once: in the same second it would overwrite this attempt's file
+        time.sleep(1 - time.time() % 1)
+        kept: list[tuple[int, str]] = []
+        for file in sorted(Path(run.job_dir, "wandb").glob("offline-run-*/run-*.wandb")):  # attempts, in order
+            for record in wandb_records(file):
+                if record.WhichOneof("record_type") != "history":
+                    continue
+                row = {"/".join(i.nested_key) or i.key: json.loads(i.value_json) for i in record.history.item}
+                if kept and row["_step"] <= kept[-1][0]:
+                    continue
+                kept += [(row["_step"], split) for split in ("train", "val")
+                         if any(key.startswith(f"{split}/") for key in row)]
+        return kept

@@ -103,15 +103,15 @@ class KerasFramework(ddlkit.Framework):
         def load(path: Path) -> dict[str, Any]:
             return load_state(path, model, optimizer)
 
-        loader_args = dict(batch_size=t.batch_size, shard=run.shard, seed=t.seed)
-        data = run.data.loader("train", **loader_args)
-        check_classifier(run, model, data)
+        train, val = run.loaders()
+        check_classifier(run, model, train)
         # fit iterates `dataset` once per epoch: each pass serves the run's current one
-        train_loader = tf_loader(data, pass_epoch=lambda: run.state.epoch)
-        val_loader = tf_loader(run.data.loader("val", **loader_args)) if t.validate else None
+        train_loader = tf_loader(train, pass_epoch=lambda: run.state.epoch)
+        val_loader = tf_loader(val) if val is not None else None
         val_data = val_loader.dataset if val_loader is not None else None
         run.phase("data ready")
-        run.restore(save, load)
+        run.checkpointing(save, load)
+        run.start()
         with data_errors(train_loader, val_loader):
             self._fit(run, model, train_loader, val_data, DdlkitCallback(run))
         if t.save_model:

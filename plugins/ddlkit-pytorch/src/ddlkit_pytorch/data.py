@@ -1,13 +1,14 @@
 """The PyTorch side of ddlkit's framework-neutral data: a data source's loader in, ``(inputs,
 targets)`` tensors on the run's device out, with the same ``__len__`` / ``iter_epoch``.
 
-Loaders the plugin knows get a native pipeline; any other is served through its numpy batches:
+A loader that describes its images (:func:`ddlkit.interfaces.data.native_spec`) gets a native
+pipeline; any other is served through its numpy batches:
 
-* :class:`~ddlkit.builtin.imagefolder.files.ImageFiles` (``data=imagefolder``): a ``DataLoader``
-  whose worker processes decode whole batches into shared memory (:mod:`.imagefolder`);
-* :class:`~ddlkit.builtin.synthetic_data.SyntheticImages` (``data=synthetic``): the whole pool of
-  batches copied to the device once, then served as views, so a step costs no data work;
-* anything else (``data=custom``, a plugin's source): each numpy batch wrapped without a copy
+* :class:`~ddlkit.ImageFilesSpec` (``data=imagefolder``): a ``DataLoader`` whose worker processes
+  decode whole batches into shared memory (:mod:`.imagefolder`);
+* :class:`~ddlkit.ImagePoolSpec` (``data=synthetic``): the whole pool of batches copied to the
+  device once, then served as views, so a step costs no data work;
+* no description (``data=custom``, a plugin's source): each numpy batch wrapped without a copy
   (``torch.from_numpy``) and moved to the device.
 
 Images (``DataInfo.image_size > 0``) arrive NHWC and leave NCHW: a permuted NHWC array *is* an
@@ -22,22 +23,22 @@ from typing import Any
 
 import torch
 
-from ddlkit.builtin.imagefolder import image_files
-from ddlkit.builtin.synthetic_data import SyntheticImages
+from ddlkit import ImageFilesSpec, ImagePoolSpec
+from ddlkit.interfaces.data import native_spec
 
 
 def torch_loader(loader: Any, *, images: bool, device: Any, channels_last: bool) -> Any:
     """``loader`` (a data source's) as a loader of tensors on ``device``; ``images``: its inputs
     are NHWC images."""
-    if image_files(loader) is not None:  # data=imagefolder: a native pipeline
+    spec = native_spec(loader)
+    if isinstance(spec, ImageFilesSpec):
         from .imagefolder import TorchImageLoader
 
-        return TorchImageLoader(loader.files, loader.labels, loader.aug, batch_size=loader.batch_size,
-                                shard=loader.shard, seed=loader.seed, workers=loader.auto_workers(),
-                                on_corrupt="skip" if loader.skip_corrupt else "error", device=device,
-                                channels_last=channels_last)
-    if isinstance(loader, SyntheticImages):
-        return PooledLoader(loader, device=device, channels_last=channels_last)
+        return TorchImageLoader(spec.files, spec.labels, spec.aug, batch_size=spec.batch_size, shard=spec.shard,
+                                seed=spec.seed, workers=spec.auto_workers(), on_corrupt=spec.on_corrupt,
+                                device=device, channels_last=channels_last)
+    if isinstance(spec, ImagePoolSpec):
+        return PooledLoader(spec, device=device, channels_last=channels_last)
     return NumpyLoader(loader, images=images, device=device, channels_last=channels_last)
 
 
@@ -68,20 +69,19 @@ class NumpyLoader:
 
 
 class PooledLoader:
-    """``data=synthetic``: its pool on the device, one view per step."""
+    """A pool of batches (``data=synthetic``'s) on the device, one view per step."""
 
-    def __init__(self, loader: SyntheticImages, *, device: Any, channels_last: bool) -> None:
-        self.loader = loader
-        images, labels = loader.pool
-        self.images = to_torch_images(torch.from_numpy(images), channels_last).to(device)
-        self.labels = torch.from_numpy(labels).to(device)
+    def __init__(self, pool: ImagePoolSpec, *, device: Any, channels_last: bool) -> None:
+        self.pool = pool
+        self.images = to_torch_images(torch.from_numpy(pool.images), channels_last).to(device)
+        self.labels = torch.from_numpy(pool.labels).to(device)
 
     def __len__(self) -> int:
-        return len(self.loader)
+        return self.pool.batches
 
     def iter_epoch(self, epoch: int, start_batch: int = 0) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-        for k in range(start_batch, len(self.loader)):
-            i = self.loader.pool_index(epoch, k)
+        for k in range(start_batch, self.pool.batches):
+            i = self.pool.index(epoch, k)
             yield self.images[i], self.labels[i]
 
 

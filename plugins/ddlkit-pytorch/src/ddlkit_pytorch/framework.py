@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 import ddlkit
 from ddlkit import cpu, threads
-from ddlkit.distributed import horovod_problem
+from ddlkit.distributed import horovod_built_with
 
 if TYPE_CHECKING:
     from omegaconf import DictConfig
@@ -33,6 +33,22 @@ class PytorchConfig:
     compile: bool = False
 
 
+#: how to get a Horovod that trains PyTorch, or what to use instead
+HOROVOD_HOW_TO = ("Build it against the installed torch with scripts/install_horovod.sh (Horovod 0.28.1 patched to "
+                  "C++17; about 6 minutes on 2 cores, then the wheel is cached), or use dist=native.")
+
+
+def horovod_problem() -> str | None:
+    """Why ``dist=horovod`` cannot train PyTorch in this environment, or None if it can."""
+    built = horovod_built_with("torch/mpi_lib_v2")
+    if built is None:
+        return f"dist=horovod with framework=pytorch needs Horovod, which is not installed. {HOROVOD_HOW_TO}"
+    if not built:
+        return ("dist=horovod with framework=pytorch: the installed Horovod was built without PyTorch support. "
+                f"{HOROVOD_HOW_TO}")
+    return None
+
+
 class PytorchFramework(ddlkit.Framework):
     #: the trained model (the plain module, without DDP/compile wrappers) once :meth:`train` has
     #: returned, for ``ddlkit_run_end`` hooks that export or inspect it
@@ -44,7 +60,7 @@ class PytorchFramework(ddlkit.Framework):
         if precision == "fp16" and self.cfg.device == "cpu":
             raise ddlkit.ConfigError("trainer.precision=fp16 needs a GPU; on the CPU use trainer.precision=bf16 "
                                      "(or fp32)")
-        if config.dist.backend == "horovod" and (problem := horovod_problem("pytorch")):
+        if config.dist.backend == "horovod" and (problem := horovod_problem()):
             raise ddlkit.ConfigError(problem)
         if config.data.name == "imagefolder" and importlib.util.find_spec("PIL") is None:
             # this plugin's image pipeline decodes with Pillow: say so now, not in every rank's first batch
@@ -74,16 +90,17 @@ class PytorchFramework(ddlkit.Framework):
     def train(self, run: ddlkit.Run) -> None:
         device = self._device(run.dist)
         with _cuda_settings(device, deterministic=run.cfg.trainer.deterministic):
-            self._train(run, device)
+            self._setup(run, device)
+            parts = self._build(run, device)
+            train_loader, val_loader = self._data(run, parts)
+            self._checkpointing(run, parts)
+            run.start()
+            self._loop(run, parts, train_loader, val_loader)
 
-    def _train(self, run: ddlkit.Run, device: Any) -> None:
+    def _setup(self, run: ddlkit.Run, device: Any) -> None:
+        """Process-wide settings: threads, seeds, determinism, this rank's GPU, and whether the
+        precision suits the device."""
         import torch
-        from torch import nn
-
-        from ddlkit.custom import import_target, model_source, output_mismatch, wrong_kind
-
-        from .data import probe_inputs, torch_loader
-        from .models import AutocastForward
 
         t = run.cfg.trainer
         if num_threads := threads.per_rank(self.cfg.num_threads, run.dist.local_size):
@@ -100,9 +117,15 @@ class PytorchFramework(ddlkit.Framework):
             raise ddlkit.ConfigError("trainer.precision=fp16 needs a GPU; on the CPU use trainer.precision=bf16")
         if device.type == "cpu" and run.dist.is_main and (slow := cpu.bf16_warning(precision)):
             print(f"ddlkit: warning: {slow}", file=sys.stderr, flush=True)
-        memory_format = torch.channels_last if self.cfg.channels_last else torch.contiguous_format
 
-        info = run.data.info
+    def _build(self, run: ddlkit.Run, device: Any) -> _Parts:
+        """The model (checked, on the device), its optimizer, loss and metrics, and the replicas."""
+        import torch
+        from torch import nn
+
+        from ddlkit.custom import import_target, model_source, wrong_kind
+
+        t = run.cfg.trainer
         model = run.build_model()
         if not isinstance(model, nn.Module):
             raise wrong_kind(model_source(run.cfg.model), model, "pytorch", "torch.nn.Module")
@@ -111,31 +134,63 @@ class PytorchFramework(ddlkit.Framework):
             raise ddlkit.ConfigError(f"trainer.batch_size={t.batch_size} is too small for this model: its BatchNorm "
                                      "layers need at least 2 samples per rank to train. Use trainer.batch_size=2 or "
                                      "more.")
+        memory_format = torch.channels_last if self.cfg.channels_last else torch.contiguous_format
         model = model.to(device, memory_format=memory_format)
         run.phase(f"model built ({sum(p.numel() for p in model.parameters()) / 1e6:.3g}M parameters)")
-        o = run.cfg.optimizer
         optimizer = run.build_optimizer(model.parameters())
-        scaler = torch.amp.GradScaler(device.type, enabled=precision == "fp16")
-        autocast_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(precision)
+        precision = str(t.precision)
         custom_loss = run.cfg.model.get("loss")
         if custom_loss:
             loss_fn = import_target(custom_loss, "model.loss")
             metrics = {"loss": loss_fn, **{name: import_target(path, f"model.metrics.{name}")
                                            for name, path in run.cfg.model.get("metrics", {}).items()}}
         else:
-            loss_fn = nn.CrossEntropyLoss(label_smoothing=o.label_smoothing)
+            loss_fn = nn.CrossEntropyLoss(label_smoothing=run.cfg.optimizer.label_smoothing)
             # top-5 of 5 classes or fewer is always 1: not reported
-            metrics = {"loss": loss_fn, "top1": _top_k(1), **({"top5": _top_k(5)} if info.num_classes > 5 else {})}
+            metrics = {"loss": loss_fn, "top1": _top_k(1),
+                       **({"top5": _top_k(5)} if run.data.info.num_classes > 5 else {})}
         replicas = Replicas(run, device)
         optimizer = replicas.wrap_optimizer(model, optimizer, accumulate=run.accumulate)
         run.extra_result["device"] = str(device)
         if device.type == "cuda":
             run.extra_result["device_name"] = torch.cuda.get_device_name(device)
+        return _Parts(device=device, model=model, optimizer=optimizer, replicas=replicas,
+                      scaler=torch.amp.GradScaler(device.type, enabled=precision == "fp16"),
+                      autocast_dtype={"bf16": torch.bfloat16, "fp16": torch.float16}.get(precision),
+                      loss_fn=loss_fn, metrics=metrics, classifier=not custom_loss)
 
-        def autocast() -> contextlib.AbstractContextManager:
-            if autocast_dtype is None:
-                return contextlib.nullcontext()
-            return torch.autocast(device.type, dtype=autocast_dtype)
+    def _data(self, run: ddlkit.Run, parts: _Parts) -> tuple[Any, Any]:
+        """The run's loaders as tensor loaders on the device; a classifier's output shape is
+        checked on two samples first, before anything trains."""
+        import torch
+
+        from ddlkit.custom import model_source, output_mismatch
+
+        from .data import probe_inputs, torch_loader
+
+        info, model = run.data.info, parts.model
+        adapt = dict(images=info.image_size > 0, device=parts.device, channels_last=self.cfg.channels_last)
+        train, val = run.loaders()
+        if parts.classifier:
+            # a classifier must give (batch, classes) logits
+            model.eval()
+            with torch.no_grad():
+                shape = tuple(model(probe_inputs(train, info, **adapt)).shape)
+            model.train()
+            if len(shape) != 2 or shape[1] != info.num_classes:
+                raise output_mismatch(model_source(run.cfg.model), shape, info.num_classes)
+        train_loader = torch_loader(train, **adapt)
+        val_loader = torch_loader(val, **adapt) if val is not None else None
+        run.phase("data ready")
+        return train_loader, val_loader
+
+    @staticmethod
+    def _checkpointing(run: ddlkit.Run, parts: _Parts) -> None:
+        """How a checkpoint holds the model, the optimizer, the loss scaler and the RNGs; loads
+        the one the run resumes from."""
+        import torch
+
+        device, model, optimizer, scaler = parts.device, parts.model, parts.optimizer, parts.scaler
 
         def save(path: Path, meta: dict[str, Any]) -> None:
             rng = {"torch": torch.get_rng_state(), "python": random.getstate()}
@@ -156,27 +211,22 @@ class PytorchFramework(ddlkit.Framework):
                 torch.cuda.set_rng_state(ckpt["rng"]["cuda"].cpu(), device)
             return ckpt["meta"]
 
-        loader_args = dict(batch_size=t.batch_size, shard=run.shard, seed=t.seed)
-        adapt = dict(images=info.image_size > 0, device=device, channels_last=self.cfg.channels_last)
-        data = run.data.loader("train", **loader_args)
-        if not custom_loss:
-            # a classifier must give (batch, classes) logits: checked on two samples before anything trains
-            model.eval()
-            with torch.no_grad():
-                shape = tuple(model(probe_inputs(data, info, **adapt)).shape)
-            model.train()
-            if len(shape) != 2 or shape[1] != info.num_classes:
-                raise output_mismatch(model_source(run.cfg.model), shape, info.num_classes)
-        train_loader = torch_loader(data, **adapt)
-        val_loader = torch_loader(run.data.loader("val", **loader_args), **adapt) if t.validate else None
-        run.phase("data ready")
-        run.restore(save, load)
-        # after restore: the replicas start from rank 0's weights (and all ranks loaded the same
-        # checkpoint, or Horovod broadcast rank 0's optimizer state)
+        run.checkpointing(save, load)
+
+    def _loop(self, run: ddlkit.Run, parts: _Parts, train_loader: Any, val_loader: Any) -> None:
+        """Train from where the checkpoint left off to the end, then save the model."""
+        import torch
+
+        from .models import AutocastForward
+
+        t, device, model, optimizer = run.cfg.trainer, parts.device, parts.model, parts.optimizer
+        scaler, replicas, loss_fn, metrics = parts.scaler, parts.replicas, parts.loss_fn, parts.metrics
+        # after the checkpoint is loaded: the replicas start from rank 0's weights (and all ranks
+        # loaded the same checkpoint, or Horovod broadcast rank 0's optimizer state)
         forward_model = model
-        if self.cfg.compile and autocast_dtype is not None:
+        if self.cfg.compile and parts.autocast_dtype is not None:
             # the autocast inside the compiled graph: see AutocastForward (a torch caching bug)
-            forward_model = AutocastForward(model, device.type, autocast_dtype)
+            forward_model = AutocastForward(model, device.type, parts.autocast_dtype)
         step_model = replicas.wrap_model(forward_model, optimizer)
         if self.cfg.compile:
             step_model = torch.compile(step_model)
@@ -184,7 +234,7 @@ class PytorchFramework(ddlkit.Framework):
         def evaluate() -> dict[str, float]:
             model.eval()
             total, sums = 0, dict.fromkeys(metrics, 0.0)
-            with torch.no_grad(), autocast():
+            with torch.no_grad(), parts.autocast():
                 for inputs, targets in val_loader.iter_epoch(0):
                     out = step_model(inputs.to(device, non_blocking=True)).float()
                     targets = targets.to(device, non_blocking=True)
@@ -209,7 +259,7 @@ class PytorchFramework(ddlkit.Framework):
                 # the gradients of the micro-batches' mean losses add up to the mean over them all;
                 # DDP all-reduces only in the last one's backward pass
                 with replicas.accumulating(step_model, last=i == n - 1):
-                    with autocast():
+                    with parts.autocast():
                         loss = loss_fn(step_model(images), labels)
                     scaler.scale(loss / n if n > 1 else loss).backward()
                 total = loss.detach() if total is None else total + loss.detach()
@@ -227,6 +277,32 @@ class PytorchFramework(ddlkit.Framework):
             run.save_artifact("model.pt", lambda p: torch.save(model.state_dict(), p))
         replicas.close()
         self.model = model
+
+
+@dataclass
+class _Parts:
+    """What :meth:`PytorchFramework._build` makes and the later phases share."""
+
+    device: Any
+    #: the plain module (without DDP/compile wrappers): its state_dict keys are the checkpoint's
+    model: Any
+    optimizer: Any
+    scaler: Any
+    replicas: Replicas
+    #: torch.bfloat16 or torch.float16 under mixed precision, else None
+    autocast_dtype: Any
+    loss_fn: Any
+    #: name -> fn(outputs, targets), the loss among them: validation's batch means
+    metrics: dict[str, Any]
+    #: the built-in cross-entropy task (no model.loss): the output shape can be checked
+    classifier: bool
+
+    def autocast(self) -> contextlib.AbstractContextManager:
+        if self.autocast_dtype is None:
+            return contextlib.nullcontext()
+        import torch
+
+        return torch.autocast(self.device.type, dtype=self.autocast_dtype)
 
 
 def _top_k(k: int) -> Any:

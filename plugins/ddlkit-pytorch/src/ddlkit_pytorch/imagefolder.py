@@ -1,6 +1,6 @@
 """``data=imagefolder`` for PyTorch: a ``DataLoader`` whose worker processes each decode a whole
-batch, built from the core's framework-neutral :class:`~ddlkit.builtin.imagefolder.files.ImageFiles`
-(which files, in which order, which crops) by :func:`ddlkit_pytorch.data.torch_loader`.
+batch, built from the description a loader declares, :class:`~ddlkit.ImageFilesSpec` (which files,
+in which order, which crops), by :func:`ddlkit_pytorch.data.torch_loader`.
 
 Workers write each batch straight into one shared-memory tensor (no per-image tensors, no
 collate copy). Where the normalization happens depends on the device: for a CPU run the workers

@@ -7,13 +7,14 @@
   (``pass_epoch()``), what ``model.fit`` trains several epochs on;
 * ``iter_epoch(epoch, start_batch)`` over ``epoch(...)``, and ``len()``.
 
-Loaders the plugin knows get a native pipeline; any other is served through its numpy batches:
+A loader that describes its images (:func:`ddlkit.interfaces.data.native_spec`) gets a native
+pipeline; any other is served through its numpy batches:
 
-* :class:`~ddlkit.builtin.imagefolder.files.ImageFiles` (``data=imagefolder``): decoding in
-  ``tf.data``'s threads (:mod:`.imagefolder`);
-* :class:`~ddlkit.builtin.synthetic_data.SyntheticImages` (``data=synthetic``): the pool of
-  batches held by ``tf.data`` once and served from its cache, no per-step work;
-* anything else (``data=custom``, a plugin's source): ``Dataset.from_generator`` over its
+* :class:`~ddlkit.ImageFilesSpec` (``data=imagefolder``): decoding in ``tf.data``'s threads
+  (:mod:`.imagefolder`);
+* :class:`~ddlkit.ImagePoolSpec` (``data=synthetic``): the pool of batches held by ``tf.data``
+  once and served from its cache, no per-step work;
+* no description (``data=custom``, a plugin's source): ``Dataset.from_generator`` over its
   numpy batches, prefetched.
 
 Batches are NHWC, as the neutral ones are: nothing to convert.
@@ -28,21 +29,22 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 
-from ddlkit.builtin.imagefolder import image_files
-from ddlkit.builtin.synthetic_data import SyntheticImages
+from ddlkit import ImageFilesSpec, ImagePoolSpec
+from ddlkit.interfaces.data import native_spec
 
 
 def tf_loader(loader: Any, *, pass_epoch: Callable[[], int] | None = None) -> Any:
     """``loader`` (a data source's) as a ``tf.data`` loader; ``pass_epoch``: which epoch a new pass
     over ``dataset`` serves (default: the passes count the epochs)."""
-    if image_files(loader) is not None:  # data=imagefolder: a native pipeline
+    spec = native_spec(loader)
+    if isinstance(spec, ImageFilesSpec):
         from .imagefolder import TfImageLoader
 
-        return TfImageLoader(loader.files, loader.labels, loader.aug, batch_size=loader.batch_size, shard=loader.shard,
-                             seed=loader.seed, workers=loader.workers,
-                             on_corrupt="skip" if loader.skip_corrupt else "error", pass_epoch=pass_epoch)
-    if isinstance(loader, SyntheticImages):
-        return PooledLoader(loader, pass_epoch)
+        # data.workers as configured: -1 leaves the decoding threads to tf.data's autotuning
+        return TfImageLoader(spec.files, spec.labels, spec.aug, batch_size=spec.batch_size, shard=spec.shard,
+                             seed=spec.seed, workers=spec.workers, on_corrupt=spec.on_corrupt, pass_epoch=pass_epoch)
+    if isinstance(spec, ImagePoolSpec):
+        return PooledLoader(spec, pass_epoch)
     return NumpyLoader(loader, pass_epoch)
 
 
@@ -95,18 +97,18 @@ class NumpyLoader(_Loader):
 
 
 class PooledLoader(_Loader):
-    """``data=synthetic``: its pool cached by ``tf.data``, each epoch a window of the repeated pool."""
+    """A pool of batches (``data=synthetic``'s) cached by ``tf.data``, each epoch a window of the
+    repeated pool."""
 
-    def __init__(self, loader: SyntheticImages, pass_epoch: Callable[[], int] | None) -> None:
-        super().__init__(len(loader), pass_epoch)
-        self.loader = loader
-        images, labels = loader.pool
-        self.pool = tf.data.Dataset.from_tensor_slices((images, labels)).cache()
+    def __init__(self, spec: ImagePoolSpec, pass_epoch: Callable[[], int] | None) -> None:
+        super().__init__(spec.batches, pass_epoch)
+        self.spec = spec
+        self.pool = tf.data.Dataset.from_tensor_slices((spec.images, spec.labels)).cache()
         self.dataset = self._batches(lambda: (self._pass_epoch(), 0), self.n)
 
     def _batches(self, which: Callable[[], tuple[int, int]], count: int) -> tf.data.Dataset:
         def first() -> Iterator[int]:
-            yield self.loader.pool_index(*which())  # once per pass: where in the pool it starts
+            yield self.spec.index(*which())  # once per pass: where in the pool it starts
 
         start = tf.data.Dataset.from_generator(first, output_signature=tf.TensorSpec((), tf.int64))
         ds = start.flat_map(lambda k: self.pool.repeat().skip(k).take(count))

@@ -39,10 +39,9 @@ class TensorflowFramework(ddlkit.Framework):
     def train(self, run: ddlkit.Run) -> None:
         tf = setup_tensorflow(run, framework="tensorflow", device=self.cfg.device, num_threads=self.cfg.num_threads)
         from .data import data_errors, tf_loader
-        from .training import (build_model, check_classifier, export_model, load_state, make_optimizer, per_example,
-                               save_state, task)
+        from .training import (build_model, check_classifier, export_model, load_state, make_optimizer, save_state,
+                               task)
 
-        t = run.cfg.trainer
         strategy = distribution_strategy(run, "tensorflow")
         with strategy.scope():
             model = build_model(run)
@@ -52,8 +51,60 @@ class TensorflowFramework(ddlkit.Framework):
         run.phase(f"model built ({model.count_params() / 1e6:.3g}M parameters)")
         loss_fn, metrics = task(run)
         metrics = {"loss": loss_fn, **metrics}
+        train_step, eval_step = self._steps(tf, run, strategy, model, optimizer, metrics)
+
+        def save(path: Path, meta: dict[str, Any]) -> None:
+            save_state(path, model, optimizer, meta)
+
+        def load(path: Path) -> dict[str, Any]:
+            return load_state(path, model, optimizer)
+
+        train, val = run.loaders()
+        check_classifier(run, model, train)
+        train_loader = tf_loader(train)
+        val_loader = tf_loader(val) if val is not None else None
+        run.phase("data ready")
+        run.checkpointing(save, load)
+        run.start()
+
+        def evaluate() -> dict[str, float]:
+            sums = dict.fromkeys([*metrics, "count"], 0.0)
+            for images, labels in strategy.experimental_distribute_dataset(val_loader.epoch(0)):
+                for name, value in eval_step(images, labels).items():
+                    sums[name] += float(value)
+            total = sums.pop("count")
+            return {f"val_{name}": value / total for name, value in sums.items()}
+
+        def step(batch: Any, lr: float) -> Any:
+            optimizer.learning_rate = lr  # assigns the optimizer's learning-rate variable
+            loss = train_step(*batch)
+            return lambda: float(loss)  # read on logging steps only (a device sync on GPUs)
+
+        accumulate = run.accumulate
+
+        def batches(epoch: int, start: int) -> Any:
+            """From optimizer step ``start`` on: one element per step, N micro-batches stacked."""
+            dataset = train_loader.epoch(epoch, start * accumulate)
+            if accumulate > 1:
+                dataset = dataset.batch(accumulate, drop_remainder=True)
+            return strategy.experimental_distribute_dataset(dataset)
+
+        with data_errors(train_loader, val_loader):
+            run.train_epochs(batches, step, evaluate if val_loader is not None else None)
+        if run.cfg.trainer.save_model:
+            run.save_artifact("model.keras", lambda path: export_model(model, path))
+        self.model = model
+
+    def _steps(self, tf: Any, run: ddlkit.Run, strategy: Any, model: Any, optimizer: Any,
+               metrics: dict[str, Any]) -> tuple[Any, Any]:
+        """The compiled ``train_step(images, labels) -> loss`` (one optimizer step over the
+        replicas, micro-batches accumulated, gradients clipped) and ``eval_step(images, labels)
+        -> {metric: sum, "count": n}``."""
+        from .training import per_example
+
+        loss_fn = metrics["loss"]
         global_batch = run.global_batch  # micro-batches included
-        accumulate, clip = run.accumulate, t.clip_grad_norm
+        accumulate, clip = run.accumulate, run.cfg.trainer.clip_grad_norm
 
         def loss_and_gradients(images: Any, labels: Any, **tape_args: Any) -> tuple[Any, Any]:
             with tf.GradientTape() as tape:
@@ -122,42 +173,4 @@ class TensorflowFramework(ddlkit.Framework):
             sums = strategy.run(replica_eval_step, args=(images, labels))
             return {name: strategy.reduce(tf.distribute.ReduceOp.SUM, s, axis=None) for name, s in sums.items()}
 
-        def save(path: Path, meta: dict[str, Any]) -> None:
-            save_state(path, model, optimizer, meta)
-
-        def load(path: Path) -> dict[str, Any]:
-            return load_state(path, model, optimizer)
-
-        loader_args = dict(batch_size=t.batch_size, shard=run.shard, seed=t.seed)
-        data = run.data.loader("train", **loader_args)
-        check_classifier(run, model, data)
-        train_loader = tf_loader(data)
-        val_loader = tf_loader(run.data.loader("val", **loader_args)) if t.validate else None
-        run.phase("data ready")
-        run.restore(save, load)
-
-        def evaluate() -> dict[str, float]:
-            sums = dict.fromkeys([*metrics, "count"], 0.0)
-            for images, labels in strategy.experimental_distribute_dataset(val_loader.epoch(0)):
-                for name, value in eval_step(images, labels).items():
-                    sums[name] += float(value)
-            total = sums.pop("count")
-            return {f"val_{name}": value / total for name, value in sums.items()}
-
-        def step(batch: Any, lr: float) -> Any:
-            optimizer.learning_rate = lr  # assigns the optimizer's learning-rate variable
-            loss = train_step(*batch)
-            return lambda: float(loss)  # read on logging steps only (a device sync on GPUs)
-
-        def batches(epoch: int, start: int) -> Any:
-            """From optimizer step ``start`` on: one element per step, N micro-batches stacked."""
-            dataset = train_loader.epoch(epoch, start * accumulate)
-            if accumulate > 1:
-                dataset = dataset.batch(accumulate, drop_remainder=True)
-            return strategy.experimental_distribute_dataset(dataset)
-
-        with data_errors(train_loader, val_loader):
-            run.train_epochs(batches, step, evaluate if val_loader is not None else None)
-        if t.save_model:
-            run.save_artifact("model.keras", lambda path: export_model(model, path))
-        self.model = model
+        return train_step, eval_step

@@ -1,6 +1,6 @@
 """``data=imagefolder`` for TensorFlow and Keras: ``tf.data`` with parallel decoding in TensorFlow's
-own threads, built from the core's framework-neutral
-:class:`~ddlkit.builtin.imagefolder.files.ImageFiles` by :func:`ddlkit_tensorflow.data.tf_loader`.
+own threads, built from the description a loader declares, :class:`~ddlkit.ImageFilesSpec`, by
+:func:`ddlkit_tensorflow.data.tf_loader`.
 
 The loader has the shape of every loader of :mod:`ddlkit_tensorflow.data`: ``epoch(e, start_batch)`` is a
 ``tf.data.Dataset`` of one epoch's batches, ``dataset`` is a dataset each new iteration of which

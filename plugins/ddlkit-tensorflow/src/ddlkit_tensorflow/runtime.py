@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 import ddlkit
 from ddlkit import cpu, threads
-from ddlkit.distributed import horovod_problem
+from ddlkit.distributed import horovod_built_with
 
 if TYPE_CHECKING:
     from omegaconf import DictConfig
@@ -172,12 +172,24 @@ def distribution_strategy(run: ddlkit.Run, framework: str) -> Any:
     return MultiWorker(run)
 
 
+#: why Horovod does not train with this plugin, and what to use instead
+HOROVOD_HOW_TO = ("Horovod 0.28.1, its last release, does not build against TensorFlow >= 2.16: use dist=native "
+                  "(tf.distribute.MultiWorkerMirroredStrategy), or an environment pinned to tensorflow 2.15 + "
+                  "horovod 0.28.1 (see the README, 'Horovod').")
+
+
 def horovod_refusal(framework: str) -> str:
-    problem = horovod_problem(framework)
-    if problem is None:  # a Horovod built with TensorFlow: only possible with TensorFlow <= 2.15
-        problem = (f"dist=horovod is not supported for framework={framework}: this plugin targets Keras 3 "
-                   "(TensorFlow >= 2.16), which Horovod 0.28.1 does not build against. Use dist=native.")
-    return problem
+    """Why ``dist=horovod`` is refused for ``framework`` (tensorflow or keras), in the terms of
+    the Horovod installed here."""
+    built = horovod_built_with("tensorflow/mpi_lib")
+    if built is None:
+        return f"dist=horovod with framework={framework} needs Horovod, which is not installed. {HOROVOD_HOW_TO}"
+    if not built:
+        return (f"dist=horovod with framework={framework}: the installed Horovod was built without TensorFlow "
+                f"support. {HOROVOD_HOW_TO}")
+    # a Horovod built with TensorFlow: only possible with TensorFlow <= 2.15
+    return (f"dist=horovod is not supported for framework={framework}: this plugin targets Keras 3 "
+            "(TensorFlow >= 2.16), which Horovod 0.28.1 does not build against. Use dist=native.")
 
 
 class MultiWorker:

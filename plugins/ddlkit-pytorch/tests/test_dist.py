@@ -1,7 +1,7 @@
 """PyTorch data parallelism end to end: real launchers, mpirun, 2 CPU ranks, for each backend
 (native = torch.distributed/gloo + DDP; horovod when it is installed).
 
-The equivalence test uses ``data=twin`` (tests/dist/dist_probe.py): both ranks see the same
+The equivalence test uses ``data=twin`` (:mod:`ddlkit.testing.dist_probe`): both ranks see the same
 images with different labels, so BatchNorm's per-rank batch statistics equal those of the
 doubled 1-rank batch, and one step of 2 ranks x batch b must equal one step of 1 rank x 2b.
 """
@@ -14,7 +14,6 @@ import re
 import signal
 import time
 from pathlib import Path
-from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -23,12 +22,15 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("ddlkit_pytorch")
 pytest.importorskip("ddlkit_mpi")
 
-from ddlkit.distributed import horovod_problem  # noqa: E402
+from ddlkit_pytorch.framework import horovod_problem  # noqa: E402
 
-pytestmark = pytest.mark.slow
+from ddlkit.testing.multirank import (DistJobs, job_processes, load_weights, needs_mpirun,  # noqa: E402
+                                      read_lines_until, worker_pids)
+
+pytestmark = [pytest.mark.slow, needs_mpirun]
 
 BACKENDS = ["native", pytest.param("horovod", marks=pytest.mark.skipif(
-    horovod_problem("pytorch") is not None, reason=str(horovod_problem("pytorch"))))]
+    horovod_problem() is not None, reason=str(horovod_problem())))]
 B = 8  # per-rank batch of the 2-rank jobs
 STEPS = 3
 # a constant learning rate (peak 0.05) that moves the weights far beyond float32 noise in 3 steps,
@@ -41,13 +43,19 @@ TRAIN = ["framework=pytorch", "model=resnet18", "data=twin", "data.image_size=32
 TWO_RANKS = ["compute=local_mpi", "compute.procs_per_node=2", f"trainer.batch_size={B}"]
 
 
+@pytest.fixture(autouse=True)
+def _isolated(ddlkit_isolation: None) -> None:
+    """As in the core's suite, where these tests lived: environment restored (and leaks
+    reported), a working directory of its own, fresh plugin and Hydra state."""
+
+
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory: pytest.TempPathFactory, dt: SimpleNamespace) -> dict[str, Path]:
-    jobs = dt.DistJobs(tmp_path_factory.mktemp("torch-dist"))
+def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    jobs = DistJobs(tmp_path_factory.mktemp("torch-dist"))
     dirs = {"single": jobs.base / "single"}
     jobs.run(*TRAIN, f"trainer.batch_size={2 * B}", job_dir=dirs["single"]).assert_success()
     for backend in ("native", "horovod"):
-        if backend == "horovod" and horovod_problem("pytorch"):
+        if backend == "horovod" and horovod_problem():
             continue
         dirs[backend] = jobs.base / backend
         jobs.run(*TRAIN, *TWO_RANKS, f"dist={backend}", job_dir=dirs[backend]).assert_success()
@@ -63,8 +71,8 @@ def initial_weights() -> dict[str, np.ndarray]:
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
-def test_every_rank_holds_identical_weights(runs: dict[str, Path], dt: SimpleNamespace, backend: str) -> None:
-    rank0, rank1 = (dt.load_weights(runs[backend] / f"weights-rank-{r}.npz") for r in (0, 1))
+def test_every_rank_holds_identical_weights(runs: dict[str, Path], backend: str) -> None:
+    rank0, rank1 = (load_weights(runs[backend] / f"weights-rank-{r}.npz") for r in (0, 1))
     assert rank0.keys() == rank1.keys() and len(rank0) > 100
     differing = [k for k in rank0 if not np.array_equal(rank0[k], rank1[k])]
     assert not differing, f"{len(differing)} tensors differ between the ranks, e.g. {differing[:3]}"
@@ -73,11 +81,10 @@ def test_every_rank_holds_identical_weights(runs: dict[str, Path], dt: SimpleNam
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
-def test_two_ranks_step_like_one_rank_with_twice_the_batch(runs: dict[str, Path], dt: SimpleNamespace,
-                                                           backend: str) -> None:
+def test_two_ranks_step_like_one_rank_with_twice_the_batch(runs: dict[str, Path], backend: str) -> None:
     start = initial_weights()
-    single = dt.load_weights(runs["single"] / "weights-rank-0.npz")
-    two = dt.load_weights(runs[backend] / "weights-rank-0.npz")
+    single = load_weights(runs["single"] / "weights-rank-0.npz")
+    two = load_weights(runs[backend] / "weights-rank-0.npz")
     compared = 0
     for key, w0 in start.items():
         # running_var is updated with the unbiased variance, n/(n-1): n = b on a rank, 2b alone
@@ -94,16 +101,16 @@ def test_two_ranks_step_like_one_rank_with_twice_the_batch(runs: dict[str, Path]
     assert compared > 60
 
 
-def test_horovod_steps_exactly_like_native(runs: dict[str, Path], dt: SimpleNamespace) -> None:
+def test_horovod_steps_exactly_like_native(runs: dict[str, Path]) -> None:
     """The two backends average the same gradients of the same per-rank batches, so their weights
     agree to rounding on any CPU. One extra weight-decay step (what Horovod's
     broadcast_optimizer_state does to a fresh optimizer) would move BatchNorm weights by about
     1 % of the update: caught here where the 1-rank comparison's tolerance cannot."""
     if "horovod" not in runs:
-        pytest.skip(horovod_problem("pytorch") or "horovod did not run")
+        pytest.skip(horovod_problem() or "horovod did not run")
     start = initial_weights()
-    native = dt.load_weights(runs["native"] / "weights-rank-0.npz")
-    horovod = dt.load_weights(runs["horovod"] / "weights-rank-0.npz")
+    native = load_weights(runs["native"] / "weights-rank-0.npz")
+    horovod = load_weights(runs["horovod"] / "weights-rank-0.npz")
     for key, w0 in start.items():
         if key.endswith("num_batches_tracked"):
             continue
@@ -129,12 +136,12 @@ LONG = [*TRAIN[:6], "data.length=100000", "trainer.epochs=1", "trainer.validate=
         "framework.num_threads=1", "optimizer.lr=0.1"]
 
 
-def test_a_killed_rank_stops_the_job_within_seconds_and_is_named(tmp_path: Path, dt: SimpleNamespace) -> None:
-    jobs = dt.DistJobs(tmp_path)
+def test_a_killed_rank_stops_the_job_within_seconds_and_is_named(tmp_path: Path) -> None:
+    jobs = DistJobs(tmp_path)
     job_dir = tmp_path / "killed"
     launcher = jobs.start(*LONG, *TWO_RANKS, "dist=native", job_dir=job_dir)
-    dt.read_lines_until(launcher, "step 3/", timeout=120)
-    victim = dt.worker_pids(job_dir)[1]
+    read_lines_until(launcher, "step 3/", timeout=120)
+    victim = worker_pids(job_dir)[1]
     t0 = time.monotonic()
     os.kill(victim, signal.SIGKILL)
     output, _ = launcher.communicate(timeout=60)
@@ -143,18 +150,18 @@ def test_a_killed_rank_stops_the_job_within_seconds_and_is_named(tmp_path: Path,
     assert took < 10, f"the job took {took:.1f} s to end after rank 1 was killed"
     assert "rank 1 (node 0) failed first, with killed by signal SIGKILL; last lines of" in output
     assert f"{job_dir / 'rank-1.log'}" in output
-    assert not dt.job_processes(job_dir), "processes of the job outlived it"
+    assert not job_processes(job_dir), "processes of the job outlived it"
 
 
-def test_a_stopped_rank_is_named_when_the_all_reduce_times_out(tmp_path: Path, dt: SimpleNamespace) -> None:
+def test_a_stopped_rank_is_named_when_the_all_reduce_times_out(tmp_path: Path) -> None:
     """Issue 17, item 4: gloo's timeout names no rank, and the report quoted only rank 0's log."""
-    jobs = dt.DistJobs(tmp_path)
+    jobs = DistJobs(tmp_path)
     job_dir = tmp_path / "stopped"
     # dist.warn_after_s=5: this rank's own end after a silence of dist.timeout_s + 5 s must not come first
     launcher = jobs.start(*LONG, *TWO_RANKS, "dist=native", "dist.timeout_s=20", "dist.warn_after_s=5",
                           job_dir=job_dir)
-    dt.read_lines_until(launcher, "step 3/", timeout=120)
-    os.kill(dt.worker_pids(job_dir)[1], signal.SIGSTOP)
+    read_lines_until(launcher, "step 3/", timeout=120)
+    os.kill(worker_pids(job_dir)[1], signal.SIGSTOP)
     output, _ = launcher.communicate(timeout=120)
     assert launcher.returncode == 1, output
     assert re.search(r"ddlkit: rank 1 has not been heard from for 5 s \(last at step \d+\): stopped or hung\?", output)
@@ -162,16 +169,15 @@ def test_a_stopped_rank_is_named_when_the_all_reduce_times_out(tmp_path: Path, d
     assert "Timed out waiting 20000ms" in report, report  # gloo's error, in the quoted end of rank 0's log
     assert re.search(r"ddlkit worker \(rank 0\): rank 1 stopped answering at step \d+, \d+ s ago \(.*\): this rank's "
                      r"collectives were waiting for it, which is the likely cause of the error above", report), report
-    assert not dt.job_processes(job_dir), "processes of the job outlived it"
+    assert not job_processes(job_dir), "processes of the job outlived it"
 
 
-def test_sigterm_stops_every_rank_at_the_same_step_and_resume_continues(tmp_path: Path,
-                                                                        dt: SimpleNamespace) -> None:
-    jobs = dt.DistJobs(tmp_path)
+def test_sigterm_stops_every_rank_at_the_same_step_and_resume_continues(tmp_path: Path) -> None:
+    jobs = DistJobs(tmp_path)
     job_dir = tmp_path / "preempted"
     total = ["data.length=2048", "trainer.batch_size=8"]  # 128 steps in the epoch
     launcher = jobs.start(*LONG, *TWO_RANKS, *total, "dist=native", job_dir=job_dir)
-    dt.read_lines_until(launcher, "step 4/", timeout=120)
+    read_lines_until(launcher, "step 4/", timeout=120)
     t0 = time.monotonic()
     launcher.send_signal(signal.SIGTERM)  # a batch scheduler's preemption, or kill
     output, _ = launcher.communicate(timeout=60)
@@ -184,7 +190,7 @@ def test_sigterm_stops_every_rank_at_the_same_step_and_resume_continues(tmp_path
     assert stops[0] == stops[1], f"the ranks stopped at different steps: {stops}"
     step = int(stops[0])
     assert (job_dir / "checkpoints" / f"step-{step:08d}.ckpt").is_file()
-    assert not dt.job_processes(job_dir)
+    assert not job_processes(job_dir)
 
     resumed = jobs.run(*LONG, *TWO_RANKS, *total, "dist=native", "trainer.max_steps=" + str(step + 3),
                        job_dir=job_dir).assert_success()

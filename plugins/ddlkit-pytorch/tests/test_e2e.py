@@ -25,6 +25,12 @@ COMMON = [
 ]
 
 
+@pytest.fixture(autouse=True)
+def _isolated(ddlkit_isolation: None) -> None:
+    """As in the core's suite, where these tests lived: environment restored (and leaks
+    reported), a working directory of its own, fresh plugin and Hydra state."""
+
+
 def ddlkit(job_dir: Path, *overrides: str, cwd: Path) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "ddlkit", *COMMON, *overrides, f"hydra.run.dir={job_dir}"],
                           cwd=cwd, capture_output=True, text=True, timeout=300)

@@ -2,7 +2,8 @@
 CUDA through the real CLI; deterministic runs repeat bit for bit; the image-folder pipeline's
 pinned, GPU-normalized batches equal the CPU-normalized ones; NCCL initializes for dist=native.
 
-Needs a CUDA GPU and ``DDLKIT_RUN_GPU_TESTS=1`` (skipped otherwise, so CPU CI skips them):
+Needs a CUDA GPU and ``DDLKIT_RUN_GPU_TESTS=1`` (skipped otherwise, so CPU CI skips them); in
+plugins/ddlkit-pytorch:
 
     DDLKIT_RUN_GPU_TESTS=1 python -m pytest tests/gpu -v
 """
@@ -34,6 +35,12 @@ pytestmark = [
 COMMON = ["framework=pytorch", "framework.device=cuda", "model=resnet18", "data.image_size=64",
           "trainer.batch_size=16", "trainer.epochs=1", "trainer.log_every=1", "trainer.warmup_steps=1"]
 SYNTHETIC = ["data.num_classes=10", "data.length=96", "data.val_length=32"]
+
+
+@pytest.fixture(autouse=True)
+def _isolated(ddlkit_isolation: None) -> None:
+    """As in the core's suite, where these tests lived: environment restored (and leaks
+    reported), a working directory of its own, fresh plugin and Hydra state."""
 
 
 def ddlkit(job_dir: Path, *overrides: str) -> dict:

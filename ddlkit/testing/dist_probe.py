@@ -1,4 +1,5 @@
-"""A plugin the distributed tests load into every rank (``DDLKIT_PLUGINS=dist_probe``):
+"""A plugin the distributed tests load into every rank (``DDLKIT_PLUGINS=ddlkit.testing.dist_probe``,
+which :mod:`ddlkit.testing.multirank` sets):
 
 * ``data=twin``: the same images on every rank, a different label for every sample. Sample ``i``
   of a global batch shows image ``i % unique`` with label ``i``'s. With ``unique`` equal to the

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -21,7 +20,9 @@ pytest.importorskip("tensorflow")
 pytest.importorskip("ddlkit_tensorflow")
 pytest.importorskip("ddlkit_mpi")
 
-pytestmark = pytest.mark.slow
+from ddlkit.testing.multirank import DistJobs, load_weights, needs_mpirun  # noqa: E402
+
+pytestmark = [pytest.mark.slow, needs_mpirun]
 
 B = 8
 TRAIN = ["framework=tensorflow", "model=resnet18", "data=twin", "data.image_size=32", "data.num_classes=10",
@@ -30,9 +31,15 @@ TRAIN = ["framework=tensorflow", "model=resnet18", "data=twin", "data.image_size
          "trainer.deterministic=true", "optimizer.lr=0.08", "optimizer.warmup_epochs=0"]
 
 
+@pytest.fixture(autouse=True)
+def _isolated(ddlkit_isolation: None) -> None:
+    """As in the core's suite, where these tests lived: environment restored (and leaks
+    reported), a working directory of its own, fresh plugin and Hydra state."""
+
+
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory: pytest.TempPathFactory, dt: SimpleNamespace) -> dict[str, Path]:
-    jobs = dt.DistJobs(tmp_path_factory.mktemp("tf-dist"))
+def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    jobs = DistJobs(tmp_path_factory.mktemp("tf-dist"))
     dirs = {"single": jobs.base / "single", "native": jobs.base / "native"}
     jobs.run(*TRAIN, f"trainer.batch_size={2 * B}", job_dir=dirs["single"]).assert_success()
     jobs.run(*TRAIN, f"trainer.batch_size={B}", "compute=local_mpi", "compute.procs_per_node=2", "dist=native",
@@ -50,8 +57,8 @@ def initial_weights() -> dict[str, np.ndarray]:
     return {w.path: np.asarray(w) for w in build_model("resnet18", 10, 32).weights}
 
 
-def test_both_workers_hold_the_same_weights(runs: dict[str, Path], dt: SimpleNamespace) -> None:
-    rank0, rank1 = (dt.load_weights(runs["native"] / f"weights-rank-{r}.npz") for r in (0, 1))
+def test_both_workers_hold_the_same_weights(runs: dict[str, Path]) -> None:
+    rank0, rank1 = (load_weights(runs["native"] / f"weights-rank-{r}.npz") for r in (0, 1))
     assert rank0.keys() == rank1.keys() and len(rank0) > 100
     # the same to the last bit, or nearly: TensorFlow's CPU all-reduce of a large tensor sometimes
     # leaves a value one float32 ulp apart between the workers (seen: 7e-9 on weights of 0.1). Workers
@@ -60,10 +67,10 @@ def test_both_workers_hold_the_same_weights(runs: dict[str, Path], dt: SimpleNam
         np.testing.assert_allclose(rank0[key], rank1[key], rtol=1e-6, atol=1e-8, err_msg=key)
 
 
-def test_two_workers_step_like_one_with_twice_the_batch(runs: dict[str, Path], dt: SimpleNamespace) -> None:
+def test_two_workers_step_like_one_with_twice_the_batch(runs: dict[str, Path]) -> None:
     start = initial_weights()
-    single = dt.load_weights(runs["single"] / "weights-rank-0.npz")
-    two = dt.load_weights(runs["native"] / "weights-rank-0.npz")
+    single = load_weights(runs["single"] / "weights-rank-0.npz")
+    two = load_weights(runs["native"] / "weights-rank-0.npz")
     compared = 0
     for key, w0 in start.items():
         # moving_variance uses the unbiased variance, n/(n-1): n = b on a worker, 2b alone

@@ -26,6 +26,12 @@ tf_data = pytest.importorskip("ddlkit_tensorflow.data")
 SIZE = 32
 
 
+@pytest.fixture(autouse=True)
+def _isolated(ddlkit_isolation: None) -> None:
+    """As in the core's suite, where these tests lived: environment restored (and leaks
+    reported), a working directory of its own, fresh plugin and Hydra state."""
+
+
 @pytest.fixture(scope="module")
 def dataset(tmp_path_factory: pytest.TempPathFactory) -> ImageDataset:
     return make_image_dataset(tmp_path_factory.mktemp("imagenet") / "root", classes=3, train_per_class=8,

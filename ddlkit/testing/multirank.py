@@ -1,0 +1,125 @@
+"""Multi-rank jobs for tests: real ``ddlkit`` launchers, real ``mpirun``, real worker processes
+on this machine (``compute=local_mpi``, from the ddlkit-mpi plugin), with
+:mod:`ddlkit.testing.dist_probe` loaded into every rank (``data=twin``, each rank's final
+weights in ``weights-rank-N.npz``), and helpers to find, signal and wait for the job's processes.
+What a framework plugin needs to show that N ranks step like one rank with N times the batch.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from . import FAKES_MODULE, RunFactory, RunOutcome
+
+#: the plugin module every rank of these jobs loads
+PROBE_MODULE = "ddlkit.testing.dist_probe"
+
+#: for the tests that start mpirun
+needs_mpirun = pytest.mark.skipif(shutil.which("mpirun") is None,
+                                  reason="OpenMPI's mpirun is not installed (apt-get install openmpi-bin)")
+
+
+def probe_env(*plugins: str, path: Sequence[Path] = ()) -> dict[str, str]:
+    """Environment that loads the fakes, :mod:`ddlkit.testing.dist_probe` and ``plugins`` (more
+    plugin modules, importable from ``path`` or installed) into launcher and ranks."""
+    pythonpath = os.pathsep.join(p for p in (*map(str, path), os.environ.get("PYTHONPATH", "")) if p)
+    return {"DDLKIT_PLUGINS": ",".join([FAKES_MODULE, PROBE_MODULE, *plugins]), "PYTHONPATH": pythonpath}
+
+
+class DistJobs:
+    """Runs ddlkit jobs the way a user does, and looks at their ranks. ``path``: directories
+    the plugin modules that :meth:`start` adds are imported from."""
+
+    def __init__(self, base: Path, *, path: Sequence[Path] = ()) -> None:
+        self.base = base
+        self.path = tuple(path)
+        self.factory = RunFactory(base)
+
+    def run(self, *overrides: str, job_dir: Path, timeout: float = 240.0) -> RunOutcome:
+        return self.factory(*overrides, job_dir=job_dir, env=probe_env(), timeout=timeout)
+
+    def start(self, *overrides: str, job_dir: Path, env: Mapping[str, str] | None = None,
+              plugins: tuple[str, ...] = ()) -> subprocess.Popen:
+        """A launcher in the background (for tests that signal or kill parts of the job), with
+        ``env`` and the plugin modules ``plugins`` added."""
+        argv = [sys.executable, "-m", "ddlkit", *overrides, f"hydra.run.dir={job_dir}"]
+        return subprocess.Popen(argv, cwd=self.base,
+                                env={**os.environ, **(env or {}), **probe_env(*plugins, path=self.path)},
+                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
+def worker_pids(job_dir: Path) -> dict[int, int]:
+    """{rank: pid} of the worker processes running ``job_dir``'s job."""
+    found = {}
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        try:
+            cmdline = Path(entry.path, "cmdline").read_bytes().split(b"\0")
+            # python -m ddlkit.worker job.json, in the job directory (mpirun's and the rank minders'
+            # command lines end with it too, but only the worker's starts with it)
+            if cmdline[1:4] != [b"-m", b"ddlkit.worker", b"job.json"]:
+                continue
+            if Path(os.readlink(Path(entry.path, "cwd"))) != job_dir.resolve():
+                continue
+            environ = dict(line.split(b"=", 1) for line in Path(entry.path, "environ").read_bytes().split(b"\0")
+                           if b"=" in line)
+        except OSError:
+            continue
+        found[int(environ[b"OMPI_COMM_WORLD_RANK"])] = int(entry.name)
+    return found
+
+
+def job_processes(job_dir: Path) -> list[int]:
+    """Processes of the job: those that run in ``job_dir`` (minder, mpirun, rank minders, workers)
+    or whose command line names it (the launcher)."""
+    pids = []
+    for entry in os.scandir("/proc"):
+        if entry.name.isdigit() and int(entry.name) != os.getpid():
+            try:
+                stat = Path(entry.path, "stat").read_text()
+                mine = (str(job_dir).encode() in Path(entry.path, "cmdline").read_bytes()
+                        or Path(os.readlink(Path(entry.path, "cwd"))) == job_dir.resolve())
+                if mine and stat.rsplit(")", 1)[1].split()[0] != "Z":
+                    pids.append(int(entry.name))
+            except OSError:
+                continue
+    return pids
+
+
+def wait_until(predicate: Callable[[], object], timeout: float, what: str) -> object:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.05)
+    raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+
+
+def read_lines_until(proc: subprocess.Popen, needle: str, timeout: float) -> str:
+    """The launcher's output up to the first line containing ``needle``."""
+    seen: list[str] = []
+    deadline = time.monotonic() + timeout
+    assert proc.stdout is not None
+    for line in proc.stdout:
+        seen.append(line)
+        if needle in line:
+            return "".join(seen)
+        if time.monotonic() > deadline:
+            break
+    raise AssertionError(f"no line with {needle!r} in the launcher's output:\n{''.join(seen)}")
+
+
+def load_weights(path: Path) -> dict[str, np.ndarray]:
+    with np.load(path) as f:
+        return {k: f[k] for k in f.files}

@@ -1,0 +1,20 @@
+"""framework=pytorch against the test kit's FrameworkContract: what every framework plugin owes
+the core (results through the Run, hooks at each logging step and epoch, max_steps, and a resumed
+run that ends with the weights of an uninterrupted one)."""
+
+from __future__ import annotations
+
+import pytest
+
+from ddlkit.testing.contracts import FrameworkContract
+
+pytest.importorskip("torch")
+
+pytestmark = pytest.mark.slow
+
+
+class TestPytorchFramework(FrameworkContract):
+    framework = "pytorch"
+    plugin = "ddlkit_pytorch.plugin"
+    model_file = "model.pt"
+    overrides = (*FrameworkContract.overrides, "model=resnet18", "framework.num_threads=1")
