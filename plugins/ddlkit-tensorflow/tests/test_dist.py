@@ -77,12 +77,14 @@ def test_two_workers_step_like_one_with_twice_the_batch(runs: dict[str, Path]) -
         if key.endswith("moving_variance"):
             continue
         moved_alone, moved_two = single[key] - w0, two[key] - w0
-        scale = np.abs(moved_alone).max()
-        assert scale > 0, f"{key} did not move"
-        # a sum of the workers' gradients instead of their mean would double the update (at lr 0.8
-        # the kernels' different summation orders for batches of 8 and 16 grew to 2.3 % of the
-        # update in 2 steps on AMD EPYC; at this learning rate they stay within the tolerance)
-        np.testing.assert_allclose(moved_two, moved_alone, rtol=0, atol=2e-3 * scale + 1e-7, err_msg=key)
+        assert np.abs(moved_alone).max() > 0, f"{key} did not move"
+        # a sum of the workers' gradients instead of their mean would double the update: a
+        # difference of 100 % of it. The kernels' different summation orders for batches of 8 and
+        # 16 leave up to 0.3 % (in norm) at this learning rate, more on single elements (1.3 % of
+        # the largest, on an Intel Xeon whose oneDNN kernels use AMX and AVX-512; 0.2 % on AMD
+        # EPYC), so each weight's update is compared as a whole
+        difference = np.linalg.norm(moved_two - moved_alone) / np.linalg.norm(moved_alone)
+        assert difference < 2e-2, f"{key}: the 2-rank update differs from the 1-rank one by {difference:.1%}"
         compared += 1
     assert compared > 60
 
