@@ -15,6 +15,10 @@ constants, never the literals. Paths are relative to the job directory, with ``/
       environment.json    ENVIRONMENT_FILE  launcher, before submit: versions, host, git commit
       rank-N.log          rank_log(N)       the target (its rank minder), while the job runs:
                                             rank N's output
+      .ranks/             RANKS_DIR         the target's rank minders (ddlkit.compute.rank_minder)
+        rank-N.json       rank_record(N)    rank N's minder, when the rank ended: how and when
+                                            (the launcher names the rank that failed first); the
+                                            target removes them before it runs the job again
       metrics.jsonl       METRICS_FILE      rank 0 (logger=jsonl), while the job runs
       checkpoints/                          rank 0, while the job runs (ddlkit.checkpoint)
       result.json         RESULT_FILE       rank 0, once, when training completed; its absence
@@ -42,7 +46,7 @@ Results are published in the order of :data:`RESULT_FILES`, ``result.json`` last
 at the destination means everything before it arrived.
 
 This module imports nothing, so that a process that must start in milliseconds can load it by its
-file path without importing the ``ddlkit`` package (``ddlkit_slurm.rank`` does, once per rank).
+file path without importing the ``ddlkit`` package (the rank minder does, once per rank).
 """
 
 #: the resolved job file every rank reads
@@ -57,6 +61,15 @@ ENVIRONMENT_FILE = "environment.json"
 def rank_log(rank: int | str) -> str:
     """Rank ``rank``'s output (``rank-0.log`` is what the launcher follows; ``"*"`` gives the glob)."""
     return f"rank-{rank}.log"
+
+
+#: the rank minders' exit records, one per rank (see :func:`rank_record`)
+RANKS_DIR = ".ranks"
+
+
+def rank_record(rank: int | str) -> str:
+    """How and when rank ``rank`` ended (JSON, written by its minder once; ``"*"`` gives the glob)."""
+    return f"{RANKS_DIR}/rank-{rank}.json"
 
 
 #: written by the jsonl logger (its default ``logger.jsonl.filename``)

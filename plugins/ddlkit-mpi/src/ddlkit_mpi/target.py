@@ -46,11 +46,10 @@ from typing import Any, ClassVar
 import ddlkit
 from ddlkit.atomic import write_json, write_text
 from ddlkit.interfaces import JobHandle, JobSpec, JobState, JobStatus
-from ddlkit.jobdir import CANCEL_FILE, STATE_DIR
+from ddlkit.jobdir import CANCEL_FILE, RANKS_DIR, STATE_DIR
 from ddlkit.jobs.process import ProcessJob, describe_exit, kill_session, log_tail, processes
 
 from .hosts import Host, discover
-from .rank import RECORDS_DIR
 
 #: mpirun's output (rank 0's plus the other ranks' error lines), in the job directory
 MPIRUN_LOG = "mpirun.log"
@@ -147,7 +146,7 @@ class MpiJob(ProcessJob):
                world_size: int, abort_timeout_s: float, stop_via: str, node_names: Sequence[str] = ()) -> MpiJob:
         """Start ``command`` (an mpirun command line) in ``job_dir``, and its abort watchdog here."""
         # a resumed job runs in the same directory: the previous run's exit records are not ours
-        shutil.rmtree(Path(job_dir) / RECORDS_DIR, ignore_errors=True)
+        shutil.rmtree(Path(job_dir) / RANKS_DIR, ignore_errors=True)
         # should the launcher die before detaching the job, the minder asks the ranks to stop as a
         # cancel does: mpirun passes SIGUSR1 on to every rank (SIGTERM would kill them at once)
         job = cls.start(command, job_dir=job_dir, log_name=MPIRUN_LOG, env=env, grace_period_s=grace_period_s,
@@ -172,7 +171,7 @@ class MpiJob(ProcessJob):
                   node_names: Sequence[str] = ()) -> None:
         self.world_size, self.abort_timeout_s, self.stop_via = world_size, abort_timeout_s, stop_via
         self.node_names = tuple(node_names)
-        self.records_dir = self.job_dir / RECORDS_DIR
+        self.records_dir = self.job_dir / RANKS_DIR
 
     # ------------------------------------------------------------ the job's processes
     def _rank_minders(self) -> list[int]:

@@ -45,7 +45,7 @@ from typing import Any
 import ddlkit
 from ddlkit.atomic import write_text
 from ddlkit.interfaces import JobHandle, JobSpec, JobState, JobStatus
-from ddlkit.jobdir import CANCEL_FILE, EXIT_CONFIG_ERROR, EXIT_PREEMPTED, STATE_DIR
+from ddlkit.jobdir import CANCEL_FILE, EXIT_CONFIG_ERROR, EXIT_PREEMPTED, RANKS_DIR, STATE_DIR
 from ddlkit.jobs.process import LogFollower, log_tail
 
 #: the batch script, written into the job directory
@@ -389,7 +389,7 @@ class SlurmTarget(ddlkit.ComputeTarget):
 
 set -u
 mkdir -p {STATE_DIR}
-rm -f {EXIT_RECORD} {STOP_RECORD}
+rm -rf {EXIT_RECORD} {STOP_RECORD} {RANKS_DIR}  # a re-queued run's records are its own
 restarts=${{SLURM_RESTART_COUNT:-0}}
 max_requeues={int(c.max_requeues)}
 grace={int(c.grace_period_s)}

@@ -1,0 +1,242 @@
+"""ddlkit.compute.rank_minder with real processes: a minder started as a target's rank entry
+starts it (loaded by its path, without the ddlkit package), around a child that prints, fails, is
+signalled or leaves processes behind."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from ddlkit.compute import rank_minder
+
+#: a target's rank entry in miniature: load the minder by its path, forward signals first, run
+#: ``argv[3:]`` as rank options ``argv[2]`` (JSON) say; the ddlkit package stays unimported
+ENTRY = """
+import importlib.util, json, sys
+spec = importlib.util.spec_from_file_location("_ddlkit_rank_minder", sys.argv[1])
+minder = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(minder)
+minder.forward_signals()
+assert not [m for m in sys.modules if m == "ddlkit" or m.startswith("ddlkit.")], "the minder imported ddlkit"
+sys.exit(minder.run(sys.argv[3:], **json.loads(sys.argv[2])))
+"""
+LAYOUT = {"DDLKIT_NODE": "1", "DDLKIT_LOCAL_RANK": "0", "DDLKIT_LOCAL_SIZE": "2"}
+
+
+def minder_command(code: str, *, rank: int, **options: object) -> list[str]:
+    options = {"rank": rank, "variables": LAYOUT, "name": "test", **options}
+    return [sys.executable, "-c", ENTRY, rank_minder.__file__, json.dumps(options), sys.executable, "-c", code]
+
+
+def run_minder(job_dir: Path, code: str, *, rank: int, **options: object) -> subprocess.CompletedProcess[str]:
+    job_dir.mkdir(parents=True, exist_ok=True)
+    return subprocess.run(minder_command(code, rank=rank, **options), cwd=job_dir, capture_output=True, text=True,
+                          timeout=60)
+
+
+def start_minder(job_dir: Path, code: str, *, rank: int, **options: object) -> subprocess.Popen[str]:
+    job_dir.mkdir(parents=True, exist_ok=True)
+    return subprocess.Popen(minder_command(code, rank=rank, **options), cwd=job_dir, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+
+
+def record(job_dir: Path, rank: int) -> dict:
+    return json.loads((job_dir / ".ranks" / f"rank-{rank}.json").read_text())
+
+
+def alive(pid: int) -> bool:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"
+
+
+def wait_for(predicate, what: str, timeout: float = 20.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.05)
+
+
+def test_rank_0_is_the_console_and_every_rank_has_its_log_and_exit_record(tmp_path: Path) -> None:
+    code = ("import os, sys; print('progress at node', os.environ['DDLKIT_NODE'], flush=True); "
+            "print('a note', file=sys.stderr)")
+    done = run_minder(tmp_path, code, rank=0)
+    assert done.returncode == 0, done
+    assert done.stdout == "progress at node 1\n" and done.stderr == "a note\n"
+    assert (tmp_path / "rank-0.log").read_text().splitlines() == ["progress at node 1", "a note"]
+    rec = record(tmp_path, 0)
+    assert {k: rec[k] for k in ("rank", "node", "local_rank", "code", "log")} == {
+        "rank": 0, "node": 1, "local_rank": 0, "code": 0, "log": "rank-0.log"}
+    assert rec["host"] == os.uname().nodename and abs(rec["time"] - time.time()) < 60
+    assert not alive(rec["pid"])
+    assert not list((tmp_path / ".ranks").glob("*.tmp"))
+
+
+def test_other_ranks_pass_on_their_error_lines_only(tmp_path: Path) -> None:
+    code = """
+import sys
+print("progress of rank 1", flush=True)
+print("a harmless note from rank 1", file=sys.stderr, flush=True)
+print("ddlkit: rank 0 has not been heard from for 60 s (last at step 12): stopped or hung?", file=sys.stderr)
+raise RuntimeError("rank 1 cannot go on")
+"""
+    done = run_minder(tmp_path, code, rank=1)
+    assert done.returncode == 1
+    assert done.stdout == ""
+    lines = done.stderr.splitlines()
+    assert lines[0] == "[rank 1] ddlkit: rank 0 has not been heard from for 60 s (last at step 12): stopped or hung?"
+    assert lines[1] == "[rank 1] Traceback (most recent call last):"
+    assert "[rank 1] RuntimeError: rank 1 cannot go on" in lines
+    assert lines[-1] == "[rank 1] ended with exit status 1"  # its error lines said why: no tail
+    assert "progress" not in done.stderr and "harmless" not in done.stderr
+    log = (tmp_path / "rank-1.log").read_text()
+    assert "progress of rank 1" in log and "a harmless note from rank 1" in log
+    assert log.endswith("RuntimeError: rank 1 cannot go on\n[test] rank 1 (node 1) ended with exit status 1\n")
+    assert record(tmp_path, 1)["code"] == 1
+
+
+def test_a_failed_rank_repeats_the_lines_the_console_has_not_shown(tmp_path: Path) -> None:
+    code = ("import sys; print('Error: a first problem', file=sys.stderr, flush=True); "
+            "print('one\\ntwo\\nthree', flush=True); sys.exit(3)")
+    done = run_minder(tmp_path / "failed", code, rank=2, tail_lines=2)
+    assert done.returncode == 3
+    assert done.stderr.splitlines() == ["[rank 2] Error: a first problem",
+                                        "[rank 2] ended with exit status 3; last lines of rank-2.log:",
+                                        "[rank 2] two", "[rank 2] three"]
+    # stopped after a checkpoint is no failure: no tail
+    done = run_minder(tmp_path / "preempted", "import sys; print('one', flush=True); sys.exit(75)", rank=2,
+                      tail_lines=2)
+    assert (done.returncode, done.stderr) == (75, "[rank 2] ended with exit status 75\n")
+
+
+def test_a_rank_killed_by_a_signal_says_so_and_exits_as_the_shell_would(tmp_path: Path) -> None:
+    done = run_minder(tmp_path, "import os, signal; os.kill(os.getpid(), signal.SIGKILL)", rank=1)
+    assert done.returncode == 128 + signal.SIGKILL
+    assert done.stderr == "[rank 1] ended with signal SIGKILL\n"
+    assert record(tmp_path, 1)["code"] == -signal.SIGKILL
+
+
+STOPPER = """
+import signal, sys, time
+def stop(signum, frame):
+    print("stopping on", signal.Signals(signum).name, flush=True)
+    sys.exit(75)
+signal.signal(signal.SIGTERM, stop)
+print("ready", flush=True)
+time.sleep(60)
+"""
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT, signal.SIGUSR1])
+def test_stop_signals_reach_the_worker_as_sigterm(sig: signal.Signals, tmp_path: Path) -> None:
+    minder = start_minder(tmp_path, STOPPER, rank=0)
+    try:
+        log = tmp_path / "rank-0.log"
+        wait_for(lambda: log.exists() and "ready" in log.read_text(), "the worker to start")
+        minder.send_signal(sig)
+        out, err = minder.communicate(timeout=30)
+    finally:
+        minder.kill()
+    assert minder.returncode == 75, err
+    assert "stopping on SIGTERM" in out
+    assert record(tmp_path, 0)["code"] == 75
+
+
+SAVER = """
+import signal, sys, time
+requests = []
+signal.signal(signal.SIGTERM, lambda signum, frame: requests.append(signum) or print("stop request", len(requests),
+                                                                                   flush=True))
+print("ready", flush=True)
+deadline = time.monotonic() + 30
+while not requests and time.monotonic() < deadline:
+    time.sleep(0.01)
+time.sleep(1.5)  # saving its checkpoint while more requests come
+sys.exit(75)
+"""
+
+
+def test_the_worker_is_asked_to_stop_once(tmp_path: Path) -> None:
+    log = tmp_path / "rank-0.log"
+    minder = start_minder(tmp_path, SAVER, rank=0)
+    try:
+        wait_for(lambda: log.exists() and "ready" in log.read_text(), "the worker to start")
+        minder.send_signal(signal.SIGTERM)
+        wait_for(lambda: "stop request 1" in log.read_text(), "the stop request")
+        minder.send_signal(signal.SIGUSR1)  # mpirun aborting the job, say
+        minder.send_signal(signal.SIGTERM)
+        minder.communicate(timeout=30)
+    finally:
+        minder.kill()
+    assert minder.returncode == 75
+    assert "stop request 2" not in log.read_text()
+
+
+def test_a_rank_that_starts_after_a_cancel_stops_at_once(tmp_path: Path) -> None:
+    (tmp_path / ".ddlkit").mkdir()
+    (tmp_path / ".ddlkit" / "cancel-requested").write_text("now\n")
+    t0 = time.monotonic()
+    done = run_minder(tmp_path, STOPPER, rank=0, cancel_file=".ddlkit/cancel-requested")
+    assert time.monotonic() - t0 < 20
+    # stopped by the SIGTERM it was given at once: maybe before its handler was installed
+    assert done.returncode in (75, 128 + signal.SIGTERM), done
+    assert record(tmp_path, 0)["code"] in (75, -signal.SIGTERM)
+
+
+def test_what_the_worker_left_running_is_killed_when_it_ends(tmp_path: Path) -> None:
+    # a helper that keeps the worker's output pipes open: the minder must not wait for it
+    code = ("import subprocess, sys; helper = subprocess.Popen(['sleep', '60']); "
+            "open('helper.pid', 'w').write(str(helper.pid)); print('leaving', flush=True)")
+    t0 = time.monotonic()
+    done = run_minder(tmp_path, code, rank=0)
+    assert done.returncode == 0 and done.stdout == "leaving\n"
+    assert time.monotonic() - t0 < 10
+    helper = int((tmp_path / "helper.pid").read_text())
+    wait_for(lambda: not alive(helper), "the helper to be killed", timeout=5)
+
+
+WORKER = "import os, time; open('worker.pid', 'w').write(str(os.getpid())); time.sleep(60)"
+
+
+def test_the_worker_dies_with_its_minder(tmp_path: Path) -> None:
+    minder = start_minder(tmp_path, WORKER, rank=0)
+    try:
+        wait_for(lambda: (tmp_path / "worker.pid").exists() and (tmp_path / "worker.pid").read_text(), "the worker")
+        worker = int((tmp_path / "worker.pid").read_text())
+        minder.kill()
+        minder.wait(timeout=10)
+        wait_for(lambda: not alive(worker), "the worker to die with its minder", timeout=5)
+    finally:
+        minder.kill()
+
+
+def test_the_worker_is_ended_when_whatever_started_the_rank_is_gone(tmp_path: Path) -> None:
+    # the rank's starter (mpirun, slurmstepd) in miniature: a shell that waits for the minder
+    starter = subprocess.Popen(["sh", "-c", '"$@" & wait', "sh", *minder_command(WORKER, rank=0)], cwd=tmp_path,
+                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        wait_for(lambda: (tmp_path / "worker.pid").exists() and (tmp_path / "worker.pid").read_text(), "the worker")
+        worker = int((tmp_path / "worker.pid").read_text())
+        starter.kill()
+        starter.wait(timeout=10)
+        wait_for(lambda: not alive(worker), "the worker to be ended", timeout=10)
+        # and the minder, which reported it
+        wait_for(lambda: (tmp_path / ".ranks" / "rank-0.json").exists(), "the exit record", timeout=10)
+    finally:
+        starter.kill()
+    assert record(tmp_path, 0)["code"] == -signal.SIGKILL
+
+
+def test_a_layout_without_ddlkits_node_variables_is_refused(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="lack DDLKIT_LOCAL_RANK, DDLKIT_LOCAL_SIZE: every compute target"):
+        rank_minder.run(["true"], rank=0, variables={"DDLKIT_NODE": "0"}, name="test", job_dir=str(tmp_path))
+    assert not list(tmp_path.iterdir())
