@@ -13,7 +13,7 @@ import dataclasses
 import difflib
 import enum
 import os
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -32,13 +32,14 @@ EXPERIMENTS_DIR = "experiments"
 #: like ``--config-dir``: presets (``conf/compute/mycluster.yaml``) and experiments (``conf/experiment/``)
 USER_CONF_DIR = "conf"
 
-#: the config's top-level keys besides the hook points
-CORE_GROUPS = ("trainer", "dist", "sweep")
 #: how an unknown key that only ``+key=value`` can have put in the config is named
 _ADDED = " (`+` cannot add an option)"
 
 
-class Precision(enum.Enum):
+class Precision(enum.StrEnum):
+    """``trainer.precision``. A StrEnum, as every enum of a config schema: a member reads as its
+    name wherever a string is wanted (a message, a framework's dtype table, result.json)."""
+
     fp32 = "fp32"
     bf16 = "bf16"
     fp16 = "fp16"
@@ -135,6 +136,10 @@ class DistConfig:
     stop_check_every: int = 1
 
 
+#: the config's top-level keys besides the hook points, and their schemas
+CORE_SCHEMAS: dict[str, type] = {"trainer": TrainerConfig, "dist": DistConfig, "sweep": SweepConfig}
+
+
 def _with_name(schema: type | None, name: str) -> type:
     """The plugin's schema plus a ``name`` field holding the option's name, so that the
     resolved job file says which implementation each group selected."""
@@ -182,9 +187,27 @@ def to_container(cfg: Any) -> Any:
     return OmegaConf.to_container(cfg, resolve=True, throw_on_missing=True, enum_to_str=True)
 
 
-def component_config(registry: Registry, group: str, plain: Any) -> Any:
-    """A component's config node rebuilt from its resolved copy in a job file (``plain``, with
-    its ``name``), typed by the component's schema again: enums are enums, not strings."""
+def rebuild(plain: Mapping[str, Any], registry: Registry, groups: Collection[str] | None = None) -> DictConfig:
+    """The typed config again, from its resolved copy in a job file (``job.json``'s ``config``):
+    every group merged onto the schema it was composed from -- the core's for trainer, dist and
+    sweep, the selected option's (found by its ``name``) for the others. A rank and ``ddlkit jobs``
+    then hold the types the launcher validated (an enum field holds its member, not its name).
+    ``groups``: only these (``ddlkit jobs`` needs the compute target's: it reaches a job from a
+    shell that need not load the job's other plugins)."""
+    typed: dict[str, Any] = {}
+    for group, node in plain.items():
+        if groups is not None and group not in groups:
+            continue
+        if group in CORE_SCHEMAS:
+            typed[group] = OmegaConf.merge(OmegaConf.structured(CORE_SCHEMAS[group]), node)
+        elif HOOK_POINTS[group].multi:
+            typed[group] = {key: _component(registry, group, option) for key, option in node.items()}
+        else:
+            typed[group] = _component(registry, group, node)
+    return OmegaConf.create(typed)
+
+
+def _component(registry: Registry, group: str, plain: Mapping[str, Any]) -> DictConfig:
     name = plain["name"]
     return OmegaConf.merge(OmegaConf.structured(_with_name(registry.get(group, name).config, name)), plain)
 
@@ -211,7 +234,7 @@ def check_composed(cfg: DictConfig, registry: Registry) -> None:
         declared = {f.name for f in dataclasses.fields(OmegaConf.get_type(node))}
         for extra in (k for k in node if k not in declared):
             raise ConfigError(unknown_key_message(cfg, f"{path}.{extra}", _ADDED))
-    for extra in (k for k in cfg if k not in HOOK_POINTS and k not in CORE_GROUPS):
+    for extra in (k for k in cfg if k not in HOOK_POINTS and k not in CORE_SCHEMAS):
         raise ConfigError(unknown_key_message(cfg, str(extra), _ADDED))
 
 

@@ -54,7 +54,7 @@ _DATASTORE_URI = re.compile(r"^azureml://")
 _URL = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")
 
 
-class InputMode(str, enum.Enum):
+class InputMode(enum.StrEnum):
     #: download with storage=local_ssd (data staged to the nodes' disks), a read-only mount otherwise
     auto = "auto"
     download = "download"
@@ -135,8 +135,8 @@ class AzureMLTarget(ddlkit.ComputeTarget):
 
     @property
     def input_mode(self) -> str:
-        mode = getattr(self.cfg.input_mode, "value", self.cfg.input_mode)
-        if mode == InputMode.auto.value:
+        mode = self.cfg.input_mode
+        if mode == InputMode.auto:
             return "download" if self.cfg.storage == "local_ssd" else "ro_mount"
         return str(mode)
 

@@ -35,7 +35,7 @@ import re
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
-from enum import Enum
+from enum import StrEnum
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -57,17 +57,17 @@ JOB_DIRECTORY_ID = "JOB"
 STDOUTERR = "stdouterr"
 
 
-class VmPriority(str, Enum):
+class VmPriority(StrEnum):
     dedicated = "dedicated"
     lowpriority = "lowpriority"
 
 
-class Scale(str, Enum):
+class Scale(StrEnum):
     manual = "manual"
     auto = "auto"
 
 
-class DiskType(str, Enum):
+class DiskType(StrEnum):
     Standard_LRS = "Standard_LRS"
     Premium_LRS = "Premium_LRS"
 
@@ -222,7 +222,7 @@ class BatchAITarget(ddlkit.ComputeTarget):
                 f"compute.cluster.vm_size={c.cluster.vm_size} has GPUs ({gpus}): one rank per GPU.")
         if not c.image:
             default_image(str(c.framework), gpu=bool(c.gpu), registry=str(c.registry))  # refused before anything
-        if getattr(c.cluster.scale, "value", c.cluster.scale) == Scale.auto.value:
+        if c.cluster.scale == Scale.auto:
             most = c.cluster.max_nodes if c.cluster.max_nodes is not None else c.nodes
             if most < c.nodes or c.cluster.min_nodes < 0 or c.cluster.min_nodes > most:
                 raise ddlkit.ConfigError(

@@ -52,7 +52,7 @@ def check_storage_credential(config: DictConfig) -> None:
         return
     url = s.account_url or os.environ.get(ACCOUNT_URL_ENV)
     if url and str(url).startswith("http://"):
-        resolve(getattr(s.auth, "value", s.auth), account_url=url, sas_token_file=s.sas_token_file,
+        resolve(s.auth, account_url=url, sas_token_file=s.sas_token_file,
                 connection_string_file=s.connection_string_file)
 
 

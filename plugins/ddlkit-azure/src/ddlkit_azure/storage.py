@@ -73,7 +73,7 @@ class AzureBlobStorage(StagingStorage):
                 from ._client import Container, service_client
 
                 c = self.cfg
-                cred = resolve(getattr(c.auth, "value", c.auth), account_url=c.account_url,
+                cred = resolve(c.auth, account_url=c.account_url,
                                sas_token_file=c.sas_token_file, connection_string_file=c.connection_string_file)
                 service = service_client(cred, connections=max(c.workers, 1) * max(c.max_concurrency, 1))
                 self._container = Container(service, c.container, c.prefix, cred, c.max_concurrency)

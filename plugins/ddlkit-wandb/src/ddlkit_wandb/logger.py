@@ -71,7 +71,7 @@ class WandbLogger(ddlkit.Logger):
         import wandb
 
         self.job_dir = run.job_dir
-        config, _ = split_secrets(OmegaConf.to_container(run.cfg, resolve=True))
+        config, _ = split_secrets(OmegaConf.to_container(run.cfg, resolve=True, enum_to_str=True))
         config["ddlkit"] = {"job": run.name, "job_dir": str(run.job_dir), "world_size": run.dist.world_size,
                             "sweep": os.environ.get(SWEEP_NAME_ENV), "sweep_job": os.environ.get(SWEEP_JOB_ENV),
                             "environment": _read_json(run.job_dir / "environment.json")}
