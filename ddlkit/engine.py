@@ -112,14 +112,30 @@ def validate(cfg: DictConfig, registry: Registry, pm: DdlkitPluginManager, *,
     _check(o.warmup_epochs >= 0, "optimizer.warmup_epochs", o.warmup_epochs, ">= 0")
     _check(0 <= o.label_smoothing < 1, "optimizer.label_smoothing", o.label_smoothing, "in [0, 1)")
     _check_optimizer_options(o)
-    _check_distributed(cfg, compute or build_target(cfg, registry))
+    compute = compute or build_target(cfg, registry)
+    _check_distributed(cfg, compute)
     # the selected framework must implement the selected model and optimizer
     for group in ("model", "optimizer"):
         registry.get_for(group, cfg.framework.name, cfg[group].name)
-    # Framework.configure is the framework's own launcher-side check (documented on the interface)
-    registry.create("framework", cfg.framework.name, cfg.framework).configure(cfg)
+    for component in _selected(cfg, registry, compute):
+        component.configure(cfg)
+    # what no one component owns: checks across the config (user code importable, ...)
     pm.hook.ddlkit_configure(config=cfg)
     return container
+
+
+def _selected(cfg: DictConfig, registry: Registry, compute: ComputeTarget) -> Iterator[Any]:
+    """The selected components, built as the ranks will build them, each to check its own options
+    (``configure``); models and optimizers are the framework's to check."""
+    for group, hp in HOOK_POINTS.items():
+        if hp.per_framework:
+            continue
+        if group == "compute":
+            yield compute
+            continue
+        nodes = (cfg.get(group) or {}).values() if hp.multi else [cfg[group]]
+        for node in nodes:
+            yield registry.create(group, node.name, node)
 
 
 def _check_optimizer_options(o: DictConfig) -> None:

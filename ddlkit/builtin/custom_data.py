@@ -161,6 +161,11 @@ class CustomData(DataSource):
         super().__init__(cfg)
         self._samples: dict[str, Samples] = {}
 
+    def configure(self, config: DictConfig) -> None:
+        for key in ("num_classes", "image_size"):
+            if self.cfg[key] < 0:
+                raise ConfigError(f"data.{key}={self.cfg[key]} is invalid: it must be >= 0.")
+
     def samples(self, split: str) -> Samples:
         if split not in self._samples:
             produced = build(self.cfg.target, "data.target", {**self.cfg.kwargs, "split": split})
@@ -202,13 +207,9 @@ def import_paths(config: Mapping[str, Any]) -> Iterator[tuple[str, str]]:
 
 @hookimpl
 def ddlkit_configure(config: DictConfig) -> None:
+    # a check across the config: user code may be named by the model, the data source and the trainer
     for key, path in import_paths(config):
         check_importable(path, key)
-    data = config.get("data") or {}
-    if data.get("name") == "custom":
-        for key in ("num_classes", "image_size"):
-            if data[key] < 0:
-                raise ConfigError(f"data.{key}={data[key]} is invalid: it must be >= 0.")
 
 
 @hookimpl

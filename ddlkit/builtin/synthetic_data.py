@@ -91,6 +91,13 @@ class SyntheticImages:
 
 
 class SyntheticData(DataSource):
+    def configure(self, config: DictConfig) -> None:
+        c = self.cfg
+        for key, low in (("image_size", 1), ("num_classes", 1), ("length", 1), ("val_length", 0), ("pool_mib", 1)):
+            if c[key] < low:
+                raise ConfigError(f"data.{key}={c[key]} is invalid: it must be >= {low}.")
+        check_batch_fits(config.trainer.batch_size, c.image_size)
+
     @property
     def info(self) -> DataInfo:
         c = self.cfg
@@ -124,13 +131,3 @@ def check_batch_fits(batch_size: int, image_size: int, what: str = "one batch") 
                           f"{needed / 2**30:,.1f} GiB as float32, more than half of this machine's "
                           f"{memory / 2**30:,.1f} GiB: lower trainer.batch_size or data.image_size.")
 
-
-@hookimpl
-def ddlkit_configure(config: DictConfig) -> None:
-    c = config.get("data") or {}
-    if c.get("name") != "synthetic":
-        return
-    for key, low in (("image_size", 1), ("num_classes", 1), ("length", 1), ("val_length", 0), ("pool_mib", 1)):
-        if c[key] < low:
-            raise ConfigError(f"data.{key}={c[key]} is invalid: it must be >= {low}.")
-    check_batch_fits(config["trainer"]["batch_size"], c["image_size"])

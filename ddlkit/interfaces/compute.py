@@ -32,7 +32,10 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
+
+if TYPE_CHECKING:
+    from omegaconf import DictConfig
 
 #: the resolved job file every rank reads, relative to the job directory
 JOB_FILE = "job.json"
@@ -153,6 +156,11 @@ class ComputeTarget(ABC):
 
     def __init__(self, cfg: Any) -> None:
         self.cfg = cfg
+
+    def configure(self, config: DictConfig) -> None:
+        """Validate this target's options against the whole composed ``config`` in the launcher,
+        before anything runs; raise ConfigError. Called for the selected target only (the
+        options that need no other part of the config are best checked by the constructor)."""
 
     @property
     def world_size(self) -> int:

@@ -48,6 +48,8 @@ from ddlkit.interfaces import JobHandle, JobSpec, JobState, JobStatus
 from ddlkit.jobs.process import CANCEL_FILE, STATE_DIR
 
 if TYPE_CHECKING:
+    from omegaconf import DictConfig
+
     from .batchai_client import Service
 
 API_VERSION = "2018-05-01"
@@ -232,6 +234,26 @@ class BatchAITarget(ddlkit.ComputeTarget):
             raise ddlkit.ConfigError(f"compute.stage_from={c.stage_from} is not a blob:// URL: it names the dataset "
                                      "in Blob Storage that is copied onto the file server.")
 
+    def configure(self, config: DictConfig) -> None:
+        """What compute=batchai needs of the rest of the run: storage=nfs's root, local disks."""
+        c, storage = self.cfg, config.storage
+        mount = f"$AZ_BATCHAI_MOUNT_ROOT/{c.file_server.mount_path}"
+        if storage.name == "nfs" and str(storage.root).rstrip("/") != mount:
+            raise ddlkit.ConfigError(
+                f"storage=nfs on compute=batchai reads and writes the file server the nodes mount at {mount}: set "
+                f"storage.root='{mount}' (it is expanded on the nodes).")
+        if storage.name == "local_ssd" and not vm_has_local_disk(c.cluster.vm_size):
+            raise ddlkit.ConfigError(
+                f"storage=local_ssd stages data onto each node's local disk, but compute.cluster.vm_size="
+                f"{c.cluster.vm_size} has none (v4 and later sizes without a 'd' have no temporary disk): choose a "
+                "size with one (e.g. Standard_D4ds_v4, Standard_NC24rs_v3) or use storage=nfs.")
+        if c.stage_from is not None:
+            root = config.data.get("root")
+            if storage.name != "nfs" or not root or str(root).startswith(("/", "$")) or "://" in str(root):
+                raise ddlkit.ConfigError(
+                    f"compute.stage_from={c.stage_from} copies the dataset onto the file server: use storage=nfs and "
+                    "a data.root relative to it, e.g. data.root=datasets/imagenet.")
+
     @property
     def world_size(self) -> int:
         return self.cfg.nodes * self.cfg.procs_per_node
@@ -256,27 +278,6 @@ class BatchAITarget(ddlkit.ComputeTarget):
 
     def down(self, *, confirm: Callable[[Sequence[str]], bool]) -> list[str]:
         return self.service().down(confirm)
-
-
-def check_config(config: Any) -> None:
-    """What compute=batchai needs of the rest of the run's config (the ``ddlkit_configure`` check)."""
-    c, storage = config.compute, config.storage
-    mount = f"$AZ_BATCHAI_MOUNT_ROOT/{c.file_server.mount_path}"
-    if storage.name == "nfs" and str(storage.root).rstrip("/") != mount:
-        raise ddlkit.ConfigError(
-            f"storage=nfs on compute=batchai reads and writes the file server the nodes mount at {mount}: set "
-            f"storage.root='{mount}' (it is expanded on the nodes).")
-    if storage.name == "local_ssd" and not vm_has_local_disk(c.cluster.vm_size):
-        raise ddlkit.ConfigError(
-            f"storage=local_ssd stages data onto each node's local disk, but compute.cluster.vm_size="
-            f"{c.cluster.vm_size} has none (v4 and later sizes without a 'd' have no temporary disk): choose a size "
-            "with one (e.g. Standard_D4ds_v4, Standard_NC24rs_v3) or use storage=nfs.")
-    if c.stage_from is not None:
-        root = config.data.get("root")
-        if storage.name != "nfs" or not root or str(root).startswith(("/", "$")) or "://" in str(root):
-            raise ddlkit.ConfigError(
-                f"compute.stage_from={c.stage_from} copies the dataset onto the file server: use storage=nfs and a "
-                "data.root relative to it, e.g. data.root=datasets/imagenet.")
 
 
 # ---------------------------------------------------------------------------- the handle
