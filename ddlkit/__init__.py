@@ -2,8 +2,9 @@
 
 The public facade: the hook marker, the registration record, the five interfaces and the
 framework-neutral batch, the run object handed to frameworks and hooks, and the errors; the
-shared optimizer schemas in :mod:`ddlkit.optim`, bring-your-own-code helpers in
-:mod:`ddlkit.custom`. Everything else is internal.
+shared optimizer schemas in :mod:`ddlkit.optim`, constraints on schema fields in
+:mod:`ddlkit.options`, bring-your-own-code helpers in :mod:`ddlkit.custom`. Everything else is
+internal.
 """
 
 from .distributed import DistContext

@@ -27,13 +27,12 @@ from typing import TYPE_CHECKING, Any, TextIO
 from omegaconf import OmegaConf
 from omegaconf.errors import MissingMandatoryValue, OmegaConfBaseException
 
-from . import callbacks, monitor
+from . import callbacks, monitor, options
 from . import secrets as secret_store
 from .atomic import write_json, write_text
 from .checkpoint import latest_checkpoint, resolve_resume
 from .commandline import job_command
 from .config import check_composed, to_container
-from .distributed import BACKENDS
 from .errors import ConfigError, DdlkitError, JobFailedError, exit_code_for
 from .interfaces import JOB_FILE, ComputeTarget, JobHandle, JobSpec, JobState, JobStatus
 from .jobs import index
@@ -67,11 +66,6 @@ class PreparedJob:
         return f"resume with: {job_command(self.overrides, self.spec.job_dir, self.launch)}"
 
 
-def _check(cond: bool, key: str, value: object, requirement: str) -> None:
-    if not cond:
-        raise ConfigError(f"{key}={value} is invalid: it must be {requirement}.")
-
-
 def build_target(cfg: DictConfig, registry: Registry) -> ComputeTarget:
     """The job's compute target: built once per job, from ``cfg.compute``."""
     check_composed(cfg, registry)  # a preset's node gets its plugin's schema before it is read
@@ -96,22 +90,10 @@ def validate(cfg: DictConfig, registry: Registry, pm: DdlkitPluginManager, *,
     except OmegaConfBaseException as err:
         raise ConfigError(f"config error at `{getattr(err, 'full_key', '?')}`: {err.msg}") from None
 
-    t, o = cfg.trainer, cfg.optimizer
-    for key in ("epochs", "batch_size", "log_every", "keep_checkpoints"):
-        _check(t[key] >= 1, f"trainer.{key}", t[key], "a positive integer")
-    _check(t.warmup_steps >= 0, "trainer.warmup_steps", t.warmup_steps, ">= 0")
-    _check(t.checkpoint_every >= 0, "trainer.checkpoint_every", t.checkpoint_every, ">= 0 (0 = per epoch)")
-    _check(t.max_steps is None or t.max_steps >= 1, "trainer.max_steps", t.max_steps, "null or a positive integer")
-    _check(t.accumulate_batches >= 1, "trainer.accumulate_batches", t.accumulate_batches,
-           "a positive integer (micro-batches per optimizer step; 1 = none accumulated)")
-    _check(t.clip_grad_norm is None or t.clip_grad_norm >= 0, "trainer.clip_grad_norm", t.clip_grad_norm,
-           "null, 0 (no clipping) or a positive gradient norm")
+    # every option's own constraint, declared on its schema's field (ddlkit.options)
+    options.check(cfg)
     monitor.check(cfg)
-    callbacks.resolve(t.callbacks)
-    _check(o.lr > 0, "optimizer.lr", o.lr, "positive")
-    _check(o.warmup_epochs >= 0, "optimizer.warmup_epochs", o.warmup_epochs, ">= 0")
-    _check(0 <= o.label_smoothing < 1, "optimizer.label_smoothing", o.label_smoothing, "in [0, 1)")
-    _check_optimizer_options(o)
+    callbacks.resolve(cfg.trainer.callbacks)
     compute = compute or build_target(cfg, registry)
     _check_distributed(cfg, compute)
     # the selected framework must implement the selected model and optimizer
@@ -138,27 +120,10 @@ def _selected(cfg: DictConfig, registry: Registry, compute: ComputeTarget) -> It
             yield registry.create(group, node.name, node)
 
 
-def _check_optimizer_options(o: DictConfig) -> None:
-    """The shared hyperparameters' ranges, for the optimizers that have them."""
-    for key, ok, requirement in (("momentum", lambda v: 0 <= v < 1, "in [0, 1)"),
-                                 ("beta1", lambda v: 0 <= v < 1, "in [0, 1)"),
-                                 ("beta2", lambda v: 0 <= v < 1, "in [0, 1)"),
-                                 ("eps", lambda v: v > 0, "positive"),
-                                 ("weight_decay", lambda v: v >= 0, ">= 0"),
-                                 ("trust_coefficient", lambda v: v > 0, "positive")):
-        if key in o:
-            _check(ok(o[key]), f"optimizer.{key}", o[key], requirement)
-
-
 def _check_distributed(cfg: DictConfig, compute: ComputeTarget) -> None:
     """The dist settings against the compute target's number of ranks."""
-    d = cfg.dist
-    _check(d.backend in BACKENDS, "dist.backend", d.backend, f"one of: {', '.join(BACKENDS)}")
-    _check(d.timeout_s > 0, "dist.timeout_s", d.timeout_s, "positive")
-    _check(d.warn_after_s >= 1, "dist.warn_after_s", d.warn_after_s, "at least 1 (seconds)")
-    _check(d.stop_check_every >= 1, "dist.stop_check_every", d.stop_check_every, "a positive integer")
     world_size = compute.world_size
-    if world_size > 1 and d.backend == "none":
+    if world_size > 1 and cfg.dist.backend == "none":
         raise ConfigError(f"compute={cfg.compute.name} runs {world_size} ranks, which must share their gradients: "
                           "add dist=native (the framework's own collectives) or dist=horovod.")
     # the ranks repeat this check once their data is readable; a data source whose config states

@@ -148,7 +148,7 @@ def ddlkit_configure(config: DictConfig) -> None:
     """Check the composed config across components, in the launcher, before any work starts.
 
     A component's own options are checked by the component: constraints on a field of its
-    schema, and its ``configure(config)`` method, called for the selected
+    schema (:mod:`ddlkit.options`), and its ``configure(config)`` method, called for the selected
     components only. This hook is for what no one component owns -- a rule between options
     of several groups, a site policy -- and sees every run's whole config. Raise
     :class:`ddlkit.ConfigError` with a message that names the key and the fix. Example::

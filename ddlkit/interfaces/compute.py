@@ -155,6 +155,11 @@ class ComputeTarget(ABC):
     shares_job_dir: ClassVar[bool] = False
 
     def __init__(self, cfg: Any) -> None:
+        from ..options import check
+
+        # the rules on its schema's fields (ddlkit.options): a target is built outside a
+        # validated run too (ddlkit jobs, ddlkit compute down)
+        check(cfg, "compute")
         self.cfg = cfg
 
     def configure(self, config: DictConfig) -> None:

@@ -32,6 +32,7 @@ from typing import Any
 from ..errors import ConfigError
 from ..interfaces import JOB_FILE, ComputeTarget, JobHandle, JobSpec, JobStatus
 from ..jobs.process import STATE_DIR, ProcessJob
+from ..options import POSITIVE, checked
 
 AWAY_SUFFIX = ".away"
 
@@ -41,7 +42,7 @@ class ElsewhereComputeConfig:
     # the "cluster's disk": jobs run in <root>/<job name>; null: <system temp dir>/ddlkit-elsewhere
     root: str | None = None
     # seconds between status calls a watcher should keep (a remote service is not asked every 50 ms)
-    poll_interval_s: float = 0.2
+    poll_interval_s: float = checked(0.2, POSITIVE)
     # seconds a cancelled job gets to checkpoint before it is killed
     grace_period_s: float = 30.0
 
@@ -85,8 +86,6 @@ class ElsewhereTarget(ComputeTarget):
 
     def __init__(self, cfg: Any) -> None:
         super().__init__(cfg)
-        if not cfg.poll_interval_s > 0:
-            raise ConfigError(f"compute.poll_interval_s={cfg.poll_interval_s} is invalid: it must be positive.")
         self.poll_interval_s = cfg.poll_interval_s
         self.root = Path(cfg.root or Path(tempfile.gettempdir()) / "ddlkit-elsewhere").expanduser().resolve()
 

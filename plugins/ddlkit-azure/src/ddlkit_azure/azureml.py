@@ -43,6 +43,7 @@ from typing import TYPE_CHECKING, Any
 from omegaconf import MISSING, DictConfig, OmegaConf
 
 import ddlkit
+from ddlkit.options import POSITIVE, POSITIVE_INTEGER, checked
 
 if TYPE_CHECKING:
     from ._azureml import AzureMLJob, Workspace
@@ -70,8 +71,8 @@ class AzureMLConfig:
     # the compute cluster (AmlCompute) that runs the job (required)
     cluster: str = MISSING
     # nodes of the cluster (instance_count) and ranks per node; the job has nodes x procs_per_node ranks
-    nodes: int = 1
-    procs_per_node: int = 1
+    nodes: int = checked(1, POSITIVE_INTEGER)
+    procs_per_node: int = checked(1, POSITIVE_INTEGER)
     # the job's Docker image; null: ddlkit's image for the framework at ddlkit's version
     image: str | None = None
     # with image=null: the CUDA variant of ddlkit's image (true) or the CPU one (false)
@@ -88,7 +89,7 @@ class AzureMLConfig:
     # rank 0's rendezvous port for MPI jobs (ddlkit's control plane uses the next one)
     master_port: int = 29500
     # seconds between looks at the job (its state, its log); each look is one or two REST calls
-    poll_interval_s: float = 30.0
+    poll_interval_s: float = checked(30.0, POSITIVE)
     # taken from the rest of the run's config (do not set): what picks the distribution, the
     # image and the data input
     framework: str = "${framework.name}"
@@ -110,11 +111,6 @@ class AzureMLTarget(ddlkit.ComputeTarget):
             if isinstance(cfg, DictConfig) and OmegaConf.is_missing(cfg, key) or not getattr(cfg, key, None):
                 raise ddlkit.ConfigError(f"compute=azureml needs compute.{key} ({what}): set it, e.g. "
                                          f"compute.{key}=<{key}>.")
-        for key in ("nodes", "procs_per_node"):
-            if getattr(cfg, key) < 1:
-                raise ddlkit.ConfigError(f"compute.{key}={getattr(cfg, key)} is invalid: it must be a positive integer.")
-        if not cfg.poll_interval_s > 0:
-            raise ddlkit.ConfigError(f"compute.poll_interval_s={cfg.poll_interval_s} is invalid: it must be positive.")
         if not 0 < cfg.master_port < 65535:
             raise ddlkit.ConfigError(f"compute.master_port={cfg.master_port} is invalid: it must be a port below 65535.")
         root = cfg.data_root

@@ -46,6 +46,7 @@ from ddlkit.atomic import write_text
 from ddlkit.containers import DEFAULT_REGISTRY, default_image
 from ddlkit.interfaces import JobHandle, JobSpec, JobState, JobStatus
 from ddlkit.jobs.process import CANCEL_FILE, STATE_DIR
+from ddlkit.options import POSITIVE, POSITIVE_INTEGER, checked
 
 if TYPE_CHECKING:
     from omegaconf import DictConfig
@@ -129,8 +130,8 @@ class BatchAIConfig:
     location: str = "eastus"
     experiment: str = "ddlkit"
     # nodes of the job, and ranks per node (GPUs per node); the job has nodes x procs_per_node ranks
-    nodes: int = 1
-    procs_per_node: int = 1
+    nodes: int = checked(1, POSITIVE_INTEGER)
+    procs_per_node: int = checked(1, POSITIVE_INTEGER)
     # the job runs on GPUs: the framework's CUDA image, and a VM size with GPUs
     gpu: bool = True
     cluster: ClusterSettings = field(default_factory=ClusterSettings)
@@ -151,7 +152,7 @@ class BatchAIConfig:
     # the Batch AI endpoint (Azure Resource Manager); another one for a Batch AI-compatible service
     endpoint: str = "https://management.azure.com"
     # seconds between looks at the job (GET); a cluster's API has rate limits
-    poll_interval_s: float = 5.0
+    poll_interval_s: float = checked(5.0, POSITIVE)
     # taken from the run's config: the framework picks the default image, storage and data.root the
     # file server's role (set by ddlkit; do not override)
     framework: str = "${framework.name}"
@@ -203,11 +204,6 @@ class BatchAITarget(ddlkit.ComputeTarget):
     def __init__(self, cfg: Any) -> None:
         super().__init__(cfg)
         c = cfg
-        for key in ("nodes", "procs_per_node"):
-            if getattr(c, key) < 1:
-                raise ddlkit.ConfigError(f"compute.{key}={getattr(c, key)} is invalid: it must be a positive integer.")
-        if not c.poll_interval_s > 0:
-            raise ddlkit.ConfigError(f"compute.poll_interval_s={c.poll_interval_s} is invalid: it must be positive.")
         if not 1 <= c.master_port <= 65534:
             raise ddlkit.ConfigError(f"compute.master_port={c.master_port} is invalid: it must be a port in "
                                      "[1, 65534] (the control plane uses the next one).")

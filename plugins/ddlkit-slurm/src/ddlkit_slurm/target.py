@@ -47,6 +47,7 @@ from ddlkit.atomic import write_text
 from ddlkit.errors import exit_code_for
 from ddlkit.interfaces import JobHandle, JobSpec, JobState, JobStatus
 from ddlkit.jobs.process import CANCEL_FILE, LogFollower, log_tail
+from ddlkit.options import NON_NEGATIVE, POSITIVE, POSITIVE_INTEGER, checked
 
 #: the batch script, written into the job directory
 SCRIPT = "slurm.sbatch"
@@ -88,15 +89,15 @@ SCHEDULER_CALLS = {"count": 0}
 @dataclass
 class SlurmConfig:
     # nodes of the allocation, and ranks (Slurm tasks) per node; the job has nodes x procs_per_node ranks
-    nodes: int = 1
-    procs_per_node: int = 1
+    nodes: int = checked(1, POSITIVE_INTEGER)
+    procs_per_node: int = checked(1, POSITIVE_INTEGER)
     # the partition (null: the cluster's default)
     partition: str | None = None
     # the time limit, in Slurm's formats (minutes, HH:MM:SS, D-HH:MM:SS, ...); null: the partition's
     time: str | None = None
     # GPUs per node (--gpus-per-node), CPUs per rank (--cpus-per-task), memory per node (--mem, e.g. 64G)
-    gpus_per_node: int | None = None
-    cpus_per_task: int | None = None
+    gpus_per_node: int | None = checked(None, NON_NEGATIVE)
+    cpus_per_task: int | None = checked(None, NON_NEGATIVE)
     mem: str | None = None
     account: str | None = None
     qos: str | None = None
@@ -107,14 +108,14 @@ class SlurmConfig:
     python: str | None = None
     # seconds before the time limit at which Slurm warns the job (it checkpoints and re-queues
     # itself); 0: no warning. Slurm may send it up to a minute early
-    signal_before_s: int = 120
+    signal_before_s: int = checked(120, NON_NEGATIVE)
     # how often a job that checkpointed on the warning (or a preemption) re-queues itself to resume
-    max_requeues: int = 3
+    max_requeues: int = checked(3, NON_NEGATIVE)
     # seconds between looks at the queue (scontrol show job) per job; the job's end is seen at once
     # (from its exit record in the job directory)
-    poll_interval_s: float = 5.0
+    poll_interval_s: float = checked(5.0, POSITIVE)
     # seconds a cancelled job gets to checkpoint before Slurm kills it
-    grace_period_s: float = 30.0
+    grace_period_s: float = checked(30.0, NON_NEGATIVE)
     # what starts the ranks inside the allocation: srun
     launcher: str = "srun"
 
@@ -321,17 +322,6 @@ class SlurmTarget(ddlkit.ComputeTarget):
     def __init__(self, cfg: Any) -> None:
         super().__init__(cfg)
         c = cfg
-        for key in ("nodes", "procs_per_node"):
-            if getattr(c, key) < 1:
-                raise ddlkit.ConfigError(f"compute.{key}={getattr(c, key)} is invalid: it must be a positive integer.")
-        for key in ("gpus_per_node", "cpus_per_task"):
-            if getattr(c, key) is not None and getattr(c, key) < 0:
-                raise ddlkit.ConfigError(f"compute.{key}={getattr(c, key)} is invalid: it must be >= 0.")
-        for key in ("signal_before_s", "max_requeues", "grace_period_s"):
-            if getattr(c, key) < 0:
-                raise ddlkit.ConfigError(f"compute.{key}={getattr(c, key)} is invalid: it must be >= 0.")
-        if not c.poll_interval_s > 0:
-            raise ddlkit.ConfigError(f"compute.poll_interval_s={c.poll_interval_s} is invalid: it must be positive.")
         if c.time is not None and not _TIME.match(str(c.time)):
             raise ddlkit.ConfigError(
                 f"compute.time={c.time} is not a Slurm time limit: use minutes (90), HH:MM:SS (04:00:00), "
