@@ -74,7 +74,7 @@ class SweepRun:
 
 
 class Scheduler:
-    def __init__(self, max_parallel: int, policy: FailurePolicy, *, poll_interval_s: float = 0.05,
+    def __init__(self, max_parallel: int, policy: FailurePolicy, *, poll_interval_s: float,
                  observer: Observer | None = None) -> None:
         self.max_parallel = max_parallel
         self.policy = policy

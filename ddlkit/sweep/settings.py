@@ -6,6 +6,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
+from ..config import SweepConfig
 from ..errors import ConfigError
 
 #: report sort keys -> whether larger is better (sorted first)
@@ -47,15 +48,15 @@ class FailurePolicy:
         return "fail-fast" if self.stop_on_failure else "keep-going"
 
 
-@dataclass(frozen=True)
-class SweepSettings:
-    max_parallel: int = 2
-    on_failure: str = "keep-going"
-    sort_by: str = "best_top1"
-    #: the result field each job returns to the sweeper (None: the whole result), and its direction
-    objective: str | None = None
-    direction: str = "auto"
+@dataclass
+class SweepSettings(SweepConfig):
+    """The launcher's settings: ``sweep.*`` (:class:`ddlkit.config.SweepConfig`, whose defaults
+    are the only ones: the Hydra launcher's conf leaves every setting it is not given null), and
+    what only the launcher has."""
+
+    #: seconds between two looks at the status of a running job whose compute target sets no pace
     poll_interval_s: float = 0.05
+    #: expand, compose and validate every job and print them, run nothing (what `ddlkit plan` sets)
     dry_run: bool = False
 
     def policy(self, prefix: str) -> FailurePolicy:
