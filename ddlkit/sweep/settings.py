@@ -55,7 +55,7 @@ class SweepSettings(SweepConfig):
     what only the launcher has."""
 
     #: seconds between two looks at the status of a running job whose compute target sets no pace
-    poll_interval_s: float = 0.05
+    status_interval_s: float = 0.05
     #: expand, compose and validate every job and print them, run nothing (what `ddlkit plan` sets)
     dry_run: bool = False
 
@@ -66,8 +66,9 @@ class SweepSettings(SweepConfig):
         if self.sort_by not in SORT_KEYS:
             raise ConfigError(f"{prefix}.sort_by={self.sort_by} is invalid: it must be one of "
                               f"{', '.join(SORT_KEYS)}.")
-        if not self.poll_interval_s > 0:
-            raise ConfigError(f"hydra.launcher.poll_interval_s={self.poll_interval_s} is invalid: it must be positive.")
+        if not self.status_interval_s > 0:
+            raise ConfigError(f"hydra.launcher.status_interval_s={self.status_interval_s} is invalid: it must be "
+                              "positive.")
         try:
             return FailurePolicy.parse(self.on_failure)
         except ValueError as err:

@@ -86,7 +86,7 @@ class ElsewhereTarget(ComputeTarget):
 
     def __init__(self, cfg: Any) -> None:
         super().__init__(cfg)
-        self.poll_interval_s = cfg.poll_interval_s
+        self.status_interval_s = cfg.poll_interval_s
         self.root = Path(cfg.root or Path(tempfile.gettempdir()) / "ddlkit-elsewhere").expanduser().resolve()
 
     def _bare_environment(self, spec: JobSpec) -> dict[str, str]:

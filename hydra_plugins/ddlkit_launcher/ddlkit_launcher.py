@@ -33,7 +33,7 @@ class DdlkitLauncherConf:
     sort_by: Any = "${oc.select:sweep.sort_by,null}"
     objective: Any = "${oc.select:sweep.objective,null}"
     direction: Any = "${oc.select:sweep.direction,null}"
-    poll_interval_s: Optional[float] = None
+    status_interval_s: Optional[float] = None
     dry_run: Optional[bool] = None
 
 

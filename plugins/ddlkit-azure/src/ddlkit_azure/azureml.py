@@ -122,7 +122,7 @@ class AzureMLTarget(ddlkit.ComputeTarget):
         if not _DATASTORE_URI.match(str(cfg.output_root)):
             raise ddlkit.ConfigError(f"compute.output_root={cfg.output_root} must be a datastore URI, e.g. "
                                      "azureml://datastores/workspaceblobstore/paths/ddlkit.")
-        self.poll_interval_s = float(cfg.poll_interval_s)
+        self.status_interval_s = float(cfg.poll_interval_s)
         self._workspace: Workspace | None = None
 
     @property
@@ -165,7 +165,7 @@ class AzureMLTarget(ddlkit.ComputeTarget):
     def attach(self, job_id: str, *, job_dir: Path) -> AzureMLJob:
         from ._azureml import AzureMLJob
 
-        return AzureMLJob(self.workspace, str(job_id), job_dir=Path(job_dir), poll_interval_s=self.poll_interval_s)
+        return AzureMLJob(self.workspace, str(job_id), job_dir=Path(job_dir), poll_interval_s=self.cfg.poll_interval_s)
 
     def plan(self, spec: ddlkit.JobSpec) -> str:
         from ._azureml import plan

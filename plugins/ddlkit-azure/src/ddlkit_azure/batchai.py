@@ -207,7 +207,7 @@ class BatchAITarget(ddlkit.ComputeTarget):
         if not 1 <= c.master_port <= 65534:
             raise ddlkit.ConfigError(f"compute.master_port={c.master_port} is invalid: it must be a port in "
                                      "[1, 65534] (the control plane uses the next one).")
-        self.poll_interval_s = float(c.poll_interval_s)
+        self.status_interval_s = float(c.poll_interval_s)
         gpus = vm_gpus(c.cluster.vm_size)
         if c.gpu and gpus == 0:
             raise ddlkit.ConfigError(

@@ -300,7 +300,7 @@ class MpirunTarget(ddlkit.ComputeTarget):
     """What ``local_mpi`` and ``mpi`` share: the mpirun command, the ranks' environment, the job."""
 
     # mpirun runs on this machine and answers at once
-    poll_interval_s = 0.05
+    status_interval_s = 0.05
     # the ranks run in the launcher's job directory (on a shared file system for other hosts)
     shares_job_dir = True
     #: how cancel() reaches the ranks, see :attr:`MpiJob.stop_via`

@@ -23,7 +23,7 @@ The handle asks ``scontrol show job`` (no accounting database needed) at most on
 ``compute.poll_interval_s``, however often :meth:`SlurmJob.status` is called; in between it reads
 the script's exit record, a file in the job directory, so the end of a job is seen at once while
 the scheduler is asked a few times a minute. A watcher (the sweep scheduler) may therefore look
-every half second (:attr:`SlurmTarget.poll_interval_s`).
+every half second (:attr:`SlurmTarget.status_interval_s`).
 """
 
 from __future__ import annotations
@@ -316,8 +316,6 @@ class SlurmTarget(ddlkit.ComputeTarget):
     cfg: SlurmConfig
     # the job directory is on the cluster's shared file system, where the ranks run
     shares_job_dir = True
-    # see query_interval_s: Slurm itself is asked once per compute.poll_interval_s
-    poll_interval_s = 0.5
 
     def __init__(self, cfg: Any) -> None:
         super().__init__(cfg)
@@ -335,8 +333,7 @@ class SlurmTarget(ddlkit.ComputeTarget):
                                          "sbatch takes it, e.g. --exclusive or --reservation=demo.")
         #: the handle asks Slurm once per compute.poll_interval_s and reads the exit record in between,
         #: so watchers may look often: a sweep sees a job's end within half a second
-        self.query_interval_s = float(c.poll_interval_s)
-        self.poll_interval_s = min(0.5, self.query_interval_s)
+        self.status_interval_s = min(0.5, float(c.poll_interval_s))
 
     @property
     def world_size(self) -> int:
@@ -500,11 +497,11 @@ exit "$code"
         job_id = proc.stdout.strip().split(";")[0]
         if proc.returncode != 0 or not job_id.isdigit():
             raise ddlkit.ConfigError(f"sbatch refused the job: {_first_line(proc.stderr or proc.stdout)}")
-        return SlurmJob(job_id, job_dir=job_dir, poll_interval_s=self.query_interval_s,
+        return SlurmJob(job_id, job_dir=job_dir, poll_interval_s=self.cfg.poll_interval_s,
                         grace_period_s=self.cfg.grace_period_s, time_limit=self.cfg.time)
 
     def attach(self, job_id: str, *, job_dir: Path) -> JobHandle:
         if not str(job_id).isdigit():
             raise ddlkit.ConfigError(f"{job_id!r} is not a Slurm job id.")
-        return SlurmJob(str(job_id), job_dir=Path(job_dir).resolve(), poll_interval_s=self.query_interval_s,
+        return SlurmJob(str(job_id), job_dir=Path(job_dir).resolve(), poll_interval_s=self.cfg.poll_interval_s,
                         grace_period_s=self.cfg.grace_period_s, time_limit=self.cfg.time)
