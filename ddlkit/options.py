@@ -32,7 +32,7 @@ from omegaconf import MISSING, DictConfig, OmegaConf
 
 from .errors import ConfigError
 
-__all__ = ["IN_0_1", "NON_NEGATIVE", "POSITIVE", "POSITIVE_INTEGER", "Rule", "at_least", "check", "checked", "one_of"]
+__all__ = ["IN_0_1", "MASTER_PORT", "NON_NEGATIVE", "POSITIVE", "POSITIVE_INTEGER", "Rule", "at_least", "check", "checked", "one_of"]
 
 #: the metadata key of a field's rule
 RULE = "ddlkit.rule"
@@ -61,6 +61,8 @@ NON_NEGATIVE = at_least(0)
 POSITIVE = Rule(lambda v: v > 0, "positive")
 #: a fraction below one: momentum, Adam's betas, label smoothing
 IN_0_1 = Rule(lambda v: 0 <= v < 1, "in [0, 1)")
+#: rank 0's rendezvous port (``compute.master_port``): ddlkit's control plane listens on the next one
+MASTER_PORT = Rule(lambda v: 1 <= v <= 65534, "a port in [1, 65534] (the control plane uses the next one)")
 
 
 def checked(default: Any, rule: Rule) -> Any:

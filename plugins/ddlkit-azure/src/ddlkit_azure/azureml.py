@@ -43,7 +43,7 @@ from typing import TYPE_CHECKING, Any
 from omegaconf import MISSING, DictConfig, OmegaConf
 
 import ddlkit
-from ddlkit.options import POSITIVE, POSITIVE_INTEGER, checked
+from ddlkit.options import POSITIVE, POSITIVE_INTEGER, Rule, checked
 
 if TYPE_CHECKING:
     from ._azureml import AzureMLJob, Workspace
@@ -87,7 +87,7 @@ class AzureMLConfig:
     # where the jobs' directories live in the workspace: <output_root>/<job name>/
     output_root: str = "azureml://datastores/workspaceblobstore/paths/ddlkit"
     # rank 0's rendezvous port for MPI jobs (ddlkit's control plane uses the next one)
-    master_port: int = 29500
+    master_port: int = checked(29500, Rule(lambda v: 0 < v < 65535, "a port below 65535"))
     # seconds between looks at the job (its state, its log); each look is one or two REST calls
     poll_interval_s: float = checked(30.0, POSITIVE)
     # taken from the rest of the run's config (do not set): what picks the distribution, the
@@ -111,8 +111,6 @@ class AzureMLTarget(ddlkit.ComputeTarget):
             if isinstance(cfg, DictConfig) and OmegaConf.is_missing(cfg, key) or not getattr(cfg, key, None):
                 raise ddlkit.ConfigError(f"compute=azureml needs compute.{key} ({what}): set it, e.g. "
                                          f"compute.{key}=<{key}>.")
-        if not 0 < cfg.master_port < 65535:
-            raise ddlkit.ConfigError(f"compute.master_port={cfg.master_port} is invalid: it must be a port below 65535.")
         root = cfg.data_root
         if root and not _URL.match(str(root)):
             raise ddlkit.ConfigError(

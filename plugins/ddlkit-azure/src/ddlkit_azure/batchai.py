@@ -46,7 +46,7 @@ from ddlkit.atomic import write_text
 from ddlkit.containers import DEFAULT_REGISTRY, default_image
 from ddlkit.interfaces import JobHandle, JobSpec, JobState, JobStatus
 from ddlkit.jobs.process import CANCEL_FILE, STATE_DIR
-from ddlkit.options import POSITIVE, POSITIVE_INTEGER, checked
+from ddlkit.options import MASTER_PORT, POSITIVE, POSITIVE_INTEGER, checked
 
 if TYPE_CHECKING:
     from omegaconf import DictConfig
@@ -146,7 +146,7 @@ class BatchAIConfig:
     # the ranks' interpreter in the image
     python: str = "python"
     # rank 0's rendezvous port (MASTER_PORT) on the first node; ddlkit's control plane uses the next one
-    master_port: int = 29500
+    master_port: int = checked(29500, MASTER_PORT)
     # the longest the job may run (ISO 8601 duration, e.g. P7D); null: the service's default (a week)
     max_wall_clock_time: str | None = None
     # the Batch AI endpoint (Azure Resource Manager); another one for a Batch AI-compatible service
@@ -204,9 +204,6 @@ class BatchAITarget(ddlkit.ComputeTarget):
     def __init__(self, cfg: Any) -> None:
         super().__init__(cfg)
         c = cfg
-        if not 1 <= c.master_port <= 65534:
-            raise ddlkit.ConfigError(f"compute.master_port={c.master_port} is invalid: it must be a port in "
-                                     "[1, 65534] (the control plane uses the next one).")
         self.status_interval_s = float(c.poll_interval_s)
         gpus = vm_gpus(c.cluster.vm_size)
         if c.gpu and gpus == 0:

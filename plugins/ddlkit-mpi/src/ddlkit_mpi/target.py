@@ -47,7 +47,7 @@ import ddlkit
 from ddlkit.atomic import write_json, write_text
 from ddlkit.interfaces import JobHandle, JobSpec, JobState, JobStatus
 from ddlkit.jobs.process import CANCEL_FILE, ProcessJob, describe_exit, kill_session, log_tail, processes
-from ddlkit.options import NON_NEGATIVE, POSITIVE_INTEGER, checked
+from ddlkit.options import MASTER_PORT, NON_NEGATIVE, POSITIVE_INTEGER, checked
 
 from .hosts import Host, discover
 from .rank import RECORDS_DIR
@@ -96,7 +96,7 @@ class MpiConfig:
     # expanded on the node; null: nodes/ in the job directory; relative: to the job directory
     scratch: str | None = None
     # rank 0's rendezvous port on the first host (MASTER_PORT); ddlkit's control plane uses the next one
-    master_port: int = 29500
+    master_port: int = checked(29500, MASTER_PORT)
     # seconds a cancelled job gets to checkpoint at its next step before it is killed
     grace_period_s: float = checked(30.0, NON_NEGATIVE)
     # after a rank has failed, seconds mpirun gets to stop the other ranks before ddlkit kills them
@@ -496,10 +496,6 @@ class MpiTarget(MpirunTarget):
 
     def __init__(self, cfg: Any, env: Mapping[str, str] | None = None) -> None:
         super().__init__(cfg)
-        c = cfg
-        if not 1 <= c.master_port <= 65534:
-            raise ddlkit.ConfigError(f"compute.master_port={c.master_port} is invalid: it must be a port in "
-                                     "[1, 65534] (the control plane uses the next one).")
         # the hosts depend on where the target is built: inside the cluster job (the scheduler's
         # variables, the hostfile) they must be found, and a problem is an error as soon as the
         # job needs them (the launcher asks world_size first); `ddlkit jobs` in another shell
