@@ -134,7 +134,7 @@ def follow_ddlkit(base: Path, ws: LoopbackWorkspace, follow_s: float) -> dict[st
     elapsed = time.monotonic() - t0
     calls = len(ws.server.requests()) - before
     assert status.state.value == "succeeded" and f"tick {int(follow_s * 2) - 1}" in text, (status, text[-300:])
-    return {"poll_interval_s": tgt.poll_interval_s, "followed_s": elapsed, "requests": calls,
+    return {"poll_interval_s": tgt.cfg.poll_interval_s, "followed_s": elapsed, "requests": calls,
             "requests_per_job_minute": calls / (elapsed / 60)}
 
 

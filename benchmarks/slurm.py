@@ -88,7 +88,7 @@ def calls_per_minute(base: Path, follow_s: float) -> dict[str, float]:
     elapsed = time.monotonic() - t0
     calls = slurm.SCHEDULER_CALLS["count"] - before
     assert status.state.value == "succeeded", status
-    return {"poll_interval_s": tgt.query_interval_s, "followed_s": elapsed, "scheduler_calls": calls,
+    return {"poll_interval_s": tgt.cfg.poll_interval_s, "followed_s": elapsed, "scheduler_calls": calls,
             "calls_per_job_minute": calls / (elapsed / 60)}
 
 

@@ -14,7 +14,7 @@ Scheduling overhead per job, from the ledger's timestamps (ddlkit side):
   running (its job directory prepared, the process started);
 * end seen: from the job writing result.json to the launcher seeing the job ended. Most of it
   is the worker's own interpreter exit (tearing torch down takes a second or more); the
-  launcher's part is at most one poll interval (``hydra.launcher.poll_interval_s``, 50 ms);
+  launcher's part is at most one poll interval (``hydra.launcher.status_interval_s``, 50 ms);
 * aggregate: (sweep wall time - sum of job durations / 2) / N, i.e. everything that is not
   training in parallel, CLI start-up and the last job running alone included.
 

@@ -3,9 +3,10 @@
 The public facade: the hook marker, the registration record, the five interfaces, the
 framework-neutral batch and the image descriptions a framework may build its own pipeline from,
 the run object handed to frameworks and hooks, and the errors; the shared optimizer schemas in
-:mod:`ddlkit.optim`, bring-your-own-code helpers in :mod:`ddlkit.custom`, the job directory's
-layout and exit statuses in :mod:`ddlkit.jobdir`, the fields of ``result.json`` in
-:mod:`ddlkit.result`. Everything else is internal.
+:mod:`ddlkit.optim`, constraints on schema fields in :mod:`ddlkit.options`, bring-your-own-code
+helpers in :mod:`ddlkit.custom`, the job directory's layout and exit statuses in
+:mod:`ddlkit.jobdir`, the fields of ``result.json`` in :mod:`ddlkit.result`. Everything else is
+internal.
 """
 
 from .distributed import DistContext

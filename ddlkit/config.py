@@ -13,7 +13,7 @@ import dataclasses
 import difflib
 import enum
 import os
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -23,6 +23,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict, read_write
 
 from .distributed import BACKENDS
 from .errors import ConfigError
+from .options import NON_NEGATIVE, POSITIVE, POSITIVE_INTEGER, at_least, checked, one_of
 from .registry import HOOK_POINTS, Registry
 
 CONF_DIR = Path(__file__).parent / "conf"
@@ -32,13 +33,14 @@ EXPERIMENTS_DIR = "experiments"
 #: like ``--config-dir``: presets (``conf/compute/mycluster.yaml``) and experiments (``conf/experiment/``)
 USER_CONF_DIR = "conf"
 
-#: the config's top-level keys besides the hook points
-CORE_GROUPS = ("trainer", "dist", "sweep")
 #: how an unknown key that only ``+key=value`` can have put in the config is named
 _ADDED = " (`+` cannot add an option)"
 
 
-class Precision(enum.Enum):
+class Precision(enum.StrEnum):
+    """``trainer.precision``. A StrEnum, as every enum of a config schema: a member reads as its
+    name wherever a string is wanted (a message, a framework's dtype table, result.json)."""
+
     fp32 = "fp32"
     bf16 = "bf16"
     fp16 = "fp16"
@@ -52,9 +54,9 @@ class EarlyStoppingConfig:
     # min or max: which way is better; auto: max for val_top1/val_top5, min for val_loss
     mode: str = "auto"
     # stop after this many validations in a row without an improvement
-    patience: int = 3
+    patience: int = checked(3, at_least(0, ">= 0 (validations in a row without an improvement before the run stops)"))
     # a change of at most this much is no improvement
-    min_delta: float = 0.0
+    min_delta: float = checked(0.0, NON_NEGATIVE)
 
 
 @dataclass
@@ -67,18 +69,18 @@ class BestCheckpointConfig:
 
 @dataclass
 class TrainerConfig:
-    epochs: int = 2
+    epochs: int = checked(2, POSITIVE_INTEGER)
     # images per rank per step; the global batch is batch_size x world size
-    batch_size: int = 32
+    batch_size: int = checked(32, POSITIVE_INTEGER)
     # stop after this many optimizer steps in total (like tf_cnn_benchmarks' num_batches); null = all epochs
-    max_steps: int | None = None
+    max_steps: int | None = checked(None, at_least(1, "null or a positive integer"))
     # log (and compute a host-side loss) every N steps
-    log_every: int = 10
+    log_every: int = checked(10, POSITIVE_INTEGER)
     # steps excluded from images/sec at the start (and after each resume)
-    warmup_steps: int = 5
+    warmup_steps: int = checked(5, NON_NEGATIVE)
     # also checkpoint every N steps (0 = at the end of each epoch and of training only)
-    checkpoint_every: int = 0
-    keep_checkpoints: int = 2
+    checkpoint_every: int = checked(0, at_least(0, ">= 0 (0 = per epoch)"))
+    keep_checkpoints: int = checked(2, POSITIVE_INTEGER)
     # auto: continue from the job directory's last checkpoint if any; true: require one;
     # false: start fresh; or a path to a checkpoint (file, or a job directory)
     resume: str = "auto"
@@ -92,10 +94,11 @@ class TrainerConfig:
     save_model: bool = True
     # clip the gradient's global L2 norm (over all parameters) to this value before each optimizer
     # step: after the ranks' all-reduce (and under fp16 after unscaling); null or 0: no clipping
-    clip_grad_norm: float | None = None
+    clip_grad_norm: float | None = checked(None, at_least(0, "null, 0 (no clipping) or a positive gradient norm"))
     # micro-batches of batch_size per optimizer step: the global batch is batch_size x world size x
     # accumulate_batches (steps, learning-rate scaling, logging and images/sec count optimizer steps)
-    accumulate_batches: int = 1
+    accumulate_batches: int = checked(
+        1, at_least(1, "a positive integer (micro-batches per optimizer step; 1 = none accumulated)"))
     # stop when a validation metric stops improving (trainer.early_stopping.monitor=val_loss)
     early_stopping: EarlyStoppingConfig = field(default_factory=EarlyStoppingConfig)
     # keep the checkpoint of the best validation (trainer.best_checkpoint.monitor=val_top1)
@@ -125,14 +128,18 @@ class SweepConfig:
 class DistConfig:
     # none: one process; native: the framework's collectives (torch.distributed, tf.distribute);
     # horovod: Horovod (scripts/install_horovod.sh)
-    backend: str = "none"
+    backend: str = checked("none", one_of(BACKENDS))
     # seconds a rank waits in a collective for the slowest rank before the job fails
-    timeout_s: float = 1800.0
+    timeout_s: float = checked(1800.0, POSITIVE)
     # seconds without a heartbeat from a rank (stopped, hung) before the others say so, and
     # again after each further such period; a slow but live rank keeps sending them
-    warn_after_s: float = 60.0
+    warn_after_s: float = checked(60.0, at_least(1, "at least 1 (seconds)"))
     # ranks agree every N steps whether one of them got SIGTERM, and then all stop at that step
-    stop_check_every: int = 1
+    stop_check_every: int = checked(1, POSITIVE_INTEGER)
+
+
+#: the config's top-level keys besides the hook points, and their schemas
+CORE_SCHEMAS: dict[str, type] = {"trainer": TrainerConfig, "dist": DistConfig, "sweep": SweepConfig}
 
 
 def _with_name(schema: type | None, name: str) -> type:
@@ -182,9 +189,27 @@ def to_container(cfg: Any) -> Any:
     return OmegaConf.to_container(cfg, resolve=True, throw_on_missing=True, enum_to_str=True)
 
 
-def component_config(registry: Registry, group: str, plain: Any) -> Any:
-    """A component's config node rebuilt from its resolved copy in a job file (``plain``, with
-    its ``name``), typed by the component's schema again: enums are enums, not strings."""
+def rebuild(plain: Mapping[str, Any], registry: Registry, groups: Collection[str] | None = None) -> DictConfig:
+    """The typed config again, from its resolved copy in a job file (``job.json``'s ``config``):
+    every group merged onto the schema it was composed from -- the core's for trainer, dist and
+    sweep, the selected option's (found by its ``name``) for the others. A rank and ``ddlkit jobs``
+    then hold the types the launcher validated (an enum field holds its member, not its name).
+    ``groups``: only these (``ddlkit jobs`` needs the compute target's: it reaches a job from a
+    shell that need not load the job's other plugins)."""
+    typed: dict[str, Any] = {}
+    for group, node in plain.items():
+        if groups is not None and group not in groups:
+            continue
+        if group in CORE_SCHEMAS:
+            typed[group] = OmegaConf.merge(OmegaConf.structured(CORE_SCHEMAS[group]), node)
+        elif HOOK_POINTS[group].multi:
+            typed[group] = {key: _component(registry, group, option) for key, option in node.items()}
+        else:
+            typed[group] = _component(registry, group, node)
+    return OmegaConf.create(typed)
+
+
+def _component(registry: Registry, group: str, plain: Mapping[str, Any]) -> DictConfig:
     name = plain["name"]
     return OmegaConf.merge(OmegaConf.structured(_with_name(registry.get(group, name).config, name)), plain)
 
@@ -211,7 +236,7 @@ def check_composed(cfg: DictConfig, registry: Registry) -> None:
         declared = {f.name for f in dataclasses.fields(OmegaConf.get_type(node))}
         for extra in (k for k in node if k not in declared):
             raise ConfigError(unknown_key_message(cfg, f"{path}.{extra}", _ADDED))
-    for extra in (k for k in cfg if k not in HOOK_POINTS and k not in CORE_GROUPS):
+    for extra in (k for k in cfg if k not in HOOK_POINTS and k not in CORE_SCHEMAS):
         raise ConfigError(unknown_key_message(cfg, str(extra), _ADDED))
 
 

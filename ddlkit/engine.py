@@ -27,13 +27,12 @@ from typing import TYPE_CHECKING, Any, TextIO
 from omegaconf import OmegaConf
 from omegaconf.errors import MissingMandatoryValue, OmegaConfBaseException
 
-from . import callbacks, monitor
+from . import callbacks, monitor, options
 from . import secrets as secret_store
 from .atomic import write_json, write_text
 from .checkpoint import latest_checkpoint, resolve_resume
 from .commandline import job_command
 from .config import check_composed, to_container
-from .distributed import BACKENDS
 from .errors import ConfigError, DdlkitError, JobFailedError
 from .interfaces import ComputeTarget, JobHandle, JobSpec, JobState, JobStatus
 from .jobdir import (CONFIG_FILE, ENVIRONMENT_FILE, EXIT_CONFIG_ERROR, EXIT_PREEMPTED, JOB_FILE, OVERRIDES_FILE,
@@ -69,11 +68,6 @@ class PreparedJob:
         return f"resume with: {job_command(self.overrides, self.spec.job_dir, self.launch)}"
 
 
-def _check(cond: bool, key: str, value: object, requirement: str) -> None:
-    if not cond:
-        raise ConfigError(f"{key}={value} is invalid: it must be {requirement}.")
-
-
 def build_target(cfg: DictConfig, registry: Registry) -> ComputeTarget:
     """The job's compute target: built once per job, from ``cfg.compute``."""
     check_composed(cfg, registry)  # a preset's node gets its plugin's schema before it is read
@@ -98,53 +92,40 @@ def validate(cfg: DictConfig, registry: Registry, pm: DdlkitPluginManager, *,
     except OmegaConfBaseException as err:
         raise ConfigError(f"config error at `{getattr(err, 'full_key', '?')}`: {err.msg}") from None
 
-    t, o = cfg.trainer, cfg.optimizer
-    for key in ("epochs", "batch_size", "log_every", "keep_checkpoints"):
-        _check(t[key] >= 1, f"trainer.{key}", t[key], "a positive integer")
-    _check(t.warmup_steps >= 0, "trainer.warmup_steps", t.warmup_steps, ">= 0")
-    _check(t.checkpoint_every >= 0, "trainer.checkpoint_every", t.checkpoint_every, ">= 0 (0 = per epoch)")
-    _check(t.max_steps is None or t.max_steps >= 1, "trainer.max_steps", t.max_steps, "null or a positive integer")
-    _check(t.accumulate_batches >= 1, "trainer.accumulate_batches", t.accumulate_batches,
-           "a positive integer (micro-batches per optimizer step; 1 = none accumulated)")
-    _check(t.clip_grad_norm is None or t.clip_grad_norm >= 0, "trainer.clip_grad_norm", t.clip_grad_norm,
-           "null, 0 (no clipping) or a positive gradient norm")
+    # every option's own constraint, declared on its schema's field (ddlkit.options)
+    options.check(cfg)
     monitor.check(cfg)
-    callbacks.resolve(t.callbacks)
-    _check(o.lr > 0, "optimizer.lr", o.lr, "positive")
-    _check(o.warmup_epochs >= 0, "optimizer.warmup_epochs", o.warmup_epochs, ">= 0")
-    _check(0 <= o.label_smoothing < 1, "optimizer.label_smoothing", o.label_smoothing, "in [0, 1)")
-    _check_optimizer_options(o)
-    _check_distributed(cfg, compute or build_target(cfg, registry), registry)
+    callbacks.resolve(cfg.trainer.callbacks)
+    compute = compute or build_target(cfg, registry)
+    _check_distributed(cfg, compute, registry)
     # the selected framework must implement the selected model and optimizer
     for group in ("model", "optimizer"):
         registry.get_for(group, cfg.framework.name, cfg[group].name)
-    # Framework.configure is the framework's own launcher-side check (documented on the interface)
-    registry.create("framework", cfg.framework.name, cfg.framework).configure(cfg)
+    for component in _selected(cfg, registry, compute):
+        component.configure(cfg)
+    # what no one component owns: checks across the config (user code importable, ...)
     pm.hook.ddlkit_configure(config=cfg)
     return container
 
 
-def _check_optimizer_options(o: DictConfig) -> None:
-    """The shared hyperparameters' ranges, for the optimizers that have them."""
-    for key, ok, requirement in (("momentum", lambda v: 0 <= v < 1, "in [0, 1)"),
-                                 ("beta1", lambda v: 0 <= v < 1, "in [0, 1)"),
-                                 ("beta2", lambda v: 0 <= v < 1, "in [0, 1)"),
-                                 ("eps", lambda v: v > 0, "positive"),
-                                 ("weight_decay", lambda v: v >= 0, ">= 0"),
-                                 ("trust_coefficient", lambda v: v > 0, "positive")):
-        if key in o:
-            _check(ok(o[key]), f"optimizer.{key}", o[key], requirement)
+def _selected(cfg: DictConfig, registry: Registry, compute: ComputeTarget) -> Iterator[Any]:
+    """The selected components, built as the ranks will build them, each to check its own options
+    (``configure``); models and optimizers are the framework's to check."""
+    for group, hp in HOOK_POINTS.items():
+        if hp.per_framework:
+            continue
+        if group == "compute":
+            yield compute
+            continue
+        nodes = (cfg.get(group) or {}).values() if hp.multi else [cfg[group]]
+        for node in nodes:
+            yield registry.create(group, node.name, node)
 
 
 def _check_distributed(cfg: DictConfig, compute: ComputeTarget, registry: Registry) -> None:
     """The dist settings and the data against the compute target's number of ranks."""
-    d = cfg.dist
-    _check(d.backend in BACKENDS, "dist.backend", d.backend, f"one of: {', '.join(BACKENDS)}")
-    _check(d.timeout_s > 0, "dist.timeout_s", d.timeout_s, "positive")
-    _check(d.warn_after_s >= 1, "dist.warn_after_s", d.warn_after_s, "at least 1 (seconds)")
-    _check(d.stop_check_every >= 1, "dist.stop_check_every", d.stop_check_every, "a positive integer")
     world_size = compute.world_size
-    if world_size > 1 and d.backend == "none":
+    if world_size > 1 and cfg.dist.backend == "none":
         raise ConfigError(f"compute={cfg.compute.name} runs {world_size} ranks, which must share their gradients: "
                           "add dist=native (the framework's own collectives) or dist=horovod.")
     # every rank checks the data against the global batch once the data is readable; a source

@@ -145,14 +145,18 @@ def ddlkit_optimizers() -> Iterable[Registration[Any]]:
 # -------------------------------------------------------------------------
 @hookspec
 def ddlkit_configure(config: DictConfig) -> None:
-    """Validate your plugin's part of the composed config in the launcher, before any work starts.
+    """Check the composed config across components, in the launcher, before any work starts.
 
-    Raise :class:`ddlkit.ConfigError` with a message that names the key and the fix. Example::
+    A component's own options are checked by the component: constraints on a field of its
+    schema (:mod:`ddlkit.options`), and its ``configure(config)`` method, called for the selected
+    components only. This hook is for what no one component owns -- a rule between options
+    of several groups, a site policy -- and sees every run's whole config. Raise
+    :class:`ddlkit.ConfigError` with a message that names the key and the fix. Example::
 
         @ddlkit.hookimpl
         def ddlkit_configure(config):
-            if config.framework.name == "jax" and config.trainer.precision == "fp16":
-                raise ddlkit.ConfigError("framework=jax supports trainer.precision=fp32|bf16")
+            if config.compute.name == "slurm" and config.storage.name == "local":
+                raise ddlkit.ConfigError("compute=slurm writes results on the cluster: use storage=nfs")
 
     .. versionadded:: 0.1
     """

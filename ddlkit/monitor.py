@@ -51,12 +51,6 @@ def check(cfg: DictConfig) -> None:
     t = cfg.trainer
     for key in WATCHERS:
         node = t[key]
-        if key == "early_stopping":
-            if node.patience < 0:
-                raise ConfigError(f"trainer.early_stopping.patience={node.patience} is invalid: it must be >= 0 "
-                                  "(validations in a row without an improvement before the run stops).")
-            if node.min_delta < 0:
-                raise ConfigError(f"trainer.early_stopping.min_delta={node.min_delta} is invalid: it must be >= 0.")
         if node.monitor is None:
             continue
         if not t.validate:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from .options import IN_0_1, NON_NEGATIVE, POSITIVE, checked
 from .schedule import LRScaling
 
 __all__ = ["AdamWConfig", "LambConfig", "LarsConfig", "OptimizerConfig", "SGDConfig"]
@@ -23,26 +24,26 @@ class OptimizerConfig:
     """The schedule (and loss smoothing) options of every optimizer."""
 
     # learning rate for a global batch of `reference_batch`, scaled to the real global batch by `scale_lr`
-    lr: float = 0.1
+    lr: float = checked(0.1, POSITIVE)
     # linear: lr x global_batch / reference_batch (Goyal et al.: SGD, LARS); sqrt: x its square root
     # (adaptive optimizers: AdamW, LAMB); none: lr as given
     scale_lr: LRScaling = LRScaling.linear
     reference_batch: int = 256
     # linear warm-up length in epochs (may be fractional)
-    warmup_epochs: float = 5.0
+    warmup_epochs: float = checked(5.0, NON_NEGATIVE)
     # epochs at which lr is multiplied by decay_factor
     decay_epochs: list[float] = field(default_factory=lambda: [30.0, 60.0, 80.0])
     decay_factor: float = 0.1
     # cross-entropy label smoothing (classification)
-    label_smoothing: float = 0.0
+    label_smoothing: float = checked(0.0, IN_0_1)
 
 
 @dataclass
 class SGDConfig(OptimizerConfig):
     """SGD with momentum and coupled L2 weight decay, as ``torch.optim.SGD``."""
 
-    momentum: float = 0.9
-    weight_decay: float = 1e-4
+    momentum: float = checked(0.9, IN_0_1)
+    weight_decay: float = checked(1e-4, NON_NEGATIVE)
     nesterov: bool = False
 
 
@@ -50,14 +51,14 @@ class SGDConfig(OptimizerConfig):
 class AdamWConfig(OptimizerConfig):
     """Adam with decoupled weight decay (Loshchilov & Hutter), as ``torch.optim.AdamW``."""
 
-    lr: float = 0.001
+    lr: float = checked(0.001, POSITIVE)
     # Adam's steps follow the square root of the batch (Malladi et al., NeurIPS 2022, arXiv:2205.10287)
     scale_lr: LRScaling = LRScaling.sqrt
-    beta1: float = 0.9
-    beta2: float = 0.999
-    eps: float = 1e-8
+    beta1: float = checked(0.9, IN_0_1)
+    beta2: float = checked(0.999, IN_0_1)
+    eps: float = checked(1e-8, POSITIVE)
     # decoupled: each step multiplies the weights by (1 - lr * weight_decay)
-    weight_decay: float = 0.01
+    weight_decay: float = checked(0.01, NON_NEGATIVE)
 
 
 @dataclass
@@ -65,8 +66,8 @@ class LambConfig(AdamWConfig):
     """LAMB (You et al., arXiv:1904.00962): AdamW's update scaled per tensor by ||w|| / ||update||;
     its learning rate follows the square root of the batch, as in the paper (inherited from AdamW)."""
 
-    lr: float = 0.004
-    eps: float = 1e-6
+    lr: float = checked(0.004, POSITIVE)
+    eps: float = checked(1e-6, POSITIVE)
 
 
 @dataclass
@@ -75,8 +76,8 @@ class LarsConfig(OptimizerConfig):
     kernel is scaled by trust_coefficient * ||w|| / (||g|| + weight_decay * ||w||); biases and
     BatchNorm parameters take plain SGD steps without weight decay."""
 
-    momentum: float = 0.9
-    weight_decay: float = 1e-4
+    momentum: float = checked(0.9, IN_0_1)
+    weight_decay: float = checked(1e-4, NON_NEGATIVE)
     # eta in the paper
-    trust_coefficient: float = 0.001
+    trust_coefficient: float = checked(0.001, POSITIVE)
     nesterov: bool = False

@@ -22,7 +22,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 
-class LRScaling(enum.Enum):
+class LRScaling(enum.StrEnum):
     """How the peak learning rate follows the global batch (``optimizer.scale_lr``)."""
 
     #: lr x batch / reference: SGD's rule (Goyal et al., arXiv:1706.02677), which LARS keeps
@@ -49,8 +49,7 @@ class LRSchedule:
 
     @property
     def scaling(self) -> LRScaling:
-        # an enum member from the launcher's composed config, its name from a job file
-        return LRScaling(getattr(self.scale_lr, "value", self.scale_lr))
+        return LRScaling(self.scale_lr)
 
     @property
     def peak_lr(self) -> float:

@@ -21,11 +21,10 @@ import traceback
 from pathlib import Path
 from typing import TextIO
 
-from omegaconf import OmegaConf
-
 from . import secrets as secret_store
 from .atomic import LockHeld, hold_lock
 from .checkpoint import resolve_resume
+from .config import rebuild
 from .distributed import DistContext
 from .errors import ConfigError, DdlkitError, RunError, exit_code_for
 from .jobdir import EXIT_COMPLETED, EXIT_CONFIG_ERROR, EXIT_FAILED, EXIT_PREEMPTED, LOCK_FILE
@@ -53,9 +52,11 @@ def main(argv: list[str] | None = None) -> int:
               "runs every rank in (a copy of) the job directory", file=sys.stderr)
         return EXIT_CONFIG_ERROR
     secrets = secret_store.decode(os.environ.get(secret_store.SECRETS_ENV))
-    cfg = OmegaConf.create(job["config"])
     job_dir = Path(argv[0]).resolve().parent
-    dist = DistContext.from_env(cfg.dist.backend, timeout_s=cfg.dist.timeout_s, warn_after_s=cfg.dist.warn_after_s)
+    # the rank's place in the job comes first (every error below is reported with it), before the
+    # plugins that rebuild() needs are loaded: the core's own dist settings, as the job file states them
+    d = job["config"]["dist"]
+    dist = DistContext.from_env(d["backend"], timeout_s=d["timeout_s"], warn_after_s=d["warn_after_s"])
     run: Run | None = None
     status = "failed"
     #: every rank ends here at the same step (completed, or stopped by the ranks' agreement)
@@ -71,6 +72,7 @@ def main(argv: list[str] | None = None) -> int:
             lock = hold_job_directory(job_dir)  # noqa: F841 (held until this process exits)
         pm = get_plugin_manager()
         registry = Registry.collect(pm)
+        cfg = rebuild(job["config"], registry)
         run = Run(cfg, job_dir, pm=pm, registry=registry, dist=dist,
                   resume_from=resolve_resume(job_dir, cfg.trainer.resume), name=job.get("name"))
         dist.track_step(lambda: run.state.step)

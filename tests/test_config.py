@@ -16,11 +16,12 @@ from omegaconf import MISSING, OmegaConf
 import ddlkit
 from ddlkit import ConfigError, Registration
 from ddlkit import secrets as secret_store
-from ddlkit.config import store_schemas, to_container
+from ddlkit.config import Precision, rebuild, store_schemas, to_container
 from ddlkit.engine import prepare, validate
 from ddlkit.optim import AdamWConfig, SGDConfig
 from ddlkit.plugins import DdlkitPluginManager
 from ddlkit.registry import HOOK_POINTS, Registry
+from ddlkit.schedule import LRScaling
 from ddlkit.testing import FAKES_MODULE, add_plugin, compose, fakes, with_default_framework
 from ddlkit.testing.fakes import FakeFramework
 from ddlkit.worker import load_job
@@ -311,6 +312,22 @@ def test_secrets_never_reach_the_job_directory(pm: DdlkitPluginManager, tmp_path
     assert TOKEN not in json.dumps(dict(job.spec.env))
     monkeypatch.setenv(secret_store.SECRETS_ENV, job.spec.secret_env[secret_store.SECRETS_ENV])
     assert load_job(job.spec.job_file)["config"]["storage"]["sas_token"] == TOKEN
+
+
+def test_the_ranks_rebuild_the_launchers_types_from_the_job_file(pm: DdlkitPluginManager, tmp_path: Path,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """job.json holds plain values; a rank restores its secrets into them and rebuilds every group
+    with the schema it was composed from: an enum option is its member again, as in the launcher."""
+    registry = Registry.collect(pm)
+    overrides = ["framework=fake", "storage=memory", f"storage.sas_token='{TOKEN}'", "trainer.precision=bf16"]
+    job = prepare(compose(registry, overrides), job_dir=tmp_path / "job", overrides=overrides, registry=registry,
+                  pm=pm)
+    monkeypatch.setenv(secret_store.SECRETS_ENV, job.spec.secret_env[secret_store.SECRETS_ENV])
+    cfg = rebuild(load_job(job.spec.job_file)["config"], registry)
+    assert cfg.trainer.precision is Precision.bf16
+    assert cfg.optimizer.scale_lr is LRScaling.linear
+    assert cfg.storage.sas_token == TOKEN
+    assert list(rebuild(load_job(job.spec.job_file)["config"], registry, groups=("compute",))) == ["compute"]
 
 
 def test_to_container_resolves_interpolations_and_rejects_missing() -> None:

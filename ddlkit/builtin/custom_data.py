@@ -27,6 +27,7 @@ from ..errors import ConfigError
 from ..hookspecs import hookimpl
 from ..interfaces import Batch, DataInfo, DataSource, Shard
 from ..interfaces.data import check_split
+from ..options import NON_NEGATIVE, checked
 from ..registry import Registration
 
 if TYPE_CHECKING:
@@ -40,10 +41,10 @@ class CustomDataConfig:
     # keyword arguments for it: +data.kwargs.n=1000
     kwargs: dict[str, Any] = field(default_factory=dict)
     # classes of a classification task (targets are class indices); 0: another task (set model.loss)
-    num_classes: int = 0
+    num_classes: int = checked(0, NON_NEGATIVE)
     # the inputs are image_size x image_size x 3 images (HWC), which each framework gets in its own
     # layout (PyTorch: NCHW); 0: the inputs go to the model as they are
-    image_size: int = 0
+    image_size: int = checked(0, NON_NEGATIVE)
 
 
 class Samples:
@@ -202,13 +203,9 @@ def import_paths(config: Mapping[str, Any]) -> Iterator[tuple[str, str]]:
 
 @hookimpl
 def ddlkit_configure(config: DictConfig) -> None:
+    # a check across the config: user code may be named by the model, the data source and the trainer
     for key, path in import_paths(config):
         check_importable(path, key)
-    data = config.get("data") or {}
-    if data.get("name") == "custom":
-        for key in ("num_classes", "image_size"):
-            if data[key] < 0:
-                raise ConfigError(f"data.{key}={data[key]} is invalid: it must be >= 0.")
 
 
 @hookimpl

@@ -29,7 +29,7 @@ class LocalComputeConfig:
 
 class LocalTarget(ComputeTarget):
     # a local process answers at once: a sweep starts the next job as soon as one ends
-    poll_interval_s = 0.05
+    status_interval_s = 0.05
     shares_job_dir = True
 
     def submit(self, spec: JobSpec) -> JobHandle:

@@ -19,7 +19,7 @@ import re
 import sys
 import time
 from dataclasses import dataclass
-from enum import Enum
+from enum import StrEnum
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -38,7 +38,7 @@ if TYPE_CHECKING:
 
 
 
-class Verify(str, Enum):
+class Verify(StrEnum):
     size = "size"
     hash = "hash"
 
@@ -103,7 +103,7 @@ class StagingStorage(StorageBackend, CheckpointPublisher):
     def stage(self, root: str) -> StagingReport:
         c = self.cfg
         return stage(self.open_source(root), self.staged_path(root), describe=root, workers=c.workers,
-                     verify=getattr(c.verify, "value", c.verify), reserve_bytes=int(c.reserve_gb * 1e9),
+                     verify=c.verify, reserve_bytes=int(c.reserve_gb * 1e9),
                      attempts=c.attempts)
 
     def prepare_data(self, root: str, run: Run) -> Path:

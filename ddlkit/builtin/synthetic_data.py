@@ -24,6 +24,7 @@ from ..errors import ConfigError
 from ..hookspecs import hookimpl
 from ..interfaces import Batch, DataInfo, DataSource, ImagePoolSpec, Shard
 from ..interfaces.data import check_split
+from ..options import at_least, checked
 from ..registry import Registration
 
 if TYPE_CHECKING:
@@ -36,14 +37,14 @@ PATTERN_GRID = 4
 @dataclass
 class SyntheticDataConfig:
     # square image side in pixels (ImageNet-style training uses 224)
-    image_size: int = 64
-    num_classes: int = 1000
+    image_size: int = checked(64, at_least(1))
+    num_classes: int = checked(1000, at_least(1))
     # training images per epoch (ImageNet has 1,281,167)
-    length: int = 2560
+    length: int = checked(2560, at_least(1))
     # validation images per epoch (ImageNet has 50,000)
-    val_length: int = 512
+    val_length: int = checked(512, at_least(0))
     # distinct batches generated per split, at most this many MiB (the epochs cycle through them)
-    pool_mib: int = 128
+    pool_mib: int = checked(128, at_least(1))
 
 
 class SyntheticImages:
@@ -92,6 +93,9 @@ class SyntheticImages:
 
 
 class SyntheticData(DataSource):
+    def configure(self, config: DictConfig) -> None:
+        check_batch_fits(config.trainer.batch_size, self.cfg.image_size)
+
     @property
     def info(self) -> DataInfo:
         c = self.cfg
@@ -128,13 +132,3 @@ def check_batch_fits(batch_size: int, image_size: int, what: str = "one batch") 
                           f"{needed / 2**30:,.1f} GiB as float32, more than half of this machine's "
                           f"{memory / 2**30:,.1f} GiB: lower trainer.batch_size or data.image_size.")
 
-
-@hookimpl
-def ddlkit_configure(config: DictConfig) -> None:
-    c = config.get("data") or {}
-    if c.get("name") != "synthetic":
-        return
-    for key, low in (("image_size", 1), ("num_classes", 1), ("length", 1), ("val_length", 0), ("pool_mib", 1)):
-        if c[key] < low:
-            raise ConfigError(f"data.{key}={c[key]} is invalid: it must be >= {low}.")
-    check_batch_fits(config["trainer"]["batch_size"], c["image_size"])

@@ -32,7 +32,10 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
+
+if TYPE_CHECKING:
+    from omegaconf import DictConfig
 
 # re-exported: the job file and the rank command are part of this contract (ddlkit.JOB_FILE)
 from ..jobdir import JOB_FILE, WORKER_ARGS
@@ -144,13 +147,23 @@ class ComputeTarget(ABC):
 
     #: how often (seconds) a watcher such as the sweep scheduler should ask :meth:`JobHandle.status`:
     #: a scheduler's API has rate limits and minute-long queues; a local process answers at once
-    poll_interval_s: ClassVar[float] = 5.0
+    status_interval_s: ClassVar[float] = 5.0
     #: whether ranks run in the launcher's own job directory (a local disk or a shared file
     #: system): then the launcher checks ``trainer.resume`` before submitting, and collect() is a no-op
     shares_job_dir: ClassVar[bool] = False
 
     def __init__(self, cfg: Any) -> None:
+        from ..options import check
+
+        # the rules on its schema's fields (ddlkit.options): a target is built outside a
+        # validated run too (ddlkit jobs, ddlkit compute down)
+        check(cfg, "compute")
         self.cfg = cfg
+
+    def configure(self, config: DictConfig) -> None:
+        """Validate this target's options against the whole composed ``config`` in the launcher,
+        before anything runs; raise ConfigError. Called for the selected target only (the
+        options that need no other part of the config are best checked by the constructor)."""
 
     @property
     def world_size(self) -> int:

@@ -20,6 +20,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal, NamedTuple, Protocol
 
 if TYPE_CHECKING:
+    from omegaconf import DictConfig
+
     from ..run import Run
 
 Split = Literal["train", "val"]
@@ -131,6 +133,11 @@ class DataSource(ABC):
 
     def __init__(self, cfg: Any) -> None:
         self.cfg = cfg
+
+    def configure(self, config: DictConfig) -> None:
+        """Validate this data source's options against the whole composed ``config`` in the launcher,
+        before anything runs; raise ConfigError. Called for the selected data source only (the
+        launcher builds it for it: a constructor does no I/O)."""
 
     @property
     @abstractmethod

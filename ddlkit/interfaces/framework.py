@@ -42,7 +42,8 @@ class Framework(ABC):
         self.cfg = cfg
 
     def configure(self, config: DictConfig) -> None:
-        """Validate the whole composed config in the launcher; raise ConfigError."""
+        """Validate this framework's options against the whole composed ``config`` in the launcher,
+        before anything runs; raise ConfigError. Called for the selected framework only."""
 
     @abstractmethod
     def train(self, run: Run) -> None:

@@ -6,6 +6,8 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, Literal
 
 if TYPE_CHECKING:
+    from omegaconf import DictConfig
+
     from ..run import Run
 
 
@@ -18,6 +20,11 @@ class Logger:
 
     def __init__(self, cfg: Any) -> None:
         self.cfg = cfg
+
+    def configure(self, config: DictConfig) -> None:
+        """Validate this logger's options against the whole composed ``config`` in the launcher,
+        before anything runs; raise ConfigError. Called for the selected loggers only (the
+        launcher builds them for it: a constructor does no I/O)."""
 
     def start(self, run: Run) -> None:
         """The run starts (or resumes); ``run.state`` holds the step it resumes from."""

@@ -7,6 +7,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
 if TYPE_CHECKING:
+    from omegaconf import DictConfig
+
     from ..run import Run
 
 
@@ -24,6 +26,11 @@ class StorageBackend(ABC):
 
     def __init__(self, cfg: Any) -> None:
         self.cfg = cfg
+
+    def configure(self, config: DictConfig) -> None:
+        """Validate this backend's options against the whole composed ``config`` in the launcher,
+        before anything runs; raise ConfigError. Called for the selected backend only (the
+        launcher builds it for it: a constructor does no I/O)."""
 
     @classmethod
     def from_url(cls, url: str) -> StorageBackend:

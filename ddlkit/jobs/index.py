@@ -92,14 +92,15 @@ class Submission:
 
     def handle(self, registry: Registry) -> JobHandle:
         """Rebuild the job's compute target from its job file, and attach to the job."""
-        from ..config import component_config
+        from ..config import rebuild
 
         try:
-            compute = json.loads((Path(self.job_dir) / JOB_FILE).read_text(encoding="utf-8"))["config"]["compute"]
+            config = json.loads((Path(self.job_dir) / JOB_FILE).read_text(encoding="utf-8"))["config"]
+            compute = rebuild(config, registry, groups=("compute",)).compute
         except (OSError, ValueError, KeyError) as err:
             raise ConfigError(f"{Path(self.job_dir) / JOB_FILE} is missing or unreadable ({err}); cannot reach job "
                               f"{self.name}.") from None
-        target = registry.create("compute", compute["name"], component_config(registry, "compute", compute))
+        target = registry.create("compute", compute.name, compute)
         return target.attach(self.id, job_dir=Path(self.job_dir))
 
     def ended_with(self, status: JobStatus) -> None:

@@ -10,7 +10,7 @@ of calling the task function once per job. Then:
 3. the scheduler (:mod:`.scheduler`) prepares each job (``engine.prepare``: its job directory,
    as for a single run) and submits it to the job's compute target as a slot frees up, with
    ``DDLKIT_SWEEP_NAME``/``DDLKIT_SWEEP_JOB`` in its environment (loggers group runs by them),
-   and looks at it at the target's own pace (``ComputeTarget.poll_interval_s``). The ledger
+   and looks at it at the target's own pace (``ComputeTarget.status_interval_s``). The ledger
    keeps each job's handle id: a re-run of the sweep re-attaches to jobs that still run
    instead of submitting them twice;
 4. starts and ends are printed as they happen, failures with their error and log;
@@ -86,8 +86,8 @@ class CheckedJob:
     #: the job's task overrides, as the sweeper expanded them
     overrides: list[str]
     output_dir: Path
-    #: its compute target's pace (``ComputeTarget.poll_interval_s``) and name
-    poll_interval_s: float
+    #: its compute target's pace (``ComputeTarget.status_interval_s``) and name
+    status_interval_s: float
     compute: str
     #: ``ddlkit plan`` only: the job's lines after its label and state
     plan: str = ""
@@ -153,13 +153,13 @@ class DdlkitSweep:
         self._started = self._started or time.perf_counter()
         live_report = LiveReport(settings.sort_by)
         progress = _Progress(self, ledger, labels, policy, live_report)
-        scheduler = Scheduler(settings.max_parallel, policy, poll_interval_s=settings.poll_interval_s,
+        scheduler = Scheduler(settings.max_parallel, policy, status_interval_s=settings.status_interval_s,
                               observer=progress)
         start = functools.partial(self._submit, hydra_context, config, ledger, launch)
         # SIGTERM (a scheduler stopping the launcher, `kill`) interrupts the sweep as Ctrl-C does
         with engine.sigterm_interrupts():
             sweep = scheduler.run([SweepJob(j.num, labels[j.num], functools.partial(start, j),
-                                            poll_interval_s=j.poll_interval_s) for j in todo])
+                                            status_interval_s=j.status_interval_s) for j in todo])
         ledger.save()
         report = live_report.close(ledger)
         if sweeper == "basic" or sweep.interrupted:
@@ -190,7 +190,7 @@ class DdlkitSweep:
                     target = engine.build_target(cfg, self.registry)
                     engine.validate(cfg, self.registry, self.pm, compute=target)
                     text = self._plan_lines(cfg, target, list(overrides), output_dir, launch) if plan else ""
-                    jobs.append(CheckedJob(num, list(overrides), output_dir, target.poll_interval_s,
+                    jobs.append(CheckedJob(num, list(overrides), output_dir, target.status_interval_s,
                                            str(cfg.compute.name), text))
             except DdlkitError as err:
                 errors.append(f"job #{num} ({label}): {err}")

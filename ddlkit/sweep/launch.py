@@ -90,7 +90,7 @@ def launch_tasks(settings: SweepSettings, *, hydra_context: HydraContext, task_f
                                 config=job.config, job_dir_key="hydra.sweep.dir", job_subdir_key="hydra.sweep.subdir")
         return ForkedTaskHandle(run, name=f"job-{job.num}")
 
-    scheduler = Scheduler(settings.max_parallel, policy, poll_interval_s=settings.poll_interval_s,
+    scheduler = Scheduler(settings.max_parallel, policy, status_interval_s=settings.status_interval_s,
                           observer=_LogFailures())
     sweep = scheduler.run([SweepJob(j.num, " ".join(j.overrides), functools.partial(start, j)) for j in jobs])
     if sweep.interrupted:

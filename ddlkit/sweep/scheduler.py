@@ -2,7 +2,7 @@
 
 The scheduler knows nothing of Hydra or of ddlkit's configs: a job is a number, a label and a
 ``start()`` that returns a handle. It starts jobs while slots are free, asks each running job's
-status at that job's own pace (its compute target's ``poll_interval_s``: a local process
+status at that job's own pace (its compute target's ``status_interval_s``: a local process
 answers at once, a cluster's API is rate-limited), starts the next job as soon as one ends, and
 applies the failure policy. It reads no logs: a target keeps each job's output itself. Because it uses only ``status``,
 ``logs``, ``cancel`` and ``wait``, any compute target's jobs can be scheduled, and so can the
@@ -32,7 +32,7 @@ class SweepJob:
     #: submits the job (one attempt) and returns its handle; may raise to say it could not start
     start: Callable[[], JobHandle]
     #: seconds between status calls for this job; None: the scheduler's own pace
-    poll_interval_s: float | None = None
+    status_interval_s: float | None = None
 
 
 @dataclass
@@ -74,11 +74,11 @@ class SweepRun:
 
 
 class Scheduler:
-    def __init__(self, max_parallel: int, policy: FailurePolicy, *, poll_interval_s: float = 0.05,
+    def __init__(self, max_parallel: int, policy: FailurePolicy, *, status_interval_s: float,
                  observer: Observer | None = None) -> None:
         self.max_parallel = max_parallel
         self.policy = policy
-        self.poll_interval_s = poll_interval_s
+        self.status_interval_s = status_interval_s
         self.observer = observer or Observer()
 
     def run(self, jobs: Sequence[SweepJob]) -> SweepRun:
@@ -127,7 +127,7 @@ class Scheduler:
         return True
 
     def _pace(self, job: SweepJob) -> float:
-        return job.poll_interval_s if job.poll_interval_s is not None else self.poll_interval_s
+        return job.status_interval_s if job.status_interval_s is not None else self.status_interval_s
 
     def _poll(self, running: dict[int, SweepJob], sweep: SweepRun, pending: deque[SweepJob],
               cancelled: set[int]) -> bool:

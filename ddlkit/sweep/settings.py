@@ -6,6 +6,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
+from ..config import SweepConfig
 from ..errors import ConfigError
 from ..result import HEADLINE, LEDGER, MAXIMIZE, MINIMIZE
 
@@ -48,15 +49,15 @@ class FailurePolicy:
         return "fail-fast" if self.stop_on_failure else "keep-going"
 
 
-@dataclass(frozen=True)
-class SweepSettings:
-    max_parallel: int = 2
-    on_failure: str = "keep-going"
-    sort_by: str = "best_top1"
-    #: the result field each job returns to the sweeper (None: the whole result), and its direction
-    objective: str | None = None
-    direction: str = "auto"
-    poll_interval_s: float = 0.05
+@dataclass
+class SweepSettings(SweepConfig):
+    """The launcher's settings: ``sweep.*`` (:class:`ddlkit.config.SweepConfig`, whose defaults
+    are the only ones: the Hydra launcher's conf leaves every setting it is not given null), and
+    what only the launcher has."""
+
+    #: seconds between two looks at the status of a running job whose compute target sets no pace
+    status_interval_s: float = 0.05
+    #: expand, compose and validate every job and print them, run nothing (what `ddlkit plan` sets)
     dry_run: bool = False
 
     def policy(self, prefix: str) -> FailurePolicy:
@@ -66,8 +67,9 @@ class SweepSettings:
         if self.sort_by not in SORT_KEYS:
             raise ConfigError(f"{prefix}.sort_by={self.sort_by} is invalid: it must be one of "
                               f"{', '.join(SORT_KEYS)}.")
-        if not self.poll_interval_s > 0:
-            raise ConfigError(f"hydra.launcher.poll_interval_s={self.poll_interval_s} is invalid: it must be positive.")
+        if not self.status_interval_s > 0:
+            raise ConfigError(f"hydra.launcher.status_interval_s={self.status_interval_s} is invalid: it must be "
+                              "positive.")
         try:
             return FailurePolicy.parse(self.on_failure)
         except ValueError as err:

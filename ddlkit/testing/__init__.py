@@ -168,8 +168,7 @@ def compose(registry: Registry, overrides: Sequence[str] = ()) -> DictConfig:
 def make_run(pm: DdlkitPluginManager, job_dir: Path, *overrides: str) -> Run:
     """A :class:`ddlkit.Run` built from validated config (fakes added), ready to hand to a
     framework or a logger; nothing is trained and no job file is written."""
-    from omegaconf import OmegaConf
-
+    from ..config import rebuild
     from ..distributed import DistContext
     from ..engine import validate
     from ..run import Run
@@ -177,10 +176,10 @@ def make_run(pm: DdlkitPluginManager, job_dir: Path, *overrides: str) -> Run:
     add_plugin(pm, fakes, name=FAKES_MODULE)
     registry = Registry.collect(pm)
     cfg = compose(registry, with_default_framework(overrides))
-    # the worker's view: plain resolved containers, as read back from job.json
-    plain = OmegaConf.create(validate(cfg, registry, pm))
+    # the worker's view: the resolved config as read back from job.json, typed again
+    typed = rebuild(validate(cfg, registry, pm), registry)
     Path(job_dir).mkdir(parents=True, exist_ok=True)
-    return Run(plain, Path(job_dir), pm=pm, registry=registry, dist=DistContext())
+    return Run(typed, Path(job_dir), pm=pm, registry=registry, dist=DistContext())
 
 
 @dataclass

@@ -317,8 +317,8 @@ class ComputeTargetContract:
         handles.append(handle)
         return handle
 
-    def test_poll_interval_is_positive(self, target: ComputeTarget) -> None:
-        assert target.poll_interval_s > 0
+    def test_status_interval_is_positive(self, target: ComputeTarget) -> None:
+        assert target.status_interval_s > 0
 
     def test_success_streams_output(self, target: ComputeTarget, handles: list[JobHandle], tmp_path: Path) -> None:
         handle = self.submit(target, handles, tmp_path / "ok", """

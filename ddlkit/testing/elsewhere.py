@@ -33,6 +33,7 @@ from ..errors import ConfigError
 from ..interfaces import JOB_FILE, ComputeTarget, JobHandle, JobSpec, JobStatus
 from ..jobdir import STATE_DIR, rank_log
 from ..jobs.process import ProcessJob
+from ..options import POSITIVE, checked
 
 AWAY_SUFFIX = ".away"
 
@@ -42,7 +43,7 @@ class ElsewhereComputeConfig:
     # the "cluster's disk": jobs run in <root>/<job name>; null: <system temp dir>/ddlkit-elsewhere
     root: str | None = None
     # seconds between status calls a watcher should keep (a remote service is not asked every 50 ms)
-    poll_interval_s: float = 0.2
+    poll_interval_s: float = checked(0.2, POSITIVE)
     # seconds a cancelled job gets to checkpoint before it is killed
     grace_period_s: float = 30.0
 
@@ -86,9 +87,7 @@ class ElsewhereTarget(ComputeTarget):
 
     def __init__(self, cfg: Any) -> None:
         super().__init__(cfg)
-        if not cfg.poll_interval_s > 0:
-            raise ConfigError(f"compute.poll_interval_s={cfg.poll_interval_s} is invalid: it must be positive.")
-        self.poll_interval_s = cfg.poll_interval_s
+        self.status_interval_s = cfg.poll_interval_s
         self.root = Path(cfg.root or Path(tempfile.gettempdir()) / "ddlkit-elsewhere").expanduser().resolve()
 
     def _bare_environment(self, spec: JobSpec) -> dict[str, str]:

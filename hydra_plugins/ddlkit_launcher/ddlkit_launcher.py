@@ -22,38 +22,30 @@ if TYPE_CHECKING:
 
 @dataclass
 class DdlkitLauncherConf:
-    """Each setting defaults to the app's own ``sweep.*`` key when its config has one (ddlkit's does:
-    ``ddlkit -m ... sweep.max_parallel=4``), else to the value after the comma."""
+    """Each setting is the app's own ``sweep.*`` key when its config has one (ddlkit's does:
+    ``ddlkit -m ... sweep.max_parallel=4``); null: the launcher's default. The defaults and what
+    each setting means are :class:`ddlkit.sweep.settings.SweepSettings`' alone (this module, which
+    Hydra imports in every app, does not import ddlkit)."""
 
     _target_: str = "hydra_plugins.ddlkit_launcher.ddlkit_launcher.DdlkitLauncher"
-    # jobs in flight at once; a new one starts as soon as one ends
-    max_parallel: Any = "${oc.select:sweep.max_parallel,2}"
-    # keep-going, fail-fast, or retry:N (re-run a failed job up to N times, then keep going)
-    on_failure: Any = "${oc.select:sweep.on_failure,keep-going}"
-    # ddlkit sweeps: the report's sort key and plotted metric (best_top1, final_loss, images_per_sec, duration_s)
-    sort_by: Any = "${oc.select:sweep.sort_by,best_top1}"
-    # ddlkit sweeps: the result field returned to the sweeper (a search sweeper optimizes it), and its direction
+    max_parallel: Any = "${oc.select:sweep.max_parallel,null}"
+    on_failure: Any = "${oc.select:sweep.on_failure,null}"
+    sort_by: Any = "${oc.select:sweep.sort_by,null}"
     objective: Any = "${oc.select:sweep.objective,null}"
-    direction: Any = "${oc.select:sweep.direction,auto}"
-    # seconds between two looks at the running jobs' status
-    poll_interval_s: float = 0.05
-    # expand, compose and validate every job and print them, run nothing (what `ddlkit plan` sets)
-    dry_run: bool = False
+    direction: Any = "${oc.select:sweep.direction,null}"
+    status_interval_s: Optional[float] = None
+    dry_run: Optional[bool] = None
 
 
 ConfigStore.instance().store(group="hydra/launcher", name="ddlkit", node=DdlkitLauncherConf, provider="ddlkit")
 
 
 class DdlkitLauncher(Launcher):
-    def __init__(self, max_parallel: int = 2, on_failure: str = "keep-going", sort_by: str = "best_top1",
-                 objective: Optional[str] = None, direction: str = "auto", poll_interval_s: float = 0.05,
-                 dry_run: bool = False) -> None:
+    def __init__(self, **settings: Any) -> None:
         from ddlkit.sweep.settings import SweepSettings
 
         # checked at launch, where a bad value can be reported in the app's terms (sweep.* for ddlkit)
-        self.settings = SweepSettings(max_parallel=max_parallel, on_failure=on_failure, sort_by=sort_by,
-                                      objective=objective, direction=direction, poll_interval_s=poll_interval_s,
-                                      dry_run=dry_run)
+        self.settings = SweepSettings(**{key: value for key, value in settings.items() if value is not None})
         self.config: DictConfig | None = None
         self.hydra_context: HydraContext | None = None
         self.task_function: TaskFunction | None = None

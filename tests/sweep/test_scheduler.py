@@ -80,7 +80,7 @@ class Jobs:
 
 def run(jobs: list[SweepJob], policy: FailurePolicy | None = None, max_parallel: int = 2,
         observer: Observer | None = None) -> dict[int, Outcome]:
-    return Scheduler(max_parallel, policy or FailurePolicy(), poll_interval_s=0.005,
+    return Scheduler(max_parallel, policy or FailurePolicy(), status_interval_s=0.005,
                      observer=observer).run(jobs).outcomes
 
 
@@ -111,7 +111,7 @@ def test_keep_going_runs_every_job_and_reports_the_failure() -> None:
 
 def test_fail_fast_cancels_the_running_jobs_and_starts_no_other() -> None:
     jobs = Jobs()
-    sweep = Scheduler(2, FailurePolicy(stop_on_failure=True), poll_interval_s=0.005).run(
+    sweep = Scheduler(2, FailurePolicy(stop_on_failure=True), status_interval_s=0.005).run(
         [jobs.make(0, duration=0.05, exit_codes=(1,)), jobs.make(1, duration=5.0), jobs.make(2), jobs.make(3)])
     assert {n: o.state for n, o in sweep.outcomes.items()} == {
         0: "failed", 1: "cancelled", 2: "pending", 3: "pending"}
@@ -156,11 +156,11 @@ def test_each_job_is_polled_at_its_targets_pace_and_its_logs_are_not_read() -> N
                 return status()
             handle.status = counting  # type: ignore[method-assign]
             return handle
-        return SweepJob(job.num, job.label, start, poll_interval_s=job.poll_interval_s)
+        return SweepJob(job.num, job.label, start, status_interval_s=job.status_interval_s)
 
     slow, fast = jobs.make(0, duration=0.6, chunks=("a\n",)), jobs.make(1, duration=0.6)
-    outcomes = run([counted(SweepJob(0, slow.label, slow.start, poll_interval_s=0.25)),
-                    counted(SweepJob(1, fast.label, fast.start, poll_interval_s=0.01))], max_parallel=2)
+    outcomes = run([counted(SweepJob(0, slow.label, slow.start, status_interval_s=0.25)),
+                    counted(SweepJob(1, fast.label, fast.start, status_interval_s=0.01))], max_parallel=2)
     assert outcomes[0].state == outcomes[1].state == "completed"
     assert calls[0] <= 0.6 / 0.25 + 3, calls  # 3 polls, and the 2 status calls of the scripted wait()
     assert calls[1] > 3 * calls[0], calls     # the fast job's pace is its own
@@ -174,7 +174,7 @@ def test_an_interrupt_cancels_and_waits_for_the_running_jobs() -> None:
                 raise KeyboardInterrupt
 
     jobs = Jobs()
-    sweep = Scheduler(1, FailurePolicy(), poll_interval_s=0.005, observer=CtrlC()).run(
+    sweep = Scheduler(1, FailurePolicy(), status_interval_s=0.005, observer=CtrlC()).run(
         [jobs.make(0), jobs.make(1, duration=5.0), jobs.make(2)])
     assert sweep.interrupted
     assert {n: o.state for n, o in sweep.outcomes.items()} == {0: "completed", 1: "interrupted", 2: "pending"}

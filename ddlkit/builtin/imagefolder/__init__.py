@@ -16,9 +16,9 @@ TensorFlow and Keras: ``tf.data``), drawing the same crops.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from enum import Enum
+from enum import StrEnum
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from omegaconf import MISSING
 
@@ -37,18 +37,18 @@ if TYPE_CHECKING:
     from .files import ImageFiles
 
 
-class Layout(str, Enum):
+class Layout(StrEnum):
     auto = "auto"
     folders = "folders"
     csv = "csv"
 
 
-class OnCorrupt(str, Enum):
+class OnCorrupt(StrEnum):
     error = "error"
     skip = "skip"
 
 
-class Decoder(str, Enum):
+class Decoder(StrEnum):
     auto = "auto"
     simplejpeg = "simplejpeg"
     pil = "pil"
@@ -76,11 +76,6 @@ class ImageFolderConfig:
     decoder: Decoder = Decoder.auto
 
 
-def _value(x: Any) -> Any:
-    """An enum member in the launcher's config, its string in the worker's job file."""
-    return getattr(x, "value", x)
-
-
 class ImageFolderData(DataSource):
     def __init__(self, cfg: DictConfig | ImageFolderConfig) -> None:
         super().__init__(cfg)
@@ -91,7 +86,7 @@ class ImageFolderData(DataSource):
     @property
     def index(self) -> DatasetIndex:
         if self._index is None:
-            self._index = load_index(self.cfg.root, _value(self.cfg.layout))
+            self._index = load_index(self.cfg.root, self.cfg.layout)
         return self._index
 
     @property
@@ -128,10 +123,10 @@ class ImageFolderData(DataSource):
         if c.image_size < 1 or not 0 < c.min_crop_area <= 1:
             raise ConfigError("data.image_size must be >= 1 and data.min_crop_area in (0, 1].")
         aug = Augment(size=c.image_size, train=split == "train", val_resize=c.val_resize or round(c.image_size / 0.875),
-                      min_area=c.min_crop_area, decoder=resolve_decoder(_value(c.decoder)))
+                      min_area=c.min_crop_area, decoder=resolve_decoder(c.decoder))
         root = self.local_root
         return ImageFiles([str(root / p) for p in part.paths], part.labels, aug, batch_size=batch_size, shard=shard,
-                          seed=seed, workers=c.workers, on_corrupt=_value(c.on_corrupt),
+                          seed=seed, workers=c.workers, on_corrupt=c.on_corrupt,
                           local_size=self._run.dist.local_size if self._run is not None else 1)
 
 

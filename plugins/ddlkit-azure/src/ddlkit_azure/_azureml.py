@@ -264,7 +264,7 @@ class Workspace:
             with self.errors(f"submitting job {spec.name}", spec.secret_env), \
                     contextlib.redirect_stderr(io.StringIO()):
                 created = self.client.jobs.create_or_update(job)
-        return AzureMLJob(self, created.name, job_dir=spec.job_dir, poll_interval_s=target.poll_interval_s,
+        return AzureMLJob(self, created.name, job_dir=spec.job_dir, poll_interval_s=target.cfg.poll_interval_s,
                           secrets=spec.secret_env)
 
 

@@ -43,6 +43,7 @@ from typing import TYPE_CHECKING, Any
 from omegaconf import MISSING, DictConfig, OmegaConf
 
 import ddlkit
+from ddlkit.options import POSITIVE, POSITIVE_INTEGER, Rule, checked
 
 if TYPE_CHECKING:
     from ._azureml import AzureMLJob, Workspace
@@ -54,7 +55,7 @@ _DATASTORE_URI = re.compile(r"^azureml://")
 _URL = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")
 
 
-class InputMode(str, enum.Enum):
+class InputMode(enum.StrEnum):
     #: download with storage=local_ssd (data staged to the nodes' disks), a read-only mount otherwise
     auto = "auto"
     download = "download"
@@ -70,8 +71,8 @@ class AzureMLConfig:
     # the compute cluster (AmlCompute) that runs the job (required)
     cluster: str = MISSING
     # nodes of the cluster (instance_count) and ranks per node; the job has nodes x procs_per_node ranks
-    nodes: int = 1
-    procs_per_node: int = 1
+    nodes: int = checked(1, POSITIVE_INTEGER)
+    procs_per_node: int = checked(1, POSITIVE_INTEGER)
     # the job's Docker image; null: ddlkit's image for the framework at ddlkit's version
     image: str | None = None
     # with image=null: the CUDA variant of ddlkit's image (true) or the CPU one (false)
@@ -86,9 +87,9 @@ class AzureMLConfig:
     # where the jobs' directories live in the workspace: <output_root>/<job name>/
     output_root: str = "azureml://datastores/workspaceblobstore/paths/ddlkit"
     # rank 0's rendezvous port for MPI jobs (ddlkit's control plane uses the next one)
-    master_port: int = 29500
+    master_port: int = checked(29500, Rule(lambda v: 0 < v < 65535, "a port below 65535"))
     # seconds between looks at the job (its state, its log); each look is one or two REST calls
-    poll_interval_s: float = 30.0
+    poll_interval_s: float = checked(30.0, POSITIVE)
     # taken from the rest of the run's config (do not set): what picks the distribution, the
     # image and the data input
     framework: str = "${framework.name}"
@@ -110,13 +111,6 @@ class AzureMLTarget(ddlkit.ComputeTarget):
             if isinstance(cfg, DictConfig) and OmegaConf.is_missing(cfg, key) or not getattr(cfg, key, None):
                 raise ddlkit.ConfigError(f"compute=azureml needs compute.{key} ({what}): set it, e.g. "
                                          f"compute.{key}=<{key}>.")
-        for key in ("nodes", "procs_per_node"):
-            if getattr(cfg, key) < 1:
-                raise ddlkit.ConfigError(f"compute.{key}={getattr(cfg, key)} is invalid: it must be a positive integer.")
-        if not cfg.poll_interval_s > 0:
-            raise ddlkit.ConfigError(f"compute.poll_interval_s={cfg.poll_interval_s} is invalid: it must be positive.")
-        if not 0 < cfg.master_port < 65535:
-            raise ddlkit.ConfigError(f"compute.master_port={cfg.master_port} is invalid: it must be a port below 65535.")
         root = cfg.data_root
         if root and not _URL.match(str(root)):
             raise ddlkit.ConfigError(
@@ -126,7 +120,7 @@ class AzureMLTarget(ddlkit.ComputeTarget):
         if not _DATASTORE_URI.match(str(cfg.output_root)):
             raise ddlkit.ConfigError(f"compute.output_root={cfg.output_root} must be a datastore URI, e.g. "
                                      "azureml://datastores/workspaceblobstore/paths/ddlkit.")
-        self.poll_interval_s = float(cfg.poll_interval_s)
+        self.status_interval_s = float(cfg.poll_interval_s)
         self._workspace: Workspace | None = None
 
     @property
@@ -135,8 +129,8 @@ class AzureMLTarget(ddlkit.ComputeTarget):
 
     @property
     def input_mode(self) -> str:
-        mode = getattr(self.cfg.input_mode, "value", self.cfg.input_mode)
-        if mode == InputMode.auto.value:
+        mode = self.cfg.input_mode
+        if mode == InputMode.auto:
             return "download" if self.cfg.storage == "local_ssd" else "ro_mount"
         return str(mode)
 
@@ -169,7 +163,7 @@ class AzureMLTarget(ddlkit.ComputeTarget):
     def attach(self, job_id: str, *, job_dir: Path) -> AzureMLJob:
         from ._azureml import AzureMLJob
 
-        return AzureMLJob(self.workspace, str(job_id), job_dir=Path(job_dir), poll_interval_s=self.poll_interval_s)
+        return AzureMLJob(self.workspace, str(job_id), job_dir=Path(job_dir), poll_interval_s=self.cfg.poll_interval_s)
 
     def plan(self, spec: ddlkit.JobSpec) -> str:
         from ._azureml import plan

@@ -35,7 +35,7 @@ import re
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
-from enum import Enum
+from enum import StrEnum
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -46,8 +46,11 @@ from ddlkit.atomic import write_text
 from ddlkit.containers import DEFAULT_REGISTRY, default_image
 from ddlkit.interfaces import JobHandle, JobSpec, JobState, JobStatus
 from ddlkit.jobdir import CANCEL_FILE, STATE_DIR
+from ddlkit.options import MASTER_PORT, POSITIVE, POSITIVE_INTEGER, checked
 
 if TYPE_CHECKING:
+    from omegaconf import DictConfig
+
     from .batchai_client import Service
 
 API_VERSION = "2018-05-01"
@@ -57,17 +60,17 @@ JOB_DIRECTORY_ID = "JOB"
 STDOUTERR = "stdouterr"
 
 
-class VmPriority(str, Enum):
+class VmPriority(StrEnum):
     dedicated = "dedicated"
     lowpriority = "lowpriority"
 
 
-class Scale(str, Enum):
+class Scale(StrEnum):
     manual = "manual"
     auto = "auto"
 
 
-class DiskType(str, Enum):
+class DiskType(StrEnum):
     Standard_LRS = "Standard_LRS"
     Premium_LRS = "Premium_LRS"
 
@@ -127,8 +130,8 @@ class BatchAIConfig:
     location: str = "eastus"
     experiment: str = "ddlkit"
     # nodes of the job, and ranks per node (GPUs per node); the job has nodes x procs_per_node ranks
-    nodes: int = 1
-    procs_per_node: int = 1
+    nodes: int = checked(1, POSITIVE_INTEGER)
+    procs_per_node: int = checked(1, POSITIVE_INTEGER)
     # the job runs on GPUs: the framework's CUDA image, and a VM size with GPUs
     gpu: bool = True
     cluster: ClusterSettings = field(default_factory=ClusterSettings)
@@ -143,13 +146,13 @@ class BatchAIConfig:
     # the ranks' interpreter in the image
     python: str = "python"
     # rank 0's rendezvous port (MASTER_PORT) on the first node; ddlkit's control plane uses the next one
-    master_port: int = 29500
+    master_port: int = checked(29500, MASTER_PORT)
     # the longest the job may run (ISO 8601 duration, e.g. P7D); null: the service's default (a week)
     max_wall_clock_time: str | None = None
     # the Batch AI endpoint (Azure Resource Manager); another one for a Batch AI-compatible service
     endpoint: str = "https://management.azure.com"
     # seconds between looks at the job (GET); a cluster's API has rate limits
-    poll_interval_s: float = 5.0
+    poll_interval_s: float = checked(5.0, POSITIVE)
     # taken from the run's config: the framework picks the default image, storage and data.root the
     # file server's role (set by ddlkit; do not override)
     framework: str = "${framework.name}"
@@ -201,15 +204,7 @@ class BatchAITarget(ddlkit.ComputeTarget):
     def __init__(self, cfg: Any) -> None:
         super().__init__(cfg)
         c = cfg
-        for key in ("nodes", "procs_per_node"):
-            if getattr(c, key) < 1:
-                raise ddlkit.ConfigError(f"compute.{key}={getattr(c, key)} is invalid: it must be a positive integer.")
-        if not c.poll_interval_s > 0:
-            raise ddlkit.ConfigError(f"compute.poll_interval_s={c.poll_interval_s} is invalid: it must be positive.")
-        if not 1 <= c.master_port <= 65534:
-            raise ddlkit.ConfigError(f"compute.master_port={c.master_port} is invalid: it must be a port in "
-                                     "[1, 65534] (the control plane uses the next one).")
-        self.poll_interval_s = float(c.poll_interval_s)
+        self.status_interval_s = float(c.poll_interval_s)
         gpus = vm_gpus(c.cluster.vm_size)
         if c.gpu and gpus == 0:
             raise ddlkit.ConfigError(
@@ -222,7 +217,7 @@ class BatchAITarget(ddlkit.ComputeTarget):
                 f"compute.cluster.vm_size={c.cluster.vm_size} has GPUs ({gpus}): one rank per GPU.")
         if not c.image:
             default_image(str(c.framework), gpu=bool(c.gpu), registry=str(c.registry))  # refused before anything
-        if getattr(c.cluster.scale, "value", c.cluster.scale) == Scale.auto.value:
+        if c.cluster.scale == Scale.auto:
             most = c.cluster.max_nodes if c.cluster.max_nodes is not None else c.nodes
             if most < c.nodes or c.cluster.min_nodes < 0 or c.cluster.min_nodes > most:
                 raise ddlkit.ConfigError(
@@ -231,6 +226,26 @@ class BatchAITarget(ddlkit.ComputeTarget):
         if c.stage_from is not None and not str(c.stage_from).startswith("blob://"):
             raise ddlkit.ConfigError(f"compute.stage_from={c.stage_from} is not a blob:// URL: it names the dataset "
                                      "in Blob Storage that is copied onto the file server.")
+
+    def configure(self, config: DictConfig) -> None:
+        """What compute=batchai needs of the rest of the run: storage=nfs's root, local disks."""
+        c, storage = self.cfg, config.storage
+        mount = f"$AZ_BATCHAI_MOUNT_ROOT/{c.file_server.mount_path}"
+        if storage.name == "nfs" and str(storage.root).rstrip("/") != mount:
+            raise ddlkit.ConfigError(
+                f"storage=nfs on compute=batchai reads and writes the file server the nodes mount at {mount}: set "
+                f"storage.root='{mount}' (it is expanded on the nodes).")
+        if storage.name == "local_ssd" and not vm_has_local_disk(c.cluster.vm_size):
+            raise ddlkit.ConfigError(
+                f"storage=local_ssd stages data onto each node's local disk, but compute.cluster.vm_size="
+                f"{c.cluster.vm_size} has none (v4 and later sizes without a 'd' have no temporary disk): choose a "
+                "size with one (e.g. Standard_D4ds_v4, Standard_NC24rs_v3) or use storage=nfs.")
+        if c.stage_from is not None:
+            root = config.data.get("root")
+            if storage.name != "nfs" or not root or str(root).startswith(("/", "$")) or "://" in str(root):
+                raise ddlkit.ConfigError(
+                    f"compute.stage_from={c.stage_from} copies the dataset onto the file server: use storage=nfs and "
+                    "a data.root relative to it, e.g. data.root=datasets/imagenet.")
 
     @property
     def world_size(self) -> int:
@@ -256,27 +271,6 @@ class BatchAITarget(ddlkit.ComputeTarget):
 
     def down(self, *, confirm: Callable[[Sequence[str]], bool]) -> list[str]:
         return self.service().down(confirm)
-
-
-def check_config(config: Any) -> None:
-    """What compute=batchai needs of the rest of the run's config (the ``ddlkit_configure`` check)."""
-    c, storage = config.compute, config.storage
-    mount = f"$AZ_BATCHAI_MOUNT_ROOT/{c.file_server.mount_path}"
-    if storage.name == "nfs" and str(storage.root).rstrip("/") != mount:
-        raise ddlkit.ConfigError(
-            f"storage=nfs on compute=batchai reads and writes the file server the nodes mount at {mount}: set "
-            f"storage.root='{mount}' (it is expanded on the nodes).")
-    if storage.name == "local_ssd" and not vm_has_local_disk(c.cluster.vm_size):
-        raise ddlkit.ConfigError(
-            f"storage=local_ssd stages data onto each node's local disk, but compute.cluster.vm_size="
-            f"{c.cluster.vm_size} has none (v4 and later sizes without a 'd' have no temporary disk): choose a size "
-            "with one (e.g. Standard_D4ds_v4, Standard_NC24rs_v3) or use storage=nfs.")
-    if c.stage_from is not None:
-        root = config.data.get("root")
-        if storage.name != "nfs" or not root or str(root).startswith(("/", "$")) or "://" in str(root):
-            raise ddlkit.ConfigError(
-                f"compute.stage_from={c.stage_from} copies the dataset onto the file server: use storage=nfs and a "
-                "data.root relative to it, e.g. data.root=datasets/imagenet.")
 
 
 # ---------------------------------------------------------------------------- the handle

@@ -55,6 +55,7 @@ from .batchai import (
     JOB_DIRECTORY_ID,
     STDOUTERR,
     BatchAIConfig,
+    Scale,
     batchai_name,
 )
 
@@ -353,7 +354,7 @@ class Service:
         return m.FileServerCreateParameters(
             vm_size=c.vm_size, ssh_configuration=m.SshConfiguration(user_account_settings=self.users()),
             data_disks=m.DataDisks(disk_size_in_gb=c.disk_size_gb, disk_count=c.disk_count,
-                                   storage_account_type=str(getattr(c.disk_type, "value", c.disk_type))))
+                                   storage_account_type=c.disk_type))
 
     def ensure_file_server(self) -> Any:
         c = self.cfg.file_server
@@ -361,7 +362,7 @@ class Service:
         found = self.find_file_server()
         if found is None:
             self.say(f"ddlkit: creating NFS file server {c.name} ({c.vm_size}, {c.disk_count} x {c.disk_size_gb} GB "
-                     f"{getattr(c.disk_type, 'value', c.disk_type)})")
+                     f"{c.disk_type})")
             with self._calling(f"creating file server {c.name}"):
                 found = self._wait(self.client.file_servers.begin_create(rg, ws, c.name, self.file_server_parameters()),
                                    f"creating file server {c.name}", limit_s=c.wait_s)
@@ -371,7 +372,7 @@ class Service:
             ("compute.file_server.disk_count", found.data_disks.disk_count, c.disk_count, None),
             ("compute.file_server.disk_size_gb", found.data_disks.disk_size_in_gb, c.disk_size_gb, None),
             ("compute.file_server.disk_type", found.data_disks.storage_account_type,
-             str(getattr(c.disk_type, "value", c.disk_type)), str.lower)])
+             c.disk_type, str.lower)])
         if different:
             raise ConfigError(f"file server {c.name} exists with other settings: {'; '.join(different)}. Use it as it is "
                               "(set those options to its values), delete it with `ddlkit compute down` (if ddlkit "
@@ -398,7 +399,7 @@ class Service:
     def cluster_parameters(self, file_server: Any | None) -> m.ClusterCreateParameters:
         c, share = self.cfg.cluster, self.cfg.file_share
         nodes = self.cfg.nodes
-        if str(getattr(c.scale, "value", c.scale)) == "auto":
+        if c.scale == Scale.auto:
             scale = m.ScaleSettings(auto_scale=m.AutoScaleSettings(
                 minimum_node_count=c.min_nodes, maximum_node_count=c.max_nodes or nodes, initial_node_count=c.min_nodes))
         else:
@@ -412,8 +413,7 @@ class Service:
             mounts.file_servers = [m.FileServerReference(file_server=m.ResourceId(id=file_server.id),
                                                          relative_mount_path=self.cfg.file_server.mount_path,
                                                          mount_options="rw")]
-        return m.ClusterCreateParameters(vm_size=c.vm_size, vm_priority=str(getattr(c.vm_priority, "value",
-                                                                                     c.vm_priority)),
+        return m.ClusterCreateParameters(vm_size=c.vm_size, vm_priority=c.vm_priority,
                                          scale_settings=scale, node_setup=m.NodeSetup(mount_volumes=mounts),
                                          user_account_settings=self.users())
 
@@ -425,7 +425,7 @@ class Service:
             self._check_cluster(existing, file_server)
             return existing
         self.say(f"ddlkit: creating cluster {c.name} ({self.cfg.nodes} x {c.vm_size}, "
-                 f"{getattr(c.vm_priority, 'value', c.vm_priority)}, {getattr(c.scale, 'value', c.scale)} scale)")
+                 f"{c.vm_priority}, {c.scale} scale)")
         with self._calling(f"creating cluster {c.name}"):
             cluster = self._wait(self.client.clusters.begin_create(rg, ws, c.name, self.cluster_parameters(file_server)),
                                  f"creating cluster {c.name}")
@@ -442,9 +442,8 @@ class Service:
         scale = cluster.scale_settings
         mode = "auto" if scale is not None and scale.auto_scale is not None else "manual"
         checks = [("compute.cluster.vm_size", cluster.vm_size, c.vm_size, str.lower),
-                  ("compute.cluster.vm_priority", cluster.vm_priority, str(getattr(c.vm_priority, "value",
-                                                                                  c.vm_priority)), str.lower),
-                  ("compute.cluster.scale", mode, str(getattr(c.scale, "value", c.scale)), None)]
+                  ("compute.cluster.vm_priority", cluster.vm_priority, c.vm_priority, str.lower),
+                  ("compute.cluster.scale", mode, c.scale, None)]
         different = _differences(checks)
         most = (scale.auto_scale.maximum_node_count if mode == "auto" else scale.manual.target_node_count) \
             if scale is not None else 0

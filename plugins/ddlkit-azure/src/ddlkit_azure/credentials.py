@@ -22,7 +22,7 @@ import ipaddress
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
-from enum import Enum
+from enum import StrEnum
 from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
 
@@ -35,7 +35,7 @@ ACCOUNT_URL_ENV = "AZURE_STORAGE_ACCOUNT_URL"
 ACCOUNT_ENV = "AZURE_STORAGE_ACCOUNT"
 
 
-class Auth(str, Enum):
+class Auth(StrEnum):
     auto = "auto"
     sas = "sas"
     connection_string = "connection_string"

@@ -10,8 +10,8 @@ from typing import TYPE_CHECKING
 import ddlkit
 
 from .azureml import AzureMLConfig, AzureMLTarget
-from .batchai import BatchAIConfig, BatchAITarget, check_config
-from .credentials import ACCOUNT_URL_ENV, SAS_ENV, resolve, split_sas
+from .batchai import BatchAIConfig, BatchAITarget
+from .credentials import ACCOUNT_URL_ENV, SAS_ENV, split_sas
 from .storage import AzureBlobConfig, AzureBlobStorage
 
 if TYPE_CHECKING:
@@ -33,27 +33,6 @@ def ddlkit_compute_targets() -> Iterator[ddlkit.Registration]:
     yield ddlkit.Registration("batchai", BatchAITarget, config=BatchAIConfig,
                               description="Azure Batch AI (retired 2019; API 2018-05-01): workspace, NFS file "
                                           "server and GPU cluster created or reused, one MPI job per ddlkit job")
-
-
-@ddlkit.hookimpl(specname="ddlkit_configure")
-def check_batchai(config: DictConfig) -> None:
-    """compute=batchai's requirements on the rest of the run (storage=nfs's root, local disks)."""
-    if config.compute.name == "batchai":
-        check_config(config)
-
-
-@ddlkit.hookimpl(specname="ddlkit_configure")
-def check_storage_credential(config: DictConfig) -> None:
-    """storage=azure at a plain-http endpoint (the local emulator) needs a SAS token or a connection
-    string, which the ranks get from this environment: said before anything runs, in one line. (At
-    an https endpoint the ranks may sign in with an identity of their own machine: not checked here.)"""
-    s = config.storage
-    if s.name != "azure":
-        return
-    url = s.account_url or os.environ.get(ACCOUNT_URL_ENV)
-    if url and str(url).startswith("http://"):
-        resolve(getattr(s.auth, "value", s.auth), account_url=url, sas_token_file=s.sas_token_file,
-                connection_string_file=s.connection_string_file)
 
 
 #: what the ranks read from their environment to reach Blob Storage (credentials.py): the storage

@@ -8,6 +8,7 @@ Imports no Azure SDK: the client is built on first use, in :mod:`._client`.
 
 from __future__ import annotations
 
+import os
 import threading
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,9 +18,11 @@ from ddlkit import ConfigError, StorageBackend
 from ddlkit.builtin.local_ssd_storage import LocalSsdConfig, StagingStorage
 from ddlkit.builtin.transfer import is_url, open_storage, retry, split_url
 
-from .credentials import Auth, resolve
+from .credentials import ACCOUNT_URL_ENV, Auth, resolve
 
 if TYPE_CHECKING:
+    from omegaconf import DictConfig
+
     from ddlkit import Run
 
     from ._client import Container
@@ -54,6 +57,16 @@ class AzureBlobStorage(StagingStorage):
         self._container: Container | None = None
         self._lock = threading.Lock()
 
+    def configure(self, config: DictConfig) -> None:
+        """At a plain-http endpoint (the local emulator) the ranks need a SAS token or a connection
+        string, which they get from this environment: said before anything runs, in one line. (At
+        an https endpoint the ranks may sign in with an identity of their own machine: not checked here.)"""
+        c = self.cfg
+        url = c.account_url or os.environ.get(ACCOUNT_URL_ENV)
+        if url and str(url).startswith("http://"):
+            resolve(c.auth, account_url=url, sas_token_file=c.sas_token_file,
+                    connection_string_file=c.connection_string_file)
+
     @classmethod
     def from_url(cls, url: str) -> AzureBlobStorage:
         scheme, container, prefix = split_url(url)
@@ -73,7 +86,7 @@ class AzureBlobStorage(StagingStorage):
                 from ._client import Container, service_client
 
                 c = self.cfg
-                cred = resolve(getattr(c.auth, "value", c.auth), account_url=c.account_url,
+                cred = resolve(c.auth, account_url=c.account_url,
                                sas_token_file=c.sas_token_file, connection_string_file=c.connection_string_file)
                 service = service_client(cred, connections=max(c.workers, 1) * max(c.max_concurrency, 1))
                 self._container = Container(service, c.container, c.prefix, cred, c.max_concurrency)

@@ -20,7 +20,7 @@ import ddlkit
 
 try:
     from ddlkit_tensorflow.framework import TensorflowConfig
-    from ddlkit_tensorflow.runtime import check_config, distribution_strategy, precision_of, setup_tensorflow
+    from ddlkit_tensorflow.runtime import check_config, distribution_strategy, setup_tensorflow
 except ImportError as err:
     # ddlkit reports a plugin that fails to load with this message when framework=keras is chosen
     raise ImportError("ddlkit-keras needs the ddlkit-tensorflow plugin (models, optimizer, runtime): "
@@ -57,7 +57,7 @@ class KerasFramework(ddlkit.Framework):
                 "tf.distribute.MultiWorkerMirroredStrategy (keras-team/keras#20585, tensorflow/tensorflow#72388). "
                 "For several ranks use framework=tensorflow (the same ResNets, optimizer and checkpoints, in a "
                 "custom loop) with dist=native; framework=keras trains in one process (dist=none).")
-        if config.trainer.accumulate_batches > 1 and precision_of(config) == "fp16":
+        if config.trainer.accumulate_batches > 1 and config.trainer.precision == "fp16":
             raise ddlkit.ConfigError(
                 "framework=keras cannot accumulate gradients under trainer.precision=fp16: Keras' loss-scale "
                 "optimizer skips an overflowing micro-batch without counting it, which shifts its accumulation "
@@ -81,7 +81,7 @@ class KerasFramework(ddlkit.Framework):
         t = run.cfg.trainer
         with distribution_strategy(run, "keras").scope():
             model = build_model(run)
-            optimizer = make_optimizer(run, precision_of(run.cfg))
+            optimizer = make_optimizer(run, run.cfg.trainer.precision)
             # Keras' own clipping and accumulation: the loss-scale optimizer hands its inner one
             # unscaled gradients, which that accumulates, averages, clips, then applies; fit trains
             # one replica here (no all-reduce to come after the clipping, see configure)

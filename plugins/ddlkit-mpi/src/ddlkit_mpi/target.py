@@ -48,6 +48,7 @@ from ddlkit.atomic import write_json, write_text
 from ddlkit.interfaces import JobHandle, JobSpec, JobState, JobStatus
 from ddlkit.jobdir import CANCEL_FILE, RANKS_DIR, STATE_DIR
 from ddlkit.jobs.process import ProcessJob, describe_exit, kill_session, log_tail, processes
+from ddlkit.options import MASTER_PORT, NON_NEGATIVE, POSITIVE_INTEGER, checked
 
 from .hosts import Host, discover
 
@@ -63,9 +64,9 @@ RANK_ENV = ("MASTER_ADDR", "MASTER_PORT", "DDLKIT_CONTROL_ADDR", "PYTHONUNBUFFER
 @dataclass
 class LocalMpiConfig:
     # simulated nodes; the job has nodes x procs_per_node ranks, all on this machine
-    nodes: int = 1
+    nodes: int = checked(1, POSITIVE_INTEGER)
     # ranks per node (on a GPU cluster: GPUs per node)
-    procs_per_node: int = 2
+    procs_per_node: int = checked(2, POSITIVE_INTEGER)
     # seconds a cancelled job gets to checkpoint at its next step before it is killed
     grace_period_s: float = 30.0
     # base directory of the nodes' local scratch ("local SSD") directories, node-K below it;
@@ -86,20 +87,20 @@ class MpiConfig:
     # ($AZ_BATCHAI_MPI_HOST_FILE, $AZ_BATCH_HOST_LIST, $PBS_NODEFILE, $SLURM_JOB_NODELIST)
     hostfile: str | None = None
     # use only the first N hosts; null: all of them
-    nodes: int | None = None
+    nodes: int | None = checked(None, POSITIVE_INTEGER)
     # ranks per host (GPUs per node); null: each host's slots (1 where its source gives none)
-    procs_per_node: int | None = None
+    procs_per_node: int | None = checked(None, POSITIVE_INTEGER)
     # the ranks' interpreter on the hosts; null: this one (sys.executable)
     python: str | None = None
     # base of each node's scratch directory (its local disk), node-K below it; $VARS and ~ are
     # expanded on the node; null: nodes/ in the job directory; relative: to the job directory
     scratch: str | None = None
     # rank 0's rendezvous port on the first host (MASTER_PORT); ddlkit's control plane uses the next one
-    master_port: int = 29500
+    master_port: int = checked(29500, MASTER_PORT)
     # seconds a cancelled job gets to checkpoint at its next step before it is killed
-    grace_period_s: float = 30.0
+    grace_period_s: float = checked(30.0, NON_NEGATIVE)
     # after a rank has failed, seconds mpirun gets to stop the other ranks before ddlkit kills them
-    abort_timeout_s: float = 5.0
+    abort_timeout_s: float = checked(5.0, NON_NEGATIVE)
     # the mpirun to run, and extra arguments for it (e.g. [--mca, btl_tcp_if_include, eth0])
     mpirun: str = "mpirun"
     mpirun_args: list[str] = field(default_factory=list)
@@ -299,7 +300,7 @@ class MpirunTarget(ddlkit.ComputeTarget):
     """What ``local_mpi`` and ``mpi`` share: the mpirun command, the ranks' environment, the job."""
 
     # mpirun runs on this machine and answers at once
-    poll_interval_s = 0.05
+    status_interval_s = 0.05
     # the ranks run in the launcher's job directory (on a shared file system for other hosts)
     shares_job_dir = True
     #: how cancel() reaches the ranks, see :attr:`MpiJob.stop_via`
@@ -417,10 +418,6 @@ class LocalMpiTarget(MpirunTarget):
 
     def __init__(self, cfg: Any) -> None:
         super().__init__(cfg)
-        for key in ("nodes", "procs_per_node"):
-            if getattr(cfg, key) < 1:
-                raise ddlkit.ConfigError(f"compute.{key}={getattr(cfg, key)} is invalid: "
-                                         "it must be a positive integer.")
         self.check_runnable()
 
     def node_sizes(self) -> list[int]:
@@ -499,16 +496,6 @@ class MpiTarget(MpirunTarget):
 
     def __init__(self, cfg: Any, env: Mapping[str, str] | None = None) -> None:
         super().__init__(cfg)
-        c = cfg
-        for key in ("nodes", "procs_per_node"):
-            if getattr(c, key) is not None and getattr(c, key) < 1:
-                raise ddlkit.ConfigError(f"compute.{key}={getattr(c, key)} is invalid: it must be a positive integer.")
-        for key in ("grace_period_s", "abort_timeout_s"):
-            if getattr(c, key) < 0:
-                raise ddlkit.ConfigError(f"compute.{key}={getattr(c, key)} is invalid: it must be >= 0.")
-        if not 1 <= c.master_port <= 65534:
-            raise ddlkit.ConfigError(f"compute.master_port={c.master_port} is invalid: it must be a port in "
-                                     "[1, 65534] (the control plane uses the next one).")
         # the hosts depend on where the target is built: inside the cluster job (the scheduler's
         # variables, the hostfile) they must be found, and a problem is an error as soon as the
         # job needs them (the launcher asks world_size first); `ddlkit jobs` in another shell

@@ -55,9 +55,7 @@ class PytorchFramework(ddlkit.Framework):
     model: Any = None
 
     def configure(self, config: DictConfig) -> None:
-        # an enum in the launcher's composed config, a plain string in the worker's job file
-        precision = getattr(config.trainer.precision, "value", str(config.trainer.precision))
-        if precision == "fp16" and self.cfg.device == "cpu":
+        if config.trainer.precision == "fp16" and self.cfg.device == "cpu":
             raise ddlkit.ConfigError("trainer.precision=fp16 needs a GPU; on the CPU use trainer.precision=bf16 "
                                      "(or fp32)")
         if config.dist.backend == "horovod" and (problem := horovod_problem()):

@@ -23,7 +23,7 @@ The handle asks ``scontrol show job`` (no accounting database needed) at most on
 ``compute.poll_interval_s``, however often :meth:`SlurmJob.status` is called; in between it reads
 the script's exit record, a file in the job directory, so the end of a job is seen at once while
 the scheduler is asked a few times a minute. A watcher (the sweep scheduler) may therefore look
-every half second (:attr:`SlurmTarget.poll_interval_s`).
+every half second (:attr:`SlurmTarget.status_interval_s`).
 """
 
 from __future__ import annotations
@@ -47,6 +47,7 @@ from ddlkit.atomic import write_text
 from ddlkit.interfaces import JobHandle, JobSpec, JobState, JobStatus
 from ddlkit.jobdir import CANCEL_FILE, EXIT_CONFIG_ERROR, EXIT_PREEMPTED, RANKS_DIR, STATE_DIR
 from ddlkit.jobs.process import LogFollower, log_tail
+from ddlkit.options import NON_NEGATIVE, POSITIVE, POSITIVE_INTEGER, checked
 
 #: the batch script, written into the job directory
 SCRIPT = "slurm.sbatch"
@@ -88,15 +89,15 @@ SCHEDULER_CALLS = {"count": 0}
 @dataclass
 class SlurmConfig:
     # nodes of the allocation, and ranks (Slurm tasks) per node; the job has nodes x procs_per_node ranks
-    nodes: int = 1
-    procs_per_node: int = 1
+    nodes: int = checked(1, POSITIVE_INTEGER)
+    procs_per_node: int = checked(1, POSITIVE_INTEGER)
     # the partition (null: the cluster's default)
     partition: str | None = None
     # the time limit, in Slurm's formats (minutes, HH:MM:SS, D-HH:MM:SS, ...); null: the partition's
     time: str | None = None
     # GPUs per node (--gpus-per-node), CPUs per rank (--cpus-per-task), memory per node (--mem, e.g. 64G)
-    gpus_per_node: int | None = None
-    cpus_per_task: int | None = None
+    gpus_per_node: int | None = checked(None, NON_NEGATIVE)
+    cpus_per_task: int | None = checked(None, NON_NEGATIVE)
     mem: str | None = None
     account: str | None = None
     qos: str | None = None
@@ -107,14 +108,14 @@ class SlurmConfig:
     python: str | None = None
     # seconds before the time limit at which Slurm warns the job (it checkpoints and re-queues
     # itself); 0: no warning. Slurm may send it up to a minute early
-    signal_before_s: int = 120
+    signal_before_s: int = checked(120, NON_NEGATIVE)
     # how often a job that checkpointed on the warning (or a preemption) re-queues itself to resume
-    max_requeues: int = 3
+    max_requeues: int = checked(3, NON_NEGATIVE)
     # seconds between looks at the queue (scontrol show job) per job; the job's end is seen at once
     # (from its exit record in the job directory)
-    poll_interval_s: float = 5.0
+    poll_interval_s: float = checked(5.0, POSITIVE)
     # seconds a cancelled job gets to checkpoint before Slurm kills it
-    grace_period_s: float = 30.0
+    grace_period_s: float = checked(30.0, NON_NEGATIVE)
     # what starts the ranks inside the allocation: srun
     launcher: str = "srun"
 
@@ -315,23 +316,10 @@ class SlurmTarget(ddlkit.ComputeTarget):
     cfg: SlurmConfig
     # the job directory is on the cluster's shared file system, where the ranks run
     shares_job_dir = True
-    # see query_interval_s: Slurm itself is asked once per compute.poll_interval_s
-    poll_interval_s = 0.5
 
     def __init__(self, cfg: Any) -> None:
         super().__init__(cfg)
         c = cfg
-        for key in ("nodes", "procs_per_node"):
-            if getattr(c, key) < 1:
-                raise ddlkit.ConfigError(f"compute.{key}={getattr(c, key)} is invalid: it must be a positive integer.")
-        for key in ("gpus_per_node", "cpus_per_task"):
-            if getattr(c, key) is not None and getattr(c, key) < 0:
-                raise ddlkit.ConfigError(f"compute.{key}={getattr(c, key)} is invalid: it must be >= 0.")
-        for key in ("signal_before_s", "max_requeues", "grace_period_s"):
-            if getattr(c, key) < 0:
-                raise ddlkit.ConfigError(f"compute.{key}={getattr(c, key)} is invalid: it must be >= 0.")
-        if not c.poll_interval_s > 0:
-            raise ddlkit.ConfigError(f"compute.poll_interval_s={c.poll_interval_s} is invalid: it must be positive.")
         if c.time is not None and not _TIME.match(str(c.time)):
             raise ddlkit.ConfigError(
                 f"compute.time={c.time} is not a Slurm time limit: use minutes (90), HH:MM:SS (04:00:00), "
@@ -345,8 +333,7 @@ class SlurmTarget(ddlkit.ComputeTarget):
                                          "sbatch takes it, e.g. --exclusive or --reservation=demo.")
         #: the handle asks Slurm once per compute.poll_interval_s and reads the exit record in between,
         #: so watchers may look often: a sweep sees a job's end within half a second
-        self.query_interval_s = float(c.poll_interval_s)
-        self.poll_interval_s = min(0.5, self.query_interval_s)
+        self.status_interval_s = min(0.5, float(c.poll_interval_s))
 
     @property
     def world_size(self) -> int:
@@ -510,11 +497,11 @@ exit "$code"
         job_id = proc.stdout.strip().split(";")[0]
         if proc.returncode != 0 or not job_id.isdigit():
             raise ddlkit.ConfigError(f"sbatch refused the job: {_first_line(proc.stderr or proc.stdout)}")
-        return SlurmJob(job_id, job_dir=job_dir, poll_interval_s=self.query_interval_s,
+        return SlurmJob(job_id, job_dir=job_dir, poll_interval_s=self.cfg.poll_interval_s,
                         grace_period_s=self.cfg.grace_period_s, time_limit=self.cfg.time)
 
     def attach(self, job_id: str, *, job_dir: Path) -> JobHandle:
         if not str(job_id).isdigit():
             raise ddlkit.ConfigError(f"{job_id!r} is not a Slurm job id.")
-        return SlurmJob(str(job_id), job_dir=Path(job_dir).resolve(), poll_interval_s=self.query_interval_s,
+        return SlurmJob(str(job_id), job_dir=Path(job_dir).resolve(), poll_interval_s=self.cfg.poll_interval_s,
                         grace_period_s=self.cfg.grace_period_s, time_limit=self.cfg.time)

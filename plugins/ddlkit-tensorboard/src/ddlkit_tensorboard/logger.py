@@ -26,12 +26,14 @@ import socket
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
+from importlib.util import find_spec
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import ddlkit
 
 if TYPE_CHECKING:
+    from omegaconf import DictConfig
     from tensorboard.compat.proto.event_pb2 import Event
 
     from ddlkit import Run
@@ -81,6 +83,15 @@ class EventFile:
 
 
 class TensorboardLogger(ddlkit.Logger):
+    def configure(self, config: DictConfig) -> None:
+        if find_spec("tensorboard") is None:
+            raise ddlkit.ConfigError("logger=tensorboard needs the tensorboard package: pip install tensorboard "
+                                     "(or drop tensorboard from logger).")
+        subdir = self.cfg.subdir
+        if not subdir or subdir.startswith(("/", "..")):
+            raise ddlkit.ConfigError(f"logger.tensorboard.subdir={subdir} is invalid: it must be a relative path "
+                                     "inside the job directory, e.g. tensorboard.")
+
     def start(self, run: Run) -> None:
         logdir = run.job_dir / self.cfg.subdir
         self.steps = EventFile(logdir)

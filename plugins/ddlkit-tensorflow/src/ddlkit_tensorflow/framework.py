@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 import ddlkit
 
-from .runtime import check_config, distribution_strategy, precision_of, setup_tensorflow
+from .runtime import check_config, distribution_strategy, setup_tensorflow
 
 if TYPE_CHECKING:
     from omegaconf import DictConfig
@@ -45,7 +45,7 @@ class TensorflowFramework(ddlkit.Framework):
         strategy = distribution_strategy(run, "tensorflow")
         with strategy.scope():
             model = build_model(run)
-            optimizer = make_optimizer(run, precision_of(run.cfg))
+            optimizer = make_optimizer(run, run.cfg.trainer.precision)
             # slots (momentum buffers) exist before a checkpoint is loaded into them
             optimizer.build(model.trainable_variables)
         run.phase(f"model built ({model.count_params() / 1e6:.3g}M parameters)")

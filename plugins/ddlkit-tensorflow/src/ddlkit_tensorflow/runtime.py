@@ -73,13 +73,6 @@ def _without_load_notices() -> Iterator[None]:
             sys.stderr.flush()
 
 
-def precision_of(config: DictConfig) -> str:
-    """``trainer.precision`` as ``fp32|bf16|fp16``: the launcher's composed config holds an enum
-    member (whose ``str()`` is ``Precision.fp16``), the worker's job file a plain string."""
-    precision = config.trainer.precision
-    return str(getattr(precision, "value", precision))
-
-
 def check_config(framework: str, device: str, xla: bool, num_threads: Any, config: DictConfig) -> None:
     """Launcher-side checks that need no TensorFlow (``Framework.configure``); the framework's own
     options come from its component config, the rest from the run's ``config``."""
@@ -91,7 +84,7 @@ def check_config(framework: str, device: str, xla: bool, num_threads: Any, confi
                                  f"deterministic max-pool gradient. Choose one of the two for framework={framework}.")
     if device not in DEVICES:
         raise ddlkit.ConfigError(f"framework.device={device} is invalid: choose one of {', '.join(DEVICES)}.")
-    if precision_of(config) == "fp16" and device == "cpu":
+    if config.trainer.precision == "fp16" and device == "cpu":
         raise ddlkit.ConfigError(f"trainer.precision=fp16 needs a GPU (framework.device=cpu was chosen); "
                                  f"on the CPU use trainer.precision=bf16 (or fp32) with framework={framework}.")
 
@@ -110,7 +103,7 @@ def setup_tensorflow(run: ddlkit.Run, *, framework: str, device: str, num_thread
     if device == "gpu" and not gpus:
         raise ddlkit.ConfigError(f"framework.device=gpu but TensorFlow sees no GPU here (is tensorflow-cpu "
                                  f"installed?); use framework.device=auto or cpu with framework={framework}.")
-    precision = precision_of(run.cfg)
+    precision = run.cfg.trainer.precision
     if precision == "fp16" and not gpus:
         raise ddlkit.ConfigError(f"trainer.precision=fp16 needs a GPU and TensorFlow sees none; on the CPU use "
                                  f"trainer.precision=bf16 (or fp32) with framework={framework}.")

@@ -26,6 +26,7 @@ import secrets
 import string
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from importlib.util import find_spec
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlparse
@@ -39,6 +40,8 @@ from ddlkit.secrets import split_secrets
 from ddlkit.sweep import SWEEP_JOB_ENV, SWEEP_NAME_ENV
 
 if TYPE_CHECKING:
+    from omegaconf import DictConfig
+
     from ddlkit import Run
 
 MODES = ("auto", "online", "offline", "disabled")
@@ -67,11 +70,22 @@ class WandbConfig:
 
 
 class WandbLogger(ddlkit.Logger):
+    def configure(self, config: DictConfig) -> None:
+        if find_spec("wandb") is None:
+            raise ddlkit.ConfigError("logger=wandb needs the wandb package: pip install wandb (or drop wandb from "
+                                     "logger).")
+        if self.cfg.mode not in MODES:
+            raise ddlkit.ConfigError(f"logger.wandb.mode={self.cfg.mode} is invalid: it must be one of "
+                                     f"{', '.join(MODES)}.")
+        if self.cfg.log_model and not config.trainer.save_model:
+            raise ddlkit.ConfigError("logger.wandb.log_model=true uploads the trained model, which "
+                                     "trainer.save_model=false does not write; set one of them differently.")
+
     def start(self, run: Run) -> None:
         import wandb
 
         self.job_dir = run.job_dir
-        config, _ = split_secrets(OmegaConf.to_container(run.cfg, resolve=True))
+        config, _ = split_secrets(OmegaConf.to_container(run.cfg, resolve=True, enum_to_str=True))
         config["ddlkit"] = {"job": run.name, "job_dir": str(run.job_dir), "world_size": run.dist.world_size,
                             "sweep": os.environ.get(SWEEP_NAME_ENV), "sweep_job": os.environ.get(SWEEP_JOB_ENV),
                             "environment": _read_json(run.job_dir / ENVIRONMENT_FILE)}
