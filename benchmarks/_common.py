@@ -39,11 +39,11 @@ def save_photo_like(path: Path, i: int) -> None:
 
 def make_job(job_dir: Path, overrides: Sequence[str]) -> Path:
     """Compose and validate ``overrides`` exactly as the ``ddlkit`` command does and write the
-    job file; returns its path (run it with ``ddlkit.worker.main([str(path)])``)."""
+    job file; returns its path (run it with ``ddlkit.rank.worker.main([str(path)])``)."""
     from hydra import compose, initialize_config_module
 
-    from ddlkit import engine
     from ddlkit.config import store_schemas
+    from ddlkit.launch import engine
     from ddlkit.plugins import get_plugin_manager
     from ddlkit.registry import Registry
 
@@ -58,8 +58,8 @@ def make_job(job_dir: Path, overrides: Sequence[str]) -> Path:
 
 def run_worker(job_file: Path) -> dict[str, Any]:
     """Run ddlkit's worker in this process (quietly) and return result.json."""
-    from ddlkit import worker
     from ddlkit.jobdir import RESULT_FILE
+    from ddlkit.rank import worker
 
     with contextlib.redirect_stdout(io.StringIO()):
         code = worker.main([str(job_file)])

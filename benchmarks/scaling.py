@@ -120,7 +120,7 @@ def _worker_pid(job_dir: Path, rank: int) -> int | None:
         if not entry.name.isdigit():
             continue
         try:
-            if Path(entry.path, "cmdline").read_bytes().split(b"\0")[1:4] != [b"-m", b"ddlkit.worker", marker]:
+            if Path(entry.path, "cmdline").read_bytes().split(b"\0")[1:4] != [b"-m", b"ddlkit.rank.worker", marker]:
                 continue
             if f"OMPI_COMM_WORLD_RANK={rank}".encode() in Path(entry.path, "environ").read_bytes().split(b"\0"):
                 return int(entry.name)
@@ -156,7 +156,7 @@ def measure_stop(how: str, work: Path, shape: dict[str, Any]) -> dict[str, Any]:
 
 
 def _stop_check_rank(rank: int, port: int, n: int, out: Any) -> None:
-    from ddlkit.distributed import DistContext
+    from ddlkit.rank.distributed import DistContext
 
     env = {"OMPI_COMM_WORLD_RANK": str(rank), "OMPI_COMM_WORLD_SIZE": "2", "DDLKIT_CONTROL_ADDR": f"127.0.0.1:{port}"}
     ctx = DistContext.from_env("native", env)

@@ -51,7 +51,7 @@ def main() -> None:
 
     from ddlkit.builtin.manifest import build_manifest
     from ddlkit.builtin.transfer import open_storage, stage
-    from ddlkit.data_cli import upload
+    from ddlkit.launch.data_cli import upload
     from ddlkit_azure.testing import start_azurite, stop_azurite
 
     with tempfile.TemporaryDirectory() as tmp:

@@ -9,7 +9,6 @@ helpers in :mod:`ddlkit.custom`, the job directory's layout and exit statuses in
 internal.
 """
 
-from .distributed import DistContext
 from .errors import (
     ConfigError,
     DdlkitError,
@@ -40,9 +39,10 @@ from .interfaces import (
     Shard,
     StorageBackend,
 )
+from .rank.distributed import DistContext
+from .rank.run import Run, RunState
+from .rank.schedule import LRSchedule
 from .registry import Registration
-from .run import Run, RunState
-from .schedule import LRSchedule
 
 __version__ = "0.1.0"
 

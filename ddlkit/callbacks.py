@@ -43,7 +43,7 @@ from .errors import ConfigError
 from .hookspecs import hookimpl
 
 if TYPE_CHECKING:
-    from .run import Run
+    from .rank.run import Run
 
 __all__ = ["METHODS", "CallbackPlugin", "load", "resolve"]
 

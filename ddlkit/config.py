@@ -10,21 +10,21 @@ when Hydra composes. ``conf/config.yaml`` holds only the defaults list and Hydra
 from __future__ import annotations
 
 import dataclasses
-import difflib
 import enum
 import os
-from collections.abc import Collection, Iterator, Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from hydra.core.config_store import ConfigStore
-from omegaconf import DictConfig, OmegaConf, open_dict, read_write
+from omegaconf import DictConfig, OmegaConf
 
-from .distributed import BACKENDS
 from .errors import ConfigError
 from .options import NON_NEGATIVE, POSITIVE, POSITIVE_INTEGER, at_least, checked, one_of
 from .registry import HOOK_POINTS, Registry
+
+if TYPE_CHECKING:
+    from hydra.core.config_store import ConfigStore
 
 CONF_DIR = Path(__file__).parent / "conf"
 #: experiment configs are looked up here (relative to the working directory) and in $DDLKIT_EXPERIMENTS
@@ -32,9 +32,9 @@ EXPERIMENTS_DIR = "experiments"
 #: the user's own config directory beside their code (relative to the working directory), searched
 #: like ``--config-dir``: presets (``conf/compute/mycluster.yaml``) and experiments (``conf/experiment/``)
 USER_CONF_DIR = "conf"
+#: dist.backend: one process (none), the framework's own collectives (native), or Horovod
+BACKENDS = ("none", "native", "horovod")
 
-#: how an unknown key that only ``+key=value`` can have put in the config is named
-_ADDED = " (`+` cannot add an option)"
 
 
 class Precision(enum.StrEnum):
@@ -142,7 +142,7 @@ class DistConfig:
 CORE_SCHEMAS: dict[str, type] = {"trainer": TrainerConfig, "dist": DistConfig, "sweep": SweepConfig}
 
 
-def _with_name(schema: type | None, name: str) -> type:
+def named_schema(schema: type | None, name: str) -> type:
     """The plugin's schema plus a ``name`` field holding the option's name, so that the
     resolved job file says which implementation each group selected."""
     base: tuple[type, ...] = (schema,) if schema is not None else ()
@@ -152,10 +152,12 @@ def _with_name(schema: type | None, name: str) -> type:
 
 def store_schemas(registry: Registry, cs: ConfigStore | None = None) -> None:
     """Put every option of every group into Hydra's ConfigStore (idempotent)."""
+    from hydra.core.config_store import ConfigStore  # the launcher's: a rank never imports Hydra
+
     cs = cs or ConfigStore.instance()
     for group, hp in HOOK_POINTS.items():
         for name in registry.names(group):
-            node = _with_name(registry.get(group, name).config, name)
+            node = named_schema(registry.get(group, name).config, name)
             # loggers are multi-select: nest each under its own name (logger.console, logger.jsonl)
             cs.store(group=group, name=name, node=node, package=f"{group}.{name}" if hp.multi else group)
     cs.store(group="trainer", name="default", node=TrainerConfig)
@@ -211,107 +213,21 @@ def rebuild(plain: Mapping[str, Any], registry: Registry, groups: Collection[str
 
 def _component(registry: Registry, group: str, plain: Mapping[str, Any]) -> DictConfig:
     name = plain["name"]
-    return OmegaConf.merge(OmegaConf.structured(_with_name(registry.get(group, name).config, name)), plain)
+    return OmegaConf.merge(OmegaConf.structured(named_schema(registry.get(group, name).config, name)), plain)
 
 
-def check_composed(cfg: DictConfig, registry: Registry) -> None:
-    """Check the composed config's shape before its values: every component names a registered
-    plugin, a preset that names its plugin only by ``name: local_mpi`` gets that plugin's schema
-    (so its keys and types are checked as an option's are), and no key is one that no schema
-    declares -- ``+trainer.batchsize=8`` opens the config for the typo, and nothing would read it."""
-    for group, hp in HOOK_POINTS.items():
-        components = cfg.get(group)
-        if not isinstance(components, DictConfig):
-            continue
-        for key in list(components) if hp.multi else [None]:
-            node = components[key] if key is not None else components
-            if isinstance(node, DictConfig) and OmegaConf.get_type(node) is dict:
-                typed = _typed_preset(registry, f"{group}.{key}" if key else group, group, node)
-                with read_write(cfg), open_dict(cfg), open_dict(components):
-                    if key is None:
-                        cfg[group] = typed
-                    else:
-                        components[key] = typed
-    for path, node in _typed_nodes(cfg, ""):
-        declared = {f.name for f in dataclasses.fields(OmegaConf.get_type(node))}
-        for extra in (k for k in node if k not in declared):
-            raise ConfigError(unknown_key_message(cfg, f"{path}.{extra}", _ADDED))
-    for extra in (k for k in cfg if k not in HOOK_POINTS and k not in CORE_SCHEMAS):
-        raise ConfigError(unknown_key_message(cfg, str(extra), _ADDED))
-
-
-def _typed_preset(registry: Registry, where: str, group: str, node: DictConfig) -> DictConfig:
-    """A preset composed without its plugin's schema (``name: local_mpi``, no defaults list),
-    merged onto that schema: its keys and values are checked as an option's are."""
-    from omegaconf.errors import OmegaConfBaseException
-
-    name = node.get("name")
-    if not isinstance(name, str):
-        raise ConfigError(f"the {where} preset does not say which {HOOK_POINTS[group].noun} it configures: give it "
-                          f"a defaults list naming one ({', '.join(registry.names(group))}), or `name: <one of them>`.")
-    schema = OmegaConf.structured(_with_name(registry.get(group, name).config, name))
-    # rooted at the preset's place, so that messages name the keys as the user would write them
-    rooted = OmegaConf.create()
-    OmegaConf.update(rooted, where, schema, force_add=True)
-    for key in node:
-        if key not in schema:
-            raise ConfigError(unknown_key_message(rooted, f"{where}.{key}"))
-    try:
-        OmegaConf.update(rooted, where, node, merge=True)
-    except OmegaConfBaseException as err:
-        from .hydra_errors import explain
-
-        raise explain(err) or ConfigError(str(err)) from None
-    return OmegaConf.select(rooted, where)
-
-
-def _typed_nodes(node: DictConfig, path: str) -> Iterator[tuple[str, DictConfig]]:
-    """Every dict node typed by a dataclass, below ``node`` (at ``path``)."""
-    for key, value in node.items_ex(resolve=False):
-        if isinstance(value, DictConfig) and not value._is_none() and not value._is_missing():
-            here = f"{path}.{key}" if path else str(key)
-            if dataclasses.is_dataclass(OmegaConf.get_type(value)):
-                yield here, value
-            yield from _typed_nodes(value, here)
-
-
-def _keys(node: DictConfig, path: str = "") -> Iterator[str]:
-    for key, value in node.items_ex(resolve=False):
-        here = f"{path}.{key}" if path else str(key)
-        if here == "hydra":
-            continue
-        yield here
-        if isinstance(value, DictConfig) and not value._is_none() and not value._is_missing():
-            yield from _keys(value, here)
-
-
-def closest_key(root: DictConfig | None, key: str) -> tuple[str | None, list[str]]:
-    """The valid key nearest to ``key`` in the config ``root`` -- the same last part elsewhere
-    (``trainer.decay_epochs``: ``optimizer.decay_epochs``), else the closest option of the same
-    parent, else the closest key anywhere -- and the parent's options."""
-    if root is None:
-        return None, []
-    parent, _, last = key.rpartition(".")
-    node = OmegaConf.select(root, parent, default=None) if parent else root
-    options = sorted(str(k) for k in node if str(k) not in (last, "hydra")) if isinstance(node, DictConfig) else []
-    keys = [k for k in _keys(root) if k != key]
-    elsewhere = [k for k in keys if k.rpartition(".")[2] == last]
-    if elsewhere:
-        return elsewhere[0], options
-    near = difflib.get_close_matches(last, options, n=1, cutoff=0.6)
-    if near:
-        return f"{parent}.{near[0]}" if parent else near[0], options
-    near = difflib.get_close_matches(key, keys, n=1, cutoff=0.75)
-    return (near[0] if near else None), options
-
-
-def unknown_key_message(root: DictConfig | None, key: str, note: str = "") -> str:
-    """``unknown key `trainer.batchsize`: trainer has no option batchsize. Did you mean
-    `trainer.batch_size`?``, or the parent's options when no key is close."""
-    parent, _, last = key.rpartition(".")
-    where = f"{parent} has no option {last}" if parent else f"there is no config group or key {last}"
-    suggestion, options = closest_key(root, key)
-    if suggestion:
-        return f"unknown key `{key}`{note}: {where}. Did you mean `{suggestion}`?"
-    listed = f" Its options: {', '.join(options)}." if options else ""
-    return f"unknown key `{key}`{note}: {where}.{listed}"
+def check_one_global_batch(train_length: int, trainer: Any, world_size: int) -> int:
+    """The global batch (``trainer.batch_size`` x ranks x ``trainer.accumulate_batches``), or a
+    ConfigError when ``train_length`` samples do not fill one. The ranks check it once their data
+    is readable; the launcher asks here too where the data source states its length without
+    reading any data (:meth:`ddlkit.DataSource.config_info`), before anything starts."""
+    batch, accumulate = trainer.batch_size, trainer.accumulate_batches
+    global_batch = batch * world_size * accumulate
+    if train_length < global_batch:
+        accumulated = f" x {accumulate} micro-batches" if accumulate > 1 else ""
+        raise ConfigError(
+            f"data has {train_length} training images, fewer than one global batch of {global_batch} "
+            f"(trainer.batch_size={batch} x {world_size} ranks{accumulated}). Lower "
+            f"trainer.batch_size{' or trainer.accumulate_batches,' if accumulated else ''} or raise data.length."
+        )
+    return global_batch

@@ -23,8 +23,8 @@ if TYPE_CHECKING:
     from omegaconf import DictConfig
 
     from .interfaces import ComputeTarget, DataSource, Framework, Logger, StorageBackend
+    from .rank.run import Run
     from .registry import Registration
-    from .run import Run
 
 hookspec = pluggy.HookspecMarker("ddlkit")
 hookimpl = pluggy.HookimplMarker("ddlkit")  #: decorator plugins use to mark hook implementations

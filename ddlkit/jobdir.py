@@ -28,15 +28,15 @@ constants, never the literals. Paths are relative to the job directory, with ``/
         lock              LOCK_FILE         rank 0, while it runs: two runs of one job directory
                                             would destroy each other's checkpoints
         submission.json   SUBMISSION_FILE   launcher, at submit and when the job ends
-                                            (ddlkit.jobs.index: how ``ddlkit jobs`` finds it)
+                                            (ddlkit.launch.jobs.index: how ``ddlkit jobs`` finds it)
         cancel-requested  CANCEL_FILE       whoever cancels the job (``JobHandle.cancel``), before
                                             signalling it: the job's end is then a cancellation
         exit.json         EXIT_FILE         the process minder of a job run on this machine
-                                            (ddlkit.jobs.process), when the job's command ended
+                                            (ddlkit.compute.process), when the job's command ended
         detached          DETACHED_FILE     ``ProcessJob.detach``: the job outlives its launcher
         <target>-*        the target's own  e.g. compute=slurm's ``.ddlkit/slurm-exit.json``
 
-Exit status of every rank (``python -m ddlkit.worker job.json``): :data:`EXIT_COMPLETED`,
+Exit status of every rank (``python -m ddlkit.rank.worker job.json``): :data:`EXIT_COMPLETED`,
 :data:`EXIT_FAILED` (anything else), :data:`EXIT_CONFIG_ERROR` (the user's fix),
 :data:`EXIT_PLUGIN_ERROR` (the plugin author's fix), and :data:`EXIT_PREEMPTED`: stopped on SIGTERM
 after saving a resumable checkpoint -- a scheduler may re-queue the job, a re-run of the same job
@@ -52,7 +52,7 @@ file path without importing the ``ddlkit`` package (the rank minder does, once p
 #: the resolved job file every rank reads
 JOB_FILE = "job.json"
 #: what each rank runs after the interpreter, in the job directory
-WORKER_ARGS = ("-m", "ddlkit.worker", JOB_FILE)
+WORKER_ARGS = ("-m", "ddlkit.rank.worker", JOB_FILE)
 CONFIG_FILE = "config.yaml"
 OVERRIDES_FILE = "overrides.yaml"
 ENVIRONMENT_FILE = "environment.json"

@@ -2,7 +2,7 @@
 
 Framework plugins register their optimizers (``ddlkit_optimizers``); the core keeps no list of
 them. What the core does own is the learning-rate rule every optimizer follows -- scaled with
-the global batch and warmed up (Goyal et al., :mod:`ddlkit.schedule`), applied by the
+the global batch and warmed up (Goyal et al., :mod:`ddlkit.rank.schedule`), applied by the
 :class:`ddlkit.Run` -- and the schemas of the standard optimizers, so that
 ``optimizer=adamw optimizer.beta2=0.98`` means the same whichever framework runs it. A plugin
 that registers one of these names uses its schema here; a plugin's own optimizer subclasses
@@ -11,12 +11,25 @@ that registers one of these names uses its schema here; a plugin's own optimizer
 
 from __future__ import annotations
 
+import enum
 from dataclasses import dataclass, field
 
 from .options import IN_0_1, NON_NEGATIVE, POSITIVE, checked
-from .schedule import LRScaling
 
-__all__ = ["AdamWConfig", "LambConfig", "LarsConfig", "OptimizerConfig", "SGDConfig"]
+__all__ = ["AdamWConfig", "LRScaling", "LambConfig", "LarsConfig", "OptimizerConfig", "SGDConfig"]
+
+
+class LRScaling(enum.StrEnum):
+    """How the peak learning rate follows the global batch (``optimizer.scale_lr``)."""
+
+    #: lr x batch / reference: SGD's rule (Goyal et al., arXiv:1706.02677), which LARS keeps
+    linear = "linear"
+    #: lr x sqrt(batch / reference): the rule for adaptive optimizers -- derived for Adam and
+    #: RMSprop by Malladi et al., "On the SDEs and Scaling Rules for Adaptive Gradient
+    #: Algorithms" (NeurIPS 2022, arXiv:2205.10287); what LAMB's authors scale by (arXiv:1904.00962)
+    sqrt = "sqrt"
+    #: the rate as given, whatever the batch
+    none = "none"
 
 
 @dataclass

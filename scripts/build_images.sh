@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Build ddlkit's images from docker/Dockerfile, tagged as ddlkit.containers.default_image names them (the
+# Build ddlkit's images from docker/Dockerfile, tagged as ddlkit.compute.containers.default_image names them (the
 # default of a remote target's compute.image), and push them with --push. From a checkout:
 #
 #   scripts/build_images.sh [--engine docker|podman] [--variant cuda|cpu] [--registry REGISTRY] [--horovod]
@@ -14,7 +14,7 @@
 # --horovod: build Horovod into the image (pytorch, cpu only; about 5 minutes). Options after `--` go to
 # `<engine> build` as they are (--build-arg BASE=IMAGE@sha256:..., --no-cache, ...).
 # Needs a Python that can import ddlkit's dependencies (pip install -r requirements.txt): the tags come from
-# this checkout's ddlkit.containers.
+# this checkout's ddlkit.compute.containers.
 set -euo pipefail
 
 repo="$(cd "$(dirname "$0")/.." && pwd)"
@@ -56,7 +56,7 @@ tags="$(PYTHONPATH="$repo${PYTHONPATH:+:$PYTHONPATH}" "$PY" - "$variant" "$regis
 import sys
 
 try:
-    from ddlkit.containers import FRAMEWORKS, default_image
+    from ddlkit.compute.containers import FRAMEWORKS, default_image
     from ddlkit.errors import ConfigError
 except ImportError as err:
     print(f"build_images.sh: error: cannot import ddlkit ({err}); pip install -r requirements.txt", file=sys.stderr)

@@ -15,8 +15,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from ddlkit.engine import job_name
 from ddlkit.jobdir import EXIT_PREEMPTED
+from ddlkit.launch.engine import job_name
 from ddlkit.plugins import BUILTIN_PLUGINS
 from ddlkit.testing import FAKES_MODULE, RESULT_KEYS, RunFactory, RunOutcome, interruptible
 from ddlkit.testing.fakes import MODEL_FILE

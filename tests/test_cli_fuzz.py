@@ -19,7 +19,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from ddlkit.cli import main
+from ddlkit.launch.cli import main
 from ddlkit.testing import FAKES_MODULE
 
 #: cases per run: small by default (CI); set DDLKIT_FUZZ_EXAMPLES for a longer search

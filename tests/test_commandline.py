@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from ddlkit.commandline import hydra_quote
+from ddlkit.launch.commandline import hydra_quote
 from ddlkit.testing import FAKES_MODULE, RunFactory
 
 pytestmark = pytest.mark.slow

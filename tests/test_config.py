@@ -15,16 +15,15 @@ from omegaconf import MISSING, OmegaConf
 
 import ddlkit
 from ddlkit import ConfigError, Registration
-from ddlkit import secrets as secret_store
+from ddlkit import redact as secret_store
 from ddlkit.config import Precision, rebuild, store_schemas, to_container
-from ddlkit.engine import prepare, validate
-from ddlkit.optim import AdamWConfig, SGDConfig
+from ddlkit.launch.engine import prepare, validate
+from ddlkit.optim import AdamWConfig, LRScaling, SGDConfig
 from ddlkit.plugins import DdlkitPluginManager
+from ddlkit.rank.worker import load_job
 from ddlkit.registry import HOOK_POINTS, Registry
-from ddlkit.schedule import LRScaling
 from ddlkit.testing import FAKES_MODULE, add_plugin, compose, fakes, with_default_framework
 from ddlkit.testing.fakes import FakeFramework
-from ddlkit.worker import load_job
 
 CORE_GROUPS = ("trainer", "dist")
 TOKEN = "sv=2026&sig=very-secret-signature"

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from ddlkit.cli import main
-from ddlkit.commandline import hydra_quote
+from ddlkit.launch.cli import main
+from ddlkit.launch.commandline import hydra_quote
 from ddlkit.testing import FAKES_MODULE
 
 

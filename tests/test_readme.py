@@ -24,7 +24,7 @@ from pathlib import Path
 
 import pytest
 
-from ddlkit.cli import main
+from ddlkit.launch.cli import main
 
 README = Path(__file__).resolve().parents[1] / "README.md"
 

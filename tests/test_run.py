@@ -225,7 +225,7 @@ def test_a_sigterm_during_the_stop_agreement_is_not_lost(ddlkit_pm: DdlkitPlugin
     run = make_run(ddlkit_pm, tmp_path / "job", "logger=[]", "dist.stop_check_every=1")
     run.dist = _PeersNeverAskToStop(run)
     assert run.step_end(loss=1.0, lr=0.1) is False  # the exchange had already sent "no"
-    with pytest.raises(ddlkit.run.Preempted):
+    with pytest.raises(ddlkit.rank.run.Preempted):
         run.step_end(loss=1.0, lr=0.1)  # the next agreement carries the request
     assert run.state.step == 2
 
@@ -254,7 +254,7 @@ def test_restore_still_checkpoints_and_starts_with_a_deprecation_warning(ddlkit_
     run = make_run(ddlkit_pm, tmp_path / "job", "logger=[recording]")
     with pytest.warns(DeprecationWarning, match=r"run.checkpointing\(save, load\), then run.start\(\)"):
         state = run.restore(lambda path, meta: None, lambda path: {})
-    assert state == ddlkit.run.RunState()
+    assert state == ddlkit.rank.run.RunState()
     assert hook_recorder.names() == ["ddlkit_configure", "ddlkit_run_start"]
     (logger,) = run.loggers
     assert [c.method for c in logger.calls] == ["start"]

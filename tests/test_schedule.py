@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from ddlkit import LRSchedule
-from ddlkit.schedule import LRScaling
+from ddlkit.optim import LRScaling
 from ddlkit.testing import add_plugin, make_run
 
 

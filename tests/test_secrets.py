@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from omegaconf import OmegaConf
 
-from ddlkit import secrets as secret_store
+from ddlkit import redact as secret_store
 from ddlkit.testing import RunFactory, RunOutcome
 
 #: every marker contains this; none of it may appear anywhere

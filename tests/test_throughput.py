@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from ddlkit import throughput
-from ddlkit.throughput import ThroughputMeter
+from ddlkit.rank import throughput
+from ddlkit.rank.throughput import ThroughputMeter
 
 
 class Clock:

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from ddlkit.cli import main
+from ddlkit.launch.cli import main
 from ddlkit.testing import FAKES_MODULE
 
 PRESET = "defaults:\n  - local\n\ngrace_period_s: 99\n"

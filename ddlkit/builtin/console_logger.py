@@ -23,7 +23,7 @@ from ..registry import Registration
 from ..result import SUMMARY
 
 if TYPE_CHECKING:
-    from ..run import Run
+    from ..rank.run import Run
 
 PROGRESS_RE = re.compile(
     r"^train epoch (?P<epoch>\d+)/(?P<epochs>\d+) step (?P<step>\d+)/(?P<total>\d+) "

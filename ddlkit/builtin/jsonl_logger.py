@@ -15,7 +15,7 @@ from ..jobdir import METRICS_FILE
 from ..registry import Registration
 
 if TYPE_CHECKING:
-    from ..run import Run
+    from ..rank.run import Run
 
 
 @dataclass

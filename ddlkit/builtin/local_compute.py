@@ -1,6 +1,6 @@
 """``compute=local``: run the job's single rank as a process on this machine.
 
-The rank runs under :class:`ddlkit.jobs.process.ProcessJob`: in the job directory, in a session
+The rank runs under :class:`ddlkit.compute.process.ProcessJob`: in the job directory, in a session
 of its own (cancelling reaches everything it started), its output in ``rank-0.log``. A job the
 launcher did not detach is killed when the launcher exits: ddlkit leaves no orphans.
 """
@@ -12,10 +12,10 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..compute.process import ProcessJob
 from ..hookspecs import hookimpl
 from ..interfaces import ComputeTarget, JobHandle, JobSpec
 from ..jobdir import rank_log
-from ..jobs.process import ProcessJob
 from ..registry import Registration
 
 RANK0_LOG = rank_log(0)

@@ -34,7 +34,7 @@ from .transfer import (CheckpointPublisher, StagingReport, checkpoint_files, is_
                        result_files, stage)
 
 if TYPE_CHECKING:
-    from ..run import Run
+    from ..rank.run import Run
 
 
 

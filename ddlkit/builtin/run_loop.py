@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 from ..hookspecs import hookimpl
 
 if TYPE_CHECKING:
-    from ..run import Run
+    from ..rank.run import Run
 
 
 @hookimpl(trylast=True)

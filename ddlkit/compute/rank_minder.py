@@ -85,7 +85,7 @@ jobdir = _load_core_module(os.path.join(os.path.dirname(os.path.dirname(os.path.
 #: lines of a rank's stderr that name an error
 ERROR_LINE = re.compile(rb"\b(error|exception|traceback|fatal|killed|aborted|segmentation fault|out of memory)\b",
                         re.IGNORECASE)
-#: and the control plane's word that a rank stopped answering, or answers again (ddlkit.distributed):
+#: and the control plane's word that a rank stopped answering, or answers again (ddlkit.rank.distributed):
 #: when rank 0 is the silent one, only the other ranks can say so
 LIVENESS_LINE = re.compile(rb"^ddlkit: rank \d+ (has not been heard from|is answering again)")
 #: ddlkit's node layout, which every target gives its ranks (and the exit record reports)

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any, Literal, NamedTuple, Protocol
 if TYPE_CHECKING:
     from omegaconf import DictConfig
 
-    from ..run import Run
+    from ..rank.run import Run
 
 Split = Literal["train", "val"]
 SPLITS: tuple[str, ...] = ("train", "val")

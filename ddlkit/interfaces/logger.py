@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any, Literal
 if TYPE_CHECKING:
     from omegaconf import DictConfig
 
-    from ..run import Run
+    from ..rank.run import Run
 
 
 class Logger:

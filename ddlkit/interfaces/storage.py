@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 if TYPE_CHECKING:
     from omegaconf import DictConfig
 
-    from ..run import Run
+    from ..rank.run import Run
 
 
 class StorageBackend(ABC):

@@ -52,16 +52,16 @@ import pytest
 from .. import result as result_schema
 from ..hookspecs import hookimpl
 from ..jobdir import JOB_FILE, METRICS_FILE, RESULT_FILE
-from ..jobs.index import STATE_DIR_ENV
+from ..launch.jobs.index import STATE_DIR_ENV
 from ..plugins import DdlkitPluginManager, PluginInfo, get_plugin_manager, new_plugin_manager
+from ..redact import SECRETS_ENV
 from ..registry import HOOK_POINTS, Registry
-from ..secrets import SECRETS_ENV
 from . import fakes
 
 if TYPE_CHECKING:
     from omegaconf import DictConfig
 
-    from ..run import Run
+    from ..rank.run import Run
 
 __all__ = [
     "DDLKIT_ENV",
@@ -169,9 +169,9 @@ def make_run(pm: DdlkitPluginManager, job_dir: Path, *overrides: str) -> Run:
     """A :class:`ddlkit.Run` built from validated config (fakes added), ready to hand to a
     framework or a logger; nothing is trained and no job file is written."""
     from ..config import rebuild
-    from ..distributed import DistContext
-    from ..engine import validate
-    from ..run import Run
+    from ..launch.engine import validate
+    from ..rank.distributed import DistContext
+    from ..rank.run import Run
 
     add_plugin(pm, fakes, name=FAKES_MODULE)
     registry = Registry.collect(pm)
@@ -423,10 +423,10 @@ def run_factory(tmp_path: Path) -> RunFactory:
 def run_inprocess(ddlkit_pm: DdlkitPluginManager, tmp_path: Path,
                   monkeypatch: pytest.MonkeyPatch) -> Callable[..., WorkerOutcome]:
     """``run_inprocess(*overrides, job_dir=None)``: compose and prepare the job as the launcher
-    does, then run :func:`ddlkit.worker.main` in this process on ``ddlkit_pm`` (plus the fakes),
+    does, then run :func:`ddlkit.rank.worker.main` in this process on ``ddlkit_pm`` (plus the fakes),
     so ``hook_recorder`` sees every hook and a debugger can step into the loop."""
-    from .. import worker
-    from ..engine import prepare
+    from ..launch.engine import prepare
+    from ..rank import worker
 
     add_plugin(ddlkit_pm, fakes, name=FAKES_MODULE)
     # the worker takes the process-wide manager; in a test it must be this one

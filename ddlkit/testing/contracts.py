@@ -37,7 +37,7 @@ from ..interfaces import (JOB_FILE, Batch, ComputeTarget, DataSource, ImageFiles
                           JobSpec, JobState, Logger, Shard, StorageBackend)
 from ..interfaces.data import native_spec
 from ..plugins import DdlkitPluginManager
-from ..run import Run, RunState
+from ..rank.run import Run, RunState
 from . import HookRecorder, WorkerOutcome, add_plugin, make_run
 
 __all__ = ["ComputeTargetContract", "DataSourceContract", "FrameworkContract", "LoggerContract",

@@ -29,10 +29,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ..compute.process import ProcessJob
 from ..errors import ConfigError
 from ..interfaces import JOB_FILE, ComputeTarget, JobHandle, JobSpec, JobStatus
 from ..jobdir import STATE_DIR, rank_log
-from ..jobs.process import ProcessJob
 from ..options import POSITIVE, checked
 
 AWAY_SUFFIX = ".away"

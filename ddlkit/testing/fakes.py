@@ -32,7 +32,7 @@ if TYPE_CHECKING:
     import numpy as np
     from omegaconf import DictConfig
 
-    from ..run import Run
+    from ..rank.run import Run
 
 #: file name of the trained weights FakeFramework writes into the job directory
 MODEL_FILE = "model.npy"

@@ -65,9 +65,9 @@ def worker_pids(job_dir: Path) -> dict[int, int]:
             continue
         try:
             cmdline = Path(entry.path, "cmdline").read_bytes().split(b"\0")
-            # python -m ddlkit.worker job.json, in the job directory (mpirun's and the rank minders'
+            # python -m ddlkit.rank.worker job.json, in the job directory (mpirun's and the rank minders'
             # command lines end with it too, but only the worker's starts with it)
-            if cmdline[1:4] != [b"-m", b"ddlkit.worker", b"job.json"]:
+            if cmdline[1:4] != [b"-m", b"ddlkit.rank.worker", b"job.json"]:
                 continue
             if Path(os.readlink(Path(entry.path, "cwd"))) != job_dir.resolve():
                 continue

@@ -2,7 +2,7 @@
 
 Hydra finds this module by scanning the ``hydra_plugins`` namespace package at every start of
 every Hydra app, so it imports nothing but its config schema here; the work is done by
-:mod:`ddlkit.sweep.launch` (its docstring describes the design).
+:mod:`ddlkit.launch.sweep.launch` (its docstring describes the design).
 """
 
 # no `from __future__ import annotations`: Hydra executes this module without registering it in
@@ -24,7 +24,7 @@ if TYPE_CHECKING:
 class DdlkitLauncherConf:
     """Each setting is the app's own ``sweep.*`` key when its config has one (ddlkit's does:
     ``ddlkit -m ... sweep.max_parallel=4``); null: the launcher's default. The defaults and what
-    each setting means are :class:`ddlkit.sweep.settings.SweepSettings`' alone (this module, which
+    each setting means are :class:`ddlkit.launch.sweep.settings.SweepSettings`' alone (this module, which
     Hydra imports in every app, does not import ddlkit)."""
 
     _target_: str = "hydra_plugins.ddlkit_launcher.ddlkit_launcher.DdlkitLauncher"
@@ -42,7 +42,7 @@ ConfigStore.instance().store(group="hydra/launcher", name="ddlkit", node=DdlkitL
 
 class DdlkitLauncher(Launcher):
     def __init__(self, **settings: Any) -> None:
-        from ddlkit.sweep.settings import SweepSettings
+        from ddlkit.launch.sweep.settings import SweepSettings
 
         # checked at launch, where a bad value can be reported in the app's terms (sweep.* for ddlkit)
         self.settings = SweepSettings(**{key: value for key, value in settings.items() if value is not None})
@@ -51,8 +51,8 @@ class DdlkitLauncher(Launcher):
         self.task_function: TaskFunction | None = None
 
     def setup(self, *, hydra_context: "HydraContext", task_function: "TaskFunction", config: "DictConfig") -> None:
-        from ddlkit.sweep.compose import SharedCompositions
-        from ddlkit.sweep.settings import check_sweeper
+        from ddlkit.launch.sweep.compose import SharedCompositions
+        from ddlkit.launch.sweep.settings import check_sweeper
 
         # the sweeper sets its launcher up before its first trial: the last moment to refuse it
         check_sweeper(config.hydra.get("sweeper"))
@@ -61,7 +61,7 @@ class DdlkitLauncher(Launcher):
         SharedCompositions.install(hydra_context.config_loader)
 
     def launch(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> "Sequence[JobReturn]":
-        from ddlkit.sweep.launch import launch
+        from ddlkit.launch.sweep.launch import launch
 
         assert self.config is not None and self.hydra_context is not None and self.task_function is not None
         return launch(self.settings, hydra_context=self.hydra_context, task_function=self.task_function,

@@ -9,7 +9,7 @@ import pytest
 
 from ddlkit import Logger
 from ddlkit.builtin.jsonl_logger import JsonlLogger, JsonlLoggerConfig
-from ddlkit.run import Run
+from ddlkit.rank.run import Run
 from ddlkit.testing.contracts import LoggerContract
 
 

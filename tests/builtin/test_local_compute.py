@@ -9,7 +9,7 @@ import pytest
 
 from ddlkit import ComputeTarget, JobHandle, JobState
 from ddlkit.builtin.local_compute import LocalComputeConfig, LocalTarget
-from ddlkit.jobs.process import describe_exit
+from ddlkit.compute.process import describe_exit
 from ddlkit.testing.contracts import ComputeTargetContract
 
 

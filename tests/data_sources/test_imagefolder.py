@@ -217,7 +217,7 @@ def test_a_blob_root_must_be_staged_before_reading(tmp_path: Path) -> None:
 
 
 def test_no_framework_library_is_imported_with_the_data_source(tmp_path: Path) -> None:
-    code = ("import sys, ddlkit.builtin.imagefolder, ddlkit.builtin.local_ssd_storage, ddlkit.data_cli\n"
+    code = ("import sys, ddlkit.builtin.imagefolder, ddlkit.builtin.local_ssd_storage, ddlkit.launch.data_cli\n"
             "print(sorted(m for m in ('torch', 'tensorflow', 'PIL', 'numpy', 'azure') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path, timeout=60)
     assert out.returncode == 0, out.stderr

@@ -1,4 +1,4 @@
-"""ddlkit.distributed: where a rank learns its place, and the framework-neutral collectives
+"""ddlkit.rank.distributed: where a rank learns its place, and the framework-neutral collectives
 (metric means, the stop agreement, broadcasts, barriers) over real processes and sockets."""
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 
 import ddlkit
-from ddlkit.distributed import DistContext, control_address, horovod_built_with
+from ddlkit.rank.distributed import DistContext, control_address, horovod_built_with
 
 
 # ---------------------------------------------------------------------------- environment
@@ -244,7 +244,7 @@ def test_a_rank_of_another_job_cannot_join() -> None:
         except OSError:
             assert time.monotonic() < deadline
             time.sleep(0.02)
-    from ddlkit.distributed import ControlPlane
+    from ddlkit.rank.distributed import ControlPlane
 
     ControlPlane._send(stranger, {"rank": 1, "world_size": 2, "job": "job-B"})
     a1 = ctx.Process(target=_rank_main, args=(1, 2, port, "job-A", _strangers_knock, results, Plane()))

@@ -17,8 +17,8 @@ from typing import Any
 
 import pytest
 
-from ddlkit.distributed import DistContext
-from ddlkit.run import Preempted
+from ddlkit.rank.distributed import DistContext
+from ddlkit.rank.run import Preempted
 from ddlkit.testing import make_run
 
 pytestmark = pytest.mark.slow

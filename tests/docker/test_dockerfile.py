@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from ddlkit.containers import FRAMEWORKS
-from ddlkit.secrets import has_credentials, is_secret_key
+from ddlkit.compute.containers import FRAMEWORKS
+from ddlkit.redact import has_credentials, is_secret_key
 
 REPO = Path(__file__).resolve().parents[2]
 DOCKERFILE = REPO / "docker" / "Dockerfile"

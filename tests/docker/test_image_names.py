@@ -1,4 +1,4 @@
-"""ddlkit.containers.default_image names the images; scripts/build_images.sh tags with it and refuses bad input."""
+"""ddlkit.compute.containers.default_image names the images; scripts/build_images.sh tags with it and refuses bad input."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 import ddlkit
-from ddlkit.containers import FRAMEWORKS, default_image
+from ddlkit.compute.containers import FRAMEWORKS, default_image
 
 REPO = Path(__file__).resolve().parents[2]
 BUILD_IMAGES = REPO / "scripts" / "build_images.sh"
@@ -45,7 +45,7 @@ def test_a_registry_that_makes_no_image_name_is_refused(registry: str) -> None:
 
 
 def test_naming_an_image_imports_no_framework() -> None:
-    probe = ("import sys; from ddlkit.containers import default_image; default_image('pytorch'); "
+    probe = ("import sys; from ddlkit.compute.containers import default_image; default_image('pytorch'); "
              "print(sorted({'torch', 'tensorflow', 'keras'} & set(sys.modules)))")
     assert subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
                           check=True).stdout.strip() == "[]"

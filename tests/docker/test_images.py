@@ -27,8 +27,8 @@ from pathlib import Path
 
 import pytest
 
-from ddlkit.containers import default_image
-from ddlkit.secrets import has_credentials, is_secret_key
+from ddlkit.compute.containers import default_image
+from ddlkit.redact import has_credentials, is_secret_key
 
 pytestmark = pytest.mark.slow
 

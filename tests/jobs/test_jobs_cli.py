@@ -11,9 +11,9 @@ import time
 
 import pytest
 
-from ddlkit.engine import job_name
 from ddlkit.jobdir import EXIT_PREEMPTED
-from ddlkit.jobs import index
+from ddlkit.launch.engine import job_name
+from ddlkit.launch.jobs import index
 from ddlkit.testing import FAKES_MODULE, RunFactory, interruptible
 
 SMALL = ("data.image_size=8", "data.num_classes=4", "data.val_length=16", "trainer.batch_size=8", "trainer.epochs=1",

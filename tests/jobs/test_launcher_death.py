@@ -15,13 +15,13 @@ from pathlib import Path
 import pytest
 
 from ddlkit import JobState
-from ddlkit.engine import job_name
 from ddlkit.jobdir import EXIT_FILE, EXIT_PREEMPTED
-from ddlkit.jobs import index
+from ddlkit.launch.engine import job_name
+from ddlkit.launch.jobs import index
 from ddlkit.plugins import get_plugin_manager
+from ddlkit.rank.worker import hold_job_directory
 from ddlkit.registry import Registry
 from ddlkit.testing import FAKES_MODULE, RunFactory, interruptible
-from ddlkit.worker import hold_job_directory
 
 SLOW = ("framework=fake", "data.image_size=8", "data.num_classes=4", "data.val_length=16", "trainer.batch_size=8",
         "trainer.epochs=1", "trainer.log_every=10", "data.length=8000", "framework.step_delay_s=0.01")
@@ -142,12 +142,12 @@ def test_the_worker_refuses_a_job_directory_another_process_holds(run_factory: R
     run_factory("data.length=64", "data.val_length=16", "trainer.batch_size=8", "trainer.epochs=1",
                 job_dir=job_dir).assert_success()
     holder = subprocess.Popen([sys.executable, "-c", "import sys, time; from pathlib import Path; "
-                               "from ddlkit.worker import hold_job_directory; "
+                               "from ddlkit.rank.worker import hold_job_directory; "
                                f"lock = hold_job_directory(Path({str(job_dir)!r})); print('held', flush=True); "
                                "time.sleep(60)"], stdout=subprocess.PIPE, text=True)
     try:
         assert holder.stdout.readline() == "held\n"
-        proc = subprocess.run([sys.executable, "-m", "ddlkit.worker", "job.json"], cwd=job_dir, capture_output=True,
+        proc = subprocess.run([sys.executable, "-m", "ddlkit.rank.worker", "job.json"], cwd=job_dir, capture_output=True,
                               text=True, timeout=60, env={**os.environ, "DDLKIT_PLUGINS": FAKES_MODULE})
     finally:
         holder.kill()

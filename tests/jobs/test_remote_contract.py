@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from ddlkit import ComputeTarget
-from ddlkit.engine import job_name
+from ddlkit.launch.engine import job_name
 from ddlkit.testing import FAKES_MODULE, RunFactory, interruptible
 from ddlkit.testing.contracts import ComputeTargetContract
 from ddlkit.testing.elsewhere import ElsewhereComputeConfig, ElsewhereTarget
@@ -112,7 +112,7 @@ def test_a_rerun_sweep_reattaches_to_jobs_its_killed_launcher_left_running(run_f
 
 
 def test_a_rank_started_outside_its_job_directory_says_so(tmp_path: Path) -> None:
-    proc = subprocess.run([sys.executable, "-m", "ddlkit.worker", "job.json"], cwd=tmp_path, capture_output=True,
+    proc = subprocess.run([sys.executable, "-m", "ddlkit.rank.worker", "job.json"], cwd=tmp_path, capture_output=True,
                           text=True, timeout=60)
     assert proc.returncode == 2
     assert proc.stderr.startswith(f"ddlkit worker: cannot read the job file {tmp_path}/job.json (")

@@ -17,8 +17,8 @@ from ddlkit.builtin.local_ssd_storage import LocalSsdConfig, LocalSsdStorage, da
 from ddlkit.builtin.local_storage import LocalStorage, LocalStorageConfig
 from ddlkit.builtin.manifest import Manifest, build_manifest
 from ddlkit.builtin.nfs_storage import NfsStorage, NfsStorageConfig
-from ddlkit.engine import job_name
 from ddlkit.builtin.transfer import TransientStorageError, publish_files, result_files, stage
+from ddlkit.launch.engine import job_name
 from ddlkit.testing.contracts import StorageBackendContract
 from ddlkit.testing.images import ImageDataset, make_image_dataset
 

@@ -13,10 +13,9 @@ from hydra.types import RunMode
 from omegaconf import OmegaConf
 
 from ddlkit.config import store_schemas
+from ddlkit.launch.sweep.compose import SharedCompositions
 from ddlkit.registry import Registry
-from ddlkit.sweep.compose import SharedCompositions
-from ddlkit.testing import FAKES_MODULE, add_plugin
-from ddlkit.testing import fakes
+from ddlkit.testing import FAKES_MODULE, add_plugin, fakes
 
 
 class CountingLoad:

@@ -10,7 +10,7 @@ from hydra.core.utils import JobReturn
 from hydra.core.utils import JobStatus as TaskStatus
 
 from ddlkit import JobState
-from ddlkit.sweep.forked import ForkedTaskHandle, TaskError
+from ddlkit.launch.sweep.forked import ForkedTaskHandle, TaskError
 
 
 def job_return(status: TaskStatus, value: object) -> JobReturn:

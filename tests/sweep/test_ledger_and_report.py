@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from ddlkit import ConfigError
-from ddlkit.sweep.ledger import LEDGER_FILE, JobRecord, Ledger
-from ddlkit.sweep.report import LiveReport, rows, varying_overrides, write_report
+from ddlkit.launch.sweep.ledger import LEDGER_FILE, JobRecord, Ledger
+from ddlkit.launch.sweep.report import LiveReport, rows, varying_overrides, write_report
 
 
 def test_a_new_ledger_records_every_job_and_is_written_atomically(tmp_path: Path) -> None:

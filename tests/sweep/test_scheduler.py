@@ -8,9 +8,9 @@ from collections.abc import Iterator
 import pytest
 
 from ddlkit import ConfigError, JobHandle, JobState, JobStatus
-from ddlkit.sweep.jobs import check_sweep_settings_fixed
-from ddlkit.sweep.scheduler import Observer, Outcome, Scheduler, SweepJob
-from ddlkit.sweep.settings import FailurePolicy, SweepSettings
+from ddlkit.launch.sweep.jobs import check_sweep_settings_fixed
+from ddlkit.launch.sweep.scheduler import Observer, Outcome, Scheduler, SweepJob
+from ddlkit.launch.sweep.settings import FailurePolicy, SweepSettings
 
 
 class ScriptedHandle(JobHandle):

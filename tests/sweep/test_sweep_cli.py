@@ -18,8 +18,8 @@ from typing import Any
 
 import pytest
 
-from ddlkit.engine import job_name
 from ddlkit.jobdir import EXIT_PREEMPTED
+from ddlkit.launch.engine import job_name
 from ddlkit.testing import FAKES_MODULE, RunFactory, interruptible
 
 pytestmark = pytest.mark.slow

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from ddlkit.interfaces import Logger, StorageBackend
-from ddlkit.run import Run
+from ddlkit.rank.run import Run
 from ddlkit.testing import WorkerOutcome
 from ddlkit.testing.contracts import FrameworkContract, LoggerContract, StorageBackendContract
 from ddlkit.testing.fakes import MODEL_FILE, MemoryStorage, MemoryStorageConfig, RecordingLogger

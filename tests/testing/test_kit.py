@@ -59,7 +59,7 @@ def test_a_session_records_its_jobs_in_a_state_directory_of_its_own(pytester: py
     pytester.makeconftest(pytest_plugins_line)
     pytester.makepyfile('''
         import pytest
-        from ddlkit.jobs import index
+        from ddlkit.launch.jobs import index
 
         @pytest.fixture(scope="module")
         def shared():

@@ -33,7 +33,7 @@ from .index import DatasetIndex, load_index
 if TYPE_CHECKING:
     from omegaconf import DictConfig
 
-    from ...run import Run
+    from ...rank.run import Run
     from .files import ImageFiles
 
 

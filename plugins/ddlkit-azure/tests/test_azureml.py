@@ -15,7 +15,7 @@ from ddlkit_azure.testing.loopback import LoopbackServer, Response, error_body
 from omegaconf import OmegaConf
 
 import ddlkit
-from ddlkit.containers import default_image
+from ddlkit.compute.containers import default_image
 from ddlkit.interfaces import JobSpec
 from ddlkit.plugins import get_plugin_manager
 from ddlkit.registry import Registry
@@ -68,7 +68,7 @@ def test_the_distribution_fits_the_framework_and_backend(tmp_path: Path, framewo
     if kind:
         assert job["distribution"]["processCountPerInstance"] == per_node
     command = job["command"]
-    assert command.endswith("exec python -m ddlkit.worker job.json")
+    assert command.endswith("exec python -m ddlkit.rank.worker job.json")
     # every case gives the ranks their place: MPI's from OpenMPI plus rank 0's host from Azure ML,
     # PyTorch's from Azure ML plus the node layout
     assert ('MASTER_ADDR="${AZ_BATCH_MASTER_NODE%%:*}"' in command) is (kind == "Mpi")

@@ -21,7 +21,7 @@ from ddlkit_azure.testing.azureml import BLOB_HOST, LoopbackWorkspace
 from ddlkit_azure.testing.loopback import LoopbackServer
 from ddlkit_azure.testing import Azurite
 
-from ddlkit.containers import default_image
+from ddlkit.compute.containers import default_image
 
 pytestmark = pytest.mark.slow
 
@@ -79,7 +79,7 @@ def test_a_training_run_end_to_end(azureml_workspace: LoopbackWorkspace, azurite
     (azureml_name,) = azureml_workspace.jobs
     assert job["jobType"] == "Command" and job["experimentName"] == "ddlkit"
     assert job["resources"]["instanceCount"] == 1 and not job.get("distribution")
-    assert job["command"].endswith("exec python -m ddlkit.worker job.json")
+    assert job["command"].endswith("exec python -m ddlkit.rank.worker job.json")
     assert job["computeId"].endswith("/workspaces/ws-ddlkit/computes/gpu-cluster")
     assert job["outputs"]["job_dir"] == {"jobOutputType": "uri_folder", "mode": "ReadWriteMount",
                                          "uri": f"azureml://datastores/workspaceblobstore/paths/ddlkit/{name}/"}

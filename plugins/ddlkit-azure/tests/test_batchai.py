@@ -304,7 +304,7 @@ def test_down_deletes_only_what_ddlkit_created(batchai: BatchAILoopback, ssh_key
 
 
 def test_composing_imports_no_azure_sdk(batchai: BatchAILoopback, ssh_key: Path, tmp_path: Path) -> None:
-    code = ("import sys; from ddlkit.cli import main; main(sys.argv[1:]); "
+    code = ("import sys; from ddlkit.launch.cli import main; main(sys.argv[1:]); "
             "print('AZURE', sorted(m for m in sys.modules if m.startswith(('azure', 'msrest'))))")
     proc = subprocess.run([sys.executable, "-c", code, "--cfg", "job", *cli_args(batchai, ssh_key)],
                           capture_output=True, text=True, cwd=tmp_path, timeout=120, check=False)
@@ -320,7 +320,7 @@ def test_compute_down_on_a_target_that_keeps_nothing(run_factory: RunFactory) ->
 @pytest.mark.slow
 def test_staging_copies_the_dataset_once(batchai: BatchAILoopback, ssh_key: Path, blob_container: str,
                                          tmp_path: Path) -> None:
-    from ddlkit.data_cli import upload
+    from ddlkit.launch.data_cli import upload
 
     data = tmp_path / "tiny"
     for cls in ("a", "b"):

@@ -22,9 +22,9 @@ from ddlkit import ConfigError, RunError, StorageBackend
 from ddlkit.builtin import transfer
 from ddlkit.builtin.manifest import Manifest, build_manifest
 from ddlkit.builtin.transfer import TransientStorageError, open_storage
-from ddlkit.cli import main
-from ddlkit.engine import job_name
 from ddlkit.jobdir import EXIT_PREEMPTED
+from ddlkit.launch.cli import main
+from ddlkit.launch.engine import job_name
 from ddlkit.testing import FAKES_MODULE, RunFactory, add_plugin, interruptible
 from ddlkit.testing.contracts import StorageBackendContract
 from ddlkit.testing.images import ImageDataset, make_image_dataset

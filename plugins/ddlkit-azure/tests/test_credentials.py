@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from ddlkit import ConfigError
-from ddlkit.secrets import split_secrets
+from ddlkit.redact import split_secrets
 from ddlkit_azure.credentials import Auth, check_tls, resolve
 from ddlkit_azure.storage import AzureBlobConfig
 

@@ -26,7 +26,7 @@ def test_plugin_modules_import_neither_tensorflow_nor_keras(tmp_path: Path) -> N
 
 
 def test_composing_a_keras_run_imports_no_tensorflow(tmp_path: Path) -> None:
-    proc = python("-c", "import sys\nfrom ddlkit.cli import main\ncode = main(['framework=keras', '--cfg', 'job'])\n"
+    proc = python("-c", "import sys\nfrom ddlkit.launch.cli import main\ncode = main(['framework=keras', '--cfg', 'job'])\n"
                   "print('TF' if 'tensorflow' in sys.modules or 'keras' in sys.modules else 'NOTF', code)",
                   cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
@@ -35,7 +35,7 @@ def test_composing_a_keras_run_imports_no_tensorflow(tmp_path: Path) -> None:
 
 
 def test_without_ddlkit_tensorflow_choosing_keras_says_what_to_install(tmp_path: Path) -> None:
-    proc = python("-c", "import sys; sys.modules['ddlkit_tensorflow'] = None\nfrom ddlkit.cli import main\n"
+    proc = python("-c", "import sys; sys.modules['ddlkit_tensorflow'] = None\nfrom ddlkit.launch.cli import main\n"
                   "sys.exit(main(['framework=keras', '--cfg', 'job']))", cwd=tmp_path)
     assert proc.returncode == 2
     assert "unknown framework 'keras'" in proc.stderr

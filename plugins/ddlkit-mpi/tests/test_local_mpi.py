@@ -304,7 +304,7 @@ def _rank_process(job_dir: Path, module: str, rank: int) -> int | None:
 @pytest.mark.parametrize(("module", "sig", "headline"), [
     ("ddlkit_mpi.rank", signal.SIGKILL, "rank 1 was killed by signal SIGKILL first; rank 0 (node 0) failed waiting "
                                         "for it, with exit status 1; last lines of "),
-    ("ddlkit.worker", signal.SIGSTOP, "rank 1 stopped answering first; rank 0 (node 0) failed waiting for it, with "
+    ("ddlkit.rank.worker", signal.SIGSTOP, "rank 1 stopped answering first; rank 0 (node 0) failed waiting for it, with "
                                       "exit status 1; last lines of "),
 ], ids=["wrapper-killed", "worker-stopped"])
 def test_the_headline_names_the_rank_that_failed_first_not_the_one_that_waited(

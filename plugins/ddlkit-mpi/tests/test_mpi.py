@@ -311,7 +311,7 @@ def test_ddlkit_plan_prints_the_mpirun_command(run_factory: RunFactory, tmp_path
     runs = next(line for line in out.stdout.splitlines() if line.strip().startswith("runs: "))
     command = shlex.split(runs.split("runs: ", 1)[1])
     assert command[:5] == ["no-such-mpirun", "-np", "4", "-H", "node1:2,node2:2"]
-    assert command[-5:] == ["--", sys.executable, "-m", "ddlkit.worker", "job.json"]
+    assert command[-5:] == ["--", sys.executable, "-m", "ddlkit.rank.worker", "job.json"]
     assert "compute=mpi, world size 4" in out.stdout
 
 

@@ -84,7 +84,7 @@ def test_batch_script_has_the_options_and_no_secret(tmp_path: Path) -> None:
                  "--exclusive", "--reservation=demo", "--signal=B:USR1@300", "--requeue", "--job-name=job-1"):
         assert f"#SBATCH {line}\n" in text, line
     assert "srun --kill-on-bad-exit=1 --ntasks=8 /opt/py/bin/python -m ddlkit_slurm.rank -- /opt/py/bin/python " \
-           "-m ddlkit.worker job.json" in text
+           "-m ddlkit.rank.worker job.json" in text
     assert "max_requeues=2" in text and "DDLKIT_SECRET_KEY" in text and "hunter2" not in text
     assert target.world_size == 8
     assert not (tmp_path / "never").exists()
@@ -123,7 +123,7 @@ def test_plan_prints_the_batch_script(run_factory: RunFactory) -> None:
     assert "#!/bin/bash" in outcome.stdout
     assert "#SBATCH --partition=batch" in outcome.stdout and "#SBATCH --time=10:00" in outcome.stdout
     assert "#SBATCH --ntasks-per-node=2" in outcome.stdout and "sbatch --parsable" in outcome.stdout
-    assert "srun" in outcome.stdout and "ddlkit.worker job.json" in outcome.stdout
+    assert "srun" in outcome.stdout and "ddlkit.rank.worker job.json" in outcome.stdout
 
 
 # ---------------------------------------------------------------------------- the contract

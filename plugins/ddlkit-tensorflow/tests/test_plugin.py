@@ -29,7 +29,7 @@ def test_plugin_modules_import_neither_tensorflow_nor_keras(tmp_path: Path) -> N
 
 
 def test_composing_a_tensorflow_run_imports_no_tensorflow(tmp_path: Path) -> None:
-    proc = python("import sys\nfrom ddlkit.cli import main\n"
+    proc = python("import sys\nfrom ddlkit.launch.cli import main\n"
                   "code = main(['framework=tensorflow', 'framework.xla=true', '--cfg', 'job'])\n"
                   "print('TF' if 'tensorflow' in sys.modules else 'NOTF', code)", tmp_path)
     assert proc.returncode == 0, proc.stderr

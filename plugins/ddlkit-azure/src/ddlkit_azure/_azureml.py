@@ -45,7 +45,7 @@ import ddlkit
 from ddlkit.interfaces import JobHandle, JobSpec, JobState, JobStatus
 from ddlkit.jobdir import (CONFIG_FILE, ENVIRONMENT_FILE, EXIT_COMPLETED, EXIT_FAILED, EXIT_PREEMPTED, JOB_FILE,
                            OVERRIDES_FILE, STATE_DIR, rank_log)
-from ddlkit.secrets import REDACTED, scrub
+from ddlkit.redact import REDACTED, scrub
 
 from .arm import SIGN_IN, management_credential
 
@@ -328,7 +328,7 @@ class AzureMLJob(JobHandle):
         if details.status == "Canceled":
             # Azure ML keeps no exit status for a cancelled job: the worker's own last words say
             # whether it stopped after a checkpoint (the resume hint then applies)
-            code = EXIT_PREEMPTED if ", resumable" in tail else code  # ddlkit.worker: "...; <what>, resumable"
+            code = EXIT_PREEMPTED if ", resumable" in tail else code  # ddlkit.rank.worker: "...; <what>, resumable"
             return JobStatus(JobState.CANCELLED, code, f"Azure ML job {self.id} was cancelled; {self._tail_text(tail)}")
         return JobStatus(JobState.FAILED, code if code is not None else EXIT_FAILED,
                          f"Azure ML job {self.id} failed: {scrub(error, self._secrets) or 'no reason given'}; "

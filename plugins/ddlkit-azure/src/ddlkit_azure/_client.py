@@ -25,7 +25,7 @@ from azure.storage.blob import BlobServiceClient, ContainerClient, ContentSettin
 
 from ddlkit import ConfigError, RunError
 from ddlkit.builtin.transfer import TransientStorageError
-from ddlkit.secrets import scrub
+from ddlkit.redact import scrub
 
 from .credentials import Auth, Credential, check_tls
 

@@ -5,7 +5,7 @@ What a job is there (the request ``ddlkit plan compute=azureml ...`` prints):
 * **code**: the job directory's own files (``job.json`` and the config copies), uploaded by the
   SDK to the workspace's default datastore as an anonymous code asset;
 * **environment**: ``compute.image``, by default ddlkit's image for the framework at ddlkit's
-  version (:func:`ddlkit.containers.default_image`);
+  version (:func:`ddlkit.compute.containers.default_image`);
 * **resources**: ``instance_count = compute.nodes`` on ``compute.cluster``; the **distribution**
   starts ``compute.procs_per_node`` processes per node: ``PyTorchDistribution`` for
   ``framework=pytorch dist=native`` (Azure ML sets ``MASTER_ADDR``, ``MASTER_PORT``, ``RANK``,
@@ -143,7 +143,7 @@ class AzureMLTarget(ddlkit.ComputeTarget):
     def image(self) -> str:
         if self.cfg.image:
             return str(self.cfg.image)
-        from ddlkit.containers import default_image
+        from ddlkit.compute.containers import default_image
 
         return default_image(str(self.cfg.framework), gpu=bool(self.cfg.gpu))
 

@@ -17,7 +17,7 @@ What a job does, in order (:mod:`ddlkit_azure.batchai_client` sends the requests
 3. the job directory goes to the Azure Files share the cluster mounts (the job's input
    directory ``JOB``); the job's preparation step copies it into the job's output directory
    ``JOB``, where every rank runs: the service's ``mpirun`` (custom MPI settings, with the host
-   file it provides) starts ``python -m ddlkit_mpi.rank ... -- python -m ddlkit.worker job.json``
+   file it provides) starts ``python -m ddlkit_mpi.rank ... -- python -m ddlkit.rank.worker job.json``
    on every rank of ``nodes x procs_per_node``, in the framework's image;
 4. the handle follows the job (``GET`` at ``compute.poll_interval_s``), streams ``stdout.txt``
    from the ``stdouterr`` output directory (``listOutputFiles``, then the file's download URL),
@@ -43,7 +43,7 @@ from omegaconf import MISSING
 
 import ddlkit
 from ddlkit.atomic import write_text
-from ddlkit.containers import DEFAULT_REGISTRY, default_image
+from ddlkit.compute.containers import DEFAULT_REGISTRY, default_image
 from ddlkit.interfaces import JobHandle, JobSpec, JobState, JobStatus
 from ddlkit.jobdir import CANCEL_FILE, STATE_DIR
 from ddlkit.options import MASTER_PORT, POSITIVE, POSITIVE_INTEGER, checked

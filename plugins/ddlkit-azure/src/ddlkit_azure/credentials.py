@@ -13,7 +13,7 @@ The account comes from ``storage.account_url``, ``$AZURE_STORAGE_ACCOUNT_URL``,
 ``$AZURE_STORAGE_ACCOUNT`` (``https://<name>.blob.core.windows.net``) or the connection string.
 An account URL that carries a SAS in its query string (``https://<name>.blob.core.windows.net?sv=...&sig=...``)
 is split: the SAS is used as the SAS token (after one from a file or the environment), and ddlkit
-redacts it from every copy of the config (see :mod:`ddlkit.secrets`).
+redacts it from every copy of the config (see :mod:`ddlkit.redact`).
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
 
 from ddlkit import ConfigError
-from ddlkit.secrets import has_credentials
+from ddlkit.redact import has_credentials
 
 SAS_ENV = "AZURE_STORAGE_SAS_TOKEN"
 CONNECTION_STRING_ENV = "AZURE_STORAGE_CONNECTION_STRING"

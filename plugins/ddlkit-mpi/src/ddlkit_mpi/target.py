@@ -7,7 +7,7 @@
 
 Both are one implementation (:class:`MpirunTarget`, :class:`MpiJob`); they differ in where the
 ranks go and how the node layout is learnt. ``mpirun`` runs under ddlkit's process minder
-(:class:`ddlkit.jobs.process.ProcessJob`) in the job directory, its output in ``mpirun.log``; every
+(:class:`ddlkit.compute.process.ProcessJob`) in the job directory, its output in ``mpirun.log``; every
 rank runs ``python -m ddlkit_mpi.rank --job-dir . ...`` (see :mod:`ddlkit_mpi.rank`) around the
 worker command, which writes ``rank-N.log`` and an exit record per rank, from which the handle
 names the rank that failed first. The guarantees:
@@ -45,9 +45,9 @@ from typing import Any, ClassVar
 
 import ddlkit
 from ddlkit.atomic import write_json, write_text
+from ddlkit.compute.process import ProcessJob, describe_exit, kill_session, log_tail, processes
 from ddlkit.interfaces import JobHandle, JobSpec, JobState, JobStatus
 from ddlkit.jobdir import CANCEL_FILE, RANKS_DIR, STATE_DIR
-from ddlkit.jobs.process import ProcessJob, describe_exit, kill_session, log_tail, processes
 from ddlkit.options import MASTER_PORT, NON_NEGATIVE, POSITIVE_INTEGER, checked
 
 from .hosts import Host, discover
@@ -123,7 +123,7 @@ def _cmdline(pid: int) -> list[str]:
 
 
 # ---------------------------------------------------------------------------- the job
-#: a rank's error when a peer it waited for in a collective stopped answering or left (ddlkit.distributed)
+#: a rank's error when a peer it waited for in a collective stopped answering or left (ddlkit.rank.distributed)
 _PEER_FAILED = re.compile(r"RunError: rank (\d+) (did not reach|left the job)")
 #: OpenMPI's account of a rank it saw end by a signal
 _MPIRUN_NOTICED = re.compile(r"mpirun noticed that process rank (\d+) .* exited on signal (\d+)")

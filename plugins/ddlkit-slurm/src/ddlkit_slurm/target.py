@@ -8,7 +8,7 @@ environment (``spec.env``) and its secrets (``spec.secret_env``) travel in sbatc
 
 * sets ``MASTER_ADDR`` (the allocation's first node), ``MASTER_PORT`` (from the job id) and
   ddlkit's control-plane address, then starts the ranks with ``srun python -m ddlkit_slurm.rank --
-  python -m ddlkit.worker job.json`` (see :mod:`ddlkit_slurm.rank`);
+  python -m ddlkit.rank.worker job.json`` (see :mod:`ddlkit_slurm.rank`);
 * asks Slurm for a warning signal before the time limit (``--signal=B:USR1@signal_before_s``);
   on it the ranks get SIGTERM, checkpoint and exit with ``ddlkit.jobdir.EXIT_PREEMPTED``, and the
   script re-queues the job (``scontrol requeue``) up to ``max_requeues`` times: the re-run
@@ -44,9 +44,9 @@ from typing import Any
 
 import ddlkit
 from ddlkit.atomic import write_text
+from ddlkit.compute.process import LogFollower, log_tail
 from ddlkit.interfaces import JobHandle, JobSpec, JobState, JobStatus
 from ddlkit.jobdir import CANCEL_FILE, EXIT_CONFIG_ERROR, EXIT_PREEMPTED, RANKS_DIR, STATE_DIR
-from ddlkit.jobs.process import LogFollower, log_tail
 from ddlkit.options import NON_NEGATIVE, POSITIVE, POSITIVE_INTEGER, checked
 
 #: the batch script, written into the job directory

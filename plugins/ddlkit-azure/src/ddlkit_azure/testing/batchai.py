@@ -54,7 +54,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from ddlkit.jobs.process import kill_session
+from ddlkit.compute.process import kill_session
 
 from .loopback import LoopbackServer, Request, Response, error_body
 

@@ -1,4 +1,4 @@
-"""The rank side: ``python -m ddlkit.worker job.json``, in the job directory.
+"""The rank side: ``python -m ddlkit.rank.worker job.json``, in the job directory.
 
 Every rank of every compute target runs this on the same resolved job file. The job directory
 is the one that holds the job file, wherever it was copied or mounted: the file names no path
@@ -21,15 +21,15 @@ import traceback
 from pathlib import Path
 from typing import TextIO
 
-from . import secrets as secret_store
-from .atomic import LockHeld, hold_lock
-from .checkpoint import resolve_resume
-from .config import rebuild
+from .. import redact as secret_store
+from ..atomic import LockHeld, hold_lock
+from ..checkpoint import resolve_resume
+from ..config import rebuild
+from ..errors import ConfigError, DdlkitError, RunError, exit_code_for
+from ..jobdir import EXIT_COMPLETED, EXIT_CONFIG_ERROR, EXIT_FAILED, EXIT_PREEMPTED, LOCK_FILE
+from ..plugins import get_plugin_manager
+from ..registry import Registry
 from .distributed import DistContext
-from .errors import ConfigError, DdlkitError, RunError, exit_code_for
-from .jobdir import EXIT_COMPLETED, EXIT_CONFIG_ERROR, EXIT_FAILED, EXIT_PREEMPTED, LOCK_FILE
-from .plugins import get_plugin_manager
-from .registry import Registry
 from .run import Preempted, Run, report_phase, stop_at_once
 
 
@@ -42,7 +42,7 @@ def load_job(job_file: Path) -> dict:
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if len(argv) != 1:
-        print("usage: python -m ddlkit.worker JOBFILE", file=sys.stderr)
+        print("usage: python -m ddlkit.rank.worker JOBFILE", file=sys.stderr)
         return EXIT_CONFIG_ERROR
     try:
         job = load_job(Path(argv[0]))
@@ -159,7 +159,7 @@ def _leave(dist: DistContext, ended_together: bool) -> None:
 
 
 def run_process() -> None:
-    """``python -m ddlkit.worker``: run, then leave without the interpreter's teardown.
+    """``python -m ddlkit.rank.worker``: run, then leave without the interpreter's teardown.
 
     Everything a job keeps is written and closed by then (checkpoints, result.json, loggers,
     uploads). What remains is freeing the interpreter: with PyTorch or TensorFlow loaded that

@@ -45,9 +45,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .errors import ConfigError, RunError
+from ..errors import ConfigError, RunError
 
-BACKENDS = ("none", "native", "horovod")
 #: ``host:port`` where rank 0 listens for the other ranks' control connections
 CONTROL_ADDR_ENV = "DDLKIT_CONTROL_ADDR"
 #: set by launchers that know (or simulate) the node layout; they win over the MPI/torchrun values

@@ -1,7 +1,7 @@
 """Jobs whose processes run on this machine: :class:`ProcessJob`, for targets such as
 ``compute=local`` (the worker) and ``compute=local_mpi`` / ``compute=mpi`` (``mpirun``).
 
-The command runs under a small minder (:mod:`ddlkit.jobs._minder`) in a session of its own,
+The command runs under a small minder (:mod:`ddlkit.compute._minder`) in a session of its own,
 with the job directory as its working directory. The command writes its output to a log file
 in the job directory and the minder writes its exit code next to it, so any process -- the
 launcher that started it, ``ddlkit jobs`` in another shell, a re-run sweep -- can follow, judge

@@ -6,9 +6,9 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from ..config import SweepConfig
-from ..errors import ConfigError
-from ..result import HEADLINE, LEDGER, MAXIMIZE, MINIMIZE
+from ...config import SweepConfig
+from ...errors import ConfigError
+from ...result import HEADLINE, LEDGER, MAXIMIZE, MINIMIZE
 
 #: report sort keys -> whether larger is better (sorted first): the report's result columns, by
 #: name, and how long a job ran

@@ -1,4 +1,5 @@
-"""Hydra's and OmegaConf's errors about a command line, told as ddlkit tells every mistake.
+"""The user's config as the launcher composed it: its shape checked (:func:`check_composed`), and
+Hydra's and OmegaConf's errors about a command line told as ddlkit tells every mistake.
 
 Hydra reports a bad override in six to fourteen lines (its message, OmegaConf's, the key and the
 schema's class, a hint to set ``HYDRA_FULL_ERROR``) and suggests ``+key=value`` for a typo, which
@@ -13,14 +14,20 @@ the problem and the fix, as a :class:`~ddlkit.errors.ConfigError` (exit status 2
 
 from __future__ import annotations
 
+import dataclasses
+import difflib
 import re
 from collections.abc import Iterator
 from typing import Any
 
-from .config import unknown_key_message, yaml_error_line
-from .errors import ConfigError, DdlkitError
-from .registry import HOOK_POINTS
+from omegaconf import DictConfig, OmegaConf, open_dict, read_write
 
+from ..config import CORE_SCHEMAS, named_schema, yaml_error_line
+from ..errors import ConfigError, DdlkitError
+from ..registry import HOOK_POINTS, Registry
+
+#: how an unknown key that only ``+key=value`` can have put in the config is named
+_ADDED = " (`+` cannot add an option)"
 #: the pip package of each of Hydra's sweeper and launcher plugins, by option
 HYDRA_PLUGIN_PACKAGES: dict[str, dict[str, str]] = {
     "hydra/sweeper": {"optuna": "hydra-optuna-sweeper", "ax": "hydra-ax-sweeper",
@@ -49,7 +56,7 @@ def explain(err: BaseException) -> DdlkitError | None:
             return ConfigError(f"{where} is not valid YAML: {yaml_error_line(link)}. Fix the file, or leave out "
                                "what selects it.")
     if isinstance(err, ValueError) and str(err).startswith("Config group override"):
-        # the CLI names the override (ddlkit.cli.check_names); this is for a group it did not know of
+        # the CLI names the override (ddlkit.launch.cli.check_names); this is for a group it did not know of
         return ConfigError(f"a config group's option is chosen by name ({_first_line(str(err)).split(':')[0]}): give "
                            "its name, quoted if it reads as a number or null (group='0').")
     if isinstance(err, OverrideParseException):
@@ -147,3 +154,103 @@ def _bad_key_or_value(message: str, cause: Any) -> ConfigError:
         return ConfigError(f"`{given}` is invalid: {key} cannot be null. Give it a value{example}.")
     return ConfigError(f"`{given}` is invalid: {reason.rstrip('.')}.")
 
+
+def check_composed(cfg: DictConfig, registry: Registry) -> None:
+    """Check the composed config's shape before its values: every component names a registered
+    plugin, a preset that names its plugin only by ``name: local_mpi`` gets that plugin's schema
+    (so its keys and types are checked as an option's are), and no key is one that no schema
+    declares -- ``+trainer.batchsize=8`` opens the config for the typo, and nothing would read it."""
+    for group, hp in HOOK_POINTS.items():
+        components = cfg.get(group)
+        if not isinstance(components, DictConfig):
+            continue
+        for key in list(components) if hp.multi else [None]:
+            node = components[key] if key is not None else components
+            if isinstance(node, DictConfig) and OmegaConf.get_type(node) is dict:
+                typed = _typed_preset(registry, f"{group}.{key}" if key else group, group, node)
+                with read_write(cfg), open_dict(cfg), open_dict(components):
+                    if key is None:
+                        cfg[group] = typed
+                    else:
+                        components[key] = typed
+    for path, node in _typed_nodes(cfg, ""):
+        declared = {f.name for f in dataclasses.fields(OmegaConf.get_type(node))}
+        for extra in (k for k in node if k not in declared):
+            raise ConfigError(unknown_key_message(cfg, f"{path}.{extra}", _ADDED))
+    for extra in (k for k in cfg if k not in HOOK_POINTS and k not in CORE_SCHEMAS):
+        raise ConfigError(unknown_key_message(cfg, str(extra), _ADDED))
+
+
+def _typed_preset(registry: Registry, where: str, group: str, node: DictConfig) -> DictConfig:
+    """A preset composed without its plugin's schema (``name: local_mpi``, no defaults list),
+    merged onto that schema: its keys and values are checked as an option's are."""
+    from omegaconf.errors import OmegaConfBaseException
+
+    name = node.get("name")
+    if not isinstance(name, str):
+        raise ConfigError(f"the {where} preset does not say which {HOOK_POINTS[group].noun} it configures: give it "
+                          f"a defaults list naming one ({', '.join(registry.names(group))}), or `name: <one of them>`.")
+    schema = OmegaConf.structured(named_schema(registry.get(group, name).config, name))
+    # rooted at the preset's place, so that messages name the keys as the user would write them
+    rooted = OmegaConf.create()
+    OmegaConf.update(rooted, where, schema, force_add=True)
+    for key in node:
+        if key not in schema:
+            raise ConfigError(unknown_key_message(rooted, f"{where}.{key}"))
+    try:
+        OmegaConf.update(rooted, where, node, merge=True)
+    except OmegaConfBaseException as err:
+        raise explain(err) or ConfigError(str(err)) from None
+    return OmegaConf.select(rooted, where)
+
+
+def _typed_nodes(node: DictConfig, path: str) -> Iterator[tuple[str, DictConfig]]:
+    """Every dict node typed by a dataclass, below ``node`` (at ``path``)."""
+    for key, value in node.items_ex(resolve=False):
+        if isinstance(value, DictConfig) and not value._is_none() and not value._is_missing():
+            here = f"{path}.{key}" if path else str(key)
+            if dataclasses.is_dataclass(OmegaConf.get_type(value)):
+                yield here, value
+            yield from _typed_nodes(value, here)
+
+
+def _keys(node: DictConfig, path: str = "") -> Iterator[str]:
+    for key, value in node.items_ex(resolve=False):
+        here = f"{path}.{key}" if path else str(key)
+        if here == "hydra":
+            continue
+        yield here
+        if isinstance(value, DictConfig) and not value._is_none() and not value._is_missing():
+            yield from _keys(value, here)
+
+
+def closest_key(root: DictConfig | None, key: str) -> tuple[str | None, list[str]]:
+    """The valid key nearest to ``key`` in the config ``root`` -- the same last part elsewhere
+    (``trainer.decay_epochs``: ``optimizer.decay_epochs``), else the closest option of the same
+    parent, else the closest key anywhere -- and the parent's options."""
+    if root is None:
+        return None, []
+    parent, _, last = key.rpartition(".")
+    node = OmegaConf.select(root, parent, default=None) if parent else root
+    options = sorted(str(k) for k in node if str(k) not in (last, "hydra")) if isinstance(node, DictConfig) else []
+    keys = [k for k in _keys(root) if k != key]
+    elsewhere = [k for k in keys if k.rpartition(".")[2] == last]
+    if elsewhere:
+        return elsewhere[0], options
+    near = difflib.get_close_matches(last, options, n=1, cutoff=0.6)
+    if near:
+        return f"{parent}.{near[0]}" if parent else near[0], options
+    near = difflib.get_close_matches(key, keys, n=1, cutoff=0.75)
+    return (near[0] if near else None), options
+
+
+def unknown_key_message(root: DictConfig | None, key: str, note: str = "") -> str:
+    """``unknown key `trainer.batchsize`: trainer has no option batchsize. Did you mean
+    `trainer.batch_size`?``, or the parent's options when no key is close."""
+    parent, _, last = key.rpartition(".")
+    where = f"{parent} has no option {last}" if parent else f"there is no config group or key {last}"
+    suggestion, options = closest_key(root, key)
+    if suggestion:
+        return f"unknown key `{key}`{note}: {where}. Did you mean `{suggestion}`?"
+    listed = f" Its options: {', '.join(options)}." if options else ""
+    return f"unknown key `{key}`{note}: {where}.{listed}"

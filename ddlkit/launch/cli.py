@@ -17,10 +17,10 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, NoReturn
 
-from . import secrets as secret_store
+from .. import redact as secret_store
+from ..errors import ConfigError, DdlkitError, RunError, UnknownNameError, exit_code_for
+from ..registry import HOOK_POINTS, Registry
 from .commandline import launch_args
-from .errors import ConfigError, DdlkitError, RunError, UnknownNameError, exit_code_for
-from .registry import HOOK_POINTS, Registry
 from .sweep.plan import plan_main
 
 #: ``ddlkit --detach OVERRIDES``: submit the job, print its name, and return without waiting
@@ -108,7 +108,7 @@ def check_names(command: HydraCommand, registry: Registry) -> None:
     from hydra.core.override_parser.overrides_parser import OverridesParser
     from omegaconf import OmegaConf
 
-    from .config import CONF_DIR
+    from ..config import CONF_DIR
     from .hydra_errors import EXPERIMENT_PLACES
 
     chosen: dict[str, list[str]] = {}
@@ -255,9 +255,9 @@ def _run_main(argv: list[str]) -> int:
     from hydra.errors import HydraException
     from omegaconf.errors import OmegaConfBaseException
 
+    from ..config import store_schemas
+    from ..plugins import get_plugin_manager
     from . import engine
-    from .config import store_schemas
-    from .plugins import get_plugin_manager
 
     from .hydra_errors import explain
 
@@ -301,7 +301,7 @@ def _run_main(argv: list[str]) -> int:
     sweep = DdlkitSweep(registry, pm)
     setattr(task, SWEEP_ATTR, sweep)
 
-    app = hydra.main(config_path="conf", config_name="config", version_base="1.3")(task)
+    app = hydra.main(config_path="../conf", config_name="config", version_base="1.3")(task)
     saved_argv, full_error = sys.argv, os.environ.get(FULL_ERROR_ENV)
     sys.argv = ["ddlkit", *argv]
     # Hydra then raises its errors instead of printing them in several lines; ddlkit tells them in one
@@ -368,7 +368,7 @@ def plugins_main(argv: list[str]) -> int:
     from rich.console import Console
     from rich.table import Table
 
-    from .plugins import get_plugin_manager
+    from ..plugins import get_plugin_manager
 
     try:
         pm = get_plugin_manager()
@@ -405,21 +405,21 @@ def plugins_main(argv: list[str]) -> int:
 
 
 def data_main(argv: list[str]) -> int:
-    """``ddlkit data prepare|manifest|upload``: see :mod:`ddlkit.data_cli`."""
+    """``ddlkit data prepare|manifest|upload``: see :mod:`ddlkit.launch.data_cli`."""
     from .data_cli import main
 
     return main(argv)
 
 
 def jobs_main(argv: list[str]) -> int:
-    """``ddlkit jobs list|status|logs|attach|cancel``: see :mod:`ddlkit.jobs.cli`."""
+    """``ddlkit jobs list|status|logs|attach|cancel``: see :mod:`ddlkit.launch.jobs.cli`."""
     from .jobs.cli import main
 
     return main(argv)
 
 
 def compute_main(argv: list[str]) -> int:
-    """``ddlkit compute down [--yes] OVERRIDES``: see :mod:`ddlkit.compute_cli`."""
+    """``ddlkit compute down [--yes] OVERRIDES``: see :mod:`ddlkit.launch.compute_cli`."""
     from .compute_cli import main
 
     return main(argv)

@@ -25,13 +25,13 @@ from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ..atomic import write_json
-from ..errors import ConfigError
-from ..interfaces import JobHandle, JobStatus
-from ..jobdir import JOB_FILE, SUBMISSION_FILE
+from ...atomic import write_json
+from ...errors import ConfigError
+from ...interfaces import JobHandle, JobStatus
+from ...jobdir import JOB_FILE, SUBMISSION_FILE
 
 if TYPE_CHECKING:
-    from ..registry import Registry
+    from ...registry import Registry
 
 STATE_DIR_ENV = "DDLKIT_STATE_DIR"
 
@@ -92,7 +92,7 @@ class Submission:
 
     def handle(self, registry: Registry) -> JobHandle:
         """Rebuild the job's compute target from its job file, and attach to the job."""
-        from ..config import rebuild
+        from ...config import rebuild
 
         try:
             config = json.loads((Path(self.job_dir) / JOB_FILE).read_text(encoding="utf-8"))["config"]

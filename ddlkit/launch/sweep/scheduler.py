@@ -6,7 +6,7 @@ status at that job's own pace (its compute target's ``status_interval_s``: a loc
 answers at once, a cluster's API is rate-limited), starts the next job as soon as one ends, and
 applies the failure policy. It reads no logs: a target keeps each job's output itself. Because it uses only ``status``,
 ``logs``, ``cancel`` and ``wait``, any compute target's jobs can be scheduled, and so can the
-forked tasks of a plain Hydra app (:mod:`ddlkit.sweep.forked`).
+forked tasks of a plain Hydra app (:mod:`ddlkit.launch.sweep.forked`).
 """
 
 from __future__ import annotations
@@ -16,8 +16,8 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from ..errors import DdlkitError
-from ..interfaces import JobHandle, JobState, JobStatus
+from ...errors import DdlkitError
+from ...interfaces import JobHandle, JobState, JobStatus
 from .settings import FailurePolicy
 
 #: outcome states; "pending" = never started (yet), "interrupted" = cancelled because the launcher was interrupted

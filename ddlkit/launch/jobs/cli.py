@@ -21,16 +21,16 @@ import time
 from pathlib import Path
 from typing import TextIO
 
-from ..errors import ConfigError, DdlkitError, exit_code_for
-from ..interfaces import JobHandle, JobStatus
-from ..jobdir import JOB_FILE, RESULT_FILE
-from ..result import STATUS
+from ...errors import ConfigError, DdlkitError, exit_code_for
+from ...interfaces import JobHandle, JobStatus
+from ...jobdir import JOB_FILE, RESULT_FILE
+from ...result import STATUS
 from . import index
 
 
 def _handle(sub: index.Submission) -> JobHandle:
-    from ..plugins import get_plugin_manager
-    from ..registry import Registry
+    from ...plugins import get_plugin_manager
+    from ...registry import Registry
 
     return sub.handle(Registry.collect(get_plugin_manager()))
 
@@ -38,7 +38,7 @@ def _handle(sub: index.Submission) -> JobHandle:
 def _elsewhere(sub: index.Submission, handle: JobHandle) -> bool:
     """Whether the job's processes run on another machine (compute=local or local_mpi, submitted
     there): only that machine's processes tell its state, this host can say nothing of it."""
-    from .process import ProcessJob
+    from ...compute.process import ProcessJob
 
     return isinstance(handle, ProcessJob) and bool(sub.host) and sub.host != socket.gethostname()
 

@@ -15,8 +15,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..atomic import atomic_path, write_text
-from ..result import HEADLINE
+from ...atomic import atomic_path, write_text
+from ...result import HEADLINE
 from .ledger import JobRecord, Ledger
 from .settings import SORT_KEYS
 

@@ -39,7 +39,7 @@ _KILL_FOR_S = 30.0
 
 
 def _session_members(sid: int) -> list[int]:
-    """Live (not zombie) processes of session ``sid``, from /proc (as ddlkit.jobs.process reads
+    """Live (not zombie) processes of session ``sid``, from /proc (as ddlkit.compute.process reads
     them; the minder imports nothing from ddlkit)."""
     members = []
     for name in os.listdir("/proc"):

@@ -16,23 +16,11 @@ Pure Python so TensorFlow, Keras and PyTorch all call the same function (one cop
 from __future__ import annotations
 
 import bisect
-import enum
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-
-class LRScaling(enum.StrEnum):
-    """How the peak learning rate follows the global batch (``optimizer.scale_lr``)."""
-
-    #: lr x batch / reference: SGD's rule (Goyal et al., arXiv:1706.02677), which LARS keeps
-    linear = "linear"
-    #: lr x sqrt(batch / reference): the rule for adaptive optimizers -- derived for Adam and
-    #: RMSprop by Malladi et al., "On the SDEs and Scaling Rules for Adaptive Gradient
-    #: Algorithms" (NeurIPS 2022, arXiv:2205.10287); what LAMB's authors scale by (arXiv:1904.00962)
-    sqrt = "sqrt"
-    #: the rate as given, whatever the batch
-    none = "none"
+from ..optim import LRScaling
 
 
 @dataclass(frozen=True)

@@ -13,8 +13,8 @@ import sys
 from collections.abc import Sequence
 from typing import TextIO
 
-from . import secrets as secret_store
-from .errors import ConfigError, DdlkitError, exit_code_for
+from .. import redact as secret_store
+from ..errors import ConfigError, DdlkitError, exit_code_for
 
 
 def _confirm(lines: Sequence[str], *, yes: bool, out: TextIO) -> bool:
@@ -34,10 +34,10 @@ def down(overrides: list[str], *, yes: bool, out: TextIO) -> int:
     from hydra.errors import HydraException
     from omegaconf.errors import OmegaConfBaseException
 
+    from ..config import store_schemas
+    from ..plugins import get_plugin_manager
+    from ..registry import Registry
     from . import engine
-    from .config import store_schemas
-    from .plugins import get_plugin_manager
-    from .registry import Registry
 
     pm = get_plugin_manager()
     registry = Registry.collect(pm)

@@ -22,9 +22,9 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-from ..atomic import write_json
-from ..errors import ConfigError
-from ..result import LEDGER
+from ...atomic import write_json
+from ...errors import ConfigError
+from ...result import LEDGER
 
 LEDGER_FILE = "ledger.json"
 JOURNAL_FILE = "ledger.journal.jsonl"
@@ -43,7 +43,7 @@ class JobRecord:
     #: the job's task overrides, as the sweeper expanded them (secrets redacted)
     overrides: list[str]
     job_dir: str
-    #: pending, running, completed, failed, cancelled or interrupted (see ddlkit.sweep.scheduler)
+    #: pending, running, completed, failed, cancelled or interrupted (see ddlkit.launch.sweep.scheduler)
     status: str = "pending"
     #: attempts so far, across resumes
     attempts: int = 0

@@ -2,21 +2,21 @@
 
 Design
 ------
-One scheduler (:class:`~ddlkit.sweep.scheduler.Scheduler`) keeps up to ``max_parallel`` jobs in
+One scheduler (:class:`~ddlkit.launch.sweep.scheduler.Scheduler`) keeps up to ``max_parallel`` jobs in
 flight through ddlkit's asynchronous compute contract -- ``start() -> JobHandle``; then
 ``status``, ``logs``, ``cancel``, ``wait`` -- starts the next job as soon as one ends (not batch
 by batch), and applies ``on_failure`` (keep-going, fail-fast, retry:N). What differs between
 the two kinds of Hydra task is only where a job's handle comes from:
 
 * **ddlkit's own task** (``ddlkit -m``): the CLI marks its task function with a
-  :class:`~ddlkit.sweep.jobs.DdlkitSweep`. Every job is composed and validated before any
+  :class:`~ddlkit.launch.sweep.jobs.DdlkitSweep`. Every job is composed and validated before any
   starts; each is then prepared exactly like a single run (``engine.prepare`` writes its job
   directory) and submitted to *its compute target* -- a child process for ``compute=local``,
   an ``mpirun`` or a remote cluster for other targets, unchanged, since only the contract is
   used. A ledger makes the sweep resumable, and a report (CSV, Markdown, PNG) ends it.
 * **any other Hydra task function** (Hydra's launcher conformance suites, a user's own app that
   selects ``hydra/launcher=ddlkit``): each job is Hydra's own ``run_job`` in a forked child
-  process (:class:`~ddlkit.sweep.forked.ForkedTaskHandle`), so it behaves as under Hydra's
+  process (:class:`~ddlkit.launch.sweep.forked.ForkedTaskHandle`), so it behaves as under Hydra's
   basic launcher -- output directories, logging, ``.hydra`` files, return values -- only with
   ``max_parallel`` jobs at once. Forking lets any task function run (closures included).
 
@@ -38,7 +38,7 @@ from typing import TYPE_CHECKING
 from hydra.core.utils import JobReturn, configure_log, filter_overrides, run_job, setup_globals
 from hydra.core.utils import JobStatus as TaskStatus
 
-from ..errors import ConfigError
+from ...errors import ConfigError
 from .compose import ComposedJob, compose_job
 from .forked import ForkedTaskHandle
 from .jobs import SWEEP_ATTR, DdlkitSweep, SweepError

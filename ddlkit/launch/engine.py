@@ -2,7 +2,7 @@
 
 Hydra runs only here. What the ranks get is the job directory -- one resolved job file (secrets
 redacted) that names no path of the launcher's -- plus the environment the job spec carries;
-:mod:`ddlkit.worker` trains from that file, wherever the directory is, and never re-enters Hydra.
+:mod:`ddlkit.rank.worker` trains from that file, wherever the directory is, and never re-enters Hydra.
 """
 
 from __future__ import annotations
@@ -27,24 +27,24 @@ from typing import TYPE_CHECKING, Any, TextIO
 from omegaconf import OmegaConf
 from omegaconf.errors import MissingMandatoryValue, OmegaConfBaseException
 
-from . import callbacks, monitor, options
-from . import secrets as secret_store
-from .atomic import write_json, write_text
-from .checkpoint import latest_checkpoint, resolve_resume
+from .. import callbacks, monitor, options
+from .. import redact as secret_store
+from ..atomic import write_json, write_text
+from ..checkpoint import latest_checkpoint, resolve_resume
+from ..config import check_one_global_batch, to_container
+from ..errors import ConfigError, DdlkitError, JobFailedError
+from ..interfaces import ComputeTarget, JobHandle, JobSpec, JobState, JobStatus
+from ..jobdir import (CONFIG_FILE, ENVIRONMENT_FILE, EXIT_CONFIG_ERROR, EXIT_PREEMPTED, JOB_FILE, OVERRIDES_FILE,
+                      RESULT_FILE)
+from ..registry import HOOK_POINTS, Registry
 from .commandline import job_command
-from .config import check_composed, to_container
-from .errors import ConfigError, DdlkitError, JobFailedError
-from .interfaces import ComputeTarget, JobHandle, JobSpec, JobState, JobStatus
-from .jobdir import (CONFIG_FILE, ENVIRONMENT_FILE, EXIT_CONFIG_ERROR, EXIT_PREEMPTED, JOB_FILE, OVERRIDES_FILE,
-                     RESULT_FILE)
+from .hydra_errors import check_composed
 from .jobs import index
-from .registry import HOOK_POINTS, Registry
-from .run import check_one_global_batch
 
 if TYPE_CHECKING:
     from omegaconf import DictConfig
 
-    from .plugins import DdlkitPluginManager
+    from ..plugins import DdlkitPluginManager
 
 #: what the launcher passes on to the ranks from its own environment: which plugins to load
 FORWARDED_ENV = ("DDLKIT_PLUGINS", "DDLKIT_DISABLE_PLUGINS", "DDLKIT_DISABLE_PLUGIN_AUTOLOAD", "DDLKIT_TRACE_PLUGINS")
@@ -60,7 +60,7 @@ class PreparedJob:
     config: dict[str, Any]
     overrides: tuple[str, ...] = ()
     #: what composed the job besides its overrides (``--config-dir``, ``hydra.searchpath``, ...):
-    #: see :func:`ddlkit.commandline.launch_args`
+    #: see :func:`ddlkit.launch.commandline.launch_args`
     launch: tuple[str, ...] = ()
 
     @property
@@ -325,7 +325,7 @@ def _stream(handle: JobHandle, out: TextIO, progress_bar: bool) -> None:
     if first is None:
         return
     if progress_bar:
-        from .builtin.console_logger import ProgressRenderer
+        from ..builtin.console_logger import ProgressRenderer
 
         with ProgressRenderer(out) as renderer:
             for chunk in itertools.chain([first], chunks):

@@ -17,7 +17,7 @@ from multiprocessing.connection import Connection, wait
 from hydra.core.utils import JobReturn
 from hydra.core.utils import JobStatus as TaskStatus
 
-from ..interfaces import JobHandle, JobState, JobStatus
+from ...interfaces import JobHandle, JobState, JobStatus
 
 
 class TaskError(RuntimeError):

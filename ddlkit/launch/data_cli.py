@@ -36,7 +36,7 @@ import time
 from pathlib import Path
 from typing import Protocol, runtime_checkable
 
-from .errors import ConfigError, DdlkitError, exit_code_for
+from ..errors import ConfigError, DdlkitError, exit_code_for
 
 _WNID = re.compile(r"^n\d{8}$")
 DEFAULT_WORKERS = 16
@@ -112,7 +112,7 @@ def _link(src: Path, dst: Path, copy: bool) -> bool:
 
 def prepare(out: Path, *, val_images: Path | None, val_labels: Path | None, synsets: Path | None,
             train: Path | None, copy: bool, workers: int) -> int:
-    from .builtin.imagefolder.index import is_image
+    from ..builtin.imagefolder.index import is_image
 
     out = Path(out)
     copied = linked = 0
@@ -143,8 +143,8 @@ def prepare(out: Path, *, val_images: Path | None, val_labels: Path | None, syns
 
 # ---------------------------------------------------------------------------- manifest, upload
 def write_manifest(root: Path, workers: int) -> int:
-    from .builtin.manifest import build_manifest, iter_files
-    from .builtin.transfer import Progress
+    from ..builtin.manifest import build_manifest, iter_files
+    from ..builtin.transfer import Progress
 
     root = Path(root)
     if not root.is_dir():
@@ -160,8 +160,8 @@ def write_manifest(root: Path, workers: int) -> int:
 
 
 def upload(src: Path, dest: str, *, workers: int) -> int:
-    from .builtin.manifest import MANIFEST_NAME, Manifest, build_manifest, sha256_file
-    from .builtin.transfer import Progress, open_storage, parallel, retry
+    from ..builtin.manifest import MANIFEST_NAME, Manifest, build_manifest, sha256_file
+    from ..builtin.transfer import Progress, open_storage, parallel, retry
 
     src = Path(src)
     if not src.is_dir():

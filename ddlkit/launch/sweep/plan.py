@@ -8,7 +8,7 @@ and the command that runs it alone.
 
 from __future__ import annotations
 
-from ..errors import ConfigError
+from ...errors import ConfigError
 
 _MULTIRUN_FLAGS = ("-m", "--multirun")
 

@@ -1,7 +1,7 @@
 """``ddlkit -m``: the sweep of ddlkit training jobs, run by the ddlkit launcher.
 
 The CLI attaches a :class:`DdlkitSweep` to its task function (attribute :data:`SWEEP_ATTR`);
-the launcher (:mod:`ddlkit.sweep.launch`) finds it there and hands it the sweep's jobs instead
+the launcher (:mod:`ddlkit.launch.sweep.launch`) finds it there and hands it the sweep's jobs instead
 of calling the task function once per job. Then:
 
 1. every job is composed and validated (``engine.validate``) before any starts: one bad value
@@ -37,16 +37,16 @@ from hydra.errors import CompactHydraException, HydraException
 from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
+from ... import redact as secret_store
+from ...atomic import LockHeld, hold_lock
+from ...errors import ConfigError, DdlkitError, exit_code_for
+from ...interfaces import ComputeTarget, JobHandle, JobSpec, JobState, JobStatus
+from ...jobdir import EXIT_PREEMPTED, RESULT_FILE, rank_log
+from ...result import HEADLINE
 from .. import engine
-from .. import secrets as secret_store
-from ..atomic import LockHeld, hold_lock
-from ..errors import ConfigError, DdlkitError, exit_code_for
-from ..interfaces import ComputeTarget, JobHandle, JobSpec, JobState, JobStatus
-from ..jobdir import EXIT_PREEMPTED, RESULT_FILE, rank_log
-from ..result import HEADLINE
-from . import SWEEP_JOB_ENV, SWEEP_NAME_ENV
 from ..commandline import job_command, launch_args, override
 from ..hydra_errors import explain
+from . import SWEEP_JOB_ENV, SWEEP_NAME_ENV
 from .compose import compose_job, hydra_config_of, job_view
 from .ledger import LEDGER_FILE, JobRecord, Ledger, result_summary
 from .report import LiveReport, Report, varying_overrides
@@ -57,8 +57,8 @@ if TYPE_CHECKING:
     from hydra.types import HydraContext
     from omegaconf import DictConfig
 
-    from ..plugins import DdlkitPluginManager
-    from ..registry import Registry
+    from ...plugins import DdlkitPluginManager
+    from ...registry import Registry
 
 #: the task-function attribute through which the launcher finds ddlkit's sweep support
 SWEEP_ATTR = "ddlkit_sweep"

@@ -17,24 +17,25 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from .atomic import atomic_path, write_json
-from .callbacks import CallbackPlugin
-from .callbacks import load as load_callbacks
-from .checkpoint import (BEST, CHECKPOINT_DIR, build_manifest, checkpoint_name, keep_best, mark_latest, no_space,
-                         read_manifest, remove_stale, verify, write_manifest)
-from .errors import ConfigError, DdlkitError, RunError
-from .interfaces import DataSource, Framework, Loader, Logger, Shard, StorageBackend
-from .jobdir import RESULT_FILE
-from .monitor import EarlyStopping, Watch
+from ..atomic import atomic_path, write_json
+from ..callbacks import CallbackPlugin
+from ..callbacks import load as load_callbacks
+from ..checkpoint import (BEST, CHECKPOINT_DIR, build_manifest, checkpoint_name, keep_best, mark_latest, no_space,
+                          read_manifest, remove_stale, verify, write_manifest)
+from ..config import check_one_global_batch
+from ..errors import ConfigError, DdlkitError, RunError
+from ..interfaces import DataSource, Framework, Loader, Logger, Shard, StorageBackend
+from ..jobdir import RESULT_FILE
+from ..monitor import EarlyStopping, Watch
 from .schedule import LRSchedule
 from .throughput import ThroughputMeter
 
 if TYPE_CHECKING:
     from omegaconf import DictConfig
 
+    from ..plugins import DdlkitPluginManager
+    from ..registry import Registry
     from .distributed import DistContext
-    from .plugins import DdlkitPluginManager
-    from .registry import Registry
 
 SaveFn = Callable[[Path, dict[str, Any]], None]
 LoadFn = Callable[[Path], dict[str, Any]]
@@ -89,23 +90,6 @@ def stop_at_once(signum: int, frame: object) -> None:
     is nothing to checkpoint, and a stalled download must not hold the stop until the scheduler's
     kill after its grace period."""
     raise Preempted(f"stopped by {signal.Signals(signum).name} before training started", checkpointed=False)
-
-
-def check_one_global_batch(train_length: int, trainer: Any, world_size: int) -> int:
-    """The global batch (``trainer.batch_size`` x ranks x ``trainer.accumulate_batches``), or a
-    ConfigError when ``train_length`` samples do not fill one. The ranks check it once their data
-    is readable; the launcher asks here too where the data source states its length without
-    reading any data (:meth:`ddlkit.DataSource.config_info`), before anything starts."""
-    batch, accumulate = trainer.batch_size, trainer.accumulate_batches
-    global_batch = batch * world_size * accumulate
-    if train_length < global_batch:
-        accumulated = f" x {accumulate} micro-batches" if accumulate > 1 else ""
-        raise ConfigError(
-            f"data has {train_length} training images, fewer than one global batch of {global_batch} "
-            f"(trainer.batch_size={batch} x {world_size} ranks{accumulated}). Lower "
-            f"trainer.batch_size{' or trainer.accumulate_batches,' if accumulated else ''} or raise data.length."
-        )
-    return global_batch
 
 
 class Run:

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import re
 
-from . import __version__
-from .errors import ConfigError
+from .. import __version__
+from ..errors import ConfigError
 
 __all__ = ["DEFAULT_REGISTRY", "FRAMEWORKS", "default_image"]
 
