@@ -2,7 +2,8 @@
 
 ``ddlkit [OVERRIDES...]`` composes a run with Hydra and launches it (``--cfg job`` prints the
 composed config, ``--help`` lists the groups; ``--detach`` submits and returns at once);
-``ddlkit plugins`` lists what is installed; ``ddlkit jobs`` finds submitted jobs again.
+``ddlkit plugins`` lists what is installed; ``ddlkit jobs`` finds submitted jobs again; ``ddlkit
+plan`` validates every job of a run or sweep and runs none.
 
 Plugins are loaded and their schemas stored *before* Hydra composes, because Hydra looks
 options up in its ConfigStore at composition time.
@@ -21,12 +22,13 @@ from .. import redact as secret_store
 from ..errors import ConfigError, DdlkitError, RunError, UnknownNameError, exit_code_for
 from ..registry import HOOK_POINTS, Registry
 from .commandline import launch_args
-from .sweep.plan import plan_main
 
 #: ``ddlkit --detach OVERRIDES``: submit the job, print its name, and return without waiting
 DETACH_FLAG = "--detach"
 #: Hydra's switch for raising its errors (with their tracebacks) rather than printing them
 FULL_ERROR_ENV = "HYDRA_FULL_ERROR"
+#: what makes a command line a sweep
+_MULTIRUN_FLAGS = ("-m", "--multirun")
 
 
 def _fail(err: BaseException) -> int:
@@ -402,6 +404,37 @@ def plugins_main(argv: list[str]) -> int:
         console.print(f"[red]failed to load[/red] {failure.name} from {failure.describe()}: {failure.error}",
                       highlight=False)
     return 0
+
+
+def plan_main(argv: list[str]) -> int:
+    """``ddlkit plan [-m] OVERRIDES``: expand and validate every job of a sweep, print them, run
+    nothing. It is ``ddlkit -m OVERRIDES`` with the launcher's ``dry_run`` set: the same expansion,
+    the same composition and validation of every job (a bad value in any job exits 2 and names the
+    job), and for each job its overrides, compute target, world size, whether a resumed sweep would
+    skip it, and the command that runs it alone."""
+    launchers = [a.partition("=")[2] for a in argv if a.lstrip("+").startswith("hydra/launcher=")]
+    if any(name != "ddlkit" for name in launchers):
+        return _fail(ConfigError(f"ddlkit plan works with the ddlkit launcher, not hydra/launcher={launchers[-1]}; "
+                                 "drop that override."))
+    args = [a for a in argv if a not in _MULTIRUN_FLAGS]
+    # a single run's job is planned in the directory the run would have (hydra.run.dir), not a sweep's
+    single = ["hydra.sweep.dir=${hydra.run.dir}", "hydra.sweep.subdir=."] if _one_run(argv) else []
+    return run_main(["--multirun", *single, *args, "hydra.launcher.dry_run=true"])
+
+
+def _one_run(argv: list[str]) -> bool:
+    """Whether the command line runs one job: no -m, no swept value, no search sweeper."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.errors import HydraException
+
+    command = HydraCommand.parse(argv)
+    if command is None or any(a in _MULTIRUN_FLAGS for a in argv):
+        return False
+    try:
+        parsed = OverridesParser.create().parse_overrides(command.overrides)
+    except HydraException:  # the run tells what is wrong with it
+        return False
+    return not any(o.is_sweep_override() or o.get_key_element().lstrip("+~") == "hydra/sweeper" for o in parsed)
 
 
 def data_main(argv: list[str]) -> int:
