@@ -9,6 +9,7 @@ helpers in :mod:`ddlkit.custom`, the job directory's layout and exit statuses in
 internal.
 """
 
+from ._version import __version__ as __version__
 from .errors import (
     ConfigError,
     DdlkitError,
@@ -44,7 +45,6 @@ from .rank.run import Run, RunState
 from .rank.schedule import LRSchedule
 from .registry import Registration
 
-__version__ = "0.1.0"
 
 __all__ = [
     "JOB_FILE",

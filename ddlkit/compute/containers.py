@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import re
 
-from .. import __version__
+from .._version import __version__
 from ..errors import ConfigError
 
 __all__ = ["DEFAULT_REGISTRY", "FRAMEWORKS", "default_image"]
