@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import re
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
@@ -252,9 +252,3 @@ def _check_registration(hp: HookPoint, entry: Entry) -> None:
     if hp.per_framework and not item.framework:
         raise PluginError(f"{entry.origin}: {hp.noun} {item.name!r} names no framework: a {hp.noun} is registered "
                           "for one framework, Registration(..., framework=\"<its name>\")")
-
-
-def iter_names(registry: Registry) -> Iterable[tuple[str, str, Entry]]:
-    for group, entries in registry.entries.items():
-        for name, entry in sorted(entries.items()):
-            yield group, name, entry
