@@ -73,20 +73,31 @@ class SweepRun:
     stopped_by: int | None = None
 
 
+class Clock:
+    """The time a scheduler reads and waits by: the system's; a test gives one of its own, so
+    that what it checks (pace, order, slots) does not depend on how busy the machine is."""
+
+    monotonic = staticmethod(time.monotonic)
+    sleep = staticmethod(time.sleep)
+    #: wall-clock time, for the outcomes' submitted/started/ended (last: it shadows the module here)
+    time = staticmethod(time.time)
+
+
 class Scheduler:
     def __init__(self, max_parallel: int, policy: FailurePolicy, *, status_interval_s: float,
-                 observer: Observer | None = None) -> None:
+                 observer: Observer | None = None, clock: Clock | None = None) -> None:
         self.max_parallel = max_parallel
         self.policy = policy
         self.status_interval_s = status_interval_s
         self.observer = observer or Observer()
+        self.clock = clock or Clock()
 
     def run(self, jobs: Sequence[SweepJob]) -> SweepRun:
         sweep = SweepRun({job.num: Outcome(job.num) for job in jobs})
         pending = deque(jobs)
         running: dict[int, SweepJob] = {}
         cancelled: set[int] = set()
-        #: per running job, when to ask its status next (time.monotonic())
+        #: per running job, when to ask its status next (on the clock's monotonic time)
         self._next_poll: dict[int, float] = {}
         try:
             while pending or running:
@@ -95,7 +106,7 @@ class Scheduler:
                     if self._start(job, sweep.outcomes[job.num]):
                         # tracked before anyone hears of it: an interrupt from here on cancels it too
                         running[job.num] = job
-                        self._next_poll[job.num] = time.monotonic() + self._pace(job)
+                        self._next_poll[job.num] = self.clock.monotonic() + self._pace(job)
                         self.observer.started(job, sweep.outcomes[job.num])
                     else:
                         self._after_failure(job, sweep, pending, running, cancelled)
@@ -103,26 +114,26 @@ class Scheduler:
                     pending.clear()
                 ended = self._poll(running, sweep, pending, cancelled)
                 if not ended and running:
-                    time.sleep(max(0.0, min(self._next_poll[n] for n in running) - time.monotonic()))
+                    self.clock.sleep(max(0.0, min(self._next_poll[n] for n in running) - self.clock.monotonic()))
         except KeyboardInterrupt:
             self._interrupt(running, sweep)
         return sweep
 
     def _start(self, job: SweepJob, outcome: Outcome) -> bool:
-        outcome.submitted = time.time()
+        outcome.submitted = self.clock.time()
         try:
             handle = job.start()
         except Exception as err:
             # the job could not be prepared or the target refused it (a bad resume setting, an
             # unreachable cluster): a failed attempt like any other, so the policy decides what next
             outcome.attempts += 1
-            outcome.started = outcome.ended = time.time()
+            outcome.started = outcome.ended = self.clock.time()
             outcome.state, outcome.exit_code, outcome.handle = "failed", None, None
             outcome.message = f"could not start: {err}" if isinstance(err, DdlkitError) else (
                 f"could not start: {type(err).__name__}: {err}")
             return False
         outcome.attempts += 1
-        outcome.started, outcome.ended = time.time(), None
+        outcome.started, outcome.ended = self.clock.time(), None
         outcome.state, outcome.exit_code, outcome.message, outcome.handle = "running", None, "", handle
         return True
 
@@ -133,7 +144,7 @@ class Scheduler:
               cancelled: set[int]) -> bool:
         """Ask the status of each running job that is due; True if one ended."""
         ended = False
-        now = time.monotonic()
+        now = self.clock.monotonic()
         for num, job in list(running.items()):
             if self._next_poll[num] > now:
                 continue
@@ -152,9 +163,8 @@ class Scheduler:
                 self.observer.ended(job, outcome, will_retry=False)
         return ended
 
-    @staticmethod
-    def _record_end(outcome: Outcome, status: JobStatus, *, cancelled_by_us: bool) -> None:
-        outcome.ended = time.time()
+    def _record_end(self, outcome: Outcome, status: JobStatus, *, cancelled_by_us: bool) -> None:
+        outcome.ended = self.clock.time()
         assert outcome.started is not None
         outcome.duration_s += outcome.ended - outcome.started
         outcome.exit_code = status.exit_code
