@@ -1,4 +1,5 @@
-"""What this machine's CPU computes in hardware, for the ranks that compute on it.
+"""What this machine's CPU computes in hardware, for the ranks that compute on it, and the
+precisions a CPU cannot train in.
 
 A CPU without bf16 instructions (x86: ``avx512_bf16`` or ``amx_bf16``; Arm: ``bf16``) emulates
 every bf16 operation: ``trainer.precision=bf16`` then trains about 10x slower than fp32 (issue 22,
@@ -8,6 +9,8 @@ item 9). A rank that computes on such a CPU says so once, on rank 0, before trai
 from __future__ import annotations
 
 from pathlib import Path
+
+from .errors import ConfigError
 
 #: where Linux lists the CPU's instruction-set flags
 CPUINFO = Path("/proc/cpuinfo")
@@ -33,3 +36,11 @@ def bf16_warning(precision: str) -> str | None:
     return ("trainer.precision=bf16 on a CPU without bf16 instructions (no avx512_bf16, amx_bf16 or bf16 in "
             f"{CPUINFO}): every bf16 operation is emulated, about 10x slower than fp32; use trainer.precision=fp32 "
             "on this machine")
+
+
+def fp16_refusal(framework: str, why: str) -> ConfigError:
+    """``trainer.precision=fp16`` where there is no GPU: fp16 needs one (a CPU has no fp16 units
+    to train with, and loss scaling is the GPUs'). ``why`` says how it came to a CPU -- the
+    config chose it (the launcher's check) or the rank found no GPU (the rank's)."""
+    return ConfigError(f"trainer.precision=fp16 needs a GPU ({why}); on the CPU use trainer.precision=bf16 "
+                       f"(or fp32) with framework={framework}.")

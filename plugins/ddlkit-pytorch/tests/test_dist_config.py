@@ -88,3 +88,12 @@ def test_a_negative_thread_count_is_refused() -> None:
                                "by the ranks of its node), a number of threads >= 1, or 0 (torch's default: all cores).")
     for fine in (0, 3, "auto"):
         PytorchFramework(PytorchConfig(num_threads=fine)).configure(config("none"))
+
+
+def test_fp16_on_the_cpu_is_refused_at_launch_with_what_to_use() -> None:
+    fp16 = OmegaConf.create({"trainer": {"precision": "fp16"}, "dist": {"backend": "none"}, "data": {"name": "x"}})
+    with pytest.raises(ddlkit.ConfigError) as info:
+        PytorchFramework(PytorchConfig(device="cpu")).configure(fp16)
+    assert str(info.value) == ("trainer.precision=fp16 needs a GPU (framework.device=cpu was chosen); on the CPU use "
+                               "trainer.precision=bf16 (or fp32) with framework=pytorch.")
+    PytorchFramework(PytorchConfig(device="auto")).configure(fp16)  # the rank decides where it computes

@@ -56,8 +56,7 @@ class PytorchFramework(ddlkit.Framework):
 
     def configure(self, config: DictConfig) -> None:
         if config.trainer.precision == "fp16" and self.cfg.device == "cpu":
-            raise ddlkit.ConfigError("trainer.precision=fp16 needs a GPU; on the CPU use trainer.precision=bf16 "
-                                     "(or fp32)")
+            raise cpu.fp16_refusal("pytorch", "framework.device=cpu was chosen")
         if config.dist.backend == "horovod" and (problem := horovod_problem()):
             raise ddlkit.ConfigError(problem)
         if config.data.name == "imagefolder" and importlib.util.find_spec("PIL") is None:
@@ -112,7 +111,7 @@ class PytorchFramework(ddlkit.Framework):
             torch.cuda.set_device(device)  # stray allocations (RNG state, NCCL buffers) land on this rank's GPU
         precision = str(t.precision)
         if precision == "fp16" and device.type != "cuda":
-            raise ddlkit.ConfigError("trainer.precision=fp16 needs a GPU; on the CPU use trainer.precision=bf16")
+            raise cpu.fp16_refusal("pytorch", f"this rank computes on {device.type}")
         if device.type == "cpu" and run.dist.is_main and (slow := cpu.bf16_warning(precision)):
             print(f"ddlkit: warning: {slow}", file=sys.stderr, flush=True)
 

@@ -85,8 +85,7 @@ def check_config(framework: str, device: str, xla: bool, num_threads: Any, confi
     if device not in DEVICES:
         raise ddlkit.ConfigError(f"framework.device={device} is invalid: choose one of {', '.join(DEVICES)}.")
     if config.trainer.precision == "fp16" and device == "cpu":
-        raise ddlkit.ConfigError(f"trainer.precision=fp16 needs a GPU (framework.device=cpu was chosen); "
-                                 f"on the CPU use trainer.precision=bf16 (or fp32) with framework={framework}.")
+        raise cpu.fp16_refusal(framework, "framework.device=cpu was chosen")
 
 
 def setup_tensorflow(run: ddlkit.Run, *, framework: str, device: str, num_threads: Any) -> ModuleType:
@@ -105,8 +104,7 @@ def setup_tensorflow(run: ddlkit.Run, *, framework: str, device: str, num_thread
                                  f"installed?); use framework.device=auto or cpu with framework={framework}.")
     precision = run.cfg.trainer.precision
     if precision == "fp16" and not gpus:
-        raise ddlkit.ConfigError(f"trainer.precision=fp16 needs a GPU and TensorFlow sees none; on the CPU use "
-                                 f"trainer.precision=bf16 (or fp32) with framework={framework}.")
+        raise cpu.fp16_refusal(framework, "TensorFlow sees none here")
     if not gpus and run.dist.is_main and (slow := cpu.bf16_warning(precision)):
         print(f"ddlkit: warning: {slow}", file=sys.stderr, flush=True)
     run.num_threads = _set_threads(tf, threads.per_rank(num_threads, run.dist.local_size))
