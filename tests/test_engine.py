@@ -49,7 +49,7 @@ class StubTarget(ComputeTarget):
 
 def job(tmp_path: Path, target: ComputeTarget) -> PreparedJob:
     spec = JobSpec(name="2026-01-01_00-00-00", job_dir=tmp_path)
-    return PreparedJob(spec, target, config={"logger": {"jsonl": {}}, "compute": {"name": "stub"}},
+    return PreparedJob(spec, target, redacted_config={"logger": {"jsonl": {}}, "compute": {"name": "stub"}},
                        overrides=("trainer.epochs=2", "hydra.run.dir=old/dir", "model=resnet50"))
 
 

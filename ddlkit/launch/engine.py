@@ -57,7 +57,8 @@ RECORDED_PACKAGES = ("ddlkit", "hydra-core", "omegaconf", "pluggy", "numpy", "to
 class PreparedJob:
     spec: JobSpec
     compute: ComputeTarget
-    config: dict[str, Any]
+    #: the job's config as job.json holds it: plain, every secret replaced by ``***``
+    redacted_config: dict[str, Any]
     overrides: tuple[str, ...] = ()
     #: what composed the job besides its overrides (``--config-dir``, ``hydra.searchpath``, ...):
     #: see :func:`ddlkit.launch.commandline.launch_args`
@@ -252,7 +253,7 @@ def submit(job: PreparedJob, *, detach: bool = False) -> JobHandle:
     handle = job.compute.submit(job.spec)
     if detach:
         handle.detach()
-    index.record(job.spec.name, job.spec.job_dir, str(job.config["compute"]["name"]), handle.id, detached=detach)
+    index.record(job.spec.name, job.spec.job_dir, str(job.redacted_config["compute"]["name"]), handle.id, detached=detach)
     return handle
 
 
@@ -406,11 +407,11 @@ def run_job(job: PreparedJob, *, out: TextIO | None = None, live: bool | None = 
     out.flush()
     handle = submit(job, detach=detach)
     if detach:
-        out.write(f"ddlkit: detached; job {spec.name} runs on compute={job.config['compute']['name']} as "
+        out.write(f"ddlkit: detached; job {spec.name} runs on compute={job.redacted_config['compute']['name']} as "
                   f"{handle.id}.\n  follow it: ddlkit jobs attach {spec.name}\n"
                   f"  or: ddlkit jobs status|logs|cancel {spec.name}\n")
         out.flush()
         return None
-    status = follow(handle, out=out, progress_bar=live and "console" in job.config.get("logger", {}))
+    status = follow(handle, out=out, progress_bar=live and "console" in job.redacted_config.get("logger", {}))
     assert status is not None
     return conclude(handle, status, job_dir=spec.job_dir, name=spec.name, resume_hint=job.resume_hint, out=out)
