@@ -244,7 +244,7 @@ def test_a_rank_of_another_job_cannot_join() -> None:
         except OSError:
             assert time.monotonic() < deadline
             time.sleep(0.02)
-    from ddlkit.rank.distributed import ControlPlane
+    from ddlkit.rank.control_plane import ControlPlane
 
     ControlPlane._send(stranger, {"rank": 1, "world_size": 2, "job": "job-B"})
     a1 = ctx.Process(target=_rank_main, args=(1, 2, port, "job-A", _strangers_knock, results, Plane()))
