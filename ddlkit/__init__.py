@@ -2,11 +2,12 @@
 
 The public facade: the hook marker, the registration record, the five interfaces, the
 framework-neutral batch and the image descriptions a framework may build its own pipeline from,
-the run object handed to frameworks and hooks, and the errors; the shared optimizer schemas in
-:mod:`ddlkit.optim`, constraints on schema fields in :mod:`ddlkit.options`, bring-your-own-code
-helpers in :mod:`ddlkit.custom`, the job directory's layout and exit statuses in
-:mod:`ddlkit.jobdir`, the fields of ``result.json`` in :mod:`ddlkit.result`. Everything else is
-internal.
+what a plugin may use of the run it is handed (:class:`RunContext`, with :class:`DistView` and
+:class:`Schedule`) and the rank's :class:`Run` that implements it, and the errors; the shared
+optimizer schemas in :mod:`ddlkit.optim`, constraints on schema fields in :mod:`ddlkit.options`,
+bring-your-own-code helpers in :mod:`ddlkit.custom`, the job directory's layout and exit statuses
+in :mod:`ddlkit.jobdir`, the fields of ``result.json`` in :mod:`ddlkit.result`. Everything else
+is internal.
 """
 
 from ._version import __version__ as __version__
@@ -28,6 +29,7 @@ from .interfaces import (
     ComputeTarget,
     DataInfo,
     DataSource,
+    DistView,
     Framework,
     ImageFilesSpec,
     ImagePoolSpec,
@@ -37,11 +39,14 @@ from .interfaces import (
     JobStatus,
     Loader,
     Logger,
+    RunContext,
+    RunState,
+    Schedule,
     Shard,
     StorageBackend,
 )
 from .rank.distributed import DistContext
-from .rank.run import Run, RunState
+from .rank.run import Run
 from .rank.schedule import LRSchedule
 from .registry import Registration
 
@@ -56,6 +61,7 @@ __all__ = [
     "DataSource",
     "DdlkitError",
     "DistContext",
+    "DistView",
     "Framework",
     "ImageFilesSpec",
     "ImagePoolSpec",
@@ -72,8 +78,10 @@ __all__ = [
     "PluginLoadError",
     "Registration",
     "Run",
+    "RunContext",
     "RunError",
     "RunState",
+    "Schedule",
     "Shard",
     "StorageBackend",
     "UnknownNameError",

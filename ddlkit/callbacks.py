@@ -11,7 +11,8 @@
 Each entry is an import path, as ``model.target`` is: a class, which every rank calls with no
 arguments, or an object. Its methods, all optional, are the lifecycle hooks of
 :mod:`ddlkit.hookspecs` under other names, called with the same keyword arguments (or the ones
-a method names, as pluggy does for plugins):
+a method names, as pluggy does for plugins); ``run`` offers what :class:`ddlkit.RunContext`
+declares:
 
 ================================  ==========================================  ======================
 method                            when                                        the hook
@@ -43,7 +44,7 @@ from .errors import ConfigError
 from .hookspecs import hookimpl
 
 if TYPE_CHECKING:
-    from .rank.run import Run
+    from .interfaces import RunContext
 
 __all__ = ["METHODS", "CallbackPlugin", "load", "resolve"]
 
@@ -105,21 +106,21 @@ class CallbackPlugin:
             call(kwargs)
 
     @hookimpl
-    def ddlkit_run_start(self, run: Run) -> None:
+    def ddlkit_run_start(self, run: RunContext) -> None:
         self._call("on_run_start", run=run)
 
     @hookimpl
-    def ddlkit_step_end(self, run: Run, step: int, metrics: Mapping[str, float]) -> None:
+    def ddlkit_step_end(self, run: RunContext, step: int, metrics: Mapping[str, float]) -> None:
         self._call("on_step_end", run=run, step=step, metrics=metrics)
 
     @hookimpl
-    def ddlkit_epoch_end(self, run: Run, epoch: int, metrics: Mapping[str, float]) -> None:
+    def ddlkit_epoch_end(self, run: RunContext, epoch: int, metrics: Mapping[str, float]) -> None:
         self._call("on_epoch_end", run=run, epoch=epoch, metrics=metrics)
 
     @hookimpl
-    def ddlkit_checkpoint_saved(self, run: Run, path: str, step: int) -> None:
+    def ddlkit_checkpoint_saved(self, run: RunContext, path: str, step: int) -> None:
         self._call("on_checkpoint_saved", run=run, path=path, step=step)
 
     @hookimpl
-    def ddlkit_run_end(self, run: Run, status: str, result: Mapping[str, Any] | None) -> None:
+    def ddlkit_run_end(self, run: RunContext, status: str, result: Mapping[str, Any] | None) -> None:
         self._call("on_run_end", run=run, status=status, result=result)

@@ -9,7 +9,7 @@ Two kinds of hook:
   Implementations may accept any subset of the arguments, so hooks grow by adding arguments.
 
 Lifecycle hooks run in the worker process of *every* rank; use ``run.dist.is_main`` to do
-rank-0-only work.
+rank-0-only work. What a hook may use of ``run`` is :class:`ddlkit.RunContext`.
 """
 
 from __future__ import annotations
@@ -22,8 +22,7 @@ import pluggy
 if TYPE_CHECKING:
     from omegaconf import DictConfig
 
-    from .interfaces import ComputeTarget, DataSource, Framework, Logger, StorageBackend
-    from .rank.run import Run
+    from .interfaces import ComputeTarget, DataSource, Framework, Logger, RunContext, StorageBackend
     from .registry import Registration
 
 hookspec = pluggy.HookspecMarker("ddlkit")
@@ -183,7 +182,7 @@ def ddlkit_job_environment(config: DictConfig) -> Mapping[str, str] | None:
 
 
 @hookspec(firstresult=True)
-def ddlkit_run_loop(run: Run) -> bool | None:
+def ddlkit_run_loop(run: RunContext) -> bool | None:
     """Drive one rank's training. The default is ``ddlkit.builtin.run_loop``.
 
     Stops at the first non-None result. Wrap the default for timing or profiling::
@@ -200,7 +199,7 @@ def ddlkit_run_loop(run: Run) -> bool | None:
 
 
 @hookspec
-def ddlkit_run_start(run: Run) -> None:
+def ddlkit_run_start(run: RunContext) -> None:
     """Called on every rank after components are built and state is restored, before the first step.
 
     .. versionadded:: 0.1
@@ -208,7 +207,7 @@ def ddlkit_run_start(run: Run) -> None:
 
 
 @hookspec
-def ddlkit_step_end(run: Run, step: int, metrics: Mapping[str, float]) -> None:
+def ddlkit_step_end(run: RunContext, step: int, metrics: Mapping[str, float]) -> None:
     """Called on every rank at each logging step (every ``trainer.log_every`` steps).
 
     :param step: global optimizer step, counted from 1 across epochs and resumes.
@@ -218,7 +217,7 @@ def ddlkit_step_end(run: Run, step: int, metrics: Mapping[str, float]) -> None:
 
 
 @hookspec
-def ddlkit_epoch_end(run: Run, epoch: int, metrics: Mapping[str, float]) -> None:
+def ddlkit_epoch_end(run: RunContext, epoch: int, metrics: Mapping[str, float]) -> None:
     """Called on every rank after each epoch's validation.
 
     :param epoch: 1-based number of the epoch just finished.
@@ -228,7 +227,7 @@ def ddlkit_epoch_end(run: Run, epoch: int, metrics: Mapping[str, float]) -> None
 
 
 @hookspec
-def ddlkit_checkpoint_saved(run: Run, path: str, step: int) -> None:
+def ddlkit_checkpoint_saved(run: RunContext, path: str, step: int) -> None:
     """Called on rank 0 after a checkpoint was written atomically to ``path``.
 
     .. versionadded:: 0.1
@@ -236,7 +235,7 @@ def ddlkit_checkpoint_saved(run: Run, path: str, step: int) -> None:
 
 
 @hookspec
-def ddlkit_run_end(run: Run, status: RunStatus, result: Mapping[str, Any] | None) -> None:
+def ddlkit_run_end(run: RunContext, status: RunStatus, result: Mapping[str, Any] | None) -> None:
     """Called on every rank when the run ends, whatever the outcome.
 
     :param status: ``completed``, ``failed`` or ``interrupted``.

@@ -1,9 +1,11 @@
-"""One abstract base class per hook point. Plugins subclass these."""
+"""One abstract base class per hook point, which plugins subclass, and the protocol of the run
+they are handed (:class:`RunContext`)."""
 
 from .compute import JOB_FILE, WORKER_ARGS, ComputeTarget, JobHandle, JobSpec, JobState, JobStatus
 from .data import Batch, DataInfo, DataSource, ImageFilesSpec, ImagePoolSpec, Loader, Shard
 from .framework import Framework
 from .logger import Logger
+from .run import DistView, RunContext, RunState, Schedule
 from .storage import StorageBackend
 
 __all__ = [
@@ -13,6 +15,7 @@ __all__ = [
     "ComputeTarget",
     "DataInfo",
     "DataSource",
+    "DistView",
     "Framework",
     "ImageFilesSpec",
     "ImagePoolSpec",
@@ -22,6 +25,9 @@ __all__ = [
     "JobStatus",
     "Loader",
     "Logger",
+    "RunContext",
+    "RunState",
+    "Schedule",
     "Shard",
     "StorageBackend",
 ]

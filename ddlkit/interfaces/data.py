@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any, Literal, NamedTuple, Protocol
 if TYPE_CHECKING:
     from omegaconf import DictConfig
 
-    from ..rank.run import Run
+    from .run import RunContext
 
 Split = Literal["train", "val"]
 SPLITS: tuple[str, ...] = ("train", "val")
@@ -149,7 +149,7 @@ class DataSource(ABC):
         The launcher checks the job against it (one global batch at least) before anything runs."""
         return None
 
-    def prepare(self, run: Run) -> None:
+    def prepare(self, run: RunContext) -> None:
         """Called on every rank before loaders are built: stage files, wait for local rank 0."""
 
     @abstractmethod

@@ -8,14 +8,15 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from omegaconf import DictConfig
 
-    from ..rank.run import Run
+    from .run import RunContext
 
 
 class Framework(ABC):
     """Trains ``run.cfg.model`` on ``run.data`` and reports through ``run``.
 
-    Everything shared lives in the :class:`ddlkit.Run` it is handed: the LR schedule, the
-    throughput meter, logging, checkpoints (atomic, rank 0) and resume state. A framework:
+    Everything shared lives in the run it is handed (:class:`ddlkit.RunContext`): the LR
+    schedule, the throughput meter, logging, checkpoints (atomic, rank 0) and resume state. A
+    framework:
 
     * takes its data from ``run.loaders()``: this rank's train and validation loaders, built
       from ``trainer.batch_size``, the rank's shard and ``trainer.seed``;
@@ -46,5 +47,5 @@ class Framework(ABC):
         before anything runs; raise ConfigError. Called for the selected framework only."""
 
     @abstractmethod
-    def train(self, run: Run) -> None:
+    def train(self, run: RunContext) -> None:
         """Train from ``run.resume_from`` (if set) to the end of ``trainer.epochs``."""

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any, Literal
 if TYPE_CHECKING:
     from omegaconf import DictConfig
 
-    from ..rank.run import Run
+    from .run import RunContext
 
 
 class Logger:
@@ -26,7 +26,7 @@ class Logger:
         before anything runs; raise ConfigError. Called for the selected loggers only (the
         launcher builds them for it: a constructor does no I/O)."""
 
-    def start(self, run: Run) -> None:
+    def start(self, run: RunContext) -> None:
         """The run starts (or resumes); ``run.state`` holds the step it resumes from."""
 
     def log_metrics(self, step: int, metrics: Mapping[str, float], *, split: Literal["train", "val"]) -> None:

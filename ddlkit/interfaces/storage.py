@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 if TYPE_CHECKING:
     from omegaconf import DictConfig
 
-    from ..rank.run import Run
+    from .run import RunContext
 
 
 class StorageBackend(ABC):
@@ -57,7 +57,7 @@ class StorageBackend(ABC):
         """A local directory from which the dataset ``root`` can be read by this node."""
         return Path(root).expanduser()
 
-    def prepare_data(self, root: str, run: Run) -> Path:
+    def prepare_data(self, root: str, run: RunContext) -> Path:
         """Called on every rank by a data source's ``prepare``: make the dataset ``root`` readable
         on this node and return the local directory. The default reads it in place
         (:meth:`data_path`); a staging backend copies it on each node's local rank 0 while the

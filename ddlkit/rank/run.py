@@ -13,7 +13,7 @@ import signal
 import time
 import warnings
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -24,7 +24,8 @@ from ..checkpoint import (BEST, CHECKPOINT_DIR, build_manifest, checkpoint_name,
                           read_manifest, remove_stale, verify, write_manifest)
 from ..config import check_one_global_batch
 from ..errors import ConfigError, DdlkitError, RunError
-from ..interfaces import DataSource, Framework, Loader, Logger, Shard, StorageBackend
+from ..interfaces import DataSource, Framework, Loader, Logger, RunState, Shard, StorageBackend
+from ..interfaces.run import LoadFn, SaveFn
 from ..jobdir import RESULT_FILE
 from ..monitor import EarlyStopping, Watch
 from .schedule import LRSchedule
@@ -36,23 +37,6 @@ if TYPE_CHECKING:
     from ..plugins import DdlkitPluginManager
     from ..registry import Registry
     from .distributed import DistContext
-
-SaveFn = Callable[[Path, dict[str, Any]], None]
-LoadFn = Callable[[Path], dict[str, Any]]
-
-
-@dataclass
-class RunState:
-    """Progress counters; saved in every checkpoint's metadata."""
-
-    #: 0-based epoch in progress
-    epoch: int = 0
-    #: optimizer steps taken since the start of training (across resumes)
-    step: int = 0
-    #: optimizer steps of the current epoch already taken (each of ``trainer.accumulate_batches``
-    #: micro-batches): the same images whatever the ranks and micro-batches that make up the global batch
-    batch: int = 0
-
 
 class Preempted(Exception):
     """Raised out of the training loop after a SIGTERM's checkpoint was written, or at once by a
@@ -93,6 +77,9 @@ def stop_at_once(signum: int, frame: object) -> None:
 
 
 class Run:
+    """The rank's run. What plugins and hooks may use of it is :class:`ddlkit.RunContext`; the
+    rest (the meter, checkpoint bookkeeping, signal handling, result.json) is the worker's."""
+
     def __init__(self, cfg: DictConfig, job_dir: Path, *, pm: DdlkitPluginManager, registry: Registry,
                  dist: DistContext, resume_from: Path | None = None, name: str | None = None) -> None:
         self.cfg = cfg
