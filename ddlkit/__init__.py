@@ -39,6 +39,7 @@ from .interfaces import (
     JobStatus,
     Loader,
     Logger,
+    Registration,
     RunContext,
     RunState,
     Schedule,
@@ -48,7 +49,6 @@ from .interfaces import (
 from .rank.distributed import DistContext
 from .rank.run import Run
 from .rank.schedule import LRSchedule
-from .registry import Registration
 
 
 __all__ = [

@@ -22,8 +22,7 @@ import pluggy
 if TYPE_CHECKING:
     from omegaconf import DictConfig
 
-    from .interfaces import ComputeTarget, DataSource, Framework, Logger, RunContext, StorageBackend
-    from .registry import Registration
+    from .interfaces import ComputeTarget, DataSource, Framework, Logger, Registration, RunContext, StorageBackend
 
 hookspec = pluggy.HookspecMarker("ddlkit")
 hookimpl = pluggy.HookimplMarker("ddlkit")  #: decorator plugins use to mark hook implementations

@@ -9,43 +9,16 @@ from __future__ import annotations
 
 import dataclasses
 import re
-from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Generic, TypeVar
+from typing import TYPE_CHECKING, Any
 
 from .errors import ConfigError, DdlkitError, PluginConflictError, PluginError, UnknownNameError
+from .interfaces.registration import Registration
 
 if TYPE_CHECKING:
     from .plugins import DdlkitPluginManager
 
-T = TypeVar("T")
-
 _NAME = re.compile(r"^[a-z][a-z0-9_-]*$")
-
-
-@dataclass(frozen=True, slots=True)
-class Registration(Generic[T]):
-    """One name a plugin offers for a hook point.
-
-    Example::
-
-        @ddlkit.hookimpl
-        def ddlkit_storage_backends():
-            yield ddlkit.Registration("gcs", GcsStorage, config=GcsStorageConfig,
-                                      description="Google Cloud Storage bucket")
-    """
-
-    #: what users type in config (``storage=gcs``): lowercase ``[a-z0-9_-]``, starting with a letter
-    name: str
-    #: usually the class; called as ``factory(cfg)`` with the component's config node
-    factory: Callable[..., T]
-    #: dataclass schema, stored in Hydra's ConfigStore as ``<group>/<name>``; None = no options
-    config: type | None = None
-    #: one line shown by ``ddlkit plugins``
-    description: str = ""
-    #: models and optimizers only: the framework (its registered name) this implementation is for;
-    #: each framework builds ``model=<name>`` and ``optimizer=<name>`` with its own
-    framework: str = ""
 
 
 @dataclass(frozen=True)

@@ -1,10 +1,11 @@
-"""One abstract base class per hook point, which plugins subclass, and the protocol of the run
-they are handed (:class:`RunContext`)."""
+"""One abstract base class per hook point, which plugins subclass, the record a plugin registers
+each with (:class:`Registration`), and the protocol of the run they are handed (:class:`RunContext`)."""
 
 from .compute import JOB_FILE, WORKER_ARGS, ComputeTarget, JobHandle, JobSpec, JobState, JobStatus
 from .data import Batch, DataInfo, DataSource, ImageFilesSpec, ImagePoolSpec, Loader, Shard
 from .framework import Framework
 from .logger import Logger
+from .registration import Registration
 from .run import DistView, RunContext, RunState, Schedule
 from .storage import StorageBackend
 
@@ -25,6 +26,7 @@ __all__ = [
     "JobStatus",
     "Loader",
     "Logger",
+    "Registration",
     "RunContext",
     "RunState",
     "Schedule",

@@ -1,0 +1,34 @@
+"""What a plugin returns from a registration hook: one name it offers for a hook point."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Generic, TypeVar
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True, slots=True)
+class Registration(Generic[T]):
+    """One name a plugin offers for a hook point.
+
+    Example::
+
+        @ddlkit.hookimpl
+        def ddlkit_storage_backends():
+            yield ddlkit.Registration("gcs", GcsStorage, config=GcsStorageConfig,
+                                      description="Google Cloud Storage bucket")
+    """
+
+    #: what users type in config (``storage=gcs``): lowercase ``[a-z0-9_-]``, starting with a letter
+    name: str
+    #: usually the class; called as ``factory(cfg)`` with the component's config node
+    factory: Callable[..., T]
+    #: dataclass schema, stored in Hydra's ConfigStore as ``<group>/<name>``; None = no options
+    config: type | None = None
+    #: one line shown by ``ddlkit plugins``
+    description: str = ""
+    #: models and optimizers only: the framework (its registered name) this implementation is for;
+    #: each framework builds ``model=<name>`` and ``optimizer=<name>`` with its own
+    framework: str = ""
