@@ -43,7 +43,7 @@ def make_job(job_dir: Path, overrides: Sequence[str]) -> Path:
     from hydra import compose, initialize_config_module
 
     from ddlkit.config import store_schemas
-    from ddlkit.launch import engine
+    from ddlkit.launch import prepare
     from ddlkit.plugins import get_plugin_manager
     from ddlkit.registry import Registry
 
@@ -52,7 +52,7 @@ def make_job(job_dir: Path, overrides: Sequence[str]) -> Path:
     store_schemas(registry)
     with initialize_config_module("ddlkit.conf", version_base="1.3"):
         cfg = compose("config", overrides=list(overrides))
-    job = engine.prepare(cfg, job_dir=job_dir, overrides=overrides, registry=registry, pm=pm)
+    job = prepare.prepare(cfg, job_dir=job_dir, overrides=overrides, registry=registry, pm=pm)
     return job.spec.job_file
 
 

@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 from ddlkit.jobdir import EXIT_PREEMPTED
-from ddlkit.launch.engine import job_name
+from ddlkit.launch.prepare import job_name
 from ddlkit.plugins import BUILTIN_PLUGINS
 from ddlkit.testing import FAKES_MODULE, RESULT_KEYS, RunFactory, RunOutcome, interruptible
 from ddlkit.testing.fakes import MODEL_FILE

@@ -17,7 +17,8 @@ import ddlkit
 from ddlkit import ConfigError, Registration
 from ddlkit import redact as secret_store
 from ddlkit.config import Precision, rebuild, store_schemas, to_container
-from ddlkit.launch.engine import prepare, validate
+from ddlkit.launch.prepare import prepare
+from ddlkit.launch.validate import validate
 from ddlkit.optim import AdamWConfig, LRScaling, SGDConfig
 from ddlkit.plugins import DdlkitPluginManager
 from ddlkit.rank.worker import load_job

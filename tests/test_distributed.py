@@ -9,7 +9,7 @@ import pytest
 
 import ddlkit
 from ddlkit import DistContext
-from ddlkit.launch.engine import validate
+from ddlkit.launch.validate import validate
 from ddlkit.plugins import DdlkitPluginManager
 from ddlkit.registry import Registry
 from ddlkit.testing import FAKES_MODULE, add_plugin, compose, fakes, with_default_framework

@@ -15,7 +15,7 @@ import pytest
 
 from ddlkit import ConfigError, monitor
 from ddlkit.checkpoint import BEST, read_manifest, verify
-from ddlkit.launch.engine import validate
+from ddlkit.launch.validate import validate
 from ddlkit.plugins import DdlkitPluginManager
 from ddlkit.registry import Registry
 from ddlkit.testing import RunFactory, add_plugin, compose, fakes, with_default_framework

@@ -259,7 +259,7 @@ def _run_main(argv: list[str]) -> int:
 
     from ..config import store_schemas
     from ..plugins import get_plugin_manager
-    from . import engine
+    from . import follow, prepare
 
     from .hydra_errors import explain
 
@@ -283,12 +283,12 @@ def _run_main(argv: list[str]) -> int:
         entered["code"] = None
         hc = HydraConfig.get()
         try:
-            job = engine.prepare(cfg, job_dir=Path(hc.runtime.output_dir), overrides=list(hc.overrides.task),
+            job = prepare.prepare(cfg, job_dir=Path(hc.runtime.output_dir), overrides=list(hc.overrides.task),
                                  registry=registry, pm=pm, env={str(k): str(v) for k, v in hc.job.env_set.items()},
                                  launch=launch_args(hc))
-            engine.run_job(job, detach=detach)
+            follow.run_job(job, detach=detach)
         except (DdlkitError, HydraException, OmegaConfBaseException) as err:
-            engine.remove_empty_dirs(Path(hc.runtime.output_dir))  # Hydra made it; the job never started
+            prepare.remove_empty_dirs(Path(hc.runtime.output_dir))  # Hydra made it; the job never started
             # a task that raises gets Hydra's "Error executing job" line too: config errors end here
             entered["code"] = _fail(err if isinstance(err, DdlkitError) else _explained(err, explain))
             if hc.mode is not None and hc.mode.name == "MULTIRUN":

@@ -37,7 +37,7 @@ def down(overrides: list[str], *, yes: bool, out: TextIO) -> int:
     from ..config import store_schemas
     from ..plugins import get_plugin_manager
     from ..registry import Registry
-    from . import engine
+    from . import validate
 
     pm = get_plugin_manager()
     registry = Registry.collect(pm)
@@ -48,8 +48,8 @@ def down(overrides: list[str], *, yes: bool, out: TextIO) -> int:
     except (HydraException, OmegaConfBaseException) as err:  # an unknown option or key: one line
         first = next((ln for ln in str(err).splitlines() if ln.strip()), type(err).__name__)
         raise ConfigError(f"{first} (in the overrides of `ddlkit compute down`).") from None
-    target = engine.build_target(cfg, registry)
-    engine.validate(cfg, registry, pm, compute=target)
+    target = validate.build_target(cfg, registry)
+    validate.validate(cfg, registry, pm, compute=target)
     deleted = target.down(confirm=lambda lines: _confirm(lines, yes=yes, out=out))
     out.write(f"ddlkit compute down: deleted {len(deleted)}\n" if deleted else "ddlkit compute down: nothing deleted\n")
     return 0

@@ -169,7 +169,7 @@ def make_run(pm: DdlkitPluginManager, job_dir: Path, *overrides: str) -> Run:
     """A :class:`ddlkit.Run` built from validated config (fakes added), ready to hand to a
     framework or a logger; nothing is trained and no job file is written."""
     from ..config import rebuild
-    from ..launch.engine import validate
+    from ..launch.validate import validate
     from ..rank.distributed import DistContext
     from ..rank.run import Run
 
@@ -425,7 +425,7 @@ def run_inprocess(ddlkit_pm: DdlkitPluginManager, tmp_path: Path,
     """``run_inprocess(*overrides, job_dir=None)``: compose and prepare the job as the launcher
     does, then run :func:`ddlkit.rank.worker.main` in this process on ``ddlkit_pm`` (plus the fakes),
     so ``hook_recorder`` sees every hook and a debugger can step into the loop."""
-    from ..launch.engine import prepare
+    from ..launch.prepare import prepare
     from ..rank import worker
 
     add_plugin(ddlkit_pm, fakes, name=FAKES_MODULE)

@@ -12,8 +12,8 @@ import time
 import pytest
 
 from ddlkit.jobdir import EXIT_PREEMPTED
-from ddlkit.launch.engine import job_name
 from ddlkit.launch.jobs import index
+from ddlkit.launch.prepare import job_name
 from ddlkit.testing import FAKES_MODULE, RunFactory, interruptible
 
 SMALL = ("data.image_size=8", "data.num_classes=4", "data.val_length=16", "trainer.batch_size=8", "trainer.epochs=1",

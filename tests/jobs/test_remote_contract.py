@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from ddlkit import ComputeTarget
-from ddlkit.launch.engine import job_name
+from ddlkit.launch.prepare import job_name
 from ddlkit.testing import FAKES_MODULE, RunFactory, interruptible
 from ddlkit.testing.contracts import ComputeTargetContract
 from ddlkit.testing.elsewhere import ElsewhereComputeConfig, ElsewhereTarget

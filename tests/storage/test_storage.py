@@ -18,7 +18,7 @@ from ddlkit.builtin.local_storage import LocalStorage, LocalStorageConfig
 from ddlkit.builtin.manifest import Manifest, build_manifest
 from ddlkit.builtin.nfs_storage import NfsStorage, NfsStorageConfig
 from ddlkit.builtin.transfer import TransientStorageError, publish_files, result_files, stage
-from ddlkit.launch.engine import job_name
+from ddlkit.launch.prepare import job_name
 from ddlkit.testing.contracts import StorageBackendContract
 from ddlkit.testing.images import ImageDataset, make_image_dataset
 

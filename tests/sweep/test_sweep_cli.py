@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 
 from ddlkit.jobdir import EXIT_PREEMPTED
-from ddlkit.launch.engine import job_name
+from ddlkit.launch.prepare import job_name
 from ddlkit.testing import FAKES_MODULE, RunFactory, interruptible
 
 pytestmark = pytest.mark.slow

@@ -124,24 +124,24 @@ def cmd_logs(args: argparse.Namespace, out: TextIO) -> int:
 
 
 def cmd_attach(args: argparse.Namespace, out: TextIO) -> int:
-    from .. import engine
+    from .. import follow
 
     sub = index.find(args.job)
     handle = _handle(sub)
     out.write(f"ddlkit: attached to job {sub.name} (compute={sub.target}, id {sub.id}); Ctrl-C detaches, "
               f"`ddlkit jobs cancel {sub.name}` stops it\n")
     out.flush()
-    status = engine.follow(handle, out=out, progress_bar=out.isatty(), on_interrupt="detach")
+    status = follow.follow(handle, out=out, progress_bar=out.isatty(), on_interrupt="detach")
     if status is None:
         out.write(f"\nddlkit: detached; job {sub.name} runs on. Attach again: ddlkit jobs attach {sub.name}\n")
         return 0
-    engine.conclude(handle, status, job_dir=Path(sub.job_dir), name=sub.name,
+    follow.conclude(handle, status, job_dir=Path(sub.job_dir), name=sub.name,
                     resume_hint=_resume_hint(Path(sub.job_dir)), out=out)
     return 0
 
 
 def cmd_cancel(args: argparse.Namespace, out: TextIO) -> int:
-    from .. import engine
+    from .. import follow
 
     sub = index.find(args.job)
     handle = _handle(sub)
@@ -160,7 +160,7 @@ def cmd_cancel(args: argparse.Namespace, out: TextIO) -> int:
     sub.ended_with(status)
     out.write(f"ddlkit: job {sub.name} {status.state.value}"
               + (f" (exit status {status.exit_code})" if status.exit_code is not None else "")
-              + (f"; {_resume_hint(Path(sub.job_dir))}\n" if engine.resumable(status, Path(sub.job_dir))
+              + (f"; {_resume_hint(Path(sub.job_dir))}\n" if follow.resumable(status, Path(sub.job_dir))
                  else "; it left no checkpoint: nothing to resume\n"))
     return 0
 

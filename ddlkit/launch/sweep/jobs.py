@@ -4,10 +4,10 @@ The CLI attaches a :class:`DdlkitSweep` to its task function (attribute :data:`S
 the launcher (:mod:`ddlkit.launch.sweep.launch`) finds it there and hands it the sweep's jobs instead
 of calling the task function once per job. Then:
 
-1. every job is composed and validated (``engine.validate``) before any starts: one bad value
+1. every job is composed and validated (``validate.validate``) before any starts: one bad value
    in any job is reported, with the job, and nothing runs (exit status 2);
 2. the ledger (:mod:`.ledger`) is opened: a re-run of the same sweep skips completed jobs;
-3. the scheduler (:mod:`.scheduler`) prepares each job (``engine.prepare``: its job directory,
+3. the scheduler (:mod:`.scheduler`) prepares each job (``prepare.prepare``: its job directory,
    as for a single run) and submits it to the job's compute target as a slot frees up, with
    ``DDLKIT_SWEEP_NAME``/``DDLKIT_SWEEP_JOB`` in its environment (loggers group runs by them),
    and looks at it at the target's own pace (``ComputeTarget.status_interval_s``). The ledger
@@ -43,7 +43,7 @@ from ...errors import ConfigError, DdlkitError, exit_code_for
 from ...interfaces import ComputeTarget, JobHandle, JobSpec, JobState, JobStatus
 from ...jobdir import EXIT_PREEMPTED, RESULT_FILE, rank_log
 from ...result import HEADLINE
-from .. import engine
+from .. import follow, prepare, validate
 from ..commandline import job_command, launch_args, override
 from ..hydra_errors import explain
 from . import SWEEP_JOB_ENV, SWEEP_NAME_ENV
@@ -157,7 +157,7 @@ class DdlkitSweep:
                               observer=progress)
         start = functools.partial(self._submit, hydra_context, config, ledger, launch)
         # SIGTERM (a scheduler stopping the launcher, `kill`) interrupts the sweep as Ctrl-C does
-        with engine.sigterm_interrupts():
+        with follow.sigterm_interrupts():
             sweep = scheduler.run([SweepJob(j.num, labels[j.num], functools.partial(start, j),
                                             status_interval_s=j.status_interval_s) for j in todo])
         ledger.save()
@@ -187,8 +187,8 @@ class DdlkitSweep:
             num, label = first + i, " ".join(secret_store.redact_overrides(overrides)) or "-"
             try:
                 with job_view(hydra_context, config, overrides, num) as (cfg, output_dir):
-                    target = engine.build_target(cfg, self.registry)
-                    engine.validate(cfg, self.registry, self.pm, compute=target)
+                    target = validate.build_target(cfg, self.registry)
+                    validate.validate(cfg, self.registry, self.pm, compute=target)
                     text = self._plan_lines(cfg, target, list(overrides), output_dir, launch) if plan else ""
                     jobs.append(CheckedJob(num, list(overrides), output_dir, target.status_interval_s,
                                            str(cfg.compute.name), text))
@@ -230,7 +230,7 @@ class DdlkitSweep:
         composed = compose_job(hydra_context, config, job.overrides, job.num)
         with hydra_config_of(composed.config):
             cfg = composed.task_config()
-            target = engine.build_target(cfg, self.registry)
+            target = validate.build_target(cfg, self.registry)
             self.adopted.discard(job.num)
             adopted = self._reattach(target, ledger.jobs[job.num])
             if adopted is not None:
@@ -238,9 +238,9 @@ class DdlkitSweep:
                 return _SweepHandle(adopted, job.output_dir)
             env = {**{str(k): str(v) for k, v in composed.config.hydra.job.env_set.items()},
                    SWEEP_NAME_ENV: ledger.name, SWEEP_JOB_ENV: str(job.num)}
-            prepared = engine.prepare(cfg, job_dir=job.output_dir, overrides=job.overrides, registry=self.registry,
+            prepared = prepare.prepare(cfg, job_dir=job.output_dir, overrides=job.overrides, registry=self.registry,
                                       pm=self.pm, env=env, compute=target, launch=launch)
-        return _SweepHandle(engine.submit(prepared), prepared.spec.job_dir)
+        return _SweepHandle(follow.submit(prepared), prepared.spec.job_dir)
 
     @staticmethod
     def _reattach(target: ComputeTarget, record: JobRecord) -> JobHandle | None:
@@ -304,8 +304,8 @@ class DdlkitSweep:
                     launch: list[str]) -> str:
         """What ``ddlkit plan`` says of a job after its label and state: what it runs on, the
         command that runs it alone, and what its compute target would do."""
-        env, secret_env = engine.job_environment(cfg, self.pm)
-        spec = JobSpec(name=engine.job_name(output_dir), job_dir=output_dir, env=env, secret_env=secret_env)
+        env, secret_env = prepare.job_environment(cfg, self.pm)
+        spec = JobSpec(name=prepare.job_name(output_dir), job_dir=output_dir, env=env, secret_env=secret_env)
         command = job_command(secret_store.redact_overrides(overrides), output_dir, launch)
         return (f"      compute={cfg.compute.name}, world size {target.world_size}, {cfg.framework.name} "
                 f"{cfg.model.name}; {{state}}\n"
@@ -378,7 +378,7 @@ class _Progress(Observer):
         assert outcome.handle is not None
         self.ledger.update(job.num, status="running", attempts=attempts, submitted=outcome.submitted,
                            started=outcome.started, ended=None, exit_code=None, error=None,
-                           name=engine.job_name(Path(record.job_dir)), handle=outcome.handle.id,
+                           name=prepare.job_name(Path(record.job_dir)), handle=outcome.handle.id,
                            log=str(Path(record.job_dir) / RANK0_LOG))
         again = f" (attempt {attempts})" if attempts > 1 else ""
         what = "still running: re-attached" if adopted else f"started{again}"
@@ -452,11 +452,11 @@ def _remove_plan_leftovers(sweep_dir: Path) -> None:
     """Hydra's sweeper wrote ``multirun.yaml`` (making the directories) before the plan was asked
     for; a plan leaves nothing behind."""
     (sweep_dir / "multirun.yaml").unlink(missing_ok=True)
-    engine.remove_empty_dirs(sweep_dir)
+    prepare.remove_empty_dirs(sweep_dir)
 
 
 class _SweepHandle(JobHandle):
-    """A compute target's handle, settled (``engine.settle``: files collected, end recorded,
+    """A compute target's handle, settled (``follow.settle``: files collected, end recorded,
     no result.json = failed) once the scheduler sees it end."""
 
     def __init__(self, inner: JobHandle, job_dir: Path) -> None:
@@ -467,7 +467,7 @@ class _SweepHandle(JobHandle):
         if not status.state.done:
             return status
         if self._settled is None:
-            self._settled = engine.settle(self.inner, status, self.job_dir)
+            self._settled = follow.settle(self.inner, status, self.job_dir)
         return self._settled
 
     def status(self) -> JobStatus:

@@ -10,7 +10,7 @@ the two kinds of Hydra task is only where a job's handle comes from:
 
 * **ddlkit's own task** (``ddlkit -m``): the CLI marks its task function with a
   :class:`~ddlkit.launch.sweep.jobs.DdlkitSweep`. Every job is composed and validated before any
-  starts; each is then prepared exactly like a single run (``engine.prepare`` writes its job
+  starts; each is then prepared exactly like a single run (``prepare.prepare`` writes its job
   directory) and submitted to *its compute target* -- a child process for ``compute=local``,
   an ``mpirun`` or a remote cluster for other targets, unchanged, since only the contract is
   used. A ledger makes the sweep resumable, and a report (CSV, Markdown, PNG) ends it.

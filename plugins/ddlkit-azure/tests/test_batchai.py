@@ -236,7 +236,7 @@ def test_states_logs_cancel_and_ddlkit_jobs(batchai: BatchAILoopback, ssh_key: P
 def test_secrets_travel_as_job_secrets_and_nowhere_else(batchai: BatchAILoopback, ssh_key: Path,
                                                         run_factory: RunFactory, tmp_path: Path) -> None:
     job_dir = tmp_path / "job"
-    # an environment variable the job gets whose name says it is secret (engine.job_environment)
+    # an environment variable the job gets whose name says it is secret (prepare.job_environment)
     out = run_factory(*cli_args(batchai, ssh_key, FAKE_IMAGE), "trainer.epochs=1",
                       f"+hydra.job.env_set.DDLKIT_TEST_TOKEN={SECRET}", job_dir=job_dir)
     out.assert_success()

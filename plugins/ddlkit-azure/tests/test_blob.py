@@ -24,7 +24,7 @@ from ddlkit.builtin.manifest import Manifest, build_manifest
 from ddlkit.builtin.transfer import TransientStorageError, open_storage
 from ddlkit.jobdir import EXIT_PREEMPTED
 from ddlkit.launch.cli import main
-from ddlkit.launch.engine import job_name
+from ddlkit.launch.prepare import job_name
 from ddlkit.testing import FAKES_MODULE, RunFactory, add_plugin, interruptible
 from ddlkit.testing.contracts import StorageBackendContract
 from ddlkit.testing.images import ImageDataset, make_image_dataset

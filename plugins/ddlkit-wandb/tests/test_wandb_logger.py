@@ -19,7 +19,8 @@ from ddlkit_wandb.logger import RUN_ID_FILE, WandbConfig, WandbLogger
 from omegaconf import OmegaConf
 
 import ddlkit
-from ddlkit.launch.engine import job_name, validate
+from ddlkit.launch.prepare import job_name
+from ddlkit.launch.validate import validate
 from ddlkit.plugins import DdlkitPluginManager
 from ddlkit.registry import Registry
 from ddlkit.testing import FAKES_MODULE, RunFactory, add_plugin, compose, fakes
@@ -197,7 +198,7 @@ def test_the_ranks_get_the_wandb_environment_the_key_as_a_secret(ddlkit_pm: Ddlk
                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
     """Rank 0 may run on another machine: the launcher's W&B variables go with the job, the key
     in the secret environment (a target's secret channel), and only when logger=wandb is chosen."""
-    from ddlkit.launch.engine import job_environment
+    from ddlkit.launch.prepare import job_environment
 
     monkeypatch.setenv("WANDB_API_KEY", "k" * 40)
     monkeypatch.setenv("WANDB_MODE", "offline")

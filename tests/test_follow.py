@@ -13,7 +13,8 @@ import pytest
 from ddlkit import ComputeTarget, JobFailedError, JobHandle, JobSpec, JobState, JobStatus
 from ddlkit.checkpoint import CHECKPOINT_DIR, LATEST, checkpoint_name
 from ddlkit.jobdir import EXIT_PREEMPTED
-from ddlkit.launch.engine import PreparedJob, environment_info, run_job
+from ddlkit.launch.follow import run_job
+from ddlkit.launch.prepare import PreparedJob, environment_info
 
 
 class StubHandle(JobHandle):
@@ -83,7 +84,7 @@ class QueuedHandle(StubHandle):
 
 def test_a_waiting_job_says_its_state_and_why_until_its_first_output(tmp_path: Path,
                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr("ddlkit.launch.engine.NOTICE_AFTER_S", 0.01)
+    monkeypatch.setattr("ddlkit.launch.follow.NOTICE_AFTER_S", 0.01)
     target = StubTarget(JobStatus(JobState.SUCCEEDED, 0), [], result={"steps": 1})
     target.handle = QueuedHandle([JobStatus(JobState.PENDING, None, "queue: Resources"),
                                   JobStatus(JobState.PENDING, None, "queue: Resources"),

@@ -1,0 +1,197 @@
+"""A prepared job, submitted and followed to its end: rank 0's output streamed (with the target's
+word while the job waits), Ctrl-C and SIGTERM turned into a cancel, the job's files collected, and
+its end told in one line -- how it ended, where its result is, how to resume it.
+
+Hydra runs only in the launcher. What the ranks get is the job directory -- one resolved job file
+(secrets redacted) that names no path of the launcher's -- plus the environment the job spec
+carries; :mod:`ddlkit.rank.worker` trains from that file, wherever the directory is, and never
+re-enters Hydra.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import json
+import signal
+import sys
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any, TextIO
+
+from ..checkpoint import latest_checkpoint
+from ..errors import DdlkitError, JobFailedError
+from ..interfaces import JobHandle, JobState, JobStatus
+from ..jobdir import EXIT_CONFIG_ERROR, EXIT_PREEMPTED, RESULT_FILE
+from .jobs import index
+from .prepare import PreparedJob
+
+
+def submit(job: PreparedJob, *, detach: bool = False) -> JobHandle:
+    """Submit the job and record it, so that ``ddlkit jobs`` finds it from any shell."""
+    handle = job.compute.submit(job.spec)
+    if detach:
+        handle.detach()
+    index.record(job.spec.name, job.spec.job_dir, str(job.redacted_config["compute"]["name"]), handle.id, detached=detach)
+    return handle
+
+
+@contextlib.contextmanager
+def sigterm_interrupts() -> Iterator[None]:
+    """A SIGTERM to ddlkit (a batch scheduler's preemption, ``kill``) stops a job or a sweep as
+    Ctrl-C does: the jobs checkpoint and stop, instead of running on without their launcher.
+    Signal handlers belong to the main thread; elsewhere nothing changes."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def interrupt(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGTERM, interrupt)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+#: seconds of silence after which :func:`follow` says what a job without output is doing, and
+#: between its looks at the job's state until the first output comes
+NOTICE_AFTER_S = 3.0
+
+
+class _StateNotices:
+    """Until a job's first output: its state and what its target says of it (a scheduler's reason
+    for keeping it queued), once it has been silent for :data:`NOTICE_AFTER_S`, then on each change.
+    A job that waits in a queue, or takes long to start, is never silent."""
+
+    def __init__(self, handle: JobHandle, out: TextIO) -> None:
+        self.handle, self.out = handle, out
+        self.lock = threading.Lock()
+        self.output = threading.Event()
+        self._thread = threading.Thread(target=self._watch, name="ddlkit-job-state", daemon=True)
+        self._thread.start()
+
+    def _watch(self) -> None:
+        said = None
+        while not self.output.wait(NOTICE_AFTER_S):
+            try:
+                status = self.handle.status()
+            except Exception:  # noqa: BLE001 -- the stream asks too, and reports what is wrong
+                return
+            if status.state.done:
+                return
+            notice = (f"ddlkit: job {status.state.value}" + (f" ({status.message})" if status.message else "")
+                      + ", no output yet")
+            with self.lock:
+                if notice != said and not self.output.is_set():
+                    self.out.write(notice + "\n")
+                    self.out.flush()
+                    said = notice
+
+    def stop(self) -> None:
+        """The job's output has come (or the job ended): no more notices."""
+        with self.lock:  # a notice is never written into the job's output
+            self.output.set()
+
+
+def _stream(handle: JobHandle, out: TextIO, progress_bar: bool) -> None:
+    chunks = iter(handle.logs(follow=True))
+    notices = _StateNotices(handle, out)
+    try:
+        first = next(chunks, None)
+    finally:
+        notices.stop()
+    if first is None:
+        return
+    if progress_bar:
+        from ..builtin.console_logger import ProgressRenderer
+
+        with ProgressRenderer(out) as renderer:
+            for chunk in itertools.chain([first], chunks):
+                renderer.feed(chunk)
+    else:
+        for chunk in itertools.chain([first], chunks):
+            out.write(chunk)
+            out.flush()
+
+
+def follow(handle: JobHandle, *, out: TextIO, progress_bar: bool, on_interrupt: str = "cancel") -> JobStatus | None:
+    """Stream the job's output until it ends and return its status. Ctrl-C (or SIGTERM) either
+    cancels the job -- it checkpoints, and its last output is shown -- or, with
+    ``on_interrupt="detach"``, leaves it running and returns None."""
+    with sigterm_interrupts():
+        try:
+            _stream(handle, out, progress_bar)
+            return handle.wait()
+        except KeyboardInterrupt:
+            if on_interrupt == "detach":
+                handle.detach()
+                return None
+            out.write("\nddlkit: interrupted; asking the job to checkpoint and stop...\n")
+            handle.cancel()
+            for chunk in handle.logs(follow=True):
+                out.write(chunk)
+            return handle.wait()
+
+
+def settle(handle: JobHandle, status: JobStatus, job_dir: Path) -> JobStatus:
+    """Once a job has ended: bring its files back, record its end, and apply ddlkit's rule for
+    an end -- a job that exited cleanly but wrote no ``result.json`` has failed."""
+    handle.collect()
+    result_path = Path(job_dir) / RESULT_FILE
+    if status.state is JobState.SUCCEEDED and not result_path.is_file():
+        status = JobStatus(JobState.FAILED, status.exit_code, f"the job exited cleanly but wrote no {result_path}")
+    with contextlib.suppress(DdlkitError):  # a job directory without a record still has a result
+        index.load(job_dir).ended_with(status)
+    return status
+
+
+def resumable(status: JobStatus, job_dir: Path) -> bool:
+    """Whether the job's command, run again, resumes the ended job: its ranks stopped when told to
+    (``EXIT_PREEMPTED``, while running), or it left a checkpoint. A job that failed before training,
+    or was cancelled before it started, has nothing to resume: its message names the cause instead."""
+    return status.exit_code == EXIT_PREEMPTED or latest_checkpoint(job_dir) is not None
+
+
+def conclude(handle: JobHandle, status: JobStatus, *, job_dir: Path, name: str,
+             resume_hint: str, out: TextIO) -> dict[str, Any]:
+    """After the job ended: :func:`settle` it, and return ``result.json`` (or raise
+    :class:`JobFailedError` with what went wrong and how to resume)."""
+    status = settle(handle, status, job_dir)
+    if status.state is JobState.SUCCEEDED:
+        result_path = Path(job_dir) / RESULT_FILE
+        result = json.loads(result_path.read_text())
+        out.write(f"ddlkit: done; result in {result_path}\n")
+        return result
+    if status.exit_code == EXIT_PREEMPTED:
+        saved = "after saving a checkpoint" if latest_checkpoint(job_dir) is not None else "before its first checkpoint"
+        raise JobFailedError(f"job {name} stopped {saved}; {resume_hint}", exit_code=EXIT_PREEMPTED)
+    # a rank's config error (a model.target that does not import, a model of the wrong kind) is
+    # fixed in the command, so the same command would only fail again
+    resume = resumable(status, job_dir) and status.exit_code != EXIT_CONFIG_ERROR
+    hint = f"\n  {resume_hint}" if resume else ""
+    raise JobFailedError(f"job {name} {status.state.value}: {status.message}{hint}",
+                         exit_code=status.exit_code if status.exit_code and status.exit_code > 0 else 1)
+
+
+def run_job(job: PreparedJob, *, out: TextIO | None = None, live: bool | None = None,
+            detach: bool = False) -> dict[str, Any] | None:
+    """Submit, stream rank 0's output, and return result.json; raise JobFailedError otherwise.
+    With ``detach``: submit, say how to find the job again, and return None at once."""
+    out = out or sys.stdout
+    live = out.isatty() if live is None else live
+    spec = job.spec
+    out.write(f"ddlkit: job {spec.name} -> {spec.job_dir}\n")
+    out.flush()
+    handle = submit(job, detach=detach)
+    if detach:
+        out.write(f"ddlkit: detached; job {spec.name} runs on compute={job.redacted_config['compute']['name']} as "
+                  f"{handle.id}.\n  follow it: ddlkit jobs attach {spec.name}\n"
+                  f"  or: ddlkit jobs status|logs|cancel {spec.name}\n")
+        out.flush()
+        return None
+    status = follow(handle, out=out, progress_bar=live and "console" in job.redacted_config.get("logger", {}))
+    assert status is not None
+    return conclude(handle, status, job_dir=spec.job_dir, name=spec.name, resume_hint=job.resume_hint, out=out)

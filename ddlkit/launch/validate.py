@@ -1,0 +1,89 @@
+"""The launcher's checks of a composed run, before anything is written: the shape of the config
+and each option's own constraint, each selected component's own ``configure``, the frameworks'
+models and optimizers, and the compute target's ranks against the dist settings and the data."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
+
+from omegaconf.errors import MissingMandatoryValue, OmegaConfBaseException
+
+from .. import callbacks, monitor, options
+from ..config import check_one_global_batch, to_container
+from ..errors import ConfigError
+from ..interfaces import ComputeTarget
+from ..registry import HOOK_POINTS, Registry
+from .hydra_errors import check_composed
+
+if TYPE_CHECKING:
+    from omegaconf import DictConfig
+
+    from ..plugins import DdlkitPluginManager
+
+
+def build_target(cfg: DictConfig, registry: Registry) -> ComputeTarget:
+    """The job's compute target: built once per job, from ``cfg.compute``."""
+    check_composed(cfg, registry)  # a preset's node gets its plugin's schema before it is read
+    return registry.create("compute", cfg.compute.name, cfg.compute)
+
+
+def validate(cfg: DictConfig, registry: Registry, pm: DdlkitPluginManager, *,
+             compute: ComputeTarget | None = None) -> dict[str, Any]:
+    """Check the composed config before anything runs; return it resolved as plain containers.
+    ``compute``: the job's target, when the caller has built it already."""
+    check_composed(cfg, registry)
+    for group, hp in HOOK_POINTS.items():
+        # `logger=[]` (no loggers) leaves the key out of the composed config altogether
+        names = list(cfg.get(group) or {}) if hp.multi else [cfg[group].name]
+        for name in names:
+            registry.get(group, name)
+    try:
+        container = to_container(cfg)
+    except MissingMandatoryValue as err:
+        key = err.full_key
+        raise ConfigError(f"missing value for `{key}`: set it on the command line, e.g. {key}=<value>.") from None
+    except OmegaConfBaseException as err:
+        raise ConfigError(f"config error at `{getattr(err, 'full_key', '?')}`: {err.msg}") from None
+
+    # every option's own constraint, declared on its schema's field (ddlkit.options)
+    options.check(cfg)
+    monitor.check(cfg)
+    callbacks.resolve(cfg.trainer.callbacks)
+    compute = compute or build_target(cfg, registry)
+    _check_distributed(cfg, compute, registry)
+    # the selected framework must implement the selected model and optimizer
+    for group in ("model", "optimizer"):
+        registry.get_for(group, cfg.framework.name, cfg[group].name)
+    for component in _selected(cfg, registry, compute):
+        component.configure(cfg)
+    # what no one component owns: checks across the config (user code importable, ...)
+    pm.hook.ddlkit_configure(config=cfg)
+    return container
+
+
+def _selected(cfg: DictConfig, registry: Registry, compute: ComputeTarget) -> Iterator[Any]:
+    """The selected components, built as the ranks will build them, each to check its own options
+    (``configure``); models and optimizers are the framework's to check."""
+    for group, hp in HOOK_POINTS.items():
+        if hp.per_framework:
+            continue
+        if group == "compute":
+            yield compute
+            continue
+        nodes = (cfg.get(group) or {}).values() if hp.multi else [cfg[group]]
+        for node in nodes:
+            yield registry.create(group, node.name, node)
+
+
+def _check_distributed(cfg: DictConfig, compute: ComputeTarget, registry: Registry) -> None:
+    """The dist settings and the data against the compute target's number of ranks."""
+    world_size = compute.world_size
+    if world_size > 1 and cfg.dist.backend == "none":
+        raise ConfigError(f"compute={cfg.compute.name} runs {world_size} ranks, which must share their gradients: "
+                          "add dist=native (the framework's own collectives) or dist=horovod.")
+    # every rank checks the data against the global batch once the data is readable; a source
+    # whose config states its size is checked here as well, before anything starts
+    stated = registry.create("data", cfg.data.name, cfg.data).config_info()
+    if stated is not None:
+        check_one_global_batch(stated.train_length, cfg.trainer, world_size)
