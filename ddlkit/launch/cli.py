@@ -237,55 +237,85 @@ def run_main(argv: list[str]) -> int:
 def _run_main(argv: list[str]) -> int:
     detach = DETACH_FLAG in argv
     argv = [a for a in argv if a != DETACH_FLAG]
-    if detach and any(a in ("-m", "--multirun") for a in argv):
-        return _fail(ConfigError(f"{DETACH_FLAG} submits one job; a sweep's launcher schedules its jobs as slots "
-                                 "free up, so it must keep running (run it under nohup or tmux, or in a batch job)."))
+    if refused := _refused_flags(argv, detach):
+        return _fail(refused)
+    from .hydra_errors import explain
+
+    command = HydraCommand.parse(argv)
+    try:
+        pm, registry, argv = _load_plugins(command, argv)
+    except DdlkitError as err:
+        return _fail(err)
+    except Exception as err:
+        return _fail(_explained(err, explain))
+    task, entered = _task(registry, pm, detach=detach)
+
+    from .sweep.jobs import SWEEP_ATTR, DdlkitSweep
+
+    # `ddlkit -m`: the ddlkit launcher (hydra_plugins/ddlkit_launcher) finds this on the task and validates,
+    # prepares and submits every job itself, through the compute target, instead of calling task() per job
+    sweep = DdlkitSweep(registry, pm)
+    setattr(task, SWEEP_ATTR, sweep)
+    code = _run_hydra(task, argv, sweep, multirun=command is not None and command.args.multirun)
+    return code if code is not None else entered["code"] or sweep.exit_code or 0
+
+
+def _refused_flags(argv: list[str], detach: bool) -> ConfigError | None:
+    """What is wrong with the command line's own flags, before any plugin loads."""
+    if detach and any(a in _MULTIRUN_FLAGS for a in argv):
+        return ConfigError(f"{DETACH_FLAG} submits one job; a sweep's launcher schedules its jobs as slots free up, "
+                           "so it must keep running (run it under nohup or tmux, or in a batch job).")
     if detach:
         from .jobs import index
 
         try:
             index.require_writable()  # before anything is written: a detached job is found again through it
         except ConfigError as err:
-            return _fail(err)
+            return err
     for key, default in (("hydra.run.dir", "outputs"), ("hydra.sweep.dir", "multirun")):
         # an empty directory would be the working directory: checkpoints and results strewn into it
         if any(a.lstrip("+").partition("=")[::2] in ((key, ""), (key, "''"), (key, '""')) for a in argv):
-            return _fail(ConfigError(f"{key} is empty: give the job a directory of its own, e.g. {key}=runs/r50, "
-                                     f"or leave {key} out ({default}/<date>/<time>)."))
-    import hydra
+            return ConfigError(f"{key} is empty: give the job a directory of its own, e.g. {key}=runs/r50, "
+                               f"or leave {key} out ({default}/<date>/<time>).")
+    return None
+
+
+def _load_plugins(command: HydraCommand | None, argv: list[str]) -> tuple[Any, Registry, list[str]]:
+    """Load the plugins and store their schemas *before* Hydra composes (it looks options up in
+    its ConfigStore then); check the names the command line chooses. Returns the plugin manager,
+    the registry and the command line, a swept key's fixed value left out."""
+    from ..config import store_schemas
+    from ..plugins import get_plugin_manager
+
+    pm = get_plugin_manager()
+    registry = Registry.collect(pm)
+    store_schemas(registry)
+    if command is not None:  # else Hydra refuses the command line, with its usage
+        check_names(command, registry)
+        if command.args.multirun:
+            argv = _sweeps_win(argv, command.overrides)
+    return pm, registry, argv
+
+
+def _task(registry: Registry, pm: Any, *, detach: bool) -> tuple[Callable[[Any], None], dict[str, int | None]]:
+    """Hydra's task for one run: prepare the job in the directory Hydra made and run it. Returns
+    the task and where it leaves its exit status (0 when Hydra never called it)."""
     from hydra.core.hydra_config import HydraConfig
     from hydra.errors import HydraException
     from omegaconf.errors import OmegaConfBaseException
 
-    from ..config import store_schemas
-    from ..plugins import get_plugin_manager
     from . import follow, prepare
-
     from .hydra_errors import explain
 
-    command = HydraCommand.parse(argv)
-    try:
-        pm = get_plugin_manager()
-        registry = Registry.collect(pm)
-        store_schemas(registry)
-        if command is not None:  # else Hydra refuses the command line below, with its usage
-            check_names(command, registry)
-            if command.args.multirun:
-                argv = _sweeps_win(argv, command.overrides)
-    except DdlkitError as err:
-        return _fail(err)
-    except Exception as err:
-        return _fail(_explained(err, explain))
+    entered: dict[str, int | None] = {"code": 0}
 
-    entered = {"code": 0}
-
-    def task(cfg) -> None:
+    def task(cfg: Any) -> None:
         entered["code"] = None
         hc = HydraConfig.get()
         try:
             job = prepare.prepare(cfg, job_dir=Path(hc.runtime.output_dir), overrides=list(hc.overrides.task),
-                                 registry=registry, pm=pm, env={str(k): str(v) for k, v in hc.job.env_set.items()},
-                                 launch=launch_args(hc))
+                                  registry=registry, pm=pm, env={str(k): str(v) for k, v in hc.job.env_set.items()},
+                                  launch=launch_args(hc))
             follow.run_job(job, detach=detach)
         except (DdlkitError, HydraException, OmegaConfBaseException) as err:
             prepare.remove_empty_dirs(Path(hc.runtime.output_dir))  # Hydra made it; the job never started
@@ -296,12 +326,16 @@ def _run_main(argv: list[str]) -> int:
             sys.exit(entered["code"])
         entered["code"] = 0
 
-    from .sweep.jobs import SWEEP_ATTR, DdlkitSweep, SweepError
+    return task, entered
 
-    # `ddlkit -m`: the ddlkit launcher (hydra_plugins/ddlkit_launcher) finds this on the task and validates,
-    # prepares and submits every job itself, through the compute target, instead of calling task() per job
-    sweep = DdlkitSweep(registry, pm)
-    setattr(task, SWEEP_ATTR, sweep)
+
+def _run_hydra(task: Callable[[Any], None], argv: list[str], sweep: Any, *, multirun: bool) -> int | None:
+    """Run ``task`` as ddlkit's Hydra app on ``argv``, Hydra's errors told in one line; the exit
+    status when the app or the sweep chose one, None when the task's own stands."""
+    import hydra
+
+    from .hydra_errors import explain
+    from .sweep.jobs import SweepError
 
     app = hydra.main(config_path="../conf", config_name="config", version_base="1.3")(task)
     saved_argv, full_error = sys.argv, os.environ.get(FULL_ERROR_ENV)
@@ -323,7 +357,7 @@ def _run_main(argv: list[str]) -> int:
             return sweep.exit_code or 1
         if isinstance(err, DdlkitError):  # the launcher refused the sweeper's settings
             return _fail(err)
-        if command is not None and command.args.multirun and explain(err) is None:
+        if multirun and explain(err) is None:
             # the sweeper gave up (Optuna: "No trials are completed yet"): the search did not complete
             return _fail(RunError(f"the sweep could not complete: {type(err).__name__}: {_one_line(err)} "
                                   f"({FULL_ERROR_ENV}=1 shows where)"))
@@ -334,7 +368,7 @@ def _run_main(argv: list[str]) -> int:
             os.environ.pop(FULL_ERROR_ENV, None)
         else:
             os.environ[FULL_ERROR_ENV] = full_error
-    return entered["code"] or sweep.exit_code or 0
+    return None
 
 
 def _sweeps_win(argv: list[str], overrides: list[str]) -> list[str]:
