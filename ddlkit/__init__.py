@@ -8,83 +8,83 @@ optimizer schemas in :mod:`ddlkit.optim`, constraints on schema fields in :mod:`
 bring-your-own-code helpers in :mod:`ddlkit.custom`, the job directory's layout and exit statuses
 in :mod:`ddlkit.jobdir`, the fields of ``result.json`` in :mod:`ddlkit.result`. Everything else
 is internal.
+
+The names load when first used (PEP 562), so ``import ddlkit`` -- and any of its stdlib-only
+modules, such as :mod:`ddlkit.jobdir` or the rank minder every cluster target starts once per
+rank -- costs nothing of the training stack (OmegaConf, pluggy).
 """
 
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
 from ._version import __version__ as __version__
-from .errors import (
-    ConfigError,
-    DdlkitError,
-    JobFailedError,
-    PluginConflictError,
-    PluginError,
-    PluginLoadError,
-    RunError,
-    UnknownNameError,
-)
-from .hookspecs import hookimpl, hookspec
-from .interfaces import (
-    JOB_FILE,
-    WORKER_ARGS,
-    Batch,
-    ComputeTarget,
-    DataInfo,
-    DataSource,
-    DistView,
-    Framework,
-    ImageFilesSpec,
-    ImagePoolSpec,
-    JobHandle,
-    JobSpec,
-    JobState,
-    JobStatus,
-    Loader,
-    Logger,
-    Registration,
-    RunContext,
-    RunState,
-    Schedule,
-    Shard,
-    StorageBackend,
-)
-from .rank.distributed import DistContext
-from .rank.run import Run
-from .rank.schedule import LRSchedule
+
+#: each public name and the module it comes from, imported when first used
+_EXPORTS: dict[str, str] = {
+    "ConfigError": ".errors",
+    "DdlkitError": ".errors",
+    "JobFailedError": ".errors",
+    "PluginConflictError": ".errors",
+    "PluginError": ".errors",
+    "PluginLoadError": ".errors",
+    "RunError": ".errors",
+    "UnknownNameError": ".errors",
+    "hookimpl": ".hookspecs",
+    "hookspec": ".hookspecs",
+    "JOB_FILE": ".interfaces",
+    "WORKER_ARGS": ".interfaces",
+    "Batch": ".interfaces",
+    "ComputeTarget": ".interfaces",
+    "DataInfo": ".interfaces",
+    "DataSource": ".interfaces",
+    "DistView": ".interfaces",
+    "Framework": ".interfaces",
+    "ImageFilesSpec": ".interfaces",
+    "ImagePoolSpec": ".interfaces",
+    "JobHandle": ".interfaces",
+    "JobSpec": ".interfaces",
+    "JobState": ".interfaces",
+    "JobStatus": ".interfaces",
+    "Loader": ".interfaces",
+    "Logger": ".interfaces",
+    "Registration": ".interfaces",
+    "RunContext": ".interfaces",
+    "RunState": ".interfaces",
+    "Schedule": ".interfaces",
+    "Shard": ".interfaces",
+    "StorageBackend": ".interfaces",
+    "DistContext": ".rank.distributed",
+    "Run": ".rank.run",
+    "LRSchedule": ".rank.schedule",
+}
+
+__all__ = sorted(_EXPORTS, key=lambda n: (0 if n.isupper() else 1 if n[0].isupper() else 2, n))
 
 
-__all__ = [
-    "JOB_FILE",
-    "WORKER_ARGS",
-    "Batch",
-    "ComputeTarget",
-    "ConfigError",
-    "DataInfo",
-    "DataSource",
-    "DdlkitError",
-    "DistContext",
-    "DistView",
-    "Framework",
-    "ImageFilesSpec",
-    "ImagePoolSpec",
-    "JobFailedError",
-    "JobHandle",
-    "JobSpec",
-    "JobState",
-    "JobStatus",
-    "LRSchedule",
-    "Loader",
-    "Logger",
-    "PluginConflictError",
-    "PluginError",
-    "PluginLoadError",
-    "Registration",
-    "Run",
-    "RunContext",
-    "RunError",
-    "RunState",
-    "Schedule",
-    "Shard",
-    "StorageBackend",
-    "UnknownNameError",
-    "hookimpl",
-    "hookspec",
-]
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        # not a facade name: a submodule (``from ddlkit import jobdir``) is imported by the import system
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(module, __name__), name)
+    globals()[name] = value  # the next use is a plain lookup
+    return value
+
+
+def __dir__() -> list[str]:
+    """The facade's names, whether loaded yet or not."""
+    return [*__all__, "__version__"]
+
+
+if TYPE_CHECKING:  # the same names, for type checkers and editors
+    from .errors import (ConfigError, DdlkitError, JobFailedError, PluginConflictError, PluginError, PluginLoadError,
+                         RunError, UnknownNameError)
+    from .hookspecs import hookimpl, hookspec
+    from .interfaces import (JOB_FILE, WORKER_ARGS, Batch, ComputeTarget, DataInfo, DataSource, DistView, Framework,
+                             ImageFilesSpec, ImagePoolSpec, JobHandle, JobSpec, JobState, JobStatus, Loader, Logger,
+                             Registration, RunContext, RunState, Schedule, Shard, StorageBackend)
+    from .rank.distributed import DistContext
+    from .rank.run import Run
+    from .rank.schedule import LRSchedule

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import importlib
-from types import ModuleType
 
 import pytest
 
@@ -27,9 +26,27 @@ def test_every_name_in_all_is_importable_and_public() -> None:
 
 
 def test_all_is_complete() -> None:
-    """Every public, non-module attribute of the package is in __all__ (and nothing else is)."""
-    public = {n for n, v in vars(ddlkit).items() if not n.startswith("_") and not isinstance(v, ModuleType)}
+    """The facade's names (``dir``, loaded or not) are __all__, and so are the names type checkers
+    are told of (its ``if TYPE_CHECKING:`` imports): the lazy table and the typed one agree."""
+    import ast
+    import inspect
+
+    public = {n for n in dir(ddlkit) if not n.startswith("_")}
     assert public == set(ddlkit.__all__)
+    tree = ast.parse(inspect.getsource(ddlkit))
+    typed = {alias.name for node in tree.body if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test)
+             for imp in node.body if isinstance(imp, ast.ImportFrom) for alias in imp.names}
+    assert typed == set(ddlkit.__all__)
+
+
+def test_names_load_when_first_used() -> None:
+    import subprocess
+    import sys
+
+    code = ("import sys, ddlkit; before = 'ddlkit.rank.run' in sys.modules; run = ddlkit.Run; "
+            "print(before, run.__module__, 'ddlkit.rank.run' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.split() == ["False", "ddlkit.rank.run", "True"]
 
 
 def test_every_interface_and_error_is_exported() -> None:

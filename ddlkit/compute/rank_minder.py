@@ -42,19 +42,15 @@ What :func:`run` guarantees, the same for every target:
   killed, since nobody would collect it;
 * **exit status**: the child's; a death by signal N as ``128 + N`` (the shell's way), never 0.
 
-Standard library only, and nothing of the ddlkit package but :mod:`ddlkit.jobdir`, loaded by its
-path. It starts once per rank before the worker and lives as long as the rank: ``import ddlkit``
-would cost every rank about 75 ms and 11 MB it keeps for the whole job (pluggy, OmegaConf, ...),
-and would make the minder fail with the worker when the ddlkit package cannot be imported on a
-node -- the very failure the minder must report. So rank entries load this file by its path too,
-without executing ``ddlkit/__init__.py`` (see the README's "Write a compute target"); importing
-it as ``ddlkit.compute.rank_minder`` works the same, without side effects.
+Standard library only, and nothing of the ddlkit package but :mod:`ddlkit.jobdir` (which imports
+nothing): it starts once per rank before the worker and lives as long as the rank, so it holds
+none of the training stack (pluggy, OmegaConf: ``import ddlkit`` loads its names lazily), and a
+worker that fails to import what it needs is reported, not shared by its minder.
 """
 
 from __future__ import annotations
 
 import ctypes
-import importlib.util
 import json
 import os
 import re
@@ -65,22 +61,9 @@ import sys
 import time
 from collections import deque
 from collections.abc import Mapping, Sequence
-from types import ModuleType
 
+from .. import jobdir
 
-def _load_core_module(path: str, name: str) -> ModuleType:
-    """The module in ``path`` (a file of the ddlkit package), executed as ``name`` without
-    importing the package: its ``__init__.py`` imports the launcher's dependencies."""
-    spec = importlib.util.spec_from_file_location(name, path)
-    assert spec is not None and spec.loader is not None, path
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-#: the job directory's file names and exit statuses (ddlkit/jobdir.py imports nothing)
-jobdir = _load_core_module(os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "jobdir.py"),
-                           "_ddlkit_jobdir")
 
 #: lines of a rank's stderr that name an error
 ERROR_LINE = re.compile(rb"\b(error|exception|traceback|fatal|killed|aborted|segmentation fault|out of memory)\b",

@@ -1,5 +1,5 @@
 """ddlkit.compute.rank_minder with real processes: a minder started as a target's rank entry
-starts it (loaded by its path, without the ddlkit package), around a child that prints, fails, is
+starts it (with nothing of the training stack loaded), around a child that prints, fails, is
 signalled or leaves processes behind."""
 
 from __future__ import annotations
@@ -16,23 +16,22 @@ import pytest
 
 from ddlkit.compute import rank_minder
 
-#: a target's rank entry in miniature: load the minder by its path, forward signals first, run
-#: ``argv[3:]`` as rank options ``argv[2]`` (JSON) say; the ddlkit package stays unimported
+#: a target's rank entry in miniature: forward signals first, run ``argv[2:]`` as the rank options
+#: ``argv[1]`` (JSON) say; of ddlkit only the minder and the stdlib-only modules it needs are loaded
 ENTRY = """
-import importlib.util, json, sys
-spec = importlib.util.spec_from_file_location("_ddlkit_rank_minder", sys.argv[1])
-minder = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(minder)
+import json, sys
+from ddlkit.compute import rank_minder as minder
 minder.forward_signals()
-assert not [m for m in sys.modules if m == "ddlkit" or m.startswith("ddlkit.")], "the minder imported ddlkit"
-sys.exit(minder.run(sys.argv[3:], **json.loads(sys.argv[2])))
+loaded = sorted(m for m in sys.modules if m.split(".")[0] in ("ddlkit", "omegaconf", "pluggy", "hydra", "yaml"))
+assert loaded == ["ddlkit", "ddlkit._version", "ddlkit.compute", "ddlkit.compute.rank_minder", "ddlkit.jobdir"], loaded
+sys.exit(minder.run(sys.argv[2:], **json.loads(sys.argv[1])))
 """
 LAYOUT = {"DDLKIT_NODE": "1", "DDLKIT_LOCAL_RANK": "0", "DDLKIT_LOCAL_SIZE": "2"}
 
 
 def minder_command(code: str, *, rank: int, **options: object) -> list[str]:
     options = {"rank": rank, "variables": LAYOUT, "name": "test", **options}
-    return [sys.executable, "-c", ENTRY, rank_minder.__file__, json.dumps(options), sys.executable, "-c", code]
+    return [sys.executable, "-c", ENTRY, json.dumps(options), sys.executable, "-c", code]
 
 
 def run_minder(job_dir: Path, code: str, *, rank: int, **options: object) -> subprocess.CompletedProcess[str]:

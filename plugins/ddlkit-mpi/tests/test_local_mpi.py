@@ -19,7 +19,8 @@ from ddlkit import ComputeTarget, JobSpec, JobState
 from ddlkit.testing import add_plugin, make_run
 from ddlkit.testing.contracts import ComputeTargetContract
 from ddlkit_mpi import plugin
-from ddlkit_mpi.rank import ErrorFilter, node_layout
+from ddlkit.compute.rank_minder import ErrorFilter
+from ddlkit_mpi.rank import node_layout
 from ddlkit_mpi.target import LocalMpiConfig, LocalMpiTarget
 
 needs_mpirun = pytest.mark.skipif(shutil.which("mpirun") is None,

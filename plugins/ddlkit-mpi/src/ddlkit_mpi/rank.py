@@ -24,38 +24,17 @@ orphans). What is MPI's own:
   does not exist) refuses to start, saying so;
 * **cancel marker** (``--cancel-file``): a rank that starts after the job was cancelled stops at once.
 
-Standard library only: it starts once per rank before the worker (the minder is loaded by its path,
-see :func:`_load_rank_minder`).
+Standard library and :mod:`ddlkit.compute.rank_minder` only: it starts once per rank before the worker.
 """
 
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import os
 import sys
 from pathlib import Path
-from types import ModuleType
 
-
-def _load_rank_minder() -> ModuleType:
-    """:mod:`ddlkit.compute.rank_minder`, loaded from its file: ``import ddlkit.compute...`` would
-    first import the ddlkit package (pluggy, OmegaConf, ...: 75 ms and 11 MB per rank, and a rank
-    that cannot report a worker that fails to import ddlkit); the minder imports nothing of it."""
-    package = importlib.util.find_spec("ddlkit")  # locates the package without importing it
-    assert package is not None and package.submodule_search_locations, "ddlkit is not installed"
-    spec = importlib.util.spec_from_file_location(
-        "_ddlkit_rank_minder", os.path.join(package.submodule_search_locations[0], "compute", "rank_minder.py"))
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-minder = _load_rank_minder()
-#: the minder's filter of the error lines that reach mpirun's console from ranks other than 0 (named
-#: here too: this module had it before the minder was shared)
-ErrorFilter = minder.ErrorFilter
+from ddlkit.compute import rank_minder as minder
 
 
 def node_layout(rank: int, procs_per_node: int) -> tuple[int, int]:

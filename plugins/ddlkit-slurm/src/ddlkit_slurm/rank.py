@@ -13,37 +13,20 @@ else. What is Slurm's own:
   read (``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ``LOCAL_WORLD_SIZE``, ``GROUP_RANK``,
   ``DDLKIT_NODE``, ``DDLKIT_LOCAL_RANK``, ``DDLKIT_LOCAL_SIZE``).
 
-Standard library only: it starts once per rank before the worker (the minder is loaded by its path,
-see :func:`_load_rank_minder`).
+Standard library and :mod:`ddlkit.compute.rank_minder` only: it starts once per rank before the worker.
 """
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import re
 import sys
-from types import ModuleType
+
+from ddlkit.compute import rank_minder as minder
 
 #: how many of a failed rank's last lines reach slurm.log (the handle's message quotes its end)
 TAIL_LINES = 15
 
-
-def _load_rank_minder() -> ModuleType:
-    """:mod:`ddlkit.compute.rank_minder`, loaded from its file: ``import ddlkit.compute...`` would
-    first import the ddlkit package (pluggy, OmegaConf, ...: 75 ms and 11 MB per rank, and a rank
-    that cannot report a worker that fails to import ddlkit); the minder imports nothing of it."""
-    package = importlib.util.find_spec("ddlkit")  # locates the package without importing it
-    assert package is not None and package.submodule_search_locations, "ddlkit is not installed"
-    spec = importlib.util.spec_from_file_location(
-        "_ddlkit_rank_minder", os.path.join(package.submodule_search_locations[0], "compute", "rank_minder.py"))
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-minder = _load_rank_minder()
 
 
 def tasks_per_node(spec: str) -> list[int]:
