@@ -608,8 +608,8 @@ class Service:
         where = hashlib.sha256(f"{self.cfg.stage_from} {self.cfg.data_root}".encode()).hexdigest()[:10]
         if self.planning:
             return f"stage-{where}-MANIFESTSHA256"
-        from ddlkit.builtin.manifest import MANIFEST_NAME, Manifest
-        from ddlkit.builtin.transfer import open_storage
+        from ddlkit.storage import MANIFEST_NAME, Manifest
+        from ddlkit.storage import open_storage
 
         source = open_storage(str(self.cfg.stage_from))
         with tempfile.TemporaryDirectory(prefix="ddlkit-batchai-") as tmp:

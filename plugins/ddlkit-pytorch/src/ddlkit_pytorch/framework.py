@@ -62,7 +62,7 @@ class PytorchFramework(ddlkit.Framework):
             raise ddlkit.ConfigError(problem)
         if config.data.name == "imagefolder" and importlib.util.find_spec("PIL") is None:
             # this plugin's image pipeline decodes with Pillow: say so now, not in every rank's first batch
-            from ddlkit.builtin.imagefolder._decode import PILLOW_MISSING
+            from ddlkit.images import PILLOW_MISSING
 
             raise ddlkit.ConfigError(PILLOW_MISSING)
         threads.check(self.cfg.num_threads, "torch")

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ...errors import ConfigError
+from ..errors import ConfigError
 
 try:
     from PIL import Image

@@ -32,7 +32,7 @@ from typing import TypeVar
 from ..errors import ConfigError, RunError
 from ..interfaces import StorageBackend
 from ..jobdir import OUTPUT_GLOBS, RESULT_FILE, RESULT_FILES, STATE_DIR
-from .manifest import MANIFEST_NAME, Entry, Manifest, sha256_file
+from ._manifest import MANIFEST_NAME, Entry, Manifest, sha256_file
 
 T = TypeVar("T")
 
