@@ -64,7 +64,7 @@ def open_storage(location: str) -> StorageBackend:
     installed storage backends opens (``blob://`` needs ``pip install ddlkit-azure``)."""
     from ..plugins import get_plugin_manager
     from ..registry import Registry
-    from .local_storage import LocalStorage, LocalStorageConfig
+    from ..builtin.local_storage import LocalStorage, LocalStorageConfig
 
     if not is_url(location):
         return LocalStorage(LocalStorageConfig(root=str(Path(location.removeprefix("file://")).expanduser())))
