@@ -45,8 +45,8 @@ from azure.mgmt.batchai import models as m
 from ddlkit import ConfigError, JobSpec, RunError
 from ddlkit.atomic import atomic_path, write_json
 from ddlkit.compute.containers import default_image
+from ddlkit.compute.state import state_dir
 from ddlkit.jobdir import CANCEL_FILE, STATE_DIR
-from ddlkit.launch.jobs.index import state_dir
 from ddlkit.redact import REDACTED, is_secret_key, scrub
 
 from .arm import first_line, management_credential, signed_in
