@@ -12,15 +12,16 @@ needs beyond the interface is here:
 * staging -- :func:`stage` copies a dataset into a local directory, in parallel, each file
   verified against the manifest before it is renamed into place, resumable, and a no-op when the
   copy already matches (:func:`is_staged`, :class:`StagingReport`);
-* manifests -- :class:`Manifest` (``manifest.tsv``, :data:`MANIFEST_NAME`: every file with its
-  size, sha256 and label), :func:`build_manifest`, :func:`sha256_file`; a backend that can list
+* manifests -- :class:`Manifest` (``manifest.tsv``, :data:`MANIFEST_NAME`: an :class:`Entry` per
+  file with its size, sha256 and label), :func:`build_manifest`, :func:`sha256_file`; a backend that can list
   its objects' hashes without reading them implements :class:`HashListing`;
 * publishing -- :func:`result_files` (``result.json`` last), :func:`checkpoint_files`,
   :func:`publish_files` (the last file after all the others), and :class:`CheckpointPublisher`
   for a backend that copies each checkpoint as soon as it is written;
-* :class:`StagingStorage` with :class:`LocalSsdConfig` -- the base of ``storage=local_ssd`` and of
-  remote object-store backends (``ddlkit-azure``): data staged to each node's disk, results
-  published to ``results``. Subclass it and add ``put``/``get``/``exists``/``list``.
+* :class:`StagingStorage` with :class:`LocalSsdConfig` (and its :class:`Verify` choices) -- the
+  base of ``storage=local_ssd`` and of remote object-store backends (``ddlkit-azure``): data staged
+  to each node's disk (under :func:`dataset_dirname`), results published to ``results``. Subclass
+  it and add ``put``/``get``/``exists``/``list``.
 
 The built-in storages (``local``, ``nfs``, ``local_ssd``) use this module as any plugin does.
 Imports nothing beyond the standard library and ddlkit's base.
