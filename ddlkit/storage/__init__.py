@@ -23,8 +23,8 @@ needs beyond the interface is here:
   to each node's disk (under :func:`dataset_dirname`), results published to ``results``. Subclass
   it and add ``put``/``get``/``exists``/``list``.
 
-The built-in storages (``local``, ``nfs``, ``local_ssd``) use this module as any plugin does.
-Imports nothing beyond the standard library and ddlkit's base.
+The built-in storages (``nfs``, ``local_ssd``) use this module as any plugin does. It imports no
+cloud SDK: a URL's backend is found among the installed plugins when :func:`open_storage` is called.
 """
 
 from ._manifest import MANIFEST_NAME, Entry, HashListing, Manifest, build_manifest, sha256_file
