@@ -101,7 +101,7 @@ def submissions(tmp: Path, cert: object, key: Path, poll: float, rounds: int) ->
 
 
 def staging(tmp: Path, cert: object, key: Path, files: int, kb: int) -> dict[str, object]:
-    from ddlkit.builtin.manifest import build_manifest
+    from ddlkit.storage import build_manifest
     from ddlkit.launch.data_cli import upload
 
     data = tmp / "dataset"

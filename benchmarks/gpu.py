@@ -263,7 +263,7 @@ def timed_batches(waits: list[float]) -> Iterator[None]:
 def imagefolder(a: argparse.Namespace, tmp: Path, save: Callable[[], None], rows: list[dict[str, Any]]) -> None:
     from multiprocessing import Pool
 
-    from ddlkit.builtin.imagefolder._decode import resolve_decoder
+    from ddlkit.images import resolve_decoder
 
     t0 = time.perf_counter()
     unique = [tmp / "unique" / f"{i:05d}.JPEG" for i in range(a.unique_images)]

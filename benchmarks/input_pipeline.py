@@ -163,7 +163,7 @@ def main() -> None:
     args = ap.parse_args()
     import torch
 
-    from ddlkit.builtin.imagefolder._decode import resolve_decoder
+    from ddlkit.images import resolve_decoder
 
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp) / "imagenet"

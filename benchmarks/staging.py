@@ -49,8 +49,8 @@ def main() -> None:
 
     from azure.storage.blob import BlobServiceClient
 
-    from ddlkit.builtin.manifest import build_manifest
-    from ddlkit.builtin.transfer import open_storage, stage
+    from ddlkit.storage import build_manifest
+    from ddlkit.storage import open_storage, stage
     from ddlkit.launch.data_cli import upload
     from ddlkit_azure.testing import start_azurite, stop_azurite
 

@@ -42,6 +42,9 @@ Exit status of every rank (``python -m ddlkit.rank.worker job.json``): :data:`EX
 after saving a resumable checkpoint -- a scheduler may re-queue the job, a re-run of the same job
 directory resumes it.
 
+Environment a job's ranks get from the launcher beyond the compute target's own: in a sweep,
+:data:`SWEEP_NAME_ENV` and :data:`SWEEP_JOB_ENV` (loggers group a sweep's runs by them).
+
 Results are published in the order of :data:`RESULT_FILES`, ``result.json`` last: a result.json
 at the destination means everything before it arrived.
 
@@ -95,3 +98,8 @@ EXIT_CONFIG_ERROR = 2
 EXIT_PLUGIN_ERROR = 3
 #: stopped on SIGTERM after writing a resumable checkpoint (EX_TEMPFAIL: try again later)
 EXIT_PREEMPTED = 75
+
+#: set in the environment of every job of a sweep: the sweep's name (loggers group runs by it, e.g.
+#: W&B's ``group``) and the job's number
+SWEEP_NAME_ENV = "DDLKIT_SWEEP_NAME"
+SWEEP_JOB_ENV = "DDLKIT_SWEEP_JOB"

@@ -10,7 +10,7 @@ for ``split`` ``"train"`` and ``"val"``, and returns the split's samples, either
 
 ddlkit does the rest as for its own data: a fresh shuffle per epoch from ``trainer.seed``,
 disjoint equal shards per rank, full training batches, and exact mid-epoch resumption
-(the order of :mod:`.imagefolder._order`). float64 arrays become float32.
+(the order of :func:`ddlkit.images.epoch_order`). float64 arrays become float32.
 """
 
 from __future__ import annotations
@@ -139,7 +139,7 @@ class SampleBatches:
     """Batches of a split's samples in the shared per-epoch order."""
 
     def __init__(self, samples: Samples, *, batch_size: int, shard: Shard, seed: int, train: bool) -> None:
-        from .imagefolder._order import num_batches
+        from ..images import num_batches
 
         self.samples, self.batch_size, self.shard, self.seed, self.train = samples, batch_size, shard, seed, train
         self.n = num_batches(len(samples), batch_size, shard, train)
@@ -148,7 +148,7 @@ class SampleBatches:
         return self.n
 
     def iter_epoch(self, epoch: int, start_batch: int = 0) -> Iterator[Batch]:
-        from .imagefolder._order import epoch_order
+        from ..images import epoch_order
 
         order = epoch_order(len(self.samples), batch_size=self.batch_size, shard=self.shard, seed=self.seed,
                             epoch=epoch, train=self.train)

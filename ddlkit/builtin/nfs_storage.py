@@ -18,7 +18,7 @@ from ..errors import ConfigError
 from ..hookspecs import hookimpl
 from ..registry import Registration
 from .local_storage import LocalStorage
-from .transfer import CheckpointPublisher, is_url, publish_files, result_files
+from ..storage import CheckpointPublisher, is_url, publish_files, result_files
 
 
 @dataclass

@@ -15,14 +15,12 @@ Framework-neutral: the loader serves numpy :class:`ddlkit.Batch` es (NHWC).
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
 from dataclasses import dataclass
-from functools import cached_property
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from ..errors import ConfigError
 from ..hookspecs import hookimpl
-from ..interfaces import Batch, DataInfo, DataSource, ImagePoolSpec, Shard
+from ..interfaces import DataInfo, DataSource, Shard
 from ..interfaces.data import check_split
 from ..options import at_least, checked
 from ..registry import Registration
@@ -30,9 +28,7 @@ from ..registry import Registration
 if TYPE_CHECKING:
     from omegaconf import DictConfig
 
-#: side of the per-class pattern grid before it is blown up to the image size
-PATTERN_GRID = 4
-
+    from ..images import SyntheticImages
 
 @dataclass
 class SyntheticDataConfig:
@@ -45,51 +41,6 @@ class SyntheticDataConfig:
     val_length: int = checked(512, at_least(0))
     # distinct batches generated per split, at most this many MiB (the epochs cycle through them)
     pool_mib: int = checked(128, at_least(1))
-
-
-class SyntheticImages:
-    """A split's batches: ``len(self)`` per epoch, drawn in turn from a pool of distinct ones.
-
-    Framework adapters may take the pool from :meth:`native_spec` to put it on their device at once."""
-
-    def __init__(self, *, batch_size: int, image_size: int, num_classes: int, batches: int, pool_mib: int,
-                 seed: int, stream: tuple[int, ...]) -> None:
-        self.batch_size, self.image_size, self.num_classes = batch_size, image_size, num_classes
-        #: ``seed`` draws the class patterns, ``(seed, *stream)`` this loader's labels and noise
-        self.batches, self.seed, self.stream = batches, seed, stream
-        batch_bytes = batch_size * image_size * image_size * 3 * 4
-        #: distinct batches generated
-        self.pool_size = max(1, min(batches, pool_mib * 2**20 // batch_bytes))
-
-    def __len__(self) -> int:
-        return self.batches
-
-    @cached_property
-    def pool(self) -> tuple[Any, Any]:
-        """``(images, labels)``: float32 ``(pool, batch, size, size, 3)`` and int64 ``(pool, batch)``."""
-        import numpy as np
-
-        size, grid = self.image_size, PATTERN_GRID
-        patterns = np.random.default_rng(self.seed).standard_normal((self.num_classes, grid, grid, 3),
-                                                                    dtype=np.float32)
-        block = -(-size // grid)
-        rng = np.random.default_rng((self.seed, *self.stream))
-        labels = rng.integers(0, self.num_classes, (self.pool_size, self.batch_size))
-        images = rng.standard_normal((self.pool_size, self.batch_size, size, size, 3), dtype=np.float32)
-        for k in range(self.pool_size):  # a batch at a time: no pool-sized temporary
-            images[k] += patterns[labels[k]].repeat(block, axis=1).repeat(block, axis=2)[:, :size, :size]
-        return images, labels
-
-    def native_spec(self) -> ImagePoolSpec:
-        """The pool, which a framework puts on its device at once."""
-        images, labels = self.pool
-        return ImagePoolSpec(images, labels, batches=self.batches)
-
-    def iter_epoch(self, epoch: int, start_batch: int = 0) -> Iterator[Batch]:
-        pool = self.native_spec()
-        for k in range(start_batch, self.batches):
-            i = pool.index(epoch, k)
-            yield Batch(pool.images[i], pool.labels[i])
 
 
 class SyntheticData(DataSource):
@@ -110,6 +61,8 @@ class SyntheticData(DataSource):
         n = length // (batch_size * shard.world_size)
         if split == "val":
             n = max(n, 1)
+        from ..images import SyntheticImages  # numpy: imported where batches are made, not when the plugin loads
+
         c = self.cfg
         # the patterns are the task, the same everywhere; the labels and noise differ per rank and split
         return SyntheticImages(batch_size=batch_size, image_size=c.image_size, num_classes=c.num_classes, batches=n,

@@ -1,6 +1,20 @@
 """The SDK for compute-target plugins: what a target that starts ddlkit's ranks may build on.
 
+* :mod:`ddlkit.compute.process`: jobs whose processes run on this machine -- :class:`ProcessJob`
+  (a command under a minder in a session of its own: follow, judge, cancel and detach it from its
+  id and directory; override ``final_status`` for a launcher such as ``mpirun``), and the helpers
+  for targets that follow a job elsewhere: ``LogFollower`` (streams a growing log), ``log_tail``,
+  ``kill_session``, ``describe_exit``, ``processes``;
 * :mod:`ddlkit.compute.rank_minder`: the program a target starts once per rank, around the ddlkit
   worker (logs, console, exit records, signals, no orphans); the target adds only how a rank
-  learns its place in the job.
+  learns its place in the job;
+* :mod:`ddlkit.compute.containers`: the names of ddlkit's container images (``default_image``)
+  for targets that run the ranks in a container;
+* :mod:`ddlkit.compute.state`: ddlkit's state directory on the launcher's machine, where a target
+  keeps what it must remember between launches.
+
+The job directory's layout, exit codes and environment names are :mod:`ddlkit.jobdir`; plan
+output hides secrets with :mod:`ddlkit.redact`; data staging is :mod:`ddlkit.storage`.
+This package's ``__init__`` imports nothing: the rank minder is loaded by its file path without
+importing ddlkit, once per rank.
 """

@@ -34,19 +34,11 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Protocol, runtime_checkable
 
 from ..errors import ConfigError, DdlkitError, exit_code_for
 
 _WNID = re.compile(r"^n\d{8}$")
 DEFAULT_WORKERS = 16
-
-
-@runtime_checkable
-class HashListing(Protocol):
-    """A backend that can list its objects' sizes and content hashes without reading them."""
-
-    def list_hashes(self, prefix: str = "") -> dict[str, tuple[int, str | None]]: ...
 
 
 # ---------------------------------------------------------------------------- prepare
@@ -143,8 +135,9 @@ def prepare(out: Path, *, val_images: Path | None, val_labels: Path | None, syns
 
 # ---------------------------------------------------------------------------- manifest, upload
 def write_manifest(root: Path, workers: int) -> int:
-    from ..builtin.manifest import build_manifest, iter_files
-    from ..builtin.transfer import Progress
+    from ..storage import build_manifest
+    from ..storage._manifest import iter_files
+    from ..storage._transfer import Progress
 
     root = Path(root)
     if not root.is_dir():
@@ -160,8 +153,8 @@ def write_manifest(root: Path, workers: int) -> int:
 
 
 def upload(src: Path, dest: str, *, workers: int) -> int:
-    from ..builtin.manifest import MANIFEST_NAME, Manifest, build_manifest, sha256_file
-    from ..builtin.transfer import Progress, open_storage, parallel, retry
+    from ..storage import MANIFEST_NAME, HashListing, Manifest, build_manifest, open_storage, retry, sha256_file
+    from ..storage._transfer import Progress, parallel
 
     src = Path(src)
     if not src.is_dir():

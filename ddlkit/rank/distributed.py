@@ -23,11 +23,9 @@ identity: the single-process path pays nothing.
 
 from __future__ import annotations
 
-import importlib.util
 import os
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 from ..errors import ConfigError, RunError
@@ -196,17 +194,3 @@ def _mean_by_key(gathered: list[list[Any]]) -> list[float]:
         if other != keys:
             raise RunError(f"ranks report different metrics: rank 0 {keys}, rank {rank} {other}", component="dist")
     return [sum(column) / len(gathered) for column in zip(*(vals for _, vals in gathered), strict=True)]
-
-
-# ---------------------------------------------------------------------------- horovod
-def horovod_built_with(extension: str) -> bool | None:
-    """Whether the installed Horovod has a framework binding's compiled ``extension`` (its
-    directory in the package and the library's name, e.g. ``"torch/mpi_lib_v2"``), or None when
-    Horovod is not installed. Imports nothing heavy, so a framework plugin's launcher-side check
-    (``Framework.configure``) can ask before a job starts, and say what to do."""
-    spec = importlib.util.find_spec("horovod")
-    if spec is None or not spec.submodule_search_locations:
-        return None
-    base = Path(next(iter(spec.submodule_search_locations)))
-    pkg, name = extension.split("/")
-    return any((base / pkg).glob(f"{name}*.so"))

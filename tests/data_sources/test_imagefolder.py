@@ -16,9 +16,10 @@ from PIL import Image
 
 from ddlkit import ConfigError, DataSource, Shard
 from ddlkit.builtin.imagefolder import ImageFolderConfig, ImageFolderData
-from ddlkit.builtin.imagefolder._decode import Augment, CorruptImageError, decode_into, simplejpeg
+from ddlkit.images import Augment, CorruptImageError, decode_into
+from ddlkit.images._decode import simplejpeg
 from ddlkit.builtin.imagefolder.index import load_index
-from ddlkit.builtin.manifest import build_manifest
+from ddlkit.storage import build_manifest
 from ddlkit.testing.contracts import DataSourceContract
 from ddlkit.testing.images import ImageDataset, make_image_dataset
 
@@ -164,7 +165,7 @@ def test_train_augmentation_varies_by_epoch_and_is_reproducible(dataset: ImageDa
 
 
 def test_shards_are_disjoint_and_cover_the_used_images(dataset: ImageDataset) -> None:
-    from ddlkit.builtin.imagefolder._order import epoch_order
+    from ddlkit.images import epoch_order
 
     n = 24
     shards = [epoch_order(n, batch_size=5, shard=Shard(r, 2), seed=0, epoch=4, train=True) for r in range(2)]

@@ -18,7 +18,8 @@ from typing import Any
 import pytest
 
 import ddlkit
-from ddlkit.rank.distributed import DistContext, control_address, horovod_built_with
+from ddlkit.horovod import horovod_built_with
+from ddlkit.rank.distributed import DistContext, control_address
 
 
 # ---------------------------------------------------------------------------- environment

@@ -9,7 +9,7 @@ import pytest
 from PIL import Image
 
 from ddlkit.builtin.imagefolder.index import load_index
-from ddlkit.builtin.manifest import Manifest, sha256_file
+from ddlkit.storage import Manifest, sha256_file
 from ddlkit.launch.cli import main
 
 WNIDS = ["n01440764", "n01443537", "n01484850"]

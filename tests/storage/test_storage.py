@@ -12,13 +12,13 @@ from typing import Any
 import pytest
 
 from ddlkit import ConfigError, RunError, StorageBackend
-from ddlkit.builtin import transfer
-from ddlkit.builtin.local_ssd_storage import LocalSsdConfig, LocalSsdStorage, dataset_dirname
+from ddlkit.builtin.local_ssd_storage import LocalSsdStorage
 from ddlkit.builtin.local_storage import LocalStorage, LocalStorageConfig
-from ddlkit.builtin.manifest import Manifest, build_manifest
 from ddlkit.builtin.nfs_storage import NfsStorage, NfsStorageConfig
-from ddlkit.builtin.transfer import TransientStorageError, publish_files, result_files, stage
 from ddlkit.launch.prepare import job_name
+from ddlkit.storage import (LocalSsdConfig, Manifest, TransientStorageError, build_manifest, dataset_dirname,
+                            publish_files, result_files, stage)
+from ddlkit.storage import _transfer as transfer
 from ddlkit.testing.contracts import StorageBackendContract
 from ddlkit.testing.images import ImageDataset, make_image_dataset
 

@@ -5,8 +5,8 @@ it becomes readable on each node (``storage=nfs`` reads in place, ``storage=loca
 copy first; see :meth:`ddlkit.StorageBackend.prepare_data`). The listing and labels come from
 :mod:`.index` without decoding anything, so ``info`` is known before any data is staged.
 
-The loader (:class:`.files.ImageFiles`) is framework-neutral: it says which files a rank reads in
-which order (:mod:`._order`) with the usual ImageNet augmentation -- random-resized crop +
+The loader (:class:`ddlkit.images.ImageFiles`) is framework-neutral: it says which files a rank reads in
+which order (:func:`ddlkit.images.epoch_order`) with the usual ImageNet augmentation -- random-resized crop +
 horizontal flip for training, resize + center crop for validation, normalized with ImageNet's
 mean and std -- and serves numpy batches decoded by a thread pool. Framework plugins build their
 native pipeline from its ``native_spec()`` instead (PyTorch: ``DataLoader`` worker processes;
@@ -27,14 +27,14 @@ from ...hookspecs import hookimpl
 from ...interfaces import DataInfo, DataSource, Shard
 from ...interfaces.data import check_split
 from ...registry import Registration
-from ..transfer import is_url
+from ...storage import is_url
 from .index import DatasetIndex, load_index
 
 if TYPE_CHECKING:
     from omegaconf import DictConfig
 
     from ...rank.run import Run
-    from .files import ImageFiles
+    from ...images import ImageFiles
 
 
 class Layout(StrEnum):
@@ -110,8 +110,7 @@ class ImageFolderData(DataSource):
 
     def loader(self, split: str, *, batch_size: int, shard: Shard, seed: int) -> ImageFiles:
         # numpy and Pillow: imported where images are decoded, not when the plugin loads
-        from ._decode import Augment, resolve_decoder
-        from .files import ImageFiles
+        from ...images import Augment, ImageFiles, resolve_decoder
 
         check_split(split)
         part = self.index.split(split)

@@ -21,8 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ...errors import ConfigError
-from ..manifest import MANIFEST_NAME, Manifest
-from ..transfer import is_url, open_storage
+from ...storage import MANIFEST_NAME, Manifest, is_url, open_storage
 
 IMAGE_EXTENSIONS = frozenset({".jpeg", ".jpg", ".jpe", ".png", ".bmp", ".gif", ".webp", ".tif", ".tiff"})
 TRAIN_DIR = "train"

@@ -26,22 +26,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ...atomic import write_json
+from ...compute.state import STATE_DIR_ENV, state_dir
 from ...errors import ConfigError
 from ...interfaces import JobHandle, JobStatus
 from ...jobdir import JOB_FILE, SUBMISSION_FILE
 
 if TYPE_CHECKING:
     from ...registry import Registry
-
-STATE_DIR_ENV = "DDLKIT_STATE_DIR"
-
-
-def state_dir() -> Path:
-    if os.environ.get(STATE_DIR_ENV):
-        return Path(os.environ[STATE_DIR_ENV]).expanduser()
-    base = os.environ.get("XDG_STATE_HOME") or Path.home() / ".local" / "state"
-    return Path(base) / "ddlkit"
-
 
 def _index_dir() -> Path:
     return state_dir() / "jobs"

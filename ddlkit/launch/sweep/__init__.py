@@ -10,8 +10,3 @@
 
 Nothing here is imported by a single run; the CLI imports :mod:`.jobs` only to mark its task.
 """
-
-#: set in the environment of every job of a sweep: the sweep's name (loggers group runs by it, e.g.
-#: W&B's ``group``) and the job's number
-SWEEP_NAME_ENV = "DDLKIT_SWEEP_NAME"
-SWEEP_JOB_ENV = "DDLKIT_SWEEP_JOB"

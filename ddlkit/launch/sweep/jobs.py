@@ -41,12 +41,11 @@ from ... import redact as secret_store
 from ...atomic import LockHeld, hold_lock
 from ...errors import ConfigError, DdlkitError, exit_code_for
 from ...interfaces import ComputeTarget, JobHandle, JobSpec, JobState, JobStatus
-from ...jobdir import EXIT_PREEMPTED, RESULT_FILE, rank_log
+from ...jobdir import EXIT_PREEMPTED, RESULT_FILE, SWEEP_JOB_ENV, SWEEP_NAME_ENV, rank_log
 from ...result import HEADLINE
 from .. import follow, prepare, validate
 from ..commandline import job_command, launch_args, override
 from ..hydra_errors import explain
-from . import SWEEP_JOB_ENV, SWEEP_NAME_ENV
 from .compose import compose_job, hydra_config_of, job_view
 from .ledger import LEDGER_FILE, JobRecord, Ledger, result_summary
 from .report import LiveReport, Report, varying_overrides

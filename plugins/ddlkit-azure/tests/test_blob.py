@@ -19,9 +19,9 @@ from typing import Any
 import pytest
 
 from ddlkit import ConfigError, RunError, StorageBackend
-from ddlkit.builtin import transfer
-from ddlkit.builtin.manifest import Manifest, build_manifest
-from ddlkit.builtin.transfer import TransientStorageError, open_storage
+from ddlkit.storage import _transfer as transfer
+from ddlkit.storage import Manifest, build_manifest
+from ddlkit.storage import TransientStorageError, open_storage
 from ddlkit.jobdir import EXIT_PREEMPTED
 from ddlkit.launch.cli import main
 from ddlkit.launch.prepare import job_name

@@ -17,7 +17,7 @@ import ddlkit
 
 from ddlkit import Shard
 from ddlkit.builtin.imagefolder import ImageFolderConfig, ImageFolderData
-from ddlkit.builtin.imagefolder._decode import CorruptImageError
+from ddlkit.images import CorruptImageError
 from ddlkit.testing.images import ImageDataset, make_image_dataset
 
 pytestmark = pytest.mark.slow

@@ -24,7 +24,7 @@ from azure.core.pipeline.transport import RequestsTransport
 from azure.storage.blob import BlobServiceClient, ContainerClient, ContentSettings
 
 from ddlkit import ConfigError, RunError
-from ddlkit.builtin.transfer import TransientStorageError
+from ddlkit.storage import TransientStorageError
 from ddlkit.redact import scrub
 
 from .credentials import Auth, Credential, check_tls
@@ -36,7 +36,7 @@ _TRANSIENT_STATUS = {408, 429, 500, 502, 503, 504}
 _SOCKET_ERROR = re.compile(r"(\[Errno -?\d+\][^\"')]*|Read timed out|timed out|Connection aborted|"
                            r"Connection reset by peer|Remote end closed connection without response)")
 #: Every network wait is bounded, and the SDK does not retry on its own: ddlkit's retry loop
-#: (ddlkit.builtin.transfer.retry) is the only one, and it prints each retry with its delay. The
+#: (ddlkit.storage.retry) is the only one, and it prints each retry with its delay. The
 #: SDK's default (3 silent retries with 15-24 s back-off, 20 s connects, 300 s reads) kept a run
 #: quiet for over 10 minutes when the endpoint was down. A read is the wait for the answer to one
 #: 4 MiB block or one small request, which a working endpoint gives in a second or two: 20 s of

@@ -45,8 +45,8 @@ from azure.mgmt.batchai import models as m
 from ddlkit import ConfigError, JobSpec, RunError
 from ddlkit.atomic import atomic_path, write_json
 from ddlkit.compute.containers import default_image
+from ddlkit.compute.state import state_dir
 from ddlkit.jobdir import CANCEL_FILE, STATE_DIR
-from ddlkit.launch.jobs.index import state_dir
 from ddlkit.redact import REDACTED, is_secret_key, scrub
 
 from .arm import first_line, management_credential, signed_in
@@ -608,8 +608,8 @@ class Service:
         where = hashlib.sha256(f"{self.cfg.stage_from} {self.cfg.data_root}".encode()).hexdigest()[:10]
         if self.planning:
             return f"stage-{where}-MANIFESTSHA256"
-        from ddlkit.builtin.manifest import MANIFEST_NAME, Manifest
-        from ddlkit.builtin.transfer import open_storage
+        from ddlkit.storage import MANIFEST_NAME, Manifest
+        from ddlkit.storage import open_storage
 
         source = open_storage(str(self.cfg.stage_from))
         with tempfile.TemporaryDirectory(prefix="ddlkit-batchai-") as tmp:

@@ -2,7 +2,7 @@
 ``python -m ddlkit_azure.batchai_stage blob://container/prefix DEST``.
 
 It copies the dataset onto the file server the node mounts (``DEST``, below
-``$AZ_BATCHAI_MOUNT_ROOT``) with ddlkit's own staging (:func:`ddlkit.builtin.transfer.stage`): the
+``$AZ_BATCHAI_MOUNT_ROOT``) with ddlkit's own staging (:func:`ddlkit.storage.stage`): the
 files its ``manifest.tsv`` lists, in parallel, each checked against its size and SHA-256 before it
 is renamed into place; a copy that already matches transfers nothing. The blob credentials come
 from the job's environment (its ``secrets``). Prints one JSON line, the staging report; exit
@@ -16,7 +16,7 @@ import os
 import sys
 from pathlib import Path
 
-from ddlkit.builtin.transfer import open_storage, stage
+from ddlkit.storage import open_storage, stage
 from ddlkit.errors import DdlkitError, exit_code_for
 
 #: files copied at once

@@ -15,8 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ddlkit import ConfigError, StorageBackend
-from ddlkit.builtin.local_ssd_storage import LocalSsdConfig, StagingStorage
-from ddlkit.builtin.transfer import is_url, open_storage, retry, split_url
+from ddlkit.storage import LocalSsdConfig, StagingStorage, is_url, open_storage, retry, split_url
 
 from .credentials import ACCOUNT_URL_ENV, Auth, resolve
 

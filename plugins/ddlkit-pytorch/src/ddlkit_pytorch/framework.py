@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 import ddlkit
 from ddlkit import cpu, threads
-from ddlkit.rank.distributed import horovod_built_with
+from ddlkit.horovod import horovod_built_with
 
 if TYPE_CHECKING:
     from omegaconf import DictConfig
@@ -61,7 +61,7 @@ class PytorchFramework(ddlkit.Framework):
             raise ddlkit.ConfigError(problem)
         if config.data.name == "imagefolder" and importlib.util.find_spec("PIL") is None:
             # this plugin's image pipeline decodes with Pillow: say so now, not in every rank's first batch
-            from ddlkit.builtin.imagefolder._decode import PILLOW_MISSING
+            from ddlkit.images import PILLOW_MISSING
 
             raise ddlkit.ConfigError(PILLOW_MISSING)
         threads.check(self.cfg.num_threads, "torch")

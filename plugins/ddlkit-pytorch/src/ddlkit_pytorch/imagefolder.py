@@ -27,8 +27,7 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset, get_worker_info
 
-from ddlkit.builtin.imagefolder._decode import MEAN, STD, Augment, CorruptImageError, decode_region, sample_rng
-from ddlkit.builtin.imagefolder._order import epoch_order, num_batches
+from ddlkit.images import MEAN, STD, Augment, CorruptImageError, decode_region, epoch_order, num_batches, sample_rng
 from ddlkit.errors import RunError
 from ddlkit.interfaces import Shard
 

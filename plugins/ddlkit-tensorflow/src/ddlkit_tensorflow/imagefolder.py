@@ -34,8 +34,7 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 
-from ddlkit.builtin.imagefolder._decode import MEAN, RATIO, STD, Augment, CorruptImageError
-from ddlkit.builtin.imagefolder._order import epoch_order, num_batches
+from ddlkit.images import MEAN, RATIO, STD, Augment, CorruptImageError, epoch_order, num_batches
 from ddlkit.errors import DdlkitError, RunError
 from ddlkit.interfaces import Shard
 

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 import ddlkit
 from ddlkit import cpu, threads
-from ddlkit.rank.distributed import horovod_built_with
+from ddlkit.horovod import horovod_built_with
 
 if TYPE_CHECKING:
     from omegaconf import DictConfig

@@ -35,8 +35,7 @@ from omegaconf import OmegaConf
 
 import ddlkit
 from ddlkit.atomic import write_text
-from ddlkit.jobdir import ENVIRONMENT_FILE, EXIT_COMPLETED, EXIT_PREEMPTED
-from ddlkit.launch.sweep import SWEEP_JOB_ENV, SWEEP_NAME_ENV
+from ddlkit.jobdir import ENVIRONMENT_FILE, EXIT_COMPLETED, EXIT_PREEMPTED, SWEEP_JOB_ENV, SWEEP_NAME_ENV
 from ddlkit.redact import split_secrets
 
 if TYPE_CHECKING:

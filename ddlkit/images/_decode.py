@@ -1,5 +1,5 @@
 """Decoding and augmenting one image (used by the PyTorch and numpy pipelines; TensorFlow's runs
-as graph ops in ``_tf.py``).
+as graph ops in ``ddlkit_tensorflow.imagefolder``).
 
 Speed comes from never decoding more pixels than the output needs: the crop is chosen from the
 header first, then JPEGs are decoded with libjpeg-turbo's DCT scaling (``simplejpeg`` when
@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ...errors import ConfigError
+from ..errors import ConfigError
 
 try:
     from PIL import Image

@@ -32,7 +32,7 @@ from typing import TypeVar
 from ..errors import ConfigError, RunError
 from ..interfaces import StorageBackend
 from ..jobdir import OUTPUT_GLOBS, RESULT_FILE, RESULT_FILES, STATE_DIR
-from .manifest import MANIFEST_NAME, Entry, Manifest, sha256_file
+from ._manifest import MANIFEST_NAME, Entry, Manifest, sha256_file
 
 T = TypeVar("T")
 
@@ -64,7 +64,7 @@ def open_storage(location: str) -> StorageBackend:
     installed storage backends opens (``blob://`` needs ``pip install ddlkit-azure``)."""
     from ..plugins import get_plugin_manager
     from ..registry import Registry
-    from .local_storage import LocalStorage, LocalStorageConfig
+    from ..builtin.local_storage import LocalStorage, LocalStorageConfig
 
     if not is_url(location):
         return LocalStorage(LocalStorageConfig(root=str(Path(location.removeprefix("file://")).expanduser())))

@@ -22,6 +22,7 @@ from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Protocol, runtime_checkable
 
 from ..errors import ConfigError
 
@@ -103,6 +104,14 @@ class Manifest:
     @classmethod
     def read(cls, path: Path) -> Manifest:
         return cls.loads(Path(path).read_text(encoding="utf-8"), origin=str(path))
+
+
+@runtime_checkable
+class HashListing(Protocol):
+    """A backend that can list its objects' sizes and content hashes without reading them
+    (``ddlkit data upload`` then compares them with the manifest instead of re-uploading)."""
+
+    def list_hashes(self, prefix: str = "") -> dict[str, tuple[int, str | None]]: ...
 
 
 def iter_files(root: Path) -> Iterator[str]:

@@ -5,7 +5,7 @@ the GIL).
 
 Framework plugins build their own pipeline from its :meth:`~ImageFiles.native_spec`
 (``ddlkit_pytorch.imagefolder``: ``DataLoader`` worker processes; ``ddlkit_tensorflow.imagefolder``:
-``tf.data``); every pipeline reads the same order (:mod:`._order`) and draws the same crops.
+``tf.data``); every pipeline reads the same order (:func:`~ddlkit.images.epoch_order`) and draws the same crops.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
-from ...interfaces import Batch, ImageFilesSpec, Shard
+from ..interfaces import Batch, ImageFilesSpec, Shard
 from ._decode import MEAN, STD, Augment, CorruptImageError, decode_into, sample_rng
 from ._order import epoch_order, num_batches
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ...interfaces import Shard
+from ..interfaces import Shard
 
 
 def num_batches(n: int, batch_size: int, shard: Shard, train: bool) -> int:
