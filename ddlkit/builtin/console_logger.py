@@ -23,7 +23,7 @@ from ..registry import Registration
 from ..result import SUMMARY
 
 if TYPE_CHECKING:
-    from ..rank.run import Run
+    from ..interfaces import RunContext
 
 PROGRESS_RE = re.compile(
     r"^train epoch (?P<epoch>\d+)/(?P<epochs>\d+) step (?P<step>\d+)/(?P<total>\d+) "
@@ -37,7 +37,7 @@ class ConsoleLoggerConfig:
     summary: bool = True
 
 
-def describe_data(run: Run) -> str:
+def describe_data(run: RunContext) -> str:
     """What the run trains on, as the header says it: images and classes when it has them, else
     samples (data=custom's own task: a regression, a loss of its own)."""
     info = run.data.info
@@ -47,7 +47,7 @@ def describe_data(run: Run) -> str:
     return f"{run.cfg.data.name} data ({', '.join(parts)})"
 
 
-def unit(run: Run) -> str:
+def unit(run: RunContext) -> str:
     """What a throughput counts: images, or samples when the inputs are not images."""
     return "img" if run.data.info.image_size else "samples"
 
@@ -74,7 +74,7 @@ class ConsoleLogger(Logger):
         self.stream.write(text + "\n")
         self.stream.flush()
 
-    def start(self, run: Run) -> None:
+    def start(self, run: RunContext) -> None:
         self.run = run
         self.t0 = time.perf_counter()
         self.step0 = run.state.step

@@ -15,7 +15,7 @@ from ..jobdir import METRICS_FILE
 from ..registry import Registration
 
 if TYPE_CHECKING:
-    from ..rank.run import Run
+    from ..interfaces import RunContext
 
 
 @dataclass
@@ -25,7 +25,7 @@ class JsonlLoggerConfig:
 
 
 class JsonlLogger(Logger):
-    def start(self, run: Run) -> None:
+    def start(self, run: RunContext) -> None:
         self.path = run.job_dir / self.cfg.filename
         if run.resumed_at is not None and self.path.exists():
             # drop lines logged after the checkpoint we resume from: they will be logged again

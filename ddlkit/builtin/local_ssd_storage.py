@@ -27,7 +27,7 @@ from ..storage import CheckpointPublisher, LocalSsdConfig, StagingStorage, check
 from .local_storage import LocalStorage, LocalStorageConfig
 
 if TYPE_CHECKING:
-    from ..rank.run import Run
+    from ..interfaces import RunContext
 
 
 class LocalSsdStorage(StagingStorage):
@@ -61,7 +61,7 @@ def ddlkit_storage_backends():
 
 
 @hookimpl
-def ddlkit_checkpoint_saved(run: Run, path: str) -> None:
+def ddlkit_checkpoint_saved(run: RunContext, path: str) -> None:
     """Copy each checkpoint to the results location at once when ``storage.upload_checkpoints``."""
     storage = run.storage
     if not (isinstance(storage, CheckpointPublisher) and storage.cfg.upload_checkpoints):

@@ -17,8 +17,8 @@ from omegaconf import MISSING
 from ..errors import ConfigError
 from ..hookspecs import hookimpl
 from ..registry import Registration
-from .local_storage import LocalStorage
 from ..storage import CheckpointPublisher, is_url, publish_files, result_files
+from .local_storage import LocalStorage
 
 
 @dataclass

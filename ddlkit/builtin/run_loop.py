@@ -10,11 +10,11 @@ from typing import TYPE_CHECKING
 from ..hookspecs import hookimpl
 
 if TYPE_CHECKING:
-    from ..rank.run import Run
+    from ..interfaces import RunContext
 
 
 @hookimpl(trylast=True)
-def ddlkit_run_loop(run: Run) -> bool:
+def ddlkit_run_loop(run: RunContext) -> bool:
     run.data.prepare(run)
     run.framework.train(run)
     return True

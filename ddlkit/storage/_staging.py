@@ -25,7 +25,7 @@ from ._transfer import (CheckpointPublisher, StagingReport, is_staged, open_stor
                         stage)
 
 if TYPE_CHECKING:
-    from ..rank.run import Run
+    from ..interfaces import RunContext
 
 
 class Verify(StrEnum):
@@ -96,7 +96,7 @@ class StagingStorage(StorageBackend, CheckpointPublisher):
                      verify=c.verify, reserve_bytes=int(c.reserve_gb * 1e9),
                      attempts=c.attempts)
 
-    def prepare_data(self, root: str, run: Run) -> Path:
+    def prepare_data(self, root: str, run: RunContext) -> Path:
         started = time.perf_counter()
         if self.scratch is None and run.dist.node_scratch:
             self.scratch = Path(run.dist.node_scratch)

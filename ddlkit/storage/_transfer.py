@@ -64,12 +64,13 @@ def open_storage(location: str) -> StorageBackend:
     installed storage backends opens (``blob://`` needs ``pip install ddlkit-azure``)."""
     from ..plugins import get_plugin_manager
     from ..registry import Registry
-    from ..builtin.local_storage import LocalStorage, LocalStorageConfig
 
-    if not is_url(location):
-        return LocalStorage(LocalStorageConfig(root=str(Path(location.removeprefix("file://")).expanduser())))
-    scheme = location.split("://", 1)[0]
     registry = Registry.collect(get_plugin_manager())
+    if not is_url(location):
+        # a directory: storage=local, found as every backend is (the SDK names no built-in)
+        local = registry.get("storage", "local")
+        return local.factory(local.config(root=str(Path(location.removeprefix("file://")).expanduser())))
+    scheme = location.split("://", 1)[0]
     for name in registry.names("storage"):
         factory = registry.get("storage", name).factory
         if scheme in getattr(factory, "url_schemes", ()):

@@ -70,7 +70,7 @@ def ddlkit_data_sources():
 
 
 @ddlkit.hookimpl
-def ddlkit_run_end(run: ddlkit.Run, status: str) -> None:
+def ddlkit_run_end(run: ddlkit.RunContext, status: str) -> None:
     model = getattr(run.framework, "model", None)
     if model is None:
         return

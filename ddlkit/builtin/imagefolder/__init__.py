@@ -33,8 +33,8 @@ from .index import DatasetIndex, load_index
 if TYPE_CHECKING:
     from omegaconf import DictConfig
 
-    from ...rank.run import Run
     from ...images import ImageFiles
+    from ...interfaces import RunContext
 
 
 class Layout(StrEnum):
@@ -81,7 +81,7 @@ class ImageFolderData(DataSource):
         super().__init__(cfg)
         self._index: DatasetIndex | None = None
         self._local_root: Path | None = None
-        self._run: Run | None = None
+        self._run: RunContext | None = None
 
     @property
     def index(self) -> DatasetIndex:
@@ -94,7 +94,7 @@ class ImageFolderData(DataSource):
         index = self.index
         return DataInfo(len(index.classes), self.cfg.image_size, len(index.train), len(index.val))
 
-    def prepare(self, run: Run) -> None:
+    def prepare(self, run: RunContext) -> None:
         self._run = run
         self._local_root = run.storage.prepare_data(self.cfg.root, run)
 

@@ -22,7 +22,7 @@ from .credentials import ACCOUNT_URL_ENV, Auth, resolve
 if TYPE_CHECKING:
     from omegaconf import DictConfig
 
-    from ddlkit import Run
+    from ddlkit import RunContext
 
     from ._client import Container
 
@@ -119,7 +119,7 @@ class AzureBlobStorage(StagingStorage):
     def open_source(self, root: str) -> StorageBackend:
         return self.sibling(root) if root.startswith(f"{SCHEME}://") else open_storage(root)
 
-    def prepare_data(self, root: str, run: Run) -> Path:
+    def prepare_data(self, root: str, run: RunContext) -> Path:
         if not is_url(root):
             return Path(root).expanduser()  # a directory every node sees (a share) is read in place
         return super().prepare_data(root, run)

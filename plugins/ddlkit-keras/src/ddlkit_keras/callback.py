@@ -20,7 +20,7 @@ class DdlkitCallback(keras.callbacks.Callback):
     checkpoints, and stops ``fit`` at ``max_steps``); per epoch: validation metrics to the Run,
     which may stop ``fit`` early."""
 
-    def __init__(self, run: ddlkit.Run) -> None:
+    def __init__(self, run: ddlkit.RunContext) -> None:
         super().__init__()
         self.run = run
         self.lr = run.schedule(run.state.step)

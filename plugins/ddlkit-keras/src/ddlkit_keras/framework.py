@@ -63,7 +63,7 @@ class KerasFramework(ddlkit.Framework):
                 "optimizer skips an overflowing micro-batch without counting it, which shifts its accumulation "
                 "out of step with the optimizer steps. Use framework=tensorflow, or trainer.precision=bf16.")
 
-    def train(self, run: ddlkit.Run) -> None:
+    def train(self, run: ddlkit.RunContext) -> None:
         # Keras reads its backend once, at its first import in this process
         os.environ["KERAS_BACKEND"] = self.cfg.backend
         setup_tensorflow(run, framework="keras", device=self.cfg.device, num_threads=self.cfg.num_threads)
@@ -119,7 +119,7 @@ class KerasFramework(ddlkit.Framework):
         self.model = model
 
     @staticmethod
-    def _fit(run: ddlkit.Run, model: Any, train_loader: Any, val_data: Any, callback: Any) -> None:
+    def _fit(run: ddlkit.RunContext, model: Any, train_loader: Any, val_data: Any, callback: Any) -> None:
         """Fit from where the run stands to the end (see the module docstring for a mid-epoch resume)."""
         t = run.cfg.trainer
         n = run.accumulate

@@ -84,7 +84,7 @@ class PytorchFramework(ddlkit.Framework):
                 "compute.procs_per_node=<GPUs>) or use framework.device=cpu")
         return device
 
-    def train(self, run: ddlkit.Run) -> None:
+    def train(self, run: ddlkit.RunContext) -> None:
         device = self._device(run.dist)
         with _cuda_settings(device, deterministic=run.cfg.trainer.deterministic):
             self._setup(run, device)
@@ -94,7 +94,7 @@ class PytorchFramework(ddlkit.Framework):
             run.start()
             self._loop(run, parts, train_loader, val_loader)
 
-    def _setup(self, run: ddlkit.Run, device: Any) -> None:
+    def _setup(self, run: ddlkit.RunContext, device: Any) -> None:
         """Process-wide settings: threads, seeds, determinism, this rank's GPU, and whether the
         precision suits the device."""
         import torch
@@ -115,7 +115,7 @@ class PytorchFramework(ddlkit.Framework):
         if device.type == "cpu" and run.dist.is_main and (slow := cpu.bf16_warning(precision)):
             print(f"ddlkit: warning: {slow}", file=sys.stderr, flush=True)
 
-    def _build(self, run: ddlkit.Run, device: Any) -> _Parts:
+    def _build(self, run: ddlkit.RunContext, device: Any) -> _Parts:
         """The model (checked, on the device), its optimizer, loss and metrics, and the replicas."""
         import torch
         from torch import nn
@@ -156,7 +156,7 @@ class PytorchFramework(ddlkit.Framework):
                       autocast_dtype={"bf16": torch.bfloat16, "fp16": torch.float16}.get(precision),
                       loss_fn=loss_fn, metrics=metrics, classifier=not custom_loss)
 
-    def _data(self, run: ddlkit.Run, parts: _Parts) -> tuple[Any, Any]:
+    def _data(self, run: ddlkit.RunContext, parts: _Parts) -> tuple[Any, Any]:
         """The run's loaders as tensor loaders on the device; a classifier's output shape is
         checked on two samples first, before anything trains."""
         import torch
@@ -182,7 +182,7 @@ class PytorchFramework(ddlkit.Framework):
         return train_loader, val_loader
 
     @staticmethod
-    def _checkpointing(run: ddlkit.Run, parts: _Parts) -> None:
+    def _checkpointing(run: ddlkit.RunContext, parts: _Parts) -> None:
         """How a checkpoint holds the model, the optimizer, the loss scaler and the RNGs; loads
         the one the run resumes from."""
         import torch
@@ -210,7 +210,7 @@ class PytorchFramework(ddlkit.Framework):
 
         run.checkpointing(save, load)
 
-    def _loop(self, run: ddlkit.Run, parts: _Parts, train_loader: Any, val_loader: Any) -> None:
+    def _loop(self, run: ddlkit.RunContext, parts: _Parts, train_loader: Any, val_loader: Any) -> None:
         """Train from where the checkpoint left off to the end, then save the model."""
         import torch
 
@@ -366,7 +366,7 @@ class Replicas:
       statistics stay per rank (rank 0's are the ones checkpointed), as in Horovod's own examples.
     """
 
-    def __init__(self, run: ddlkit.Run, device: Any) -> None:
+    def __init__(self, run: ddlkit.RunContext, device: Any) -> None:
         self.backend = run.cfg.dist.backend if run.dist.world_size > 1 else "none"
         self.device = device
         self.hvd: Any = None

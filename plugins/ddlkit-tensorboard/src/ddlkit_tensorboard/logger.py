@@ -36,7 +36,7 @@ if TYPE_CHECKING:
     from omegaconf import DictConfig
     from tensorboard.compat.proto.event_pb2 import Event
 
-    from ddlkit import Run
+    from ddlkit import RunContext
 
 EPOCH_SUBDIR = "epoch"
 _FILE_NUMBERS = itertools.count()
@@ -92,7 +92,7 @@ class TensorboardLogger(ddlkit.Logger):
             raise ddlkit.ConfigError(f"logger.tensorboard.subdir={subdir} is invalid: it must be a relative path "
                                      "inside the job directory, e.g. tensorboard.")
 
-    def start(self, run: Run) -> None:
+    def start(self, run: RunContext) -> None:
         logdir = run.job_dir / self.cfg.subdir
         self.steps = EventFile(logdir)
         self.epochs = EventFile(logdir / EPOCH_SUBDIR)

@@ -36,7 +36,7 @@ class TensorflowFramework(ddlkit.Framework):
     def configure(self, config: DictConfig) -> None:
         check_config("tensorflow", self.cfg.device, self.cfg.xla, self.cfg.num_threads, config)
 
-    def train(self, run: ddlkit.Run) -> None:
+    def train(self, run: ddlkit.RunContext) -> None:
         tf = setup_tensorflow(run, framework="tensorflow", device=self.cfg.device, num_threads=self.cfg.num_threads)
         from .data import data_errors, tf_loader
         from .training import (build_model, check_classifier, export_model, load_state, make_optimizer, save_state,
@@ -95,7 +95,7 @@ class TensorflowFramework(ddlkit.Framework):
             run.save_artifact("model.keras", lambda path: export_model(model, path))
         self.model = model
 
-    def _steps(self, tf: Any, run: ddlkit.Run, strategy: Any, model: Any, optimizer: Any,
+    def _steps(self, tf: Any, run: ddlkit.RunContext, strategy: Any, model: Any, optimizer: Any,
                metrics: dict[str, Any]) -> tuple[Any, Any]:
         """The compiled ``train_step(images, labels) -> loss`` (one optimizer step over the
         replicas, micro-batches accumulated, gradients clipped) and ``eval_step(images, labels)

@@ -88,7 +88,7 @@ def check_config(framework: str, device: str, xla: bool, num_threads: Any, confi
         raise cpu.fp16_refusal(framework, "framework.device=cpu was chosen")
 
 
-def setup_tensorflow(run: ddlkit.Run, *, framework: str, device: str, num_threads: Any) -> ModuleType:
+def setup_tensorflow(run: ddlkit.RunContext, *, framework: str, device: str, num_threads: Any) -> ModuleType:
     """Apply the settings TensorFlow only accepts before its runtime starts (devices, threads,
     determinism), seed every generator, set the precision policy; return the ``tensorflow`` module.
 
@@ -135,7 +135,7 @@ def _set_threads(tf: ModuleType, wanted: int) -> int:
     return current or os.cpu_count() or 1
 
 
-def distribution_strategy(run: ddlkit.Run, framework: str) -> Any:
+def distribution_strategy(run: ddlkit.RunContext, framework: str) -> Any:
     """The seam between ddlkit's ``dist.backend`` and TensorFlow: the one place that decides
     how gradients are shared across ranks. The training code uses only the returned object's
     ``scope()`` / ``run()`` / ``reduce()`` / ``experimental_distribute_dataset()``, so adding a
@@ -197,7 +197,7 @@ class MultiWorker:
     re-split each batch, taking it for a global batch.
     """
 
-    def __init__(self, run: ddlkit.Run) -> None:
+    def __init__(self, run: ddlkit.RunContext) -> None:
         import tensorflow as tf
 
         host = "127.0.0.1" if _all_on_this_host() else socket.gethostname()

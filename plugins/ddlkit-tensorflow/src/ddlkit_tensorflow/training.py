@@ -112,7 +112,7 @@ class Lars(TorchSGD):
         return {**super().get_config(), "trust_coefficient": self.trust_coefficient}
 
 
-def make_optimizer(run: ddlkit.Run, precision: str) -> keras.optimizers.Optimizer:
+def make_optimizer(run: ddlkit.RunContext, precision: str) -> keras.optimizers.Optimizer:
     """The selected optimizer (``run.build_optimizer``); under fp16 wrapped in dynamic loss scaling."""
     opt = run.build_optimizer()
     if not isinstance(opt, keras.optimizers.Optimizer):
@@ -123,7 +123,7 @@ def make_optimizer(run: ddlkit.Run, precision: str) -> keras.optimizers.Optimize
     return opt
 
 
-def build_model(run: ddlkit.Run) -> keras.Model:
+def build_model(run: ddlkit.RunContext) -> keras.Model:
     """The selected model (``run.build_model``), which must be a ``keras.Model``."""
     from ddlkit.custom import model_source, wrong_kind
 
@@ -133,7 +133,7 @@ def build_model(run: ddlkit.Run) -> keras.Model:
     return model
 
 
-def task(run: ddlkit.Run) -> tuple[Callable[[Any, Any], Any], dict[str, Callable[[Any, Any], Any]]]:
+def task(run: ddlkit.RunContext) -> tuple[Callable[[Any, Any], Any], dict[str, Callable[[Any, Any], Any]]]:
     """``(loss, metrics)``, each ``fn(targets, outputs)`` in Keras' convention (one value per
     example, or the batch's mean): ``model.loss`` and ``model.metrics`` when the model names a
     loss (``model=custom``), else cross-entropy with top-1 and (over 5 classes) top-5 accuracy."""
@@ -156,7 +156,7 @@ def task(run: ddlkit.Run) -> tuple[Callable[[Any, Any], Any], dict[str, Callable
     return cross_entropy(run.cfg.optimizer.label_smoothing), metrics
 
 
-def check_classifier(run: ddlkit.Run, model: keras.Model, loader: Any) -> None:
+def check_classifier(run: ddlkit.RunContext, model: keras.Model, loader: Any) -> None:
     """A classifier (no ``model.loss``) must give ``(batch, data.num_classes)`` logits: checked on
     two samples before anything trains (zeros for images, else the loader's first two)."""
     from ddlkit.custom import model_source, output_mismatch

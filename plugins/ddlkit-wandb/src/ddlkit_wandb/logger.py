@@ -41,7 +41,7 @@ from ddlkit.redact import split_secrets
 if TYPE_CHECKING:
     from omegaconf import DictConfig
 
-    from ddlkit import Run
+    from ddlkit import RunContext
 
 MODES = ("auto", "online", "offline", "disabled")
 #: where the job's W&B run id is kept, inside the job directory
@@ -80,7 +80,7 @@ class WandbLogger(ddlkit.Logger):
             raise ddlkit.ConfigError("logger.wandb.log_model=true uploads the trained model, which "
                                      "trainer.save_model=false does not write; set one of them differently.")
 
-    def start(self, run: Run) -> None:
+    def start(self, run: RunContext) -> None:
         import wandb
 
         self.job_dir = run.job_dir
