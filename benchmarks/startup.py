@@ -5,7 +5,11 @@ run in the same script: a bare interpreter, and a minimal Hydra app that compose
 one-key config (the floor any Hydra CLI pays). Reports medians and ddlkit's extra seconds over
 the Hydra floor, and which heavy modules ``ddlkit --cfg job`` imported (from ``-X importtime``).
 
-    python benchmarks/startup.py [--repeat 5]
+    python benchmarks/startup.py [--repeat 5] [--before REF]
+
+With ``--before REF`` the same command also runs on the core as it was at git REF (its ``ddlkit``
+and plugins first on ``PYTHONPATH``), interleaved with the others, and the JSON gains the ratio
+before / now.
 
 Run it with bytecode caching on, as users' environments have it: where PYTHONDONTWRITEBYTECODE
 is set, ddlkit's editable modules are compiled again at every start (``env -u
@@ -22,7 +26,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from _common import write_result
+from _common import core_env, export, write_result
 
 HYDRA_APP = """
 import hydra
@@ -35,15 +39,16 @@ app()
 HEAVY = ("torch", "tensorflow", "keras", "jax", "horovod", "wandb", "azure")
 
 
-def timed(argv: list[str], cwd: str) -> float:
+def timed(argv: list[str], cwd: str, env: dict[str, str] | None = None) -> float:
     t0 = time.perf_counter()
-    subprocess.run(argv, cwd=cwd, check=True, capture_output=True)
+    subprocess.run(argv, cwd=cwd, check=True, capture_output=True, env=env)
     return time.perf_counter() - t0
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--repeat", type=int, default=5)
+    ap.add_argument("--before", metavar="REF", help="also time ddlkit --cfg job on the core at git REF")
     args = ap.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         app = Path(tmp) / "app.py"
@@ -53,10 +58,14 @@ def main() -> None:
             "hydra_minimal_app": [sys.executable, str(app), "--cfg", "job"],
             "ddlkit_cfg_job": [sys.executable, "-m", "ddlkit", "--cfg", "job"],
         }
+        envs: dict[str, dict[str, str] | None] = dict.fromkeys(cases)
+        if args.before:
+            cases["ddlkit_cfg_job_before"] = cases["ddlkit_cfg_job"]
+            envs["ddlkit_cfg_job_before"] = core_env(export(args.before, Path(tmp) / f"before-{args.before}"))
         samples: dict[str, list[float]] = {k: [] for k in cases}
         for _ in range(args.repeat):  # interleaved, so drift hits all cases alike
             for name, argv in cases.items():
-                samples[name].append(timed(argv, tmp))
+                samples[name].append(timed(argv, tmp, envs[name]))
         trace = subprocess.run([sys.executable, "-X", "importtime", "-m", "ddlkit", "--cfg", "job"], cwd=tmp,
                                capture_output=True, text=True, check=True).stderr
     imported = sorted({ln.split("|")[-1].strip().split(".")[0] for ln in trace.splitlines() if "|" in ln})
@@ -71,6 +80,9 @@ def main() -> None:
         # with PYTHONDONTWRITEBYTECODE set, ddlkit's editable modules are compiled on every start
         # (~0.3 s); users' environments cache bytecode, so measure with it (see the docstring)
         "bytecode_cached": not sys.flags.dont_write_bytecode,
+        **({"before": {"ref": args.before,
+                       "ratio_before_over_now": med["ddlkit_cfg_job_before"] / med["ddlkit_cfg_job"]}}
+           if args.before else {}),
     }
     path = write_result("startup", payload)
     for k, v in med.items():

@@ -137,16 +137,18 @@ def test_results_survive_transient_errors_and_never_look_complete_when_cut(tmp_p
         (job / name).write_text(name * 100)
     storage = AzureBlobStorage(AzureBlobConfig(container=blob_container.removeprefix("blob://"), attempts=3))
     real_upload = _client.Container.upload
-    calls = {"n": 0}
+    attempts: dict[str, int] = {}
 
     def flaky_upload(self: Any, local_path: Path, key: str) -> None:
-        calls["n"] += 1
-        if calls["n"] % 2:  # every other request times out
+        # every file's first request times out (counted per file: the files are uploaded in parallel)
+        attempts[key] = attempts.get(key, 0) + 1
+        if attempts[key] == 1:
             raise TransientStorageError("simulated timeout")
         real_upload(self, local_path, key)
 
     monkeypatch.setattr(_client.Container, "upload", flaky_upload)
     assert storage.publish_results(job, "job-1") == f"{blob_container}/results/job-1"
+    assert sorted(attempts.values()) == [2, 2, 2, 2]
     assert sorted(storage.list("results/job-1/")) == [f"results/job-1/{n}" for n in
                                                       ("metrics.jsonl", "model.pt", "rank-0.log", "result.json")]
 
