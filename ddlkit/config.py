@@ -191,16 +191,22 @@ def to_container(cfg: Any) -> Any:
     return OmegaConf.to_container(cfg, resolve=True, throw_on_missing=True, enum_to_str=True)
 
 
-def rebuild(plain: Mapping[str, Any], registry: Registry, groups: Collection[str] | None = None) -> DictConfig:
+def rebuild(plain: Mapping[str, Any], registry: Registry, groups: Collection[str] | None = None, *,
+            as_given: Collection[str] = ()) -> DictConfig:
     """The typed config again, from its resolved copy in a job file (``job.json``'s ``config``):
     every group merged onto the schema it was composed from -- the core's for trainer, dist and
     sweep, the selected option's (found by its ``name``) for the others. A rank and ``ddlkit jobs``
     then hold the types the launcher validated (an enum field holds its member, not its name).
     ``groups``: only these (``ddlkit jobs`` needs the compute target's: it reaches a job from a
-    shell that need not load the job's other plugins)."""
+    shell that need not load the job's other plugins). ``as_given``: groups kept as the file has
+    them, untyped (a rank never builds its compute target, whose plugin need not be installed where
+    the ranks run)."""
     typed: dict[str, Any] = {}
     for group, node in plain.items():
         if groups is not None and group not in groups:
+            continue
+        if group in as_given:
+            typed[group] = node
             continue
         if group in CORE_SCHEMAS:
             typed[group] = OmegaConf.merge(OmegaConf.structured(CORE_SCHEMAS[group]), node)

@@ -72,7 +72,9 @@ def main(argv: list[str] | None = None) -> int:
             lock = hold_job_directory(job_dir)  # noqa: F841 (held until this process exits)
         pm = get_plugin_manager()
         registry = Registry.collect(pm)
-        cfg = rebuild(job["config"], registry)
+        # a rank runs inside its compute target and never builds it: an image or a cluster's nodes need not
+        # have the target's plugin installed (a third-party target's image need not carry it)
+        cfg = rebuild(job["config"], registry, as_given=("compute",))
         run = Run(cfg, job_dir, pm=pm, registry=registry, dist=dist,
                   resume_from=resolve_resume(job_dir, cfg.trainer.resume), name=job.get("name"))
         dist.track_step(lambda: run.state.step)

@@ -117,3 +117,17 @@ def test_a_rank_started_outside_its_job_directory_says_so(tmp_path: Path) -> Non
     assert proc.returncode == 2
     assert proc.stderr.startswith(f"ddlkit worker: cannot read the job file {tmp_path}/job.json (")
     assert "Traceback" not in proc.stderr
+
+
+def test_a_rank_needs_no_plugin_of_the_target_it_runs_in(run_factory: RunFactory, tmp_path: Path) -> None:
+    """A rank never builds its compute target: the job file's compute options stay as they are
+    where the target's plugin is not installed (an image built without it), and the job trains."""
+    job_dir = run_factory(*COMMON, "trainer.epochs=1").assert_success().job_dir
+    job = json.loads((job_dir / "job.json").read_text())
+    job["config"]["compute"] = {"name": "somewhere", "nodes": 2, "queue": "gpu"}  # no installed plugin has it
+    (job_dir / "job.json").write_text(json.dumps(job))
+    (job_dir / "result.json").unlink()
+    proc = subprocess.run([sys.executable, "-m", "ddlkit.rank.worker", "job.json"], cwd=job_dir, capture_output=True,
+                          text=True, timeout=120, env={**os.environ, "DDLKIT_PLUGINS": FAKES_MODULE})
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads((job_dir / "result.json").read_text())["status"] == "completed"
