@@ -15,6 +15,6 @@
 
 The job directory's layout, exit codes and environment names are :mod:`ddlkit.jobdir`; plan
 output hides secrets with :mod:`ddlkit.redact`; data staging is :mod:`ddlkit.storage`.
-This package's ``__init__`` imports nothing: the rank minder is loaded by its file path without
-importing ddlkit, once per rank.
+This package's ``__init__`` imports nothing, and ``import ddlkit`` loads its names lazily: a rank
+entry imports the rank minder, once per rank, with nothing of the training stack.
 """
