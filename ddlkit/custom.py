@@ -117,11 +117,16 @@ def describe(obj: Any) -> str:
 
 
 def wrong_kind(what: str, obj: Any, framework: str, expected: str) -> ConfigError:
-    """``what`` (``model.target=pkg:fn``) gave ``obj``, which ``framework`` cannot train."""
+    """``what`` (``model.target=pkg:fn``) gave ``obj``, which ``framework`` cannot train; the hint
+    names the installed frameworks that train ``obj``'s library (``Framework.model_libraries``)."""
+    from .registry import Registry
+
     library = type(obj).__module__.split(".")[0]
-    hint = {"torch": " (a PyTorch module: use framework=pytorch)",
-            "keras": " (a Keras model: use framework=tensorflow or framework=keras)",
-            "tensorflow": " (a TensorFlow object: use framework=tensorflow or framework=keras)"}.get(library, "")
+    registry = Registry.installed()
+    trainers = {name: libraries[library] for name in registry.names("framework")
+                if library in (libraries := getattr(registry.get("framework", name).factory, "model_libraries", {}))}
+    hint = (f" ({next(iter(trainers.values()))}: use {' or '.join(f'framework={n}' for n in trainers)})"
+            if trainers else "")
     return ConfigError(f"{what} returned a {describe(obj)}, not a {expected}: framework={framework} trains "
                        f"{expected} models{hint}.")
 

@@ -114,6 +114,13 @@ class Registry:
             )
         return reg
 
+    @classmethod
+    def installed(cls) -> Registry:
+        """The registrations of the installed plugins (:func:`ddlkit.plugins.get_plugin_manager`)."""
+        from .plugins import get_plugin_manager
+
+        return cls.collect(get_plugin_manager())
+
     def names(self, group: str) -> list[str]:
         return sorted(self.entries[group])
 
@@ -123,6 +130,21 @@ class Registry:
         except KeyError:
             hp = HOOK_POINTS[group]
             raise UnknownNameError(hp.noun, name, self.names(group), hp.group, self.not_loaded) from None
+
+    def selected(self, cfg: Any) -> list[tuple[str, Entry]]:
+        """What ``cfg`` selects, as ``(group, entry)``: one per hook point, every logger, and the
+        framework's own model and optimizer. An unknown name raises as :meth:`get` does."""
+        chosen = []
+        for group, hp in HOOK_POINTS.items():
+            if hp.per_framework:
+                self.get_for(group, cfg.framework.name, cfg[group].name)
+                chosen.append((group, self.implementations[group][(cfg.framework.name, cfg[group].name)]))
+                continue
+            # `logger=[]` (no loggers) leaves the key out of the composed config altogether
+            for name in list(cfg.get(group) or {}) if hp.multi else [cfg[group].name]:
+                self.get(group, name)
+                chosen.append((group, self.entries[group][name]))
+        return chosen
 
     def create(self, group: str, name: str, cfg: Any) -> Any:
         """Build the component registered as ``group=name`` from its config node."""

@@ -56,7 +56,7 @@ tags="$(PYTHONPATH="$repo${PYTHONPATH:+:$PYTHONPATH}" "$PY" - "$variant" "$regis
 import sys
 
 try:
-    from ddlkit.compute.containers import FRAMEWORKS, default_image
+    from ddlkit.compute.containers import default_image, release_frameworks
     from ddlkit.errors import ConfigError
 except ImportError as err:
     print(f"build_images.sh: error: cannot import ddlkit ({err}); pip install -r requirements.txt", file=sys.stderr)
@@ -64,7 +64,7 @@ except ImportError as err:
 
 variant, registry, *frameworks = sys.argv[1:]
 try:
-    for framework in frameworks or FRAMEWORKS:
+    for framework in frameworks or release_frameworks():
         print(framework, default_image(framework, gpu=variant == "cuda", registry=registry))
 except ConfigError as err:
     print(f"build_images.sh: error: {err}", file=sys.stderr)

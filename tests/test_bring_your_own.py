@@ -89,7 +89,7 @@ def test_a_keras_model_for_framework_pytorch_is_refused(project: Path) -> None:
     err = one_error_line(ddlkit(project, "model=custom", "model.target=mynets:keras_model", *SMALL))
     assert ("ConfigError: model.target=mynets:keras_model returned a keras.src.models.sequential.Sequential, not a "
             "torch.nn.Module: framework=pytorch trains torch.nn.Module models (a Keras model: use "
-            "framework=tensorflow or framework=keras).") in err
+            "framework=keras or framework=tensorflow).") in err
 
 
 def test_a_classifier_whose_output_does_not_match_the_classes_is_refused(project: Path) -> None:

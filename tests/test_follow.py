@@ -167,9 +167,21 @@ def test_resume_hint_quotes_for_the_shell(tmp_path: Path) -> None:
 def test_environment_info_records_versions(monkeypatch: pytest.MonkeyPatch) -> None:
     from importlib.metadata import version
 
+    from ddlkit.plugins import get_plugin_manager
+    from ddlkit.registry import Registry
+    from ddlkit.testing import compose
+
     monkeypatch.setattr("sys.argv", ["ddlkit", "storage.account_key=abcdef", "trainer.epochs=1"])
-    info = environment_info()
+    registry = Registry.installed()
+    info = environment_info(compose(registry, ["framework=pytorch"]), registry, get_plugin_manager())
     assert info["packages"]["ddlkit"] == version("ddlkit")
     assert info["packages"]["pluggy"] == version("pluggy")
+    # the selected framework's plugin and the library it names; not what the job does not use
+    assert info["packages"]["ddlkit-pytorch"] == version("ddlkit-pytorch")
+    assert info["packages"]["torch"] == version("torch")
+    assert "tensorflow-cpu" not in info["packages"] and "wandb" not in info["packages"]
+    with_wandb = environment_info(compose(registry, ["framework=pytorch", "logger=[console,wandb]"]), registry,
+                                  get_plugin_manager())
+    assert with_wandb["packages"]["wandb"] == version("wandb")
     assert info["argv"] == ["ddlkit", "storage.account_key=***", "trainer.epochs=1"]
     assert info["git"] is None  # the test runs in tmp_path, outside any repository

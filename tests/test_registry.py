@@ -259,3 +259,51 @@ def test_a_model_must_name_its_framework(ddlkit_pm: DdlkitPluginManager) -> None
     add_plugin(ddlkit_pm, model_plugin(Registration("unet", print)))
     with pytest.raises(PluginError, match="model 'unet' names no framework"):
         Registry.collect(ddlkit_pm)
+
+
+def test_selected_is_every_name_the_config_picks() -> None:
+    from ddlkit.testing import compose
+
+    registry = Registry.installed()
+    cfg = compose(registry, ["framework=pytorch", "logger=[console,jsonl]", "model=resnet18"])
+    assert [(group, entry.registration.name) for group, entry in registry.selected(cfg)] == [
+        ("data", "synthetic"), ("storage", "local"), ("compute", "local"), ("framework", "pytorch"),
+        ("logger", "console"), ("logger", "jsonl"), ("model", "resnet18"), ("optimizer", "sgd")]
+    # the model is the framework's own implementation of the name
+    assert dict(registry.selected(cfg))["model"].registration.framework == "pytorch"
+
+
+def test_framework_facts_come_from_the_framework_plugins(ddlkit_pm: DdlkitPluginManager,
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """Which frameworks have release images and which library's models each trains: declared on the
+    framework classes, so a third-party framework takes part without a change in the core."""
+    from ddlkit.compute.containers import default_image, release_frameworks
+    from ddlkit.custom import wrong_kind
+
+    class Jax(ddlkit.Framework):
+        model_libraries = {"flax": "a Flax module"}
+        release_image = True
+
+        def train(self, run: object) -> None: ...
+
+    class Plain(ddlkit.Framework):
+        def train(self, run: object) -> None: ...
+
+    class Plugin:
+        @ddlkit.hookimpl
+        def ddlkit_frameworks(self):
+            yield Registration("jax", Jax)
+            yield Registration("plain", Plain)
+
+    add_plugin(ddlkit_pm, Plugin(), name="jax")
+    monkeypatch.setattr(Registry, "installed", classmethod(lambda cls: cls.collect(ddlkit_pm)))
+    assert release_frameworks() == ["jax"]
+    assert default_image("jax", gpu=False).endswith(f"/jax:{ddlkit.__version__}-cpu")
+    with pytest.raises(ddlkit.ConfigError, match="ddlkit builds no image for framework=plain; its images are for jax"):
+        default_image("plain")
+
+    flax_module = type("Dense", (), {"__module__": "flax.linen"})()
+    assert str(wrong_kind("model.target=m:f", flax_module, "plain", "plain.Model")).endswith(
+        "framework=plain trains plain.Model models (a Flax module: use framework=jax).")
+    assert str(wrong_kind("model.target=m:f", object(), "plain", "plain.Model")).endswith(
+        "framework=plain trains plain.Model models.")

@@ -12,10 +12,8 @@ import re
 from .._version import __version__
 from ..errors import ConfigError
 
-__all__ = ["DEFAULT_REGISTRY", "FRAMEWORKS", "default_image"]
+__all__ = ["DEFAULT_REGISTRY", "default_image", "release_frameworks"]
 
-#: the frameworks ddlkit builds an image for (``docker/Dockerfile``'s ``FRAMEWORK`` build argument)
-FRAMEWORKS = ("keras", "pytorch", "tensorflow")
 #: where the release images are pushed
 DEFAULT_REGISTRY = "docker.io/ddlkit"
 
@@ -30,9 +28,10 @@ def default_image(framework: str, *, gpu: bool = True, registry: str = DEFAULT_R
     :param registry: host and namespace to pull from, e.g. ``myregistry.azurecr.io/ddlkit``.
     :raises ConfigError: a framework ddlkit builds no image for, or a malformed registry.
     """
-    if framework not in FRAMEWORKS:
+    frameworks = release_frameworks()
+    if framework not in frameworks:
         raise ConfigError(
-            f"ddlkit builds no image for framework={framework}; its images are for {', '.join(FRAMEWORKS)}. "
+            f"ddlkit builds no image for framework={framework}; its images are for {', '.join(frameworks)}. "
             "Set compute.image to an image that has ddlkit and your framework's plugin installed."
         )
     registry = registry.rstrip("/")
@@ -42,3 +41,12 @@ def default_image(framework: str, *, gpu: bool = True, registry: str = DEFAULT_R
             "https://, e.g. myregistry.azurecr.io/ddlkit."
         )
     return f"{registry}/{framework}:{__version__}-{'cuda' if gpu else 'cpu'}"
+
+
+def release_frameworks() -> list[str]:
+    """The installed frameworks that ddlkit's release images are built for (``Framework.release_image``)."""
+    from ..registry import Registry
+
+    registry = Registry.installed()
+    return [name for name in registry.names("framework")
+            if getattr(registry.get("framework", name).factory, "release_image", False)]

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from typing import TYPE_CHECKING, Any
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any, ClassVar
 
 if TYPE_CHECKING:
     from omegaconf import DictConfig
@@ -38,6 +39,14 @@ class Framework(ABC):
     (``run.loaders()``); turning them into tensors and an input pipeline is the framework
     plugin's own business.
     """
+
+    #: the libraries whose model objects this framework trains, by top-level module, with what a
+    #: user calls such an object (``{"torch": "a PyTorch module"}``): a custom model of one of them
+    #: given to another framework is refused with "use framework=<this one>"
+    model_libraries: ClassVar[Mapping[str, str]] = {}
+    #: whether ddlkit's release images (``docker/Dockerfile``, built by ``scripts/build_images.sh``)
+    #: exist for this framework: remote targets then default ``compute.image`` to one of them
+    release_image: ClassVar[bool] = False
 
     def __init__(self, cfg: Any) -> None:
         self.cfg = cfg

@@ -32,3 +32,6 @@ class Registration(Generic[T]):
     #: models and optimizers only: the framework (its registered name) this implementation is for;
     #: each framework builds ``model=<name>`` and ``optimizer=<name>`` with its own
     framework: str = ""
+    #: distributions whose installed versions a job's ``environment.json`` records when this name
+    #: is selected, beside the plugin's own: the libraries it trains or talks with (``("torch",)``)
+    packages: tuple[str, ...] = ()

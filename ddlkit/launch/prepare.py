@@ -38,9 +38,9 @@ if TYPE_CHECKING:
 FORWARDED_ENV = ("DDLKIT_PLUGINS", "DDLKIT_DISABLE_PLUGINS", "DDLKIT_DISABLE_PLUGIN_AUTOLOAD", "DDLKIT_TRACE_PLUGINS")
 
 
-#: distributions whose versions are recorded in environment.json when installed
-RECORDED_PACKAGES = ("ddlkit", "hydra-core", "omegaconf", "pluggy", "numpy", "torch", "tensorflow", "tensorflow-cpu",
-                     "keras", "horovod", "mpi4py", "wandb", "azure-storage-blob", "azure-ai-ml")
+#: the core's own distributions, recorded in every environment.json; each selected component adds
+#: its plugin's distribution and the libraries its registration names (``Registration.packages``)
+CORE_PACKAGES = ("ddlkit", "hydra-core", "omegaconf", "pluggy", "numpy")
 
 
 @dataclass(frozen=True)
@@ -59,9 +59,15 @@ class PreparedJob:
         return f"resume with: {job_command(self.overrides, self.spec.job_dir, self.launch)}"
 
 
-def environment_info() -> dict[str, Any]:
+def environment_info(cfg: DictConfig, registry: Registry, pm: DdlkitPluginManager) -> dict[str, Any]:
+    """What the launcher ran with: Python, the platform, the versions of the core's and the selected
+    components' distributions (those installed here), the command line (redacted), the git state."""
+    wanted = list(CORE_PACKAGES)
+    for _, entry in registry.selected(cfg):
+        plugin = pm.infos.get(id(entry.plugin))
+        wanted += ([plugin.distribution] if plugin is not None else []) + list(entry.registration.packages)
     packages = {}
-    for dist in RECORDED_PACKAGES:
+    for dist in dict.fromkeys(wanted):
         try:
             packages[dist] = version(dist)
         except PackageNotFoundError:
@@ -129,7 +135,7 @@ def prepare(cfg: DictConfig, *, job_dir: Path, overrides: Sequence[str], registr
                                     "secrets": sorted(secrets)})
     write_text(job_dir / CONFIG_FILE, OmegaConf.to_yaml(OmegaConf.create(redacted)))
     write_text(job_dir / OVERRIDES_FILE, OmegaConf.to_yaml(OmegaConf.create(list(overrides))))
-    write_json(job_dir / ENVIRONMENT_FILE, environment_info())
+    write_json(job_dir / ENVIRONMENT_FILE, environment_info(cfg, registry, pm))
     rank_env, secret_env = job_environment(cfg, pm, env)
     if secrets:
         secret_env[secret_store.SECRETS_ENV] = secret_store.encode(secrets)

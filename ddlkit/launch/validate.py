@@ -33,11 +33,7 @@ def validate(cfg: DictConfig, registry: Registry, pm: DdlkitPluginManager, *,
     """Check the composed config before anything runs; return it resolved as plain containers.
     ``compute``: the job's target, when the caller has built it already."""
     check_composed(cfg, registry)
-    for group, hp in HOOK_POINTS.items():
-        # `logger=[]` (no loggers) leaves the key out of the composed config altogether
-        names = list(cfg.get(group) or {}) if hp.multi else [cfg[group].name]
-        for name in names:
-            registry.get(group, name)
+    registry.selected(cfg)  # every name is known, and the framework implements the model and optimizer
     try:
         container = to_container(cfg)
     except MissingMandatoryValue as err:
@@ -52,9 +48,6 @@ def validate(cfg: DictConfig, registry: Registry, pm: DdlkitPluginManager, *,
     callbacks.resolve(cfg.trainer.callbacks)
     compute = compute or build_target(cfg, registry)
     _check_distributed(cfg, compute, registry)
-    # the selected framework must implement the selected model and optimizer
-    for group in ("model", "optimizer"):
-        registry.get_for(group, cfg.framework.name, cfg[group].name)
     for component in _selected(cfg, registry, compute):
         component.configure(cfg)
     # what no one component owns: checks across the config (user code importable, ...)
@@ -65,15 +58,11 @@ def validate(cfg: DictConfig, registry: Registry, pm: DdlkitPluginManager, *,
 def _selected(cfg: DictConfig, registry: Registry, compute: ComputeTarget) -> Iterator[Any]:
     """The selected components, built as the ranks will build them, each to check its own options
     (``configure``); models and optimizers are the framework's to check."""
-    for group, hp in HOOK_POINTS.items():
+    for group, entry in registry.selected(cfg):
+        hp, name = HOOK_POINTS[group], entry.registration.name
         if hp.per_framework:
             continue
-        if group == "compute":
-            yield compute
-            continue
-        nodes = (cfg.get(group) or {}).values() if hp.multi else [cfg[group]]
-        for node in nodes:
-            yield registry.create(group, node.name, node)
+        yield compute if group == "compute" else registry.create(group, name, cfg[group][name] if hp.multi else cfg[group])
 
 
 def _check_distributed(cfg: DictConfig, compute: ComputeTarget, registry: Registry) -> None:

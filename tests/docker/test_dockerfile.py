@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from ddlkit.compute.containers import FRAMEWORKS
+from ddlkit.compute.containers import release_frameworks
 from ddlkit.redact import has_credentials, is_secret_key
 
 REPO = Path(__file__).resolve().parents[2]
@@ -52,7 +52,7 @@ def test_the_images_pin_the_frameworks_the_tests_run(dockerfile_args: dict[str, 
     assert dockerfile_args["TENSORFLOW_VERSION"] == pinned(REPO / "requirements-test.txt", "tensorflow-cpu")
 
 
-@pytest.mark.parametrize("framework", FRAMEWORKS)
+@pytest.mark.parametrize("framework", release_frameworks())
 def test_every_framework_and_default_plugin_is_in_the_build_context(dockerfile_args: dict[str, str],
                                                                      framework: str) -> None:
     """The Dockerfile installs plugins/ddlkit-<name> for the framework and each of PLUGINS."""

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 import ddlkit
-from ddlkit.compute.containers import FRAMEWORKS, default_image
+from ddlkit.compute.containers import default_image, release_frameworks
 
 REPO = Path(__file__).resolve().parents[2]
 BUILD_IMAGES = REPO / "scripts" / "build_images.sh"
@@ -59,7 +59,7 @@ def build_images(*args: str) -> subprocess.CompletedProcess[str]:
 
 @pytest.mark.parametrize(("args", "message"), [
     (["jax"], ("build_images.sh: error: ddlkit builds no image for framework=jax; its images are for "
-               f"{', '.join(FRAMEWORKS)}.")),
+               f"{', '.join(release_frameworks())}.")),
     (["--variant", "gpu"], "build_images.sh: error: --variant is cuda or cpu, not 'gpu'"),
     (["--registry", "https://myregistry.azurecr.io"],
      "build_images.sh: error: 'https://myregistry.azurecr.io' is not a registry for an image name"),

@@ -29,10 +29,9 @@ from . import index
 
 
 def _handle(sub: index.Submission) -> JobHandle:
-    from ...plugins import get_plugin_manager
     from ...registry import Registry
 
-    return sub.handle(Registry.collect(get_plugin_manager()))
+    return sub.handle(Registry.installed())
 
 
 def _elsewhere(sub: index.Submission, handle: JobHandle) -> bool:

@@ -21,6 +21,7 @@ if TYPE_CHECKING:
 @ddlkit.hookimpl
 def ddlkit_storage_backends() -> Iterator[ddlkit.Registration]:
     yield ddlkit.Registration("azure", AzureBlobStorage, config=AzureBlobConfig,
+                              packages=("azure-storage-blob", "azure-identity"),
                               description="Azure Blob Storage: blob:// data staged to local disk, results to "
                                           "a container")
 
@@ -28,9 +29,11 @@ def ddlkit_storage_backends() -> Iterator[ddlkit.Registration]:
 @ddlkit.hookimpl
 def ddlkit_compute_targets() -> Iterator[ddlkit.Registration]:
     yield ddlkit.Registration("azureml", AzureMLTarget, config=AzureMLConfig,
+                              packages=("azure-ai-ml", "azure-identity"),
                               description="one Azure Machine Learning command job per ddlkit job on a compute "
                                           "cluster: nodes x procs_per_node ranks, MPI or PyTorch distribution")
     yield ddlkit.Registration("batchai", BatchAITarget, config=BatchAIConfig,
+                              packages=("azure-mgmt-batchai", "azure-storage-file-share", "azure-identity"),
                               description="Azure Batch AI (retired 2019; API 2018-05-01): workspace, NFS file "
                                           "server and GPU cluster created or reused, one MPI job per ddlkit job")
 

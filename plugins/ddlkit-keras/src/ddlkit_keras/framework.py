@@ -42,6 +42,8 @@ class KerasConfig(TensorflowConfig):
 
 
 class KerasFramework(ddlkit.Framework):
+    model_libraries = {"keras": "a Keras model", "tensorflow": "a TensorFlow object"}
+    release_image = True
     #: the trained Keras model once :meth:`train` has returned, for ``ddlkit_run_end`` hooks
     model: Any = None
 

@@ -14,6 +14,7 @@ from ddlkit_tensorflow import components  # noqa: E402,I001
 @ddlkit.hookimpl
 def ddlkit_frameworks() -> Iterator[ddlkit.Registration]:
     yield ddlkit.Registration("keras", KerasFramework, config=KerasConfig,
+                              packages=("keras", "tensorflow", "tensorflow-cpu"),
                               description="Keras 3 model.fit (TensorFlow backend), bf16/fp16, XLA")
 
 

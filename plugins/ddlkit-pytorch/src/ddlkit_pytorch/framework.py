@@ -50,6 +50,8 @@ def horovod_problem() -> str | None:
 
 
 class PytorchFramework(ddlkit.Framework):
+    model_libraries = {"torch": "a PyTorch module"}
+    release_image = True
     #: the trained model (the plain module, without DDP/compile wrappers) once :meth:`train` has
     #: returned, for ``ddlkit_run_end`` hooks that export or inspect it
     model: Any = None

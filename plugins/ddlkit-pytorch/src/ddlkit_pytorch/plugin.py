@@ -15,6 +15,7 @@ from .framework import PytorchConfig, PytorchFramework
 @ddlkit.hookimpl
 def ddlkit_frameworks() -> Iterator[ddlkit.Registration]:
     yield ddlkit.Registration("pytorch", PytorchFramework, config=PytorchConfig,
+                              packages=("torch", "horovod"),
                               description="PyTorch: bf16/fp16 autocast, channels_last, torch.compile")
 
 

@@ -11,5 +11,5 @@ from .logger import TensorboardConfig, TensorboardLogger
 
 @ddlkit.hookimpl
 def ddlkit_loggers() -> Iterator[ddlkit.Registration]:
-    yield ddlkit.Registration("tensorboard", TensorboardLogger, config=TensorboardConfig,
+    yield ddlkit.Registration("tensorboard", TensorboardLogger, config=TensorboardConfig, packages=("tensorboard",),
                               description="TensorBoard event files in the job directory, per step and per epoch")

@@ -13,6 +13,7 @@ from .framework import TensorflowConfig, TensorflowFramework
 @ddlkit.hookimpl
 def ddlkit_frameworks() -> Iterator[ddlkit.Registration]:
     yield ddlkit.Registration("tensorflow", TensorflowFramework, config=TensorflowConfig,
+                              packages=("tensorflow", "tensorflow-cpu", "keras", "horovod"),
                               description="TensorFlow: tf.function + GradientTape loop, bf16/fp16, XLA")
 
 

@@ -16,7 +16,7 @@ if TYPE_CHECKING:
 
 @ddlkit.hookimpl
 def ddlkit_loggers() -> Iterator[ddlkit.Registration]:
-    yield ddlkit.Registration("wandb", WandbLogger, config=WandbConfig,
+    yield ddlkit.Registration("wandb", WandbLogger, config=WandbConfig, packages=("wandb",),
                               description="Weights & Biases: one run per job, grouped by sweep; offline without a key")
 
 
