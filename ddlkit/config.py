@@ -125,6 +125,17 @@ class SweepConfig:
 
 
 @dataclass
+class CodeConfig:
+    """The snapshot of the launch directory that ships with a job to ranks that do not see the
+    launcher's disk (``ddlkit.compute.snapshot``)."""
+
+    # the most the snapshot may hold, in MB (10^6 bytes): over it, the job is refused with the biggest files named
+    max_mb: float = checked(50.0, POSITIVE)
+    # more .gitignore-style patterns to leave out (beside .gitignore files and .ddlkitignore)
+    exclude: list[str] = field(default_factory=list)
+
+
+@dataclass
 class DistConfig:
     # none: one process; native: the framework's collectives (torch.distributed, tf.distribute);
     # horovod: Horovod (scripts/install_horovod.sh)
@@ -139,7 +150,8 @@ class DistConfig:
 
 
 #: the config's top-level keys besides the hook points, and their schemas
-CORE_SCHEMAS: dict[str, type] = {"trainer": TrainerConfig, "dist": DistConfig, "sweep": SweepConfig}
+CORE_SCHEMAS: dict[str, type] = {"trainer": TrainerConfig, "dist": DistConfig, "sweep": SweepConfig,
+                                  "code": CodeConfig}
 
 
 def named_schema(schema: type | None, name: str) -> type:
@@ -164,6 +176,7 @@ def store_schemas(registry: Registry, cs: ConfigStore | None = None) -> None:
     for backend in BACKENDS:
         cs.store(group="dist", name=backend, node=DistConfig(backend=backend))
     cs.store(group="sweep", name="default", node=SweepConfig)
+    cs.store(group="code", name="default", node=CodeConfig)
 
 
 def experiment_dirs() -> list[Path]:

@@ -2,9 +2,10 @@
 
 ``model=custom model.target=my_pkg.nets:build_unet +model.kwargs.depth=4`` and
 ``data=custom data.target=my_pkg.data:samples`` name a function by ``package.module:attribute``.
-The ranks import it (from the installed packages and from the directory ``ddlkit`` was started
-in); each framework plugin registers a ``custom`` model that calls it and checks what it got.
-This module holds what they share: the schema, the import with its one-line errors, and the
+The ranks import it from the installed packages and from the directory ``ddlkit`` was started in
+(or its snapshot, shipped with the job: :mod:`ddlkit.compute.snapshot`); each framework plugin
+registers a ``custom`` model that calls it and checks what it got. This module holds what they
+share: the schema, the import paths a config names, the import with its one-line errors, and the
 message for an object of the wrong kind.
 """
 
@@ -14,18 +15,20 @@ import importlib
 import importlib.util
 import os
 import sys
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from omegaconf import MISSING
 
 from .errors import ConfigError
 
-__all__ = ["CustomModelConfig", "build", "import_target", "wrong_kind"]
+__all__ = ["CustomModelConfig", "build", "import_paths", "import_target", "launch_dir", "wrong_kind"]
 
-#: where the ranks import user code from besides the installed packages (set by the launcher)
+#: where the ranks import user code from besides the installed packages: set by the launcher for
+#: ranks on its own disk, by the worker to the job's code snapshot elsewhere
 LAUNCH_DIR_ENV = "DDLKIT_LAUNCH_DIR"
 
 
@@ -50,10 +53,16 @@ def _split(path: str, key: str) -> tuple[str, str]:
     return module, attr
 
 
+def launch_dir() -> Path:
+    """Where user code is imported from: the directory ``ddlkit`` was started in; on a rank, that
+    directory on a shared disk, or the job's code snapshot (``$DDLKIT_LAUNCH_DIR``)."""
+    return Path(os.environ.get(LAUNCH_DIR_ENV) or os.getcwd())
+
+
 @contextmanager
 def _launch_dir_on_path() -> Iterator[None]:
     """Import as the user's shell would: the directory ``ddlkit`` was started in comes first."""
-    where = os.environ.get(LAUNCH_DIR_ENV) or os.getcwd()
+    where = str(launch_dir())
     added = where not in sys.path
     if added:
         sys.path.insert(0, where)
@@ -109,6 +118,20 @@ def check_importable(path: str, key: str) -> None:
     if found is None:
         raise ConfigError(f"{key}={path} does not import ({reason}). Fix the import path, or make the module "
                           "importable: an installed package, or a module in the directory ddlkit is started in.")
+
+
+def import_paths(config: Mapping[str, Any]) -> Iterator[tuple[str, str]]:
+    """``(key, import path)`` of every import path the config names."""
+    model, data = config.get("model") or {}, config.get("data") or {}
+    for key, node in (("model.target", model), ("data.target", data)):
+        if node.get("target"):
+            yield key, node["target"]
+    if model.get("loss"):
+        yield "model.loss", model["loss"]
+    for name, path in (model.get("metrics") or {}).items():
+        yield f"model.metrics.{name}", path
+    for i, path in enumerate((config.get("trainer") or {}).get("callbacks") or []):
+        yield f"trainer.callbacks[{i}]", path
 
 
 def describe(obj: Any) -> str:

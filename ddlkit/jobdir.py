@@ -59,6 +59,11 @@ WORKER_ARGS = ("-m", "ddlkit.rank.worker", JOB_FILE)
 CONFIG_FILE = "config.yaml"
 OVERRIDES_FILE = "overrides.yaml"
 ENVIRONMENT_FILE = "environment.json"
+#: the researcher's own code, for ranks that do not see the launcher's disk: a snapshot of the
+#: launch directory (``ddlkit.compute.snapshot``), first on the ranks' import path
+CODE_DIR = "code"
+#: what the snapshot holds: its files and sizes, and its content digest
+CODE_FILE = "code.json"
 
 
 def rank_log(rank: int | str) -> str:

@@ -15,14 +15,13 @@ disjoint equal shards per rank, full training batches, and exact mid-epoch resum
 
 from __future__ import annotations
 
-import os
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from omegaconf import MISSING
 
-from ..custom import LAUNCH_DIR_ENV, build, check_importable
+from ..custom import build, check_importable, import_paths
 from ..errors import ConfigError
 from ..hookspecs import hookimpl
 from ..interfaces import Batch, DataInfo, DataSource, Shard
@@ -187,31 +186,8 @@ def ddlkit_data_sources():
                        description="samples from your own function: data.target=package.module:function")
 
 
-def import_paths(config: Mapping[str, Any]) -> Iterator[tuple[str, str]]:
-    """``(key, import path)`` of every import path the config names."""
-    model, data = config.get("model") or {}, config.get("data") or {}
-    for key, node in (("model.target", model), ("data.target", data)):
-        if node.get("target"):
-            yield key, node["target"]
-    if model.get("loss"):
-        yield "model.loss", model["loss"]
-    for name, path in (model.get("metrics") or {}).items():
-        yield f"model.metrics.{name}", path
-    for i, path in enumerate((config.get("trainer") or {}).get("callbacks") or []):
-        yield f"trainer.callbacks[{i}]", path
-
-
 @hookimpl
 def ddlkit_configure(config: DictConfig) -> None:
     # a check across the config: user code may be named by the model, the data source and the trainer
     for key, path in import_paths(config):
         check_importable(path, key)
-
-
-@hookimpl
-def ddlkit_job_environment(config: DictConfig) -> Mapping[str, str] | None:
-    # the ranks run in the job directory: they import user code from where ddlkit was started
-    if any(import_paths(config)):
-        return {LAUNCH_DIR_ENV: os.environ.get(LAUNCH_DIR_ENV) or os.getcwd()}
-    return None
-

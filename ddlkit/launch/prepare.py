@@ -8,6 +8,7 @@ import hashlib
 import os
 import platform
 import re
+import shutil
 import subprocess
 import sys
 from collections.abc import Mapping, Sequence
@@ -23,7 +24,9 @@ from ..atomic import write_json, write_text
 from ..checkpoint import resolve_resume
 from ..errors import ConfigError, DdlkitError
 from ..interfaces import ComputeTarget, JobSpec
-from ..jobdir import CONFIG_FILE, ENVIRONMENT_FILE, JOB_FILE, OVERRIDES_FILE
+from ..compute.snapshot import CodeSnapshot, imports_from
+from ..custom import LAUNCH_DIR_ENV, import_paths, launch_dir
+from ..jobdir import CODE_DIR, CODE_FILE, CONFIG_FILE, ENVIRONMENT_FILE, JOB_FILE, OVERRIDES_FILE
 from ..registry import Registry
 from .commandline import job_command
 from .jobs import index
@@ -110,6 +113,28 @@ def job_environment(cfg: DictConfig, pm: DdlkitPluginManager,
     return env, {k: v for k, v in merged.items() if k not in env}
 
 
+def user_code(cfg: DictConfig, compute: ComputeTarget, job_dir: Path) -> tuple[dict[str, str], CodeSnapshot | None]:
+    """How the ranks reach the code the config names in the launch directory (``model.target=my_pkg...``):
+    ranks on the launcher's disk import it from there (``$DDLKIT_LAUNCH_DIR``, the environment
+    returned); any other target gets a snapshot of the launch directory, returned to be written
+    into the job directory. Neither when every import path names an installed package."""
+    here = launch_dir()
+    if not imports_from(here, import_paths(cfg)):
+        return {}, None
+    if compute.shares_job_dir:
+        return {LAUNCH_DIR_ENV: str(here)}, None
+    return {}, CodeSnapshot.take(here, max_bytes=int(cfg.code.max_mb * 1e6), exclude=list(cfg.code.exclude),
+                                 skip=[job_dir])
+
+
+def _write_snapshot(job_dir: Path, snapshot: CodeSnapshot | None) -> None:
+    if snapshot is not None:
+        snapshot.write(job_dir)
+    else:  # a job run again without user code must not import an earlier run's snapshot
+        shutil.rmtree(job_dir / CODE_DIR, ignore_errors=True)
+        (job_dir / CODE_FILE).unlink(missing_ok=True)
+
+
 def prepare(cfg: DictConfig, *, job_dir: Path, overrides: Sequence[str], registry: Registry,
             pm: DdlkitPluginManager, env: Mapping[str, str] | None = None, compute: ComputeTarget | None = None,
             validated: dict[str, Any] | None = None, launch: Sequence[str] = ()) -> PreparedJob:
@@ -136,7 +161,9 @@ def prepare(cfg: DictConfig, *, job_dir: Path, overrides: Sequence[str], registr
     write_text(job_dir / CONFIG_FILE, OmegaConf.to_yaml(OmegaConf.create(redacted)))
     write_text(job_dir / OVERRIDES_FILE, OmegaConf.to_yaml(OmegaConf.create(list(overrides))))
     write_json(job_dir / ENVIRONMENT_FILE, environment_info(cfg, registry, pm))
-    rank_env, secret_env = job_environment(cfg, pm, env)
+    code_env, snapshot = user_code(cfg, compute, job_dir)
+    _write_snapshot(job_dir, snapshot)
+    rank_env, secret_env = job_environment(cfg, pm, {**code_env, **(env or {})})
     if secrets:
         secret_env[secret_store.SECRETS_ENV] = secret_store.encode(secrets)
     spec = JobSpec(name=name, job_dir=job_dir, env=rank_env, secret_env=secret_env)

@@ -26,7 +26,8 @@ from ..atomic import LockHeld, hold_lock
 from ..checkpoint import resolve_resume
 from ..config import rebuild
 from ..errors import ConfigError, DdlkitError, RunError, exit_code_for
-from ..jobdir import EXIT_COMPLETED, EXIT_CONFIG_ERROR, EXIT_FAILED, EXIT_PREEMPTED, LOCK_FILE
+from ..custom import LAUNCH_DIR_ENV
+from ..jobdir import CODE_DIR, EXIT_COMPLETED, EXIT_CONFIG_ERROR, EXIT_FAILED, EXIT_PREEMPTED, LOCK_FILE
 from ..plugins import get_plugin_manager
 from ..registry import Registry
 from .distributed import DistContext
@@ -53,6 +54,7 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_CONFIG_ERROR
     secrets = secret_store.decode(os.environ.get(secret_store.SECRETS_ENV))
     job_dir = Path(argv[0]).resolve().parent
+    user_code_on_path(job_dir)
     # the rank's place in the job comes first (every error below is reported with it), before the
     # plugins that rebuild() needs are loaded: the core's own dist settings, as the job file states them
     d = job["config"]["dist"]
@@ -111,6 +113,17 @@ def main(argv: list[str] | None = None) -> int:
             # results could not be kept (e.g. uploads failed after their retries): that outranks
             # the training outcome, so it replaces the pending return value
             sys.exit(finish_code)
+
+
+def user_code_on_path(job_dir: Path) -> None:
+    """Put the researcher's code first on the import path, for this rank and the processes it starts
+    (data-loading workers): the job's code snapshot (``code/``, shipped by a launcher on another
+    disk), or the launch directory on a shared disk (``$DDLKIT_LAUNCH_DIR``)."""
+    if (job_dir / CODE_DIR).is_dir():
+        os.environ[LAUNCH_DIR_ENV] = str(job_dir / CODE_DIR)
+    where = os.environ.get(LAUNCH_DIR_ENV)
+    if where and where not in sys.path:
+        sys.path.insert(0, where)
 
 
 def hold_job_directory(job_dir: Path) -> TextIO:

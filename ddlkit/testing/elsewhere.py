@@ -3,8 +3,9 @@ launcher's but what the compute contract hands over.
 
 It behaves as a target whose ranks run on another machine would, with what one machine has:
 
-* ``submit`` copies the job directory to the "cluster's disk" (``compute.root/<job name>``),
-  **moves the launcher's job directory out of reach** for as long as the job runs (anything
+* ``submit`` refuses a job whose environment names a path of this machine (a laptop's path
+  means nothing on a cluster: user code travels as the job's code snapshot), copies the job
+  directory to the "cluster's disk" (``compute.root/<job name>``), **moves the launcher's job directory out of reach** for as long as the job runs (anything
   that reaches for the launcher's paths fails), and runs the job there in a process with that
   copy as its working directory and a **bare environment**: ``PATH``, ``HOME``, ``LANG`` and
   what ``JobSpec.env`` / ``JobSpec.secret_env`` carry -- nothing inherited from the launcher;
@@ -95,6 +96,7 @@ class ElsewhereTarget(ComputeTarget):
         return {**base, **spec.env, **spec.secret_env, "PYTHONUNBUFFERED": "1"}
 
     def submit(self, spec: JobSpec) -> JobHandle:
+        _refuse_launcher_paths(spec)
         remote_dir = self.root / spec.name
         shutil.rmtree(remote_dir, ignore_errors=True)
         shutil.copytree(spec.job_dir, remote_dir, ignore=shutil.ignore_patterns(STATE_DIR))
@@ -119,3 +121,11 @@ class ElsewhereTarget(ComputeTarget):
 
     def plan(self, spec: JobSpec) -> str:
         return f"copy {spec.job_dir} to {self.root / spec.name}; there: {' '.join(spec.command('python'))}"
+
+
+def _refuse_launcher_paths(spec: JobSpec) -> None:
+    for key, value in {**spec.env, **spec.secret_env}.items():
+        if os.path.isabs(value) and os.path.exists(value):
+            raise ConfigError(f"compute=elsewhere: the job's environment names a path of the launcher's machine "
+                              f"({key}={value}); on a cluster it does not exist. A compute target's job carries "
+                              "what its ranks need in the job directory (user code: its code snapshot).")

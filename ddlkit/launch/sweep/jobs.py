@@ -52,9 +52,14 @@ from .report import LiveReport, Report, varying_overrides
 from .scheduler import Observer, Outcome, Scheduler, SweepJob
 from .settings import FailurePolicy, SweepSettings
 
+#: how many of a code snapshot's files ``ddlkit plan`` names
+_PLANNED_FILES = 8
+
 if TYPE_CHECKING:
     from hydra.types import HydraContext
     from omegaconf import DictConfig
+
+    from ...compute.snapshot import CodeSnapshot
 
     from ...plugins import DdlkitPluginManager
     from ...registry import Registry
@@ -303,12 +308,14 @@ class DdlkitSweep:
                     launch: list[str]) -> str:
         """What ``ddlkit plan`` says of a job after its label and state: what it runs on, the
         command that runs it alone, and what its compute target would do."""
-        env, secret_env = prepare.job_environment(cfg, self.pm)
+        code_env, snapshot = prepare.user_code(cfg, target, output_dir)
+        env, secret_env = prepare.job_environment(cfg, self.pm, code_env)
         spec = JobSpec(name=prepare.job_name(output_dir), job_dir=output_dir, env=env, secret_env=secret_env)
         command = job_command(secret_store.redact_overrides(overrides), output_dir, launch)
+        code = f"      code: {_code_line(snapshot)}\n" if snapshot is not None else ""
         return (f"      compute={cfg.compute.name}, world size {target.world_size}, {cfg.framework.name} "
                 f"{cfg.model.name}; {{state}}\n"
-                f"      command: {command}\n"
+                f"      command: {command}\n{code}"
                 f"      runs: {target.plan(spec)}")
 
     def _print_plan(self, jobs: list[CheckedJob], ledger: Ledger, done: set[int], settings: SweepSettings,
@@ -483,3 +490,11 @@ class _SweepHandle(JobHandle):
 
     def detach(self) -> None:
         self.inner.detach()
+
+
+def _code_line(snapshot: CodeSnapshot) -> str:
+    """What ``ddlkit plan`` says a job ships of the launch directory."""
+    shown = [path for path, _ in snapshot.files[:_PLANNED_FILES]]
+    more = len(snapshot.files) - len(shown)
+    return (f"a snapshot of the launch directory ships with the job ({snapshot.describe()}): {', '.join(shown)}"
+            + (f" and {more} more" if more else ""))
