@@ -21,8 +21,8 @@ from typing import TYPE_CHECKING
 from ..atomic import write_json
 from ..errors import ConfigError, RunError
 from ..interfaces import StorageBackend
-from ._transfer import (CheckpointPublisher, StagingReport, is_staged, open_storage, publish_files, result_files,
-                        stage)
+from ._transfer import CheckpointPublisher, StagingReport, is_staged, publish_files, result_files, stage
+from ._urls import open_storage
 
 if TYPE_CHECKING:
     from ..interfaces import RunContext

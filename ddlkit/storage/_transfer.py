@@ -1,9 +1,5 @@
 """Moving datasets and results between storage and this machine.
 
-* :func:`open_storage` turns a path or a URL (``blob://container/prefix``) into a
-  :class:`~ddlkit.StorageBackend` whose keys are relative to it; URL schemes are looked up among
-  the registered storage backends (:attr:`StorageBackend.url_schemes`), so the core never
-  imports a cloud SDK.
 * :func:`stage` copies a dataset described by its ``manifest.tsv`` into a local directory:
   in parallel, each file hash-verified before it is renamed into place (so whatever is present
   is complete), resumable after an interruption, and a no-op (0 bytes) when the copy already
@@ -19,157 +15,22 @@ import fcntl
 import os
 import shutil
 import sys
-import threading
 import time
 import uuid
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Iterator, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import TypeVar
 
 from ..errors import ConfigError, RunError
 from ..interfaces import StorageBackend
 from ..jobdir import OUTPUT_GLOBS, RESULT_FILE, RESULT_FILES, STATE_DIR
 from ._manifest import MANIFEST_NAME, Entry, Manifest, sha256_file
-
-T = TypeVar("T")
+from ._parallel import Progress, parallel, size_text
+from ._retry import retry
 
 #: the job-directory files published before the checkpoints (and result.json, always last)
 RESULT_GLOBS = (*(name for name in RESULT_FILES if name != RESULT_FILE), *OUTPUT_GLOBS)
-
-
-class TransientStorageError(OSError):
-    """A storage operation failed in a way that may succeed when retried (timeouts, throttling,
-    5xx answers). Backends raise it so that :func:`retry` knows what to try again."""
-
-
-# ---------------------------------------------------------------------------- URLs
-def is_url(root: str) -> bool:
-    return "://" in root and not root.startswith("file://")
-
-
-def split_url(url: str) -> tuple[str, str, str]:
-    """``blob://container/a/b`` -> ``("blob", "container", "a/b")``."""
-    scheme, _, rest = url.partition("://")
-    container, _, prefix = rest.strip("/").partition("/")
-    if not container:
-        raise ConfigError(f"{url!r} names no container: write {scheme}://<container>[/<prefix>]")
-    return scheme, container, prefix.strip("/")
-
-
-def open_storage(location: str) -> StorageBackend:
-    """A backend whose keys are relative to ``location``: a directory, or a URL one of the
-    installed storage backends opens (``blob://`` needs ``pip install ddlkit-azure``)."""
-    from ..plugins import get_plugin_manager
-    from ..registry import Registry
-
-    registry = Registry.collect(get_plugin_manager())
-    if not is_url(location):
-        # a directory: storage=local, found as every backend is (the SDK names no built-in)
-        local = registry.get("storage", "local")
-        return local.factory(local.config(root=str(Path(location.removeprefix("file://")).expanduser())))
-    scheme = location.split("://", 1)[0]
-    for name in registry.names("storage"):
-        factory = registry.get("storage", name).factory
-        if scheme in getattr(factory, "url_schemes", ()):
-            return factory.from_url(location)
-    hint = " Install the Azure plugin: pip install ddlkit-azure." if scheme == "blob" else ""
-    raise ConfigError(f"no installed storage backend opens {scheme}:// URLs ({location}).{hint}")
-
-
-# ---------------------------------------------------------------------------- retries and progress
-#: seconds a small request (one that moves no file: a listing, a write check) may go unanswered
-#: before :func:`retry` says that it waits
-WAIT_NOTICE_S = 8.0
-
-
-def retry(fn: Callable[[], T], *, what: str, attempts: int = 5, base_delay_s: float = 0.5,
-          small: bool = False) -> T:
-    """Call ``fn`` until it succeeds, retrying :class:`TransientStorageError` (and other OSErrors
-    but "not found") with exponential backoff; the last error propagates, naming ``what``.
-
-    Each retry is announced on stderr with its delay, and with ``small`` (``fn`` moves no file, so
-    a working endpoint answers it in a second) an attempt unanswered for :data:`WAIT_NOTICE_S`
-    says so: a storage account that stopped answering shows up as lines within seconds, not as
-    silence until a read times out. Backends keep their own SDK's retries off and bound each
-    attempt (connect/read timeouts), so the worst case is ``attempts`` bounded attempts plus
-    ``base_delay_s * (2**(attempts-1) - 1)`` seconds of waiting."""
-    for attempt in range(1, attempts + 1):
-        notice = threading.Timer(WAIT_NOTICE_S, lambda attempt=attempt: print(
-            f"ddlkit: {what}: no answer for {WAIT_NOTICE_S:g} s; still waiting (attempt {attempt} of {attempts})",
-            file=sys.stderr, flush=True))
-        notice.daemon = True
-        if small:
-            notice.start()
-        try:
-            return fn()
-        except FileNotFoundError:
-            raise
-        except OSError as err:
-            error = err
-        finally:
-            notice.cancel()
-        if attempt == attempts:
-            raise RunError(f"{what} failed after {attempts} attempts: {error}", component="storage") from error
-        delay = base_delay_s * 2 ** (attempt - 1)
-        print(f"ddlkit: {what} failed ({error}); retrying in {delay:g} s (attempt {attempt + 1} of {attempts})",
-              file=sys.stderr, flush=True)
-        time.sleep(delay)
-    raise AssertionError("unreachable")
-
-
-class Progress:
-    """Counts bytes done out of a total: a live bar on a terminal, a line every 10 % otherwise."""
-
-    def __init__(self, description: str, total_bytes: int, *, live: bool | None = None) -> None:
-        self.description, self.total, self.done = description, total_bytes, 0
-        self._lock = threading.Lock()
-        self._next_report = 0.1
-        self._bar = None
-        if live if live is not None else sys.stderr.isatty():
-            from rich.progress import (BarColumn, DownloadColumn, Progress as Bar, TimeRemainingColumn,
-                                       TransferSpeedColumn)
-
-            self._bar = Bar("[progress.description]{task.description}", BarColumn(), DownloadColumn(),
-                            TransferSpeedColumn(), TimeRemainingColumn(), transient=False)
-            self._task = self._bar.add_task(description, total=total_bytes)
-            self._bar.start()
-
-    def advance(self, nbytes: int) -> None:
-        with self._lock:
-            self.done += nbytes
-            if self._bar is not None:
-                self._bar.update(self._task, advance=nbytes)
-            elif self.total and self.done / self.total >= self._next_report:
-                self._next_report = int(self.done / self.total * 10) / 10 + 0.1
-                print(f"ddlkit: {self.description}: {_gb(self.done)} of {_gb(self.total)} "
-                      f"({100 * self.done / self.total:.0f}%)", file=sys.stderr, flush=True)
-
-    def close(self) -> None:
-        if self._bar is not None:
-            self._bar.stop()
-
-
-def _gb(nbytes: float) -> str:
-    return f"{nbytes / 1e9:.2f} GB" if nbytes >= 1e8 else f"{nbytes / 1e6:.1f} MB"
-
-
-def parallel(fn: Callable[[T], None], items: Sequence[T], workers: int) -> None:
-    """Run ``fn`` on every item with ``workers`` threads; the first error cancels what has not
-    started and propagates."""
-    if not items:
-        return
-    with ThreadPoolExecutor(max(1, min(workers, len(items)))) as pool:
-        futures = [pool.submit(fn, item) for item in items]
-        try:
-            for f in futures:
-                f.result()
-        except BaseException:
-            for f in futures:
-                f.cancel()
-            raise
 
 
 # ---------------------------------------------------------------------------- staging
@@ -255,9 +116,10 @@ def stage(source: StorageBackend, dest: Path, *, describe: str, workers: int = 1
         free = shutil.disk_usage(dest).free
         if needed + reserve_bytes > free:
             raise ConfigError(
-                f"not enough space to stage {describe} into {dest}: {_gb(needed)} still to copy"
-                f"{f' plus a reserve of {_gb(reserve_bytes)}' if reserve_bytes else ''}, but only {_gb(free)} free "
-                f"(the dataset is {_gb(manifest.total_bytes)}, {_gb(manifest.total_bytes - needed)} already staged). "
+                f"not enough space to stage {describe} into {dest}: {size_text(needed)} still to copy"
+                f"{f' plus a reserve of {size_text(reserve_bytes)}' if reserve_bytes else ''}, "
+                f"but only {size_text(free)} free (the dataset is {size_text(manifest.total_bytes)}, "
+                f"{size_text(manifest.total_bytes - needed)} already staged). "
                 "Free space there, point storage.scratch at a larger disk, or read the data in place with "
                 "storage=nfs.")
         progress = Progress(f"staging {describe}", needed, live=live)

@@ -19,6 +19,7 @@ from typing import Any
 import pytest
 
 from ddlkit import ConfigError, RunError, StorageBackend
+from ddlkit.storage import _retry
 from ddlkit.storage import _transfer as transfer
 from ddlkit.storage import Manifest, build_manifest
 from ddlkit.storage import TransientStorageError, open_storage
@@ -234,7 +235,7 @@ def test_a_silent_endpoint_is_reported_within_seconds_of_the_first_contact(
         capsys: pytest.CaptureFixture[str]) -> None:
     """The write check, a run's first contact with its storage, waited a whole read timeout (30 s)
     in silence before its first line (issue 23, minor)."""
-    monkeypatch.setattr(transfer, "WAIT_NOTICE_S", 0.5)
+    monkeypatch.setattr(_retry, "WAIT_NOTICE_S", 0.5)
     monkeypatch.setattr(_client, "READ_TIMEOUT_S", 2)
     monkeypatch.setenv("AZURE_STORAGE_CONNECTION_STRING",
                        azurite.connection_string.replace(azurite.account_url, silent_endpoint.url))
