@@ -36,8 +36,8 @@ from ..interfaces import StorageBackend
 from ..jobdir import STATE_DIR
 from ._manifest import MANIFEST_NAME, Entry, Manifest, sha256_file
 from ._parallel import Progress, parallel, size_text
+from ._publish import CheckpointPublisher, publish_files, result_files
 from ._retry import retry
-from ._transfer import CheckpointPublisher, publish_files, result_files
 from ._urls import open_storage
 
 if TYPE_CHECKING:

@@ -1,7 +1,9 @@
-"""Moving datasets and results between storage and this machine.
+"""Publishing a job's results: copying them from the job directory to where they are kept.
 
-* :func:`publish_job` copies a job's results, with retries, ``result.json`` last, so that a
-  result.json at the destination means everything before it arrived.
+:func:`publish_files` copies them with retries, the last file (``result.json`` in
+:func:`result_files`' order) after all the others, so that a result.json at the destination means
+everything before it arrived. A :class:`CheckpointPublisher` copies each checkpoint
+(:func:`checkpoint_files`) as soon as it is written.
 """
 
 from __future__ import annotations
