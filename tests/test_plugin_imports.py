@@ -2,7 +2,7 @@
 
 A public module is one in :data:`PUBLIC_MODULES`, or a submodule of one of its packages (the facade
 ``ddlkit`` aside) whose name has no part starting with ``_``: ``ddlkit.interfaces.data`` and
-``ddlkit.testing.contracts`` are public, ``ddlkit.storage._transfer`` and ``ddlkit.compute._minder``
+``ddlkit.testing.contracts`` are public, ``ddlkit.storage._staging`` and ``ddlkit.compute._minder``
 are not. Everything else -- the launcher wing ``ddlkit.launch``, the rank wing ``ddlkit.rank``, the
 built-in plugins ``ddlkit.builtin`` and the core's own modules -- may change without notice, so a
 plugin that imports it breaks with the next release. README's "The plugin SDK" lists the same modules.
@@ -111,9 +111,9 @@ def test_plugins_import_only_public_modules() -> None:
 def test_a_private_import_is_found(tmp_path: Path) -> None:
     plugin = tmp_path / "plugin.py"
     plugin.write_text("import ddlkit\nfrom ddlkit import cpu, builtin\nfrom ddlkit.storage import stage\n\n"
-                      "def f():\n    from ddlkit.storage._transfer import parallel\n    import ddlkit.rank.run\n")
+                      "def f():\n    from ddlkit.storage._staging import stage\n    import ddlkit.rank.run\n")
     private = [(line, module) for line, module in ddlkit_imports(plugin) if not is_public(module)]
-    assert private == [(2, "ddlkit.builtin"), (6, "ddlkit.storage._transfer"), (7, "ddlkit.rank.run")]
+    assert private == [(2, "ddlkit.builtin"), (6, "ddlkit.storage._staging"), (7, "ddlkit.rank.run")]
 
 
 @pytest.mark.parametrize("module", PUBLIC_MODULES)

@@ -137,7 +137,7 @@ def prepare(out: Path, *, val_images: Path | None, val_labels: Path | None, syns
 def write_manifest(root: Path, workers: int) -> int:
     from ..storage import build_manifest
     from ..storage._manifest import iter_files
-    from ..storage._transfer import Progress
+    from ..storage._parallel import Progress
 
     root = Path(root)
     if not root.is_dir():
@@ -154,7 +154,7 @@ def write_manifest(root: Path, workers: int) -> int:
 
 def upload(src: Path, dest: str, *, workers: int) -> int:
     from ..storage import MANIFEST_NAME, HashListing, Manifest, build_manifest, open_storage, retry, sha256_file
-    from ..storage._transfer import Progress, parallel
+    from ..storage._parallel import Progress, parallel
 
     src = Path(src)
     if not src.is_dir():

@@ -28,9 +28,10 @@ cloud SDK: a URL's backend is found among the installed plugins when :func:`open
 """
 
 from ._manifest import MANIFEST_NAME, Entry, HashListing, Manifest, build_manifest, sha256_file
-from ._staging import LocalSsdConfig, StagingStorage, Verify, dataset_dirname
-from ._transfer import (CheckpointPublisher, StagingReport, TransientStorageError, checkpoint_files, is_staged,
-                        is_url, open_storage, publish_files, result_files, retry, split_url, stage)
+from ._publish import CheckpointPublisher, checkpoint_files, publish_files, result_files
+from ._retry import TransientStorageError, retry
+from ._staging import LocalSsdConfig, StagingReport, StagingStorage, Verify, dataset_dirname, is_staged, stage
+from ._urls import is_url, open_storage, split_url
 
 __all__ = [
     "MANIFEST_NAME",

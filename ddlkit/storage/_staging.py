@@ -1,4 +1,9 @@
-"""Staging storages: data staged to each node's local disk, results published to a location.
+"""Staging: a dataset copied to each node's local disk, and the storages that read data from there.
+
+:func:`stage` copies a dataset described by its ``manifest.tsv`` into a local directory: in
+parallel, each file hash-verified before it is renamed into place (so whatever is present is
+complete), resumable after an interruption, and a no-op (0 bytes) when the copy already matches
+the manifest, which is how later jobs on the same node reuse it.
 
 :class:`StagingStorage` is the base of ``storage=local_ssd`` and of storage backends for remote
 object stores (``ddlkit-azure``'s ``storage=azure``): it stages ``data.root`` (a directory or a URL
@@ -10,10 +15,17 @@ that :func:`~ddlkit.storage.open_storage` resolves) into ``<scratch>/datasets/<n
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import hashlib
+import os
 import re
+import shutil
+import sys
 import time
-from dataclasses import dataclass
+import uuid
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass
 from enum import StrEnum
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -21,11 +33,143 @@ from typing import TYPE_CHECKING
 from ..atomic import write_json
 from ..errors import ConfigError, RunError
 from ..interfaces import StorageBackend
-from ._transfer import (CheckpointPublisher, StagingReport, is_staged, open_storage, publish_files, result_files,
-                        stage)
+from ..jobdir import STATE_DIR
+from ._manifest import MANIFEST_NAME, Entry, Manifest, sha256_file
+from ._parallel import Progress, parallel, size_text
+from ._publish import CheckpointPublisher, publish_files, result_files
+from ._retry import retry
+from ._urls import open_storage
 
 if TYPE_CHECKING:
     from ..interfaces import RunContext
+
+
+@dataclass
+class StagingReport:
+    """What one staging did; written to the job directory as ``staging-node<N>.json``."""
+
+    source: str
+    destination: str
+    files: int
+    bytes: int
+    files_transferred: int
+    bytes_transferred: int
+    seconds: float
+    #: the copy already matched the manifest: nothing was transferred
+    reused: bool
+
+    def as_dict(self) -> dict[str, object]:
+        return {**asdict(self), "seconds": round(self.seconds, 3)}
+
+
+@contextlib.contextmanager
+def _node_lock(path: Path, what: str) -> Iterator[None]:
+    """One stager per copy on this node: concurrent jobs (a sweep) wait for the first, then
+    find the copy complete."""
+    with open(path, "a") as f:
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            print(f"ddlkit: waiting for another job on this node that is staging {what}", file=sys.stderr, flush=True)
+            fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
+def is_staged(dest: Path) -> bool:
+    return (dest / STATE_DIR / "complete").is_file() and (dest / MANIFEST_NAME).is_file()
+
+
+def stage(source: StorageBackend, dest: Path, *, describe: str, workers: int = 16, verify: str = "size",
+          reserve_bytes: int = 0, attempts: int = 5, live: bool | None = None) -> StagingReport:
+    """Make ``dest`` an exact copy of the dataset in ``source`` (keys relative to its root), as
+    listed by the source's ``manifest.tsv``.
+
+    A file already in ``dest`` counts as staged when its size matches the manifest (``verify=size``;
+    every file was hash-checked before it was renamed into place) or its hash does (``verify=hash``).
+    Refuses to start, with the sizes, when the disk holding ``dest`` lacks room for what is missing
+    plus ``reserve_bytes``.
+    """
+    t0 = time.perf_counter()
+    dest = Path(dest)
+    state = dest / STATE_DIR
+    state.mkdir(parents=True, exist_ok=True)
+    with _node_lock(state / "lock", describe):
+        tmp = state / "tmp"
+        shutil.rmtree(tmp, ignore_errors=True)  # partial downloads of an interrupted staging
+        tmp.mkdir()
+        new_manifest = tmp / MANIFEST_NAME
+        try:
+            retry(lambda: source.get(MANIFEST_NAME, new_manifest), what=f"reading {describe}/{MANIFEST_NAME}",
+                  attempts=attempts)
+        except FileNotFoundError:
+            raise ConfigError(f"{describe} has no {MANIFEST_NAME}, so it cannot be staged and verified. Write one "
+                              f"with `ddlkit data manifest ROOT` (or upload with `ddlkit data upload`, which adds "
+                              f"it).") from None
+        manifest = Manifest.read(new_manifest)
+        previous = state / MANIFEST_NAME
+        if previous.is_file():
+            # a file whose content changed since the last staging must not pass the size check
+            old = Manifest.read(previous).by_path
+            for e in manifest.entries:
+                if e.path in old and old[e.path].sha256 != e.sha256:
+                    (dest / e.path).unlink(missing_ok=True)
+        os.replace(new_manifest, previous)
+        todo = [e for e in manifest.entries if not _present(dest / e.path, e, verify)]
+        if not todo and is_staged(dest):
+            return StagingReport(describe, str(dest), len(manifest), manifest.total_bytes, 0, 0,
+                                 time.perf_counter() - t0, reused=True)
+        (state / "complete").unlink(missing_ok=True)
+        needed = sum(e.size for e in todo)
+        free = shutil.disk_usage(dest).free
+        if needed + reserve_bytes > free:
+            raise ConfigError(
+                f"not enough space to stage {describe} into {dest}: {size_text(needed)} still to copy"
+                f"{f' plus a reserve of {size_text(reserve_bytes)}' if reserve_bytes else ''}, "
+                f"but only {size_text(free)} free (the dataset is {size_text(manifest.total_bytes)}, "
+                f"{size_text(manifest.total_bytes - needed)} already staged). "
+                "Free space there, point storage.scratch at a larger disk, or read the data in place with "
+                "storage=nfs.")
+        progress = Progress(f"staging {describe}", needed, live=live)
+
+        def fetch(entry: Entry) -> None:
+            final = dest / entry.path
+            for _ in range(attempts):
+                part = tmp / uuid.uuid4().hex
+                retry(lambda part=part: source.get(entry.path, part), what=f"downloading {describe}/{entry.path}",
+                      attempts=attempts)
+                if part.stat().st_size == entry.size and sha256_file(part) == entry.sha256:
+                    final.parent.mkdir(parents=True, exist_ok=True)
+                    os.replace(part, final)
+                    progress.advance(entry.size)
+                    return
+                part.unlink()
+            raise RunError(f"{describe}/{entry.path} does not match its manifest entry (size {entry.size}, sha256 "
+                           f"{entry.sha256[:12]}...) after {attempts} downloads: the source changed after the "
+                           "manifest was written. Rewrite it with `ddlkit data manifest` (or re-upload).",
+                           component="storage")
+
+        try:
+            parallel(fetch, todo, workers)
+        finally:
+            progress.close()
+        shutil.copyfile(state / MANIFEST_NAME, tmp / MANIFEST_NAME)
+        os.replace(tmp / MANIFEST_NAME, dest / MANIFEST_NAME)
+        (state / "complete").write_text(manifest.digest + "\n")
+        shutil.rmtree(tmp, ignore_errors=True)
+        return StagingReport(describe, str(dest), len(manifest), manifest.total_bytes, len(todo), needed,
+                             time.perf_counter() - t0, reused=False)
+
+
+def _present(path: Path, entry: Entry, verify: str) -> bool:
+    try:
+        if path.stat().st_size != entry.size:
+            return False
+    except FileNotFoundError:
+        return False
+    return verify != "hash" or sha256_file(path) == entry.sha256
 
 
 class Verify(StrEnum):

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import time
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -17,8 +18,7 @@ from ddlkit.builtin.local_storage import LocalStorage, LocalStorageConfig
 from ddlkit.builtin.nfs_storage import NfsStorage, NfsStorageConfig
 from ddlkit.launch.prepare import job_name
 from ddlkit.storage import (LocalSsdConfig, Manifest, TransientStorageError, build_manifest, dataset_dirname,
-                            publish_files, result_files, stage)
-from ddlkit.storage import _transfer as transfer
+                            is_staged, publish_files, result_files, stage)
 from ddlkit.testing.contracts import StorageBackendContract
 from ddlkit.testing.images import ImageDataset, make_image_dataset
 
@@ -81,7 +81,7 @@ class Flaky(LocalStorage):
 
 @pytest.fixture(autouse=True)
 def _no_backoff(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(transfer.time, "sleep", lambda s: None)
+    monkeypatch.setattr(time, "sleep", lambda s: None)
 
 
 # ---------------------------------------------------------------------------- staging
@@ -103,7 +103,7 @@ def test_an_interrupted_staging_resumes_where_it_stopped(dataset: ImageDataset, 
     with pytest.raises(KeyboardInterrupt):
         stage(source, tmp_path / "copy", describe="share", workers=1)
     done = len(source.gets) - 1  # the manifest
-    assert 0 < done < n and not transfer.is_staged(tmp_path / "copy")
+    assert 0 < done < n and not is_staged(tmp_path / "copy")
     resumed = Flaky(dataset.root)
     report = stage(resumed, tmp_path / "copy", describe="share")
     assert report.files_transferred == n - done
@@ -136,7 +136,7 @@ def test_a_changed_manifest_restages_exactly_the_changed_files(dataset: ImageDat
 def test_staging_refuses_a_disk_that_is_too_small(dataset: ImageDataset, tmp_path: Path,
                                                   monkeypatch: pytest.MonkeyPatch) -> None:
     usage = shutil.disk_usage(tmp_path)
-    monkeypatch.setattr(transfer.shutil, "disk_usage", lambda p: usage._replace(free=1000))
+    monkeypatch.setattr(shutil, "disk_usage", lambda p: usage._replace(free=1000))
     with pytest.raises(ConfigError) as info:
         stage(LocalStorage(LocalStorageConfig(root=str(dataset.root))), tmp_path / "copy", describe="share")
     assert "only 0.0 MB free" in str(info.value) and "storage.scratch" in str(info.value)
@@ -246,7 +246,7 @@ def test_local_ssd_defaults_to_the_scratch_directory_the_compute_target_provides
     path = storage.prepare_data(str(dataset.root), run)
     assert run.extra_result["staging_time_s"] > 0
     assert path == tmp_path / "node3" / "datasets" / dataset_dirname(str(dataset.root))
-    assert transfer.is_staged(path) and barriers == [1]
+    assert is_staged(path) and barriers == [1]
     assert json.loads((tmp_path / "job" / "staging-node3.json").read_text())["destination"] == str(path)
     with pytest.raises(ConfigError, match="storage.scratch"):
         LocalSsdStorage(LocalSsdConfig()).staged_path(str(dataset.root))

@@ -19,9 +19,9 @@ from typing import Any
 import pytest
 
 from ddlkit import ConfigError, RunError, StorageBackend
-from ddlkit.storage import _transfer as transfer
+from ddlkit.storage import _retry
 from ddlkit.storage import Manifest, build_manifest
-from ddlkit.storage import TransientStorageError, open_storage
+from ddlkit.storage import TransientStorageError, open_storage, stage
 from ddlkit.jobdir import EXIT_PREEMPTED
 from ddlkit.launch.cli import main
 from ddlkit.launch.prepare import job_name
@@ -121,16 +121,16 @@ def test_upload_is_parallel_resumable_and_skips_matching_blobs(dataset: ImageDat
 
 def test_local_ssd_stages_from_blob_and_reuses_the_copy(uploaded: str, tmp_path: Path, dataset: ImageDataset) -> None:
     manifest = Manifest.read(dataset.root / "manifest.tsv")
-    first = transfer.stage(open_storage(uploaded), tmp_path / "ssd", describe=uploaded)
+    first = stage(open_storage(uploaded), tmp_path / "ssd", describe=uploaded)
     assert (first.files_transferred, first.bytes_transferred) == (len(manifest), manifest.total_bytes)
     assert build_manifest(tmp_path / "ssd").dumps() == manifest.dumps()
-    second = transfer.stage(open_storage(uploaded), tmp_path / "ssd", describe=uploaded)
+    second = stage(open_storage(uploaded), tmp_path / "ssd", describe=uploaded)
     assert (second.bytes_transferred, second.reused) == (0, True)
 
 
 def test_results_survive_transient_errors_and_never_look_complete_when_cut(tmp_path: Path, blob_container: str,
                                                                           monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(transfer.time, "sleep", lambda s: None)
+    monkeypatch.setattr(time, "sleep", lambda s: None)
     job = tmp_path / "job"
     job.mkdir()
     for name in ("metrics.jsonl", "model.pt", "rank-0.log", "result.json"):
@@ -234,7 +234,7 @@ def test_a_silent_endpoint_is_reported_within_seconds_of_the_first_contact(
         capsys: pytest.CaptureFixture[str]) -> None:
     """The write check, a run's first contact with its storage, waited a whole read timeout (30 s)
     in silence before its first line (issue 23, minor)."""
-    monkeypatch.setattr(transfer, "WAIT_NOTICE_S", 0.5)
+    monkeypatch.setattr(_retry, "WAIT_NOTICE_S", 0.5)
     monkeypatch.setattr(_client, "READ_TIMEOUT_S", 2)
     monkeypatch.setenv("AZURE_STORAGE_CONNECTION_STRING",
                        azurite.connection_string.replace(azurite.account_url, silent_endpoint.url))
