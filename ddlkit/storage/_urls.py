@@ -30,10 +30,9 @@ def split_url(url: str) -> tuple[str, str, str]:
 def open_storage(location: str) -> StorageBackend:
     """A backend whose keys are relative to ``location``: a directory, or a URL one of the
     installed storage backends opens (``blob://`` needs ``pip install ddlkit-azure``)."""
-    from ..plugins import get_plugin_manager
     from ..registry import Registry
 
-    registry = Registry.collect(get_plugin_manager())
+    registry = Registry.installed()
     if not is_url(location):
         # a directory: storage=local, found as every backend is (the SDK names no built-in)
         local = registry.get("storage", "local")
