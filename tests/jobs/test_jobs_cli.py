@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -115,6 +117,36 @@ def test_a_job_of_another_host_or_without_an_exit_record_has_no_invented_end(run
     status = run_factory.cli("jobs", "status", str(job_dir)).assert_success().stdout
     assert "state:     failed\n" in status and "how it ended is unknown: no process of job" in status, status
     assert "exit status" not in status and "SIGKILL" not in status, status  # not the -9 it once invented
+
+
+def test_an_ended_job_is_answered_from_its_record_once_its_target_cannot_attach(run_factory: RunFactory,
+                                                                               tmp_path: Path) -> None:
+    """`ddlkit jobs status` of an ended job failed with the target's "cannot attach" once the target could no
+    longer reach the job (issue 25, item 7). Its end is in its record, written after its files came back: the
+    result in result.json, rank 0's output in rank-0.log; the target is not asked."""
+    cluster = tmp_path / "cluster"
+    remote = ("compute=elsewhere", f"compute.root={cluster}")
+    done, failed = run_factory.base_dir / "done", run_factory.base_dir / "failed"
+    run_factory(*SMALL, "data.length=64", *remote, job_dir=done).assert_success()
+    run_factory(*SMALL, "data.length=64", "framework.fail_at_step=3", *remote, job_dir=failed).assert_returncode(1)
+    shutil.rmtree(cluster)  # the cluster has forgotten both jobs: compute=elsewhere cannot attach to them
+
+    status = run_factory.cli("jobs", "status", str(done)).assert_success().stdout
+    assert "state:     succeeded\n" in status and f"job dir:   {done}\n" in status, status
+    assert f'result:    {{"steps": 8, ' in status, status
+    logs = run_factory.cli("jobs", "logs", str(done)).assert_success().stdout
+    assert logs == (done / "rank-0.log").read_text() and "ddlkit run completed" in logs
+    attach = run_factory.cli("jobs", "attach", str(done)).assert_success().stdout
+    assert attach.startswith(f"ddlkit: job {job_name(done)} has ended (succeeded); rank 0's output:\n{logs}"), attach
+    assert attach.endswith(f"ddlkit: done; result in {done}/result.json\n"), attach
+    cancel = run_factory.cli("jobs", "cancel", str(done)).assert_success().stdout
+    assert cancel == f"ddlkit: job {job_name(done)} already ended (succeeded); nothing to cancel.\n"
+
+    status = run_factory.cli("jobs", "status", str(failed)).assert_success().stdout
+    assert "state:     failed (exit status 1)\n" in status and "fake framework failure at step 3" in status, status
+    assert "result:" not in status
+    attach = run_factory.cli("jobs", "attach", str(failed)).assert_returncode(1)
+    assert "fake framework failure at step 3" in attach.stdout and "job " + job_name(failed) + " failed" in attach.stderr
 
 
 def test_an_unknown_job_is_named_with_the_recent_ones(run_factory: RunFactory) -> None:

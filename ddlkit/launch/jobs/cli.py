@@ -7,7 +7,9 @@
     ddlkit jobs cancel JOB               ask the job to checkpoint and stop; wait until it has
 
 JOB is a job's name (or a unique prefix of it) or its job directory. The job's compute target
-is rebuilt from the job's own ``job.json`` and re-attached with the id recorded at submission.
+is rebuilt from the job's own ``job.json`` and re-attached with the id recorded at submission;
+a job whose end is recorded is answered from its directory, without its target
+(:class:`~ddlkit.launch.jobs.index.EndedJob`).
 """
 
 from __future__ import annotations
@@ -127,8 +129,11 @@ def cmd_attach(args: argparse.Namespace, out: TextIO) -> int:
 
     sub = index.find(args.job)
     handle = _handle(sub)
-    out.write(f"ddlkit: attached to job {sub.name} (compute={sub.target}, id {sub.id}); Ctrl-C detaches, "
-              f"`ddlkit jobs cancel {sub.name}` stops it\n")
+    if sub.ended is not None:
+        out.write(f"ddlkit: job {sub.name} has ended ({sub.state}); rank 0's output:\n")
+    else:
+        out.write(f"ddlkit: attached to job {sub.name} (compute={sub.target}, id {sub.id}); Ctrl-C detaches, "
+                  f"`ddlkit jobs cancel {sub.name}` stops it\n")
     out.flush()
     status = follow.follow(handle, out=out, progress_bar=out.isatty(), on_interrupt="detach")
     if status is None:

@@ -21,6 +21,7 @@ import socket
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -28,8 +29,8 @@ from typing import TYPE_CHECKING, Any
 from ...atomic import write_json
 from ...compute.state import STATE_DIR_ENV, state_dir
 from ...errors import ConfigError
-from ...interfaces import JobHandle, JobStatus
-from ...jobdir import JOB_FILE, SUBMISSION_FILE
+from ...interfaces import JobHandle, JobState, JobStatus
+from ...jobdir import JOB_FILE, SUBMISSION_FILE, rank_log
 
 if TYPE_CHECKING:
     from ...registry import Registry
@@ -71,8 +72,11 @@ class Submission:
     #: the last state the launcher saw: pending, running, succeeded, failed, cancelled
     state: str = "running"
     exit_code: int | None = None
+    #: when the launcher first saw the job end (after its files were brought back); None until then
     ended: float | None = None
     detached: bool = False
+    #: the target's explanation of the end (which rank failed, its last lines)
+    message: str = ""
 
     @property
     def path(self) -> Path:
@@ -82,9 +86,12 @@ class Submission:
         write_json(self.path, asdict(self))
 
     def handle(self, registry: Registry) -> JobHandle:
-        """Rebuild the job's compute target from its job file, and attach to the job."""
+        """Rebuild the job's compute target from its job file, and attach to the job; a job whose end
+        is recorded is answered from its record instead (:class:`EndedJob`)."""
         from ...config import rebuild
 
+        if self.ended is not None:
+            return EndedJob(self)
         try:
             config = json.loads((Path(self.job_dir) / JOB_FILE).read_text(encoding="utf-8"))["config"]
             compute = rebuild(config, registry, groups=("compute",)).compute
@@ -95,9 +102,44 @@ class Submission:
         return target.attach(self.id, job_dir=Path(self.job_dir))
 
     def ended_with(self, status: JobStatus) -> None:
-        """Record the end the launcher saw."""
-        self.state, self.exit_code, self.ended = status.state.value, status.exit_code, time.time()
+        """Record the end the launcher saw, once the job's files are back (``JobHandle.collect``);
+        seeing it again (``ddlkit jobs attach`` of an ended job) keeps the time it was first seen."""
+        self.state, self.exit_code, self.message = status.state.value, status.exit_code, status.message
+        self.ended = self.ended or time.time()
         self.save()
+
+
+class EndedJob(JobHandle):
+    """A job whose end is recorded, answered from its job directory without asking its target:
+    a target may no longer reach a job that has ended (a cluster's disk was cleaned, a service
+    forgot the job) or never could attach at all, and the record is written only after the job's
+    files came back, so the directory holds rank 0's output and, if it completed, ``result.json``."""
+
+    def __init__(self, sub: Submission) -> None:
+        self.sub, self.id = sub, sub.id
+        self._read = False
+
+    def status(self) -> JobStatus:
+        return JobStatus(JobState(self.sub.state), self.sub.exit_code, self.sub.message)
+
+    def logs(self, follow: bool = True) -> Iterator[str]:
+        """Rank 0's whole output on the first call, as :meth:`JobHandle.logs` of a job that ended;
+        nothing after it."""
+        if self._read:
+            return
+        self._read = True
+        try:
+            with open(Path(self.sub.job_dir) / rank_log(0), encoding="utf-8", errors="replace") as log:
+                while chunk := log.read(1 << 16):
+                    yield chunk
+        except FileNotFoundError:
+            return  # the job ended before rank 0 started: it has no output
+
+    def cancel(self) -> None:
+        pass  # it has ended
+
+    def wait(self, timeout: float | None = None) -> JobStatus:
+        return self.status()
 
 
 def record(name: str, job_dir: Path, target: str, job_id: str, *, detached: bool = False) -> Submission:
