@@ -1,7 +1,10 @@
 """The fields of ``result.json``: one table, from which every reader of a result takes its keys.
 
 :meth:`ddlkit.Run.result` writes one key per :data:`FIELDS` row (``tests/test_result.py`` fails
-when the two differ); plugins may add keys of their own through ``run.extra_result``. The
+when the two differ), whatever the framework: every framework plugin's ``FrameworkContract``
+(``ddlkit.testing.contracts``) fails when its run's ``result.json`` lacks a field of the table,
+leaves one of :data:`FRAMEWORK` null, or has a key its plugin does not declare. Plugins add keys
+of their own through ``run.extra_result`` (PyTorch: ``device_name``, ``loss_scale``). The
 views below choose fields of the table, in the order their readers show them: the sweep's
 ledger and objectives, the sweep report's columns and its line per finished job, ``ddlkit jobs
 status`` and the console logger's end-of-run table. Nothing else spells a result key.
@@ -44,6 +47,11 @@ FIELDS: tuple[Field, ...] = (
     Field("batch_size_per_rank", int, None),
     Field("global_batch_size", int, None),
     Field("precision", str, None),
+    #: where rank 0 computed, as its framework set ``run.device``: "cpu", or "cuda:<index>" for a
+    #: GPU (its index among the GPUs the rank sees; torch's name, also for TensorFlow's GPUs);
+    #: several, comma-separated, where a rank replicates over several GPUs (TensorFlow's strategy
+    #: uses every GPU its worker sees)
+    Field("device", str, None),
     Field("epochs", int, None),
     Field("steps", int, None),
     Field("steps_per_epoch", int, None),
@@ -78,6 +86,8 @@ HEADLINE = _view("images_per_sec", "final_loss", "best_top1")
 #: what the sweep's ledger keeps of each job's result, and what ``sweep.objective`` may name
 LEDGER = HEADLINE + _view("top1", "top5", "val_loss", "steps", "epochs", "world_size", "global_batch_size",
                           "wall_time_s")
+#: what the framework reports through the Run, which a completed run never leaves null
+FRAMEWORK = _view("device")
 #: what ``ddlkit jobs status`` shows of an ended job's result
 STATUS = _view("steps") + HEADLINE
 #: the console logger's table at the end of a completed run

@@ -170,6 +170,8 @@ class RunContext(Protocol):
     extra_result: dict[str, Any]
     #: intra-op threads each rank computes with: the framework sets it, result and loggers read it
     num_threads: int | None
+    #: where this rank computes, "cpu" or "cuda:<index>" (``ddlkit.result``): the framework sets it, result.json has it
+    device: str | None
 
     def phase(self, what: str) -> None:
         """Say on rank 0 that start-up reached ``what`` ("model built", "data ready")."""

@@ -136,6 +136,8 @@ class Run:
         self._active_loggers: list[Logger] = []
         #: intra-op threads each rank computes with, as the framework set them (framework.num_threads)
         self.num_threads: int | None = None
+        #: where this rank computes ("cpu", "cuda:0", see ddlkit.result): the framework sets it
+        self.device: str | None = None
         #: trainer.early_stopping and trainer.best_checkpoint, when they watch a metric
         self.early_stopping = EarlyStopping(t.early_stopping) if t.early_stopping.monitor else None
         self.best = Watch("best_checkpoint", t.best_checkpoint) if t.best_checkpoint.monitor else None
@@ -522,6 +524,7 @@ class Run:
             "batch_size_per_rank": t.batch_size,
             "global_batch_size": self.global_batch,
             "precision": str(t.precision),
+            "device": self.device,
             "epochs": self.state.epoch,
             "steps": self.state.step,
             "steps_per_epoch": self.steps_per_epoch,

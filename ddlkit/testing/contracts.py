@@ -33,6 +33,7 @@ from typing import Any, ClassVar
 
 import pytest
 
+from .. import result as result_schema
 from ..interfaces import (JOB_FILE, Batch, ComputeTarget, DataSource, ImageFilesSpec, ImagePoolSpec, JobHandle,
                           JobSpec, JobState, Logger, Shard, StorageBackend)
 from ..interfaces.data import native_spec
@@ -475,6 +476,9 @@ class FrameworkContract:
     plugin: ClassVar[str]
     #: the file ``run.save_artifact`` writes the final weights to
     model_file: ClassVar[str]
+    #: the keys the plugin adds to result.json through ``run.extra_result``, beyond
+    #: ``ddlkit.result.FIELDS`` (documented in its README): any other key fails the suite
+    extra_result_keys: ClassVar[frozenset[str]] = frozenset()
     #: settings that make a run take seconds: here 2 epochs of 5 steps, a log line every 2 steps
     overrides: ClassVar[tuple[str, ...]] = (
         "data.image_size=32", "data.num_classes=10", "data.length=80", "data.val_length=16", "trainer.batch_size=16",
@@ -512,6 +516,19 @@ class FrameworkContract:
         assert [c["epoch"] for c in hook_recorder.getcalls("ddlkit_epoch_end")] == list(range(1, epochs + 1))
         assert len(hook_recorder.getcalls("ddlkit_run_start")) == 1, "call run.start() once, before the first step"
         assert (out.job_dir / self.model_file).is_file()
+
+    def test_result_json_has_the_fields_of_ddlkit_result(self, train: Any) -> None:
+        """One result schema for every framework: each field of the table, of its type, the ones the
+        framework reports set, and no key beyond the table but the plugin's declared extras."""
+        result = train().result  # as result.json holds it
+        assert result_schema.NAMES - result.keys() == set(), "result.json lacks fields of ddlkit.result.FIELDS"
+        undeclared = result.keys() - result_schema.NAMES - self.extra_result_keys
+        assert undeclared == set(), "result.json has keys that neither ddlkit.result.FIELDS nor extra_result_keys has"
+        wrong = {f.name: type(result[f.name]).__name__ for f in result_schema.FIELDS
+                 if result[f.name] is not None and not isinstance(result[f.name], f.type)}
+        assert wrong == {}, "values of another type than ddlkit.result.FIELDS says"
+        unset = [f.name for f in result_schema.FRAMEWORK if result[f.name] is None]
+        assert unset == [], "the framework left these fields unset (run.<field> = ...); see ddlkit.result"
 
     def test_stops_at_max_steps(self, train: Any) -> None:
         out = train("trainer.max_steps=3")

@@ -67,6 +67,7 @@ class FakeFramework(Framework):
         import numpy as np
 
         t, o = run.cfg.trainer, run.cfg.optimizer
+        run.device = "cpu"  # numpy
         info = run.data.info
         side = min(self.cfg.side, info.image_size)
         # parameters and momentum buffer in one dict, so save/load cannot forget one of them

@@ -133,7 +133,7 @@ def test_an_ended_job_is_answered_from_its_record_once_its_target_cannot_attach(
 
     status = run_factory.cli("jobs", "status", str(done)).assert_success().stdout
     assert "state:     succeeded\n" in status and f"job dir:   {done}\n" in status, status
-    assert f'result:    {{"steps": 8, ' in status, status
+    assert 'result:    {"steps": 8, ' in status, status
     logs = run_factory.cli("jobs", "logs", str(done)).assert_success().stdout
     assert logs == (done / "rank-0.log").read_text() and "ddlkit run completed" in logs
     attach = run_factory.cli("jobs", "attach", str(done)).assert_success().stdout

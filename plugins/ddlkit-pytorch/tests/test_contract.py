@@ -17,4 +17,5 @@ class TestPytorchFramework(FrameworkContract):
     framework = "pytorch"
     plugin = "ddlkit_pytorch.plugin"
     model_file = "model.pt"
+    extra_result_keys = frozenset({"device_name", "loss_scale"})  # on a GPU; loss_scale with fp16
     overrides = (*FrameworkContract.overrides, "model=resnet18", "framework.num_threads=1")

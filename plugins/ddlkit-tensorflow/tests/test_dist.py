@@ -94,3 +94,5 @@ def test_the_result_reports_two_ranks_and_the_global_loss(runs: dict[str, Path])
     single = json.loads((runs["single"] / "result.json").read_text())
     assert (result["world_size"], result["global_batch_size"], result["steps"]) == (2, 2 * B, 2)
     assert result["final_loss"] == pytest.approx(single["final_loss"], rel=1e-3)
+    # the devices of MultiWorkerMirroredStrategy's worker, in ddlkit.result's names
+    assert result["device"] and all(d == "cpu" or d.startswith("cuda:") for d in result["device"].split(","))

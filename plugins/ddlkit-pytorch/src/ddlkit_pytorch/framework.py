@@ -150,9 +150,12 @@ class PytorchFramework(ddlkit.Framework):
                        **({"top5": _top_k(5)} if run.data.info.num_classes > 5 else {})}
         replicas = Replicas(run, device)
         optimizer = replicas.wrap_optimizer(model, optimizer, accumulate=run.accumulate)
-        run.extra_result["device"] = str(device)
         if device.type == "cuda":
+            # named by its index also where torch was given just "cuda" (the current GPU), as ddlkit.result says
+            run.device = f"cuda:{torch.cuda.current_device() if device.index is None else device.index}"
             run.extra_result["device_name"] = torch.cuda.get_device_name(device)
+        else:
+            run.device = str(device)
         return _Parts(device=device, model=model, optimizer=optimizer, replicas=replicas,
                       scaler=torch.amp.GradScaler(device.type, enabled=precision == "fp16"),
                       autocast_dtype={"bf16": torch.bfloat16, "fp16": torch.float16}.get(precision),

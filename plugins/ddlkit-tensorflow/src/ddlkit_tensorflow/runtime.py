@@ -147,6 +147,8 @@ def distribution_strategy(run: ddlkit.RunContext, framework: str) -> Any:
       per rank, ``TF_CONFIG`` built from the ranks' addresses;
     * ``horovod``: a ConfigError (:func:`check_config`): Horovod 0.28.1 does not build against
       TensorFlow >= 2.16, and this plugin targets Keras 3 on TensorFlow 2.21.
+
+    It sets ``run.device`` to the devices the strategy computes on (:func:`device_names`).
     """
     backend = run.cfg.dist.backend
     if backend == "none" and run.dist.world_size != 1:
@@ -159,8 +161,25 @@ def distribution_strategy(run: ddlkit.RunContext, framework: str) -> Any:
     import tensorflow as tf
 
     if run.dist.world_size == 1:
+        # the default strategy places every op on the first GPU TensorFlow sees, else on the CPU
+        run.device = device_names(tf.config.list_logical_devices("GPU")[:1] or tf.config.list_logical_devices("CPU"))
         return tf.distribute.get_strategy()
-    return MultiWorker(run)
+    strategy = MultiWorker(run)
+    run.device = device_names(strategy.strategy.extended.worker_devices)
+    return strategy
+
+
+def device_names(devices: Any) -> str:
+    """TensorFlow's devices (``LogicalDevice`` records or names such as ``/job:worker/task:0/device:GPU:0``)
+    in ``result.json``'s terms (``ddlkit.result``), the same as PyTorch's: "cpu", "cuda:<index>", comma-separated."""
+    import tensorflow as tf
+
+    names = []
+    for device in devices:
+        spec = tf.DeviceSpec.from_string(getattr(device, "name", device))
+        # TensorFlow's GPU builds are CUDA builds: its GPUs get torch's name
+        names.append(f"cuda:{spec.device_index}" if spec.device_type == "GPU" else spec.device_type.lower())
+    return ",".join(dict.fromkeys(names))  # once each, in order
 
 
 #: why Horovod does not train with this plugin, and what to use instead
