@@ -8,8 +8,6 @@ when to log, when to checkpoint (atomically, rank 0 only), when to stop, and res
 from __future__ import annotations
 
 import math
-import os
-import signal
 import time
 import warnings
 from collections.abc import Callable, Iterable, Iterator, Mapping
@@ -28,6 +26,8 @@ from ..interfaces import DataSource, Framework, Loader, Logger, RunState, Shard,
 from ..interfaces.run import LoadFn, SaveFn
 from ..jobdir import RESULT_FILE
 from ..monitor import EarlyStopping, Watch
+from .phases import report_phase
+from .preemption import Preempted, StopRequest
 from .schedule import LRSchedule
 from .throughput import ThroughputMeter
 
@@ -37,43 +37,6 @@ if TYPE_CHECKING:
     from ..plugins import DdlkitPluginManager
     from ..registry import Registry
     from .distributed import DistContext
-
-class Preempted(Exception):
-    """Raised out of the training loop after a SIGTERM's checkpoint was written, or at once by a
-    SIGTERM that came before training started (``checkpointed=False``: there was nothing to save)."""
-
-    def __init__(self, message: str, *, checkpointed: bool = True) -> None:
-        super().__init__(message)
-        self.checkpointed = checkpointed
-
-
-#: when this module was imported: the start-up clock where /proc cannot tell the process's age
-_IMPORTED = time.monotonic()
-
-
-def process_age() -> float:
-    """Seconds since this process started."""
-    try:
-        with open("/proc/self/stat", encoding="ascii") as f:
-            start_ticks = int(f.read().rsplit(")", 1)[1].split()[19])  # field 22, starttime
-        with open("/proc/uptime", encoding="ascii") as f:
-            return float(f.read().split()[0]) - start_ticks / os.sysconf("SC_CLK_TCK")
-    except (OSError, ValueError, IndexError):
-        return time.monotonic() - _IMPORTED
-
-
-def report_phase(dist: DistContext, what: str) -> None:
-    """Rank 0 says which start-up phase its rank has reached and when (since the rank started),
-    so the minutes before the first step are never silent (#22)."""
-    if dist.is_main:
-        print(f"ddlkit: [{process_age():5.1f}s] {what}", flush=True)
-
-
-def stop_at_once(signum: int, frame: object) -> None:
-    """The SIGTERM handler until training starts (staging a dataset, building the model): there
-    is nothing to checkpoint, and a stalled download must not hold the stop until the scheduler's
-    kill after its grace period."""
-    raise Preempted(f"stopped by {signal.Signals(signum).name} before training started", checkpointed=False)
 
 
 class Run:
@@ -124,10 +87,7 @@ class Run:
         self.checkpoints_written = 0
         #: fields plugins add to result.json (e.g. staging_time_s); the core's own keys win
         self.extra_result: dict[str, Any] = {}
-        #: this rank was asked to stop (SIGTERM); ranks act on it together, see _agree_to_stop
-        self.stop_requested = False
-        #: from checkpointing() on, a SIGTERM checkpoints at the next step boundary; before, it stops at once
-        self._training = False
+        self._stop_request = StopRequest()
         self._save: SaveFn | None = None
         self._started = time.time()
         self._last_checkpoint: tuple[int, int] | None = None
@@ -183,7 +143,7 @@ class Run:
         (a file, or a directory it creates) and ``load(path)`` must return ``meta``. From here on
         a SIGTERM checkpoints at the next step boundary. Call :meth:`start` next."""
         self._save = save
-        self._training = True
+        self._stop_request.training = True
         if self.dist.is_main:
             # what a run killed mid-checkpoint left (nothing else writes here: the job is starting)
             stale = remove_stale(self.checkpoint_dir)
@@ -336,7 +296,7 @@ class Run:
             for lg in self.loggers:
                 lg.log_metrics(st.step, metrics, split="train")
             self.hook.ddlkit_step_end(run=self, step=st.step, metrics=metrics)
-        stopping = self._agree_to_stop()
+        stopping = self._stop_request.agreed(self.dist, st.step, self.cfg.dist.stop_check_every)
         stop = stopping or st.step >= self.total_steps
         # at an epoch's last batch the framework calls epoch_end next, which checkpoints the
         # finished epoch; saving here too would write the same step twice
@@ -346,20 +306,6 @@ class Run:
         if stopping:
             raise Preempted(f"stopped on request at step {st.step}")
         return stop
-
-    def _agree_to_stop(self) -> bool:
-        """Whether the loop stops at this step for a stop request (SIGTERM). A SIGTERM reaches the
-        ranks at different moments (or only some of them), but a rank that leaves the loop alone
-        would leave the others waiting forever in their next gradient all-reduce; so every
-        ``dist.stop_check_every`` steps the ranks all-reduce their flags and all stop at the same
-        step if any of them was asked to. One process decides alone, at no cost."""
-        if self.dist.world_size == 1:
-            return self.stop_requested
-        if self.state.step % self.cfg.dist.stop_check_every:
-            return False
-        # never assign the agreed value to stop_requested: a SIGTERM handled while this rank
-        # waits in the exchange would be overwritten by the others' False and lost
-        return self.dist.any(self.stop_requested)
 
     def validation_end(self, **metrics: float) -> None:
         """Report validation metrics (``val_loss``, ``val_top1``, ``val_top5``) for the current state."""
@@ -499,15 +445,18 @@ class Run:
                 )
 
     # ---------------------------------------------------------------- lifecycle
+    @property
+    def stop_requested(self) -> bool:
+        """This rank was asked to stop (SIGTERM); the ranks act on it together (:meth:`StopRequest.agreed`)."""
+        return self._stop_request.requested
+
+    @stop_requested.setter
+    def stop_requested(self, requested: bool) -> None:
+        self._stop_request.requested = requested
+
     def install_signal_handlers(self) -> None:
         """SIGTERM (preemption, cancel) -> checkpoint at the next step boundary, then exit."""
-
-        def request_stop(signum: int, frame: object) -> None:
-            self.stop_requested = True
-            if not self._training:
-                stop_at_once(signum, frame)
-
-        signal.signal(signal.SIGTERM, request_stop)
+        self._stop_request.install()
 
     def result(self, status: str) -> dict[str, Any]:
         """The content of result.json."""
