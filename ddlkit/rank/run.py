@@ -15,17 +15,17 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ..atomic import atomic_path, write_json
+from ..atomic import write_json
 from ..callbacks import CallbackPlugin
 from ..callbacks import load as load_callbacks
-from ..checkpoint import (BEST, CHECKPOINT_DIR, build_manifest, checkpoint_name, keep_best, mark_latest, no_space,
-                          read_manifest, remove_stale, verify, write_manifest)
+from ..checkpoint import BEST, CHECKPOINT_DIR
 from ..config import check_one_global_batch
-from ..errors import ConfigError, DdlkitError, RunError
+from ..errors import RunError
 from ..interfaces import DataSource, Framework, Loader, Logger, RunState, Shard, StorageBackend
 from ..interfaces.run import LoadFn, SaveFn
 from ..jobdir import RESULT_FILE
 from ..monitor import EarlyStopping, Watch
+from .checkpointing import CheckpointKeeper, check_compatible
 from .phases import report_phase
 from .preemption import Preempted, StopRequest
 from .schedule import LRSchedule
@@ -84,15 +84,13 @@ class Run:
         self.last_loss: float | None = None
         self.epoch_metrics: dict[str, float] = {}
         self.best_top1: float | None = None
-        self.checkpoints_written = 0
         #: fields plugins add to result.json (e.g. staging_time_s); the core's own keys win
         self.extra_result: dict[str, Any] = {}
         self._stop_request = StopRequest()
-        self._save: SaveFn | None = None
+        #: the job's checkpoint files: written on rank 0, the one resumed from loaded on every rank
+        self.checkpoints = CheckpointKeeper(self.job_dir, keep=t.keep_checkpoints, writer=dist.is_main,
+                                            resume_from=resume_from)
         self._started = time.time()
-        self._last_checkpoint: tuple[int, int] | None = None
-        #: the newest complete checkpoint of this job (the one resumed from, then each one written)
-        self.last_checkpoint_path: Path | None = resume_from
         self._active_loggers: list[Logger] = []
         #: intra-op threads each rank computes with, as the framework set them (framework.num_threads)
         self.num_threads: int | None = None
@@ -142,28 +140,27 @@ class Run:
         return where training starts. ``save(path, meta)`` must write everything to ``path``
         (a file, or a directory it creates) and ``load(path)`` must return ``meta``. From here on
         a SIGTERM checkpoints at the next step boundary. Call :meth:`start` next."""
-        self._save = save
+        self.checkpoints.save = save
         self._stop_request.training = True
-        if self.dist.is_main:
-            # what a run killed mid-checkpoint left (nothing else writes here: the job is starting)
-            stale = remove_stale(self.checkpoint_dir)
-            if stale:
-                print(f"ddlkit: removed {len(stale)} stale temporary file(s) of an interrupted checkpoint write from "
-                      f"{self.checkpoint_dir}: {', '.join(sorted(p.name for p in stale))}", flush=True)
+        self.checkpoints.remove_stale()
         if self.resume_from is not None:
-            meta = self._load(load, self.resume_from)
-            self._check_compatible(meta)
-            self.state = RunState(**meta["state"])
-            self.resumed_at = RunState(**meta["state"])
-            self._last_checkpoint = (self.state.step, self.state.epoch)
-            self.last_loss = meta.get("last_loss")
-            self.best_top1 = meta.get("best_top1")
-            # a watcher resumes where it was (if it watched the same metric then)
-            for key, watcher in (("early_stopping", self.early_stopping), ("best_checkpoint", self.best)):
-                saved = (meta.get("watchers") or {}).get(key)
-                if watcher is not None and saved and saved.get("monitor") == watcher.monitor:
-                    watcher.load(saved)
+            meta = self.checkpoints.load(load, self.resume_from)
+            check_compatible(meta, self.resume_from, framework=self.cfg.framework.name, model=self.cfg.model.name)
+            self._resume(meta)
         return self.state
+
+    def _resume(self, meta: Mapping[str, Any]) -> None:
+        """Take up the state a checkpoint's ``meta`` holds (see :meth:`_checkpoint_meta`)."""
+        self.state = RunState(**meta["state"])
+        self.resumed_at = RunState(**meta["state"])
+        self.checkpoints.saved_at = (self.state.step, self.state.epoch)
+        self.last_loss = meta.get("last_loss")
+        self.best_top1 = meta.get("best_top1")
+        # a watcher resumes where it was (if it watched the same metric then)
+        for key, watcher in self._watchers().items():
+            saved = (meta.get("watchers") or {}).get(key)
+            if saved and saved.get("monitor") == watcher.monitor:
+                watcher.load(saved)
 
     def start(self) -> None:
         """Training starts now: fire ``ddlkit_run_start`` and start the loggers. Call it once,
@@ -182,21 +179,6 @@ class Run:
         state = self.checkpointing(save, load)
         self.start()
         return state
-
-    def _load(self, load: LoadFn, path: Path) -> dict[str, Any]:
-        try:
-            return load(path)
-        except DdlkitError:
-            raise
-        except Exception as err:
-            # resolve_resume verified it against its manifest if it has one: what fails here is a
-            # checkpoint without one (an older ddlkit's, or one given by path), or another version's
-            why = ("it matches its manifest, so it was written by an incompatible version or settings"
-                   if read_manifest(path) is not None else "it has no manifest to verify it against")
-            raise RunError(
-                f"cannot load checkpoint {path} ({type(err).__name__}: {str(err).strip()[:300]}); {why}. Resume from "
-                "another checkpoint with trainer.resume=<path>, or start fresh with trainer.resume=false.",
-                component="framework") from err
 
     def epochs(self) -> range:
         return range(self.state.epoch, self.cfg.trainer.epochs)
@@ -317,7 +299,7 @@ class Run:
         epoch = self.state.epoch + min(self.state.batch / self.steps_per_epoch, 1.0)
         for lg in self.loggers:
             lg.log_metrics(self.state.step, {"epoch": epoch, **self.epoch_metrics}, split="val")
-        if self._last_checkpoint == (self.state.step, self.state.epoch):
+        if self.checkpoints.holds(self.state):
             # the validation of a run stopped mid-epoch (max_steps), checkpointed already
             self._keep_best()
 
@@ -349,100 +331,33 @@ class Run:
         ``trainer.best_checkpoint.monitor``, keep that checkpoint as ``checkpoints/best.ckpt``."""
         if self.best is None or not self.best.update(self.epoch_metrics, step=self.state.step, epoch=self.state.epoch):
             return
-        if self.dist.is_main and self.last_checkpoint_path is not None:
-            keep_best(self.last_checkpoint_path, self.checkpoint_dir / BEST)
+        self.checkpoints.keep_best()
 
     # ---------------------------------------------------------------- checkpoints
-    @property
-    def checkpoint_dir(self) -> Path:
-        return self.job_dir / CHECKPOINT_DIR
-
     def save_checkpoint(self) -> Path | None:
         """Write a checkpoint of the current state (rank 0 only; no-op if already saved at this point)."""
-        if self._save is None or not self.dist.is_main:
-            return None
-        key = (self.state.step, self.state.epoch)
-        if self._last_checkpoint == key:
+        if not self.checkpoints.is_due(self.state):
             return None
         self.meter.pause()
-        path = self.checkpoint_dir / checkpoint_name(self.state.step)
-        meta = {"state": asdict(self.state), "last_loss": self.last_loss, "best_top1": self.best_top1,
-                "framework": self.cfg.framework.name, "model": self.cfg.model.name,
-                "global_batch_size": self.global_batch,
-                "watchers": {key: {"monitor": w.monitor, **w.state()}
-                             for key, w in (("early_stopping", self.early_stopping), ("best_checkpoint", self.best))
-                             if w is not None}}
-        try:
-            with atomic_path(path) as tmp:
-                try:
-                    self._save(tmp, meta)
-                    # hashed from the bytes just written (still in the page cache), and in place
-                    # before the checkpoint is: a checkpoint of this version always has its manifest
-                    write_manifest(path, build_manifest(tmp))
-                except Exception as err:
-                    # asked before atomic_path removes the partial write and frees its space
-                    full = no_space(err, tmp.parent)
-                    if full:
-                        raise self._disk_full(full, err) from err
-                    raise
-            mark_latest(path, keep=self.cfg.trainer.keep_checkpoints)
-        except OSError as err:  # the fsync, a rename or the pointer
-            full = no_space(err, self.checkpoint_dir, slack=0)
-            if full:
-                raise self._disk_full(full, err) from err
-            raise
-        self._last_checkpoint = key
-        self.last_checkpoint_path = path
-        self.checkpoints_written += 1
+        path = self.checkpoints.write(self.state, self._checkpoint_meta())
         self.hook.ddlkit_checkpoint_saved(run=self, path=str(path), step=self.state.step)
         return path
 
-    def _disk_full(self, reason: str, err: BaseException) -> RunError:
-        """The error for a checkpoint that did not fit: what is kept, and how to go on."""
-        where = f"{reason} on {self.checkpoint_dir} while writing checkpoint step {self.state.step}"
-        prev = self.last_checkpoint_path
-        if prev is None:
-            kept = "no earlier checkpoint exists, so a new run starts from step 0"
-        elif (problem := verify(prev, hashes=False)) is not None:
-            kept = f"the previous checkpoint {prev} is damaged too ({problem})"
-        else:
-            manifest = read_manifest(prev)
-            size = f" ({manifest['bytes'] / 2**20:.1f} MiB; the next one needs as much)" if manifest else ""
-            kept = (f"the previous checkpoint {prev} is intact{size}: free space, then run the same command to "
-                    "resume from it")
-        return RunError(f"{where}; {kept}", component="checkpoint", step=self.state.step)
+    def _checkpoint_meta(self) -> dict[str, Any]:
+        """What a checkpoint keeps of the run beside the framework's state (see :meth:`_resume`)."""
+        return {"state": asdict(self.state), "last_loss": self.last_loss, "best_top1": self.best_top1,
+                "framework": self.cfg.framework.name, "model": self.cfg.model.name,
+                "global_batch_size": self.global_batch,
+                "watchers": {key: {"monitor": w.monitor, **w.state()} for key, w in self._watchers().items()}}
+
+    def _watchers(self) -> dict[str, Watch]:
+        """The watchers in use, under the keys a checkpoint keeps their state by."""
+        return {key: w for key, w in (("early_stopping", self.early_stopping), ("best_checkpoint", self.best))
+                if w is not None}
 
     def save_artifact(self, name: str, write: Callable[[Path], None]) -> Path | None:
         """Write a file such as the final model into the job directory atomically (rank 0 only)."""
-        if not self.dist.is_main:
-            return None
-        path = self.job_dir / name
-        try:
-            with atomic_path(path) as tmp:
-                try:
-                    write(tmp)
-                except Exception as err:
-                    full = no_space(err, tmp.parent)
-                    if full:
-                        raise RunError(f"{full} on {self.job_dir} while writing {name}; the latest checkpoint "
-                                       f"{self.last_checkpoint_path} is intact", component="storage") from err
-                    raise
-        except OSError as err:
-            full = no_space(err, self.job_dir, slack=0)
-            if full:
-                raise RunError(f"{full} on {self.job_dir} while writing {name}; the latest checkpoint "
-                               f"{self.last_checkpoint_path} is intact", component="storage") from err
-            raise
-        return path
-
-    def _check_compatible(self, meta: Mapping[str, Any]) -> None:
-        for key, mine in (("framework", self.cfg.framework.name), ("model", self.cfg.model.name)):
-            theirs = meta.get(key)
-            if theirs is not None and theirs != mine:
-                raise ConfigError(
-                    f"checkpoint {self.resume_from} was written with {key}={theirs}, this run has {key}={mine}. "
-                    "Use the same setting, or start fresh with trainer.resume=false (or another hydra.run.dir)."
-                )
+        return self.checkpoints.write_artifact(name, write)
 
     # ---------------------------------------------------------------- lifecycle
     @property
