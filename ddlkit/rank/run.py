@@ -15,19 +15,17 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ..atomic import write_json
 from ..callbacks import CallbackPlugin
 from ..callbacks import load as load_callbacks
-from ..checkpoint import BEST, CHECKPOINT_DIR
 from ..config import check_one_global_batch
 from ..errors import RunError
 from ..interfaces import DataSource, Framework, Loader, Logger, RunState, Shard, StorageBackend
 from ..interfaces.run import LoadFn, SaveFn
-from ..jobdir import RESULT_FILE
 from ..monitor import EarlyStopping, Watch
 from .checkpointing import CheckpointKeeper, check_compatible
 from .phases import report_phase
 from .preemption import Preempted, StopRequest
+from .results import keep_results, result_of
 from .schedule import LRSchedule
 from .throughput import ThroughputMeter
 
@@ -90,7 +88,8 @@ class Run:
         #: the job's checkpoint files: written on rank 0, the one resumed from loaded on every rank
         self.checkpoints = CheckpointKeeper(self.job_dir, keep=t.keep_checkpoints, writer=dist.is_main,
                                             resume_from=resume_from)
-        self._started = time.time()
+        #: when the run was built (wall clock): result.json's wall_time_s counts from here
+        self.started = time.time()
         self._active_loggers: list[Logger] = []
         #: intra-op threads each rank computes with, as the framework set them (framework.num_threads)
         self.num_threads: int | None = None
@@ -375,50 +374,12 @@ class Run:
 
     def result(self, status: str) -> dict[str, Any]:
         """The content of result.json."""
-        t = self.cfg.trainer
-        return {
-            **self.extra_result,
-            "status": status,
-            "framework": self.cfg.framework.name,
-            "model": self.cfg.model.name,
-            "data": self.cfg.data.name,
-            "world_size": self.dist.world_size,
-            "batch_size_per_rank": t.batch_size,
-            "global_batch_size": self.global_batch,
-            "precision": str(t.precision),
-            "epochs": self.state.epoch,
-            "steps": self.state.step,
-            "steps_per_epoch": self.steps_per_epoch,
-            "images_per_sec": round(self.meter.images_per_sec, 3),
-            "measured_steps": self.meter.measured_steps,
-            "warmup_steps": t.warmup_steps,
-            "final_loss": self.last_loss,
-            "val_loss": self.epoch_metrics.get("val_loss"),
-            "top1": self.epoch_metrics.get("val_top1"),
-            "top5": self.epoch_metrics.get("val_top5"),
-            "best_top1": self.best_top1,
-            "peak_lr": self.schedule.peak_lr,
-            "wall_time_s": round(time.time() - self._started, 3),
-            "resumed_from_step": self.resumed_at.step if self.resumed_at else None,
-            "accumulate_batches": self.accumulate,
-            "clip_grad_norm": t.clip_grad_norm or None,
-            # why the run ended before its last epoch, or None
-            "stopped_early": ({"monitor": self.early_stopping.monitor, "reason": self.early_stopping.reason,
-                               "epoch": self.state.epoch, "step": self.state.step}
-                              if self.stopped_early else None),
-            "best_checkpoint": ({"monitor": self.best.monitor, "mode": self.best.mode, "value": self.best.best,
-                                 "step": self.best.best_step, "epoch": self.best.best_epoch,
-                                 "path": f"{CHECKPOINT_DIR}/{BEST}"}
-                                if self.best is not None and self.best.best is not None else None),
-        }
+        return result_of(self, status)
 
     def finish(self, status: str) -> dict[str, Any] | None:
         result = self.result(status) if status == "completed" else None
         if result is not None and self.dist.is_main:
-            write_json(self.job_dir / RESULT_FILE, result)
-            where = self.storage.publish_results(self.job_dir, self.name)
-            if where:
-                print(f"ddlkit: results published to {where}", flush=True)
+            keep_results(result, self.job_dir, self.storage, self.name)
         try:
             self.hook.ddlkit_run_end(run=self, status=status, result=result)
         finally:
