@@ -2,7 +2,10 @@
 
 A framework's loop talks only to this object (see :class:`ddlkit.Framework`), so the rules
 shared by all frameworks live here once: the learning-rate schedule, throughput measurement,
-when to log, when to checkpoint (atomically, rank 0 only), when to stop, and result.json.
+when to log, when to checkpoint, when to stop. What it hands on has a module each: the epoch
+loop it runs for a framework (:mod:`.loop`), the checkpoint files, written atomically on rank 0
+only (:mod:`.checkpointing`), stopping on SIGTERM (:mod:`.preemption`), result.json and
+publishing it (:mod:`.results`), the start-up phases (:mod:`.phases`).
 """
 
 from __future__ import annotations
@@ -10,7 +13,7 @@ from __future__ import annotations
 import math
 import time
 import warnings
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import asdict
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -22,6 +25,7 @@ from ..errors import RunError
 from ..interfaces import DataSource, Framework, Loader, Logger, RunState, Shard, StorageBackend
 from ..interfaces.run import LoadFn, SaveFn
 from ..monitor import EarlyStopping, Watch
+from . import loop
 from .checkpointing import CheckpointKeeper, check_compatible
 from .phases import report_phase
 from .preemption import Preempted, StopRequest
@@ -184,58 +188,17 @@ class Run:
 
     def step_batches(self, micro_batches: Callable[[int, int], Iterable[Any]]) -> Callable[[int, int], Iterable[list]]:
         """A loader's ``iter_epoch(epoch, start_batch)`` as :meth:`train_epochs` wants ``batches``:
-        from optimizer step ``start`` on, one list of ``trainer.accumulate_batches`` micro-batches
-        per optimizer step (an epoch's last micro-batches that make no full step are left out)."""
-        n = self.accumulate
-
-        def batches(epoch: int, start: int) -> Iterator[list]:
-            group: list = []
-            for batch in micro_batches(epoch, start * n):
-                group.append(batch)
-                if len(group) == n:
-                    yield group
-                    group = []
-
-        return batches
+        one list of ``trainer.accumulate_batches`` micro-batches per optimizer step (see
+        :func:`.loop.step_batches`)."""
+        return loop.step_batches(micro_batches, self.accumulate)
 
     def train_epochs(self, batches: Callable[[int, int], Iterable[Any]],
                      step: Callable[[Any, float], Callable[[], float] | float],
                      evaluate: Callable[[], Mapping[str, float]] | None = None) -> None:
-        """The epoch loop every framework shares, from where ``checkpointing`` left off to the end;
-        the framework brings what differs:
-
-        * ``batches(epoch, start)``: that epoch's data from optimizer step ``start`` on, one item
-          per optimizer step (a run resumed mid-epoch sees only the batches it had not seen). With
-          ``trainer.accumulate_batches=N`` an item holds N micro-batches: :meth:`step_batches` groups
-          a loader's batches so, or the framework groups them in its own pipeline;
-        * ``step(batch, lr)``: one optimizer step at learning rate ``lr`` (gradients of the item's
-          micro-batches averaged, all-reduced once, clipped to ``trainer.clip_grad_norm``),
-          returning the loss, or a function that reads it (called only on logging steps: on a GPU
-          reading is a sync);
-        * ``evaluate()``: validation metrics (``val_loss``, ``val_top1``, ``val_top5``); None
-          when ``trainer.validate`` is off.
-
-        Each full epoch is validated, then ends with a checkpoint (:meth:`epoch_end`), and the run
-        stops there if ``trainer.early_stopping`` says so. A run that stops mid-epoch (``max_steps``,
-        or :class:`Preempted` raised out of :meth:`step_end`) has checkpointed at that step; at
-        ``max_steps`` it validates what it has without ending the epoch, so that a resumed run
-        finishes the epoch."""
-        stopped = self.finished
-        for epoch in self.epochs():
-            if stopped:
-                break
-            for batch in batches(epoch, self.state.batch):
-                lr = self.schedule(self.state.step)
-                if self.step_end(loss=step(batch, lr), lr=lr):
-                    stopped = True
-                    break
-            metrics = dict(evaluate()) if evaluate is not None else {}
-            if stopped and self.state.batch < self.steps_per_epoch:
-                if metrics:
-                    self.validation_end(**metrics)
-                break
-            if self.epoch_end(**metrics):
-                break
+        """The epoch loop every framework shares, from where :meth:`checkpointing` left off to the
+        end: ``batches(epoch, start)``, ``step(batch, lr)`` and ``evaluate()`` are what the
+        framework brings (see :func:`.loop.train_epochs`)."""
+        loop.train_epochs(self, batches, step, evaluate)
 
     @property
     def finished(self) -> bool:
@@ -262,21 +225,7 @@ class Run:
         st.batch += 1
         t = self.cfg.trainer
         if self.logs_at(st.step):
-            self.last_loss = loss() if callable(loss) else float(loss)
-            if self.dist.world_size > 1:
-                # rank 0 logs the loss of the global batch; every rank then judges the same value
-                self.last_loss = self.dist.allreduce_mean({"loss": self.last_loss})["loss"]
-            if not math.isfinite(self.last_loss):
-                raise RunError(
-                    f"loss became {self.last_loss} at step {st.step}: training diverged. Lower optimizer.lr "
-                    "or raise optimizer.warmup_epochs.", component="framework", step=st.step)
-            rate = self.meter.recent_rate()
-            metrics = {"loss": self.last_loss, "lr": lr, "epoch": st.epoch + st.batch / self.steps_per_epoch,
-                       # none yet at the first step of an attempt: a rate needs two
-                       **({"images_per_sec": rate} if rate is not None else {})}
-            for lg in self.loggers:
-                lg.log_metrics(st.step, metrics, split="train")
-            self.hook.ddlkit_step_end(run=self, step=st.step, metrics=metrics)
+            self._log_step(loss, lr)
         stopping = self._stop_request.agreed(self.dist, st.step, self.cfg.dist.stop_check_every)
         stop = stopping or st.step >= self.total_steps
         # at an epoch's last batch the framework calls epoch_end next, which checkpoints the
@@ -287,6 +236,26 @@ class Run:
         if stopping:
             raise Preempted(f"stopped on request at step {st.step}")
         return stop
+
+    def _log_step(self, loss: Callable[[], float] | float, lr: float) -> None:
+        """Read the loss of the step just taken and log it, with the learning rate, the epoch and
+        the recent rate, to the loggers and the ``ddlkit_step_end`` hooks."""
+        st = self.state
+        self.last_loss = loss() if callable(loss) else float(loss)
+        if self.dist.world_size > 1:
+            # rank 0 logs the loss of the global batch; every rank then judges the same value
+            self.last_loss = self.dist.allreduce_mean({"loss": self.last_loss})["loss"]
+        if not math.isfinite(self.last_loss):
+            raise RunError(
+                f"loss became {self.last_loss} at step {st.step}: training diverged. Lower optimizer.lr "
+                "or raise optimizer.warmup_epochs.", component="framework", step=st.step)
+        rate = self.meter.recent_rate()
+        metrics = {"loss": self.last_loss, "lr": lr, "epoch": st.epoch + st.batch / self.steps_per_epoch,
+                   # none yet at the first step of an attempt: a rate needs two
+                   **({"images_per_sec": rate} if rate is not None else {})}
+        for lg in self.loggers:
+            lg.log_metrics(st.step, metrics, split="train")
+        self.hook.ddlkit_step_end(run=self, step=st.step, metrics=metrics)
 
     def validation_end(self, **metrics: float) -> None:
         """Report validation metrics (``val_loss``, ``val_top1``, ``val_top5``) for the current state."""
