@@ -225,7 +225,7 @@ def test_a_sigterm_during_the_stop_agreement_is_not_lost(ddlkit_pm: DdlkitPlugin
     run = make_run(ddlkit_pm, tmp_path / "job", "logger=[]", "dist.stop_check_every=1")
     run.dist = _PeersNeverAskToStop(run)
     assert run.step_end(loss=1.0, lr=0.1) is False  # the exchange had already sent "no"
-    with pytest.raises(ddlkit.rank.run.Preempted):
+    with pytest.raises(ddlkit.rank.preemption.Preempted):
         run.step_end(loss=1.0, lr=0.1)  # the next agreement carries the request
     assert run.state.step == 2
 

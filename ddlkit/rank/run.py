@@ -2,32 +2,34 @@
 
 A framework's loop talks only to this object (see :class:`ddlkit.Framework`), so the rules
 shared by all frameworks live here once: the learning-rate schedule, throughput measurement,
-when to log, when to checkpoint (atomically, rank 0 only), when to stop, and result.json.
+when to log, when to checkpoint, when to stop. What it hands on has a module each: the epoch
+loop it runs for a framework (:mod:`.loop`), the checkpoint files, written atomically on rank 0
+only (:mod:`.checkpointing`), stopping on SIGTERM (:mod:`.preemption`), result.json and
+publishing it (:mod:`.results`), the start-up phases (:mod:`.phases`).
 """
 
 from __future__ import annotations
 
 import math
-import os
-import signal
 import time
 import warnings
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import asdict
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ..atomic import atomic_path, write_json
 from ..callbacks import CallbackPlugin
 from ..callbacks import load as load_callbacks
-from ..checkpoint import (BEST, CHECKPOINT_DIR, build_manifest, checkpoint_name, keep_best, mark_latest, no_space,
-                          read_manifest, remove_stale, verify, write_manifest)
 from ..config import check_one_global_batch
-from ..errors import ConfigError, DdlkitError, RunError
+from ..errors import RunError
 from ..interfaces import DataSource, Framework, Loader, Logger, RunState, Shard, StorageBackend
 from ..interfaces.run import LoadFn, SaveFn
-from ..jobdir import RESULT_FILE
 from ..monitor import EarlyStopping, Watch
+from . import loop
+from .checkpointing import CheckpointKeeper, check_compatible
+from .phases import report_phase
+from .preemption import Preempted, StopRequest
+from .results import keep_results, result_of
 from .schedule import LRSchedule
 from .throughput import ThroughputMeter
 
@@ -37,43 +39,6 @@ if TYPE_CHECKING:
     from ..plugins import DdlkitPluginManager
     from ..registry import Registry
     from .distributed import DistContext
-
-class Preempted(Exception):
-    """Raised out of the training loop after a SIGTERM's checkpoint was written, or at once by a
-    SIGTERM that came before training started (``checkpointed=False``: there was nothing to save)."""
-
-    def __init__(self, message: str, *, checkpointed: bool = True) -> None:
-        super().__init__(message)
-        self.checkpointed = checkpointed
-
-
-#: when this module was imported: the start-up clock where /proc cannot tell the process's age
-_IMPORTED = time.monotonic()
-
-
-def process_age() -> float:
-    """Seconds since this process started."""
-    try:
-        with open("/proc/self/stat", encoding="ascii") as f:
-            start_ticks = int(f.read().rsplit(")", 1)[1].split()[19])  # field 22, starttime
-        with open("/proc/uptime", encoding="ascii") as f:
-            return float(f.read().split()[0]) - start_ticks / os.sysconf("SC_CLK_TCK")
-    except (OSError, ValueError, IndexError):
-        return time.monotonic() - _IMPORTED
-
-
-def report_phase(dist: DistContext, what: str) -> None:
-    """Rank 0 says which start-up phase its rank has reached and when (since the rank started),
-    so the minutes before the first step are never silent (#22)."""
-    if dist.is_main:
-        print(f"ddlkit: [{process_age():5.1f}s] {what}", flush=True)
-
-
-def stop_at_once(signum: int, frame: object) -> None:
-    """The SIGTERM handler until training starts (staging a dataset, building the model): there
-    is nothing to checkpoint, and a stalled download must not hold the stop until the scheduler's
-    kill after its grace period."""
-    raise Preempted(f"stopped by {signal.Signals(signum).name} before training started", checkpointed=False)
 
 
 class Run:
@@ -121,18 +86,14 @@ class Run:
         self.last_loss: float | None = None
         self.epoch_metrics: dict[str, float] = {}
         self.best_top1: float | None = None
-        self.checkpoints_written = 0
         #: fields plugins add to result.json (e.g. staging_time_s); the core's own keys win
         self.extra_result: dict[str, Any] = {}
-        #: this rank was asked to stop (SIGTERM); ranks act on it together, see _agree_to_stop
-        self.stop_requested = False
-        #: from checkpointing() on, a SIGTERM checkpoints at the next step boundary; before, it stops at once
-        self._training = False
-        self._save: SaveFn | None = None
-        self._started = time.time()
-        self._last_checkpoint: tuple[int, int] | None = None
-        #: the newest complete checkpoint of this job (the one resumed from, then each one written)
-        self.last_checkpoint_path: Path | None = resume_from
+        self._stop_request = StopRequest()
+        #: the job's checkpoint files: written on rank 0, the one resumed from loaded on every rank
+        self.checkpoints = CheckpointKeeper(self.job_dir, keep=t.keep_checkpoints, writer=dist.is_main,
+                                            resume_from=resume_from)
+        #: when the run was built (wall clock): result.json's wall_time_s counts from here
+        self.started = time.time()
         self._active_loggers: list[Logger] = []
         #: intra-op threads each rank computes with, as the framework set them (framework.num_threads)
         self.num_threads: int | None = None
@@ -184,28 +145,27 @@ class Run:
         return where training starts. ``save(path, meta)`` must write everything to ``path``
         (a file, or a directory it creates) and ``load(path)`` must return ``meta``. From here on
         a SIGTERM checkpoints at the next step boundary. Call :meth:`start` next."""
-        self._save = save
-        self._training = True
-        if self.dist.is_main:
-            # what a run killed mid-checkpoint left (nothing else writes here: the job is starting)
-            stale = remove_stale(self.checkpoint_dir)
-            if stale:
-                print(f"ddlkit: removed {len(stale)} stale temporary file(s) of an interrupted checkpoint write from "
-                      f"{self.checkpoint_dir}: {', '.join(sorted(p.name for p in stale))}", flush=True)
+        self.checkpoints.save = save
+        self._stop_request.training = True
+        self.checkpoints.remove_stale()
         if self.resume_from is not None:
-            meta = self._load(load, self.resume_from)
-            self._check_compatible(meta)
-            self.state = RunState(**meta["state"])
-            self.resumed_at = RunState(**meta["state"])
-            self._last_checkpoint = (self.state.step, self.state.epoch)
-            self.last_loss = meta.get("last_loss")
-            self.best_top1 = meta.get("best_top1")
-            # a watcher resumes where it was (if it watched the same metric then)
-            for key, watcher in (("early_stopping", self.early_stopping), ("best_checkpoint", self.best)):
-                saved = (meta.get("watchers") or {}).get(key)
-                if watcher is not None and saved and saved.get("monitor") == watcher.monitor:
-                    watcher.load(saved)
+            meta = self.checkpoints.load(load, self.resume_from)
+            check_compatible(meta, self.resume_from, framework=self.cfg.framework.name, model=self.cfg.model.name)
+            self._resume(meta)
         return self.state
+
+    def _resume(self, meta: Mapping[str, Any]) -> None:
+        """Take up the state a checkpoint's ``meta`` holds (see :meth:`_checkpoint_meta`)."""
+        self.state = RunState(**meta["state"])
+        self.resumed_at = RunState(**meta["state"])
+        self.checkpoints.saved_at = (self.state.step, self.state.epoch)
+        self.last_loss = meta.get("last_loss")
+        self.best_top1 = meta.get("best_top1")
+        # a watcher resumes where it was (if it watched the same metric then)
+        for key, watcher in self._watchers().items():
+            saved = (meta.get("watchers") or {}).get(key)
+            if saved and saved.get("monitor") == watcher.monitor:
+                watcher.load(saved)
 
     def start(self) -> None:
         """Training starts now: fire ``ddlkit_run_start`` and start the loggers. Call it once,
@@ -225,78 +185,22 @@ class Run:
         self.start()
         return state
 
-    def _load(self, load: LoadFn, path: Path) -> dict[str, Any]:
-        try:
-            return load(path)
-        except DdlkitError:
-            raise
-        except Exception as err:
-            # resolve_resume verified it against its manifest if it has one: what fails here is a
-            # checkpoint without one (an older ddlkit's, or one given by path), or another version's
-            why = ("it matches its manifest, so it was written by an incompatible version or settings"
-                   if read_manifest(path) is not None else "it has no manifest to verify it against")
-            raise RunError(
-                f"cannot load checkpoint {path} ({type(err).__name__}: {str(err).strip()[:300]}); {why}. Resume from "
-                "another checkpoint with trainer.resume=<path>, or start fresh with trainer.resume=false.",
-                component="framework") from err
-
     def epochs(self) -> range:
         return range(self.state.epoch, self.cfg.trainer.epochs)
 
     def step_batches(self, micro_batches: Callable[[int, int], Iterable[Any]]) -> Callable[[int, int], Iterable[list]]:
         """A loader's ``iter_epoch(epoch, start_batch)`` as :meth:`train_epochs` wants ``batches``:
-        from optimizer step ``start`` on, one list of ``trainer.accumulate_batches`` micro-batches
-        per optimizer step (an epoch's last micro-batches that make no full step are left out)."""
-        n = self.accumulate
-
-        def batches(epoch: int, start: int) -> Iterator[list]:
-            group: list = []
-            for batch in micro_batches(epoch, start * n):
-                group.append(batch)
-                if len(group) == n:
-                    yield group
-                    group = []
-
-        return batches
+        one list of ``trainer.accumulate_batches`` micro-batches per optimizer step (see
+        :func:`.loop.step_batches`)."""
+        return loop.step_batches(micro_batches, self.accumulate)
 
     def train_epochs(self, batches: Callable[[int, int], Iterable[Any]],
                      step: Callable[[Any, float], Callable[[], float] | float],
                      evaluate: Callable[[], Mapping[str, float]] | None = None) -> None:
-        """The epoch loop every framework shares, from where ``checkpointing`` left off to the end;
-        the framework brings what differs:
-
-        * ``batches(epoch, start)``: that epoch's data from optimizer step ``start`` on, one item
-          per optimizer step (a run resumed mid-epoch sees only the batches it had not seen). With
-          ``trainer.accumulate_batches=N`` an item holds N micro-batches: :meth:`step_batches` groups
-          a loader's batches so, or the framework groups them in its own pipeline;
-        * ``step(batch, lr)``: one optimizer step at learning rate ``lr`` (gradients of the item's
-          micro-batches averaged, all-reduced once, clipped to ``trainer.clip_grad_norm``),
-          returning the loss, or a function that reads it (called only on logging steps: on a GPU
-          reading is a sync);
-        * ``evaluate()``: validation metrics (``val_loss``, ``val_top1``, ``val_top5``); None
-          when ``trainer.validate`` is off.
-
-        Each full epoch is validated, then ends with a checkpoint (:meth:`epoch_end`), and the run
-        stops there if ``trainer.early_stopping`` says so. A run that stops mid-epoch (``max_steps``,
-        or :class:`Preempted` raised out of :meth:`step_end`) has checkpointed at that step; at
-        ``max_steps`` it validates what it has without ending the epoch, so that a resumed run
-        finishes the epoch."""
-        stopped = self.finished
-        for epoch in self.epochs():
-            if stopped:
-                break
-            for batch in batches(epoch, self.state.batch):
-                lr = self.schedule(self.state.step)
-                if self.step_end(loss=step(batch, lr), lr=lr):
-                    stopped = True
-                    break
-            metrics = dict(evaluate()) if evaluate is not None else {}
-            if stopped and self.state.batch < self.steps_per_epoch:
-                if metrics:
-                    self.validation_end(**metrics)
-                break
-            if self.epoch_end(**metrics):
-                break
+        """The epoch loop every framework shares, from where :meth:`checkpointing` left off to the
+        end: ``batches(epoch, start)``, ``step(batch, lr)`` and ``evaluate()`` are what the
+        framework brings (see :func:`.loop.train_epochs`)."""
+        loop.train_epochs(self, batches, step, evaluate)
 
     @property
     def finished(self) -> bool:
@@ -323,22 +227,8 @@ class Run:
         st.batch += 1
         t = self.cfg.trainer
         if self.logs_at(st.step):
-            self.last_loss = loss() if callable(loss) else float(loss)
-            if self.dist.world_size > 1:
-                # rank 0 logs the loss of the global batch; every rank then judges the same value
-                self.last_loss = self.dist.allreduce_mean({"loss": self.last_loss})["loss"]
-            if not math.isfinite(self.last_loss):
-                raise RunError(
-                    f"loss became {self.last_loss} at step {st.step}: training diverged. Lower optimizer.lr "
-                    "or raise optimizer.warmup_epochs.", component="framework", step=st.step)
-            rate = self.meter.recent_rate()
-            metrics = {"loss": self.last_loss, "lr": lr, "epoch": st.epoch + st.batch / self.steps_per_epoch,
-                       # none yet at the first step of an attempt: a rate needs two
-                       **({"images_per_sec": rate} if rate is not None else {})}
-            for lg in self.loggers:
-                lg.log_metrics(st.step, metrics, split="train")
-            self.hook.ddlkit_step_end(run=self, step=st.step, metrics=metrics)
-        stopping = self._agree_to_stop()
+            self._log_step(loss, lr)
+        stopping = self._stop_request.agreed(self.dist, st.step, self.cfg.dist.stop_check_every)
         stop = stopping or st.step >= self.total_steps
         # at an epoch's last batch the framework calls epoch_end next, which checkpoints the
         # finished epoch; saving here too would write the same step twice
@@ -349,19 +239,25 @@ class Run:
             raise Preempted(f"stopped on request at step {st.step}")
         return stop
 
-    def _agree_to_stop(self) -> bool:
-        """Whether the loop stops at this step for a stop request (SIGTERM). A SIGTERM reaches the
-        ranks at different moments (or only some of them), but a rank that leaves the loop alone
-        would leave the others waiting forever in their next gradient all-reduce; so every
-        ``dist.stop_check_every`` steps the ranks all-reduce their flags and all stop at the same
-        step if any of them was asked to. One process decides alone, at no cost."""
-        if self.dist.world_size == 1:
-            return self.stop_requested
-        if self.state.step % self.cfg.dist.stop_check_every:
-            return False
-        # never assign the agreed value to stop_requested: a SIGTERM handled while this rank
-        # waits in the exchange would be overwritten by the others' False and lost
-        return self.dist.any(self.stop_requested)
+    def _log_step(self, loss: Callable[[], float] | float, lr: float) -> None:
+        """Read the loss of the step just taken and log it, with the learning rate, the epoch and
+        the recent rate, to the loggers and the ``ddlkit_step_end`` hooks."""
+        st = self.state
+        self.last_loss = loss() if callable(loss) else float(loss)
+        if self.dist.world_size > 1:
+            # rank 0 logs the loss of the global batch; every rank then judges the same value
+            self.last_loss = self.dist.allreduce_mean({"loss": self.last_loss})["loss"]
+        if not math.isfinite(self.last_loss):
+            raise RunError(
+                f"loss became {self.last_loss} at step {st.step}: training diverged. Lower optimizer.lr "
+                "or raise optimizer.warmup_epochs.", component="framework", step=st.step)
+        rate = self.meter.recent_rate()
+        metrics = {"loss": self.last_loss, "lr": lr, "epoch": st.epoch + st.batch / self.steps_per_epoch,
+                   # none yet at the first step of an attempt: a rate needs two
+                   **({"images_per_sec": rate} if rate is not None else {})}
+        for lg in self.loggers:
+            lg.log_metrics(st.step, metrics, split="train")
+        self.hook.ddlkit_step_end(run=self, step=st.step, metrics=metrics)
 
     def validation_end(self, **metrics: float) -> None:
         """Report validation metrics (``val_loss``, ``val_top1``, ``val_top5``) for the current state."""
@@ -373,7 +269,7 @@ class Run:
         epoch = self.state.epoch + min(self.state.batch / self.steps_per_epoch, 1.0)
         for lg in self.loggers:
             lg.log_metrics(self.state.step, {"epoch": epoch, **self.epoch_metrics}, split="val")
-        if self._last_checkpoint == (self.state.step, self.state.epoch):
+        if self.checkpoints.holds(self.state):
             # the validation of a run stopped mid-epoch (max_steps), checkpointed already
             self._keep_best()
 
@@ -405,159 +301,56 @@ class Run:
         ``trainer.best_checkpoint.monitor``, keep that checkpoint as ``checkpoints/best.ckpt``."""
         if self.best is None or not self.best.update(self.epoch_metrics, step=self.state.step, epoch=self.state.epoch):
             return
-        if self.dist.is_main and self.last_checkpoint_path is not None:
-            keep_best(self.last_checkpoint_path, self.checkpoint_dir / BEST)
+        self.checkpoints.keep_best()
 
     # ---------------------------------------------------------------- checkpoints
-    @property
-    def checkpoint_dir(self) -> Path:
-        return self.job_dir / CHECKPOINT_DIR
-
     def save_checkpoint(self) -> Path | None:
         """Write a checkpoint of the current state (rank 0 only; no-op if already saved at this point)."""
-        if self._save is None or not self.dist.is_main:
-            return None
-        key = (self.state.step, self.state.epoch)
-        if self._last_checkpoint == key:
+        if not self.checkpoints.is_due(self.state):
             return None
         self.meter.pause()
-        path = self.checkpoint_dir / checkpoint_name(self.state.step)
-        meta = {"state": asdict(self.state), "last_loss": self.last_loss, "best_top1": self.best_top1,
-                "framework": self.cfg.framework.name, "model": self.cfg.model.name,
-                "global_batch_size": self.global_batch,
-                "watchers": {key: {"monitor": w.monitor, **w.state()}
-                             for key, w in (("early_stopping", self.early_stopping), ("best_checkpoint", self.best))
-                             if w is not None}}
-        try:
-            with atomic_path(path) as tmp:
-                try:
-                    self._save(tmp, meta)
-                    # hashed from the bytes just written (still in the page cache), and in place
-                    # before the checkpoint is: a checkpoint of this version always has its manifest
-                    write_manifest(path, build_manifest(tmp))
-                except Exception as err:
-                    # asked before atomic_path removes the partial write and frees its space
-                    full = no_space(err, tmp.parent)
-                    if full:
-                        raise self._disk_full(full, err) from err
-                    raise
-            mark_latest(path, keep=self.cfg.trainer.keep_checkpoints)
-        except OSError as err:  # the fsync, a rename or the pointer
-            full = no_space(err, self.checkpoint_dir, slack=0)
-            if full:
-                raise self._disk_full(full, err) from err
-            raise
-        self._last_checkpoint = key
-        self.last_checkpoint_path = path
-        self.checkpoints_written += 1
+        path = self.checkpoints.write(self.state, self._checkpoint_meta())
         self.hook.ddlkit_checkpoint_saved(run=self, path=str(path), step=self.state.step)
         return path
 
-    def _disk_full(self, reason: str, err: BaseException) -> RunError:
-        """The error for a checkpoint that did not fit: what is kept, and how to go on."""
-        where = f"{reason} on {self.checkpoint_dir} while writing checkpoint step {self.state.step}"
-        prev = self.last_checkpoint_path
-        if prev is None:
-            kept = "no earlier checkpoint exists, so a new run starts from step 0"
-        elif (problem := verify(prev, hashes=False)) is not None:
-            kept = f"the previous checkpoint {prev} is damaged too ({problem})"
-        else:
-            manifest = read_manifest(prev)
-            size = f" ({manifest['bytes'] / 2**20:.1f} MiB; the next one needs as much)" if manifest else ""
-            kept = (f"the previous checkpoint {prev} is intact{size}: free space, then run the same command to "
-                    "resume from it")
-        return RunError(f"{where}; {kept}", component="checkpoint", step=self.state.step)
+    def _checkpoint_meta(self) -> dict[str, Any]:
+        """What a checkpoint keeps of the run beside the framework's state (see :meth:`_resume`)."""
+        return {"state": asdict(self.state), "last_loss": self.last_loss, "best_top1": self.best_top1,
+                "framework": self.cfg.framework.name, "model": self.cfg.model.name,
+                "global_batch_size": self.global_batch,
+                "watchers": {key: {"monitor": w.monitor, **w.state()} for key, w in self._watchers().items()}}
+
+    def _watchers(self) -> dict[str, Watch]:
+        """The watchers in use, under the keys a checkpoint keeps their state by."""
+        return {key: w for key, w in (("early_stopping", self.early_stopping), ("best_checkpoint", self.best))
+                if w is not None}
 
     def save_artifact(self, name: str, write: Callable[[Path], None]) -> Path | None:
         """Write a file such as the final model into the job directory atomically (rank 0 only)."""
-        if not self.dist.is_main:
-            return None
-        path = self.job_dir / name
-        try:
-            with atomic_path(path) as tmp:
-                try:
-                    write(tmp)
-                except Exception as err:
-                    full = no_space(err, tmp.parent)
-                    if full:
-                        raise RunError(f"{full} on {self.job_dir} while writing {name}; the latest checkpoint "
-                                       f"{self.last_checkpoint_path} is intact", component="storage") from err
-                    raise
-        except OSError as err:
-            full = no_space(err, self.job_dir, slack=0)
-            if full:
-                raise RunError(f"{full} on {self.job_dir} while writing {name}; the latest checkpoint "
-                               f"{self.last_checkpoint_path} is intact", component="storage") from err
-            raise
-        return path
-
-    def _check_compatible(self, meta: Mapping[str, Any]) -> None:
-        for key, mine in (("framework", self.cfg.framework.name), ("model", self.cfg.model.name)):
-            theirs = meta.get(key)
-            if theirs is not None and theirs != mine:
-                raise ConfigError(
-                    f"checkpoint {self.resume_from} was written with {key}={theirs}, this run has {key}={mine}. "
-                    "Use the same setting, or start fresh with trainer.resume=false (or another hydra.run.dir)."
-                )
+        return self.checkpoints.write_artifact(name, write)
 
     # ---------------------------------------------------------------- lifecycle
+    @property
+    def stop_requested(self) -> bool:
+        """This rank was asked to stop (SIGTERM); the ranks act on it together (:meth:`StopRequest.agreed`)."""
+        return self._stop_request.requested
+
+    @stop_requested.setter
+    def stop_requested(self, requested: bool) -> None:
+        self._stop_request.requested = requested
+
     def install_signal_handlers(self) -> None:
         """SIGTERM (preemption, cancel) -> checkpoint at the next step boundary, then exit."""
-
-        def request_stop(signum: int, frame: object) -> None:
-            self.stop_requested = True
-            if not self._training:
-                stop_at_once(signum, frame)
-
-        signal.signal(signal.SIGTERM, request_stop)
+        self._stop_request.install()
 
     def result(self, status: str) -> dict[str, Any]:
         """The content of result.json."""
-        t = self.cfg.trainer
-        return {
-            **self.extra_result,
-            "status": status,
-            "framework": self.cfg.framework.name,
-            "model": self.cfg.model.name,
-            "data": self.cfg.data.name,
-            "world_size": self.dist.world_size,
-            "batch_size_per_rank": t.batch_size,
-            "global_batch_size": self.global_batch,
-            "precision": str(t.precision),
-            "device": self.device,
-            "epochs": self.state.epoch,
-            "steps": self.state.step,
-            "steps_per_epoch": self.steps_per_epoch,
-            "images_per_sec": round(self.meter.images_per_sec, 3),
-            "measured_steps": self.meter.measured_steps,
-            "warmup_steps": t.warmup_steps,
-            "final_loss": self.last_loss,
-            "val_loss": self.epoch_metrics.get("val_loss"),
-            "top1": self.epoch_metrics.get("val_top1"),
-            "top5": self.epoch_metrics.get("val_top5"),
-            "best_top1": self.best_top1,
-            "peak_lr": self.schedule.peak_lr,
-            "wall_time_s": round(time.time() - self._started, 3),
-            "resumed_from_step": self.resumed_at.step if self.resumed_at else None,
-            "accumulate_batches": self.accumulate,
-            "clip_grad_norm": t.clip_grad_norm or None,
-            # why the run ended before its last epoch, or None
-            "stopped_early": ({"monitor": self.early_stopping.monitor, "reason": self.early_stopping.reason,
-                               "epoch": self.state.epoch, "step": self.state.step}
-                              if self.stopped_early else None),
-            "best_checkpoint": ({"monitor": self.best.monitor, "mode": self.best.mode, "value": self.best.best,
-                                 "step": self.best.best_step, "epoch": self.best.best_epoch,
-                                 "path": f"{CHECKPOINT_DIR}/{BEST}"}
-                                if self.best is not None and self.best.best is not None else None),
-        }
+        return result_of(self, status)
 
     def finish(self, status: str) -> dict[str, Any] | None:
         result = self.result(status) if status == "completed" else None
         if result is not None and self.dist.is_main:
-            write_json(self.job_dir / RESULT_FILE, result)
-            where = self.storage.publish_results(self.job_dir, self.name)
-            if where:
-                print(f"ddlkit: results published to {where}", flush=True)
+            keep_results(result, self.job_dir, self.storage, self.name)
         try:
             self.hook.ddlkit_run_end(run=self, status=status, result=result)
         finally:

@@ -31,7 +31,9 @@ from ..jobdir import CODE_DIR, EXIT_COMPLETED, EXIT_CONFIG_ERROR, EXIT_FAILED, E
 from ..plugins import get_plugin_manager
 from ..registry import Registry
 from .distributed import DistContext
-from .run import Preempted, Run, report_phase, stop_at_once
+from .phases import report_phase
+from .preemption import Preempted, stop_at_once
+from .run import Run
 
 
 def load_job(job_file: Path) -> dict:

@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 
 from ddlkit.rank.distributed import DistContext
-from ddlkit.rank.run import Preempted
+from ddlkit.rank.preemption import Preempted
 from ddlkit.testing import make_run
 
 pytestmark = pytest.mark.slow
