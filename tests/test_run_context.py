@@ -84,8 +84,9 @@ def imports_of(source: str, package: str) -> set[str]:
 
 
 def base_modules() -> list[Path]:
-    """The shared base: ``ddlkit/*.py`` but the facade (which re-exports ``Run``), and the interfaces."""
-    base = [p for p in sorted(PACKAGE.glob("*.py")) if p.name != "__init__.py"]
+    """The shared base: ``ddlkit/*.py`` but the facade (which re-exports ``Run``) and ``python -m
+    ddlkit`` (the launcher's CLI), and the interfaces."""
+    base = [p for p in sorted(PACKAGE.glob("*.py")) if p.name not in ("__init__.py", "__main__.py")]
     return base + sorted(PACKAGE.glob("interfaces/*.py"))
 
 
@@ -106,3 +107,30 @@ def test_the_import_check_sees_every_form_of_import(source: str, package: str) -
     """The check above must not pass for want of seeing an import: the form the interfaces used
     (relative, under TYPE_CHECKING), a lazy one and an absolute one."""
     assert any(m.startswith("ddlkit.rank") for m in imports_of(source, package))
+
+
+def wing_modules(wing: str) -> list[Path]:
+    return sorted((PACKAGE / wing).rglob("*.py"))
+
+
+def package_of(path: Path) -> str:
+    return ".".join(path.relative_to(PACKAGE.parent).parent.parts)
+
+
+@pytest.mark.parametrize(("wing", "other"), [("launch", "rank"), ("rank", "launch")])
+def test_neither_wing_imports_the_other(wing: str, other: str) -> None:
+    """The launcher (CLI, validation, the job directory's writing, jobs, sweeps) and the rank (worker,
+    Run, checkpoints, control plane) share only the base: a rank never loads the launcher's code,
+    and the launcher never runs a rank's."""
+    crossing = {str(path.relative_to(PACKAGE.parent)): sorted(
+                    m for m in imports_of(path.read_text(encoding="utf-8"), package_of(path))
+                    if m == f"ddlkit.{other}" or m.startswith(f"ddlkit.{other}."))
+                for path in wing_modules(wing)}
+    assert len(crossing) > 5 and {k: v for k, v in crossing.items() if v} == {}
+
+
+@pytest.mark.parametrize("path", base_modules(), ids=lambda p: str(p.relative_to(PACKAGE)))
+def test_the_base_imports_nothing_from_the_launch_wing(path: Path) -> None:
+    wing = sorted(m for m in imports_of(path.read_text(encoding="utf-8"), package_of(path))
+                  if m == "ddlkit.launch" or m.startswith("ddlkit.launch."))
+    assert not wing, f"{path.relative_to(PACKAGE.parent)} imports {', '.join(wing)}"
