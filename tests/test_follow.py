@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import io
 import json
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -15,6 +14,7 @@ from ddlkit.checkpoint import CHECKPOINT_DIR, LATEST, checkpoint_name
 from ddlkit.jobdir import EXIT_PREEMPTED
 from ddlkit.launch.follow import run_job
 from ddlkit.launch.prepare import PreparedJob, environment_info
+from ddlkit.testing import wait_for
 
 
 class StubHandle(JobHandle):
@@ -77,8 +77,8 @@ class QueuedHandle(StubHandle):
         return self.states[min(self.looks, len(self.states)) - 1]
 
     def logs(self, follow: bool = True) -> Iterator[str]:
-        while self.looks <= len(self.states):
-            time.sleep(0.01)
+        wait_for(lambda: self.looks > len(self.states), "the launcher to look past the last state", timeout=30,
+                 pace=0.01)
         yield from self.chunks
 
 

@@ -27,7 +27,9 @@ A session with the kit records the jobs it submits in a temporary state director
 Both run fixtures add ``framework=fake`` (:mod:`ddlkit.testing.fakes`) unless the overrides
 choose a framework, so a run needs no deep-learning library and takes a fraction of a second
 in-process, about two seconds through the CLI. Helpers for your own fixtures: :func:`add_plugin`,
-:func:`compose` and :func:`make_run`. Contract suites for the five interfaces are in
+:func:`compose` and :func:`make_run`. For tests of jobs that run in other processes:
+:func:`wait_for` (until a log line, a file or a state appears), :func:`hold` (where nothing is
+to happen for a while) and :func:`alive`. Contract suites for the five interfaces are in
 :mod:`ddlkit.testing.contracts`; multi-rank jobs under ``mpirun`` in :mod:`ddlkit.testing.multirank`.
 """
 
@@ -41,11 +43,12 @@ import signal
 import subprocess
 import sys
 import tempfile
+import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import ModuleType
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import pytest
 
@@ -73,14 +76,17 @@ __all__ = [
     "RunOutcome",
     "WorkerOutcome",
     "add_plugin",
+    "alive",
     "compose",
     "ddlkit_isolation",
     "ddlkit_pm",
+    "hold",
     "hook_recorder",
     "interruptible",
     "make_run",
     "run_factory",
     "run_inprocess",
+    "wait_for",
     "with_default_framework",
 ]
 
@@ -293,6 +299,64 @@ def interruptible() -> None:
     Python keeps an inherited ignore, so without this a test that sends SIGINT would pass or
     fail according to how pytest itself was started."""
     signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
+# ---------------------------------------------------------------------------- other processes
+_T = TypeVar("_T")
+
+
+def wait_for(predicate: Callable[[], _T], what: str, *, timeout: float = 60.0, pace: float = 0.05,
+             process: subprocess.Popen | None = None, detail: Callable[[], str] | None = None) -> _T:
+    """Call ``predicate`` every ``pace`` seconds until it returns something true, and return that:
+    for what another process or thread brings about (a line in a log, a file, a job's state), so
+    that a test waits as long as that takes and no longer.
+
+    Fails (``AssertionError``) with "timed out after TIMEOUT s waiting for WHAT" -- the default
+    is generous, for busy machines; pass a shorter one where the wait's length is what the test
+    asserts --, and at once, with its exit status, when ``process`` (say the launcher whose job
+    the predicate looks at) has exited without the predicate coming true. ``detail()``, if
+    given, is added to either message: the output so far, the states seen."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if process is not None and process.poll() is not None:
+            # what it did just before it exited counts: look once more
+            value = predicate()
+            if value:
+                return value
+            problem = f"process {process.pid} exited with status {process.returncode} before {what}"
+            break
+        if time.monotonic() >= deadline:
+            problem = f"timed out after {timeout:g} s waiting for {what}"
+            break
+        time.sleep(pace)
+    raise AssertionError(problem if detail is None else f"{problem}\n{detail()}")
+
+
+def hold(seconds: float, why: str) -> None:
+    """Let ``seconds`` pass, in a test whose subject is that nothing happens meanwhile (a job
+    stays pending while its node is taken, a suspended job outlasts a timeout). ``why`` says what
+    the time is for, where it is spent and in the test's captured output. A test that waits for
+    something to happen uses :func:`wait_for` instead."""
+    print(f"holding {seconds:g} s: {why}", flush=True)
+    time.sleep(seconds)
+
+
+def alive(pid: int) -> bool:
+    """Whether process ``pid`` runs; a zombie (exited, not yet reaped by its parent) does not."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return True
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"
 
 
 @dataclass(frozen=True)

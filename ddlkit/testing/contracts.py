@@ -23,7 +23,6 @@ from __future__ import annotations
 import hashlib
 import importlib
 import math
-import os
 import textwrap
 import time
 import uuid
@@ -39,7 +38,7 @@ from ..interfaces import (JOB_FILE, Batch, ComputeTarget, DataSource, ImageFiles
 from ..interfaces.data import native_spec
 from ..plugins import DdlkitPluginManager
 from ..rank.run import Run, RunState
-from . import HookRecorder, WorkerOutcome, add_plugin, make_run
+from . import HookRecorder, WorkerOutcome, add_plugin, alive, make_run, wait_for
 
 __all__ = ["ComputeTargetContract", "DataSourceContract", "FrameworkContract", "LoggerContract",
            "StorageBackendContract"]
@@ -405,10 +404,8 @@ class ComputeTargetContract:
         assert time.monotonic() - t0 < self.cancel_timeout_s
         if self.local_processes:
             pids = [int(p) for p in seen.split("ready", 1)[1].split()[:2]]
-            deadline = time.monotonic() + 5
-            while any(_alive(p) for p in pids) and time.monotonic() < deadline:
-                time.sleep(0.05)
-            assert not [p for p in pids if _alive(p)], "cancel() left processes of the job running"
+            wait_for(lambda: not any(alive(p) for p in pids), "the job's processes to end after cancel()",
+                     timeout=5, detail=lambda: f"still running: {[p for p in pids if alive(p)]}")
 
     def test_cancel_after_completion_changes_nothing(self, target: ComputeTarget, handles: list[JobHandle],
                                                      tmp_path: Path) -> None:
@@ -448,21 +445,6 @@ class ComputeTargetContract:
         assert isinstance(text, str) and text
         assert "never-printed" not in text
         assert not (tmp_path / "plan").exists()
-
-
-def _alive(pid: int) -> bool:
-    """Whether ``pid`` runs; a zombie (exited, not yet reaped by its new parent) does not."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return True
-    return stat.rsplit(")", 1)[1].split()[0] != "Z"
 
 
 # ---------------------------------------------------------------------------- frameworks

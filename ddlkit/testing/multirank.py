@@ -12,7 +12,7 @@ import shutil
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -94,16 +94,6 @@ def job_processes(job_dir: Path) -> list[int]:
             except OSError:
                 continue
     return pids
-
-
-def wait_until(predicate: Callable[[], object], timeout: float, what: str) -> object:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.05)
-    raise AssertionError(f"timed out after {timeout} s waiting for {what}")
 
 
 def read_lines_until(proc: subprocess.Popen, needle: str, timeout: float) -> str:

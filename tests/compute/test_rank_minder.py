@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from ddlkit.compute import rank_minder
+from ddlkit.testing import alive, wait_for
 
 #: a target's rank entry in miniature: forward signals first, run ``argv[2:]`` as the rank options
 #: ``argv[1]`` (JSON) say; of ddlkit only the minder and the stdlib-only modules it needs are loaded
@@ -48,21 +49,6 @@ def start_minder(job_dir: Path, code: str, *, rank: int, **options: object) -> s
 
 def record(job_dir: Path, rank: int) -> dict:
     return json.loads((job_dir / ".ranks" / f"rank-{rank}.json").read_text())
-
-
-def alive(pid: int) -> bool:
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return False
-    return stat.rsplit(")", 1)[1].split()[0] != "Z"
-
-
-def wait_for(predicate, what: str, timeout: float = 20.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.05)
 
 
 def test_rank_0_is_the_console_and_every_rank_has_its_log_and_exit_record(tmp_path: Path) -> None:
@@ -140,7 +126,7 @@ def test_stop_signals_reach_the_worker_as_sigterm(sig: signal.Signals, tmp_path:
     minder = start_minder(tmp_path, STOPPER, rank=0)
     try:
         log = tmp_path / "rank-0.log"
-        wait_for(lambda: log.exists() and "ready" in log.read_text(), "the worker to start")
+        wait_for(lambda: log.exists() and "ready" in log.read_text(), "the worker to start", process=minder)
         minder.send_signal(sig)
         out, err = minder.communicate(timeout=30)
     finally:
@@ -159,7 +145,7 @@ print("ready", flush=True)
 deadline = time.monotonic() + 30
 while not requests and time.monotonic() < deadline:
     time.sleep(0.01)
-time.sleep(1.5)  # saving its checkpoint while more requests come
+time.sleep(1.5)  # saving its checkpoint: time for the minder to pass on, wrongly, the requests the test sends now
 sys.exit(75)
 """
 
@@ -168,9 +154,9 @@ def test_the_worker_is_asked_to_stop_once(tmp_path: Path) -> None:
     log = tmp_path / "rank-0.log"
     minder = start_minder(tmp_path, SAVER, rank=0)
     try:
-        wait_for(lambda: log.exists() and "ready" in log.read_text(), "the worker to start")
+        wait_for(lambda: log.exists() and "ready" in log.read_text(), "the worker to start", process=minder)
         minder.send_signal(signal.SIGTERM)
-        wait_for(lambda: "stop request 1" in log.read_text(), "the stop request")
+        wait_for(lambda: "stop request 1" in log.read_text(), "the stop request", process=minder)
         minder.send_signal(signal.SIGUSR1)  # mpirun aborting the job, say
         minder.send_signal(signal.SIGTERM)
         minder.communicate(timeout=30)
@@ -209,7 +195,8 @@ WORKER = "import os, time; open('worker.pid', 'w').write(str(os.getpid())); time
 def test_the_worker_dies_with_its_minder(tmp_path: Path) -> None:
     minder = start_minder(tmp_path, WORKER, rank=0)
     try:
-        wait_for(lambda: (tmp_path / "worker.pid").exists() and (tmp_path / "worker.pid").read_text(), "the worker")
+        wait_for(lambda: (tmp_path / "worker.pid").exists() and (tmp_path / "worker.pid").read_text(), "the worker",
+                 process=minder)
         worker = int((tmp_path / "worker.pid").read_text())
         minder.kill()
         minder.wait(timeout=10)
@@ -223,7 +210,8 @@ def test_the_worker_is_ended_when_whatever_started_the_rank_is_gone(tmp_path: Pa
     starter = subprocess.Popen(["sh", "-c", '"$@" & wait', "sh", *minder_command(WORKER, rank=0)], cwd=tmp_path,
                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
-        wait_for(lambda: (tmp_path / "worker.pid").exists() and (tmp_path / "worker.pid").read_text(), "the worker")
+        wait_for(lambda: (tmp_path / "worker.pid").exists() and (tmp_path / "worker.pid").read_text(), "the worker",
+                 process=starter)
         worker = int((tmp_path / "worker.pid").read_text())
         starter.kill()
         starter.wait(timeout=10)

@@ -28,5 +28,5 @@ def dt() -> SimpleNamespace:
     """The helpers of :mod:`ddlkit.testing.multirank`, jobs importing this directory's plugins."""
     return SimpleNamespace(DistJobs=lambda base: multirank.DistJobs(base, path=[HERE]),
                            worker_pids=multirank.worker_pids, job_processes=multirank.job_processes,
-                           wait_until=multirank.wait_until, read_lines_until=multirank.read_lines_until,
+                           read_lines_until=multirank.read_lines_until,
                            load_weights=multirank.load_weights)

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import functools
 import multiprocessing as mp
 import os
 import queue
@@ -20,6 +21,7 @@ import pytest
 import ddlkit
 from ddlkit.horovod import horovod_built_with
 from ddlkit.rank.distributed import DistContext, control_address
+from ddlkit.testing import hold, wait_for
 
 
 # ---------------------------------------------------------------------------- environment
@@ -237,14 +239,14 @@ def test_a_rank_of_another_job_cannot_join() -> None:
     results = ctx.Queue()
     a0 = ctx.Process(target=_rank_main, args=(0, 2, port, "job-A", _strangers_knock, results, Plane()))
     a0.start()
-    deadline = time.monotonic() + 10
-    while True:
+
+    def knock() -> socket.socket | None:
         try:
-            stranger = socket.create_connection(("127.0.0.1", port))
-            break
-        except OSError:
-            assert time.monotonic() < deadline
-            time.sleep(0.02)
+            return socket.create_connection(("127.0.0.1", port))
+        except OSError:  # not listening yet
+            return None
+
+    stranger = wait_for(knock, "rank 0 of job A to listen", timeout=10, pace=0.02)
     from ddlkit.rank.control_plane import ControlPlane
 
     ControlPlane._send(stranger, {"rank": 1, "world_size": 2, "job": "job-B"})
@@ -288,7 +290,12 @@ def _rank_1_stops(ctx: DistContext) -> None:
 def _waits_for_rank_1(ctx: DistContext) -> bool:
     _rank_1_stops(ctx)
     answer = ctx.any(False)
-    time.sleep(1)  # the job goes on (if rank 1 resumes: long enough to see it answer again)
+    if ctx.rank == 0:
+        # rank 1 was resumed: until rank 0's heartbeat thread has said so, both stay in the job
+        # (of a rank that has left, nobody says that it answers again)
+        own_stderr = Path(sys.stderr.name)
+        wait_for(lambda: "is answering again" in own_stderr.read_text(), "rank 0 to hear rank 1 again", timeout=10)
+    ctx.barrier()
     return answer
 
 
@@ -353,40 +360,45 @@ def test_a_pause_shorter_than_the_timeout_is_reported_and_then_forgiven(tmp_path
     procs, results = start_ranks(2, _waits_for_rank_1, plane=Plane(timeout_s=20.0, warn_after_s=1.0,
                                                                    stderr_dir=tmp_path))
     log = tmp_path / "rank-0.err"
-    deadline = time.monotonic() + 20
-    while "has not been heard from for 2 s" not in _text(log):
-        assert time.monotonic() < deadline, "rank 0 did not report the stopped rank"
-        time.sleep(0.05)
+    wait_for(lambda: "has not been heard from for 2 s" in _text(log), "rank 0 to report the stopped rank",
+             timeout=20)
     os.kill(procs[1].pid, signal.SIGCONT)
     assert collect(procs, results) == {0: ("ok", False), 1: ("ok", False)}
     lines = log.read_text().splitlines()
     assert re.fullmatch(r"ddlkit: rank 1 is answering again, after [2-5] s of silence", lines[-1]), lines
 
 
-def _rank_2_stops(ctx: DistContext) -> list[str]:
+def _rank_2_stops(ctx: DistContext) -> tuple[list[str], float]:
+    """What ranks 0 and 1 say of rank 2, which stops after a barrier, and how long after it they say it."""
     ctx.track_step(lambda: 5)
     ctx.barrier()
+    passed = time.monotonic()
     if ctx.rank == 2:
         os.kill(os.getpid(), signal.SIGSTOP)
-    time.sleep(3)
-    return ctx.silent_ranks()
+    silent = wait_for(ctx.silent_ranks, "rank 2 to be named silent", timeout=20)
+    return silent, time.monotonic() - passed
 
 
 @pytest.mark.slow
 def test_every_rank_can_name_a_stopped_rank_that_only_rank_0_hears(tmp_path: Path) -> None:
     out = collect(*start_ranks(3, _rank_2_stops, plane=Plane(warn_after_s=1.0, stderr_dir=tmp_path)), ranks=[0, 1])
     about = r" \(its process is stopped or hung, or its host or the network is\)"
-    assert out[0][0] == "ok" and len(out[0][1]) == 1, out
-    assert re.fullmatch(r"rank 2 stopped answering at step 5, [2-5] s ago" + about, out[0][1][0]), out
-    assert out[1][0] == "ok" and len(out[1][1]) == 1, out
-    assert re.fullmatch(r"rank 2 stopped answering at step 5, [2-5] s ago, as rank 0 sees it" + about,
-                        out[1][1][0]), out
+    for rank, witness in ((0, ""), (1, ", as rank 0 sees it")):
+        kind, answer = out[rank]
+        assert kind == "ok", out
+        silent, waited = answer
+        assert len(silent) == 1, out
+        said = re.fullmatch(rf"rank 2 stopped answering at step 5, (\d+) s ago{witness}{about}", silent[0])
+        assert said, out
+        # silent for dist.warn_after_s at least, and not longer than since the barrier it stopped after
+        assert 1 <= int(said[1]) <= waited + 1, out
 
 
-def _suspended_between_barriers(ctx: DistContext) -> list[str]:
+def _suspended_between_barriers(ctx: DistContext, released: Path) -> list[str]:
     ctx.barrier()
     print("between the barriers", file=sys.stderr, flush=True)
-    time.sleep(2)  # the test suspends the whole job meanwhile
+    # here the test suspends the whole job, and releases it before it resumes it
+    wait_for(released.exists, "the test to release the ranks", timeout=60)
     ctx.barrier()
     return ctx.silent_ranks()
 
@@ -394,15 +406,16 @@ def _suspended_between_barriers(ctx: DistContext) -> list[str]:
 @pytest.mark.slow
 def test_a_whole_job_suspended_past_the_timeout_then_resumed_goes_on(tmp_path: Path) -> None:
     """As Slurm's `scontrol suspend` / `resume` do: every rank stops, so no rank is to blame."""
-    procs, results = start_ranks(2, _suspended_between_barriers,
-                                 plane=Plane(timeout_s=3.0, warn_after_s=1.0, stderr_dir=tmp_path))
-    deadline = time.monotonic() + 20
-    while not all("between" in _text(tmp_path / f"rank-{r}.err") for r in (0, 1)):
-        assert time.monotonic() < deadline, "the ranks did not pass the first barrier"
-        time.sleep(0.05)
+    plane = Plane(timeout_s=3.0, warn_after_s=1.0, stderr_dir=tmp_path)
+    released = tmp_path / "released"
+    procs, results = start_ranks(2, functools.partial(_suspended_between_barriers, released=released), plane=plane)
+    wait_for(lambda: all("between" in _text(tmp_path / f"rank-{r}.err") for r in (0, 1)),
+             "the ranks to pass the first barrier", timeout=20)
     for p in procs:
         os.kill(p.pid, signal.SIGSTOP)
-    time.sleep(6)  # longer than dist.timeout_s + dist.warn_after_s
+    hold(plane.timeout_s + plane.warn_after_s + 0.5, "the whole job suspended longer than a rank may hear nothing "
+         "from another before it ends the job (dist.timeout_s + dist.warn_after_s)")
+    released.touch()  # the ranks go on to the second barrier as soon as they are resumed
     for p in procs:
         os.kill(p.pid, signal.SIGCONT)
     assert collect(procs, results) == {0: ("ok", []), 1: ("ok", [])}

@@ -16,20 +16,12 @@ import pytest
 from ddlkit.jobdir import EXIT_PREEMPTED
 from ddlkit.launch.jobs import index
 from ddlkit.launch.prepare import job_name
-from ddlkit.testing import FAKES_MODULE, RunFactory, interruptible
+from ddlkit.testing import FAKES_MODULE, RunFactory, interruptible, wait_for
 
 SMALL = ("data.image_size=8", "data.num_classes=4", "data.val_length=16", "trainer.batch_size=8", "trainer.epochs=1",
          "trainer.log_every=10")
 #: about 10 s: long enough to be found, attached to and cancelled while it runs
 SLOW = (*SMALL, "data.length=8000", "framework.step_delay_s=0.01")
-
-
-def wait_for(predicate, timeout: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError("timed out")
-        time.sleep(0.05)
 
 
 def state(run_factory: RunFactory, ref: str) -> str:
@@ -53,7 +45,7 @@ def test_detach_returns_at_once_and_the_job_is_found_followed_and_cancelled(run_
     assert row.split()[1:3] == ["local", "running"] and row.endswith(str(job_dir))
     assert state(run_factory, name) == state(run_factory, str(job_dir)) == state(run_factory, name[:12]) == "running"
 
-    wait_for(lambda: "step 10/" in (job_dir / "rank-0.log").read_text())
+    wait_for(lambda: "step 10/" in (job_dir / "rank-0.log").read_text(), "the job to train")
     logs = run_factory.cli("jobs", "logs", name).assert_success().stdout
     assert logs.startswith("ddlkit: fake resnet18") and "step 10/1000" in logs
 
@@ -85,7 +77,7 @@ def test_a_job_run_in_the_foreground_is_found_from_another_shell(run_factory: Ru
                                  "framework.step_delay_s=0.01", f"hydra.run.dir={job_dir}"], cwd=run_factory.base_dir,
                                 env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, preexec_fn=interruptible)
     try:
-        wait_for(lambda: (job_dir / index.SUBMISSION_FILE).is_file())
+        wait_for(lambda: (job_dir / index.SUBMISSION_FILE).is_file(), "the job's record", process=launcher)
         assert state(run_factory, job_name(job_dir)) == "running"
         followed = run_factory.cli("jobs", "logs", "--follow", str(job_dir)).assert_success().stdout
         assert "ddlkit run completed" in followed
@@ -100,7 +92,7 @@ def test_a_job_of_another_host_or_without_an_exit_record_has_no_invented_end(run
     """Its status said "exit status -9 / killed by SIGKILL", its cancel "already ended (failed)" (issue 23, minor)."""
     job_dir = run_factory.base_dir / "job"
     run_factory("--detach", *SMALL, job_dir=job_dir).assert_success()
-    wait_for(lambda: (job_dir / ".ddlkit" / "exit.json").is_file())
+    wait_for(lambda: (job_dir / ".ddlkit" / "exit.json").is_file(), "the job to end")
     record = job_dir / ".ddlkit" / "submission.json"
     submission = json.loads(record.read_text())
     record.write_text(json.dumps({**submission, "host": "other-host"}))

@@ -9,7 +9,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -21,18 +20,10 @@ from ddlkit.launch.prepare import job_name
 from ddlkit.plugins import get_plugin_manager
 from ddlkit.rank.worker import hold_job_directory
 from ddlkit.registry import Registry
-from ddlkit.testing import FAKES_MODULE, RunFactory, interruptible
+from ddlkit.testing import FAKES_MODULE, RunFactory, interruptible, wait_for
 
 SLOW = ("framework=fake", "data.image_size=8", "data.num_classes=4", "data.val_length=16", "trainer.batch_size=8",
         "trainer.epochs=1", "trainer.log_every=10", "data.length=8000", "framework.step_delay_s=0.01")
-
-
-def wait_for(predicate, timeout: float = 60.0, what: str = "") -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.05)
 
 
 def launch(cwd: Path, *args: str) -> subprocess.Popen:
@@ -66,7 +57,7 @@ def test_sigterm_to_a_sweep_launcher_checkpoints_its_jobs_and_says_how_to_resume
     sweep = tmp_path / "sweep"
     launcher = launch(tmp_path, "-m", *SLOW, "trainer.seed=1,2,3,4", f"hydra.sweep.dir={sweep}")
     try:
-        wait_for(lambda: training(sweep / "0") and training(sweep / "1"), what="two jobs training")
+        wait_for(lambda: training(sweep / "0") and training(sweep / "1"), "two jobs to train", process=launcher)
         launcher.send_signal(signal.SIGTERM)
         stdout, stderr = launcher.communicate(timeout=60)
     finally:
@@ -78,7 +69,7 @@ def test_sigterm_to_a_sweep_launcher_checkpoints_its_jobs_and_says_how_to_resume
     assert [jobs[n]["status"] for n in ("0", "1", "2", "3")] == ["interrupted", "interrupted", "pending", "pending"]
     for num in ("0", "1"):
         assert (sweep / num / "checkpoints" / "latest").is_file()
-    wait_for(lambda: not processes_in(sweep), timeout=10, what="the jobs' processes to end")
+    wait_for(lambda: not processes_in(sweep), "the jobs' processes to end", timeout=10)
 
 
 @pytest.mark.slow
@@ -86,17 +77,17 @@ def test_a_killed_launcher_takes_its_job_down_with_a_checkpoint(tmp_path: Path) 
     job_dir = tmp_path / "job"
     launcher = launch(tmp_path, *SLOW, f"hydra.run.dir={job_dir}")
     try:
-        wait_for(lambda: training(job_dir), what="the job to train")
+        wait_for(lambda: training(job_dir), "the job to train", process=launcher)
         launcher.send_signal(signal.SIGKILL)  # no handler, no atexit: only the minder can notice
         launcher.wait(timeout=10)
     finally:
         launcher.kill()
-    wait_for(lambda: (job_dir / EXIT_FILE).is_file(), timeout=30, what="the orphaned job to end")
+    wait_for(lambda: (job_dir / EXIT_FILE).is_file(), "the orphaned job to end", timeout=30)
     assert json.loads((job_dir / EXIT_FILE).read_text())["code"] == EXIT_PREEMPTED
     assert "the launcher of this job is gone; asking the job to checkpoint and stop" in (
         job_dir / "rank-0.log").read_text()
     assert (job_dir / "checkpoints" / "latest").is_file()
-    wait_for(lambda: not processes_in(job_dir), timeout=10, what="the job's processes to end")
+    wait_for(lambda: not processes_in(job_dir), "the job's processes to end", timeout=10)
     status = index.load(job_dir).handle(Registry.collect(get_plugin_manager())).status()
     assert status.state is JobState.CANCELLED, status
 
@@ -110,9 +101,9 @@ def test_a_detached_job_dies_with_its_killed_id(run_factory: RunFactory, target:
     job_dir = run_factory.base_dir / "killed"
     out = run_factory("--detach", *SLOW[1:], job_dir=job_dir).assert_success()
     job_id = int(out.stdout.split(" runs on compute=local as ")[1].split(".")[0])
-    wait_for(lambda: training(job_dir), what="the job to train")
+    wait_for(lambda: training(job_dir), "the job to train")
     os.kill(job_id if target == "id" else -job_id, signal.SIGKILL)
-    wait_for(lambda: not processes_in(job_dir), timeout=10, what="the job's processes to end")
+    wait_for(lambda: not processes_in(job_dir), "the job's processes to end", timeout=10)
     status = run_factory.cli("jobs", "status", str(job_dir)).assert_success().stdout
     assert "state:     failed (exit status -9)" in status
     assert f"ddlkit: this job's minder (id {job_id}) was killed; killing the job's processes" in status

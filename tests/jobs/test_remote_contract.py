@@ -9,14 +9,13 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 
 from ddlkit import ComputeTarget
 from ddlkit.launch.prepare import job_name
-from ddlkit.testing import FAKES_MODULE, RunFactory, interruptible
+from ddlkit.testing import FAKES_MODULE, RunFactory, interruptible, wait_for
 from ddlkit.testing.contracts import ComputeTargetContract
 from ddlkit.testing.elsewhere import ElsewhereComputeConfig, ElsewhereTarget
 from ddlkit.testing.fakes import MODEL_FILE
@@ -88,18 +87,18 @@ def test_a_rerun_sweep_reattaches_to_jobs_its_killed_launcher_left_running(run_f
     launcher = subprocess.Popen([sys.executable, "-m", "ddlkit", *args], cwd=tmp_path, env=env,
                                 stdout=open(tmp_path / "launcher.log", "w"), stderr=subprocess.STDOUT,
                                 preexec_fn=interruptible)
-    deadline = time.monotonic() + 60
     ledger = sweep / "ledger.json"
-    while time.monotonic() < deadline:
+
+    def both_running() -> bool:
         jobs = json.loads(ledger.read_text())["jobs"] if ledger.is_file() else {}
-        if len(jobs) == 2 and all(j["status"] == "running" and j["handle"] for j in jobs.values()):
-            break
-        time.sleep(0.1)
-    else:
-        launcher.kill()
-        pytest.fail("the sweep's two jobs did not start:\n" + (tmp_path / "launcher.log").read_text())
-    launcher.send_signal(signal.SIGKILL)
-    launcher.wait()
+        return len(jobs) == 2 and all(j["status"] == "running" and j["handle"] for j in jobs.values())
+
+    try:
+        wait_for(both_running, "the sweep's two jobs to start", process=launcher,
+                 detail=lambda: (tmp_path / "launcher.log").read_text())
+    finally:
+        launcher.send_signal(signal.SIGKILL)
+        launcher.wait()
 
     out = run_factory.cli(*args, timeout=120).assert_success()
     assert out.stdout.count("still running: re-attached") == 2, out.output

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import csv
 import json
-import time
 from pathlib import Path
 
 import pytest
@@ -12,6 +11,7 @@ import pytest
 from ddlkit import ConfigError
 from ddlkit.launch.sweep.ledger import LEDGER_FILE, JobRecord, Ledger
 from ddlkit.launch.sweep.report import LiveReport, rows, varying_overrides, write_report
+from ddlkit.testing import wait_for
 
 
 def test_a_new_ledger_records_every_job_and_is_written_atomically(tmp_path: Path) -> None:
@@ -150,9 +150,8 @@ def test_the_live_report_is_rewritten_in_the_background_as_jobs_end(ledger: Ledg
     first_job = {0: ledger.jobs.pop(0)}
     rest, ledger.jobs = ledger.jobs, first_job
     live.update(ledger)  # job 0 ended: the report shows it while the others still run
-    deadline = time.monotonic() + 30
-    while not (tmp_path / "report.md").is_file() and time.monotonic() < deadline:
-        time.sleep(0.02)
+    wait_for(lambda: (tmp_path / "report.md").is_file(), "the report written in the background", timeout=30,
+             pace=0.02)
     assert "1 job," in (tmp_path / "report.md").read_text()
     ledger.jobs = {**first_job, **rest}
     report = live.close(ledger)  # the final report, written in the foreground

@@ -12,7 +12,6 @@ import signal
 import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +19,7 @@ import pytest
 
 from ddlkit.jobdir import EXIT_PREEMPTED
 from ddlkit.launch.prepare import job_name
-from ddlkit.testing import FAKES_MODULE, RunFactory, interruptible
+from ddlkit.testing import FAKES_MODULE, RunFactory, interruptible, wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -118,11 +117,9 @@ def test_an_interrupted_sweep_resumes_where_it_stopped(run_factory: RunFactory) 
     # interrupted mid-run, after job 1's first log line (step 20)
     proc = start_launcher(run_factory, long_sweep(sweep))
     try:
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            if (sweep / "1" / "metrics.jsonl").is_file() and (sweep / "1" / "metrics.jsonl").read_text().strip():
-                break  # job 0 completed, job 1 is training
-            time.sleep(0.05)
+        metrics = sweep / "1" / "metrics.jsonl"
+        # job 0 completed, job 1 is training
+        wait_for(lambda: metrics.is_file() and metrics.read_text().strip(), "job 1 to train", process=proc)
         proc.send_signal(signal.SIGINT)  # Ctrl-C
         stdout, stderr = proc.communicate(timeout=60)
     finally:
@@ -160,9 +157,7 @@ def test_a_second_launcher_of_a_running_sweep_is_refused_at_once(run_factory: Ru
     args = long_sweep(sweep)
     first = start_launcher(run_factory, args)
     try:
-        deadline = time.monotonic() + 60
-        while not (sweep / "0" / "rank-0.log").is_file() and time.monotonic() < deadline:
-            time.sleep(0.05)
+        wait_for(lambda: (sweep / "0" / "rank-0.log").is_file(), "the first launcher's first job", process=first)
         second = run_factory.cli(*args).assert_returncode(2)
         stdout, stderr = first.communicate(timeout=120)
     finally:

@@ -4,11 +4,14 @@ what they saw. Each scenario runs in its own pytest session (pytester)."""
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
+import time
 
 import pytest
 
 from ddlkit.plugins import DdlkitPluginManager
-from ddlkit.testing import HookRecorder, RunFactory, with_default_framework
+from ddlkit.testing import HookRecorder, RunFactory, alive, hold, wait_for, with_default_framework
 
 pytest_plugins_line = 'pytest_plugins = ["ddlkit.testing"]\n'
 
@@ -154,3 +157,44 @@ def test_a_failed_run_shows_its_output(run_factory: RunFactory) -> None:
     assert "--- stderr ---\nddlkit: error: unknown framework 'nope'" in message
     with pytest.raises(AssertionError, match=r"the run wrote no result\.json"):
         _ = out.result
+
+
+def test_wait_for_returns_what_came_true_as_soon_as_it_does() -> None:
+    answers = iter([None, [], "there"])
+    t0 = time.monotonic()
+    assert wait_for(lambda: next(answers), "the third answer", pace=0.01) == "there"
+    assert time.monotonic() - t0 < 1
+
+
+def test_wait_for_fails_after_its_timeout_saying_what_it_waited_for() -> None:
+    t0 = time.monotonic()
+    with pytest.raises(AssertionError, match=r"^timed out after 0.2 s waiting for the sky to fall\nstill up$"):
+        wait_for(lambda: False, "the sky to fall", timeout=0.2, detail=lambda: "still up")
+    assert 0.2 <= time.monotonic() - t0 < 5
+
+
+def test_wait_for_fails_at_once_when_the_process_it_waits_on_has_exited() -> None:
+    ended = subprocess.Popen([sys.executable, "-c", "import sys; sys.exit(3)"])
+    t0 = time.monotonic()
+    with pytest.raises(AssertionError, match=rf"^process {ended.pid} exited with status 3 before its answer$"):
+        wait_for(lambda: None, "its answer", process=ended)
+    assert time.monotonic() - t0 < 30  # not the 60 s timeout
+    # what it did just before it exited counts: here it came true between a look and the exit
+    looks = iter([None, "written"])
+    assert wait_for(lambda: next(looks), "its answer", process=ended) == "written"
+
+
+def test_alive_tells_a_running_process_from_an_ended_or_unreaped_one() -> None:
+    assert alive(os.getpid())
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    # a zombie until reaped: ended all the same
+    wait_for(lambda: not alive(child.pid), "the child to end", timeout=30)
+    child.wait()
+    assert not alive(child.pid)
+
+
+def test_hold_lets_the_time_pass_and_says_why(capsys: pytest.CaptureFixture[str]) -> None:
+    t0 = time.monotonic()
+    hold(0.2, "nothing is to happen meanwhile")
+    assert time.monotonic() - t0 >= 0.2
+    assert capsys.readouterr().out == "holding 0.2 s: nothing is to happen meanwhile\n"

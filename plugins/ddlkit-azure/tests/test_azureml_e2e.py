@@ -13,7 +13,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -22,6 +21,7 @@ from ddlkit_azure.testing.loopback import LoopbackServer
 from ddlkit_azure.testing import Azurite
 
 from ddlkit.compute.containers import default_image
+from ddlkit.testing import wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -125,10 +125,8 @@ def test_detach_then_status_logs_attach_and_cancel(azureml_workspace: LoopbackWo
     name = json.loads((job_dir / ".ddlkit" / "submission.json").read_text())["name"]
     (azureml_name,) = azureml_workspace.jobs
     job = azureml_workspace.jobs[azureml_name]
-    deadline = time.monotonic() + 120
-    while job.state != "Running" and time.monotonic() < deadline:
-        time.sleep(0.2)
-    assert job.state == "Running"
+    wait_for(lambda: job.state == "Running", "the Azure ML job to run", timeout=120, pace=0.2,
+             detail=lambda: f"its states: {job.states}")
 
     status = ddlkit("jobs", "status", name, cwd=tmp_path)
     assert "state:     running" in status.stdout, status.stdout + status.stderr
@@ -184,15 +182,17 @@ def test_a_preempted_job_resumes_from_its_checkpoint_and_a_sweep_counts_it_once(
          "framework.step_delay_s=0.1", "data.length=160", "trainer.checkpoint_every=5", "optimizer.lr=0.1",
          f"hydra.sweep.dir={sweep_dir}"], cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
-        deadline = time.monotonic() + 120
-        while not azureml_workspace.jobs and time.monotonic() < deadline:
-            time.sleep(0.2)
+        wait_for(lambda: azureml_workspace.jobs, "the sweep to submit its job", timeout=120, pace=0.2, process=sweep)
         (azureml_name,) = azureml_workspace.jobs
         job = azureml_workspace.jobs[azureml_name]
-        output = job.workdir / "attempt-1" / "outputs" / "job_dir"
-        while not (output / "checkpoints" / "step-00000010.ckpt").exists() and time.monotonic() < deadline:
-            time.sleep(0.1)
-        assert (output / "checkpoints").is_dir(), job.states
+        checkpoints = job.workdir / "attempt-1" / "outputs" / "job_dir" / "checkpoints"
+
+        def last_checkpoint() -> int:
+            """The step of the job's newest checkpoint (the rotation deletes older ones), 0 before the first."""
+            return max((int(p.stem.removeprefix("step-")) for p in checkpoints.glob("step-*.ckpt")), default=0)
+
+        wait_for(lambda: last_checkpoint() >= 10, "a checkpoint at step 10 or later", timeout=120, pace=0.1,
+                 process=sweep, detail=lambda: f"the job's states: {job.states}")
         azureml_workspace.preempt(azureml_name, hard=True)  # SIGKILL: no checkpoint on the way out
         out, _ = sweep.communicate(timeout=300)
     finally:

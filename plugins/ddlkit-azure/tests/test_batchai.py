@@ -16,13 +16,12 @@ import shutil
 import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import ddlkit
 import pytest
 from ddlkit import ConfigError, JobState
-from ddlkit.testing import RunFactory
+from ddlkit.testing import RunFactory, wait_for
 from ddlkit.testing.contracts import ComputeTargetContract
 
 from ddlkit_azure.batchai import (
@@ -207,12 +206,14 @@ def test_states_logs_cancel_and_ddlkit_jobs(batchai: BatchAILoopback, ssh_key: P
     out.assert_success()
     job_id = json.loads((job_dir / ".ddlkit" / "submission.json").read_text())["id"]
     handle = BatchAITarget(config(batchai, ssh_key)).attach(job_id, job_dir=job_dir)
-    states = [handle.status().state]
-    deadline = time.monotonic() + 60
-    while states[-1] is not JobState.RUNNING and time.monotonic() < deadline:
-        time.sleep(0.2)
+    states: list[JobState] = []
+
+    def running() -> bool:
         states.append(handle.status().state)
-    assert states[0] is JobState.PENDING and states[-1] is JobState.RUNNING, states
+        return states[-1] is JobState.RUNNING
+
+    wait_for(running, "the job to run", timeout=60, pace=0.2, detail=lambda: f"its states: {states}")
+    assert states[0] is JobState.PENDING, states
     status = run_factory.cli("jobs", "status", str(job_dir))
     assert "state:     running" in status.stdout, status.output
     seen = ""

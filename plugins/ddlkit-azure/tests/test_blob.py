@@ -25,7 +25,7 @@ from ddlkit.storage import TransientStorageError, open_storage, stage
 from ddlkit.jobdir import EXIT_PREEMPTED
 from ddlkit.launch.cli import main
 from ddlkit.launch.prepare import job_name
-from ddlkit.testing import FAKES_MODULE, RunFactory, add_plugin, interruptible
+from ddlkit.testing import FAKES_MODULE, RunFactory, add_plugin, interruptible, wait_for
 from ddlkit.testing.contracts import StorageBackendContract
 from ddlkit.testing.images import ImageDataset, make_image_dataset
 from ddlkit_azure import _client, plugin
@@ -368,10 +368,8 @@ def test_sigterm_while_staging_from_a_silent_endpoint_stops_the_job_at_once(
                              f"hydra.run.dir={job_dir}"], cwd=tmp_path, env=env, text=True,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, preexec_fn=interruptible)
     try:
-        deadline = time.monotonic() + 90
-        while not silent_endpoint.connections and time.monotonic() < deadline:
-            time.sleep(0.2)  # until the worker is inside its first (never answered) request
-        assert silent_endpoint.connections, "the worker never reached the endpoint"
+        wait_for(lambda: silent_endpoint.connections, "the worker to be inside its first (never answered) request",
+                 timeout=90, pace=0.2, process=proc)
         stopped = time.monotonic()
         proc.send_signal(signal.SIGTERM)
         stdout, stderr = proc.communicate(timeout=60)

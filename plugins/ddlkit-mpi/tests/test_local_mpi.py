@@ -16,7 +16,7 @@ import pytest
 
 import ddlkit
 from ddlkit import ComputeTarget, JobSpec, JobState
-from ddlkit.testing import add_plugin, make_run
+from ddlkit.testing import add_plugin, alive, make_run, wait_for
 from ddlkit.testing.contracts import ComputeTargetContract
 from ddlkit_mpi import plugin
 from ddlkit.compute.rank_minder import ErrorFilter
@@ -32,14 +32,6 @@ def spec_for(job_dir: Path, code: str, env: dict[str, str] | None = None,
     job_dir.mkdir(parents=True, exist_ok=True)
     (job_dir / "job.json").write_text("{}")
     return JobSpec(name=job_dir.name, job_dir=job_dir, args=("-c", code), env=env or {}, secret_env=secret_env or {})
-
-
-def alive(pid: int) -> bool:
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return False
-    return stat.rsplit(")", 1)[1].split()[0] != "Z"
 
 
 # ---------------------------------------------------------------------------- without mpirun
@@ -193,10 +185,8 @@ time.sleep(120)
 def test_a_killed_rank_ends_the_whole_job_within_seconds(tmp_path: Path) -> None:
     job_dir = tmp_path / "job"
     handle = LocalMpiTarget(LocalMpiConfig(nodes=2, procs_per_node=2)).submit(spec_for(job_dir, SLEEPER))
-    deadline = time.monotonic() + 60
-    while len(list(job_dir.glob("pid-*"))) < 4:  # the ranks run in the job directory
-        assert time.monotonic() < deadline, "the ranks did not start"
-        time.sleep(0.05)
+    # the ranks run in the job directory
+    wait_for(lambda: len(list(job_dir.glob("pid-*"))) >= 4, "the four ranks to start")
     mpirun = handle._mpirun()
     assert mpirun is not None and "mpirun" in Path(f"/proc/{mpirun}/cmdline").read_text()
     pids = {int(p.name[4:]): int(p.read_text()) for p in job_dir.glob("pid-*")}
@@ -259,10 +249,7 @@ def test_cancel_from_another_process_reaches_every_rank_and_not_mpirun(tmp_path:
     target = LocalMpiTarget(LocalMpiConfig(nodes=2, procs_per_node=2, grace_period_s=30))
     job_dir = tmp_path / "job"
     handle = target.submit(spec_for(job_dir, STOPPER))
-    deadline = time.monotonic() + 60
-    while sum("ready" in p.read_text() for p in job_dir.glob("rank-*.log")) < 4:
-        assert time.monotonic() < deadline, "the ranks did not start"
-        time.sleep(0.05)
+    wait_for(lambda: sum("ready" in p.read_text() for p in job_dir.glob("rank-*.log")) >= 4, "the four ranks to start")
     other = target.attach(handle.id, job_dir=job_dir)
     assert other.proc is None  # a handle as another process builds it: no child of its own
     t0 = time.monotonic()
@@ -320,10 +307,9 @@ def test_the_headline_names_the_rank_that_failed_first_not_the_one_that_waited(
                                  f"hydra.run.dir={job_dir}"], cwd=tmp_path, env=env, text=True,
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     try:
-        deadline = time.monotonic() + 90
-        while not ((job_dir / "rank-0.log").is_file() and "step 10/" in (job_dir / "rank-0.log").read_text()):
-            assert time.monotonic() < deadline and launcher.poll() is None, "the job did not train"
-            time.sleep(0.2)
+        log = job_dir / "rank-0.log"
+        wait_for(lambda: log.is_file() and "step 10/" in log.read_text(), "the job to train", timeout=90, pace=0.2,
+                 process=launcher)
         pid = _rank_process(job_dir, module, 1)
         assert pid is not None
         os.kill(pid, sig)

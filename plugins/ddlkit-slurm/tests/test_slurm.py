@@ -11,20 +11,21 @@ import shutil
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 
 import ddlkit
 from ddlkit import JobSpec, JobState
-from ddlkit.testing import FAKES_MODULE, RunFactory, interruptible
+from ddlkit.testing import FAKES_MODULE, RunFactory, hold, interruptible, wait_for
 from ddlkit.testing.contracts import ComputeTargetContract
 from ddlkit_slurm.rank import layout, tasks_per_node
 from ddlkit_slurm.target import EXIT_RECORD, SCRIPT, SlurmConfig, SlurmJob, SlurmTarget
 
 #: a job that lasts: the fake framework sleeps this long per step (80 steps by default)
 SLOW = ("framework.step_delay_s=0.25",)
+#: seconds between two looks at a job's state: each runs scontrol
+SLURM_PACE = 0.2
 
 
 def slurm_target(**options: object) -> SlurmTarget:
@@ -34,16 +35,6 @@ def slurm_target(**options: object) -> SlurmTarget:
 def scontrol(job_id: str) -> dict[str, str]:
     out = subprocess.run(["scontrol", "show", "job", "-o", job_id], capture_output=True, text=True, check=True).stdout
     return dict(t.split("=", 1) for t in out.split() if "=" in t)
-
-
-def wait_for(predicate, timeout: float, what: str, pace: float = 0.2):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(pace)
-    raise AssertionError(f"timed out after {timeout} s waiting for {what}")
 
 
 def one_line_error(outcome, *fragments: str) -> str:
@@ -174,7 +165,8 @@ def test_a_job_that_can_never_start_fails_naming_the_fix(slurm_cluster: str, tmp
     assert status.state is JobState.FAILED and status.exit_code == 2, status
     assert re.match(rf"Slurm job {job_id} can never start \(({reason})\): ", status.message), status.message
     assert fix in status.message and "\n" not in status.message
-    wait_for(lambda: scontrol(job_id)["JobState"] == "CANCELLED", 10, "Slurm to cancel the job")
+    wait_for(lambda: scontrol(job_id)["JobState"] == "CANCELLED", "Slurm to cancel the job", timeout=10,
+             pace=SLURM_PACE)
 
 
 def test_bad_time_format_is_rejected(slurm_cluster: str, run_factory: RunFactory) -> None:
@@ -218,7 +210,8 @@ def test_pending_then_running(slurm_cluster: str, tmp_path: Path) -> None:
                               "--output=/dev/null", "--wrap", "sleep 120"], capture_output=True, text=True, check=True)
     blocker_id = blocker.stdout.strip()
     try:
-        wait_for(lambda: scontrol(blocker_id)["JobState"] == "RUNNING", 60, "the blocker to run")
+        wait_for(lambda: scontrol(blocker_id)["JobState"] == "RUNNING", "the blocker to run", timeout=60,
+                 pace=SLURM_PACE)
         target = slurm_target()
         job_dir = tmp_path / "waits"
         job_dir.mkdir()
@@ -227,13 +220,14 @@ def test_pending_then_running(slurm_cluster: str, tmp_path: Path) -> None:
                                        args=("-c", "import time; print('running', flush=True); time.sleep(3)")))
         assert handle.status().state is JobState.PENDING
         waiting = wait_for(lambda: (s := handle.status()).state is JobState.PENDING and "Resources" in s.message
-                           and s, 30, "Slurm to say the job waits for resources")
+                           and s, "Slurm to say the job waits for resources", timeout=30, pace=SLURM_PACE)
         assert "PENDING" in waiting.message
-        time.sleep(2)
+        hold(1.0, "the job stays pending while the node is taken, also when the handle next asks Slurm "
+             "(compute.poll_interval_s=0.5)")
         assert handle.status().state is JobState.PENDING
     finally:
         subprocess.run(["scancel", blocker_id], check=True)
-    wait_for(lambda: handle.status().state is JobState.RUNNING, 60, "the job to run")
+    wait_for(lambda: handle.status().state is JobState.RUNNING, "the job to run", timeout=60, pace=SLURM_PACE)
     status = handle.wait(timeout=60)
     assert status.state is JobState.SUCCEEDED, status
     assert "running" in "".join(handle.logs(follow=False))
@@ -247,7 +241,8 @@ def test_a_pending_job_says_so_and_why(slurm_cluster: str, run_factory: RunFacto
                                  "--output=/dev/null", "--wrap", "sleep 120"], capture_output=True, text=True,
                                 check=True).stdout.strip()
     try:
-        wait_for(lambda: scontrol(blocker_id)["JobState"] == "RUNNING", 60, "the blocker to run")
+        wait_for(lambda: scontrol(blocker_id)["JobState"] == "RUNNING", "the blocker to run", timeout=60,
+                 pace=SLURM_PACE)
         env = {**os.environ, "DDLKIT_PLUGINS": "ddlkit.testing.fakes"}
         launcher = subprocess.Popen([sys.executable, "-m", "ddlkit", "framework=fake", "compute=slurm",
                                      "compute.poll_interval_s=0.5", f"hydra.run.dir={tmp_path / 'job'}"],
@@ -277,8 +272,8 @@ def test_jobs_cancel_checkpoints_and_jobs_status_logs(slurm_cluster: str, run_fa
     run_factory.cli("--detach", "framework=fake", "compute=slurm", "compute.poll_interval_s=0.5",
                     *SLOW, f"hydra.run.dir={job_dir}").assert_success()
     job_id = submission(job_dir)["id"]
-    wait_for(lambda: "step 10/" in (job_dir / "slurm.log").read_text() if (job_dir / "slurm.log").exists() else False,
-             90, "the job to train")
+    log = job_dir / "slurm.log"
+    wait_for(lambda: log.exists() and "step 10/" in log.read_text(), "the job to train", timeout=90)
     status = run_factory.cli("jobs", "status", str(job_dir)).assert_success()
     assert "running" in status.stdout.lower(), status.output
     logs = run_factory.cli("jobs", "logs", str(job_dir)).assert_success()
@@ -303,9 +298,9 @@ def test_warning_signal_checkpoints_requeues_and_resumes(slurm_cluster: str, run
                     *SLOW, f"hydra.run.dir={job_dir}").assert_success()
     job_id = submission(job_dir)["id"]
     log = job_dir / "slurm.log"
-    wait_for(lambda: log.exists() and "step 10/" in log.read_text(), 90, "the job to train")
+    wait_for(lambda: log.exists() and "step 10/" in log.read_text(), "the job to train", timeout=90)
     subprocess.run(["scancel", "--signal=USR1", "--batch", job_id], check=True)
-    wait_for(lambda: "re-queueing" in log.read_text(), 60, "the job to re-queue itself")
+    wait_for(lambda: "re-queueing" in log.read_text(), "the job to re-queue itself", timeout=60)
     handle = SlurmJob(job_id, job_dir=job_dir, poll_interval_s=0.5, grace_period_s=10)
     status = handle.wait(timeout=180)
     assert status.state is JobState.SUCCEEDED, status
@@ -324,7 +319,7 @@ def test_max_requeues_zero_stops_with_a_checkpoint(slurm_cluster: str, run_facto
                     "compute.max_requeues=0", *SLOW, f"hydra.run.dir={job_dir}").assert_success()
     job_id = submission(job_dir)["id"]
     log = job_dir / "slurm.log"
-    wait_for(lambda: log.exists() and "step 10/" in log.read_text(), 90, "the job to train")
+    wait_for(lambda: log.exists() and "step 10/" in log.read_text(), "the job to train", timeout=90)
     subprocess.run(["scancel", "--signal=USR1", "--batch", job_id], check=True)
     status = SlurmJob(job_id, job_dir=job_dir, poll_interval_s=0.5, grace_period_s=10).wait(timeout=90)
     assert (status.state, status.exit_code) == (JobState.FAILED, 75), status
@@ -374,7 +369,7 @@ def test_ctrl_c_cancels_the_job_which_checkpoints(slurm_cluster: str, tmp_path: 
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, preexec_fn=interruptible)
     try:
         log = job_dir / "slurm.log"
-        wait_for(lambda: log.exists() and "step 10/" in log.read_text(), 90, "the job to train")
+        wait_for(lambda: log.exists() and "step 10/" in log.read_text(), "the job to train", timeout=90, process=proc)
         proc.send_signal(signal.SIGINT)
         out, _ = proc.communicate(timeout=90)
     finally:
@@ -406,8 +401,8 @@ def test_a_plain_scancel_is_reported_as_cancelled(slurm_cluster: str, tmp_path: 
     (job_dir / "job.json").write_text("{}")
     handle = slurm_target().submit(JobSpec(name="scancelled", job_dir=job_dir,
                                            args=("-c", "import time; print('up', flush=True); time.sleep(600)")))
-    wait_for(lambda: (job_dir / "slurm.log").exists() and "up" in (job_dir / "slurm.log").read_text(), 60,
-             "the job to run")
+    log = job_dir / "slurm.log"
+    wait_for(lambda: log.exists() and "up" in log.read_text(), "the job to run", timeout=60)
     subprocess.run(["scancel", handle.id], check=True)
     status = handle.wait(timeout=60)
     assert status.state is JobState.CANCELLED, status
