@@ -8,6 +8,7 @@ import re
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 import pytest
@@ -281,6 +282,31 @@ def test_rank_0s_log_is_found_among_ten_processes(azureml_workspace: LoopbackWor
     handle.collect()
     assert sorted(p.name for p in (tmp_path / "job").glob("rank-*.log")) == sorted(f"rank-{r}.log" for r in range(10))
     assert (tmp_path / "job" / "rank-7.log").read_text() == "rank 7 here\n"
+
+
+#: a job whose rank 0 prints a line every 0.3 s
+LINES = """
+    import time
+    for i in range(6):
+        print(f"line {i}", flush=True)
+        time.sleep(0.3)
+"""
+
+
+def test_a_log_server_that_ignores_range_gets_each_line_printed_once(azureml_workspace: LoopbackWorkspace,
+                                                                     tmp_path: Path) -> None:
+    """The log is read from where the last read stopped; a 200 to a ranged read is the whole file."""
+    azureml_workspace.ignore_range = True
+    handle = submitted(azureml_workspace, tmp_path / "job", LINES)
+    started, output = time.monotonic(), ""
+    for chunk in handle.logs(follow=True):
+        output += chunk
+        assert output.count("line 0\n") <= 1, f"a line printed again:\n{output}"
+    following_s = time.monotonic() - started
+    assert [ln for ln in output.splitlines() if ln.startswith("line ")] == [f"line {i}" for i in range(6)], output
+    reads = azureml_workspace.server.requests("GET", r"/loopback/logs/.*")
+    assert all(r.headers.get("range") for r in reads)
+    assert len(reads) <= following_s / 0.2 + 2, (len(reads), following_s)  # one read per poll interval
 
 
 def test_without_a_credential_the_ways_to_sign_in_are_named(azureml_workspace: LoopbackWorkspace, tmp_path: Path,

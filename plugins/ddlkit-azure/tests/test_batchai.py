@@ -253,6 +253,28 @@ def test_states_logs_cancel_and_ddlkit_jobs(batchai: BatchAILoopback, ssh_key: P
 
 
 @pytest.mark.slow
+def test_a_log_server_that_ignores_range_gets_each_line_printed_once(batchai: BatchAILoopback, ssh_key: Path,
+                                                                     tmp_path: Path) -> None:
+    """stdout.txt is read from where the last read stopped (a 200 to a ranged read is the whole
+    file), once per poll interval while the job runs."""
+    batchai.ignore_range = True
+    job_dir = tmp_path / "job"
+    job_dir.mkdir()
+    (job_dir / "job.json").write_text("{}\n")
+    code = "import time\nfor i in range(6):\n    print(f'line {i}', flush=True)\n    time.sleep(0.3)\n"
+    handle = BatchAITarget(config(batchai, ssh_key)).submit(ddlkit.JobSpec(name="ranged", job_dir=job_dir,
+                                                                           args=("-c", code)))
+    started, output = time.monotonic(), ""
+    for chunk in handle.logs(follow=True):
+        output += chunk
+        assert output.count("line 0\n") <= 1, f"a line printed again:\n{output}"
+    following_s = time.monotonic() - started
+    assert [ln for ln in output.splitlines() if ln.startswith("line ")] == [f"line {i}" for i in range(6)], output
+    reads = [r for r in batchai.server.requests("GET") if r.param("sig")]
+    assert len(reads) <= following_s / 0.2 + 3, (len(reads), following_s)
+
+
+@pytest.mark.slow
 def test_secrets_travel_as_job_secrets_and_nowhere_else(batchai: BatchAILoopback, ssh_key: Path,
                                                         run_factory: RunFactory, tmp_path: Path) -> None:
     job_dir = tmp_path / "job"

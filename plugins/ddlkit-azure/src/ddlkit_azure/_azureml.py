@@ -50,6 +50,7 @@ from ddlkit.jobdir import (CONFIG_FILE, ENVIRONMENT_FILE, EXIT_COMPLETED, EXIT_F
 from ddlkit.redact import REDACTED, scrub
 
 from .arm import SIGN_IN, error_code, management_credential, missing_scope
+from .ranged import bytes_from, range_header
 
 if TYPE_CHECKING:
     from .azureml import AzureMLConfig, AzureMLTarget
@@ -390,23 +391,23 @@ class AzureMLJob(JobHandle):
     def _rank0_url(self, details: Any) -> str | None:
         return self._rank_logs(details).get(0)
 
-    def _read(self, url: str, headers: Mapping[str, str] | None = None) -> bytes:
+    def _read(self, url: str, start: int | None = None) -> bytes:
+        """The log file at ``url``, or its bytes from ``start`` on (a ranged read)."""
         _counted()
         try:
-            response = requests.get(url, headers=dict(headers or {}), timeout=60)
+            response = requests.get(url, headers={} if start is None else range_header(start), timeout=60)
         except requests.RequestException as err:
             raise ddlkit.ConfigError(f"reading job {self.id}'s log: {scrub(str(err), self._secrets)}") from None
-        if response.status_code == 416:  # nothing past the offset yet
-            return b""
-        if response.status_code not in (200, 206):
+        data = bytes_from(response, start or 0)
+        if data is None:
             raise ddlkit.ConfigError(f"reading job {self.id}'s log: HTTP {response.status_code}")
-        return response.content
+        return data
 
     def _read_new(self, details: Any) -> str:
         url = self._rank0_url(details)
         if url is None:
             return ""
-        data = self._read(url, headers={"Range": f"bytes={self._offset}-"})
+        data = self._read(url, start=self._offset)
         self._offset += len(data)
         return self._decoder.decode(data)
 

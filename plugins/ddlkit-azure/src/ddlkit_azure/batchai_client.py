@@ -58,6 +58,7 @@ from .batchai import (
     Scale,
     batchai_name,
 )
+from .ranged import bytes_from, range_header
 
 #: the account key of the Azure Files share, when compute.file_share.account_key_file is not set
 ACCOUNT_KEY_ENV = "AZURE_STORAGE_KEY"
@@ -702,16 +703,15 @@ class Service:
         return listed or []
 
     def _fetch(self, url: str, *, start: int = 0) -> bytes:
-        headers = {"Range": f"bytes={start}-"} if start else {}
+        """The file at ``url`` from byte ``start`` on (a ranged read when ``start`` > 0)."""
         try:
-            response = requests.get(url, headers=headers, timeout=60)
+            response = requests.get(url, headers=range_header(start) if start else {}, timeout=60)
         except requests.RequestException as err:
             raise RunError(f"downloading a job file: {scrub(str(err), {'url': url})}", component="compute") from None
-        if response.status_code == 416:
-            return b""
-        if response.status_code not in (200, 206):
+        data = bytes_from(response, start)
+        if data is None:
             raise RunError(f"downloading a job file: HTTP {response.status_code}", component="compute")
-        return response.content
+        return data
 
     def read_stdout(self, name: str, offset: int) -> bytes:
         """``stdout.txt`` of the job from ``offset`` on (b"" when there is nothing new)."""

@@ -14,7 +14,8 @@ It follows the published API (the SDK's own request shapes) for what a command j
 * ARM's 404s: ``SubscriptionNotFound`` and ``ResourceGroupNotFound`` for another subscription or
   resource group, ``ResourceNotFound`` naming ``Microsoft.MachineLearningServices/workspaces/<name>``
   for another workspace; :attr:`LoopbackWorkspace.record_lag_s` makes the job's record lag run
-  history at a job's end (two services; the SDK's download reads the record).
+  history at a job's end (two services; the SDK's download reads the record), and
+  :attr:`LoopbackWorkspace.ignore_range` answers ranged log reads 200 with the whole file.
 
 Blob traffic goes to a real Azurite. The SDK addresses a datastore as
 ``https://<account>.blob.core.windows.net``; an :class:`~ddlkit_azure.testing.loopback.InterceptingProxy`
@@ -147,6 +148,8 @@ class LoopbackWorkspace:
         #: still says Finalizing (CancelRequested) while run history says Completed/Failed (Canceled),
         #: as two separate services may
         self.record_lag_s = 0.0
+        #: answer a ranged read of a log file 200 with the whole file, as a server that ignores ``Range`` does
+        self.ignore_range = False
         self.workspace_id = str(uuid.uuid5(uuid.NAMESPACE_URL, f"{subscription}/{resource_group}/{workspace}"))
         #: datastore name -> Azurite container
         self.datastores = {DEFAULT_DATASTORE: f"azureml-blobstore-{self.workspace_id}",
@@ -493,7 +496,7 @@ class LoopbackWorkspace:
             return Response(404, b"", {"x-ms-error-code": "BlobNotFound"})
         data = path.read_bytes()
         ranged = re.fullmatch(r"bytes=(\d+)-(\d*)", r.headers.get("range") or r.headers.get("x-ms-range") or "")
-        if not ranged:
+        if not ranged or self.ignore_range:
             return Response(200, data, {"content-type": "text/plain"})
         start = int(ranged.group(1))
         end = min(int(ranged.group(2)) if ranged.group(2) else len(data) - 1, len(data) - 1)

@@ -18,6 +18,7 @@ Batch AI was retired in 2019; this follows the published REST API
   directory, create file, put range) and downloads (``GET`` with ``Range``), under
   ``/<account>/<share>/...`` (path-style, as for an IP address), on a directory of this machine;
   download links carry a SAS the service issued, and a link it did not issue is refused (403);
+  with :attr:`BatchAILoopback.ignore_range` a ranged download is answered 200 with the whole file;
 * a cluster's file server is a directory of this machine (its "NFS export"); a cluster's nodes
   see ``$AZ_BATCHAI_MOUNT_ROOT/<relativeMountPath>`` of each mounted volume (symbolic links).
 
@@ -213,6 +214,8 @@ class BatchAILoopback:
     #: the subscription's resource groups (a request under another is ARM's 404 ``ResourceGroupNotFound``);
     #: None: any name is one
     resource_groups: set[str] | None = None
+    #: answer a ranged download 200 with the whole file, as a server that ignores ``Range`` does
+    ignore_range: bool = False
     #: create bodies that did not fit the schema: (method, path, errors)
     invalid: list[tuple[str, str, list[str]]] = field(default_factory=list)
 
@@ -725,7 +728,7 @@ class BatchAILoopback:
         if request.method == "GET" and target.is_file():
             data = target.read_bytes()
             asked = request.headers.get("range") or request.headers.get("x-ms-range")
-            if not asked:
+            if not asked or self.ignore_range:
                 return Response(200, data, stamp)
             first_text, _, last_text = asked.removeprefix("bytes=").partition("-")
             first = int(first_text)
