@@ -213,8 +213,9 @@ def test_a_job_of_a_workspace_that_is_gone_names_the_keys(azureml_workspace: Loo
 @pytest.mark.parametrize(("where", "message"), [
     ({"resource_group": "rg-nowhere"}, "reading workspace ws-ddlkit: resource group rg-nowhere was not found in "
                                        "subscription sub-0001 (ResourceGroupNotFound: Resource group 'rg-nowhere' "
-                                       "could not be found.): check compute.resource_group and compute.subscription_id, "
-                                       "or create it (az group create --name rg-nowhere --location <region>)."),
+                                       "could not be found.): check compute.resource_group and "
+                                       "compute.subscription_id, or create it (az group create --name rg-nowhere "
+                                       "--location <region>)."),
     ({"subscription_id": "sub-nowhere"}, "reading workspace ws-ddlkit: subscription sub-nowhere was not found "
                                          "(SubscriptionNotFound: The subscription 'sub-nowhere' could not be found.): "
                                          "check compute.subscription_id"),
@@ -256,7 +257,8 @@ def test_collect_waits_for_the_job_record_to_agree_with_run_history(azureml_work
     assert handle.wait(timeout=90).state is JobState.SUCCEEDED
     handle.collect()
     assert (tmp_path / "job" / "written-by-the-job.txt").read_text() == "here"
-    assert "job record says Finalizing while its run history says Completed: waiting up to 120 s" in capfd.readouterr().err
+    said = capfd.readouterr().err
+    assert "job record says Finalizing while its run history says Completed: waiting up to 120 s" in said
 
 
 def test_collect_says_so_when_the_job_record_never_agrees(azureml_workspace: LoopbackWorkspace,
@@ -265,8 +267,9 @@ def test_collect_says_so_when_the_job_record_never_agrees(azureml_workspace: Loo
     handle = submitted(azureml_workspace, tmp_path / "job", "open('written-by-the-job.txt', 'w').write('here')")
     assert handle.wait(timeout=90).state is JobState.SUCCEEDED
     handle.settle_s = 1.0
-    with pytest.raises(ddlkit.RunError, match=rf"run history says the job ended \(Completed\), but its job record "
-                                              rf"still says Finalizing after 1 s.*ddlkit jobs attach {tmp_path / 'job'}"):
+    with pytest.raises(ddlkit.RunError, match=r"run history says the job ended \(Completed\), but its job record "
+                                              r"still says Finalizing after 1 s.*ddlkit jobs attach "
+                                              + re.escape(str(tmp_path / "job"))):
         handle.collect()
     assert not (tmp_path / "job" / "written-by-the-job.txt").exists()
 

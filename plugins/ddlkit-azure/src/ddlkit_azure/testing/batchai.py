@@ -27,12 +27,13 @@ Batch AI was retired in 2019; this follows the published REST API
 Horovod) settings under the real ``mpirun`` with ``processCount`` processes and the host file in
 ``$AZ_BATCHAI_MPI_HOST_FILE`` (this machine, standing for every node): the node's shell runs
 ``mpirun <its options> <commandLine>``, so the command line is what the MPI runtime starts on every
-rank (its first word the program), expanded by that shell once; a custom toolkit under ``bash`` -- with the job's environment variables and secrets, ``AZ_BATCHAI_*`` as the service
-sets them, and *this machine's* ``python`` first on ``PATH`` in place of the image, which is only
-recorded. ``stdout.txt``/``stderr.txt`` go to ``<stdOutErrPathPrefix>/<segment>/stdouterr``,
-output directories to ``<pathPrefix>/<segment>/<pathSuffix>``. The job ends ``succeeded`` (exit 0)
-or ``failed``. ``terminate`` makes it ``terminating``: SIGTERM to the job's processes (but
-``mpirun``), SIGKILL to all of them after :attr:`BatchAILoopback.terminate_grace_s`.
+rank (its first word the program), expanded by that shell once; a custom toolkit under ``bash`` --
+with the job's environment variables and secrets, ``AZ_BATCHAI_*`` as the service sets them, and
+*this machine's* ``python`` first on ``PATH`` in place of the image, which is only recorded.
+``stdout.txt``/``stderr.txt`` go to ``<stdOutErrPathPrefix>/<segment>/stdouterr``, output
+directories to ``<pathPrefix>/<segment>/<pathSuffix>``. The job ends ``succeeded`` (exit 0) or
+``failed``. ``terminate`` makes it ``terminating``: SIGTERM to the job's processes (but ``mpirun``),
+SIGKILL to all of them after :attr:`BatchAILoopback.terminate_grace_s`.
 
 Secrets are never reported back (a job's ``secrets`` come back without values, as the API says).
 Nothing here is ddlkit-specific; tests and the benchmark use it through the real SDK and CLI.
@@ -298,7 +299,8 @@ class BatchAILoopback:
         group = re.match(r"/subscriptions/[^/]+/resourceGroups/([^/]+)/", request.path)
         if group and self.resource_groups is not None and group[1].lower() not in {
                 g.lower() for g in self.resource_groups}:
-            return Response(404, error_body("ResourceGroupNotFound", f"Resource group '{group[1]}' could not be found."))
+            return Response(404, error_body("ResourceGroupNotFound",
+                                            f"Resource group '{group[1]}' could not be found."))
         if request.param("api-version") != API_VERSION:
             return Response(400, error_body("InvalidApiVersionParameter",
                                             f"The api-version '{request.param('api-version')}' is invalid. The "
