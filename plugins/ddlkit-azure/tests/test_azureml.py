@@ -4,8 +4,11 @@ and the workspace's refusals, through the real azure-ai-ml SDK against the loopb
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
+import textwrap
+import time
 from pathlib import Path
 
 import pytest
@@ -16,7 +19,7 @@ from omegaconf import OmegaConf
 
 import ddlkit
 from ddlkit.compute.containers import default_image
-from ddlkit.interfaces import JobSpec
+from ddlkit.interfaces import JOB_FILE, JobHandle, JobSpec, JobState
 from ddlkit.plugins import get_plugin_manager
 from ddlkit.registry import Registry
 
@@ -38,6 +41,14 @@ def on(loopback: LoopbackWorkspace, **changes: object) -> AzureMLTarget:
 def spec(tmp_path: Path, secret_env: dict[str, str] | None = None) -> JobSpec:
     return JobSpec(name="2026-11-23_10-00-00-0123abcd", job_dir=tmp_path / "job", env={"DDLKIT_PLUGINS": "p"},
                    secret_env=secret_env or {})
+
+
+def submitted(loopback: LoopbackWorkspace, job_dir: Path, code: str, **changes: object) -> JobHandle:
+    """A job of ``python -c code`` on the loopback workspace (as the compute contract submits one)."""
+    job_dir.mkdir(parents=True)
+    (job_dir / JOB_FILE).write_text("{}\n", encoding="utf-8")
+    return on(loopback, **changes).submit(JobSpec(name=job_dir.name, job_dir=job_dir,
+                                                   args=("-c", textwrap.dedent(code))))
 
 
 def planned(t: AzureMLTarget, tmp_path: Path, secret_env: dict[str, str] | None = None) -> tuple[str, dict]:
@@ -188,6 +199,117 @@ def test_a_403_names_the_missing_role(azureml_workspace: LoopbackWorkspace, http
 def test_a_missing_workspace_names_the_keys(azureml_workspace: LoopbackWorkspace, tmp_path: Path) -> None:
     with pytest.raises(ddlkit.ConfigError, match="workspace nowhere was not found in resource group rg-ddlkit"):
         on(azureml_workspace, workspace="nowhere").submit(spec(tmp_path))
+
+
+def test_a_job_of_a_workspace_that_is_gone_names_the_keys(azureml_workspace: LoopbackWorkspace,
+                                                         tmp_path: Path) -> None:
+    """ARM's 404 naming the workspace as the missing resource, for a request that is not the workspace's own read."""
+    handle = on(azureml_workspace, workspace="gone").attach("ddlkit-job-0123ab", job_dir=tmp_path / "job")
+    with pytest.raises(ddlkit.ConfigError, match="^reading job ddlkit-job-0123ab: workspace gone was not found in "
+                                                 "resource group rg-ddlkit"):
+        handle.status()
+
+
+@pytest.mark.parametrize(("where", "message"), [
+    ({"resource_group": "rg-nowhere"}, "reading workspace ws-ddlkit: resource group rg-nowhere was not found in "
+                                       "subscription sub-0001 (ResourceGroupNotFound: Resource group 'rg-nowhere' "
+                                       "could not be found.): check compute.resource_group and "
+                                       "compute.subscription_id, or create it (az group create --name rg-nowhere "
+                                       "--location <region>)."),
+    ({"subscription_id": "sub-nowhere"}, "reading workspace ws-ddlkit: subscription sub-nowhere was not found "
+                                         "(SubscriptionNotFound: The subscription 'sub-nowhere' could not be found.): "
+                                         "check compute.subscription_id"),
+])
+def test_a_missing_resource_group_or_subscription_is_named(azureml_workspace: LoopbackWorkspace, tmp_path: Path,
+                                                           where: dict, message: str) -> None:
+    with pytest.raises(ddlkit.ConfigError, match=re.escape(message)):
+        on(azureml_workspace, **where).submit(spec(tmp_path))
+    assert not azureml_workspace.jobs
+
+
+@pytest.mark.parametrize(("method", "path", "answer"), [
+    # ARM names a missing resource by type and name: here a resource *in* the workspace
+    ("GET", r".*/datastores/workspaceblobstore", lambda ws, r: error_body("ResourceNotFound", (
+        f"The Resource 'Microsoft.MachineLearningServices/workspaces/{ws.workspace}/datastores/workspaceblobstore' "
+        f"under resource group '{ws.resource_group}' was not found."))),
+    # run history's answer for a run it does not know (its text, of a job named after a workspace)
+    ("POST", r"/history/v1\.0/.*/rundata", lambda ws, r: error_body("UserError", f"Run {r.body['runId']} was not "
+                                                                                 "found")),
+])
+def test_a_404_of_something_in_the_workspace_is_not_a_missing_workspace(
+        azureml_workspace: LoopbackWorkspace, https_loopback: LoopbackServer, tmp_path: Path, method: str, path: str,
+        answer) -> None:
+    handle = submitted(azureml_workspace, tmp_path / "workspace-smoke-test", "print('done')")
+    assert handle.wait(timeout=90).state is JobState.SUCCEEDED
+    https_loopback.route(method, path, lambda r, m: Response(404, answer(azureml_workspace, r)))
+    with pytest.raises(ddlkit.ConfigError) as refused:
+        handle.collect()
+    assert str(refused.value).startswith(f"downloading job {handle.id}'s output: Azure ML answered 404: ")
+    assert "was not found in resource group" not in str(refused.value)
+
+
+def test_collect_waits_for_the_job_record_to_agree_with_run_history(azureml_workspace: LoopbackWorkspace,
+                                                                     tmp_path: Path,
+                                                                     capfd: pytest.CaptureFixture[str]) -> None:
+    """Run history says Completed a while before the job's record (which jobs.download reads) does."""
+    azureml_workspace.record_lag_s = 3.0
+    handle = submitted(azureml_workspace, tmp_path / "job", "open('written-by-the-job.txt', 'w').write('here')")
+    assert handle.wait(timeout=90).state is JobState.SUCCEEDED
+    handle.collect()
+    assert (tmp_path / "job" / "written-by-the-job.txt").read_text() == "here"
+    said = capfd.readouterr().err
+    assert "job record says Finalizing while its run history says Completed: waiting up to 120 s" in said
+
+
+def test_collect_says_so_when_the_job_record_never_agrees(azureml_workspace: LoopbackWorkspace,
+                                                          tmp_path: Path) -> None:
+    azureml_workspace.record_lag_s = 600.0
+    handle = submitted(azureml_workspace, tmp_path / "job", "open('written-by-the-job.txt', 'w').write('here')")
+    assert handle.wait(timeout=90).state is JobState.SUCCEEDED
+    handle.settle_s = 1.0
+    with pytest.raises(ddlkit.RunError, match=r"run history says the job ended \(Completed\), but its job record "
+                                              r"still says Finalizing after 1 s.*ddlkit jobs attach "
+                                              + re.escape(str(tmp_path / "job"))):
+        handle.collect()
+    assert not (tmp_path / "job" / "written-by-the-job.txt").exists()
+
+
+def test_rank_0s_log_is_found_among_ten_processes(azureml_workspace: LoopbackWorkspace, tmp_path: Path) -> None:
+    """With 10 or more processes Azure ML names their logs std_log_process_00.txt ... (zero-padded)."""
+    handle = submitted(azureml_workspace, tmp_path / "job", "import os; print('rank', os.environ['RANK'], 'here')",
+                       framework="pytorch", dist="native", procs_per_node=10)
+    output = "".join(handle.logs(follow=True))
+    assert "rank 0 here" in output and "rank 1 here" not in output, output
+    assert "user_logs/std_log_process_00.txt" in azureml_workspace.jobs[handle.id].log_files()
+    assert handle.wait(timeout=90).state is JobState.SUCCEEDED
+    handle.collect()
+    assert sorted(p.name for p in (tmp_path / "job").glob("rank-*.log")) == sorted(f"rank-{r}.log" for r in range(10))
+    assert (tmp_path / "job" / "rank-7.log").read_text() == "rank 7 here\n"
+
+
+#: a job whose rank 0 prints a line every 0.3 s
+LINES = """
+    import time
+    for i in range(6):
+        print(f"line {i}", flush=True)
+        time.sleep(0.3)
+"""
+
+
+def test_a_log_server_that_ignores_range_gets_each_line_printed_once(azureml_workspace: LoopbackWorkspace,
+                                                                     tmp_path: Path) -> None:
+    """The log is read from where the last read stopped; a 200 to a ranged read is the whole file."""
+    azureml_workspace.ignore_range = True
+    handle = submitted(azureml_workspace, tmp_path / "job", LINES)
+    started, output = time.monotonic(), ""
+    for chunk in handle.logs(follow=True):
+        output += chunk
+        assert output.count("line 0\n") <= 1, f"a line printed again:\n{output}"
+    following_s = time.monotonic() - started
+    assert [ln for ln in output.splitlines() if ln.startswith("line ")] == [f"line {i}" for i in range(6)], output
+    reads = azureml_workspace.server.requests("GET", r"/loopback/logs/.*")
+    assert all(r.headers.get("range") for r in reads)
+    assert len(reads) <= following_s / 0.2 + 2, (len(reads), following_s)  # one read per poll interval
 
 
 def test_without_a_credential_the_ways_to_sign_in_are_named(azureml_workspace: LoopbackWorkspace, tmp_path: Path,

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import re
+import shlex
 import shutil
 import socket
 import subprocess
@@ -160,6 +161,25 @@ def test_plan_prints_every_request_in_order_and_sends_nothing(batchai: BatchAILo
     assert not (azure_cli_login / "az.log").exists(), "ddlkit plan asked for a credential"
 
 
+def test_the_mpi_command_line_is_a_shell_that_runs_the_rank_script(batchai: BatchAILoopback, ssh_key: Path) -> None:
+    """Batch AI's MPI runtime starts the command line on every rank, its first word the program: the
+    script (shell syntax) runs under an explicit ``bash -c``, byte for byte as rendered."""
+    service = Service(config(batchai, ssh_key, nodes=2, procs_per_node=2, master_port=29500), planning=True)
+    service.run_job(ddlkit.JobSpec(name="n", job_dir=Path("/nonexistent/job")))
+    (mpi,) = [r.body["properties"]["customMpiSettings"] for r in service.recorded
+              if r.method == "PUT" and "customMpiSettings" in (r.body or {}).get("properties", {})]
+    script = (
+        'export MASTER_ADDR="$(awk \'NF && $1 !~ /^#/ {print $1; exit}\' "$AZ_BATCHAI_MPI_HOST_FILE")" '
+        'MASTER_PORT=29500 PYTHONUNBUFFERED=1; export DDLKIT_CONTROL_ADDR="$MASTER_ADDR:29501"; '
+        'export OMP_NUM_THREADS="${OMP_NUM_THREADS:-$(( $(nproc) / 2 > 0 ? $(nproc) / 2 : 1 ))}"; '
+        'cd "$AZ_BATCHAI_OUTPUT_JOB" && export OMPI_MCA_initial_wdir="$PWD" && exec python -m ddlkit_mpi.rank '
+        '--job-dir . --node-sizes 2,2 --scratch "$AZ_BATCHAI_JOB_TEMP/ddlkit" --cancel-file .ddlkit/cancel-requested '
+        '-- python -m ddlkit.rank.worker job.json')
+    assert mpi["commandLine"] == "bash -c " + shlex.quote(script)
+    assert shlex.split(mpi["commandLine"]) == ["bash", "-c", script]
+    assert mpi["processCount"] == 4
+
+
 # ---------------------------------------------------------------------------- through the CLI
 @pytest.mark.slow
 def test_a_job_runs_and_a_second_reuses_everything(batchai: BatchAILoopback, ssh_key: Path,
@@ -231,6 +251,28 @@ def test_states_logs_cancel_and_ddlkit_jobs(batchai: BatchAILoopback, ssh_key: P
     assert "state:     cancelled" in status.stdout, status.output
     logs = run_factory.cli("jobs", "logs", str(job_dir))
     assert seen in logs.stdout, logs.output
+
+
+@pytest.mark.slow
+def test_a_log_server_that_ignores_range_gets_each_line_printed_once(batchai: BatchAILoopback, ssh_key: Path,
+                                                                     tmp_path: Path) -> None:
+    """stdout.txt is read from where the last read stopped (a 200 to a ranged read is the whole
+    file), once per poll interval while the job runs."""
+    batchai.ignore_range = True
+    job_dir = tmp_path / "job"
+    job_dir.mkdir()
+    (job_dir / "job.json").write_text("{}\n")
+    code = "import time\nfor i in range(6):\n    print(f'line {i}', flush=True)\n    time.sleep(0.3)\n"
+    handle = BatchAITarget(config(batchai, ssh_key)).submit(ddlkit.JobSpec(name="ranged", job_dir=job_dir,
+                                                                           args=("-c", code)))
+    started, output = time.monotonic(), ""
+    for chunk in handle.logs(follow=True):
+        output += chunk
+        assert output.count("line 0\n") <= 1, f"a line printed again:\n{output}"
+    following_s = time.monotonic() - started
+    assert [ln for ln in output.splitlines() if ln.startswith("line ")] == [f"line {i}" for i in range(6)], output
+    reads = [r for r in batchai.server.requests("GET") if r.param("sig")]
+    assert len(reads) <= following_s / 0.2 + 3, (len(reads), following_s)
 
 
 @pytest.mark.slow
@@ -310,6 +352,29 @@ def test_composing_imports_no_azure_sdk(batchai: BatchAILoopback, ssh_key: Path,
     proc = subprocess.run([sys.executable, "-c", code, "--cfg", "job", *cli_args(batchai, ssh_key)],
                           capture_output=True, text=True, cwd=tmp_path, timeout=120, check=False)
     assert "AZURE []" in proc.stdout, proc.stdout[-2000:] + proc.stderr
+
+
+def test_a_missing_resource_group_is_one_line_naming_the_fix(batchai: BatchAILoopback, ssh_key: Path,
+                                                             run_factory: RunFactory) -> None:
+    """ARM answers 404 ResourceGroupNotFound to every request under a resource group that does not exist."""
+    batchai.resource_groups = {"someone-elses-rg"}
+    run = run_factory(*cli_args(batchai, ssh_key, FAKE_IMAGE))
+    one_line_error(run, f"looking up workspace {WS}: resource group {RG} was not found in subscription {SUB}",
+                   "ResourceGroupNotFound", "check compute.resource_group", f"az group create --name {RG}")
+    assert batchai.server.requests("PUT") == []
+    down = run_factory.cli("compute", "down", "--yes", *cli_args(batchai, ssh_key, FAKE_IMAGE))
+    one_line_error(down, f"resource group {RG} was not found")
+
+
+def test_compute_down_without_the_workspace_has_nothing_to_delete(batchai: BatchAILoopback, ssh_key: Path,
+                                                                  run_factory: RunFactory) -> None:
+    """Batch AI answers 404 to listing the file servers of a workspace that does not exist."""
+    down = run_factory.cli("compute", "down", "--yes", *cli_args(batchai, ssh_key, FAKE_IMAGE, "storage=nfs",
+                                                                  "storage.root=$AZ_BATCHAI_MOUNT_ROOT/nfs"))
+    down.assert_success()
+    assert f"nothing to delete: workspace {WS} does not exist in resource group {RG}" in down.stderr, down.output
+    assert "ddlkit compute down: nothing deleted" in down.stdout and "Traceback" not in down.stderr
+    assert batchai.server.requests("DELETE") == []
 
 
 def test_compute_down_on_a_target_that_keeps_nothing(run_factory: RunFactory) -> None:

@@ -2,8 +2,9 @@
 submitted or followed; never when a run is composed).
 
 SDK errors become the errors ddlkit acts on, scrubbed of the job's secrets: no credential, a
-refused role (403), a missing workspace or cluster, an SDK validation error -> ``ConfigError``
-(one line, exit status 2).
+refused role (403), a missing subscription, resource group, workspace or cluster, an SDK
+validation error -> ``ConfigError`` (one line, exit status 2). A 404 is told apart by what was
+asked for and ARM's error code, not by the words of its message.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import logging
 import re
 import shlex
 import shutil
+import sys
 import tempfile
 import time
 import uuid
@@ -33,7 +35,7 @@ from azure.ai.ml import (
     command,
 )
 from azure.ai.ml.entities import Environment
-from azure.ai.ml.exceptions import MlException
+from azure.ai.ml.exceptions import JobException, MlException
 from azure.core.exceptions import (
     ClientAuthenticationError,
     HttpResponseError,
@@ -47,7 +49,8 @@ from ddlkit.jobdir import (CONFIG_FILE, ENVIRONMENT_FILE, EXIT_COMPLETED, EXIT_F
                            OVERRIDES_FILE, STATE_DIR, rank_log)
 from ddlkit.redact import REDACTED, scrub
 
-from .arm import SIGN_IN, management_credential
+from .arm import SIGN_IN, error_code, management_credential, missing_scope
+from .ranged import bytes_from, range_header
 
 if TYPE_CHECKING:
     from .azureml import AzureMLConfig, AzureMLTarget
@@ -73,10 +76,17 @@ STATES = {
     **dict.fromkeys(("Canceled", "CancelRequested"), JobState.CANCELLED),
 }
 TERMINAL = ("Completed", "Failed", "Canceled")
-#: rank 0's log among the run's log files: one process, or the first of several
-RANK0_LOGS = ("user_logs/std_log.txt", "user_logs/std_log_process_0.txt")
+#: each process's log among the run's log files: ``user_logs/std_log.txt`` of one process,
+#: ``std_log_process_<rank>.txt`` of several, the rank zero-padded to the width of the process count
+#: (``std_log_process_00.txt`` of 10 or more), as the SDK's own log streaming takes them
+#: (azure.ai.ml's ``user_logs/std_log[\D]*[0]*(?:_ps)?\.txt`` for rank 0)
 _RANK_LOG = re.compile(r"^user_logs/std_log(?:_process_(\d+))?\.txt$")
 _EXIT = re.compile(r"exited with (?:status )?code (-?\d+)")
+#: ARM's codes for a resource that does not exist, or whose parent does not
+_NOT_FOUND_CODES = ("ResourceNotFound", "ParentResourceNotFound")
+#: how long collect waits, once run history says the job ended, for the job's record (a separate
+#: service, read by jobs.download, which refuses a job it says is still running) to say so too
+SETTLE_S = 120.0
 #: REST calls this process made to follow jobs (run details, log reads, job reads): what the benchmark counts
 REST_CALLS = {"count": 0}
 _ARM = "https://management.azure.com"
@@ -203,8 +213,10 @@ class Workspace:
         return self._client
 
     @contextlib.contextmanager
-    def errors(self, what: str, secrets: Mapping[str, str] | None = None) -> Iterator[None]:
-        """Azure's answers as the errors ddlkit acts on (one line, secrets scrubbed)."""
+    def errors(self, what: str, secrets: Mapping[str, str] | None = None, *,
+               reading_workspace: bool = False) -> Iterator[None]:
+        """Azure's answers as the errors ddlkit acts on (one line, secrets scrubbed);
+        ``reading_workspace``: the call reads the workspace itself, so its 404 says it is missing."""
         c = self.cfg
         try:
             yield
@@ -221,21 +233,38 @@ class Workspace:
                     f"{what}: access denied to workspace {c.workspace} (403: {message}). The identity needs the "
                     f"'AzureML Data Scientist' role (or Contributor) on the workspace: ask its owner for `az role "
                     f"assignment create --role \"AzureML Data Scientist\" --scope <workspace id>`.") from None
-            if status == 404 and isinstance(err, ResourceNotFoundError) and "orkspace" in message:
-                raise ddlkit.ConfigError(
-                    f"{what}: workspace {c.workspace} was not found in resource group {c.resource_group} of "
-                    f"subscription {c.subscription_id} ({message}): check compute.subscription_id, "
-                    "compute.resource_group and compute.workspace.") from None
+            if status == 404:
+                raise self._not_found(what, err, message, reading_workspace=reading_workspace) from None
             raise ddlkit.ConfigError(f"{what}: Azure ML answered {status}: {message}") from None
         except ServiceRequestError as err:
             raise ddlkit.ConfigError(f"{what}: cannot reach Azure ML ({_first_line(err, secrets)}).") from None
         except MlException as err:
             raise ddlkit.ConfigError(f"{what}: the Azure ML SDK refused the job: {_first_line(err, secrets)}") from None
 
+    def _not_found(self, what: str, err: BaseException, message: str, *,
+                   reading_workspace: bool) -> ddlkit.ConfigError:
+        """A 404 as what is missing: the subscription or resource group (ARM's code says which), the
+        workspace (its own read, or ARM naming it as the missing resource or parent), or whatever
+        else was asked for (the service's message)."""
+        c = self.cfg
+        wrong = missing_scope(err, what, subscription=str(c.subscription_id), resource_group=str(c.resource_group))
+        if wrong is not None:
+            return wrong
+        # ARM names a missing resource by type and name, quoted: the workspace itself ends the
+        # quote, a resource in it (.../workspaces/<ws>/datastores/<name>') does not
+        names_workspace = re.search(rf"Microsoft\.MachineLearningServices/workspaces/{re.escape(str(c.workspace))}'",
+                                    message, re.IGNORECASE)
+        if reading_workspace or error_code(err) in _NOT_FOUND_CODES and names_workspace:
+            return ddlkit.ConfigError(
+                f"{what}: workspace {c.workspace} was not found in resource group {c.resource_group} of "
+                f"subscription {c.subscription_id} ({message}): check compute.subscription_id, "
+                "compute.resource_group and compute.workspace.")
+        return ddlkit.ConfigError(f"{what}: Azure ML answered 404: {message}")
+
     def check_cluster(self) -> None:
         """The workspace answers, the cluster exists and has room for the job's nodes."""
         c = self.cfg
-        with self.errors(f"reading workspace {c.workspace}"):
+        with self.errors(f"reading workspace {c.workspace}", reading_workspace=True):
             self.client.workspaces.get(str(c.workspace))
         with self.errors(f"reading cluster {c.cluster}"):
             try:
@@ -294,6 +323,7 @@ class AzureMLJob(JobHandle):
         self._offset = 0
         self._decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
         self._cancelled = False
+        self.settle_s = SETTLE_S
 
     # ------------------------------------------------------------ state
     def details(self, *, fresh: bool = False) -> Any:
@@ -349,33 +379,41 @@ class AzureMLJob(JobHandle):
 
     # ------------------------------------------------------------ output
     @staticmethod
-    def _rank0_url(details: Any) -> str | None:
-        files = details.log_files or {}
-        return next((files[name] for name in RANK0_LOGS if name in files), None)
+    def _rank_logs(details: Any) -> dict[int, str]:
+        """Each process's log file: {rank: its URL}."""
+        found = {}
+        for name, url in (details.log_files or {}).items():
+            m = _RANK_LOG.match(name)
+            if m:
+                found[int(m.group(1) or 0)] = url
+        return found
 
-    def _read(self, url: str, headers: Mapping[str, str] | None = None) -> bytes:
+    def _rank0_url(self, details: Any) -> str | None:
+        return self._rank_logs(details).get(0)
+
+    def _read(self, url: str, start: int | None = None) -> bytes:
+        """The log file at ``url``, or its bytes from ``start`` on (a ranged read)."""
         _counted()
         try:
-            response = requests.get(url, headers=dict(headers or {}), timeout=60)
+            response = requests.get(url, headers={} if start is None else range_header(start), timeout=60)
         except requests.RequestException as err:
             raise ddlkit.ConfigError(f"reading job {self.id}'s log: {scrub(str(err), self._secrets)}") from None
-        if response.status_code == 416:  # nothing past the offset yet
-            return b""
-        if response.status_code not in (200, 206):
+        data = bytes_from(response, start or 0)
+        if data is None:
             raise ddlkit.ConfigError(f"reading job {self.id}'s log: HTTP {response.status_code}")
-        return response.content
+        return data
 
     def _read_new(self, details: Any) -> str:
         url = self._rank0_url(details)
         if url is None:
             return ""
-        data = self._read(url, headers={"Range": f"bytes={self._offset}-"})
+        data = self._read(url, start=self._offset)
         self._offset += len(data)
         return self._decoder.decode(data)
 
     def logs(self, follow: bool = True) -> Iterator[str]:
         """Rank 0's log (``user_logs/std_log.txt``, or ``std_log_process_0.txt`` of several
-        processes), from where the previous call stopped; one look per poll interval."""
+        processes, zero-padded), from where the previous call stopped; one look per poll interval."""
         first = True
         while True:
             details = self.details(fresh=first)
@@ -402,16 +440,46 @@ class AzureMLJob(JobHandle):
         self._asked = float("-inf")
 
     # ------------------------------------------------------------ files
+    def _download_output(self, into: str) -> None:
+        """The job's output into ``into``, once the job's record agrees with run history that the
+        job ended: ``jobs.download`` reads the record, and refuses a job it says is still running.
+        Waits up to ``settle_s`` for that, a look every poll interval."""
+        deadline = time.monotonic() + self.settle_s
+        told = False
+        while True:
+            with self.workspace.errors(f"downloading job {self.id}'s output", self._secrets):
+                try:
+                    _counted()
+                    self.workspace.client.jobs.download(self.id, download_path=into, output_name=OUTPUT)
+                    return
+                except JobException:
+                    _counted()
+                    status = self.workspace.client.jobs.get(self.id).status
+                    recorded = str(getattr(status, "value", status))
+                    if recorded in TERMINAL:
+                        raise  # the SDK refused for another reason
+            ended = self.details().status
+            if time.monotonic() >= deadline:
+                raise ddlkit.RunError(
+                    f"downloading job {self.id}'s output: Azure ML's run history says the job ended ({ended}), but "
+                    f"its job record still says {recorded} after {self.settle_s:.0f} s, and the output is downloaded "
+                    f"only once they agree. It stays in the workspace: download it later with `ddlkit jobs attach "
+                    f"{self.job_dir}`.", component="compute")
+            if not told:
+                print(f"ddlkit: Azure ML's job record says {recorded} while its run history says {ended}: waiting "
+                      f"up to {self.settle_s:.0f} s for them to agree before downloading the output",
+                      file=sys.stderr, flush=True)
+                told = True
+            time.sleep(max(0.0, min(self.poll_interval_s, deadline - time.monotonic())))
+
     def collect(self) -> None:
         """The job's output (its directory: result, metrics, checkpoints, model, rank logs) into
         the launcher's job directory -- the launcher's own files stay -- and each process's
         Azure ML log as ``rank-N.log``."""
         with tempfile.TemporaryDirectory(prefix="ddlkit-azureml-") as tmp:
             try:
-                with self.workspace.errors(f"downloading job {self.id}'s output", self._secrets):
-                    _counted()
-                    self.workspace.client.jobs.download(self.id, download_path=tmp, output_name=OUTPUT)
-            except ddlkit.ConfigError:
+                self._download_output(tmp)
+            except ddlkit.DdlkitError:
                 if self.status().state is JobState.SUCCEEDED:
                     raise
                 # a job that failed or was cancelled before it ran has no output: its logs may still tell why
@@ -425,8 +493,5 @@ class AzureMLJob(JobHandle):
                     if path.is_file():
                         (self.job_dir / rel).parent.mkdir(parents=True, exist_ok=True)
                         shutil.copy2(path, self.job_dir / rel)
-        details = self.details(fresh=True)
-        for name, url in (details.log_files or {}).items():
-            m = _RANK_LOG.match(name)
-            if m:
-                (self.job_dir / rank_log(m.group(1) or 0)).write_bytes(self._read(url))
+        for rank, url in self._rank_logs(self.details(fresh=True)).items():
+            (self.job_dir / rank_log(rank)).write_bytes(self._read(url))

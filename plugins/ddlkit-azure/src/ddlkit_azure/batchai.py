@@ -325,15 +325,17 @@ class BatchAIJob(JobHandle):
         return self.poll_until_done(timeout, self.poll_interval_s)
 
     def logs(self, follow: bool = True) -> Iterator[str]:
-        """``stdout.txt`` of the job's ``stdouterr`` output directory, from where the last call stopped."""
+        """``stdout.txt`` of the job's ``stdouterr`` output directory, from where the last call stopped;
+        while the job runs, one read per poll interval."""
         while True:
             finished = self.status().state.done
             data = self.service.read_stdout(self.id, self._offset)
             if data:
                 self._offset += len(data)
                 yield self._decoder.decode(data)
-            elif finished or not follow:
-                return
+            if finished or not follow:
+                if not data:  # all that was there has been read
+                    return
             else:
                 time.sleep(self.poll_interval_s)
 

@@ -49,7 +49,7 @@ from ddlkit.compute.state import state_dir
 from ddlkit.jobdir import CANCEL_FILE, STATE_DIR
 from ddlkit.redact import REDACTED, is_secret_key, scrub
 
-from .arm import first_line, management_credential, signed_in
+from .arm import first_line, management_credential, missing_scope, signed_in
 from .batchai import (
     API_VERSION,
     JOB_DIRECTORY_ID,
@@ -58,6 +58,7 @@ from .batchai import (
     Scale,
     batchai_name,
 )
+from .ranged import bytes_from, range_header
 
 #: the account key of the Azure Files share, when compute.file_share.account_key_file is not set
 ACCOUNT_KEY_ENV = "AZURE_STORAGE_KEY"
@@ -249,17 +250,34 @@ class Service:
 
     # ------------------------------------------------------------ errors and waiting
     @contextlib.contextmanager
-    def _calling(self, what: str) -> Iterator[None]:
+    def _calling(self, what: str, *, missing_ok: bool = False) -> Iterator[None]:
+        """The service's refusals as one-line errors. A 404 of the resource asked for passes as
+        ``ResourceNotFoundError`` where the caller expects it (``missing_ok``: a look-up, a delete);
+        a missing subscription or resource group, or a 404 nobody expects, is a ``ConfigError``."""
         with signed_in(what):
             try:
                 yield
-            except (ResourceNotFoundError, ClientAuthenticationError):
-                raise  # the caller's, and signed_in's
+            except ClientAuthenticationError:
+                raise  # signed_in's
+            except ResourceNotFoundError as err:
+                c = self.cfg
+                wrong = missing_scope(err, what, subscription=c.subscription_id, resource_group=c.resource_group)
+                if wrong is not None:
+                    raise wrong from None
+                if missing_ok:
+                    raise
+                raise ConfigError(f"{what}: Batch AI answered 404: {scrub(first_line(err), self._secrets)}") from None
             except HttpResponseError as err:
                 raise ConfigError(f"{what}: Batch AI answered {err.status_code}: "
                                   f"{scrub(first_line(err), self._secrets)}") from None
             except requests.RequestException as err:
                 raise RunError(f"{what}: {scrub(str(err), self._secrets)}", component="compute") from None
+
+    def _look_up(self, what: str, get: Callable[[], Any]) -> Any | None:
+        """What ``get()`` reads, or None when Batch AI answers that it does not exist."""
+        with contextlib.suppress(ResourceNotFoundError), self._calling(what, missing_ok=True):
+            return get()
+        return None
 
     def _wait(self, poller: Any, what: str, *, limit_s: float | None = None) -> Any:
         """The long-running operation's result; a progress line every 30 s while it lasts."""
@@ -317,8 +335,9 @@ class Service:
 
     def ensure_workspace(self) -> Any:
         rg, ws = self._rg_ws
-        with contextlib.suppress(ResourceNotFoundError), self._calling(f"looking up workspace {ws}"):
-            return self.client.workspaces.get(rg, ws)
+        found = self._look_up(f"looking up workspace {ws}", lambda: self.client.workspaces.get(rg, ws))
+        if found is not None:
+            return found
         self.say(f"ddlkit: creating Batch AI workspace {ws} in {self.cfg.location}")
         with self._calling(f"creating workspace {ws}"):
             workspace = self._wait(self.client.workspaces.begin_create(
@@ -329,8 +348,9 @@ class Service:
     def ensure_experiment(self) -> Any:
         rg, ws = self._rg_ws
         name = self.cfg.experiment
-        with contextlib.suppress(ResourceNotFoundError), self._calling(f"looking up experiment {name}"):
-            return self.client.experiments.get(rg, ws, name)
+        found = self._look_up(f"looking up experiment {name}", lambda: self.client.experiments.get(rg, ws, name))
+        if found is not None:
+            return found
         with self._calling(f"creating experiment {name}"):
             experiment = self._wait(self.client.experiments.begin_create(rg, ws, name), f"creating experiment {name}")
         self._created("experiment", experiment)
@@ -420,8 +440,8 @@ class Service:
     def ensure_cluster(self, file_server: Any | None) -> Any:
         c = self.cfg.cluster
         rg, ws = self._rg_ws
-        with contextlib.suppress(ResourceNotFoundError), self._calling(f"looking up cluster {c.name}"):
-            existing = self.client.clusters.get(rg, ws, c.name)
+        existing = self._look_up(f"looking up cluster {c.name}", lambda: self.client.clusters.get(rg, ws, c.name))
+        if existing is not None:
             self._check_cluster(existing, file_server)
             return existing
         self.say(f"ddlkit: creating cluster {c.name} ({self.cfg.nodes} x {c.vm_size}, "
@@ -474,19 +494,15 @@ class Service:
 
     # ------------------------------------------------------------ jobs
     def get_job(self, name: str) -> Any:
-        rg, ws = self._rg_ws
-        try:
-            with self._calling(f"looking up job {name}"):
-                return self.client.jobs.get(rg, ws, self.cfg.experiment, name)
-        except ResourceNotFoundError:
-            raise ConfigError(f"Batch AI has no job {name} in experiment {self.cfg.experiment} of workspace {ws} "
-                              "(deleted, or another workspace?).") from None
+        found = self._job_exists(name)
+        if found is None:
+            raise ConfigError(f"Batch AI has no job {name} in experiment {self.cfg.experiment} of workspace "
+                              f"{self.cfg.workspace} (deleted, or another workspace?).")
+        return found
 
     def _job_exists(self, name: str) -> Any | None:
         rg, ws = self._rg_ws
-        with contextlib.suppress(ResourceNotFoundError), self._calling(f"looking up job {name}"):
-            return self.client.jobs.get(rg, ws, self.cfg.experiment, name)
-        return None
+        return self._look_up(f"looking up job {name}", lambda: self.client.jobs.get(rg, ws, self.cfg.experiment, name))
 
     def _create_job(self, name: str, parameters: m.JobCreateParameters) -> Any:
         rg, ws = self._rg_ws
@@ -526,9 +542,12 @@ class Service:
         quoted = " ".join(f'"{a}"' if a.startswith("$AZ_BATCHAI") else shlex.quote(a) for a in rank)
         # the service's mpirun starts every rank in its own directory; the rank minder checks that it
         # runs where mpirun meant it to, so it is told the job directory is that place
-        command = (RENDEZVOUS.format(port=c.master_port, control=c.master_port + 1, per_node=c.procs_per_node)
-                   + f'; cd "$AZ_BATCHAI_OUTPUT_{JOB_DIRECTORY_ID}" && export OMPI_MCA_initial_wdir="$PWD" '
-                   f'&& exec {quoted}')
+        script = (RENDEZVOUS.format(port=c.master_port, control=c.master_port + 1, per_node=c.procs_per_node)
+                  + f'; cd "$AZ_BATCHAI_OUTPUT_{JOB_DIRECTORY_ID}" && export OMPI_MCA_initial_wdir="$PWD" '
+                  f'&& exec {quoted}')
+        # mpirun starts the command line's program on every rank: the script is shell syntax, so
+        # that program is a shell (the node's variables are expanded there, on each rank)
+        command = shlex.join(["bash", "-c", script])
         job_dir = posixpath.join(self.mount(c.file_share.mount_path), self.job_folder(name))
         return m.JobCreateParameters(
             **self._base_job(cluster, c.nodes),
@@ -671,7 +690,7 @@ class Service:
 
     def _delete_job(self, name: str) -> None:
         rg, ws = self._rg_ws
-        with contextlib.suppress(ResourceNotFoundError), self._calling(f"deleting job {name}"):
+        with contextlib.suppress(ResourceNotFoundError), self._calling(f"deleting job {name}", missing_ok=True):
             self._wait(self.client.jobs.begin_delete(rg, ws, self.cfg.experiment, name), f"deleting job {name}")
 
     # ------------------------------------------------------------ a job's files
@@ -679,23 +698,20 @@ class Service:
         rg, ws = self._rg_ws
         options = m.JobsListOutputFilesOptions(outputdirectoryid=directory_id, directory=directory,
                                                linkexpiryinminutes=60)
-        try:
-            with self._calling(f"listing the files of job {name}"):
-                return list(self.client.jobs.list_output_files(rg, ws, self.cfg.experiment, name, options))
-        except ResourceNotFoundError:
-            return []
+        listed = self._look_up(f"listing the files of job {name}", lambda: list(
+            self.client.jobs.list_output_files(rg, ws, self.cfg.experiment, name, options)))
+        return listed or []
 
     def _fetch(self, url: str, *, start: int = 0) -> bytes:
-        headers = {"Range": f"bytes={start}-"} if start else {}
+        """The file at ``url`` from byte ``start`` on (a ranged read when ``start`` > 0)."""
         try:
-            response = requests.get(url, headers=headers, timeout=60)
+            response = requests.get(url, headers=range_header(start) if start else {}, timeout=60)
         except requests.RequestException as err:
             raise RunError(f"downloading a job file: {scrub(str(err), {'url': url})}", component="compute") from None
-        if response.status_code == 416:
-            return b""
-        if response.status_code not in (200, 206):
+        data = bytes_from(response, start)
+        if data is None:
             raise RunError(f"downloading a job file: HTTP {response.status_code}", component="compute")
-        return response.content
+        return data
 
     def read_stdout(self, name: str, offset: int) -> bytes:
         """``stdout.txt`` of the job from ``offset`` on (b"" when there is nothing new)."""
@@ -743,10 +759,15 @@ class Service:
     def down(self, confirm: Callable[[Sequence[str]], bool]) -> list[str]:
         """Delete the cluster and the file server this config names, if ddlkit created them."""
         rg, ws = self._rg_ws
+        if self._look_up(f"looking up workspace {ws}", lambda: self.client.workspaces.get(rg, ws)) is None:
+            # its clusters and file servers went with it (Batch AI answers 404 to listing them)
+            self.say(f"ddlkit: nothing to delete: workspace {ws} does not exist in resource group {rg}.")
+            return []
         created = self.ledger.load()
         doomed: list[tuple[str, Any]] = []
-        with contextlib.suppress(ResourceNotFoundError), self._calling(f"looking up cluster {self.cfg.cluster.name}"):
-            cluster = self.client.clusters.get(rg, ws, self.cfg.cluster.name)
+        cluster = self._look_up(f"looking up cluster {self.cfg.cluster.name}",
+                                lambda: self.client.clusters.get(rg, ws, self.cfg.cluster.name))
+        if cluster is not None:
             doomed.append(("cluster", cluster))
         file_server = self.find_file_server()
         if file_server is not None:

@@ -9,7 +9,13 @@ It follows the published API (the SDK's own request shapes) for what a command j
   ``startPendingUpload`` -> a SAS for Azurite, put, get), environment versions (put, get), jobs
   (put, get, ``cancel``);
 * run history: ``/history/v1.0/.../runs/{id}/details`` (state, error, ``logFiles``), and the log
-  files themselves (``user_logs/std_log.txt``, ``std_log_process_N.txt`` for several processes).
+  files themselves (``user_logs/std_log.txt``, ``std_log_process_N.txt`` for several processes, N
+  zero-padded to the width of their count: ``std_log_process_00.txt`` of 10 or more);
+* ARM's 404s: ``SubscriptionNotFound`` and ``ResourceGroupNotFound`` for another subscription or
+  resource group, ``ResourceNotFound`` naming ``Microsoft.MachineLearningServices/workspaces/<name>``
+  for another workspace; :attr:`LoopbackWorkspace.record_lag_s` makes the job's record lag run
+  history at a job's end (two services; the SDK's download reads the record), and
+  :attr:`LoopbackWorkspace.ignore_range` answers ranged log reads 200 with the whole file.
 
 Blob traffic goes to a real Azurite. The SDK addresses a datastore as
 ``https://<account>.blob.core.windows.net``; an :class:`~ddlkit_azure.testing.loopback.InterceptingProxy`
@@ -104,11 +110,15 @@ class LoopbackJob:
     preempt_hard: bool = False
     done_event: threading.Event = field(default_factory=threading.Event, repr=False)
     lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+    #: when (time.monotonic) the job reached its terminal state
+    ended_at: float | None = None
 
     def set_state(self, state: str) -> None:
         with self.lock:
             self.state = state
             self.states.append(state)
+            if state in TERMINAL:
+                self.ended_at = time.monotonic()
 
     @property
     def log_dir(self) -> Path:
@@ -134,6 +144,12 @@ class LoopbackWorkspace:
         self.subscription, self.resource_group, self.workspace = subscription, resource_group, workspace
         self.clusters = {name: Cluster(name, n) for name, n in (clusters or {"gpu-cluster": 4}).items()}
         self.queue_s, self.grace_period_s = queue_s, grace_period_s
+        #: seconds the job's record (GET .../jobs/<name>) lags run history's details at a job's end: it
+        #: still says Finalizing (CancelRequested) while run history says Completed/Failed (Canceled),
+        #: as two separate services may
+        self.record_lag_s = 0.0
+        #: answer a ranged read of a log file 200 with the whole file, as a server that ignores ``Range`` does
+        self.ignore_range = False
         self.workspace_id = str(uuid.uuid5(uuid.NAMESPACE_URL, f"{subscription}/{resource_group}/{workspace}"))
         #: datastore name -> Azurite container
         self.datastores = {DEFAULT_DATASTORE: f"azureml-blobstore-{self.workspace_id}",
@@ -292,6 +308,8 @@ class LoopbackWorkspace:
         with job.lock:
             props = json.loads(json.dumps(job.spec))
             props["status"] = job.state
+            if job.ended_at is not None and time.monotonic() - job.ended_at < self.record_lag_s:
+                props["status"] = CANCEL_REQUESTED if job.state == CANCELED else FINALIZING
             for name, output in (props.get("outputs") or {}).items():
                 output.setdefault("uri", self.output_uri(job.name, name, output))
             props["services"] = {"Studio": {"jobServiceType": "Studio",
@@ -348,9 +366,16 @@ class LoopbackWorkspace:
         s.route("POST", "/data/v1.0" + p + "/dataversion/batchGetResolvedUris", arm(self._resolve_data_uris))
 
     def _in_scope(self, handler: Any) -> Any:
-        """``handler`` for this workspace's requests; ARM's 404 for any other workspace."""
+        """``handler`` for this workspace's requests; ARM's 404 for any other subscription, resource
+        group (the subscription has only this workspace's) or workspace."""
         def scoped(r: Request, m: re.Match[str]) -> Any:
-            if (m["sub"], m["rg"].lower(), m["ws"]) != (self.subscription, self.resource_group.lower(), self.workspace):
+            if m["sub"] != self.subscription:
+                return Response(404, error_body("SubscriptionNotFound", f"The subscription '{m['sub']}' could not "
+                                                                        "be found."))
+            if m["rg"].lower() != self.resource_group.lower():
+                return Response(404, error_body("ResourceGroupNotFound", f"Resource group '{m['rg']}' could not be "
+                                                                         "found."))
+            if m["ws"] != self.workspace:
                 return Response(404, error_body("ResourceNotFound", (
                     f"The Resource 'Microsoft.MachineLearningServices/workspaces/{m['ws']}' under resource group "
                     f"'{m['rg']}' was not found.")))
@@ -471,7 +496,7 @@ class LoopbackWorkspace:
             return Response(404, b"", {"x-ms-error-code": "BlobNotFound"})
         data = path.read_bytes()
         ranged = re.fullmatch(r"bytes=(\d+)-(\d*)", r.headers.get("range") or r.headers.get("x-ms-range") or "")
-        if not ranged:
+        if not ranged or self.ignore_range:
             return Response(200, data, {"content-type": "text/plain"})
         start = int(ranged.group(1))
         end = min(int(ranged.group(2)) if ranged.group(2) else len(data) - 1, len(data) - 1)
@@ -572,7 +597,7 @@ class LoopbackWorkspace:
             job.set_state(COMPLETED)
         else:
             log = "user_logs/std_log.txt" if (job.log_dir / "user_logs/std_log.txt").exists() else \
-                "user_logs/std_log_process_0.txt"
+                process_log(process_count(job.spec)) % 0
             job.error = (f"Execution failed. User process 'bash' exited with status code {code}. Please check log "
                          f"file '{log}' for error details.")
             job.set_state(FAILED)
@@ -591,27 +616,27 @@ class LoopbackWorkspace:
         instances = int((spec.get("resources") or {}).get("instanceCount") or 1)
         dist = spec.get("distribution") or {}
         per_node = int(dist.get("processCountPerInstance") or 1)
+        world = process_count(spec)
         logs = job.log_dir / "user_logs"
         logs.mkdir(parents=True, exist_ok=True)
         kind = dist.get("distributionType")
         if kind == "Mpi":
-            world = instances * per_node
             env.update({"AZ_BATCHAI_MPI_MASTER_NODE": "127.0.0.1"})
             if instances > 1:
                 env["AZ_BATCH_MASTER_NODE"] = "127.0.0.1:6105"
-            per_rank = f'exec > "{logs}/std_log_process_${{OMPI_COMM_WORLD_RANK}}.txt" 2>&1; {command}'
+            rank_log = f'$(printf {process_log(world)} "$OMPI_COMM_WORLD_RANK")'
+            per_rank = f'exec > "{job.log_dir}/{rank_log}" 2>&1; {command}'
             argv = [shutil.which("mpirun") or "mpirun", "--allow-run-as-root", "--oversubscribe", "-np", str(world),
                     "--bind-to", "none", "bash", "-c", per_rank]
             job.process_env = env
             self._start(job, [(argv, env, logs / "mpirun.txt")], code_dir)
         elif kind == "PyTorch":
-            world = instances * per_node
             port = _free_port()
             starts = []
             for rank in range(world):
                 rank_env = {**env, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "WORLD_SIZE": str(world),
                             "RANK": str(rank), "LOCAL_RANK": str(rank % per_node), "NODE_RANK": str(rank // per_node)}
-                starts.append((["bash", "-c", command], rank_env, logs / f"std_log_process_{rank}.txt"))
+                starts.append((["bash", "-c", command], rank_env, job.log_dir / (process_log(world) % rank)))
             job.process_env = starts[0][1]
             self._start(job, starts, code_dir)
         else:
@@ -648,6 +673,19 @@ class LoopbackWorkspace:
         failed = [c for c in codes if c != 0]
         code = failed[0] if failed else 0
         return 128 - code if code < 0 else code
+
+
+def process_count(spec: Mapping[str, Any]) -> int:
+    """The processes of a job (``properties`` as PUT): instances x processes per instance."""
+    instances = int((spec.get("resources") or {}).get("instanceCount") or 1)
+    return instances * int((spec.get("distribution") or {}).get("processCountPerInstance") or 1)
+
+
+def process_log(processes: int) -> str:
+    """The log of each process of several as Azure ML names it, a printf format of the rank: the rank
+    zero-padded to the width of the process count (``std_log_process_0.txt`` of 2 processes,
+    ``std_log_process_00.txt`` of 10 or more)."""
+    return f"user_logs/std_log_process_%0{len(str(processes))}d.txt"
 
 
 def _signal_all(processes: list[subprocess.Popen], sig: int) -> None:

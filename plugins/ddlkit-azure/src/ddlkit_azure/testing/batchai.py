@@ -18,19 +18,22 @@ Batch AI was retired in 2019; this follows the published REST API
   directory, create file, put range) and downloads (``GET`` with ``Range``), under
   ``/<account>/<share>/...`` (path-style, as for an IP address), on a directory of this machine;
   download links carry a SAS the service issued, and a link it did not issue is refused (403);
+  with :attr:`BatchAILoopback.ignore_range` a ranged download is answered 200 with the whole file;
 * a cluster's file server is a directory of this machine (its "NFS export"); a cluster's nodes
   see ``$AZ_BATCHAI_MOUNT_ROOT/<relativeMountPath>`` of each mounted volume (symbolic links).
 
 **Jobs run here.** A created job is ``queued`` for :attr:`BatchAILoopback.queue_s`, then
 ``running``: its job-preparation command runs once per node, then its toolkit -- custom MPI (and
 Horovod) settings under the real ``mpirun`` with ``processCount`` processes and the host file in
-``$AZ_BATCHAI_MPI_HOST_FILE`` (this machine, standing for every node), a custom toolkit under
-``bash`` -- with the job's environment variables and secrets, ``AZ_BATCHAI_*`` as the service
-sets them, and *this machine's* ``python`` first on ``PATH`` in place of the image, which is only
-recorded. ``stdout.txt``/``stderr.txt`` go to ``<stdOutErrPathPrefix>/<segment>/stdouterr``,
-output directories to ``<pathPrefix>/<segment>/<pathSuffix>``. The job ends ``succeeded`` (exit 0)
-or ``failed``. ``terminate`` makes it ``terminating``: SIGTERM to the job's processes (but
-``mpirun``), SIGKILL to all of them after :attr:`BatchAILoopback.terminate_grace_s`.
+``$AZ_BATCHAI_MPI_HOST_FILE`` (this machine, standing for every node): the node's shell runs
+``mpirun <its options> <commandLine>``, so the command line is what the MPI runtime starts on every
+rank (its first word the program), expanded by that shell once; a custom toolkit under ``bash`` --
+with the job's environment variables and secrets, ``AZ_BATCHAI_*`` as the service sets them, and
+*this machine's* ``python`` first on ``PATH`` in place of the image, which is only recorded.
+``stdout.txt``/``stderr.txt`` go to ``<stdOutErrPathPrefix>/<segment>/stdouterr``, output
+directories to ``<pathPrefix>/<segment>/<pathSuffix>``. The job ends ``succeeded`` (exit 0) or
+``failed``. ``terminate`` makes it ``terminating``: SIGTERM to the job's processes (but ``mpirun``),
+SIGKILL to all of them after :attr:`BatchAILoopback.terminate_grace_s`.
 
 Secrets are never reported back (a job's ``secrets`` come back without values, as the API says).
 Nothing here is ddlkit-specific; tests and the benchmark use it through the real SDK and CLI.
@@ -42,6 +45,7 @@ import base64
 import os
 import re
 import secrets as random_tokens
+import shlex
 import signal
 import subprocess
 import sys
@@ -208,6 +212,11 @@ class BatchAILoopback:
     core_quota: int | None = None
     #: the interpreter that stands for the image's ``python``
     python: str = sys.executable
+    #: the subscription's resource groups (a request under another is ARM's 404 ``ResourceGroupNotFound``);
+    #: None: any name is one
+    resource_groups: set[str] | None = None
+    #: answer a ranged download 200 with the whole file, as a server that ignores ``Range`` does
+    ignore_range: bool = False
     #: create bodies that did not fit the schema: (method, path, errors)
     invalid: list[tuple[str, str, list[str]]] = field(default_factory=list)
 
@@ -287,6 +296,11 @@ class BatchAILoopback:
         if request.auth_scheme != "Bearer":
             return Response(401, error_body("AuthenticationFailed", "Authentication failed. The 'Authorization' header "
                                                                     "is missing."))
+        group = re.match(r"/subscriptions/[^/]+/resourceGroups/([^/]+)/", request.path)
+        if group and self.resource_groups is not None and group[1].lower() not in {
+                g.lower() for g in self.resource_groups}:
+            return Response(404, error_body("ResourceGroupNotFound",
+                                            f"Resource group '{group[1]}' could not be found."))
         if request.param("api-version") != API_VERSION:
             return Response(400, error_body("InvalidApiVersionParameter",
                                             f"The api-version '{request.param('api-version')}' is invalid. The "
@@ -405,7 +419,12 @@ class BatchAILoopback:
             if refused := self._refuse(request):
                 return refused
             prefix = request.path.rstrip("/").lower() + "/"
+            parent = request.path.rstrip("/").rsplit("/", 1)[0]
             with self._lock:
+                if parent.lower() not in self.resources:  # the workspace (or experiment) the list is of
+                    return Response(404, error_body("ResourceNotFound", (
+                        f"The Resource '{parent.split('/providers/', 1)[1]}' under resource group "
+                        f"'{match['rg']}' was not found.")))
                 found = [self._shown(r) for p, r in self.resources.items()
                          if p.startswith(prefix) and "/" not in p[len(prefix):]]
             return Response(200, {"value": found})
@@ -556,14 +575,17 @@ class BatchAILoopback:
         return int(props["nodeCount"])
 
     def _command(self, props: Mapping[str, Any], env: Mapping[str, str]) -> list[str]:
-        mpirun = ["mpirun", "-np", str(self._process_count(props)), "--hostfile", env["AZ_BATCHAI_MPI_HOST_FILE"],
-                  "--oversubscribe", "--bind-to", "none"]
+        # "the command line to be executed by mpi runtime on each compute node" (the API's words):
+        # appended to the service's mpirun line, which the node's shell runs (exec: the job's command
+        # is mpirun itself, which terminate spares)
+        mpirun = shlex.join(["exec", "mpirun", "-np", str(self._process_count(props)), "--hostfile",
+                             env["AZ_BATCHAI_MPI_HOST_FILE"], "--oversubscribe", "--bind-to", "none"])
         if "customMpiSettings" in props:
-            return [*mpirun, "bash", "-c", props["customMpiSettings"]["commandLine"]]
+            return ["bash", "-c", f"{mpirun} {props['customMpiSettings']['commandLine']}"]
         if "horovodSettings" in props:
             h = props["horovodSettings"]
             line = f"{h.get('pythonInterpreterPath') or 'python'} {h['pythonScriptFilePath']} {h.get('commandLineArgs', '')}"
-            return [*mpirun, "bash", "-c", line]
+            return ["bash", "-c", f"{mpirun} {line}"]
         if "customToolkitSettings" in props:
             return ["bash", "-c", props["customToolkitSettings"].get("commandLine", "")]
         raise ValueError(f"the loopback runs custom, custom MPI and Horovod jobs, not {_tool_type(props)}")
@@ -708,7 +730,7 @@ class BatchAILoopback:
         if request.method == "GET" and target.is_file():
             data = target.read_bytes()
             asked = request.headers.get("range") or request.headers.get("x-ms-range")
-            if not asked:
+            if not asked or self.ignore_range:
                 return Response(200, data, stamp)
             first_text, _, last_text = asked.removeprefix("bytes=").partition("-")
             first = int(first_text)
