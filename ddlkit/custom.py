@@ -142,10 +142,10 @@ def describe(obj: Any) -> str:
 def wrong_kind(what: str, obj: Any, framework: str, expected: str) -> ConfigError:
     """``what`` (``model.target=pkg:fn``) gave ``obj``, which ``framework`` cannot train; the hint
     names the installed frameworks that train ``obj``'s library (``Framework.model_libraries``)."""
-    from .registry import Registry
+    from .plugins import installed_registry
 
     library = type(obj).__module__.split(".")[0]
-    registry = Registry.installed()
+    registry = installed_registry()
     trainers = {name: libraries[library] for name in registry.names("framework")
                 if library in (libraries := getattr(registry.get("framework", name).factory, "model_libraries", {}))}
     hint = (f" ({next(iter(trainers.values()))}: use {' or '.join(f'framework={n}' for n in trainers)})"

@@ -30,6 +30,7 @@ import pluggy
 
 from . import hookspecs
 from .errors import PluginLoadError
+from .registry import Registry
 
 ENTRY_POINT_GROUP = "ddlkit"
 
@@ -164,3 +165,8 @@ def new_plugin_manager(*, autoload: bool | None = None, group: str = ENTRY_POINT
 def get_plugin_manager() -> DdlkitPluginManager:
     """The process-wide manager, built on first use (never at import time)."""
     return new_plugin_manager()
+
+
+def installed_registry() -> Registry:
+    """The registrations of the installed plugins (those of :func:`get_plugin_manager`)."""
+    return Registry.collect(get_plugin_manager())

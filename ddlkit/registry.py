@@ -10,13 +10,26 @@ from __future__ import annotations
 import dataclasses
 import re
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from .errors import ConfigError, DdlkitError, PluginConflictError, PluginError, UnknownNameError
 from .interfaces.registration import Registration
 
 if TYPE_CHECKING:
-    from .plugins import DdlkitPluginManager
+    from collections.abc import Sequence
+
+
+class PluginHooks(Protocol):
+    """What :meth:`Registry.collect` reads of a plugin manager (:class:`ddlkit.plugins.DdlkitPluginManager`):
+    the registration hooks, and where each plugin comes from, for messages."""
+
+    hook: Any
+
+    def describe(self, plugin: object) -> str: ...
+
+    def failure_lines(self) -> Sequence[str]: ...
+
+    def entry_point_name(self, plugin: object) -> str | None: ...
 
 _NAME = re.compile(r"^[a-z][a-z0-9_-]*$")
 
@@ -72,8 +85,8 @@ class Registry:
     not_loaded: list[str] = field(default_factory=list)
 
     @classmethod
-    def collect(cls, pm: DdlkitPluginManager) -> Registry:
-        reg = cls(entries={g: {} for g in HOOK_POINTS}, not_loaded=pm.failure_lines(),
+    def collect(cls, pm: PluginHooks) -> Registry:
+        reg = cls(entries={g: {} for g in HOOK_POINTS}, not_loaded=list(pm.failure_lines()),
                   implementations={g: {} for g, hp in HOOK_POINTS.items() if hp.per_framework})
         #: (group, name) -- (group, (framework, name)) for models and optimizers -> the plugins claiming it
         conflicts: dict[tuple[str, Any], list[Entry]] = {}
@@ -113,13 +126,6 @@ class Registry:
                 + "\n".join(lines) + f"\n  {way_out}."
             )
         return reg
-
-    @classmethod
-    def installed(cls) -> Registry:
-        """The registrations of the installed plugins (:func:`ddlkit.plugins.get_plugin_manager`)."""
-        from .plugins import get_plugin_manager
-
-        return cls.collect(get_plugin_manager())
 
     def names(self, group: str) -> list[str]:
         return sorted(self.entries[group])

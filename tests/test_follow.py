@@ -168,11 +168,11 @@ def test_environment_info_records_versions(monkeypatch: pytest.MonkeyPatch) -> N
     from importlib.metadata import version
 
     from ddlkit.plugins import get_plugin_manager
-    from ddlkit.registry import Registry
+    from ddlkit.plugins import installed_registry
     from ddlkit.testing import compose
 
     monkeypatch.setattr("sys.argv", ["ddlkit", "storage.account_key=abcdef", "trainer.epochs=1"])
-    registry = Registry.installed()
+    registry = installed_registry()
     info = environment_info(compose(registry, ["framework=pytorch"]), registry, get_plugin_manager())
     assert info["packages"]["ddlkit"] == version("ddlkit")
     assert info["packages"]["pluggy"] == version("pluggy")

@@ -12,7 +12,7 @@ import pytest
 import ddlkit
 from ddlkit import PluginConflictError, PluginError, Registration, UnknownNameError
 from ddlkit.builtin.local_storage import LocalStorage
-from ddlkit.plugins import DdlkitPluginManager, PluginInfo
+from ddlkit.plugins import DdlkitPluginManager, PluginInfo, installed_registry
 from ddlkit.registry import Registry
 from ddlkit.testing import add_plugin
 
@@ -264,7 +264,7 @@ def test_a_model_must_name_its_framework(ddlkit_pm: DdlkitPluginManager) -> None
 def test_selected_is_every_name_the_config_picks() -> None:
     from ddlkit.testing import compose
 
-    registry = Registry.installed()
+    registry = installed_registry()
     cfg = compose(registry, ["framework=pytorch", "logger=[console,jsonl]", "model=resnet18"])
     assert [(group, entry.registration.name) for group, entry in registry.selected(cfg)] == [
         ("data", "synthetic"), ("storage", "local"), ("compute", "local"), ("framework", "pytorch"),
@@ -296,7 +296,7 @@ def test_framework_facts_come_from_the_framework_plugins(ddlkit_pm: DdlkitPlugin
             yield Registration("plain", Plain)
 
     add_plugin(ddlkit_pm, Plugin(), name="jax")
-    monkeypatch.setattr(Registry, "installed", classmethod(lambda cls: cls.collect(ddlkit_pm)))
+    monkeypatch.setattr("ddlkit.plugins.get_plugin_manager", lambda: ddlkit_pm)
     assert release_frameworks() == ["jax"]
     assert default_image("jax", gpu=False).endswith(f"/jax:{ddlkit.__version__}-cpu")
     with pytest.raises(ddlkit.ConfigError, match="ddlkit builds no image for framework=plain; its images are for jax"):

@@ -45,8 +45,8 @@ def default_image(framework: str, *, gpu: bool = True, registry: str = DEFAULT_R
 
 def release_frameworks() -> list[str]:
     """The installed frameworks that ddlkit's release images are built for (``Framework.release_image``)."""
-    from ..registry import Registry
+    from ..plugins import installed_registry
 
-    registry = Registry.installed()
+    registry = installed_registry()
     return [name for name in registry.names("framework")
             if getattr(registry.get("framework", name).factory, "release_image", False)]

@@ -11,7 +11,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from .run import Run
+    from ..interfaces import RunContext
 
 
 def step_batches(micro_batches: Callable[[int, int], Iterable[Any]],
@@ -32,7 +32,7 @@ def step_batches(micro_batches: Callable[[int, int], Iterable[Any]],
     return batches
 
 
-def train_epochs(run: Run, batches: Callable[[int, int], Iterable[Any]],
+def train_epochs(run: RunContext, batches: Callable[[int, int], Iterable[Any]],
                  step: Callable[[Any, float], Callable[[], float] | float],
                  evaluate: Callable[[], Mapping[str, float]] | None = None) -> None:
     """Train ``run`` to its end; the framework brings what differs:
@@ -54,7 +54,7 @@ def train_epochs(run: Run, batches: Callable[[int, int], Iterable[Any]],
     checkpointed at that step; at ``max_steps`` it validates what it has without ending the
     epoch, so that a resumed run finishes the epoch."""
     stopped = run.finished
-    for epoch in run.epochs():
+    for epoch in range(run.state.epoch, run.cfg.trainer.epochs):
         if stopped:
             break
         for batch in batches(epoch, run.state.batch):

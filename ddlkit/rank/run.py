@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..callbacks import CallbackPlugin
 from ..callbacks import load as load_callbacks
+from ..checkpoint import BEST, CHECKPOINT_DIR
 from ..config import check_one_global_batch
 from ..errors import RunError
 from ..interfaces import DataSource, Framework, Loader, Logger, RunState, Shard, StorageBackend
@@ -29,7 +30,7 @@ from . import loop
 from .checkpointing import CheckpointKeeper, check_compatible
 from .phases import report_phase
 from .preemption import Preempted, StopRequest
-from .results import keep_results, result_of
+from .results import keep_results
 from .schedule import LRSchedule
 from .throughput import ThroughputMeter
 
@@ -184,9 +185,6 @@ class Run:
         state = self.checkpointing(save, load)
         self.start()
         return state
-
-    def epochs(self) -> range:
-        return range(self.state.epoch, self.cfg.trainer.epochs)
 
     def step_batches(self, micro_batches: Callable[[int, int], Iterable[Any]]) -> Callable[[int, int], Iterable[list]]:
         """A loader's ``iter_epoch(epoch, start_batch)`` as :meth:`train_epochs` wants ``batches``:
@@ -344,8 +342,46 @@ class Run:
         self._stop_request.install()
 
     def result(self, status: str) -> dict[str, Any]:
-        """The content of result.json."""
-        return result_of(self, status)
+        """The content of result.json: one key per row of :data:`ddlkit.result.FIELDS`, in its order,
+        after the keys plugins add through ``extra_result``."""
+        t = self.cfg.trainer
+        early, best = self.early_stopping, self.best
+        return {
+            **self.extra_result,
+            "status": status,
+            "framework": self.cfg.framework.name,
+            "model": self.cfg.model.name,
+            "data": self.cfg.data.name,
+            "world_size": self.dist.world_size,
+            "batch_size_per_rank": t.batch_size,
+            "global_batch_size": self.global_batch,
+            "precision": str(t.precision),
+            "device": self.device,
+            "epochs": self.state.epoch,
+            "steps": self.state.step,
+            "steps_per_epoch": self.steps_per_epoch,
+            "images_per_sec": round(self.meter.images_per_sec, 3),
+            "measured_steps": self.meter.measured_steps,
+            "warmup_steps": t.warmup_steps,
+            "final_loss": self.last_loss,
+            "val_loss": self.epoch_metrics.get("val_loss"),
+            "top1": self.epoch_metrics.get("val_top1"),
+            "top5": self.epoch_metrics.get("val_top5"),
+            "best_top1": self.best_top1,
+            "peak_lr": self.schedule.peak_lr,
+            "wall_time_s": round(time.time() - self.started, 3),
+            "resumed_from_step": self.resumed_at.step if self.resumed_at else None,
+            "accumulate_batches": self.accumulate,
+            "clip_grad_norm": t.clip_grad_norm or None,
+            # why the run ended before its last epoch, or None
+            "stopped_early": ({"monitor": early.monitor, "reason": early.reason,
+                               "epoch": self.state.epoch, "step": self.state.step}
+                              if self.stopped_early else None),
+            "best_checkpoint": ({"monitor": best.monitor, "mode": best.mode, "value": best.best,
+                                 "step": best.best_step, "epoch": best.best_epoch,
+                                 "path": f"{CHECKPOINT_DIR}/{BEST}"}
+                                if best is not None and best.best is not None else None),
+        }
 
     def finish(self, status: str) -> dict[str, Any] | None:
         result = self.result(status) if status == "completed" else None

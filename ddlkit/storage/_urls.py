@@ -30,9 +30,9 @@ def split_url(url: str) -> tuple[str, str, str]:
 def open_storage(location: str) -> StorageBackend:
     """A backend whose keys are relative to ``location``: a directory, or a URL one of the
     installed storage backends opens (``blob://`` needs ``pip install ddlkit-azure``)."""
-    from ..registry import Registry
+    from ..plugins import installed_registry
 
-    registry = Registry.installed()
+    registry = installed_registry()
     if not is_url(location):
         # a directory: storage=local, found as every backend is (the SDK names no built-in)
         local = registry.get("storage", "local")

@@ -31,9 +31,9 @@ from . import index
 
 
 def _handle(sub: index.Submission) -> JobHandle:
-    from ...registry import Registry
+    from ...plugins import installed_registry
 
-    return sub.handle(Registry.installed())
+    return sub.handle(installed_registry())
 
 
 def _elsewhere(sub: index.Submission, handle: JobHandle) -> bool:
