@@ -2,7 +2,8 @@
 
 The worker writes plain progress lines (readable in ``rank-0.log`` and in a remote cluster's
 log stream alike). The launcher, when its own stdout is a terminal, turns those lines back
-into a live Rich progress bar (:class:`ProgressRenderer`), so the display is the same for
+into a live Rich progress bar (``ddlkit.launch.progress``; the line's format is
+:data:`ddlkit.jobdir.PROGRESS_LINE`), so the display is the same for
 every compute target and the logs stay free of terminal control codes.
 """
 

@@ -5,6 +5,7 @@ A framework plugin that builds its own input pipeline from a loader's native des
 :class:`ddlkit.ImagePoolSpec`) uses these so that every framework reads the same images in the
 same order with the same crops, and a resumed epoch continues exactly:
 
+* files -- :func:`is_image` (which names are images: :data:`IMAGE_EXTENSIONS`);
 * order -- :func:`epoch_order` (which images a rank reads in an epoch: a fresh shuffle per epoch,
   disjoint shards, the same number of batches on every rank) and :func:`num_batches`;
 * decoding and augmentation -- :class:`Augment` (random-resized crop + flip for training, resize
@@ -21,11 +22,12 @@ Imports numpy (and Pillow, when installed): import it where images are decoded, 
 
 from ._decode import (MEAN, PILLOW_MISSING, RATIO, STD, Augment, CorruptImageError, decode, decode_into, decode_region,
                       resolve_decoder, sample_rng)
-from ._files import ImageFiles
+from ._files import IMAGE_EXTENSIONS, ImageFiles, is_image
 from ._order import epoch_order, num_batches
 from ._synthetic import SyntheticImages
 
 __all__ = [
+    "IMAGE_EXTENSIONS",
     "MEAN",
     "PILLOW_MISSING",
     "RATIO",
@@ -38,6 +40,7 @@ __all__ = [
     "decode_into",
     "decode_region",
     "epoch_order",
+    "is_image",
     "num_batches",
     "resolve_decoder",
     "sample_rng",

@@ -1,7 +1,7 @@
-"""The image-folder loader: which files, in which order, with which augmentation -- and, for
-consumers without a pipeline of their own (the test kit's fake framework, a framework plugin
-that has no native one), numpy batches decoded by a thread pool (Pillow and simplejpeg release
-the GIL).
+"""The image-folder loader: which files are images (:func:`is_image`), in which order, with which
+augmentation -- and, for consumers without a pipeline of their own (the test kit's fake framework,
+a framework plugin that has no native one), numpy batches decoded by a thread pool (Pillow and
+simplejpeg release the GIL).
 
 Framework plugins build their own pipeline from its :meth:`~ImageFiles.native_spec`
 (``ddlkit_pytorch.imagefolder``: ``DataLoader`` worker processes; ``ddlkit_tensorflow.imagefolder``:
@@ -10,6 +10,7 @@ Framework plugins build their own pipeline from its :meth:`~ImageFiles.native_sp
 
 from __future__ import annotations
 
+import os
 import sys
 from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -19,6 +20,14 @@ import numpy as np
 from ..interfaces import Batch, ImageFilesSpec, Shard
 from ._decode import MEAN, STD, Augment, CorruptImageError, decode_into, sample_rng
 from ._order import epoch_order, num_batches
+
+#: the file name extensions of the images ``data=imagefolder`` reads (any case)
+IMAGE_EXTENSIONS = frozenset({".jpeg", ".jpg", ".jpe", ".png", ".bmp", ".gif", ".webp", ".tif", ".tiff"})
+
+
+def is_image(name: str) -> bool:
+    """Whether a file named ``name`` is an image ``data=imagefolder`` reads (hidden files are not)."""
+    return os.path.splitext(name)[1].lower() in IMAGE_EXTENSIONS and not name.startswith(".")
 
 
 class ImageFiles:

@@ -104,7 +104,7 @@ def _link(src: Path, dst: Path, copy: bool) -> bool:
 
 def prepare(out: Path, *, val_images: Path | None, val_labels: Path | None, synsets: Path | None,
             train: Path | None, copy: bool, workers: int) -> int:
-    from ..builtin.imagefolder.index import is_image
+    from ..images import is_image
 
     out = Path(out)
     copied = linked = 0

@@ -106,7 +106,7 @@ def _stream(handle: JobHandle, out: TextIO, progress_bar: bool) -> None:
     if first is None:
         return
     if progress_bar:
-        from ..builtin.console_logger import ProgressRenderer
+        from .progress import ProgressRenderer
 
         with ProgressRenderer(out) as renderer:
             for chunk in itertools.chain([first], chunks):

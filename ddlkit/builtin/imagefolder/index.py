@@ -23,7 +23,6 @@ from pathlib import Path
 from ...errors import ConfigError
 from ...storage import MANIFEST_NAME, Manifest, is_url, open_storage
 
-IMAGE_EXTENSIONS = frozenset({".jpeg", ".jpg", ".jpe", ".png", ".bmp", ".gif", ".webp", ".tif", ".tiff"})
 TRAIN_DIR = "train"
 #: validation folder names, in order of preference
 VAL_DIRS = ("validation", "val")
@@ -53,10 +52,6 @@ class DatasetIndex:
 
     def split(self, name: str) -> SplitIndex:
         return self.train if name == "train" else self.val
-
-
-def is_image(name: str) -> bool:
-    return os.path.splitext(name)[1].lower() in IMAGE_EXTENSIONS and not name.startswith(".")
 
 
 class _Root:
@@ -117,6 +112,8 @@ def _walk(root: Path) -> list[str]:
 
 
 def _from_listing(root: str, paths: list[str], source: str) -> DatasetIndex:
+    from ...images import is_image  # numpy comes with it: only once a dataset is read
+
     by_split: dict[str, dict[str, list[str]]] = {}
     for p in paths:
         parts = p.split("/")
