@@ -10,7 +10,6 @@ every compute target and the logs stay free of terminal control codes.
 from __future__ import annotations
 
 import math
-import re
 import sys
 import time
 from collections.abc import Mapping
@@ -20,17 +19,12 @@ from typing import TYPE_CHECKING, Any, TextIO
 
 from ..hookspecs import hookimpl
 from ..interfaces import Logger
+from ..jobdir import PROGRESS_LINE
 from ..registry import Registration
 from ..result import SUMMARY
 
 if TYPE_CHECKING:
     from ..interfaces import RunContext
-
-PROGRESS_RE = re.compile(
-    r"^train epoch (?P<epoch>\d+)/(?P<epochs>\d+) step (?P<step>\d+)/(?P<total>\d+) "
-    r"loss (?P<loss>\S+) lr (?P<lr>\S+) (?P<unit>img|samples)/s (?P<ips>\S+) eta (?P<eta>\S+)$"
-)
-
 
 @dataclass
 class ConsoleLoggerConfig:
@@ -99,11 +93,10 @@ class ConsoleLogger(Logger):
             # the epoch a step belongs to: its last step ends it (epoch 1.0 is epoch 1's)
             epoch = max(1, math.ceil(metrics["epoch"]))
             ips = metrics.get("images_per_sec")
-            self._print(
-                f"train epoch {epoch}/{run.cfg.trainer.epochs} step {step}/{run.total_steps} "
-                f"loss {metrics['loss']:.4f} lr {metrics['lr']:.6f} {unit(run)}/s "
-                f"{'-' if ips is None else f'{ips:.1f}'} eta {_eta(eta)}"
-            )
+            self._print(PROGRESS_LINE.format(
+                epoch=epoch, epochs=run.cfg.trainer.epochs, step=step, total=run.total_steps,
+                loss=f"{metrics['loss']:.4f}", lr=f"{metrics['lr']:.6f}", unit=unit(run),
+                ips="-" if ips is None else f"{ips:.1f}", eta=_eta(eta)))
         else:
             parts = "  ".join(f"{k} {v:.4f}" for k, v in metrics.items() if k != "epoch")
             epochs, epoch = run.cfg.trainer.epochs, metrics["epoch"]
@@ -128,45 +121,6 @@ class ConsoleLogger(Logger):
             name = "samples_per_sec" if key == "images_per_sec" and unit(self.run) == "samples" else key
             table.add_row(name, f"{value:.4g}" if isinstance(value, float) else str(value))
         Console(file=self.stream, force_terminal=False, width=80).print(table)
-
-
-class ProgressRenderer:
-    """Launcher side: shows a worker's progress lines as a live bar, other lines as they come."""
-
-    def __init__(self, out: TextIO | None = None) -> None:
-        from rich.console import Console
-        from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
-
-        self.console = Console(file=out or sys.stdout)
-        self.progress = Progress(
-            TextColumn("[bold]epoch {task.fields[epoch]}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
-            TextColumn("loss {task.fields[loss]}"), TextColumn("{task.fields[ips]} {task.fields[unit]}/s"),
-            TextColumn("eta {task.fields[eta]}"), TimeElapsedColumn(), console=self.console, transient=False,
-        )
-        self.task: Any = None
-        self._buf = ""
-
-    def __enter__(self) -> ProgressRenderer:
-        self.progress.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.feed("\n") if self._buf else None
-        self.progress.stop()
-
-    def feed(self, chunk: str) -> None:
-        self._buf += chunk
-        *lines, self._buf = self._buf.split("\n")
-        for line in lines:
-            m = PROGRESS_RE.match(line.rstrip("\r"))
-            if not m:
-                self.progress.console.print(line, markup=False, highlight=False)
-                continue
-            fields = {"epoch": f"{m['epoch']}/{m['epochs']}", "loss": m["loss"], "ips": m["ips"], "unit": m["unit"],
-                      "eta": m["eta"]}
-            if self.task is None:
-                self.task = self.progress.add_task("train", total=int(m["total"]), **fields)
-            self.progress.update(self.task, completed=int(m["step"]), total=int(m["total"]), **fields)
 
 
 @hookimpl

@@ -46,3 +46,20 @@ def test_a_task_without_images_or_classes_counts_samples(ddlkit_pm, tmp_path: Pa
     assert "on custom data (64 samples) |" in header
     assert " samples/s 9.0 " in progress
     sys.modules.pop("regress", None)
+
+
+def test_the_launchers_bar_reads_the_lines_the_logger_writes(ddlkit_pm, tmp_path: Path) -> None:
+    """The two sides of rank 0's progress line (jobdir.PROGRESS_LINE): the console logger on the rank
+    writes it, the launcher's bar reads it; any other line passes through as it is."""
+    from ddlkit.launch.progress import ProgressRenderer
+
+    run = make_run(ddlkit_pm, tmp_path, "data.length=320", "data.num_classes=4", "trainer.max_steps=15")
+    _, progress = lines(run, (11, {"loss": 0.5, "lr": 0.1, "epoch": 1.1, "images_per_sec": 50.0}, "train"))
+    out = io.StringIO()
+    with ProgressRenderer(out) as renderer:
+        renderer.feed(f"hello from rank 0\n{progress}\n")
+        task = renderer.progress.tasks[0]
+        assert (task.completed, task.total) == (11, 15)
+        assert task.fields == {"epoch": "2/2", "loss": "0.5000", "ips": "50.0", "unit": "img",
+                               "eta": progress.rsplit(" ", 1)[1]}
+    assert "hello from rank 0" in out.getvalue() and "train epoch" not in out.getvalue()
