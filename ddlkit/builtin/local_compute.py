@@ -31,6 +31,7 @@ class LocalTarget(ComputeTarget):
     # a local process answers at once: a sweep starts the next job as soon as one ends
     status_interval_s = 0.05
     shares_job_dir = True
+    ranks_share_environment = True
 
     def submit(self, spec: JobSpec) -> JobHandle:
         # the launcher's own environment (same machine, same user) plus what the job asks for

@@ -152,6 +152,14 @@ class ComputeTarget(ABC):
     #: system): then the launcher checks ``trainer.resume`` before submitting, and collect() is a no-op
     shares_job_dir: ClassVar[bool] = False
 
+    @property
+    def ranks_share_environment(self) -> bool:
+        """Whether the ranks run with the launcher's own Python environment (this interpreter and
+        its installed packages): then the launcher checks what the framework needs there
+        (:meth:`ddlkit.Framework.check_environment`) before submitting. A target whose ranks run in
+        an image or another interpreter says False: the ranks check it where they run, at once."""
+        return False
+
     def __init__(self, cfg: Any) -> None:
         from ..options import check
 

@@ -55,6 +55,13 @@ class Framework(ABC):
         """Validate this framework's options against the whole composed ``config`` in the launcher,
         before anything runs; raise ConfigError. Called for the selected framework only."""
 
+    def check_environment(self, config: DictConfig) -> None:
+        """Raise ConfigError when this Python environment cannot train ``config``: a package the
+        job needs is missing (Horovod for ``dist=horovod``, Pillow for JPEGs, a CUDA build). Called
+        on every rank before training, and in the launcher before submitting when the target's ranks
+        run with the launcher's environment (``ComputeTarget.ranks_share_environment``): a laptop
+        that plans a cluster job needs none of what the cluster's image provides."""
+
     @abstractmethod
     def train(self, run: RunContext) -> None:
         """Train from ``run.resume_from`` (if set) to the end of ``trainer.epochs``."""

@@ -12,7 +12,7 @@ from omegaconf.errors import MissingMandatoryValue, OmegaConfBaseException
 from .. import callbacks, monitor, options
 from ..config import check_one_global_batch, to_container
 from ..errors import ConfigError
-from ..interfaces import ComputeTarget
+from ..interfaces import ComputeTarget, Framework
 from ..registry import HOOK_POINTS, Registry
 from .hydra_errors import check_composed
 
@@ -50,6 +50,8 @@ def validate(cfg: DictConfig, registry: Registry, pm: DdlkitPluginManager, *,
     _check_distributed(cfg, compute, registry)
     for component in _selected(cfg, registry, compute):
         component.configure(cfg)
+        if isinstance(component, Framework) and compute.ranks_share_environment:
+            component.check_environment(cfg)  # else the ranks check it where they run
     # what no one component owns: checks across the config (user code importable, ...)
     pm.hook.ddlkit_configure(config=cfg)
     return container

@@ -85,6 +85,7 @@ def main(argv: list[str] | None = None) -> int:
         run.install_signal_handlers()
         if dist.is_main and (checked := run.storage.check_access(run.name)):
             print(f"ddlkit: {checked}", flush=True)
+        run.framework.check_environment(cfg)  # what this image or node lacks, before anything starts
         pm.hook.ddlkit_run_loop(run=run)
         status, ended_together = "completed", True
         return EXIT_COMPLETED

@@ -18,7 +18,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING, Any
 
@@ -48,6 +48,8 @@ class FakeFrameworkConfig:
     fail_at_step: int = 0
     # seconds each step sleeps: a job that lasts, to attach to, cancel or interrupt in tests
     step_delay_s: float = 0.0
+    # modules the ranks' environment must have (as Horovod for dist=horovod): check_environment's path in tests
+    needs: list[str] = field(default_factory=list)
 
 
 class FakeFramework(Framework):
@@ -62,6 +64,14 @@ class FakeFramework(Framework):
     def configure(self, config: DictConfig) -> None:
         if self.cfg.side < 1:
             raise ConfigError(f"framework.side={self.cfg.side} is invalid: it must be a positive integer.")
+
+    def check_environment(self, config: DictConfig) -> None:
+        import importlib.util
+
+        missing = [m for m in self.cfg.needs if importlib.util.find_spec(m) is None]
+        if missing:
+            raise ConfigError(f"framework=fake needs {', '.join(missing)}, which this environment lacks: "
+                              "install it where the ranks run.")
 
     def train(self, run: Run) -> None:
         import numpy as np

@@ -130,3 +130,30 @@ def test_a_rank_needs_no_plugin_of_the_target_it_runs_in(run_factory: RunFactory
                           text=True, timeout=120, env={**os.environ, "DDLKIT_PLUGINS": FAKES_MODULE})
     assert proc.returncode == 0, proc.stderr
     assert json.loads((job_dir / "result.json").read_text())["status"] == "completed"
+
+
+NEEDS = ("framework.needs=[ddlkit_no_such_module]",)
+NEEDS_MESSAGE = ("framework=fake needs ddlkit_no_such_module, which this environment lacks: install it where the "
+                 "ranks run.")
+
+
+def test_what_the_ranks_need_is_required_here_when_they_run_here(run_factory: RunFactory) -> None:
+    """compute=local runs the ranks with this environment: its lack is one line before anything runs."""
+    outcome = run_factory(*COMMON, *NEEDS).assert_returncode(2)
+    assert outcome.stderr.strip().splitlines() == [f"ddlkit: error: {NEEDS_MESSAGE}"]
+    assert not (outcome.job_dir / "job.json").exists()
+
+
+@pytest.mark.slow
+def test_what_the_ranks_need_is_not_required_of_a_launcher_whose_target_runs_them_elsewhere(
+        run_factory: RunFactory, tmp_path: Path) -> None:
+    """A laptop plans and submits a job whose ranks run in their own environment (an image, another
+    interpreter); the plan says what they need, and a rank that lacks it fails at once, in one line."""
+    plan = run_factory.cli("plan", "framework=fake", *COMMON, *NEEDS, *elsewhere(tmp_path),
+                           f"hydra.run.dir={tmp_path / 'planned'}").assert_success()
+    assert (f"      where the ranks run: {NEEDS_MESSAGE} (not needed here: compute=elsewhere's ranks check their "
+            "own environment when they start)\n") in plan.stdout
+    outcome = run_factory(*COMMON, *NEEDS, *elsewhere(tmp_path)).assert_returncode(2)
+    assert f"ConfigError: {NEEDS_MESSAGE}" in outcome.stderr  # the job's report quotes the rank's line
+    assert f"ddlkit worker (rank 0): ConfigError: {NEEDS_MESSAGE}" in (outcome.job_dir / "rank-0.log").read_text()
+    assert not list(outcome.job_dir.glob("checkpoints/*"))  # it failed before training

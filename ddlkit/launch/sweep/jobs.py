@@ -313,10 +313,24 @@ class DdlkitSweep:
         spec = JobSpec(name=prepare.job_name(output_dir), job_dir=output_dir, env=env, secret_env=secret_env)
         command = job_command(secret_store.redact_overrides(overrides), output_dir, launch)
         code = f"      code: {_code_line(snapshot)}\n" if snapshot is not None else ""
+        needs = (f"      where the ranks run: {problem} (not needed here: compute={cfg.compute.name}'s ranks "
+                 "check their own environment when they start)\n"
+                 if (problem := self._needs_where_ranks_run(cfg, target)) else "")
         return (f"      compute={cfg.compute.name}, world size {target.world_size}, {cfg.framework.name} "
                 f"{cfg.model.name}; {{state}}\n"
-                f"      command: {command}\n{code}"
+                f"      command: {command}\n{code}{needs}"
                 f"      runs: {target.plan(spec)}")
+
+    def _needs_where_ranks_run(self, cfg: DictConfig, target: ComputeTarget) -> str | None:
+        """What the framework needs that this environment lacks, for a target whose ranks run in
+        their own (validation checked it already when they share this one)."""
+        if target.ranks_share_environment:
+            return None
+        try:
+            self.registry.create("framework", cfg.framework.name, cfg.framework).check_environment(cfg)
+        except ConfigError as err:
+            return str(err)
+        return None
 
     def _print_plan(self, jobs: list[CheckedJob], ledger: Ledger, done: set[int], settings: SweepSettings,
                     policy: FailurePolicy) -> None:

@@ -32,11 +32,11 @@ def horovod_at(monkeypatch: pytest.MonkeyPatch, package: Path | None) -> None:
 def test_horovod_not_installed_is_refused_with_how_to_get_it(monkeypatch: pytest.MonkeyPatch) -> None:
     horovod_at(monkeypatch, None)
     with pytest.raises(ddlkit.ConfigError) as info:
-        PytorchFramework(PytorchConfig()).configure(config("horovod"))
+        PytorchFramework(PytorchConfig()).check_environment(config("horovod"))
     assert str(info.value) == ("dist=horovod with framework=pytorch needs Horovod, which is not installed. Build it "
                                "against the installed torch with scripts/install_horovod.sh (Horovod 0.28.1 patched to "
                                "C++17; about 6 minutes on 2 cores, then the wheel is cached), or use dist=native.")
-    PytorchFramework(PytorchConfig()).configure(config("native"))  # native needs nothing extra
+    PytorchFramework(PytorchConfig()).check_environment(config("native"))  # native needs nothing extra
 
 
 def test_horovod_without_its_torch_build_is_refused_with_how_to_get_it(monkeypatch: pytest.MonkeyPatch,
@@ -47,14 +47,14 @@ def test_horovod_without_its_torch_build_is_refused_with_how_to_get_it(monkeypat
     with pytest.raises(ddlkit.ConfigError, match=r"^dist=horovod with framework=pytorch: the installed Horovod "
                                                  r"was built without PyTorch support\. Build it against the "
                                                  r"installed torch with scripts/install_horovod.sh"):
-        PytorchFramework(PytorchConfig()).configure(config("horovod"))
+        PytorchFramework(PytorchConfig()).check_environment(config("horovod"))
 
 
 def test_a_horovod_built_for_torch_is_accepted(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     (tmp_path / "torch").mkdir()
     (tmp_path / "torch" / "mpi_lib_v2.cpython-312-x86_64-linux-gnu.so").touch()
     horovod_at(monkeypatch, tmp_path)
-    PytorchFramework(PytorchConfig()).configure(config("horovod"))
+    PytorchFramework(PytorchConfig()).check_environment(config("horovod"))
 
 
 def test_each_rank_of_a_node_gets_its_own_gpu(monkeypatch: pytest.MonkeyPatch) -> None:

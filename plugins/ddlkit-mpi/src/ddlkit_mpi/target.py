@@ -303,6 +303,8 @@ class MpirunTarget(ddlkit.ComputeTarget):
     status_interval_s = 0.05
     # the ranks run in the launcher's job directory (on a shared file system for other hosts)
     shares_job_dir = True
+    #: every host runs the launcher's interpreter (the same path on a shared or identical install)
+    ranks_share_environment = True
     #: how cancel() reaches the ranks, see :attr:`MpiJob.stop_via`
     stop_via: ClassVar[str] = "session"
     #: environment set for the ranks besides :data:`RANK_ENV` (passed on with ``-x`` too)

@@ -59,6 +59,9 @@ class PytorchFramework(ddlkit.Framework):
     def configure(self, config: DictConfig) -> None:
         if config.trainer.precision == "fp16" and self.cfg.device == "cpu":
             raise cpu.fp16_refusal("pytorch", "framework.device=cpu was chosen")
+        threads.check(self.cfg.num_threads, "torch")
+
+    def check_environment(self, config: DictConfig) -> None:
         if config.dist.backend == "horovod" and (problem := horovod_problem()):
             raise ddlkit.ConfigError(problem)
         if config.data.name == "imagefolder" and importlib.util.find_spec("PIL") is None:
@@ -66,7 +69,6 @@ class PytorchFramework(ddlkit.Framework):
             from ddlkit.images import PILLOW_MISSING
 
             raise ddlkit.ConfigError(PILLOW_MISSING)
-        threads.check(self.cfg.num_threads, "torch")
 
     def _device(self, dist: ddlkit.DistContext) -> Any:
         import torch

@@ -339,6 +339,11 @@ class SlurmTarget(ddlkit.ComputeTarget):
     def world_size(self) -> int:
         return self.cfg.nodes * self.cfg.procs_per_node
 
+    @property
+    def ranks_share_environment(self) -> bool:
+        # compute.python names another interpreter (a cluster's venv, a container's wrapper)
+        return not self.cfg.python
+
     def python(self) -> str:
         return self.cfg.python or sys.executable
 
