@@ -29,6 +29,7 @@ _EXPORTS: dict[str, str] = {
     "PluginConflictError": ".errors",
     "PluginError": ".errors",
     "PluginLoadError": ".errors",
+    "RankLostError": ".errors",
     "RunError": ".errors",
     "UnknownNameError": ".errors",
     "hookimpl": ".hookspecs",
@@ -80,7 +81,7 @@ def __dir__() -> list[str]:
 
 if TYPE_CHECKING:  # the same names, for type checkers and editors
     from .errors import (ConfigError, DdlkitError, JobFailedError, PluginConflictError, PluginError, PluginLoadError,
-                         RunError, UnknownNameError)
+                         RankLostError, RunError, UnknownNameError)
     from .hookspecs import hookimpl, hookspec
     from .interfaces import (JOB_FILE, WORKER_ARGS, Batch, ComputeTarget, DataInfo, DataSource, DistView, Framework,
                              ImageFilesSpec, ImagePoolSpec, JobHandle, JobSpec, JobState, JobStatus, Loader, Logger,

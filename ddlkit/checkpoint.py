@@ -52,6 +52,12 @@ def checkpoint_name(step: int) -> str:
     return f"step-{step:08d}.ckpt"
 
 
+def checkpoint_step(path: Path) -> int | None:
+    """The optimizer step a checkpoint was saved at, from its name (None for another name)."""
+    name = Path(path).name
+    return int(name[len("step-"):-len(".ckpt")]) if _STEP_NAME.match(name) else None
+
+
 def _warn(message: str) -> None:
     print(f"ddlkit: warning: {message}", file=sys.stderr, flush=True)
 

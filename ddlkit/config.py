@@ -125,6 +125,19 @@ class SweepConfig:
 
 
 @dataclass
+class RestartConfig:
+    """What the launcher does when a job ends because of the infrastructure (a rank or node lost,
+    a preemption, a silent rank): start it again in the same job directory, where it resumes from
+    its newest verified checkpoint (``ddlkit.launch.restarts``). A failure of the job's own code
+    or config is never restarted."""
+
+    # restarts of one job; null: the compute target's default (0 for compute=local, 3 for cluster targets)
+    max_restarts: int | None = checked(None, at_least(0, "null or >= 0"))
+    # seconds before the first restart, doubled for each one after it (a lost node needs time to be replaced)
+    backoff_s: float = checked(10.0, NON_NEGATIVE)
+
+
+@dataclass
 class CodeConfig:
     """The snapshot of the launch directory that ships with a job to ranks that do not see the
     launcher's disk (``ddlkit.compute.snapshot``)."""
@@ -151,7 +164,7 @@ class DistConfig:
 
 #: the config's top-level keys besides the hook points, and their schemas
 CORE_SCHEMAS: dict[str, type] = {"trainer": TrainerConfig, "dist": DistConfig, "sweep": SweepConfig,
-                                  "code": CodeConfig}
+                                  "code": CodeConfig, "restart": RestartConfig}
 
 
 def named_schema(schema: type | None, name: str) -> type:
@@ -177,6 +190,7 @@ def store_schemas(registry: Registry, cs: ConfigStore | None = None) -> None:
         cs.store(group="dist", name=backend, node=DistConfig(backend=backend))
     cs.store(group="sweep", name="default", node=SweepConfig)
     cs.store(group="code", name="default", node=CodeConfig)
+    cs.store(group="restart", name="default", node=RestartConfig)
 
 
 def experiment_dirs() -> list[Path]:

@@ -9,6 +9,7 @@ The tree (``x`` an abstract-ish base, ``+`` a concrete error)::
         + PluginLoadError         an entry point failed to import; names distribution and version
         + PluginConflictError     two plugins registered the same name
       x RunError                  a component failed mid-run; carries ``.component`` and ``.step``
+        + RankLostError           another rank was lost (left, silent, never joined): infrastructure
         + JobFailedError          a submitted job ended unsuccessfully (launcher side)
 
 Every message says what went wrong *and* what to do next. The CLI turns these into one
@@ -17,7 +18,7 @@ readable message and an exit code (:data:`EXIT_CODES`), never a traceback.
 
 from __future__ import annotations
 
-from .jobdir import EXIT_CONFIG_ERROR, EXIT_FAILED, EXIT_PLUGIN_ERROR
+from .jobdir import EXIT_CONFIG_ERROR, EXIT_FAILED, EXIT_LOST_PEER, EXIT_PLUGIN_ERROR
 
 __all__ = [
     "EXIT_CODES",
@@ -27,6 +28,7 @@ __all__ = [
     "PluginConflictError",
     "PluginError",
     "PluginLoadError",
+    "RankLostError",
     "RunError",
     "UnknownNameError",
     "exit_code_for",
@@ -77,6 +79,14 @@ class RunError(DdlkitError):
         self.component, self.step = component, step
 
 
+class RankLostError(RunError):
+    """Another rank was lost (it left, went silent past ``dist.timeout_s``, or never joined): this
+    rank stops because of the infrastructure, not its own work; exit status ``EXIT_LOST_PEER``."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message, component="dist")
+
+
 class JobFailedError(RunError):
     """A submitted job ended with a non-zero status (raised by the launcher)."""
 
@@ -90,6 +100,7 @@ EXIT_CODES: dict[type[BaseException], int] = {
     UnknownNameError: EXIT_CONFIG_ERROR,
     ConfigError: EXIT_CONFIG_ERROR,
     PluginError: EXIT_PLUGIN_ERROR,
+    RankLostError: EXIT_LOST_PEER,
     RunError: EXIT_FAILED,
     DdlkitError: EXIT_FAILED,
 }

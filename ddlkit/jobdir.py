@@ -110,6 +110,14 @@ EXIT_CONFIG_ERROR = 2
 EXIT_PLUGIN_ERROR = 3
 #: stopped on SIGTERM after writing a resumable checkpoint (EX_TEMPFAIL: try again later)
 EXIT_PREEMPTED = 75
+#: stopped because another rank was lost: it left, went silent past ``dist.timeout_s``, or never
+#: joined. The infrastructure's failure, not this rank's (a restart policy restarts such a job)
+EXIT_LOST_PEER = 76
+
+#: set in the ranks' environment when the launcher restarted the job after an infrastructure
+#: failure: how many times so far, and how many optimizer steps those failures cost in all
+RESTARTS_ENV = "DDLKIT_RESTARTS"
+STEPS_LOST_ENV = "DDLKIT_STEPS_LOST"
 
 #: set in the environment of every job of a sweep: the sweep's name (loggers group runs by it, e.g.
 #: W&B's ``group``) and the job's number

@@ -66,6 +66,10 @@ FIELDS: tuple[Field, ...] = (
     Field("peak_lr", float, None, "{:.4g}"),
     Field("wall_time_s", float, MINIMIZE, "{:.1f}", "wall time (s)"),
     Field("resumed_from_step", int, None),
+    #: how often the launcher restarted the job after the infrastructure ended it, and the optimizer
+    #: steps those ends cost (trained again from the checkpoint before each): ddlkit.launch.restarts
+    Field("restarts", int, None),
+    Field("steps_lost", int, None),
     Field("accumulate_batches", int, None),
     Field("clip_grad_norm", float, None, "{:.4g}"),
     #: why the run ended before its last epoch: monitor, reason, epoch, step

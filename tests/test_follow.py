@@ -50,7 +50,9 @@ class StubTarget(ComputeTarget):
 
 def job(tmp_path: Path, target: ComputeTarget) -> PreparedJob:
     spec = JobSpec(name="2026-01-01_00-00-00", job_dir=tmp_path)
-    return PreparedJob(spec, target, redacted_config={"logger": {"jsonl": {}}, "compute": {"name": "stub"}},
+    # following and concluding one run of a job: the restart policy has its own tests (tests/jobs/test_restart_policy.py)
+    return PreparedJob(spec, target, redacted_config={"logger": {"jsonl": {}}, "compute": {"name": "stub"},
+                                                      "restart": {"max_restarts": 0}},
                        overrides=("trainer.epochs=2", "hydra.run.dir=old/dir", "model=resnet50"))
 
 

@@ -32,6 +32,7 @@ class LocalTarget(ComputeTarget):
     status_interval_s = 0.05
     shares_job_dir = True
     ranks_share_environment = True
+    default_max_restarts = 0
 
     def submit(self, spec: JobSpec) -> JobHandle:
         # the launcher's own environment (same machine, same user) plus what the job asks for

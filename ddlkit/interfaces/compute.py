@@ -151,6 +151,10 @@ class ComputeTarget(ABC):
     #: whether ranks run in the launcher's own job directory (a local disk or a shared file
     #: system): then the launcher checks ``trainer.resume`` before submitting, and collect() is a no-op
     shares_job_dir: ClassVar[bool] = False
+    #: how many times the launcher restarts a job of this target that the infrastructure ended
+    #: (``restart.max_restarts``, when the user sets none): a cluster loses nodes and preempts
+    #: them; a process on the user's own machine that was killed was most likely killed on purpose
+    default_max_restarts: ClassVar[int] = 3
 
     @property
     def ranks_share_environment(self) -> bool:

@@ -17,23 +17,27 @@ import signal
 import sys
 import threading
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, TextIO
 
 from ..checkpoint import latest_checkpoint
 from ..errors import DdlkitError, JobFailedError
 from ..interfaces import JobHandle, JobState, JobStatus
-from ..jobdir import EXIT_CONFIG_ERROR, EXIT_PREEMPTED, RESULT_FILE
+from ..jobdir import EXIT_CONFIG_ERROR, EXIT_PREEMPTED, RESTARTS_ENV, RESULT_FILE, STEPS_LOST_ENV
 from .jobs import index
 from .prepare import PreparedJob
+from .restarts import RestartPolicy, classify
 
 
-def submit(job: PreparedJob, *, detach: bool = False) -> JobHandle:
-    """Submit the job and record it, so that ``ddlkit jobs`` finds it from any shell."""
+def submit(job: PreparedJob, *, detach: bool = False, restart: dict[str, object] | None = None) -> JobHandle:
+    """Submit the job and record it, so that ``ddlkit jobs`` finds it from any shell; ``restart``:
+    this submission restarts the job, for the reason the entry gives (added to its record)."""
     handle = job.compute.submit(job.spec)
     if detach:
         handle.detach()
-    index.record(job.spec.name, job.spec.job_dir, str(job.redacted_config["compute"]["name"]), handle.id, detached=detach)
+    index.record(job.spec.name, job.spec.job_dir, str(job.redacted_config["compute"]["name"]), handle.id,
+                 detached=detach, restart=restart)
     return handle
 
 
@@ -159,20 +163,27 @@ def conclude(handle: JobHandle, status: JobStatus, *, job_dir: Path, name: str,
              resume_hint: str, out: TextIO) -> dict[str, Any]:
     """After the job ended: :func:`settle` it, and return ``result.json`` (or raise
     :class:`JobFailedError` with what went wrong and how to resume)."""
-    status = settle(handle, status, job_dir)
+    return outcome(settle(handle, status, job_dir), job_dir=job_dir, name=name, resume_hint=resume_hint, out=out)
+
+
+def outcome(status: JobStatus, *, job_dir: Path, name: str, resume_hint: str, out: TextIO,
+            note: str = "") -> dict[str, Any]:
+    """A settled job's ``result.json``, or :class:`JobFailedError` with what went wrong, ``note``
+    (why it was not restarted) and how to resume."""
     if status.state is JobState.SUCCEEDED:
         result_path = Path(job_dir) / RESULT_FILE
         result = json.loads(result_path.read_text())
         out.write(f"ddlkit: done; result in {result_path}\n")
         return result
+    noted = f" ({note})" if note else ""
     if status.exit_code == EXIT_PREEMPTED:
         saved = "after saving a checkpoint" if latest_checkpoint(job_dir) is not None else "before its first checkpoint"
-        raise JobFailedError(f"job {name} stopped {saved}; {resume_hint}", exit_code=EXIT_PREEMPTED)
+        raise JobFailedError(f"job {name} stopped {saved}{noted}; {resume_hint}", exit_code=EXIT_PREEMPTED)
     # a rank's config error (a model.target that does not import, a model of the wrong kind) is
     # fixed in the command, so the same command would only fail again
     resume = resumable(status, job_dir) and status.exit_code != EXIT_CONFIG_ERROR
     hint = f"\n  {resume_hint}" if resume else ""
-    raise JobFailedError(f"job {name} {status.state.value}: {status.message}{hint}",
+    raise JobFailedError(f"job {name} {status.state.value}{noted}: {status.message}{hint}",
                          exit_code=status.exit_code if status.exit_code and status.exit_code > 0 else 1)
 
 
@@ -192,6 +203,30 @@ def run_job(job: PreparedJob, *, out: TextIO | None = None, live: bool | None = 
                   f"  or: ddlkit jobs status|logs|cancel {spec.name}\n")
         out.flush()
         return None
-    status = follow(handle, out=out, progress_bar=live and "console" in job.redacted_config.get("logger", {}))
-    assert status is not None
-    return conclude(handle, status, job_dir=spec.job_dir, name=spec.name, resume_hint=job.resume_hint, out=out)
+    progress_bar = live and "console" in job.redacted_config.get("logger", {})
+    policy = restart_policy(job, out)
+    while True:
+        status = follow(handle, out=out, progress_bar=progress_bar)
+        assert status is not None
+        status = settle(handle, status, spec.job_dir)
+        verdict = classify(status)
+        if not policy.allows(verdict):
+            break
+        try:
+            entry = policy.before_restart(verdict, status, spec.job_dir, job.redacted_config["trainer"]["resume"])
+        except KeyboardInterrupt:
+            out.write("\nddlkit: interrupted before the restart\n")
+            break
+        restarted = replace(spec, env={**spec.env, RESTARTS_ENV: str(policy.done),
+                                       STEPS_LOST_ENV: str(policy.steps_lost)})
+        handle = submit(replace(job, spec=restarted), restart=entry)
+    note = "" if status.state is JobState.SUCCEEDED or not policy.max_restarts else policy.why_not(verdict)
+    return outcome(status, job_dir=spec.job_dir, name=spec.name, resume_hint=job.resume_hint, out=out, note=note)
+
+
+def restart_policy(job: PreparedJob, out: TextIO) -> RestartPolicy:
+    """``restart.max_restarts`` (or the target's default) and ``restart.backoff_s`` for this job."""
+    options = job.redacted_config.get("restart") or {}
+    most = options.get("max_restarts")
+    return RestartPolicy(job.compute.default_max_restarts if most is None else int(most),
+                         float(options.get("backoff_s", 10.0)), out)

@@ -64,7 +64,8 @@ def _selected(cfg: DictConfig, registry: Registry, compute: ComputeTarget) -> It
         hp, name = HOOK_POINTS[group], entry.registration.name
         if hp.per_framework:
             continue
-        yield compute if group == "compute" else registry.create(group, name, cfg[group][name] if hp.multi else cfg[group])
+        node = cfg[group][name] if hp.multi else cfg[group]
+        yield compute if group == "compute" else registry.create(group, name, node)
 
 
 def _check_distributed(cfg: DictConfig, compute: ComputeTarget, registry: Registry) -> None:

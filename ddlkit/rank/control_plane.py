@@ -26,7 +26,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from ..errors import RunError
+from ..errors import RankLostError, RunError
 
 #: ``host:port`` where rank 0 listens for the other ranks' control connections
 CONTROL_ADDR_ENV = "DDLKIT_CONTROL_ADDR"
@@ -137,8 +137,8 @@ class ControlPlane:
                     sock, _ = server.accept()
                 except TimeoutError:
                     missing = sorted(set(range(1, world_size)) - set(peers))
-                    raise RunError(f"ranks {missing} did not join within the dist timeout; they failed to start "
-                                   "(see their logs) or cannot reach rank 0", component="dist") from None
+                    raise RankLostError(f"ranks {missing} did not join within the dist timeout; they failed to "
+                                        "start (see their logs) or cannot reach rank 0") from None
                 sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
                 # a rank says hello at once; a stray connection that does not may not hold up the job
                 sock.settimeout(min(10.0, max(0.01, deadline - time.monotonic())))
@@ -217,12 +217,12 @@ class ControlPlane:
         try:
             message = self._inbox[peer].get(timeout=self.timeout_s)
         except queue.Empty:
-            raise RunError(f"rank {peer} did not reach `{op}` within {self.timeout_s:.0f} s (dist.timeout_s): "
-                           f"{self._about(peer)}", component="dist") from None
+            raise RankLostError(f"rank {peer} did not reach `{op}` within {self.timeout_s:.0f} s (dist.timeout_s): "
+                                f"{self._about(peer)}") from None
         if message is None:
             self._inbox[peer].put(None)  # the connection stays closed for the next collective too
-            raise RunError(f"rank {peer} left the job during `{op}` (its connection closed): it failed or was "
-                           f"stopped; see its log", component="dist")
+            raise RankLostError(f"rank {peer} left the job during `{op}` (its connection closed): it failed or was "
+                                "stopped; see its log")
         if "error" in message:
             raise RunError(f"rank {peer}: {message['error']}", component="dist")
         return message

@@ -11,6 +11,7 @@ publishing it (:mod:`.results`), the start-up phases (:mod:`.phases`).
 from __future__ import annotations
 
 import math
+import os
 import time
 import warnings
 from collections.abc import Callable, Iterable, Mapping
@@ -23,6 +24,7 @@ from ..callbacks import load as load_callbacks
 from ..checkpoint import BEST, CHECKPOINT_DIR
 from ..config import check_one_global_batch
 from ..errors import RunError
+from ..jobdir import RESTARTS_ENV, STEPS_LOST_ENV
 from ..interfaces import DataSource, Framework, Loader, Logger, RunState, Shard, StorageBackend
 from ..interfaces.run import LoadFn, SaveFn
 from ..monitor import EarlyStopping, Watch
@@ -371,6 +373,8 @@ class Run:
             "peak_lr": self.schedule.peak_lr,
             "wall_time_s": round(time.time() - self.started, 3),
             "resumed_from_step": self.resumed_at.step if self.resumed_at else None,
+            "restarts": int(os.environ.get(RESTARTS_ENV) or 0),
+            "steps_lost": int(os.environ.get(STEPS_LOST_ENV) or 0),
             "accumulate_batches": self.accumulate,
             "clip_grad_norm": t.clip_grad_norm or None,
             # why the run ended before its last epoch, or None

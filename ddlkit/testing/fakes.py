@@ -16,6 +16,8 @@ neither torch nor TensorFlow, so tests of the core and of non-framework plugins 
 from __future__ import annotations
 
 import json
+import os
+import signal
 import time
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
@@ -26,6 +28,7 @@ from ..atomic import atomic_path
 from ..errors import ConfigError
 from ..hookspecs import hookimpl
 from ..interfaces import ComputeTarget, Framework, Logger, StorageBackend
+from ..jobdir import RESTARTS_ENV
 from ..registry import Registration
 
 if TYPE_CHECKING:
@@ -46,6 +49,11 @@ class FakeFrameworkConfig:
     side: int = 4
     # raise RuntimeError at this global step (0 = never): drives the failure paths in tests
     fail_at_step: int = 0
+    # rank kill_rank kills itself with SIGKILL at this global step (0 = never), in a job's first run
+    # only (every run with kill_every_run): a lost rank or node, for the restart policy's tests
+    kill_at_step: int = 0
+    kill_rank: int = 0
+    kill_every_run: bool = False
     # seconds each step sleeps: a job that lasts, to attach to, cancel or interrupt in tests
     step_delay_s: float = 0.0
     # modules the ranks' environment must have (as Horovod for dist=horovod): check_environment's path in tests
@@ -113,6 +121,10 @@ class FakeFramework(Framework):
         def step(micro_batches: list[Any], lr: float) -> float:
             if self.cfg.fail_at_step and run.state.step + 1 == self.cfg.fail_at_step:
                 raise RuntimeError(f"fake framework failure at step {run.state.step + 1}")
+            if (self.cfg.kill_at_step and run.state.step + 1 == self.cfg.kill_at_step
+                    and run.dist.rank == self.cfg.kill_rank
+                    and (self.cfg.kill_every_run or not os.environ.get(RESTARTS_ENV))):
+                os.kill(os.getpid(), signal.SIGKILL)
             if self.cfg.step_delay_s:
                 time.sleep(self.cfg.step_delay_s)
             # the mean loss of equal micro-batches is the mean over their union: one batch of all

@@ -305,7 +305,7 @@ def test_a_stopped_rank_is_reported_while_waiting_and_named_when_the_wait_fails(
     out = collect(*start_ranks(2, _waits_for_rank_1, plane=plane), ranks=[0])
     kind, error = out[0]
     assert kind == "error"
-    assert re.fullmatch(rf"RunError: rank 1 did not reach `any` within 6 s \(dist.timeout_s\): rank 1 stopped "
+    assert re.fullmatch(rf"RankLostError: rank 1 did not reach `any` within 6 s \(dist.timeout_s\): rank 1 stopped "
                         rf"answering at step {STOPPED_AT}, [6-9] s ago \(its process is stopped or hung, or its "
                         r"host or the network is\)", error), error
     warnings = (tmp_path / "rank-0.err").read_text().splitlines()

@@ -15,6 +15,7 @@ records) and hold nothing secret.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import socket
@@ -22,13 +23,13 @@ import sys
 import tempfile
 import time
 from collections.abc import Iterator
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ...atomic import write_json
 from ...compute.state import STATE_DIR_ENV, state_dir
-from ...errors import ConfigError
+from ...errors import ConfigError, DdlkitError
 from ...interfaces import JobHandle, JobState, JobStatus
 from ...jobdir import JOB_FILE, SUBMISSION_FILE, rank_log
 
@@ -77,6 +78,9 @@ class Submission:
     detached: bool = False
     #: the target's explanation of the end (which rank failed, its last lines)
     message: str = ""
+    #: the restarts after the infrastructure ended the job (ddlkit.launch.restarts): cause, step
+    #: reached, step resumed from, steps lost; this submission is the last one
+    restarts: list[dict[str, Any]] = field(default_factory=list)
 
     @property
     def path(self) -> Path:
@@ -142,10 +146,16 @@ class EndedJob(JobHandle):
         return self.status()
 
 
-def record(name: str, job_dir: Path, target: str, job_id: str, *, detached: bool = False) -> Submission:
-    """Record a job that was just submitted: in its job directory and in the index."""
+def record(name: str, job_dir: Path, target: str, job_id: str, *, detached: bool = False,
+           restart: dict[str, Any] | None = None) -> Submission:
+    """Record a job that was just submitted: in its job directory and in the index. ``restart``: it
+    was submitted again after the infrastructure ended it; the earlier restarts stay in the record."""
+    earlier: list[dict[str, Any]] = []
+    if restart is not None:
+        with contextlib.suppress(DdlkitError):
+            earlier = load(job_dir).restarts
     sub = Submission(name, str(Path(job_dir).resolve()), target, job_id, time.time(), socket.gethostname(),
-                     detached=detached)
+                     detached=detached, restarts=[*earlier, restart] if restart is not None else [])
     sub.save()
     try:
         write_json(_index_dir() / f"{name}.json", {"name": name, "job_dir": sub.job_dir, "target": target,

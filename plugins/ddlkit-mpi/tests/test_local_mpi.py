@@ -291,9 +291,9 @@ def _rank_process(job_dir: Path, module: str, rank: int) -> int | None:
 @needs_mpirun
 @pytest.mark.parametrize(("module", "sig", "headline"), [
     ("ddlkit_mpi.rank", signal.SIGKILL, "rank 1 was killed by signal SIGKILL first; rank 0 (node 0) failed waiting "
-                                        "for it, with exit status 1; last lines of "),
+                                        "for it, with exit status 76; last lines of "),
     ("ddlkit.rank.worker", signal.SIGSTOP, "rank 1 stopped answering first; rank 0 (node 0) failed waiting for it, with "
-                                      "exit status 1; last lines of "),
+                                      "exit status 76; last lines of "),
 ], ids=["wrapper-killed", "worker-stopped"])
 def test_the_headline_names_the_rank_that_failed_first_not_the_one_that_waited(
         module: str, sig: signal.Signals, headline: str, tmp_path: Path) -> None:
@@ -304,7 +304,7 @@ def test_the_headline_names_the_rank_that_failed_first_not_the_one_that_waited(
     launcher = subprocess.Popen([sys.executable, "-m", "ddlkit", "framework=fake", "compute=local_mpi",
                                  "compute.procs_per_node=2", "dist=native", "framework.step_delay_s=0.2",
                                  "data.length=6400", "dist.timeout_s=5", "dist.warn_after_s=2",
-                                 f"hydra.run.dir={job_dir}"], cwd=tmp_path, env=env, text=True,
+                                 "restart.max_restarts=0", f"hydra.run.dir={job_dir}"], cwd=tmp_path, env=env, text=True,
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     try:
         log = job_dir / "rank-0.log"
@@ -316,6 +316,6 @@ def test_the_headline_names_the_rank_that_failed_first_not_the_one_that_waited(
         _, stderr = launcher.communicate(timeout=90)
     finally:
         launcher.kill()
-    assert launcher.returncode == 1, stderr
+    assert launcher.returncode == 76, stderr  # EXIT_LOST_PEER: rank 0 stopped because rank 1 was lost
     assert stderr.startswith(f"ddlkit: error: job {job_dir.parent.name}_job-"), stderr
     assert f" failed: {headline}{job_dir / 'rank-0.log'}:\n" in stderr, stderr

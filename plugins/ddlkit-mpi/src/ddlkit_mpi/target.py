@@ -123,8 +123,8 @@ def _cmdline(pid: int) -> list[str]:
 
 
 # ---------------------------------------------------------------------------- the job
-#: a rank's error when a peer it waited for in a collective stopped answering or left (ddlkit.rank.distributed)
-_PEER_FAILED = re.compile(r"RunError: rank (\d+) (did not reach|left the job)")
+#: a rank's error when a peer it waited for in a collective stopped answering or left (ddlkit.rank.control_plane)
+_PEER_FAILED = re.compile(rf"{ddlkit.RankLostError.__name__}: rank (\d+) (did not reach|left the job)")
 #: OpenMPI's account of a rank it saw end by a signal
 _MPIRUN_NOTICED = re.compile(r"mpirun noticed that process rank (\d+) .* exited on signal (\d+)")
 
