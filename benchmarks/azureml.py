@@ -5,6 +5,12 @@
   framework=fake ...`` (the real CLI: interpreter start-up, composing, validating, importing the
   SDK, the workspace and cluster checks, the code upload) to the loopback receiving the job's PUT,
   and to the CLI's return; baseline in the same rounds: the same command with ``compute=local``.
+  **with a code snapshot** (a package of 50 files, 5 MB, in the launch directory, named by
+  ``data.target``): the same to the job accepted, the first submission of a tree (the snapshot
+  uploaded) and a second one of the same tree (nothing of it uploaded: counted as the blobs under
+  the snapshots' folder that are new or have a new ETag), against the same command with
+  ``data=synthetic`` (nothing shipped); each round changes one file, so its first submission is
+  a new snapshot. Every job is waited for before the next submission, and must succeed.
   In-process, warm: ``AzureMLTarget.submit`` against a hand-written minimal SDK submission
   (``MLClient.jobs.create_or_update(command(...))`` of the same code directory and image), and the
   REST calls each makes;
@@ -36,7 +42,7 @@ from pathlib import Path
 
 from _common import summary, write_result
 from ddlkit.jobdir import JOB_FILE
-from ddlkit_azure.testing.azureml import LoopbackWorkspace
+from ddlkit_azure.testing.azureml import DEFAULT_DATASTORE, LoopbackWorkspace
 from ddlkit_azure.testing.loopback import (
     CREDENTIAL_ENV,
     LoopbackServer,
@@ -48,6 +54,14 @@ from ddlkit_azure.testing import start_azurite, stop_azurite
 
 FAKE = ("framework=fake", "compute.image=docker.io/ddlkit/fake:bench-cpu", "data.image_size=8", "data.length=32",
         "data.val_length=8", "data.num_classes=4", "trainer.batch_size=4", "trainer.epochs=1")
+#: the code snapshot's package: its data module, and 48 more files that make it 50 files, 5 MB
+USER_DATA = ("import numpy as np\n\n\ndef samples(split, n=32):\n"
+             "    rng = np.random.default_rng(0 if split == 'train' else 1)\n"
+             "    return rng.uniform(0, 1, (n, 8, 8, 3)).astype('float32'), rng.integers(0, 4, n)\n")
+SNAPSHOT_FILES, SNAPSHOT_BYTES = 50, 5_000_000
+CUSTOM = ("framework=fake", "compute.image=docker.io/ddlkit/fake:bench-cpu", "data=custom",
+          "data.target=my_pkg.data:samples", "data.num_classes=4", "data.image_size=8", "trainer.batch_size=4",
+          "trainer.epochs=1")
 TICKS = "import time\nfor i in range({n}):\n    print('tick', i, flush=True); time.sleep(0.5)"
 
 
@@ -74,6 +88,48 @@ def cli_submission(base: Path, ws: LoopbackWorkspace, i: int) -> dict[str, float
                     f"hydra.run.dir={base / f'cli-local-{i}'}"], check=True, capture_output=True, cwd=base)
     local_s = time.monotonic() - t0
     return {"azureml_cli_returned_s": azureml_s, "azureml_job_accepted_s": accepted_s, "local_cli_returned_s": local_s}
+
+
+def user_package(project: Path) -> None:
+    """``my_pkg`` in ``project``: its data module, and files of random bytes up to SNAPSHOT_FILES
+    files of SNAPSHOT_BYTES in all (what a package with its vocabularies or small weights is)."""
+    package = project / "my_pkg"
+    (package / "assets").mkdir(parents=True)
+    (package / "__init__.py").write_text("")
+    (package / "data.py").write_text(USER_DATA)
+    rest = SNAPSHOT_FILES - 2
+    for i in range(rest):
+        (package / "assets" / f"part_{i:02d}.bin").write_bytes(os.urandom(SNAPSHOT_BYTES // rest))
+
+
+def snapshot_blobs(ws: LoopbackWorkspace) -> dict[str, str]:
+    container = ws._service().get_container_client(ws.datastores[DEFAULT_DATASTORE])
+    return {blob.name: blob.etag for blob in container.list_blobs(name_starts_with="ddlkit-code/")}
+
+
+def snapshot_submission(base: Path, ws: LoopbackWorkspace, i: int) -> dict[str, float]:
+    """``ddlkit --detach`` to the job accepted with the package's snapshot (a new tree, then the same
+    tree again) and without one; how many of the snapshot's blobs each upload wrote."""
+    project = base / "project"
+    if not project.exists():
+        user_package(project)
+    (project / "my_pkg" / "__init__.py").write_text(f"ROUND = {i}\n")  # a new tree: a new snapshot
+    row: dict[str, float] = {}
+    for key, overrides in (("first_with_snapshot", CUSTOM), ("second_with_snapshot", CUSTOM),
+                           ("without_snapshot", FAKE)):
+        seen, before = len(job_puts(ws.server)), snapshot_blobs(ws)
+        job_dir = base / f"snapshot-{key}-{i}"
+        t0_wall, t0 = time.time(), time.monotonic()
+        subprocess.run([sys.executable, "-m", "ddlkit", "--detach", *workspace_args(ws), *overrides,
+                        f"hydra.run.dir={job_dir}"], check=True, capture_output=True, cwd=project)
+        row[f"{key}_cli_returned_s"] = time.monotonic() - t0
+        put = job_puts(ws.server)[seen]
+        row[f"{key}_job_accepted_s"] = put.time - t0_wall
+        after = snapshot_blobs(ws)
+        row[f"{key}_blobs_uploaded"] = sum(1 for name, tag in after.items() if before.get(name) != tag)
+        job = ws.wait(put.path.rsplit("/", 1)[-1])
+        assert job.state == "Completed", (key, job.states, job.error)
+    return row
 
 
 def target(ws: LoopbackWorkspace, **changes: object):
@@ -197,6 +253,7 @@ def main() -> None:
                 os.environ.update(ws.environment)
                 os.environ.update({"DDLKIT_PLUGINS": "ddlkit.testing.fakes", "DDLKIT_STATE_DIR": str(base / "state")})
                 cli = [cli_submission(base, ws, i) for i in range(args.rounds)]
+                snapshot = [snapshot_submission(base, ws, i) for i in range(args.rounds)]
                 inproc = [in_process_submission(base, ws, i) for i in range(args.rounds)]
                 follow = follow_ddlkit(base, ws, args.follow_s)
                 stream = follow_sdk_stream(base, ws, args.follow_s)
@@ -210,6 +267,8 @@ def main() -> None:
                     f"{__import__('importlib.metadata').metadata.version('azure-ai-ml')}, HTTPS on 127.0.0.1, "
                     f"blob traffic via the intercepting proxy to Azurite (hosts: {', '.join(proxied)})",
         "submission_cli": {k: med(cli, k) for k in cli[0]},
+        "submission_cli_code_snapshot": {"snapshot": f"{SNAPSHOT_FILES} files, {SNAPSHOT_BYTES / 1e6:g} MB",
+                                         **{k: med(snapshot, k) for k in snapshot[0]}},
         "submission_in_process": {k: med(inproc, k) for k in inproc[0]},
         "following": {"ddlkit": follow, "sdk_jobs_stream": stream,
                       "ratio_sdk_over_ddlkit": stream["requests_per_job_minute"] / follow["requests_per_job_minute"]},

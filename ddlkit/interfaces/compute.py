@@ -83,6 +83,10 @@ class JobSpec:
     #: environment that is secret (storage keys, SAS tokens, API keys, the config's secrets):
     #: the target passes it through its secret channel, never writes it to a file or a log
     secret_env: Mapping[str, str] = field(default_factory=dict)
+    #: the digest of the code snapshot the job ships (``code/``, listed in ``code.json``; see
+    #: :mod:`ddlkit.compute.snapshot`), None when it ships none. The same tree has the same digest:
+    #: a target that uploads code may keep one copy per digest and upload an unchanged tree once
+    code_digest: str | None = None
 
     @property
     def job_file(self) -> Path:

@@ -166,7 +166,8 @@ def prepare(cfg: DictConfig, *, job_dir: Path, overrides: Sequence[str], registr
     rank_env, secret_env = job_environment(cfg, pm, {**code_env, **(env or {})})
     if secrets:
         secret_env[secret_store.SECRETS_ENV] = secret_store.encode(secrets)
-    spec = JobSpec(name=name, job_dir=job_dir, env=rank_env, secret_env=secret_env)
+    spec = JobSpec(name=name, job_dir=job_dir, env=rank_env, secret_env=secret_env,
+                   code_digest=snapshot.digest if snapshot is not None else None)
     return PreparedJob(spec, compute, redacted, tuple(overrides), tuple(secret_store.redact_overrides(launch)))
 
 

@@ -310,7 +310,8 @@ class DdlkitSweep:
         command that runs it alone, and what its compute target would do."""
         code_env, snapshot = prepare.user_code(cfg, target, output_dir)
         env, secret_env = prepare.job_environment(cfg, self.pm, code_env)
-        spec = JobSpec(name=prepare.job_name(output_dir), job_dir=output_dir, env=env, secret_env=secret_env)
+        spec = JobSpec(name=prepare.job_name(output_dir), job_dir=output_dir, env=env, secret_env=secret_env,
+                       code_digest=snapshot.digest if snapshot is not None else None)
         command = job_command(secret_store.redact_overrides(overrides), output_dir, launch)
         code = f"      code: {_code_line(snapshot)}\n" if snapshot is not None else ""
         needs = (f"      where the ranks run: {problem} (not needed here: compute={cfg.compute.name}'s ranks "

@@ -4,6 +4,7 @@ and the loopback HTTPS kit (:mod:`ddlkit_azure.testing.loopback`) for the servic
 from __future__ import annotations
 
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -68,3 +69,35 @@ def azureml_workspace(https_loopback: LoopbackServer, azurite: Azurite, azure_cl
         # MLClient records the cloud it chose in the process's environment
         monkeypatch.setenv("AZUREML_CURRENT_CLOUD", "AzureCloud")
         yield workspace
+
+
+@dataclass
+class UserProject:
+    """A launch directory holding a researcher's own data package, ``my_pkg``, that exists nowhere
+    else: a job reaches it only as the code snapshot of this directory."""
+
+    root: Path
+    #: what trains on it: 8x8 images of 4 classes from my_pkg.data:samples, an epoch of n / 8 steps
+    overrides: tuple[str, ...] = ("data=custom", "data.target=my_pkg.data:samples", "data.num_classes=4",
+                                  "data.image_size=8", "trainer.batch_size=8", "trainer.epochs=1")
+
+    def write(self, n: int = 32) -> None:
+        """The package, its function making ``n`` samples per split by default."""
+        (self.root / "my_pkg").mkdir(parents=True, exist_ok=True)
+        (self.root / "my_pkg" / "__init__.py").write_text("")
+        (self.root / "my_pkg" / "data.py").write_text(self.data_module(n))
+
+    @staticmethod
+    def data_module(n: int) -> str:
+        return ("import numpy as np\n\n\n"
+                f"def samples(split, n={n}):\n"
+                "    rng = np.random.default_rng(0 if split == 'train' else 1)\n"
+                "    return rng.uniform(0, 1, (n, 8, 8, 3)).astype('float32'), rng.integers(0, 4, n)\n")
+
+
+@pytest.fixture
+def user_project(tmp_path: Path) -> UserProject:
+    """``tmp_path/project`` with ``my_pkg`` (32 samples per split)."""
+    project = UserProject(tmp_path / "project")
+    project.write()
+    return project

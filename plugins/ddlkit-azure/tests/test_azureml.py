@@ -3,15 +3,19 @@ and the workspace's refusals, through the real azure-ai-ml SDK against the loopb
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
+import shlex
 import subprocess
 import sys
 import textwrap
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
+from ddlkit_azure._azureml import place_snapshot
 from ddlkit_azure.azureml import AzureMLConfig, AzureMLTarget
 from ddlkit_azure.testing.azureml import LoopbackWorkspace
 from ddlkit_azure.testing.loopback import LoopbackServer, Response, error_body
@@ -19,9 +23,13 @@ from omegaconf import OmegaConf
 
 import ddlkit
 from ddlkit.compute.containers import default_image
+from ddlkit.compute.snapshot import CodeSnapshot
 from ddlkit.interfaces import JOB_FILE, JobHandle, JobSpec, JobState
 from ddlkit.plugins import get_plugin_manager
 from ddlkit.registry import Registry
+
+if TYPE_CHECKING:
+    from conftest import UserProject
 
 SECRET = "sv=2026-01-01&sig=AZUREMLtestSECRET%3D"
 WORKSPACE = {"subscription_id": "sub-x", "resource_group": "rg-x", "workspace": "ws-x", "cluster": "gpu-cluster"}
@@ -136,6 +144,56 @@ def test_an_azureml_data_root_is_an_input_of_the_job(tmp_path: Path, storage: st
     assert 'export DDLKIT_DATA_ROOT="${{inputs.data}}"' in job["command"]
 
 
+DIGEST = "0123456789abcdef" * 4
+
+
+def test_a_code_snapshot_is_an_input_at_its_digest_put_into_the_job_directory(tmp_path: Path) -> None:
+    t = target(code_root="azureml://datastores/code_store/paths/team/snapshots/")
+    text = t.plan(dataclasses.replace(spec(tmp_path), code_digest=DIGEST))
+    request, body = text.split("\n{", 1)
+    job = json.loads("{" + body)["properties"]
+    uri = f"azureml://datastores/code_store/paths/team/snapshots/{DIGEST}/"
+    assert job["inputs"] == {"code": {"jobInputType": "uri_folder", "mode": "Download", "uri": uri}}
+    assert f"# code snapshot: {uri}, the input code (uploaded there unless its code.json is there already" in request
+    assert job["command"].index('code="${{inputs.code}}"') < job["command"].index('cd "$out"')
+    # a job that ships no snapshot has no such input
+    _, plain = planned(target(), tmp_path)
+    assert "inputs" not in plain or "code" not in plain["inputs"]
+    assert "inputs.code" not in plain["command"]
+
+
+def test_every_process_puts_the_snapshot_into_the_job_directory_in_one_piece(tmp_path: Path) -> None:
+    """The command's lines, run by four processes at once (POSIX sh) into a job directory that an
+    earlier run left another snapshot in: the new snapshot, exactly, and nothing half-written."""
+    source, out = tmp_path / "input", tmp_path / "out"
+    files = {"code/my_pkg/__init__.py": "", "code/my_pkg/nets.py": "x = 2\n" * 5000,
+             "code/my pkg data/a b.txt": "spaces\n", "code.json": '{"digest": "new"}'}
+    earlier = {"code/my_pkg/nets.py": "x = 1\n", "code/my_pkg/stale.py": "", "code.json": '{"digest": "old"}',
+               "result.json": "{}"}
+    for root, tree in ((source, files), (out, earlier)):
+        for rel, text in tree.items():
+            (root / rel).parent.mkdir(parents=True, exist_ok=True)
+            (root / rel).write_text(text)
+    script = "\n".join(["set -e", f"out={shlex.quote(str(out))}",
+                        *place_snapshot()]).replace("${{inputs.code}}", str(source))
+    runs = [subprocess.Popen(["sh", "-c", script], stderr=subprocess.PIPE, text=True) for _ in range(4)]
+    assert [(run.wait(timeout=60), run.stderr.read()) for run in runs] == [(0, "")] * 4
+    placed = {p.relative_to(out).as_posix(): p.read_text() for p in out.rglob("*") if p.is_file()}
+    assert placed == {**files, "result.json": "{}"}
+    # once in place, nothing is copied again
+    (out / "code" / "my_pkg" / "nets.py").write_text("x = 3\n")
+    subprocess.run(["sh", "-c", script], check=True)
+    assert (out / "code" / "my_pkg" / "nets.py").read_text() == "x = 3\n"
+
+
+@pytest.mark.parametrize("root", ["azureml://datastores/workspaceblobstore", "https://acct.blob.core.windows.net/c",
+                                  "azureml://subscriptions/s/resourcegroups/r/workspaces/w/datastores/d/paths/p"])
+def test_code_root_must_be_a_datastore_path(root: str) -> None:
+    with pytest.raises(ddlkit.ConfigError, match=r"compute.code_root=.* must be a datastore URI of the form "
+                                                 r"azureml://datastores/<datastore>/paths/<path>"):
+        target(code_root=root)
+
+
 def test_the_image_is_ddlkits_for_the_framework_unless_given(tmp_path: Path) -> None:
     assert target(framework="tensorflow").image() == default_image("tensorflow")
     assert target(framework="keras", gpu=False).image() == default_image("keras", gpu=False)
@@ -224,6 +282,18 @@ def test_a_missing_resource_group_or_subscription_is_named(azureml_workspace: Lo
                                                            where: dict, message: str) -> None:
     with pytest.raises(ddlkit.ConfigError, match=re.escape(message)):
         on(azureml_workspace, **where).submit(spec(tmp_path))
+    assert not azureml_workspace.jobs
+
+
+def test_a_code_root_on_a_datastore_the_workspace_lacks_is_named(azureml_workspace: LoopbackWorkspace,
+                                                                 tmp_path: Path) -> None:
+    job = spec(tmp_path)
+    (job.job_dir / "code").mkdir(parents=True)
+    (job.job_dir / "code.json").write_text("{}")
+    with pytest.raises(ddlkit.ConfigError) as info:
+        on(azureml_workspace, code_root="azureml://datastores/nowhere/paths/code").submit(
+            dataclasses.replace(job, code_digest=DIGEST))
+    assert str(info.value).startswith("reading datastore nowhere (compute.code_root): Azure ML answered 404:")
     assert not azureml_workspace.jobs
 
 
@@ -350,3 +420,16 @@ def test_composing_an_azureml_run_does_not_import_the_sdk(tmp_path: Path) -> Non
     imported = [line.rsplit("|", 1)[-1].strip() for line in proc.stderr.splitlines() if "|" in line]
     assert "ddlkit_azure.azureml" in imported
     assert not [m for m in imported if m.startswith(("azure.ai", "azure.identity", "azure.core"))]
+
+
+def test_plan_lists_the_code_snapshot_and_names_where_it_goes(user_project: UserProject, tmp_path: Path) -> None:
+    proc = ddlkit_cli("plan", "compute=azureml", *(f"compute.{k}={v}" for k, v in WORKSPACE.items()),
+                      *user_project.overrides, f"hydra.run.dir={tmp_path / 'job'}", cwd=user_project.root)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    snapshot = CodeSnapshot.take(user_project.root, max_bytes=10**6)
+    assert (f"code: a snapshot of the launch directory ships with the job ({snapshot.describe()}): "
+            "my_pkg/__init__.py, my_pkg/data.py") in proc.stdout
+    uri = f"azureml://datastores/workspaceblobstore/paths/ddlkit-code/{snapshot.digest}/"
+    assert f"# code snapshot: {uri}, the input code" in proc.stdout
+    assert f'"uri": "{uri}"' in proc.stdout
+    assert not (tmp_path / "job").exists()  # a plan uploads and writes nothing

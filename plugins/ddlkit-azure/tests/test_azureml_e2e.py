@@ -14,14 +14,18 @@ import signal
 import subprocess
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
-from ddlkit_azure.testing.azureml import BLOB_HOST, LoopbackWorkspace
+from ddlkit_azure.testing.azureml import BLOB_HOST, DEFAULT_DATASTORE, LoopbackWorkspace
 from ddlkit_azure.testing.loopback import LoopbackServer
 from ddlkit_azure.testing import Azurite
 
 from ddlkit.compute.containers import default_image
 from ddlkit.testing import wait_for
+
+if TYPE_CHECKING:
+    from conftest import UserProject
 
 pytestmark = pytest.mark.slow
 
@@ -227,3 +231,58 @@ def test_running_the_same_job_directory_again_resumes_from_its_output(azureml_wo
     first_job, second_job = (r.body["properties"] for r in azureml_workspace.server.requests("PUT", r".*/jobs/[^/]+"))
     assert first_job["outputs"] == second_job["outputs"]
     assert len(azureml_workspace.jobs) == 2
+
+
+
+def snapshot_blobs(workspace: LoopbackWorkspace) -> dict[str, str]:
+    """Every blob under the code snapshots' folder of the default datastore, with its ETag (which
+    each upload of the blob changes)."""
+    container = workspace._service().get_container_client(workspace.datastores[DEFAULT_DATASTORE])
+    return {blob.name: blob.etag for blob in container.list_blobs(name_starts_with="ddlkit-code/")}
+
+
+def test_a_package_only_in_the_launch_directory_reaches_the_job_as_a_snapshot_uploaded_once(
+        azureml_workspace: LoopbackWorkspace, user_project: UserProject, tmp_path: Path,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("DDLKIT_PLUGINS", "ddlkit.testing.fakes")
+
+    def train(job_dir: Path, *more: str) -> dict:
+        run = ddlkit(*workspace_args(azureml_workspace, *more), *FAKE[:2], *user_project.overrides,
+                     f"hydra.run.dir={job_dir}", cwd=user_project.root)
+        assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+        return json.loads((job_dir / "result.json").read_text())
+
+    first = tmp_path / "runs" / "first"
+    assert train(first)["steps"] == 4
+    digest = json.loads((first / "code.json").read_text())["digest"]
+    where = f"ddlkit-code/{digest}"
+    # the snapshot went to the datastore, at its digest, and the job read it from there as an input
+    uploaded = snapshot_blobs(azureml_workspace)
+    assert sorted(uploaded) == [f"{where}/code.json", f"{where}/code/my_pkg/__init__.py",
+                                f"{where}/code/my_pkg/data.py"]
+    job = job_put(azureml_workspace.server)
+    assert job["inputs"]["code"] == {"jobInputType": "uri_folder", "mode": "Download",
+                                     "uri": f"azureml://datastores/workspaceblobstore/paths/{where}/"}
+    assert "DDLKIT_LAUNCH_DIR" not in job["environmentVariables"]
+    # on the service's side, the job's directory held the snapshot beside job.json
+    (ran,) = azureml_workspace.jobs.values()
+    remote = ran.workdir / "attempt-1" / "outputs" / "job_dir"
+    assert (remote / "code" / "my_pkg" / "data.py").read_text() == user_project.data_module(32)
+    assert json.loads((remote / "code.json").read_text())["digest"] == digest
+
+    # the same tree again, on two nodes (two processes put it into the job's directory at once):
+    # nothing of the snapshot is uploaded (every blob keeps its ETag)
+    second = train(tmp_path / "runs" / "second", "compute.nodes=2", "dist=native")
+    assert (second["world_size"], second["steps"]) == (2, 2)
+    assert snapshot_blobs(azureml_workspace) == uploaded
+
+    # changed code is a new snapshot, uploaded, and it is what the job runs
+    user_project.write(n=48)
+    third = tmp_path / "runs" / "third"
+    assert train(third)["steps"] == 6
+    changed = json.loads((third / "code.json").read_text())["digest"]
+    now = snapshot_blobs(azureml_workspace)
+    assert {name: tag for name, tag in now.items() if name.startswith(where)} == uploaded
+    assert sorted(name for name in now if not name.startswith(where)) == [
+        f"ddlkit-code/{changed}/code.json", f"ddlkit-code/{changed}/code/my_pkg/__init__.py",
+        f"ddlkit-code/{changed}/code/my_pkg/data.py"]

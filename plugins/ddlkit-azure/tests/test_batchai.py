@@ -17,12 +17,15 @@ import shutil
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import ddlkit
 import pytest
 from ddlkit import ConfigError, JobState
 from ddlkit.testing import RunFactory, wait_for
+from ddlkit.compute.snapshot import CodeSnapshot
 from ddlkit.testing.contracts import ComputeTargetContract
 
 from ddlkit_azure.batchai import (
@@ -35,8 +38,11 @@ from ddlkit_azure.batchai import (
     vm_has_local_disk,
 )
 from ddlkit_azure.batchai_client import ACCOUNT_KEY_ENV, Service
-from ddlkit_azure.testing.batchai import FILES_KEY, BatchAILoopback, schema_errors
+from ddlkit_azure.testing.batchai import FILES_ACCOUNT, FILES_KEY, BatchAILoopback, schema_errors
 from ddlkit_azure.testing.loopback import LoopbackServer
+
+if TYPE_CHECKING:
+    from conftest import UserProject
 
 SUB, RG, WS = "00000000-0000-0000-0000-0000000000c1", "ddlkit-rg", "ddlkit-ws"
 ARM = rf"/subscriptions/{SUB}/resourceGroups/{RG}/providers/Microsoft\.BatchAI/workspaces/{WS}"
@@ -214,6 +220,60 @@ def test_a_job_runs_and_a_second_reuses_everything(batchai: BatchAILoopback, ssh
                           job_dir=tmp_path / "third")
     one_line_error(changed, "cluster ddlkit exists with other settings", "vm_size is Standard_D4_v2",
                    "compute.cluster.vm_size=Standard_D8_v3", "compute down")
+
+
+@pytest.mark.slow
+def test_a_package_only_in_the_launch_directory_reaches_the_job_as_a_snapshot_uploaded_once(
+        batchai: BatchAILoopback, ssh_key: Path, user_project: UserProject, tmp_path: Path) -> None:
+    run = RunFactory(user_project.root)
+    args = cli_args(batchai, ssh_key, FAKE_IMAGE, *user_project.overrides)
+    share = batchai.share_dir(FILES_ACCOUNT, "share")
+
+    def uploads(digest: str) -> list[str]:
+        """The files of the snapshot the launcher created on the share (Azure Files' Create File)."""
+        return sorted(r.path.split(f"/ddlkit/code/{digest}/", 1)[1] for r in batchai.server.requests(
+            "PUT", rf"/{FILES_ACCOUNT}/share/ddlkit/code/{digest}/.*") if not r.query)
+
+    first = run(*args, job_dir=tmp_path / "runs" / "first").assert_success()
+    assert first.result["steps"] == 4
+    digest = json.loads((first.job_dir / "code.json").read_text())["digest"]
+    assert uploads(digest) == ["code.json", "code/my_pkg/__init__.py", "code/my_pkg/data.py"]
+    assert (share / "ddlkit" / "code" / digest / "code" / "my_pkg" / "data.py").read_text() == \
+        user_project.data_module(32)
+    # the job's folder on the share holds the job's files but not the snapshot; its preparation
+    # copied the snapshot into the job's directory, beside job.json, where the ranks ran
+    (job_folder,) = (share / "ddlkit" / "jobs").iterdir()
+    assert (job_folder / "job.json").is_file() and not (job_folder / "code").exists()
+    (ran,) = [p.parent for p in share.rglob("job.json") if (p.parent / "result.json").is_file()]
+    assert (ran / "code" / "my_pkg" / "data.py").read_text() == user_project.data_module(32)
+    assert json.loads((ran / "code.json").read_text())["digest"] == digest
+
+    # the same tree again: asked for (HEAD of its code.json), and not uploaded
+    batchai.server.clear()
+    second = run(*args, job_dir=tmp_path / "runs" / "second").assert_success()
+    assert second.result["steps"] == 4
+    assert uploads(digest) == []
+    assert [r.method for r in batchai.server.requests(path=rf"/{FILES_ACCOUNT}/share/ddlkit/code/.*")] == ["HEAD"]
+
+    # changed code is a new snapshot, uploaded, and it is what the job runs
+    user_project.write(n=48)
+    third = run(*args, job_dir=tmp_path / "runs" / "third").assert_success()
+    assert third.result["steps"] == 6
+    changed = json.loads((third.job_dir / "code.json").read_text())["digest"]
+    assert changed != digest
+    assert uploads(changed) == ["code.json", "code/my_pkg/__init__.py", "code/my_pkg/data.py"]
+
+
+def test_plan_names_where_the_code_snapshot_goes(batchai: BatchAILoopback, ssh_key: Path,
+                                                 user_project: UserProject, tmp_path: Path) -> None:
+    out = RunFactory(user_project.root).cli("plan", *cli_args(batchai, ssh_key, FAKE_IMAGE, *user_project.overrides),
+                                            f"hydra.run.dir={tmp_path / 'job'}").assert_success()
+    digest = CodeSnapshot.take(user_project.root, max_bytes=10**6).digest
+    folder = f"{batchai.share_url}/ddlkit/code/{digest}"
+    assert "code: a snapshot of the launch directory ships with the job (2 files" in out.stdout
+    assert f"HEAD {folder}/code.json" in out.stdout and f"PUT {folder}/..." in out.stdout
+    assert f'cp -a \\"$AZ_BATCHAI_MOUNT_ROOT/azfiles/ddlkit/code/{digest}/.\\" \\"$out/\\"' in out.stdout
+    assert batchai.server.requests() == [], "ddlkit plan sent a request"
 
 
 @pytest.mark.slow

@@ -22,6 +22,7 @@ import tempfile
 import time
 import uuid
 from collections.abc import Iterator, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -45,8 +46,8 @@ from azure.core.exceptions import (
 
 import ddlkit
 from ddlkit.interfaces import JobHandle, JobSpec, JobState, JobStatus
-from ddlkit.jobdir import (CONFIG_FILE, ENVIRONMENT_FILE, EXIT_COMPLETED, EXIT_FAILED, EXIT_PREEMPTED, JOB_FILE,
-                           OVERRIDES_FILE, STATE_DIR, rank_log)
+from ddlkit.jobdir import (CODE_DIR, CODE_FILE, CONFIG_FILE, ENVIRONMENT_FILE, EXIT_COMPLETED, EXIT_FAILED,
+                           EXIT_PREEMPTED, JOB_FILE, OVERRIDES_FILE, STATE_DIR, rank_log)
 from ddlkit.redact import REDACTED, scrub
 
 from .arm import SIGN_IN, error_code, management_credential, missing_scope
@@ -66,6 +67,12 @@ LAUNCHER_FILES = (JOB_FILE, CONFIG_FILE, OVERRIDES_FILE, ENVIRONMENT_FILE)
 OUTPUT = "job_dir"
 #: the job's input that holds the data (when data.root is a datastore URI)
 DATA_INPUT = "data"
+#: the job's input that holds its code snapshot (``code/`` and ``code.json``, as in the job directory)
+CODE_INPUT = "code"
+#: files of a code snapshot uploaded at once
+UPLOAD_WORKERS = 8
+#: in the name of a file a process of the job is still writing (never part of a snapshot's files)
+PARTIAL = ".ddlkit-partial"
 #: where the job's copy of job.json reads data.root from (the input's path on the node)
 DATA_ROOT_ENV = "DDLKIT_DATA_ROOT"
 #: Azure ML's job states (run history's) -> ddlkit's
@@ -108,8 +115,10 @@ def job_command(target: AzureMLTarget, spec: JobSpec, files: list[str]) -> str:
         # every process of the job does this, into the same directory: each file is replaced in
         # one step, so no process reads a file another is writing
         f'for f in {copy}; do cp "$f" "$out/.$f.$(hostname).$$" && mv -f "$out/.$f.$(hostname).$$" "$out/$f"; done',
-        'cd "$out"',
     ]
+    if spec.code_digest:
+        lines += place_snapshot()
+    lines.append('cd "$out"')
     if target.data_input:
         lines.append(f'export {DATA_ROOT_ENV}="${{{{inputs.{DATA_INPUT}}}}}"')
     kind = distribution_kind(target)
@@ -123,6 +132,29 @@ def job_command(target: AzureMLTarget, spec: JobSpec, files: list[str]) -> str:
         lines.append(f'export DDLKIT_LOCAL_SIZE={int(target.cfg.procs_per_node)} DDLKIT_NODE="${{NODE_RANK:-0}}"')
     lines.append("exec " + shlex.join(spec.command("python")))
     return "\n".join(lines)
+
+
+def place_snapshot() -> list[str]:
+    """The command's lines that put the code snapshot (the ``code`` input) into the job's directory,
+    so that the worker finds ``code/`` beside ``job.json``. Every process of the job runs them, into
+    the same directory: each file is replaced in one step (no process imports a file another is
+    writing); files an earlier run of the job directory left there that this snapshot does not have
+    are removed; ``code.json`` comes last, and once it matches, a process (a later one, or the job
+    queued again after a preemption) has nothing to do."""
+    # $0: the job's directory; the arguments: the snapshot's files, relative to its input
+    put = (f'for f; do d="$0/${{f%/*}}"; t="$d/.${{f##*/}}{PARTIAL}.$(hostname).$$"; '
+           'mkdir -p "$d" && cp "$f" "$t" && mv -f "$t" "$0/$f" || exit 1; done')
+    # $0: the snapshot; the arguments: the files in the job's directory
+    drop = 'for f; do [ -e "$0/$f" ] || rm -f "$f"; done'
+    partial = f'"$out/.{CODE_FILE}{PARTIAL}.$(hostname).$$"'
+    return [
+        f'code="${{{{inputs.{CODE_INPUT}}}}}"',
+        f'if ! cmp -s "$code/{CODE_FILE}" "$out/{CODE_FILE}"; then',
+        f'  (cd "$code" && find {CODE_DIR} -type f -exec sh -c {shlex.quote(put)} "$out" {{}} +)',
+        f'  (cd "$out" && find {CODE_DIR} -type f ! -name "*{PARTIAL}*" -exec sh -c {shlex.quote(drop)} "$code" {{}} +)',
+        f'  cp "$code/{CODE_FILE}" {partial} && mv -f {partial} "$out/{CODE_FILE}"',
+        'fi',
+    ]
 
 
 def distribution_kind(target: AzureMLTarget) -> str | None:
@@ -146,6 +178,9 @@ def build_job(target: AzureMLTarget, spec: JobSpec, *, code: str, files: list[st
                     MpiDistribution(process_count_per_instance=cfg.procs_per_node) if kind == "mpi" else None)
     inputs = ({DATA_INPUT: Input(type="uri_folder", path=target.data_input, mode=target.input_mode)}
               if target.data_input else {})
+    if spec.code_digest:
+        # downloaded: each node's processes read it from the node's own disk
+        inputs[CODE_INPUT] = Input(type="uri_folder", path=target.snapshot_uri(spec.code_digest), mode="download")
     outputs = {OUTPUT: Output(type="uri_folder", mode="rw_mount", path=f"{str(cfg.output_root).rstrip('/')}/{spec.name}/")}
     return command(
         name=name, display_name=spec.name, experiment_name=cfg.experiment, tags={"ddlkit_job": spec.name},
@@ -190,8 +225,12 @@ def plan(target: AzureMLTarget, spec: JobSpec) -> str:
     body = to_rest_job_object(job).as_dict()
     body.pop("name", None)
     text = json.dumps(body, indent=2, sort_keys=True)
+    snapshot = (f"# code snapshot: {target.snapshot_uri(spec.code_digest)}, the input {CODE_INPUT} (uploaded there "
+                f"unless its {CODE_FILE} is there already: once per content digest), put into the job's directory "
+                f"as {CODE_DIR}/ by the command\n" if spec.code_digest else "")
     return (f"PUT {_ARM}{arm}/jobs/{name}\n"
             f"# code: {', '.join(files)} from {spec.job_dir}, uploaded to the workspace's default datastore\n"
+            f"{snapshot}"
             f"# environment: {target.image()} (an anonymous environment version)\n"
             f"{scrub(text, spec.secret_env)}")
 
@@ -280,8 +319,52 @@ class Workspace:
                 f"compute.nodes, or raise the cluster's maximum (az ml compute update --name {c.cluster} "
                 f"--max-instances {c.nodes}).")
 
+    def upload_snapshot(self, target: AzureMLTarget, spec: JobSpec) -> None:
+        """The job's code snapshot (``code/`` and ``code.json`` of its directory) to
+        ``<compute.code_root>/<digest>/``, unless that digest's ``code.json`` is there: it is
+        uploaded last, so its presence says every file before it arrived. The same route as the
+        SDK's uploads of a job's local inputs: the datastore's own credential (a SAS it issues, or
+        the signed-in identity for an identity-based datastore)."""
+        from azure.ai.ml._artifacts._artifact_utilities import get_datastore_info
+        from azure.storage.blob import BlobServiceClient
+
+        uri = target.snapshot_uri(str(spec.code_digest))
+        datastore, prefix = target.code_datastore, target.snapshot_path(str(spec.code_digest))
+        with self.errors(f"reading datastore {datastore} (compute.code_root)", spec.secret_env):
+            info = get_datastore_info(self.client.datastores, datastore)
+        kind = info["storage_type"]  # the SDK's DatastoreType, a str
+        if kind != "AzureBlob":
+            raise ddlkit.ConfigError(f"compute.code_root={target.cfg.code_root} names datastore {datastore}, of type "
+                                     f"{getattr(kind, 'value', kind)}: code snapshots go to a blob datastore, e.g. "
+                                     "azureml://datastores/workspaceblobstore/paths/ddlkit-code.")
+        container = BlobServiceClient(account_url=info["account_url"], credential=info["credential"]) \
+            .get_container_client(info["container_name"])
+        files = [p.relative_to(spec.job_dir).as_posix() for p in sorted((spec.job_dir / CODE_DIR).rglob("*"))
+                 if p.is_file()]
+
+        def put(rel: str) -> None:
+            with open(spec.job_dir / rel, "rb") as f:
+                container.upload_blob(f"{prefix}/{rel}", f, overwrite=True)
+
+        try:
+            if container.get_blob_client(f"{prefix}/{CODE_FILE}").exists():
+                return
+            with ThreadPoolExecutor(UPLOAD_WORKERS) as pool:
+                list(pool.map(put, files))
+            put(CODE_FILE)
+        except HttpResponseError as err:
+            raise ddlkit.ConfigError(
+                f"uploading the code snapshot to {uri}: the datastore's storage answered {err.status_code}: "
+                f"{_first_line(err, spec.secret_env)} (writing needs the datastore's credential, or for an "
+                "identity-based datastore the 'Storage Blob Data Contributor' role on its storage account).") from None
+        except ServiceRequestError as err:
+            raise ddlkit.ConfigError(f"uploading the code snapshot to {uri}: cannot reach the datastore's storage "
+                                     f"({_first_line(err, spec.secret_env)}).") from None
+
     def submit(self, target: AzureMLTarget, spec: JobSpec) -> AzureMLJob:
         self.check_cluster()
+        if spec.code_digest:
+            self.upload_snapshot(target, spec)
         name = azureml_job_name(spec)
         with tempfile.TemporaryDirectory(prefix="ddlkit-azureml-") as tmp:
             code = Path(tmp) / "job"
@@ -487,8 +570,10 @@ class AzureMLJob(JobHandle):
             if source.is_dir():
                 for path in sorted(source.rglob("*")):
                     rel = path.relative_to(source)
-                    # the launcher's own files stay; the job's bookkeeping (its lock) stays there
-                    if rel.parts[0] == STATE_DIR or len(rel.parts) == 1 and rel.name in LAUNCHER_FILES:
+                    # the launcher's own files (its job files, its code snapshot) stay; the job's
+                    # bookkeeping (its lock) stays there
+                    if rel.parts[0] in (STATE_DIR, CODE_DIR) or len(rel.parts) == 1 and rel.name in (
+                            *LAUNCHER_FILES, CODE_FILE):
                         continue
                     if path.is_file():
                         (self.job_dir / rel).parent.mkdir(parents=True, exist_ok=True)

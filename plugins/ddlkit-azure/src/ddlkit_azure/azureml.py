@@ -4,6 +4,12 @@ What a job is there (the request ``ddlkit plan compute=azureml ...`` prints):
 
 * **code**: the job directory's own files (``job.json`` and the config copies), uploaded by the
   SDK to the workspace's default datastore as an anonymous code asset;
+* **the researcher's code**, when the job ships a snapshot of the launch directory (``code/`` and
+  ``code.json``, :mod:`ddlkit.compute.snapshot`): an input ``code``, downloaded to each node, of
+  ``<compute.code_root>/<digest>/`` -- uploaded there by ddlkit unless that digest's ``code.json``
+  (written last) is there already, so an unchanged tree is uploaded once per workspace, not with
+  every job. The command puts it into the job's directory (``code/`` beside ``job.json``), where
+  the worker finds it;
 * **environment**: ``compute.image``, by default ddlkit's image for the framework at ddlkit's
   version (:func:`ddlkit.compute.containers.default_image`);
 * **resources**: ``instance_count = compute.nodes`` on ``compute.cluster``; the **distribution**
@@ -52,6 +58,8 @@ if TYPE_CHECKING:
 REQUIRED = {"subscription_id": "the workspace's Azure subscription id", "resource_group": "its resource group",
             "workspace": "the Azure ML workspace's name", "cluster": "the compute cluster that runs the job"}
 _DATASTORE_URI = re.compile(r"^azureml://")
+#: a path on a datastore of the workspace, in its short form: (datastore, path)
+DATASTORE_PATH = re.compile(r"^azureml://datastores/(?P<datastore>[^/]+)/paths/(?P<path>[^?#]*)$")
 _URL = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")
 
 
@@ -86,6 +94,9 @@ class AzureMLConfig:
     input_mode: InputMode = InputMode.auto
     # where the jobs' directories live in the workspace: <output_root>/<job name>/
     output_root: str = "azureml://datastores/workspaceblobstore/paths/ddlkit"
+    # where code snapshots of the launch directory are kept, one per content digest: <code_root>/<digest>/
+    # (a blob datastore; an unchanged tree is uploaded once)
+    code_root: str = "azureml://datastores/workspaceblobstore/paths/ddlkit-code"
     # rank 0's rendezvous port for MPI jobs (ddlkit's control plane uses the next one)
     master_port: int = checked(29500, Rule(lambda v: 0 < v < 65535, "a port below 65535"))
     # seconds between looks at the job (its state, its log); each look is one or two REST calls
@@ -120,6 +131,13 @@ class AzureMLTarget(ddlkit.ComputeTarget):
         if not _DATASTORE_URI.match(str(cfg.output_root)):
             raise ddlkit.ConfigError(f"compute.output_root={cfg.output_root} must be a datastore URI, e.g. "
                                      "azureml://datastores/workspaceblobstore/paths/ddlkit.")
+        code_root = DATASTORE_PATH.match(str(cfg.code_root))
+        if code_root is None:
+            raise ddlkit.ConfigError(f"compute.code_root={cfg.code_root} must be a datastore URI of the form "
+                                     "azureml://datastores/<datastore>/paths/<path>, e.g. "
+                                     "azureml://datastores/workspaceblobstore/paths/ddlkit-code.")
+        #: where code snapshots are kept: a datastore, and a path in it
+        self.code_datastore, self.code_path = code_root["datastore"], code_root["path"].strip("/")
         self.status_interval_s = float(cfg.poll_interval_s)
         self._workspace: Workspace | None = None
 
@@ -139,6 +157,14 @@ class AzureMLTarget(ddlkit.ComputeTarget):
         """``data.root`` when it is a datastore URI: the job's ``data`` input."""
         root = self.cfg.data_root
         return str(root) if root and _DATASTORE_URI.match(str(root)) else None
+
+    def snapshot_uri(self, digest: str) -> str:
+        """Where the code snapshot with ``digest`` is kept: ``<compute.code_root>/<digest>/``."""
+        return f"{str(self.cfg.code_root).rstrip('/')}/{digest}/"
+
+    def snapshot_path(self, digest: str) -> str:
+        """:meth:`snapshot_uri`'s path in :attr:`code_datastore`."""
+        return f"{self.code_path}/{digest}".lstrip("/")
 
     def image(self) -> str:
         if self.cfg.image:

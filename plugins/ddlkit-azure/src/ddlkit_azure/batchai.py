@@ -15,8 +15,10 @@ What a job does, in order (:mod:`ddlkit_azure.batchai_client` sends the requests
    file server by a staging job on the cluster, verified against the manifest; the job is named
    after the manifest's digest, so a later job with the same dataset finds it done and skips it;
 3. the job directory goes to the Azure Files share the cluster mounts (the job's input
-   directory ``JOB``); the job's preparation step copies it into the job's output directory
-   ``JOB``, where every rank runs: the service's ``mpirun`` (custom MPI settings, with the host
+   directory ``JOB``), but its code snapshot (``code/`` and ``code.json``), which goes to a folder
+   of its own named after its digest, ``<file_share.directory>/code/<digest>/``, once: a later job
+   with the same tree finds its ``code.json`` (uploaded last) there and uploads nothing of it; the
+   job's preparation step copies both into the job's output directory ``JOB``, where every rank runs: the service's ``mpirun`` (custom MPI settings, with the host
    file it provides) starts ``python -m ddlkit_mpi.rank ... -- python -m ddlkit.rank.worker job.json``
    on every rank of ``nodes x procs_per_node``, in the framework's image;
 4. the handle follows the job (``GET`` at ``compute.poll_interval_s``), streams ``stdout.txt``

@@ -46,7 +46,7 @@ from ddlkit import ConfigError, JobSpec, RunError
 from ddlkit.atomic import atomic_path, write_json
 from ddlkit.compute.containers import default_image
 from ddlkit.compute.state import state_dir
-from ddlkit.jobdir import CANCEL_FILE, STATE_DIR
+from ddlkit.jobdir import CANCEL_FILE, CODE_DIR, CODE_FILE, STATE_DIR
 from ddlkit.redact import REDACTED, is_secret_key, scrub
 
 from .arm import first_line, management_credential, missing_scope, signed_in
@@ -62,11 +62,14 @@ from .ranged import bytes_from, range_header
 
 #: the account key of the Azure Files share, when compute.file_share.account_key_file is not set
 ACCOUNT_KEY_ENV = "AZURE_STORAGE_KEY"
-#: the ranks' command runs in the job's output directory, copied from its input directory once per job
-#: (the first node to make the marker directory copies; the others wait for it)
+#: the ranks' command runs in the job's output directory, copied from its input directory (and the
+#: job's code snapshot from its folder on the share, ``{snapshot}``) once per job (the first node to
+#: make the marker directory copies; the others wait for it)
 PREPARE = ('out="$AZ_BATCHAI_OUTPUT_{id}"; mkdir -p "$out/{state}"; '
-           'if mkdir "$out/{state}/copy" 2>/dev/null; then cp -a "$AZ_BATCHAI_INPUT_{id}/." "$out/" '
+           'if mkdir "$out/{state}/copy" 2>/dev/null; then cp -a "$AZ_BATCHAI_INPUT_{id}/." "$out/"{snapshot} '
            '&& touch "$out/{state}/copied"; else while [ ! -e "$out/{state}/copied" ]; do sleep 1; done; fi')
+#: the folder of the share (below compute.file_share.directory) that keeps the code snapshots, one per digest
+SNAPSHOTS = "code"
 #: what the ranks need to find rank 0: the first host of the service's MPI host file
 RENDEZVOUS = ('export MASTER_ADDR="$(awk \'NF && $1 !~ /^#/ {{print $1; exit}}\' "$AZ_BATCHAI_MPI_HOST_FILE")" '
               'MASTER_PORT={port} PYTHONUNBUFFERED=1; export DDLKIT_CONTROL_ADDR="$MASTER_ADDR:{control}"; '
@@ -549,10 +552,16 @@ class Service:
         # that program is a shell (the node's variables are expanded there, on each rank)
         command = shlex.join(["bash", "-c", script])
         job_dir = posixpath.join(self.mount(c.file_share.mount_path), self.job_folder(name))
+        snapshot = ""
+        if spec.code_digest:
+            # the snapshot's folder holds code/ and code.json, as the job directory does
+            folder = posixpath.join(self.mount(c.file_share.mount_path), self.snapshot_folder(spec.code_digest))
+            snapshot = f' && cp -a "{folder}/." "$out/"'
         return m.JobCreateParameters(
             **self._base_job(cluster, c.nodes),
             custom_mpi_settings=m.CustomMpiSettings(command_line=command, process_count=c.nodes * c.procs_per_node),
-            job_preparation=m.JobPreparation(command_line=PREPARE.format(id=JOB_DIRECTORY_ID, state=STATE_DIR)),
+            job_preparation=m.JobPreparation(command_line=PREPARE.format(id=JOB_DIRECTORY_ID, state=STATE_DIR,
+                                                                         snapshot=snapshot)),
             input_directories=[m.InputDirectory(id=JOB_DIRECTORY_ID, path=job_dir)],
             output_directories=[m.OutputDirectory(id=JOB_DIRECTORY_ID, path_prefix=self.mount(c.file_share.mount_path),
                                                   path_suffix="job")],
@@ -561,6 +570,10 @@ class Service:
 
     def job_folder(self, name: str) -> str:
         return posixpath.join(self.cfg.file_share.directory.strip("/"), "jobs", name)
+
+    def snapshot_folder(self, digest: str) -> str:
+        """Where the code snapshot with ``digest`` is kept on the share, for every job that ships it."""
+        return posixpath.join(self.cfg.file_share.directory.strip("/"), SNAPSHOTS, digest)
 
     def free_job_name(self, base: str) -> str:
         """The job's name, or ``<name>-rN`` for a re-run of the same job directory (a Batch AI job
@@ -573,7 +586,8 @@ class Service:
         return name
 
     def upload_job_dir(self, spec: JobSpec, name: str) -> None:
-        """The job directory (but the launcher's ``STATE_DIR``) to ``<share>/<directory>/jobs/<name>/``."""
+        """The job directory to ``<share>/<directory>/jobs/<name>/``: all but the launcher's
+        ``STATE_DIR`` and the code snapshot, which has a folder of its own (:meth:`upload_snapshot`)."""
         folder = self.job_folder(name)
         if self.planning:
             self.recorded.append(Recorded("PUT", f"{self.cfg.file_share.url.rstrip('/')}/{folder}/...", None,
@@ -581,18 +595,47 @@ class Service:
                                           "environment.json, and checkpoints of a resumed job), file by file"))
             return
         files = [p for p in sorted(Path(spec.job_dir).rglob("*"))
-                 if p.is_file() and p.relative_to(spec.job_dir).parts[0] != STATE_DIR]
+                 if p.is_file() and p.relative_to(spec.job_dir).parts[0] not in (STATE_DIR, CODE_DIR, CODE_FILE)]
+        self._upload(spec.job_dir, files, folder, "the job directory")
+
+    def upload_snapshot(self, spec: JobSpec) -> None:
+        """The job's code snapshot (``code/`` and ``code.json`` of its directory) to
+        ``<share>/<directory>/code/<digest>/``, unless that digest's ``code.json`` is there: it is
+        uploaded last, so its presence says every file before it arrived, and an unchanged tree
+        is uploaded once. The job's preparation copies it into the job's directory."""
+        folder = self.snapshot_folder(str(spec.code_digest))
+        url = f"{self.cfg.file_share.url.rstrip('/')}/{folder}"
+        if self.planning:
+            self.recorded += [
+                Recorded("HEAD", f"{url}/{CODE_FILE}", None, "Azure Files: is the job's code snapshot there already? "
+                         f"(then nothing of it is uploaded; its {CODE_FILE} is uploaded last)"),
+                Recorded("PUT", f"{url}/...", None, f"Azure Files: the code snapshot, when it is not there: "
+                         f"{CODE_DIR}/ file by file, then {CODE_FILE}")]
+            return
+        share = self.share.client(self.account_key())
+        try:
+            if share.get_file_client(posixpath.join(folder, CODE_FILE)).exists():
+                return
+        except HttpResponseError as err:
+            raise ConfigError(f"looking for the code snapshot at {url}: {scrub(first_line(err), self._secrets)} "
+                              "(check the share and its account key).") from None
+        code = Path(spec.job_dir) / CODE_DIR
+        self._upload(spec.job_dir, [*(p for p in sorted(code.rglob("*")) if p.is_file()),
+                                    Path(spec.job_dir) / CODE_FILE], folder, "the code snapshot")
+
+    def _upload(self, root: Path, files: Sequence[Path], folder: str, what: str) -> None:
+        """``files`` (below ``root``) to ``folder`` of the share, at their paths relative to ``root``, in order."""
         share = self.share.client(self.account_key())
         try:
             made: set[str] = set()
             for path in files:
-                rel = path.relative_to(spec.job_dir).as_posix()
+                rel = path.relative_to(root).as_posix()
                 directory = posixpath.dirname(posixpath.join(folder, rel))
                 self._make_directories(share, directory, made)
                 with open(path, "rb") as f:
                     share.get_file_client(posixpath.join(folder, rel)).upload_file(f)
         except HttpResponseError as err:
-            raise ConfigError(f"uploading the job directory to {self.cfg.file_share.url}/{folder}: "
+            raise ConfigError(f"uploading {what} to {self.cfg.file_share.url}/{folder}: "
                               f"{scrub(first_line(err), self._secrets)} (check the share and its account key).") from None
 
     @staticmethod
@@ -613,6 +656,8 @@ class Service:
             self.stage(cluster)
         name = self.free_job_name(spec.name)
         self._secrets.update({f"env:{k}": v for k, v in spec.secret_env.items()})
+        if spec.code_digest:
+            self.upload_snapshot(spec)
         self.upload_job_dir(spec, name)
         self._create_job(name, self.job_parameters(spec, name, cluster))
         return name

@@ -15,7 +15,9 @@ Batch AI was retired in 2019; this follows the published REST API
   body that does not fit is 400 ``InvalidRequestContent`` naming what is wrong, and is kept in
   :attr:`BatchAILoopback.invalid`;
 * the Azure Files REST calls ``azure-storage-file-share`` makes to upload files (create
-  directory, create file, put range) and downloads (``GET`` with ``Range``), under
+  directory, create file, put range), to ask whether a file exists (``HEAD``, Get File
+  Properties: 404 ``ResourceNotFound``, or ``ParentNotFound`` without its directory) and downloads
+  (``GET`` with ``Range``), under
   ``/<account>/<share>/...`` (path-style, as for an IP address), on a directory of this machine;
   download links carry a SAS the service issued, and a link it did not issue is refused (403);
   with :attr:`BatchAILoopback.ignore_range` a ranged download is answered 200 with the whole file;
@@ -727,6 +729,13 @@ class BatchAILoopback:
             with open(target, "wb") as f:
                 f.truncate(int(request.headers.get("x-ms-content-length", "0")))
             return Response(201, b"", stamp)
+        if request.method == "HEAD" and request.param("restype") is None:
+            # Get File Properties: the headers alone; 404 names what is missing, the file or its directory
+            if target.is_file():
+                size = str(target.stat().st_size)
+                return Response(200, target.read_bytes(), {**stamp, "x-ms-type": "File", "x-ms-content-length": size})
+            code = "ResourceNotFound" if target.parent.is_dir() else "ParentNotFound"
+            return Response(404, b"", {"x-ms-error-code": code})
         if request.method == "GET" and target.is_file():
             data = target.read_bytes()
             asked = request.headers.get("range") or request.headers.get("x-ms-range")
