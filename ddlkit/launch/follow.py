@@ -220,7 +220,8 @@ def run_job(job: PreparedJob, *, out: TextIO | None = None, live: bool | None = 
         restarted = replace(spec, env={**spec.env, RESTARTS_ENV: str(policy.done),
                                        STEPS_LOST_ENV: str(policy.steps_lost)})
         handle = submit(replace(job, spec=restarted), restart=entry)
-    note = "" if status.state is JobState.SUCCEEDED or not policy.max_restarts else policy.why_not(verdict)
+    # a failure on a target that restarts says why this one was not restarted; a cancel is no failure
+    note = policy.why_not(verdict) if status.state is JobState.FAILED and policy.max_restarts else ""
     return outcome(status, job_dir=spec.job_dir, name=spec.name, resume_hint=job.resume_hint, out=out, note=note)
 
 

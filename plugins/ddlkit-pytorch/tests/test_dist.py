@@ -139,7 +139,8 @@ LONG = [*TRAIN[:6], "data.length=100000", "trainer.epochs=1", "trainer.validate=
 def test_a_killed_rank_stops_the_job_within_seconds_and_is_named(tmp_path: Path) -> None:
     jobs = DistJobs(tmp_path)
     job_dir = tmp_path / "killed"
-    launcher = jobs.start(*LONG, *TWO_RANKS, "dist=native", job_dir=job_dir)
+    # the job's end is the subject: no restart (plugins/ddlkit-mpi/tests/test_restarts.py restarts one)
+    launcher = jobs.start(*LONG, *TWO_RANKS, "dist=native", "restart.max_restarts=0", job_dir=job_dir)
     read_lines_until(launcher, "step 3/", timeout=120)
     victim = worker_pids(job_dir)[1]
     t0 = time.monotonic()
