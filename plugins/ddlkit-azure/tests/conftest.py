@@ -5,8 +5,10 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
+from ddlkit_azure.testing import Azurite
 from ddlkit_azure.testing.azureml import LoopbackWorkspace
 from ddlkit_azure.testing.loopback import (
     CREDENTIAL_ENV,
@@ -16,7 +18,9 @@ from ddlkit_azure.testing.loopback import (
     make_certificate,
     sdk_environment,
 )
-from ddlkit_azure.testing import Azurite
+
+if TYPE_CHECKING:
+    from ddlkit.testing.registry import LoopbackRegistry
 
 pytest_plugins = ["ddlkit.testing", "ddlkit_azure.testing"]
 
@@ -68,3 +72,14 @@ def azureml_workspace(https_loopback: LoopbackServer, azurite: Azurite, azure_cl
         # MLClient records the cloud it chose in the process's environment
         monkeypatch.setenv("AZUREML_CURRENT_CLOUD", "AzureCloud")
         yield workspace
+
+
+@pytest.fixture
+def oci_registry(https_loopback: LoopbackServer, loopback_certificate: Certificate) -> Iterator[LoopbackRegistry]:
+    """A loopback container registry (:mod:`ddlkit.testing.registry`, token auth) on the loopback
+    certificate, which ``https_loopback`` makes the clients trust."""
+    # imported here: importing ddlkit's test kit before pytest loads it as a plugin keeps its asserts unrewritten
+    from ddlkit.testing.registry import LoopbackRegistry
+
+    with LoopbackRegistry((loopback_certificate.cert_file, loopback_certificate.key_file)) as registry:
+        yield registry

@@ -49,6 +49,7 @@ from ddlkit.jobdir import (CONFIG_FILE, ENVIRONMENT_FILE, EXIT_COMPLETED, EXIT_F
                            OVERRIDES_FILE, STATE_DIR, rank_log)
 from ddlkit.redact import REDACTED, scrub
 
+from ._environment import job_environment, workspace_build
 from .arm import SIGN_IN, error_code, management_credential, missing_scope
 from .ranged import bytes_from, range_header
 
@@ -138,8 +139,9 @@ def azureml_job_name(spec: JobSpec) -> str:
     return re.sub(r"[^A-Za-z0-9_-]", "_", f"ddlkit-{spec.name}")[:240] + f"-{uuid.uuid4().hex[:6]}"
 
 
-def build_job(target: AzureMLTarget, spec: JobSpec, *, code: str, files: list[str], name: str,
+def build_job(target: AzureMLTarget, spec: JobSpec, *, code: str, files: list[str], name: str, environment: Any,
               environment_variables: Mapping[str, str]) -> Any:
+    """The command job; ``environment``: an ``Environment`` or an ``azureml:<name>:<version>`` reference."""
     cfg = target.cfg
     kind = distribution_kind(target)
     distribution = (PyTorchDistribution(process_count_per_instance=cfg.procs_per_node) if kind == "pytorch" else
@@ -149,7 +151,7 @@ def build_job(target: AzureMLTarget, spec: JobSpec, *, code: str, files: list[st
     outputs = {OUTPUT: Output(type="uri_folder", mode="rw_mount", path=f"{str(cfg.output_root).rstrip('/')}/{spec.name}/")}
     return command(
         name=name, display_name=spec.name, experiment_name=cfg.experiment, tags={"ddlkit_job": spec.name},
-        code=code, command=job_command(target, spec, files), environment=Environment(image=target.image()),
+        code=code, command=job_command(target, spec, files), environment=environment,
         compute=cfg.cluster, instance_count=cfg.nodes, distribution=distribution, inputs=inputs, outputs=outputs,
         environment_variables={**environment_variables, "PYTHONUNBUFFERED": "1"},
         queue_settings={"job_tier": "Spot"} if cfg.spot else None)
@@ -182,9 +184,16 @@ def plan(target: AzureMLTarget, spec: JobSpec) -> str:
     name = azureml_job_name(spec)[:-6] + "<random>"
     files = list(LAUNCHER_FILES)  # what the launcher writes into the job directory before it submits
     shown = {**spec.env, **dict.fromkeys(spec.secret_env, REDACTED)}
-    job = build_job(target, spec, code=str(spec.job_dir), files=files, name=name, environment_variables=shown)._to_job()
-    environment = job.environment
-    job.environment = f"{arm}/environments/{environment.name}/versions/{environment.version}"
+    build = workspace_build(target)
+    environment = Environment(image=str(cfg.image)) if build is None else build.reference
+    job = build_job(target, spec, code=str(spec.job_dir), files=files, name=name, environment=environment,
+                    environment_variables=shown)._to_job()
+    if build is None:
+        job.environment = f"{arm}/environments/{environment.name}/versions/{environment.version}"
+        about_environment = f"{cfg.image} (an anonymous environment version; its registry is asked for it first)"
+    else:
+        job.environment = f"{arm}/environments/{build.name}/versions/{build.version}"
+        about_environment = build.describe()
     job.code = f"{arm}/codes/<uploaded at submission>/versions/1"
     job.compute = f"{arm}/computes/{cfg.cluster}"
     body = to_rest_job_object(job).as_dict()
@@ -192,7 +201,7 @@ def plan(target: AzureMLTarget, spec: JobSpec) -> str:
     text = json.dumps(body, indent=2, sort_keys=True)
     return (f"PUT {_ARM}{arm}/jobs/{name}\n"
             f"# code: {', '.join(files)} from {spec.job_dir}, uploaded to the workspace's default datastore\n"
-            f"# environment: {target.image()} (an anonymous environment version)\n"
+            f"# environment: {about_environment}\n"
             f"{scrub(text, spec.secret_env)}")
 
 
@@ -282,11 +291,12 @@ class Workspace:
 
     def submit(self, target: AzureMLTarget, spec: JobSpec) -> AzureMLJob:
         self.check_cluster()
+        environment = job_environment(self, target)
         name = azureml_job_name(spec)
         with tempfile.TemporaryDirectory(prefix="ddlkit-azureml-") as tmp:
             code = Path(tmp) / "job"
             files = stage(spec, target, code)
-            job = build_job(target, spec, code=str(code), files=files, name=name,
+            job = build_job(target, spec, code=str(code), files=files, name=name, environment=environment,
                             environment_variables={**spec.env, **spec.secret_env})
             # the SDK prints a colour reset and blank lines to stderr after uploading the code,
             # whatever show_progress says: they would land among the job's output

@@ -4,8 +4,10 @@ What a job is there (the request ``ddlkit plan compute=azureml ...`` prints):
 
 * **code**: the job directory's own files (``job.json`` and the config copies), uploaded by the
   SDK to the workspace's default datastore as an anonymous code asset;
-* **environment**: ``compute.image``, by default ddlkit's image for the framework at ddlkit's
-  version (:func:`ddlkit.compute.containers.default_image`);
+* **environment**: by default ``ddlkit-<framework>-<cpu|cuda>``, built by the workspace from
+  ddlkit's ``docker/Dockerfile`` and this checkout, versioned by the build context's digest: created
+  (the context uploaded) by the first job that finds no such version, reused by every later one
+  (:mod:`ddlkit_azure._environment`); or ``compute.image``, once its registry was asked for it;
 * **resources**: ``instance_count = compute.nodes`` on ``compute.cluster``; the **distribution**
   starts ``compute.procs_per_node`` processes per node: ``PyTorchDistribution`` for
   ``framework=pytorch dist=native`` (Azure ML sets ``MASTER_ADDR``, ``MASTER_PORT``, ``RANK``,
@@ -73,7 +75,8 @@ class AzureMLConfig:
     # nodes of the cluster (instance_count) and ranks per node; the job has nodes x procs_per_node ranks
     nodes: int = checked(1, POSITIVE_INTEGER)
     procs_per_node: int = checked(1, POSITIVE_INTEGER)
-    # the job's Docker image; null: ddlkit's image for the framework at ddlkit's version
+    # the job's Docker image; null: ddlkit's image for the framework, built by the workspace from
+    # ddlkit's docker/Dockerfile (environment ddlkit-<framework>-<cpu|cuda>, once per content)
     image: str | None = None
     # with image=null: the CUDA variant of ddlkit's image (true) or the CPU one (false)
     gpu: bool = True
@@ -139,13 +142,6 @@ class AzureMLTarget(ddlkit.ComputeTarget):
         """``data.root`` when it is a datastore URI: the job's ``data`` input."""
         root = self.cfg.data_root
         return str(root) if root and _DATASTORE_URI.match(str(root)) else None
-
-    def image(self) -> str:
-        if self.cfg.image:
-            return str(self.cfg.image)
-        from ddlkit.compute.containers import default_image
-
-        return default_image(str(self.cfg.framework), gpu=bool(self.cfg.gpu))
 
     @property
     def workspace(self) -> Workspace:
