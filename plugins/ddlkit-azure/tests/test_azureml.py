@@ -394,6 +394,28 @@ def test_collect_waits_for_the_job_record_to_agree_with_run_history(azureml_work
     assert "job record says Finalizing while its run history says Completed: waiting up to 120 s" in said
 
 
+def test_collect_downloads_a_job_whose_record_ends_between_two_reads(azureml_workspace: LoopbackWorkspace,
+                                                                    https_loopback: LoopbackServer,
+                                                                    tmp_path: Path) -> None:
+    """The SDK's download reads the record (still Finalizing) and refuses; ddlkit's own read a moment later
+    finds it Completed: the download is tried again, not given up as refused for another reason."""
+    handle = submitted(azureml_workspace, tmp_path / "job", "open('written-by-the-job.txt', 'w').write('here')")
+    assert handle.wait(timeout=90).state is JobState.SUCCEEDED
+    reads = []
+
+    def lagging_once(r: Request, m: re.Match[str]) -> dict:
+        reads.append(r.path)
+        record = azureml_workspace._get_job(r, m)
+        if len(reads) == 1:
+            record["properties"]["status"] = "Finalizing"
+        return record
+
+    https_loopback.route("GET", ARM_PREFIX + r"/jobs/(?P<name>[^/]+)", lagging_once)
+    handle.collect()
+    assert (tmp_path / "job" / "written-by-the-job.txt").read_text() == "here"
+    assert len(reads) >= 3  # the download's read (Finalizing), ddlkit's (Completed), the download's again
+
+
 def test_collect_says_so_when_the_job_record_never_agrees(azureml_workspace: LoopbackWorkspace,
                                                           tmp_path: Path) -> None:
     azureml_workspace.record_lag_s = 600.0

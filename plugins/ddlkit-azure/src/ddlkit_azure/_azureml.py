@@ -455,7 +455,7 @@ class AzureMLJob(JobHandle):
         job ended: ``jobs.download`` reads the record, and refuses a job it says is still running.
         Waits up to ``settle_s`` for that, a look every poll interval."""
         deadline = time.monotonic() + self.settle_s
-        told = False
+        told = refused_when_ended = False
         while True:
             with self.workspace.errors(f"downloading job {self.id}'s output", self._secrets):
                 try:
@@ -467,7 +467,11 @@ class AzureMLJob(JobHandle):
                     status = self.workspace.client.jobs.get(self.id).status
                     recorded = str(getattr(status, "value", status))
                     if recorded in TERMINAL:
-                        raise  # the SDK refused for another reason
+                        if refused_when_ended:
+                            raise  # the SDK refused for another reason
+                        # the record ended between the download's read of it and this one: once more
+                        refused_when_ended = True
+                        continue
             ended = self.details().status
             if time.monotonic() >= deadline:
                 raise ddlkit.RunError(
