@@ -390,9 +390,10 @@ def test_a_changed_file_of_the_context_is_a_new_environment_version(azureml_work
     submitted(azureml_workspace, tmp_path / "first", "print('one')", gpu=False)
     (first,) = environment_puts(azureml_workspace.server)
     assert first.path.endswith(f"/versions/{image_context('pytorch', gpu=False).digest[:16]}")
-    # what .dockerignore leaves out is no part of it
+    # what .dockerignore leaves out is no part of it: a plugin's tests, the documentation
     (checkout / "plugins" / "ddlkit-pytorch" / "tests").mkdir()
     (checkout / "plugins" / "ddlkit-pytorch" / "tests" / "test_more.py").write_text("assert True\n")
+    (checkout / "README.md").write_text("# ddlkit\n\nan edited README\n")
     submitted(azureml_workspace, tmp_path / "second", "print('two')", gpu=False)
     assert environment_puts(azureml_workspace.server) == [first]
     # what it lets in is
