@@ -13,7 +13,8 @@
   a new snapshot. Every job is waited for before the next submission, and must succeed.
   In-process, warm: ``AzureMLTarget.submit`` against a hand-written minimal SDK submission
   (``MLClient.jobs.create_or_update(command(...))`` of the same code directory and image), and the
-  REST calls each makes;
+  REST calls each makes (apart from them, the requests of ddlkit's image check: the jobs name an
+  image in a loopback registry, ``ddlkit.testing.registry``, which ddlkit asks for it first);
 * **REST calls per job-minute while following**: a job that prints for ``--follow-s`` seconds,
   followed as ``ddlkit`` follows one (``logs(follow=True)``, then ``wait()``) at the default
   ``compute.poll_interval_s``, every request the workspace got counted; baseline: the SDK's own
@@ -52,39 +53,42 @@ from ddlkit_azure.testing.loopback import (
 )
 from ddlkit_azure.testing import start_azurite, stop_azurite
 
-FAKE = ("framework=fake", "compute.image=docker.io/ddlkit/fake:bench-cpu", "data.image_size=8", "data.length=32",
-        "data.val_length=8", "data.num_classes=4", "trainer.batch_size=4", "trainer.epochs=1")
+from ddlkit.testing.registry import LoopbackRegistry
+
+#: the image the jobs name (framework=fake has none of ddlkit's): in the loopback registry, for anyone to pull
+FAKE_REPOSITORY, FAKE_TAG = "ddlkit/fake", "bench-cpu"
+FAKE = ("framework=fake", "data.image_size=8", "data.length=32", "data.val_length=8", "data.num_classes=4",
+        "trainer.batch_size=4", "trainer.epochs=1")
 #: the code snapshot's package: its data module, and 48 more files that make it 50 files, 5 MB
 USER_DATA = ("import numpy as np\n\n\ndef samples(split, n=32):\n"
              "    rng = np.random.default_rng(0 if split == 'train' else 1)\n"
              "    return rng.uniform(0, 1, (n, 8, 8, 3)).astype('float32'), rng.integers(0, 4, n)\n")
 SNAPSHOT_FILES, SNAPSHOT_BYTES = 50, 5_000_000
-CUSTOM = ("framework=fake", "compute.image=docker.io/ddlkit/fake:bench-cpu", "data=custom",
-          "data.target=my_pkg.data:samples", "data.num_classes=4", "data.image_size=8", "trainer.batch_size=4",
-          "trainer.epochs=1")
+CUSTOM = ("framework=fake", "data=custom", "data.target=my_pkg.data:samples", "data.num_classes=4",
+          "data.image_size=8", "trainer.batch_size=4", "trainer.epochs=1")
 TICKS = "import time\nfor i in range({n}):\n    print('tick', i, flush=True); time.sleep(0.5)"
 
 
-def workspace_args(ws: LoopbackWorkspace) -> list[str]:
+def workspace_args(ws: LoopbackWorkspace, image: str) -> list[str]:
     return ["compute=azureml", f"compute.subscription_id={ws.subscription}",
             f"compute.resource_group={ws.resource_group}", f"compute.workspace={ws.workspace}",
-            "compute.cluster=gpu-cluster"]
+            "compute.cluster=gpu-cluster", f"compute.image={image}"]
 
 
 def job_puts(server: LoopbackServer) -> list:
     return server.requests("PUT", r".*/workspaces/[^/]+/jobs/[^/]+")
 
 
-def cli_submission(base: Path, ws: LoopbackWorkspace, i: int) -> dict[str, float]:
+def cli_submission(base: Path, ws: LoopbackWorkspace, image: str, i: int) -> dict[str, float]:
     """Wall time of ``ddlkit --detach`` on both targets; for azureml, also until the job's PUT arrived."""
     seen = len(job_puts(ws.server))
     t0_wall, t0 = time.time(), time.monotonic()
-    subprocess.run([sys.executable, "-m", "ddlkit", "--detach", *workspace_args(ws), *FAKE,
+    subprocess.run([sys.executable, "-m", "ddlkit", "--detach", *workspace_args(ws, image), *FAKE,
                     f"hydra.run.dir={base / f'cli-azureml-{i}'}"], check=True, capture_output=True, cwd=base)
     azureml_s = time.monotonic() - t0
     accepted_s = job_puts(ws.server)[seen].time - t0_wall
     t0 = time.monotonic()
-    subprocess.run([sys.executable, "-m", "ddlkit", "--detach", "compute=local", *FAKE[:1], *FAKE[2:],
+    subprocess.run([sys.executable, "-m", "ddlkit", "--detach", "compute=local", *FAKE,
                     f"hydra.run.dir={base / f'cli-local-{i}'}"], check=True, capture_output=True, cwd=base)
     local_s = time.monotonic() - t0
     return {"azureml_cli_returned_s": azureml_s, "azureml_job_accepted_s": accepted_s, "local_cli_returned_s": local_s}
@@ -107,7 +111,7 @@ def snapshot_blobs(ws: LoopbackWorkspace) -> dict[str, str]:
     return {blob.name: blob.etag for blob in container.list_blobs(name_starts_with="ddlkit-code/")}
 
 
-def snapshot_submission(base: Path, ws: LoopbackWorkspace, i: int) -> dict[str, float]:
+def snapshot_submission(base: Path, ws: LoopbackWorkspace, image: str, i: int) -> dict[str, float]:
     """``ddlkit --detach`` to the job accepted with the package's snapshot (a new tree, then the same
     tree again) and without one; how many of the snapshot's blobs each upload wrote."""
     project = base / "project"
@@ -120,7 +124,7 @@ def snapshot_submission(base: Path, ws: LoopbackWorkspace, i: int) -> dict[str, 
         seen, before = len(job_puts(ws.server)), snapshot_blobs(ws)
         job_dir = base / f"snapshot-{key}-{i}"
         t0_wall, t0 = time.time(), time.monotonic()
-        subprocess.run([sys.executable, "-m", "ddlkit", "--detach", *workspace_args(ws), *overrides,
+        subprocess.run([sys.executable, "-m", "ddlkit", "--detach", *workspace_args(ws, image), *overrides,
                         f"hydra.run.dir={job_dir}"], check=True, capture_output=True, cwd=project)
         row[f"{key}_cli_returned_s"] = time.monotonic() - t0
         put = job_puts(ws.server)[seen]
@@ -132,33 +136,35 @@ def snapshot_submission(base: Path, ws: LoopbackWorkspace, i: int) -> dict[str, 
     return row
 
 
-def target(ws: LoopbackWorkspace, **changes: object):
+def target(ws: LoopbackWorkspace, image: str, **changes: object):
     from ddlkit_azure.azureml import AzureMLConfig, AzureMLTarget
     from omegaconf import OmegaConf
 
     cfg = AzureMLConfig(subscription_id=ws.subscription, resource_group=ws.resource_group, workspace=ws.workspace,
-                        cluster="gpu-cluster", image="docker.io/ddlkit/fake:bench-cpu", framework="fake",
+                        cluster="gpu-cluster", image=image, framework="fake",
                         dist="none", data_root=None, storage="local")
     return AzureMLTarget(OmegaConf.merge(OmegaConf.structured(cfg), changes))
 
 
-def in_process_submission(base: Path, ws: LoopbackWorkspace, i: int) -> dict[str, float]:
+def in_process_submission(base: Path, ws: LoopbackWorkspace, registry: LoopbackRegistry, image: str,
+                          i: int) -> dict[str, float]:
     """``AzureMLTarget.submit`` vs the SDK's bare ``create_or_update`` of the same job (warm client)."""
     from azure.ai.ml import Output, command
     from azure.ai.ml.entities import Environment
 
     from ddlkit.interfaces import JobSpec
 
-    tgt = target(ws)
+    tgt = target(ws, image)
     client = tgt.workspace.client
     job_dir = base / f"inproc-{i}"
     job_dir.mkdir()
     (job_dir / JOB_FILE).write_text("{}")
     spec = JobSpec(name=f"bench-{i}", job_dir=job_dir, args=("-c", "print('hi')"))
-    before = len(ws.server.requests())
+    before, asked = len(ws.server.requests()), len(registry.requests)
     t0 = time.monotonic()
     tgt.submit(spec)
     ddlkit_s, ddlkit_calls = time.monotonic() - t0, len(ws.server.requests()) - before
+    image_check_calls = len(registry.requests) - asked
 
     bare = base / f"bare-{i}"
     bare.mkdir()
@@ -168,17 +174,18 @@ def in_process_submission(base: Path, ws: LoopbackWorkspace, i: int) -> dict[str
     with contextlib.redirect_stderr(io.StringIO()):
         client.jobs.create_or_update(command(
             name=f"bare-{i}-{os.getpid()}", code=str(bare), command="python -c \"print('hi')\"",
-            environment=Environment(image="docker.io/ddlkit/fake:bench-cpu"), compute="gpu-cluster",
+            environment=Environment(image=image), compute="gpu-cluster",
             outputs={"job_dir": Output(type="uri_folder", mode="rw_mount")}))
     bare_s, bare_calls = time.monotonic() - t0, len(ws.server.requests()) - before
-    return {"ddlkit_submit_s": ddlkit_s, "ddlkit_requests": ddlkit_calls, "bare_sdk_submit_s": bare_s,
+    return {"ddlkit_submit_s": ddlkit_s, "ddlkit_requests": ddlkit_calls,
+            "ddlkit_image_check_requests": image_check_calls, "bare_sdk_submit_s": bare_s,
             "bare_sdk_requests": bare_calls}
 
 
-def follow_ddlkit(base: Path, ws: LoopbackWorkspace, follow_s: float) -> dict[str, float]:
+def follow_ddlkit(base: Path, ws: LoopbackWorkspace, image: str, follow_s: float) -> dict[str, float]:
     from ddlkit.interfaces import JobSpec
 
-    tgt = target(ws)  # the default compute.poll_interval_s
+    tgt = target(ws, image)  # the default compute.poll_interval_s
     job_dir = base / "follow-ddlkit"
     job_dir.mkdir()
     (job_dir / JOB_FILE).write_text("{}")
@@ -194,18 +201,18 @@ def follow_ddlkit(base: Path, ws: LoopbackWorkspace, follow_s: float) -> dict[st
             "requests_per_job_minute": calls / (elapsed / 60)}
 
 
-def follow_sdk_stream(base: Path, ws: LoopbackWorkspace, follow_s: float) -> dict[str, float]:
+def follow_sdk_stream(base: Path, ws: LoopbackWorkspace, image: str, follow_s: float) -> dict[str, float]:
     from azure.ai.ml import command
     from azure.ai.ml.entities import Environment
 
-    client = target(ws).workspace.client
+    client = target(ws, image).workspace.client
     code = base / "follow-sdk"
     code.mkdir()
     (code / "ticks.py").write_text(TICKS.format(n=int(follow_s * 2)))
     with contextlib.redirect_stderr(io.StringIO()):
         job = client.jobs.create_or_update(command(
             name=f"stream-{os.getpid()}", code=str(code), command="python ticks.py", compute="gpu-cluster",
-            environment=Environment(image="docker.io/ddlkit/fake:bench-cpu")))
+            environment=Environment(image=image)))
     before = len(ws.server.requests())
     t0 = time.monotonic()
     with contextlib.redirect_stdout(io.StringIO()) as out:
@@ -216,8 +223,8 @@ def follow_sdk_stream(base: Path, ws: LoopbackWorkspace, follow_s: float) -> dic
     return {"followed_s": elapsed, "requests": calls, "requests_per_job_minute": calls / (elapsed / 60)}
 
 
-def startup(base: Path, ws: LoopbackWorkspace, rounds: int) -> dict:
-    azureml = [sys.executable, "-m", "ddlkit", "--cfg", "job", *workspace_args(ws)]
+def startup(base: Path, ws: LoopbackWorkspace, image: str, rounds: int) -> dict:
+    azureml = [sys.executable, "-m", "ddlkit", "--cfg", "job", *workspace_args(ws, image)]
     local = [sys.executable, "-m", "ddlkit", "--cfg", "job"]
     sdk = [sys.executable, "-c", "import azure.ai.ml"]
     times: dict[str, list[float]] = {"ddlkit_cfg_job_azureml_s": [], "ddlkit_cfg_job_local_s": [],
@@ -246,18 +253,20 @@ def main() -> None:
         azurite = start_azurite(base / "azurite")
         cert = make_certificate(base / "tls")
         try:
-            with LoopbackServer(cert) as server, LoopbackWorkspace(server, azurite, base / "workspace") as ws:
+            with LoopbackServer(cert) as server, LoopbackWorkspace(server, azurite, base / "workspace") as ws, \
+                    LoopbackRegistry((cert.cert_file, cert.key_file), public={FAKE_REPOSITORY}) as registry:
+                image = registry.push(FAKE_REPOSITORY, FAKE_TAG)
                 for name in CREDENTIAL_ENV:
                     os.environ.pop(name, None)
                 os.environ.update(sdk_environment(cert, install_az(base / "bin")))
                 os.environ.update(ws.environment)
                 os.environ.update({"DDLKIT_PLUGINS": "ddlkit.testing.fakes", "DDLKIT_STATE_DIR": str(base / "state")})
-                cli = [cli_submission(base, ws, i) for i in range(args.rounds)]
-                snapshot = [snapshot_submission(base, ws, i) for i in range(args.rounds)]
-                inproc = [in_process_submission(base, ws, i) for i in range(args.rounds)]
-                follow = follow_ddlkit(base, ws, args.follow_s)
-                stream = follow_sdk_stream(base, ws, args.follow_s)
-                start = startup(base, ws, args.rounds)
+                cli = [cli_submission(base, ws, image, i) for i in range(args.rounds)]
+                snapshot = [snapshot_submission(base, ws, image, i) for i in range(args.rounds)]
+                inproc = [in_process_submission(base, ws, registry, image, i) for i in range(args.rounds)]
+                follow = follow_ddlkit(base, ws, image, args.follow_s)
+                stream = follow_sdk_stream(base, ws, image, args.follow_s)
+                start = startup(base, ws, image, args.rounds)
                 proxied = sorted({host for host, _ in ws.proxy.connects})
         finally:
             stop_azurite(azurite.process)
@@ -265,7 +274,8 @@ def main() -> None:
     payload = {
         "endpoint": "loopback Azure ML workspace (ddlkit_azure.testing.azureml): real azure-ai-ml "
                     f"{__import__('importlib.metadata').metadata.version('azure-ai-ml')}, HTTPS on 127.0.0.1, "
-                    f"blob traffic via the intercepting proxy to Azurite (hosts: {', '.join(proxied)})",
+                    f"blob traffic via the intercepting proxy to Azurite (hosts: {', '.join(proxied)}); "
+                    "the jobs' image in a loopback registry (ddlkit.testing.registry) on 127.0.0.1",
         "submission_cli": {k: med(cli, k) for k in cli[0]},
         "submission_cli_code_snapshot": {"snapshot": f"{SNAPSHOT_FILES} files, {SNAPSHOT_BYTES / 1e6:g} MB",
                                          **{k: med(snapshot, k) for k in snapshot[0]}},

@@ -4,7 +4,9 @@ over HTTPS on 127.0.0.1, jobs run on this machine; no Azure service is contacted
 * **requests and time per submission**: ``BatchAITarget.submit`` of a job whose resources are all
   new (workspace, experiment, NFS file server, cluster: each created, a long-running operation),
   then of a second job that reuses them all, in a fresh loopback service per round. Every request
-  the service got is counted (Batch AI, and Azure Files for the job directory). The service answers
+  the service got is counted (Batch AI, and Azure Files for the job directory), and apart from them
+  the image check's requests to the registry (a loopback one, ``ddlkit.testing.registry``, that the
+  service's nodes pull from). The service answers
   ``Retry-After: 0``; azure-core takes a 0 for no header and waits the client's polling interval,
   which compute=batchai sets to ``compute.poll_interval_s``: measured at 0.05 s (``--poll``) and,
   once, at its default of 5 s;
@@ -50,10 +52,14 @@ from ddlkit_azure.testing.loopback import (
 )
 from ddlkit_azure.testing import start_azurite, stop_azurite
 
-from ddlkit import JOB_FILE, JobSpec
+from ddlkit import JOB_FILE, JobSpec, __version__
+from ddlkit.testing.registry import LoopbackRegistry
 
 
 def configure(service: BatchAILoopback, key: Path, poll: float, **more: object) -> BatchAIConfig:
+    """The target's config; ddlkit's images from the registry the service's nodes pull from, where it has one."""
+    if service.registry is not None:
+        more.setdefault("registry", f"{service.registry.host}/ddlkit")
     return BatchAIConfig(subscription_id="bench", resource_group="rg", workspace="ws", endpoint=service.server.url,
                          gpu=False, poll_interval_s=poll, framework="pytorch", storage="nfs",
                          cluster=ClusterSettings(vm_size="Standard_D4_v2", ssh_public_key_file=str(key)),
@@ -79,25 +85,31 @@ def submissions(tmp: Path, cert: object, key: Path, poll: float, rounds: int) ->
     second_s: list[float] = []
     first_n: dict[int, dict[str, int]] = {}
     second_n: dict[int, dict[str, int]] = {}
+    checked = 0
     for number in range(rounds):
         root = tmp / f"submit-{poll}-{number}"
-        with LoopbackServer(cert) as server:
-            service = BatchAILoopback(server, root / "service")
+        with LoopbackServer(cert) as server, LoopbackRegistry((cert.cert_file, cert.key_file),
+                                                              public={"ddlkit/pytorch"}) as registry:
+            registry.push("ddlkit/pytorch", f"{__version__}-cpu")
+            service = BatchAILoopback(server, root / "service", registry=registry)
             target = BatchAITarget(configure(service, key, poll))
             quiet = contextlib.redirect_stderr(io.StringIO())
             for name, times, counts in (("first", first_s, first_n), ("second", second_s, second_n)):
                 spec = JobSpec(name=f"bench-{name}", job_dir=job_dir(root, name), args=("-c", "pass"))
                 server.clear()
+                registry.requests.clear()
                 with quiet:
                     t0 = time.perf_counter()
                     handle = target.submit(spec)
                     times.append(time.perf_counter() - t0)
                 counts[number] = counted(server)
+                checked = len(registry.requests)
                 handle.wait(60)
             service.stop()
     return {"poll_interval_s": poll, "first_job_s": summary(first_s), "second_job_s": summary(second_s),
             # the same in every round: the last round's
-            "first_job_requests": first_n[rounds - 1], "second_job_requests": second_n[rounds - 1]}
+            "first_job_requests": first_n[rounds - 1], "second_job_requests": second_n[rounds - 1],
+            "image_check_requests_per_job": checked}
 
 
 def staging(tmp: Path, cert: object, key: Path, files: int, kb: int) -> dict[str, object]:

@@ -8,8 +8,9 @@
 * :mod:`ddlkit.compute.rank_minder`: the program a target starts once per rank, around the ddlkit
   worker (logs, console, exit records, signals, no orphans); the target adds only how a rank
   learns its place in the job;
-* :mod:`ddlkit.compute.containers`: the names of ddlkit's container images (``default_image``)
-  for targets that run the ranks in a container;
+* :mod:`ddlkit.compute.containers`: ddlkit's container images for targets that run the ranks in a
+  container: their names (``default_image``), their build context for a service that builds images
+  itself (``image_context``), and whether a registry has one (``check_image``, ``ensure_pullable``);
 * :mod:`ddlkit.compute.state`: ddlkit's state directory on the launcher's machine, where a target
   keeps what it must remember between launches.
 

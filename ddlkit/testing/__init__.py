@@ -30,7 +30,8 @@ in-process, about two seconds through the CLI. Helpers for your own fixtures: :f
 :func:`compose` and :func:`make_run`. For tests of jobs that run in other processes:
 :func:`wait_for` (until a log line, a file or a state appears), :func:`hold` (where nothing is
 to happen for a while) and :func:`alive`. Contract suites for the five interfaces are in
-:mod:`ddlkit.testing.contracts`; multi-rank jobs under ``mpirun`` in :mod:`ddlkit.testing.multirank`.
+:mod:`ddlkit.testing.contracts`; multi-rank jobs under ``mpirun`` in :mod:`ddlkit.testing.multirank`; a
+loopback container registry (the OCI distribution API over HTTPS, token auth) in :mod:`ddlkit.testing.registry`.
 """
 
 from __future__ import annotations

@@ -1,5 +1,6 @@
 """ddlkit's images, really built and run: scripts/build_images.sh builds the CPU image of each framework
-from docker/Dockerfile with podman, and ddlkit trains inside it, under OpenMPI where the framework can.
+from docker/Dockerfile with podman, and ddlkit trains inside it, under OpenMPI where the framework can;
+and the build context compute=azureml uploads is the one podman's own build takes from the repository.
 
 No Docker daemon runs here, so the build takes what works without one (README, "Docker images"):
 a Debian 12 base made by debootstrap from Debian's packages and imported into podman (passed as the
@@ -27,7 +28,7 @@ from pathlib import Path
 
 import pytest
 
-from ddlkit.compute.containers import default_image
+from ddlkit.compute.containers import default_image, image_context
 from ddlkit.redact import has_credentials, is_secret_key
 
 pytestmark = pytest.mark.slow
@@ -140,6 +141,25 @@ def wheels(cache: Path, dockerfile_args: dict[str, str]) -> Path:
     check([*pip, str(torch_wheels[-1]), tensorflow, *build_backends, *map(str, projects)], cwd=REPO)
     (directory / "stamp").write_text(stamp)
     return directory
+
+
+def test_the_context_a_workspace_builds_from_is_what_podman_sends(base_image: str, podman: Podman,
+                                                                   tmp_path: Path) -> None:
+    """image_context (what compute=azureml uploads for the workspace to build from) reads .dockerignore
+    as a real build does: its files are the ones podman copies out of the repository."""
+    recipe = tmp_path / "Dockerfile"
+    recipe.write_text(f"FROM {base_image}\nCOPY . /context\n")
+    tag = "localhost/ddlkit-test-context:latest"
+    check(["podman", "build", *podman.build_options, "--isolation", "chroot", "-f", str(recipe), "-t", tag,
+           str(REPO)], env=podman.env)
+    container = check(["buildah", "from", tag], env=podman.env).stdout.strip()
+    try:
+        root = Path(check(["buildah", "mount", container], env=podman.env).stdout.strip()) / "context"
+        copied = sorted(p.relative_to(root).as_posix() for p in root.rglob("*") if p.is_file())
+    finally:
+        subprocess.run(["buildah", "rm", container], capture_output=True, env=podman.env)
+        subprocess.run(["podman", "rmi", tag], capture_output=True, env=podman.env)
+    assert copied == list(image_context("pytorch").files)
 
 
 @pytest.mark.parametrize(("framework", "launch", "world_size"), [

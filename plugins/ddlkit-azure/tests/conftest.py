@@ -6,8 +6,10 @@ from __future__ import annotations
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
+from ddlkit_azure.testing import Azurite
 from ddlkit_azure.testing.azureml import LoopbackWorkspace
 from ddlkit_azure.testing.loopback import (
     CREDENTIAL_ENV,
@@ -17,7 +19,9 @@ from ddlkit_azure.testing.loopback import (
     make_certificate,
     sdk_environment,
 )
-from ddlkit_azure.testing import Azurite
+
+if TYPE_CHECKING:
+    from ddlkit.testing.registry import LoopbackRegistry
 
 pytest_plugins = ["ddlkit.testing", "ddlkit_azure.testing"]
 
@@ -101,3 +105,14 @@ def user_project(tmp_path: Path) -> UserProject:
     project = UserProject(tmp_path / "project")
     project.write()
     return project
+
+
+@pytest.fixture
+def oci_registry(https_loopback: LoopbackServer, loopback_certificate: Certificate) -> Iterator[LoopbackRegistry]:
+    """A loopback container registry (:mod:`ddlkit.testing.registry`, token auth) on the loopback
+    certificate, which ``https_loopback`` makes the clients trust."""
+    # imported here: importing ddlkit's test kit before pytest loads it as a plugin keeps its asserts unrewritten
+    from ddlkit.testing.registry import LoopbackRegistry
+
+    with LoopbackRegistry((loopback_certificate.cert_file, loopback_certificate.key_file)) as registry:
+        yield registry

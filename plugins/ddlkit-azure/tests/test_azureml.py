@@ -17,16 +17,18 @@ from typing import TYPE_CHECKING
 import pytest
 from ddlkit_azure._azureml import place_snapshot
 from ddlkit_azure.azureml import AzureMLConfig, AzureMLTarget
-from ddlkit_azure.testing.azureml import LoopbackWorkspace
-from ddlkit_azure.testing.loopback import LoopbackServer, Response, error_body
+from ddlkit_azure.testing.azureml import ARM_PREFIX, BLOB_URL, LoopbackWorkspace
+from ddlkit_azure.testing.loopback import LoopbackServer, Request, Response, error_body
 from omegaconf import OmegaConf
 
 import ddlkit
-from ddlkit.compute.containers import default_image
+from ddlkit.compute import containers
+from ddlkit.compute.containers import image_context
 from ddlkit.compute.snapshot import CodeSnapshot
 from ddlkit.interfaces import JOB_FILE, JobHandle, JobSpec, JobState
 from ddlkit.plugins import get_plugin_manager
 from ddlkit.registry import Registry
+from ddlkit.testing.registry import LoopbackRegistry
 
 if TYPE_CHECKING:
     from conftest import UserProject
@@ -103,12 +105,10 @@ def test_the_plan_is_the_request_the_sdk_sends_with_secrets_redacted(tmp_path: P
                                            "PYTHONUNBUFFERED": "1"}
     assert job["jobType"] == "Command" and job["experimentName"] == "exp"
     assert job["computeId"].endswith("/workspaces/ws-x/computes/gpu-cluster")
-    assert "/environments/CliV2AnonymousEnvironment/versions/" in job["environmentId"]
     assert job["outputs"] == {"job_dir": {"jobOutputType": "uri_folder", "mode": "ReadWriteMount", "uri":
                               "azureml://datastores/workspaceblobstore/paths/ddlkit/2026-11-23_10-00-00-0123abcd/"}}
     assert job["queueSettings"] == {"jobTier": "Spot"}
     assert job["tags"] == {"ddlkit_job": "2026-11-23_10-00-00-0123abcd"}
-    assert f"# environment: {default_image('pytorch')}" in request
     assert not (tmp_path / "job").exists()
 
 
@@ -194,10 +194,24 @@ def test_code_root_must_be_a_datastore_path(root: str) -> None:
         target(code_root=root)
 
 
-def test_the_image_is_ddlkits_for_the_framework_unless_given(tmp_path: Path) -> None:
-    assert target(framework="tensorflow").image() == default_image("tensorflow")
-    assert target(framework="keras", gpu=False).image() == default_image("keras", gpu=False)
-    assert target(image="myacr.azurecr.io/train:1").image() == "myacr.azurecr.io/train:1"
+@pytest.mark.parametrize(("framework", "gpu", "environment"), [
+    ("pytorch", True, "ddlkit-pytorch-cuda"), ("tensorflow", True, "ddlkit-tensorflow-cuda"),
+    ("keras", False, "ddlkit-keras-cpu")])
+def test_the_environment_is_built_by_the_workspace_from_ddlkits_dockerfile(tmp_path: Path, framework: str, gpu: bool,
+                                                                          environment: str) -> None:
+    context = image_context(framework, gpu=gpu)
+    request, job = planned(target(framework=framework, gpu=gpu), tmp_path)
+    version = context.digest[:16]
+    assert job["environmentId"].endswith(f"/workspaces/ws-x/environments/{environment}/versions/{version}")
+    variant = "cuda" if gpu else "cpu"
+    assert (f"# environment: {environment}:{version}, built by the workspace from docker/Dockerfile (FRAMEWORK="
+            f"{framework} VARIANT={variant}) with {len(context.files)} files") in request
+
+
+def test_a_given_image_is_the_jobs_environment(tmp_path: Path) -> None:
+    request, job = planned(target(image="myacr.azurecr.io/train:1"), tmp_path)
+    assert "/environments/CliV2AnonymousEnvironment/versions/" in job["environmentId"]
+    assert "# environment: myacr.azurecr.io/train:1 (an anonymous environment version" in request
 
 
 # ---------------------------------------------------------------------------- config errors (before any network)
@@ -318,6 +332,126 @@ def test_a_404_of_something_in_the_workspace_is_not_a_missing_workspace(
     assert "was not found in resource group" not in str(refused.value)
 
 
+# ---------------------------------------------------------------------------- the environment
+def environment_puts(server: LoopbackServer) -> list[Request]:
+    return server.requests("PUT", r".*/environments/[^/]+/versions/[^/]+")
+
+
+def uploaded_context(workspace: LoopbackWorkspace, put: Request, into: Path) -> dict[str, bytes]:
+    """The build context the environment's ``contextUri`` names, from the workspace's storage."""
+    container, _, prefix = put.body["properties"]["build"]["contextUri"].removeprefix(f"{BLOB_URL}/").partition("/")
+    workspace.download_prefix(container, prefix, into)
+    return {p.relative_to(into).as_posix(): p.read_bytes() for p in into.rglob("*") if p.is_file()}
+
+
+def test_the_first_job_creates_the_environment_from_its_build_context_and_later_jobs_reuse_it(
+        azureml_workspace: LoopbackWorkspace, tmp_path: Path) -> None:
+    server, context = azureml_workspace.server, image_context("pytorch", gpu=True)
+    environment, version = "ddlkit-pytorch-cuda", context.digest[:16]
+    first = submitted(azureml_workspace, tmp_path / "first", "print('one')")
+    # asked for first (404), then created with a build context: no image, the SDK's upload as contextUri
+    assert len(server.requests("GET", rf".*/environments/{environment}/versions/{version}")) == 1
+    (put,) = environment_puts(server)
+    assert put.path.endswith(f"/environments/{environment}/versions/{version}")
+    assert set(put.body["properties"]) >= {"build"} and "image" not in put.body["properties"]
+    assert put.body["properties"]["build"]["dockerfilePath"] == "docker/Dockerfile"
+    assert put.body["properties"]["build"]["contextUri"].startswith(
+        f"{BLOB_URL}/{azureml_workspace.datastores['workspaceblobstore']}/LocalUpload/")
+    # the context is what `docker build` gets from the checkout, the build arguments written in
+    files = uploaded_context(azureml_workspace, put, tmp_path / "context")
+    assert sorted(files) == sorted([*context.files, ".dockerignore", "docker/Dockerfile"])
+    assert files["ddlkit/_version.py"] == (context.root / "ddlkit/_version.py").read_bytes()
+    dockerfile = files["docker/Dockerfile"].decode()
+    assert "\nARG FRAMEWORK=pytorch\n" in dockerfile and "\nARG VARIANT=cuda\n" in dockerfile
+    assert first.wait(timeout=90).state is JobState.SUCCEEDED
+    assert azureml_workspace.jobs[first.id].spec["environmentId"].endswith(
+        f"/environments/{environment}/versions/{version}")
+    (build,) = azureml_workspace.image_builds.values()
+    assert azureml_workspace.jobs[first.id].image == build.image
+
+    # a second job finds it: nothing created, nothing uploaded, the image built once
+    blobs = {b.name: b.etag for b in azureml_workspace._service().get_container_client(
+        azureml_workspace.datastores["workspaceblobstore"]).list_blobs(name_starts_with="LocalUpload/")}
+    second = submitted(azureml_workspace, tmp_path / "second", "print('two')")
+    assert len(server.requests("GET", rf".*/environments/{environment}/versions/{version}")) == 2
+    assert environment_puts(server) == [put]
+    assert {b.name: b.etag for b in azureml_workspace._service().get_container_client(
+        azureml_workspace.datastores["workspaceblobstore"]).list_blobs(name_starts_with="LocalUpload/")} == blobs
+    assert second.wait(timeout=90).state is JobState.SUCCEEDED
+    assert azureml_workspace.jobs[second.id].image == build.image and len(azureml_workspace.image_builds) == 1
+
+
+def test_a_changed_file_of_the_context_is_a_new_environment_version(azureml_workspace: LoopbackWorkspace,
+                                                                     tmp_path: Path,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    # a checkout of its own to change: the context itself is one
+    checkout = image_context("pytorch", gpu=False).write(tmp_path / "checkout")
+    monkeypatch.setattr(containers, "CHECKOUT", checkout)
+    submitted(azureml_workspace, tmp_path / "first", "print('one')", gpu=False)
+    (first,) = environment_puts(azureml_workspace.server)
+    assert first.path.endswith(f"/versions/{image_context('pytorch', gpu=False).digest[:16]}")
+    # what .dockerignore leaves out is no part of it: a plugin's tests, the documentation
+    (checkout / "plugins" / "ddlkit-pytorch" / "tests").mkdir()
+    (checkout / "plugins" / "ddlkit-pytorch" / "tests" / "test_more.py").write_text("assert True\n")
+    (checkout / "README.md").write_text("# ddlkit\n\nan edited README\n")
+    submitted(azureml_workspace, tmp_path / "second", "print('two')", gpu=False)
+    assert environment_puts(azureml_workspace.server) == [first]
+    # what it lets in is
+    (checkout / "ddlkit" / "_version.py").write_text('__version__ = "0.1.0"  # changed\n')
+    submitted(azureml_workspace, tmp_path / "third", "print('three')", gpu=False)
+    old, new = environment_puts(azureml_workspace.server)
+    assert old == first and new.path.rsplit("/", 1)[1] != first.path.rsplit("/", 1)[1]
+    version = image_context("pytorch", gpu=False).digest[:16]
+    assert new.path.endswith(f"/environments/ddlkit-pytorch-cpu/versions/{version}")
+    assert b"# changed" in uploaded_context(azureml_workspace, new, tmp_path / "context")["ddlkit/_version.py"]
+
+
+def test_an_environment_another_launcher_created_meanwhile_is_used(azureml_workspace: LoopbackWorkspace,
+                                                                   https_loopback: LoopbackServer,
+                                                                   tmp_path: Path) -> None:
+    """Jobs submitted at once (a sweep) all find no version; the workspace creates it for the first and
+    answers the others 409, as it does for a version that exists: they use it."""
+    version = image_context("pytorch", gpu=True).digest[:16]
+
+    def created_meanwhile(r: Request, m: re.Match[str]) -> Response:
+        azureml_workspace.environments[(m["name"], m["version"])] = dict(r.body["properties"])
+        return Response(409, error_body("UserError", f"Environment {m['name']}:{m['version']} already exists."))
+
+    https_loopback.route("PUT", ARM_PREFIX + r"/environments/(?P<name>[^/]+)/versions/(?P<version>[^/]+)",
+                         azureml_workspace._in_scope(created_meanwhile))
+    handle = submitted(azureml_workspace, tmp_path / "job", "print('done')")
+    assert handle.wait(timeout=90).state is JobState.SUCCEEDED
+    assert list(azureml_workspace.image_builds) == [("ddlkit-pytorch-cuda", version)]
+
+
+def test_a_given_image_is_asked_of_its_registry_before_the_job_is_submitted(
+        azureml_workspace: LoopbackWorkspace, oci_registry: LoopbackRegistry, tmp_path: Path,
+        capfd: pytest.CaptureFixture[str]) -> None:
+    public = oci_registry.push("team/train", "1")
+    oci_registry.public.add("team/train")
+    handle = submitted(azureml_workspace, tmp_path / "public", "print('done')", image=public)
+    assert handle.wait(timeout=90).state is JobState.SUCCEEDED
+    assert azureml_workspace.jobs[handle.id].image == public
+    assert [(r.method, r.path) for r in oci_registry.requests if r.auth_scheme == "Bearer"] == [
+        ("HEAD", "/v2/team/train/manifests/1")]
+    assert "ddlkit: note" not in capfd.readouterr().err
+
+    # a tag the registry does not have: refused before anything is sent to the workspace
+    with pytest.raises(ddlkit.ConfigError, match=re.escape(
+            f"image {oci_registry.host}/team/train:2 does not exist ({oci_registry.host} answered 404 for "
+            f"team/train:2). Build and push it (ddlkit's images: scripts/build_images.sh --registry "
+            f"{oci_registry.host}/team --push), or set compute.image to an image that exists.")):
+        submitted(azureml_workspace, tmp_path / "missing", "print('done')", image=f"{oci_registry.host}/team/train:2")
+    assert len(azureml_workspace.jobs) == 1
+
+    # a private one: the workspace pulls with credentials of its own, so it is told and submitted
+    private = oci_registry.push("team/private", "1")
+    handle = submitted(azureml_workspace, tmp_path / "private", "print('done')", image=private)
+    assert handle.wait(timeout=90).state is JobState.SUCCEEDED
+    assert (f"ddlkit: note: could not check that image {private} can be pulled ({oci_registry.host} refused it "
+            "without credentials (401)); submitting anyway\n") in capfd.readouterr().err
+
+
 def test_collect_waits_for_the_job_record_to_agree_with_run_history(azureml_workspace: LoopbackWorkspace,
                                                                      tmp_path: Path,
                                                                      capfd: pytest.CaptureFixture[str]) -> None:
@@ -329,6 +463,28 @@ def test_collect_waits_for_the_job_record_to_agree_with_run_history(azureml_work
     assert (tmp_path / "job" / "written-by-the-job.txt").read_text() == "here"
     said = capfd.readouterr().err
     assert "job record says Finalizing while its run history says Completed: waiting up to 120 s" in said
+
+
+def test_collect_downloads_a_job_whose_record_ends_between_two_reads(azureml_workspace: LoopbackWorkspace,
+                                                                    https_loopback: LoopbackServer,
+                                                                    tmp_path: Path) -> None:
+    """The SDK's download reads the record (still Finalizing) and refuses; ddlkit's own read a moment later
+    finds it Completed: the download is tried again, not given up as refused for another reason."""
+    handle = submitted(azureml_workspace, tmp_path / "job", "open('written-by-the-job.txt', 'w').write('here')")
+    assert handle.wait(timeout=90).state is JobState.SUCCEEDED
+    reads = []
+
+    def lagging_once(r: Request, m: re.Match[str]) -> dict:
+        reads.append(r.path)
+        record = azureml_workspace._get_job(r, m)
+        if len(reads) == 1:
+            record["properties"]["status"] = "Finalizing"
+        return record
+
+    https_loopback.route("GET", ARM_PREFIX + r"/jobs/(?P<name>[^/]+)", lagging_once)
+    handle.collect()
+    assert (tmp_path / "job" / "written-by-the-job.txt").read_text() == "here"
+    assert len(reads) >= 3  # the download's read (Finalizing), ddlkit's (Completed), the download's again
 
 
 def test_collect_says_so_when_the_job_record_never_agrees(azureml_workspace: LoopbackWorkspace,

@@ -17,12 +17,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import pytest
+from ddlkit_azure.testing import Azurite
 from ddlkit_azure.testing.azureml import BLOB_HOST, DEFAULT_DATASTORE, LoopbackWorkspace
 from ddlkit_azure.testing.loopback import LoopbackServer
-from ddlkit_azure.testing import Azurite
 
-from ddlkit.compute.containers import default_image
+from ddlkit.compute.containers import image_context
 from ddlkit.testing import wait_for
+from ddlkit.testing.registry import LoopbackRegistry
 
 if TYPE_CHECKING:
     from conftest import UserProject
@@ -32,7 +33,8 @@ pytestmark = pytest.mark.slow
 TINY = ("data=synthetic", "data.image_size=32", "data.num_classes=10", "data.length=64", "data.val_length=16",
         "trainer.batch_size=16", "trainer.epochs=1")
 #: the fake framework (ddlkit.testing.fakes, loaded on the ranks through DDLKIT_PLUGINS): jobs that last
-FAKE = ("framework=fake", "compute.image=docker.io/ddlkit/fake:test-cpu", "data=synthetic", "data.image_size=8",
+#: (with ``fake_image``: ddlkit builds no image for it)
+FAKE = ("framework=fake", "data=synthetic", "data.image_size=8",
         "data.num_classes=4", "data.val_length=8", "trainer.batch_size=4", "trainer.epochs=1")
 
 
@@ -49,6 +51,13 @@ def ddlkit(*args: str, cwd: Path, timeout: float = 300, env: dict[str, str] | No
 
 def files_holding(root: Path, text: str) -> list[Path]:
     return [p for p in root.rglob("*") if p.is_file() and text.encode() in p.read_bytes()]
+
+
+@pytest.fixture
+def fake_image(oci_registry: LoopbackRegistry) -> str:
+    """``compute.image=`` an image for framework=fake, in the loopback registry for anyone to pull."""
+    oci_registry.public.add("ddlkit/fake")
+    return "compute.image=" + oci_registry.push("ddlkit/fake", "test-cpu")
 
 
 def job_put(server: LoopbackServer) -> dict:
@@ -87,8 +96,11 @@ def test_a_training_run_end_to_end(azureml_workspace: LoopbackWorkspace, azurite
     assert job["computeId"].endswith("/workspaces/ws-ddlkit/computes/gpu-cluster")
     assert job["outputs"]["job_dir"] == {"jobOutputType": "uri_folder", "mode": "ReadWriteMount",
                                          "uri": f"azureml://datastores/workspaceblobstore/paths/ddlkit/{name}/"}
-    (environment,) = server.requests("PUT", r".*/environments/CliV2AnonymousEnvironment/versions/.*")
-    assert environment.body["properties"]["image"] == default_image("pytorch", gpu=False)
+    # ddlkit's image, built by the workspace from the checkout's docker/Dockerfile, CPU
+    (environment,) = server.requests("PUT", r".*/environments/[^/]+/versions/.*")
+    assert environment.path.endswith(f"/environments/ddlkit-pytorch-cpu/versions/"
+                                     f"{image_context('pytorch', gpu=False).digest[:16]}")
+    assert environment.body["properties"]["build"]["dockerfilePath"] == "docker/Dockerfile"
     assert job["environmentId"].endswith(environment.path.split("/workspaces/ws-ddlkit")[1])
     (code,) = server.requests("PUT", r".*/codes/[^/]+/versions/[^/]+")
     assert job["codeId"].endswith(code.path.split("/workspaces/ws-ddlkit")[1])
@@ -119,11 +131,11 @@ def test_a_training_run_end_to_end(azureml_workspace: LoopbackWorkspace, azurite
     assert "train epoch 1/1 step 4/4" in logs.stdout
 
 
-def test_detach_then_status_logs_attach_and_cancel(azureml_workspace: LoopbackWorkspace, tmp_path: Path,
-                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+def test_detach_then_status_logs_attach_and_cancel(azureml_workspace: LoopbackWorkspace, fake_image: str,
+                                                   tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("DDLKIT_PLUGINS", "ddlkit.testing.fakes")
     job_dir = tmp_path / "long"
-    submit = ddlkit("--detach", *workspace_args(azureml_workspace), *FAKE, "framework.step_delay_s=0.2",
+    submit = ddlkit("--detach", *workspace_args(azureml_workspace), *FAKE, fake_image, "framework.step_delay_s=0.2",
                     "data.length=2000", f"hydra.run.dir={job_dir}", cwd=tmp_path)
     assert submit.returncode == 0, submit.stdout + submit.stderr
     name = json.loads((job_dir / ".ddlkit" / "submission.json").read_text())["name"]
@@ -159,13 +171,15 @@ def test_detach_then_status_logs_attach_and_cancel(azureml_workspace: LoopbackWo
 
 
 @pytest.mark.parametrize(("framework", "layout", "kind"), [
-    (("framework=fake", "compute.image=docker.io/ddlkit/fake:test-cpu"), ("compute.nodes=2",), "Mpi"),
+    (("framework=fake",), ("compute.nodes=2",), "Mpi"),
     (("framework=pytorch", "model=resnet18", "compute.gpu=false"), ("compute.procs_per_node=2",), "PyTorch"),
 ])
-def test_every_rank_finds_its_place(azureml_workspace: LoopbackWorkspace, tmp_path: Path,
+def test_every_rank_finds_its_place(azureml_workspace: LoopbackWorkspace, fake_image: str, tmp_path: Path,
                                     monkeypatch: pytest.MonkeyPatch, framework: tuple, layout: tuple,
                                     kind: str) -> None:
     monkeypatch.setenv("DDLKIT_PLUGINS", "ddlkit.testing.fakes")
+    if framework == ("framework=fake",):
+        framework = (*framework, fake_image)
     job_dir = tmp_path / "two"
     run = ddlkit(*workspace_args(azureml_workspace, *layout), *framework, "dist=native", *TINY[:4],
                  "trainer.batch_size=8", "trainer.epochs=1", f"hydra.run.dir={job_dir}", cwd=tmp_path, timeout=600)
@@ -178,12 +192,12 @@ def test_every_rank_finds_its_place(azureml_workspace: LoopbackWorkspace, tmp_pa
 
 
 def test_a_preempted_job_resumes_from_its_checkpoint_and_a_sweep_counts_it_once(
-        azureml_workspace: LoopbackWorkspace, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+        azureml_workspace: LoopbackWorkspace, fake_image: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("DDLKIT_PLUGINS", "ddlkit.testing.fakes")
     sweep_dir = tmp_path / "sweep"
     sweep = subprocess.Popen(
         [sys.executable, "-m", "ddlkit", "-m", *workspace_args(azureml_workspace, "compute.spot=true"), *FAKE,
-         "framework.step_delay_s=0.1", "data.length=160", "trainer.checkpoint_every=5", "optimizer.lr=0.1",
+         fake_image, "framework.step_delay_s=0.1", "data.length=160", "trainer.checkpoint_every=5", "optimizer.lr=0.1",
          f"hydra.sweep.dir={sweep_dir}"], cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
         wait_for(lambda: azureml_workspace.jobs, "the sweep to submit its job", timeout=120, pace=0.2, process=sweep)
@@ -215,11 +229,11 @@ def test_a_preempted_job_resumes_from_its_checkpoint_and_a_sweep_counts_it_once(
 
 
 def test_running_the_same_job_directory_again_resumes_from_its_output(azureml_workspace: LoopbackWorkspace,
-                                                                      tmp_path: Path,
+                                                                      fake_image: str, tmp_path: Path,
                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("DDLKIT_PLUGINS", "ddlkit.testing.fakes")
     job_dir = tmp_path / "again"
-    args = (*workspace_args(azureml_workspace), *FAKE, "data.length=64", f"hydra.run.dir={job_dir}")
+    args = (*workspace_args(azureml_workspace), *FAKE, fake_image, "data.length=64", f"hydra.run.dir={job_dir}")
     first = ddlkit(*args, "trainer.max_steps=6", cwd=tmp_path)
     assert first.returncode == 0, first.stdout[-2000:] + first.stderr[-2000:]
     assert json.loads((job_dir / "result.json").read_text())["steps"] == 6
@@ -233,7 +247,6 @@ def test_running_the_same_job_directory_again_resumes_from_its_output(azureml_wo
     assert len(azureml_workspace.jobs) == 2
 
 
-
 def snapshot_blobs(workspace: LoopbackWorkspace) -> dict[str, str]:
     """Every blob under the code snapshots' folder of the default datastore, with its ETag (which
     each upload of the blob changes)."""
@@ -242,12 +255,12 @@ def snapshot_blobs(workspace: LoopbackWorkspace) -> dict[str, str]:
 
 
 def test_a_package_only_in_the_launch_directory_reaches_the_job_as_a_snapshot_uploaded_once(
-        azureml_workspace: LoopbackWorkspace, user_project: UserProject, tmp_path: Path,
+        azureml_workspace: LoopbackWorkspace, user_project: UserProject, fake_image: str, tmp_path: Path,
         monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("DDLKIT_PLUGINS", "ddlkit.testing.fakes")
 
     def train(job_dir: Path, *more: str) -> dict:
-        run = ddlkit(*workspace_args(azureml_workspace, *more), *FAKE[:2], *user_project.overrides,
+        run = ddlkit(*workspace_args(azureml_workspace, *more), *FAKE[:1], fake_image, *user_project.overrides,
                      f"hydra.run.dir={job_dir}", cwd=user_project.root)
         assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
         return json.loads((job_dir / "result.json").read_text())

@@ -21,13 +21,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-import ddlkit
 import pytest
-from ddlkit import ConfigError, JobState
-from ddlkit.testing import RunFactory, wait_for
-from ddlkit.compute.snapshot import CodeSnapshot
-from ddlkit.testing.contracts import ComputeTargetContract
-
 from ddlkit_azure.batchai import (
     BatchAIConfig,
     BatchAITarget,
@@ -40,6 +34,14 @@ from ddlkit_azure.batchai import (
 from ddlkit_azure.batchai_client import ACCOUNT_KEY_ENV, Service
 from ddlkit_azure.testing.batchai import FILES_ACCOUNT, FILES_KEY, BatchAILoopback, schema_errors
 from ddlkit_azure.testing.loopback import LoopbackServer
+
+import ddlkit
+from ddlkit import ConfigError, JobState
+from ddlkit.compute.containers import default_image, release_frameworks
+from ddlkit.compute.snapshot import CodeSnapshot
+from ddlkit.testing import RunFactory, wait_for
+from ddlkit.testing.contracts import ComputeTargetContract
+from ddlkit.testing.registry import LoopbackRegistry
 
 if TYPE_CHECKING:
     from conftest import UserProject
@@ -64,10 +66,18 @@ def ssh_key(tmp_path: Path) -> Path:
 
 
 @pytest.fixture
-def batchai(https_loopback: LoopbackServer, azure_cli_login: Path, tmp_path: Path,
+def batchai(https_loopback: LoopbackServer, azure_cli_login: Path, oci_registry: LoopbackRegistry, tmp_path: Path,
             monkeypatch: pytest.MonkeyPatch) -> BatchAILoopback:
+    """The service, its nodes pulling from ``oci_registry``, which has ddlkit's images (in
+    ``<registry>/ddlkit``) and :data:`FAKE` for anyone to pull."""
     monkeypatch.setenv(ACCOUNT_KEY_ENV, FILES_KEY)
-    service = BatchAILoopback(https_loopback, tmp_path / "batchai")
+    for framework in release_frameworks():
+        for variant in ("cpu", "cuda"):
+            oci_registry.push(f"ddlkit/{framework}", f"{ddlkit.__version__}-{variant}")
+            oci_registry.public.add(f"ddlkit/{framework}")
+    oci_registry.push(*FAKE.split(":"))
+    oci_registry.public.add(FAKE.split(":")[0])
+    service = BatchAILoopback(https_loopback, tmp_path / "batchai", registry=oci_registry)
     yield service
     service.stop()
     assert not service.invalid, f"request bodies that do not fit the published schema: {service.invalid}"
@@ -79,6 +89,7 @@ def config(service: BatchAILoopback, ssh_key: Path, **options) -> BatchAIConfig:
     return BatchAIConfig(**{
         "subscription_id": SUB, "resource_group": RG, "workspace": WS, "endpoint": service.server.url,
         "gpu": False, "poll_interval_s": 0.2, "framework": "pytorch", "storage": "local", "data_root": None,
+        "registry": f"{service.registry.host}/ddlkit",
         "master_port": free_port(),
         "cluster": ClusterSettings(**{"vm_size": "Standard_D4_v2", "ssh_public_key_file": str(ssh_key), **cluster}),
         "file_server": FileServerSettings(**file_server),
@@ -90,11 +101,16 @@ def cli_args(service: BatchAILoopback, ssh_key: Path, *more: str) -> list[str]:
             f"compute.workspace={WS}", f"compute.endpoint={service.server.url}",
             f"compute.file_share.url={service.share_url}", f"compute.cluster.ssh_public_key_file={ssh_key}",
             "compute.cluster.vm_size=Standard_D4_v2", "compute.gpu=false", "compute.poll_interval_s=0.2",
+            f"compute.registry={service.registry.host}/ddlkit",
             f"compute.master_port={free_port()}", *more]
 
 
-#: framework=fake (the test kit's) has no image of ddlkit's: the loopback only records the image
-FAKE_IMAGE = "compute.image=localhost/ddlkit-fake:test"
+#: framework=fake (the test kit's) has no image of ddlkit's: one in the registry stands for it
+FAKE = "ddlkit-fake:test"
+
+
+def fake_image(service: BatchAILoopback) -> str:
+    return f"compute.image={service.registry.host}/{FAKE}"
 
 
 def one_line_error(outcome, *fragments: str) -> str:
@@ -190,7 +206,7 @@ def test_the_mpi_command_line_is_a_shell_that_runs_the_rank_script(batchai: Batc
 @pytest.mark.slow
 def test_a_job_runs_and_a_second_reuses_everything(batchai: BatchAILoopback, ssh_key: Path,
                                                    run_factory: RunFactory, tmp_path: Path) -> None:
-    args = cli_args(batchai, ssh_key, FAKE_IMAGE, "compute.nodes=2", "compute.procs_per_node=1", "dist=native",
+    args = cli_args(batchai, ssh_key, fake_image(batchai), "compute.nodes=2", "compute.procs_per_node=1", "dist=native",
                     "storage=nfs", "storage.root=$AZ_BATCHAI_MOUNT_ROOT/nfs", "trainer.epochs=1")
     first = run_factory(*args, job_dir=tmp_path / "first")
     first.assert_success()
@@ -198,7 +214,7 @@ def test_a_job_runs_and_a_second_reuses_everything(batchai: BatchAILoopback, ssh
     assert creates(batchai) == ["workspaces", "experiments", "fileServers", "clusters", "jobs"]
     job_put = batchai.server.requests("PUT", ARM + r"/experiments/ddlkit/jobs/.*")[0].body["properties"]
     assert job_put["customMpiSettings"]["processCount"] == 2 and job_put["nodeCount"] == 2
-    assert job_put["containerSettings"]["imageSourceRegistry"]["image"] == "localhost/ddlkit-fake:test"
+    assert job_put["containerSettings"]["imageSourceRegistry"]["image"] == f"{batchai.registry.host}/{FAKE}"
     # rank 0's output streamed from stdout.txt, through listOutputFiles and the file's download URL
     last = [ln for ln in (tmp_path / "first" / "rank-0.log").read_text().splitlines() if ln.strip()][-1]
     assert last in first.stdout and "ddlkit: done" in first.stdout, first.output
@@ -226,7 +242,7 @@ def test_a_job_runs_and_a_second_reuses_everything(batchai: BatchAILoopback, ssh
 def test_a_package_only_in_the_launch_directory_reaches_the_job_as_a_snapshot_uploaded_once(
         batchai: BatchAILoopback, ssh_key: Path, user_project: UserProject, tmp_path: Path) -> None:
     run = RunFactory(user_project.root)
-    args = cli_args(batchai, ssh_key, FAKE_IMAGE, *user_project.overrides)
+    args = cli_args(batchai, ssh_key, fake_image(batchai), *user_project.overrides)
     share = batchai.share_dir(FILES_ACCOUNT, "share")
 
     def uploads(digest: str) -> list[str]:
@@ -266,8 +282,8 @@ def test_a_package_only_in_the_launch_directory_reaches_the_job_as_a_snapshot_up
 
 def test_plan_names_where_the_code_snapshot_goes(batchai: BatchAILoopback, ssh_key: Path,
                                                  user_project: UserProject, tmp_path: Path) -> None:
-    out = RunFactory(user_project.root).cli("plan", *cli_args(batchai, ssh_key, FAKE_IMAGE, *user_project.overrides),
-                                            f"hydra.run.dir={tmp_path / 'job'}").assert_success()
+    args = cli_args(batchai, ssh_key, fake_image(batchai), *user_project.overrides)
+    out = RunFactory(user_project.root).cli("plan", *args, f"hydra.run.dir={tmp_path / 'job'}").assert_success()
     digest = CodeSnapshot.take(user_project.root, max_bytes=10**6).digest
     folder = f"{batchai.share_url}/ddlkit/code/{digest}"
     assert "code: a snapshot of the launch directory ships with the job (2 files" in out.stdout
@@ -281,7 +297,7 @@ def test_states_logs_cancel_and_ddlkit_jobs(batchai: BatchAILoopback, ssh_key: P
                                            tmp_path: Path) -> None:
     batchai.queue_s = 2.0
     job_dir = tmp_path / "job"
-    args = cli_args(batchai, ssh_key, FAKE_IMAGE)
+    args = cli_args(batchai, ssh_key, fake_image(batchai))
     out = run_factory("--detach", *args, "framework.step_delay_s=0.3", job_dir=job_dir)
     out.assert_success()
     job_id = json.loads((job_dir / ".ddlkit" / "submission.json").read_text())["id"]
@@ -340,7 +356,7 @@ def test_secrets_travel_as_job_secrets_and_nowhere_else(batchai: BatchAILoopback
                                                         run_factory: RunFactory, tmp_path: Path) -> None:
     job_dir = tmp_path / "job"
     # an environment variable the job gets whose name says it is secret (prepare.job_environment)
-    out = run_factory(*cli_args(batchai, ssh_key, FAKE_IMAGE), "trainer.epochs=1",
+    out = run_factory(*cli_args(batchai, ssh_key, fake_image(batchai)), "trainer.epochs=1",
                       f"+hydra.job.env_set.DDLKIT_TEST_TOKEN={SECRET}", job_dir=job_dir)
     out.assert_success()
     (put,) = batchai.server.requests("PUT", ARM + r"/experiments/ddlkit/jobs/.*")
@@ -360,16 +376,50 @@ def test_errors_are_one_line(batchai: BatchAILoopback, ssh_key: Path, run_factor
     gpu = run_factory(*[a for a in cli_args(batchai, ssh_key) if a != "compute.gpu=false"])  # a GPU run
     one_line_error(gpu, "compute.cluster.vm_size=Standard_D4_v2 has no GPU", "compute.gpu=false")
     assert batchai.server.requests() == []
-    ssd = run_factory(*cli_args(batchai, ssh_key, FAKE_IMAGE, "compute.cluster.vm_size=Standard_D4s_v4", "storage=local_ssd"))
+    ssd = run_factory(*cli_args(batchai, ssh_key, fake_image(batchai), "compute.cluster.vm_size=Standard_D4s_v4",
+                                "storage=local_ssd"))
     one_line_error(ssd, "storage=local_ssd", "Standard_D4s_v4 has none", "storage=nfs")
-    nfs = run_factory(*cli_args(batchai, ssh_key, FAKE_IMAGE, "storage=nfs", "storage.root=/mnt/nfs"))
+    nfs = run_factory(*cli_args(batchai, ssh_key, fake_image(batchai), "storage=nfs", "storage.root=/mnt/nfs"))
     one_line_error(nfs, "storage.root='$AZ_BATCHAI_MOUNT_ROOT/nfs'")
     batchai.core_quota = 4
-    quota = run_factory(*cli_args(batchai, ssh_key, FAKE_IMAGE, "compute.nodes=2", "dist=native"))
+    quota = run_factory(*cli_args(batchai, ssh_key, fake_image(batchai), "compute.nodes=2", "dist=native"))
     one_line_error(quota, "creating cluster ddlkit", "QuotaExceeded", "Maximum allowed: 4")
     monkeypatch.setenv("PATH", "/usr/bin:/bin")  # no `az`: nothing to sign in with
-    nobody = run_factory(*cli_args(batchai, ssh_key, FAKE_IMAGE))
+    nobody = run_factory(*cli_args(batchai, ssh_key, fake_image(batchai)))
     one_line_error(nobody, "no Azure credential found", "az login", "managed identity")
+
+
+# ---------------------------------------------------------------------------- the image
+# Without the check each of these jobs is created and queued, and fails when the nodes pull its image.
+def test_an_image_the_registry_does_not_have_is_refused_before_anything_is_created(
+        batchai: BatchAILoopback, ssh_key: Path, run_factory: RunFactory) -> None:
+    host = batchai.registry.host
+    run = run_factory(*cli_args(batchai, ssh_key, f"compute.image={host}/ddlkit-fake:missing"))
+    one_line_error(run, f"image {host}/ddlkit-fake:missing does not exist ({host} answered 404 for "
+                        "ddlkit-fake:missing)", f"scripts/build_images.sh --registry {host} --push",
+                   "or set compute.image to an image that exists")
+    assert batchai.server.requests("PUT") == []
+
+
+def test_ddlkits_image_never_pushed_to_the_registry_is_refused(batchai: BatchAILoopback, ssh_key: Path,
+                                                               run_factory: RunFactory) -> None:
+    """A repository that does not exist is refused to an anonymous client, as Docker Hub refuses one (401)."""
+    host = batchai.registry.host
+    run = run_factory(*cli_args(batchai, ssh_key, f"compute.registry={host}/elsewhere"), "framework=pytorch")
+    image = default_image("pytorch", gpu=False, registry=f"{host}/elsewhere")
+    one_line_error(run, f"image {image} cannot be pulled: {host} refused it without credentials (401), so it does "
+                        "not exist or is private", f"scripts/build_images.sh --registry {host}/elsewhere --push")
+    assert batchai.server.requests("PUT") == []
+
+
+def test_an_image_that_cannot_be_checked_is_said_and_the_job_submitted(batchai: BatchAILoopback, ssh_key: Path,
+                                                                       run_factory: RunFactory) -> None:
+    batchai.registry.auth = "Negotiate"  # an authentication ddlkit does not speak
+    run = run_factory(*cli_args(batchai, ssh_key, fake_image(batchai)), "trainer.epochs=1")
+    run.assert_success()
+    host = batchai.registry.host
+    assert (f"ddlkit: note: could not check that image {host}/{FAKE} can be pulled ({host} asks for an "
+            "authentication ddlkit does not speak (Negotiate)); submitting anyway\n") in run.stderr, run.output
 
 
 def test_a_file_server_being_created_is_waited_for(batchai: BatchAILoopback, ssh_key: Path) -> None:
@@ -388,7 +438,7 @@ def test_a_file_server_being_created_is_waited_for(batchai: BatchAILoopback, ssh
 @pytest.mark.slow
 def test_down_deletes_only_what_ddlkit_created(batchai: BatchAILoopback, ssh_key: Path, run_factory: RunFactory,
                                                tmp_path: Path) -> None:
-    args = cli_args(batchai, ssh_key, FAKE_IMAGE, "storage=nfs", "storage.root=$AZ_BATCHAI_MOUNT_ROOT/nfs",
+    args = cli_args(batchai, ssh_key, fake_image(batchai), "storage=nfs", "storage.root=$AZ_BATCHAI_MOUNT_ROOT/nfs",
                     "trainer.epochs=1")
     run_factory(*args, job_dir=tmp_path / "job").assert_success()
     batchai.add_file_server(SUB, RG, WS, "theirs", state="succeeded")
@@ -418,18 +468,18 @@ def test_a_missing_resource_group_is_one_line_naming_the_fix(batchai: BatchAILoo
                                                              run_factory: RunFactory) -> None:
     """ARM answers 404 ResourceGroupNotFound to every request under a resource group that does not exist."""
     batchai.resource_groups = {"someone-elses-rg"}
-    run = run_factory(*cli_args(batchai, ssh_key, FAKE_IMAGE))
+    run = run_factory(*cli_args(batchai, ssh_key, fake_image(batchai)))
     one_line_error(run, f"looking up workspace {WS}: resource group {RG} was not found in subscription {SUB}",
                    "ResourceGroupNotFound", "check compute.resource_group", f"az group create --name {RG}")
     assert batchai.server.requests("PUT") == []
-    down = run_factory.cli("compute", "down", "--yes", *cli_args(batchai, ssh_key, FAKE_IMAGE))
+    down = run_factory.cli("compute", "down", "--yes", *cli_args(batchai, ssh_key, fake_image(batchai)))
     one_line_error(down, f"resource group {RG} was not found")
 
 
 def test_compute_down_without_the_workspace_has_nothing_to_delete(batchai: BatchAILoopback, ssh_key: Path,
                                                                   run_factory: RunFactory) -> None:
     """Batch AI answers 404 to listing the file servers of a workspace that does not exist."""
-    down = run_factory.cli("compute", "down", "--yes", *cli_args(batchai, ssh_key, FAKE_IMAGE, "storage=nfs",
+    down = run_factory.cli("compute", "down", "--yes", *cli_args(batchai, ssh_key, fake_image(batchai), "storage=nfs",
                                                                   "storage.root=$AZ_BATCHAI_MOUNT_ROOT/nfs"))
     down.assert_success()
     assert f"nothing to delete: workspace {WS} does not exist in resource group {RG}" in down.stderr, down.output
@@ -490,4 +540,7 @@ def test_resnet18_trains_through_the_cli(batchai: BatchAILoopback, ssh_key: Path
     assert (job_dir / "model.pt").is_file() and (job_dir / "rank-1.log").is_file()
     (put,) = batchai.server.requests("PUT", ARM + r"/experiments/ddlkit/jobs/.*")
     image = put.body["properties"]["containerSettings"]["imageSourceRegistry"]["image"]
-    assert image == f"docker.io/ddlkit/pytorch:{ddlkit.__version__}-cpu"
+    assert image == default_image("pytorch", gpu=False, registry=f"{batchai.registry.host}/ddlkit")
+    # the registry was asked for it as the nodes pull it, without credentials, before the job was created
+    assert ("HEAD", f"/v2/ddlkit/pytorch/manifests/{ddlkit.__version__}-cpu", "Bearer") in [
+        (r.method, r.path, r.auth_scheme) for r in batchai.registry.requests]

@@ -50,6 +50,7 @@ from ddlkit.jobdir import (CODE_DIR, CODE_FILE, CONFIG_FILE, ENVIRONMENT_FILE, E
                            EXIT_PREEMPTED, JOB_FILE, OVERRIDES_FILE, STATE_DIR, rank_log)
 from ddlkit.redact import REDACTED, scrub
 
+from ._environment import job_environment, workspace_build
 from .arm import SIGN_IN, error_code, management_credential, missing_scope
 from .ranged import bytes_from, range_header
 
@@ -170,8 +171,9 @@ def azureml_job_name(spec: JobSpec) -> str:
     return re.sub(r"[^A-Za-z0-9_-]", "_", f"ddlkit-{spec.name}")[:240] + f"-{uuid.uuid4().hex[:6]}"
 
 
-def build_job(target: AzureMLTarget, spec: JobSpec, *, code: str, files: list[str], name: str,
+def build_job(target: AzureMLTarget, spec: JobSpec, *, code: str, files: list[str], name: str, environment: Any,
               environment_variables: Mapping[str, str]) -> Any:
+    """The command job; ``environment``: an ``Environment`` or an ``azureml:<name>:<version>`` reference."""
     cfg = target.cfg
     kind = distribution_kind(target)
     distribution = (PyTorchDistribution(process_count_per_instance=cfg.procs_per_node) if kind == "pytorch" else
@@ -184,7 +186,7 @@ def build_job(target: AzureMLTarget, spec: JobSpec, *, code: str, files: list[st
     outputs = {OUTPUT: Output(type="uri_folder", mode="rw_mount", path=f"{str(cfg.output_root).rstrip('/')}/{spec.name}/")}
     return command(
         name=name, display_name=spec.name, experiment_name=cfg.experiment, tags={"ddlkit_job": spec.name},
-        code=code, command=job_command(target, spec, files), environment=Environment(image=target.image()),
+        code=code, command=job_command(target, spec, files), environment=environment,
         compute=cfg.cluster, instance_count=cfg.nodes, distribution=distribution, inputs=inputs, outputs=outputs,
         environment_variables={**environment_variables, "PYTHONUNBUFFERED": "1"},
         queue_settings={"job_tier": "Spot"} if cfg.spot else None)
@@ -217,9 +219,16 @@ def plan(target: AzureMLTarget, spec: JobSpec) -> str:
     name = azureml_job_name(spec)[:-6] + "<random>"
     files = list(LAUNCHER_FILES)  # what the launcher writes into the job directory before it submits
     shown = {**spec.env, **dict.fromkeys(spec.secret_env, REDACTED)}
-    job = build_job(target, spec, code=str(spec.job_dir), files=files, name=name, environment_variables=shown)._to_job()
-    environment = job.environment
-    job.environment = f"{arm}/environments/{environment.name}/versions/{environment.version}"
+    build = workspace_build(target)
+    environment = Environment(image=str(cfg.image)) if build is None else build.reference
+    job = build_job(target, spec, code=str(spec.job_dir), files=files, name=name, environment=environment,
+                    environment_variables=shown)._to_job()
+    if build is None:
+        job.environment = f"{arm}/environments/{environment.name}/versions/{environment.version}"
+        about_environment = f"{cfg.image} (an anonymous environment version; its registry is asked for it first)"
+    else:
+        job.environment = f"{arm}/environments/{build.name}/versions/{build.version}"
+        about_environment = build.describe()
     job.code = f"{arm}/codes/<uploaded at submission>/versions/1"
     job.compute = f"{arm}/computes/{cfg.cluster}"
     body = to_rest_job_object(job).as_dict()
@@ -231,7 +240,7 @@ def plan(target: AzureMLTarget, spec: JobSpec) -> str:
     return (f"PUT {_ARM}{arm}/jobs/{name}\n"
             f"# code: {', '.join(files)} from {spec.job_dir}, uploaded to the workspace's default datastore\n"
             f"{snapshot}"
-            f"# environment: {target.image()} (an anonymous environment version)\n"
+            f"# environment: {about_environment}\n"
             f"{scrub(text, spec.secret_env)}")
 
 
@@ -363,13 +372,14 @@ class Workspace:
 
     def submit(self, target: AzureMLTarget, spec: JobSpec) -> AzureMLJob:
         self.check_cluster()
+        environment = job_environment(self, target)
         if spec.code_digest:
             self.upload_snapshot(target, spec)
         name = azureml_job_name(spec)
         with tempfile.TemporaryDirectory(prefix="ddlkit-azureml-") as tmp:
             code = Path(tmp) / "job"
             files = stage(spec, target, code)
-            job = build_job(target, spec, code=str(code), files=files, name=name,
+            job = build_job(target, spec, code=str(code), files=files, name=name, environment=environment,
                             environment_variables={**spec.env, **spec.secret_env})
             # the SDK prints a colour reset and blank lines to stderr after uploading the code,
             # whatever show_progress says: they would land among the job's output
@@ -528,7 +538,7 @@ class AzureMLJob(JobHandle):
         job ended: ``jobs.download`` reads the record, and refuses a job it says is still running.
         Waits up to ``settle_s`` for that, a look every poll interval."""
         deadline = time.monotonic() + self.settle_s
-        told = False
+        told = refused_when_ended = False
         while True:
             with self.workspace.errors(f"downloading job {self.id}'s output", self._secrets):
                 try:
@@ -540,7 +550,11 @@ class AzureMLJob(JobHandle):
                     status = self.workspace.client.jobs.get(self.id).status
                     recorded = str(getattr(status, "value", status))
                     if recorded in TERMINAL:
-                        raise  # the SDK refused for another reason
+                        if refused_when_ended:
+                            raise  # the SDK refused for another reason
+                        # the record ended between the download's read of it and this one: once more
+                        refused_when_ended = True
+                        continue
             ended = self.details().status
             if time.monotonic() >= deadline:
                 raise ddlkit.RunError(

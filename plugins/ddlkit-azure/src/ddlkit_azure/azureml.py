@@ -10,8 +10,10 @@ What a job is there (the request ``ddlkit plan compute=azureml ...`` prints):
   (written last) is there already, so an unchanged tree is uploaded once per workspace, not with
   every job. The command puts it into the job's directory (``code/`` beside ``job.json``), where
   the worker finds it;
-* **environment**: ``compute.image``, by default ddlkit's image for the framework at ddlkit's
-  version (:func:`ddlkit.compute.containers.default_image`);
+* **environment**: by default ``ddlkit-<framework>-<cpu|cuda>``, built by the workspace from
+  ddlkit's ``docker/Dockerfile`` and this checkout, versioned by the build context's digest: created
+  (the context uploaded) by the first job that finds no such version, reused by every later one
+  (:mod:`ddlkit_azure._environment`); or ``compute.image``, once its registry was asked for it;
 * **resources**: ``instance_count = compute.nodes`` on ``compute.cluster``; the **distribution**
   starts ``compute.procs_per_node`` processes per node: ``PyTorchDistribution`` for
   ``framework=pytorch dist=native`` (Azure ML sets ``MASTER_ADDR``, ``MASTER_PORT``, ``RANK``,
@@ -81,7 +83,8 @@ class AzureMLConfig:
     # nodes of the cluster (instance_count) and ranks per node; the job has nodes x procs_per_node ranks
     nodes: int = checked(1, POSITIVE_INTEGER)
     procs_per_node: int = checked(1, POSITIVE_INTEGER)
-    # the job's Docker image; null: ddlkit's image for the framework at ddlkit's version
+    # the job's Docker image; null: ddlkit's image for the framework, built by the workspace from
+    # ddlkit's docker/Dockerfile (environment ddlkit-<framework>-<cpu|cuda>, once per content)
     image: str | None = None
     # with image=null: the CUDA variant of ddlkit's image (true) or the CPU one (false)
     gpu: bool = True
@@ -165,13 +168,6 @@ class AzureMLTarget(ddlkit.ComputeTarget):
     def snapshot_path(self, digest: str) -> str:
         """:meth:`snapshot_uri`'s path in :attr:`code_datastore`."""
         return f"{self.code_path}/{digest}".lstrip("/")
-
-    def image(self) -> str:
-        if self.cfg.image:
-            return str(self.cfg.image)
-        from ddlkit.compute.containers import default_image
-
-        return default_image(str(self.cfg.framework), gpu=bool(self.cfg.gpu))
 
     @property
     def workspace(self) -> Workspace:

@@ -7,6 +7,10 @@ client, and ``ddlkit plan`` shows anyone what the architecture does. Its success
 
 What a job does, in order (:mod:`ddlkit_azure.batchai_client` sends the requests):
 
+0. the job's image (``compute.image``, or ddlkit's image for the framework in ``compute.registry``,
+   which ``scripts/build_images.sh --push`` puts there) is asked of its registry, through the manifest
+   API and anonymously, as the nodes pull it: an image the registry does not have, or refuses, is an
+   error before anything is created; one that cannot be checked is said on the console;
 1. the workspace, the experiment, the NFS file server (when ``storage=nfs`` or
    ``compute.stage_from`` needs it) and the cluster are created -- or reused when they exist with
    the same settings; a setting that differs is an error that says which and how to proceed;
@@ -45,7 +49,7 @@ from omegaconf import MISSING
 
 import ddlkit
 from ddlkit.atomic import write_text
-from ddlkit.compute.containers import DEFAULT_REGISTRY, default_image
+from ddlkit.compute.containers import DEFAULT_REGISTRY, default_image, ensure_pullable
 from ddlkit.interfaces import JobHandle, JobSpec, JobState, JobStatus
 from ddlkit.jobdir import CANCEL_FILE, STATE_DIR
 from ddlkit.options import MASTER_PORT, POSITIVE, POSITIVE_INTEGER, checked
@@ -265,6 +269,9 @@ class BatchAITarget(ddlkit.ComputeTarget):
 
     def submit(self, spec: JobSpec) -> JobHandle:
         service = self.service()
+        # before anything is created: the nodes pull the image without credentials, so a registry that
+        # has no such image, or refuses it to an anonymous pull, would fail the job once it is queued
+        ensure_pullable(service.image(), say=service.say)
         name = service.run_job(spec)
         return BatchAIJob(service, name, job_dir=spec.job_dir)
 

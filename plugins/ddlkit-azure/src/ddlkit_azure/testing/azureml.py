@@ -6,7 +6,8 @@ It follows the published API (the SDK's own request shapes) for what a command j
 * ARM (``AZUREML_DEV_URL_MFE`` points the SDK here): the workspace and its discovery document,
   computes (get, list), datastores (get, list, ``listSecrets``; the default ``workspaceblobstore``
   and ``workspaceartifactstore`` live in **Azurite**), code versions (list by hash,
-  ``startPendingUpload`` -> a SAS for Azurite, put, get), environment versions (put, get), jobs
+  ``startPendingUpload`` -> a SAS for Azurite, put, get), environment versions (put, get: an
+  ``image``, or a ``build`` whose ``contextUri`` names the context the SDK uploaded), jobs
   (put, get, ``cancel``);
 * run history: ``/history/v1.0/.../runs/{id}/details`` (state, error, ``logFiles``), and the log
   files themselves (``user_logs/std_log.txt``, ``std_log_process_N.txt`` for several processes, N
@@ -29,7 +30,12 @@ job's environment variables, under ``bash``, with *this machine's* ``python`` fi
 place of the image, which is only recorded; ``MpiDistribution`` runs the command under the real
 ``mpirun``, ``PyTorchDistribution`` starts one process per rank with ``MASTER_ADDR``, ``RANK`` ...,
 each process's output in its log file) -> ``Finalizing`` (the outputs go back to Azurite) ->
-``Completed`` / ``Failed`` / ``Canceled``. A cancel sends SIGTERM to every process, SIGKILL after
+``Completed`` / ``Failed`` / ``Canceled``. An environment with a build context is built in ``Preparing``
+by the first job that uses it, as the service builds it into the workspace's registry, and reused by
+later ones: the build (:attr:`LoopbackWorkspace.image_builds`) fetches the context from Azurite and
+checks that it holds the Dockerfile it names (the image is not built: the job runs here); a context
+without it is a loopback error (:attr:`LoopbackServer.errors <ddlkit_azure.testing.loopback.LoopbackServer.errors>`),
+which fails the test. A cancel sends SIGTERM to every process, SIGKILL after
 ``grace_period_s``. :meth:`LoopbackWorkspace.preempt` does what a low-priority eviction does:
 the processes are stopped, the outputs kept, and the job is queued again and re-run.
 
@@ -84,6 +90,18 @@ class Cluster:
     vm_priority: str = "Dedicated"
 
 
+@dataclass(frozen=True)
+class ImageBuild:
+    """An environment's image, built (as far as the loopback goes) from its build context."""
+
+    environment: str
+    version: str
+    #: the context as the SDK uploaded it (fetched from Azurite)
+    context: Path
+    #: where the image would be in the workspace's registry
+    image: str
+
+
 @dataclass
 class LoopbackJob:
     """A job of the loopback workspace, as the tests see it."""
@@ -112,6 +130,8 @@ class LoopbackJob:
     lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
     #: when (time.monotonic) the job reached its terminal state
     ended_at: float | None = None
+    #: the image the job's environment names, or the one built for it
+    image: str | None = None
 
     def set_state(self, state: str) -> None:
         with self.lock:
@@ -156,6 +176,8 @@ class LoopbackWorkspace:
                            ARTIFACT_DATASTORE: "azureml"}
         self.codes: dict[tuple[str, str], dict[str, Any]] = {}
         self.environments: dict[tuple[str, str], dict[str, Any]] = {}
+        #: (environment, version) -> its image, built by the first job that used it
+        self.image_builds: dict[tuple[str, str], ImageBuild] = {}
         self.jobs: dict[str, LoopbackJob] = {}
         self._lock = threading.Lock()
         self._bin = self.root / "bin"
@@ -558,6 +580,7 @@ class LoopbackWorkspace:
         attempt_dir = job.workdir / f"attempt-{job.attempts}"
         code_dir, mounts = attempt_dir / "wd", {}
         code_dir.mkdir(parents=True)
+        job.image = self._image(job)
         code_id = job.spec.get("codeId")
         if code_id:
             m = re.search(r"/codes/([^/]+)/versions/([^/]+)$", code_id)
@@ -602,6 +625,33 @@ class LoopbackWorkspace:
                          f"file '{log}' for error details.")
             job.set_state(FAILED)
         return False
+
+    def _image(self, job: LoopbackJob) -> str | None:
+        """The image of the job's environment: its ``image``, or the one built from its build context
+        (by the first job that needs it)."""
+        m = re.search(r"/environments/([^/]+)/versions/([^/]+)$", job.spec.get("environmentId") or "")
+        environment = self.environments.get((m.group(1), m.group(2))) if m else None
+        if environment is None:
+            raise ValueError(f"the job names environment {job.spec.get('environmentId')}, which was never created")
+        build = environment.get("build")
+        if not build:
+            return environment.get("image")
+        key = (m.group(1), m.group(2))
+        with self._lock:
+            if key not in self.image_builds:
+                self.image_builds[key] = self._build_image(*key, build)
+            return self.image_builds[key].image
+
+    def _build_image(self, name: str, version: str, build: Mapping[str, Any]) -> ImageBuild:
+        uri, dockerfile = build.get("contextUri") or "", build.get("dockerfilePath") or "Dockerfile"
+        context = self.root / "image-builds" / name / version
+        container, _, prefix = uri.removeprefix(f"{BLOB_URL}/").partition("/")
+        if not uri.startswith(f"{BLOB_URL}/") or not self.download_prefix(container, prefix, context):
+            raise ValueError(f"environment {name}:{version}'s build context {uri or '(none)'} holds no files")
+        if not (context / dockerfile).is_file():
+            raise ValueError(f"environment {name}:{version}'s build context has no {dockerfile}")
+        tag = uuid.uuid5(uuid.NAMESPACE_URL, f"{self.workspace_id}/{name}/{version}").hex
+        return ImageBuild(name, version, context, f"{self.workspace_id[:8]}.azurecr.io/azureml/azureml_{tag}")
 
     def _execute(self, job: LoopbackJob, code_dir: Path, mounts: dict) -> int:
         spec = job.spec

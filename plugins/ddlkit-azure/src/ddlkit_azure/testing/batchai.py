@@ -31,7 +31,8 @@ Horovod) settings under the real ``mpirun`` with ``processCount`` processes and 
 ``mpirun <its options> <commandLine>``, so the command line is what the MPI runtime starts on every
 rank (its first word the program), expanded by that shell once; a custom toolkit under ``bash`` --
 with the job's environment variables and secrets, ``AZ_BATCHAI_*`` as the service sets them, and
-*this machine's* ``python`` first on ``PATH`` in place of the image, which is only recorded.
+*this machine's* ``python`` first on ``PATH`` in place of the image, which is only recorded (or, with
+:attr:`BatchAILoopback.registry`, looked up: a job whose image the nodes cannot pull from it fails).
 ``stdout.txt``/``stderr.txt`` go to ``<stdOutErrPathPrefix>/<segment>/stdouterr``, output
 directories to ``<pathPrefix>/<segment>/<pathSuffix>``. The job ends ``succeeded`` (exit 0) or
 ``failed``. ``terminate`` makes it ``terminating``: SIGTERM to the job's processes (but ``mpirun``),
@@ -61,6 +62,7 @@ from pathlib import Path
 from typing import Any
 
 from ddlkit.compute.process import kill_session
+from ddlkit.testing.registry import LoopbackRegistry
 
 from .loopback import LoopbackServer, Request, Response, error_body
 
@@ -219,6 +221,9 @@ class BatchAILoopback:
     resource_groups: set[str] | None = None
     #: answer a ranged download 200 with the whole file, as a server that ignores ``Range`` does
     ignore_range: bool = False
+    #: where the nodes pull images from (anonymously, as a job without registry credentials does): a job
+    #: whose image it does not let them pull fails, as a failed pull fails it; None: images are only recorded
+    registry: LoopbackRegistry | None = None
     #: create bodies that did not fit the schema: (method, path, errors)
     invalid: list[tuple[str, str, list[str]]] = field(default_factory=list)
 
@@ -519,6 +524,10 @@ class BatchAILoopback:
         props = job["properties"]
         if cluster is None:
             self._end(path, None, [{"code": "ClusterNotFound", "message": "The job's cluster was deleted."}])
+            return
+        image = props["containerSettings"]["imageSourceRegistry"]["image"]
+        if self.registry is not None and not self.registry.pullable(image):
+            self._end(path, None, [{"code": "ImagePullFailed", "message": f"The nodes could not pull image {image}."}])
             return
         mounts = self._mount_root(cluster)
         nodes = int(props["nodeCount"])
