@@ -41,9 +41,9 @@ from typing import Any
 from _common import RESULTS, summary, write_result
 from ddlkit.jobdir import EXIT_PREEMPTED, JOB_FILE, RESULT_FILE
 
-#: framework=keras is absent: it refuses dist=native (Keras 3's fit fails under
-#: MultiWorkerMirroredStrategy) and trains like framework=tensorflow otherwise
-CONFIGS = ("pytorch/native", "pytorch/horovod", "tensorflow/native")
+#: framework=keras only with Horovod: it refuses dist=native (Keras 3's fit fails under
+#: MultiWorkerMirroredStrategy)
+CONFIGS = ("pytorch/native", "pytorch/horovod", "tensorflow/native", "tensorflow/horovod", "keras/horovod")
 RANKS = (1, 2, 4)
 
 
@@ -54,10 +54,14 @@ def available(config: str) -> str | None:
     framework, backend = config.split("/")
     if importlib.util.find_spec(f"ddlkit_{framework}") is None:
         return f"the ddlkit-{framework} plugin is not installed"
-    if backend == "horovod":  # pytorch: the one framework that trains with Horovod
+    if backend == "horovod" and framework == "pytorch":
         from ddlkit_pytorch.framework import horovod_problem
 
         return horovod_problem()
+    if backend == "horovod":  # tensorflow and keras share the TensorFlow plugin's check
+        from ddlkit_tensorflow.runtime import horovod_problem as tensorflow_horovod_problem
+
+        return tensorflow_horovod_problem(framework)
     return None
 
 

@@ -1,32 +1,47 @@
 #!/usr/bin/env bash
-# Opt-in: build Horovod 0.28.1 (the last release) for the installed PyTorch, CPU, with Gloo and MPI,
-# cache the wheel, and install it. Needed only for `dist=horovod`; `dist=native` needs nothing.
+# Opt-in: build Horovod 0.28.1 (the last release), CPU, with Gloo and MPI, for the installed
+# PyTorch and TensorFlow (whichever of the two are importable; at least one), cache the wheel, and
+# install it. Needed only for `dist=horovod`; `dist=native` needs nothing.
 #
 #   scripts/install_horovod.sh            # build (or reuse the cached wheel) and install
 #   DDLKIT_HOROVOD_CACHE=/some/dir ...    # where wheels are cached (default ~/.cache/ddlkit/horovod)
 #
-# Why a script and not a requirement: horovod 0.28.1's sdist pins C++14 in its CMake files, and
-# PyTorch >= 2.1 headers need C++17, so `pip install horovod` fails against torch 2.x. We patch the
-# two `set(CMAKE_CXX_STANDARD 14)` lines to 17 and build without build isolation (so it compiles
-# against the torch that is installed, not a fresh one pip would pull). TensorFlow is left out on
-# purpose: horovod 0.28.1 does not build against TF >= 2.16 (see README, "Horovod").
+# Why a script and not a requirement: horovod 0.28.1's sdist does not build against today's frameworks,
+# so `pip install horovod` fails. Two patches, each checked to apply:
+# - PyTorch >= 2.1 headers need C++17, and the sdist pins C++14 in its CMake files: the two
+#   `set(CMAKE_CXX_STANDARD 14)` lines become 17 (TensorFlow >= 2.10 already gets C++17 there);
+# - TensorFlow (2.16 and later) moved XLA's headers (xla/client/xla_builder.h is gone, and XLA's
+#   printer.h includes highwayhash from a directory TensorFlow's compile flags do not name), so
+#   horovod/tensorflow/xla_mpi_ops.cc no longer compiles. Everything in it but its #includes is GPU
+#   code (Horovod's XLA custom calls run on CUDA or ROCm only), so a CPU build compiles it empty.
+# TensorFlow's own ABI and C++ flags come from tf.sysconfig, which Horovod's CMake already reads.
+# The build runs without build isolation, so it compiles against the frameworks that are installed,
+# not fresh ones pip would pull.
 #
 # Needs: a C++ compiler, cmake (Debian's 3.25; a pip cmake >= 4 works with
 # CMAKE_POLICY_VERSION_MINIMUM=3.5, set below), OpenMPI headers (libopenmpi-dev) for the MPI
 # controller, which lets Horovod ranks start under plain `mpirun` (compute=local_mpi).
-# The wheel is tied to the torch and Python it was built against, so the cache key includes both.
+# The wheel is tied to the frameworks and Python it was built against, so the cache key names them.
 set -euo pipefail
 
 HOROVOD_VERSION=0.28.1
 CACHE_ROOT="${DDLKIT_HOROVOD_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/ddlkit/horovod}"
 PY="${PYTHON:-python}"
 
-torch_version="$("$PY" -c 'import torch; print(torch.__version__)')" || {
-    echo "install_horovod: PyTorch is not importable with $PY; install torch first (requirements.txt)" >&2
+# "" where the framework is not importable; TensorFlow's C++ start-up notices go to /dev/null
+torch_version="$("$PY" -c 'import torch; print(torch.__version__)' 2>/dev/null || true)"
+tf_version="$(TF_CPP_MIN_LOG_LEVEL=3 "$PY" -c 'import tensorflow as tf; print(tf.__version__)' 2>/dev/null || true)"
+if [[ -z "$torch_version" && -z "$tf_version" ]]; then
+    echo "install_horovod: neither PyTorch nor TensorFlow is importable with $PY; install one first" \
+         "(requirements.txt, or requirements-test.txt for both)" >&2
     exit 1
-}
+fi
 py_tag="$("$PY" -c 'import sys; print(f"cp{sys.version_info[0]}{sys.version_info[1]}")')"
-cache_dir="$CACHE_ROOT/horovod-$HOROVOD_VERSION-torch-${torch_version//+/_}-$py_tag"
+key="horovod-$HOROVOD_VERSION" bindings=()
+if [[ -n "$torch_version" ]]; then key+="-torch-${torch_version//+/_}"; bindings+=("torch $torch_version"); fi
+if [[ -n "$tf_version" ]]; then key+="-tf-${tf_version//+/_}"; bindings+=("tensorflow $tf_version"); fi
+frameworks="$(printf '%s, ' "${bindings[@]}")" && frameworks="${frameworks%, }"
+cache_dir="$CACHE_ROOT/$key-$py_tag"
 mkdir -p "$cache_dir"
 
 wheel="$(ls "$cache_dir"/horovod-"$HOROVOD_VERSION"-*.whl 2>/dev/null | head -n1 || true)"
@@ -56,18 +71,21 @@ if [[ -z "$wheel" ]]; then
     src="$work/horovod-$HOROVOD_VERSION"
     sed -i 's/set(CMAKE_CXX_STANDARD 14)/set(CMAKE_CXX_STANDARD 17)/' \
         "$src/CMakeLists.txt" "$src/horovod/torch/CMakeLists.txt"
-    grep -q 'set(CMAKE_CXX_STANDARD 17)' "$src/horovod/torch/CMakeLists.txt" || {
-        echo "install_horovod: the C++17 patch did not apply; the sdist layout changed" >&2
+    sed -i 's/^#if TENSORFLOW_VERSION >= 2006000000$/& \&\& HAVE_GPU/' "$src/horovod/tensorflow/xla_mpi_ops.cc"
+    grep -q 'set(CMAKE_CXX_STANDARD 17)' "$src/horovod/torch/CMakeLists.txt" \
+        && grep -q '^#if TENSORFLOW_VERSION >= 2006000000 && HAVE_GPU$' "$src/horovod/tensorflow/xla_mpi_ops.cc" || {
+        echo "install_horovod: the C++17 or the XLA patch did not apply; the sdist layout changed" >&2
         exit 1
     }
 
-    echo "install_horovod: building horovod $HOROVOD_VERSION against torch $torch_version ($(nproc) cores) ..."
+    echo "install_horovod: building horovod $HOROVOD_VERSION against $frameworks ($(nproc) cores) ..."
     start=$(date +%s)
     # Horovod's setup.py defaults to make -j8; match the cores instead so a small machine does
     # not swap. Frameworks are explicit so a missing one fails the build rather than being skipped.
-    MAKEFLAGS="-j$(nproc)" \
-    HOROVOD_WITH_PYTORCH=1 HOROVOD_WITHOUT_TENSORFLOW=1 HOROVOD_WITHOUT_MXNET=1 \
-    HOROVOD_WITH_GLOO=1 HOROVOD_WITH_MPI=1 \
+    torch_build=$([[ -n "$torch_version" ]] && echo WITH || echo WITHOUT)
+    tf_build=$([[ -n "$tf_version" ]] && echo WITH || echo WITHOUT)
+    env MAKEFLAGS="-j$(nproc)" "HOROVOD_${torch_build}_PYTORCH=1" "HOROVOD_${tf_build}_TENSORFLOW=1" \
+        HOROVOD_WITHOUT_MXNET=1 HOROVOD_WITH_GLOO=1 HOROVOD_WITH_MPI=1 \
         "$PY" -m pip wheel --no-build-isolation --no-deps --quiet "$src" -w "$work/dist"
     echo "install_horovod: built in $(( $(date +%s) - start )) s"
     cp "$work"/dist/horovod-*.whl "$cache_dir/"
@@ -77,7 +95,16 @@ else
 fi
 
 # --no-deps for horovod itself (its pins are loose); its runtime deps are small and listed here
-# so pip never touches torch.
+# so pip never touches the frameworks.
 "$PY" -m pip install --quiet cloudpickle psutil pyyaml packaging
 "$PY" -m pip install --quiet --no-deps --force-reinstall "$wheel"
-"$PY" -c 'import horovod.torch as hvd; assert hvd.mpi_built() and hvd.gloo_built(); print("install_horovod: horovod", __import__("horovod").__version__, "ok (torch, mpi, gloo)")'
+# each binding loads against its framework and was built with both controllers
+checks="import horovod"
+if [[ -n "$torch_version" ]]; then checks+="; import horovod.torch as h; assert h.mpi_built() and h.gloo_built()"; fi
+if [[ -n "$tf_version" ]]; then checks+="; import horovod.tensorflow as h; assert h.mpi_built() and h.gloo_built()"; fi
+if ! failure="$(TF_CPP_MIN_LOG_LEVEL=3 "$PY" -c "$checks" 2>&1)"; then
+    echo "$failure" | grep -v 'absl::InitializeLog\|oneDNN custom operations' >&2
+    echo "install_horovod: the installed horovod does not load (above); remove $cache_dir to rebuild" >&2
+    exit 1
+fi
+echo "install_horovod: horovod $HOROVOD_VERSION ok ($frameworks; mpi, gloo)"

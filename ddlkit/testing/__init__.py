@@ -29,13 +29,17 @@ choose a framework, so a run needs no deep-learning library and takes a fraction
 in-process, about two seconds through the CLI. Helpers for your own fixtures: :func:`add_plugin`,
 :func:`compose` and :func:`make_run`. For tests of jobs that run in other processes:
 :func:`wait_for` (until a log line, a file or a state appears), :func:`hold` (where nothing is
-to happen for a while) and :func:`alive`. Contract suites for the five interfaces are in
-:mod:`ddlkit.testing.contracts`; multi-rank jobs under ``mpirun`` in :mod:`ddlkit.testing.multirank`; a
-loopback container registry (the OCI distribution API over HTTPS, token auth) in :mod:`ddlkit.testing.registry`.
+to happen for a while) and :func:`alive`. For a framework's ``dist=horovod`` checks:
+:func:`horovod_at` (which Horovod, built with which bindings, ``import horovod`` finds).
+Contract suites for the five interfaces are in :mod:`ddlkit.testing.contracts`; multi-rank
+jobs under ``mpirun`` in :mod:`ddlkit.testing.multirank`; a loopback container registry (the OCI
+distribution API over HTTPS, token auth) in :mod:`ddlkit.testing.registry`.
 """
 
 from __future__ import annotations
 
+import importlib.machinery
+import importlib.util
 import itertools
 import json
 import os
@@ -358,6 +362,18 @@ def alive(pid: int) -> bool:
     except OSError:
         return True
     return stat.rsplit(")", 1)[1].split()[0] != "Z"
+
+
+def horovod_at(monkeypatch: pytest.MonkeyPatch, package: Path | None) -> None:
+    """Make the directory ``package`` what ``import horovod`` finds (None: no Horovod), for
+    :func:`ddlkit.horovod.horovod_built_with`: a Horovod built with a framework's binding has
+    that binding's library, e.g. ``package / "torch" / "mpi_lib_v2.cpython-311-x86_64-linux-gnu.so"``."""
+    spec = None
+    if package is not None:
+        spec = importlib.machinery.ModuleSpec("horovod", None, is_package=True)
+        spec.submodule_search_locations = [str(package)]
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: spec if name == "horovod" else real(name, *a))
 
 
 @dataclass(frozen=True)

@@ -12,6 +12,7 @@ from omegaconf import OmegaConf
 
 import ddlkit
 from ddlkit.config import Precision, TrainerConfig
+from ddlkit.testing import horovod_at
 from ddlkit_keras.framework import KerasConfig, KerasFramework
 
 
@@ -64,15 +65,23 @@ def test_configure_shares_the_tensorflow_checks() -> None:
     trainer = OmegaConf.structured(TrainerConfig(precision=Precision.fp16))
     with pytest.raises(ddlkit.ConfigError, match="fp16 needs a GPU"):
         framework.configure(OmegaConf.create({"trainer": trainer, "dist": {"backend": "none"}}))
-    with pytest.raises(ddlkit.ConfigError, match="dist=horovod.*framework=keras.*dist=native"):
-        framework.configure(OmegaConf.create({"trainer": OmegaConf.structured(TrainerConfig()),
-                                              "dist": {"backend": "horovod"}}))
+    horovod = OmegaConf.create({"trainer": OmegaConf.structured(TrainerConfig()), "dist": {"backend": "horovod"}})
+    with pytest.raises(ddlkit.ConfigError, match="framework.xla=true cannot run with dist=horovod.*framework=keras"):
+        KerasFramework(OmegaConf.structured(KerasConfig(xla=True))).configure(horovod)
 
 
-def test_several_workers_are_refused_pointing_to_framework_tensorflow() -> None:
+def test_horovod_not_installed_is_refused_with_how_to_get_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    horovod_at(monkeypatch, None)
+    config = OmegaConf.create({"trainer": OmegaConf.structured(TrainerConfig()), "dist": {"backend": "horovod"}})
+    with pytest.raises(ddlkit.ConfigError, match=r"^dist=horovod with framework=keras needs Horovod, which is not "
+                                                 r"installed\. Build it .* with scripts/install_horovod.sh"):
+        KerasFramework(OmegaConf.structured(KerasConfig())).configure(config)
+
+
+def test_dist_native_is_refused_pointing_to_horovod_and_framework_tensorflow() -> None:
     framework = KerasFramework(OmegaConf.structured(KerasConfig()))
     config = OmegaConf.create({"trainer": OmegaConf.structured(TrainerConfig()), "dist": {"backend": "native"}})
-    with pytest.raises(ddlkit.ConfigError, match="keras-team/keras#20585.*use framework=tensorflow"):
+    with pytest.raises(ddlkit.ConfigError, match="keras-team/keras#20585.*use dist=horovod, or framework=tensorflow"):
         framework.configure(config)
 
 

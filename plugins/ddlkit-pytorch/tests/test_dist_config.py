@@ -3,8 +3,6 @@ is tested end to end in test_dist.py)."""
 
 from __future__ import annotations
 
-import importlib.machinery
-import importlib.util
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -12,21 +10,12 @@ import pytest
 from omegaconf import OmegaConf
 
 import ddlkit
+from ddlkit.testing import horovod_at
 from ddlkit_pytorch.framework import PytorchConfig, PytorchFramework
 
 
 def config(backend: str) -> object:
     return OmegaConf.create({"trainer": {"precision": "fp32"}, "dist": {"backend": backend}, "data": {"name": "synthetic"}})
-
-
-def horovod_at(monkeypatch: pytest.MonkeyPatch, package: Path | None) -> None:
-    """Make ``package`` (None: nothing) what ``import horovod`` would find."""
-    spec = None
-    if package is not None:
-        spec = importlib.machinery.ModuleSpec("horovod", None, is_package=True)
-        spec.submodule_search_locations = [str(package)]
-    real = importlib.util.find_spec
-    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: spec if name == "horovod" else real(name, *a))
 
 
 def test_horovod_not_installed_is_refused_with_how_to_get_it(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -20,7 +20,7 @@ import ddlkit
 
 try:
     from ddlkit_tensorflow.framework import TensorflowConfig
-    from ddlkit_tensorflow.runtime import check_config, distribution_strategy, setup_tensorflow
+    from ddlkit_tensorflow.runtime import check_config, check_environment, distribution_strategy, setup_tensorflow
 except ImportError as err:
     # ddlkit reports a plugin that fails to load with this message when framework=keras is chosen
     raise ImportError("ddlkit-keras needs the ddlkit-tensorflow plugin (models, optimizer, runtime): "
@@ -47,6 +47,9 @@ class KerasFramework(ddlkit.Framework):
     #: the trained Keras model once :meth:`train` has returned, for ``ddlkit_run_end`` hooks
     model: Any = None
 
+    def check_environment(self, config: DictConfig) -> None:
+        check_environment("keras", config)
+
     def configure(self, config: DictConfig) -> None:
         if self.cfg.backend not in BACKENDS:
             raise ddlkit.ConfigError(
@@ -57,8 +60,8 @@ class KerasFramework(ddlkit.Framework):
             raise ddlkit.ConfigError(
                 "framework=keras cannot train with dist=native: Keras 3's model.fit fails under "
                 "tf.distribute.MultiWorkerMirroredStrategy (keras-team/keras#20585, tensorflow/tensorflow#72388). "
-                "For several ranks use framework=tensorflow (the same ResNets, optimizer and checkpoints, in a "
-                "custom loop) with dist=native; framework=keras trains in one process (dist=none).")
+                "For several ranks use dist=horovod, or framework=tensorflow (the same ResNets, optimizer and "
+                "checkpoints, in a custom loop) with dist=native.")
         if config.trainer.accumulate_batches > 1 and config.trainer.precision == "fp16":
             raise ddlkit.ConfigError(
                 "framework=keras cannot accumulate gradients under trainer.precision=fp16: Keras' loss-scale "
@@ -81,12 +84,14 @@ class KerasFramework(ddlkit.Framework):
         from .callback import DdlkitCallback
 
         t = run.cfg.trainer
-        with distribution_strategy(run, "keras").scope():
+        strategy = distribution_strategy(run, "keras")
+        with strategy.scope():
             model = build_model(run)
-            optimizer = make_optimizer(run, run.cfg.trainer.precision)
+            # under Horovod, an optimizer that averages the ranks' gradients before anything else
+            optimizer = strategy.optimizer_for_fit(make_optimizer(run, run.cfg.trainer.precision))
             # Keras' own clipping and accumulation: the loss-scale optimizer hands its inner one
-            # unscaled gradients, which that accumulates, averages, clips, then applies; fit trains
-            # one replica here (no all-reduce to come after the clipping, see configure)
+            # unscaled gradients, which that accumulates, averages, clips, then applies; no
+            # all-reduce comes after the clipping (tf.distribute's would: see configure)
             inner = getattr(optimizer, "inner_optimizer", optimizer)
             if t.clip_grad_norm:
                 inner.global_clipnorm = float(t.clip_grad_norm)
@@ -114,6 +119,8 @@ class KerasFramework(ddlkit.Framework):
         run.phase("data ready")
         run.checkpointing(save, load)
         run.start()
+        # after a resume's checkpoint too: it is the same file on every rank
+        strategy.broadcast_variables([*model.weights, *optimizer.variables])
         with data_errors(train_loader, val_loader):
             self._fit(run, model, train_loader, val_data, DdlkitCallback(run))
         if t.save_model:

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 import ddlkit
 
-from .runtime import check_config, distribution_strategy, setup_tensorflow
+from .runtime import check_config, check_environment, distribution_strategy, setup_tensorflow
 
 if TYPE_CHECKING:
     from omegaconf import DictConfig
@@ -34,6 +34,9 @@ class TensorflowFramework(ddlkit.Framework):
     release_image = True
     #: the trained Keras model once :meth:`train` has returned, for ``ddlkit_run_end`` hooks
     model: Any = None
+
+    def check_environment(self, config: DictConfig) -> None:
+        check_environment("tensorflow", config)
 
     def configure(self, config: DictConfig) -> None:
         check_config("tensorflow", self.cfg.device, self.cfg.xla, self.cfg.num_threads, config)
@@ -68,6 +71,8 @@ class TensorflowFramework(ddlkit.Framework):
         run.phase("data ready")
         run.checkpointing(save, load)
         run.start()
+        # after a resume's checkpoint too: it is the same file on every rank
+        strategy.broadcast_variables([*model.weights, *optimizer.variables])
 
         def evaluate() -> dict[str, float]:
             sums = dict.fromkeys([*metrics, "count"], 0.0)
@@ -127,7 +132,7 @@ class TensorflowFramework(ddlkit.Framework):
                 loss, grads = loss_and_gradients(images, labels)
             else:
                 # N micro-batches stacked (see `batches`), their gradients summed in a loop that
-                # holds one micro-batch's activations at a time; nothing is all-reduced before apply
+                # holds one micro-batch's activations at a time; all-reduced once, after the loop
                 loss = tf.constant(0.0)
                 grads = [tf.zeros(v.shape, v.dtype) for v in model.trainable_variables]
                 for i in tf.range(accumulate):
@@ -135,6 +140,8 @@ class TensorflowFramework(ddlkit.Framework):
                         images[i], labels[i], unconnected_gradients=tf.UnconnectedGradients.ZERO)
                     loss += micro_loss
                     grads = [g + m for g, m in zip(grads, micro_grads, strict=True)]
+            # Horovod sums the ranks' gradients here (before clipping); tf.distribute's optimizer in apply()
+            grads = strategy.gradients_to_apply(grads)
             if clip:
                 grads = clipped_after_all_reduce(grads)
             optimizer.apply(grads, model.trainable_variables)
@@ -145,6 +152,7 @@ class TensorflowFramework(ddlkit.Framework):
             optimizer clips (global_clipnorm) before its all-reduce, each replica by its own norm,
             so the sum is formed here, clipped, and each replica hands on its 1/n share for the
             optimizer to sum again (one more all-reduce, only with clipping and several ranks).
+            Under Horovod the gradients arrive summed, and tf.distribute sees one replica.
             Under fp16 the gradients are scaled: clipped at ``clip`` times the scale, which is
             clipping the unscaled ones at ``clip``; an overflow's inf norm gives NaN gradients,
             which the loss-scale optimizer skips."""

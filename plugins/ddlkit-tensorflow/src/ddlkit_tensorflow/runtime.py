@@ -76,12 +76,17 @@ def _without_load_notices() -> Iterator[None]:
 def check_config(framework: str, device: str, xla: bool, num_threads: Any, config: DictConfig) -> None:
     """Launcher-side checks that need no TensorFlow (``Framework.configure``); the framework's own
     options come from its component config, the rest from the run's ``config``."""
-    if config.dist.backend == "horovod":
-        raise ddlkit.ConfigError(horovod_refusal(framework))
     threads.check(num_threads, "TensorFlow")
     if xla and config.trainer.deterministic:
         raise ddlkit.ConfigError(f"framework.xla=true cannot run with trainer.deterministic=true: XLA has no "
                                  f"deterministic max-pool gradient. Choose one of the two for framework={framework}.")
+    if xla and config.dist.backend == "horovod":
+        # XLA compiles the whole train step, Horovod's all-reduce included, and the Horovod that
+        # scripts/install_horovod.sh builds has no XLA kernels (they are GPU-only, and do not build
+        # against TensorFlow 2.21's XLA headers)
+        raise ddlkit.ConfigError(f"framework.xla=true cannot run with dist=horovod: Horovod's collectives have no XLA "
+                                 f"kernels here. Choose one of the two for framework={framework} (dist=native "
+                                 f"compiles with XLA).")
     if device not in DEVICES:
         raise ddlkit.ConfigError(f"framework.device={device} is invalid: choose one of {', '.join(DEVICES)}.")
     if config.trainer.precision == "fp16" and device == "cpu":
@@ -138,35 +143,36 @@ def _set_threads(tf: ModuleType, wanted: int) -> int:
 def distribution_strategy(run: ddlkit.RunContext, framework: str) -> Any:
     """The seam between ddlkit's ``dist.backend`` and TensorFlow: the one place that decides
     how gradients are shared across ranks. The training code uses only the returned object's
-    ``scope()`` / ``run()`` / ``reduce()`` / ``experimental_distribute_dataset()``, so adding a
-    backend means adding a branch here, nowhere else:
+    methods (:class:`TfDistribute`'s: ``scope()``, ``run()``, ``reduce()``,
+    ``experimental_distribute_dataset()``, ``gradients_to_apply()``, ``optimizer_for_fit()``,
+    ``broadcast_variables()``), so adding a backend means adding a branch here, nowhere else:
 
     * ``none``, or a job of one rank: ``tf.distribute.get_strategy()``, the default strategy (one
       replica, no collectives; its methods cost nothing);
     * ``native``: ``tf.distribute.MultiWorkerMirroredStrategy`` (:class:`MultiWorker`), one worker
       per rank, ``TF_CONFIG`` built from the ranks' addresses;
-    * ``horovod``: a ConfigError (:func:`check_config`): Horovod 0.28.1 does not build against
-      TensorFlow >= 2.16, and this plugin targets Keras 3 on TensorFlow 2.21.
+    * ``horovod``: Horovod's collectives (:class:`Horovod`) over the job's ranks.
 
     It sets ``run.device`` to the devices the strategy computes on (:func:`device_names`).
     """
     backend = run.cfg.dist.backend
     if backend == "none" and run.dist.world_size != 1:
         raise ddlkit.ConfigError(f"dist.backend=none trains in one process, but this job has "
-                                 f"{run.dist.world_size} ranks; use dist.backend=native.")
-    if backend == "horovod":
-        raise ddlkit.ConfigError(horovod_refusal(framework))
-    if backend not in ("none", "native"):
+                                 f"{run.dist.world_size} ranks; use dist.backend=native or horovod.")
+    if backend not in ("none", "native", "horovod"):
         raise ddlkit.ConfigError(f"dist.backend={backend} is unknown: choose none, native or horovod.")
     import tensorflow as tf
 
-    if run.dist.world_size == 1:
-        # the default strategy places every op on the first GPU TensorFlow sees, else on the CPU
-        run.device = device_names(tf.config.list_logical_devices("GPU")[:1] or tf.config.list_logical_devices("CPU"))
-        return tf.distribute.get_strategy()
-    strategy = MultiWorker(run)
-    run.device = device_names(strategy.strategy.extended.worker_devices)
-    return strategy
+    if backend == "native" and run.dist.world_size > 1:
+        # first: the strategy configures TensorFlow's runtime, which listing the devices would start
+        strategy = MultiWorker(run)
+        run.device = device_names(strategy.strategy.extended.worker_devices)
+        return strategy
+    replicas = Horovod(run) if run.dist.world_size > 1 else TfDistribute(tf.distribute.get_strategy())
+    # without a tf.distribute strategy across ranks (one rank, or Horovod), every op runs on the
+    # first GPU TensorFlow sees, else on the CPU
+    run.device = device_names(tf.config.list_logical_devices("GPU")[:1] or tf.config.list_logical_devices("CPU"))
+    return replicas
 
 
 def device_names(devices: Any) -> str:
@@ -182,27 +188,153 @@ def device_names(devices: Any) -> str:
     return ",".join(dict.fromkeys(names))  # once each, in order
 
 
-#: why Horovod does not train with this plugin, and what to use instead
-HOROVOD_HOW_TO = ("Horovod 0.28.1, its last release, does not build against TensorFlow >= 2.16: use dist=native "
-                  "(tf.distribute.MultiWorkerMirroredStrategy), or an environment pinned to tensorflow 2.15 + "
-                  "horovod 0.28.1 (see the README, 'Horovod').")
+#: how to get a Horovod that trains TensorFlow and Keras, or what to use instead
+HOROVOD_HOW_TO = ("Build it against the installed TensorFlow (and torch, if installed) with "
+                  "scripts/install_horovod.sh (Horovod 0.28.1 patched for C++17 and TensorFlow 2.21; about 9 minutes "
+                  "on 2 cores, then the wheel is cached), or use dist=native.")
 
 
-def horovod_refusal(framework: str) -> str:
-    """Why ``dist=horovod`` is refused for ``framework`` (tensorflow or keras), in the terms of
-    the Horovod installed here."""
+def check_environment(framework: str, config: DictConfig) -> None:
+    """What the Python environment the ranks run in must have for ``config``
+    (``Framework.check_environment``): Horovod built with TensorFlow for ``dist=horovod``."""
+    if config.dist.backend == "horovod" and (problem := horovod_problem(framework)):
+        raise ddlkit.ConfigError(problem)
+
+
+def horovod_problem(framework: str) -> str | None:
+    """Why ``dist=horovod`` cannot train ``framework`` (tensorflow or keras) in this environment,
+    or None if it can."""
     built = horovod_built_with("tensorflow/mpi_lib")
     if built is None:
         return f"dist=horovod with framework={framework} needs Horovod, which is not installed. {HOROVOD_HOW_TO}"
     if not built:
         return (f"dist=horovod with framework={framework}: the installed Horovod was built without TensorFlow "
                 f"support. {HOROVOD_HOW_TO}")
-    # a Horovod built with TensorFlow: only possible with TensorFlow <= 2.15
-    return (f"dist=horovod is not supported for framework={framework}: this plugin targets Keras 3 "
-            "(TensorFlow >= 2.16), which Horovod 0.28.1 does not build against. Use dist=native.")
+    return None
 
 
-class MultiWorker:
+class TfDistribute:
+    """A ``tf.distribute`` strategy behind the seam (:func:`distribution_strategy`): variables
+    created in its ``scope()`` are mirrored, and Keras' ``optimizer.apply()`` sums the replicas'
+    gradients itself, in the replica context."""
+
+    def __init__(self, strategy: Any) -> None:
+        self.strategy = strategy
+
+    def scope(self) -> Any:
+        return self.strategy.scope()
+
+    def run(self, fn: Any, args: tuple = ()) -> Any:
+        return self.strategy.run(fn, args=args)
+
+    def reduce(self, op: Any, value: Any, axis: Any) -> Any:
+        return self.strategy.reduce(op, value, axis=axis)
+
+    def experimental_distribute_dataset(self, dataset: Any) -> Any:
+        return self.strategy.experimental_distribute_dataset(dataset)
+
+    def gradients_to_apply(self, grads: list[Any]) -> list[Any]:
+        """Inside the replica function: what ``optimizer.apply()`` is handed, from this replica's
+        gradients of its share of the global mean loss. Unchanged here: the optimizer sums them."""
+        return grads
+
+    def optimizer_for_fit(self, optimizer: Any) -> Any:
+        """The optimizer for Keras' ``model.fit``, whose train step hands it each replica's
+        gradients of its own mean loss. Unchanged here: the strategy scales and sums them."""
+        return optimizer
+
+    def broadcast_variables(self, variables: list[Any]) -> None:
+        """Make every rank hold rank 0's values (before the first step, after a checkpoint is
+        loaded). Nothing to do here: the strategy keeps its mirrored variables equal."""
+
+
+class Horovod:
+    """``dist=horovod`` behind the seam (:func:`distribution_strategy`): Horovod's core
+    collectives, called by ddlkit's own steps, and no ``tf.distribute`` strategy (Horovod's
+    Keras wrappers, ``horovod.keras`` and ``horovod.tensorflow.keras``, are Keras 2 code and break
+    with Keras 3). Each rank is one replica, on its local rank's GPU or the CPU: ``scope()`` and
+    ``run()`` add nothing, the dataset is this rank's own shard already, and
+
+    * the custom loop's gradients, of this rank's share of the global mean loss (its sum over
+      the global batch), are summed over the ranks in one fused all-reduce
+      (:meth:`gradients_to_apply`): the gradient of the global mean, before clipping;
+    * ``model.fit``'s gradients, of this rank's own mean loss, are averaged over the ranks by
+      the optimizer before it applies them (:meth:`optimizer_for_fit`), so Keras' clipping and
+      gradient accumulation see the global gradient;
+    * rank 0's variables are broadcast once model and optimizer exist (:meth:`broadcast_variables`).
+
+    BatchNorm's moving statistics stay per rank, as in Horovod's own examples (rank 0's are
+    checkpointed).
+    """
+
+    def __init__(self, run: ddlkit.RunContext) -> None:
+        import horovod.tensorflow as hvd
+        import tensorflow as tf
+
+        hvd.init()
+        if hvd.size() != run.dist.world_size:
+            raise ddlkit.RunError(f"Horovod sees {hvd.size()} ranks but the job has {run.dist.world_size}: "
+                                  "Horovod was started outside the job's launcher?", component="framework")
+        if gpus := tf.config.get_visible_devices("GPU"):
+            if hvd.local_rank() >= len(gpus):
+                raise ddlkit.ConfigError(
+                    f"TensorFlow sees {len(gpus)} GPU(s) on this node, so rank {hvd.rank()} (local rank "
+                    f"{hvd.local_rank()}) has none; run one rank per GPU (e.g. compute.procs_per_node=<GPUs>) or "
+                    "use framework.device=cpu")
+            tf.config.set_visible_devices(gpus[hvd.local_rank()], "GPU")
+        self.hvd = hvd
+
+    def scope(self) -> Any:
+        return contextlib.nullcontext()
+
+    def run(self, fn: Any, args: tuple = ()) -> Any:
+        return fn(*args)
+
+    def reduce(self, op: Any, value: Any, axis: Any) -> Any:
+        """The sum over the ranks of a value each rank computed: ddlkit's steps reduce only with
+        ``ReduceOp.SUM`` and ``axis=None``."""
+        return self.hvd.allreduce(value, op=self.hvd.Sum)
+
+    def experimental_distribute_dataset(self, dataset: Any) -> Any:
+        return dataset
+
+    def gradients_to_apply(self, grads: list[Any]) -> list[Any]:
+        """The sum over the ranks (each rank's loss is already divided by the global batch, so
+        the sum is the gradient of the global mean)."""
+        return self._all_reduced(grads, self.hvd.Sum)
+
+    def optimizer_for_fit(self, optimizer: Any) -> Any:
+        """``optimizer``, turned into its own subclass whose ``apply()`` first averages the
+        gradients over the ranks (Horovod's own way with a Keras optimizer: its state, config
+        and checkpoint keys stay the same). Under fp16 that is the loss-scale optimizer, which
+        then sees the same averaged gradients, and so the same overflows, on every rank."""
+        all_reduced = self._all_reduced
+        average = self.hvd.Average
+
+        class AllReducing(type(optimizer)):  # type: ignore[misc,valid-type]
+            def apply(self, grads: Any, trainable_variables: Any = None) -> Any:
+                return super().apply(all_reduced(list(grads), average), trainable_variables)
+
+        AllReducing.__name__ = AllReducing.__qualname__ = type(optimizer).__name__
+        optimizer.__class__ = AllReducing
+        return optimizer
+
+    def broadcast_variables(self, variables: list[Any]) -> None:
+        import keras
+
+        # Horovod assigns inside a tf.function, where a Keras 3 variable is a tensor: hand it
+        # the tf.Variable behind each (`value`, outside any autocast scope)
+        self.hvd.broadcast_variables([v.value if isinstance(v, keras.Variable) else v for v in variables], root_rank=0)
+
+    def _all_reduced(self, grads: list[Any], op: Any) -> list[Any]:
+        """``grads`` all-reduced with ``op`` in one grouped (fused) call; a variable without a
+        gradient (None) keeps None."""
+        present = [g for g in grads if g is not None]
+        reduced = iter(self.hvd.grouped_allreduce(present, op=op) if present else [])
+        return [None if g is None else next(reduced) for g in grads]
+
+
+class MultiWorker(TfDistribute):
     """``tf.distribute.MultiWorkerMirroredStrategy`` over the job's ranks, one worker each.
 
     ``TF_CONFIG`` is built here rather than by the launcher: each rank picks a free port on its
@@ -226,16 +358,7 @@ class MultiWorker:
         workers = run.dist.allgather(f"{host}:{port}")
         os.environ["TF_CONFIG"] = json.dumps({"cluster": {"worker": workers},
                                               "task": {"type": "worker", "index": run.dist.rank}})
-        self.strategy = tf.distribute.MultiWorkerMirroredStrategy()
-
-    def scope(self) -> Any:
-        return self.strategy.scope()
-
-    def run(self, fn: Any, args: tuple = ()) -> Any:
-        return self.strategy.run(fn, args=args)
-
-    def reduce(self, op: Any, value: Any, axis: Any) -> Any:
-        return self.strategy.reduce(op, value, axis=axis)
+        super().__init__(tf.distribute.MultiWorkerMirroredStrategy())
 
     def experimental_distribute_dataset(self, dataset: Any) -> Any:
         import tensorflow as tf
