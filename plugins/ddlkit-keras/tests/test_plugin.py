@@ -75,7 +75,7 @@ def test_horovod_not_installed_is_refused_with_how_to_get_it(monkeypatch: pytest
     config = OmegaConf.create({"trainer": OmegaConf.structured(TrainerConfig()), "dist": {"backend": "horovod"}})
     with pytest.raises(ddlkit.ConfigError, match=r"^dist=horovod with framework=keras needs Horovod, which is not "
                                                  r"installed\. Build it .* with scripts/install_horovod.sh"):
-        KerasFramework(OmegaConf.structured(KerasConfig())).configure(config)
+        KerasFramework(OmegaConf.structured(KerasConfig())).check_environment(config)
 
 
 def test_dist_native_is_refused_pointing_to_horovod_and_framework_tensorflow() -> None:

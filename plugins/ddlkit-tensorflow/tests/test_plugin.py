@@ -99,7 +99,7 @@ def _horovod_config() -> object:
 def test_horovod_not_installed_is_refused_with_how_to_get_it(monkeypatch: pytest.MonkeyPatch) -> None:
     horovod_at(monkeypatch, None)
     with pytest.raises(ddlkit.ConfigError) as info:
-        TensorflowFramework(OmegaConf.structured(TensorflowConfig())).configure(_horovod_config())
+        TensorflowFramework(OmegaConf.structured(TensorflowConfig())).check_environment(_horovod_config())
     assert str(info.value) == (
         "dist=horovod with framework=tensorflow needs Horovod, which is not installed. Build it against the "
         "installed TensorFlow (and torch, if installed) with scripts/install_horovod.sh (Horovod 0.28.1 patched for "
@@ -113,7 +113,7 @@ def test_horovod_without_its_tensorflow_build_is_refused(monkeypatch: pytest.Mon
     with pytest.raises(ddlkit.ConfigError, match=r"^dist=horovod with framework=tensorflow: the installed Horovod "
                                                  r"was built without TensorFlow support\. Build it against the "
                                                  r"installed TensorFlow .* with scripts/install_horovod.sh"):
-        TensorflowFramework(OmegaConf.structured(TensorflowConfig())).configure(_horovod_config())
+        TensorflowFramework(OmegaConf.structured(TensorflowConfig())).check_environment(_horovod_config())
 
 
 def test_a_horovod_built_for_tensorflow_is_accepted_without_xla(monkeypatch: pytest.MonkeyPatch,
@@ -121,7 +121,7 @@ def test_a_horovod_built_for_tensorflow_is_accepted_without_xla(monkeypatch: pyt
     (tmp_path / "tensorflow").mkdir()
     (tmp_path / "tensorflow" / "mpi_lib.cpython-311-x86_64-linux-gnu.so").touch()
     horovod_at(monkeypatch, tmp_path)
-    TensorflowFramework(OmegaConf.structured(TensorflowConfig())).configure(_horovod_config())
+    TensorflowFramework(OmegaConf.structured(TensorflowConfig())).check_environment(_horovod_config())
     with pytest.raises(ddlkit.ConfigError, match=r"^framework\.xla=true cannot run with dist=horovod: Horovod's "
                                                  r"collectives have no XLA kernels here"):
         TensorflowFramework(OmegaConf.structured(TensorflowConfig(xla=True))).configure(_horovod_config())
