@@ -75,7 +75,9 @@ def job_args(config: str, ranks: int, *, steps: int, batch: int, image_size: int
 
 
 def env() -> dict[str, str]:
-    return {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "TF_CPP_MIN_LOG_LEVEL": "2"}
+    # TensorFlow's inter-op pool defaults to every core: without this one "single-thread" rank used ~1.5 cores
+    return {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "TF_NUM_INTEROP_THREADS": "1",
+            "TF_CPP_MIN_LOG_LEVEL": "2"}
 
 
 def run_job(args: list[str], job_dir: Path) -> dict[str, Any]:
@@ -119,12 +121,15 @@ def summarise(samples: dict[str, list[float]], loads: dict[str, list[float]]) ->
 
 
 def _worker_pid(job_dir: Path, rank: int) -> int | None:
-    marker = str(job_dir / JOB_FILE).encode()
+    """Rank ``rank``'s worker of the job in ``job_dir`` (it runs ``-m ddlkit.rank.worker job.json`` there)."""
     for entry in os.scandir("/proc"):
         if not entry.name.isdigit():
             continue
         try:
-            if Path(entry.path, "cmdline").read_bytes().split(b"\0")[1:4] != [b"-m", b"ddlkit.rank.worker", marker]:
+            if Path(entry.path, "cmdline").read_bytes().split(b"\0")[1:4] != [b"-m", b"ddlkit.rank.worker",
+                                                                           JOB_FILE.encode()]:
+                continue
+            if Path(os.readlink(Path(entry.path, "cwd"))) != job_dir.resolve():
                 continue
             if f"OMPI_COMM_WORLD_RANK={rank}".encode() in Path(entry.path, "environ").read_bytes().split(b"\0"):
                 return int(entry.name)
@@ -139,7 +144,9 @@ def measure_stop(how: str, work: Path, shape: dict[str, Any]) -> dict[str, Any]:
     job_dir = work / f"{how}-{time.monotonic_ns()}"
     job_dir.mkdir()
     # the console logger's progress lines tell when training is under way
-    args = [*job_args("pytorch/native", 2, **{**shape, "steps": 100000}), "trainer.log_every=1", "logger=[console]"]
+    # the job's end is what is timed: no automatic restart after the kill
+    args = [*job_args("pytorch/native", 2, **{**shape, "steps": 100000}), "trainer.log_every=1", "logger=[console]",
+            "restart.max_restarts=0"]
     proc = subprocess.Popen([sys.executable, "-m", "ddlkit", *args, f"hydra.run.dir={job_dir}"], cwd=work, env=env(),
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     assert proc.stdout is not None
@@ -152,7 +159,11 @@ def measure_stop(how: str, work: Path, shape: dict[str, Any]) -> dict[str, Any]:
         raise RuntimeError(f"the job ended before training got under way:\n{''.join(seen)[-3000:]}")
     t0 = time.perf_counter()
     if how == "kill":
-        os.kill(_worker_pid(job_dir, 1), signal.SIGKILL)
+        pid = _worker_pid(job_dir, 1)
+        if pid is None:
+            proc.kill()
+            raise RuntimeError(f"rank 1's worker of {job_dir} was not found; the job was stopped")
+        os.kill(pid, signal.SIGKILL)
     else:
         proc.send_signal(signal.SIGTERM)
     proc.communicate(timeout=120)

@@ -24,7 +24,8 @@ def test_horovod_not_installed_is_refused_with_how_to_get_it(monkeypatch: pytest
         PytorchFramework(PytorchConfig()).check_environment(config("horovod"))
     assert str(info.value) == ("dist=horovod with framework=pytorch needs Horovod, which is not installed. Build it "
                                "against the installed torch with scripts/install_horovod.sh (Horovod 0.28.1 patched to "
-                               "C++17; about 6 minutes on 2 cores, then the wheel is cached), or use dist=native.")
+                               "C++17; about 6 minutes on 2 cores, 9 with TensorFlow installed too, then the wheel is "
+                               "cached), or use dist=native.")
     PytorchFramework(PytorchConfig()).check_environment(config("native"))  # native needs nothing extra
 
 

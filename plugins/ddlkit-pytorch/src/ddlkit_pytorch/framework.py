@@ -35,7 +35,8 @@ class PytorchConfig:
 
 #: how to get a Horovod that trains PyTorch, or what to use instead
 HOROVOD_HOW_TO = ("Build it against the installed torch with scripts/install_horovod.sh (Horovod 0.28.1 patched to "
-                  "C++17; about 6 minutes on 2 cores, then the wheel is cached), or use dist=native.")
+                  "C++17; about 6 minutes on 2 cores, 9 with TensorFlow installed too, then the wheel is cached), or use "
+                  "dist=native.")
 
 
 def horovod_problem() -> str | None:
