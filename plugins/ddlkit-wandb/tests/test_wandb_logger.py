@@ -116,6 +116,29 @@ def wandb_records(path: Path) -> Iterator[Any]:
             yield record
 
 
+def wandb_history(job_dir: Path) -> list[dict[str, Any]]:
+    """The history of a job's offline W&B run as W&B builds it from the attempts' .wandb files (what
+    ``wandb sync`` uploads), each row with ``_attempt``: the attempt (0, 1, ...) that logged it.
+    One row per step (a train and a validation record at the same step share it); an attempt that
+    rewinds the run (``resume_from``: its run record's ``branch_point``) drops the rows after the
+    step it names; a row whose step is not above the run's latest is ignored (W&B's steps must
+    increase)."""
+    kept: list[dict[str, Any]] = []
+    for attempt, file in enumerate(sorted(job_dir.glob("wandb/offline-run-*/run-*.wandb"))):  # in order
+        for record in wandb_records(file):
+            kind = record.WhichOneof("record_type")
+            if kind == "run" and record.run.HasField("branch_point"):
+                assert record.run.branch_point.metric == "_step"
+                kept = [row for row in kept if row["_step"] <= record.run.branch_point.value]
+            if kind != "history":
+                continue
+            row = {"/".join(i.nested_key) or i.key: json.loads(i.value_json) for i in record.history.item}
+            if kept and row["_step"] <= kept[-1]["_step"]:
+                continue
+            kept.append({**row, "_attempt": attempt})
+    return kept
+
+
 def offline_run(job_dir: Path) -> dict[str, Any]:
     runs = list((job_dir / "wandb").glob("offline-run-*"))
     assert len(runs) == 1, runs
@@ -231,24 +254,36 @@ class TestWandbLogger(LoggerContract):
         wandb.teardown()  # the service process the test's runs started
 
     def read_back(self, logger: ddlkit.Logger, run: ddlkit.Run) -> list[tuple[int, str]]:
-        """The records of the job's W&B run as W&B keeps them: one history row per step (a train
-        and a validation record at the same step share it), and, each attempt resuming the run
-        under the same id, a row whose step is not above the run's latest one is ignored (W&B's
-        steps must increase)."""
+        """The records of the job's W&B run as W&B keeps them (:func:`wandb_history`)."""
         import wandb
 
         wandb.teardown()  # the service writes the .wandb files: all of them, now
         # wandb names a run's directory after the second it started in, and the contract may start
         # the next attempt at once: in the same second it would overwrite this attempt's file
         time.sleep(1 - time.time() % 1)
-        kept: list[tuple[int, str]] = []
-        for file in sorted(Path(run.job_dir, "wandb").glob("offline-run-*/run-*.wandb")):  # attempts, in order
-            for record in wandb_records(file):
-                if record.WhichOneof("record_type") != "history":
-                    continue
-                row = {"/".join(i.nested_key) or i.key: json.loads(i.value_json) for i in record.history.item}
-                if kept and row["_step"] <= kept[-1][0]:
-                    continue
-                kept += [(row["_step"], split) for split in ("train", "val")
-                         if any(key.startswith(f"{split}/") for key in row)]
-        return kept
+        return [(row["_step"], split) for row in wandb_history(Path(run.job_dir))
+                for split in ("train", "val") if any(key.startswith(f"{split}/") for key in row)]
+
+    def test_a_resumed_run_rewinds_to_its_checkpoint(self, logger: ddlkit.Logger, logger_run: ddlkit.Run) -> None:
+        """A job that reached step 6 and resumes from its checkpoint at step 4 continues the same W&B
+        run, and the run keeps what this attempt logged for steps 5 and 6, not the interrupted one's
+        (W&B would otherwise ignore this attempt's steps up to 6: its steps must increase)."""
+        from ddlkit.interfaces.run import RunState
+
+        logger.start(logger_run)
+        for step in range(1, 7):
+            logger.log_metrics(step, {"loss": float(step)}, split="train")
+        logger.finish("interrupted", None)
+        self.read_back(logger, logger_run)  # its files written, and the next attempt in a later second
+        logger_run.state = logger_run.resumed_at = RunState(epoch=0, step=4, batch=4)
+        resumed = type(logger)(logger.cfg)
+        resumed.start(logger_run)
+        for step in range(5, 9):
+            resumed.log_metrics(step, {"loss": 10.0 * step}, split="train")
+        resumed.finish("completed", logger_run.result("completed"))
+        self.read_back(resumed, logger_run)
+        history = wandb_history(Path(logger_run.job_dir))
+        assert [(row["_step"], row["train/loss"], row["_attempt"]) for row in history] == [
+            (1, 1.0, 0), (2, 2.0, 0), (3, 3.0, 0), (4, 4.0, 0), (5, 50.0, 1), (6, 60.0, 1), (7, 70.0, 1), (8, 80.0, 1)]
+        assert {path.name.rsplit("-", 1)[1] for path in Path(logger_run.job_dir, "wandb").glob("offline-run-*")} == {
+            (Path(logger_run.job_dir) / RUN_ID_FILE).read_text().strip()}  # one W&B run, two attempts

@@ -9,8 +9,13 @@
 * ``mode=auto`` logs online when an API key is configured (``WANDB_API_KEY``,
   ``logger.wandb.api_key`` or ``wandb login``), offline otherwise (``wandb sync`` uploads later);
   ``WANDB_MODE`` in the environment wins over ``auto``;
-* the job's W&B run id is kept in the job directory, so a resumed or retried job continues the
-  same W&B run rather than starting another;
+* the job's W&B run id is kept in the job directory, so a resumed, restarted or retried job
+  continues the same W&B run rather than starting another. W&B's steps only increase, so a run
+  that resumes from a checkpoint *rewinds* its W&B run to the checkpoint's step
+  (``resume_from="<id>?_step=<step>"``): what the interrupted attempt logged after the
+  checkpoint is dropped, and this attempt's records for those steps are kept in its place, as
+  metrics.jsonl and TensorBoard do. Offline, the rewind is in the run's ``.wandb`` file
+  (its run record's ``branch_point``), and ``wandb sync`` applies it;
 * the run is always finished, with a non-zero exit code when the job failed or was interrupted.
 
 wandb is imported when the run starts, never when the config is composed.
@@ -93,8 +98,19 @@ class WandbLogger(ddlkit.Logger):
             project=self.cfg.project, entity=self.cfg.entity,
             group=self.cfg.group or os.environ.get(SWEEP_NAME_ENV), name=self.cfg.run_name or run.name,
             tags=list(self.cfg.tags), job_type="train", config=config, dir=str(run.job_dir),
-            id=self._run_id(run.job_dir), resume="allow", mode=self._mode(), settings=settings,
+            mode=self._mode(), settings=settings, **self._continuing(run),
         )
+
+    def _continuing(self, run: RunContext) -> dict[str, str]:
+        """How this attempt joins the job's W&B run: a resumed job whose earlier attempt started the
+        run rewinds it to the step it resumes from (W&B refuses a step below the run's latest, so
+        ``resume="allow"`` would keep the interrupted attempt's records past the checkpoint and drop
+        this one's); any other start creates the run, or continues it where it stands."""
+        known = (run.job_dir / RUN_ID_FILE).is_file()
+        run_id = self._run_id(run.job_dir)
+        if known and run.resumed_at is not None:
+            return {"resume_from": f"{run_id}?_step={run.resumed_at.step}"}
+        return {"id": run_id, "resume": "allow"}
 
     def _mode(self) -> str | None:
         """auto: None (wandb reads WANDB_MODE) when that is set, else online with a key, offline without."""
