@@ -4,6 +4,8 @@ offline W&B runs are read back from the files wandb wrote (one per job, grouped,
 from __future__ import annotations
 
 import json
+import os
+import shutil
 import struct
 import subprocess
 import sys
@@ -287,3 +289,51 @@ class TestWandbLogger(LoggerContract):
             (1, 1.0, 0), (2, 2.0, 0), (3, 3.0, 0), (4, 4.0, 0), (5, 50.0, 1), (6, 60.0, 1), (7, 70.0, 1), (8, 80.0, 1)]
         assert {path.name.rsplit("-", 1)[1] for path in Path(logger_run.job_dir, "wandb").glob("offline-run-*")} == {
             (Path(logger_run.job_dir) / RUN_ID_FILE).read_text().strip()}  # one W&B run, two attempts
+
+
+# ---------------------------------------------------------------------------- a real restart
+@pytest.mark.slow
+@pytest.mark.skipif(shutil.which("mpirun") is None, reason="needs OpenMPI's mpirun")
+def test_a_restarted_job_continues_its_w_and_b_run_and_every_step_axis_stays_monotone(
+        tmp_path: Path, event_accumulator: type) -> None:
+    """compute=local_mpi, 2 ranks, 16 steps, a checkpoint every 4: rank 1 is killed (SIGKILL) in
+    step 7, the job restarts and resumes from step 4. One W&B run (rewound to step 4), TensorBoard's
+    step axis and metrics.jsonl each hold steps 1..16 once, in order, with the values of the attempt
+    that completed (metrics.jsonl's), and the result says 1 restart, 2 steps lost."""
+    home = tmp_path / "wandb-home"
+    env = {**{k: v for k, v in os.environ.items() if k not in ("WANDB_API_KEY", "WANDB_DIR")},
+           "DDLKIT_PLUGINS": "ddlkit.testing.fakes", "WANDB_MODE": "offline", "WANDB_CACHE_DIR": str(home / "cache"),
+           "WANDB_DATA_DIR": str(home / "data"), "WANDB_CONFIG_DIR": str(home / "config"),
+           "NETRC": str(home / "no-netrc")}
+    job_dir = tmp_path / "job"
+    proc = subprocess.run(
+        [sys.executable, "-m", "ddlkit", "framework=fake", "compute=local_mpi", "compute.procs_per_node=2",
+         "dist=native", "data.image_size=8", "data.num_classes=4", "data.length=256", "data.val_length=32",
+         "trainer.batch_size=16", "trainer.epochs=2", "trainer.log_every=1", "trainer.checkpoint_every=4",
+         "trainer.deterministic=true", "restart.backoff_s=0", "framework.kill_at_step=7", "framework.kill_rank=1",
+         "logger=[console,jsonl,tensorboard,wandb]", f"hydra.run.dir={job_dir}"],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "ddlkit: restart 1/3: " in proc.stdout and "resuming from step 4" in proc.stdout
+    result = json.loads((job_dir / "result.json").read_text())
+    assert (result["steps"], result["restarts"], result["steps_lost"], result["resumed_from_step"]) == (16, 1, 2, 4)
+    metrics = [json.loads(line) for line in (job_dir / "metrics.jsonl").read_text().splitlines()]
+    losses = [(m["step"], round(m["loss"], 4)) for m in metrics if m["split"] == "train"]
+    assert [step for step, _ in losses] == list(range(1, 17))
+    # W&B: one run, its history as W&B builds it from the two attempts' files
+    history = wandb_history(job_dir)
+    assert [row["_step"] for row in history] == list(range(1, 17))
+    assert [row["_attempt"] for row in history] == [0] * 4 + [1] * 12  # steps 5 and 6: the restart's
+    assert [(row["_step"], round(row["train/loss"], 4)) for row in history] == losses
+    runs = sorted((job_dir / "wandb").glob("offline-run-*"))
+    assert len(runs) == 2 and {run.name.rsplit("-", 1)[1] for run in runs} == {
+        (job_dir / RUN_ID_FILE).read_text().strip()}
+    summary = {}
+    for record in wandb_records(next(runs[1].glob("run-*.wandb"))):
+        if record.WhichOneof("record_type") == "summary":
+            summary.update({i.key: json.loads(i.value_json) for i in record.summary.update})
+    assert (summary["restarts"], summary["steps_lost"]) == (1, 2)
+    # TensorBoard: the restart's session marker drops what the killed attempt logged after step 4
+    events = event_accumulator(str(job_dir / "tensorboard"))
+    events.Reload()
+    assert [(e.step, round(e.value, 4)) for e in events.Scalars("train/loss")] == losses
