@@ -73,3 +73,37 @@ def test_restarts_used_up_end_the_job_and_say_so(tmp_path: Path) -> None:
     assert "resume with: " in failed.stderr  # from its checkpoint at step 4
     [entry] = record(tmp_path / "lost")["restarts"]
     assert (entry["step_reached"], entry["resumed_from"]) == (5, 4)
+
+
+def test_a_sweeps_jobs_restart_as_single_jobs_do_and_retries_count_apart(tmp_path: Path) -> None:
+    """Job #0 loses rank 1 once: restarted, it completes in its first attempt. Job #1 loses it on
+    every run: restarted once (restart.max_restarts=1), it fails, counts once against
+    sweep.on_failure=retry:1, and its retry restarts once and fails again. The ledger and the report
+    keep the sweep's attempts and the target's restarts apart."""
+    sweep_dir = tmp_path / "sweep"
+    env = {**os.environ, "DDLKIT_PLUGINS": "ddlkit.testing.fakes"}
+    proc = subprocess.run(
+        [sys.executable, "-m", "ddlkit", "-m", *JOB, "framework.kill_at_step=7", "framework.kill_rank=1",
+         "framework.kill_every_run=false,true", "restart.max_restarts=1", "sweep.on_failure=retry:1",
+         "sweep.max_parallel=1", f"hydra.sweep.dir={sweep_dir}"],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 1, proc.stdout[-3000:] + proc.stderr[-3000:]
+    out = proc.stdout
+    assert out.count("ddlkit: sweep job #0 restart 1/1: a rank was killed by SIGKILL") == 1, out
+    assert out.count("ddlkit: sweep job #1 restart 1/1: a rank was killed by SIGKILL") == 2, out
+    assert "ddlkit: sweep job #0 completed in " in out and " (1 restart, 2 steps lost): " in out
+    assert "(not restarted again: 1 of restart.max_restarts=1 restarts used)" in out
+    assert "retrying it (retry 1 of 1)" in out
+    jobs = json.loads((sweep_dir / "ledger.json").read_text())["jobs"]
+    assert [(j["status"], j["attempts"], j["restarts"]) for j in jobs.values()] == [
+        ("completed", 1, 1), ("failed", 2, 2)]
+    assert jobs["0"]["steps_lost"] == 2
+    # job #0: the weights and steps of a job that never failed, its final checkpoint verified
+    result = json.loads((sweep_dir / "0" / "result.json").read_text())
+    assert (result["steps"], result["restarts"], result["steps_lost"], result["resumed_from_step"]) == (16, 1, 2, 4)
+    assert verify(latest_checkpoint(sweep_dir / "0")) is None
+    assert [e["resumed_from"] for e in record(sweep_dir / "0")["restarts"]] == [4]
+    # job #1: the record is its latest submission's (the retry's), with that attempt's restart
+    assert [(e["step_reached"], e["resumed_from"]) for e in record(sweep_dir / "1")["restarts"]] == [(6, 4)]
+    assert verify(latest_checkpoint(sweep_dir / "1")) is None
+    assert "| job | overrides | status | attempts | restarts |" in (sweep_dir / "report.md").read_text()
