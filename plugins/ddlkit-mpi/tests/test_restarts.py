@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -97,6 +98,15 @@ def test_a_killed_rank_restarts_the_job_which_ends_as_if_nothing_happened(tmp_pa
     assert (result["steps"], result["restarts"], result["steps_lost"], result["resumed_from_step"]) == (16, 1, 2, 4)
     [entry] = ended_as_if_nothing_happened(job_dir, straight)
     assert (entry["step_reached"], entry["resumed_from"], entry["steps_lost"], entry["exit_code"]) == (6, 4, 2, -9)
+    # the resubmission in the job's record, as `ddlkit jobs status` shows it
+    assert entry["ended_id"] and entry["ended_id"] != record(job_dir)["id"]
+    status = subprocess.run([sys.executable, "-m", "ddlkit", "jobs", "status", str(job_dir)], cwd=tmp_path,
+                            capture_output=True, text=True, timeout=120)
+    assert status.returncode == 0, status.stderr
+    assert re.search(r"^restart 1: \S+ \S+: a rank was killed by SIGKILL from outside \(a lost node, a preemption\); "
+                     rf"it ended at step 6 as {entry['ended_id']} \(rank 1 \(node 0\) failed first, with killed by "
+                     r"signal SIGKILL\); resubmitted, resuming from step 4 \(2 steps lost\)$", status.stdout, re.M), \
+        status.stdout
 
 
 def test_a_rank_stopped_past_the_dist_timeout_restarts_the_job(tmp_path: Path, straight: bytes) -> None:
