@@ -550,20 +550,28 @@ class _SweepHandle(JobHandle):
         return JobStatus(JobState.RUNNING, None, f"restarting in {max(0.0, self._pending[0] - time.monotonic()):.0f} s")
 
     def _resubmit(self) -> None:
+        """Submit the job again; if the target refuses (unreachable, out of quota), the job ends as
+        its last run did, with why it was not restarted."""
         assert self._pending is not None and self.restarts is not None
-        _, entry, _ = self._pending
+        _, entry, ended = self._pending
         self._pending = None
-        self.inner = follow.resubmit(self.restarts.job, self.restarts.policy, entry)
+        try:
+            self.inner = follow.resubmit(self.restarts.job, self.restarts.policy, entry)
+        except DdlkitError as err:
+            head, _, rest = ended.message.partition("\n")
+            self._settled = replace(ended, message=f"{head} (its restart could not be submitted: {err})"
+                                    + (f"\n{rest}" if rest else ""))
+            return
         self.id = self.inner.id
         self.restarts.restarted(entry, self.inner)
 
     def status(self) -> JobStatus:
-        if self._settled is not None:
-            return self._settled
-        if self._pending is not None:
+        if self._settled is None and self._pending is not None:
             if time.monotonic() < self._pending[0]:
                 return self._between()
             self._resubmit()
+        if self._settled is not None:
+            return self._settled
         return self._settle(self.inner.status())
 
     def logs(self, follow: bool = True) -> Iterator[str]:
@@ -582,6 +590,8 @@ class _SweepHandle(JobHandle):
             if self._pending is not None:
                 time.sleep(max(0.0, self._pending[0] - time.monotonic()))
                 self._resubmit()
+                if self._settled is not None:
+                    break
             status = self._settle(self.inner.wait(timeout))
             if timeout is not None and self._settled is None:
                 return status
