@@ -53,7 +53,7 @@ def test_logger_wandb_is_registered_with_its_options(ddlkit_pm: DdlkitPluginMana
     cfg = configured(ddlkit_pm, "logger=[jsonl,wandb]", "logger.wandb.project=p", "logger.wandb.tags=[a,b]")
     assert cfg["logger"]["wandb"] == {"name": "wandb", "run_name": None, "project": "p", "entity": None,
                                       "group": None, "tags": ["a", "b"], "mode": "auto", "log_model": False,
-                                      "api_key": None}
+                                      "api_key": None, "rewind": True}
 
 
 @pytest.mark.parametrize("overrides, message", [
@@ -289,6 +289,27 @@ class TestWandbLogger(LoggerContract):
             (1, 1.0, 0), (2, 2.0, 0), (3, 3.0, 0), (4, 4.0, 0), (5, 50.0, 1), (6, 60.0, 1), (7, 70.0, 1), (8, 80.0, 1)]
         assert {path.name.rsplit("-", 1)[1] for path in Path(logger_run.job_dir, "wandb").glob("offline-run-*")} == {
             (Path(logger_run.job_dir) / RUN_ID_FILE).read_text().strip()}  # one W&B run, two attempts
+
+    def test_rewind_false_continues_the_run_where_it_stands(self, logger: ddlkit.Logger,
+                                                            logger_run: ddlkit.Run) -> None:
+        """logger.wandb.rewind=false (for a W&B server without rewinding): the same run, resumed as it
+        stands, so W&B keeps the interrupted attempt's records up to its latest step."""
+        from ddlkit.interfaces.run import RunState
+
+        logger.start(logger_run)
+        for step in range(1, 7):
+            logger.log_metrics(step, {"loss": float(step)}, split="train")
+        logger.finish("interrupted", None)
+        self.read_back(logger, logger_run)
+        logger_run.state = logger_run.resumed_at = RunState(epoch=0, step=4, batch=4)
+        resumed = type(logger)(OmegaConf.merge(logger.cfg, {"rewind": False}))
+        resumed.start(logger_run)
+        for step in range(5, 9):
+            resumed.log_metrics(step, {"loss": 10.0 * step}, split="train")
+        resumed.finish("completed", logger_run.result("completed"))
+        self.read_back(resumed, logger_run)
+        assert [(row["_step"], row["train/loss"]) for row in wandb_history(Path(logger_run.job_dir))] == [
+            (1, 1.0), (2, 2.0), (3, 3.0), (4, 4.0), (5, 5.0), (6, 6.0), (7, 70.0), (8, 80.0)]
 
 
 # ---------------------------------------------------------------------------- a real restart
