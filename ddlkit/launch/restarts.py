@@ -16,6 +16,9 @@ of the rank that failed first):
 Every restart is a line on the console and an entry in the job's record (``ddlkit jobs status``):
 the cause, the step the job had reached, the step it resumes from. The ranks learn how many
 restarts and lost steps there were (``DDLKIT_RESTARTS``, ``DDLKIT_STEPS_LOST``) for result.json.
+A single job (:func:`ddlkit.launch.follow.run_job`) and a sweep's job (``_SweepHandle`` in
+:mod:`ddlkit.launch.sweep.jobs`, where a job with its restarts is one attempt of ``retry:N``) use
+the same policy.
 """
 
 from __future__ import annotations
