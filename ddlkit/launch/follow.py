@@ -217,12 +217,18 @@ def run_job(job: PreparedJob, *, out: TextIO | None = None, live: bool | None = 
         except KeyboardInterrupt:
             out.write("\nddlkit: interrupted before the restart\n")
             break
-        restarted = replace(spec, env={**spec.env, RESTARTS_ENV: str(policy.done),
-                                       STEPS_LOST_ENV: str(policy.steps_lost)})
-        handle = submit(replace(job, spec=restarted), restart=entry)
+        handle = resubmit(job, policy, entry)
     # a failure on a target that restarts says why this one was not restarted; a cancel is no failure
     note = policy.why_not(verdict) if status.state is JobState.FAILED and policy.max_restarts else ""
     return outcome(status, job_dir=spec.job_dir, name=spec.name, resume_hint=job.resume_hint, out=out, note=note)
+
+
+def resubmit(job: PreparedJob, policy: RestartPolicy, entry: dict[str, object]) -> JobHandle:
+    """Submit the job again, as the restart ``entry`` says (added to its record); its ranks learn how
+    many restarts and lost steps there were so far, for result.json."""
+    restarted = replace(job.spec, env={**job.spec.env, RESTARTS_ENV: str(policy.done),
+                                       STEPS_LOST_ENV: str(policy.steps_lost)})
+    return submit(replace(job, spec=restarted), restart=entry)
 
 
 def restart_policy(job: PreparedJob, out: TextIO) -> RestartPolicy:

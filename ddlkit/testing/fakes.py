@@ -15,6 +15,7 @@ neither torch nor TensorFlow, so tests of the core and of non-framework plugins 
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import signal
@@ -54,6 +55,11 @@ class FakeFrameworkConfig:
     kill_at_step: int = 0
     kill_rank: int = 0
     kill_every_run: bool = False
+    # rank 0 kills itself with SIGKILL halfway through writing the checkpoint of this step (0 = never),
+    # in a job's first run only: a checkpoint half written when its node was lost
+    kill_while_saving_at_step: int = 0
+    # the loss of this global step is NaN (0 = never): a run that diverged
+    nan_at_step: int = 0
     # seconds each step sleeps: a job that lasts, to attach to, cancel or interrupt in tests
     step_delay_s: float = 0.0
     # modules the ranks' environment must have (as Horovod for dist=horovod): check_environment's path in tests
@@ -94,6 +100,13 @@ class FakeFramework(Framework):
 
         def save(path: Path, meta: dict[str, Any]) -> None:
             with open(path, "wb") as f:
+                if (self.cfg.kill_while_saving_at_step == meta["state"]["step"] and not os.environ.get(RESTARTS_ENV)):
+                    whole = io.BytesIO()
+                    np.savez(whole, **params, meta=np.array(json.dumps(meta)))
+                    f.write(whole.getvalue()[:len(whole.getvalue()) // 2])
+                    f.flush()
+                    os.fsync(f.fileno())
+                    os.kill(os.getpid(), signal.SIGKILL)
                 np.savez(f, **params, meta=np.array(json.dumps(meta)))
 
         def load(path: Path) -> dict[str, Any]:
@@ -130,7 +143,8 @@ class FakeFramework(Framework):
             # the mean loss of equal micro-batches is the mean over their union: one batch of all
             images = np.concatenate([np.asarray(b[0]) for b in micro_batches])
             labels = np.concatenate([np.asarray(b[1]) for b in micro_batches])
-            return _sgd_step(params, _inputs(images, side), labels, lr, o, t.clip_grad_norm)
+            loss = _sgd_step(params, _inputs(images, side), labels, lr, o, t.clip_grad_norm)
+            return float("nan") if self.cfg.nan_at_step == run.state.step + 1 else loss
 
         run.train_epochs(run.step_batches(train_loader.iter_epoch), step,
                          evaluate if val_loader is not None else None)
