@@ -91,6 +91,7 @@ class PytorchFramework(ddlkit.Framework):
 
     def train(self, run: ddlkit.RunContext) -> None:
         device = self._device(run.dist)
+        run.phase("framework imported", say=False)  # torch, by _device
         with _cuda_settings(device, deterministic=run.cfg.trainer.deterministic):
             self._setup(run, device)
             parts = self._build(run, device)
@@ -140,6 +141,9 @@ class PytorchFramework(ddlkit.Framework):
         model = model.to(device, memory_format=memory_format)
         run.phase(f"model built ({sum(p.numel() for p in model.parameters()) / 1e6:.3g}M parameters)")
         optimizer = run.build_optimizer(model.parameters())
+        # torch imports torch._dynamo when an optimizer is first used (~850 modules, 2.4 s on 2 shared
+        # cores), in any training script: recorded apart from ddlkit's own start-up
+        run.phase("optimizer built", say=False)
         precision = str(t.precision)
         custom_loss = run.cfg.model.get("loss")
         if custom_loss:

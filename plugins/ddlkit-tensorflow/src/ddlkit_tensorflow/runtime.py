@@ -101,6 +101,7 @@ def setup_tensorflow(run: ddlkit.RunContext, *, framework: str, device: str, num
     """
     t = run.cfg.trainer
     tf = import_tensorflow(framework)
+    run.phase("framework imported", say=False)
     if device == "cpu":
         tf.config.set_visible_devices([], "GPU")
     gpus = tf.config.get_visible_devices("GPU")
