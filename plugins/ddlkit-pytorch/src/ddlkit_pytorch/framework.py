@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 import ddlkit
 from ddlkit import cpu, threads
 from ddlkit.horovod import horovod_built_with
+from ddlkit.options import POSITIVE, checked
 
 if TYPE_CHECKING:
     from omegaconf import DictConfig
@@ -31,6 +32,16 @@ class PytorchConfig:
     num_threads: Any = "auto"
     # torch.compile the model (the first steps get slower, later ones faster)
     compile: bool = False
+    # DistributedDataParallel (dist=native, several ranks): MB of gradients per all-reduce bucket
+    # (torch's default: 25)
+    ddp_bucket_cap_mb: float = checked(25.0, POSITIVE)
+    # gradients as views into DDP's all-reduce buckets (torch's default: off): no copy of every
+    # gradient into its bucket and back each step, and one gradient-sized buffer less per rank
+    # (ResNet-18, 2 ranks on the CPU: peak RSS 737 -> 698 MiB per rank, its 45 MB of gradients)
+    ddp_gradient_as_bucket_view: bool = True
+    # the model uses the same parameters in every step (the ResNets do): DDP then skips its
+    # per-step bookkeeping of which were used; leave it off for models with data-dependent branches
+    ddp_static_graph: bool = False
 
 
 #: how to get a Horovod that trains PyTorch, or what to use instead
@@ -381,6 +392,10 @@ class Replicas:
     def __init__(self, run: ddlkit.RunContext, device: Any) -> None:
         self.backend = run.cfg.dist.backend if run.dist.world_size > 1 else "none"
         self.device = device
+        f = run.cfg.framework
+        #: DistributedDataParallel's settings (framework.ddp_*)
+        self.ddp = {"bucket_cap_mb": f.ddp_bucket_cap_mb, "gradient_as_bucket_view": f.ddp_gradient_as_bucket_view,
+                    "static_graph": f.ddp_static_graph}
         self.hvd: Any = None
         if self.backend == "native":
             from datetime import timedelta
@@ -409,7 +424,10 @@ class Replicas:
         if self.backend == "native":
             from torch.nn.parallel import DistributedDataParallel
 
-            return DistributedDataParallel(model, device_ids=[self.device.index] if self.device.type == "cuda" else None)
+            return DistributedDataParallel(model, device_ids=[self.device.index] if self.device.type == "cuda" else None,
+                                           bucket_cap_mb=self.ddp["bucket_cap_mb"],
+                                           gradient_as_bucket_view=self.ddp["gradient_as_bucket_view"],
+                                           static_graph=self.ddp["static_graph"])
         if self.hvd is not None:
             self.hvd.broadcast_parameters(model.state_dict(), root_rank=0)
             # only a resumed optimizer has state to share (every rank loaded the same checkpoint,
