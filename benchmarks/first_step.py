@@ -42,7 +42,8 @@ PHASES = (("interpreter + ddlkit imports", "worker started"), ("rendezvous", "ra
           ("plugins", "plugins loaded"), ("framework import", "framework imported"), ("model build", "model built"),
           ("optimizer (torch imports torch._dynamo)", "optimizer built"), ("data", "data ready"),
           ("first step", "first step done"))
-IMPORTS = {"pytorch": "import torch", "tensorflow": "import tensorflow, keras", "keras": "import tensorflow, keras"}
+#: what each framework's ranks import (framework=keras trains several ranks only with Horovod: not here)
+IMPORTS = {"pytorch": "import torch", "tensorflow": "import tensorflow, keras"}
 
 
 def one_run(args: argparse.Namespace, job_dir: Path, env: dict[str, str] | None) -> dict[str, Any]:
