@@ -263,7 +263,9 @@ def main() -> None:
     })
     d_ips, b_ips = statistics.median(images / d[0] for d in ddlkit_blocks), statistics.median(
         images / b[0] for b in base_blocks)
-    print(f"images/sec (median block): ddlkit {d_ips:.1f}, hand-written {b_ips:.1f}")
+    d_cpu, b_cpu = (statistics.median(images / block[1] for block in blocks) for blocks in (ddlkit_blocks, base_blocks))
+    print(f"images/sec (median block): ddlkit {d_ips:.1f}, hand-written {b_ips:.1f} by wall time; ddlkit {d_cpu:.1f}, "
+          f"hand-written {b_cpu:.1f} per CPU second ({args.threads or 'default'} intra-/inter-op thread(s))")
     print(f"ratio ddlkit / hand-written = {ratio:.3f} by CPU time, {ratio_wall:.3f} by wall time (medians of "
           f"{len(pairs)} block pairs), {ratio_best:.3f} by each side's best block's CPU time (goal >= 0.98)")
     print(f"cold start to first step: {statistics.median(colds):.1f} s (TensorFlow + Keras import alone "

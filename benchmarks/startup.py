@@ -11,6 +11,11 @@ With ``--before REF`` the same command also runs on the core as it was at git RE
 and plugins first on ``PYTHONPATH``), interleaved with the others, and the JSON gains the ratio
 before / now.
 
+With ``--instructions`` each command also runs once under ``valgrind --tool=callgrind``, and the JSON
+gains the instructions each executed (``instructions``, and ``ratio_instructions_ddlkit_to_hydra_floor``):
+a count that other work on the machine does not change, for a busy machine (it leaves out what
+waits on the disk; about a minute per command).
+
 Run it with bytecode caching on, as users' environments have it: where PYTHONDONTWRITEBYTECODE
 is set, ddlkit's editable modules are compiled again at every start (``env -u
 PYTHONDONTWRITEBYTECODE python benchmarks/startup.py``); the result records which it was.
@@ -19,6 +24,8 @@ PYTHONDONTWRITEBYTECODE python benchmarks/startup.py``); the result records whic
 from __future__ import annotations
 
 import argparse
+import re
+import shutil
 import statistics
 import subprocess
 import sys
@@ -45,11 +52,24 @@ def timed(argv: list[str], cwd: str, env: dict[str, str] | None = None) -> float
     return time.perf_counter() - t0
 
 
+def instructions(argv: list[str], cwd: str, env: dict[str, str] | None = None) -> int:
+    """The instructions ``argv`` executes (callgrind's count, the interpreter's own process: the
+    ``python`` on PATH may be a shim that execs it)."""
+    real = subprocess.run([argv[0], "-c", "import sys; print(sys.executable)"], capture_output=True, text=True,
+                          check=True, env=env).stdout.strip()
+    proc = subprocess.run(["valgrind", "--tool=callgrind", "--callgrind-out-file=/dev/null", real, *argv[1:]],
+                          cwd=cwd, capture_output=True, text=True, check=True, env=env)
+    return int(re.search(r"Collected : (\d+)", proc.stderr).group(1))
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--repeat", type=int, default=5)
     ap.add_argument("--before", metavar="REF", help="also time ddlkit --cfg job on the core at git REF")
+    ap.add_argument("--instructions", action="store_true", help="also count each command's instructions (valgrind)")
     args = ap.parse_args()
+    if args.instructions and not shutil.which("valgrind"):
+        ap.error("--instructions needs valgrind: apt-get install valgrind")
     with tempfile.TemporaryDirectory() as tmp:
         app = Path(tmp) / "app.py"
         app.write_text(HYDRA_APP)
@@ -66,6 +86,7 @@ def main() -> None:
         for _ in range(args.repeat):  # interleaved, so drift hits all cases alike
             for name, argv in cases.items():
                 samples[name].append(timed(argv, tmp, envs[name]))
+        counts = {name: instructions(argv, tmp, envs[name]) for name, argv in cases.items()} if args.instructions else {}
         trace = subprocess.run([sys.executable, "-X", "importtime", "-m", "ddlkit", "--cfg", "job"], cwd=tmp,
                                capture_output=True, text=True, check=True).stderr
     imported = sorted({ln.split("|")[-1].strip().split(".")[0] for ln in trace.splitlines() if "|" in ln})
@@ -77,6 +98,9 @@ def main() -> None:
         "ddlkit_over_hydra_floor_s": med["ddlkit_cfg_job"] - med["hydra_minimal_app"],
         "ratio_ddlkit_to_hydra_floor": med["ddlkit_cfg_job"] / med["hydra_minimal_app"],
         "heavy_modules_imported": heavy,
+        **({"instructions": counts,
+            "ratio_instructions_ddlkit_to_hydra_floor": counts["ddlkit_cfg_job"] / counts["hydra_minimal_app"]}
+           if counts else {}),
         # with PYTHONDONTWRITEBYTECODE set, ddlkit's editable modules are compiled on every start
         # (~0.3 s); users' environments cache bytecode, so measure with it (see the docstring)
         "bytecode_cached": not sys.flags.dont_write_bytecode,
@@ -87,6 +111,8 @@ def main() -> None:
     path = write_result("startup", payload)
     for k, v in med.items():
         print(f"{k:20s} {v:.3f} s")
+    for k, v in counts.items():
+        print(f"{k:20s} {v / 1e9:.3f} G instructions")
     print(f"ddlkit --cfg job costs {payload['ddlkit_over_hydra_floor_s']:.3f} s over a minimal Hydra app; "
           f"heavy modules imported: {heavy or 'none'} -> {path}")
 

@@ -11,8 +11,9 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import functools
 import os
-from collections.abc import Collection, Mapping
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -181,16 +182,51 @@ def store_schemas(registry: Registry, cs: ConfigStore | None = None) -> None:
 
     cs = cs or ConfigStore.instance()
     for group, hp in HOOK_POINTS.items():
+        options = cs.repo.setdefault(group, {})
         for name in registry.names(group):
-            node = named_schema(registry.get(group, name).config, name)
+            schema = functools.partial(named_schema, registry.get(group, name).config, name)
             # loggers are multi-select: nest each under its own name (logger.console, logger.jsonl)
-            cs.store(group=group, name=name, node=node, package=f"{group}.{name}" if hp.multi else group)
+            options[f"{name}.yaml"] = _lazy_node(f"{name}.yaml", schema, group=group,
+                                                 package=f"{group}.{name}" if hp.multi else group)
     cs.store(group="trainer", name="default", node=TrainerConfig)
     for backend in BACKENDS:
         cs.store(group="dist", name=backend, node=DistConfig(backend=backend))
     cs.store(group="sweep", name="default", node=SweepConfig)
     cs.store(group="code", name="default", node=CodeConfig)
     cs.store(group="restart", name="default", node=RestartConfig)
+
+
+def _lazy_node(name: str, schema: Callable[[], type], *, group: str, package: str) -> Any:
+    """A ConfigStore entry, as ``ConfigStore.store`` makes one, whose config is built from
+    ``schema()`` when Hydra first reads it. ``store`` turns its node into a DictConfig at once,
+    and a command composes a handful of the ~50 options the plugins register: building them all
+    was a fifth of ``ddlkit --cfg job``'s start-up (issue 29, item 3). A plugin's schema that
+    OmegaConf refuses then fails when its option is chosen, not every run."""
+    return _lazy_node_type()(name=name, node=schema, group=group, package=package, provider="ddlkit")
+
+
+@functools.cache
+def _lazy_node_type() -> type:
+    from hydra.core.config_store import ConfigNode  # the launcher's: a rank never imports Hydra
+
+    class LazyConfigNode(ConfigNode):
+        """``node`` is built on first read; Hydra's ``ConfigStore.load`` copies the entry and
+        deep-copies its node, so the one built here is never changed."""
+
+        def __init__(self, *, name: str, node: Callable[[], type], group: str, package: str, provider: str) -> None:
+            self.__dict__.update(name=name, group=group, package=package, provider=provider, _schema=node)
+
+        @property  # type: ignore[override]
+        def node(self) -> DictConfig:
+            if "_node" not in self.__dict__:
+                self.__dict__["_node"] = OmegaConf.structured(self.__dict__["_schema"]())
+            return self.__dict__["_node"]
+
+        @node.setter
+        def node(self, value: DictConfig) -> None:
+            self.__dict__["_node"] = value
+
+    return LazyConfigNode
 
 
 def experiment_dirs() -> list[Path]:

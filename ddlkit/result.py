@@ -74,6 +74,10 @@ FIELDS: tuple[Field, ...] = (
     Field("clip_grad_norm", float, None, "{:.4g}"),
     #: why the run ended before its last epoch: monitor, reason, epoch, step
     Field("stopped_early", dict, None),
+    #: rank 0's start-up: ``started_at`` (Unix time its process started), then each phase it reached
+    #: (worker started, ranks connected, plugins loaded, framework imported, model built, data
+    #: ready, first step done) in seconds since then: where the time to the first step went
+    Field("startup_s", dict, None),
     #: the best checkpoint kept: monitor, mode, value, step, epoch, path
     Field("best_checkpoint", dict, None),
 )

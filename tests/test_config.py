@@ -336,3 +336,25 @@ def test_to_container_resolves_interpolations_and_rejects_missing() -> None:
     assert to_container(OmegaConf.create({"a": 2, "b": "${a}"})) == {"a": 2, "b": 2}
     with pytest.raises(MissingMandatoryValue):
         to_container(OmegaConf.create({"a": "???"}))
+
+
+# ---------------------------------------------------------------------------- start-up cost
+@dataclass
+class OddStorageConfig:
+    tags: set = None  # a type OmegaConf cannot hold: building this schema fails
+
+
+class OddStorage:
+    @ddlkit.hookimpl
+    def ddlkit_storage_backends(self):
+        yield Registration("odd", object, config=OddStorageConfig)
+
+
+def test_only_the_chosen_options_schemas_are_built(pm: DdlkitPluginManager) -> None:
+    # Hydra's ConfigStore builds a DictConfig from every schema stored; ddlkit stores ~50 options and
+    # a run chooses a few, so building them all was a fifth of `ddlkit --cfg job` (issue 29, item 3)
+    add_plugin(pm, OddStorage())
+    assert composed(pm).storage.name == "local"  # odd's schema never built
+    with pytest.raises(ConfigCompositionException) as err:
+        composed(pm, "storage=odd")
+    assert "Unexpected type annotation: set" in str(err.value.__cause__)

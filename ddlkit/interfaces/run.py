@@ -173,8 +173,9 @@ class RunContext(Protocol):
     #: where this rank computes, "cpu" or "cuda:<index>" (``ddlkit.result``): the framework sets it, result.json has it
     device: str | None
 
-    def phase(self, what: str) -> None:
-        """Say on rank 0 that start-up reached ``what`` ("model built", "data ready")."""
+    def phase(self, what: str, *, say: bool = True) -> None:
+        """Say on rank 0 that start-up reached ``what`` ("model built", "data ready"); every phase
+        is recorded in result.json's ``startup_s``, and ``say=False`` only records it."""
 
     # ---------------------------------------------------------------- frameworks: set up
     def build_model(self, **kwargs: Any) -> Any:

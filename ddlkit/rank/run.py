@@ -30,7 +30,7 @@ from ..interfaces.run import LoadFn, SaveFn
 from ..monitor import EarlyStopping, Watch
 from . import loop
 from .checkpointing import CheckpointKeeper, check_compatible
-from .phases import report_phase
+from .phases import record_phase, report_phase, startup
 from .preemption import Preempted, StopRequest
 from .results import keep_results
 from .schedule import LRSchedule
@@ -111,11 +111,15 @@ class Run:
             pm.register(self._callbacks)
 
     # ---------------------------------------------------------------- framework side
-    def phase(self, what: str) -> None:
+    def phase(self, what: str, *, say: bool = True) -> None:
         """Say on rank 0 that start-up reached ``what`` ("model built", "data ready"), with the
         seconds since the rank started; the worker and the Run say the rest (ranks connected,
-        first step done)."""
-        report_phase(self.dist, what)
+        first step done). Every phase is recorded in result.json's ``startup_s``; ``say=False``
+        records without a line (a framework's import)."""
+        if say:
+            report_phase(self.dist, what)
+        else:
+            record_phase(what)
 
     def build_model(self, **kwargs: Any) -> Any:
         """The selected model (``model=<name>``), built by the selected framework's registration
@@ -381,6 +385,8 @@ class Run:
             "stopped_early": ({"monitor": early.monitor, "reason": early.reason,
                                "epoch": self.state.epoch, "step": self.state.step}
                               if self.stopped_early else None),
+            # rank 0's start-up: when its process started, and when it reached each phase
+            "startup_s": startup(),
             "best_checkpoint": ({"monitor": best.monitor, "mode": best.mode, "value": best.best,
                                  "step": best.best_step, "epoch": best.best_epoch,
                                  "path": f"{CHECKPOINT_DIR}/{BEST}"}

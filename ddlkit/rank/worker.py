@@ -31,7 +31,7 @@ from ..jobdir import CODE_DIR, EXIT_COMPLETED, EXIT_CONFIG_ERROR, EXIT_FAILED, E
 from ..plugins import get_plugin_manager
 from ..registry import Registry
 from .distributed import DistContext
-from .phases import report_phase
+from .phases import RECORDED, record_phase, report_phase
 from .preemption import Preempted, stop_at_once
 from .run import Run
 
@@ -43,6 +43,8 @@ def load_job(job_file: Path) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
+    RECORDED.clear()  # a run in a process that ran one before (a test, a notebook) records its own
+    record_phase("worker started")  # the interpreter and ddlkit's core imported
     argv = sys.argv[1:] if argv is None else argv
     if len(argv) != 1:
         print("usage: python -m ddlkit.rank.worker JOBFILE", file=sys.stderr)
@@ -71,11 +73,13 @@ def main(argv: list[str] | None = None) -> int:
         # apart from the ranks of any other job that might reach the same port
         dist.connect(job_id=str(job.get("name")))
         if dist.world_size > 1:
-            report_phase(dist, f"{dist.world_size} ranks connected")
+            report_phase(dist, f"{dist.world_size} ranks connected", "ranks connected")
+        record_phase("ranks connected")  # one rank: connected to no one, at once
         if dist.rank == 0:
             lock = hold_job_directory(job_dir)  # noqa: F841 (held until this process exits)
         pm = get_plugin_manager()
         registry = Registry.collect(pm)
+        record_phase("plugins loaded")
         # a rank runs inside its compute target and never builds it: an image or a cluster's nodes need not
         # have the target's plugin installed (a third-party target's image need not carry it)
         cfg = rebuild(job["config"], registry, as_given=("compute",))

@@ -101,6 +101,7 @@ def setup_tensorflow(run: ddlkit.RunContext, *, framework: str, device: str, num
     """
     t = run.cfg.trainer
     tf = import_tensorflow(framework)
+    run.phase("framework imported", say=False)
     if device == "cpu":
         tf.config.set_visible_devices([], "GPU")
     gpus = tf.config.get_visible_devices("GPU")
@@ -124,19 +125,35 @@ def setup_tensorflow(run: ddlkit.RunContext, *, framework: str, device: str, num
 
 
 def _set_threads(tf: ModuleType, wanted: int) -> int:
-    """Set TensorFlow's intra-op thread pool to ``wanted`` threads (0: TensorFlow's default, one per
-    core it sees) and return how many it uses. TensorFlow fixes the pool when its runtime starts: a
-    rank is a fresh process, so this always applies there; a second run in one process (a notebook,
-    an in-process test) keeps the first run's pool, and is told so instead of failing."""
-    current = tf.config.threading.get_intra_op_parallelism_threads()
-    if wanted and wanted != current:
-        try:
-            tf.config.threading.set_intra_op_parallelism_threads(wanted)
+    """Give TensorFlow ``wanted`` intra-op threads and one inter-op thread (0: TensorFlow's
+    defaults, one thread per core it sees in each pool) and return the intra-op count it uses.
+
+    ``framework.num_threads`` is the cores a rank computes on, as torch's ``set_num_threads`` is:
+    TensorFlow's inter-op pool runs independent ops side by side, each with its own intra-op
+    parallel-for, so at its default (every core) a rank asked for one thread kept two ops, two
+    cores, busy on a 2-core machine (per-thread CPU seconds of the rank, ResNet-18: two
+    ``tf_Compute`` threads) and each rank of a node kept every core busy. One inter-op thread
+    is Intel's advice for TensorFlow on CPUs too (one per socket). ``TF_NUM_INTEROP_THREADS`` in
+    the environment, when set, is the user's choice and stays.
+
+    TensorFlow fixes both pools when its runtime starts: a rank is a fresh process, so this always
+    applies there; a second run in one process (a notebook, an in-process test) keeps the first
+    run's pools, and is told so instead of failing."""
+    threading = tf.config.threading
+    current = threading.get_intra_op_parallelism_threads()
+    if not wanted:
+        return current or os.cpu_count() or 1
+    try:
+        if wanted != current:
+            threading.set_intra_op_parallelism_threads(wanted)
             current = wanted
-        except RuntimeError:
-            print(f"ddlkit: warning: TensorFlow already started in this process with {current or 'its default'} "
-                  f"intra-op threads, and keeps them (framework.num_threads asked for {wanted}); start a new "
-                  f"process to change it", file=sys.stderr, flush=True)
+        if not os.environ.get("TF_NUM_INTEROP_THREADS", "").strip() and threading.get_inter_op_parallelism_threads() != 1:
+            threading.set_inter_op_parallelism_threads(1)
+    except RuntimeError:
+        print(f"ddlkit: warning: TensorFlow already started in this process with {current or 'its default'} "
+              f"intra-op threads and {threading.get_inter_op_parallelism_threads() or 'its default'} inter-op "
+              f"threads, and keeps them (framework.num_threads asked for {wanted} and 1); start a new process to "
+              f"change them", file=sys.stderr, flush=True)
     return current or os.cpu_count() or 1
 
 
