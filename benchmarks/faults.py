@@ -1,5 +1,6 @@
-"""Restart and resume after a lost node: ddlkit's restart policy (``compute=local_mpi``) against
-torchrun's elastic agent, on the same model, data and machine.
+"""Restart and resume after a lost node: ddlkit against torchrun's elastic agent.
+
+ddlkit's restart policy (``compute=local_mpi``) and torchrun's agent, on the same model, data and machine.
 
 Both sides train ResNet-18 (``ddlkit_pytorch.models``) on ddlkit's synthetic images with the same
 per-rank batch, one thread per rank, deterministic on the CPU, a checkpoint every C steps, on 2
@@ -51,6 +52,7 @@ import argparse
 import contextlib
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -72,9 +74,14 @@ GOALS = {"t_detect_s": 5.0, "t_resume_s": 30.0, "steps_lost": "<= checkpoint_eve
 #: how often the harness looks at the job (its metrics file, its processes)
 POLL_S = 0.02
 #: the longest any one run may take before the benchmark gives up on it
-RUN_TIMEOUT_S = 900.0
+RUN_TIMEOUT_S = 600.0
 #: seconds torchrun's agents get to leave after the last step (see Run.wait)
 AGENT_EXIT_S = 15.0
+#: torchrun's agents share their rendezvous store with the workers' process group by default, and
+#: each agent counts its restarts on its own: after a restart the workers can read a peer's address
+#: from the attempt before and fail or hang in init_process_group (pytorch/pytorch#135712; seen here
+#: with torch 2.13). The workaround its maintainers give: a store of the workers' own.
+TORCHRUN_ENV = {"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}
 
 
 @dataclass(frozen=True)
@@ -212,7 +219,8 @@ class Run:
                        "--batch", str(s.batch), "--image-size", str(s.image_size),
                        "--num-classes", str(s.num_classes), "--pool-mib", str(s.pool_mib)]
             log = open(self.job_dir / f"agent-{node}.log", "w")
-            self.procs.append(subprocess.Popen(command, cwd=self.job_dir, env=one_thread_env(), stdout=log,
+            self.procs.append(subprocess.Popen(command, cwd=self.job_dir, env={**one_thread_env(), **TORCHRUN_ENV},
+                                               stdout=log,
                                                stderr=subprocess.STDOUT, start_new_session=True))
             if node == 0:
                 wait_port(port, 60)
@@ -395,9 +403,12 @@ def fault_round(side: str, how: str, shape: Shape, work: Path, *, kill_at: int, 
         t_kill, survivors = run.hit(how)
         t_detect = detect_time(run, t_kill, survivors)
         run.wait()
+    except RuntimeError as err:  # recorded; the other rounds still run
+        return {"error": str(err)}
     finally:
         run.stop()
-    out = {"t_detect_s": t_detect, **after_restart(run, t_kill), "world_size_after": run.world_size_now()}
+    out = {"t_detect_s": t_detect, **after_restart(run, t_kill), "world_size_after": run.world_size_now(),
+           "restarts": len(run.restarts())}
     loss = loss_at(run, kill_at + after)
     out.update(loss=loss, reference_loss=reference, bitwise=loss is not None and loss == reference,
                loss_difference=None if loss is None or reference is None else loss - reference)
@@ -409,7 +420,7 @@ def fault_round(side: str, how: str, shape: Shape, work: Path, *, kill_at: int, 
 
 
 def reference_loss(side: str, shape: Shape, work: Path, *, steps: int, backoff_s: float) -> float | None:
-    run = Run(side, shape, steps, work / f"{side}-reference-{shape.world}")
+    run = Run(side, shape, steps, work / f"{side}-reference-{shape.world}-{time.monotonic_ns()}")
     run.start(max_restarts=0, backoff_s=backoff_s)
     try:
         run.wait()
@@ -436,7 +447,8 @@ def goodput_run(side: str, shape: Shape, work: Path, *, duration: float, period:
                 backoff_s: float) -> dict[str, Any]:
     """Train for ``duration`` seconds from the launch, node 1's ranks SIGKILLed every ``period``."""
     failing = period is not None
-    run = Run(side, shape, 10**6, work / f"{side}-goodput-{'failing' if failing else 'free'}-{shape.world}")
+    kind = "failing" if failing else "free"
+    run = Run(side, shape, 10**6, work / f"{side}-goodput-{kind}-{shape.world}-{time.monotonic_ns()}")
     run.start(max_restarts=1000, backoff_s=backoff_s)
     t_end = run.t_launch + duration
     due = [run.t_launch + period * k for k in range(1, int(duration // period) + 1)
@@ -448,8 +460,9 @@ def goodput_run(side: str, shape: Shape, work: Path, *, duration: float, period:
             run.poll()
             if due and time.time() >= due[0] and run.step() > 0 and run.node_workers(1):
                 # a failure is due (or overdue: the job was still restarting from the last one)
-                run.hit("kill")
-                due.pop(0)
+                with contextlib.suppress(RuntimeError):  # node 1's ranks ended in between: next time
+                    run.hit("kill")
+                    due.pop(0)
             time.sleep(POLL_S)
         run.poll()
         steps = progress_at(run, t_end)
@@ -519,8 +532,8 @@ def main() -> None:
     parser.add_argument("--num-classes", type=int, default=100)
     parser.add_argument("--backoff-s", type=float, default=0.0, help="ddlkit's restart.backoff_s")
     parser.add_argument("--goodput-world", default="2x1")
-    parser.add_argument("--duration", type=float, default=150.0, help="goodput: seconds of each run")
-    parser.add_argument("--period", type=float, default=50.0, help="goodput: seconds between failures")
+    parser.add_argument("--duration", type=float, default=90.0, help="goodput: seconds of each run")
+    parser.add_argument("--period", type=float, default=30.0, help="goodput: seconds between failures")
     parser.add_argument("--keep", type=Path, help="run the jobs in this directory and keep it (their logs)")
     parser.add_argument("--quick", action="store_true",
                         help="one round, 2x1 only, C=5, s=8, a 60 s schedule with a failure every 25 s")
@@ -528,8 +541,13 @@ def main() -> None:
     if args.quick:
         args.rounds, args.worlds, args.checkpoint_every, args.kill_at, args.after = 1, "2x1", 5, 8, 5
         args.duration, args.period = 60.0, 25.0
-    sides = args.sides.split(",")
-    scenarios = args.scenarios.split(",")
+    sides, scenarios = args.sides.split(","), args.scenarios.split(",")
+    for given, choices, option in ((sides, SIDES, "--sides"), (scenarios, SCENARIOS, "--scenarios")):
+        if unknown := sorted(set(given) - set(choices)):
+            parser.error(f"{option}: unknown {', '.join(unknown)}; choose from {','.join(choices)}")
+    for world in [*args.worlds.split(","), args.goodput_world]:
+        if not re.fullmatch(r"2x[1-9]\d*", world):
+            parser.error(f"--worlds/--goodput-world: {world!r} is not 2xP (2 simulated nodes of P ranks), e.g. 2x1,2x2")
     skipped: dict[str, str] = {}
     if "shrink" in scenarios and (why := elastic_option()):
         skipped["ddlkit/shrink"] = why
@@ -549,7 +567,7 @@ def main() -> None:
             refs = {side: reference_loss(side, shape, work, steps=total, backoff_s=args.backoff_s) for side in sides}
             print(f"{world}: reference losses at step {total}: {refs}", flush=True)
             for how in (h for h in scenarios if h != "goodput"):
-                rounds = 1 if how == "notice" else args.rounds
+                rounds = args.rounds
                 for side in sides:
                     if f"{side}/{how}" in skipped:
                         continue
@@ -594,7 +612,8 @@ def main() -> None:
                   "ddlkit_restart_backoff_s": args.backoff_s, "rounds": args.rounds, "quick": args.quick},
         "torchrun": {"command": "python -m torch.distributed.run --nnodes=1:2 --nproc-per-node=P --max-restarts=N "
                                 "--rdzv-backend=c10d --rdzv-endpoint=127.0.0.1:PORT --rdzv-conf=is_host=0|1 "
-                                "benchmarks/_torchrun_train.py ...", "rendezvous_defaults": "last_call_timeout 30 s"},
+                                "benchmarks/_torchrun_train.py ...", "environment": TORCHRUN_ENV,
+                     "rendezvous_defaults": "last_call_timeout 30 s"},
         "goal": GOALS,
         "results": results,
         "goodput": {**goodput, "world": args.goodput_world, "duration_s": args.duration, "period_s": args.period},
