@@ -25,8 +25,9 @@ Scenarios, each at step s (``--kill-at``) of a run of s + ``--after`` steps:
   exists (elastic world size), run with ``compute.min_nodes=1``, node 1 marked down (its scratch
   directory holds ``down``) and its ranks SIGKILLed; skipped with a note where the option is missing.
 * ``goodput``: a failure schedule, node 1's ranks SIGKILLed every ``--period`` seconds for
-  ``--duration`` seconds from the launch; useful steps (the step counter at the end: steps lost to
-  a failure and trained again count once) / wall time, as a ratio to a failure-free run.
+  ``--duration`` seconds from the launch (a failure due while the job is still down from the last
+  one hits node 1's ranks as soon as they are back); useful steps (the step counter at the end: steps
+  lost to a failure and trained again count once) / wall time, as a ratio to a failure-free run.
 
 Observed the same way on both sides: rank 0 writes one JSON line per optimizer step with the wall
 clock (ddlkit's ``logger=jsonl``, the loop's own ``metrics.jsonl`` in the same format), which this
@@ -42,8 +43,9 @@ script reads while the job runs; the kill's time is taken just before the signal
     python benchmarks/faults.py [--rounds 3] [--worlds 2x1,2x2] [--quick]
 
 Writes benchmarks/results/faults.json and faults.png (steps vs wall time of the goodput runs, the
-failures marked). The full run takes about 20 minutes on an idle 2-core machine; ``--quick`` (one
-round, 2x1 only, a 60 s schedule) about 4.
+failures marked; ``--replot`` redraws it). The full run takes about 20 minutes on an idle 2-core
+machine; ``--quick`` (one round, 2x1 only, an 80 s schedule with one failure) about 6, and 15 on a
+busy one. ``--keep DIR`` keeps every job's directory and logs.
 """
 
 from __future__ import annotations
@@ -199,10 +201,11 @@ class Run:
                 f"restart.backoff_s={backoff_s:g}"]
         if self.elastic:
             args.append("compute.min_nodes=1")
-        log = open(self.job_dir.parent / f"{self.job_dir.name}.launcher.log", "w")
-        self.procs.append(subprocess.Popen([sys.executable, "-m", "ddlkit", *args, f"hydra.run.dir={self.job_dir}"],
-                                           cwd=self.job_dir.parent, env=one_thread_env(), stdout=log,
-                                           stderr=subprocess.STDOUT, start_new_session=True))
+        with open(self.job_dir.parent / f"{self.job_dir.name}.launcher.log", "w") as log:  # the child keeps it
+            self.procs.append(subprocess.Popen([sys.executable, "-m", "ddlkit", *args,
+                                                f"hydra.run.dir={self.job_dir}"], cwd=self.job_dir.parent,
+                                               env=one_thread_env(), stdout=log, stderr=subprocess.STDOUT,
+                                               start_new_session=True))
 
     def _start_torchrun(self, max_restarts: int) -> None:
         from ddlkit_mpi.target import free_ports
@@ -218,10 +221,9 @@ class Run:
                        "--steps", str(self.steps), "--checkpoint-every", str(s.checkpoint_every),
                        "--batch", str(s.batch), "--image-size", str(s.image_size),
                        "--num-classes", str(s.num_classes), "--pool-mib", str(s.pool_mib)]
-            log = open(self.job_dir / f"agent-{node}.log", "w")
-            self.procs.append(subprocess.Popen(command, cwd=self.job_dir, env={**one_thread_env(), **TORCHRUN_ENV},
-                                               stdout=log,
-                                               stderr=subprocess.STDOUT, start_new_session=True))
+            with open(self.job_dir / f"agent-{node}.log", "w") as log:
+                self.procs.append(subprocess.Popen(command, cwd=self.job_dir, env={**one_thread_env(), **TORCHRUN_ENV},
+                                                   stdout=log, stderr=subprocess.STDOUT, start_new_session=True))
             if node == 0:
                 wait_port(port, 60)
 
@@ -503,10 +505,10 @@ def plot(goodput: dict[str, Any], path: Path, title: str) -> None:
             if not run:
                 continue
             xs, ys = zip(*run["timeline"], strict=True) if run["timeline"] else ((), ())
-            ax.plot(xs, ys, style, color=colors[side], lw=1.4,
+            ax.plot(xs, ys, style, color=colors[side], lw=1.4, marker=".", markersize=3,
                     label=f"{side}, {'no failures' if kind == 'free' else 'node 1 killed'}: "
                           f"{run['useful_steps']} useful steps")
-            for k in run["kills"] if kind == "failing" else ():
+            for k in run["kills_s"] if kind == "failing" else ():
                 ax.axvline(k, color=colors[side], lw=0.8, alpha=0.5, ls="--")
     ax.set_xlabel("wall time since launch (s); dashed lines: node 1's ranks SIGKILLed")
     ax.set_ylabel("optimizer step")
@@ -516,6 +518,14 @@ def plot(goodput: dict[str, Any], path: Path, title: str) -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
+
+
+def plot_result(payload: dict[str, Any]) -> None:
+    shape, goodput = payload["shape"], payload["goodput"]
+    plot({s: v for s, v in goodput.items() if s in SIDES}, RESULTS / "faults.png",
+         f"useful steps under a failure schedule ({goodput['world']}, ResNet-18 {shape['image_size']}px, batch "
+         f"{shape['batch_per_rank']}/rank, checkpoint every {shape['checkpoint_every']} steps, "
+         f"{payload['machine']['cpus']} CPU cores)")
 
 
 def main() -> None:
@@ -536,11 +546,15 @@ def main() -> None:
     parser.add_argument("--period", type=float, default=30.0, help="goodput: seconds between failures")
     parser.add_argument("--keep", type=Path, help="run the jobs in this directory and keep it (their logs)")
     parser.add_argument("--quick", action="store_true",
-                        help="one round, 2x1 only, C=5, s=8, a 60 s schedule with a failure every 25 s")
+                        help="one round, 2x1 only, C=5, s=8, an 80 s schedule with a failure at 40 s")
+    parser.add_argument("--replot", action="store_true", help="redraw faults.png from faults.json; run nothing")
     args = parser.parse_args()
+    if args.replot:
+        plot_result(json.loads((RESULTS / "faults.json").read_text()))
+        return
     if args.quick:
         args.rounds, args.worlds, args.checkpoint_every, args.kill_at, args.after = 1, "2x1", 5, 8, 5
-        args.duration, args.period = 60.0, 25.0
+        args.duration, args.period = 80.0, 40.0
     sides, scenarios = args.sides.split(","), args.scenarios.split(",")
     for given, choices, option in ((sides, SIDES, "--sides"), (scenarios, SCENARIOS, "--scenarios")):
         if unknown := sorted(set(given) - set(choices)):
@@ -621,9 +635,7 @@ def main() -> None:
     }
     path = write_result("faults", payload)
     if goodput:
-        plot({s: v for s, v in goodput.items() if s in SIDES}, RESULTS / "faults.png",
-             f"useful steps under a failure schedule ({args.goodput_world}, ResNet-18 {args.image_size}px, batch "
-             f"{args.batch}/rank, checkpoint every {args.checkpoint_every} steps, {os.cpu_count()} CPU cores)")
+        plot_result(payload)
     table = {world: {how: {side: {k: v.get(k, {}).get("median") for k in ("t_detect_s", "t_resume_s", "steps_lost")}
                            | {"bitwise": v.get("bitwise")} for side, v in by_side.items()}
                      for how, by_side in hows.items()} for world, hows in results.items()}
