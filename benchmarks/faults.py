@@ -525,7 +525,7 @@ def plot_result(payload: dict[str, Any]) -> None:
     plot({s: v for s, v in goodput.items() if s in SIDES}, RESULTS / "faults.png",
          f"useful steps under a failure schedule ({goodput['world']}, ResNet-18 {shape['image_size']}px, batch "
          f"{shape['batch_per_rank']}/rank, checkpoint every {shape['checkpoint_every']} steps, "
-         f"{payload['machine']['cpus']} CPU cores)")
+         f"{payload.get('machine', {}).get('cpus', os.cpu_count())} CPU cores)")
 
 
 def main() -> None:
