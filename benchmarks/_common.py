@@ -68,6 +68,35 @@ def run_worker(job_file: Path) -> dict[str, Any]:
     return json.loads((job_file.parent / RESULT_FILE).read_text())
 
 
+def one_thread_env() -> dict[str, str]:
+    """This environment with one intra-op thread per rank: the benchmarks' ranks share few cores."""
+    # TensorFlow's inter-op pool defaults to every core: without this one "single-thread" rank used ~1.5 cores
+    return {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "TF_NUM_INTEROP_THREADS": "1",
+            "TF_CPP_MIN_LOG_LEVEL": "2"}
+
+
+def rank_workers(job_dir: Path) -> dict[int, dict[str, str]]:
+    """The ddlkit rank workers of the job in ``job_dir`` (each runs ``-m ddlkit.rank.worker job.json``
+    there): pid -> its environment (``OMPI_COMM_WORLD_RANK``, ``DDLKIT_NODE``, ...)."""
+    from ddlkit.jobdir import JOB_FILE
+
+    workers = {}
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        try:
+            if Path(entry.path, "cmdline").read_bytes().split(b"\0")[1:4] != [b"-m", b"ddlkit.rank.worker",
+                                                                           JOB_FILE.encode()]:
+                continue
+            if Path(os.readlink(Path(entry.path, "cwd"))) != job_dir.resolve():
+                continue
+            environ = Path(entry.path, "environ").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        workers[int(entry.name)] = dict(v.decode(errors="replace").partition("=")[::2] for v in environ if b"=" in v)
+    return workers
+
+
 def summary(samples: Sequence[float]) -> dict[str, Any]:
     return {"median": statistics.median(samples), "samples": list(samples)}
 

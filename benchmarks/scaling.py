@@ -38,8 +38,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from _common import RESULTS, summary, write_result
-from ddlkit.jobdir import EXIT_PREEMPTED, JOB_FILE, RESULT_FILE
+from _common import RESULTS, one_thread_env as env, rank_workers, summary, write_result
+from ddlkit.jobdir import EXIT_PREEMPTED, RESULT_FILE
 
 #: framework=keras only with Horovod: it refuses dist=native (Keras 3's fit fails under
 #: MultiWorkerMirroredStrategy)
@@ -72,12 +72,6 @@ def job_args(config: str, ranks: int, *, steps: int, batch: int, image_size: int
             "trainer.epochs=1", "trainer.warmup_steps=5", "trainer.validate=false", "trainer.save_model=false",
             "trainer.log_every=10", "logger=[jsonl]", "compute=local_mpi", f"compute.procs_per_node={ranks}",
             f"dist={backend}"]
-
-
-def env() -> dict[str, str]:
-    # TensorFlow's inter-op pool defaults to every core: without this one "single-thread" rank used ~1.5 cores
-    return {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "TF_NUM_INTEROP_THREADS": "1",
-            "TF_CPP_MIN_LOG_LEVEL": "2"}
 
 
 def run_job(args: list[str], job_dir: Path) -> dict[str, Any]:
@@ -121,21 +115,9 @@ def summarise(samples: dict[str, list[float]], loads: dict[str, list[float]]) ->
 
 
 def _worker_pid(job_dir: Path, rank: int) -> int | None:
-    """Rank ``rank``'s worker of the job in ``job_dir`` (it runs ``-m ddlkit.rank.worker job.json`` there)."""
-    for entry in os.scandir("/proc"):
-        if not entry.name.isdigit():
-            continue
-        try:
-            if Path(entry.path, "cmdline").read_bytes().split(b"\0")[1:4] != [b"-m", b"ddlkit.rank.worker",
-                                                                           JOB_FILE.encode()]:
-                continue
-            if Path(os.readlink(Path(entry.path, "cwd"))) != job_dir.resolve():
-                continue
-            if f"OMPI_COMM_WORLD_RANK={rank}".encode() in Path(entry.path, "environ").read_bytes().split(b"\0"):
-                return int(entry.name)
-        except OSError:
-            continue
-    return None
+    """Rank ``rank``'s worker of the job in ``job_dir``."""
+    return next((pid for pid, environ in rank_workers(job_dir).items()
+                 if environ.get("OMPI_COMM_WORLD_RANK") == str(rank)), None)
 
 
 def measure_stop(how: str, work: Path, shape: dict[str, Any]) -> dict[str, Any]:
