@@ -28,7 +28,7 @@ from ..atomic import atomic_path
 from ..errors import ConfigError
 from ..hookspecs import hookimpl
 from ..interfaces import ComputeTarget, Framework, Logger, StorageBackend
-from ..jobdir import RESTARTS_ENV
+from ..jobdir import NODE_DOWN, RESTARTS_ENV
 from ..registry import Registration
 
 if TYPE_CHECKING:
@@ -54,6 +54,12 @@ class FakeFrameworkConfig:
     kill_at_step: int = 0
     kill_rank: int = 0
     kill_every_run: bool = False
+    # instead of kill_rank: every rank of this node marks it down (a file `down` in its scratch
+    # directory, as compute=local_mpi reads it) and kills itself: a node lost that does not come back
+    kill_node: int | None = None
+    # average the gradient over the ranks before each update, as a real framework does: the weights
+    # then depend on the global batch only, not on how many ranks shared it
+    allreduce: bool = False
     # seconds each step sleeps: a job that lasts, to attach to, cancel or interrupt in tests
     step_delay_s: float = 0.0
     # modules the ranks' environment must have (as Horovod for dist=horovod): check_environment's path in tests
@@ -122,15 +128,20 @@ class FakeFramework(Framework):
             if self.cfg.fail_at_step and run.state.step + 1 == self.cfg.fail_at_step:
                 raise RuntimeError(f"fake framework failure at step {run.state.step + 1}")
             if (self.cfg.kill_at_step and run.state.step + 1 == self.cfg.kill_at_step
-                    and run.dist.rank == self.cfg.kill_rank
                     and (self.cfg.kill_every_run or not os.environ.get(RESTARTS_ENV))):
-                os.kill(os.getpid(), signal.SIGKILL)
+                if self.cfg.kill_node is None and run.dist.rank == self.cfg.kill_rank:
+                    os.kill(os.getpid(), signal.SIGKILL)
+                if self.cfg.kill_node is not None and run.dist.node == self.cfg.kill_node:
+                    # each rank of the node marks it first: whichever dies first, the mark is there
+                    Path(run.dist.node_scratch or ".", NODE_DOWN).touch()
+                    os.kill(os.getpid(), signal.SIGKILL)
             if self.cfg.step_delay_s:
                 time.sleep(self.cfg.step_delay_s)
             # the mean loss of equal micro-batches is the mean over their union: one batch of all
             images = np.concatenate([np.asarray(b[0]) for b in micro_batches])
             labels = np.concatenate([np.asarray(b[1]) for b in micro_batches])
-            return _sgd_step(params, _inputs(images, side), labels, lr, o, t.clip_grad_norm)
+            reduce = _mean_over(run.dist) if self.cfg.allreduce and run.dist.world_size > 1 else None
+            return _sgd_step(params, _inputs(images, side), labels, lr, o, t.clip_grad_norm, reduce)
 
         run.train_epochs(run.step_batches(train_loader.iter_epoch), step,
                          evaluate if val_loader is not None else None)
@@ -164,10 +175,21 @@ def _softmax(logits: np.ndarray) -> np.ndarray:
     return z / z.sum(axis=1, keepdims=True)
 
 
+def _mean_over(dist: Any) -> Any:
+    """The gradient averaged over the ranks (each rank's is the mean over its equal share)."""
+    import numpy as np
+
+    def reduce(grad: np.ndarray) -> np.ndarray:
+        return np.asarray(dist.allreduce(grad.ravel().tolist(), "mean")).reshape(grad.shape)
+
+    return reduce
+
+
 def _sgd_step(params: dict[str, np.ndarray], x: np.ndarray, labels: np.ndarray, lr: float, o: Any,
-              clip: float | None = None) -> float:
+              clip: float | None = None, reduce: Any = None) -> float:
     """One step of cross-entropy + SGD with momentum and weight decay (torch.optim.SGD's rule), the
-    gradient clipped to norm ``clip`` first (as torch.nn.utils.clip_grad_norm_ does)."""
+    gradient averaged over the ranks by ``reduce`` and clipped to norm ``clip`` first (as
+    torch.nn.utils.clip_grad_norm_ does)."""
     import numpy as np
 
     theta = params["theta"]
@@ -177,6 +199,8 @@ def _sgd_step(params: dict[str, np.ndarray], x: np.ndarray, labels: np.ndarray, 
     target[np.arange(len(labels)), labels] += 1.0 - o.label_smoothing
     loss = float(-(target * np.log(probs + 1e-12)).sum(axis=1).mean())
     grad = _matmul(x.T, probs - target) / len(labels)
+    if reduce is not None:
+        grad = reduce(grad)
     if clip:
         grad = grad * min(1.0, clip / (float(np.linalg.norm(grad)) + 1e-6))
     grad = grad + o.weight_decay * theta
@@ -276,6 +300,22 @@ class RecordingLogger(Logger):
 
     def steps(self, split: str = "train") -> list[int]:
         return [c.step for c in self.calls if c.method == "log_metrics" and c.split == split]
+
+
+def class_images(split: str, n: int = 256, val_n: int = 32, image_size: int = 8, num_classes: int = 4,
+                 seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """Data for ``data=custom data.target=ddlkit.testing.fakes:class_images``: ``n`` (``val_n``)
+    images of noise around a class pattern, each a sample of one dataset that the ranks
+    share by :func:`ddlkit.images.epoch_order`, as a real dataset is (``data=synthetic`` draws a
+    stream per rank instead, which changes with the world size)."""
+    import numpy as np
+
+    count = n if split == "train" else val_n
+    rng = np.random.default_rng([seed, split == "val"])
+    labels = rng.integers(0, num_classes, count)
+    patterns = np.random.default_rng(seed).normal(0.0, 1.0, (num_classes, image_size, image_size, 3))
+    images = patterns[labels] + rng.normal(0.0, 1.0, (count, image_size, image_size, 3))
+    return images.astype(np.float32), labels
 
 
 def build_softmax(cfg: Any, data: Any, *, side: int, seed: int) -> dict[str, np.ndarray]:
