@@ -60,6 +60,9 @@ class FakeFrameworkConfig:
     # average the gradient over the ranks before each update, as a real framework does: the weights
     # then depend on the global batch only, not on how many ranks shared it
     allreduce: bool = False
+    # write the sample numbers each rank trained on at each step (data=custom with
+    # ddlkit.testing.fakes:class_images and +data.kwargs.numbered=true) to trace/rank-N.jsonl
+    trace_samples: bool = False
     # seconds each step sleeps: a job that lasts, to attach to, cancel or interrupt in tests
     step_delay_s: float = 0.0
     # modules the ranks' environment must have (as Horovod for dist=horovod): check_environment's path in tests
@@ -140,6 +143,8 @@ class FakeFramework(Framework):
             # the mean loss of equal micro-batches is the mean over their union: one batch of all
             images = np.concatenate([np.asarray(b[0]) for b in micro_batches])
             labels = np.concatenate([np.asarray(b[1]) for b in micro_batches])
+            if self.cfg.trace_samples:
+                _trace(run, [int(round(float(v))) for v in images[:, NUMBER_PIXEL[0], NUMBER_PIXEL[1], 0]])
             reduce = _mean_over(run.dist) if self.cfg.allreduce and run.dist.world_size > 1 else None
             return _sgd_step(params, _inputs(images, side), labels, lr, o, t.clip_grad_norm, reduce)
 
@@ -173,6 +178,23 @@ def _softmax(logits: np.ndarray) -> np.ndarray:
 
     z = np.exp(logits - logits.max(axis=1, keepdims=True))
     return z / z.sum(axis=1, keepdims=True)
+
+
+#: where class_images(numbered=True) writes a sample's number: a pixel the fake framework's model does
+#: not read at its default framework.side=4 on 8-pixel images (it reads every other pixel from 0)
+NUMBER_PIXEL = (1, 1)
+#: the directory of framework.trace_samples' files, in the job directory
+TRACE_DIR = "trace"
+
+
+def _trace(run: Run, numbers: list[int]) -> None:
+    """One line per step: the run (restarts before it), the epoch, the step, the samples read."""
+    line = json.dumps({"run": int(os.environ.get(RESTARTS_ENV) or 0), "epoch": run.state.epoch,
+                       "step": run.state.step + 1, "samples": numbers})
+    path = run.job_dir / TRACE_DIR / f"rank-{run.dist.rank}.jsonl"
+    path.parent.mkdir(exist_ok=True)
+    with open(path, "a") as f:
+        f.write(line + "\n")
 
 
 def _mean_over(dist: Any) -> Any:
@@ -303,11 +325,12 @@ class RecordingLogger(Logger):
 
 
 def class_images(split: str, n: int = 256, val_n: int = 32, image_size: int = 8, num_classes: int = 4,
-                 seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+                 seed: int = 0, numbered: bool = False) -> tuple[np.ndarray, np.ndarray]:
     """Data for ``data=custom data.target=ddlkit.testing.fakes:class_images``: ``n`` (``val_n``)
     images of noise around a class pattern, each a sample of one dataset that the ranks
     share by :func:`ddlkit.images.epoch_order`, as a real dataset is (``data=synthetic`` draws a
-    stream per rank instead, which changes with the world size)."""
+    stream per rank instead, which changes with the world size). ``numbered``: each image carries its
+    number in :data:`NUMBER_PIXEL`, for ``framework.trace_samples``."""
     import numpy as np
 
     count = n if split == "train" else val_n
@@ -315,6 +338,8 @@ def class_images(split: str, n: int = 256, val_n: int = 32, image_size: int = 8,
     labels = rng.integers(0, num_classes, count)
     patterns = np.random.default_rng(seed).normal(0.0, 1.0, (num_classes, image_size, image_size, 3))
     images = patterns[labels] + rng.normal(0.0, 1.0, (count, image_size, image_size, 3))
+    if numbered:  # each sample's number, where the model does not look (framework.trace_samples)
+        images[:, NUMBER_PIXEL[0], NUMBER_PIXEL[1], 0] = np.arange(count)
     return images.astype(np.float32), labels
 
 
