@@ -72,7 +72,11 @@ def place_restart(planned: ComputeTarget, current: ComputeTarget, spec: JobSpec,
     after = plan_batch(trainer, planned.world_size, target.world_size)
     what = describe(before, after, optimizer, trainer.on_resize)
     out.write(f"ddlkit: restart {restart} on {nodes} of {planned.nodes} nodes (compute.min_nodes="
-              f"{planned.min_nodes}, {target.world_size} ranks): {what}\n")
+              f"{planned.min_nodes}, {_ranks(target.world_size)}): {what}\n")
     out.flush()
     return Placement(target, {"nodes": nodes, "planned_nodes": planned.nodes, "world_size": target.world_size,
                               "resize": what}, env)
+
+
+def _ranks(n: int) -> str:
+    return f"{n} rank" + ("s" if n != 1 else "")

@@ -130,7 +130,8 @@ class Run:
             return None
         line = describe(planned, plan, self.cfg.optimizer, t.on_resize)
         if self.dist.is_main:
-            print(f"ddlkit: {world} ranks instead of the planned {planned_world}: {line}", flush=True)
+            print(f"ddlkit: {world} rank{'s' if world != 1 else ''} instead of the planned {planned_world}: {line}",
+                  flush=True)
         with open_dict(t):
             t.batch_size, t.accumulate_batches = plan.batch_size, plan.accumulate
         return {"planned_world_size": planned_world, "world_size": world, "on_resize": str(t.on_resize),

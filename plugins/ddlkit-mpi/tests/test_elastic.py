@@ -16,7 +16,6 @@ import subprocess
 import sys
 import threading
 import time
-from collections import Counter
 from pathlib import Path
 
 import numpy as np
@@ -25,7 +24,8 @@ import pytest
 from ddlkit.checkpoint import latest_checkpoint, verify
 from ddlkit.jobdir import NODE_DOWN
 from ddlkit.launch.restarts import step_reached
-from ddlkit.testing.fakes import MODEL_FILE, TRACE_DIR
+from ddlkit.testing.elastic import assert_every_sample_once, rank_processes, restarts
+from ddlkit.testing.fakes import MODEL_FILE
 
 pytestmark = [pytest.mark.slow,
               pytest.mark.skipif(shutil.which("mpirun") is None, reason="needs OpenMPI's mpirun")]
@@ -50,45 +50,6 @@ def command(tmp_path: Path, job: str, *overrides: str) -> tuple[list[str], dict[
 def ddlkit(tmp_path: Path, job: str, *overrides: str) -> subprocess.CompletedProcess:
     args, env = command(tmp_path, job, *overrides)
     return subprocess.run(args, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
-
-
-def record(job_dir: Path) -> dict:
-    return json.loads((job_dir / ".ddlkit" / "submission.json").read_text())
-
-
-def trained_samples(job_dir: Path) -> dict[int, Counter]:
-    """How often each sample was trained on, per epoch, counting only the steps that stand: a run's
-    steps after the checkpoint the next run resumed from were trained again there."""
-    cutoff = [entry["resumed_from"] for entry in record(job_dir)["restarts"]]
-    seen: dict[int, Counter] = {}
-    for path in (job_dir / TRACE_DIR).glob("rank-*.jsonl"):
-        for line in path.read_text().splitlines():
-            step = json.loads(line)
-            if step["run"] < len(cutoff) and step["step"] > cutoff[step["run"]]:
-                continue
-            seen.setdefault(step["epoch"], Counter()).update(step["samples"])
-    return seen
-
-
-def assert_every_sample_once(job_dir: Path, epochs: int, n: int = 256) -> None:
-    seen = trained_samples(job_dir)
-    assert sorted(seen) == list(range(epochs))
-    for epoch, counts in seen.items():
-        assert sorted(counts) == list(range(n)), f"epoch {epoch}: samples skipped"
-        assert set(counts.values()) == {1}, f"epoch {epoch}: samples seen twice: {[s for s, c in counts.items() if c > 1]}"
-
-
-def rank_minders(job_dir: Path) -> list[int]:
-    """The pids of this job's rank minders (python -m ddlkit_mpi.rank, run in the job directory)."""
-    found = []
-    for proc in Path("/proc").iterdir():
-        try:
-            args = (proc / "cmdline").read_bytes().split(b"\0")
-            if args[1:3] == [b"-m", b"ddlkit_mpi.rank"] and Path(os.readlink(proc / "cwd")) == job_dir:
-                found.append(int(proc.name))
-        except (OSError, ValueError, IndexError):
-            continue
-    return found
 
 
 def test_a_lost_node_shrinks_the_job_to_the_nodes_left_and_it_grows_back_when_the_node_returns(
@@ -119,7 +80,7 @@ def test_a_lost_node_shrinks_the_job_to_the_nodes_left_and_it_grows_back_when_th
         deadline = time.monotonic() + 120
         while (step_reached(job_dir) or 0) < 8 and time.monotonic() < deadline:
             time.sleep(0.1)
-        [first, *_] = rank_minders(job_dir)
+        [first, *_] = rank_processes(job_dir, "ddlkit_mpi.rank")
         os.kill(first, signal.SIGTERM)
         _, stderr = proc.communicate(timeout=300)
     finally:
@@ -128,6 +89,7 @@ def test_a_lost_node_shrinks_the_job_to_the_nodes_left_and_it_grows_back_when_th
     reader.join(10)
     stdout = "".join(lines)
     assert proc.returncode == 0, stdout[-3000:] + stderr[-3000:]
+    said = "".join(line for line in lines if line.startswith("ddlkit: restart"))
 
     # said on the console: where each restart runs and what that does to the batch and the learning rate
     assert ("ddlkit: restart 1/3 on 1 of 2 nodes (compute.min_nodes=1, 2 ranks): trainer.on_resize=keep_global_batch: "
@@ -135,16 +97,16 @@ def test_a_lost_node_shrinks_the_job_to_the_nodes_left_and_it_grows_back_when_th
     assert ("ddlkit: 2 ranks instead of the planned 4: trainer.on_resize=keep_global_batch: per-rank batch 8 -> "
             "8 x 2 micro-batches, lr unchanged\n") in stdout
     assert ("ddlkit: restart 2/3 on 2 of 2 nodes (compute.min_nodes=1, 4 ranks): trainer.on_resize=keep_global_batch: "
-            "per-rank batch 8 x 2 micro-batches -> 8, lr unchanged\n") in stdout
+            "per-rank batch 8 x 2 micro-batches -> 8, lr unchanged\n") in said, said
     # and in the job's record
-    first_restart, second_restart = record(job_dir)["restarts"]
+    first_restart, second_restart = restarts(job_dir)
     assert (first_restart["nodes"], first_restart["world_size"], first_restart["resumed_from"]) == (1, 2, 4)
     assert (second_restart["nodes"], second_restart["world_size"]) == (2, 4)
     # nothing lost: the steps add up, each epoch trained every sample once, the final checkpoint verifies,
     # and the weights are those of the job that never lost a node (the same global batches, in order)
     result = json.loads((job_dir / "result.json").read_text())
     assert (result["steps"], result["restarts"], result["world_size"], result["resize"]) == (24, 2, 4, None)
-    assert_every_sample_once(job_dir, epochs=3)
+    assert_every_sample_once(job_dir, epochs=3, samples=256)
     assert verify(latest_checkpoint(job_dir)) is None
     np.testing.assert_allclose(np.load(job_dir / MODEL_FILE), np.load(tmp_path / "straight" / MODEL_FILE),
                                rtol=0, atol=1e-12)
@@ -164,7 +126,7 @@ def test_scale_lr_keeps_the_per_rank_batch_and_goes_on_at_the_same_sample(tmp_pa
     # 4 steps of 32, then the rest of epoch 0 (8 steps of 16) and epoch 1 (16 steps of 16)
     assert (result["steps"], result["steps_per_epoch"], result["global_batch_size"]) == (4 + 8 + 16, 16, 16)
     assert result["resize"]["on_resize"] == "scale_lr" and result["peak_lr"] == pytest.approx(0.1 * 16 / 256)
-    assert_every_sample_once(job_dir, epochs=2)
+    assert_every_sample_once(job_dir, epochs=2, samples=256)
     assert verify(latest_checkpoint(job_dir)) is None
 
 
