@@ -92,7 +92,8 @@ def test_a_lost_node_shrinks_the_job_and_it_grows_back_when_the_node_returns(two
     assert ("ddlkit: restart 1/3 on 1 of 2 nodes (compute.min_nodes=1, 1 rank): trainer.on_resize=keep_global_batch: "
             "per-rank batch 8 -> 8 x 2 micro-batches, lr unchanged\n") in stdout
     assert ("ddlkit: restart 2/3 on 2 of 2 nodes (compute.min_nodes=1, 2 ranks): trainer.on_resize=keep_global_batch: "
-            "per-rank batch 8 x 2 micro-batches -> 8, lr unchanged\n") in said, said
+            "per-rank batch 8 x 2 micro-batches -> 8, lr unchanged\n") in said, (
+        f"{said}\nSIGTERM to rank minder {first}; slurm.log ends:\n{(job_dir / 'slurm.log').read_text()[-4000:]}")
     first_restart, second_restart = restarts(job_dir)
     assert (first_restart["nodes"], first_restart["world_size"], second_restart["nodes"]) == (1, 1, 2)
     result = json.loads((job_dir / "result.json").read_text())

@@ -26,6 +26,7 @@ names the rank that failed first. The guarantees:
 from __future__ import annotations
 
 import contextlib
+import copy
 import fcntl
 import json
 import os
@@ -92,8 +93,9 @@ class MpiConfig:
     hostfile: str | None = None
     # use only the first N hosts; null: all of them
     nodes: int | None = checked(None, POSITIVE_INTEGER)
-    # elastic: after losing hosts, a restart goes on with the hosts that remain (those its host source
-    # still lists, that answer on the ssh port) if at least this many (null: all, not elastic)
+    # elastic: after losing hosts, a restart goes on with the job's hosts that its host source still lists
+    # (a hostfile a health check rewrites, the scheduler's allocation) if at least this many (null: all,
+    # not elastic)
     min_nodes: int | None = checked(None, POSITIVE_INTEGER)
     # ranks per host (GPUs per node); null: each host's slots (1 where its source gives none)
     procs_per_node: int | None = checked(None, POSITIVE_INTEGER)
@@ -573,6 +575,31 @@ class MpiTarget(MpirunTarget):
 
     def node_names(self) -> list[str]:
         return [h.name for h in self.hosts]
+
+    # ------------------------------------------------------------ elastic
+    @property
+    def nodes(self) -> int:
+        return len(self.hosts)
+
+    def _listed_now(self) -> list[Host]:
+        """The job's hosts that its host source lists now, in the job's order: a host lost for good
+        is one a health check (or the scheduler, or the user) took out of the hostfile or allocation."""
+        listed, _ = discover(self.cfg.hosts, self.cfg.hostfile, None)
+        names = {h.name for h in listed}
+        return [h for h in self.hosts if h.name in names]
+
+    def nodes_up(self, spec: JobSpec) -> int | None:
+        try:
+            return len(self._listed_now())
+        except ddlkit.ConfigError:
+            return None  # the host source cannot be read now: the job restarts on all its hosts
+
+    def with_nodes(self, nodes: int, spec: JobSpec) -> MpiTarget:
+        target = copy.copy(self)
+        keep = self._listed_now()[:nodes]
+        target._hosts = keep
+        target._sizes = [size for host, size in zip(self.hosts, self.sizes, strict=True) if host in keep]
+        return target
 
     def placement_args(self) -> list[str]:
         # every host with the ranks it runs: exactly what the hostfile allows, no oversubscription
