@@ -61,6 +61,7 @@ def place_restart(planned: ComputeTarget, current: ComputeTarget, spec: JobSpec,
     if up is None:
         out.write(f"ddlkit: restart {restart}: compute={name} cannot tell which nodes are up; restarting on all "
                   f"{planned.nodes}\n")
+        out.flush()
         return Placement(planned, {"nodes": planned.nodes, "planned_nodes": planned.nodes}, env)
     nodes = min(up, planned.nodes)
     if nodes < planned.min_nodes:

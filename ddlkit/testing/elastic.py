@@ -1,13 +1,12 @@
 """Checks for tests of elastic jobs (``compute.min_nodes``) that lose nodes, restart on fewer and
 grow back: that nothing was lost -- each epoch trained every sample exactly once, counting only the
-steps that stand -- and a way to reach a running job's rank processes, to stop one as a scheduler
-would. The samples are those ``framework=fake`` traced (``framework.trace_samples=true``) from
+steps that stand (:func:`ddlkit.testing.multirank.worker_pids` reaches a running job's ranks, to
+stop one as a scheduler would). The samples are those ``framework=fake`` traced (``framework.trace_samples=true``) from
 ``data=custom data.target=ddlkit.testing.fakes:class_images +data.kwargs.numbered=true``."""
 
 from __future__ import annotations
 
 import json
-import os
 from collections import Counter
 from pathlib import Path
 
@@ -42,17 +41,3 @@ def assert_every_sample_once(job_dir: Path, *, epochs: int, samples: int) -> Non
         skipped = sorted(set(range(samples)) - set(counts))
         twice = sorted(s for s, c in counts.items() if c > 1)
         assert not skipped and not twice, f"epoch {epoch}: samples skipped {skipped}, seen more than once {twice}"
-
-
-def rank_processes(job_dir: Path, module: str) -> list[int]:
-    """The pids of a job's processes started as ``python -m <module>`` in its job directory (a
-    target's rank minders: ``ddlkit_mpi.rank``, ``ddlkit_slurm.rank``) on this machine."""
-    found = []
-    for proc in Path("/proc").iterdir():
-        try:
-            args = (proc / "cmdline").read_bytes().split(b"\0")
-            if args[1:3] == [b"-m", module.encode()] and Path(os.readlink(proc / "cwd")) == Path(job_dir).resolve():
-                found.append(int(proc.name))
-        except (OSError, ValueError, IndexError):
-            continue
-    return sorted(found)

@@ -24,8 +24,9 @@ import pytest
 from ddlkit.checkpoint import latest_checkpoint, verify
 from ddlkit.jobdir import NODE_DOWN
 from ddlkit.launch.restarts import step_reached
-from ddlkit.testing.elastic import assert_every_sample_once, rank_processes, restarts
+from ddlkit.testing.elastic import assert_every_sample_once, restarts
 from ddlkit.testing.fakes import MODEL_FILE
+from ddlkit.testing.multirank import worker_pids
 
 pytestmark = [pytest.mark.slow,
               pytest.mark.skipif(shutil.which("mpirun") is None, reason="needs OpenMPI's mpirun")]
@@ -60,7 +61,8 @@ def test_a_lost_node_shrinks_the_job_to_the_nodes_left_and_it_grows_back_when_th
     job_dir = tmp_path / "elastic"
     args, env = command(tmp_path, "elastic", "trainer.epochs=3", *ELASTIC, *LOSE_NODE_1,
                         "framework.step_delay_s=0.3")
-    proc = subprocess.Popen(args, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    errors = open(tmp_path / "stderr.txt", "w")  # noqa: SIM115 -- the launcher's, closed when it ends
+    proc = subprocess.Popen(args, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=errors, text=True)
     lines: list[str] = []
     shrunk = threading.Event()
 
@@ -80,13 +82,15 @@ def test_a_lost_node_shrinks_the_job_to_the_nodes_left_and_it_grows_back_when_th
         deadline = time.monotonic() + 120
         while (step_reached(job_dir) or 0) < 8 and time.monotonic() < deadline:
             time.sleep(0.1)
-        [first, *_] = rank_processes(job_dir, "ddlkit_mpi.rank")
+        first = worker_pids(job_dir)[0]  # a preemption notice to rank 0
         os.kill(first, signal.SIGTERM)
-        _, stderr = proc.communicate(timeout=300)
+        proc.wait(timeout=300)  # the reader has stdout: communicate() would take lines from it
     finally:
         if proc.poll() is None:
             proc.kill()
+        errors.close()
     reader.join(10)
+    stderr = (tmp_path / "stderr.txt").read_text()
     stdout = "".join(lines)
     assert proc.returncode == 0, stdout[-3000:] + stderr[-3000:]
     said = "".join(line for line in lines if line.startswith("ddlkit: restart"))

@@ -473,8 +473,12 @@ exit "$code"
         idle, mixed, allocated (to other jobs: the job queues for them) or completing, not down,
         drained, failing or not responding."""
         partition = self.cfg.partition
-        proc = _run(["sinfo", "-h", "-o", "%P %D %t", *(["-p", partition] if partition else [])])
-        if proc.returncode != 0:
+        for attempt in range(3):  # a controller busy with the job that just ended may not answer at once
+            proc = _run(["sinfo", "-h", "-o", "%P %D %t", *(["-p", partition] if partition else [])])
+            if proc.returncode == 0:
+                break
+            time.sleep(1 + attempt)
+        else:
             return None  # it cannot tell now: the job restarts on all its nodes
         up = 0
         for line in proc.stdout.splitlines():
