@@ -50,16 +50,17 @@ def check(target: ComputeTarget, config: dict[str, Any]) -> None:
 
 
 def place_restart(planned: ComputeTarget, current: ComputeTarget, spec: JobSpec, config: dict[str, Any], *,
-                  restart: str, out: TextIO) -> Placement | str:
+                  restart: str, out: TextIO, prefix: str = "ddlkit: ") -> Placement | str:
     """The target the job restarts on (``planned``: as submitted first; ``current``: its last run's),
-    or why it cannot restart (fewer nodes up than ``compute.min_nodes``). ``restart``: "1/3"."""
+    or why it cannot restart (fewer nodes up than ``compute.min_nodes``). ``restart``: "1/3";
+    ``prefix`` names the job in the line said (a sweep's job number)."""
     if not is_elastic(planned):
         return Placement(planned)
     env = {PLANNED_WORLD_SIZE_ENV: str(planned.world_size)}
     up = planned.nodes_up(spec)
     name = config["compute"]["name"]
     if up is None:
-        out.write(f"ddlkit: restart {restart}: compute={name} cannot tell which nodes are up; restarting on all "
+        out.write(f"{prefix}restart {restart}: compute={name} cannot tell which nodes are up; restarting on all "
                   f"{planned.nodes}\n")
         out.flush()
         return Placement(planned, {"nodes": planned.nodes, "planned_nodes": planned.nodes}, env)
@@ -72,7 +73,7 @@ def place_restart(planned: ComputeTarget, current: ComputeTarget, spec: JobSpec,
     before = plan_batch(trainer, planned.world_size, current.world_size)
     after = plan_batch(trainer, planned.world_size, target.world_size)
     what = describe(before, after, optimizer, trainer.on_resize)
-    out.write(f"ddlkit: restart {restart} on {nodes} of {planned.nodes} nodes (compute.min_nodes="
+    out.write(f"{prefix}restart {restart} on {nodes} of {planned.nodes} nodes (compute.min_nodes="
               f"{planned.min_nodes}, {_ranks(target.world_size)}): {what}\n")
     out.flush()
     return Placement(target, {"nodes": nodes, "planned_nodes": planned.nodes, "world_size": target.world_size,

@@ -16,6 +16,9 @@ of the rank that failed first):
 Every restart is a line on the console and an entry in the job's record (``ddlkit jobs status``):
 the cause, the step the job had reached, the step it resumes from. The ranks learn how many
 restarts and lost steps there were (``DDLKIT_RESTARTS``, ``DDLKIT_STEPS_LOST``) for result.json.
+A single job (:func:`ddlkit.launch.follow.run_job`) and a sweep's job (``_SweepHandle`` in
+:mod:`ddlkit.launch.sweep.jobs`, where a job with its restarts is one attempt of ``retry:N``) use
+the same policy.
 """
 
 from __future__ import annotations
@@ -114,6 +117,15 @@ class RestartPolicy:
     def before_restart(self, verdict: Verdict, status: JobStatus, job_dir: Path, resume: object) -> dict[str, object]:
         """Say and record the restart that is about to happen, wait out the backoff, and return the entry
         for the job's record. KeyboardInterrupt during the wait stops the job instead."""
+        entry = self.plan_restart(verdict, status, job_dir, resume)
+        time.sleep(float(entry["wait_s"]))  # type: ignore[arg-type]
+        return entry
+
+    def plan_restart(self, verdict: Verdict, status: JobStatus, job_dir: Path, resume: object,
+                     *, prefix: str = "ddlkit: ") -> dict[str, object]:
+        """Count, say and return the entry for the restart about to happen; its ``wait_s`` (the backoff)
+        is the caller's to wait out -- a sweep waits without holding up its other jobs. ``prefix``
+        names the job in the line said (a sweep's job number)."""
         reached = step_reached(job_dir)
         start = resumes_from(job_dir, resume)
         lost = max(0, (reached or start) - start)
@@ -121,13 +133,12 @@ class RestartPolicy:
         self.steps_lost += lost
         wait = min(self.backoff_s * 2 ** (self.done - 1), MAX_BACKOFF_S)
         at = f"at step {reached}" if reached is not None else "before its first step"
-        self.out.write(f"ddlkit: restart {self.done}/{self.max_restarts}: {verdict.why}; it ended {at} "
+        self.out.write(f"{prefix}restart {self.done}/{self.max_restarts}: {verdict.why}; it ended {at} "
                        f"({_first_line(status.message)}); resuming from step {start} in {wait:g} s\n")
         self.out.flush()
-        time.sleep(wait)
         return {"time": time.time(), "cause": verdict.why, "exit_code": status.exit_code,
                 "detail": _first_line(status.message), "step_reached": reached, "resumed_from": start,
-                "steps_lost": lost}
+                "steps_lost": lost, "wait_s": wait}
 
 
 def _first_line(message: str) -> str:

@@ -495,6 +495,18 @@ def hook_recorder(ddlkit_pm: DdlkitPluginManager) -> Iterator[HookRecorder]:
     recorder.finish_recording()
 
 
+@pytest.fixture(scope="session")
+def event_accumulator() -> type:
+    """TensorBoard's reader of event files (``tensorboard`` must be installed). It loads TensorFlow
+    when installed, which sets environment variables as it imports: loaded once per session, before
+    any test's environment is recorded."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    from tensorboard.compat import tf
+
+    tf.__version__  # noqa: B018 - resolves the lazy module now
+    return EventAccumulator
+
+
 @pytest.fixture
 def run_factory(tmp_path: Path) -> RunFactory:
     return RunFactory(tmp_path)

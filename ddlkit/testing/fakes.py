@@ -15,6 +15,7 @@ neither torch nor TensorFlow, so tests of the core and of non-framework plugins 
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import signal
@@ -63,6 +64,11 @@ class FakeFrameworkConfig:
     # write the sample numbers each rank trained on at each step (data=custom with
     # ddlkit.testing.fakes:class_images and +data.kwargs.numbered=true) to trace/rank-N.jsonl
     trace_samples: bool = False
+    # rank 0 kills itself with SIGKILL halfway through writing the checkpoint of this step (0 = never),
+    # in a job's first run only: a checkpoint half written when its node was lost
+    kill_while_saving_at_step: int = 0
+    # the loss of this global step is NaN (0 = never): a run that diverged
+    nan_at_step: int = 0
     # seconds each step sleeps: a job that lasts, to attach to, cancel or interrupt in tests
     step_delay_s: float = 0.0
     # modules the ranks' environment must have (as Horovod for dist=horovod): check_environment's path in tests
@@ -103,6 +109,13 @@ class FakeFramework(Framework):
 
         def save(path: Path, meta: dict[str, Any]) -> None:
             with open(path, "wb") as f:
+                if (self.cfg.kill_while_saving_at_step == meta["state"]["step"] and not os.environ.get(RESTARTS_ENV)):
+                    whole = io.BytesIO()
+                    np.savez(whole, **params, meta=np.array(json.dumps(meta)))
+                    f.write(whole.getvalue()[:len(whole.getvalue()) // 2])
+                    f.flush()
+                    os.fsync(f.fileno())
+                    os.kill(os.getpid(), signal.SIGKILL)
                 np.savez(f, **params, meta=np.array(json.dumps(meta)))
 
         def load(path: Path) -> dict[str, Any]:
@@ -146,7 +159,8 @@ class FakeFramework(Framework):
             if self.cfg.trace_samples:
                 _trace(run, [int(round(float(v))) for v in images[:, NUMBER_PIXEL[0], NUMBER_PIXEL[1], 0]])
             reduce = _mean_over(run.dist) if self.cfg.allreduce and run.dist.world_size > 1 else None
-            return _sgd_step(params, _inputs(images, side), labels, lr, o, t.clip_grad_norm, reduce)
+            loss = _sgd_step(params, _inputs(images, side), labels, lr, o, t.clip_grad_norm, reduce)
+            return float("nan") if self.cfg.nan_at_step == run.state.step + 1 else loss
 
         run.train_epochs(run.step_batches(train_loader.iter_epoch), step,
                          evaluate if val_loader is not None else None)

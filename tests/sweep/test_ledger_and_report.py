@@ -105,6 +105,7 @@ def ledger(tmp_path: Path) -> Ledger:
         ledger.jobs[num] = JobRecord(
             num, ["trainer.epochs=1", f"optimizer.lr={lr}"], str(tmp_path / str(num)),
             status="completed" if done else "failed", attempts=1, duration_s=10.0 + num,
+            restarts=2 if num == 3 else 0,
             result=dict(zip(("images_per_sec", "final_loss", "best_top1"), results[num], strict=True)) if done
             else None)
     return ledger
@@ -124,17 +125,18 @@ def test_the_report_files(ledger: Ledger, tmp_path: Path) -> None:
     assert [(r["job"], r["overrides"], r["status"], r["best_top1"], r["job_dir"]) for r in table] == [
         ("1", "optimizer.lr=0.2", "completed", "0.5", "1"), ("0", "optimizer.lr=0.1", "completed", "0.25", "0"),
         ("3", "optimizer.lr=0.4", "completed", "0.125", "3"), ("2", "optimizer.lr=0.3", "failed", "", "2")]
-    assert list(table[0]) == ["job", "overrides", "status", "attempts", "duration_s", "images_per_sec", "final_loss",
-                              "best_top1", "job_dir"]
+    assert list(table[0]) == ["job", "overrides", "status", "attempts", "restarts", "duration_s", "images_per_sec",
+                              "final_loss", "best_top1", "job_dir"]
     assert report.markdown.read_text().splitlines() == [
         "# Sweep sweep-1: 4 jobs, by best_top1 (largest first)",
         "",
-        "| job | overrides | status | attempts | duration (s) | images/sec | final loss | best val top-1 | directory |",
-        "|---:|---|---|---:|---:|---:|---:|---:|---|",
-        "| 1 | optimizer.lr=0.2 | completed | 1 | 11.0 | 300.0 | 1.5000 | 0.5000 | 1 |",
-        "| 0 | optimizer.lr=0.1 | completed | 1 | 10.0 | 100.0 | 2.0000 | 0.2500 | 0 |",
-        "| 3 | optimizer.lr=0.4 | completed | 1 | 13.0 | 200.0 | 1.0000 | 0.1250 | 3 |",
-        "| 2 | optimizer.lr=0.3 | failed | 1 | 12.0 | - | - | - | 2 |",
+        "| job | overrides | status | attempts | restarts | duration (s) | images/sec | final loss | best val top-1 "
+        "| directory |",
+        "|---:|---|---|---:|---:|---:|---:|---:|---:|---|",
+        "| 1 | optimizer.lr=0.2 | completed | 1 | 0 | 11.0 | 300.0 | 1.5000 | 0.5000 | 1 |",
+        "| 0 | optimizer.lr=0.1 | completed | 1 | 0 | 10.0 | 100.0 | 2.0000 | 0.2500 | 0 |",
+        "| 3 | optimizer.lr=0.4 | completed | 1 | 2 | 13.0 | 200.0 | 1.0000 | 0.1250 | 3 |",
+        "| 2 | optimizer.lr=0.3 | failed | 1 | 0 | 12.0 | - | - | - | 2 |",
     ]
     assert report.png == tmp_path / "report.png"
     from matplotlib.image import imread

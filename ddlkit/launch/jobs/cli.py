@@ -21,7 +21,7 @@ import socket
 import sys
 import time
 from pathlib import Path
-from typing import TextIO
+from typing import Any, TextIO
 
 from ...errors import ConfigError, DdlkitError, exit_code_for
 from ...interfaces import JobHandle, JobStatus
@@ -103,6 +103,8 @@ def cmd_status(args: argparse.Namespace, out: TextIO) -> int:
               + (f" (exit status {status.exit_code})" if status.exit_code not in (None, 0) else "") + "\n"
               f"submitted: {_ago(sub.submitted)} on {sub.host or '?'}\n"
               f"job dir:   {sub.job_dir}\n")
+    for number, restart in enumerate(sub.restarts, 1):
+        out.write(_restart_line(number, restart) + "\n")
     if status.message:
         out.write(status.message.rstrip() + "\n")
     result = Path(sub.job_dir) / RESULT_FILE
@@ -111,6 +113,17 @@ def cmd_status(args: argparse.Namespace, out: TextIO) -> int:
         shown = {f.name: data.get(f.name) for f in STATUS if f.name in data}
         out.write(f"result:    {json.dumps(shown)}\n")
     return 0
+
+
+def _restart_line(number: int, restart: dict[str, Any]) -> str:
+    """One restart of the job's record: when, why, the run that ended (the target's id) and what it cost."""
+    reached = restart.get("step_reached")
+    at = f"at step {reached}" if reached is not None else "before its first step"
+    ended = f" as {restart['ended_id']}" if restart.get("ended_id") else ""
+    lost = restart.get("steps_lost", 0)
+    return (f"restart {number}: {_ago(restart.get('time', 0))}: {restart.get('cause')}; it ended {at}{ended} "
+            f"({restart.get('detail')}); resubmitted, resuming from step {restart.get('resumed_from')} "
+            f"({lost} step{'' if lost == 1 else 's'} lost)")
 
 
 def cmd_logs(args: argparse.Namespace, out: TextIO) -> int:

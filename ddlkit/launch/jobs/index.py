@@ -79,7 +79,8 @@ class Submission:
     #: the target's explanation of the end (which rank failed, its last lines)
     message: str = ""
     #: the restarts after the infrastructure ended the job (ddlkit.launch.restarts): cause, step
-    #: reached, step resumed from, steps lost; this submission is the last one
+    #: reached, step resumed from, steps lost, the target's id of the run that ended (``ended_id``);
+    #: this submission is the last one
     restarts: list[dict[str, Any]] = field(default_factory=list)
 
     @property
@@ -153,7 +154,8 @@ def record(name: str, job_dir: Path, target: str, job_id: str, *, detached: bool
     earlier: list[dict[str, Any]] = []
     if restart is not None:
         with contextlib.suppress(DdlkitError):
-            earlier = load(job_dir).restarts
+            ended = load(job_dir)
+            earlier, restart = ended.restarts, {**restart, "ended_id": ended.id}
     sub = Submission(name, str(Path(job_dir).resolve()), target, job_id, time.time(), socket.gethostname(),
                      detached=detached, restarts=[*earlier, restart] if restart is not None else [])
     sub.save()

@@ -26,8 +26,8 @@ import json
 import shlex
 import sys
 import time
-from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn, TextIO
 
@@ -44,7 +44,9 @@ from ...interfaces import ComputeTarget, JobHandle, JobSpec, JobState, JobStatus
 from ...jobdir import EXIT_PREEMPTED, RESULT_FILE, SWEEP_JOB_ENV, SWEEP_NAME_ENV, rank_log
 from ...result import HEADLINE
 from .. import follow, prepare, validate
+from ..restarts import RestartPolicy, classify
 from ..commandline import job_command, launch_args, override
+from ..elastic import place_restart
 from ..hydra_errors import explain
 from .compose import compose_job, hydra_config_of, job_view
 from .ledger import LEDGER_FILE, JobRecord, Ledger, result_summary
@@ -244,7 +246,18 @@ class DdlkitSweep:
                    SWEEP_NAME_ENV: ledger.name, SWEEP_JOB_ENV: str(job.num)}
             prepared = prepare.prepare(cfg, job_dir=job.output_dir, overrides=job.overrides, registry=self.registry,
                                       pm=self.pm, env=env, compute=target, launch=launch)
-        return _SweepHandle(follow.submit(prepared), prepared.spec.job_dir)
+        restarts = _Restarts(prepared, follow.restart_policy(prepared, self.out), f"ddlkit: sweep job #{job.num} ",
+                             functools.partial(self._restarted, ledger, job.num))
+        return _SweepHandle(follow.submit(prepared), prepared.spec.job_dir, restarts)
+
+    @staticmethod
+    def _restarted(ledger: Ledger, num: int, entry: dict[str, Any], handle: JobHandle) -> None:
+        """A job restarted by its compute target's restart policy: counted in the ledger (apart from
+        the sweep's own retries, ``attempts``), with the handle a re-run of the sweep re-attaches to."""
+        record = ledger.jobs[num]
+        ledger.update(num, restarts=record.restarts + 1,
+                      steps_lost=record.steps_lost + int(entry["steps_lost"]),  # type: ignore[call-overload]
+                      handle=handle.id)
 
     @staticmethod
     def _reattach(target: ComputeTarget, record: JobRecord) -> JobHandle | None:
@@ -419,6 +432,9 @@ class _Progress(Observer):
                            exit_code=outcome.exit_code, error=outcome.message or None, result=result, log=log)
         self.report.update(self.ledger)
         head = f"ddlkit: sweep job #{job.num} {outcome.state} in {outcome.duration_s:.1f} s"
+        if record.restarts:  # the restart policy's, over all attempts; the sweep's retries are attempts
+            head += (f" ({record.restarts} restart{'s' if record.restarts > 1 else ''}, "
+                     f"{record.steps_lost} step{'s' if record.steps_lost != 1 else ''} lost)")
         label = self.labels[job.num] or "-"
         if result is not None:
             self.sweep.say(f"{head}: {label}: {_metrics(result)}")
@@ -476,32 +492,124 @@ def _remove_plan_leftovers(sweep_dir: Path) -> None:
     prepare.remove_empty_dirs(sweep_dir)
 
 
+@dataclass
+class _Restarts:
+    """What a sweep's job needs to restart as a single job does (:func:`follow.run_job`): the
+    prepared job, its restart policy, how the console names it, and whom to tell of a restart."""
+
+    job: prepare.PreparedJob
+    policy: RestartPolicy
+    prefix: str
+    restarted: Callable[[dict[str, Any], JobHandle], None]
+
+
 class _SweepHandle(JobHandle):
     """A compute target's handle, settled (``follow.settle``: files collected, end recorded,
-    no result.json = failed) once the scheduler sees it end."""
+    no result.json = failed) once the scheduler sees it end.
 
-    def __init__(self, inner: JobHandle, job_dir: Path) -> None:
+    With ``restarts``, a job that the infrastructure ended is restarted here, under the same
+    restart policy as a single job: the scheduler sees one attempt, running until the job
+    completes or fails for good, so a job that used its restarts and still failed counts once
+    against ``sweep.on_failure=retry:N``. The backoff before a restart is waited out between status
+    calls, never holding up the sweep's other jobs."""
+
+    def __init__(self, inner: JobHandle, job_dir: Path, restarts: _Restarts | None = None) -> None:
         self.inner, self.job_dir, self.id = inner, job_dir, inner.id
+        self.restarts = restarts
         self._settled: JobStatus | None = None
+        #: between a failure and its restart: (when to resubmit, on the monotonic clock; the restart's
+        #: entry; the failed run's settled status)
+        self._pending: tuple[float, dict[str, Any], JobStatus] | None = None
+        #: cancelled: whatever ends the running attempt is its end
+        self._cancelled = False
+        #: the target of the job's last run, when a restart put it on fewer nodes (None: the job's own)
+        self._target: ComputeTarget | None = None
 
     def _settle(self, status: JobStatus) -> JobStatus:
         if not status.state.done:
             return status
-        if self._settled is None:
-            self._settled = follow.settle(self.inner, status, self.job_dir)
-        return self._settled
+        if self._settled is not None:
+            return self._settled
+        settled = follow.settle(self.inner, status, self.job_dir)
+        if self.restarts is None:
+            self._settled = settled
+            return settled
+        policy, verdict = self.restarts.policy, classify(settled)
+        if policy.allows(verdict) and not self._cancelled:
+            entry = policy.plan_restart(verdict, settled, self.job_dir,
+                                        self.restarts.job.redacted_config["trainer"]["resume"],
+                                        prefix=self.restarts.prefix)
+            self._pending = (time.monotonic() + float(entry["wait_s"]), entry, settled)
+            return self._between()
+        if settled.state is JobState.FAILED and policy.max_restarts:
+            # why a target that restarts did not restart it, on the line the sweep shows first
+            head, _, rest = settled.message.partition("\n")
+            settled = replace(settled, message=f"{head} ({policy.why_not(verdict)})" + (f"\n{rest}" if rest else ""))
+        self._settled = settled
+        return settled
+
+    def _between(self) -> JobStatus:
+        assert self._pending is not None
+        return JobStatus(JobState.RUNNING, None, f"restarting in {max(0.0, self._pending[0] - time.monotonic()):.0f} s")
+
+    def _resubmit(self) -> None:
+        """Submit the job again (an elastic job on the nodes that are up now); if the target refuses
+        (unreachable, out of quota) or fewer nodes than ``compute.min_nodes`` are up, the job ends as
+        its last run did, with why it was not restarted."""
+        assert self._pending is not None and self.restarts is not None
+        _, entry, ended = self._pending
+        self._pending = None
+        job, policy = self.restarts.job, self.restarts.policy
+        why = ""
+        try:
+            # an elastic job goes on with the nodes that are up now (ddlkit.launch.elastic)
+            placed = place_restart(job.compute, self._target or job.compute, job.spec, job.redacted_config,
+                                   restart=f"{policy.done}/{policy.max_restarts}", out=policy.out,
+                                   prefix=self.restarts.prefix)
+            if isinstance(placed, str):
+                why = f"not restarted: {placed}"
+            else:
+                self.inner, self._target = follow.resubmit(job, policy, entry, placed), placed.target
+        except DdlkitError as err:
+            why = f"its restart could not be submitted: {err}"
+        if why:
+            head, _, rest = ended.message.partition("\n")
+            self._settled = replace(ended, message=f"{head} ({why})" + (f"\n{rest}" if rest else ""))
+            return
+        self.id = self.inner.id
+        self.restarts.restarted(entry, self.inner)
 
     def status(self) -> JobStatus:
-        return self._settled or self._settle(self.inner.status())
+        if self._settled is None and self._pending is not None:
+            if time.monotonic() < self._pending[0]:
+                return self._between()
+            self._resubmit()
+        if self._settled is not None:
+            return self._settled
+        return self._settle(self.inner.status())
 
     def logs(self, follow: bool = True) -> Iterator[str]:
         return self.inner.logs(follow)
 
     def cancel(self) -> None:
+        self._cancelled = True
+        if self._pending is not None:
+            # between two runs nothing runs: the job ends as its last run did
+            self._settled, self._pending = self._pending[2], None
+            return
         self.inner.cancel()
 
     def wait(self, timeout: float | None = None) -> JobStatus:
-        return self._settled or self._settle(self.inner.wait(timeout))
+        while self._settled is None:
+            if self._pending is not None:
+                time.sleep(max(0.0, self._pending[0] - time.monotonic()))
+                self._resubmit()
+                if self._settled is not None:
+                    break
+            status = self._settle(self.inner.wait(timeout))
+            if timeout is not None and self._settled is None:
+                return status
+        return self._settled
 
     def detach(self) -> None:
         self.inner.detach()

@@ -45,8 +45,12 @@ class JobRecord:
     job_dir: str
     #: pending, running, completed, failed, cancelled or interrupted (see ddlkit.launch.sweep.scheduler)
     status: str = "pending"
-    #: attempts so far, across resumes
+    #: attempts so far, across resumes: the first run and the sweep's retries (sweep.on_failure=retry:N)
     attempts: int = 0
+    #: restarts by the compute target's restart policy (restart.max_restarts), all attempts together,
+    #: and the steps they lost (run past a checkpoint, then run again); no attempt of their own
+    restarts: int = 0
+    steps_lost: int = 0
     #: wall-clock times of the last attempt: submitted (prepare starts), started (handle back), ended (end seen)
     submitted: float | None = None
     started: float | None = None

@@ -21,7 +21,7 @@ from .ledger import JobRecord, Ledger
 from .settings import SORT_KEYS
 
 #: the report's own columns around the result's headline fields
-COLUMNS = ("job", "overrides", "status", "attempts", "duration_s", *(f.name for f in HEADLINE), "job_dir")
+COLUMNS = ("job", "overrides", "status", "attempts", "restarts", "duration_s", *(f.name for f in HEADLINE), "job_dir")
 #: how the Markdown table shows each numeric column
 _FORMATS = {"duration_s": "{:.1f}", **{f.name: f.format for f in HEADLINE}}
 _TITLES = {"duration_s": "duration (s)", **{f.name: f.title for f in HEADLINE}, "job_dir": "directory"}
@@ -54,6 +54,7 @@ def rows(ledger: Ledger, sort_by: str) -> list[dict[str, Any]]:
         job_dir = Path(rec.job_dir)
         table.append({
             "job": rec.num, "overrides": labels[rec.num], "status": rec.status, "attempts": rec.attempts,
+            "restarts": rec.restarts,
             "duration_s": round(rec.duration_s, 3) if rec.duration_s is not None else None,
             **{f.name: result.get(f.name) for f in HEADLINE},
             "job_dir": str(job_dir.relative_to(ledger.path.parent)) if job_dir.is_relative_to(ledger.path.parent)
@@ -74,7 +75,7 @@ def markdown(table: Sequence[dict[str, Any]], title: str) -> str:
         return str(value).replace("|", "\\|") if col == "overrides" else str(value)
 
     lines = [f"# {title}", "", "| " + " | ".join(_TITLES.get(c, c) for c in COLUMNS) + " |",
-             "|" + "|".join("---:" if c in _FORMATS or c in ("job", "attempts") else "---" for c in COLUMNS) + "|"]
+             "|" + "|".join("---:" if c in _FORMATS or c in ("job", "attempts", "restarts") else "---" for c in COLUMNS) + "|"]
     lines += ["| " + " | ".join(cell(c, row[c]) for c in COLUMNS) + " |" for row in table]
     return "\n".join(lines) + "\n"
 

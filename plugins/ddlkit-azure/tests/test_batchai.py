@@ -11,6 +11,7 @@ staging onto the file server (with Azurite), ``ddlkit compute down``, and the on
 from __future__ import annotations
 
 import json
+import os
 import re
 import shlex
 import shutil
@@ -544,3 +545,49 @@ def test_resnet18_trains_through_the_cli(batchai: BatchAILoopback, ssh_key: Path
     # the registry was asked for it as the nodes pull it, without credentials, before the job was created
     assert ("HEAD", f"/v2/ddlkit/pytorch/manifests/{ddlkit.__version__}-cpu", "Bearer") in [
         (r.method, r.path, r.auth_scheme) for r in batchai.registry.requests]
+
+
+@pytest.mark.slow
+def test_a_job_whose_node_was_preempted_is_resubmitted_and_resumes(batchai: BatchAILoopback, ssh_key: Path,
+                                                                    run_factory: RunFactory, tmp_path: Path) -> None:
+    """The job's node is taken (its processes killed at once, the job failed with exit code 137):
+    the launcher's restart policy submits a new Batch AI job for the same job directory, which resumes
+    from the last checkpoint and completes; `ddlkit jobs status` names the job that was lost."""
+    from ddlkit.checkpoint import checkpoint_step, latest_checkpoint, verify
+
+    job_dir = tmp_path / "preempted"
+    launcher = subprocess.Popen(
+        [sys.executable, "-m", "ddlkit", *cli_args(batchai, ssh_key, fake_image(batchai)), "framework=fake",
+         "framework.step_delay_s=0.2", "trainer.epochs=1", "trainer.checkpoint_every=5", "restart.backoff_s=0",
+         f"hydra.run.dir={job_dir}"], cwd=tmp_path, env={**os.environ, "DDLKIT_PLUGINS": "ddlkit.testing.fakes"},
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        submission = job_dir / ".ddlkit" / "submission.json"
+        wait_for(submission.is_file, "the job to be submitted", timeout=120, pace=0.2, process=launcher)
+        first = json.loads(submission.read_text())["id"]
+
+        def checkpointed() -> int:
+            return max((checkpoint_step(p) or 0 for p in batchai.root.rglob("checkpoints/step-*.ckpt")), default=0)
+
+        wait_for(lambda: checkpointed() >= 10, "a checkpoint at step 10 or later", timeout=120, pace=0.1,
+                 process=launcher)
+        batchai.preempt(first)
+        stdout, stderr = launcher.communicate(timeout=300)
+    finally:
+        launcher.kill()
+    assert launcher.returncode == 0, stdout[-3000:] + stderr[-3000:]
+    assert "ddlkit: restart 1/3: a rank was killed by SIGKILL from outside (a lost node, a preemption); " in stdout
+    record = json.loads((job_dir / ".ddlkit" / "submission.json").read_text())
+    [entry] = record["restarts"]
+    assert entry["ended_id"] == first and record["id"] != first and entry["exit_code"] == 137
+    assert entry["resumed_from"] >= 10 and entry["resumed_from"] % 5 == 0
+    assert entry["steps_lost"] == entry["step_reached"] - entry["resumed_from"]
+    result = json.loads((job_dir / "result.json").read_text())
+    assert (result["restarts"], result["resumed_from_step"], result["steps_lost"]) == (
+        1, entry["resumed_from"], entry["steps_lost"])
+    assert result["steps"] == 80 and verify(latest_checkpoint(job_dir)) is None
+    # two Batch AI jobs: the one that lost its node (failed, exit code 137), and the resubmission
+    jobs = {r.path.rsplit("/", 1)[-1] for r in batchai.server.requests("PUT", ARM + r"/experiments/ddlkit/jobs/.*")}
+    assert jobs == {first, record["id"]}
+    status = run_factory.cli("jobs", "status", str(job_dir)).assert_success()
+    assert f"; it ended at step {entry['step_reached']} as {first} (" in status.stdout, status.output

@@ -155,3 +155,21 @@ def test_a_global_batch_that_cannot_be_kept_on_fewer_nodes_is_refused_before_the
     assert ("compute.min_nodes=2: on 2 node(s) of 2 rank(s), trainer.on_resize=keep_global_batch cannot keep the "
             "global batch of 30 on 4 ranks") in refused.stderr
     assert not (tmp_path / "refused" / "result.json").exists()
+
+
+def test_a_sweeps_elastic_job_goes_on_with_the_nodes_left(tmp_path: Path) -> None:
+    sweep_dir = tmp_path / "sweep"
+    env = {**os.environ, "DDLKIT_PLUGINS": "ddlkit.testing.fakes"}
+    proc = subprocess.run([sys.executable, "-m", "ddlkit", "-m", *JOB, "trainer.epochs=1", *ELASTIC, *LOSE_NODE_1,
+                           "optimizer.lr=0.1,0.2", "sweep.max_parallel=1", f"hydra.sweep.dir={sweep_dir}"],
+                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    for job in (0, 1):
+        assert (f"ddlkit: sweep job #{job} restart 1/3 on 1 of 2 nodes (compute.min_nodes=1, 2 ranks): "
+                "trainer.on_resize=keep_global_batch: per-rank batch 8 -> 8 x 2 micro-batches, lr unchanged\n"
+                ) in proc.stdout, proc.stdout[-3000:]
+        job_dir = sweep_dir / str(job)
+        result = json.loads((job_dir / "result.json").read_text())
+        assert (result["steps"], result["restarts"], result["world_size"]) == (8, 1, 2)
+        assert_every_sample_once(job_dir, epochs=1, samples=256)
+        assert verify(latest_checkpoint(job_dir)) is None

@@ -1,20 +1,28 @@
-"""The restart policy on compute=local_mpi (issue 27): real ranks under mpirun, a rank killed with
-SIGKILL (a lost node), a user exception, restarts used up. Nothing may be lost: the restarted job
-ends with the weights of a job that never failed, its final checkpoint verifies, its steps add up."""
+"""The restart policy on compute=local_mpi (issue 27): real ranks under mpirun and real signals -- a
+rank killed with SIGKILL (a lost node), a rank stopped (SIGSTOP) past dist.timeout_s, a preemption
+notice (SIGTERM, then SIGKILL after the grace), a rank killed while writing a checkpoint -- and the
+ends that are not restarted: a user exception, a NaN loss, restarts used up. Nothing may be lost: a
+restarted job ends with the weights of a job that never failed, its final checkpoint verifies, its
+steps add up."""
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 
-from ddlkit.checkpoint import latest_checkpoint, verify
+from ddlkit.checkpoint import checkpoint_step, latest_checkpoint, verify
+from ddlkit.testing import alive, wait_for
 from ddlkit.testing.fakes import MODEL_FILE
+from ddlkit.testing.multirank import worker_pids
 
 pytestmark = [pytest.mark.slow,
               pytest.mark.skipif(shutil.which("mpirun") is None, reason="needs OpenMPI's mpirun")]
@@ -35,9 +43,50 @@ def record(job_dir: Path) -> dict:
     return json.loads((job_dir / ".ddlkit" / "submission.json").read_text())
 
 
-def test_a_killed_rank_restarts_the_job_which_ends_as_if_nothing_happened(tmp_path: Path) -> None:
-    straight = ddlkit(tmp_path, "straight")
-    assert straight.returncode == 0, straight.stderr
+@pytest.fixture(scope="module")
+def straight(tmp_path_factory: pytest.TempPathFactory) -> bytes:
+    """The trained weights of the job run without a failure."""
+    base = tmp_path_factory.mktemp("straight")
+    done = ddlkit(base, "straight")
+    assert done.returncode == 0, done.stderr
+    return (base / "straight" / MODEL_FILE).read_bytes()
+
+
+def ended_as_if_nothing_happened(job_dir: Path, straight: bytes, *, restarts: int = 1) -> list[dict]:
+    """The checks every restarted job passes: the weights of the job that never failed, a final
+    checkpoint that verifies, 16 steps, and the lost steps of the record's restarts adding up to
+    result.json's. Returns the record's restarts."""
+    result = json.loads((job_dir / "result.json").read_text())
+    entries = record(job_dir)["restarts"]
+    assert (result["steps"], result["restarts"], len(entries)) == (16, restarts, restarts), result
+    assert all(e["steps_lost"] == e["step_reached"] - e["resumed_from"] for e in entries), entries
+    assert result["steps_lost"] == sum(e["steps_lost"] for e in entries)
+    assert result["resumed_from_step"] == entries[-1]["resumed_from"]
+    assert (job_dir / MODEL_FILE).read_bytes() == straight
+    assert verify(latest_checkpoint(job_dir)) is None
+    assert record(job_dir)["state"] == "succeeded"
+    return entries
+
+
+def start(tmp_path: Path, job: str, *overrides: str) -> subprocess.Popen:
+    """A launcher in the background whose steps last long enough to signal its ranks mid-job."""
+    env = {**os.environ, "DDLKIT_PLUGINS": "ddlkit.testing.fakes"}
+    return subprocess.Popen([sys.executable, "-m", "ddlkit", *JOB, "framework.step_delay_s=0.4", *overrides,
+                             f"hydra.run.dir={tmp_path / job}"], cwd=tmp_path, env=env, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+
+
+def at_step(launcher: subprocess.Popen, job_dir: Path, step: int) -> dict[int, int]:
+    """Once rank 0 has reported ``step``: {rank: pid} of the job's workers."""
+    log = job_dir / "rank-0.log"
+    wait_for(lambda: log.is_file() and f"step {step}/" in log.read_text(), f"the job to reach step {step}",
+             timeout=120, pace=0.1, process=launcher)
+    pids = worker_pids(job_dir)
+    assert sorted(pids) == [0, 1], pids
+    return pids
+
+
+def test_a_killed_rank_restarts_the_job_which_ends_as_if_nothing_happened(tmp_path: Path, straight: bytes) -> None:
     killed = ddlkit(tmp_path, "killed", "framework.kill_at_step=7", "framework.kill_rank=1")
     assert killed.returncode == 0, killed.stdout[-3000:] + killed.stderr[-3000:]
     # rank 1 died before step 7 ended: step 6 was the last one rank 0 reported, step 4 the last checkpoint
@@ -47,12 +96,88 @@ def test_a_killed_rank_restarts_the_job_which_ends_as_if_nothing_happened(tmp_pa
     job_dir = tmp_path / "killed"
     result = json.loads((job_dir / "result.json").read_text())
     assert (result["steps"], result["restarts"], result["steps_lost"], result["resumed_from_step"]) == (16, 1, 2, 4)
-    # nothing lost: the weights of the job that never failed, a final checkpoint that verifies
-    assert (job_dir / MODEL_FILE).read_bytes() == (tmp_path / "straight" / MODEL_FILE).read_bytes()
-    assert verify(latest_checkpoint(job_dir)) is None
-    [entry] = record(job_dir)["restarts"]
+    [entry] = ended_as_if_nothing_happened(job_dir, straight)
     assert (entry["step_reached"], entry["resumed_from"], entry["steps_lost"], entry["exit_code"]) == (6, 4, 2, -9)
-    assert record(job_dir)["state"] == "succeeded"
+    # the resubmission in the job's record, as `ddlkit jobs status` shows it
+    assert entry["ended_id"] and entry["ended_id"] != record(job_dir)["id"]
+    status = subprocess.run([sys.executable, "-m", "ddlkit", "jobs", "status", str(job_dir)], cwd=tmp_path,
+                            capture_output=True, text=True, timeout=120)
+    assert status.returncode == 0, status.stderr
+    assert re.search(r"^restart 1: \S+ \S+: a rank was killed by SIGKILL from outside \(a lost node, a preemption\); "
+                     rf"it ended at step 6 as {entry['ended_id']} \(rank 1 \(node 0\) failed first, with killed by "
+                     r"signal SIGKILL\); resubmitted, resuming from step 4 \(2 steps lost\)$", status.stdout, re.M), \
+        status.stdout
+
+
+def test_a_rank_stopped_past_the_dist_timeout_restarts_the_job(tmp_path: Path, straight: bytes) -> None:
+    """SIGSTOP to rank 1 (a hung node): rank 0 waits dist.timeout_s for it in a collective, then
+    stops with EXIT_LOST_PEER (76); the job restarts, and the stopped rank is gone."""
+    job_dir = tmp_path / "stopped"
+    launcher = start(tmp_path, "stopped", "dist.timeout_s=4", "dist.warn_after_s=1")
+    try:
+        pids = at_step(launcher, job_dir, 6)
+        os.kill(pids[1], signal.SIGSTOP)
+        stdout, stderr = launcher.communicate(timeout=240)
+    finally:
+        launcher.kill()
+    assert launcher.returncode == 0, stdout[-3000:] + stderr[-3000:]
+    assert "ddlkit: restart 1/3: a rank was lost (it left, went silent or never joined); it ended at step " in stdout
+    [entry] = ended_as_if_nothing_happened(job_dir, straight)
+    assert entry["exit_code"] == 76 and entry["detail"].startswith("rank 1 stopped answering first"), entry
+    assert entry["resumed_from"] in (4, 8, 12) and entry["step_reached"] >= 6
+    assert not alive(pids[1])  # mpirun ended the stopped rank with its job
+
+
+def test_a_preemption_notice_restarts_the_job_with_no_step_lost(tmp_path: Path, straight: bytes) -> None:
+    """A preempted VM: SIGTERM to every rank (the notice), SIGKILL to whatever still runs after the
+    grace. The ranks checkpoint at the step they agree on and stop (EXIT_PREEMPTED): the job
+    restarts from that checkpoint and loses no step."""
+    job_dir = tmp_path / "preempted"
+    launcher = start(tmp_path, "preempted")
+    try:
+        pids = at_step(launcher, job_dir, 6)
+        for pid in pids.values():
+            os.kill(pid, signal.SIGTERM)
+        grace = time.monotonic() + 10
+        while time.monotonic() < grace and any(alive(pid) for pid in pids.values()):
+            time.sleep(0.1)
+        for pid in pids.values():  # the VM goes away after the grace, with whatever still runs on it
+            if alive(pid):
+                os.kill(pid, signal.SIGKILL)
+        stdout, stderr = launcher.communicate(timeout=240)
+    finally:
+        launcher.kill()
+    assert launcher.returncode == 0, stdout[-3000:] + stderr[-3000:]
+    assert "ddlkit: restart 1/3: its ranks were stopped on notice (a preemption) after a checkpoint; " in stdout
+    [entry] = ended_as_if_nothing_happened(job_dir, straight)
+    assert entry["exit_code"] == 75 and entry["steps_lost"] == 0 and entry["resumed_from"] >= 6, entry
+    assert json.loads((job_dir / "result.json").read_text())["steps_lost"] == 0
+
+
+def test_a_rank_killed_while_writing_a_checkpoint_resumes_from_the_previous_one(tmp_path: Path,
+                                                                                  straight: bytes) -> None:
+    """Rank 0 dies halfway through writing the checkpoint of step 8: the half-written file is never
+    taken for a checkpoint; the restart resumes from step 4's, the last verified one."""
+    killed = ddlkit(tmp_path, "saving", "framework.kill_while_saving_at_step=8")
+    assert killed.returncode == 0, killed.stdout[-3000:] + killed.stderr[-3000:]
+    assert "ddlkit: restart 1/3: a rank was killed by SIGKILL from outside (a lost node, a preemption); it ended at " \
+           "step 8 (rank 0 (node 0) failed first" in killed.stdout, killed.stdout
+    assert "resuming from step 4 in 0 s" in killed.stdout
+    [entry] = ended_as_if_nothing_happened(tmp_path / "saving", straight)
+    assert (entry["step_reached"], entry["resumed_from"], entry["steps_lost"]) == (8, 4, 4)
+
+
+def test_a_nan_loss_is_not_restarted_and_the_error_says_why(tmp_path: Path) -> None:
+    """A diverged run would diverge again: no restart; the error names the step and the fix, and the
+    checkpoint before it still verifies."""
+    failed = ddlkit(tmp_path, "nan", "framework.nan_at_step=7")
+    assert failed.returncode == 1, failed.stdout[-3000:] + failed.stderr[-3000:]
+    assert "ddlkit: restart" not in failed.stdout
+    assert " failed (not restarted: an error in the job's own code or data (exit status 1)): " in failed.stderr
+    assert "loss became nan at step 7: training diverged. Lower optimizer.lr" in failed.stderr, failed.stderr
+    assert record(tmp_path / "nan")["restarts"] == []
+    checkpoint = latest_checkpoint(tmp_path / "nan")
+    assert checkpoint is not None and checkpoint_step(checkpoint) == 4 and verify(checkpoint) is None
 
 
 def test_an_error_in_the_jobs_own_code_is_not_restarted(tmp_path: Path) -> None:
@@ -73,3 +198,37 @@ def test_restarts_used_up_end_the_job_and_say_so(tmp_path: Path) -> None:
     assert "resume with: " in failed.stderr  # from its checkpoint at step 4
     [entry] = record(tmp_path / "lost")["restarts"]
     assert (entry["step_reached"], entry["resumed_from"]) == (5, 4)
+
+
+def test_a_sweeps_jobs_restart_as_single_jobs_do_and_retries_count_apart(tmp_path: Path) -> None:
+    """Job #0 loses rank 1 once: restarted, it completes in its first attempt. Job #1 loses it on
+    every run: restarted once (restart.max_restarts=1), it fails, counts once against
+    sweep.on_failure=retry:1, and its retry restarts once and fails again. The ledger and the report
+    keep the sweep's attempts and the target's restarts apart."""
+    sweep_dir = tmp_path / "sweep"
+    env = {**os.environ, "DDLKIT_PLUGINS": "ddlkit.testing.fakes"}
+    proc = subprocess.run(
+        [sys.executable, "-m", "ddlkit", "-m", *JOB, "framework.kill_at_step=7", "framework.kill_rank=1",
+         "framework.kill_every_run=false,true", "restart.max_restarts=1", "sweep.on_failure=retry:1",
+         "sweep.max_parallel=1", f"hydra.sweep.dir={sweep_dir}"],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 1, proc.stdout[-3000:] + proc.stderr[-3000:]
+    out = proc.stdout
+    assert out.count("ddlkit: sweep job #0 restart 1/1: a rank was killed by SIGKILL") == 1, out
+    assert out.count("ddlkit: sweep job #1 restart 1/1: a rank was killed by SIGKILL") == 2, out
+    assert "ddlkit: sweep job #0 completed in " in out and " (1 restart, 2 steps lost): " in out
+    assert "(not restarted again: 1 of restart.max_restarts=1 restarts used)" in out
+    assert "retrying it (retry 1 of 1)" in out
+    jobs = json.loads((sweep_dir / "ledger.json").read_text())["jobs"]
+    assert [(j["status"], j["attempts"], j["restarts"]) for j in jobs.values()] == [
+        ("completed", 1, 1), ("failed", 2, 2)]
+    assert jobs["0"]["steps_lost"] == 2
+    # job #0: the weights and steps of a job that never failed, its final checkpoint verified
+    result = json.loads((sweep_dir / "0" / "result.json").read_text())
+    assert (result["steps"], result["restarts"], result["steps_lost"], result["resumed_from_step"]) == (16, 1, 2, 4)
+    assert verify(latest_checkpoint(sweep_dir / "0")) is None
+    assert [e["resumed_from"] for e in record(sweep_dir / "0")["restarts"]] == [4]
+    # job #1: the record is its latest submission's (the retry's), with that attempt's restart
+    assert [(e["step_reached"], e["resumed_from"]) for e in record(sweep_dir / "1")["restarts"]] == [(6, 4)]
+    assert verify(latest_checkpoint(sweep_dir / "1")) is None
+    assert "| job | overrides | status | attempts | restarts |" in (sweep_dir / "report.md").read_text()

@@ -408,3 +408,33 @@ def test_a_plain_scancel_is_reported_as_cancelled(slurm_cluster: str, tmp_path: 
     assert status.state is JobState.CANCELLED, status
     assert scontrol(handle.id)["JobState"] == "CANCELLED"
     assert "stopped by Slurm" in (job_dir / "slurm.log").read_text()
+
+
+@pytest.mark.slow
+def test_a_rank_killed_on_slurm_restarts_the_job_as_a_new_slurm_job(slurm_cluster: str, run_factory: RunFactory) -> None:
+    """The restart policy on the real local Slurm: rank 1 of 2 is killed (SIGKILL, a lost node) in
+    step 7; the launcher submits the job again (a new Slurm job, in the same job directory), which
+    resumes from the checkpoint at step 4 and completes. The final checkpoint verifies, the steps add
+    up, and `ddlkit jobs status` shows the resubmission."""
+    from ddlkit.checkpoint import latest_checkpoint, verify
+
+    outcome = run_factory("framework=fake", "compute=slurm", "compute.poll_interval_s=0.5", "compute.procs_per_node=2",
+                          "dist=native", "data.image_size=8", "data.num_classes=4", "data.length=256",
+                          "data.val_length=32", "trainer.batch_size=16", "trainer.epochs=2", "trainer.log_every=1",
+                          "trainer.checkpoint_every=4", "trainer.deterministic=true", "restart.backoff_s=0",
+                          "framework.kill_at_step=7", "framework.kill_rank=1", timeout=600).assert_success()
+    assert "ddlkit: restart 1/3: a rank was killed by SIGKILL from outside (a lost node, a preemption); it ended at " \
+           "step 6 (" in outcome.stdout, outcome.stdout
+    assert "resuming from step 4 in 0 s" in outcome.stdout
+    result = outcome.result
+    assert (result["steps"], result["restarts"], result["steps_lost"], result["resumed_from_step"]) == (16, 1, 2, 4)
+    assert verify(latest_checkpoint(outcome.job_dir)) is None
+    record = submission(outcome.job_dir)
+    [entry] = record["restarts"]
+    assert (entry["step_reached"], entry["resumed_from"], entry["steps_lost"]) == (6, 4, 2)
+    # two Slurm jobs: the one that lost its rank, and the resubmission that completed
+    assert entry["ended_id"] != record["id"]
+    assert scontrol(entry["ended_id"])["JobState"] == "FAILED" and scontrol(record["id"])["JobState"] == "COMPLETED"
+    status = run_factory.cli("jobs", "status", str(outcome.job_dir)).assert_success()
+    assert f"; it ended at step 6 as {entry['ended_id']} (" in status.stdout, status.stdout
+    assert f"target:    compute=slurm, id {record['id']}" in status.stdout

@@ -4,6 +4,8 @@ offline W&B runs are read back from the files wandb wrote (one per job, grouped,
 from __future__ import annotations
 
 import json
+import os
+import shutil
 import struct
 import subprocess
 import sys
@@ -51,7 +53,7 @@ def test_logger_wandb_is_registered_with_its_options(ddlkit_pm: DdlkitPluginMana
     cfg = configured(ddlkit_pm, "logger=[jsonl,wandb]", "logger.wandb.project=p", "logger.wandb.tags=[a,b]")
     assert cfg["logger"]["wandb"] == {"name": "wandb", "run_name": None, "project": "p", "entity": None,
                                       "group": None, "tags": ["a", "b"], "mode": "auto", "log_model": False,
-                                      "api_key": None}
+                                      "api_key": None, "rewind": True}
 
 
 @pytest.mark.parametrize("overrides, message", [
@@ -114,6 +116,29 @@ def wandb_records(path: Path) -> Iterator[Any]:
             record.ParseFromString(pending)
             pending = b""
             yield record
+
+
+def wandb_history(job_dir: Path) -> list[dict[str, Any]]:
+    """The history of a job's offline W&B run as W&B builds it from the attempts' .wandb files (what
+    ``wandb sync`` uploads), each row with ``_attempt``: the attempt (0, 1, ...) that logged it.
+    One row per step (a train and a validation record at the same step share it); an attempt that
+    rewinds the run (``resume_from``: its run record's ``branch_point``) drops the rows after the
+    step it names; a row whose step is not above the run's latest is ignored (W&B's steps must
+    increase)."""
+    kept: list[dict[str, Any]] = []
+    for attempt, file in enumerate(sorted(job_dir.glob("wandb/offline-run-*/run-*.wandb"))):  # in order
+        for record in wandb_records(file):
+            kind = record.WhichOneof("record_type")
+            if kind == "run" and record.run.HasField("branch_point"):
+                assert record.run.branch_point.metric == "_step"
+                kept = [row for row in kept if row["_step"] <= record.run.branch_point.value]
+            if kind != "history":
+                continue
+            row = {"/".join(i.nested_key) or i.key: json.loads(i.value_json) for i in record.history.item}
+            if kept and row["_step"] <= kept[-1]["_step"]:
+                continue
+            kept.append({**row, "_attempt": attempt})
+    return kept
 
 
 def offline_run(job_dir: Path) -> dict[str, Any]:
@@ -231,24 +256,105 @@ class TestWandbLogger(LoggerContract):
         wandb.teardown()  # the service process the test's runs started
 
     def read_back(self, logger: ddlkit.Logger, run: ddlkit.Run) -> list[tuple[int, str]]:
-        """The records of the job's W&B run as W&B keeps them: one history row per step (a train
-        and a validation record at the same step share it), and, each attempt resuming the run
-        under the same id, a row whose step is not above the run's latest one is ignored (W&B's
-        steps must increase)."""
+        """The records of the job's W&B run as W&B keeps them (:func:`wandb_history`)."""
         import wandb
 
         wandb.teardown()  # the service writes the .wandb files: all of them, now
         # wandb names a run's directory after the second it started in, and the contract may start
         # the next attempt at once: in the same second it would overwrite this attempt's file
         time.sleep(1 - time.time() % 1)
-        kept: list[tuple[int, str]] = []
-        for file in sorted(Path(run.job_dir, "wandb").glob("offline-run-*/run-*.wandb")):  # attempts, in order
-            for record in wandb_records(file):
-                if record.WhichOneof("record_type") != "history":
-                    continue
-                row = {"/".join(i.nested_key) or i.key: json.loads(i.value_json) for i in record.history.item}
-                if kept and row["_step"] <= kept[-1][0]:
-                    continue
-                kept += [(row["_step"], split) for split in ("train", "val")
-                         if any(key.startswith(f"{split}/") for key in row)]
-        return kept
+        return [(row["_step"], split) for row in wandb_history(Path(run.job_dir))
+                for split in ("train", "val") if any(key.startswith(f"{split}/") for key in row)]
+
+    def test_a_resumed_run_rewinds_to_its_checkpoint(self, logger: ddlkit.Logger, logger_run: ddlkit.Run) -> None:
+        """A job that reached step 6 and resumes from its checkpoint at step 4 continues the same W&B
+        run, and the run keeps what this attempt logged for steps 5 and 6, not the interrupted one's
+        (W&B would otherwise ignore this attempt's steps up to 6: its steps must increase)."""
+        from ddlkit.interfaces.run import RunState
+
+        logger.start(logger_run)
+        for step in range(1, 7):
+            logger.log_metrics(step, {"loss": float(step)}, split="train")
+        logger.finish("interrupted", None)
+        self.read_back(logger, logger_run)  # its files written, and the next attempt in a later second
+        logger_run.state = logger_run.resumed_at = RunState(epoch=0, step=4, batch=4)
+        resumed = type(logger)(logger.cfg)
+        resumed.start(logger_run)
+        for step in range(5, 9):
+            resumed.log_metrics(step, {"loss": 10.0 * step}, split="train")
+        resumed.finish("completed", logger_run.result("completed"))
+        self.read_back(resumed, logger_run)
+        history = wandb_history(Path(logger_run.job_dir))
+        assert [(row["_step"], row["train/loss"], row["_attempt"]) for row in history] == [
+            (1, 1.0, 0), (2, 2.0, 0), (3, 3.0, 0), (4, 4.0, 0), (5, 50.0, 1), (6, 60.0, 1), (7, 70.0, 1), (8, 80.0, 1)]
+        assert {path.name.rsplit("-", 1)[1] for path in Path(logger_run.job_dir, "wandb").glob("offline-run-*")} == {
+            (Path(logger_run.job_dir) / RUN_ID_FILE).read_text().strip()}  # one W&B run, two attempts
+
+    def test_rewind_false_continues_the_run_where_it_stands(self, logger: ddlkit.Logger,
+                                                            logger_run: ddlkit.Run) -> None:
+        """logger.wandb.rewind=false (for a W&B server without rewinding): the same run, resumed as it
+        stands, so W&B keeps the interrupted attempt's records up to its latest step."""
+        from ddlkit.interfaces.run import RunState
+
+        logger.start(logger_run)
+        for step in range(1, 7):
+            logger.log_metrics(step, {"loss": float(step)}, split="train")
+        logger.finish("interrupted", None)
+        self.read_back(logger, logger_run)
+        logger_run.state = logger_run.resumed_at = RunState(epoch=0, step=4, batch=4)
+        resumed = type(logger)(OmegaConf.merge(logger.cfg, {"rewind": False}))
+        resumed.start(logger_run)
+        for step in range(5, 9):
+            resumed.log_metrics(step, {"loss": 10.0 * step}, split="train")
+        resumed.finish("completed", logger_run.result("completed"))
+        self.read_back(resumed, logger_run)
+        assert [(row["_step"], row["train/loss"]) for row in wandb_history(Path(logger_run.job_dir))] == [
+            (1, 1.0), (2, 2.0), (3, 3.0), (4, 4.0), (5, 5.0), (6, 6.0), (7, 70.0), (8, 80.0)]
+
+
+# ---------------------------------------------------------------------------- a real restart
+@pytest.mark.slow
+@pytest.mark.skipif(shutil.which("mpirun") is None, reason="needs OpenMPI's mpirun")
+def test_a_restarted_job_continues_its_w_and_b_run_and_every_step_axis_stays_monotone(
+        tmp_path: Path, event_accumulator: type) -> None:
+    """compute=local_mpi, 2 ranks, 16 steps, a checkpoint every 4: rank 1 is killed (SIGKILL) in
+    step 7, the job restarts and resumes from step 4. One W&B run (rewound to step 4), TensorBoard's
+    step axis and metrics.jsonl each hold steps 1..16 once, in order, with the values of the attempt
+    that completed (metrics.jsonl's), and the result says 1 restart, 2 steps lost."""
+    home = tmp_path / "wandb-home"
+    env = {**{k: v for k, v in os.environ.items() if k not in ("WANDB_API_KEY", "WANDB_DIR")},
+           "DDLKIT_PLUGINS": "ddlkit.testing.fakes", "WANDB_MODE": "offline", "WANDB_CACHE_DIR": str(home / "cache"),
+           "WANDB_DATA_DIR": str(home / "data"), "WANDB_CONFIG_DIR": str(home / "config"),
+           "NETRC": str(home / "no-netrc")}
+    job_dir = tmp_path / "job"
+    proc = subprocess.run(
+        [sys.executable, "-m", "ddlkit", "framework=fake", "compute=local_mpi", "compute.procs_per_node=2",
+         "dist=native", "data.image_size=8", "data.num_classes=4", "data.length=256", "data.val_length=32",
+         "trainer.batch_size=16", "trainer.epochs=2", "trainer.log_every=1", "trainer.checkpoint_every=4",
+         "trainer.deterministic=true", "restart.backoff_s=0", "framework.kill_at_step=7", "framework.kill_rank=1",
+         "logger=[console,jsonl,tensorboard,wandb]", f"hydra.run.dir={job_dir}"],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "ddlkit: restart 1/3: " in proc.stdout and "resuming from step 4" in proc.stdout
+    result = json.loads((job_dir / "result.json").read_text())
+    assert (result["steps"], result["restarts"], result["steps_lost"], result["resumed_from_step"]) == (16, 1, 2, 4)
+    metrics = [json.loads(line) for line in (job_dir / "metrics.jsonl").read_text().splitlines()]
+    losses = [(m["step"], round(m["loss"], 4)) for m in metrics if m["split"] == "train"]
+    assert [step for step, _ in losses] == list(range(1, 17))
+    # W&B: one run, its history as W&B builds it from the two attempts' files
+    history = wandb_history(job_dir)
+    assert [row["_step"] for row in history] == list(range(1, 17))
+    assert [row["_attempt"] for row in history] == [0] * 4 + [1] * 12  # steps 5 and 6: the restart's
+    assert [(row["_step"], round(row["train/loss"], 4)) for row in history] == losses
+    runs = sorted((job_dir / "wandb").glob("offline-run-*"))
+    assert len(runs) == 2 and {run.name.rsplit("-", 1)[1] for run in runs} == {
+        (job_dir / RUN_ID_FILE).read_text().strip()}
+    summary = {}
+    for record in wandb_records(next(runs[1].glob("run-*.wandb"))):
+        if record.WhichOneof("record_type") == "summary":
+            summary.update({i.key: json.loads(i.value_json) for i in record.summary.update})
+    assert (summary["restarts"], summary["steps_lost"]) == (1, 2)
+    # TensorBoard: the restart's session marker drops what the killed attempt logged after step 4
+    events = event_accumulator(str(job_dir / "tensorboard"))
+    events.Reload()
+    assert [(e.step, round(e.value, 4)) for e in events.Scalars("train/loss")] == losses

@@ -9,8 +9,13 @@
 * ``mode=auto`` logs online when an API key is configured (``WANDB_API_KEY``,
   ``logger.wandb.api_key`` or ``wandb login``), offline otherwise (``wandb sync`` uploads later);
   ``WANDB_MODE`` in the environment wins over ``auto``;
-* the job's W&B run id is kept in the job directory, so a resumed or retried job continues the
-  same W&B run rather than starting another;
+* the job's W&B run id is kept in the job directory, so a resumed, restarted or retried job
+  continues the same W&B run rather than starting another. W&B's steps only increase, so a run
+  that resumes from a checkpoint *rewinds* its W&B run to the checkpoint's step
+  (``resume_from="<id>?_step=<step>"``): what the interrupted attempt logged after the
+  checkpoint is dropped, and this attempt's records for those steps are kept in its place, as
+  metrics.jsonl and TensorBoard do. Offline, the rewind is in the run's ``.wandb`` file
+  (its run record's ``branch_point``), and ``wandb sync`` applies it;
 * the run is always finished, with a non-zero exit code when the job failed or was interrupted.
 
 wandb is imported when the run starts, never when the config is composed.
@@ -66,6 +71,9 @@ class WandbConfig:
     log_model: bool = False
     # an API key, if not in WANDB_API_KEY or ~/.netrc; kept out of every file ddlkit writes
     api_key: str | None = None
+    # a resumed job rewinds its W&B run to the checkpoint's step (a W&B preview feature: where the
+    # server refuses it, the run continues where it stands, with a warning); false: never rewind
+    rewind: bool = True
 
 
 class WandbLogger(ddlkit.Logger):
@@ -89,12 +97,26 @@ class WandbLogger(ddlkit.Logger):
                             "sweep": os.environ.get(SWEEP_NAME_ENV), "sweep_job": os.environ.get(SWEEP_JOB_ENV),
                             "environment": _read_json(run.job_dir / ENVIRONMENT_FILE)}
         settings = wandb.Settings(api_key=self.cfg.api_key) if self.cfg.api_key else None
-        self.wb = wandb.init(
-            project=self.cfg.project, entity=self.cfg.entity,
-            group=self.cfg.group or os.environ.get(SWEEP_NAME_ENV), name=self.cfg.run_name or run.name,
-            tags=list(self.cfg.tags), job_type="train", config=config, dir=str(run.job_dir),
-            id=self._run_id(run.job_dir), resume="allow", mode=self._mode(), settings=settings,
-        )
+        options = dict(project=self.cfg.project, entity=self.cfg.entity,
+                       group=self.cfg.group or os.environ.get(SWEEP_NAME_ENV), name=self.cfg.run_name or run.name,
+                       tags=list(self.cfg.tags), job_type="train", config=config, dir=str(run.job_dir),
+                       mode=self._mode(), settings=settings)
+        # a resumed job whose earlier attempt started the run rewinds it to the step it resumes from:
+        # W&B refuses a step below the run's latest, so merely resuming the run would keep the
+        # interrupted attempt's records past the checkpoint and ignore this attempt's
+        started = (run.job_dir / RUN_ID_FILE).is_file()
+        run_id = self._run_id(run.job_dir)
+        if started and run.resumed_at is not None and self.cfg.rewind:
+            step = run.resumed_at.step
+            try:
+                self.wb = wandb.init(**options, resume_from=f"{run_id}?_step={step}")
+                return
+            except wandb.errors.Error as err:
+                reason = (str(err).strip().splitlines() or [type(err).__name__])[0]
+                print(f"ddlkit: logger.wandb: W&B did not rewind run {run_id} to step {step} ({reason}); it continues "
+                      f"where it stands, with the interrupted attempt's records after step {step} (rewinding is a W&B "
+                      "preview feature; logger.wandb.rewind=false skips asking)", flush=True)
+        self.wb = wandb.init(**options, id=run_id, resume="allow")
 
     def _mode(self) -> str | None:
         """auto: None (wandb reads WANDB_MODE) when that is set, else online with a key, offline without."""

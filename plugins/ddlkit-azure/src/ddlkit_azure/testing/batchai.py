@@ -36,7 +36,8 @@ with the job's environment variables and secrets, ``AZ_BATCHAI_*`` as the servic
 ``stdout.txt``/``stderr.txt`` go to ``<stdOutErrPathPrefix>/<segment>/stdouterr``, output
 directories to ``<pathPrefix>/<segment>/<pathSuffix>``. The job ends ``succeeded`` (exit 0) or
 ``failed``. ``terminate`` makes it ``terminating``: SIGTERM to the job's processes (but ``mpirun``),
-SIGKILL to all of them after :attr:`BatchAILoopback.terminate_grace_s`.
+SIGKILL to all of them after :attr:`BatchAILoopback.terminate_grace_s`. :meth:`BatchAILoopback.preempt`
+takes a running job's node away: its processes are killed at once and the job ends ``failed``.
 
 Secrets are never reported back (a job's ``secrets`` come back without values, as the API says).
 Nothing here is ddlkit-specific; tests and the benchmark use it through the real SDK and CLI.
@@ -269,6 +270,19 @@ class BatchAILoopback:
                 if path.endswith(f"/jobs/{name.lower()}") and run.process is not None and run.process.poll() is None:
                     return run.process.pid
         return None
+
+    def preempt(self, name: str) -> None:
+        """What losing a running job's node does (a low-priority node preempted, a node that failed):
+        every process of the job is killed at once, with no notice, and the job ends ``failed``. The
+        published API has no state of its own for it (a job is queued, running, terminating,
+        succeeded or failed, and the service does not re-queue it): the killed command's exit code
+        in ``executionInfo`` (137: SIGKILL) is what tells a node's loss from the job's own failure."""
+        with self._lock:
+            running = [run.process for path, run in self._jobs.items() if path.endswith(f"/jobs/{name.lower()}")
+                       and run.process is not None and run.process.poll() is None]
+        if not running:
+            raise ValueError(f"job {name} is not running")
+        kill_session(running[0].pid, signal.SIGKILL)
 
     def stop(self) -> None:
         """Kill what still runs (a test's end)."""
