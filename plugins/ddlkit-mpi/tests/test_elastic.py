@@ -132,6 +132,12 @@ def test_scale_lr_keeps_the_per_rank_batch_and_goes_on_at_the_same_sample(tmp_pa
     assert result["resize"]["on_resize"] == "scale_lr" and result["peak_lr"] == pytest.approx(0.1 * 16 / 256)
     assert_every_sample_once(job_dir, epochs=2, samples=256)
     assert verify(latest_checkpoint(job_dir)) is None
+    # ddlkit jobs status says it too
+    status = subprocess.run([sys.executable, "-m", "ddlkit", "jobs", "status", str(job_dir)], capture_output=True,
+                            text=True, timeout=60, env={**os.environ, "DDLKIT_PLUGINS": "ddlkit.testing.fakes"})
+    assert ("resubmitted on 1 of 2 nodes, resuming from step 4 (0 steps lost); trainer.on_resize=scale_lr: per-rank "
+            "batch 8, global batch 32 -> 16, lr 0.0125 -> 0.00625 (optimizer.scale_lr=linear)\n") in status.stdout, (
+        status.stdout + status.stderr)
 
 
 def test_fewer_nodes_up_than_min_nodes_end_the_job_and_say_so(tmp_path: Path) -> None:
