@@ -23,6 +23,7 @@ from omegaconf import DictConfig, OmegaConf
 from .errors import ConfigError
 from .options import NON_NEGATIVE, POSITIVE, POSITIVE_INTEGER, at_least, checked, one_of
 from .registry import HOOK_POINTS, Registry
+from .resize import ON_RESIZE
 
 if TYPE_CHECKING:
     from hydra.core.config_store import ConfigStore
@@ -100,6 +101,13 @@ class TrainerConfig:
     # accumulate_batches (steps, learning-rate scaling, logging and images/sec count optimizer steps)
     accumulate_batches: int = checked(
         1, at_least(1, "a positive integer (micro-batches per optimizer step; 1 = none accumulated)"))
+    # when an elastic job (compute.min_nodes) runs on fewer or more ranks than planned: keep_global_batch
+    # (each rank takes a larger share of the same global batch: the same optimisation) or scale_lr (each rank
+    # keeps trainer.batch_size; the learning rate follows the global batch by optimizer.scale_lr)
+    on_resize: str = checked("keep_global_batch", one_of(ON_RESIZE))
+    # the largest per-rank micro-batch that fits, for keep_global_batch on fewer ranks: beyond it, gradients
+    # are accumulated; null: trainer.batch_size (a rank's share grows by accumulation only)
+    max_batch_size: int | None = checked(None, at_least(1, "null or a positive integer"))
     # stop when a validation metric stops improving (trainer.early_stopping.monitor=val_loss)
     early_stopping: EarlyStoppingConfig = field(default_factory=EarlyStoppingConfig)
     # keep the checkpoint of the best validation (trainer.best_checkpoint.monitor=val_top1)

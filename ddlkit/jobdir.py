@@ -114,6 +114,10 @@ EXIT_PREEMPTED = 75
 #: joined. The infrastructure's failure, not this rank's (a restart policy restarts such a job)
 EXIT_LOST_PEER = 76
 
+#: a node is down while its scratch directory holds this file: how compute=local_mpi simulates a lost
+#: node that does not come back (the fake framework's kill_node writes it; removing it brings the node back)
+NODE_DOWN = "down"
+
 #: set in the ranks' environment when the launcher restarted the job after an infrastructure
 #: failure: how many times so far, and how many optimizer steps those failures cost in all
 RESTARTS_ENV = "DDLKIT_RESTARTS"

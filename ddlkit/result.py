@@ -71,6 +71,9 @@ FIELDS: tuple[Field, ...] = (
     Field("restarts", int, None),
     Field("steps_lost", int, None),
     Field("accumulate_batches", int, None),
+    #: the job ran on another world size than planned (an elastic restart, compute.min_nodes):
+    #: planned_world_size, world_size, on_resize, the planned per-rank batch, description
+    Field("resize", dict, None),
     Field("clip_grad_norm", float, None, "{:.4g}"),
     #: why the run ended before its last epoch: monitor, reason, epoch, step
     Field("stopped_early", dict, None),

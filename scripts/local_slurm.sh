@@ -14,13 +14,27 @@
 # (SlurmdParameters=config_overrides) so that multi-rank jobs queue and run, and daemons run as root.
 #
 # Environment: DDLKIT_SLURM_DIR (default /tmp/ddlkit-slurm) holds the config, state, spool and logs;
-# DDLKIT_SLURM_CPUS (default 8) the CPUs the node declares.
+# DDLKIT_SLURM_CPUS (default 8) the CPUs the node declares; DDLKIT_SLURM_NODES (default 1) the nodes:
+# more than one are as many slurmd on this machine (<host>-1, <host>-2, ...), which a test can take
+# down and bring back (scontrol update NodeName=... State=DOWN|RESUME) as a cluster loses a node;
+# DDLKIT_SLURM_PORT (default 6817) the controller's port, the nodes' the ones after it (a second
+# cluster beside the first needs its own DIR and PORT).
 set -euo pipefail
 
 DIR=${DDLKIT_SLURM_DIR:-/tmp/ddlkit-slurm}
 CPUS=${DDLKIT_SLURM_CPUS:-8}
+NODES=${DDLKIT_SLURM_NODES:-1}
+PORT=${DDLKIT_SLURM_PORT:-6817}
 CONF=$DIR/slurm.conf
-NODE=$(hostname -s)
+HOST=$(hostname -s)
+if [ "$NODES" -eq 1 ]; then
+    NAMES=("$HOST")
+else
+    NAMES=()
+    for k in $(seq "$NODES"); do NAMES+=("$HOST-$k"); done
+fi
+ALL=$(IFS=,; echo "${NAMES[*]}")
+NODE=${NAMES[0]}
 
 say() { echo "local_slurm: $*" >&2; }
 
@@ -40,9 +54,9 @@ write_conf() {
     local mem
     mem=$(awk '/MemTotal/ {print int($2 / 1024 / 2)}' /proc/meminfo)
     cat > "$CONF.tmp" <<EOF
-# written by scripts/local_slurm.sh: a single-node Slurm for ddlkit's tests
+# written by scripts/local_slurm.sh: a Slurm cluster on this machine for ddlkit's tests
 ClusterName=ddlkit
-SlurmctldHost=$NODE(127.0.0.1)
+SlurmctldHost=$HOST(127.0.0.1)
 SlurmUser=root
 SlurmdUser=root
 AuthType=auth/munge
@@ -82,9 +96,12 @@ SlurmctldLogFile=$DIR/log/slurmctld.log
 SlurmdLogFile=$DIR/log/slurmd.log
 SlurmctldDebug=info
 SlurmdDebug=info
-NodeName=$NODE NodeAddr=127.0.0.1 CPUs=$CPUS RealMemory=$mem State=UNKNOWN
-PartitionName=debug Nodes=$NODE Default=YES MaxTime=INFINITE State=UP
-PartitionName=batch Nodes=$NODE Default=NO MaxTime=1-00:00:00 State=UP
+SlurmctldPort=$PORT
+$(k=0; for name in "${NAMES[@]}"; do k=$((k + 1))
+    echo "NodeName=$name NodeHostname=$HOST NodeAddr=127.0.0.1 Port=$((PORT + k)) CPUs=$CPUS RealMemory=$mem State=UNKNOWN"
+  done)
+PartitionName=debug Nodes=$ALL Default=YES MaxTime=INFINITE State=UP
+PartitionName=batch Nodes=$ALL Default=NO MaxTime=1-00:00:00 State=UP
 EOF
     mv "$CONF.tmp" "$CONF"
 }
@@ -113,9 +130,20 @@ start_munge() {
 }
 
 node_up() {
-    local state
-    state=$(SLURM_CONF=$CONF sinfo -h -n "$NODE" -o %t 2>/dev/null | head -n1)
-    case "$state" in idle*|mix*|alloc*|comp*) return 0 ;; *) return 1 ;; esac
+    local state name
+    for name in "${NAMES[@]}"; do
+        state=$(SLURM_CONF=$CONF sinfo -h -n "$name" -o %t 2>/dev/null | head -n1)
+        case "$state" in idle*|mix*|alloc*|comp*) ;; *) return 1 ;; esac
+    done
+}
+
+# one slurmd per node; with several on this machine, each is told its name
+start_slurmd() {
+    local name
+    for name in "${NAMES[@]}"; do
+        pid_alive "$DIR/slurmd-$name.pid" && continue
+        if [ "$NODES" -eq 1 ]; then slurmd -f "$CONF"; else slurmd -f "$CONF" -N "$name"; fi
+    done
 }
 
 start() {
@@ -128,13 +156,11 @@ start() {
         slurmctld -f "$CONF"
     fi
     for _ in $(seq 100); do scontrol ping 2>/dev/null | grep -q UP && break; sleep 0.1; done
-    if ! pid_alive "$DIR/slurmd-$NODE.pid"; then
-        slurmd -f "$CONF"
-    fi
+    start_slurmd
     for _ in $(seq 150); do node_up && break; sleep 0.2; done
     if ! node_up; then
         # a node left DOWN/DRAIN by an earlier run comes back
-        scontrol update NodeName="$NODE" State=RESUME 2>/dev/null || true
+        scontrol update NodeName="$ALL" State=RESUME 2>/dev/null || true
         for _ in $(seq 50); do node_up && break; sleep 0.2; done
     fi
     if ! node_up; then
@@ -146,7 +172,9 @@ start() {
 
 stop() {
     export SLURM_CONF=$CONF
-    for pidfile in "$DIR/slurmd-$NODE.pid" "$DIR/slurmctld.pid"; do
+    local name pidfiles=()
+    for name in "${NAMES[@]}"; do pidfiles+=("$DIR/slurmd-$name.pid"); done
+    for pidfile in "${pidfiles[@]}" "$DIR/slurmctld.pid"; do
         if pid_alive "$pidfile"; then
             kill "$(cat "$pidfile")" || true
             for _ in $(seq 50); do pid_alive "$pidfile" || break; sleep 0.1; done

@@ -185,6 +185,57 @@ class ComputeTarget(ABC):
     def world_size(self) -> int:
         return 1
 
+    # ---------------------------------------------------------------- elastic world size
+    # A job of ``nodes`` nodes whose target sets ``compute.min_nodes`` lower is elastic: when the
+    # launcher restarts it (ddlkit.launch.follow), it asks :meth:`nodes_up` how many of its nodes
+    # are usable now and resubmits it on that many (never fewer than ``min_nodes``, never more than
+    # ``nodes``) through :meth:`with_nodes`; the ranks adapt the batch to the world size they find
+    # (``trainer.on_resize``, ddlkit.rank.resize). A target whose config has no ``min_nodes`` is not
+    # elastic: its jobs restart on all their nodes.
+
+    @property
+    def nodes(self) -> int:
+        """The nodes a job of this target asks for (``compute.nodes``; 1 for a target without nodes)."""
+        return int(getattr(self.cfg, "nodes", None) or 1)
+
+    @property
+    def min_nodes(self) -> int:
+        """The fewest nodes a job may go on with after it lost some (``compute.min_nodes``; null or
+        absent: :attr:`nodes`, the job is not elastic)."""
+        from ..errors import ConfigError
+
+        least = getattr(self.cfg, "min_nodes", None)
+        if least is None:
+            return self.nodes
+        if not 1 <= int(least) <= self.nodes:
+            raise ConfigError(f"compute.min_nodes={least} must be between 1 and compute.nodes={self.nodes} (the "
+                              "fewest nodes the job goes on with after losing some); null: not elastic.")
+        return int(least)
+
+    def nodes_up(self, spec: JobSpec) -> int | None:
+        """How many of the :attr:`nodes` nodes the job ``spec`` would get now, asked just before
+        an elastic job is restarted: a scheduler's count of its partition's usable nodes, the hosts
+        of a host list that answer, a simulated cluster's nodes not marked down. None: this target
+        cannot tell (the job is restarted on all its nodes, and the infrastructure replaces a lost one)."""
+        return None
+
+    def with_nodes(self, nodes: int, spec: JobSpec) -> ComputeTarget:
+        """This target for the job ``spec`` on ``nodes`` nodes (``1 <= nodes <= self.nodes``, no more
+        than :meth:`nodes_up` said): how a restart asks for fewer nodes, or all of them again. The default builds the target again from its config
+        with ``compute.nodes`` replaced; a target whose nodes are not just a count says more."""
+        import dataclasses
+
+        from omegaconf import OmegaConf, open_dict
+
+        if OmegaConf.is_config(self.cfg):
+            cfg = self.cfg.copy()
+            OmegaConf.set_readonly(cfg, False)
+            with open_dict(cfg):
+                cfg.nodes = nodes
+        else:
+            cfg = dataclasses.replace(self.cfg, nodes=nodes)
+        return type(self)(cfg)
+
     @abstractmethod
     def submit(self, spec: JobSpec) -> JobHandle: ...
 
@@ -211,3 +262,4 @@ class ComputeTarget(ABC):
 
         raise ConfigError(f"compute={getattr(self.cfg, 'name', type(self).__name__)} keeps nothing between jobs: "
                           "there is nothing to take down.")
+

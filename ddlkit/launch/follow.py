@@ -26,6 +26,7 @@ from ..errors import DdlkitError, JobFailedError
 from ..interfaces import JobHandle, JobState, JobStatus
 from ..jobdir import EXIT_CONFIG_ERROR, EXIT_PREEMPTED, RESTARTS_ENV, RESULT_FILE, STEPS_LOST_ENV
 from .jobs import index
+from .elastic import Placement, place_restart
 from .prepare import PreparedJob
 from .restarts import RestartPolicy, classify
 
@@ -205,6 +206,8 @@ def run_job(job: PreparedJob, *, out: TextIO | None = None, live: bool | None = 
         return None
     progress_bar = live and "console" in job.redacted_config.get("logger", {})
     policy = restart_policy(job, out)
+    current = job.compute  # the target of the job's last run: fewer nodes after an elastic restart
+    cannot = ""
     while True:
         status = follow(handle, out=out, progress_bar=progress_bar)
         assert status is not None
@@ -217,18 +220,28 @@ def run_job(job: PreparedJob, *, out: TextIO | None = None, live: bool | None = 
         except KeyboardInterrupt:
             out.write("\nddlkit: interrupted before the restart\n")
             break
-        handle = resubmit(job, policy, entry)
+        # asked after the backoff: a lost node may have come back in the meantime
+        placed = place_restart(job.compute, current, spec, job.redacted_config,
+                               restart=f"{policy.done}/{policy.max_restarts}", out=out)
+        if isinstance(placed, str):
+            cannot = f"not restarted: {placed}"
+            break
+        current = placed.target
+        handle = resubmit(job, policy, entry, placed)
     # a failure on a target that restarts says why this one was not restarted; a cancel is no failure
-    note = policy.why_not(verdict) if status.state is JobState.FAILED and policy.max_restarts else ""
+    note = cannot or (policy.why_not(verdict) if status.state is JobState.FAILED and policy.max_restarts else "")
     return outcome(status, job_dir=spec.job_dir, name=spec.name, resume_hint=job.resume_hint, out=out, note=note)
 
 
-def resubmit(job: PreparedJob, policy: RestartPolicy, entry: dict[str, object]) -> JobHandle:
-    """Submit the job again, as the restart ``entry`` says (added to its record); its ranks learn how
-    many restarts and lost steps there were so far, for result.json."""
-    restarted = replace(job.spec, env={**job.spec.env, RESTARTS_ENV: str(policy.done),
+def resubmit(job: PreparedJob, policy: RestartPolicy, entry: dict[str, object],
+             placed: Placement | None = None) -> JobHandle:
+    """Submit the job again, as the restart ``entry`` says (added to its record), on the target
+    ``placed`` chose (:func:`~ddlkit.launch.elastic.place_restart`; None: the job's own); its ranks
+    learn how many restarts and lost steps there were so far, for result.json."""
+    placed = placed or Placement(job.compute)
+    restarted = replace(job.spec, env={**job.spec.env, **placed.env, RESTARTS_ENV: str(policy.done),
                                        STEPS_LOST_ENV: str(policy.steps_lost)})
-    return submit(replace(job, spec=restarted), restart=entry)
+    return submit(replace(job, compute=placed.target, spec=restarted), restart={**entry, **placed.entry})
 
 
 def restart_policy(job: PreparedJob, out: TextIO) -> RestartPolicy:

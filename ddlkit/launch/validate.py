@@ -14,6 +14,7 @@ from ..config import check_one_global_batch, to_container
 from ..errors import ConfigError
 from ..interfaces import ComputeTarget, Framework
 from ..registry import HOOK_POINTS, Registry
+from . import elastic
 from .hydra_errors import check_composed
 
 if TYPE_CHECKING:
@@ -71,6 +72,8 @@ def _selected(cfg: DictConfig, registry: Registry, compute: ComputeTarget) -> It
 def _check_distributed(cfg: DictConfig, compute: ComputeTarget, registry: Registry) -> None:
     """The dist settings and the data against the compute target's number of ranks."""
     world_size = compute.world_size
+    # an elastic job (compute.min_nodes) can apply trainer.on_resize on every world size it may shrink to
+    elastic.check(compute, {"trainer": cfg.trainer})
     if world_size > 1 and cfg.dist.backend == "none":
         raise ConfigError(f"compute={cfg.compute.name} runs {world_size} ranks, which must share their gradients: "
                           "add dist=native (the framework's own collectives) or dist=horovod.")

@@ -90,7 +90,9 @@ class CheckpointKeeper:
                     save(tmp, meta)
                     # hashed from the bytes just written (still in the page cache), and in place
                     # before the checkpoint is: a checkpoint of this version always has its manifest
-                    write_manifest(path, build_manifest(tmp))
+                    # with the run's position, which a run on another world size reads before it
+                    # builds its loaders (ddlkit.resize), without the framework's load
+                    write_manifest(path, {**build_manifest(tmp), "position": position(meta)})
             mark_latest(path, keep=self.keep)
         self.saved_at = (state.step, state.epoch)
         self.latest = path
@@ -131,6 +133,23 @@ class CheckpointKeeper:
                 with _explained_if_full(tmp.parent, out_of_space):
                     write(tmp)
         return path
+
+
+def position(meta: Mapping[str, Any]) -> dict[str, Any]:
+    """Where a checkpoint stands in the data: its state and the global batch its steps counted."""
+    return {"state": meta["state"], "global_batch_size": meta["global_batch_size"]}
+
+
+def saved_position(checkpoint: Path | None) -> dict[str, Any] | None:
+    """:func:`position` of ``checkpoint`` as its manifest keeps it; None without one (an older
+    checkpoint's manifest has none: its global batch is then read from its meta on load)."""
+    if checkpoint is None:
+        return None
+    try:
+        manifest = read_manifest(checkpoint)
+    except (OSError, ValueError):
+        return None
+    return (manifest or {}).get("position")
 
 
 def check_compatible(meta: Mapping[str, Any], path: Path | None, **mine: str) -> None:

@@ -15,21 +15,24 @@ import os
 import time
 import warnings
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+
+from omegaconf import open_dict
 
 from ..callbacks import CallbackPlugin
 from ..callbacks import load as load_callbacks
 from ..checkpoint import BEST, CHECKPOINT_DIR
 from ..config import check_one_global_batch
 from ..errors import RunError
-from ..jobdir import RESTARTS_ENV, STEPS_LOST_ENV
 from ..interfaces import DataSource, Framework, Loader, Logger, RunState, Shard, StorageBackend
 from ..interfaces.run import LoadFn, SaveFn
+from ..jobdir import RESTARTS_ENV, STEPS_LOST_ENV
 from ..monitor import EarlyStopping, Watch
+from ..resize import PLANNED_WORLD_SIZE_ENV, BatchPlan, describe, plan_batch
 from . import loop
-from .checkpointing import CheckpointKeeper, check_compatible
+from .checkpointing import CheckpointKeeper, check_compatible, saved_position
 from .phases import record_phase, report_phase, startup
 from .preemption import Preempted, StopRequest
 from .results import keep_results
@@ -68,6 +71,8 @@ class Run:
         )
         t = cfg.trainer
         self.shard = Shard(dist.rank, dist.world_size)
+        #: what changed because the job runs on another world size than planned (None: it does not)
+        self.resize = self._plan_resize(resume_from)
         #: micro-batches per optimizer step (trainer.accumulate_batches)
         self.accumulate = t.accumulate_batches
         train_length = self.data.info.train_length
@@ -109,6 +114,29 @@ class Run:
         self._callbacks = CallbackPlugin(load_callbacks(t.callbacks)) if t.callbacks else None
         if self._callbacks is not None:
             pm.register(self._callbacks)
+
+    def _plan_resize(self, resume_from: Path | None) -> dict[str, Any] | None:
+        """On another world size than the job was planned for (an elastic restart on fewer nodes, or
+        back on all of them): apply ``trainer.on_resize`` to ``cfg.trainer`` -- every framework reads
+        the batch there -- say it on rank 0, and return the record of it for result.json."""
+        t, world = self.cfg.trainer, self.dist.world_size
+        planned_world = int(os.environ.get(PLANNED_WORLD_SIZE_ENV) or world)
+        saved = saved_position(resume_from) or {}
+        resumed_global = saved.get("global_batch_size")
+        planned = BatchPlan(planned_world, t.batch_size, t.accumulate_batches)
+        plan = plan_batch(t, planned_world, world, resumed_global_batch=resumed_global,
+                          resumed_batch=int((saved.get("state") or {}).get("batch", 0)))
+        if planned_world == world and plan == planned:
+            return None
+        line = describe(planned, plan, self.cfg.optimizer, t.on_resize)
+        if self.dist.is_main:
+            print(f"ddlkit: {world} rank{'s' if world != 1 else ''} instead of the planned {planned_world}: {line}",
+                  flush=True)
+        with open_dict(t):
+            t.batch_size, t.accumulate_batches = plan.batch_size, plan.accumulate
+        return {"planned_world_size": planned_world, "world_size": world, "on_resize": str(t.on_resize),
+                "planned_batch_size_per_rank": planned.batch_size, "planned_accumulate_batches": planned.accumulate,
+                "planned_global_batch_size": planned.global_batch, "description": line}
 
     # ---------------------------------------------------------------- framework side
     def phase(self, what: str, *, say: bool = True) -> None:
@@ -165,6 +193,9 @@ class Run:
         """Take up the state a checkpoint's ``meta`` holds (see :meth:`_checkpoint_meta`)."""
         self.state = RunState(**meta["state"])
         self.resumed_at = RunState(**meta["state"])
+        saved_global = meta.get("global_batch_size")
+        if saved_global and saved_global != self.global_batch:
+            self._resume_position(saved_global)
         self.checkpoints.saved_at = (self.state.step, self.state.epoch)
         self.last_loss = meta.get("last_loss")
         self.best_top1 = meta.get("best_top1")
@@ -173,6 +204,25 @@ class Run:
             saved = (meta.get("watchers") or {}).get(key)
             if saved and saved.get("monitor") == watcher.monitor:
                 watcher.load(saved)
+
+    def _resume_position(self, saved_global: int) -> None:
+        """Go on from a checkpoint whose steps were of another global batch (``trainer.on_resize=
+        scale_lr`` on another world size): at the same image of its epoch -- a step boundary of this
+        global batch, which :func:`ddlkit.resize.plan_batch` ensured --, with the learning-rate
+        schedule and the run's last step where this global batch puts them. ``state.step`` goes on
+        counting the optimizer steps taken, whatever their size."""
+        st = self.state
+        images = st.batch * saved_global
+        st.batch = images // self.global_batch
+        # the schedule follows the epochs: its step is where this global batch has reached
+        offset = st.step - (st.epoch * self.steps_per_epoch + st.batch)
+        self.schedule = replace(self.schedule, step_offset=offset)
+        self.total_steps = self.steps_per_epoch * self.cfg.trainer.epochs + offset
+        if self.cfg.trainer.max_steps is not None:
+            self.total_steps = min(self.total_steps, self.cfg.trainer.max_steps)
+        if self.dist.is_main:
+            print(f"ddlkit: resuming {images} images into epoch {st.epoch}: at its step {st.batch} of "
+                  f"{self.steps_per_epoch} (global batch {saved_global} -> {self.global_batch})", flush=True)
 
     def start(self) -> None:
         """Training starts now: fire ``ddlkit_run_start`` and start the loggers. Call it once,
@@ -380,6 +430,8 @@ class Run:
             "restarts": int(os.environ.get(RESTARTS_ENV) or 0),
             "steps_lost": int(os.environ.get(STEPS_LOST_ENV) or 0),
             "accumulate_batches": self.accumulate,
+            # the job ran on another world size than planned (an elastic restart): what that changed
+            "resize": self.resize,
             "clip_grad_norm": t.clip_grad_norm or None,
             # why the run ended before its last epoch, or None
             "stopped_early": ({"monitor": early.monitor, "reason": early.reason,

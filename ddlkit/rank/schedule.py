@@ -34,6 +34,10 @@ class LRSchedule:
     reference_batch: int = 256
     #: an :class:`LRScaling` or its name
     scale_lr: LRScaling | str = LRScaling.linear
+    #: optimizer steps taken at another global batch than this one's, beyond where this one's steps
+    #: would be (a run resumed on another world size, ``trainer.on_resize=scale_lr``): the schedule
+    #: counts from ``step - step_offset``, so that warm-up and decay stay at their epochs
+    step_offset: int = 0
 
     @property
     def scaling(self) -> LRScaling:
@@ -47,6 +51,7 @@ class LRSchedule:
 
     def __call__(self, step: int) -> float:
         """Learning rate for the 0-based optimizer step ``step``."""
+        step -= self.step_offset
         warmup_steps = round(self.warmup_epochs * self.steps_per_epoch)
         if step < warmup_steps:
             return self.peak_lr * (step + 1) / warmup_steps

@@ -320,6 +320,17 @@ class ComputeTargetContract:
     def test_status_interval_is_positive(self, target: ComputeTarget) -> None:
         assert target.status_interval_s > 0
 
+    def test_nodes_up_and_fewer_nodes(self, target: ComputeTarget, tmp_path: Path) -> None:
+        """What an elastic restart asks (ddlkit.launch.elastic): how many of the job's nodes are up
+        -- None when the target cannot tell, never more than it has -- and the target for fewer
+        nodes, whose jobs have as many fewer ranks."""
+        spec = JobSpec(name="contract-nodes", job_dir=tmp_path)
+        up = target.nodes_up(spec)
+        assert up is None or 0 <= up <= target.nodes
+        assert 1 <= target.min_nodes <= target.nodes
+        if up and target.nodes > 1:
+            assert target.with_nodes(1, spec).world_size == target.world_size // target.nodes
+
     def test_success_streams_output(self, target: ComputeTarget, handles: list[JobHandle], tmp_path: Path) -> None:
         handle = self.submit(target, handles, tmp_path / "ok", """
             import os

@@ -29,7 +29,7 @@ from ..atomic import atomic_path
 from ..errors import ConfigError
 from ..hookspecs import hookimpl
 from ..interfaces import ComputeTarget, Framework, Logger, StorageBackend
-from ..jobdir import RESTARTS_ENV
+from ..jobdir import NODE_DOWN, RESTARTS_ENV
 from ..registry import Registration
 
 if TYPE_CHECKING:
@@ -55,6 +55,15 @@ class FakeFrameworkConfig:
     kill_at_step: int = 0
     kill_rank: int = 0
     kill_every_run: bool = False
+    # instead of kill_rank: every rank of this node marks it down (a file `down` in its scratch
+    # directory, as compute=local_mpi reads it) and kills itself: a node lost that does not come back
+    kill_node: int | None = None
+    # average the gradient over the ranks before each update, as a real framework does: the weights
+    # then depend on the global batch only, not on how many ranks shared it
+    allreduce: bool = False
+    # write the sample numbers each rank trained on at each step (data=custom with
+    # ddlkit.testing.fakes:class_images and +data.kwargs.numbered=true) to trace/rank-N.jsonl
+    trace_samples: bool = False
     # rank 0 kills itself with SIGKILL halfway through writing the checkpoint of this step (0 = never),
     # in a job's first run only: a checkpoint half written when its node was lost
     kill_while_saving_at_step: int = 0
@@ -135,15 +144,22 @@ class FakeFramework(Framework):
             if self.cfg.fail_at_step and run.state.step + 1 == self.cfg.fail_at_step:
                 raise RuntimeError(f"fake framework failure at step {run.state.step + 1}")
             if (self.cfg.kill_at_step and run.state.step + 1 == self.cfg.kill_at_step
-                    and run.dist.rank == self.cfg.kill_rank
                     and (self.cfg.kill_every_run or not os.environ.get(RESTARTS_ENV))):
-                os.kill(os.getpid(), signal.SIGKILL)
+                if self.cfg.kill_node is None and run.dist.rank == self.cfg.kill_rank:
+                    os.kill(os.getpid(), signal.SIGKILL)
+                if self.cfg.kill_node is not None and run.dist.node == self.cfg.kill_node:
+                    # each rank of the node marks it first: whichever dies first, the mark is there
+                    Path(run.dist.node_scratch or ".", NODE_DOWN).touch()
+                    os.kill(os.getpid(), signal.SIGKILL)
             if self.cfg.step_delay_s:
                 time.sleep(self.cfg.step_delay_s)
             # the mean loss of equal micro-batches is the mean over their union: one batch of all
             images = np.concatenate([np.asarray(b[0]) for b in micro_batches])
             labels = np.concatenate([np.asarray(b[1]) for b in micro_batches])
-            loss = _sgd_step(params, _inputs(images, side), labels, lr, o, t.clip_grad_norm)
+            if self.cfg.trace_samples:
+                _trace(run, [int(round(float(v))) for v in images[:, NUMBER_PIXEL[0], NUMBER_PIXEL[1], 0]])
+            reduce = _mean_over(run.dist) if self.cfg.allreduce and run.dist.world_size > 1 else None
+            loss = _sgd_step(params, _inputs(images, side), labels, lr, o, t.clip_grad_norm, reduce)
             return float("nan") if self.cfg.nan_at_step == run.state.step + 1 else loss
 
         run.train_epochs(run.step_batches(train_loader.iter_epoch), step,
@@ -178,10 +194,38 @@ def _softmax(logits: np.ndarray) -> np.ndarray:
     return z / z.sum(axis=1, keepdims=True)
 
 
+#: where class_images(numbered=True) writes a sample's number: a pixel the fake framework's model does
+#: not read at its default framework.side=4 on 8-pixel images (it reads every other pixel from 0)
+NUMBER_PIXEL = (1, 1)
+#: the directory of framework.trace_samples' files, in the job directory
+TRACE_DIR = "trace"
+
+
+def _trace(run: Run, numbers: list[int]) -> None:
+    """One line per step: the run (restarts before it), the epoch, the step, the samples read."""
+    line = json.dumps({"run": int(os.environ.get(RESTARTS_ENV) or 0), "epoch": run.state.epoch,
+                       "step": run.state.step + 1, "samples": numbers})
+    path = run.job_dir / TRACE_DIR / f"rank-{run.dist.rank}.jsonl"
+    path.parent.mkdir(exist_ok=True)
+    with open(path, "a") as f:
+        f.write(line + "\n")
+
+
+def _mean_over(dist: Any) -> Any:
+    """The gradient averaged over the ranks (each rank's is the mean over its equal share)."""
+    import numpy as np
+
+    def reduce(grad: np.ndarray) -> np.ndarray:
+        return np.asarray(dist.allreduce(grad.ravel().tolist(), "mean")).reshape(grad.shape)
+
+    return reduce
+
+
 def _sgd_step(params: dict[str, np.ndarray], x: np.ndarray, labels: np.ndarray, lr: float, o: Any,
-              clip: float | None = None) -> float:
+              clip: float | None = None, reduce: Any = None) -> float:
     """One step of cross-entropy + SGD with momentum and weight decay (torch.optim.SGD's rule), the
-    gradient clipped to norm ``clip`` first (as torch.nn.utils.clip_grad_norm_ does)."""
+    gradient averaged over the ranks by ``reduce`` and clipped to norm ``clip`` first (as
+    torch.nn.utils.clip_grad_norm_ does)."""
     import numpy as np
 
     theta = params["theta"]
@@ -191,6 +235,8 @@ def _sgd_step(params: dict[str, np.ndarray], x: np.ndarray, labels: np.ndarray, 
     target[np.arange(len(labels)), labels] += 1.0 - o.label_smoothing
     loss = float(-(target * np.log(probs + 1e-12)).sum(axis=1).mean())
     grad = _matmul(x.T, probs - target) / len(labels)
+    if reduce is not None:
+        grad = reduce(grad)
     if clip:
         grad = grad * min(1.0, clip / (float(np.linalg.norm(grad)) + 1e-6))
     grad = grad + o.weight_decay * theta
@@ -290,6 +336,25 @@ class RecordingLogger(Logger):
 
     def steps(self, split: str = "train") -> list[int]:
         return [c.step for c in self.calls if c.method == "log_metrics" and c.split == split]
+
+
+def class_images(split: str, n: int = 256, val_n: int = 32, image_size: int = 8, num_classes: int = 4,
+                 seed: int = 0, numbered: bool = False) -> tuple[np.ndarray, np.ndarray]:
+    """Data for ``data=custom data.target=ddlkit.testing.fakes:class_images``: ``n`` (``val_n``)
+    images of noise around a class pattern, each a sample of one dataset that the ranks
+    share by :func:`ddlkit.images.epoch_order`, as a real dataset is (``data=synthetic`` draws a
+    stream per rank instead, which changes with the world size). ``numbered``: each image carries its
+    number in :data:`NUMBER_PIXEL`, for ``framework.trace_samples``."""
+    import numpy as np
+
+    count = n if split == "train" else val_n
+    rng = np.random.default_rng([seed, split == "val"])
+    labels = rng.integers(0, num_classes, count)
+    patterns = np.random.default_rng(seed).normal(0.0, 1.0, (num_classes, image_size, image_size, 3))
+    images = patterns[labels] + rng.normal(0.0, 1.0, (count, image_size, image_size, 3))
+    if numbered:  # each sample's number, where the model does not look (framework.trace_samples)
+        images[:, NUMBER_PIXEL[0], NUMBER_PIXEL[1], 0] = np.arange(count)
+    return images.astype(np.float32), labels
 
 
 def build_softmax(cfg: Any, data: Any, *, side: int, seed: int) -> dict[str, np.ndarray]:

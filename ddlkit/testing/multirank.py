@@ -75,7 +75,8 @@ def worker_pids(job_dir: Path) -> dict[int, int]:
                            if b"=" in line)
         except OSError:
             continue
-        found[int(environ[b"OMPI_COMM_WORLD_RANK"])] = int(entry.name)
+        # OpenMPI's rank (local_mpi, mpi), or the one a target's rank minder sets (slurm: RANK)
+        found[int(environ.get(b"OMPI_COMM_WORLD_RANK") or environ[b"RANK"])] = int(entry.name)
     return found
 
 

@@ -121,9 +121,12 @@ def _restart_line(number: int, restart: dict[str, Any]) -> str:
     at = f"at step {reached}" if reached is not None else "before its first step"
     ended = f" as {restart['ended_id']}" if restart.get("ended_id") else ""
     lost = restart.get("steps_lost", 0)
+    # an elastic job's restart: on how many of its nodes, and what that did to the batch (ddlkit.launch.elastic)
+    where = f" on {restart['nodes']} of {restart['planned_nodes']} nodes" if restart.get("planned_nodes") else ""
+    resize = f"; {restart['resize']}" if restart.get("resize") else ""
     return (f"restart {number}: {_ago(restart.get('time', 0))}: {restart.get('cause')}; it ended {at}{ended} "
-            f"({restart.get('detail')}); resubmitted, resuming from step {restart.get('resumed_from')} "
-            f"({lost} step{'' if lost == 1 else 's'} lost)")
+            f"({restart.get('detail')}); resubmitted{where}, resuming from step {restart.get('resumed_from')} "
+            f"({lost} step{'' if lost == 1 else 's'} lost){resize}")
 
 
 def cmd_logs(args: argparse.Namespace, out: TextIO) -> int:

@@ -46,6 +46,7 @@ from ...result import HEADLINE
 from .. import follow, prepare, validate
 from ..restarts import RestartPolicy, classify
 from ..commandline import job_command, launch_args, override
+from ..elastic import place_restart
 from ..hydra_errors import explain
 from .compose import compose_job, hydra_config_of, job_view
 from .ledger import LEDGER_FILE, JobRecord, Ledger, result_summary
@@ -521,6 +522,8 @@ class _SweepHandle(JobHandle):
         self._pending: tuple[float, dict[str, Any], JobStatus] | None = None
         #: cancelled: whatever ends the running attempt is its end
         self._cancelled = False
+        #: the target of the job's last run, when a restart put it on fewer nodes (None: the job's own)
+        self._target: ComputeTarget | None = None
 
     def _settle(self, status: JobStatus) -> JobStatus:
         if not status.state.done:
@@ -550,17 +553,28 @@ class _SweepHandle(JobHandle):
         return JobStatus(JobState.RUNNING, None, f"restarting in {max(0.0, self._pending[0] - time.monotonic()):.0f} s")
 
     def _resubmit(self) -> None:
-        """Submit the job again; if the target refuses (unreachable, out of quota), the job ends as
+        """Submit the job again (an elastic job on the nodes that are up now); if the target refuses
+        (unreachable, out of quota) or fewer nodes than ``compute.min_nodes`` are up, the job ends as
         its last run did, with why it was not restarted."""
         assert self._pending is not None and self.restarts is not None
         _, entry, ended = self._pending
         self._pending = None
+        job, policy = self.restarts.job, self.restarts.policy
+        why = ""
         try:
-            self.inner = follow.resubmit(self.restarts.job, self.restarts.policy, entry)
+            # an elastic job goes on with the nodes that are up now (ddlkit.launch.elastic)
+            placed = place_restart(job.compute, self._target or job.compute, job.spec, job.redacted_config,
+                                   restart=f"{policy.done}/{policy.max_restarts}", out=policy.out,
+                                   prefix=self.restarts.prefix)
+            if isinstance(placed, str):
+                why = f"not restarted: {placed}"
+            else:
+                self.inner, self._target = follow.resubmit(job, policy, entry, placed), placed.target
         except DdlkitError as err:
+            why = f"its restart could not be submitted: {err}"
+        if why:
             head, _, rest = ended.message.partition("\n")
-            self._settled = replace(ended, message=f"{head} (its restart could not be submitted: {err})"
-                                    + (f"\n{rest}" if rest else ""))
+            self._settled = replace(ended, message=f"{head} ({why})" + (f"\n{rest}" if rest else ""))
             return
         self.id = self.inner.id
         self.restarts.restarted(entry, self.inner)

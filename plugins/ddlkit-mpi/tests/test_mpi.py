@@ -177,6 +177,27 @@ def test_ranks_per_host_and_world_size(tmp_path: Path) -> None:
     assert MpiTarget(MpiConfig(hosts=["a", "b"], procs_per_node=8)).world_size == 16
 
 
+def test_an_elastic_job_restarts_on_the_hosts_its_hostfile_still_lists(tmp_path: Path) -> None:
+    hostfile = write(tmp_path / "hosts", "a slots=2\nb slots=2\nc slots=2\n")
+    target = MpiTarget(MpiConfig(hostfile=str(hostfile), min_nodes=2))
+    spec = spec_for(tmp_path / "job", "pass")
+    assert (target.nodes, target.min_nodes, target.nodes_up(spec)) == (3, 2, 3)
+    # host b is lost: a health check takes it out of the hostfile; a new host d is no host of this job
+    write(tmp_path / "hosts", "a slots=2\nc slots=2\nd slots=2\n")
+    assert target.nodes_up(spec) == 2
+    smaller = target.with_nodes(2, spec)
+    assert (smaller.node_names(), smaller.world_size, smaller.layout_args()) == (["a", "c"], 4, ["--node-sizes", "2,2"])
+    assert smaller.placement_args() == ["-H", "a:2,c:2"]
+    # b is back: the job grows back to its three hosts
+    write(tmp_path / "hosts", "a slots=2\nb slots=2\nc slots=2\n")
+    assert target.nodes_up(spec) == 3
+    # a hostfile that cannot be read says nothing of the hosts: the job restarts on all of them
+    (tmp_path / "hosts").unlink()
+    assert target.nodes_up(spec) is None
+    with pytest.raises(ddlkit.ConfigError, match=r"compute.min_nodes=4 must be between 1 and compute.nodes=3"):
+        MpiTarget(MpiConfig(hosts=["a", "b", "c"], min_nodes=4)).min_nodes
+
+
 def test_more_ranks_than_slots_is_a_config_error(tmp_path: Path) -> None:
     # (the launcher asks the target's world size first thing: that is when the hosts are needed)
     hostfile = write(tmp_path / "hosts", "a slots=4\nb slots=2\n")

@@ -52,3 +52,27 @@ def slurm_cluster() -> str:
     if not _controller_answers(dict(os.environ)):
         pytest.skip("scripts/local_slurm.sh started Slurm but its controller does not answer")
     return conf
+
+
+#: the two-node cluster's own directory and controller port, so that it runs beside the single-node one
+TWO_NODE_DIR, TWO_NODE_PORT = "/tmp/ddlkit-slurm-2nodes", "7817"
+
+
+@pytest.fixture(scope="session")
+def two_node_slurm() -> dict[str, str]:
+    """The environment (``SLURM_CONF``) of a running Slurm cluster of two nodes, ``<host>-1`` and
+    ``<host>-2``: two slurmd on this machine (``scripts/local_slurm.sh`` with ``DDLKIT_SLURM_NODES=2``),
+    for tests that take a node down and bring it back. Its jobs are given this environment; the
+    session's ``SLURM_CONF`` stays the single-node cluster's."""
+    if shutil.which("sbatch") is None:
+        pytest.skip("Slurm is not installed (apt-get install slurmctld slurmd slurm-client munge)")
+    env = {**os.environ, "DDLKIT_SLURM_NODES": "2", "DDLKIT_SLURM_DIR": TWO_NODE_DIR,
+           "DDLKIT_SLURM_PORT": TWO_NODE_PORT, "SLURM_CONF": f"{TWO_NODE_DIR}/slurm.conf"}
+    if not _controller_answers(env):
+        if os.geteuid() != 0 or not LOCAL_SLURM.is_file():
+            pytest.skip("a two-node Slurm cluster needs root and scripts/local_slurm.sh to start")
+        proc = subprocess.run(["bash", str(LOCAL_SLURM), "start"], env=env, capture_output=True, text=True,
+                              timeout=120, check=False)
+        if proc.returncode != 0:
+            pytest.skip(f"scripts/local_slurm.sh start (2 nodes) failed: {proc.stderr.strip()[-500:]}")
+    return {k: v for k, v in env.items() if not k.startswith("DDLKIT_SLURM_")}

@@ -11,7 +11,8 @@ orphans). What is MPI's own:
 * **node layout**, one of two modes:
 
   - simulated (``compute=local_mpi``, ``--procs-per-node P``): ranks are placed node by node, so
-    rank ``r`` is local rank ``r % P`` on simulated node ``r // P`` of this one machine;
+    rank ``r`` is local rank ``r % P`` on simulated node ``r // P`` of this one machine (or on the
+    ``r // P``-th of ``--node-ids``: a job restarted on the nodes that were not lost);
   - real hosts (``compute=mpi``, ``--node-sizes 4,4,...``: the ranks mpirun places on each host,
     in order): local rank and local size are OpenMPI's own (``OMPI_COMM_WORLD_LOCAL_RANK``,
     ``OMPI_COMM_WORLD_LOCAL_SIZE``); OpenMPI exports no node index, so the node is the host whose
@@ -61,6 +62,8 @@ def layout(rank: int, args: argparse.Namespace, env: os._Environ[str] | dict[str
     if args.procs_per_node is not None:
         node, local_rank = node_layout(rank, args.procs_per_node)
         local_size = args.procs_per_node
+        if args.node_ids:
+            node = args.node_ids[node]  # a job restarted on fewer simulated nodes: which ones they are
     else:
         local_rank = int(env["OMPI_COMM_WORLD_LOCAL_RANK"])
         local_size = int(env["OMPI_COMM_WORLD_LOCAL_SIZE"])
@@ -79,6 +82,9 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     group.add_argument("--procs-per-node", type=int, help="simulated nodes of this many ranks each, on this machine")
     group.add_argument("--node-sizes", type=lambda s: [int(n) for n in s.split(",")],
                        help="real hosts: the ranks mpirun places on each host, in order (e.g. 4,4)")
+    parser.add_argument("--node-ids", type=lambda s: [int(n) for n in s.split(",")],
+                        help="simulated nodes: which nodes the job runs on, in order (default 0,1,...): a job "
+                             "restarted on the nodes that were not lost")
     parser.add_argument("--scratch", default="nodes",
                         help="base of the nodes' scratch directories ($VARS and ~ expanded on the node; "
                              "relative: to the job directory)")

@@ -26,6 +26,7 @@ names the rank that failed first. The guarantees:
 from __future__ import annotations
 
 import contextlib
+import copy
 import fcntl
 import json
 import os
@@ -47,7 +48,7 @@ import ddlkit
 from ddlkit.atomic import write_json, write_text
 from ddlkit.compute.process import ProcessJob, describe_exit, kill_session, log_tail, processes
 from ddlkit.interfaces import JobHandle, JobSpec, JobState, JobStatus
-from ddlkit.jobdir import CANCEL_FILE, RANKS_DIR, STATE_DIR
+from ddlkit.jobdir import CANCEL_FILE, NODE_DOWN, RANKS_DIR, STATE_DIR
 from ddlkit.options import MASTER_PORT, NON_NEGATIVE, POSITIVE_INTEGER, checked
 
 from .hosts import Host, discover
@@ -65,6 +66,10 @@ RANK_ENV = ("MASTER_ADDR", "MASTER_PORT", "DDLKIT_CONTROL_ADDR", "PYTHONUNBUFFER
 class LocalMpiConfig:
     # simulated nodes; the job has nodes x procs_per_node ranks, all on this machine
     nodes: int = checked(1, POSITIVE_INTEGER)
+    # elastic: after losing nodes, a restart goes on with those left if at least this many (null: nodes,
+    # not elastic). A simulated node is lost when its ranks are killed and it is marked down (a file
+    # `down` in its scratch directory, nodes/node-K/down); it returns when the file is gone
+    min_nodes: int | None = checked(None, POSITIVE_INTEGER)
     # ranks per node (on a GPU cluster: GPUs per node)
     procs_per_node: int = checked(2, POSITIVE_INTEGER)
     # seconds a cancelled job gets to checkpoint at its next step before it is killed
@@ -88,6 +93,10 @@ class MpiConfig:
     hostfile: str | None = None
     # use only the first N hosts; null: all of them
     nodes: int | None = checked(None, POSITIVE_INTEGER)
+    # elastic: after losing hosts, a restart goes on with the job's hosts that its host source still lists
+    # (a hostfile a health check rewrites, the scheduler's allocation) if at least this many (null: all,
+    # not elastic)
+    min_nodes: int | None = checked(None, POSITIVE_INTEGER)
     # ranks per host (GPUs per node); null: each host's slots (1 where its source gives none)
     procs_per_node: int | None = checked(None, POSITIVE_INTEGER)
     # the ranks' interpreter on the hosts; null: this one (sys.executable)
@@ -421,9 +430,27 @@ class LocalMpiTarget(MpirunTarget):
     def __init__(self, cfg: Any) -> None:
         super().__init__(cfg)
         self.check_runnable()
+        #: which simulated nodes the job's nodes are (their scratch directories): all at first, those
+        #: not marked down after a restart on fewer (with_nodes)
+        self.node_ids: list[int] = list(range(cfg.nodes))
 
     def node_sizes(self) -> list[int]:
         return [self.cfg.procs_per_node] * self.cfg.nodes
+
+    def _up(self, spec: JobSpec) -> list[int]:
+        """The simulated nodes not marked down (no ``down`` file in their scratch directory)."""
+        scratch = spec.job_dir / (self.cfg.scratch or "nodes")
+        return [k for k in range(self.cfg.nodes) if not (scratch / f"node-{k}" / NODE_DOWN).exists()]
+
+    def nodes_up(self, spec: JobSpec) -> int | None:
+        return len(self._up(spec))
+
+    def with_nodes(self, nodes: int, spec: JobSpec) -> LocalMpiTarget:
+        target = super().with_nodes(nodes, spec)
+        assert isinstance(target, LocalMpiTarget)
+        up = self._up(spec)
+        target.node_ids = (up + [k for k in range(self.cfg.nodes) if k not in up])[:nodes]
+        return target
 
     def ranks_per_machine(self) -> int:
         return self.world_size  # every simulated node is this machine
@@ -433,7 +460,8 @@ class LocalMpiTarget(MpirunTarget):
         return ["--oversubscribe"]
 
     def layout_args(self) -> list[str]:
-        return ["--procs-per-node", str(self.cfg.procs_per_node)]
+        ids = ["--node-ids", ",".join(map(str, self.node_ids))] if self.node_ids != list(range(self.cfg.nodes)) else []
+        return ["--procs-per-node", str(self.cfg.procs_per_node), *ids]
 
     def rendezvous(self) -> tuple[str, int, int]:
         master_port, control_port = free_ports(2)  # free loopback ports, chosen per job
@@ -547,6 +575,31 @@ class MpiTarget(MpirunTarget):
 
     def node_names(self) -> list[str]:
         return [h.name for h in self.hosts]
+
+    # ------------------------------------------------------------ elastic
+    @property
+    def nodes(self) -> int:
+        return len(self.hosts)
+
+    def _listed_now(self) -> list[Host]:
+        """The job's hosts that its host source lists now, in the job's order: a host lost for good
+        is one a health check (or the scheduler, or the user) took out of the hostfile or allocation."""
+        listed, _ = discover(self.cfg.hosts, self.cfg.hostfile, None)
+        names = {h.name for h in listed}
+        return [h for h in self.hosts if h.name in names]
+
+    def nodes_up(self, spec: JobSpec) -> int | None:
+        try:
+            return len(self._listed_now())
+        except ddlkit.ConfigError:
+            return None  # the host source cannot be read now: the job restarts on all its hosts
+
+    def with_nodes(self, nodes: int, spec: JobSpec) -> MpiTarget:
+        target = copy.copy(self)
+        keep = self._listed_now()[:nodes]
+        target._hosts = keep
+        target._sizes = [size for host, size in zip(self.hosts, self.sizes, strict=True) if host in keep]
+        return target
 
     def placement_args(self) -> list[str]:
         # every host with the ranks it runs: exactly what the hostfile allows, no oversubscription

@@ -79,6 +79,8 @@ _NEVER_STARTS = {
     "BadConstraints": "no node satisfies its constraints: check compute.constraint, compute.gpus_per_node, "
                       "compute.cpus_per_task and compute.mem",
 }
+#: the node states (sinfo's %t) in which Slurm gives a node to a job that asks for it now or soon
+_USABLE = {"idle", "mix", "alloc", "comp", "plnd", "resv"}
 #: what sinfo, scontrol and sbatch say when they find no slurm.conf (nor a DNS SRV record naming one)
 _NO_CONFIG = "configuration source"
 
@@ -91,6 +93,9 @@ class SlurmConfig:
     # nodes of the allocation, and ranks (Slurm tasks) per node; the job has nodes x procs_per_node ranks
     nodes: int = checked(1, POSITIVE_INTEGER)
     procs_per_node: int = checked(1, POSITIVE_INTEGER)
+    # elastic: after losing nodes, a restart asks for the nodes of the partition that are up (sinfo) if at
+    # least this many, and for all of compute.nodes again once they are back (null: nodes, not elastic)
+    min_nodes: int | None = checked(None, POSITIVE_INTEGER)
     # the partition (null: the cluster's default)
     partition: str | None = None
     # the time limit, in Slurm's formats (minutes, HH:MM:SS, D-HH:MM:SS, ...); null: the partition's
@@ -385,8 +390,11 @@ rm -rf {EXIT_RECORD} {STOP_RECORD} {RANKS_DIR}  # a re-queued run's records are 
 restarts=${{SLURM_RESTART_COUNT:-0}}
 max_requeues={int(c.max_requeues)}
 grace={int(c.grace_period_s)}
-# the rendezvous: rank 0 runs on the allocation's first node; the port follows from the job id
-MASTER_ADDR=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)
+# the rendezvous: rank 0 runs on the allocation's first node, at the address Slurm reaches it by
+# (NodeAddr: its name on most clusters); the port follows from the job id
+first_node=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)
+MASTER_ADDR=$(scontrol show node "$first_node" 2>/dev/null | grep -o 'NodeAddr=[^ ]*' | head -n 1 | cut -d= -f2)
+MASTER_ADDR=${{MASTER_ADDR:-$first_node}}
 MASTER_PORT=$((20000 + SLURM_JOB_ID % 20000 * 2))
 export MASTER_ADDR MASTER_PORT DDLKIT_CONTROL_ADDR="$MASTER_ADDR:$((MASTER_PORT + 1))" PYTHONUNBUFFERED=1
 export OMP_NUM_THREADS=${{OMP_NUM_THREADS:-${{SLURM_CPUS_PER_TASK:-1}}}}
@@ -458,6 +466,29 @@ exit "$code"
     def plan(self, spec: JobSpec) -> str:
         return (f"# {shlex.join(self.sbatch_command(spec, spec.job_dir))}   (in {spec.job_dir})\n"
                 + self.script(spec))
+
+    # ------------------------------------------------------------ elastic
+    def nodes_up(self, spec: JobSpec) -> int | None:
+        """The nodes of the job's partition that Slurm would give a job now: those whose state is
+        idle, mixed, allocated (to other jobs: the job queues for them) or completing, not down,
+        drained, failing or not responding."""
+        partition = self.cfg.partition
+        for attempt in range(3):  # a controller busy with the job that just ended may not answer at once
+            proc = _run(["sinfo", "-h", "-o", "%P %D %t", *(["-p", partition] if partition else [])])
+            if proc.returncode == 0:
+                break
+            time.sleep(1 + attempt)
+        else:
+            return None  # it cannot tell now: the job restarts on all its nodes
+        up = 0
+        for line in proc.stdout.splitlines():
+            name, count, state = (line.split() + ["", "", ""])[:3]
+            if partition is None and not name.endswith("*"):
+                continue  # another partition than the cluster's default
+            # a trailing * is a node that does not respond; ~ (powered down) and # (powering up) start on demand
+            if state.rstrip("~#!%$@^-") in _USABLE and count.isdigit():
+                up += int(count)
+        return up
 
     # ------------------------------------------------------------ checks against the cluster
     def check_cluster(self) -> None:
