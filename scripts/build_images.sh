@@ -7,12 +7,14 @@
 #
 #   az acr login --name myregistry                     # or `docker login` for Docker Hub
 #   scripts/build_images.sh --registry myregistry.azurecr.io/ddlkit --push      # all three, CUDA
-#   scripts/build_images.sh --variant cpu --horovod pytorch                      # docker.io/ddlkit/pytorch:0.1.0-cpu
+#   scripts/build_images.sh --variant cpu --horovod              # docker.io/ddlkit/pytorch:0.1.0-cpu-horovod, ...
 #
 # FRAMEWORK: pytorch, tensorflow, keras (default: all three). --engine: docker (default when on PATH) or
 # podman. --variant: cuda (default) or cpu. --registry: where the tags point (default docker.io/ddlkit).
-# --horovod: build Horovod into the image (pytorch, cpu only; about 5 minutes). Options after `--` go to
-# `<engine> build` as they are (--build-arg BASE=IMAGE@sha256:..., --no-cache, ...).
+# --horovod: Horovod 0.28.1 in the image, for dist=horovod (--variant cpu only: its NCCL build needs the CUDA
+# toolkit), tagged ...-horovod; a wheel scripts/install_horovod.sh built, in a PIP_FIND_LINKS directory mounted
+# into the build, is installed, else it is built (5-9 minutes). Options after `--` go to `<engine> build` as
+# they are (--build-arg BASE=IMAGE@sha256:..., --no-cache, ...).
 # Needs a Python that can import ddlkit's dependencies (pip install -r requirements.txt): the tags come from
 # this checkout's ddlkit.compute.containers.
 set -euo pipefail
@@ -50,9 +52,12 @@ case "$engine" in
     *) usage_error "--engine is docker or podman, not '$engine'" ;;
 esac
 [[ "$variant" == cuda || "$variant" == cpu ]] || usage_error "--variant is cuda or cpu, not '$variant'"
+# docker/Dockerfile refuses it too, but only after the base image is pulled
+((horovod == 0)) || [[ "$variant" == cpu ]] || usage_error "--horovod builds the CPU images only (add --variant \
+cpu): Horovod's NCCL build needs the CUDA toolkit, which ddlkit's base image lacks (README, 'Docker images')"
 
 # "FRAMEWORK TAG" lines; a bad framework or registry is refused with ddlkit's own message
-tags="$(PYTHONPATH="$repo${PYTHONPATH:+:$PYTHONPATH}" "$PY" - "$variant" "$registry" "${frameworks[@]}" <<'EOF'
+tags="$(PYTHONPATH="$repo${PYTHONPATH:+:$PYTHONPATH}" "$PY" - "$variant" "$registry" "$horovod" "${frameworks[@]}" <<'EOF'
 import sys
 
 try:
@@ -62,10 +67,10 @@ except ImportError as err:
     print(f"build_images.sh: error: cannot import ddlkit ({err}); pip install -r requirements.txt", file=sys.stderr)
     sys.exit(2)
 
-variant, registry, *frameworks = sys.argv[1:]
+variant, registry, horovod, *frameworks = sys.argv[1:]
 try:
     for framework in frameworks or release_frameworks():
-        print(framework, default_image(framework, gpu=variant == "cuda", registry=registry))
+        print(framework, default_image(framework, gpu=variant == "cuda", registry=registry, horovod=horovod == "1"))
 except ConfigError as err:
     print(f"build_images.sh: error: {err}", file=sys.stderr)
     sys.exit(2)

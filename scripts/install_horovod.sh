@@ -5,6 +5,8 @@
 #
 #   scripts/install_horovod.sh            # build (or reuse the cached wheel) and install
 #   DDLKIT_HOROVOD_CACHE=/some/dir ...    # where wheels are cached (default ~/.cache/ddlkit/horovod)
+#   DDLKIT_HOROVOD_WHEEL=/path/horovod-0.28.1-....whl ...   # install this wheel, built by this script
+#                                         # elsewhere (an image build gets the host's cached one): no build
 #
 # Why a script and not a requirement: horovod 0.28.1's sdist does not build against today's frameworks,
 # so `pip install horovod` fails. Two patches, each checked to apply:
@@ -42,10 +44,18 @@ if [[ -n "$torch_version" ]]; then key+="-torch-${torch_version//+/_}"; bindings
 if [[ -n "$tf_version" ]]; then key+="-tf-${tf_version//+/_}"; bindings+=("tensorflow $tf_version"); fi
 frameworks="$(printf '%s, ' "${bindings[@]}")" && frameworks="${frameworks%, }"
 cache_dir="$CACHE_ROOT/$key-$py_tag"
-mkdir -p "$cache_dir"
 
-wheel="$(ls "$cache_dir"/horovod-"$HOROVOD_VERSION"-*.whl 2>/dev/null | head -n1 || true)"
-if [[ -z "$wheel" ]]; then
+# a given wheel is installed as it is; the check below says whether it loads against these frameworks
+given="${DDLKIT_HOROVOD_WHEEL:-}"
+if [[ -n "$given" && ! -f "$given" ]]; then
+    echo "install_horovod: DDLKIT_HOROVOD_WHEEL=$given is not a file; give a wheel this script built, or unset it" >&2
+    exit 1
+fi
+[[ -n "$given" ]] || mkdir -p "$cache_dir"
+wheel="${given:-$(ls "$cache_dir"/horovod-"$HOROVOD_VERSION"-*.whl 2>/dev/null | head -n1 || true)}"
+if [[ -n "$given" ]]; then
+    echo "install_horovod: installing the given $given"
+elif [[ -z "$wheel" ]]; then
     if ! command -v cmake >/dev/null; then
         if [[ $(id -u) -eq 0 ]] && command -v apt-get >/dev/null; then
             apt-get install -y -qq cmake
@@ -104,7 +114,12 @@ if [[ -n "$torch_version" ]]; then checks+="; import horovod.torch as h; assert 
 if [[ -n "$tf_version" ]]; then checks+="; import horovod.tensorflow as h; assert h.mpi_built() and h.gloo_built()"; fi
 if ! failure="$(TF_CPP_MIN_LOG_LEVEL=3 "$PY" -c "$checks" 2>&1)"; then
     echo "$failure" | grep -v 'absl::InitializeLog\|oneDNN custom operations' >&2
-    echo "install_horovod: the installed horovod does not load (above); remove $cache_dir to rebuild" >&2
+    if [[ -n "$given" ]]; then
+        echo "install_horovod: the given $given does not load against $frameworks (above): it was built" \
+             "against other versions; unset DDLKIT_HOROVOD_WHEEL to build one" >&2
+    else
+        echo "install_horovod: the installed horovod does not load (above); remove $cache_dir to rebuild" >&2
+    fi
     exit 1
 fi
 echo "install_horovod: horovod $HOROVOD_VERSION ok ($frameworks; mpi, gloo)"

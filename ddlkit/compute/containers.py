@@ -26,21 +26,27 @@ from ._dockerignore import DockerIgnore
 from ._oci import ImageCheck, ImageReference, Pullable, check_image
 from .snapshot import _digest as files_digest  # the code snapshot's: one way to digest a tree of files
 
-__all__ = ["CHECKOUT", "DEFAULT_REGISTRY", "DOCKERFILE", "ImageCheck", "ImageContext", "Pullable", "check_image",
-           "default_image", "ensure_pullable", "image_context", "release_frameworks"]
+__all__ = ["CHECKOUT", "DEFAULT_REGISTRY", "DOCKERFILE", "HOROVOD_SUFFIX", "ImageCheck", "ImageContext", "Pullable",
+           "check_image", "default_image", "ensure_pullable", "horovod_image_note", "image_context",
+           "release_frameworks"]
 
 #: where the release images are pushed
 DEFAULT_REGISTRY = "docker.io/ddlkit"
+#: the end of the tag of an image with Horovod built in (``0.1.0-cpu-horovod``)
+HOROVOD_SUFFIX = "-horovod"
 
 # host[:port][/namespace...]: what may stand before "/<framework>:<tag>" in an image reference
 _REGISTRY = re.compile(r"[a-z0-9]([a-z0-9.-]*[a-z0-9])?(:[0-9]+)?(/[a-z0-9]+([._-][a-z0-9]+)*)*")
 
 
-def default_image(framework: str, *, gpu: bool = True, registry: str = DEFAULT_REGISTRY) -> str:
+def default_image(framework: str, *, gpu: bool = True, registry: str = DEFAULT_REGISTRY,
+                  horovod: bool = False) -> str:
     """The image of ``framework`` at this ddlkit's version, e.g. ``docker.io/ddlkit/pytorch:0.1.0-cuda``.
 
     :param gpu: the CUDA variant (``-cuda``) or the CPU one (``-cpu``).
     :param registry: host and namespace to pull from, e.g. ``myregistry.azurecr.io/ddlkit``.
+    :param horovod: the image with Horovod built in (``-horovod``: ``scripts/build_images.sh --horovod``),
+        for ``dist=horovod``; the others have none.
     :raises ConfigError: a framework ddlkit builds no image for, or a malformed registry.
     """
     frameworks = release_frameworks()
@@ -55,7 +61,18 @@ def default_image(framework: str, *, gpu: bool = True, registry: str = DEFAULT_R
             f"{registry!r} is not a registry for an image name: give host[/namespace] in lowercase, without "
             "https://, e.g. myregistry.azurecr.io/ddlkit."
         )
-    return f"{registry}/{framework}:{__version__}-{'cuda' if gpu else 'cpu'}"
+    return f"{registry}/{framework}:{__version__}-{'cuda' if gpu else 'cpu'}{HOROVOD_SUFFIX if horovod else ''}"
+
+
+def horovod_image_note(*, gpu: bool) -> str:
+    """Where the Horovod of ddlkit's image for ``dist=horovod`` comes from, for a plan to say: the
+    ranks import it from the image, so the launcher needs none."""
+    if not gpu:
+        return ("ddlkit's CPU image with Horovod 0.28.1 (Gloo and MPI) built in (scripts/build_images.sh --horovod "
+                "--variant cpu); the launcher needs no Horovod")
+    return ("a CUDA image with Horovod built with NCCL, which ddlkit's docker/Dockerfile does not build (its "
+            "Horovod is CPU-only: README, 'Docker images', says which base image to build it on); push it under "
+            "this name or set compute.image; the launcher needs no Horovod")
 
 
 def release_frameworks() -> list[str]:
@@ -88,7 +105,7 @@ class ImageContext:
     files: tuple[str, ...]
     #: ``docker/Dockerfile`` with the build arguments as its defaults
     dockerfile: str
-    #: what was written into it: ``FRAMEWORK`` and ``VARIANT``
+    #: what was written into it: ``FRAMEWORK`` and ``VARIANT`` (and ``HOROVOD`` for an image with Horovod)
     build_args: Mapping[str, str]
     #: SHA-256 over the files' paths and contents, the ``.dockerignore`` and the Dockerfile: the same
     #: checkout and arguments give the same digest, any change another
@@ -108,9 +125,9 @@ class ImageContext:
         return into
 
 
-def image_context(framework: str, *, gpu: bool = True) -> ImageContext:
-    """The build context of ddlkit's image of ``framework`` (CUDA or CPU), from the checkout this
-    ddlkit is installed from.
+def image_context(framework: str, *, gpu: bool = True, horovod: bool = False) -> ImageContext:
+    """The build context of ddlkit's image of ``framework`` (CUDA or CPU; with Horovod built in when
+    ``horovod``: ``HOROVOD=1``), from the checkout this ddlkit is installed from.
 
     :raises ConfigError: a framework ddlkit builds no image for, an installation without its checkout
         (a wheel has no ``docker/Dockerfile``), or a Dockerfile without the build arguments to set.
@@ -123,6 +140,8 @@ def image_context(framework: str, *, gpu: bool = True) -> ImageContext:
             f"one ({root} has no {DOCKERFILE}): install ddlkit from its repository (pip install -e <checkout>), or "
             "set compute.image to an image that has ddlkit and your framework's plugin installed.")
     build_args = {"FRAMEWORK": framework, "VARIANT": "cuda" if gpu else "cpu"}
+    if horovod:
+        build_args["HOROVOD"] = "1"
     dockerfile = (root / DOCKERFILE).read_text(encoding="utf-8")
     for name, value in build_args.items():
         dockerfile, found = re.subn(rf"^ARG {name}=.*$", f"ARG {name}={value}", dockerfile, flags=re.MULTILINE)

@@ -78,6 +78,15 @@ def test_the_build_arguments_are_written_into_the_dockerfile(framework: str, gpu
                                        if line not in original]
 
 
+def test_the_context_of_the_image_with_horovod_says_so() -> None:
+    """dist=horovod's image (an Azure ML environment of its own): HOROVOD=1 written in, another digest."""
+    context = image_context("tensorflow", gpu=False, horovod=True)
+    assert context.build_args == {"FRAMEWORK": "tensorflow", "VARIANT": "cpu", "HOROVOD": "1"}
+    assert "\nARG HOROVOD=1\n" in context.dockerfile and "\nARG HOROVOD=0\n" in REPO_DOCKERFILE.read_text()
+    assert context.digest != image_context("tensorflow", gpu=False).digest
+    assert context.files == image_context("tensorflow", gpu=False).files
+
+
 def test_the_digest_changes_with_what_goes_in_and_only_with_that(tmp_path: Path,
                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
     context = image_context("pytorch")

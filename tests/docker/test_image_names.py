@@ -26,6 +26,14 @@ def test_default_image(framework: str, gpu: bool, registry: str, image: str) -> 
     assert default_image(framework, gpu=gpu, registry=registry) == image
 
 
+@pytest.mark.parametrize("gpu", [False, True])
+def test_the_image_with_horovod_has_a_tag_of_its_own(gpu: bool) -> None:
+    """dist=horovod's image (scripts/build_images.sh --horovod) is told apart from the one without."""
+    variant = "cuda" if gpu else "cpu"
+    assert default_image("keras", gpu=gpu, horovod=True) == (
+        f"docker.io/ddlkit/keras:{ddlkit.__version__}-{variant}-horovod")
+
+
 def test_the_default_is_the_cuda_image_on_docker_hub() -> None:
     assert default_image("pytorch") == f"docker.io/ddlkit/pytorch:{ddlkit.__version__}-cuda"
 
@@ -66,6 +74,8 @@ def build_images(*args: str) -> subprocess.CompletedProcess[str]:
     (["--engine", "rkt"], "build_images.sh: error: --engine is docker or podman, not 'rkt'"),
     (["--squash"], "build_images.sh: error: unknown option --squash"),
     (["--registry"], "build_images.sh: error: --registry needs one"),
+    (["--horovod"], "build_images.sh: error: --horovod builds the CPU images only (add --variant cpu): Horovod's NCCL "
+                    "build needs the CUDA toolkit"),
 ])
 def test_build_images_refuses_bad_input_in_one_line(args: list[str], message: str) -> None:
     proc = build_images(*args)

@@ -170,8 +170,44 @@ def test_the_context_a_workspace_builds_from_is_what_podman_sends(base_image: st
 ])
 def test_the_cpu_image_builds_and_trains(framework: str, launch: list[str], world_size: int, base_image: str,
                                          wheels: Path, podman: Podman) -> None:
-    image = default_image(framework, gpu=False, registry=REGISTRY)
+    build_and_train(framework, launch, world_size, base_image, wheels, podman)
+
+
+@pytest.fixture(scope="module")
+def horovod_wheel(wheels: Path, dockerfile_args: dict[str, str]) -> Path:
+    """The Horovod wheel scripts/install_horovod.sh built on this machine for the Dockerfile's torch and
+    TensorFlow (both bindings; CI builds it before the tests), put among the build's wheels with what the
+    script installs beside it: the images install it instead of building Horovod (5-9 minutes)."""
+    cache = Path(os.environ.get("DDLKIT_HOROVOD_CACHE") or Path.home() / ".cache" / "ddlkit" / "horovod")
+    key = (f"horovod-0.28.1-torch-{dockerfile_args['TORCH_VERSION']}_cpu-tf-{dockerfile_args['TENSORFLOW_VERSION']}"
+           f"-cp{sys.version_info[0]}{sys.version_info[1]}")
+    built = sorted((cache / key).glob("horovod-0.28.1-*.whl"))
+    if not built:
+        pytest.skip(f"no Horovod wheel in {cache / key}: run scripts/install_horovod.sh with the Dockerfile's torch "
+                    "and TensorFlow installed (CI does)")
+    shutil.copy2(built[-1], wheels / built[-1].name)
+    check([sys.executable, "-m", "pip", "download", "--quiet", "--dest", str(wheels),
+           "cloudpickle", "psutil", "pyyaml", "packaging"])
+    return wheels / built[-1].name
+
+
+@pytest.mark.parametrize("framework", ["pytorch", "tensorflow", "keras"])
+def test_the_cpu_image_with_horovod_trains_2_ranks(framework: str, base_image: str, wheels: Path,
+                                                   horovod_wheel: Path, podman: Podman) -> None:
+    """scripts/build_images.sh --horovod: the image tagged ...-cpu-horovod trains with dist=horovod on 2
+    ranks started by the image's own mpirun (without Horovod, or without the framework's binding, the
+    job is refused before it starts: Framework.check_environment)."""
+    build_and_train(framework, ["compute=local_mpi", "compute.procs_per_node=2", "dist=horovod"], 2, base_image,
+                    wheels, podman, horovod=True)
+
+
+def build_and_train(framework: str, launch: list[str], world_size: int, base_image: str, wheels: Path,
+                    podman: Podman, *, horovod: bool = False) -> None:
+    """Build the framework's CPU image (with Horovod: --horovod) with scripts/build_images.sh, train in it,
+    and check what it left."""
+    image = default_image(framework, gpu=False, registry=REGISTRY, horovod=horovod)
     build = check(["bash", str(REPO / "scripts" / "build_images.sh"), "--engine", "podman", "--variant", "cpu",
+                   *(["--horovod"] if horovod else []),
                    "--registry", REGISTRY, framework, "--", *podman.build_options, "--isolation", "chroot",
                    "--build-arg", f"BASE={base_image}", "--volume", f"{wheels}:/wheels:ro",
                    "--build-arg", "PIP_FIND_LINKS=/wheels", "--build-arg", "PIP_NO_INDEX=1"], env=podman.env)

@@ -83,7 +83,9 @@ def test_azureml_is_registered_through_the_plugins_entry_point() -> None:
 ])
 def test_the_distribution_fits_the_framework_and_backend(tmp_path: Path, framework: str, dist: str, nodes: int,
                                                          per_node: int, kind: str | None) -> None:
-    _, job = planned(target(framework=framework, dist=dist, nodes=nodes, procs_per_node=per_node), tmp_path)
+    # ddlkit's image with Horovod is a CPU one (a GPU job with Horovod names its image)
+    _, job = planned(target(framework=framework, dist=dist, nodes=nodes, procs_per_node=per_node,
+                            gpu=dist != "horovod"), tmp_path)
     assert job["resources"]["instanceCount"] == nodes
     assert (job.get("distribution") or {}).get("distributionType") == kind
     if kind:
@@ -206,6 +208,35 @@ def test_the_environment_is_built_by_the_workspace_from_ddlkits_dockerfile(tmp_p
     variant = "cuda" if gpu else "cpu"
     assert (f"# environment: {environment}:{version}, built by the workspace from docker/Dockerfile (FRAMEWORK="
             f"{framework} VARIANT={variant}) with {len(context.files)} files") in request
+
+
+@pytest.mark.parametrize("framework", ["pytorch", "tensorflow", "keras"])
+def test_dist_horovod_runs_in_ddlkits_image_with_horovod_built_in(tmp_path: Path, framework: str) -> None:
+    """The ranks import Horovod from the job's image, so the environment is the one built with
+    HOROVOD=1 (a name of its own), and Azure ML's MPI starts nodes x procs_per_node ranks."""
+    context = image_context(framework, gpu=False, horovod=True)
+    assert context.build_args == {"FRAMEWORK": framework, "VARIANT": "cpu", "HOROVOD": "1"}
+    assert "\nARG HOROVOD=1\n" in context.dockerfile
+    request, job = planned(target(framework=framework, dist="horovod", gpu=False, nodes=2, procs_per_node=3),
+                           tmp_path)
+    assert job["environmentId"].endswith(
+        f"/environments/ddlkit-{framework}-cpu-horovod/versions/{context.digest[:16]}")
+    assert context.digest != image_context(framework, gpu=False).digest
+    assert job["distribution"] == {"distributionType": "Mpi", "processCountPerInstance": 3}
+    assert job["resources"]["instanceCount"] == 2
+    assert "(FRAMEWORK=" + framework + " VARIANT=cpu HOROVOD=1)" in request
+    assert "the launcher needs no Horovod" in request and "starts the 6 Horovod ranks" in request
+
+
+def test_a_gpu_job_with_horovod_names_its_image(tmp_path: Path) -> None:
+    """ddlkit's recipe builds Horovod for the CPU only: a GPU job with Horovod is refused before
+    anything is sent unless it names an image, which is then the job's environment."""
+    with pytest.raises(ddlkit.ConfigError, match=r"dist=horovod and compute\.gpu=true needs a CUDA image with "
+                       r"Horovod built with NCCL.*set compute\.image"):
+        target(dist="horovod", gpu=True, nodes=2)
+    request, job = planned(target(dist="horovod", gpu=True, nodes=2, image="myacr.azurecr.io/hvd:1"), tmp_path)
+    assert "/environments/CliV2AnonymousEnvironment/versions/" in job["environmentId"]
+    assert "the ranks import Horovod from this image, the launcher needs none" in request
 
 
 def test_a_given_image_is_the_jobs_environment(tmp_path: Path) -> None:
@@ -379,6 +410,25 @@ def test_the_first_job_creates_the_environment_from_its_build_context_and_later_
         azureml_workspace.datastores["workspaceblobstore"]).list_blobs(name_starts_with="LocalUpload/")} == blobs
     assert second.wait(timeout=90).state is JobState.SUCCEEDED
     assert azureml_workspace.jobs[second.id].image == build.image and len(azureml_workspace.image_builds) == 1
+
+
+def test_a_horovod_job_creates_the_environment_with_horovod_built_in(azureml_workspace: LoopbackWorkspace,
+                                                                    tmp_path: Path) -> None:
+    """What the workspace receives for dist=horovod: the environment ddlkit-<framework>-cpu-horovod,
+    whose uploaded context's Dockerfile says HOROVOD=1, and a job of Mpi distribution with
+    procs_per_node processes per node; the job runs (one process per rank)."""
+    server, context = azureml_workspace.server, image_context("tensorflow", gpu=False, horovod=True)
+    handle = submitted(azureml_workspace, tmp_path / "job", "print('a rank')", framework="tensorflow",
+                       dist="horovod", gpu=False, procs_per_node=2)
+    (put,) = environment_puts(server)
+    assert put.path.endswith(f"/environments/ddlkit-tensorflow-cpu-horovod/versions/{context.digest[:16]}")
+    dockerfile = uploaded_context(azureml_workspace, put, tmp_path / "context")["docker/Dockerfile"].decode()
+    assert "\nARG HOROVOD=1\n" in dockerfile and "\nARG VARIANT=cpu\n" in dockerfile
+    (job_put,) = server.requests("PUT", r".*/jobs/[^/]+")
+    assert job_put.body["properties"]["distribution"] == {"distributionType": "Mpi", "processCountPerInstance": 2}
+    assert job_put.body["properties"]["environmentId"].endswith(
+        f"/environments/ddlkit-tensorflow-cpu-horovod/versions/{context.digest[:16]}")
+    assert handle.wait(timeout=90).state is JobState.SUCCEEDED
 
 
 def test_a_changed_file_of_the_context_is_a_new_environment_version(azureml_workspace: LoopbackWorkspace,

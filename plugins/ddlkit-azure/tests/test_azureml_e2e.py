@@ -191,6 +191,25 @@ def test_every_rank_finds_its_place(azureml_workspace: LoopbackWorkspace, fake_i
     assert (job_dir / "rank-0.log").is_file() and (job_dir / "rank-1.log").is_file()
 
 
+def test_a_horovod_job_trains_on_2_ranks_in_the_image_with_horovod(azureml_workspace: LoopbackWorkspace,
+                                                                    tmp_path: Path) -> None:
+    """dist=horovod through the CLI: Azure ML's MPI starts 2 Horovod ranks (the loopback's nodes run
+    this machine's Python, standing for the image's), in the environment built with HOROVOD=1."""
+    pytest.importorskip("horovod.torch", reason="Horovod is not installed (scripts/install_horovod.sh)")
+    job_dir = tmp_path / "hvd"
+    run = ddlkit(*workspace_args(azureml_workspace, "compute.procs_per_node=2", "compute.gpu=false"),
+                 "framework=pytorch", "model=resnet18", "dist=horovod", *TINY[:4], "trainer.batch_size=8",
+                 "trainer.epochs=1", "framework.num_threads=1", f"hydra.run.dir={job_dir}", cwd=tmp_path, timeout=600)
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    job = job_put(azureml_workspace.server)
+    assert job["distribution"] == {"distributionType": "Mpi", "processCountPerInstance": 2}
+    version = image_context("pytorch", gpu=False, horovod=True).digest[:16]
+    assert job["environmentId"].endswith(f"/environments/ddlkit-pytorch-cpu-horovod/versions/{version}")
+    result = json.loads((job_dir / "result.json").read_text())
+    assert (result["status"], result["world_size"], result["global_batch_size"]) == ("completed", 2, 16)
+    assert (job_dir / "rank-1.log").is_file()
+
+
 def test_a_preempted_job_resumes_from_its_checkpoint_and_a_sweep_counts_it_once(
         azureml_workspace: LoopbackWorkspace, fake_image: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("DDLKIT_PLUGINS", "ddlkit.testing.fakes")

@@ -73,7 +73,7 @@ def batchai(https_loopback: LoopbackServer, azure_cli_login: Path, oci_registry:
     ``<registry>/ddlkit``) and :data:`FAKE` for anyone to pull."""
     monkeypatch.setenv(ACCOUNT_KEY_ENV, FILES_KEY)
     for framework in release_frameworks():
-        for variant in ("cpu", "cuda"):
+        for variant in ("cpu", "cuda", "cpu-horovod"):
             oci_registry.push(f"ddlkit/{framework}", f"{ddlkit.__version__}-{variant}")
             oci_registry.public.add(f"ddlkit/{framework}")
     oci_registry.push(*FAKE.split(":"))
@@ -89,7 +89,8 @@ def config(service: BatchAILoopback, ssh_key: Path, **options) -> BatchAIConfig:
     file_server = options.pop("file_server", {})
     return BatchAIConfig(**{
         "subscription_id": SUB, "resource_group": RG, "workspace": WS, "endpoint": service.server.url,
-        "gpu": False, "poll_interval_s": 0.2, "framework": "pytorch", "storage": "local", "data_root": None,
+        "gpu": False, "poll_interval_s": 0.2, "framework": "pytorch", "dist": "none", "storage": "local",
+        "data_root": None,
         "registry": f"{service.registry.host}/ddlkit",
         "master_port": free_port(),
         "cluster": ClusterSettings(**{"vm_size": "Standard_D4_v2", "ssh_public_key_file": str(ssh_key), **cluster}),
@@ -201,6 +202,64 @@ def test_the_mpi_command_line_is_a_shell_that_runs_the_rank_script(batchai: Batc
     assert mpi["commandLine"] == "bash -c " + shlex.quote(script)
     assert shlex.split(mpi["commandLine"]) == ["bash", "-c", script]
     assert mpi["processCount"] == 4
+
+
+#: the seed's Batch AI cluster: 2 nodes of 4 V100s (conf/compute/batchai_nc24.yaml)
+SHIPPED_CONF = Path(__file__).resolve().parents[3] / "conf"
+
+
+def test_the_seeds_horovod_job_is_planned_on_a_machine_without_horovod(tmp_path: Path, run_factory: RunFactory,
+                                                                      azure_cli_login: Path) -> None:
+    """The reference architecture's job (TensorFlow with Horovod on 2 x 4 GPUs) from a launcher whose
+    Python cannot import Horovod: the plan names the image that brings it and starts 8 ranks."""
+    hide = tmp_path / "no-horovod"
+    hide.mkdir()
+    # `import horovod` fails and importlib finds no installed Horovod, as where it was never installed
+    (hide / "sitecustomize.py").write_text(
+        "import importlib.machinery, sys\n"
+        "class _NoHorovod:\n"
+        "    @staticmethod\n"
+        "    def find_spec(name, path=None, target=None):\n"
+        "        return importlib.machinery.ModuleSpec(name, None) if name.split('.')[0] == 'horovod' else None\n"
+        "sys.meta_path.insert(0, _NoHorovod)\n")
+    env = {"PYTHONPATH": os.pathsep.join([str(hide), os.environ.get("PYTHONPATH", "")])}
+    out = run_factory.cli("plan", f"hydra.searchpath=[file://{SHIPPED_CONF}]", "compute=batchai_nc24",
+                          f"compute.subscription_id={SUB}", f"compute.resource_group={RG}", f"compute.workspace={WS}",
+                          "compute.file_share.url=https://acct.file.core.windows.net/share", "storage=nfs",
+                          "storage.root=$AZ_BATCHAI_MOUNT_ROOT/nfs", "dist=horovod", "framework=tensorflow",
+                          f"compute.cluster.ssh_public_key_file={tmp_path / 'id.pub'}", env=env)
+    out.assert_success()
+    image = default_image("tensorflow", gpu=True, horovod=True)
+    assert image.endswith(f"/tensorflow:{ddlkit.__version__}-cuda-horovod")
+    assert f"the ranks run in image {image}; dist=horovod: Horovod comes from the image" in out.stdout, out.output
+    assert "the launcher needs no Horovod" in out.stdout
+    assert f'"image": "{image}"' in out.stdout
+    assert '"processCount": 8' in out.stdout and '"nodeCount": 2' in out.stdout and "--node-sizes 4,4" in out.stdout
+    probe = subprocess.run([sys.executable, "-c", "import horovod"], env={**os.environ, **env}, capture_output=True,
+                           check=False)
+    assert probe.returncode != 0, "the launcher could import Horovod"
+
+
+@pytest.mark.slow
+def test_a_horovod_job_runs_in_ddlkits_image_with_horovod(batchai: BatchAILoopback, ssh_key: Path,
+                                                         tmp_path: Path) -> None:
+    """What the service receives for dist=horovod: the image with Horovod built in (asked of its
+    registry first, as the nodes pull it), and custom MPI settings for every rank of the job."""
+    job_dir = tmp_path / "job"
+    job_dir.mkdir()
+    (job_dir / "job.json").write_text("{}\n")
+    code = "import os; print('rank', os.environ['OMPI_COMM_WORLD_RANK'], 'of', os.environ['OMPI_COMM_WORLD_SIZE'])"
+    handle = BatchAITarget(config(batchai, ssh_key, dist="horovod", procs_per_node=2)).submit(
+        ddlkit.JobSpec(name="hvd", job_dir=job_dir, args=("-c", code)))
+    assert handle.wait(timeout=120).state is JobState.SUCCEEDED
+    (put,) = batchai.server.requests("PUT", ARM + r"/experiments/ddlkit/jobs/.*")
+    props = put.body["properties"]
+    image = default_image("pytorch", gpu=False, registry=f"{batchai.registry.host}/ddlkit", horovod=True)
+    assert props["containerSettings"]["imageSourceRegistry"]["image"] == image
+    assert props["customMpiSettings"]["processCount"] == 2 and props["nodeCount"] == 1
+    assert ("HEAD", f"/v2/ddlkit/pytorch/manifests/{ddlkit.__version__}-cpu-horovod") in [
+        (r.method, r.path) for r in batchai.registry.requests]
+    assert "rank 0 of 2" in "".join(handle.logs(follow=False))
 
 
 # ---------------------------------------------------------------------------- through the CLI
@@ -541,9 +600,11 @@ def test_resnet18_trains_through_the_cli(batchai: BatchAILoopback, ssh_key: Path
     assert (job_dir / "model.pt").is_file() and (job_dir / "rank-1.log").is_file()
     (put,) = batchai.server.requests("PUT", ARM + r"/experiments/ddlkit/jobs/.*")
     image = put.body["properties"]["containerSettings"]["imageSourceRegistry"]["image"]
-    assert image == default_image("pytorch", gpu=False, registry=f"{batchai.registry.host}/ddlkit")
+    horovod = dist == "horovod"  # the image with Horovod built in
+    assert image == default_image("pytorch", gpu=False, registry=f"{batchai.registry.host}/ddlkit", horovod=horovod)
     # the registry was asked for it as the nodes pull it, without credentials, before the job was created
-    assert ("HEAD", f"/v2/ddlkit/pytorch/manifests/{ddlkit.__version__}-cpu", "Bearer") in [
+    tag = f"{ddlkit.__version__}-cpu" + ("-horovod" if horovod else "")
+    assert ("HEAD", f"/v2/ddlkit/pytorch/manifests/{tag}", "Bearer") in [
         (r.method, r.path, r.auth_scheme) for r in batchai.registry.requests]
 
 

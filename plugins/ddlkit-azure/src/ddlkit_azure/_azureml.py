@@ -45,6 +45,7 @@ from azure.core.exceptions import (
 )
 
 import ddlkit
+from ddlkit.compute.containers import horovod_image_note
 from ddlkit.interfaces import JobHandle, JobSpec, JobState, JobStatus
 from ddlkit.jobdir import (CODE_DIR, CODE_FILE, CONFIG_FILE, ENVIRONMENT_FILE, EXIT_COMPLETED, EXIT_FAILED,
                            EXIT_PREEMPTED, JOB_FILE, OVERRIDES_FILE, STATE_DIR, rank_log)
@@ -226,9 +227,16 @@ def plan(target: AzureMLTarget, spec: JobSpec) -> str:
     if build is None:
         job.environment = f"{arm}/environments/{environment.name}/versions/{environment.version}"
         about_environment = f"{cfg.image} (an anonymous environment version; its registry is asked for it first)"
+        if target.horovod:
+            about_environment += "; dist=horovod: the ranks import Horovod from this image, the launcher needs none"
     else:
         job.environment = f"{arm}/environments/{build.name}/versions/{build.version}"
         about_environment = build.describe()
+        if target.horovod:
+            about_environment += f"; dist=horovod: {horovod_image_note(gpu=bool(cfg.gpu))}"
+    if distribution_kind(target) == "mpi" and target.horovod:
+        about_environment += (f"\n# distribution: Mpi, {cfg.procs_per_node} process(es) on each of {cfg.nodes} "
+                              f"node(s): Azure ML's mpirun starts the {target.world_size} Horovod ranks")
     job.code = f"{arm}/codes/<uploaded at submission>/versions/1"
     job.compute = f"{arm}/computes/{cfg.cluster}"
     body = to_rest_job_object(job).as_dict()

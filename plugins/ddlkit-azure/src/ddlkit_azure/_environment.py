@@ -9,6 +9,10 @@ default datastore and PUTs the version with ``build.contextUri``, and the worksp
 into its registry when the first job needs it. Every later job with the same files finds the version
 and reuses that image; a changed checkout (another ddlkit, an edited plugin) is a new version.
 
+With ``dist=horovod`` the workspace builds the image with Horovod (``HOROVOD=1``,
+``ddlkit-<framework>-cpu-horovod``); ddlkit's recipe builds Horovod for the CPU only, so a GPU job
+with Horovod needs ``compute.image`` (refused otherwise, before anything is sent).
+
 **compute.image**: that image, as the job's anonymous environment; its registry is asked for it
 first (:func:`ddlkit.compute.containers.ensure_pullable`). The workspace pulls with credentials of
 its own (its registry's, its identity's), which ddlkit does not have: a registry that refuses ddlkit
@@ -24,7 +28,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import ddlkit
-from ddlkit.compute.containers import DOCKERFILE, ImageContext, ensure_pullable, image_context
+from ddlkit.compute.containers import DOCKERFILE, HOROVOD_SUFFIX, ImageContext, ensure_pullable, image_context
 
 if TYPE_CHECKING:
     from ._azureml import Workspace
@@ -58,12 +62,15 @@ class WorkspaceBuild:
 
 
 def workspace_build(target: AzureMLTarget) -> WorkspaceBuild | None:
-    """The environment the workspace builds for ``target``'s jobs, or None with ``compute.image``."""
+    """The environment the workspace builds for ``target``'s jobs, or None with ``compute.image``.
+    With ``dist=horovod`` it is the image with Horovod built in (``HOROVOD=1``), an environment of
+    its own (``ddlkit-<framework>-cpu-horovod``): the ranks import Horovod from it."""
     cfg = target.cfg
     if cfg.image:
         return None
-    variant = "cuda" if cfg.gpu else "cpu"
-    return WorkspaceBuild(f"ddlkit-{cfg.framework}-{variant}", image_context(str(cfg.framework), gpu=bool(cfg.gpu)))
+    horovod = target.horovod
+    name = f"ddlkit-{cfg.framework}-{'cuda' if cfg.gpu else 'cpu'}" + (HOROVOD_SUFFIX if horovod else "")
+    return WorkspaceBuild(name, image_context(str(cfg.framework), gpu=bool(cfg.gpu), horovod=horovod))
 
 
 def job_environment(workspace: Workspace, target: AzureMLTarget) -> Any:

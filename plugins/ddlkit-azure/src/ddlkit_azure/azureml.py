@@ -13,7 +13,9 @@ What a job is there (the request ``ddlkit plan compute=azureml ...`` prints):
 * **environment**: by default ``ddlkit-<framework>-<cpu|cuda>``, built by the workspace from
   ddlkit's ``docker/Dockerfile`` and this checkout, versioned by the build context's digest: created
   (the context uploaded) by the first job that finds no such version, reused by every later one
-  (:mod:`ddlkit_azure._environment`); or ``compute.image``, once its registry was asked for it;
+  (:mod:`ddlkit_azure._environment`); with ``dist=horovod`` ``ddlkit-<framework>-cpu-horovod``, the
+  image with Horovod built in (``HOROVOD=1``), which the ranks import it from; or ``compute.image``,
+  once its registry was asked for it;
 * **resources**: ``instance_count = compute.nodes`` on ``compute.cluster``; the **distribution**
   starts ``compute.procs_per_node`` processes per node: ``PyTorchDistribution`` for
   ``framework=pytorch dist=native`` (Azure ML sets ``MASTER_ADDR``, ``MASTER_PORT``, ``RANK``,
@@ -84,7 +86,8 @@ class AzureMLConfig:
     nodes: int = checked(1, POSITIVE_INTEGER)
     procs_per_node: int = checked(1, POSITIVE_INTEGER)
     # the job's Docker image; null: ddlkit's image for the framework, built by the workspace from
-    # ddlkit's docker/Dockerfile (environment ddlkit-<framework>-<cpu|cuda>, once per content)
+    # ddlkit's docker/Dockerfile (environment ddlkit-<framework>-<cpu|cuda>, once per content; with
+    # dist=horovod ddlkit-<framework>-cpu-horovod, Horovod built in: CPU only, a GPU job names its image)
     image: str | None = None
     # with image=null: the CUDA variant of ddlkit's image (true) or the CPU one (false)
     gpu: bool = True
@@ -139,6 +142,12 @@ class AzureMLTarget(ddlkit.ComputeTarget):
             raise ddlkit.ConfigError(f"compute.code_root={cfg.code_root} must be a datastore URI of the form "
                                      "azureml://datastores/<datastore>/paths/<path>, e.g. "
                                      "azureml://datastores/workspaceblobstore/paths/ddlkit-code.")
+        if self.horovod and cfg.gpu and not cfg.image:
+            raise ddlkit.ConfigError(
+                "compute=azureml with dist=horovod and compute.gpu=true needs a CUDA image with Horovod built with "
+                "NCCL, which ddlkit's docker/Dockerfile does not build (its Horovod is CPU-only; README, 'Docker "
+                "images', says which base image to build one on): set compute.image to such an image, or "
+                "compute.gpu=false (ddlkit's CPU image with Horovod), or use dist=native.")
         #: where code snapshots are kept: a datastore, and a path in it
         self.code_datastore, self.code_path = code_root["datastore"], code_root["path"].strip("/")
         self.status_interval_s = float(cfg.poll_interval_s)
@@ -147,6 +156,11 @@ class AzureMLTarget(ddlkit.ComputeTarget):
     @property
     def world_size(self) -> int:
         return self.cfg.nodes * self.cfg.procs_per_node
+
+    @property
+    def horovod(self) -> bool:
+        """dist=horovod: the ranks import Horovod from the job's image (the launcher needs none)."""
+        return self.cfg.dist == "horovod"
 
     @property
     def input_mode(self) -> str:

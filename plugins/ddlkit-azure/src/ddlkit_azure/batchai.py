@@ -8,7 +8,9 @@ client, and ``ddlkit plan`` shows anyone what the architecture does. Its success
 What a job does, in order (:mod:`ddlkit_azure.batchai_client` sends the requests):
 
 0. the job's image (``compute.image``, or ddlkit's image for the framework in ``compute.registry``,
-   which ``scripts/build_images.sh --push`` puts there) is asked of its registry, through the manifest
+   which ``scripts/build_images.sh --push`` puts there; with ``dist=horovod`` the one with Horovod
+   built in, ``--horovod``, tagged ``...-horovod``: the ranks import Horovod from the image, the
+   launcher needs none) is asked of its registry, through the manifest
    API and anonymously, as the nodes pull it: an image the registry does not have, or refuses, is an
    error before anything is created; one that cannot be checked is said on the console;
 1. the workspace, the experiment, the NFS file server (when ``storage=nfs`` or
@@ -159,9 +161,11 @@ class BatchAIConfig:
     endpoint: str = "https://management.azure.com"
     # seconds between looks at the job (GET); a cluster's API has rate limits
     poll_interval_s: float = checked(5.0, POSITIVE)
-    # taken from the run's config: the framework picks the default image, storage and data.root the
-    # file server's role (set by ddlkit; do not override)
+        # taken from the run's config: the framework and dist pick the default image, storage and data.root
+    # the file server's role (set by ddlkit; do not override)
     framework: str = "${framework.name}"
+    # dist=horovod: the default image is the one with Horovod built in (<framework>:<version>-<variant>-horovod)
+    dist: str = "${dist.backend}"
     storage: str = "${storage.name}"
     data_root: str | None = "${oc.select:data.root,null}"
 
@@ -222,7 +226,8 @@ class BatchAITarget(ddlkit.ComputeTarget):
                 f"compute.procs_per_node={c.procs_per_node} asks for more ranks per node than "
                 f"compute.cluster.vm_size={c.cluster.vm_size} has GPUs ({gpus}): one rank per GPU.")
         if not c.image:
-            default_image(str(c.framework), gpu=bool(c.gpu), registry=str(c.registry))  # refused before anything
+            # refused before anything
+            default_image(str(c.framework), gpu=bool(c.gpu), registry=str(c.registry), horovod=c.dist == "horovod")
         if c.cluster.scale == Scale.auto:
             most = c.cluster.max_nodes if c.cluster.max_nodes is not None else c.nodes
             if most < c.nodes or c.cluster.min_nodes < 0 or c.cluster.min_nodes > most:

@@ -44,7 +44,7 @@ from azure.mgmt.batchai import models as m
 
 from ddlkit import ConfigError, JobSpec, RunError
 from ddlkit.atomic import atomic_path, write_json
-from ddlkit.compute.containers import default_image
+from ddlkit.compute.containers import default_image, horovod_image_note
 from ddlkit.compute.state import state_dir
 from ddlkit.jobdir import CANCEL_FILE, CODE_DIR, CODE_FILE, STATE_DIR
 from ddlkit.redact import REDACTED, is_secret_key, scrub
@@ -516,8 +516,14 @@ class Service:
     def mount(self, path: str) -> str:
         return f"$AZ_BATCHAI_MOUNT_ROOT/{path}"
 
+    @property
+    def horovod(self) -> bool:
+        """dist=horovod: the ranks need Horovod, which the job's image brings."""
+        return self.cfg.dist == "horovod"
+
     def image(self) -> str:
-        return self.cfg.image or default_image(self.cfg.framework, gpu=self.cfg.gpu, registry=self.cfg.registry)
+        return self.cfg.image or default_image(self.cfg.framework, gpu=self.cfg.gpu, registry=self.cfg.registry,
+                                               horovod=self.horovod)
 
     def _base_job(self, cluster: Any, nodes: int) -> dict[str, Any]:
         constraints = None
@@ -868,8 +874,20 @@ class Service:
         text = (f"compute=batchai: the requests to {self.cfg.endpoint} (Batch AI API {API_VERSION}) for a job whose "
                 "resources do not exist yet; existing ones with the same settings are reused (only their look-up "
                 "is sent). Batch AI was retired in 2019: a Batch AI-compatible endpoint is needed to run it.\n"
-                + describe_requests(shown))
+                + self._describe_image() + describe_requests(shown))
         return scrub(text, self._secrets)
+
+
+    def _describe_image(self) -> str:
+        """The job's image, and for dist=horovod where the ranks' Horovod comes from."""
+        line = f"  the ranks run in image {self.image()}"
+        if self.horovod:
+            where = ("compute.image, which must have Horovod built in; the launcher needs none" if self.cfg.image
+                     else horovod_image_note(gpu=self.cfg.gpu))
+            line += (f"; dist=horovod: Horovod comes from the image ({where}); the service's mpirun (custom MPI "
+                     f"settings) starts processCount={self.cfg.nodes * self.cfg.procs_per_node} ranks, "
+                     f"{self.cfg.procs_per_node} per node")
+        return line + "\n"
 
 
 def describe_requests(requests_: Sequence[Recorded]) -> str:
