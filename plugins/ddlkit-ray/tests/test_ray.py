@@ -18,7 +18,7 @@ import pytest
 
 import ddlkit
 from ddlkit import JobSpec
-from ddlkit.testing import FAKES_MODULE, RunFactory, interruptible
+from ddlkit.testing import FAKES_MODULE, RunFactory, interruptible, wait_for
 from ddlkit.testing.contracts import ComputeTargetContract
 from ddlkit_ray.target import RayConfig, RayTarget
 from ddlkit_ray.testing import free_port
@@ -69,8 +69,11 @@ def submission(job_dir: Path) -> dict:
     return json.loads((job_dir / ".ddlkit" / "submission.json").read_text())
 
 
-def follow_until(address: str, job_dir: Path, text: str, timeout: float = 120) -> str:
+def follow_until(address: str, job_dir: Path, text: str, timeout: float = 120,
+                 launcher: subprocess.Popen | None = None) -> str:
     """The job's output (through the Jobs API) until ``text`` appears in it."""
+    wait_for(lambda: (job_dir / ".ddlkit" / "submission.json").is_file(), "the job's submission", timeout=timeout,
+             process=launcher)
     handle = ray_target(address).attach(submission(job_dir)["id"], job_dir=job_dir)
     seen, deadline = "", time.monotonic() + timeout
     for chunk in handle.logs(follow=True):
@@ -218,7 +221,7 @@ def test_cancel_checkpoints_and_the_checkpoint_comes_back(ray_cluster, run_facto
     job_dir = tmp_path / "cancelled"
     run_factory.cli("--detach", "framework=fake", *ray_args(ray_cluster.address, "compute.nodes=2"), "dist=native",
                     *SLOW, f"hydra.run.dir={job_dir}").assert_success()
-    follow_until(ray_cluster.address, job_dir, "step 6/")
+    follow_until(ray_cluster.address, job_dir, "step 10/")
     cancel = run_factory.cli("jobs", "cancel", str(job_dir), timeout=180).assert_success()
     assert "resume" in cancel.output, cancel.output
     record = json.loads((job_dir / ".ddlkit/ray-exit.json").read_text())
@@ -228,7 +231,7 @@ def test_cancel_checkpoints_and_the_checkpoint_comes_back(ray_cluster, run_facto
     # and the job resumes from it
     resumed = run_factory(*ray_args(ray_cluster.address, "compute.nodes=2"), "dist=native",
                           job_dir=job_dir, timeout=300).assert_success()
-    assert resumed.result["resumed_from_step"] >= 6
+    assert resumed.result["resumed_from_step"] >= 10
 
 
 @pytest.mark.slow
@@ -248,12 +251,10 @@ def test_a_lost_node_restarts_the_job_which_resumes(tmp_path: Path, run_factory:
             env={**os.environ, "DDLKIT_PLUGINS": FAKES_MODULE}, cwd=tmp_path, text=True, stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT, preexec_fn=interruptible)
         try:
-            seen = follow_until(cluster.address, job_dir, "step 12/", timeout=180)
+            seen = follow_until(cluster.address, job_dir, "step 20/", timeout=180, launcher=proc)
             started = re.search(r"started on node\(s\) 0 \((\w+)\), 1 \((\w+)\)", seen)
             assert started, seen
-            ids = cluster.node_ids()
-            victim = next(i for i, nid in enumerate(ids) if nid.startswith(started[2]))
-            cluster.kill_node(victim)
+            cluster.kill_node(started[2])  # rank 1's node
             out, _ = proc.communicate(timeout=400)
         finally:
             if proc.poll() is None:

@@ -47,7 +47,7 @@ class LocalRayCluster:
     #: CPUs each node offers to Ray's scheduler (a rank takes compute.cpus_per_rank of them)
     cpus_per_node: int = 1
     #: seconds to wait for the cluster to have all its nodes
-    start_timeout_s: float = 90.0
+    start_timeout_s: float = 180.0
     #: the environment of the raylets and of every process they start (PYTHONPATH, DDLKIT_PLUGINS, ...)
     env: dict[str, str] = field(default_factory=lambda: dict(os.environ))
 
@@ -76,9 +76,12 @@ class LocalRayCluster:
     def start(self) -> None:
         try:
             self._start_node(head=True)
-            for _ in range(self.nodes - 1):
+            self.wait_for_nodes(1)
+            for count in range(2, self.nodes + 1):
+                # one at a time: a raylet that has not registered with the GCS within 30 s gives up
+                # (Ray's fixed limit), which several starting at once on a busy machine can miss
                 self._start_node(head=False)
-            self.wait_for_nodes(self.nodes)
+                self.wait_for_nodes(count)
         except BaseException:
             self.stop()
             raise
@@ -148,33 +151,51 @@ class LocalRayCluster:
     def wait_for_nodes(self, count: int) -> None:
         deadline = time.monotonic() + self.start_timeout_s
         while time.monotonic() < deadline:
+            if not self._nodes[0].process.poll() is None:
+                break
+            last = self._nodes[-1]
+            if last.alive and last.process.poll() is not None and len(self._nodes) > 1:
+                # the newest worker gave up starting: once more
+                self._nodes.pop()
+                self._start_node(head=False)
             try:
                 if len(self.node_ids()) == count:
                     return
             except Exception:  # noqa: BLE001 -- the state API answers once the head is ready
                 pass
             time.sleep(0.5)
-        raise RuntimeError(f"the local Ray cluster did not have {count} live nodes within {self.start_timeout_s:.0f} s")
+        ended = [f"node {i}: {n.log.read_text(errors='replace')[-1000:]}" for i, n in enumerate(self._nodes)
+                 if n.alive and n.process.poll() is not None]
+        raise RuntimeError(f"the local Ray cluster did not have {count} live nodes within {self.start_timeout_s:.0f} s"
+                           + ("; " + "; ".join(ended) if ended else ""))
 
-    def raylet_pid(self, index: int) -> int:
-        """The raylet of node ``index`` (0: the head), among that node's processes."""
-        sid = self._nodes[index].process.pid  # start_new_session: the session id is its pid
+    def _raylets(self) -> dict[str, tuple[int, int]]:
+        """Node id -> (index in start order, raylet pid), for this cluster's live raylets."""
+        sessions = {node.process.pid: i for i, node in enumerate(self._nodes)}  # start_new_session: sid == pid
+        found = {}
         for entry in Path("/proc").iterdir():
             if not entry.name.isdigit():
                 continue
             try:
                 stat = (entry / "stat").read_text()
-                cmd = (entry / "cmdline").read_bytes().split(b"\0")[0]
+                argv = (entry / "cmdline").read_bytes().split(b"\0")
             except OSError:
                 continue
-            if int(stat.rsplit(")", 1)[1].split()[3]) == sid and cmd.endswith(b"/raylet"):
-                return int(entry.name)
-        raise LookupError(f"node {index} has no raylet")
+            sid = int(stat.rsplit(")", 1)[1].split()[3])
+            if sid in sessions and argv[0].endswith(b"/raylet"):
+                node_id = next((a.split(b"=", 1)[1].decode() for a in argv if a.startswith(b"--node_id=")), "")
+                found[node_id] = (sessions[sid], int(entry.name))
+        return found
 
-    def kill_node(self, index: int) -> None:
-        """Node ``index`` is lost: its raylet gets SIGKILL (``ray start --block`` then ends that
-        node's other processes); the rank processes on it die with their Ray workers."""
-        os.kill(self.raylet_pid(index), signal.SIGKILL)
+    def kill_node(self, node_id: str) -> None:
+        """The node whose Ray node id starts with ``node_id`` is lost: its raylet gets SIGKILL
+        (``ray start --block`` then ends that node's other processes); the rank processes on it
+        die with their Ray workers."""
+        matches = [(nid, where) for nid, where in self._raylets().items() if nid.startswith(node_id)]
+        if len(matches) != 1:
+            raise LookupError(f"no single live node of this cluster has an id starting {node_id!r}")
+        index, pid = matches[0][1]
+        os.kill(pid, signal.SIGKILL)
         self._nodes[index].alive = False
 
     def stop(self) -> None:
