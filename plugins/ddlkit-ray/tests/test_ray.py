@@ -169,6 +169,18 @@ def test_two_ranks_on_two_nodes(ray_cluster, run_factory: RunFactory) -> None:
 
 
 @pytest.mark.slow
+def test_address_auto_finds_the_cluster_ray_start_started(ray_cluster, run_factory: RunFactory) -> None:
+    """compute.address=auto: the cluster ``ray start --head`` started on this machine -- found where Ray's
+    own tools find it (its temporary directory, or RAY_ADDRESS, which names this test cluster's GCS)."""
+    if not hasattr(ray_cluster, "gcs_address"):
+        pytest.skip("the session's cluster was given by its Jobs endpoint only")
+    outcome = run_factory("compute=ray", "compute.address=auto", "compute.poll_interval_s=0.3",
+                          env={"RAY_ADDRESS": ray_cluster.gcs_address}, timeout=240).assert_success()
+    assert outcome.result["status"] == "completed"
+    assert submission(outcome.job_dir)["id"].startswith("test_address_auto")
+
+
+@pytest.mark.slow
 def test_a_package_only_in_the_launch_directory_trains_on_the_cluster(ray_cluster, tmp_path: Path) -> None:
     project = tmp_path / "project"
     (project / "my_pkg").mkdir(parents=True)

@@ -205,20 +205,14 @@ class LocalRayCluster:
 
 
 def _stop_session(process: subprocess.Popen) -> None:
-    """SIGTERM to the node's session (``ray start --block`` stops its processes), SIGKILL to what is left."""
-    for sig in (signal.SIGTERM, signal.SIGKILL):
-        try:
-            os.killpg(process.pid, sig)
-        except ProcessLookupError:
-            return
-        try:
-            process.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            continue
-        if sig == signal.SIGTERM:
-            # processes of the session that outlived `ray start` (workers it started)
-            try:
-                os.killpg(process.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-        return
+    """SIGTERM to ``ray start`` (it stops its node's processes), then SIGKILL to whatever of the
+    node's session is left: Ray puts some of its processes in process groups of their own."""
+    from ddlkit.compute.process import kill_session
+
+    try:
+        process.send_signal(signal.SIGTERM)
+        process.wait(timeout=15)
+    except (subprocess.TimeoutExpired, ProcessLookupError):
+        pass
+    kill_session(process.pid, signal.SIGKILL)  # start_new_session: the session id is its pid
+    process.wait()
