@@ -225,6 +225,8 @@ def test_jobs_attach_follows_a_detached_job_to_its_end(ray_cluster, run_factory:
     assert json.loads((job_dir / "result.json").read_text())["status"] == "completed"
     status = run_factory.cli("jobs", "status", str(job_dir)).assert_success()
     assert "completed" in status.stdout or "succeeded" in status.stdout, status.output
+    logs = run_factory.cli("jobs", "logs", str(job_dir)).assert_success()
+    assert "train epoch" in logs.stdout and "Running entrypoint" not in logs.stdout, logs.output
 
 
 @pytest.mark.slow

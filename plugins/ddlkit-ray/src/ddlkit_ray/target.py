@@ -31,6 +31,7 @@ import io
 import json
 import logging
 import os
+import re
 import shlex
 import tarfile
 import time
@@ -183,7 +184,7 @@ class RayJob(JobHandle):
         seen = 0
         while True:
             done = self.status().state.done if follow else True
-            text = _strip_header(self.jobs.get_job_logs(self.id))
+            text = _strip_header(self.jobs.get_job_logs(self.id), whole_lines=not done)
             if len(text) > seen:
                 yield text[seen:]
                 seen = len(text)
@@ -250,12 +251,21 @@ class RayJob(JobHandle):
                 os.replace(tmp, target)
 
 
-def _strip_header(text: str) -> str:
-    """The job's own output: what follows the job manager's line that starts the entrypoint."""
+def _strip_header(text: str, *, whole_lines: bool = False) -> str:
+    """The job's own output: what follows the job manager's line that starts the entrypoint, less
+    Ray's own lines in it (when a node dies, Ray writes that raylet's state dump into the drivers'
+    output). ``whole_lines``: only up to the last newline (a line is judged once it is complete)."""
     head, sep, rest = text.partition(_ENTRYPOINT_LINE)
     if not sep:
         return "" if "Runtime env" in text else text
-    return rest.partition("\n")[2]
+    rest = rest.partition("\n")[2]
+    if whole_lines:
+        rest = rest[:rest.rfind("\n") + 1]
+    return "".join(line for line in rest.splitlines(keepends=True) if not _RAY_LINE.search(line))
+
+
+#: Ray's own lines in a driver's output: a dying raylet's state dump, its log lines
+_RAY_LINE = re.compile(r"^\s*\[state-dump\]|^\s*\[\d{4}-\d\d-\d\d [\d:,]+ \w \d+ \d+\] \(raylet\)")
 
 
 # ---------------------------------------------------------------------------- the target
