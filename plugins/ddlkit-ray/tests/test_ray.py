@@ -106,6 +106,8 @@ def test_plan_on_the_command_line_needs_no_cluster(run_factory: RunFactory) -> N
                               "compute.nodes=2", "dist=native").assert_success()
     assert "ray job submit --address=http://nowhere.invalid:8265" in outcome.stdout
     assert "STRICT_SPREAD" in outcome.stdout and "ddlkit_ray.driver" in outcome.stdout
+    more = run_factory.cli("plan", "framework=fake", "compute=ray", "+compute.runtime_env.pip=[einops]").assert_success()
+    assert '"pip": ["einops"]' in more.stdout, more.output
 
 
 @pytest.mark.parametrize(("options", "fragment"), [

@@ -42,6 +42,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from omegaconf import DictConfig, OmegaConf
+
 import ddlkit
 from ddlkit.atomic import write_text
 from ddlkit.interfaces import JobHandle, JobSpec, JobState, JobStatus
@@ -325,7 +327,10 @@ class RayTarget(ddlkit.ComputeTarget):
         env_vars = {**spec.env, **secrets, "PYTHONUNBUFFERED": "1",
                     # how long Ray lets the stopped driver (and the ranks) checkpoint before it kills them
                     "RAY_JOB_STOP_WAIT_TIME_S": str(int(self.cfg.grace_period_s + 60))}
-        return {**dict(self.cfg.runtime_env or {}), "working_dir": str(spec.job_dir),
+        extra = self.cfg.runtime_env or {}
+        if isinstance(extra, DictConfig):  # from the command line: +compute.runtime_env.pip=[einops]
+            extra = OmegaConf.to_container(extra, resolve=True)
+        return {**dict(extra), "working_dir": str(spec.job_dir),
                 "excludes": [f"/{STATE_DIR}/"], "env_vars": env_vars}
 
     def placement(self) -> str:
