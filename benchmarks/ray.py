@@ -10,7 +10,7 @@
   with 2 workers on the same cluster (needs ``pip install 'ray[train]==<ray's version>'``);
   ratios: ray / local_mpi, ray / TorchTrainer;
 * **(b) node-loss recovery**: a 3-node cluster, the same job on 2 nodes with a checkpoint every
-  ``--checkpoint-every`` steps; after step 20 the node of rank 1 is killed (its raylet, SIGKILL);
+  ``--checkpoint-every`` steps; after step 20 a node of the job that is not the head is killed (its raylet, SIGKILL);
   measured: from the kill to rank 0's first step after the restart (ddlkit's restart policy,
   ``restart.backoff_s=0``), and to the job's end. Baseline: ``TorchTrainer`` with
   ``FailureConfig(max_failures=1)``, a node of one of its workers killed the same way: from the
@@ -126,9 +126,8 @@ def _train_loop(config: dict[str, Any]) -> None:
     loss_fn = torch.nn.CrossEntropyLoss()
     x = torch.randn(config["batch"], 3, config["image_size"], config["image_size"])
     y = torch.randint(0, 10, (config["batch"],))
-    if ctx.get_world_rank() == 1:
-        import ray as _ray
-        (marks / "rank1-node").write_text(_ray.get_runtime_context().get_node_id())
+    import ray as _ray
+    (marks / f"node-{ctx.get_world_rank()}").write_text(_ray.get_runtime_context().get_node_id())
     warmup, t_start = 5, None
     for step in range(1, config["steps"] + 1):
         opt.zero_grad()
@@ -167,11 +166,13 @@ def ray_train(cluster: LocalRayCluster, args: argparse.Namespace, *, kill: bool 
     out: dict[str, Any] = {}
     if kill:
         def killer() -> None:
-            while not (marks / "rank1-node").exists() or not (marks / "first-steps").exists():
+            while not all((marks / f) .exists() for f in ("node-0", "node-1", "first-steps")):
                 time.sleep(0.1)
             time.sleep(5)
+            head = cluster.head_node_id()
+            nodes = [(marks / f"node-{r}").read_text().strip() for r in (1, 0)]
             out["killed_at"] = time.time()
-            cluster.kill_node((marks / "rank1-node").read_text().strip())
+            cluster.kill_node(next(n for n in nodes if n != head))  # a worker's node, not the head
         threading.Thread(target=killer, daemon=True).start()
     trainer.fit()
     firsts = [float(x) for x in (marks / "first-steps").read_text().split()]
@@ -220,7 +221,9 @@ def part_b(args: argparse.Namespace, base: Path) -> dict[str, Any]:
                         "trainer.log_every=5", "restart.backoff_s=0", f"hydra.run.dir={job_dir}"], base)
         started = run.when("started on node(s)")
         text = next(line for t, line in run.lines if t == started)
-        node = re.search(r"1 \((\w+)\)", text)[1]
+        found = re.search(r"0 \((\w+)\), 1 \((\w+)\)", text)
+        # a node of the job that is not the head (whose loss ends the cluster)
+        node = next(n for n in (found[2], found[1]) if not cluster.head_node_id().startswith(n))
         run.when("step 20/")
         killed = time.monotonic()
         cluster.kill_node(node)

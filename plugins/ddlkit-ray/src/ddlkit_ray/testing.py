@@ -187,6 +187,9 @@ class LocalRayCluster:
                 found[node_id] = (sessions[sid], int(entry.name))
         return found
 
+    def head_node_id(self) -> str:
+        return next(nid for nid, (index, _) in self._raylets().items() if index == 0)
+
     def kill_node(self, node_id: str) -> None:
         """The node whose Ray node id starts with ``node_id`` is lost: its raylet gets SIGKILL
         (``ray start --block`` then ends that node's other processes); the rank processes on it
@@ -195,6 +198,8 @@ class LocalRayCluster:
         if len(matches) != 1:
             raise LookupError(f"no single live node of this cluster has an id starting {node_id!r}")
         index, pid = matches[0][1]
+        if index == 0:
+            raise ValueError("that is the head node: without it (the GCS) there is no cluster left to survive in")
         os.kill(pid, signal.SIGKILL)
         self._nodes[index].alive = False
 
