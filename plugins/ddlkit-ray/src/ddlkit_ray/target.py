@@ -1,0 +1,406 @@
+"""``compute=ray``: one ddlkit job = one Ray job, submitted through Ray's Jobs API.
+
+What a job is there (the request ``ddlkit plan compute=ray ...`` prints):
+
+* **working_dir**: the job directory -- ``job.json``, the config copies, the code snapshot
+  ``code/`` of the launch directory (:mod:`ddlkit.compute.snapshot`: the user's own packages travel
+  with the job, nothing is installed on the cluster), the checkpoints of an earlier run of the same
+  directory -- uploaded by Ray's client to the cluster (ddlkit's bookkeeping ``.ddlkit/`` stays
+  behind), and :data:`~ddlkit_ray.driver.PLAN_FILE`, the driver's plan (no secret in it);
+* **entrypoint**: ``python -m ddlkit_ray.driver ray-job.json``, the driver (:mod:`ddlkit_ray.driver`),
+  which places the ranks as a gang, starts them, streams rank 0's output and brings their files
+  back; it runs on the head node (Ray's default for a job's entrypoint);
+* **env_vars**: the job's environment (``spec.env``) and its secrets (``spec.secret_env``).
+  Ray has no secret store for a job: they are part of the job's runtime environment, which the
+  Ray dashboard and ``ray job list`` show to whoever can reach the dashboard. ddlkit shows them
+  as ``***`` in ``ddlkit plan`` and writes them into no file; see the README for what to do instead;
+* more runtime environment options from ``compute.runtime_env`` (``pip``, ``conda``,
+  ``py_modules``, ``container``, ...), passed to Ray as they are.
+
+The handle asks Ray (``JobSubmissionClient.get_job_info``) at most once per ``compute.poll_interval_s``;
+``logs`` reads the job's log through the Jobs API; ``cancel`` is ``ray job stop`` (SIGTERM to the
+driver, which passes it to the ranks: they checkpoint and exit 75; Ray waits ``grace_period_s``
+before it kills the driver); ``collect`` fetches the archive the driver published through Ray's log
+API (the cluster shares no disk with the launcher). Ray's Python package is imported only when a
+job is submitted or followed, never when a run is composed or planned.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import logging
+import os
+import re
+import shlex
+import tarfile
+import time
+import urllib.parse
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from omegaconf import DictConfig, OmegaConf
+
+import ddlkit
+from ddlkit.atomic import write_text
+from ddlkit.interfaces import JobHandle, JobSpec, JobState, JobStatus
+from ddlkit.jobdir import STATE_DIR
+from ddlkit.options import NON_NEGATIVE, POSITIVE, POSITIVE_INTEGER, checked, one_of
+from ddlkit.redact import REDACTED
+
+from .driver import EXIT_RECORD, NOT_COLLECTED, PLAN_FILE, published_name
+
+#: the strategies a gang may be placed with (null: STRICT_SPREAD over several nodes, STRICT_PACK on one)
+STRATEGIES = ("STRICT_SPREAD", "SPREAD", "STRICT_PACK", "PACK")
+#: what the job manager writes into a job's log before the entrypoint's own output
+_ENTRYPOINT_LINE = "Running entrypoint for job "
+#: seconds between reads of a followed job's log
+_FOLLOW_PACE_S = 0.5
+_INSTALL = "pip install 'ray[default]' (the same version as the cluster's)"
+
+
+@dataclass
+class RayConfig:
+    # the Ray Jobs endpoint: the head node's dashboard address, e.g. http://head:8265; auto: the
+    # cluster `ray start --head` started on this machine (or the one RAY_ADDRESS names)
+    address: str = "auto"
+    # nodes of the gang, and ranks per node; the job has nodes x procs_per_node ranks
+    nodes: int = checked(1, POSITIVE_INTEGER)
+    procs_per_node: int = checked(1, POSITIVE_INTEGER)
+    # elastic world size: the fewest nodes a restarted job may run on (null: compute.nodes). Not yet:
+    # a job restarts on compute.nodes nodes, waiting for them up to compute.placement_timeout_s
+    min_nodes: int | None = checked(None, POSITIVE_INTEGER)
+    # Ray resources per rank
+    cpus_per_rank: float = checked(1.0, NON_NEGATIVE)
+    gpus_per_rank: float = checked(0.0, NON_NEGATIVE)
+    # the placement group's strategy; null: STRICT_SPREAD (one bundle per node) for several nodes, STRICT_PACK for one
+    strategy: str | None = checked(None, one_of(STRATEGIES))
+    # the interpreter of the driver and the ranks on the cluster; null: the driver runs `python`,
+    # the ranks the Ray workers' own interpreter
+    python: str | None = None
+    # more of Ray's runtime environment, passed as it is: {pip: [...], conda: ..., py_modules: [...], ...}
+    runtime_env: dict[str, Any] = field(default_factory=dict)
+    # seconds the driver waits for room for the whole gang before it fails, saying what it asked for
+    placement_timeout_s: float = checked(300.0, POSITIVE)
+    # seconds a cancelled job's ranks get to checkpoint before they are killed
+    grace_period_s: float = checked(30.0, NON_NEGATIVE)
+    # seconds between the driver's copies of rank 0's new files (checkpoints): what a lost node cannot take along
+    sync_interval_s: float = checked(10.0, POSITIVE)
+    # seconds between looks at the job (each is one request to the Jobs API)
+    poll_interval_s: float = checked(2.0, POSITIVE)
+
+
+def _ray() -> Any:
+    try:
+        import ray  # noqa: F401
+        from ray.job_submission import JobSubmissionClient  # noqa: F401
+    except ImportError:
+        raise ddlkit.ConfigError(f"compute=ray needs Ray's Python package on this machine: {_INSTALL}.") from None
+    import ray
+
+    return ray
+
+
+def client(address: str) -> Any:
+    """Ray's Jobs API client for ``address``; a one-line ConfigError naming the address when no
+    cluster answers there."""
+    _ray()
+    from ray.job_submission import JobSubmissionClient
+
+    # the client says each upload at INFO on the launcher's console; ddlkit says what matters itself
+    for name in ("ray.dashboard.modules.dashboard_sdk", "ray._private.runtime_env.packaging", "ray.dashboard"):
+        logging.getLogger(name).setLevel(logging.WARNING)
+
+    try:
+        return JobSubmissionClient(address)
+    except (ConnectionError, RuntimeError, ValueError) as exc:
+        reason = " ".join(str(exc).split())[:300]
+        raise ddlkit.ConfigError(
+            f"compute=ray cannot reach a Ray cluster at compute.address={address} ({reason}): start one (ray start "
+            "--head) or give its Jobs endpoint, e.g. compute.address=http://<head>:8265.") from None
+
+
+# ---------------------------------------------------------------------------- the handle
+class RayJob(JobHandle):
+    """A Ray job of ddlkit's; ``id`` is its submission id."""
+
+    def __init__(self, jobs: Any, job_id: str, *, address: str, job_dir: Path, poll_interval_s: float) -> None:
+        self.jobs, self.id, self.address = jobs, str(job_id), address
+        self.job_dir = Path(job_dir)
+        self.poll_interval_s = poll_interval_s
+        self._final: JobStatus | None = None
+        self._asked: tuple[float, Any] | None = None
+
+    # ------------------------------------------------------------ state
+    def info(self, fresh: bool = False) -> Any:
+        now = time.monotonic()
+        if fresh or self._asked is None or now - self._asked[0] >= self.poll_interval_s:
+            try:
+                self._asked = (now, self.jobs.get_job_info(self.id))
+            except RuntimeError as exc:
+                if "does not exist" in str(exc):
+                    raise ddlkit.ConfigError(f"the Ray cluster at {self.address} has no job {self.id} (a cluster that "
+                                             "was restarted forgets its jobs).") from None
+                raise
+        return self._asked[1]
+
+    def status(self) -> JobStatus:
+        if self._final is not None:
+            return self._final
+        info = self.info()
+        state = str(getattr(info.status, "value", info.status))
+        if state == "PENDING":
+            return JobStatus(JobState.PENDING, None, f"Ray: PENDING ({info.message or 'waiting to start'})")
+        if state == "RUNNING":
+            return JobStatus(JobState.RUNNING, None, f"Ray: RUNNING, driver on node {str(info.driver_node_id)[:8]}")
+        if state == "SUCCEEDED":
+            self._final = JobStatus(JobState.SUCCEEDED, 0)
+        elif state == "STOPPED":
+            record = self.exit_record(info)
+            code = record.get("code") if record else None
+            self._final = JobStatus(JobState.CANCELLED, code, f"Ray job {self.id} was stopped; {self._tail()}")
+        else:
+            record = self.exit_record(info)
+            code = info.driver_exit_code
+            why = (record or {}).get("why") or ""
+            self._final = JobStatus(JobState.FAILED, code, (
+                f"Ray job {self.id} failed" + (f" with exit status {code}" if code is not None else "")
+                + (f" ({why})" if why else "") + (f": {info.message}" if code is None and info.message else "")
+                + f"; {self._tail()}"))
+        return self._final
+
+    def _tail(self, lines: int = 15) -> str:
+        try:
+            text = _strip_header(self.jobs.get_job_logs(self.id))
+        except Exception:  # noqa: BLE001 -- a message without the log still says how the job ended
+            return "(its log could not be read)"
+        return "last lines of its log:\n" + "\n".join("    " + ln for ln in text.splitlines()[-lines:])
+
+    def wait(self, timeout: float | None = None) -> JobStatus:
+        return self.poll_until_done(timeout, min(self.poll_interval_s, 0.5))
+
+    def logs(self, follow: bool = True) -> Iterator[str]:
+        seen = 0
+        while True:
+            done = self.status().state.done if follow else True
+            text = _strip_header(self.jobs.get_job_logs(self.id), whole_lines=not done)
+            if len(text) > seen:
+                yield text[seen:]
+                seen = len(text)
+            if done:
+                return
+            time.sleep(min(_FOLLOW_PACE_S, self.poll_interval_s))
+
+    def cancel(self) -> None:
+        if self._final is not None:
+            return
+        if not self.status().state.done:
+            self.jobs.stop_job(self.id)  # SIGTERM to the driver; False (no-op) once it ended
+            self._asked = None
+
+    # ------------------------------------------------------------ the job's files
+    def _published(self, info: Any, what: str) -> bytes | None:
+        """A file the driver published in its node's Ray log directory, through the dashboard's
+        log API (``GET /api/v0/logs/file``, what ``ray logs`` uses); None when there is none."""
+        if not info.driver_node_id:
+            return None
+        import requests
+
+        query = urllib.parse.urlencode({"node_id": info.driver_node_id, "filename": published_name(self.id, what),
+                                        "lines": -1, "timeout": 120})
+        try:
+            reply = requests.get(f"{self.address}/api/v0/logs/file?{query}", timeout=300,
+                                 headers=getattr(self.jobs, "_headers", None) or {})
+        except requests.RequestException:
+            return None
+        return reply.content if reply.status_code == 200 else None
+
+    def exit_record(self, info: Any) -> dict[str, Any] | None:
+        data = self._published(info, "exit.json")
+        try:
+            return json.loads(data) if data else None
+        except ValueError:
+            return None
+
+    def collect(self) -> None:
+        """The files the driver published (rank 0's last, checkpoints included), unpacked into
+        the launcher's job directory; the job's bookkeeping there is the launcher's and stays."""
+        info = self.info(fresh=True)
+        if not str(getattr(info.status, "value", info.status)) in ("SUCCEEDED", "FAILED", "STOPPED"):
+            return
+        if self.exit_record(info) is None:  # written last: without it there is no complete archive
+            return
+        data = self._published(info, "files.tar")
+        if not data:
+            return
+        with tarfile.open(fileobj=io.BytesIO(data)) as tar:
+            for member in tar.getmembers():
+                name = member.name.removeprefix("./")
+                parts = name.split("/")
+                if not member.isfile() or name.startswith("/") or ".." in parts:
+                    continue
+                if parts[0] in NOT_COLLECTED and name != EXIT_RECORD:
+                    continue
+                source = tar.extractfile(member)
+                assert source is not None
+                target = self.job_dir / name
+                target.parent.mkdir(parents=True, exist_ok=True)
+                tmp = target.with_name(f".{target.name}.{os.getpid()}.partial")
+                tmp.write_bytes(source.read())
+                os.replace(tmp, target)
+
+
+def _strip_header(text: str, *, whole_lines: bool = False) -> str:
+    """The job's own output: what follows the job manager's line that starts the entrypoint, less
+    Ray's own lines in it (when a node dies, Ray writes that raylet's state dump into the drivers'
+    output). ``whole_lines``: only up to the last newline (a line is judged once it is complete)."""
+    head, sep, rest = text.partition(_ENTRYPOINT_LINE)
+    if not sep:
+        return "" if "Runtime env" in text else text
+    rest = rest.partition("\n")[2]
+    if whole_lines:
+        rest = rest[:rest.rfind("\n") + 1]
+    return "".join(line for line in rest.splitlines(keepends=True) if not _RAY_LINE.search(line))
+
+
+#: Ray's own lines in a driver's output: a dying raylet's state dump, its log lines
+_RAY_LINE = re.compile(r"^\s*\[state-dump\]|^\s*\[\d{4}-\d\d-\d\d [\d:,]+ \w \d+ \d+\] \(raylet\)")
+
+
+# ---------------------------------------------------------------------------- the target
+class RayTarget(ddlkit.ComputeTarget):
+    """``compute=ray``: a Ray job of ``nodes`` x ``procs_per_node`` ranks, placed as a gang."""
+
+    cfg: RayConfig
+    # the ranks run in copies of the job directory on the cluster's nodes
+    shares_job_dir = False
+
+    def __init__(self, cfg: Any) -> None:
+        super().__init__(cfg)
+        if cfg.min_nodes is not None and cfg.min_nodes != cfg.nodes:
+            raise ddlkit.ConfigError(
+                f"compute.min_nodes={cfg.min_nodes} is not supported yet: a compute=ray job restarts on "
+                f"compute.nodes={cfg.nodes} nodes (waiting for them up to compute.placement_timeout_s); leave "
+                "compute.min_nodes unset.")
+        if not str(cfg.address).strip():
+            raise ddlkit.ConfigError("compute.address is empty: give the Ray Jobs endpoint, e.g. "
+                                     "compute.address=http://<head>:8265, or auto for the cluster on this machine.")
+        for key in ("working_dir", "env_vars"):
+            if key in (cfg.runtime_env or {}):
+                raise ddlkit.ConfigError(
+                    f"compute.runtime_env.{key} is ddlkit's to set (the job directory; the job's environment): "
+                    "leave it out" + (" and put variables in the config's env instead." if key == "env_vars" else "."))
+        self.status_interval_s = float(cfg.poll_interval_s)
+        self._jobs: Any = None
+
+    @property
+    def world_size(self) -> int:
+        return self.cfg.nodes * self.cfg.procs_per_node
+
+    @property
+    def jobs(self) -> Any:
+        if self._jobs is None:
+            self._jobs = client(str(self.cfg.address))
+        return self._jobs
+
+    @property
+    def address(self) -> str:
+        """The dashboard's address the Jobs API answers on (``auto`` resolved)."""
+        return str(getattr(self.jobs, "_address", self.cfg.address))
+
+    # ------------------------------------------------------------ the request
+    def driver_plan(self, spec: JobSpec, submission_id: str) -> dict[str, Any]:
+        c = self.cfg
+        return {"submission_id": submission_id, "nodes": c.nodes, "procs_per_node": c.procs_per_node,
+                "cpus_per_rank": c.cpus_per_rank, "gpus_per_rank": c.gpus_per_rank, "strategy": c.strategy,
+                "python": c.python, "args": list(spec.args), "grace_period_s": c.grace_period_s,
+                "placement_timeout_s": c.placement_timeout_s, "sync_interval_s": c.sync_interval_s}
+
+    def entrypoint(self) -> str:
+        return shlex.join([self.cfg.python or "python", "-m", "ddlkit_ray.driver", PLAN_FILE])
+
+    def runtime_env(self, spec: JobSpec, *, redact: bool = False) -> dict[str, Any]:
+        secrets = {k: REDACTED if redact else v for k, v in spec.secret_env.items()}
+        env_vars = {**spec.env, **secrets, "PYTHONUNBUFFERED": "1",
+                    # how long Ray lets the stopped driver (and the ranks) checkpoint before it kills them
+                    "RAY_JOB_STOP_WAIT_TIME_S": str(int(self.cfg.grace_period_s + 60))}
+        extra = self.cfg.runtime_env or {}
+        if isinstance(extra, DictConfig):  # from the command line: +compute.runtime_env.pip=[einops]
+            extra = OmegaConf.to_container(extra, resolve=True)
+        return {**dict(extra), "working_dir": str(spec.job_dir),
+                "excludes": [f"/{STATE_DIR}/"], "env_vars": env_vars}
+
+    def placement(self) -> str:
+        c = self.cfg
+        strategy = c.strategy or ("STRICT_SPREAD" if c.nodes > 1 else "STRICT_PACK")
+        per_node = {"CPU": c.cpus_per_rank * c.procs_per_node, "GPU": c.gpus_per_rank * c.procs_per_node}
+        bundle = ", ".join(f'"{k}": {v:g}' for k, v in per_node.items() if v > 0)
+        return (f"placement group ({strategy}): {c.nodes} bundle(s) {{{bundle}}}, one per node; "
+                f"{c.procs_per_node} rank actor(s) per bundle, {self.world_size} rank(s)")
+
+    def plan(self, spec: JobSpec) -> str:
+        submission_id = f"{spec.name}-<id>"
+        runtime_env = self.runtime_env(spec, redact=True)
+        return "\n".join([
+            f"# {self.placement()}",
+            f"# {PLAN_FILE} (written into the job directory): "
+            + json.dumps(self.driver_plan(spec, submission_id)),
+            shlex.join(["ray", "job", "submit", f"--address={self.cfg.address}", f"--submission-id={submission_id}",
+                        f"--runtime-env-json={json.dumps(runtime_env)}", "--no-wait", "--"]) + " " + self.entrypoint(),
+        ]) + "\n"
+
+    # ------------------------------------------------------------ checks against the cluster
+    def check_cluster(self) -> None:
+        """The gang fits the cluster's nodes (what they have in all; a busy cluster is waited for)."""
+        from ray.util.state import list_nodes
+
+        c = self.cfg
+        try:
+            nodes = [n for n in list_nodes(address=self.address, timeout=30) if n.state == "ALIVE"]
+        except Exception as exc:  # noqa: BLE001 -- said in one line with the address
+            raise ddlkit.ConfigError(f"compute=ray cannot list the nodes of the Ray cluster at {self.address}: "
+                                     f"{' '.join(str(exc).split())[:300]}") from None
+        need = {"CPU": c.cpus_per_rank * c.procs_per_node, "GPU": c.gpus_per_rank * c.procs_per_node}
+        fit = [n for n in nodes if all((n.resources_total or {}).get(k, 0) >= v for k, v in need.items() if v > 0)]
+        if len(fit) >= c.nodes:
+            return
+        has = "; ".join(f"{(n.resources_total or {}).get('CPU', 0):g} CPU, {(n.resources_total or {}).get('GPU', 0):g} GPU"
+                        for n in nodes) or "no live node"
+        raise ddlkit.ConfigError(
+            f"compute=ray: the job asks for {c.nodes} node(s) with {need['CPU']:g} CPU, {need['GPU']:g} GPU each "
+            f"(compute.procs_per_node={c.procs_per_node} x cpus_per_rank={c.cpus_per_rank:g}, "
+            f"gpus_per_rank={c.gpus_per_rank:g}), but the Ray cluster at {self.address} has {len(fit)} such node(s) "
+            f"of {len(nodes)} ({has}): lower compute.nodes, compute.procs_per_node or the resources per rank, or add "
+            "nodes to the cluster.")
+
+    # ------------------------------------------------------------ ComputeTarget
+    def submit(self, spec: JobSpec) -> JobHandle:
+        jobs = self.jobs
+        self.check_cluster()
+        job_dir = Path(spec.job_dir).resolve()
+        submission_id = f"{spec.name}-{uuid.uuid4().hex[:8]}"
+        write_text(job_dir / PLAN_FILE, json.dumps(self.driver_plan(spec, submission_id), indent=2) + "\n")
+        try:
+            jobs.submit_job(entrypoint=self.entrypoint(), submission_id=submission_id,
+                            runtime_env=self.runtime_env(replace_dir(spec, job_dir)),
+                            metadata={"ddlkit_job": spec.name})
+        except RuntimeError as exc:
+            raise ddlkit.ConfigError(f"the Ray cluster at {self.address} refused the job: "
+                                     f"{' '.join(str(exc).split())[:500]}") from None
+        return RayJob(jobs, submission_id, address=self.address, job_dir=job_dir,
+                      poll_interval_s=self.cfg.poll_interval_s)
+
+    def attach(self, job_id: str, *, job_dir: Path) -> JobHandle:
+        handle = RayJob(self.jobs, str(job_id), address=self.address, job_dir=Path(job_dir).resolve(),
+                        poll_interval_s=self.cfg.poll_interval_s)
+        handle.info()  # a job the cluster does not know is said now, in one line
+        return handle
+
+
+def replace_dir(spec: JobSpec, job_dir: Path) -> JobSpec:
+    from dataclasses import replace
+
+    return replace(spec, job_dir=job_dir)

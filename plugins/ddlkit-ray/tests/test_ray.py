@@ -1,0 +1,285 @@
+"""compute=ray on a real Ray cluster (see conftest.py): the compute contract, ``ddlkit plan``, the
+one-line errors, training runs on two simulated nodes, the user's code shipped, a sweep,
+detach/attach, cancel with a checkpoint, and a lost node."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+import ddlkit
+from ddlkit import JobSpec
+from ddlkit.testing import FAKES_MODULE, RunFactory, interruptible, wait_for
+from ddlkit.testing.contracts import ComputeTargetContract
+from ddlkit_ray.target import RayConfig, RayTarget
+from ddlkit_ray.testing import free_port
+
+
+def needs_ray() -> None:
+    if importlib.util.find_spec("ray") is None:
+        pytest.skip("Ray is not installed: pip install 'ray[default]'")
+
+
+def ray_target(address: str, **options: object) -> RayTarget:
+    return RayTarget(RayConfig(**{"address": address, "poll_interval_s": 0.3, "grace_period_s": 10.0,
+                                  "placement_timeout_s": 60.0, **options}))
+
+
+def one_line_error(outcome, *fragments: str) -> str:
+    outcome.assert_returncode(2)
+    lines = [ln for ln in outcome.stderr.strip().splitlines() if ln.strip()]
+    assert len(lines) == 1, outcome.output
+    assert "Traceback" not in outcome.stderr
+    for fragment in fragments:
+        assert fragment in lines[0], outcome.output
+    return lines[0]
+
+
+# ---------------------------------------------------------------------------- the contract
+@pytest.mark.slow
+class TestRayContract(ComputeTargetContract):
+    # a Ray job: the working_dir uploaded, the runtime environment set up, the driver and an actor started
+    timeout_s = 120.0
+    cancel_timeout_s = 60.0
+
+    @pytest.fixture
+    def target(self, ray_cluster) -> RayTarget:
+        return ray_target(ray_cluster.address)
+
+
+#: a job that lasts: the fake framework sleeps this long per step (80 steps by default)
+SLOW = ("framework.step_delay_s=0.25",)
+
+
+def ray_args(address: str, *more: str) -> tuple[str, ...]:
+    return ("compute=ray", f"compute.address={address}", "compute.poll_interval_s=0.3",
+            "compute.grace_period_s=15", "compute.placement_timeout_s=60", *more)
+
+
+def submission(job_dir: Path) -> dict:
+    return json.loads((job_dir / ".ddlkit" / "submission.json").read_text())
+
+
+def follow_until(address: str, job_dir: Path, text: str, timeout: float = 120,
+                 launcher: subprocess.Popen | None = None) -> str:
+    """The job's output (through the Jobs API) until ``text`` appears in it."""
+    wait_for(lambda: (job_dir / ".ddlkit" / "submission.json").is_file(), "the job's submission", timeout=timeout,
+             process=launcher)
+    handle = ray_target(address).attach(submission(job_dir)["id"], job_dir=job_dir)
+    seen, deadline = "", time.monotonic() + timeout
+    for chunk in handle.logs(follow=True):
+        seen += chunk
+        if text in seen:
+            return seen
+        assert time.monotonic() < deadline, f"no {text!r} within {timeout} s: {seen[-2000:]}"
+    raise AssertionError(f"the job ended before {text!r}: {seen[-2000:]}")
+
+
+# ---------------------------------------------------------------------------- no cluster needed
+def test_plan_prints_the_submission_with_secrets_hidden(tmp_path: Path) -> None:
+    target = ray_target("http://head.example:8265", nodes=2, procs_per_node=2, cpus_per_rank=4, gpus_per_rank=1,
+                        runtime_env={"pip": ["einops"]})
+    spec = JobSpec(name="job-1", job_dir=tmp_path / "never", env={"DDLKIT_PLUGINS": "x"},
+                   secret_env={"DDLKIT_SECRET_KEY": "hunter2"})
+    text = target.plan(spec)
+    assert "hunter2" not in text and '"DDLKIT_SECRET_KEY": "***"' in text
+    assert "ray job submit --address=http://head.example:8265" in text
+    assert text.rstrip().endswith("-- python -m ddlkit_ray.driver ray-job.json")
+    assert 'placement group (STRICT_SPREAD): 2 bundle(s) {"CPU": 8, "GPU": 2}, one per node; 2 rank actor(s) ' \
+           "per bundle, 4 rank(s)" in text
+    assert '"pip": ["einops"]' in text and '"working_dir": ' in text
+    assert target.world_size == 4
+    assert not (tmp_path / "never").exists()
+
+
+def test_plan_on_the_command_line_needs_no_cluster(run_factory: RunFactory) -> None:
+    outcome = run_factory.cli("plan", "framework=fake", "compute=ray", "compute.address=http://nowhere.invalid:8265",
+                              "compute.nodes=2", "dist=native").assert_success()
+    assert "ray job submit --address=http://nowhere.invalid:8265" in outcome.stdout
+    assert "STRICT_SPREAD" in outcome.stdout and "ddlkit_ray.driver" in outcome.stdout
+    more = run_factory.cli("plan", "framework=fake", "compute=ray", "+compute.runtime_env.pip=[einops]").assert_success()
+    assert '"pip": ["einops"]' in more.stdout, more.output
+
+
+@pytest.mark.parametrize(("options", "fragment"), [
+    ({"nodes": 0}, "compute.nodes=0 is invalid"),
+    ({"strategy": "EVERYWHERE"}, "compute.strategy=EVERYWHERE is invalid"),
+    ({"min_nodes": 1, "nodes": 2}, "compute.min_nodes=1 is not supported yet"),
+    ({"runtime_env": {"working_dir": "/x"}}, "compute.runtime_env.working_dir is ddlkit's to set"),
+])
+def test_bad_options_are_config_errors(options: dict, fragment: str) -> None:
+    with pytest.raises(ddlkit.ConfigError, match=re.escape(fragment)):
+        ray_target("auto", **options)
+
+
+def test_no_ray_installed_names_the_package(run_factory: RunFactory, tmp_path: Path) -> None:
+    hidden = tmp_path / "no-ray"
+    hidden.mkdir()
+    # what Python says when the package is not installed, for every import of it
+    (hidden / "ray.py").write_text("raise ModuleNotFoundError(\"No module named 'ray'\", name='ray')\n")
+    outcome = run_factory("compute=ray", "compute.address=http://127.0.0.1:9",
+                          env={"PYTHONPATH": f"{hidden}:{os.environ.get('PYTHONPATH', '')}"})
+    one_line_error(outcome, "compute=ray needs Ray's Python package on this machine: pip install 'ray[default]'")
+
+
+def test_unreachable_cluster_names_the_address(run_factory: RunFactory) -> None:
+    needs_ray()
+    address = f"http://127.0.0.1:{free_port()}"
+    one_line_error(run_factory("compute=ray", f"compute.address={address}", timeout=120),
+                   f"compute=ray cannot reach a Ray cluster at compute.address={address}", "ray start --head")
+
+
+# ---------------------------------------------------------------------------- bad input, on the cluster
+@pytest.mark.parametrize(("more", "fragments"), [
+    (("compute.nodes=3",), ("asks for 3 node(s) with 1 CPU, 0 GPU each", "has 2 such node(s) of 2",
+                            "lower compute.nodes")),
+    (("compute.cpus_per_rank=4",), ("asks for 1 node(s) with 4 CPU, 0 GPU each", "has 0 such node(s) of 2",
+                                    "(1 CPU, 0 GPU; 1 CPU, 0 GPU)")),
+    (("compute.gpus_per_rank=1",), ("asks for 1 node(s) with 1 CPU, 1 GPU each", "has 0 such node(s)")),
+])
+def test_too_few_resources_for_the_gang(ray_cluster, run_factory: RunFactory, more: tuple[str, ...],
+                                        fragments: tuple[str, ...]) -> None:
+    one_line_error(run_factory(*ray_args(ray_cluster.address, *more), "dist=native", timeout=120), *fragments)
+
+
+# ---------------------------------------------------------------------------- real training jobs
+@pytest.mark.slow
+def test_two_ranks_on_two_nodes(ray_cluster, run_factory: RunFactory) -> None:
+    outcome = run_factory(*ray_args(ray_cluster.address, "compute.nodes=2"), "dist=native",
+                          timeout=240).assert_success()
+    assert outcome.result["status"] == "completed" and outcome.result["world_size"] == 2
+    assert "train epoch" in outcome.stdout  # rank 0's output, streamed through the Ray job's log
+    started = re.search(r"ddlkit-ray: 2 rank\(s\) started on node\(s\) 0 \((\w+)\), 1 \((\w+)\)", outcome.stdout)
+    assert started and started[1] != started[2], outcome.stdout  # one rank per node
+    job_dir = outcome.job_dir
+    for rank in range(2):  # what each node's rank wrote came back
+        assert (job_dir / f"rank-{rank}.log").is_file()
+        assert json.loads((job_dir / f".ranks/rank-{rank}.json").read_text())["code"] == 0
+    assert "train epoch" in (job_dir / "rank-0.log").read_text()
+    assert list((job_dir / "checkpoints").glob("*.ckpt"))
+    assert json.loads((job_dir / ".ddlkit/ray-exit.json").read_text())["code"] == 0
+    assert not (job_dir / "code").exists()  # nothing to ship: the fakes are installed
+
+
+@pytest.mark.slow
+def test_address_auto_finds_the_cluster_ray_start_started(ray_cluster, run_factory: RunFactory) -> None:
+    """compute.address=auto: the cluster ``ray start --head`` started on this machine -- found where Ray's
+    own tools find it (its temporary directory, or RAY_ADDRESS, which names this test cluster's GCS)."""
+    if not hasattr(ray_cluster, "gcs_address"):
+        pytest.skip("the session's cluster was given by its Jobs endpoint only")
+    outcome = run_factory("compute=ray", "compute.address=auto", "compute.poll_interval_s=0.3",
+                          env={"RAY_ADDRESS": ray_cluster.gcs_address}, timeout=240).assert_success()
+    assert outcome.result["status"] == "completed"
+    assert submission(outcome.job_dir)["id"].startswith("test_address_auto")
+
+
+@pytest.mark.slow
+def test_a_package_only_in_the_launch_directory_trains_on_the_cluster(ray_cluster, tmp_path: Path) -> None:
+    project = tmp_path / "project"
+    (project / "my_pkg").mkdir(parents=True)
+    (project / "my_pkg" / "__init__.py").write_text("")
+    (project / "my_pkg" / "data.py").write_text(
+        "import numpy as np\n\n\n"
+        "def samples(split, n=32):\n"
+        "    rng = np.random.default_rng(0 if split == 'train' else 1)\n"
+        "    return rng.uniform(0, 1, (n, 8, 8, 3)).astype('float32'), rng.integers(0, 4, n)\n")
+    (project / "big.bin").write_bytes(b"\0" * 2_000_000)
+    (project / ".gitignore").write_text("big.bin\n")
+    outcome = RunFactory(project)(*ray_args(ray_cluster.address, "compute.nodes=2"), "dist=native", "data=custom",
+                                  "data.target=my_pkg.data:samples", "data.num_classes=4", "data.image_size=8",
+                                  "trainer.batch_size=8", "trainer.epochs=1", job_dir=tmp_path / "job",
+                                  timeout=240).assert_success()
+    assert outcome.result["steps"] == 2 and outcome.result["world_size"] == 2  # 32 samples, 2 x 8 a step
+    shipped = json.loads((outcome.job_dir / "code.json").read_text())
+    assert sorted(f["path"] for f in shipped["files"]) == [".gitignore", "my_pkg/__init__.py", "my_pkg/data.py"]
+
+
+@pytest.mark.slow
+def test_a_sweep_of_four_jobs(ray_cluster, run_factory: RunFactory, tmp_path: Path) -> None:
+    sweep_dir = tmp_path / "sweep"
+    outcome = run_factory.cli("-m", "framework=fake", *ray_args(ray_cluster.address), "optimizer.lr=0.1,0.05,0.02,0.01",
+                              f"hydra.sweep.dir={sweep_dir}", timeout=400)
+    outcome.assert_success()
+    results = sorted(sweep_dir.glob("*/result.json"))
+    assert len(results) == 4, outcome.output
+    assert all(json.loads(r.read_text())["status"] == "completed" for r in results)
+    ids = {submission(r.parent)["id"] for r in results}
+    assert len(ids) == 4  # one Ray job each
+
+
+@pytest.mark.slow
+def test_jobs_attach_follows_a_detached_job_to_its_end(ray_cluster, run_factory: RunFactory, tmp_path: Path) -> None:
+    job_dir = tmp_path / "attached"
+    run_factory.cli("--detach", "framework=fake", *ray_args(ray_cluster.address), "framework.step_delay_s=0.02",
+                    f"hydra.run.dir={job_dir}").assert_success()
+    assert not (job_dir / "result.json").exists()
+    attached = run_factory.cli("jobs", "attach", str(job_dir), timeout=180).assert_success()
+    assert "train epoch" in attached.stdout and "the job ended with exit status 0" in attached.output
+    assert json.loads((job_dir / "result.json").read_text())["status"] == "completed"
+    status = run_factory.cli("jobs", "status", str(job_dir)).assert_success()
+    assert "completed" in status.stdout or "succeeded" in status.stdout, status.output
+    logs = run_factory.cli("jobs", "logs", str(job_dir)).assert_success()
+    assert "train epoch" in logs.stdout and "Running entrypoint" not in logs.stdout, logs.output
+
+
+@pytest.mark.slow
+def test_cancel_checkpoints_and_the_checkpoint_comes_back(ray_cluster, run_factory: RunFactory,
+                                                         tmp_path: Path) -> None:
+    job_dir = tmp_path / "cancelled"
+    run_factory.cli("--detach", "framework=fake", *ray_args(ray_cluster.address, "compute.nodes=2"), "dist=native",
+                    *SLOW, f"hydra.run.dir={job_dir}").assert_success()
+    follow_until(ray_cluster.address, job_dir, "step 10/")
+    cancel = run_factory.cli("jobs", "cancel", str(job_dir), timeout=180).assert_success()
+    assert "resume" in cancel.output, cancel.output
+    record = json.loads((job_dir / ".ddlkit/ray-exit.json").read_text())
+    assert record["code"] == 75, record  # the ranks stopped after a checkpoint
+    assert list((job_dir / "checkpoints").glob("*.ckpt")), "the checkpoint did not come back"
+    assert submission(job_dir)["state"] == "cancelled"
+    # and the job resumes from it
+    resumed = run_factory(*ray_args(ray_cluster.address, "compute.nodes=2"), "dist=native",
+                          job_dir=job_dir, timeout=300).assert_success()
+    assert resumed.result["resumed_from_step"] >= 10
+
+
+@pytest.mark.slow
+def test_a_lost_node_restarts_the_job_which_resumes(tmp_path: Path, run_factory: RunFactory) -> None:
+    """Three nodes, a job on two: a node of the job dies (its raylet killed); the job restarts on the
+    two that are left (ddlkit's restart policy), resumes from the checkpoint the driver kept, and ends."""
+    needs_ray()
+    from ddlkit_ray.testing import LocalRayCluster
+
+    with LocalRayCluster(nodes=3, cpus_per_node=1, env={**os.environ, "DDLKIT_PLUGINS": FAKES_MODULE}) as cluster:
+        job_dir = tmp_path / "survives"
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "ddlkit", "framework=fake", *ray_args(cluster.address, "compute.nodes=2",
+                                                                          "compute.sync_interval_s=1"),
+             "dist=native", "dist.timeout_s=20", "trainer.checkpoint_every=4", "restart.backoff_s=1", *SLOW,
+             f"hydra.run.dir={job_dir}"],
+            env={**os.environ, "DDLKIT_PLUGINS": FAKES_MODULE}, cwd=tmp_path, text=True, stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT, preexec_fn=interruptible)
+        try:
+            seen = follow_until(cluster.address, job_dir, "step 20/", timeout=180, launcher=proc)
+            started = re.search(r"started on node\(s\) 0 \((\w+)\), 1 \((\w+)\)", seen)
+            assert started, seen
+            # a node of the job that is not the head (whose loss ends the cluster): rank 1's, or rank 0's,
+            # whose checkpoints the driver has copied off it
+            cluster.kill_node(next(n for n in (started[2], started[1]) if not cluster.head_node_id().startswith(n)))
+            out, _ = proc.communicate(timeout=400)
+        finally:
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGINT)
+                proc.communicate(timeout=60)
+        assert proc.returncode == 0, out[-4000:]
+        assert "restart" in out and "was lost" in out, out[-4000:]
+        result = json.loads((job_dir / "result.json").read_text())
+        assert result["status"] == "completed" and result["restarts"] == 1, result
+        assert result["resumed_from_step"] >= 4, result
