@@ -8,6 +8,9 @@
 * :mod:`ddlkit.compute.rank_minder`: the program a target starts once per rank, around the ddlkit
   worker (logs, console, exit records, signals, no orphans); the target adds only how a rank
   learns its place in the job;
+* :mod:`ddlkit.compute.rank_exits`: the ranks' exit records read back by the launcher:
+  ``first_failure`` names the rank that failed first, whose exit status is the job's (what the
+  restart policy judges), whatever ``mpirun`` or ``srun`` reports;
 * :mod:`ddlkit.compute.containers`: ddlkit's container images for targets that run the ranks in a
   container: their names (``default_image``), their build context for a service that builds images
   itself (``image_context``), and whether a registry has one (``check_image``, ``ensure_pullable``);

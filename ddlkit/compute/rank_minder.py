@@ -29,7 +29,8 @@ What :func:`run` guarantees, the same for every target:
   replaced atomically) says how and when: ``rank``, ``node``, ``local_rank``, ``code`` (the exit
   status; minus the signal's number when a signal ended it), ``time`` (when, in seconds since the
   epoch), ``log`` (relative to the job directory), ``pid`` and ``host``. A launcher names the rank
-  that failed *first* from these (a failed rank makes the others fail too, later);
+  that failed *first* from these (a failed rank makes the others fail too, later):
+  :func:`ddlkit.compute.rank_exits.first_failure`;
 * **signals** (from :func:`forward_signals` on): SIGTERM, SIGINT and SIGUSR1 reach the child as
   one SIGTERM, the worker's one stop request (it checkpoints at its next step and exits
   ``EXIT_PREEMPTED``); SIGUSR1 is what mpirun forwards to every rank on every host, SIGINT what

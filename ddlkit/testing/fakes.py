@@ -50,6 +50,8 @@ class FakeFrameworkConfig:
     side: int = 4
     # raise RuntimeError at this global step (0 = never): drives the failure paths in tests
     fail_at_step: int = 0
+    # only this rank raises at fail_at_step (null: every rank); the others go on until they are stopped
+    fail_rank: int | None = None
     # rank kill_rank kills itself with SIGKILL at this global step (0 = never), in a job's first run
     # only (every run with kill_every_run): a lost rank or node, for the restart policy's tests
     kill_at_step: int = 0
@@ -141,7 +143,8 @@ class FakeFramework(Framework):
             return {"val_loss": loss_sum / total, "val_top1": top1 / total, "val_top5": top5 / total}
 
         def step(micro_batches: list[Any], lr: float) -> float:
-            if self.cfg.fail_at_step and run.state.step + 1 == self.cfg.fail_at_step:
+            if (self.cfg.fail_at_step and run.state.step + 1 == self.cfg.fail_at_step
+                    and self.cfg.fail_rank in (None, run.dist.rank)):
                 raise RuntimeError(f"fake framework failure at step {run.state.step + 1}")
             if (self.cfg.kill_at_step and run.state.step + 1 == self.cfg.kill_at_step
                     and (self.cfg.kill_every_run or not os.environ.get(RESTARTS_ENV))):

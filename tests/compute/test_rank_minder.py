@@ -227,3 +227,27 @@ def test_a_layout_without_ddlkits_node_variables_is_refused(tmp_path: Path) -> N
     with pytest.raises(ValueError, match="lack DDLKIT_LOCAL_RANK, DDLKIT_LOCAL_SIZE: every compute target"):
         rank_minder.run(["true"], rank=0, variables={"DDLKIT_NODE": "0"}, name="test", job_dir=str(tmp_path))
     assert not list(tmp_path.iterdir())
+
+
+def test_the_rank_that_failed_first_is_read_back_from_the_records(tmp_path: Path) -> None:
+    """What a target reports for a failed job (ddlkit.compute.rank_exits): the rank whose minder
+    recorded a failure first -- not the lowest rank, not the last -- where it ran, its log's last
+    lines, how the others ended and which never reported."""
+    from ddlkit.compute.rank_exits import first_failure, read_records
+
+    run_minder(tmp_path, "print('all good')", rank=2)
+    assert read_records(tmp_path)[0]["code"] == 0 and first_failure(tmp_path, 3) is None
+    run_minder(tmp_path, "import sys; print('bad data', file=sys.stderr); sys.exit(1)", rank=1)
+    run_minder(tmp_path, "import sys; sys.exit(75)", rank=0)  # stopped after it, as its launcher does
+    failure = first_failure(tmp_path, 4)
+    assert failure is not None and (failure.rank, failure.code) == (1, 1)
+    assert failure.log == tmp_path / "rank-1.log"
+    host = os.uname().nodename
+    message = failure.message()
+    assert message.startswith(f"rank 1 (node 1, host {host}) failed first, with exit status 1; last lines of "
+                              f"{tmp_path / 'rank-1.log'}:\n    bad data\n"), message
+    assert message.endswith("\n  then rank 0: exit status 75; rank 2: exit status 0; "
+                            "ranks [3]: killed before they could report"), message
+    # a cluster simulated on one machine has nodes, not hosts; a real one's may be named by the target
+    assert first_failure(tmp_path, 4, node_names=()).headline() == "rank 1 (node 1) failed first, with exit status 1"
+    assert first_failure(tmp_path, 4, node_names=["a", "b"]).where() == "node 1, host b"

@@ -411,6 +411,26 @@ def test_a_plain_scancel_is_reported_as_cancelled(slurm_cluster: str, tmp_path: 
 
 
 @pytest.mark.slow
+def test_an_error_in_rank_0_is_not_restarted_whatever_srun_reports(slurm_cluster: str, run_factory: RunFactory) -> None:
+    """Rank 0 of 2 raises at step 3 (exit 1); srun then stops rank 1, which checkpoints and exits 75, and
+    srun's status (the batch job's ExitCode) is that of whichever task it reports. The job is judged by
+    the rank that failed first, as on compute=local_mpi: the job's own error, never restarted."""
+    outcome = run_factory("framework=fake", "compute=slurm", "compute.poll_interval_s=0.5", "compute.procs_per_node=2",
+                          "dist=native", "data.image_size=8", "data.num_classes=4", "data.length=256",
+                          "data.val_length=32", "trainer.batch_size=16", "trainer.epochs=2", "trainer.log_every=1",
+                          "trainer.checkpoint_every=4", "restart.backoff_s=0", "framework.step_delay_s=0.1",
+                          "framework.fail_at_step=3", "framework.fail_rank=0", timeout=300)
+    outcome.assert_returncode(1)
+    assert "ddlkit: restart" not in outcome.stdout, outcome.stdout
+    assert " failed (not restarted: an error in the job's own code or data (exit status 1)): " in outcome.stderr, \
+        outcome.stderr
+    assert re.search(r"rank 0 \(node 0, host [^)]+\) failed first, with exit status 1", outcome.stderr), outcome.stderr
+    record = submission(outcome.job_dir)
+    assert record["restarts"] == []
+    assert scontrol(record["id"])["JobState"] == "FAILED"
+
+
+@pytest.mark.slow
 def test_a_rank_killed_on_slurm_restarts_the_job_as_a_new_slurm_job(slurm_cluster: str, run_factory: RunFactory) -> None:
     """The restart policy on the real local Slurm: rank 1 of 2 is killed (SIGKILL, a lost node) in
     step 7; the launcher submits the job again (a new Slurm job, in the same job directory), which

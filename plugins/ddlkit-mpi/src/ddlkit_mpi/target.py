@@ -47,6 +47,7 @@ from typing import Any, ClassVar
 import ddlkit
 from ddlkit.atomic import write_json, write_text
 from ddlkit.compute.process import ProcessJob, describe_exit, kill_session, log_tail, processes
+from ddlkit.compute.rank_exits import first_failure, read_records
 from ddlkit.interfaces import JobHandle, JobSpec, JobState, JobStatus
 from ddlkit.jobdir import CANCEL_FILE, NODE_DOWN, RANKS_DIR, STATE_DIR
 from ddlkit.options import MASTER_PORT, NON_NEGATIVE, POSITIVE_INTEGER, checked
@@ -181,7 +182,6 @@ class MpiJob(ProcessJob):
                   node_names: Sequence[str] = ()) -> None:
         self.world_size, self.abort_timeout_s, self.stop_via = world_size, abort_timeout_s, stop_via
         self.node_names = tuple(node_names)
-        self.records_dir = self.job_dir / RANKS_DIR
 
     # ------------------------------------------------------------ the job's processes
     def _rank_minders(self) -> list[int]:
@@ -200,15 +200,6 @@ class MpiJob(ProcessJob):
                 os.kill(pid, signal.SIGKILL)
 
     # ------------------------------------------------------------ rank records
-    def _records(self) -> list[dict[str, Any]]:
-        records = []
-        for path in sorted(self.records_dir.glob("rank-*.json")):
-            try:
-                records.append(json.loads(path.read_text(encoding="utf-8")))
-            except (OSError, ValueError):
-                continue  # being replaced right now; read again next time
-        return records
-
     def _watch(self) -> None:
         """The backstop of mpirun's own abort, in the process that started the job: once a rank
         has failed, the others get ``abort_timeout_s`` to end before the session is killed."""
@@ -216,7 +207,7 @@ class MpiJob(ProcessJob):
         failed_at: float | None = None
         while self.proc.poll() is None:
             if failed_at is None:
-                if any(r["code"] != 0 for r in self._records()):
+                if any(r["code"] != 0 for r in read_records(self.job_dir)):
                     failed_at = time.monotonic()
             elif time.monotonic() - failed_at > self.abort_timeout_s:
                 # all but the minder, which records how mpirun ended
@@ -224,38 +215,24 @@ class MpiJob(ProcessJob):
                 return
             time.sleep(0.1)
 
-    def _where(self, record: dict[str, Any]) -> str:
-        node = record["node"]
-        if 0 <= node < len(self.node_names):
-            return f"node {node}, host {self.node_names[node]}"
-        return f"node {node}"
-
     def final_status(self, code: int) -> JobStatus:
         # mpirun has ended: whatever a rank left behind goes with it
         self._kill_leftovers()
-        records = self._records()
-        failures = sorted((r for r in records if r["code"] != 0), key=lambda r: r["time"])
-        if code == 0 and not failures and len(records) == self.world_size:
+        records = read_records(self.job_dir)
+        failure = first_failure(self.job_dir, self.world_size, records=records, node_names=self.node_names)
+        if code == 0 and failure is None and len(records) == self.world_size:
             return JobStatus(JobState.SUCCEEDED, 0)
         state = JobState.CANCELLED if self.cancel_requested else JobState.FAILED
-        if not failures:
+        if failure is None:
             return JobStatus(state, code or 1, f"mpirun ended with {describe_exit(code)} and {len(records)} of "
                              f"{self.world_size} ranks reported an exit; last lines of {self.log_path}:\n"
                              + "\n".join("    " + ln for ln in log_tail(self.log_path)))
-        first = failures[0]
-        log = self.job_dir / first["log"]
-        tail = log_tail(log)
-        others = [f"rank {r['rank']}: {describe_exit(r['code'])}" for r in records if r is not first]
-        missing = sorted(set(range(self.world_size)) - {r["rank"] for r in records})
-        if missing:
-            others.append(f"ranks {missing}: killed before they could report")
-        failed = f"rank {first['rank']} ({self._where(first)}) failed first, with {describe_exit(first['code'])}"
-        if culprit := self._culprit(first, records, tail):
-            failed = (f"{culprit} first; rank {first['rank']} ({self._where(first)}) failed waiting for it, with "
-                      f"{describe_exit(first['code'])}")
-        message = (f"{failed}; last lines of {log}:\n" + "\n".join("    " + ln for ln in tail)
-                   + (f"\n  then {'; '.join(others)}" if others else ""))
-        return JobStatus(state, first["code"], message)
+        tail = log_tail(failure.log)
+        headline = None
+        if culprit := self._culprit(failure.first, records, tail):
+            headline = (f"{culprit} first; rank {failure.rank} ({failure.where()}) failed waiting for it, with "
+                        f"{describe_exit(failure.code)}")
+        return JobStatus(state, failure.code, failure.message(headline, tail))
 
     def _culprit(self, first: dict[str, Any], records: list[dict[str, Any]], tail: list[str]) -> str | None:
         """The rank that really failed first, when the first rank to report a failure only waited

@@ -16,8 +16,13 @@ environment (``spec.env``) and its secrets (``spec.secret_env``) travel in sbatc
 * on ``cancel()`` (SIGUSR1 to the batch shell with ``jobdir.CANCEL_FILE`` written) or a
   SIGTERM to the batch shell passes SIGTERM to the ranks and ends the job after ``grace_period_s``
   if they have not stopped;
-* writes :data:`EXIT_RECORD` (the ranks' exit code, the job id, the restarts) when it ends
+* writes :data:`EXIT_RECORD` (srun's exit code, the job id, the restarts) when it ends
   without being re-queued: the handle's final status, also after Slurm forgot the job.
+
+A failed job is judged by the rank that failed first (:func:`ddlkit.compute.rank_exits.first_failure`,
+from the exit records the ranks' minders leave in the shared job directory on every node), as
+compute=local_mpi judges it: srun's status is that of whichever task srun reports, often a peer it
+stopped because of the failure. srun's status (or Slurm's ExitCode) stands only when no rank left a record.
 
 The handle asks ``scontrol show job`` (no accounting database needed) at most once per
 ``compute.poll_interval_s``, however often :meth:`SlurmJob.status` is called; in between it reads
@@ -45,6 +50,7 @@ from typing import Any
 import ddlkit
 from ddlkit.atomic import write_text
 from ddlkit.compute.process import LogFollower, log_tail
+from ddlkit.compute.rank_exits import RankFailure, first_failure
 from ddlkit.interfaces import JobHandle, JobSpec, JobState, JobStatus
 from ddlkit.jobdir import CANCEL_FILE, EXIT_CONFIG_ERROR, EXIT_PREEMPTED, RANKS_DIR, STATE_DIR
 from ddlkit.options import NON_NEGATIVE, POSITIVE, POSITIVE_INTEGER, checked
@@ -168,9 +174,11 @@ class SlurmJob(JobHandle):
     """A Slurm batch job of ddlkit's; ``id`` is the Slurm job id."""
 
     def __init__(self, job_id: str, *, job_dir: Path, poll_interval_s: float, grace_period_s: float,
-                 time_limit: str | None = None) -> None:
+                 time_limit: str | None = None, world_size: int = 1) -> None:
         self.id = str(job_id)
         self.job_dir = Path(job_dir)
+        #: ranks the job has (those that never reported are named in a failure's message)
+        self.world_size = world_size
         self.poll_interval_s, self.grace = poll_interval_s, grace_period_s
         self.time_limit = time_limit
         self.log_path = self.job_dir / OUTPUT
@@ -194,16 +202,26 @@ class SlurmJob(JobHandle):
     def _tail(self) -> str:
         return f"last lines of {self.log_path}:\n" + "\n".join("    " + ln for ln in log_tail(self.log_path))
 
+    def _first_failure(self) -> RankFailure | None:
+        """The rank that failed first, from the exit records the ranks left in the job directory on
+        every node. srun's status (the script's, the batch job's ExitCode) is that of whichever task
+        srun reports: often a peer stopped because that rank failed (exit 75 or 76, SIGTERM)."""
+        return first_failure(self.job_dir, self.world_size)
+
     def _from_record(self, record: dict) -> JobStatus:
         code = int(record["code"])
         if code == 0:
             return JobStatus(JobState.SUCCEEDED, 0)
         state = JobState.CANCELLED if self.cancel_requested else JobState.FAILED
+        failure = self._first_failure()
+        code = failure.code if failure is not None else code
         if code == EXIT_PREEMPTED:
             why = (f"the ranks checkpointed and stopped (exit {code}) after {record.get('restarts', 0)} re-queue(s), "
                    "the most compute.max_requeues allows" if record.get("warned") else
                    f"the ranks checkpointed and stopped (exit {code})")
             return JobStatus(state, code, f"Slurm job {self.id}: {why}; {self._tail()}")
+        if failure is not None:
+            return JobStatus(state, code, f"Slurm job {self.id}: {failure.message()}")
         return JobStatus(state, code, f"Slurm job {self.id}: the ranks ended with exit status {code}; {self._tail()}")
 
     def _stop_code(self) -> int | None:
@@ -270,14 +288,20 @@ class SlurmJob(JobHandle):
                     f"Slurm job {self.id} ran out of time (time limit {info.get('TimeLimit', self.time_limit)}); the "
                     f"ranks saved a checkpoint when Slurm stopped them; {self._tail()}"))
             else:
-                self._final = JobStatus(JobState.FAILED, exit_code, (
+                failure = self._first_failure()
+                self._final = JobStatus(JobState.FAILED, failure.code if failure else exit_code, (
                     f"Slurm job {self.id} ran out of time (time limit {info.get('TimeLimit', self.time_limit)}) "
                     "without saving a checkpoint: raise compute.time, or compute.signal_before_s so that the "
-                    f"warning comes while the job can still checkpoint; {self._tail()}"))
+                    f"warning comes while the job can still checkpoint; {self._ranks_ended(failure)}"))
         else:
-            self._final = JobStatus(JobState.FAILED, exit_code, f"Slurm job {self.id} ended {state} ({reason}); "
-                                                                f"{self._tail()}")
+            failure = self._first_failure()
+            self._final = JobStatus(JobState.FAILED, failure.code if failure else exit_code,
+                                    f"Slurm job {self.id} ended {state} ({reason}); {self._ranks_ended(failure)}")
         return self._final
+
+    def _ranks_ended(self, failure: RankFailure | None) -> str:
+        """The end of a message about a failed job: the rank that failed first, else the batch job's output."""
+        return failure.message() if failure is not None else self._tail()
 
     def wait(self, timeout: float | None = None) -> JobStatus:
         return self.poll_until_done(timeout, 0.1)
@@ -524,9 +548,11 @@ exit "$code"
         self.check_cluster()
         job_dir = Path(spec.job_dir).resolve()
         (job_dir / STATE_DIR).mkdir(parents=True, exist_ok=True)
-        # a resumed job runs in the same directory: the previous run's ending is not this one's
+        # a resumed job runs in the same directory: the previous run's ending is not this one's (the
+        # script removes the ranks' records too, but a job may end before its script runs)
         for name in (EXIT_RECORD, STOP_RECORD, CANCEL_FILE):
             (job_dir / name).unlink(missing_ok=True)
+        shutil.rmtree(job_dir / RANKS_DIR, ignore_errors=True)
         write_text(job_dir / SCRIPT, self.script(spec))
         env = {**os.environ, **spec.env, **spec.secret_env}
         proc = _run(self.sbatch_command(spec, job_dir), env=env)
@@ -534,10 +560,10 @@ exit "$code"
         if proc.returncode != 0 or not job_id.isdigit():
             raise ddlkit.ConfigError(f"sbatch refused the job: {_first_line(proc.stderr or proc.stdout)}")
         return SlurmJob(job_id, job_dir=job_dir, poll_interval_s=self.cfg.poll_interval_s,
-                        grace_period_s=self.cfg.grace_period_s, time_limit=self.cfg.time)
+                        grace_period_s=self.cfg.grace_period_s, time_limit=self.cfg.time, world_size=self.world_size)
 
     def attach(self, job_id: str, *, job_dir: Path) -> JobHandle:
         if not str(job_id).isdigit():
             raise ddlkit.ConfigError(f"{job_id!r} is not a Slurm job id.")
         return SlurmJob(str(job_id), job_dir=Path(job_dir).resolve(), poll_interval_s=self.cfg.poll_interval_s,
-                        grace_period_s=self.cfg.grace_period_s, time_limit=self.cfg.time)
+                        grace_period_s=self.cfg.grace_period_s, time_limit=self.cfg.time, world_size=self.world_size)

@@ -1,0 +1,111 @@
+"""How a job's ranks ended, read back by the launcher from the exit records their rank minders left
+(``.ranks/rank-N.json``, :func:`ddlkit.jobdir.rank_record`, written by :mod:`ddlkit.compute.rank_minder`
+on every node into the job directory).
+
+A failed rank makes the others fail too, later and for a reason that is not theirs: a peer is
+stopped by its launcher (``mpirun``'s abort, ``srun --kill-on-bad-exit``) and checkpoints
+(``EXIT_PREEMPTED``), or finds the failed rank gone (``EXIT_LOST_PEER``). What a launcher reports
+for the whole job (``mpirun``'s status, the batch job's ``ExitCode``) is one of those, whichever it
+happens to pick; the restart policy (:mod:`ddlkit.launch.restarts`) must judge the job by the rank
+that failed *first*. A target reads it with :func:`first_failure`::
+
+    records = read_records(job_dir)
+    failure = first_failure(job_dir, world_size, records=records)
+    if failure is not None:
+        return JobStatus(JobState.FAILED, failure.code, f"job {id}: {failure.message()}")
+    # no rank reported a failure: the launcher's own status is all there is
+
+Records are written on the nodes' clocks; a cluster keeps them in step (NTP) far closer than the
+seconds between a failure and the ends it causes.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ..jobdir import RANKS_DIR, rank_record
+from .process import describe_exit, log_tail
+
+
+def read_records(job_dir: Path) -> list[dict[str, Any]]:
+    """The exit records the job's ranks have left so far, in rank order (a record being replaced
+    right now is left out: read again later)."""
+    records = []
+    for path in (Path(job_dir) / RANKS_DIR).glob(Path(rank_record("*")).name):
+        try:
+            records.append(json.loads(path.read_text(encoding="utf-8")))
+        except (OSError, ValueError):
+            continue
+    return sorted(records, key=lambda r: r["rank"])
+
+
+@dataclass(frozen=True)
+class RankFailure:
+    """The rank that failed first (its exit record), and what the job's other ranks did."""
+
+    job_dir: Path
+    first: dict[str, Any]
+    records: list[dict[str, Any]]
+    world_size: int
+    #: host names by node index for messages; None: the host each record names; empty: nodes only
+    #: (a cluster simulated on one machine)
+    node_names: Sequence[str] | None = None
+
+    @property
+    def rank(self) -> int:
+        return int(self.first["rank"])
+
+    @property
+    def code(self) -> int:
+        """Its exit status (minus the signal's number when a signal ended it): the job's exit code."""
+        return int(self.first["code"])
+
+    @property
+    def log(self) -> Path:
+        return self.job_dir / self.first["log"]
+
+    def where(self, record: dict[str, Any] | None = None) -> str:
+        """Where a rank ran (the first failure's by default): ``node 1, host gpu-07``."""
+        record = self.first if record is None else record
+        node = record["node"]
+        if self.node_names is None:
+            host = record.get("host")
+        else:
+            host = self.node_names[node] if 0 <= node < len(self.node_names) else None
+        return f"node {node}, host {host}" if host else f"node {node}"
+
+    def headline(self) -> str:
+        return f"rank {self.rank} ({self.where()}) failed first, with {describe_exit(self.code)}"
+
+    def others(self) -> list[str]:
+        """How the other ranks ended, and which never reported (killed with their rank minder)."""
+        others = [f"rank {r['rank']}: {describe_exit(r['code'])}" for r in self.records if r is not self.first]
+        missing = sorted(set(range(self.world_size)) - {r["rank"] for r in self.records})
+        if missing:
+            others.append(f"ranks {missing}: killed before they could report")
+        return others
+
+    def message(self, headline: str | None = None, tail: list[str] | None = None) -> str:
+        """The failure for a :class:`~ddlkit.interfaces.JobStatus`: ``headline`` (default: which rank
+        failed first, where, how), the last lines of its log (``tail``: as already read), the others."""
+        tail = log_tail(self.log) if tail is None else tail
+        others = self.others()
+        return (f"{headline or self.headline()}; last lines of {self.log}:\n" + "\n".join("    " + ln for ln in tail)
+                + (f"\n  then {'; '.join(others)}" if others else ""))
+
+
+def first_failure(job_dir: Path, world_size: int, *, records: list[dict[str, Any]] | None = None,
+                  node_names: Sequence[str] | None = None) -> RankFailure | None:
+    """The rank of the job in ``job_dir`` that failed first (non-zero status or a signal), from its
+    ranks' exit records (``records``: as already read by :func:`read_records`); None when no rank
+    reported a failure -- then the launcher's own status is all there is. ``node_names``: see
+    :attr:`RankFailure.node_names`."""
+    records = read_records(job_dir) if records is None else records
+    failures = sorted((r for r in records if r["code"] != 0), key=lambda r: r["time"])
+    if not failures:
+        return None
+    return RankFailure(Path(job_dir), failures[0], records, world_size, node_names)
