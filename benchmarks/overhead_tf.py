@@ -165,8 +165,8 @@ class HorovodLoop(GradientTapeLoop):
         total = tf.add_n([tf.reduce_sum(tf.cast(v.value, tf.float64)) for v in self.model.trainable_variables])
         sums = self.hvd.allgather(tf.reshape(total, [1])).numpy()
         if not all(abs(x - sums[0]) <= 1e-9 * max(1.0, abs(sums[0])) for x in sums):
-            raise RuntimeError(f"the hand-written Horovod loop's ranks hold different weights (sums {list(sums)}): "
-                               "its gradients were not averaged over the ranks")
+            raise RuntimeError(f"the hand-written Horovod loop's ranks hold different weights (sums "
+                               f"{[float(x) for x in sums]}): its gradients were not averaged over the ranks")
 
 
 class BatchTimer(keras.callbacks.Callback):
