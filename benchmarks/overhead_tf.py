@@ -38,9 +38,13 @@ default). Each rank runs ddlkit's worker path with ``dist=horovod`` (a job file 
 hand-written loop: a ``tf.function`` step with ``GradientTape``, ``hvd.grouped_allreduce`` of the
 gradients with ``op=hvd.Average`` (the fused all-reduce ddlkit uses; Horovod's
 ``DistributedGradientTape`` is Keras 2 code), the optimizer's update, and rank 0's variables
-broadcast once before the first step. Every rank switches sides at the same steps (ddlkit's
-logging steps, counted, never timed), so both sides' collectives meet in the same order on both
-ranks. Each rank times its own blocks; the ratios are medians over every rank's block pairs
+broadcast once before the first step. Each rank draws its own examples; after each run the
+hand-written loop's weights must be equal on every rank (else its gradients were not shared, and
+the benchmark fails). What ddlkit does beyond that is its overhead: one more all-reduce per step
+(the loss, a scalar), the ranks' stop check over its control plane (``dist.stop_check_every=1``)
+and, at each logging step, the mean of the loss over the ranks. Every rank switches sides at the
+same steps (ddlkit's logging steps, counted, never timed), so both sides' collectives meet in the
+same order on both ranks. Each rank times its own blocks; the ratios are medians over every rank's block pairs
 (``per_rank`` has each rank's). A rank's CPU time includes Horovod's background thread, which
 also runs while the rank waits for the other at an all-reduce. No cold start is measured.
 Result: ``overhead_tensorflow_horovod.json``.
@@ -240,9 +244,7 @@ def overrides(args: argparse.Namespace, steps: int) -> list[str]:
         f"trainer.batch_size={args.batch}", "trainer.epochs=1", "trainer.validate=false",
         "trainer.save_model=false", "trainer.resume=false", f"trainer.log_every={args.block}",
         f"optimizer.lr={LR}", "optimizer.scale_lr=none", "optimizer.warmup_epochs=0",
-        f"optimizer.momentum={MOMENTUM}", f"optimizer.weight_decay={WEIGHT_DECAY}",
-        # what this process set already, which TensorFlow keeps (another count would only be warned about)
-        f"framework.num_threads={args.threads}", *distributed,
+        f"optimizer.momentum={MOMENTUM}", f"optimizer.weight_decay={WEIGHT_DECAY}", *distributed,
     ]
 
 
@@ -366,7 +368,10 @@ def main() -> None:
     horovod = args.dist == "horovod"
     colds: list[float] = []
     with tempfile.TemporaryDirectory() as tmp:
-        jobs = [make_job(Path(tmp) / f"run{r}", overrides(args, args.block * args.blocks)) for r in range(args.runs)]
+        # ddlkit's threads: what this process set already, which TensorFlow keeps (another count
+        # would only be warned about)
+        interleaved = [*overrides(args, args.block * args.blocks), f"framework.num_threads={args.threads}"]
+        jobs = [make_job(Path(tmp) / f"run{r}", interleaved) for r in range(args.runs)]
         if horovod:
             per_rank = run_ranks(args, jobs, Path(tmp))
         else:
