@@ -246,6 +246,16 @@ class RunOutcome(_JobFiles):
     def assert_success(self) -> RunOutcome:
         return self.assert_returncode(0)
 
+    def assert_one_line_error(self, *fragments: str) -> str:
+        """Fail unless ddlkit refused with exit status 2 and one line on stderr (no traceback) that
+        holds every one of ``fragments``; return that line."""
+        self.assert_returncode(2)
+        lines = [ln for ln in self.stderr.strip().splitlines() if ln.strip()]
+        assert len(lines) == 1 and "Traceback" not in self.stderr, self.output
+        for fragment in fragments:
+            assert fragment in lines[0], self.output
+        return lines[0]
+
 
 @dataclass
 class WorkerOutcome(_JobFiles):

@@ -115,15 +115,6 @@ def fake_image(service: BatchAILoopback) -> str:
     return f"compute.image={service.registry.host}/{FAKE}"
 
 
-def one_line_error(outcome, *fragments: str) -> str:
-    outcome.assert_returncode(2)
-    lines = [ln for ln in outcome.stderr.strip().splitlines() if ln.startswith("ddlkit: error:")]
-    assert len(lines) == 1 and "Traceback" not in outcome.stderr, outcome.output
-    for fragment in fragments:
-        assert fragment in lines[0], outcome.output
-    return lines[0]
-
-
 def creates(service: BatchAILoopback) -> list[str]:
     """The kinds of resource created, in order (workspaces, experiments, fileServers, clusters, jobs)."""
     return [r.path.split("/")[-2] if "/experiments/" not in r.path or "/jobs/" in r.path else "experiments"
@@ -294,8 +285,8 @@ def test_a_job_runs_and_a_second_reuses_everything(batchai: BatchAILoopback, ssh
 
     changed = run_factory(*args[:-1], "compute.cluster.vm_size=Standard_D8_v3", "trainer.epochs=1",
                           job_dir=tmp_path / "third")
-    one_line_error(changed, "cluster ddlkit exists with other settings", "vm_size is Standard_D4_v2",
-                   "compute.cluster.vm_size=Standard_D8_v3", "compute down")
+    changed.assert_one_line_error("cluster ddlkit exists with other settings", "vm_size is Standard_D4_v2",
+                                  "compute.cluster.vm_size=Standard_D8_v3", "compute down")
 
 
 @pytest.mark.slow
@@ -434,19 +425,19 @@ def test_secrets_travel_as_job_secrets_and_nowhere_else(batchai: BatchAILoopback
 def test_errors_are_one_line(batchai: BatchAILoopback, ssh_key: Path, run_factory: RunFactory,
                              monkeypatch: pytest.MonkeyPatch) -> None:
     gpu = run_factory(*[a for a in cli_args(batchai, ssh_key) if a != "compute.gpu=false"])  # a GPU run
-    one_line_error(gpu, "compute.cluster.vm_size=Standard_D4_v2 has no GPU", "compute.gpu=false")
+    gpu.assert_one_line_error("compute.cluster.vm_size=Standard_D4_v2 has no GPU", "compute.gpu=false")
     assert batchai.server.requests() == []
     ssd = run_factory(*cli_args(batchai, ssh_key, fake_image(batchai), "compute.cluster.vm_size=Standard_D4s_v4",
                                 "storage=local_ssd"))
-    one_line_error(ssd, "storage=local_ssd", "Standard_D4s_v4 has none", "storage=nfs")
+    ssd.assert_one_line_error("storage=local_ssd", "Standard_D4s_v4 has none", "storage=nfs")
     nfs = run_factory(*cli_args(batchai, ssh_key, fake_image(batchai), "storage=nfs", "storage.root=/mnt/nfs"))
-    one_line_error(nfs, "storage.root='$AZ_BATCHAI_MOUNT_ROOT/nfs'")
+    nfs.assert_one_line_error("storage.root='$AZ_BATCHAI_MOUNT_ROOT/nfs'")
     batchai.core_quota = 4
     quota = run_factory(*cli_args(batchai, ssh_key, fake_image(batchai), "compute.nodes=2", "dist=native"))
-    one_line_error(quota, "creating cluster ddlkit", "QuotaExceeded", "Maximum allowed: 4")
+    quota.assert_one_line_error("creating cluster ddlkit", "QuotaExceeded", "Maximum allowed: 4")
     monkeypatch.setenv("PATH", "/usr/bin:/bin")  # no `az`: nothing to sign in with
     nobody = run_factory(*cli_args(batchai, ssh_key, fake_image(batchai)))
-    one_line_error(nobody, "no Azure credential found", "az login", "managed identity")
+    nobody.assert_one_line_error("no Azure credential found", "az login", "managed identity")
 
 
 # ---------------------------------------------------------------------------- the image
@@ -455,9 +446,9 @@ def test_an_image_the_registry_does_not_have_is_refused_before_anything_is_creat
         batchai: BatchAILoopback, ssh_key: Path, run_factory: RunFactory) -> None:
     host = batchai.registry.host
     run = run_factory(*cli_args(batchai, ssh_key, f"compute.image={host}/ddlkit-fake:missing"))
-    one_line_error(run, f"image {host}/ddlkit-fake:missing does not exist ({host} answered 404 for "
-                        "ddlkit-fake:missing)", f"scripts/build_images.sh --registry {host} --push",
-                   "or set compute.image to an image that exists")
+    run.assert_one_line_error(f"image {host}/ddlkit-fake:missing does not exist ({host} answered 404 for "
+                              "ddlkit-fake:missing)", f"scripts/build_images.sh --registry {host} --push",
+                              "or set compute.image to an image that exists")
     assert batchai.server.requests("PUT") == []
 
 
@@ -467,8 +458,8 @@ def test_ddlkits_image_never_pushed_to_the_registry_is_refused(batchai: BatchAIL
     host = batchai.registry.host
     run = run_factory(*cli_args(batchai, ssh_key, f"compute.registry={host}/elsewhere"), "framework=pytorch")
     image = default_image("pytorch", gpu=False, registry=f"{host}/elsewhere")
-    one_line_error(run, f"image {image} cannot be pulled: {host} refused it without credentials (401), so it does "
-                        "not exist or is private", f"scripts/build_images.sh --registry {host}/elsewhere --push")
+    run.assert_one_line_error(f"image {image} cannot be pulled: {host} refused it without credentials (401), so it "
+                              "does not exist or is private", f"scripts/build_images.sh --registry {host}/elsewhere --push")
     assert batchai.server.requests("PUT") == []
 
 
@@ -503,7 +494,7 @@ def test_down_deletes_only_what_ddlkit_created(batchai: BatchAILoopback, ssh_key
     run_factory(*args, job_dir=tmp_path / "job").assert_success()
     batchai.add_file_server(SUB, RG, WS, "theirs", state="succeeded")
     refused = run_factory.cli("compute", "down", *args)
-    one_line_error(refused, "add --yes")
+    refused.assert_one_line_error("add --yes")
     assert batchai.server.requests("DELETE") == []
     down = run_factory.cli("compute", "down", "--yes", *args)
     down.assert_success()
@@ -529,11 +520,11 @@ def test_a_missing_resource_group_is_one_line_naming_the_fix(batchai: BatchAILoo
     """ARM answers 404 ResourceGroupNotFound to every request under a resource group that does not exist."""
     batchai.resource_groups = {"someone-elses-rg"}
     run = run_factory(*cli_args(batchai, ssh_key, fake_image(batchai)))
-    one_line_error(run, f"looking up workspace {WS}: resource group {RG} was not found in subscription {SUB}",
-                   "ResourceGroupNotFound", "check compute.resource_group", f"az group create --name {RG}")
+    run.assert_one_line_error(f"looking up workspace {WS}: resource group {RG} was not found in subscription {SUB}",
+                              "ResourceGroupNotFound", "check compute.resource_group", f"az group create --name {RG}")
     assert batchai.server.requests("PUT") == []
     down = run_factory.cli("compute", "down", "--yes", *cli_args(batchai, ssh_key, fake_image(batchai)))
-    one_line_error(down, f"resource group {RG} was not found")
+    down.assert_one_line_error(f"resource group {RG} was not found")
 
 
 def test_compute_down_without_the_workspace_has_nothing_to_delete(batchai: BatchAILoopback, ssh_key: Path,
@@ -548,8 +539,8 @@ def test_compute_down_without_the_workspace_has_nothing_to_delete(batchai: Batch
 
 
 def test_compute_down_on_a_target_that_keeps_nothing(run_factory: RunFactory) -> None:
-    one_line_error(run_factory.cli("compute", "down", "--yes", "compute=local"),
-                   "compute=local keeps nothing between jobs")
+    run_factory.cli("compute", "down", "--yes", "compute=local").assert_one_line_error(
+        "compute=local keeps nothing between jobs")
 
 
 # ---------------------------------------------------------------------------- staging

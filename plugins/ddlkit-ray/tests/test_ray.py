@@ -34,16 +34,6 @@ def ray_target(address: str, **options: object) -> RayTarget:
                                   "placement_timeout_s": 60.0, **options}))
 
 
-def one_line_error(outcome, *fragments: str) -> str:
-    outcome.assert_returncode(2)
-    lines = [ln for ln in outcome.stderr.strip().splitlines() if ln.strip()]
-    assert len(lines) == 1, outcome.output
-    assert "Traceback" not in outcome.stderr
-    for fragment in fragments:
-        assert fragment in lines[0], outcome.output
-    return lines[0]
-
-
 # ---------------------------------------------------------------------------- the contract
 @pytest.mark.slow
 class TestRayContract(ComputeTargetContract):
@@ -128,14 +118,14 @@ def test_no_ray_installed_names_the_package(run_factory: RunFactory, tmp_path: P
     (hidden / "ray.py").write_text("raise ModuleNotFoundError(\"No module named 'ray'\", name='ray')\n")
     outcome = run_factory("compute=ray", "compute.address=http://127.0.0.1:9",
                           env={"PYTHONPATH": f"{hidden}:{os.environ.get('PYTHONPATH', '')}"})
-    one_line_error(outcome, "compute=ray needs Ray's Python package on this machine: pip install 'ray[default]'")
+    outcome.assert_one_line_error("compute=ray needs Ray's Python package on this machine: pip install 'ray[default]'")
 
 
 def test_unreachable_cluster_names_the_address(run_factory: RunFactory) -> None:
     needs_ray()
     address = f"http://127.0.0.1:{free_port()}"
-    one_line_error(run_factory("compute=ray", f"compute.address={address}", timeout=120),
-                   f"compute=ray cannot reach a Ray cluster at compute.address={address}", "ray start --head")
+    run_factory("compute=ray", f"compute.address={address}", timeout=120).assert_one_line_error(
+        f"compute=ray cannot reach a Ray cluster at compute.address={address}", "ray start --head")
 
 
 # ---------------------------------------------------------------------------- bad input, on the cluster
@@ -148,7 +138,7 @@ def test_unreachable_cluster_names_the_address(run_factory: RunFactory) -> None:
 ])
 def test_too_few_resources_for_the_gang(ray_cluster, run_factory: RunFactory, more: tuple[str, ...],
                                         fragments: tuple[str, ...]) -> None:
-    one_line_error(run_factory(*ray_args(ray_cluster.address, *more), "dist=native", timeout=120), *fragments)
+    run_factory(*ray_args(ray_cluster.address, *more), "dist=native", timeout=120).assert_one_line_error(*fragments)
 
 
 # ---------------------------------------------------------------------------- real training jobs

@@ -37,16 +37,6 @@ def scontrol(job_id: str) -> dict[str, str]:
     return dict(t.split("=", 1) for t in out.split() if "=" in t)
 
 
-def one_line_error(outcome, *fragments: str) -> str:
-    outcome.assert_returncode(2)
-    lines = [ln for ln in outcome.stderr.strip().splitlines() if ln.strip()]
-    assert len(lines) == 1, outcome.output
-    assert "Traceback" not in outcome.stderr
-    for fragment in fragments:
-        assert fragment in lines[0], outcome.output
-    return lines[0]
-
-
 def submission(job_dir: Path) -> dict:
     return json.loads((job_dir / ".ddlkit" / "submission.json").read_text())
 
@@ -95,15 +85,15 @@ def test_bad_options_are_config_errors(options: dict, fragment: str) -> None:
 
 def test_no_sbatch_on_path_says_it_needs_a_login_node(run_factory: RunFactory, tmp_path: Path) -> None:
     outcome = run_factory("compute=slurm", env={"PATH": str(tmp_path / "empty-bin")})
-    one_line_error(outcome, "needs Slurm's `sbatch` on PATH", "login node")
+    outcome.assert_one_line_error("needs Slurm's `sbatch` on PATH", "login node")
 
 
 @pytest.mark.skipif(shutil.which("sinfo") is None or Path("/etc/slurm/slurm.conf").exists(),
                     reason="needs Slurm's commands and no cluster configured in /etc/slurm")
 def test_no_slurm_conf_says_how_to_give_one(run_factory: RunFactory, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("SLURM_CONF", raising=False)
-    line = one_line_error(run_factory("compute=slurm"), "sinfo finds no Slurm configuration: export SLURM_CONF=",
-                          "scripts/local_slurm.sh start")
+    line = run_factory("compute=slurm").assert_one_line_error("sinfo finds no Slurm configuration: export SLURM_CONF=",
+                                                              "scripts/local_slurm.sh start")
     assert "DNS" not in line
 
 
@@ -131,21 +121,21 @@ class TestSlurmContract(ComputeTargetContract):
 
 # ---------------------------------------------------------------------------- bad input, on the cluster
 def test_unknown_partition_lists_the_partitions(slurm_cluster: str, run_factory: RunFactory) -> None:
-    one_line_error(run_factory("compute=slurm", "compute.partition=nope"),
-                   "compute.partition=nope is not a partition", "debug")
+    run_factory("compute=slurm", "compute.partition=nope").assert_one_line_error(
+        "compute.partition=nope is not a partition", "debug")
 
 
 def test_more_nodes_than_the_partition_has(slurm_cluster: str, run_factory: RunFactory) -> None:
-    one_line_error(run_factory("compute=slurm", "compute.partition=debug", "compute.nodes=5", "dist=native"),
-                   "compute.nodes=5 asks for more nodes than partition debug has (1)")
+    run_factory("compute=slurm", "compute.partition=debug", "compute.nodes=5", "dist=native").assert_one_line_error(
+        "compute.nodes=5 asks for more nodes than partition debug has (1)")
 
 
 def test_more_nodes_than_the_default_partition_has(slurm_cluster: str, run_factory: RunFactory) -> None:
     """Without compute.partition the job goes to the cluster's default partition: checked as well
     (the job was queued, and stayed PENDING for ever, in silence)."""
-    one_line_error(run_factory("compute=slurm", "compute.nodes=2", "dist=native", timeout=60),
-                   "compute.nodes=2 asks for more nodes than partition debug has (1), the cluster's default: lower "
-                   "compute.nodes.")
+    run_factory("compute=slurm", "compute.nodes=2", "dist=native", timeout=60).assert_one_line_error(
+        "compute.nodes=2 asks for more nodes than partition debug has (1), the cluster's default: lower "
+        "compute.nodes.")
 
 
 @pytest.mark.parametrize("sbatch_args, reason, fix", [
@@ -170,12 +160,12 @@ def test_a_job_that_can_never_start_fails_naming_the_fix(slurm_cluster: str, tmp
 
 
 def test_bad_time_format_is_rejected(slurm_cluster: str, run_factory: RunFactory) -> None:
-    one_line_error(run_factory("compute=slurm", "compute.time=4h"), "compute.time=4h is not a Slurm time limit")
+    run_factory("compute=slurm", "compute.time=4h").assert_one_line_error("compute.time=4h is not a Slurm time limit")
 
 
 def test_sbatch_failure_shows_slurms_message(slurm_cluster: str, run_factory: RunFactory) -> None:
-    line = one_line_error(run_factory("compute=slurm", "compute.extra_sbatch=['--reservation=no-such-reservation']"),
-                          "sbatch refused the job")
+    refused = run_factory("compute=slurm", "compute.extra_sbatch=['--reservation=no-such-reservation']")
+    line = refused.assert_one_line_error("sbatch refused the job")
     assert "reservation" in line.lower()
 
 
