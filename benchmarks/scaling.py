@@ -83,12 +83,13 @@ def run_job(args: list[str], job_dir: Path) -> dict[str, Any]:
     return json.loads((job_dir / RESULT_FILE).read_text())
 
 
-def measure_scaling(configs: list[str], rounds: int, work: Path, **shape: Any) -> dict[str, Any]:
-    samples: dict[str, dict[int, list[float]]] = {c: {n: [] for n in RANKS} for c in configs}
-    loads: dict[str, dict[int, list[float]]] = {c: {n: [] for n in RANKS} for c in configs}
+def measure_scaling(configs: list[str], rounds: int, work: Path, ranks: tuple[int, ...] = RANKS,
+                    **shape: Any) -> dict[str, Any]:
+    samples: dict[str, dict[int, list[float]]] = {c: {n: [] for n in ranks} for c in configs}
+    loads: dict[str, dict[int, list[float]]] = {c: {n: [] for n in ranks} for c in configs}
     for r in range(rounds):
         for config in configs:
-            for n in RANKS:
+            for n in ranks:
                 job_dir = work / f"{config.replace('/', '-')}-{n}-{r}"
                 # the machine's load before the job: other work on the cores skews the numbers
                 loads[config][n].append(round(os.getloadavg()[0], 2))
@@ -188,11 +189,12 @@ def plot(scaling: dict[str, Any], path: Path, title: str) -> None:
     import matplotlib.pyplot as plt
 
     configs = list(scaling)
-    width = 0.8 / len(RANKS)
+    ranks = sorted({int(n) for by_n in scaling.values() for n in by_n})  # the rank counts measured
+    width = 0.8 / len(ranks)
     fig, ax = plt.subplots(figsize=(2.2 + 2.2 * len(configs), 4.2))
     colors = ("#4c72b0", "#dd8452", "#55a868")
-    for i, n in enumerate(RANKS):
-        xs = [c + (i - (len(RANKS) - 1) / 2) * width for c in range(len(configs))]
+    for i, n in enumerate(ranks):
+        xs = [c + (i - (len(ranks) - 1) / 2) * width for c in range(len(configs))]
         values = [scaling[c][str(n)]["median"] for c in configs]
         bars = ax.bar(xs, values, width * 0.95, label=f"{n} rank{'s' if n > 1 else ''}", color=colors[i % 3])
         for bar, config in zip(bars, configs, strict=True):
@@ -234,23 +236,29 @@ def main() -> None:
     parser.add_argument("--image-size", type=int, default=64)
     parser.add_argument("--model", default="resnet18")
     parser.add_argument("--stop-repeats", type=int, default=3)
+    parser.add_argument("--ranks", default=",".join(map(str, RANKS)),
+                        help="rank counts to run (1 is the baseline every efficiency is measured against)")
     parser.add_argument("--replot", action="store_true",
                         help="recompute the efficiencies and redraw the chart from scaling.json; run nothing")
     args = parser.parse_args()
     if args.replot:
         replot(args)
         return
+    ranks = tuple(int(n) for n in args.ranks.split(","))
+    if 1 not in ranks:
+        parser.error("--ranks must include 1: each efficiency is measured against one rank")
     shape = {"steps": args.steps, "batch": args.batch, "image_size": args.image_size, "model": args.model}
     skipped = {c: why for c in args.configs.split(",") if (why := available(c))}
     configs = [c for c in args.configs.split(",") if c not in skipped]
     with tempfile.TemporaryDirectory(prefix="ddlkit-scaling-") as tmp:
         work = Path(tmp)
-        scaling = measure_scaling(configs, args.rounds, work, **shape)
+        scaling = measure_scaling(configs, args.rounds, work, ranks, **shape)
         stops = {how: [measure_stop(how, work, shape) for _ in range(args.stop_repeats)] for how in ("kill", "preempt")}
     stop_check = measure_stop_check()
     payload = {
         "benchmark": "scaling",
-        "what": "images/sec of data-parallel training on 1, 2, 4 ranks (compute=local_mpi, 1 thread per rank); "
+        "what": f"images/sec of data-parallel training on {', '.join(map(str, ranks))} ranks (compute=local_mpi, "
+                "1 thread per rank); "
                 "efficiency = throughput(n) / (n x throughput(1))",
         "shape": {**shape, "threads_per_rank": 1, "data": "synthetic"},
         "goal": {"efficiency_at_2_ranks": 0.90},
