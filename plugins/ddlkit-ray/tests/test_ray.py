@@ -74,15 +74,15 @@ def submission(job_dir: Path) -> dict:
 
 
 def follow_until(address: str, job_dir: Path, text: str, timeout: float = 120,
-                 launcher: subprocess.Popen | None = None) -> str:
-    """The job's output (through the Jobs API) until ``text`` appears in it."""
+                 launcher: subprocess.Popen | None = None, after: str = "") -> str:
+    """The job's output (through the Jobs API) until ``text`` appears in it (after ``after``)."""
     wait_for(lambda: (job_dir / ".ddlkit" / "submission.json").is_file(), "the job's submission", timeout=timeout,
              process=launcher)
     handle = ray_target(address).attach(submission(job_dir)["id"], job_dir=job_dir)
     seen, deadline = "", time.monotonic() + timeout
     for chunk in handle.logs(follow=True):
         seen += chunk
-        if text in seen:
+        if text in (seen.partition(after)[2] if after else seen):
             return seen
         assert time.monotonic() < deadline, f"no {text!r} within {timeout} s: {seen[-2000:]}"
     raise AssertionError(f"the job ended before {text!r}: {seen[-2000:]}")
@@ -310,7 +310,7 @@ ELASTIC_JOB = ("framework=fake", "dist=native", "dist.timeout_s=20", "data=custo
                "data.target=ddlkit.testing.fakes:class_images", "+data.kwargs.numbered=true", "data.num_classes=4",
                "data.image_size=8", "trainer.batch_size=8", "trainer.log_every=1", "trainer.checkpoint_every=2",
                "trainer.deterministic=true", "framework.allreduce=true", "framework.trace_samples=true",
-               "restart.backoff_s=2", *SLOW)
+               "restart.backoff_s=2")
 
 
 def launch(cluster, tmp_path: Path, job: str, *overrides: str) -> subprocess.Popen:
@@ -330,6 +330,15 @@ def job_nodes(seen: str, nodes: int) -> list[str]:
     return list(started.groups())
 
 
+def kill_job_nodes(cluster, seen: str, nodes: int) -> None:
+    """Kill the job's nodes but the head (whose loss ends the cluster): rank 0's node among them, or
+    not -- the driver has copied its checkpoints off it."""
+    head = cluster.head_node_id()
+    for node in job_nodes(seen, nodes):
+        if not head.startswith(node):
+            cluster.kill_node(node)
+
+
 def finish(proc: subprocess.Popen, timeout: float) -> tuple[str, str]:
     try:
         return proc.communicate(timeout=timeout)
@@ -340,43 +349,67 @@ def finish(proc: subprocess.Popen, timeout: float) -> tuple[str, str]:
 
 
 @pytest.mark.slow
-def test_a_lost_node_shrinks_the_elastic_job_to_the_node_left(tmp_path: Path) -> None:
+def test_a_lost_node_shrinks_the_elastic_job_and_it_grows_back_when_a_node_joins(tmp_path: Path) -> None:
     """Two nodes, compute.min_nodes=1: a node of the job dies mid-run (its raylet killed); the job
-    restarts on the one node left, with the batch trainer.on_resize says, resumes from the checkpoint
-    the driver kept, and ends with nothing lost: the steps add up, each epoch trained every sample
-    once, the final checkpoint verifies."""
+    restarts on the one node left, with the batch trainer.on_resize says, and resumes from the
+    checkpoint the driver kept. A node joins the cluster; at the next restart (a preemption notice to
+    rank 0) the job is back on two nodes. Nothing is lost: the steps add up, each epoch trained every
+    sample once, the final checkpoint verifies."""
     needs_ray()
+    import tempfile
+    import threading
+
+    from ddlkit.testing.multirank import worker_pids
     from ddlkit_ray.testing import LocalRayCluster
 
     with LocalRayCluster(nodes=2, cpus_per_node=1, env={**os.environ, "DDLKIT_PLUGINS": FAKES_MODULE}) as cluster:
-        proc = launch(cluster, tmp_path, "shrinks", "compute.nodes=2", "compute.min_nodes=1", "trainer.epochs=2")
-        job_dir = tmp_path / "shrinks" / "job"
+        proc = launch(cluster, tmp_path, "elastic", "compute.nodes=2", "compute.min_nodes=1", "trainer.epochs=4",
+                      "framework.step_delay_s=0.5")
+        job_dir = tmp_path / "elastic" / "job"
+        lines: list[str] = []
+        reader = threading.Thread(target=lambda: lines.extend(proc.stdout), daemon=True)  # type: ignore[arg-type]
         try:
             seen = follow_until(cluster.address, job_dir, "step 6/", timeout=240, launcher=proc)
-            head = cluster.head_node_id()
-            # the job's node that is not the head (whose loss ends the cluster): rank 1's, or rank 0's,
-            # whose checkpoints the driver has copied off it
-            cluster.kill_node(next(n for n in job_nodes(seen, 2) if not head.startswith(n)))
-        except BaseException:
-            finish(proc, 0.1)
-            raise
-        out, err = finish(proc, 400)
+            first_run = submission(job_dir)["id"]
+            reader.start()
+            kill_job_nodes(cluster, seen, 2)
+            wait_for(lambda: any(ln.startswith("ddlkit: restart 1/3 on ") for ln in lines), "the restart on fewer nodes",
+                     timeout=180, process=proc, detail=lambda: "".join(lines)[-3000:])
+            cluster.add_node()  # a machine joins while the job runs on one node
+            shrunk = wait_for(lambda: submission(job_dir)["id"] != first_run and submission(job_dir)["id"],
+                              "the restarted run's record", timeout=60, process=proc)
+            # once the shrunk job trains again, a preemption notice to its rank 0 ends it (it checkpoints)
+            follow_until(cluster.address, job_dir, "train epoch", timeout=180, launcher=proc,
+                         after="instead of the planned 2")
+            rank_dir = Path(tempfile.gettempdir(), "ddlkit-ray", shrunk, "node-0")
+            os.kill(wait_for(lambda: worker_pids(rank_dir).get(0), "the shrunk job's rank 0", timeout=30),
+                    signal.SIGTERM)
+            proc.wait(timeout=400)
+        finally:
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGINT)
+                proc.wait(timeout=60)
+        reader.join(10)
+        out, err = "".join(lines), proc.stderr.read()  # type: ignore[union-attr]
         assert proc.returncode == 0, out[-4000:] + err[-4000:]
-        assert "was lost" in out, out[-4000:]
+        assert "was lost" in seen + out, out[-4000:]
         assert ("ddlkit: restart 1/3 on 1 of 2 nodes (compute.min_nodes=1, 1 rank): trainer.on_resize="
                 "keep_global_batch: per-rank batch 8 -> 8 x 2 micro-batches, lr unchanged\n") in out, out[-4000:]
         # the rank learnt the planned world size through the Ray job's runtime environment, and says so
         assert ("ddlkit: 1 rank instead of the planned 2: trainer.on_resize=keep_global_batch: per-rank batch 8 -> "
                 "8 x 2 micro-batches, lr unchanged\n") in out, out[-4000:]
         assert re.search(r"ddlkit-ray: 1 rank\(s\) started on node\(s\) 0 \(\w+\);", out), out[-4000:]
-        (restart,) = restarts(job_dir)
-        assert (restart["nodes"], restart["planned_nodes"], restart["world_size"]) == (1, 2, 1), restart
-        assert restart["resumed_from"] >= 2, restart
+        assert ("ddlkit: restart 2/3 on 2 of 2 nodes (compute.min_nodes=1, 2 ranks): trainer.on_resize="
+                "keep_global_batch: per-rank batch 8 x 2 micro-batches -> 8, lr unchanged\n") in out, out[-4000:]
+        shrink, grow = restarts(job_dir)
+        assert (shrink["nodes"], shrink["planned_nodes"], shrink["world_size"]) == (1, 2, 1), shrink
+        assert (grow["nodes"], grow["world_size"]) == (2, 2), grow
+        assert 2 <= shrink["resumed_from"] < grow["resumed_from"], (shrink, grow)
         result = json.loads((job_dir / "result.json").read_text())
-        assert (result["status"], result["steps"], result["restarts"], result["world_size"]) == \
-            ("completed", 32, 1, 1), result
-        assert result["resumed_from_step"] == restart["resumed_from"], result
-        assert_every_sample_once(job_dir, epochs=2, samples=256, trace_dir=tmp_path / "shrinks" / "trace")
+        assert (result["status"], result["steps"], result["restarts"], result["world_size"], result["resize"]) == \
+            ("completed", 64, 2, 2, None), result
+        assert result["resumed_from_step"] == grow["resumed_from"], result
+        assert_every_sample_once(job_dir, epochs=4, samples=256, trace_dir=tmp_path / "elastic" / "trace")
         assert verify(latest_checkpoint(job_dir)) is None
 
 
@@ -389,13 +422,10 @@ def test_fewer_nodes_left_than_min_nodes_end_the_job_and_say_so(tmp_path: Path) 
 
     with LocalRayCluster(nodes=3, cpus_per_node=1, env={**os.environ, "DDLKIT_PLUGINS": FAKES_MODULE}) as cluster:
         proc = launch(cluster, tmp_path, "short", "compute.nodes=3", "compute.min_nodes=2", "trainer.epochs=1",
-                      "trainer.batch_size=4")
+                      "trainer.batch_size=4", *SLOW)
         job_dir = tmp_path / "short" / "job"
         try:
-            seen = follow_until(cluster.address, job_dir, "step 4/", timeout=240, launcher=proc)
-            head = cluster.head_node_id()
-            for node in [n for n in job_nodes(seen, 3) if not head.startswith(n)]:
-                cluster.kill_node(node)
+            kill_job_nodes(cluster, follow_until(cluster.address, job_dir, "step 4/", timeout=240, launcher=proc), 3)
         except BaseException:
             finish(proc, 0.1)
             raise
