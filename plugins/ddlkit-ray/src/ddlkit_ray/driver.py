@@ -27,7 +27,8 @@ What it does, in order:
    checkpoints and exits ``EXIT_PREEMPTED``; ranks still running after ``grace_period_s`` are killed;
 6. **ends as the job**: with the status of the rank that failed first; a rank whose node was lost
    counts as killed by SIGKILL (137), which ddlkit's restart policy restarts (the launcher submits
-   the job again, with the checkpoints that came back).
+   the job again, with the checkpoints that came back; an elastic job on the nodes the cluster has
+   left, less those the exit record names as lost).
 """
 
 from __future__ import annotations

@@ -387,9 +387,10 @@ class RayTarget(ddlkit.ComputeTarget):
     def nodes_up(self, spec: JobSpec) -> int | None:
         """How many nodes of the live cluster could each hold one node of the job (at most
         ``compute.nodes``), less those the job's last run lost: a killed raylet stays ALIVE in the
-        GCS until its health checks have failed for a while (15 s and more), but the driver saw its
-        ranks go at once and named their nodes in its exit record, which came back with the job's
-        files (a node id is never reused: a machine that rejoins is a new node, and counts). None when
+        GCS until its health checks have failed several times over (here: longer than a 2 s restart
+        backoff), but the driver saw its ranks go at once and named their nodes in its exit record,
+        which came back with the job's files (a node id is never reused: a machine that rejoins is a
+        new node, and counts). None when
         the cluster does not answer (the job is then restarted on all its nodes, and the driver waits
         for them up to ``placement_timeout_s``)."""
         try:
