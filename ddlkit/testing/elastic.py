@@ -19,12 +19,13 @@ def restarts(job_dir: Path) -> list[dict]:
     return json.loads((Path(job_dir) / SUBMISSION_FILE).read_text())["restarts"]
 
 
-def trained_samples(job_dir: Path) -> dict[int, Counter]:
+def trained_samples(job_dir: Path, trace_dir: Path | None = None) -> dict[int, Counter]:
     """How often each sample was trained on, per epoch, counting only the steps that stand: a run's
-    steps after the checkpoint that the next run resumed from were trained again there."""
+    steps after the checkpoint that the next run resumed from were trained again there. ``trace_dir``:
+    where the ranks traced (``framework.trace_dir``; None: the job directory's ``trace/``)."""
     cutoff = [entry["resumed_from"] for entry in restarts(job_dir)]
     seen: dict[int, Counter] = {}
-    for path in (Path(job_dir) / TRACE_DIR).glob("rank-*.jsonl"):
+    for path in Path(trace_dir or Path(job_dir) / TRACE_DIR).glob("rank-*.jsonl"):
         for line in path.read_text().splitlines():
             step = json.loads(line)
             if step["run"] < len(cutoff) and step["step"] > cutoff[step["run"]]:
@@ -33,9 +34,9 @@ def trained_samples(job_dir: Path) -> dict[int, Counter]:
     return seen
 
 
-def assert_every_sample_once(job_dir: Path, *, epochs: int, samples: int) -> None:
+def assert_every_sample_once(job_dir: Path, *, epochs: int, samples: int, trace_dir: Path | None = None) -> None:
     """Each of ``epochs`` epochs trained each of ``samples`` samples exactly once."""
-    seen = trained_samples(job_dir)
+    seen = trained_samples(job_dir, trace_dir)
     assert sorted(seen) == list(range(epochs)), f"epochs trained: {sorted(seen)}"
     for epoch, counts in sorted(seen.items()):
         skipped = sorted(set(range(samples)) - set(counts))

@@ -66,6 +66,9 @@ class FakeFrameworkConfig:
     # write the sample numbers each rank trained on at each step (data=custom with
     # ddlkit.testing.fakes:class_images and +data.kwargs.numbered=true) to trace/rank-N.jsonl
     trace_samples: bool = False
+    # where trace_samples writes (null: the job directory's trace/): a directory every rank reaches, for
+    # targets whose ranks write into copies of the job directory on their nodes, which a lost node takes along
+    trace_dir: str | None = None
     # rank 0 kills itself with SIGKILL halfway through writing the checkpoint of this step (0 = never),
     # in a job's first run only: a checkpoint half written when its node was lost
     kill_while_saving_at_step: int = 0
@@ -160,7 +163,8 @@ class FakeFramework(Framework):
             images = np.concatenate([np.asarray(b[0]) for b in micro_batches])
             labels = np.concatenate([np.asarray(b[1]) for b in micro_batches])
             if self.cfg.trace_samples:
-                _trace(run, [int(round(float(v))) for v in images[:, NUMBER_PIXEL[0], NUMBER_PIXEL[1], 0]])
+                _trace(run, [int(round(float(v))) for v in images[:, NUMBER_PIXEL[0], NUMBER_PIXEL[1], 0]],
+                       self.cfg.trace_dir)
             reduce = _mean_over(run.dist) if self.cfg.allreduce and run.dist.world_size > 1 else None
             loss = _sgd_step(params, _inputs(images, side), labels, lr, o, t.clip_grad_norm, reduce)
             return float("nan") if self.cfg.nan_at_step == run.state.step + 1 else loss
@@ -204,12 +208,12 @@ NUMBER_PIXEL = (1, 1)
 TRACE_DIR = "trace"
 
 
-def _trace(run: Run, numbers: list[int]) -> None:
+def _trace(run: Run, numbers: list[int], trace_dir: str | None = None) -> None:
     """One line per step: the run (restarts before it), the epoch, the step, the samples read."""
     line = json.dumps({"run": int(os.environ.get(RESTARTS_ENV) or 0), "epoch": run.state.epoch,
                        "step": run.state.step + 1, "samples": numbers})
-    path = run.job_dir / TRACE_DIR / f"rank-{run.dist.rank}.jsonl"
-    path.parent.mkdir(exist_ok=True)
+    path = Path(trace_dir or run.job_dir / TRACE_DIR) / f"rank-{run.dist.rank}.jsonl"
+    path.parent.mkdir(parents=True, exist_ok=True)
     with open(path, "a") as f:
         f.write(line + "\n")
 

@@ -1,6 +1,7 @@
 """compute=ray on a real Ray cluster (see conftest.py): the compute contract, ``ddlkit plan``, the
 one-line errors, training runs on two simulated nodes, the user's code shipped, a sweep,
-detach/attach, cancel with a checkpoint, and a lost node."""
+detach/attach, cancel with a checkpoint, a lost node, and an elastic job (compute.min_nodes) that
+goes on with the nodes left or, with too few, says so."""
 
 from __future__ import annotations
 
@@ -18,8 +19,11 @@ import pytest
 
 import ddlkit
 from ddlkit import JobSpec
+from ddlkit.checkpoint import latest_checkpoint, verify
+from ddlkit.resize import PLANNED_WORLD_SIZE_ENV
 from ddlkit.testing import FAKES_MODULE, RunFactory, interruptible, wait_for
 from ddlkit.testing.contracts import ComputeTargetContract
+from ddlkit.testing.elastic import assert_every_sample_once, restarts
 from ddlkit_ray.target import RayConfig, RayTarget
 from ddlkit_ray.testing import free_port
 
@@ -60,15 +64,15 @@ def submission(job_dir: Path) -> dict:
 
 
 def follow_until(address: str, job_dir: Path, text: str, timeout: float = 120,
-                 launcher: subprocess.Popen | None = None) -> str:
-    """The job's output (through the Jobs API) until ``text`` appears in it."""
+                 launcher: subprocess.Popen | None = None, after: str = "") -> str:
+    """The job's output (through the Jobs API) until ``text`` appears in it (after ``after``)."""
     wait_for(lambda: (job_dir / ".ddlkit" / "submission.json").is_file(), "the job's submission", timeout=timeout,
              process=launcher)
     handle = ray_target(address).attach(submission(job_dir)["id"], job_dir=job_dir)
     seen, deadline = "", time.monotonic() + timeout
     for chunk in handle.logs(follow=True):
         seen += chunk
-        if text in seen:
+        if text in (seen.partition(after)[2] if after else seen):
             return seen
         assert time.monotonic() < deadline, f"no {text!r} within {timeout} s: {seen[-2000:]}"
     raise AssertionError(f"the job ended before {text!r}: {seen[-2000:]}")
@@ -103,7 +107,6 @@ def test_plan_on_the_command_line_needs_no_cluster(run_factory: RunFactory) -> N
 @pytest.mark.parametrize(("options", "fragment"), [
     ({"nodes": 0}, "compute.nodes=0 is invalid"),
     ({"strategy": "EVERYWHERE"}, "compute.strategy=EVERYWHERE is invalid"),
-    ({"min_nodes": 1, "nodes": 2}, "compute.min_nodes=1 is not supported yet"),
     ({"runtime_env": {"working_dir": "/x"}}, "compute.runtime_env.working_dir is ddlkit's to set"),
 ])
 def test_bad_options_are_config_errors(options: dict, fragment: str) -> None:
@@ -273,3 +276,154 @@ def test_a_lost_node_restarts_the_job_which_resumes(tmp_path: Path, run_factory:
         result = json.loads((job_dir / "result.json").read_text())
         assert result["status"] == "completed" and result["restarts"] == 1, result
         assert result["resumed_from_step"] >= 4, result
+
+
+# ---------------------------------------------------------------------------- elastic world size
+def test_fewer_nodes_is_the_same_job_on_a_smaller_gang(tmp_path: Path) -> None:
+    """What an elastic restart submits on fewer nodes: the driver's plan and placement group for that
+    many, and the planned world size in the ranks' environment (the launcher puts it in spec.env)."""
+    target = ray_target("http://head.example:8265", nodes=2, procs_per_node=2, min_nodes=1)
+    assert (target.nodes, target.min_nodes, target.world_size) == (2, 1, 4)
+    spec = JobSpec(name="job-1", job_dir=tmp_path, env={PLANNED_WORLD_SIZE_ENV: "4"})
+    smaller = target.with_nodes(1, spec)
+    assert isinstance(smaller, RayTarget) and smaller.world_size == 2
+    plan = smaller.driver_plan(spec, "job-1-x")
+    assert (plan["nodes"], plan["procs_per_node"]) == (1, 2)
+    assert 'placement group (STRICT_PACK): 1 bundle(s) {"CPU": 2}, one per node; 2 rank actor(s) per bundle, 2 ' \
+           "rank(s)" in smaller.plan(spec)
+    assert smaller.runtime_env(spec)["env_vars"][PLANNED_WORLD_SIZE_ENV] == "4"
+
+
+#: an elastic job of numbered samples whose ranks trace what they train on (ddlkit.testing.elastic):
+#: 2 ranks x 8 = a global batch of 16, 16 steps per epoch of 256 samples
+ELASTIC_JOB = ("framework=fake", "dist=native", "dist.timeout_s=20", "data=custom",
+               "data.target=ddlkit.testing.fakes:class_images", "+data.kwargs.numbered=true", "data.num_classes=4",
+               "data.image_size=8", "trainer.batch_size=8", "trainer.log_every=1", "trainer.checkpoint_every=2",
+               "trainer.deterministic=true", "framework.allreduce=true", "framework.trace_samples=true",
+               "restart.backoff_s=2")
+
+
+def launch(cluster, tmp_path: Path, job: str, *overrides: str) -> subprocess.Popen:
+    return subprocess.Popen(
+        [sys.executable, "-m", "ddlkit", *ELASTIC_JOB, *ray_args(cluster.address, "compute.sync_interval_s=1"),
+         # the ranks write into copies of the job directory on their nodes: a lost node takes its ranks'
+         # traces along, so they trace into a directory of this machine's, which all simulated nodes share
+         f"framework.trace_dir={tmp_path / job / 'trace'}", *overrides, f"hydra.run.dir={tmp_path / job / 'job'}"],
+        env={**os.environ, "DDLKIT_PLUGINS": FAKES_MODULE}, cwd=tmp_path, text=True, stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE, preexec_fn=interruptible)
+
+
+def job_nodes(seen: str, nodes: int) -> list[str]:
+    """The Ray node ids (their first 8 characters) of the job's nodes 0..nodes-1, from the driver's line."""
+    started = re.search(r"started on node\(s\) " + ", ".join(rf"{i} \((\w+)\)" for i in range(nodes)), seen)
+    assert started, seen
+    return list(started.groups())
+
+
+def kill_job_nodes(cluster, seen: str, nodes: int) -> None:
+    """Kill the job's nodes but the head (whose loss ends the cluster): rank 0's node among them, or
+    not -- the driver has copied its checkpoints off it."""
+    head = cluster.head_node_id()
+    for node in job_nodes(seen, nodes):
+        if not head.startswith(node):
+            cluster.kill_node(node)
+
+
+def finish(proc: subprocess.Popen, timeout: float) -> tuple[str, str]:
+    try:
+        return proc.communicate(timeout=timeout)
+    finally:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGINT)
+            proc.communicate(timeout=60)
+
+
+@pytest.mark.slow
+def test_a_lost_node_shrinks_the_elastic_job_and_it_grows_back_when_a_node_joins(tmp_path: Path) -> None:
+    """Two nodes, compute.min_nodes=1: a node of the job dies mid-run (its raylet killed); the job
+    restarts on the one node left, with the batch trainer.on_resize says, and resumes from the
+    checkpoint the driver kept. A node joins the cluster; at the next restart (a preemption notice to
+    rank 0) the job is back on two nodes. Nothing is lost: the steps add up, each epoch trained every
+    sample once, the final checkpoint verifies."""
+    needs_ray()
+    import tempfile
+    import threading
+
+    from ddlkit.testing.multirank import worker_pids
+    from ddlkit_ray.testing import LocalRayCluster
+
+    with LocalRayCluster(nodes=2, cpus_per_node=1, env={**os.environ, "DDLKIT_PLUGINS": FAKES_MODULE}) as cluster:
+        proc = launch(cluster, tmp_path, "elastic", "compute.nodes=2", "compute.min_nodes=1", "trainer.epochs=4",
+                      "framework.step_delay_s=0.5")
+        job_dir = tmp_path / "elastic" / "job"
+        lines: list[str] = []
+        reader = threading.Thread(target=lambda: lines.extend(proc.stdout), daemon=True)  # type: ignore[arg-type]
+        try:
+            seen = follow_until(cluster.address, job_dir, "step 6/", timeout=240, launcher=proc)
+            first_run = submission(job_dir)["id"]
+            reader.start()
+            kill_job_nodes(cluster, seen, 2)
+            wait_for(lambda: any(ln.startswith("ddlkit: restart 1/3 on ") for ln in lines), "the restart on fewer nodes",
+                     timeout=180, process=proc, detail=lambda: "".join(lines)[-3000:])
+            cluster.add_node()  # a machine joins while the job runs on one node
+            shrunk = wait_for(lambda: submission(job_dir)["id"] != first_run and submission(job_dir)["id"],
+                              "the restarted run's record", timeout=60, process=proc)
+            # once the shrunk job trains again, a preemption notice to its rank 0 ends it (it checkpoints)
+            follow_until(cluster.address, job_dir, "train epoch", timeout=180, launcher=proc,
+                         after="instead of the planned 2")
+            rank_dir = Path(tempfile.gettempdir(), "ddlkit-ray", shrunk, "node-0")
+            os.kill(wait_for(lambda: worker_pids(rank_dir).get(0), "the shrunk job's rank 0", timeout=30),
+                    signal.SIGTERM)
+            proc.wait(timeout=400)
+        finally:
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGINT)
+                proc.wait(timeout=60)
+        reader.join(10)
+        out, err = "".join(lines), proc.stderr.read()  # type: ignore[union-attr]
+        assert proc.returncode == 0, out[-4000:] + err[-4000:]
+        assert "was lost" in seen + out, out[-4000:]
+        assert ("ddlkit: restart 1/3 on 1 of 2 nodes (compute.min_nodes=1, 1 rank): trainer.on_resize="
+                "keep_global_batch: per-rank batch 8 -> 8 x 2 micro-batches, lr unchanged\n") in out, out[-4000:]
+        # the rank learnt the planned world size through the Ray job's runtime environment, and says so
+        assert ("ddlkit: 1 rank instead of the planned 2: trainer.on_resize=keep_global_batch: per-rank batch 8 -> "
+                "8 x 2 micro-batches, lr unchanged\n") in out, out[-4000:]
+        assert re.search(r"ddlkit-ray: 1 rank\(s\) started on node\(s\) 0 \(\w+\);", out), out[-4000:]
+        assert ("ddlkit: restart 2/3 on 2 of 2 nodes (compute.min_nodes=1, 2 ranks): trainer.on_resize="
+                "keep_global_batch: per-rank batch 8 x 2 micro-batches -> 8, lr unchanged\n") in out, out[-4000:]
+        shrink, grow = restarts(job_dir)
+        assert (shrink["nodes"], shrink["planned_nodes"], shrink["world_size"]) == (1, 2, 1), shrink
+        assert (grow["nodes"], grow["world_size"]) == (2, 2), grow
+        assert 2 <= shrink["resumed_from"] < grow["resumed_from"], (shrink, grow)
+        result = json.loads((job_dir / "result.json").read_text())
+        assert (result["status"], result["steps"], result["restarts"], result["world_size"], result["resize"]) == \
+            ("completed", 64, 2, 2, None), result
+        assert result["resumed_from_step"] == grow["resumed_from"], result
+        assert_every_sample_once(job_dir, epochs=4, samples=256, trace_dir=tmp_path / "elastic" / "trace")
+        assert verify(latest_checkpoint(job_dir)) is None
+
+
+@pytest.mark.slow
+def test_fewer_nodes_left_than_min_nodes_end_the_job_and_say_so(tmp_path: Path) -> None:
+    """Three nodes, compute.min_nodes=2: two of the job's nodes die; one is left, so the job is not
+    restarted, and says why and how to resume."""
+    needs_ray()
+    from ddlkit_ray.testing import LocalRayCluster
+
+    with LocalRayCluster(nodes=3, cpus_per_node=1, env={**os.environ, "DDLKIT_PLUGINS": FAKES_MODULE}) as cluster:
+        proc = launch(cluster, tmp_path, "short", "compute.nodes=3", "compute.min_nodes=2", "trainer.epochs=1",
+                      "trainer.batch_size=4", *SLOW)
+        job_dir = tmp_path / "short" / "job"
+        try:
+            kill_job_nodes(cluster, follow_until(cluster.address, job_dir, "step 4/", timeout=240, launcher=proc), 3)
+        except BaseException:
+            finish(proc, 0.1)
+            raise
+        out, err = finish(proc, 300)
+        assert proc.returncode not in (0, None), out[-4000:] + err[-4000:]
+        assert ("(not restarted: only 1 of its 3 nodes are up, fewer than compute.min_nodes=2; it resumes from its "
+                "checkpoint when run again)") in err, out[-4000:] + err[-4000:]
+        assert "resume with: " in err
+        assert "ddlkit: restart 1/3 on " not in out  # announced, then refused: no run on fewer nodes
+        assert not (job_dir / "result.json").exists() or json.loads((job_dir / "result.json").read_text())[
+            "status"] != "completed"

@@ -27,7 +27,8 @@ What it does, in order:
    checkpoints and exits ``EXIT_PREEMPTED``; ranks still running after ``grace_period_s`` are killed;
 6. **ends as the job**: with the status of the rank that failed first; a rank whose node was lost
    counts as killed by SIGKILL (137), which ddlkit's restart policy restarts (the launcher submits
-   the job again, with the checkpoints that came back).
+   the job again, with the checkpoints that came back; an elastic job on the nodes the cluster has
+   left, less those the exit record names as lost).
 """
 
 from __future__ import annotations
@@ -193,6 +194,11 @@ class Driver:
         self.collected.mkdir(parents=True, exist_ok=True)
         self.actors: list[Any] = []
         self.lost: dict[int, str] = {}
+        #: the Ray node id each rank runs on, once started
+        self.node_ids: list[str] = []
+        #: the Ray node ids of the nodes the job lost: the exit record names them, so that the launcher
+        #: counts them out before the GCS has noticed (RayTarget.nodes_up)
+        self.lost_nodes: set[str] = set()
 
     # ------------------------------------------------------------ placement
     def bundle(self) -> dict[str, float]:
@@ -241,6 +247,7 @@ class Driver:
             self.actors.append(remote.options(num_cpus=cpus, num_gpus=gpus, scheduling_strategy=strategy)
                                .remote(self.sid, node))
         places = ray.get([a.where.remote() for a in self.actors])
+        self.node_ids = [node_id for _, node_id in places]
         # rank 0's node as the cluster knows it (the address its raylet was started with)
         addresses = {n["NodeID"]: n["NodeManagerAddress"] for n in ray.nodes()}
         master = addresses.get(places[0][1], places[0][0])
@@ -289,6 +296,8 @@ class Driver:
         if rank not in self.lost:
             node = rank // self.ppn
             self.lost[rank] = f"rank {rank}'s node ({node}) was lost: {type(exc).__name__}"
+            if rank < len(self.node_ids):
+                self.lost_nodes.add(self.node_ids[rank])
             say(self.lost[rank])
 
     def run(self) -> int:
@@ -366,6 +375,7 @@ class Driver:
         import ray
 
         record = {"submission_id": self.sid, "code": code, "why": why, "lost": sorted(self.lost.values()),
+                  "lost_nodes": sorted(self.lost_nodes),
                   "time": time.time()}
         (self.collected / STATE_DIR).mkdir(exist_ok=True)
         (self.collected / EXIT_RECORD).write_text(json.dumps(record) + "\n", encoding="utf-8")

@@ -70,8 +70,8 @@ class RayConfig:
     # nodes of the gang, and ranks per node; the job has nodes x procs_per_node ranks
     nodes: int = checked(1, POSITIVE_INTEGER)
     procs_per_node: int = checked(1, POSITIVE_INTEGER)
-    # elastic world size: the fewest nodes a restarted job may run on (null: compute.nodes). Not yet:
-    # a job restarts on compute.nodes nodes, waiting for them up to compute.placement_timeout_s
+    # elastic world size: the fewest nodes a job restarted after losing a node goes on with (null:
+    # compute.nodes, not elastic: a restarted job waits for all its nodes up to compute.placement_timeout_s)
     min_nodes: int | None = checked(None, POSITIVE_INTEGER)
     # Ray resources per rank
     cpus_per_rank: float = checked(1.0, NON_NEGATIVE)
@@ -280,11 +280,6 @@ class RayTarget(ddlkit.ComputeTarget):
 
     def __init__(self, cfg: Any) -> None:
         super().__init__(cfg)
-        if cfg.min_nodes is not None and cfg.min_nodes != cfg.nodes:
-            raise ddlkit.ConfigError(
-                f"compute.min_nodes={cfg.min_nodes} is not supported yet: a compute=ray job restarts on "
-                f"compute.nodes={cfg.nodes} nodes (waiting for them up to compute.placement_timeout_s); leave "
-                "compute.min_nodes unset.")
         if not str(cfg.address).strip():
             raise ddlkit.ConfigError("compute.address is empty: give the Ray Jobs endpoint, e.g. "
                                      "compute.address=http://<head>:8265, or auto for the cluster on this machine.")
@@ -336,8 +331,7 @@ class RayTarget(ddlkit.ComputeTarget):
     def placement(self) -> str:
         c = self.cfg
         strategy = c.strategy or ("STRICT_SPREAD" if c.nodes > 1 else "STRICT_PACK")
-        per_node = {"CPU": c.cpus_per_rank * c.procs_per_node, "GPU": c.gpus_per_rank * c.procs_per_node}
-        bundle = ", ".join(f'"{k}": {v:g}' for k, v in per_node.items() if v > 0)
+        bundle = ", ".join(f'"{k}": {v:g}' for k, v in self.node_bundle().items() if v > 0)
         return (f"placement group ({strategy}): {c.nodes} bundle(s) {{{bundle}}}, one per node; "
                 f"{c.procs_per_node} rank actor(s) per bundle, {self.world_size} rank(s)")
 
@@ -353,20 +347,33 @@ class RayTarget(ddlkit.ComputeTarget):
         ]) + "\n"
 
     # ------------------------------------------------------------ checks against the cluster
-    def check_cluster(self) -> None:
-        """The gang fits the cluster's nodes (what they have in all; a busy cluster is waited for)."""
+    def node_bundle(self) -> dict[str, float]:
+        """What one node of the gang holds: ``procs_per_node`` x the rank's resources."""
+        c = self.cfg
+        return {"CPU": c.cpus_per_rank * c.procs_per_node, "GPU": c.gpus_per_rank * c.procs_per_node}
+
+    def live_nodes(self) -> tuple[list[Any], list[Any]]:
+        """The cluster's live nodes, and those of them that can each hold one node's bundle of the
+        job when idle (their total resources: a busy node is waited for), through Ray's state API
+        at the address the Jobs client answers on."""
         from ray.util.state import list_nodes
 
+        need = self.node_bundle()
+        nodes = [n for n in list_nodes(address=self.address, timeout=30) if n.state == "ALIVE"]
+        fit = [n for n in nodes if all((n.resources_total or {}).get(k, 0) >= v for k, v in need.items() if v > 0)]
+        return nodes, fit
+
+    def check_cluster(self) -> None:
+        """The gang fits the cluster's nodes (what they have in all; a busy cluster is waited for)."""
         c = self.cfg
         try:
-            nodes = [n for n in list_nodes(address=self.address, timeout=30) if n.state == "ALIVE"]
+            nodes, fit = self.live_nodes()
         except Exception as exc:  # noqa: BLE001 -- said in one line with the address
             raise ddlkit.ConfigError(f"compute=ray cannot list the nodes of the Ray cluster at {self.address}: "
                                      f"{' '.join(str(exc).split())[:300]}") from None
-        need = {"CPU": c.cpus_per_rank * c.procs_per_node, "GPU": c.gpus_per_rank * c.procs_per_node}
-        fit = [n for n in nodes if all((n.resources_total or {}).get(k, 0) >= v for k, v in need.items() if v > 0)]
         if len(fit) >= c.nodes:
             return
+        need = self.node_bundle()
         has = "; ".join(f"{(n.resources_total or {}).get('CPU', 0):g} CPU, {(n.resources_total or {}).get('GPU', 0):g} GPU"
                         for n in nodes) or "no live node"
         raise ddlkit.ConfigError(
@@ -375,6 +382,23 @@ class RayTarget(ddlkit.ComputeTarget):
             f"gpus_per_rank={c.gpus_per_rank:g}), but the Ray cluster at {self.address} has {len(fit)} such node(s) "
             f"of {len(nodes)} ({has}): lower compute.nodes, compute.procs_per_node or the resources per rank, or add "
             "nodes to the cluster.")
+
+    # ------------------------------------------------------------ elastic world size
+    def nodes_up(self, spec: JobSpec) -> int | None:
+        """How many nodes of the live cluster could each hold one node of the job (at most
+        ``compute.nodes``), less those the job's last run lost: a killed raylet stays ALIVE in the
+        GCS until its health checks have failed several times over (here: longer than a 2 s restart
+        backoff), but the driver saw its ranks go at once and named their nodes in its exit record,
+        which came back with the job's files (a node id is never reused: a machine that rejoins is a
+        new node, and counts). None when
+        the cluster does not answer (the job is then restarted on all its nodes, and the driver waits
+        for them up to ``placement_timeout_s``)."""
+        try:
+            _, fit = self.live_nodes()
+        except Exception:  # noqa: BLE001 -- cannot tell: the launcher says so and restarts on all nodes
+            return None
+        lost = set(_exit_record(Path(spec.job_dir)).get("lost_nodes") or ())
+        return min(sum(1 for n in fit if n.node_id not in lost), self.cfg.nodes)
 
     # ------------------------------------------------------------ ComputeTarget
     def submit(self, spec: JobSpec) -> JobHandle:
@@ -398,6 +422,15 @@ class RayTarget(ddlkit.ComputeTarget):
                         poll_interval_s=self.cfg.poll_interval_s)
         handle.info()  # a job the cluster does not know is said now, in one line
         return handle
+
+
+def _exit_record(job_dir: Path) -> dict[str, Any]:
+    """How the job's last run ended, as its driver said (:data:`~ddlkit_ray.driver.EXIT_RECORD`,
+    collected into the job directory); empty when there is none."""
+    try:
+        return json.loads((job_dir / EXIT_RECORD).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
 
 
 def replace_dir(spec: JobSpec, job_dir: Path) -> JobSpec:
