@@ -12,6 +12,7 @@ that registers one of these names uses its schema here; a plugin's own optimizer
 from __future__ import annotations
 
 import enum
+import math
 from dataclasses import dataclass, field
 
 from .options import IN_0_1, NON_NEGATIVE, POSITIVE, checked
@@ -30,6 +31,11 @@ class LRScaling(enum.StrEnum):
     sqrt = "sqrt"
     #: the rate as given, whatever the batch
     none = "none"
+
+    def peak_lr(self, base_lr: float, global_batch: int, reference_batch: int) -> float:
+        """The rate for ``global_batch`` when ``base_lr`` is the rate for ``reference_batch``."""
+        ratio = global_batch / reference_batch
+        return base_lr * {LRScaling.linear: ratio, LRScaling.sqrt: math.sqrt(ratio), LRScaling.none: 1.0}[self]
 
 
 @dataclass

@@ -11,7 +11,7 @@ one rule the launcher prints before the restart and the ranks apply, ``trainer.o
   accumulation makes up the rest;
 * ``scale_lr``: each rank keeps its batch, so the global batch changes with the world size, and
   the learning rate follows it by ``optimizer.scale_lr`` (Goyal et al.'s linear rule for SGD), as
-  for any global batch (:mod:`ddlkit.rank.schedule`). The epoch's position is kept in images: a
+  for any global batch (:class:`ddlkit.optim.LRScaling`). The epoch's position is kept in images: a
   run resumed mid-epoch goes on at the image it stopped at. Where that image is not at a step
   boundary of the new global batch, the ranks keep the checkpoint's global batch instead (as
   ``keep_global_batch`` does), so that no image of the epoch is skipped or seen twice.
@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .errors import ConfigError
+from .optim import LRScaling
 
 #: trainer.on_resize
 ON_RESIZE = ("keep_global_batch", "scale_lr")
@@ -92,11 +93,8 @@ def plan_batch(trainer: Any, planned_world: int, world_size: int, *, resumed_glo
 def describe(before: BatchPlan, after: BatchPlan, optimizer: Any, on_resize: str) -> str:
     """``trainer.on_resize=keep_global_batch: per-rank batch 16 -> 32, lr unchanged``: what a change
     of world size does to the batch and the learning rate."""
-    from .rank.schedule import LRSchedule
-
     def peak(plan: BatchPlan) -> float:
-        return LRSchedule(base_lr=optimizer.lr, global_batch=plan.global_batch, steps_per_epoch=1,
-                          reference_batch=optimizer.reference_batch, scale_lr=optimizer.scale_lr).peak_lr
+        return LRScaling(optimizer.scale_lr).peak_lr(optimizer.lr, plan.global_batch, optimizer.reference_batch)
 
     batch = (f"per-rank batch {before.per_rank()} -> {after.per_rank()}" if before.per_rank() != after.per_rank()
              else f"per-rank batch {after.per_rank()}")

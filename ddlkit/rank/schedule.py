@@ -16,7 +16,6 @@ Pure Python so TensorFlow, Keras and PyTorch all call the same function (one cop
 from __future__ import annotations
 
 import bisect
-import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -45,9 +44,7 @@ class LRSchedule:
 
     @property
     def peak_lr(self) -> float:
-        ratio = self.global_batch / self.reference_batch
-        scale = {LRScaling.linear: ratio, LRScaling.sqrt: math.sqrt(ratio), LRScaling.none: 1.0}[self.scaling]
-        return self.base_lr * scale
+        return self.scaling.peak_lr(self.base_lr, self.global_batch, self.reference_batch)
 
     def __call__(self, step: int) -> float:
         """Learning rate for the 0-based optimizer step ``step``."""
