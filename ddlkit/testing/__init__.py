@@ -247,14 +247,16 @@ class RunOutcome(_JobFiles):
         return self.assert_returncode(0)
 
     def assert_one_line_error(self, *fragments: str) -> str:
-        """Fail unless ddlkit refused with exit status 2 and one line on stderr (no traceback) that
-        holds every one of ``fragments``; return that line."""
+        """Fail unless ddlkit refused with exit status 2 and one error line, the last on stderr, with no
+        traceback, that holds every one of ``fragments``; return that line. Progress lines before it (a
+        remote target saying what it creates) are allowed: the refusal itself is one line."""
         self.assert_returncode(2)
         lines = [ln for ln in self.stderr.strip().splitlines() if ln.strip()]
-        assert len(lines) == 1 and "Traceback" not in self.stderr, self.output
+        errors = [ln for ln in lines if ln.startswith("ddlkit: error:")]
+        assert errors and errors == lines[-1:] and "Traceback" not in self.stderr, self.output
         for fragment in fragments:
-            assert fragment in lines[0], self.output
-        return lines[0]
+            assert fragment in lines[-1], self.output
+        return lines[-1]
 
 
 @dataclass
