@@ -9,6 +9,7 @@ when Hydra composes. ``conf/config.yaml`` holds only the defaults list and Hydra
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import enum
 import functools
@@ -184,6 +185,10 @@ def named_schema(schema: type | None, name: str) -> type:
     return dataclasses.make_dataclass(cls_name, [("name", str, field(default=name))], bases=base)
 
 
+def _named_option(registry: Registry, group: str, name: str) -> type:
+    return named_schema(registry.get(group, name).config, name)
+
+
 def store_schemas(registry: Registry, cs: ConfigStore | None = None) -> None:
     """Put every option of every group into Hydra's ConfigStore (idempotent)."""
     from hydra.core.config_store import ConfigStore  # the launcher's: a rank never imports Hydra
@@ -192,7 +197,8 @@ def store_schemas(registry: Registry, cs: ConfigStore | None = None) -> None:
     for group, hp in HOOK_POINTS.items():
         options = cs.repo.setdefault(group, {})
         for name in registry.names(group):
-            schema = functools.partial(named_schema, registry.get(group, name).config, name)
+            # the plugin's schema is imported (where it names it by "module:attr") when Hydra reads the option
+            schema = functools.partial(_named_option, registry, group, name)
             # loggers are multi-select: nest each under its own name (logger.console, logger.jsonl)
             options[f"{name}.yaml"] = _lazy_node(f"{name}.yaml", schema, group=group,
                                                  package=f"{group}.{name}" if hp.multi else group)
@@ -233,6 +239,14 @@ def _lazy_node_type() -> type:
         @node.setter
         def node(self, value: DictConfig) -> None:
             self.__dict__["_node"] = value
+
+        def __deepcopy__(self, memo: dict[int, Any]) -> LazyConfigNode:
+            # Hydra deep-copies the whole ConfigStore: the schema's maker (which holds the registry, and
+            # through it the plugin modules) is shared, not copied
+            clone = object.__new__(type(self))
+            clone.__dict__.update({k: v if k == "_schema" else copy.deepcopy(v, memo)
+                                   for k, v in self.__dict__.items()})
+            return clone
 
     return LazyConfigNode
 

@@ -135,6 +135,9 @@ def check_names(command: HydraCommand, registry: Registry) -> None:
                                       f"{', '.join(known) or '-'}. Experiments are {EXPERIMENT_PLACES}.")
     for group, names in chosen.items():
         unknown = [n for n in names if n not in registry.names(group)]
+        for name in names:
+            if name not in unknown:
+                registry.get(group, name)  # a plugin's "module:attr" that does not import: its one line, now
         if not unknown:
             continue
         options = command.options(group)
@@ -304,12 +307,13 @@ def _task(registry: Registry, pm: Any, *, detach: bool) -> tuple[Callable[[Any],
     from hydra.errors import HydraException
     from omegaconf.errors import OmegaConfBaseException
 
-    from . import follow, prepare
     from .hydra_errors import explain
 
     entered: dict[str, int | None] = {"code": 0}
 
     def task(cfg: Any) -> None:
+        from . import follow, prepare  # here: `--cfg job`, `--help` and a refused config never run a job
+
         entered["code"] = None
         hc = HydraConfig.get()
         try:
