@@ -201,9 +201,11 @@ PYTORCH_INSTALLED = any(ep.name == "pytorch" for ep in entry_points(group="ddlki
 
 
 #: modules that only the implementations of unchosen options import: TLS and HTTP (the container
-#: registry client of compute=batchai), tar (compute=ray), MPI's host lists, TensorFlow's runtime
+#: registry client of compute=batchai), tar (compute=ray), MPI's host lists, TensorFlow's runtime,
+#: an image folder's index; and what only running a job or a sweep needs
 NOT_FOR_COMPOSING = {"ssl", "http.client", "urllib.request", "tarfile", "ddlkit.compute.containers",
-                     "ddlkit_mpi.hosts", "ddlkit_tensorflow.runtime"}
+                     "ddlkit_mpi.hosts", "ddlkit_tensorflow.runtime", "ddlkit.builtin.imagefolder.index",
+                     "ddlkit.launch.prepare", "ddlkit.launch.sweep.jobs"}
 
 
 @pytest.mark.parametrize("args", [
