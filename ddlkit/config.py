@@ -9,6 +9,7 @@ when Hydra composes. ``conf/config.yaml`` holds only the defaults list and Hydra
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import enum
 import functools
@@ -184,6 +185,10 @@ def named_schema(schema: type | None, name: str) -> type:
     return dataclasses.make_dataclass(cls_name, [("name", str, field(default=name))], bases=base)
 
 
+def _named_option(registry: Registry, group: str, name: str) -> type:
+    return named_schema(registry.get(group, name).config, name)
+
+
 def store_schemas(registry: Registry, cs: ConfigStore | None = None) -> None:
     """Put every option of every group into Hydra's ConfigStore (idempotent)."""
     from hydra.core.config_store import ConfigStore  # the launcher's: a rank never imports Hydra
@@ -192,19 +197,23 @@ def store_schemas(registry: Registry, cs: ConfigStore | None = None) -> None:
     for group, hp in HOOK_POINTS.items():
         options = cs.repo.setdefault(group, {})
         for name in registry.names(group):
-            schema = functools.partial(named_schema, registry.get(group, name).config, name)
+            # the plugin's schema is imported (where it names it by "module:attr") when Hydra reads the option
+            schema = functools.partial(_named_option, registry, group, name)
             # loggers are multi-select: nest each under its own name (logger.console, logger.jsonl)
             options[f"{name}.yaml"] = _lazy_node(f"{name}.yaml", schema, group=group,
                                                  package=f"{group}.{name}" if hp.multi else group)
-    cs.store(group="trainer", name="default", node=TrainerConfig)
-    for backend in BACKENDS:
-        cs.store(group="dist", name=backend, node=DistConfig(backend=backend))
-    cs.store(group="sweep", name="default", node=SweepConfig)
-    cs.store(group="code", name="default", node=CodeConfig)
-    cs.store(group="restart", name="default", node=RestartConfig)
+    # the core's own too: Hydra deep-copies the whole store before it composes, a built node dearly
+    core: dict[str, dict[str, Callable[[], Any]]] = {
+        "trainer": {"default": TrainerConfig}, "sweep": {"default": SweepConfig},
+        "code": {"default": CodeConfig}, "restart": {"default": RestartConfig},
+        "dist": {backend: functools.partial(DistConfig, backend=backend) for backend in BACKENDS}}
+    for group, options in core.items():
+        for name, schema in options.items():
+            cs.repo.setdefault(group, {})[f"{name}.yaml"] = _lazy_node(f"{name}.yaml", schema, group=group,
+                                                                        package=None)
 
 
-def _lazy_node(name: str, schema: Callable[[], type], *, group: str, package: str) -> Any:
+def _lazy_node(name: str, schema: Callable[[], Any], *, group: str, package: str | None) -> Any:
     """A ConfigStore entry, as ``ConfigStore.store`` makes one, whose config is built from
     ``schema()`` when Hydra first reads it. ``store`` turns its node into a DictConfig at once,
     and a command composes a handful of the ~50 options the plugins register: building them all
@@ -221,7 +230,8 @@ def _lazy_node_type() -> type:
         """``node`` is built on first read; Hydra's ``ConfigStore.load`` copies the entry and
         deep-copies its node, so the one built here is never changed."""
 
-        def __init__(self, *, name: str, node: Callable[[], type], group: str, package: str, provider: str) -> None:
+        def __init__(self, *, name: str, node: Callable[[], Any], group: str, package: str | None,
+                     provider: str) -> None:
             self.__dict__.update(name=name, group=group, package=package, provider=provider, _schema=node)
 
         @property  # type: ignore[override]
@@ -233,6 +243,14 @@ def _lazy_node_type() -> type:
         @node.setter
         def node(self, value: DictConfig) -> None:
             self.__dict__["_node"] = value
+
+        def __deepcopy__(self, memo: dict[int, Any]) -> LazyConfigNode:
+            # Hydra deep-copies the whole ConfigStore: the schema's maker (which holds the registry, and
+            # through it the plugin modules) is shared, not copied
+            clone = object.__new__(type(self))
+            clone.__dict__.update({k: v if k == "_schema" else copy.deepcopy(v, memo)
+                                   for k, v in self.__dict__.items()})
+            return clone
 
     return LazyConfigNode
 

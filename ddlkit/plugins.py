@@ -23,7 +23,7 @@ import os
 import sys
 import warnings
 from dataclasses import dataclass
-from importlib.metadata import EntryPoint, entry_points, version
+from importlib.metadata import Distribution, EntryPoint, distribution, entry_points
 from types import ModuleType
 
 import pluggy
@@ -128,7 +128,7 @@ class DdlkitPluginManager(pluggy.PluginManager):
 
 def _dist_version(dist: str) -> str:
     try:
-        return version(dist)
+        return _name_and_version(distribution(dist))[1]
     except Exception:
         return "unknown"
 
@@ -137,7 +137,18 @@ def _ep_dist(ep: EntryPoint) -> tuple[str, str]:
     dist = getattr(ep, "dist", None)
     if dist is None:
         return "unknown", "unknown"
-    return dist.metadata["Name"] or "unknown", dist.version or "unknown"
+    return _name_and_version(dist)
+
+
+def _name_and_version(dist: Distribution) -> tuple[str, str]:
+    """A distribution's name and version, from its metadata's headers alone: ``dist.metadata``
+    parses the whole file, long description included (ddlkit's is its README), and again on every
+    read -- a twentieth of ``ddlkit --cfg job`` (issue 29, item 3)."""
+    import email
+
+    text = dist.read_text("METADATA") or dist.read_text("PKG-INFO") or ""
+    headers = email.message_from_string(text.replace("\r\n", "\n").partition("\n\n")[0])
+    return headers["Name"] or "unknown", headers["Version"] or "unknown"
 
 
 def new_plugin_manager(*, autoload: bool | None = None, group: str = ENTRY_POINT_GROUP) -> DdlkitPluginManager:

@@ -66,10 +66,39 @@ HOOK_POINTS: dict[str, HookPoint] = {
 
 @dataclass(frozen=True)
 class Entry:
+    #: as the plugin yielded it: its factory and config may still be ``"module:attr"`` strings
     registration: Registration[Any]
     #: the plugin object that yielded it, and a printable "dist version (module)" for messages
     plugin: object
     origin: str
+    #: :meth:`loaded`'s result, once asked for
+    _loaded: list[Registration[Any]] = field(default_factory=list, init=False, compare=False, repr=False)
+
+    def loaded(self, hp: HookPoint) -> Registration[Any]:
+        """The registration with its factory and config imported: a plugin names them by
+        ``"module:attr"`` so that loading it imports no implementation, and only the names a
+        command chooses are imported (issue 29, item 3). A reference that does not import is the
+        plugin's to fix: a PluginError names it."""
+        if not self._loaded:
+            item = self.registration
+            factory, config = (_resolve(self, hp, what, ref) if isinstance(ref, str) else ref
+                               for what, ref in (("factory", item.factory), ("config", item.config)))
+            if config is not None and not isinstance(config, type):
+                raise PluginError(f"{self.origin}: {hp.noun} {item.name!r}: config must be a dataclass type")
+            self._loaded.append(dataclasses.replace(item, factory=factory, config=config)
+                                if (factory, config) != (item.factory, item.config) else item)
+        return self._loaded[0]
+
+
+def _resolve(entry: Entry, hp: HookPoint, what: str, ref: str) -> Any:
+    import pkgutil
+
+    try:
+        return pkgutil.resolve_name(ref)
+    except Exception as err:
+        reason = " ".join(f"{type(err).__name__}: {err}".split())
+        raise PluginError(f"{entry.origin}: {hp.noun} {entry.registration.name!r}: its {what} {ref!r} does not "
+                          f"import ({reason})") from err
 
 
 @dataclass
@@ -131,11 +160,14 @@ class Registry:
         return sorted(self.entries[group])
 
     def get(self, group: str, name: str) -> Registration[Any]:
+        """The registration of ``group=name``, its factory and config imported where the plugin
+        named them by ``"module:attr"``; an unknown name raises UnknownNameError with the choices."""
         try:
-            return self.entries[group][name].registration
+            entry = self.entries[group][name]
         except KeyError:
             hp = HOOK_POINTS[group]
             raise UnknownNameError(hp.noun, name, self.names(group), hp.group, self.not_loaded) from None
+        return entry.loaded(HOOK_POINTS[group])
 
     def selected(self, cfg: Any) -> list[tuple[str, Entry]]:
         """What ``cfg`` selects, as ``(group, entry)``: one per hook point, every logger, and the
@@ -175,7 +207,7 @@ class Registry:
                 f"framework={framework} has no {hp.noun} {name!r} ({hp.noun} {name} is implemented for "
                 f"framework={', '.join(self.frameworks_of(group, name))}). Choose one framework={framework} has: "
                 f"{', '.join(self.names_for(group, framework)) or '(none)'}.")
-        return entry.registration
+        return entry.loaded(HOOK_POINTS[group])
 
     def create_for(self, group: str, framework: str, name: str, cfg: Any, *args: Any, **kwargs: Any) -> Any:
         """Build ``framework``'s ``group=name`` as ``factory(cfg, *args, **kwargs)``."""
@@ -209,7 +241,7 @@ def _union_by_name(hp: HookPoint, implementations: dict[tuple[str, str], Entry])
         fields: dict[str, tuple[dataclasses.Field, Entry]] = {}
         bases: list[type] = []
         for entry in entries:
-            schema = entry.registration.config
+            schema = entry.loaded(hp).config  # the union needs every framework's schema for the name
             if schema is None:
                 continue
             if not dataclasses.is_dataclass(schema):
@@ -227,7 +259,7 @@ def _union_by_name(hp: HookPoint, implementations: dict[tuple[str, str], Entry])
         first = entries[0]
         config = bases[0] if len(bases) == 1 else (
             dataclasses.make_dataclass(f"{hp.group.title()}_{name}", [], bases=tuple(bases)) if bases else None)
-        merged[name] = Entry(dataclasses.replace(first.registration, config=config), first.plugin, first.origin)
+        merged[name] = Entry(dataclasses.replace(first.loaded(hp), config=config), first.plugin, first.origin)
     return merged
 
 
@@ -248,8 +280,13 @@ def _check_registration(hp: HookPoint, entry: Entry) -> None:
             f"{entry.origin}: {hp.noun} name {item.name!r} is invalid; use lowercase letters, digits, '_' or '-', "
             "starting with a letter"
         )
-    if item.config is not None and not isinstance(item.config, type):
+    if item.config is not None and not isinstance(item.config, (type, str)):
         raise PluginError(f"{entry.origin}: {hp.noun} {item.name!r}: config must be a dataclass type")
+    for what, ref in (("factory", item.factory), ("config", item.config)):
+        module, sep, attr = ref.partition(":") if isinstance(ref, str) else ("-", ":", "-")
+        if not (sep and module and attr):
+            raise PluginError(f"{entry.origin}: {hp.noun} {item.name!r}: {what} {ref!r} is not an import path; "
+                              "write it as \"package.module:attr\", or give the object itself")
     if hp.per_framework and not item.framework:
         raise PluginError(f"{entry.origin}: {hp.noun} {item.name!r} names no framework: a {hp.noun} is registered "
                           "for one framework, Registration(..., framework=\"<its name>\")")

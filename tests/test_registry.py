@@ -4,6 +4,7 @@ asserted whole, since they are the user interface of a plugin host."""
 from __future__ import annotations
 
 import dataclasses
+import sys
 from dataclasses import dataclass
 from importlib.metadata import version
 
@@ -131,6 +132,60 @@ def test_config_must_be_a_class(ddlkit_pm: DdlkitPluginManager) -> None:
 
     add_plugin(ddlkit_pm, storage_plugin(Registration("s3", LocalStorage, config=S3Config())))
     with pytest.raises(PluginError, match=r": storage backend 's3': config must be a dataclass type$"):
+        Registry.collect(ddlkit_pm)
+
+
+@pytest.fixture
+def lazy_module(tmp_path, monkeypatch: pytest.MonkeyPatch):
+    """A module ``acme_lazy_storage`` that a plugin names by "module:attr", removed afterwards."""
+    (tmp_path / "acme_lazy_storage.py").write_text(
+        "from dataclasses import dataclass\n"
+        "from ddlkit.builtin.local_storage import LocalStorage as AcmeStorage\n\n"
+        "@dataclass\nclass AcmeConfig:\n    bucket: str = 'b'\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    yield "acme_lazy_storage"
+    sys.modules.pop("acme_lazy_storage", None)
+
+
+def test_a_factory_and_config_named_by_import_path_are_imported_when_chosen(
+        ddlkit_pm: DdlkitPluginManager, lazy_module: str) -> None:
+    """Issue 29, item 3: a plugin loads without importing its implementation; the registry
+    imports it for the name a command chooses, and for no other."""
+    add_plugin(ddlkit_pm, storage_plugin(Registration("acme", f"{lazy_module}:AcmeStorage",
+                                                      config=f"{lazy_module}:AcmeConfig")))
+    reg = Registry.collect(ddlkit_pm)
+    reg.get("storage", "local")
+    assert "acme" in reg.names("storage") and lazy_module not in sys.modules
+    registration = reg.get("storage", "acme")
+    module = sys.modules[lazy_module]
+    assert registration.factory is LocalStorage and registration.config is module.AcmeConfig
+    assert reg.get("storage", "acme") is registration  # imported once
+
+
+@pytest.mark.parametrize(("factory", "config", "what", "reason"), [
+    ("acme_missing_storage:AcmeStorage", None, "factory", "ModuleNotFoundError: No module named 'acme_missing_storage'"),
+    ("acme_lazy_storage:AcmeStorage", "acme_lazy_storage:Nothing", "config",
+     "AttributeError: module 'acme_lazy_storage' has no attribute 'Nothing'"),
+])
+def test_an_import_path_that_does_not_import_names_the_plugin(
+        ddlkit_pm: DdlkitPluginManager, lazy_module: str, factory: str, config: str | None, what: str,
+        reason: str) -> None:
+    add_plugin(ddlkit_pm, storage_plugin(Registration("acme", factory, config=config)), name="acme",
+               distribution="ddlkit-acme", version="1.0", module="ddlkit_acme.plugin")
+    reg = Registry.collect(ddlkit_pm)  # a plugin's bad reference breaks only the commands that choose its name
+    with pytest.raises(PluginError) as info:
+        reg.get("storage", "acme")
+    ref = config if what == "config" else factory
+    assert str(info.value) == (f"ddlkit-acme 1.0 (ddlkit_acme.plugin): storage backend 'acme': its {what} {ref!r} "
+                               f"does not import ({reason})")
+
+
+@pytest.mark.parametrize(("factory", "config"), [("acme_storage.AcmeStorage", None), ("m:A", "acme:")])
+def test_an_import_path_without_its_attribute_is_refused(ddlkit_pm: DdlkitPluginManager, factory: str,
+                                                        config: str | None) -> None:
+    add_plugin(ddlkit_pm, storage_plugin(Registration("acme", factory, config=config)))
+    with pytest.raises(PluginError, match=r": storage backend 'acme': (factory|config) '[^']*' is not an import "
+                                          r"path; write it as \"package.module:attr\", or give the object itself$"):
         Registry.collect(ddlkit_pm)
 
 

@@ -12,7 +12,6 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..compute.process import ProcessJob
 from ..hookspecs import hookimpl
 from ..interfaces import ComputeTarget, JobHandle, JobSpec
 from ..jobdir import rank_log
@@ -35,12 +34,16 @@ class LocalTarget(ComputeTarget):
     default_max_restarts = 0
 
     def submit(self, spec: JobSpec) -> JobHandle:
+        from ..compute.process import ProcessJob  # here: composing a config starts no process
+
         # the launcher's own environment (same machine, same user) plus what the job asks for
         env = {**os.environ, **spec.env, **spec.secret_env, "PYTHONUNBUFFERED": "1"}
         return ProcessJob.start(spec.command(sys.executable), job_dir=spec.job_dir, log_name=RANK0_LOG, env=env,
                                 grace_period_s=self.cfg.grace_period_s)
 
     def attach(self, job_id: str, *, job_dir: Path) -> JobHandle:
+        from ..compute.process import ProcessJob  # here: composing a config starts no process
+
         return ProcessJob.attach(job_id, job_dir=job_dir, log_name=RANK0_LOG, grace_period_s=self.cfg.grace_period_s)
 
 

@@ -19,14 +19,24 @@ class Registration(Generic[T]):
         def ddlkit_storage_backends():
             yield ddlkit.Registration("gcs", GcsStorage, config=GcsStorageConfig,
                                       description="Google Cloud Storage bucket")
+
+    ``factory`` and ``config`` may also be given as ``"package.module:attr"``, imported only when
+    the name is chosen (its options composed, its component built). A plugin then loads
+    without importing its implementation, so the ``ddlkit`` command starts as fast whatever is
+    installed (issue 29)::
+
+            yield ddlkit.Registration("gcs", "ddlkit_gcs.storage:GcsStorage",
+                                      config="ddlkit_gcs.storage:GcsStorageConfig")
     """
 
     #: what users type in config (``storage=gcs``): lowercase ``[a-z0-9_-]``, starting with a letter
     name: str
-    #: usually the class; called as ``factory(cfg)`` with the component's config node
-    factory: Callable[..., T]
-    #: dataclass schema, stored in Hydra's ConfigStore as ``<group>/<name>``; None = no options
-    config: type | None = None
+    #: usually the class; called as ``factory(cfg)`` with the component's config node; or its
+    #: ``"module:attr"``, imported when first needed
+    factory: Callable[..., T] | str
+    #: dataclass schema, stored in Hydra's ConfigStore as ``<group>/<name>``; None = no options; or
+    #: its ``"module:attr"``, imported when the option is first composed
+    config: type | str | None = None
     #: one line shown by ``ddlkit plugins``
     description: str = ""
     #: models and optimizers only: the framework (its registered name) this implementation is for;

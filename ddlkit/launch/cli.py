@@ -135,6 +135,9 @@ def check_names(command: HydraCommand, registry: Registry) -> None:
                                       f"{', '.join(known) or '-'}. Experiments are {EXPERIMENT_PLACES}.")
     for group, names in chosen.items():
         unknown = [n for n in names if n not in registry.names(group)]
+        for name in names:
+            if name not in unknown:
+                registry.get(group, name)  # a plugin's "module:attr" that does not import: its one line, now
         if not unknown:
             continue
         options = command.options(group)
@@ -250,11 +253,11 @@ def _run_main(argv: list[str]) -> int:
         return _fail(_explained(err, explain))
     task, entered = _task(registry, pm, detach=detach)
 
-    from .sweep.jobs import SWEEP_ATTR, DdlkitSweep
+    from .sweep import SWEEP_ATTR, SweepOnDemand
 
     # `ddlkit -m`: the ddlkit launcher (hydra_plugins/ddlkit_launcher) finds this on the task and validates,
     # prepares and submits every job itself, through the compute target, instead of calling task() per job
-    sweep = DdlkitSweep(registry, pm)
+    sweep = SweepOnDemand(registry, pm)
     setattr(task, SWEEP_ATTR, sweep)
     code = _run_hydra(task, argv, sweep, multirun=command is not None and command.args.multirun)
     return code if code is not None else entered["code"] or sweep.exit_code or 0
@@ -304,12 +307,13 @@ def _task(registry: Registry, pm: Any, *, detach: bool) -> tuple[Callable[[Any],
     from hydra.errors import HydraException
     from omegaconf.errors import OmegaConfBaseException
 
-    from . import follow, prepare
     from .hydra_errors import explain
 
     entered: dict[str, int | None] = {"code": 0}
 
     def task(cfg: Any) -> None:
+        from . import follow, prepare  # here: `--cfg job`, `--help` and a refused config never run a job
+
         entered["code"] = None
         hc = HydraConfig.get()
         try:
@@ -335,7 +339,6 @@ def _run_hydra(task: Callable[[Any], None], argv: list[str], sweep: Any, *, mult
     import hydra
 
     from .hydra_errors import explain
-    from .sweep.jobs import SweepError
 
     app = hydra.main(config_path="../conf", config_name="config", version_base="1.3")(task)
     saved_argv, full_error = sys.argv, os.environ.get(FULL_ERROR_ENV)
@@ -352,7 +355,7 @@ def _run_hydra(task: Callable[[Any], None], argv: list[str], sweep: Any, *, mult
     except Exception as err:
         if full_error == "1":  # the user asked for Hydra's full traceback
             raise
-        if isinstance(err, SweepError):  # a sweep job's failure, which the launcher has put in words
+        if sweep.sweep is not None and isinstance(err, _sweep_error()):  # a sweep job's failure, in words
             print(err, file=sys.stderr)
             return sweep.exit_code or 1
         if isinstance(err, DdlkitError):  # the launcher refused the sweeper's settings
@@ -369,6 +372,12 @@ def _run_hydra(task: Callable[[Any], None], argv: list[str], sweep: Any, *, mult
         else:
             os.environ[FULL_ERROR_ENV] = full_error
     return None
+
+
+def _sweep_error() -> type[Exception]:
+    from .sweep.jobs import SweepError  # imported with the sweep that raises it
+
+    return SweepError
 
 
 def _sweeps_win(argv: list[str], overrides: list[str]) -> list[str]:

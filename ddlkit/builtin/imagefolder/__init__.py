@@ -28,13 +28,13 @@ from ...interfaces import DataInfo, DataSource, Shard
 from ...interfaces.data import check_split
 from ...registry import Registration
 from ...storage import is_url
-from .index import DatasetIndex, load_index
 
 if TYPE_CHECKING:
     from omegaconf import DictConfig
 
     from ...images import ImageFiles
     from ...interfaces import RunContext
+    from .index import DatasetIndex
 
 
 class Layout(StrEnum):
@@ -86,6 +86,8 @@ class ImageFolderData(DataSource):
     @property
     def index(self) -> DatasetIndex:
         if self._index is None:
+            from .index import load_index  # here: composing a config reads no dataset
+
             self._index = load_index(self.cfg.root, self.cfg.layout)
         return self._index
 

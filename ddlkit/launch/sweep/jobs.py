@@ -48,6 +48,7 @@ from ..restarts import RestartPolicy, classify
 from ..commandline import job_command, launch_args, override
 from ..elastic import place_restart
 from ..hydra_errors import explain
+from . import SWEEP_ATTR  # noqa: F401  (where the launcher and tests have found it)
 from .compose import compose_job, hydra_config_of, job_view
 from .ledger import LEDGER_FILE, JobRecord, Ledger, result_summary
 from .report import LiveReport, Report, varying_overrides
@@ -66,8 +67,6 @@ if TYPE_CHECKING:
     from ...plugins import DdlkitPluginManager
     from ...registry import Registry
 
-#: the task-function attribute through which the launcher finds ddlkit's sweep support
-SWEEP_ATTR = "ddlkit_sweep"
 #: where a job's rank 0 output is, once the target has brought the job's files back
 RANK0_LOG = rank_log(0)
 #: the lock that gives a sweep directory one launcher (see hold_sweep_directory)

@@ -39,6 +39,7 @@ from hydra.core.utils import JobReturn, configure_log, filter_overrides, run_job
 from hydra.core.utils import JobStatus as TaskStatus
 
 from ...errors import ConfigError
+from . import SweepOnDemand
 from .compose import ComposedJob, compose_job
 from .forked import ForkedTaskHandle
 from .jobs import SWEEP_ATTR, DdlkitSweep, SweepError
@@ -58,6 +59,8 @@ def launch(settings: SweepSettings, *, hydra_context: HydraContext, task_functio
     setup_globals()
     configure_log(config.hydra.hydra_logging, config.hydra.verbose)
     sweep = getattr(task_function, SWEEP_ATTR, None)
+    if isinstance(sweep, SweepOnDemand):  # the CLI's task: its sweep is made now
+        sweep = sweep()
     if isinstance(sweep, DdlkitSweep):
         return sweep.launch(settings, hydra_context=hydra_context, config=config, job_overrides=job_overrides,
                             initial_job_idx=initial_job_idx)

@@ -9,18 +9,14 @@ from typing import TYPE_CHECKING
 
 import ddlkit
 
-from .azureml import AzureMLConfig, AzureMLTarget
-from .batchai import BatchAIConfig, BatchAITarget
-from .credentials import ACCOUNT_URL_ENV, SAS_ENV, split_sas
-from .storage import AzureBlobConfig, AzureBlobStorage
-
 if TYPE_CHECKING:
     from omegaconf import DictConfig
 
 
 @ddlkit.hookimpl
 def ddlkit_storage_backends() -> Iterator[ddlkit.Registration]:
-    yield ddlkit.Registration("azure", AzureBlobStorage, config=AzureBlobConfig,
+    yield ddlkit.Registration("azure", "ddlkit_azure.storage:AzureBlobStorage",
+                              config="ddlkit_azure.storage:AzureBlobConfig",
                               packages=("azure-storage-blob", "azure-identity"),
                               description="Azure Blob Storage: blob:// data staged to local disk, results to "
                                           "a container")
@@ -28,11 +24,13 @@ def ddlkit_storage_backends() -> Iterator[ddlkit.Registration]:
 
 @ddlkit.hookimpl
 def ddlkit_compute_targets() -> Iterator[ddlkit.Registration]:
-    yield ddlkit.Registration("azureml", AzureMLTarget, config=AzureMLConfig,
+    yield ddlkit.Registration("azureml", "ddlkit_azure.azureml:AzureMLTarget",
+                              config="ddlkit_azure.azureml:AzureMLConfig",
                               packages=("azure-ai-ml", "azure-identity"),
                               description="one Azure Machine Learning command job per ddlkit job on a compute "
                                           "cluster: nodes x procs_per_node ranks, MPI or PyTorch distribution")
-    yield ddlkit.Registration("batchai", BatchAITarget, config=BatchAIConfig,
+    yield ddlkit.Registration("batchai", "ddlkit_azure.batchai:BatchAITarget",
+                              config="ddlkit_azure.batchai:BatchAIConfig",
                               packages=("azure-mgmt-batchai", "azure-storage-file-share", "azure-identity"),
                               description="Azure Batch AI (retired 2019; API 2018-05-01): workspace, NFS file "
                                           "server and GPU cluster created or reused, one MPI job per ddlkit job")
@@ -49,6 +47,8 @@ def ddlkit_job_environment(config: DictConfig) -> dict[str, str] | None:
     """The ranks may run on another machine: pass on the Azure variables they read, when the job
     touches Blob Storage. Keys and tokens among them travel as secrets (their names say so)."""
     from omegaconf import OmegaConf
+
+    from .credentials import ACCOUNT_URL_ENV, SAS_ENV, split_sas  # here: loading the plugin imports none of it
 
     if config.storage.name != "azure" and "blob://" not in str(OmegaConf.to_container(config, resolve=True)):
         return None

@@ -18,13 +18,9 @@ from typing import TYPE_CHECKING, Any
 
 import ddlkit
 
-try:
-    from ddlkit_tensorflow.framework import TensorflowConfig
-    from ddlkit_tensorflow.runtime import check_config, check_environment, distribution_strategy, setup_tensorflow
-except ImportError as err:
-    # ddlkit reports a plugin that fails to load with this message when framework=keras is chosen
-    raise ImportError("ddlkit-keras needs the ddlkit-tensorflow plugin (models, optimizer, runtime): "
-                      "pip install -e plugins/ddlkit-tensorflow") from err
+# without ddlkit-tensorflow, the plugin module (plugin.py) fails to load and says what to install
+from ddlkit_tensorflow.framework import TensorflowConfig
+from ddlkit_tensorflow.runtime import check_config, check_environment, distribution_strategy, setup_tensorflow
 
 if TYPE_CHECKING:
     from pathlib import Path

@@ -9,12 +9,12 @@ import ddlkit
 from ddlkit import threads
 
 from . import components
-from .framework import PytorchConfig, PytorchFramework
 
 
 @ddlkit.hookimpl
 def ddlkit_frameworks() -> Iterator[ddlkit.Registration]:
-    yield ddlkit.Registration("pytorch", PytorchFramework, config=PytorchConfig,
+    yield ddlkit.Registration("pytorch", "ddlkit_pytorch.framework:PytorchFramework",
+                              config="ddlkit_pytorch.framework:PytorchConfig",
                               packages=("torch", "horovod"),
                               description="PyTorch: bf16/fp16 autocast, channels_last, torch.compile")
 

@@ -5,11 +5,9 @@ from __future__ import annotations
 
 import ddlkit
 
-from .target import RayConfig, RayTarget
-
 
 @ddlkit.hookimpl
 def ddlkit_compute_targets():
-    yield ddlkit.Registration("ray", RayTarget, config=RayConfig,
+    yield ddlkit.Registration("ray", "ddlkit_ray.target:RayTarget", config="ddlkit_ray.target:RayConfig",
                               description="one Ray job (Jobs API) per ddlkit job, nodes x procs_per_node ranks placed "
                                           "as a gang; the user's code travels with it, files come back by collect")

@@ -6,10 +6,9 @@ from collections.abc import Iterator
 
 import ddlkit
 
-from .logger import TensorboardConfig, TensorboardLogger
-
 
 @ddlkit.hookimpl
 def ddlkit_loggers() -> Iterator[ddlkit.Registration]:
-    yield ddlkit.Registration("tensorboard", TensorboardLogger, config=TensorboardConfig, packages=("tensorboard",),
+    yield ddlkit.Registration("tensorboard", "ddlkit_tensorboard.logger:TensorboardLogger",
+                              config="ddlkit_tensorboard.logger:TensorboardConfig", packages=("tensorboard",),
                               description="TensorBoard event files in the job directory, per step and per epoch")

@@ -7,12 +7,12 @@ from collections.abc import Iterator
 import ddlkit
 
 from . import components
-from .framework import TensorflowConfig, TensorflowFramework
 
 
 @ddlkit.hookimpl
 def ddlkit_frameworks() -> Iterator[ddlkit.Registration]:
-    yield ddlkit.Registration("tensorflow", TensorflowFramework, config=TensorflowConfig,
+    yield ddlkit.Registration("tensorflow", "ddlkit_tensorflow.framework:TensorflowFramework",
+                              config="ddlkit_tensorflow.framework:TensorflowConfig",
                               packages=("tensorflow", "tensorflow-cpu", "keras", "horovod"),
                               description="TensorFlow: tf.function + GradientTape loop, bf16/fp16, XLA")
 

@@ -8,15 +8,14 @@ from typing import TYPE_CHECKING
 
 import ddlkit
 
-from .logger import WandbConfig, WandbLogger
-
 if TYPE_CHECKING:
     from omegaconf import DictConfig
 
 
 @ddlkit.hookimpl
 def ddlkit_loggers() -> Iterator[ddlkit.Registration]:
-    yield ddlkit.Registration("wandb", WandbLogger, config=WandbConfig, packages=("wandb",),
+    yield ddlkit.Registration("wandb", "ddlkit_wandb.logger:WandbLogger", config="ddlkit_wandb.logger:WandbConfig",
+                              packages=("wandb",),
                               description="Weights & Biases: one run per job, grouped by sweep; offline without a key")
 
 
