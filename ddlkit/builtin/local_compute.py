@@ -33,6 +33,7 @@ class LocalTarget(ComputeTarget):
     shares_job_dir = True
     ranks_share_environment = True
     default_max_restarts = 0
+    default_capacity_wait_s = 0.0
 
     def submit(self, spec: JobSpec) -> JobHandle:
         # the launcher's own environment (same machine, same user) plus what the job asks for

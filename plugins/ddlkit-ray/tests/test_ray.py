@@ -1,7 +1,8 @@
 """compute=ray on a real Ray cluster (see conftest.py): the compute contract, ``ddlkit plan``, the
 one-line errors, training runs on two simulated nodes, the user's code shipped, a sweep,
-detach/attach, cancel with a checkpoint, a lost node, and an elastic job (compute.min_nodes) that
-goes on with the nodes left or, with too few, says so."""
+detach/attach, cancel with a checkpoint, a lost node, a restart that waits for capacity until a node
+joins, and an elastic job (compute.min_nodes) that goes on with the nodes left or, with too few after
+its wait for capacity, says so in one line."""
 
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ import pytest
 
 import ddlkit
 from ddlkit import JobSpec
-from ddlkit.checkpoint import latest_checkpoint, verify
+from ddlkit.checkpoint import checkpoint_step, latest_checkpoint, verify
 from ddlkit.resize import PLANNED_WORLD_SIZE_ENV
 from ddlkit.testing import FAKES_MODULE, RunFactory, interruptible, wait_for
 from ddlkit.testing.contracts import ComputeTargetContract
@@ -404,15 +405,55 @@ def test_a_lost_node_shrinks_the_elastic_job_and_it_grows_back_when_a_node_joins
 
 
 @pytest.mark.slow
-def test_fewer_nodes_left_than_min_nodes_end_the_job_and_say_so(tmp_path: Path) -> None:
-    """Three nodes, compute.min_nodes=2: two of the job's nodes die; one is left, so the job is not
-    restarted, and says why and how to resume."""
+def test_a_restart_waits_for_capacity_and_goes_on_when_a_node_joins(tmp_path: Path) -> None:
+    """Two nodes, a job on both that needs both (compute.min_nodes=nodes=2): a node of the job dies;
+    the restart waits for capacity, saying so, a node joins, and the job resumes from its checkpoint
+    and completes on two nodes."""
+    needs_ray()
+    import threading
+
+    from ddlkit_ray.testing import LocalRayCluster
+
+    with LocalRayCluster(nodes=2, cpus_per_node=1, env={**os.environ, "DDLKIT_PLUGINS": FAKES_MODULE}) as cluster:
+        proc = launch(cluster, tmp_path, "waits", "compute.nodes=2", "compute.min_nodes=2", "trainer.epochs=2",
+                      "restart.capacity_wait_s=300", *SLOW)
+        job_dir = tmp_path / "waits" / "job"
+        lines: list[str] = []
+        reader = threading.Thread(target=lambda: lines.extend(proc.stdout), daemon=True)  # type: ignore[arg-type]
+        reader.start()
+        try:
+            kill_job_nodes(cluster, follow_until(cluster.address, job_dir, "step 6/", timeout=240, launcher=proc), 2)
+            wait_for(lambda: any(" waits for capacity: " in ln for ln in lines), "the wait for capacity", timeout=120,
+                     process=proc, detail=lambda: "".join(lines)[-3000:])
+            cluster.add_node()
+            proc.wait(timeout=300)
+        finally:
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGINT)
+                proc.wait(timeout=60)
+        reader.join(10)
+        out, err = "".join(lines), proc.stderr.read()  # type: ignore[union-attr]
+        assert proc.returncode == 0, out[-4000:] + err[-4000:]
+        assert ("ddlkit: restart 1/3 waits for capacity: only 1 of its 2 nodes are up on compute=ray, fewer than "
+                "compute.min_nodes=2; looking again every 1 s for up to ") in out, out[-4000:]
+        assert re.search(r"ddlkit: restart 1/3 on its 2 nodes after waiting \d+ s for capacity\n", out), out[-4000:]
+        assert len(re.findall(r"ddlkit-ray: 2 rank\(s\) started on node\(s\) 0 \(\w+\), 1 \(\w+\)", out)) == 2, out
+        result = json.loads((job_dir / "result.json").read_text())
+        assert (result["status"], result["restarts"], result["world_size"]) == ("completed", 1, 2), result
+        assert result["resumed_from_step"] >= 2, result
+
+
+@pytest.mark.slow
+def test_too_few_nodes_after_the_wait_for_capacity_end_the_job_in_one_line(tmp_path: Path) -> None:
+    """Three nodes, compute.min_nodes=2: two of the job's nodes die and none comes back; the restart
+    waits restart.capacity_wait_s, then the job fails with one line that says what it waited for, how
+    long, and what to do; its checkpoint is intact."""
     needs_ray()
     from ddlkit_ray.testing import LocalRayCluster
 
     with LocalRayCluster(nodes=3, cpus_per_node=1, env={**os.environ, "DDLKIT_PLUGINS": FAKES_MODULE}) as cluster:
         proc = launch(cluster, tmp_path, "short", "compute.nodes=3", "compute.min_nodes=2", "trainer.epochs=1",
-                      "trainer.batch_size=4", *SLOW)
+                      "trainer.batch_size=4", "restart.capacity_wait_s=3", *SLOW)
         job_dir = tmp_path / "short" / "job"
         try:
             kill_job_nodes(cluster, follow_until(cluster.address, job_dir, "step 4/", timeout=240, launcher=proc), 3)
@@ -420,10 +461,17 @@ def test_fewer_nodes_left_than_min_nodes_end_the_job_and_say_so(tmp_path: Path) 
             finish(proc, 0.1)
             raise
         out, err = finish(proc, 300)
-        assert proc.returncode not in (0, None), out[-4000:] + err[-4000:]
-        assert ("(not restarted: only 1 of its 3 nodes are up, fewer than compute.min_nodes=2; it resumes from its "
-                "checkpoint when run again)") in err, out[-4000:] + err[-4000:]
-        assert "resume with: " in err
-        assert "ddlkit: restart 1/3 on " not in out  # announced, then refused: no run on fewer nodes
-        assert not (job_dir / "result.json").exists() or json.loads((job_dir / "result.json").read_text())[
-            "status"] != "completed"
+    assert proc.returncode == 1, out[-4000:] + err[-4000:]
+    assert "ddlkit: restart 1/3 waits for capacity: only 1 of its 3 nodes are up on compute=ray" in out, out[-4000:]
+    assert "ddlkit: restart 1/3 on " not in out  # no run on fewer nodes
+    lines = [ln for ln in err.strip().splitlines() if ln.strip()]
+    assert lines[-1].startswith("ddlkit: error: job ") and "Traceback" not in err, err[-4000:]
+    checkpoint = latest_checkpoint(job_dir)
+    assert checkpoint is not None and verify(checkpoint) is None
+    step = checkpoint_step(checkpoint)
+    assert step is not None and step >= 2, checkpoint
+    assert (" not restarted: it waited 3 s (restart.capacity_wait_s) for compute.min_nodes=2 of its 3 nodes to be up "
+            "on compute=ray, but only 1 is: bring nodes back or add some, lower compute.min_nodes, or wait longer "
+            f"(restart.capacity_wait_s); it resumes from step {step} when run again: resume with: ddlkit ") in lines[-1]
+    assert not (job_dir / "result.json").exists() or json.loads((job_dir / "result.json").read_text())[
+        "status"] != "completed"
