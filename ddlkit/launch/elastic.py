@@ -100,6 +100,7 @@ def place_restart(planned: ComputeTarget, current: ComputeTarget, spec: JobSpec,
     up = planned.nodes_up(spec)
     name = config["compute"]["name"]
     after = f" after waiting {waited_s:.0f} s for capacity" if waited_s is not None else ""
+    waited = {"waited_for_capacity_s": round(waited_s, 1)} if waited_s is not None else {}
     if up is None:
         if not elastic:
             return Placement(planned)
@@ -115,7 +116,7 @@ def place_restart(planned: ComputeTarget, current: ComputeTarget, spec: JobSpec,
         if after:
             out.write(f"{prefix}restart {restart} on its {planned.nodes} nodes{after}\n")
             out.flush()
-        return Placement(planned)
+        return Placement(planned, waited)
     target = planned if nodes == planned.nodes else planned.with_nodes(nodes, spec)
     trainer, optimizer = OmegaConf.create(config["trainer"]), OmegaConf.create(config["optimizer"])
     before = plan_batch(trainer, planned.world_size, current.world_size)
@@ -125,7 +126,7 @@ def place_restart(planned: ComputeTarget, current: ComputeTarget, spec: JobSpec,
               f"{planned.min_nodes}, {_ranks(target.world_size)}): {what}\n")
     out.flush()
     return Placement(target, {"nodes": nodes, "planned_nodes": planned.nodes, "world_size": target.world_size,
-                              "resize": what}, env)
+                              "resize": what, **waited}, env)
 
 
 class CapacityWait:

@@ -441,6 +441,7 @@ def test_a_restart_waits_for_capacity_and_goes_on_when_a_node_joins(tmp_path: Pa
         result = json.loads((job_dir / "result.json").read_text())
         assert (result["status"], result["restarts"], result["world_size"]) == ("completed", 1, 2), result
         assert result["resumed_from_step"] >= 2, result
+        assert restarts(job_dir)[0]["waited_for_capacity_s"] > 0  # the job's record keeps the wait
 
 
 @pytest.mark.slow

@@ -71,7 +71,7 @@ class RayConfig:
     nodes: int = checked(1, POSITIVE_INTEGER)
     procs_per_node: int = checked(1, POSITIVE_INTEGER)
     # elastic world size: the fewest nodes a job restarted after losing a node goes on with (null:
-    # compute.nodes, not elastic: a restarted job waits for all its nodes up to compute.placement_timeout_s)
+    # compute.nodes, not elastic); with fewer up, the restart waits for capacity (restart.capacity_wait_s)
     min_nodes: int | None = checked(None, POSITIVE_INTEGER)
     # Ray resources per rank
     cpus_per_rank: float = checked(1.0, NON_NEGATIVE)
