@@ -25,7 +25,7 @@
   cluster has ``--cpus-per-node`` x 2) vs the same 4 jobs run as plain ``ray.remote`` tasks (each
   runs the ddlkit job with ``compute=local`` on a node of the cluster); ratio = ray / tasks;
 * **(d) requests to the Ray dashboard per job-minute while following**: a counting HTTP reverse
-  proxy on 127.0.0.1 (``_counting_proxy.py``) in front of the dashboard, ``compute.address`` pointed
+  proxy on 127.0.0.1 (``ddlkit_ray.testing.CountingProxy``) in front of the dashboard, ``compute.address`` pointed
   at it, the default ``compute.poll_interval_s``; a 2-rank fake training that lasts ``--follow-s``
   seconds, followed to its end by the real ``ddlkit`` command: every request from the job's
   submission to the launcher's exit (job status, log reads, the node list, the files fetched at the
@@ -60,11 +60,10 @@ HERE = Path(__file__).resolve().parent
 sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != HERE] + [str(HERE)]
 
 from _common import summary, write_result  # noqa: E402
-from _counting_proxy import CountingProxy  # noqa: E402
 from _ray_plain_job import build_model  # noqa: E402 -- the baselines' model, ResNet-18 as ddlkit's or a tiny net
 
 REPO = HERE.parent
-from ddlkit_ray.testing import LocalRayCluster  # noqa: E402
+from ddlkit_ray.testing import CountingProxy, LocalRayCluster  # noqa: E402
 
 FIRST_STEP = "first step done"
 PLAIN_JOB = HERE / "_ray_plain_job.py"
@@ -386,6 +385,8 @@ def request_kind(method: str, path: str) -> str:
     if path.startswith("/api/jobs"):
         if method == "POST" and path == "/api/jobs":
             return "submit"
+        if path.endswith("/logs/tail"):
+            return "job log stream"  # one websocket, open while the job runs
         return "job logs" if path.endswith("/logs") else f"job {method}"
     for prefix, kind in (("/api/v0/logs", "files (log API)"), ("/api/v0/", "state API"),
                          ("/api/packages", "upload"), ("/api/version", "version")):

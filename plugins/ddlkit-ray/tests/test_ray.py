@@ -1,6 +1,6 @@
 """compute=ray on a real Ray cluster (see conftest.py): the compute contract, ``ddlkit plan``, the
 one-line errors, training runs on two simulated nodes, the user's code shipped, a sweep,
-detach/attach, cancel with a checkpoint, a lost node, a restart that waits for capacity until a node
+detach/attach, cancel with a checkpoint, the requests a followed job costs the dashboard, a lost node, a restart that waits for capacity until a node
 joins, and an elastic job (compute.min_nodes) that goes on with the nodes left or, with too few after
 its wait for capacity, says so in one line."""
 
@@ -26,7 +26,7 @@ from ddlkit.testing import FAKES_MODULE, RunFactory, interruptible, wait_for
 from ddlkit.testing.contracts import ComputeTargetContract
 from ddlkit.testing.elastic import assert_every_sample_once, restarts
 from ddlkit_ray.target import RayConfig, RayTarget
-from ddlkit_ray.testing import free_port
+from ddlkit_ray.testing import CountingProxy, free_port
 
 
 def needs_ray() -> None:
@@ -242,6 +242,25 @@ def test_cancel_checkpoints_and_the_checkpoint_comes_back(ray_cluster, run_facto
     resumed = run_factory(*ray_args(ray_cluster.address, "compute.nodes=2"), "dist=native",
                           job_dir=job_dir, timeout=300).assert_success()
     assert resumed.result["resumed_from_step"] >= 10
+
+
+@pytest.mark.slow
+def test_following_a_job_asks_the_dashboard_at_most_30_times_a_minute(ray_cluster, run_factory: RunFactory) -> None:
+    """The launcher follows the job's log over one stream (the Jobs API's websocket) and asks its state
+    seldom: every request from the submission to the launcher's exit, counted by a proxy in front of
+    the dashboard, is at most 30 a minute (reading the whole log twice a second made about 130), and
+    the output comes once, whole."""
+    with CountingProxy(ray_cluster.address) as proxy:
+        outcome = run_factory("compute=ray", f"compute.address={proxy.address}", "trainer.epochs=1000",
+                              "trainer.max_steps=80", *SLOW, timeout=240).assert_success()
+        end = time.time()
+    submitted = next(t for t, method, path in proxy.requests if method == "POST" and path.rstrip("/") == "/api/jobs")
+    following = [path.split("?")[0] for t, _, path in proxy.requests if t >= submitted]
+    per_minute = len(following) / ((end - submitted) / 60)
+    assert per_minute <= 30, f"{per_minute:.0f} requests a minute: {following}"
+    assert sum(path.endswith("/logs/tail") for path in following) == 1, following  # one stream, no log reads
+    steps = re.findall(r"^.*\bstep (\d+)/80\b.*$", outcome.stdout, re.M)
+    assert steps and len(steps) == len(set(steps)) and "80" in steps, outcome.stdout  # each once, the last too
 
 
 @pytest.mark.slow
