@@ -259,8 +259,52 @@ def test_following_a_job_asks_the_dashboard_at_most_30_times_a_minute(ray_cluste
     per_minute = len(following) / ((end - submitted) / 60)
     assert per_minute <= 30, f"{per_minute:.0f} requests a minute: {following}"
     assert sum(path.endswith("/logs/tail") for path in following) == 1, following  # one stream, no log reads
-    steps = re.findall(r"^.*\bstep (\d+)/80\b.*$", outcome.stdout, re.M)
-    assert steps and len(steps) == len(set(steps)) and "80" in steps, outcome.stdout  # each once, the last too
+    steps_once(outcome.stdout, last=80)
+
+
+def steps_once(output: str, last: int | None = None) -> list[str]:
+    """The steps of the fake's "train epoch E/N step S/M" lines, each of which must come once (``last``: that one too)."""
+    steps = re.findall(r"^train epoch \S+ step (\d+)/", output, re.M)
+    assert steps and len(steps) == len(set(steps)), output
+    assert last is None or str(last) in steps, output
+    return steps
+
+
+@pytest.mark.slow
+def test_a_dashboard_that_cannot_stream_has_the_log_read_instead(ray_cluster, run_factory: RunFactory) -> None:
+    with CountingProxy(ray_cluster.address, websockets=False) as proxy:
+        outcome = run_factory(*ray_args(proxy.address), "trainer.max_steps=12", "framework.step_delay_s=0.1",
+                              timeout=240).assert_success()
+    assert outcome.output.count("does not stream job logs") == 1, outcome.output  # said once, with why
+    assert any(path.split("?")[0].endswith("/logs") for _, _, path in proxy.requests)
+    steps_once(outcome.stdout, last=12)
+
+
+@pytest.mark.slow
+def test_ctrl_c_cancels_the_followed_job_and_its_output_goes_on_once(ray_cluster, tmp_path: Path) -> None:
+    job_dir = tmp_path / "interrupted"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "ddlkit", "framework=fake", *ray_args(ray_cluster.address), *SLOW,
+         f"hydra.run.dir={job_dir}"], env={**os.environ, "DDLKIT_PLUGINS": FAKES_MODULE}, cwd=tmp_path, text=True,
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, preexec_fn=interruptible)
+    seen = ""
+    try:
+        deadline = time.monotonic() + 180
+        while "step 10/" not in seen:
+            line = proc.stdout.readline()
+            assert line and time.monotonic() < deadline, seen[-3000:]
+            seen += line
+        proc.send_signal(signal.SIGINT)
+        out, _ = proc.communicate(timeout=180)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    out = seen + out
+    assert "asking the job to checkpoint and stop" in out, out[-3000:]
+    assert proc.returncode == 75, out[-3000:]  # stopped after a checkpoint
+    steps_once(out)  # the output after Ctrl-C goes on from where it was, not again from the start
+    assert submission(job_dir)["state"] == "cancelled"
 
 
 @pytest.mark.slow

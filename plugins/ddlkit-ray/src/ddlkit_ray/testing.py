@@ -247,9 +247,11 @@ class CountingProxy:
             ... compute.address={proxy.address} ...
             proxy.requests   # [(time.time(), "GET", "/api/jobs/<id>"), ...]
 
-    Plain HTTP; each other response is read whole from the dashboard and sent on with its length."""
+    Plain HTTP; each other response is read whole from the dashboard and sent on with its length.
+    ``websockets=False``: a proxy that passes no websocket (the upgrade goes on as a plain request,
+    which the dashboard refuses)."""
 
-    def __init__(self, upstream: str) -> None:
+    def __init__(self, upstream: str, *, websockets: bool = True) -> None:
         parsed = urllib.parse.urlsplit(upstream)
         self.upstream_host, self.upstream_port = parsed.hostname or "127.0.0.1", parsed.port or 80
         self.requests: list[tuple[float, str, str]] = []
@@ -265,7 +267,7 @@ class CountingProxy:
             def _forward(self) -> None:
                 with proxy._lock:
                     proxy.requests.append((time.time(), self.command, self.path))
-                if self.headers.get("Upgrade", "").lower() == "websocket":
+                if websockets and self.headers.get("Upgrade", "").lower() == "websocket":
                     self._tunnel()
                     return
                 length = int(self.headers.get("Content-Length") or 0)
