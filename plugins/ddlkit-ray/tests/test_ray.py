@@ -281,6 +281,26 @@ def test_a_dashboard_that_cannot_stream_has_the_log_read_instead(ray_cluster, ru
 
 
 @pytest.mark.slow
+def test_a_log_stream_that_drops_is_opened_again_and_the_output_goes_on_once(ray_cluster, run_factory: RunFactory,
+                                                                             tmp_path: Path) -> None:
+    job_dir = tmp_path / "dropped"
+    with CountingProxy(ray_cluster.address) as proxy:
+        run_factory.cli("--detach", "framework=fake", *ray_args(proxy.address), *SLOW,
+                        f"hydra.run.dir={job_dir}").assert_success()
+        handle = ray_target(proxy.address).attach(submission(job_dir)["id"], job_dir=job_dir)
+        seen, dropped = "", 0
+        for chunk in handle.logs(follow=True):
+            seen += chunk
+            if "step 10/" in seen and not dropped:
+                dropped = proxy.drop_websockets()
+                assert dropped == 1
+    streams = [path for _, _, path in proxy.requests if path.split("?")[0].endswith("/logs/tail")]
+    assert len(streams) == 2, streams  # opened again once
+    steps_once(seen, last=80)  # nothing twice, nothing lost
+    assert handle.status().state is ddlkit.JobState.SUCCEEDED
+
+
+@pytest.mark.slow
 def test_ctrl_c_cancels_the_followed_job_and_its_output_goes_on_once(ray_cluster, tmp_path: Path) -> None:
     job_dir = tmp_path / "interrupted"
     proc = subprocess.Popen(

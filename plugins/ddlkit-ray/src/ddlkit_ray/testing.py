@@ -12,6 +12,7 @@ whole cluster stopped without touching any other Ray on the machine. Loopback on
 
 from __future__ import annotations
 
+import contextlib
 import http.client
 import os
 import shutil
@@ -256,6 +257,7 @@ class CountingProxy:
         self.upstream_host, self.upstream_port = parsed.hostname or "127.0.0.1", parsed.port or 80
         self.requests: list[tuple[float, str, str]] = []
         self._lock = threading.Lock()
+        self._tunnels: set[socket.socket] = set()  # the websockets' client sides, open now
         proxy = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -312,11 +314,15 @@ class CountingProxy:
                             except OSError:
                                 pass
 
+                with proxy._lock:
+                    proxy._tunnels.add(self.connection)
                 back = threading.Thread(target=pump, args=(upstream, self.connection), daemon=True)
                 back.start()
                 pump(self.connection, upstream)
                 back.join()
                 upstream.close()
+                with proxy._lock:
+                    proxy._tunnels.discard(self.connection)
 
             do_GET = do_POST = do_PUT = do_DELETE = do_HEAD = do_PATCH = _forward
 
@@ -335,6 +341,15 @@ class CountingProxy:
     def __exit__(self, *exc: object) -> None:
         self._server.shutdown()
         self._server.server_close()
+
+    def drop_websockets(self) -> int:
+        """Cut the open websockets as a network that fails would (no close frame); how many."""
+        with self._lock:
+            tunnels = list(self._tunnels)
+        for connection in tunnels:
+            with contextlib.suppress(OSError):
+                connection.shutdown(socket.SHUT_RDWR)
+        return len(tunnels)
 
     def between(self, start: float, end: float) -> list[tuple[float, str, str]]:
         with self._lock:
