@@ -25,11 +25,12 @@
   cluster has ``--cpus-per-node`` x 2) vs the same 4 jobs run as plain ``ray.remote`` tasks (each
   runs the ddlkit job with ``compute=local`` on a node of the cluster); ratio = ray / tasks;
 * **(d) requests to the Ray dashboard per job-minute while following**: a counting HTTP reverse
-  proxy on 127.0.0.1 (``ddlkit_ray.testing.CountingProxy``) in front of the dashboard, ``compute.address`` pointed
-  at it, the default ``compute.poll_interval_s``; a 2-rank fake training that lasts ``--follow-s``
-  seconds, followed to its end by the real ``ddlkit`` command: every request from the job's
-  submission to the launcher's exit (job status, log reads, the node list, the files fetched at the
-  end), per minute of that time, and by kind -- goal: <= 30.
+  proxy on 127.0.0.1 (``ddlkit_ray.testing.CountingProxy``) in front of the dashboard,
+  ``compute.address`` pointed at it, the default ``compute.poll_interval_s``; a 2-rank fake training
+  that lasts ``--follow-s`` seconds, followed to its end by the real ``ddlkit`` command: every
+  request from the job's submission to the launcher's exit (job status, the log stream -- one
+  websocket -- or log reads, the node list, the files fetched at the end), per minute of that time,
+  and by kind -- goal: <= 30.
 
     pip install 'ray[train]==2.60.0'       # Ray Train, for the TorchTrainer baselines (Ray's own version)
     python benchmarks/ray.py [--steps 60 --rounds 3 --cpus-per-node 2 --follow-s 120] [--skip a,b,c,d] [--quick]

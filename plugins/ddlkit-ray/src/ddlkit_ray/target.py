@@ -213,7 +213,8 @@ class RayJob(JobHandle):
                     self._streaming = None
             if closed is None:  # it could not be opened: the log is read at the poll interval instead
                 break
-            self.info(fresh=True)  # the stream's end: the job's state, asked once
+            if self._final is None:
+                self.info(fresh=True)  # the stream's end: the job's state, asked once
             if self.status().state.done:
                 if not closed:
                     yield from self._read_log(ended=True)  # what a broken or stalled stream left out
