@@ -1,28 +1,43 @@
 """compute=ray on a local Ray cluster of simulated nodes (``ddlkit_ray.testing.LocalRayCluster``:
-``ray start`` on 127.0.0.1), each figure beside its baseline on the same cluster:
+``ray start`` on 127.0.0.1), each figure beside its baseline on the same cluster -- what issue 28 asks:
 
-* **(a) submit -> first step, and step rate**: a 2-rank ResNet-18 job (PyTorch, ``dist=native``,
-  synthetic data, ``--steps`` steps of ``--batch`` images of ``--image-size`` pixels per rank), one
-  rank per node: from starting ``ddlkit ... compute=ray`` (the real CLI) to rank 0's "first step
-  done" line on the launcher's console, and images/sec from ``result.json`` (warm-up excluded);
-  the same job on ``compute=local_mpi`` (2 simulated nodes, mpirun on this machine); and Ray
-  Train's ``TorchTrainer`` running the same model and loop (SGD, DDP, the same synthetic batches)
-  with 2 workers on the same cluster (needs ``pip install 'ray[train]==<ray's version>'``);
-  ratios: ray / local_mpi, ray / TorchTrainer;
-* **(b) node-loss recovery**: a 3-node cluster, the same job on 2 nodes with a checkpoint every
-  ``--checkpoint-every`` steps; after step 20 a node of the job that is not the head is killed (its raylet, SIGKILL);
-  measured: from the kill to rank 0's first step after the restart (ddlkit's restart policy,
-  ``restart.backoff_s=0``), and to the job's end. Baseline: ``TorchTrainer`` with
-  ``FailureConfig(max_failures=1)``, a node of one of its workers killed the same way: from the
-  kill to the restarted workers' first step;
+* **(a) submit -> first training step, and 2-rank images/sec**: a 2-rank ResNet-18 job (PyTorch,
+  ``dist=native``, synthetic data, ``--steps`` steps of ``--batch`` images of ``--image-size`` pixels
+  per rank), one rank per node, from starting ``ddlkit ... compute=ray`` (the real CLI) to rank 0's
+  first step (its time in ``result.json``'s ``startup_s``; the "first step done" line's arrival on
+  the launcher's console is kept too), and images/sec from ``result.json`` (warm-up excluded).
+  Baselines on the same cluster: **a plain ``ray job submit``** (Ray's Jobs API, the real CLI) of a
+  hand-written Ray training script of the same model and loop (``_ray_plain_job.py``: a placement
+  group of one bundle per node, an actor per rank, DDP over gloo), from starting ``ray job submit``
+  to its rank 0's first step -- goal: ddlkit within 1.2x; Ray Train's ``TorchTrainer`` running the
+  same model and loop with 2 workers (from ``trainer.fit()``, the driver already connected: needs
+  ``pip install 'ray[train]==<Ray's version>'``); the same ddlkit job on ``compute=local_mpi``
+  (2 simulated nodes, mpirun on this machine). Ratios ddlkit / each;
+* **(b) node killed -> first step after recovery**: a 3-node cluster, the job on 2 nodes with a
+  checkpoint every ``--checkpoint-every`` steps; at step 20 a node of the job that is not the head is
+  killed (its raylet, SIGKILL); measured: from the kill to the first step of the restarted run (rank
+  0's, from the last run's ``result.json``; its console line too) and to the job's end (ddlkit's
+  restart policy, ``restart.backoff_s=0``; the restart goes on the cluster's third node). Baseline:
+  ``TorchTrainer`` with ``FailureConfig(max_failures=1)``, checkpointing (``ray.train.report``) every
+  ``--checkpoint-every`` steps and resuming from ``ray.train.get_checkpoint()``, a node of one of its
+  workers killed the same way at its step 20: from the kill to the restarted workers' first step;
 * **(c) a 4-job sweep**: ``ddlkit -m ... compute=ray`` of 4 short fake trainings (one CPU each, the
   cluster has ``--cpus-per-node`` x 2) vs the same 4 jobs run as plain ``ray.remote`` tasks (each
-  runs the ddlkit job with ``compute=local`` on a node of the cluster); ratio = ray / tasks.
+  runs the ddlkit job with ``compute=local`` on a node of the cluster); ratio = ray / tasks;
+* **(d) requests to the Ray dashboard per job-minute while following**: a counting HTTP reverse
+  proxy on 127.0.0.1 (``ddlkit_ray.testing.CountingProxy``) in front of the dashboard,
+  ``compute.address`` pointed at it, the default ``compute.poll_interval_s``; a 2-rank fake training
+  that lasts ``--follow-s`` seconds, followed to its end by the real ``ddlkit`` command: every
+  request from the job's submission to the launcher's exit (job status, the log stream -- one
+  websocket -- or log reads, the node list, the files fetched at the end), per minute of that time,
+  and by kind -- goal: <= 30.
 
-    python benchmarks/ray.py [--steps 60 --rounds 1 --cpus-per-node 2] [--skip a,b,c] [--quick]
+    pip install 'ray[train]==2.60.0'       # Ray Train, for the TorchTrainer baselines (Ray's own version)
+    python benchmarks/ray.py [--steps 60 --rounds 3 --cpus-per-node 2 --follow-s 120] [--skip a,b,c,d] [--quick]
 
-``--quick`` trains the fake framework instead of ResNet-18 (seconds; to check the script runs).
-Writes benchmarks/results/ray.json.
+``--quick`` runs each part once, small: the fake framework for ddlkit's jobs and a tiny net for the
+hand-written and Ray Train baselines (a check that the script runs, not figures). Writes
+benchmarks/results/ray.json (``ray-quick.json`` with ``--quick``).
 """
 
 from __future__ import annotations
@@ -31,12 +46,13 @@ import argparse
 import json
 import os
 import re
-import signal
+import shutil
 import subprocess
 import sys
 import tempfile
 import threading
 import time
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -45,11 +61,13 @@ HERE = Path(__file__).resolve().parent
 sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != HERE] + [str(HERE)]
 
 from _common import summary, write_result  # noqa: E402
+from _ray_plain_job import build_model  # noqa: E402 -- the baselines' model, ResNet-18 as ddlkit's or a tiny net
 
 REPO = HERE.parent
-from ddlkit_ray.testing import LocalRayCluster  # noqa: E402
+from ddlkit_ray.testing import CountingProxy, LocalRayCluster  # noqa: E402
 
 FIRST_STEP = "first step done"
+PLAIN_JOB = HERE / "_ray_plain_job.py"
 
 
 def env() -> dict[str, str]:
@@ -64,14 +82,20 @@ def job_overrides(args: argparse.Namespace) -> list[str]:
             "trainer.epochs=100", "framework.num_threads=1"]
 
 
-class Launcher:
-    """``ddlkit`` in a subprocess, its console read line by line with the time each line came."""
+def model_name(args: argparse.Namespace) -> str:
+    """The baselines' model: ResNet-18 as ddlkit's job, or a tiny net with --quick (ddlkit trains the fake)."""
+    return "tiny" if args.quick else "resnet18"
 
-    def __init__(self, argv: list[str], cwd: Path) -> None:
+
+class Launcher:
+    """A command in a subprocess (``ddlkit`` by default), its console read line by line with the time
+    each line came; ``t0``/``wall0``: when it started, on the monotonic and the Unix clock."""
+
+    def __init__(self, argv: list[str], cwd: Path, *, command: list[str] | None = None) -> None:
         self.lines: list[tuple[float, str]] = []
-        self.t0 = time.monotonic()
-        self.proc = subprocess.Popen([sys.executable, "-m", "ddlkit", *argv], cwd=cwd, env=env(), text=True,
-                                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+        self.t0, self.wall0 = time.monotonic(), time.time()
+        self.proc = subprocess.Popen([*(command or [sys.executable, "-m", "ddlkit"]), *argv], cwd=cwd, env=env(),
+                                     text=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
         self._reader = threading.Thread(target=self._read, daemon=True)
         self._reader.start()
 
@@ -89,7 +113,10 @@ class Launcher:
             if self.proc.poll() is not None and not self._reader.is_alive():
                 break
             time.sleep(0.02)
-        raise RuntimeError(f"no {text!r} on the console: {''.join(l for _, l in self.lines)[-3000:]}")
+        raise RuntimeError(f"no {text!r} on the console: {self.output()[-3000:]}")
+
+    def output(self) -> str:
+        return "".join(line for _, line in self.lines)
 
     def finish(self, timeout: float = 1800) -> int:
         code = self.proc.wait(timeout=timeout)
@@ -97,51 +124,104 @@ class Launcher:
         return code
 
 
+def first_step_at(job_dir: Path) -> float:
+    """The Unix time of rank 0's first step in the job's last run (``result.json``'s ``startup_s``)."""
+    startup = json.loads((job_dir / "result.json").read_text())["startup_s"]
+    return startup["started_at"] + startup[FIRST_STEP]
+
+
 def ddlkit_job(args: argparse.Namespace, base: Path, name: str, compute: list[str]) -> dict[str, Any]:
     job_dir = base / name
     run = Launcher([*job_overrides(args), "dist=native", *compute, f"hydra.run.dir={job_dir}"], base)
-    first = run.when(FIRST_STEP) - run.t0
+    on_console = run.when(FIRST_STEP) - run.t0
     code = run.finish()
     if code != 0:
-        raise RuntimeError(f"{name} exited {code}: {''.join(l for _, l in run.lines)[-3000:]}")
+        raise RuntimeError(f"{name} exited {code}: {run.output()[-3000:]}")
     result = json.loads((job_dir / "result.json").read_text())
-    return {"submit_to_first_step_s": first, "images_per_sec": result["images_per_sec"]}
+    return {"submit_to_first_step_s": first_step_at(job_dir) - run.wall0,
+            "submit_to_first_step_on_console_s": on_console, "images_per_sec": result["images_per_sec"]}
+
+
+def plain_job(cluster: LocalRayCluster, args: argparse.Namespace, base: Path, name: str) -> dict[str, Any]:
+    """The hand-written Ray job (``_ray_plain_job.py``), submitted with the real ``ray job submit``,
+    which uploads its working directory and follows the job's log to its end."""
+    work, marks = base / name, base / f"{name}-marks"
+    work.mkdir()
+    marks.mkdir()
+    shutil.copy(PLAIN_JOB, work / PLAIN_JOB.name)
+    run = Launcher(["job", "submit", f"--address={cluster.address}", f"--working-dir={work}", "--",
+                    "python", PLAIN_JOB.name, "--ranks=2", f"--model={model_name(args)}", f"--batch={args.batch}",
+                    f"--image-size={args.image_size}", f"--steps={args.steps}", f"--marks={marks}"],
+                   base, command=[sys.executable, "-m", "ray.scripts.scripts"])
+    on_console = run.when(FIRST_STEP) - run.t0
+    code = run.finish()
+    if code != 0:
+        raise RuntimeError(f"ray job submit exited {code}: {run.output()[-3000:]}")
+    first = float((marks / "first-steps").read_text().split()[0])
+    out = {"submit_to_first_step_s": first - run.wall0, "submit_to_first_step_on_console_s": on_console}
+    if (marks / "rate").exists():
+        out["images_per_sec"] = float((marks / "rate").read_text())
+    return out
 
 
 # ---------------------------------------------------------------------------- Ray Train baselines
 def _train_loop(config: dict[str, Any]) -> None:
     """Ray Train's worker: the model and loop ddlkit's PyTorch job runs (SGD with momentum, DDP
-    through Ray Train, synthetic batches), timing steps after the warm-up."""
-    import torch
+    through Ray Train, synthetic batches), timing steps after the warm-up; with ``checkpoint_every``,
+    a checkpoint reported every that many steps and the loop resumed from Ray Train's latest."""
+    import tempfile as _tempfile
+
+    import ray
     import ray.train
     import ray.train.torch
-    from ddlkit_pytorch.models import resnet18
+    import torch
 
     torch.set_num_threads(1)
     ctx = ray.train.get_context()
+    rank = ctx.get_world_rank()
     marks = Path(config["marks"])
-    torch.manual_seed(ctx.get_world_rank())
-    model = ray.train.torch.prepare_model(resnet18(num_classes=10))
+    torch.manual_seed(0)
+    model = ray.train.torch.prepare_model(build_model(config["model"], 10))
     opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
     loss_fn = torch.nn.CrossEntropyLoss()
+    start = 0
+    checkpoint = ray.train.get_checkpoint()
+    if checkpoint is not None:
+        with checkpoint.as_directory() as d:
+            state = torch.load(Path(d) / "state.pt")
+        getattr(model, "module", model).load_state_dict(state["model"])
+        opt.load_state_dict(state["opt"])
+        start = state["step"]
+        if rank == 0:
+            (marks / "resumed-from").write_text(str(start))
+    torch.manual_seed(rank)
     x = torch.randn(config["batch"], 3, config["image_size"], config["image_size"])
     y = torch.randint(0, 10, (config["batch"],))
-    import ray as _ray
-    (marks / f"node-{ctx.get_world_rank()}").write_text(_ray.get_runtime_context().get_node_id())
-    warmup, t_start = 5, None
-    for step in range(1, config["steps"] + 1):
+    (marks / f"node-{rank}").write_text(ray.get_runtime_context().get_node_id())
+    warmup, t_start, every = 5, None, config.get("checkpoint_every")
+    for step in range(start + 1, config["steps"] + 1):
         opt.zero_grad()
         loss_fn(model(x), y).backward()
         opt.step()
-        if step == 1 and ctx.get_world_rank() == 0:
+        if step == start + 1 and rank == 0:
             with open(marks / "first-steps", "a") as f:
                 f.write(f"{time.time()}\n")
-        if step == warmup:
+        if step == 20 and rank == 0:
+            (marks / "step-20").touch()
+        if step == start + warmup:
             t_start = time.perf_counter()
-        if step > 20 and config.get("slow_after_20"):
-            time.sleep(0.5)
-    if ctx.get_world_rank() == 0 and t_start is not None:
-        rate = (config["steps"] - warmup) * config["batch"] * ctx.get_world_size() / (time.perf_counter() - t_start)
+        if config.get("step_delay_s"):
+            time.sleep(config["step_delay_s"])
+        if every and step % every == 0:
+            with _tempfile.TemporaryDirectory() as d:
+                if rank == 0:
+                    torch.save({"model": getattr(model, "module", model).state_dict(), "opt": opt.state_dict(),
+                                "step": step}, Path(d) / "state.pt")
+                ray.train.report({"step": step},
+                                 checkpoint=ray.train.Checkpoint.from_directory(d) if rank == 0 else None)
+    if rank == 0 and t_start is not None and config["steps"] > start + warmup:
+        rate = (config["steps"] - start - warmup) * config["batch"] * ctx.get_world_size() / (
+            time.perf_counter() - t_start)
         (marks / "rate").write_text(str(rate))
 
 
@@ -151,38 +231,54 @@ def ray_train(cluster: LocalRayCluster, args: argparse.Namespace, *, kill: bool 
         from ray.train import FailureConfig, RunConfig, ScalingConfig
         from ray.train.torch import TorchTrainer
     except ImportError as exc:
-        return {"skipped": f"Ray Train is not installed ({exc}): pip install 'ray[train]'"}
+        return {"skipped": f"Ray Train is not installed ({exc}): pip install 'ray[train]=={_ray_version()}'"}
+    import _ray_plain_job
+
+    # the workers cannot import this directory (its ray.py would shadow Ray): build_model travels by value
+    ray.cloudpickle.register_pickle_by_value(_ray_plain_job)
     marks = Path(tempfile.mkdtemp(prefix="ray-train-"))
     ray.init(address=cluster.gcs_address, ignore_reinit_error=True, logging_level="WARNING",
              runtime_env={"env_vars": {"PYTHONPATH": os.environ.get("PYTHONPATH", "")}})
     config = {"batch": args.batch, "image_size": args.image_size, "steps": args.steps, "marks": str(marks),
-              "slow_after_20": kill}
+              "model": model_name(args), "step_delay_s": 0.05 if args.quick else 0.0,
+              "checkpoint_every": args.checkpoint_every if kill else None}
     trainer = TorchTrainer(_train_loop, train_loop_config=config,
                            scaling_config=ScalingConfig(num_workers=2, resources_per_worker={"CPU": 1},
                                                         placement_strategy="STRICT_SPREAD"),
-                           run_config=RunConfig(storage_path=str(marks / "storage"),
+                           run_config=RunConfig(storage_path=str(marks / "storage"), name="bench",
                                                 failure_config=FailureConfig(max_failures=1 if kill else 0)))
-    t0 = time.time()
     out: dict[str, Any] = {}
     if kill:
         def killer() -> None:
-            while not all((marks / f) .exists() for f in ("node-0", "node-1", "first-steps")):
-                time.sleep(0.1)
-            time.sleep(5)
+            while not all((marks / f).exists() for f in ("node-0", "node-1", "step-20")):
+                time.sleep(0.02)
             head = cluster.head_node_id()
             nodes = [(marks / f"node-{r}").read_text().strip() for r in (1, 0)]
             out["killed_at"] = time.time()
             cluster.kill_node(next(n for n in nodes if n != head))  # a worker's node, not the head
         threading.Thread(target=killer, daemon=True).start()
+    t0 = time.time()
     trainer.fit()
+    end = time.time()
     firsts = [float(x) for x in (marks / "first-steps").read_text().split()]
     out["submit_to_first_step_s"] = firsts[0] - t0
     if (marks / "rate").exists():
         out["images_per_sec"] = float((marks / "rate").read_text())
-    if kill and len(firsts) > 1:
-        out["kill_to_first_step_s"] = firsts[-1] - out["killed_at"]
+    if kill and "killed_at" in out:
+        if len(firsts) > 1:
+            out["kill_to_first_step_s"] = firsts[-1] - out["killed_at"]
+        out["kill_to_end_s"] = end - out["killed_at"]
+        if (marks / "resumed-from").exists():
+            out["resumed_from_step"] = int((marks / "resumed-from").read_text())
     ray.shutdown()
+    shutil.rmtree(marks, ignore_errors=True)
     return out
+
+
+def _ray_version() -> str:
+    import ray
+
+    return ray.__version__
 
 
 # ---------------------------------------------------------------------------- the parts
@@ -190,24 +286,26 @@ def part_a(args: argparse.Namespace, base: Path) -> dict[str, Any]:
     rounds: list[dict[str, Any]] = []
     with LocalRayCluster(nodes=2, cpus_per_node=args.cpus_per_node, env=env()) as cluster:
         for r in range(args.rounds):
-            ray_job = ddlkit_job(args, base, f"a-ray-{r}", ["compute=ray", f"compute.address={cluster.address}",
-                                                           "compute.nodes=2", "compute.poll_interval_s=0.5"])
-            mpi_job = ddlkit_job(args, base, f"a-mpi-{r}", ["compute=local_mpi", "compute.nodes=2"])
-            train = {} if args.quick else ray_train(cluster, args)
-            rounds.append({"ray": ray_job, "local_mpi": mpi_job, "ray_train": train})
+            # interleaved, in a different order each round: a slow spell of the machine hits all sides
+            runs = {"ray": lambda: ddlkit_job(args, base, f"a-ray-{r}", [
+                        "compute=ray", f"compute.address={cluster.address}", "compute.nodes=2",
+                        "compute.poll_interval_s=0.5"]),
+                    "plain_ray_job": lambda: plain_job(cluster, args, base, f"a-plain-{r}"),
+                    "local_mpi": lambda: ddlkit_job(args, base, f"a-mpi-{r}", ["compute=local_mpi", "compute.nodes=2"]),
+                    "ray_train": lambda: ray_train(cluster, args)}
+            order = list(runs)[r % len(runs):] + list(runs)[:r % len(runs)]
+            rounds.append({who: runs[who]() for who in order})
             print(f"(a) round {r + 1}: {json.dumps(rounds[-1])}", flush=True)
-    med = lambda who, key: summary([x[who][key] for x in rounds if key in x[who]])  # noqa: E731
     out: dict[str, Any] = {"rounds": rounds}
-    for who in ("ray", "local_mpi", "ray_train"):
-        for key in ("submit_to_first_step_s", "images_per_sec"):
+    for who in ("ray", "plain_ray_job", "local_mpi", "ray_train"):
+        for key in ("submit_to_first_step_s", "submit_to_first_step_on_console_s", "images_per_sec"):
             if any(key in x[who] for x in rounds):
-                out[f"{who}_{key}"] = med(who, key)
-    for other in ("local_mpi", "ray_train"):
-        if f"{other}_images_per_sec" in out:
-            out[f"ips_ratio_ray_over_{other}"] = (out["ray_images_per_sec"]["median"]
-                                                  / out[f"{other}_images_per_sec"]["median"])
-            out[f"first_step_ratio_ray_over_{other}"] = (out["ray_submit_to_first_step_s"]["median"]
-                                                         / out[f"{other}_submit_to_first_step_s"]["median"])
+                out[f"{who}_{key}"] = summary([x[who][key] for x in rounds if key in x[who]])
+    for other in ("plain_ray_job", "local_mpi", "ray_train"):
+        for key, ratio in (("submit_to_first_step_s", "first_step"), ("images_per_sec", "ips")):
+            if f"{other}_{key}" in out and f"ray_{key}" in out:
+                out[f"{ratio}_ratio_ray_over_{other}"] = out[f"ray_{key}"]["median"] / out[f"{other}_{key}"]["median"]
+    out["goal"] = "first_step_ratio_ray_over_plain_ray_job <= 1.2"
     return out
 
 
@@ -222,25 +320,29 @@ def part_b(args: argparse.Namespace, base: Path) -> dict[str, Any]:
         started = run.when("started on node(s)")
         text = next(line for t, line in run.lines if t == started)
         found = re.search(r"0 \((\w+)\), 1 \((\w+)\)", text)
+        assert found, text
         # a node of the job that is not the head (whose loss ends the cluster)
         node = next(n for n in (found[2], found[1]) if not cluster.head_node_id().startswith(n))
         run.when("step 20/")
-        killed = time.monotonic()
+        killed, killed_wall = time.monotonic(), time.time()
         cluster.kill_node(node)
         resumed = run.when(FIRST_STEP, after=killed)
         code = run.finish()
-        result = json.loads((job_dir / "result.json").read_text()) if code == 0 else {}
-        out["ddlkit"] = {"kill_to_first_step_s": resumed - killed, "kill_to_end_s": time.monotonic() - killed,
-                         "exit": code, "restarts": result.get("restarts"),
-                         "resumed_from_step": result.get("resumed_from_step"), "steps_lost": result.get("steps_lost")}
+        if code != 0:
+            raise RuntimeError(f"(b) ddlkit exited {code}: {run.output()[-3000:]}")
+        result = json.loads((job_dir / "result.json").read_text())
+        out["ddlkit"] = {"kill_to_first_step_s": first_step_at(job_dir) - killed_wall,
+                         "kill_to_first_step_on_console_s": resumed - killed,
+                         "kill_to_end_s": time.monotonic() - killed,
+                         "restarts": result.get("restarts"), "resumed_from_step": result.get("resumed_from_step"),
+                         "steps_lost": result.get("steps_lost")}
         print(f"(b) ddlkit: {json.dumps(out['ddlkit'])}", flush=True)
-    if not args.quick:
-        with LocalRayCluster(nodes=3, cpus_per_node=args.cpus_per_node, env=env()) as cluster:
-            out["ray_train"] = ray_train(cluster, args, kill=True)
-            print(f"(b) Ray Train: {json.dumps(out['ray_train'])}", flush=True)
-        if "kill_to_first_step_s" in out["ray_train"]:
-            out["recovery_ratio_ddlkit_over_ray_train"] = (out["ddlkit"]["kill_to_first_step_s"]
-                                                           / out["ray_train"]["kill_to_first_step_s"])
+    with LocalRayCluster(nodes=3, cpus_per_node=args.cpus_per_node, env=env()) as cluster:
+        out["ray_train"] = ray_train(cluster, args, kill=True)
+        print(f"(b) Ray Train: {json.dumps(out['ray_train'])}", flush=True)
+    if "kill_to_first_step_s" in out["ray_train"]:
+        out["recovery_ratio_ddlkit_over_ray_train"] = (out["ddlkit"]["kill_to_first_step_s"]
+                                                       / out["ray_train"]["kill_to_first_step_s"])
     return out
 
 
@@ -262,7 +364,7 @@ def part_c(args: argparse.Namespace, base: Path) -> dict[str, Any]:
                             "compute.poll_interval_s=0.5", f"optimizer.lr={','.join(lrs)}",
                             f"sweep.max_parallel={len(lrs)}", f"hydra.sweep.dir={sweep_dir}"], base)
             if run.finish() != 0:
-                raise RuntimeError("".join(line for _, line in run.lines)[-3000:])
+                raise RuntimeError(run.output()[-3000:])
             ddlkit_s = time.monotonic() - t0
             ray.init(address=cluster.gcs_address, ignore_reinit_error=True, logging_level="WARNING")
             task = ray.remote(num_cpus=1)(_task)
@@ -278,21 +380,71 @@ def part_c(args: argparse.Namespace, base: Path) -> dict[str, Any]:
     return {"rounds": rounds, "ddlkit_sweep_s": d, "ray_tasks_s": t, "ratio_ddlkit_over_tasks": d["median"] / t["median"]}
 
 
+def request_kind(method: str, path: str) -> str:
+    """What a request to the dashboard is for."""
+    path = path.split("?")[0].rstrip("/")
+    if path.startswith("/api/jobs"):
+        if method == "POST" and path == "/api/jobs":
+            return "submit"
+        if path.endswith("/logs/tail"):
+            return "job log stream"  # one websocket, open while the job runs
+        return "job logs" if path.endswith("/logs") else f"job {method}"
+    for prefix, kind in (("/api/v0/logs", "files (log API)"), ("/api/v0/", "state API"),
+                         ("/api/packages", "upload"), ("/api/version", "version")):
+        if path.startswith(prefix):
+            return kind
+    return "other"
+
+
+def part_d(args: argparse.Namespace, base: Path) -> dict[str, Any]:
+    delay = 0.25
+    steps = max(4, int(args.follow_s / delay))
+    rounds = []
+    with LocalRayCluster(nodes=2, cpus_per_node=args.cpus_per_node, env=env()) as cluster, \
+            CountingProxy(cluster.address) as proxy:
+        for r in range(args.rounds):
+            job_dir = base / f"d-ray-{r}"
+            run = Launcher(["framework=fake", f"framework.step_delay_s={delay}", f"trainer.max_steps={steps}",
+                            "trainer.epochs=1000", "dist=native", "compute=ray", f"compute.address={proxy.address}",
+                            "compute.nodes=2", f"hydra.run.dir={job_dir}"], base)
+            code = run.finish()
+            end = time.time()
+            if code != 0:
+                raise RuntimeError(f"(d) ddlkit exited {code}: {run.output()[-3000:]}")
+            seen = proxy.between(run.wall0, end)
+            submitted = next(t for t, method, path in seen if request_kind(method, path) == "submit")
+            following = [(m, p) for t, m, p in seen if t >= submitted]
+            minutes = (end - submitted) / 60
+            rounds.append({"followed_s": end - submitted, "requests": len(following),
+                           "requests_per_job_minute": len(following) / minutes,
+                           "by_kind_per_job_minute": {k: n / minutes for k, n in
+                                                      Counter(request_kind(m, p) for m, p in following).items()},
+                           "before_submission": len(seen) - len(following)})
+            print(f"(d) round {r + 1}: {json.dumps(rounds[-1])}", flush=True)
+    return {"rounds": rounds, "poll_interval_s": "the default (compute.poll_interval_s)",
+            "requests_per_job_minute": summary([x["requests_per_job_minute"] for x in rounds]),
+            "goal": "requests_per_job_minute <= 30"}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--rounds", type=int, default=1)
+    parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--steps", type=int, default=60)
     parser.add_argument("--batch", type=int, default=32)
     parser.add_argument("--image-size", type=int, default=64)
     parser.add_argument("--checkpoint-every", type=int, default=10)
     parser.add_argument("--cpus-per-node", type=int, default=2)
-    parser.add_argument("--skip", default="", help="parts to leave out: a,b,c")
-    parser.add_argument("--quick", action="store_true", help="the fake framework, no Ray Train: checks the script")
+    parser.add_argument("--follow-s", type=float, default=120.0, help="(d): how long the followed job trains")
+    parser.add_argument("--skip", default="", help="parts to leave out: a,b,c,d")
+    parser.add_argument("--quick", action="store_true",
+                        help="each part once, small (the fake framework, a tiny net): checks the script")
     args = parser.parse_args()
+    if args.quick:
+        args.rounds, args.follow_s = 1, 10.0
     skip = set(filter(None, args.skip.split(",")))
     base = Path(tempfile.mkdtemp(prefix="ddlkit-bench-ray-"))
-    out: dict[str, Any] = {"args": vars(args)}
-    for name, part in (("a", part_a), ("b", part_b), ("c", part_c)):
+    out: dict[str, Any] = {"args": vars(args), "ray": _ray_version()}
+    for name, part in (("a", part_a), ("b", part_b), ("c", part_c), ("d", part_d)):
         if name not in skip:
             out[name] = part(args, base)
     path = write_result("ray" + ("-quick" if args.quick else ""), out)

@@ -145,6 +145,10 @@ class RestartConfig:
     max_restarts: int | None = checked(None, at_least(0, "null or >= 0"))
     # seconds before the first restart, doubled for each one after it (a lost node needs time to be replaced)
     backoff_s: float = checked(10.0, NON_NEGATIVE)
+    # seconds a restart waits for compute.min_nodes (null: compute.nodes) of the job's nodes to be up when
+    # fewer are (asking the target at its poll interval, saying so), before the job fails; null: the compute
+    # target's default (600 for cluster targets, 0 for compute=local and local_mpi)
+    capacity_wait_s: float | None = checked(None, at_least(0, "null or >= 0 (seconds)"))
 
 
 @dataclass

@@ -32,6 +32,7 @@ class LocalTarget(ComputeTarget):
     shares_job_dir = True
     ranks_share_environment = True
     default_max_restarts = 0
+    default_capacity_wait_s = 0.0
 
     def submit(self, spec: JobSpec) -> JobHandle:
         from ..compute.process import ProcessJob  # here: composing a config starts no process

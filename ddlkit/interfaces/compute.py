@@ -159,6 +159,10 @@ class ComputeTarget(ABC):
     #: (``restart.max_restarts``, when the user sets none): a cluster loses nodes and preempts
     #: them; a process on the user's own machine that was killed was most likely killed on purpose
     default_max_restarts: ClassVar[int] = 3
+    #: how long a restart waits for the nodes it needs when :meth:`nodes_up` says fewer are up
+    #: (``restart.capacity_wait_s``, when the user sets none): a cluster's lost node is replaced, or
+    #: another job's nodes come free, within minutes
+    default_capacity_wait_s: ClassVar[float] = 600.0
 
     @property
     def ranks_share_environment(self) -> bool:
@@ -191,7 +195,8 @@ class ComputeTarget(ABC):
     # are usable now and resubmits it on that many (never fewer than ``min_nodes``, never more than
     # ``nodes``) through :meth:`with_nodes`; the ranks adapt the batch to the world size they find
     # (``trainer.on_resize``, ddlkit.rank.resize). A target whose config has no ``min_nodes`` is not
-    # elastic: its jobs restart on all their nodes.
+    # elastic: its jobs restart on all their nodes. Any restart with fewer nodes up than it needs waits
+    # for them, asking :meth:`nodes_up` again, up to ``restart.capacity_wait_s`` (ddlkit.launch.elastic).
 
     @property
     def nodes(self) -> int:

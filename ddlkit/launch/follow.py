@@ -26,7 +26,7 @@ from ..errors import DdlkitError, JobFailedError
 from ..interfaces import JobHandle, JobState, JobStatus
 from ..jobdir import EXIT_CONFIG_ERROR, EXIT_PREEMPTED, RESTARTS_ENV, RESULT_FILE, STEPS_LOST_ENV
 from .jobs import index
-from .elastic import Placement, place_restart
+from .elastic import CapacityWait, Placement, place_restart_waiting
 from .prepare import PreparedJob
 from .restarts import RestartPolicy, classify
 
@@ -207,7 +207,6 @@ def run_job(job: PreparedJob, *, out: TextIO | None = None, live: bool | None = 
     progress_bar = live and "console" in job.redacted_config.get("logger", {})
     policy = restart_policy(job, out)
     current = job.compute  # the target of the job's last run: fewer nodes after an elastic restart
-    cannot = ""
     while True:
         status = follow(handle, out=out, progress_bar=progress_bar)
         assert status is not None
@@ -220,16 +219,22 @@ def run_job(job: PreparedJob, *, out: TextIO | None = None, live: bool | None = 
         except KeyboardInterrupt:
             out.write("\nddlkit: interrupted before the restart\n")
             break
-        # asked after the backoff: a lost node may have come back in the meantime
-        placed = place_restart(job.compute, current, spec, job.redacted_config,
-                               restart=f"{policy.done}/{policy.max_restarts}", out=out)
-        if isinstance(placed, str):
-            cannot = f"not restarted: {placed}"
+        # asked after the backoff: a lost node may have come back in the meantime; with too few up,
+        # the restart waits for capacity (restart.capacity_wait_s)
+        try:
+            placed = place_restart_waiting(job.compute, current, spec, job.redacted_config,
+                                           capacity=capacity_wait(job, policy, out))
+        except KeyboardInterrupt:
+            out.write("\nddlkit: interrupted while the restart waited for capacity\n")
             break
+        if isinstance(placed, str):
+            # the job's own failure was said at the restart: this is why it ends, in one line
+            raise JobFailedError(f"job {spec.name} {placed}; it resumes from step {entry['resumed_from']} when run "
+                                 f"again: {job.resume_hint}")
         current = placed.target
         handle = resubmit(job, policy, entry, placed)
     # a failure on a target that restarts says why this one was not restarted; a cancel is no failure
-    note = cannot or (policy.why_not(verdict) if status.state is JobState.FAILED and policy.max_restarts else "")
+    note = policy.why_not(verdict) if status.state is JobState.FAILED and policy.max_restarts else ""
     return outcome(status, job_dir=spec.job_dir, name=spec.name, resume_hint=job.resume_hint, out=out, note=note)
 
 
@@ -245,8 +250,16 @@ def resubmit(job: PreparedJob, policy: RestartPolicy, entry: dict[str, object],
 
 
 def restart_policy(job: PreparedJob, out: TextIO) -> RestartPolicy:
-    """``restart.max_restarts`` (or the target's default) and ``restart.backoff_s`` for this job."""
+    """``restart.max_restarts`` and ``restart.capacity_wait_s`` (or the target's defaults) and
+    ``restart.backoff_s`` for this job."""
     options = job.redacted_config.get("restart") or {}
-    most = options.get("max_restarts")
+    most, wait = options.get("max_restarts"), options.get("capacity_wait_s")
     return RestartPolicy(job.compute.default_max_restarts if most is None else int(most),
-                         float(options.get("backoff_s", 10.0)), out)
+                         float(options.get("backoff_s", 10.0)), out,
+                         capacity_wait_s=job.compute.default_capacity_wait_s if wait is None else float(wait))
+
+
+def capacity_wait(job: PreparedJob, policy: RestartPolicy, out: TextIO, prefix: str = "ddlkit: ") -> CapacityWait:
+    """The wait for capacity of the restart ``policy`` is about to make, at the target's pace."""
+    return CapacityWait(policy.capacity_wait_s, job.compute.status_interval_s, out,
+                        restart=f"{policy.done}/{policy.max_restarts}", prefix=prefix)

@@ -102,6 +102,8 @@ class RestartPolicy:
     max_restarts: int
     backoff_s: float
     out: TextIO
+    #: how long a restart waits for the nodes it needs (``restart.capacity_wait_s``; ddlkit.launch.elastic)
+    capacity_wait_s: float = 0.0
     done: int = 0
     steps_lost: int = 0
 

@@ -124,6 +124,9 @@ def _restart_line(number: int, restart: dict[str, Any]) -> str:
     # an elastic job's restart: on how many of its nodes, and what that did to the batch (ddlkit.launch.elastic)
     where = f" on {restart['nodes']} of {restart['planned_nodes']} nodes" if restart.get("planned_nodes") else ""
     resize = f"; {restart['resize']}" if restart.get("resize") else ""
+    # a restart that waited for its nodes (ddlkit.launch.elastic.CapacityWait)
+    if (waited := restart.get("waited_for_capacity_s")) is not None:
+        where += f" after waiting {waited:.0f} s for capacity"
     return (f"restart {number}: {_ago(restart.get('time', 0))}: {restart.get('cause')}; it ended {at}{ended} "
             f"({restart.get('detail')}); resubmitted{where}, resuming from step {restart.get('resumed_from')} "
             f"({lost} step{'' if lost == 1 else 's'} lost){resize}")

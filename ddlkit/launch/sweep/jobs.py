@@ -46,7 +46,7 @@ from ...result import HEADLINE
 from .. import follow, prepare, validate
 from ..restarts import RestartPolicy, classify
 from ..commandline import job_command, launch_args, override
-from ..elastic import place_restart
+from ..elastic import CapacityWait, Shortfall, place_restart
 from ..hydra_errors import explain
 from . import SWEEP_ATTR  # noqa: F401  (where the launcher and tests have found it)
 from .compose import compose_job, hydra_config_of, job_view
@@ -523,6 +523,8 @@ class _SweepHandle(JobHandle):
         self._cancelled = False
         #: the target of the job's last run, when a restart put it on fewer nodes (None: the job's own)
         self._target: ComputeTarget | None = None
+        #: the pending restart's wait for capacity, once a look found too few nodes up (ddlkit.launch.elastic)
+        self._capacity: CapacityWait | None = None
 
     def _settle(self, status: JobStatus) -> JobStatus:
         if not status.state.done:
@@ -549,28 +551,39 @@ class _SweepHandle(JobHandle):
 
     def _between(self) -> JobStatus:
         assert self._pending is not None
+        if self._capacity is not None:
+            waited = self._capacity.waited_s or 0.0
+            return JobStatus(JobState.RUNNING, None, f"restart waiting for capacity ({waited:.0f} of "
+                                                     f"restart.capacity_wait_s={self._capacity.wait_s:g} s)")
         return JobStatus(JobState.RUNNING, None, f"restarting in {max(0.0, self._pending[0] - time.monotonic()):.0f} s")
 
     def _resubmit(self) -> None:
-        """Submit the job again (an elastic job on the nodes that are up now); if the target refuses
-        (unreachable, out of quota) or fewer nodes than ``compute.min_nodes`` are up, the job ends as
-        its last run did, with why it was not restarted."""
+        """Submit the job again (an elastic job on the nodes that are up now); with fewer nodes up
+        than it needs, look again later, as long as ``restart.capacity_wait_s`` allows. If the target
+        refuses (unreachable, out of quota) or the wait for capacity is over, the job ends as its last
+        run did, with why it was not restarted."""
         assert self._pending is not None and self.restarts is not None
         _, entry, ended = self._pending
         self._pending = None
         job, policy = self.restarts.job, self.restarts.policy
         why = ""
         try:
+            capacity = self._capacity or follow.capacity_wait(job, policy, policy.out, self.restarts.prefix)
             # an elastic job goes on with the nodes that are up now (ddlkit.launch.elastic)
             placed = place_restart(job.compute, self._target or job.compute, job.spec, job.redacted_config,
-                                   restart=f"{policy.done}/{policy.max_restarts}", out=policy.out,
-                                   prefix=self.restarts.prefix)
-            if isinstance(placed, str):
-                why = f"not restarted: {placed}"
+                                   restart=capacity.restart, out=policy.out, prefix=self.restarts.prefix,
+                                   waited_s=capacity.waited_s)
+            if isinstance(placed, Shortfall):
+                pause = capacity.next_look(placed)
+                if pause is not None:  # looked at again between the looks at the sweep's other jobs
+                    self._pending, self._capacity = (time.monotonic() + pause, entry, ended), capacity
+                    return
+                why = capacity.failure(placed)
             else:
                 self.inner, self._target = follow.resubmit(job, policy, entry, placed), placed.target
         except DdlkitError as err:
             why = f"its restart could not be submitted: {err}"
+        self._capacity = None
         if why:
             head, _, rest = ended.message.partition("\n")
             self._settled = replace(ended, message=f"{head} ({why})" + (f"\n{rest}" if rest else ""))
@@ -583,6 +596,8 @@ class _SweepHandle(JobHandle):
             if time.monotonic() < self._pending[0]:
                 return self._between()
             self._resubmit()
+            if self._pending is not None:  # still waiting for capacity
+                return self._between()
         if self._settled is not None:
             return self._settled
         return self._settle(self.inner.status())
@@ -603,8 +618,7 @@ class _SweepHandle(JobHandle):
             if self._pending is not None:
                 time.sleep(max(0.0, self._pending[0] - time.monotonic()))
                 self._resubmit()
-                if self._settled is not None:
-                    break
+                continue  # settled, resubmitted, or still waiting for capacity
             status = self._settle(self.inner.wait(timeout))
             if timeout is not None and self._settled is None:
                 return status

@@ -148,9 +148,13 @@ def test_fewer_nodes_up_than_min_nodes_end_the_job_and_say_so(tmp_path: Path) ->
     failed = ddlkit(tmp_path, "short", "trainer.epochs=1", "compute.nodes=3", "compute.procs_per_node=1",
                     "compute.min_nodes=2", "trainer.batch_size=4", "+data.kwargs.n=240", *LOSE_NODE_1)
     assert failed.returncode == 1, failed.stdout[-3000:] + failed.stderr[-3000:]
-    assert ("(not restarted: only 1 of its 3 nodes are up, fewer than compute.min_nodes=2; it resumes from its "
-            "checkpoint when run again)") in failed.stderr
-    assert "resume with: " in failed.stderr
+    # local_mpi's simulated nodes come back only by hand: by default a restart does not wait for them
+    error = failed.stderr.strip().splitlines()[-1]
+    assert error.startswith("ddlkit: error: job ") and (
+        "not restarted: only 1 of its 3 nodes are up on compute=local_mpi, fewer than compute.min_nodes=2, and "
+        "restart.capacity_wait_s=0 waits for none: bring nodes back or add some, lower compute.min_nodes, or let a "
+        "restart wait for them (restart.capacity_wait_s=600); it resumes from step 4 when run again: resume with: "
+        "ddlkit ") in error, failed.stderr[-3000:]
 
 
 def test_a_global_batch_that_cannot_be_kept_on_fewer_nodes_is_refused_before_the_job_starts(tmp_path: Path) -> None:
@@ -179,3 +183,42 @@ def test_a_sweeps_elastic_job_goes_on_with_the_nodes_left(tmp_path: Path) -> Non
         assert (result["steps"], result["restarts"], result["world_size"]) == (8, 1, 2)
         assert_every_sample_once(job_dir, epochs=1, samples=256)
         assert verify(latest_checkpoint(job_dir)) is None
+
+
+def test_a_sweeps_job_waits_for_capacity_and_goes_on_when_the_node_returns(tmp_path: Path) -> None:
+    # 2 nodes, both needed (compute.min_nodes=2): node 1 is lost at step 5; the restart waits for
+    # capacity between the sweep's looks at its jobs, node 1 comes back, the job completes on both
+    sweep_dir = tmp_path / "sweep"
+    env = {**os.environ, "DDLKIT_PLUGINS": "ddlkit.testing.fakes"}
+    proc = subprocess.Popen([sys.executable, "-m", "ddlkit", "-m", *JOB, "trainer.epochs=1", "compute.min_nodes=2",
+                             *LOSE_NODE_1, "restart.capacity_wait_s=120", "optimizer.lr=0.1",
+                             f"hydra.sweep.dir={sweep_dir}"],
+                            cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    lines: list[str] = []
+    waiting = threading.Event()
+
+    def read() -> None:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            lines.append(line)
+            if " waits for capacity: " in line:
+                waiting.set()
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    try:
+        assert waiting.wait(180), "".join(lines)[-3000:]
+        (sweep_dir / "0" / "nodes" / "node-1" / NODE_DOWN).unlink()
+        proc.wait(timeout=300)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    reader.join(10)
+    out = "".join(lines)
+    assert proc.returncode == 0, out[-3000:]
+    assert ("ddlkit: sweep job #0 restart 1/3 waits for capacity: only 1 of its 2 nodes are up on compute=local_mpi, "
+            "fewer than compute.min_nodes=2; looking again every 1 s for up to ") in out, out[-3000:]
+    assert "ddlkit: sweep job #0 restart 1/3 on its 2 nodes after waiting " in out, out[-3000:]
+    result = json.loads((sweep_dir / "0" / "result.json").read_text())
+    assert (result["steps"], result["restarts"], result["world_size"]) == (8, 1, 4)  # 2 nodes x 2 ranks
+    assert verify(latest_checkpoint(sweep_dir / "0")) is None

@@ -1,7 +1,8 @@
 """compute=ray on a real Ray cluster (see conftest.py): the compute contract, ``ddlkit plan``, the
 one-line errors, training runs on two simulated nodes, the user's code shipped, a sweep,
-detach/attach, cancel with a checkpoint, a lost node, and an elastic job (compute.min_nodes) that
-goes on with the nodes left or, with too few, says so."""
+detach/attach, cancel with a checkpoint, the requests a followed job costs the dashboard, a lost node, a restart that waits for capacity until a node
+joins, and an elastic job (compute.min_nodes) that goes on with the nodes left or, with too few after
+its wait for capacity, says so in one line."""
 
 from __future__ import annotations
 
@@ -19,13 +20,13 @@ import pytest
 
 import ddlkit
 from ddlkit import JobSpec
-from ddlkit.checkpoint import latest_checkpoint, verify
+from ddlkit.checkpoint import checkpoint_step, latest_checkpoint, verify
 from ddlkit.resize import PLANNED_WORLD_SIZE_ENV
 from ddlkit.testing import FAKES_MODULE, RunFactory, interruptible, wait_for
 from ddlkit.testing.contracts import ComputeTargetContract
 from ddlkit.testing.elastic import assert_every_sample_once, restarts
 from ddlkit_ray.target import RayConfig, RayTarget
-from ddlkit_ray.testing import free_port
+from ddlkit_ray.testing import CountingProxy, free_port
 
 
 def needs_ray() -> None:
@@ -244,6 +245,89 @@ def test_cancel_checkpoints_and_the_checkpoint_comes_back(ray_cluster, run_facto
 
 
 @pytest.mark.slow
+def test_following_a_job_asks_the_dashboard_at_most_30_times_a_minute(ray_cluster, run_factory: RunFactory) -> None:
+    """The launcher follows the job's log over one stream (the Jobs API's websocket) and asks its state
+    seldom: every request from the submission to the launcher's exit, counted by a proxy in front of
+    the dashboard, is at most 30 a minute (reading the whole log twice a second made about 130), and
+    the output comes once, whole."""
+    with CountingProxy(ray_cluster.address) as proxy:
+        outcome = run_factory("compute=ray", f"compute.address={proxy.address}", "trainer.epochs=1000",
+                              "trainer.max_steps=80", *SLOW, timeout=240).assert_success()
+        end = time.time()
+    submitted = next(t for t, method, path in proxy.requests if method == "POST" and path.rstrip("/") == "/api/jobs")
+    following = [path.split("?")[0] for t, _, path in proxy.requests if t >= submitted]
+    per_minute = len(following) / ((end - submitted) / 60)
+    assert per_minute <= 30, f"{per_minute:.0f} requests a minute: {following}"
+    assert sum(path.endswith("/logs/tail") for path in following) == 1, following  # one stream, no log reads
+    steps_once(outcome.stdout, last=80)
+
+
+def steps_once(output: str, last: int | None = None) -> list[str]:
+    """The steps of the fake's "train epoch E/N step S/M" lines, each of which must come once (``last``: that one too)."""
+    steps = re.findall(r"^train epoch \S+ step (\d+)/", output, re.M)
+    assert steps and len(steps) == len(set(steps)), output
+    assert last is None or str(last) in steps, output
+    return steps
+
+
+@pytest.mark.slow
+def test_a_dashboard_that_cannot_stream_has_the_log_read_instead(ray_cluster, run_factory: RunFactory) -> None:
+    with CountingProxy(ray_cluster.address, websockets=False) as proxy:
+        outcome = run_factory(*ray_args(proxy.address), "trainer.max_steps=12", "framework.step_delay_s=0.1",
+                              timeout=240).assert_success()
+    assert outcome.output.count("does not stream job logs") == 1, outcome.output  # said once, with why
+    assert any(path.split("?")[0].endswith("/logs") for _, _, path in proxy.requests)
+    steps_once(outcome.stdout, last=12)
+
+
+@pytest.mark.slow
+def test_a_log_stream_that_drops_is_opened_again_and_the_output_goes_on_once(ray_cluster, run_factory: RunFactory,
+                                                                             tmp_path: Path) -> None:
+    job_dir = tmp_path / "dropped"
+    with CountingProxy(ray_cluster.address) as proxy:
+        run_factory.cli("--detach", "framework=fake", *ray_args(proxy.address), *SLOW,
+                        f"hydra.run.dir={job_dir}").assert_success()
+        handle = ray_target(proxy.address).attach(submission(job_dir)["id"], job_dir=job_dir)
+        seen, dropped = "", 0
+        for chunk in handle.logs(follow=True):
+            seen += chunk
+            if "step 10/" in seen and not dropped:
+                dropped = proxy.drop_websockets()
+                assert dropped == 1
+    streams = [path for _, _, path in proxy.requests if path.split("?")[0].endswith("/logs/tail")]
+    assert len(streams) == 2, streams  # opened again once
+    steps_once(seen, last=80)  # nothing twice, nothing lost
+    assert handle.status().state is ddlkit.JobState.SUCCEEDED
+
+
+@pytest.mark.slow
+def test_ctrl_c_cancels_the_followed_job_and_its_output_goes_on_once(ray_cluster, tmp_path: Path) -> None:
+    job_dir = tmp_path / "interrupted"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "ddlkit", "framework=fake", *ray_args(ray_cluster.address), *SLOW,
+         f"hydra.run.dir={job_dir}"], env={**os.environ, "DDLKIT_PLUGINS": FAKES_MODULE}, cwd=tmp_path, text=True,
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, preexec_fn=interruptible)
+    seen = ""
+    try:
+        deadline = time.monotonic() + 180
+        while "step 10/" not in seen:
+            line = proc.stdout.readline()
+            assert line and time.monotonic() < deadline, seen[-3000:]
+            seen += line
+        proc.send_signal(signal.SIGINT)
+        out, _ = proc.communicate(timeout=180)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    out = seen + out
+    assert "asking the job to checkpoint and stop" in out, out[-3000:]
+    assert proc.returncode == 75, out[-3000:]  # stopped after a checkpoint
+    steps_once(out)  # the output after Ctrl-C goes on from where it was, not again from the start
+    assert submission(job_dir)["state"] == "cancelled"
+
+
+@pytest.mark.slow
 def test_a_lost_node_restarts_the_job_which_resumes(tmp_path: Path, run_factory: RunFactory) -> None:
     """Three nodes, a job on two: a node of the job dies (its raylet killed); the job restarts on the
     two that are left (ddlkit's restart policy), resumes from the checkpoint the driver kept, and ends."""
@@ -404,15 +488,56 @@ def test_a_lost_node_shrinks_the_elastic_job_and_it_grows_back_when_a_node_joins
 
 
 @pytest.mark.slow
-def test_fewer_nodes_left_than_min_nodes_end_the_job_and_say_so(tmp_path: Path) -> None:
-    """Three nodes, compute.min_nodes=2: two of the job's nodes die; one is left, so the job is not
-    restarted, and says why and how to resume."""
+def test_a_restart_waits_for_capacity_and_goes_on_when_a_node_joins(tmp_path: Path) -> None:
+    """Two nodes, a job on both that needs both (compute.min_nodes=nodes=2): a node of the job dies;
+    the restart waits for capacity, saying so, a node joins, and the job resumes from its checkpoint
+    and completes on two nodes."""
+    needs_ray()
+    import threading
+
+    from ddlkit_ray.testing import LocalRayCluster
+
+    with LocalRayCluster(nodes=2, cpus_per_node=1, env={**os.environ, "DDLKIT_PLUGINS": FAKES_MODULE}) as cluster:
+        proc = launch(cluster, tmp_path, "waits", "compute.nodes=2", "compute.min_nodes=2", "trainer.epochs=2",
+                      "restart.capacity_wait_s=300", *SLOW)
+        job_dir = tmp_path / "waits" / "job"
+        lines: list[str] = []
+        reader = threading.Thread(target=lambda: lines.extend(proc.stdout), daemon=True)  # type: ignore[arg-type]
+        reader.start()
+        try:
+            kill_job_nodes(cluster, follow_until(cluster.address, job_dir, "step 6/", timeout=240, launcher=proc), 2)
+            wait_for(lambda: any(" waits for capacity: " in ln for ln in lines), "the wait for capacity", timeout=120,
+                     process=proc, detail=lambda: "".join(lines)[-3000:])
+            cluster.add_node()
+            proc.wait(timeout=300)
+        finally:
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGINT)
+                proc.wait(timeout=60)
+        reader.join(10)
+        out, err = "".join(lines), proc.stderr.read()  # type: ignore[union-attr]
+        assert proc.returncode == 0, out[-4000:] + err[-4000:]
+        assert ("ddlkit: restart 1/3 waits for capacity: only 1 of its 2 nodes are up on compute=ray, fewer than "
+                "compute.min_nodes=2; looking again every 1 s for up to ") in out, out[-4000:]
+        assert re.search(r"ddlkit: restart 1/3 on its 2 nodes after waiting \d+ s for capacity\n", out), out[-4000:]
+        assert len(re.findall(r"ddlkit-ray: 2 rank\(s\) started on node\(s\) 0 \(\w+\), 1 \(\w+\)", out)) == 2, out
+        result = json.loads((job_dir / "result.json").read_text())
+        assert (result["status"], result["restarts"], result["world_size"]) == ("completed", 1, 2), result
+        assert result["resumed_from_step"] >= 2, result
+        assert restarts(job_dir)[0]["waited_for_capacity_s"] > 0  # the job's record keeps the wait
+
+
+@pytest.mark.slow
+def test_too_few_nodes_after_the_wait_for_capacity_end_the_job_in_one_line(tmp_path: Path) -> None:
+    """Three nodes, compute.min_nodes=2: two of the job's nodes die and none comes back; the restart
+    waits restart.capacity_wait_s, then the job fails with one line that says what it waited for, how
+    long, and what to do; its checkpoint is intact."""
     needs_ray()
     from ddlkit_ray.testing import LocalRayCluster
 
     with LocalRayCluster(nodes=3, cpus_per_node=1, env={**os.environ, "DDLKIT_PLUGINS": FAKES_MODULE}) as cluster:
         proc = launch(cluster, tmp_path, "short", "compute.nodes=3", "compute.min_nodes=2", "trainer.epochs=1",
-                      "trainer.batch_size=4", *SLOW)
+                      "trainer.batch_size=4", "restart.capacity_wait_s=3", *SLOW)
         job_dir = tmp_path / "short" / "job"
         try:
             kill_job_nodes(cluster, follow_until(cluster.address, job_dir, "step 4/", timeout=240, launcher=proc), 3)
@@ -420,10 +545,17 @@ def test_fewer_nodes_left_than_min_nodes_end_the_job_and_say_so(tmp_path: Path) 
             finish(proc, 0.1)
             raise
         out, err = finish(proc, 300)
-        assert proc.returncode not in (0, None), out[-4000:] + err[-4000:]
-        assert ("(not restarted: only 1 of its 3 nodes are up, fewer than compute.min_nodes=2; it resumes from its "
-                "checkpoint when run again)") in err, out[-4000:] + err[-4000:]
-        assert "resume with: " in err
-        assert "ddlkit: restart 1/3 on " not in out  # announced, then refused: no run on fewer nodes
-        assert not (job_dir / "result.json").exists() or json.loads((job_dir / "result.json").read_text())[
-            "status"] != "completed"
+    assert proc.returncode == 1, out[-4000:] + err[-4000:]
+    assert "ddlkit: restart 1/3 waits for capacity: only 1 of its 3 nodes are up on compute=ray" in out, out[-4000:]
+    assert "ddlkit: restart 1/3 on " not in out  # no run on fewer nodes
+    lines = [ln for ln in err.strip().splitlines() if ln.strip()]
+    assert lines[-1].startswith("ddlkit: error: job ") and "Traceback" not in err, err[-4000:]
+    checkpoint = latest_checkpoint(job_dir)
+    assert checkpoint is not None and verify(checkpoint) is None
+    step = checkpoint_step(checkpoint)
+    assert step is not None and step >= 2, checkpoint
+    assert (" not restarted: it waited 3 s (restart.capacity_wait_s) for compute.min_nodes=2 of its 3 nodes to be up "
+            "on compute=ray, but only 1 is: bring nodes back or add some, lower compute.min_nodes, or wait longer "
+            f"(restart.capacity_wait_s); it resumes from step {step} when run again: resume with: ddlkit ") in lines[-1]
+    assert not (job_dir / "result.json").exists() or json.loads((job_dir / "result.json").read_text())[
+        "status"] != "completed"

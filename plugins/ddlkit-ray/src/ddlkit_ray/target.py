@@ -18,7 +18,9 @@ What a job is there (the request ``ddlkit plan compute=ray ...`` prints):
   ``py_modules``, ``container``, ...), passed to Ray as they are.
 
 The handle asks Ray (``JobSubmissionClient.get_job_info``) at most once per ``compute.poll_interval_s``;
-``logs`` reads the job's log through the Jobs API; ``cancel`` is ``ray job stop`` (SIGTERM to the
+``logs`` follows the job's log over the Jobs API's stream (``tail_job_logs``: one websocket for the
+job's whole run, which the dashboard closes once the job ended; a cluster that cannot stream has its
+log read every ``compute.poll_interval_s`` instead); ``cancel`` is ``ray job stop`` (SIGTERM to the
 driver, which passes it to the ranks: they checkpoint and exit 75; Ray waits ``grace_period_s``
 before it kills the driver); ``collect`` fetches the archive the driver published through Ray's log
 API (the cluster shares no disk with the launcher). Ray's Python package is imported only when a
@@ -27,13 +29,18 @@ job is submitted or followed, never when a run is composed or planned.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import io
 import json
 import logging
 import os
+import queue
 import re
 import shlex
+import sys
 import tarfile
+import threading
 import time
 import urllib.parse
 import uuid
@@ -57,8 +64,14 @@ from .driver import EXIT_RECORD, NOT_COLLECTED, PLAN_FILE, published_name
 STRATEGIES = ("STRICT_SPREAD", "SPREAD", "STRICT_PACK", "PACK")
 #: what the job manager writes into a job's log before the entrypoint's own output
 _ENTRYPOINT_LINE = "Running entrypoint for job "
-#: seconds between reads of a followed job's log
-_FOLLOW_PACE_S = 0.5
+#: while the log streams, seconds between looks at the job's state (compute.poll_interval_s if
+#: longer): the stream's end is the job's end, a look only guards against a stream that stalls
+#: without closing. At poll_interval_s (2 s) the looks alone would be 30 requests a job-minute
+_STREAM_LOOK_S = 10.0
+#: seconds the stream gets to bring the log's last lines once the job is seen ended
+_STREAM_DRAIN_S = 5.0
+#: the Ray addresses whose log stream could not be opened, said once each
+_NO_STREAM_SAID: set[str] = set()
 _INSTALL = "pip install 'ray[default]' (the same version as the cluster's)"
 
 
@@ -71,7 +84,7 @@ class RayConfig:
     nodes: int = checked(1, POSITIVE_INTEGER)
     procs_per_node: int = checked(1, POSITIVE_INTEGER)
     # elastic world size: the fewest nodes a job restarted after losing a node goes on with (null:
-    # compute.nodes, not elastic: a restarted job waits for all its nodes up to compute.placement_timeout_s)
+    # compute.nodes, not elastic); with fewer up, the restart waits for capacity (restart.capacity_wait_s)
     min_nodes: int | None = checked(None, POSITIVE_INTEGER)
     # Ray resources per rank
     cpus_per_rank: float = checked(1.0, NON_NEGATIVE)
@@ -133,6 +146,8 @@ class RayJob(JobHandle):
         self.poll_interval_s = poll_interval_s
         self._final: JobStatus | None = None
         self._asked: tuple[float, Any] | None = None
+        self._yielded = 0  # characters of the job's output that logs() has yielded
+        self._streaming: _LogStream | None = None
 
     # ------------------------------------------------------------ state
     def info(self, fresh: bool = False) -> Any:
@@ -183,16 +198,96 @@ class RayJob(JobHandle):
         return self.poll_until_done(timeout, min(self.poll_interval_s, 0.5))
 
     def logs(self, follow: bool = True) -> Iterator[str]:
-        seen = 0
+        """The job's output from where the previous call stopped (the first call: from its start)."""
+        if not follow:
+            yield from self._read_log(ended=True)
+            return
+        while self._final is None:
+            # the stream, for as long as the job runs (again after a drop: the dashboard restarted)
+            stream = self._open_stream()
+            try:
+                closed = yield from self._stream(stream)
+            finally:
+                stream.close()
+                if self._streaming is stream:
+                    self._streaming = None
+            if closed is None:  # it could not be opened: the log is read at the poll interval instead
+                break
+            if self._final is None:
+                self.info(fresh=True)  # the stream's end: the job's state, asked once
+            if self.status().state.done:
+                if not closed:
+                    yield from self._read_log(ended=True)  # what a broken or stalled stream left out
+                return
+            time.sleep(self.poll_interval_s)  # it dropped while the job runs: open it again
         while True:
-            done = self.status().state.done if follow else True
-            text = _strip_header(self.jobs.get_job_logs(self.id), whole_lines=not done)
-            if len(text) > seen:
-                yield text[seen:]
-                seen = len(text)
+            done = self.status().state.done
+            yield from self._read_log(ended=done)
             if done:
                 return
-            time.sleep(min(_FOLLOW_PACE_S, self.poll_interval_s))
+            time.sleep(self.poll_interval_s)
+
+    def _open_stream(self) -> _LogStream:
+        if self._streaming is not None:  # an earlier follower left unclosed (its caller raised): one stream at a time
+            self._streaming.close()
+        self._streaming = _LogStream(self.jobs, self.id)
+        return self._streaming
+
+    def _stream(self, stream: _LogStream) -> Iterator[str]:
+        """The job's new output as the stream brings it; returns True when the stream closed in
+        order (the dashboard closes it after the job ended), False when it broke or stalled, None
+        when it could not be opened (said once, with why)."""
+        output, made = _JobOutput(), 0
+        look_every = max(self.poll_interval_s, _STREAM_LOOK_S)
+        next_look, drain_until = time.monotonic() + look_every, None
+        got_any = False
+        while True:
+            wait = (drain_until if drain_until is not None else next_look) - time.monotonic()
+            try:
+                item = stream.chunks.get(timeout=max(0.0, wait))
+            except queue.Empty:
+                if drain_until is not None:
+                    return False  # ended, yet the stream stays open: read the rest at once
+                next_look = time.monotonic() + look_every
+                if self.status().state.done:
+                    drain_until = time.monotonic() + _STREAM_DRAIN_S
+                continue
+            if item is _LogStream.END:
+                text, made = self._new_output(output, "", made, ended=True)
+                if text:
+                    yield text
+                return True
+            if isinstance(item, BaseException):
+                if got_any:
+                    return False
+                if self.address not in _NO_STREAM_SAID:
+                    _NO_STREAM_SAID.add(self.address)
+                    reason = " ".join(str(item).split())[:200] or type(item).__name__
+                    print(f"ddlkit: the Ray cluster at {self.address} does not stream job logs ({reason}); reading "
+                          f"the log every compute.poll_interval_s={self.poll_interval_s:g} s instead",
+                          file=sys.stderr, flush=True)
+                return None
+            got_any = True
+            text, made = self._new_output(output, item, made, ended=False)
+            if text:
+                yield text
+
+    def _new_output(self, output: _JobOutput, raw: str, made: int, *, ended: bool) -> tuple[str, int]:
+        """What ``raw`` (the log's next piece, as one reading of it from its start brings it) adds
+        to the output this handle has yielded: a reading that starts again (a stream reopened, the
+        whole log read) skips what was yielded before, so nothing is yielded twice or left out."""
+        text = output.feed(raw, ended=ended)
+        start, made = made, made + len(text)
+        if made <= self._yielded:
+            return "", made
+        text, self._yielded = text[max(0, self._yielded - start):], made
+        return text, made
+
+    def _read_log(self, *, ended: bool) -> Iterator[str]:
+        """The new output in the whole log, read once (ended: its last line too, complete or not)."""
+        text, _ = self._new_output(_JobOutput(), self.jobs.get_job_logs(self.id), 0, ended=ended)
+        if text:
+            yield text
 
     def cancel(self) -> None:
         if self._final is not None:
@@ -254,16 +349,75 @@ class RayJob(JobHandle):
 
 
 def _strip_header(text: str, *, whole_lines: bool = False) -> str:
-    """The job's own output: what follows the job manager's line that starts the entrypoint, less
-    Ray's own lines in it (when a node dies, Ray writes that raylet's state dump into the drivers'
-    output). ``whole_lines``: only up to the last newline (a line is judged once it is complete)."""
-    head, sep, rest = text.partition(_ENTRYPOINT_LINE)
-    if not sep:
-        return "" if "Runtime env" in text else text
-    rest = rest.partition("\n")[2]
-    if whole_lines:
-        rest = rest[:rest.rfind("\n") + 1]
-    return "".join(line for line in rest.splitlines(keepends=True) if not _RAY_LINE.search(line))
+    """The job's own output in its whole log ``text`` (:class:`_JobOutput`). ``whole_lines``: only
+    up to the last newline (a line is judged once it is complete)."""
+    return _JobOutput().feed(text, ended=not whole_lines)
+
+
+class _JobOutput:
+    """The job's own output out of its log, fed in pieces as they come (a stream's chunks, or the
+    whole log at once): what follows the job manager's line that starts the entrypoint, less Ray's
+    own lines in it (when a node dies, Ray writes that raylet's state dump into the drivers'
+    output). A line is judged once it is complete; ``ended`` gives the last one as it is."""
+
+    def __init__(self) -> None:
+        self.pending = ""
+        self.started = False  # the job manager's entrypoint line has gone by
+
+    def feed(self, text: str, *, ended: bool) -> str:
+        self.pending += text
+        if not self.started:
+            head, sep, rest = self.pending.partition(_ENTRYPOINT_LINE)
+            if not (sep and "\n" in rest):
+                if not ended:
+                    return ""
+                self.pending = ""
+                # a log without the entrypoint line: Ray's own message of a job that never started
+                return "" if sep or "Runtime env" in head else head
+            self.started, self.pending = True, rest.partition("\n")[2]
+        cut = len(self.pending) if ended else self.pending.rfind("\n") + 1
+        complete, self.pending = self.pending[:cut], self.pending[cut:]
+        return "".join(line for line in complete.splitlines(keepends=True) if not _RAY_LINE.search(line))
+
+
+class _LogStream:
+    """The Jobs API's log stream of a job (``JobSubmissionClient.tail_job_logs``: one websocket;
+    the log from its start, then as it grows, closed by the dashboard once the job ended), read on
+    a thread of its own with its own event loop, so that the follower waits on :attr:`chunks` and
+    keeps its other duties (the job's state, Ctrl-C). :attr:`chunks` brings the log's pieces, then
+    :data:`END` (closed in order) or the exception that ended it; :meth:`close` ends it at once."""
+
+    END = object()
+
+    def __init__(self, jobs: Any, job_id: str) -> None:
+        self.chunks: queue.Queue = queue.Queue()
+        self._loop = asyncio.new_event_loop()
+        self._task = self._loop.create_task(self._read(jobs, job_id))
+        self._thread = threading.Thread(target=self._run, name=f"ddlkit-ray-log-{job_id}", daemon=True)
+        self._thread.start()
+
+    async def _read(self, jobs: Any, job_id: str) -> None:
+        async with contextlib.aclosing(jobs.tail_job_logs(job_id)) as pieces:  # closes the websocket
+            async for piece in pieces:
+                self.chunks.put(piece)
+
+    def _run(self) -> None:
+        try:
+            self._loop.run_until_complete(self._task)
+            self.chunks.put(self.END)
+        except asyncio.CancelledError:
+            pass
+        except Exception as exc:  # noqa: BLE001 -- the follower decides: read the log instead, or open it again
+            self.chunks.put(exc)
+        finally:
+            with contextlib.suppress(Exception):
+                self._loop.run_until_complete(self._loop.shutdown_asyncgens())
+            self._loop.close()
+
+    def close(self) -> None:
+        with contextlib.suppress(RuntimeError):  # the loop has ended already
+            self._loop.call_soon_threadsafe(self._task.cancel)
+        self._thread.join(timeout=5)
 
 
 #: Ray's own lines in a driver's output: a dying raylet's state dump, its log lines

@@ -6,10 +6,14 @@ whole cluster stopped without touching any other Ray on the machine. Loopback on
 
     with LocalRayCluster(nodes=2, cpus_per_node=1) as cluster:
         ... compute.address={cluster.address} ...   # the Ray Jobs endpoint, http://127.0.0.1:<port>
+
+:class:`CountingProxy` counts what a client asks of the cluster's dashboard.
 """
 
 from __future__ import annotations
 
+import contextlib
+import http.client
 import os
 import shutil
 import signal
@@ -17,8 +21,11 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
+import urllib.parse
 from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 
@@ -221,3 +228,129 @@ def _stop_session(process: subprocess.Popen) -> None:
         pass
     kill_session(process.pid, signal.SIGKILL)  # start_new_session: the session id is its pid
     process.wait()
+
+
+# ---------------------------------------------------------------------------- counting requests
+#: headers that belong to one connection, not to the message (RFC 9110 7.6.1), and the length, set anew
+_HOP = {"connection", "keep-alive", "proxy-connection", "transfer-encoding", "te", "trailer", "upgrade",
+        "content-length"}
+
+
+class CountingProxy:
+    """A counting HTTP reverse proxy on 127.0.0.1: put in front of a Ray dashboard (the Jobs API,
+    the state and log APIs), it forwards every request as it is and keeps the time, method and path
+    of each, so that a client pointed at it (``compute.address=<proxy>``) can be counted without
+    touching the client. A websocket (the Jobs API's log stream, ``/api/jobs/<id>/logs/tail``) is
+    one request: its upgrade is passed on and the two connections are joined byte for byte until
+    either side closes.
+
+        with CountingProxy("http://127.0.0.1:8265") as proxy:
+            ... compute.address={proxy.address} ...
+            proxy.requests   # [(time.time(), "GET", "/api/jobs/<id>"), ...]
+
+    Plain HTTP; each other response is read whole from the dashboard and sent on with its length.
+    ``websockets=False``: a proxy that passes no websocket (the upgrade goes on as a plain request,
+    which the dashboard refuses)."""
+
+    def __init__(self, upstream: str, *, websockets: bool = True) -> None:
+        parsed = urllib.parse.urlsplit(upstream)
+        self.upstream_host, self.upstream_port = parsed.hostname or "127.0.0.1", parsed.port or 80
+        self.requests: list[tuple[float, str, str]] = []
+        self._lock = threading.Lock()
+        self._tunnels: set[socket.socket] = set()  # the websockets' client sides, open now
+        proxy = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, *args: object) -> None:  # quiet
+                pass
+
+            def _forward(self) -> None:
+                with proxy._lock:
+                    proxy.requests.append((time.time(), self.command, self.path))
+                if websockets and self.headers.get("Upgrade", "").lower() == "websocket":
+                    self._tunnel()
+                    return
+                length = int(self.headers.get("Content-Length") or 0)
+                body = self.rfile.read(length) if length else None
+                headers = {k: v for k, v in self.headers.items() if k.lower() not in _HOP and k.lower() != "host"}
+                conn = http.client.HTTPConnection(proxy.upstream_host, proxy.upstream_port, timeout=600)
+                try:
+                    conn.request(self.command, self.path, body=body, headers=headers)
+                    reply = conn.getresponse()
+                    data = reply.read()
+                finally:
+                    conn.close()
+                self.send_response(reply.status, reply.reason)
+                for key, value in reply.getheaders():
+                    if key.lower() not in _HOP:
+                        self.send_header(key, value)
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                if self.command != "HEAD":
+                    self.wfile.write(data)
+
+            def _tunnel(self) -> None:
+                """The upgrade request as it came, then both ways raw until one side closes (the
+                client sends nothing more before the dashboard's answer: nothing waits in rfile)."""
+                self.close_connection = True
+                upstream = socket.create_connection((proxy.upstream_host, proxy.upstream_port))
+                head = [f"{self.command} {self.path} HTTP/1.1"] + [
+                    f"{k}: {v}" for k, v in self.headers.items() if k.lower() != "host"]
+                head.append(f"Host: {proxy.upstream_host}:{proxy.upstream_port}")
+                upstream.sendall(("\r\n".join(head) + "\r\n\r\n").encode("latin-1"))
+
+                def pump(source: socket.socket, sink: socket.socket) -> None:
+                    try:
+                        while data := source.recv(65536):
+                            sink.sendall(data)
+                    except OSError:
+                        pass
+                    finally:  # one side closed: close both, which ends the other pump too
+                        for s in (source, sink):
+                            try:
+                                s.shutdown(socket.SHUT_RDWR)
+                            except OSError:
+                                pass
+
+                with proxy._lock:
+                    proxy._tunnels.add(self.connection)
+                back = threading.Thread(target=pump, args=(upstream, self.connection), daemon=True)
+                back.start()
+                pump(self.connection, upstream)
+                back.join()
+                upstream.close()
+                with proxy._lock:
+                    proxy._tunnels.discard(self.connection)
+
+            do_GET = do_POST = do_PUT = do_DELETE = do_HEAD = do_PATCH = _forward
+
+        self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self._server.daemon_threads = True
+        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
+
+    @property
+    def address(self) -> str:
+        return f"http://127.0.0.1:{self._server.server_address[1]}"
+
+    def __enter__(self) -> CountingProxy:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._server.shutdown()
+        self._server.server_close()
+
+    def drop_websockets(self) -> int:
+        """Cut the open websockets as a network that fails would (no close frame); how many."""
+        with self._lock:
+            tunnels = list(self._tunnels)
+        for connection in tunnels:
+            with contextlib.suppress(OSError):
+                connection.shutdown(socket.SHUT_RDWR)
+        return len(tunnels)
+
+    def between(self, start: float, end: float) -> list[tuple[float, str, str]]:
+        with self._lock:
+            return [r for r in self.requests if start <= r[0] <= end]
