@@ -4,7 +4,7 @@ special characters, added with ``+``/``++`` or deleted with ``~`` -- ``ddlkit`` 
 status 0, or 2 and one line ``ddlkit: error: ...``: never a traceback, never a file written.
 
 Each case runs ``ddlkit plan OVERRIDES`` in this process: the whole composition and validation
-of a job, nothing run. The default budget is small, for every test run; CI runs it again with
+of a job, nothing run. The default budget is small, for every test run; CI runs it with
 400 cases (about 3 minutes; issue 23), and a longer search is:
 
     DDLKIT_FUZZ_EXAMPLES=2000 python -m pytest tests/test_cli_fuzz.py

@@ -164,7 +164,10 @@ def test_the_context_a_workspace_builds_from_is_what_podman_sends(base_image: st
 
 @pytest.mark.parametrize(("framework", "launch", "world_size"), [
     ("pytorch", ["compute=local_mpi", "compute.procs_per_node=2", "dist=native"], 2),
-    ("tensorflow", ["compute=local_mpi", "compute.procs_per_node=2", "dist=native"], 2),
+    # one rank: TensorFlow's 2 ranks under the image's mpirun are trained by the Horovod image's test below
+    # (the same image plus one layer), and MultiWorkerMirroredStrategy's start alone costs CI a minute and
+    # a half here; its 2 native ranks are checked outside images (plugins/ddlkit-tensorflow/tests/test_dist.py)
+    ("tensorflow", ["compute=local"], 1),
     # Keras refuses dist=native (README, "Distributed training"): one rank
     ("keras", ["compute=local"], 1),
 ])
