@@ -110,6 +110,12 @@ class ControlPlane:
         while True:
             try:
                 sock = socket.create_connection(address, timeout=max(0.1, deadline - time.monotonic()))
+                if sock.getsockname() == sock.getpeername():
+                    # TCP's self-connect: dialing a port of the ephemeral range on this host that nothing
+                    # listens on yet (rank 0 still starting) can pick that very port as the source, and the
+                    # socket connects to itself -- this rank would read its own hello as rank 0's answer
+                    sock.close()
+                    raise ConnectionRefusedError("connected to itself: rank 0 does not listen yet")
                 sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
                 return sock
             except OSError as err:
@@ -233,7 +239,13 @@ class ControlPlane:
         self.seq += 1
         if self.rank != 0:
             self._send_to(0, {"op": op, "seq": self.seq, "data": data, "step": self._current_step()})
-            return self._recv_from(0, op)["data"]
+            answer = self._recv_from(0, op)
+            if (answer.get("op"), answer.get("seq")) != (op, self.seq) or "data" not in answer:
+                # not rank 0's answer to this collective: a port reused by another process, or a bug
+                raise RunError(f"rank {self.rank} expected rank 0's answer to `{op}` #{self.seq} but got "
+                               f"{str(answer)[:200]!r}: is another process listening on rank 0's control port?",
+                               component="dist")
+            return answer["data"]
         try:
             values = [data]
             for peer in range(1, self.world_size):

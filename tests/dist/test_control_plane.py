@@ -258,6 +258,53 @@ def test_a_rank_of_another_job_cannot_join() -> None:
     assert got == {0: ["0", "1"], 1: ["0", "1"]}
 
 
+def _connected_to_itself() -> Any:
+    """A TCP socket connected to itself, as the kernel makes one when a dial to a port of the ephemeral
+    range that nothing listens on picks that port as its source (simultaneous open)."""
+    import socket
+
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    sock.connect(sock.getsockname())
+    assert sock.getsockname() == sock.getpeername()
+    return sock
+
+
+def test_a_rank_whose_dial_connects_to_itself_dials_again(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Rank 1 dials rank 0's control port before rank 0 listens; the kernel may connect the socket
+    to itself, and rank 1 read its own hello as rank 0's answer (a KeyError seen on a Ray cluster):
+    such a connection counts as refused, and the dial goes on to the real rank 0."""
+    import socket
+
+    from ddlkit.rank.control_plane import ControlPlane
+
+    listener = socket.create_server(("127.0.0.1", 0))
+    real_dial, dials = socket.create_connection, []
+
+    def first_to_itself(address: Any, *args: Any, **kwargs: Any) -> socket.socket:
+        dials.append(address)
+        return _connected_to_itself() if len(dials) == 1 else real_dial(address, *args, **kwargs)
+
+    monkeypatch.setattr(socket, "create_connection", first_to_itself)
+    sock = ControlPlane._dial(listener.getsockname(), time.monotonic() + 10, rank=1)
+    with sock, listener:
+        assert sock.getpeername() == listener.getsockname() and len(dials) == 2
+
+
+def test_an_answer_that_is_not_rank_0s_is_a_clear_error() -> None:
+    from ddlkit.errors import RunError
+    from ddlkit.rank.control_plane import ControlPlane
+
+    sock = _connected_to_itself()
+    ControlPlane._send(sock, {"rank": 1, "world_size": 2, "job": "job-A"})  # ControlPlane.connect's hello
+    plane = ControlPlane(1, 2, {0: sock}, timeout_s=5)  # rank 1 hears its own messages
+    try:
+        with pytest.raises(RunError, match=r"rank 1 expected rank 0's answer to `hello` #1 but got .*'job': 'job-A'"):
+            plane.exchange("hello", {"rank": 1}, lambda values: None)
+    finally:
+        plane.close()
+
+
 def _time_stop_checks(ctx: DistContext) -> float:
     n = 2000
     ctx.barrier()
