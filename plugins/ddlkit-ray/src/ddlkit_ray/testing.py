@@ -118,7 +118,10 @@ class LocalRayCluster:
                      f"--ray-client-server-port={free_port()}",
                      "--include-dashboard=true"]
         else:
-            args += [f"--address={self.gcs_address}"]
+            # a temporary directory of its own, as a machine has: Ray unpacks a job's working_dir below
+            # it, and a raylet that finds a package it did not unpack itself deletes and unpacks it
+            # again -- under the feet of another simulated node's ranks, whose working directory it is
+            args += [f"--address={self.gcs_address}", f"--temp-dir={self.temp_dir / f'n{index}'}"]
         log = self.temp_dir / f"node-{index}.out"
         env = {**self.env, "RAY_USAGE_STATS_ENABLED": "0", "PYTHONUNBUFFERED": "1"}
         with open(log, "ab") as out:
