@@ -10,6 +10,7 @@ import importlib.util
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -238,10 +239,38 @@ def test_cancel_checkpoints_and_the_checkpoint_comes_back(ray_cluster, run_facto
     assert record["code"] == 75, record  # the ranks stopped after a checkpoint
     assert list((job_dir / "checkpoints").glob("*.ckpt")), "the checkpoint did not come back"
     assert submission(job_dir)["state"] == "cancelled"
-    # and the job resumes from it
+    # and the job resumes from it: from the files the cluster kept, which the launcher does not upload again
+    # (Ray's Jobs API takes no package over 100 MiB; a ResNet-50 checkpoint alone is bigger)
+    assert record["kept"]["key"] == (job_dir / ".ddlkit/ray-key").read_text().strip(), record
     resumed = run_factory(*ray_args(ray_cluster.address, "compute.nodes=2"), "dist=native",
                           job_dir=job_dir, timeout=300).assert_success()
     assert resumed.result["resumed_from_step"] >= 10
+    assert json.loads((job_dir / "ray-job.json").read_text())["kept_on_cluster"] is True
+    assert "file(s) of the job's last run kept on this node" in resumed.stdout + resumed.stderr, resumed.output
+    # a completed job leaves nothing on the cluster
+    assert json.loads((job_dir / ".ddlkit/ray-exit.json").read_text())["kept"] is None
+
+
+def test_a_resume_brings_the_checkpoints_when_the_cluster_no_longer_keeps_them(ray_cluster, run_factory: RunFactory,
+                                                                             tmp_path: Path) -> None:
+    """The node that kept a cancelled job's files lost them (its log directory cleaned, a new cluster
+    on the same address): the launcher uploads the job's checkpoints with it, and the job resumes."""
+    job_dir = tmp_path / "cancelled"
+    run_factory.cli("--detach", "framework=fake", *ray_args(ray_cluster.address), *SLOW,
+                    f"hydra.run.dir={job_dir}").assert_success()
+    follow_until(ray_cluster.address, job_dir, "step 10/")
+    run_factory.cli("jobs", "cancel", str(job_dir), timeout=180).assert_success()
+    key = (job_dir / ".ddlkit/ray-key").read_text().strip()
+    if not hasattr(ray_cluster, "temp_dir"):
+        pytest.skip("the cluster's log directories are not on this machine")
+    kept = {p.resolve() for p in Path(ray_cluster.temp_dir).glob(f"session_*/logs/ddlkit/kept/{key}")}
+    assert kept, f"the cluster kept nothing of the cancelled job in {ray_cluster.temp_dir}"
+    for directory in kept:
+        shutil.rmtree(directory)
+    resumed = run_factory(*ray_args(ray_cluster.address), job_dir=job_dir, timeout=300).assert_success()
+    assert resumed.result["resumed_from_step"] >= 10, resumed.result
+    assert resumed.result["restarts"] == 0, resumed.output
+    assert json.loads((job_dir / "ray-job.json").read_text())["kept_on_cluster"] is False
 
 
 @pytest.mark.slow

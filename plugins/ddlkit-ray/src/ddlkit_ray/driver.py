@@ -22,7 +22,11 @@ What it does, in order:
    does not take rank 0's checkpoints with it; when the job ends it takes the rest, and publishes
    the whole as one archive where Ray's log API serves it (:func:`published_name`), with
    :data:`EXIT_RECORD`: that is how ``collect()`` brings the files back to the launcher, which
-   shares no disk with the cluster;
+   shares no disk with the cluster. A job that did not complete leaves that directory on its node
+   (:func:`kept_dir`, named by the job directory's key, not by the run): the next run of the job
+   -- a restart, a resume after a cancel -- starts its ranks with those files (checkpoints) sent
+   through Ray's object store, and the launcher does not upload them again (Ray's Jobs API takes
+   no package over 100 MiB, and a checkpoint of ResNet-50 alone is bigger);
 5. **stops on SIGTERM** (``ray job stop``, ddlkit's cancel): SIGTERM to every rank, which
    checkpoints and exits ``EXIT_PREEMPTED``; ranks still running after ``grace_period_s`` are killed;
 6. **ends as the job**: with the status of the rank that failed first; a rank whose node was lost
@@ -46,10 +50,12 @@ import tarfile
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from ddlkit.jobdir import (CODE_DIR, EXIT_CONFIG_ERROR, EXIT_PREEMPTED, STATE_DIR)
+from ddlkit.checkpoint import CHECKPOINT_DIR
+from ddlkit.jobdir import CODE_DIR, EXIT_CONFIG_ERROR, EXIT_PREEMPTED, STATE_DIR
 
 #: the driver's plan, written by the launcher into the job directory (no secret in it)
 PLAN_FILE = "ray-job.json"
@@ -63,6 +69,13 @@ EXIT_NODE_LOST = 128 + signal.SIGKILL
 NOT_COLLECTED = (CODE_DIR, STATE_DIR, PLAN_FILE)
 #: seconds between looks at the ranks
 _PACE_S = 0.2
+#: what a run that did not complete left for the next run of its job, below the driver node's Ray log
+#: directory (where the launcher can ask for ``KEPT_MARK`` through the log API): one directory per job
+KEPT_DIR = f"{PUBLISH_DIR}/kept"
+#: the file that says a kept directory is complete (written last); the launcher looks for it
+KEPT_MARK = "kept.json"
+#: a kept directory no run has touched for this long is deleted by the next driver on its node
+KEPT_DAYS = 7
 
 log = logging.getLogger("ddlkit_ray")
 
@@ -71,6 +84,11 @@ def published_name(submission_id: str, what: str) -> str:
     """The file (relative to the driver node's Ray log directory) that holds ``what``
     (``files.tar`` or ``exit.json``) of the job ``submission_id``."""
     return f"{PUBLISH_DIR}/{submission_id}/{what}"
+
+
+def kept_name(key: str, what: str = KEPT_MARK) -> str:
+    """The file ``what`` of the job ``key``'s kept directory, relative to the Ray log directory."""
+    return f"{KEPT_DIR}/{key}/{what}"
 
 
 def say(text: str) -> None:
@@ -114,8 +132,13 @@ class Rank:
                 return port
         raise RuntimeError("no two consecutive free ports on this node")
 
-    def _prepare(self) -> None:
+    def _prepare(self, kept: list[Any]) -> None:
+        """The node's copy of the job directory: the working_dir Ray unpacked, and the files an
+        earlier run of the job kept on the driver's node (``kept``: a reference to their tar, or
+        nothing), fetched by the first rank of the node only."""
         import fcntl
+
+        import ray
 
         self.job_dir.parent.mkdir(parents=True, exist_ok=True)
         with open(f"{self.job_dir}.lock", "w") as lock:
@@ -124,12 +147,18 @@ class Rank:
                 staging = self.job_dir.with_name(self.job_dir.name + ".partial")
                 shutil.rmtree(staging, ignore_errors=True)
                 shutil.copytree(os.getcwd(), staging, symlinks=True)
+                if kept:
+                    with tarfile.open(fileobj=io.BytesIO(ray.get(kept[0]))) as tar:
+                        extract_files(tar, staging)
                 staging.rename(self.job_dir)
+        # what is there now is not the ranks' to send back: the driver has it, or it is the code
+        self.sent = {p.relative_to(self.job_dir).as_posix(): (p.stat().st_size, p.stat().st_mtime_ns)
+                     for p in self.job_dir.rglob("*") if p.is_file()}
 
-    def start(self, python: str | None, args: list[str], variables: dict[str, str]) -> int:
+    def start(self, python: str | None, args: list[str], variables: dict[str, str], kept: list[Any]) -> int:
         """Start the rank: ``python args...`` under its minder; without ``python``, this actor's
         own interpreter (the cluster's Python, which has Ray and ddlkit)."""
-        self._prepare()
+        self._prepare(kept)
         python = python or sys.executable
         self.process = subprocess.Popen(
             [python, "-m", "ddlkit_ray.rank", "--", python, *args], cwd=self.job_dir, stdin=subprocess.DEVNULL,
@@ -159,12 +188,16 @@ class Rank:
         if self.process is not None and self.process.poll() is None:
             self.process.send_signal(signal.SIGTERM)
 
-    def changes(self) -> bytes:
-        """A tar of the files the rank's directory gained or changed since the last call."""
+    def changes(self) -> tuple[bytes, list[str]]:
+        """A tar of the files the rank's directory gained or changed since the last call, and the
+        checkpoints it holds now (the driver forgets those the rank pruned)."""
         buffer = io.BytesIO()
+        checkpoints = []
         with tarfile.open(fileobj=buffer, mode="w") as tar:
             for path in sorted(self.job_dir.rglob("*")):
                 rel = path.relative_to(self.job_dir).as_posix()
+                if rel.startswith(f"{CHECKPOINT_DIR}/"):
+                    checkpoints.append(rel)
                 if rel.split("/")[0] in NOT_COLLECTED or not path.is_file() or path.is_symlink() \
                         or rel.endswith((".tmp", ".partial")):
                     continue
@@ -176,7 +209,7 @@ class Rank:
                 except OSError:  # gone meanwhile (a checkpoint pruned)
                     continue
                 self.sent[rel] = (stat.st_size, stat.st_mtime_ns)
-        return buffer.getvalue()
+        return buffer.getvalue(), checkpoints
 
     def cleanup(self) -> None:
         shutil.rmtree(self.job_dir.parent, ignore_errors=True)
@@ -190,7 +223,11 @@ class Driver:
         self.nodes, self.ppn = int(plan["nodes"]), int(plan["procs_per_node"])
         self.world = self.nodes * self.ppn
         self.stop_requested = threading.Event()
-        self.collected = Path(tempfile.gettempdir()) / "ddlkit-ray" / f"{self.sid}-driver"
+        import ray
+
+        self.logs = Path(ray._private.worker.global_worker.node.get_logs_dir_path())  # noqa: SLF001 -- no public API
+        #: the ranks' files, kept here between the runs of the job until it completes
+        self.collected = self.logs / KEPT_DIR / plan["key"]
         self.collected.mkdir(parents=True, exist_ok=True)
         self.actors: list[Any] = []
         self.lost: dict[int, str] = {}
@@ -254,6 +291,7 @@ class Driver:
         port = ray.get(self.actors[0].free_ports.remote())
         python = self.plan.get("python")
         args = list(self.plan["args"])
+        kept = self.kept()
         pids = []
         for rank, actor in enumerate(self.actors):
             node, local = divmod(rank, self.ppn)
@@ -261,11 +299,29 @@ class Driver:
                          "GROUP_RANK": node, "DDLKIT_NODE": node, "DDLKIT_LOCAL_RANK": local,
                          "DDLKIT_LOCAL_SIZE": self.ppn, "MASTER_ADDR": master, "MASTER_PORT": port,
                          "DDLKIT_CONTROL_ADDR": f"{master}:{port + 1}"}
-            pids.append(actor.start.remote(python, args, {k: str(v) for k, v in variables.items()}))
+            pids.append(actor.start.remote(python, args, {k: str(v) for k, v in variables.items()}, kept))
         ray.get(pids)
         nodes = sorted({(rank // self.ppn, places[rank][1][:8]) for rank in range(self.world)})
         say(f"{self.world} rank(s) started on node(s) " + ", ".join(f"{i} ({nid})" for i, nid in nodes)
             + f"; rendezvous {master}:{port}")
+
+    def kept(self) -> list[Any]:
+        """What an earlier run of the job kept here, for the ranks' nodes: ``[reference to a tar]`` in
+        Ray's object store (a list: an actor's argument, fetched only by the rank that prepares
+        its node), or ``[]``."""
+        import ray
+
+        files = [p for p in sorted(self.collected.rglob("*")) if p.is_file()
+                 and p.relative_to(self.collected).as_posix() not in (KEPT_MARK, EXIT_RECORD)]
+        if not files:
+            return []
+        buffer = io.BytesIO()
+        with tarfile.open(fileobj=buffer, mode="w") as tar:
+            for path in files:
+                tar.add(path, arcname=path.relative_to(self.collected).as_posix())
+        say(f"{len(files)} file(s) of the job's last run kept on this node ({buffer.tell() / 2**20:.1f} MiB) go to "
+            "the ranks' nodes")
+        return [ray.put(buffer.getvalue())]
 
     def sync(self, ranks: list[int]) -> None:
         """Copy what the ranks wrote since the last look into the driver's directory (rank 0 last:
@@ -276,21 +332,16 @@ class Driver:
             if rank in self.lost:
                 continue
             try:
-                data = ray.get(self.actors[rank].changes.remote(), timeout=120)
+                data, checkpoints = ray.get(self.actors[rank].changes.remote(), timeout=120)
             except Exception as exc:  # noqa: BLE001 -- a lost node's files are lost with it
                 self._lose(rank, exc)
                 continue
             with tarfile.open(fileobj=io.BytesIO(data)) as tar:
-                for member in tar.getmembers():
-                    if member.isfile() and not member.name.startswith(("/", "..")) and "/../" not in member.name:
-                        target = self.collected / member.name
-                        target.parent.mkdir(parents=True, exist_ok=True)
-                        source = tar.extractfile(member)
-                        assert source is not None
-                        tmp = target.with_name(target.name + ".partial")
-                        with open(tmp, "wb") as f:
-                            shutil.copyfileobj(source, f)
-                        os.replace(tmp, target)
+                extract_files(tar, self.collected)
+            if rank == 0:  # rank 0 writes the checkpoints, and prunes them (trainer.keep_checkpoints)
+                for path in (self.collected / CHECKPOINT_DIR).glob("*"):
+                    if path.is_file() and path.relative_to(self.collected).as_posix() not in checkpoints:
+                        path.unlink(missing_ok=True)
 
     def _lose(self, rank: int, exc: BaseException) -> None:
         if rank not in self.lost:
@@ -303,6 +354,12 @@ class Driver:
     def run(self) -> int:
         import ray
 
+        if self.plan.get("kept_on_cluster") and not (self.collected / KEPT_MARK).is_file():
+            # the launcher left the checkpoints behind because this node kept them, and they are gone
+            # since (the node's log directory cleaned): a restart ships them from the launcher
+            say("the files the job's last run kept on this node are gone: the next run brings them from the "
+                "launcher's job directory")
+            return EXIT_NODE_LOST
         pg = self.place()
         if pg is None:
             return EXIT_PREEMPTED
@@ -371,25 +428,56 @@ class Driver:
 
     # ------------------------------------------------------------ the end
     def publish(self, code: int, why: str) -> None:
-        """The ranks' files and the exit record, where Ray's log API serves them to the launcher."""
+        """The ranks' files and the exit record, where Ray's log API serves them to the launcher;
+        the files stay on this node for the job's next run unless it completed."""
         import ray
 
+        keep = code != 0
         record = {"submission_id": self.sid, "code": code, "why": why, "lost": sorted(self.lost.values()),
-                  "lost_nodes": sorted(self.lost_nodes),
-                  "time": time.time()}
+                  "lost_nodes": sorted(self.lost_nodes), "time": time.time(),
+                  # where the next run finds this run's files (the launcher asks for KEPT_MARK there)
+                  "kept": {"key": self.plan["key"], "node_id": ray.get_runtime_context().get_node_id()}
+                  if keep else None}
+        (self.collected / KEPT_MARK).unlink(missing_ok=True)
         (self.collected / STATE_DIR).mkdir(exist_ok=True)
         (self.collected / EXIT_RECORD).write_text(json.dumps(record) + "\n", encoding="utf-8")
-        logs = Path(ray._private.worker.global_worker.node.get_logs_dir_path())  # noqa: SLF001 -- no public API
-        target = logs / PUBLISH_DIR / self.sid
+        target = self.logs / PUBLISH_DIR / self.sid
         target.mkdir(parents=True, exist_ok=True)
         tmp = target / "files.tar.partial"
         with tarfile.open(tmp, "w") as tar:
             tar.add(self.collected, arcname=".")
         os.replace(tmp, target / "files.tar")
+        if keep:
+            (self.collected / KEPT_MARK).write_text(json.dumps(record) + "\n", encoding="utf-8")
+        else:
+            shutil.rmtree(self.collected, ignore_errors=True)
         # last: its presence says the archive is complete
         (target / "exit.json.partial").write_text(json.dumps(record) + "\n", encoding="utf-8")
         os.replace(target / "exit.json.partial", target / "exit.json")
-        shutil.rmtree(self.collected, ignore_errors=True)
+
+    def forget_old_jobs(self) -> None:
+        """Delete what jobs that never ran again kept on this node (no run for :data:`KEPT_DAYS`)."""
+        for kept in (self.logs / KEPT_DIR).glob("*"):
+            mark = kept / KEPT_MARK
+            if kept != self.collected and mark.is_file() and time.time() - mark.stat().st_mtime > KEPT_DAYS * 86400:
+                shutil.rmtree(kept, ignore_errors=True)
+
+
+def extract_files(tar: tarfile.TarFile, into: Path, skip: Callable[[str], bool] = lambda name: False) -> None:
+    """The regular files of ``tar`` (less those ``skip`` names) into ``into``, each replaced whole
+    (no path may leave it)."""
+    for member in tar.getmembers():
+        name = member.name.removeprefix("./")
+        if not member.isfile() or name.startswith("/") or ".." in name.split("/") or skip(name):
+            continue
+        target = into / name
+        target.parent.mkdir(parents=True, exist_ok=True)
+        source = tar.extractfile(member)
+        assert source is not None
+        tmp = target.with_name(f".{target.name}.{os.getpid()}.partial")
+        with open(tmp, "wb") as f:
+            shutil.copyfileobj(source, f)
+        os.replace(tmp, target)
 
 
 class Unplaceable(Exception):
@@ -412,10 +500,11 @@ def _alive_nodes(ray: Any) -> int:
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     plan = json.loads(Path(argv[0] if argv else PLAN_FILE).read_text(encoding="utf-8"))
-    driver = Driver(plan)
     import ray
 
     ray.init(log_to_driver=False, logging_level=logging.WARNING, configure_logging=True)
+    driver = Driver(plan)
+    driver.forget_old_jobs()
     # after ray.init, which installs handlers of its own: a stop (ray job stop, ddlkit's cancel) is
     # the ranks' to act on -- they checkpoint -- not the end of this process
     signal.signal(signal.SIGTERM, lambda signum, frame: driver.stop_requested.set())

@@ -4,9 +4,13 @@ What a job is there (the request ``ddlkit plan compute=ray ...`` prints):
 
 * **working_dir**: the job directory -- ``job.json``, the config copies, the code snapshot
   ``code/`` of the launch directory (:mod:`ddlkit.compute.snapshot`: the user's own packages travel
-  with the job, nothing is installed on the cluster), the checkpoints of an earlier run of the same
-  directory -- uploaded by Ray's client to the cluster (ddlkit's bookkeeping ``.ddlkit/`` stays
-  behind), and :data:`~ddlkit_ray.driver.PLAN_FILE`, the driver's plan (no secret in it);
+  with the job, nothing is installed on the cluster), what an earlier run of the same directory
+  wrote -- uploaded by Ray's client to the cluster (ddlkit's bookkeeping ``.ddlkit/`` stays
+  behind), and :data:`~ddlkit_ray.driver.PLAN_FILE`, the driver's plan (no secret in it). The
+  checkpoints of an earlier run stay behind too when the cluster still has them (the driver's node
+  keeps a run's files until its job completes: :data:`~ddlkit_ray.driver.KEPT_DIR`, asked for
+  through the log API): they do not go up and down again at every restart, and a job whose
+  checkpoints pass Ray's 100 MiB package limit restarts all the same;
 * **entrypoint**: ``python -m ddlkit_ray.driver ray-job.json``, the driver (:mod:`ddlkit_ray.driver`),
   which places the ranks as a gang, starts them, streams rank 0's output and brings their files
   back; it runs on the head node (Ray's default for a job's entrypoint);
@@ -34,7 +38,6 @@ import contextlib
 import io
 import json
 import logging
-import os
 import queue
 import re
 import shlex
@@ -54,11 +57,12 @@ from omegaconf import DictConfig, OmegaConf
 import ddlkit
 from ddlkit.atomic import write_text
 from ddlkit.interfaces import JobHandle, JobSpec, JobState, JobStatus
+from ddlkit.checkpoint import CHECKPOINT_DIR
 from ddlkit.jobdir import STATE_DIR
 from ddlkit.options import NON_NEGATIVE, POSITIVE, POSITIVE_INTEGER, checked, one_of
 from ddlkit.redact import REDACTED
 
-from .driver import EXIT_RECORD, NOT_COLLECTED, PLAN_FILE, published_name
+from .driver import EXIT_RECORD, NOT_COLLECTED, PLAN_FILE, extract_files, kept_name, published_name
 
 #: the strategies a gang may be placed with (null: STRICT_SPREAD over several nodes, STRICT_PACK on one)
 STRATEGIES = ("STRICT_SPREAD", "SPREAD", "STRICT_PACK", "PACK")
@@ -298,20 +302,10 @@ class RayJob(JobHandle):
 
     # ------------------------------------------------------------ the job's files
     def _published(self, info: Any, what: str) -> bytes | None:
-        """A file the driver published in its node's Ray log directory, through the dashboard's
-        log API (``GET /api/v0/logs/file``, what ``ray logs`` uses); None when there is none."""
+        """A file the driver published in its node's Ray log directory; None when there is none."""
         if not info.driver_node_id:
             return None
-        import requests
-
-        query = urllib.parse.urlencode({"node_id": info.driver_node_id, "filename": published_name(self.id, what),
-                                        "lines": -1, "timeout": 120})
-        try:
-            reply = requests.get(f"{self.address}/api/v0/logs/file?{query}", timeout=300,
-                                 headers=getattr(self.jobs, "_headers", None) or {})
-        except requests.RequestException:
-            return None
-        return reply.content if reply.status_code == 200 else None
+        return node_file(self.jobs, self.address, info.driver_node_id, published_name(self.id, what))
 
     def exit_record(self, info: Any) -> dict[str, Any] | None:
         data = self._published(info, "exit.json")
@@ -332,20 +326,8 @@ class RayJob(JobHandle):
         if not data:
             return
         with tarfile.open(fileobj=io.BytesIO(data)) as tar:
-            for member in tar.getmembers():
-                name = member.name.removeprefix("./")
-                parts = name.split("/")
-                if not member.isfile() or name.startswith("/") or ".." in parts:
-                    continue
-                if parts[0] in NOT_COLLECTED and name != EXIT_RECORD:
-                    continue
-                source = tar.extractfile(member)
-                assert source is not None
-                target = self.job_dir / name
-                target.parent.mkdir(parents=True, exist_ok=True)
-                tmp = target.with_name(f".{target.name}.{os.getpid()}.partial")
-                tmp.write_bytes(source.read())
-                os.replace(tmp, target)
+            extract_files(tar, self.job_dir, skip=lambda name: name.split("/")[0] in NOT_COLLECTED
+                          and name != EXIT_RECORD)
 
 
 def _strip_header(text: str, *, whole_lines: bool = False) -> str:
@@ -461,9 +443,10 @@ class RayTarget(ddlkit.ComputeTarget):
         return str(getattr(self.jobs, "_address", self.cfg.address))
 
     # ------------------------------------------------------------ the request
-    def driver_plan(self, spec: JobSpec, submission_id: str) -> dict[str, Any]:
+    def driver_plan(self, spec: JobSpec, submission_id: str, *, key: str = "<key>",
+                    kept_on_cluster: bool = False) -> dict[str, Any]:
         c = self.cfg
-        return {"submission_id": submission_id, "nodes": c.nodes, "procs_per_node": c.procs_per_node,
+        return {"submission_id": submission_id, "key": key, "kept_on_cluster": kept_on_cluster, "nodes": c.nodes, "procs_per_node": c.procs_per_node,
                 "cpus_per_rank": c.cpus_per_rank, "gpus_per_rank": c.gpus_per_rank, "strategy": c.strategy,
                 "python": c.python, "args": list(spec.args), "grace_period_s": c.grace_period_s,
                 "placement_timeout_s": c.placement_timeout_s, "sync_interval_s": c.sync_interval_s}
@@ -471,7 +454,7 @@ class RayTarget(ddlkit.ComputeTarget):
     def entrypoint(self) -> str:
         return shlex.join([self.cfg.python or "python", "-m", "ddlkit_ray.driver", PLAN_FILE])
 
-    def runtime_env(self, spec: JobSpec, *, redact: bool = False) -> dict[str, Any]:
+    def runtime_env(self, spec: JobSpec, *, redact: bool = False, kept_on_cluster: bool = False) -> dict[str, Any]:
         secrets = {k: REDACTED if redact else v for k, v in spec.secret_env.items()}
         env_vars = {**spec.env, **secrets, "PYTHONUNBUFFERED": "1",
                     # how long Ray lets the stopped driver (and the ranks) checkpoint before it kills them
@@ -479,8 +462,9 @@ class RayTarget(ddlkit.ComputeTarget):
         extra = self.cfg.runtime_env or {}
         if isinstance(extra, DictConfig):  # from the command line: +compute.runtime_env.pip=[einops]
             extra = OmegaConf.to_container(extra, resolve=True)
-        return {**dict(extra), "working_dir": str(spec.job_dir),
-                "excludes": [f"/{STATE_DIR}/"], "env_vars": env_vars}
+        # the checkpoints the cluster kept do not go up again (Ray's Jobs API takes 100 MiB at most)
+        excludes = [f"/{STATE_DIR}/", *([f"/{CHECKPOINT_DIR}/"] if kept_on_cluster else [])]
+        return {**dict(extra), "working_dir": str(spec.job_dir), "excludes": excludes, "env_vars": env_vars}
 
     def placement(self) -> str:
         c = self.cfg
@@ -560,10 +544,13 @@ class RayTarget(ddlkit.ComputeTarget):
         self.check_cluster()
         job_dir = Path(spec.job_dir).resolve()
         submission_id = f"{spec.name}-{uuid.uuid4().hex[:8]}"
-        write_text(job_dir / PLAN_FILE, json.dumps(self.driver_plan(spec, submission_id), indent=2) + "\n")
+        key = job_key(job_dir)
+        kept = self.kept_on_cluster(job_dir, key)
+        write_text(job_dir / PLAN_FILE, json.dumps(self.driver_plan(spec, submission_id, key=key, kept_on_cluster=kept),
+                                                   indent=2) + "\n")
         try:
             jobs.submit_job(entrypoint=self.entrypoint(), submission_id=submission_id,
-                            runtime_env=self.runtime_env(replace_dir(spec, job_dir)),
+                            runtime_env=self.runtime_env(replace_dir(spec, job_dir), kept_on_cluster=kept),
                             metadata={"ddlkit_job": spec.name})
         except RuntimeError as exc:
             raise ddlkit.ConfigError(f"the Ray cluster at {self.address} refused the job: "
@@ -571,11 +558,48 @@ class RayTarget(ddlkit.ComputeTarget):
         return RayJob(jobs, submission_id, address=self.address, job_dir=job_dir,
                       poll_interval_s=self.cfg.poll_interval_s)
 
+    def kept_on_cluster(self, job_dir: Path, key: str) -> bool:
+        """Whether the node that ran the job's last driver still keeps that run's files (their
+        mark answers through the log API: the node is alive and its log directory has them)."""
+        kept = _exit_record(job_dir).get("kept") or {}
+        if kept.get("key") != key or not kept.get("node_id"):
+            return False
+        return node_file(self.jobs, self.address, kept["node_id"], kept_name(key)) is not None
+
     def attach(self, job_id: str, *, job_dir: Path) -> JobHandle:
         handle = RayJob(self.jobs, str(job_id), address=self.address, job_dir=Path(job_dir).resolve(),
                         poll_interval_s=self.cfg.poll_interval_s)
         handle.info()  # a job the cluster does not know is said now, in one line
         return handle
+
+
+def node_file(jobs: Any, address: str, node_id: str, filename: str) -> bytes | None:
+    """A file below a node's Ray log directory, through the dashboard's log API (``GET
+    /api/v0/logs/file``, what ``ray logs`` uses); None when there is none (or no such live node)."""
+    import requests
+
+    query = urllib.parse.urlencode({"node_id": node_id, "filename": filename, "lines": -1, "timeout": 120})
+    try:
+        reply = requests.get(f"{address}/api/v0/logs/file?{query}", timeout=300,
+                             headers=getattr(jobs, "_headers", None) or {})
+    except requests.RequestException:
+        return None
+    return reply.content if reply.status_code == 200 else None
+
+
+def job_key(job_dir: Path) -> str:
+    """The job directory's name on the cluster, the same for every run of the job (restarts, a
+    resume after a cancel): where the driver keeps the files of a run that did not complete."""
+    path = job_dir / KEY_FILE
+    try:
+        return path.read_text(encoding="utf-8").strip()
+    except FileNotFoundError:
+        write_text(path, uuid.uuid4().hex + "\n")
+        return path.read_text(encoding="utf-8").strip()
+
+
+#: the job directory's key (:func:`job_key`), in its bookkeeping (which never goes to the cluster)
+KEY_FILE = f"{STATE_DIR}/ray-key"
 
 
 def _exit_record(job_dir: Path) -> dict[str, Any]:
