@@ -458,8 +458,8 @@ class Driver:
     def forget_old_jobs(self) -> None:
         """Delete what jobs that never ran again kept on this node (no run for :data:`KEPT_DAYS`)."""
         for kept in (self.logs / KEPT_DIR).glob("*"):
-            mark = kept / KEPT_MARK
-            if kept != self.collected and mark.is_file() and time.time() - mark.stat().st_mtime > KEPT_DAYS * 86400:
+            stamp = kept / KEPT_MARK if (kept / KEPT_MARK).is_file() else kept  # no mark: a driver that died
+            if kept != self.collected and time.time() - stamp.stat().st_mtime > KEPT_DAYS * 86400:
                 shutil.rmtree(kept, ignore_errors=True)
 
 
