@@ -8,7 +8,7 @@ import importlib.util
 import os
 import random
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -266,10 +266,22 @@ class PytorchFramework(ddlkit.Framework):
             return {f"val_{name}": value / total for name, value in sums.items()}
 
         parameters = list(model.parameters())
+        unsettled = replicas.buckets_unsettled(run)
 
         def step(micro_batches: list[Any], lr: float) -> Any:
+            nonlocal unsettled
             for group in optimizer.param_groups:
                 group["lr"] = lr
+            if unsettled:
+                images, labels = micro_batches[-1]
+
+                def settling_loss() -> Any:
+                    with parts.autocast():
+                        return scaler.scale(loss_fn(step_model(images.to(device, non_blocking=True)),
+                                                    labels.to(device, non_blocking=True)))
+
+                replicas.settle_buckets(model, settling_loss)
+                unsettled = False
             optimizer.zero_grad()  # set_to_none by default (and Horovod's takes no argument)
             n = len(micro_batches)
             total = None
@@ -437,6 +449,32 @@ class Replicas:
             if optimizer.state_dict()["state"]:
                 self.hvd.broadcast_optimizer_state(optimizer, root_rank=0)
         return model
+
+    def buckets_unsettled(self, run: ddlkit.RunContext) -> bool:
+        """Whether the first step of this run needs :meth:`settle_buckets`: a resumed DDP job of
+        more than 2 ranks (2 ranks' sums are the same in any order)."""
+        return self.backend == "native" and run.resumed_at is not None and run.dist.world_size > 2
+
+    def settle_buckets(self, model: Any, loss: Callable[[], Any]) -> None:
+        """One forward and backward pass whose gradients are thrown away, so that the resumed run's
+        first step all-reduces in the buckets every later step uses -- as the run that never
+        stopped did at that step. DDP lays gradients into buckets in parameter order at first and
+        in the order the first backward pass made them ready from the second step on; a bucket's
+        layout decides which rank's ring segment holds a gradient, hence the order its sum is
+        taken in over 3 or more ranks (2.4e-8 off after 4 ranks resumed; bitwise with this).
+        BatchNorm's statistics and the random state are as they were before the pass."""
+        import torch
+
+        buffers = [(b, b.detach().clone()) for b in model.buffers()]
+        rng = torch.get_rng_state()
+        cuda_rng = torch.cuda.get_rng_state(self.device) if self.device.type == "cuda" else None
+        loss().backward()  # the step's optimizer.zero_grad() drops the gradients
+        with torch.no_grad():
+            for buffer, saved in buffers:
+                buffer.copy_(saved)
+        torch.set_rng_state(rng)
+        if cuda_rng is not None:
+            torch.cuda.set_rng_state(cuda_rng, self.device)
 
     def accumulating(self, model: Any, *, last: bool) -> contextlib.AbstractContextManager:
         """Around a micro-batch's forward and backward pass: DDP's ``no_sync`` unless it is the
