@@ -35,8 +35,8 @@ from typing import Any
 
 from .atomic import atomic_path, write_json, write_text
 from .errors import ConfigError, RunError
+from .jobdir import CHECKPOINT_DIR
 
-CHECKPOINT_DIR = "checkpoints"
 LATEST = "latest"
 #: the kept checkpoint of the best validation (trainer.best_checkpoint)
 BEST = "best.ckpt"

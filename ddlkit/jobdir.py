@@ -59,6 +59,8 @@ WORKER_ARGS = ("-m", "ddlkit.rank.worker", JOB_FILE)
 CONFIG_FILE = "config.yaml"
 OVERRIDES_FILE = "overrides.yaml"
 ENVIRONMENT_FILE = "environment.json"
+#: where rank 0 writes the checkpoints (``ddlkit.checkpoint``: their layout and verification)
+CHECKPOINT_DIR = "checkpoints"
 #: the researcher's own code, for ranks that do not see the launcher's disk: a snapshot of the
 #: launch directory (``ddlkit.compute.snapshot``), first on the ranks' import path
 CODE_DIR = "code"

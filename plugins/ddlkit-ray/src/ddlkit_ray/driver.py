@@ -54,8 +54,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from ddlkit.checkpoint import CHECKPOINT_DIR
-from ddlkit.jobdir import CODE_DIR, EXIT_CONFIG_ERROR, EXIT_PREEMPTED, STATE_DIR
+from ddlkit.jobdir import CHECKPOINT_DIR, CODE_DIR, EXIT_CONFIG_ERROR, EXIT_PREEMPTED, STATE_DIR
 
 #: the driver's plan, written by the launcher into the job directory (no secret in it)
 PLAN_FILE = "ray-job.json"

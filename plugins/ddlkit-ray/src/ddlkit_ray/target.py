@@ -57,8 +57,7 @@ from omegaconf import DictConfig, OmegaConf
 import ddlkit
 from ddlkit.atomic import write_text
 from ddlkit.interfaces import JobHandle, JobSpec, JobState, JobStatus
-from ddlkit.checkpoint import CHECKPOINT_DIR
-from ddlkit.jobdir import STATE_DIR
+from ddlkit.jobdir import CHECKPOINT_DIR, STATE_DIR
 from ddlkit.options import NON_NEGATIVE, POSITIVE, POSITIVE_INTEGER, checked, one_of
 from ddlkit.redact import REDACTED
 
