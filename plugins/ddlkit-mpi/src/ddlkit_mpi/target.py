@@ -228,16 +228,23 @@ class MpiJob(ProcessJob):
                              f"{self.world_size} ranks reported an exit; last lines of {self.log_path}:\n"
                              + "\n".join("    " + ln for ln in log_tail(self.log_path)))
         tail = log_tail(failure.log)
-        headline = None
+        headline, code = None, failure.code
         if culprit := self._culprit(failure.first, records, tail):
-            headline = (f"{culprit} first; rank {failure.rank} ({failure.where()}) failed waiting for it, with "
+            text, killed_by = culprit
+            headline = (f"{text} first; rank {failure.rank} ({failure.where()}) failed waiting for it, with "
                         f"{describe_exit(failure.code)}")
-        return JobStatus(state, failure.code, failure.message(headline, tail))
+            # the job ended the way its culprit did (a signal from outside is restarted): not as the
+            # rank that only noticed, whose record can come first when the killed one's minder is slow
+            code = killed_by if killed_by is not None else code
+        return JobStatus(state, code, failure.message(headline, tail))
 
-    def _culprit(self, first: dict[str, Any], records: list[dict[str, Any]], tail: list[str]) -> str | None:
+    def _culprit(self, first: dict[str, Any], records: list[dict[str, Any]],
+                 tail: list[str]) -> tuple[str, int | None] | None:
         """The rank that really failed first, when the first rank to report a failure only waited
-        for it: a rank stopped (SIGSTOP, hung) or killed with its rank wrapper reports nothing
-        itself; the waiting rank's error names it, and mpirun says how it ended."""
+        for it -- a rank stopped (SIGSTOP, hung) or killed with its rank wrapper reports nothing
+        itself, and a killed rank's own record can come after the report of the rank that noticed:
+        the waiting rank's error names it, and its record or mpirun say how it ended (the exit
+        status: negative for a signal)."""
         named = _PEER_FAILED.search("\n".join(tail))
         if named is None or int(named[1]) == first["rank"]:
             return None
@@ -245,10 +252,12 @@ class MpiJob(ProcessJob):
         own = next((r for r in records if r["rank"] == rank), None)
         if own is not None and own["code"] >= 0:
             return None  # it reported an error of its own, later: the first report stands
+        if own is not None:
+            return f"rank {rank} was {describe_exit(own['code'])}", own["code"]
         noticed = {int(m[1]): int(m[2]) for m in _MPIRUN_NOTICED.finditer("\n".join(log_tail(self.log_path, 40)))}
-        if rank in noticed:
-            return f"rank {rank} was {describe_exit(-noticed[rank])}"
-        return f"rank {rank} {'stopped answering' if named[2] == 'did not reach' else 'left the job'}"
+        if rank in noticed:  # its wrapper too: the job ends as the rank that saw it go (EXIT_LOST_PEER)
+            return f"rank {rank} was {describe_exit(-noticed[rank])}", None
+        return f"rank {rank} {'stopped answering' if named[2] == 'did not reach' else 'left the job'}", None
 
     # ------------------------------------------------------------ cancel
     def cancel(self) -> None:
