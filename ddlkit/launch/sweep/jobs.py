@@ -1,6 +1,6 @@
 """``ddlkit -m``: the sweep of ddlkit training jobs, run by the ddlkit launcher.
 
-The CLI attaches a :class:`DdlkitSweep` to its task function (attribute :data:`SWEEP_ATTR`);
+The CLI attaches a :class:`DdlkitSweep` to its task function (attribute :data:`~ddlkit.launch.sweep.SWEEP_ATTR`);
 the launcher (:mod:`ddlkit.launch.sweep.launch`) finds it there and hands it the sweep's jobs instead
 of calling the task function once per job. Then:
 
@@ -48,7 +48,6 @@ from ..restarts import RestartPolicy, classify
 from ..commandline import job_command, launch_args, override
 from ..elastic import CapacityWait, Shortfall, place_restart
 from ..hydra_errors import explain
-from . import SWEEP_ATTR  # noqa: F401  (where the launcher and tests have found it)
 from .compose import compose_job, hydra_config_of, job_view
 from .ledger import LEDGER_FILE, JobRecord, Ledger, result_summary
 from .report import LiveReport, Report, varying_overrides

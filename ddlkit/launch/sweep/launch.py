@@ -39,10 +39,10 @@ from hydra.core.utils import JobReturn, configure_log, filter_overrides, run_job
 from hydra.core.utils import JobStatus as TaskStatus
 
 from ...errors import ConfigError
-from . import SweepOnDemand
+from . import SWEEP_ATTR, SweepOnDemand
 from .compose import ComposedJob, compose_job
 from .forked import ForkedTaskHandle
-from .jobs import SWEEP_ATTR, DdlkitSweep, SweepError
+from .jobs import DdlkitSweep, SweepError
 from .scheduler import Observer, Outcome, Scheduler, SweepJob
 
 if TYPE_CHECKING:

@@ -15,6 +15,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -442,6 +443,36 @@ def kill_job_nodes(cluster, seen: str, nodes: int) -> None:
             cluster.kill_node(node)
 
 
+class Reading:
+    """A launched ddlkit command whose output lines a thread collects as they come (``lines``); when
+    the test leaves the block, SIGINT (ddlkit's cancel) if it still runs, and its stderr in ``err``."""
+
+    def __init__(self, proc: subprocess.Popen) -> None:
+        import threading
+
+        self.proc, self.lines, self.err = proc, [], ""
+        self.reader = threading.Thread(target=lambda: self.lines.extend(proc.stdout), daemon=True)  # type: ignore[arg-type]
+
+    def __enter__(self) -> Reading:
+        self.reader.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGINT)
+            self.proc.wait(timeout=60)
+        self.reader.join(10)
+        self.err = self.proc.stderr.read()  # type: ignore[union-attr]
+
+    @property
+    def out(self) -> str:
+        return "".join(self.lines)
+
+    def wait_for_line(self, test: Callable[[str], bool], what: str, timeout: float) -> None:
+        wait_for(lambda: any(test(line) for line in self.lines), what, timeout=timeout, process=self.proc,
+                 detail=lambda: self.out[-3000:])
+
+
 def finish(proc: subprocess.Popen, timeout: float) -> tuple[str, str]:
     try:
         return proc.communicate(timeout=timeout)
@@ -460,7 +491,6 @@ def test_a_lost_node_shrinks_the_elastic_job_and_it_grows_back_when_a_node_joins
     sample once, the final checkpoint verifies."""
     needs_ray()
     import tempfile
-    import threading
 
     from ddlkit.testing.multirank import worker_pids
     from ddlkit_ray.testing import LocalRayCluster
@@ -469,15 +499,12 @@ def test_a_lost_node_shrinks_the_elastic_job_and_it_grows_back_when_a_node_joins
         proc = launch(cluster, tmp_path, "elastic", "compute.nodes=2", "compute.min_nodes=1", "trainer.epochs=4",
                       "framework.step_delay_s=0.5")
         job_dir = tmp_path / "elastic" / "job"
-        lines: list[str] = []
-        reader = threading.Thread(target=lambda: lines.extend(proc.stdout), daemon=True)  # type: ignore[arg-type]
-        try:
+        with Reading(proc) as launcher:
             seen = follow_until(cluster.address, job_dir, "step 6/", timeout=240, launcher=proc)
             first_run = submission(job_dir)["id"]
-            reader.start()
             kill_job_nodes(cluster, seen, 2)
-            wait_for(lambda: any(ln.startswith("ddlkit: restart 1/3 on ") for ln in lines), "the restart on fewer nodes",
-                     timeout=180, process=proc, detail=lambda: "".join(lines)[-3000:])
+            launcher.wait_for_line(lambda ln: ln.startswith("ddlkit: restart 1/3 on "), "the restart on fewer nodes",
+                                   timeout=180)
             cluster.add_node()  # a machine joins while the job runs on one node
             shrunk = wait_for(lambda: submission(job_dir)["id"] != first_run and submission(job_dir)["id"],
                               "the restarted run's record", timeout=60, process=proc)
@@ -488,13 +515,8 @@ def test_a_lost_node_shrinks_the_elastic_job_and_it_grows_back_when_a_node_joins
             os.kill(wait_for(lambda: worker_pids(rank_dir).get(0), "the shrunk job's rank 0", timeout=30),
                     signal.SIGTERM)
             proc.wait(timeout=400)
-        finally:
-            if proc.poll() is None:
-                proc.send_signal(signal.SIGINT)
-                proc.wait(timeout=60)
-        reader.join(10)
-        out, err = "".join(lines), proc.stderr.read()  # type: ignore[union-attr]
-        assert proc.returncode == 0, out[-4000:] + err[-4000:]
+        out = launcher.out
+        assert proc.returncode == 0, out[-4000:] + launcher.err[-4000:]
         assert "was lost" in seen + out, out[-4000:]
         assert ("ddlkit: restart 1/3 on 1 of 2 nodes (compute.min_nodes=1, 1 rank): trainer.on_resize="
                 "keep_global_batch: per-rank batch 8 -> 8 x 2 micro-batches, lr unchanged\n") in out, out[-4000:]
@@ -522,30 +544,19 @@ def test_a_restart_waits_for_capacity_and_goes_on_when_a_node_joins(tmp_path: Pa
     the restart waits for capacity, saying so, a node joins, and the job resumes from its checkpoint
     and completes on two nodes."""
     needs_ray()
-    import threading
-
     from ddlkit_ray.testing import LocalRayCluster
 
     with LocalRayCluster(nodes=2, cpus_per_node=1, env={**os.environ, "DDLKIT_PLUGINS": FAKES_MODULE}) as cluster:
         proc = launch(cluster, tmp_path, "waits", "compute.nodes=2", "compute.min_nodes=2", "trainer.epochs=2",
                       "restart.capacity_wait_s=300", *SLOW)
         job_dir = tmp_path / "waits" / "job"
-        lines: list[str] = []
-        reader = threading.Thread(target=lambda: lines.extend(proc.stdout), daemon=True)  # type: ignore[arg-type]
-        reader.start()
-        try:
+        with Reading(proc) as launcher:
             kill_job_nodes(cluster, follow_until(cluster.address, job_dir, "step 6/", timeout=240, launcher=proc), 2)
-            wait_for(lambda: any(" waits for capacity: " in ln for ln in lines), "the wait for capacity", timeout=120,
-                     process=proc, detail=lambda: "".join(lines)[-3000:])
+            launcher.wait_for_line(lambda ln: " waits for capacity: " in ln, "the wait for capacity", timeout=120)
             cluster.add_node()
             proc.wait(timeout=300)
-        finally:
-            if proc.poll() is None:
-                proc.send_signal(signal.SIGINT)
-                proc.wait(timeout=60)
-        reader.join(10)
-        out, err = "".join(lines), proc.stderr.read()  # type: ignore[union-attr]
-        assert proc.returncode == 0, out[-4000:] + err[-4000:]
+        out = launcher.out
+        assert proc.returncode == 0, out[-4000:] + launcher.err[-4000:]
         assert ("ddlkit: restart 1/3 waits for capacity: only 1 of its 2 nodes are up on compute=ray, fewer than "
                 "compute.min_nodes=2; looking again every 1 s for up to ") in out, out[-4000:]
         assert re.search(r"ddlkit: restart 1/3 on its 2 nodes after waiting \d+ s for capacity\n", out), out[-4000:]
