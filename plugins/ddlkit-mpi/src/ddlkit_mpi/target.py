@@ -47,7 +47,7 @@ from typing import Any, ClassVar
 import ddlkit
 from ddlkit.atomic import write_json, write_text
 from ddlkit.compute.process import ProcessJob, describe_exit, kill_session, log_tail, processes
-from ddlkit.compute.rank_exits import first_failure, read_records
+from ddlkit.compute.rank_exits import RankFailure, first_failure, read_records
 from ddlkit.interfaces import JobHandle, JobSpec, JobState, JobStatus
 from ddlkit.jobdir import CANCEL_FILE, NODE_DOWN, RANKS_DIR, STATE_DIR
 from ddlkit.options import MASTER_PORT, NON_NEGATIVE, POSITIVE_INTEGER, checked
@@ -227,24 +227,29 @@ class MpiJob(ProcessJob):
             return JobStatus(state, code or 1, f"mpirun ended with {describe_exit(code)} and {len(records)} of "
                              f"{self.world_size} ranks reported an exit; last lines of {self.log_path}:\n"
                              + "\n".join("    " + ln for ln in log_tail(self.log_path)))
+        if (killed := self._killed_first(failure.first, records)) is not None:
+            failure = RankFailure(self.job_dir, killed, records, self.world_size, self.node_names)
         tail = log_tail(failure.log)
-        headline, code = None, failure.code
+        headline = None
         if culprit := self._culprit(failure.first, records, tail):
-            text, killed_by = culprit
-            headline = (f"{text} first; rank {failure.rank} ({failure.where()}) failed waiting for it, with "
+            headline = (f"{culprit} first; rank {failure.rank} ({failure.where()}) failed waiting for it, with "
                         f"{describe_exit(failure.code)}")
-            # the job ended the way its culprit did (a signal from outside is restarted): not as the
-            # rank that only noticed, whose record can come first when the killed one's minder is slow
-            code = killed_by if killed_by is not None else code
-        return JobStatus(state, code, failure.message(headline, tail))
+        return JobStatus(state, failure.code, failure.message(headline, tail))
 
-    def _culprit(self, first: dict[str, Any], records: list[dict[str, Any]],
-                 tail: list[str]) -> tuple[str, int | None] | None:
+    def _killed_first(self, first: dict[str, Any], records: list[dict[str, Any]]) -> dict[str, Any] | None:
+        """The record of the rank that the first rank to report a failure saw go, when that rank was
+        killed by a signal: it failed first, though its minder wrote later (on a busy machine the
+        killed rank's minder can be the slower) -- the job ends as it did (a signal from outside is
+        restarted as such), not as the rank that only noticed."""
+        named = _PEER_FAILED.search("\n".join(log_tail(self.job_dir / first["log"])))
+        if named is None or int(named[1]) == first["rank"]:
+            return None
+        return next((r for r in records if r["rank"] == int(named[1]) and r["code"] < 0), None)
+
+    def _culprit(self, first: dict[str, Any], records: list[dict[str, Any]], tail: list[str]) -> str | None:
         """The rank that really failed first, when the first rank to report a failure only waited
-        for it -- a rank stopped (SIGSTOP, hung) or killed with its rank wrapper reports nothing
-        itself, and a killed rank's own record can come after the report of the rank that noticed:
-        the waiting rank's error names it, and its record or mpirun say how it ended (the exit
-        status: negative for a signal)."""
+        for it: a rank stopped (SIGSTOP, hung) or killed with its rank wrapper reports nothing
+        itself; the waiting rank's error names it, and mpirun says how it ended."""
         named = _PEER_FAILED.search("\n".join(tail))
         if named is None or int(named[1]) == first["rank"]:
             return None
@@ -252,12 +257,10 @@ class MpiJob(ProcessJob):
         own = next((r for r in records if r["rank"] == rank), None)
         if own is not None and own["code"] >= 0:
             return None  # it reported an error of its own, later: the first report stands
-        if own is not None:
-            return f"rank {rank} was {describe_exit(own['code'])}", own["code"]
         noticed = {int(m[1]): int(m[2]) for m in _MPIRUN_NOTICED.finditer("\n".join(log_tail(self.log_path, 40)))}
-        if rank in noticed:  # its wrapper too: the job ends as the rank that saw it go (EXIT_LOST_PEER)
-            return f"rank {rank} was {describe_exit(-noticed[rank])}", None
-        return f"rank {rank} {'stopped answering' if named[2] == 'did not reach' else 'left the job'}", None
+        if rank in noticed:
+            return f"rank {rank} was {describe_exit(-noticed[rank])}"
+        return f"rank {rank} {'stopped answering' if named[2] == 'did not reach' else 'left the job'}"
 
     # ------------------------------------------------------------ cancel
     def cancel(self) -> None:
