@@ -451,7 +451,8 @@ class Reading:
         import threading
 
         self.proc, self.lines, self.err = proc, [], ""
-        self.reader = threading.Thread(target=lambda: self.lines.extend(proc.stdout), daemon=True)  # type: ignore[arg-type]
+        self.reader = threading.Thread(target=lambda: self.lines.extend(proc.stdout),  # type: ignore[arg-type]
+                                       daemon=True)
 
     def __enter__(self) -> Reading:
         self.reader.start()

@@ -227,40 +227,30 @@ class MpiJob(ProcessJob):
             return JobStatus(state, code or 1, f"mpirun ended with {describe_exit(code)} and {len(records)} of "
                              f"{self.world_size} ranks reported an exit; last lines of {self.log_path}:\n"
                              + "\n".join("    " + ln for ln in log_tail(self.log_path)))
-        if (killed := self._killed_first(failure.first, records)) is not None:
-            failure = RankFailure(self.job_dir, killed, records, self.world_size, self.node_names)
         tail = log_tail(failure.log)
         headline = None
-        if culprit := self._culprit(failure.first, records, tail):
-            headline = (f"{culprit} first; rank {failure.rank} ({failure.where()}) failed waiting for it, with "
-                        f"{describe_exit(failure.code)}")
+        # the first rank to report a failure may only have waited for another, which its error names
+        named = _PEER_FAILED.search("\n".join(tail))
+        if named is not None and (rank := int(named[1])) != failure.rank:
+            own = next((r for r in records if r["rank"] == rank), None)
+            if own is None:  # stopped (SIGSTOP, hung), or killed with its rank wrapper: it reports nothing
+                headline = (f"{self._culprit(rank, named[2])} first; rank {failure.rank} ({failure.where()}) failed "
+                            f"waiting for it, with {describe_exit(failure.code)}")
+            elif own["code"] < 0:
+                # killed by a signal, its minder the slower to write (a busy machine): it failed first,
+                # and the job ends as it did (a signal from outside is restarted as such)
+                failure = RankFailure(self.job_dir, own, records, self.world_size, self.node_names)
+                tail = log_tail(failure.log)
+            # else it reported an error of its own, later: the first report stands
         return JobStatus(state, failure.code, failure.message(headline, tail))
 
-    def _killed_first(self, first: dict[str, Any], records: list[dict[str, Any]]) -> dict[str, Any] | None:
-        """The record of the rank that the first rank to report a failure saw go, when that rank was
-        killed by a signal: it failed first, though its minder wrote later (on a busy machine the
-        killed rank's minder can be the slower) -- the job ends as it did (a signal from outside is
-        restarted as such), not as the rank that only noticed."""
-        named = _PEER_FAILED.search("\n".join(log_tail(self.job_dir / first["log"])))
-        if named is None or int(named[1]) == first["rank"]:
-            return None
-        return next((r for r in records if r["rank"] == int(named[1]) and r["code"] < 0), None)
-
-    def _culprit(self, first: dict[str, Any], records: list[dict[str, Any]], tail: list[str]) -> str | None:
-        """The rank that really failed first, when the first rank to report a failure only waited
-        for it: a rank stopped (SIGSTOP, hung) or killed with its rank wrapper reports nothing
-        itself; the waiting rank's error names it, and mpirun says how it ended."""
-        named = _PEER_FAILED.search("\n".join(tail))
-        if named is None or int(named[1]) == first["rank"]:
-            return None
-        rank = int(named[1])
-        own = next((r for r in records if r["rank"] == rank), None)
-        if own is not None and own["code"] >= 0:
-            return None  # it reported an error of its own, later: the first report stands
+    def _culprit(self, rank: int, how: str) -> str:
+        """What happened to a rank that reported nothing, as mpirun saw it end or the waiting rank's
+        error (``how``: ``did not reach`` or ``left the job``) says."""
         noticed = {int(m[1]): int(m[2]) for m in _MPIRUN_NOTICED.finditer("\n".join(log_tail(self.log_path, 40)))}
         if rank in noticed:
             return f"rank {rank} was {describe_exit(-noticed[rank])}"
-        return f"rank {rank} {'stopped answering' if named[2] == 'did not reach' else 'left the job'}"
+        return f"rank {rank} {'stopped answering' if how == 'did not reach' else 'left the job'}"
 
     # ------------------------------------------------------------ cancel
     def cancel(self) -> None:

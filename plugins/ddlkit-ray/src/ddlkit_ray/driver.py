@@ -23,7 +23,7 @@ What it does, in order:
    the whole as one archive where Ray's log API serves it (:func:`published_name`), with
    :data:`EXIT_RECORD`: that is how ``collect()`` brings the files back to the launcher, which
    shares no disk with the cluster. A job that did not complete leaves that directory on its node
-   (:func:`kept_dir`, named by the job directory's key, not by the run): the next run of the job
+   (:data:`KEPT_DIR`, named by the job directory's key, not by the run): the next run of the job
    -- a restart, a resume after a cancel -- starts its ranks with those files (checkpoints) sent
    through Ray's object store, and the launcher does not upload them again (Ray's Jobs API takes
    no package over 100 MiB, and a checkpoint of ResNet-50 alone is bigger);

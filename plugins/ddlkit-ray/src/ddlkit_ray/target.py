@@ -445,7 +445,8 @@ class RayTarget(ddlkit.ComputeTarget):
     def driver_plan(self, spec: JobSpec, submission_id: str, *, key: str = "<key>",
                     kept_on_cluster: bool = False) -> dict[str, Any]:
         c = self.cfg
-        return {"submission_id": submission_id, "key": key, "kept_on_cluster": kept_on_cluster, "nodes": c.nodes, "procs_per_node": c.procs_per_node,
+        return {"submission_id": submission_id, "key": key, "kept_on_cluster": kept_on_cluster,
+                "nodes": c.nodes, "procs_per_node": c.procs_per_node,
                 "cpus_per_rank": c.cpus_per_rank, "gpus_per_rank": c.gpus_per_rank, "strategy": c.strategy,
                 "python": c.python, "args": list(spec.args), "grace_period_s": c.grace_period_s,
                 "placement_timeout_s": c.placement_timeout_s, "sync_interval_s": c.sync_interval_s}
@@ -590,11 +591,9 @@ def job_key(job_dir: Path) -> str:
     """The job directory's name on the cluster, the same for every run of the job (restarts, a
     resume after a cancel): where the driver keeps the files of a run that did not complete."""
     path = job_dir / KEY_FILE
-    try:
-        return path.read_text(encoding="utf-8").strip()
-    except FileNotFoundError:
+    if not path.is_file():
         write_text(path, uuid.uuid4().hex + "\n")
-        return path.read_text(encoding="utf-8").strip()
+    return path.read_text(encoding="utf-8").strip()
 
 
 #: the job directory's key (:func:`job_key`), in its bookkeeping (which never goes to the cluster)
