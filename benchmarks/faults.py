@@ -27,7 +27,8 @@ Scenarios, each at step s (``--kill-at``) of a run of s + ``--after`` steps:
 * ``goodput``: a failure schedule, node 1's ranks SIGKILLed every ``--period`` seconds for
   ``--duration`` seconds from the launch (a failure due while the job is still down from the last
   one hits node 1's ranks as soon as they are back); useful steps (the step counter at the end: steps
-  lost to a failure and trained again count once) / wall time, as a ratio to a failure-free run.
+  lost to a failure and trained again count once) / wall time, as a ratio to a failure-free run;
+  ``--rounds`` failing runs a side (the sides take turns), one failure-free run a side.
 
 Observed the same way on both sides: rank 0 writes one JSON line per optimizer step with the wall
 clock (ddlkit's ``logger=jsonl``, the loop's own ``metrics.jsonl`` in the same format), which this
@@ -43,8 +44,8 @@ script reads while the job runs; the kill's time is taken just before the signal
     python benchmarks/faults.py [--rounds 3] [--worlds 2x1,2x2] [--quick]
 
 Writes benchmarks/results/faults.json and faults.png (steps vs wall time of the goodput runs, the
-failures marked; ``--replot`` redraws it). The full run takes about 20 minutes on an idle 2-core
-machine; ``--quick`` (one round, 2x1 only, an 80 s schedule with one failure) about 6, and 15 on a
+failures marked: the median round; ``--replot`` redraws it). The full run takes about 30 minutes on
+an idle 2-core machine; ``--quick`` (one round, 2x1 only, an 80 s schedule with one failure) about 6, and 15 on a
 busy one. ``--keep DIR`` keeps every job's directory and logs.
 """
 
@@ -530,7 +531,8 @@ def plot_result(payload: dict[str, Any]) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rounds", type=int, default=3, help="rounds of each fault scenario (medians reported)")
+    parser.add_argument("--rounds", type=int, default=3,
+                        help="rounds of each fault scenario and of the goodput schedule (medians reported)")
     parser.add_argument("--worlds", default="2x1,2x2", help="simulated nodes x ranks per node")
     parser.add_argument("--scenarios", default=",".join(SCENARIOS))
     parser.add_argument("--sides", default=",".join(SIDES))
@@ -595,18 +597,28 @@ def main() -> None:
                     by_side.setdefault(how, {})[side] = {**medians(samples), "samples": samples}
         if "goodput" in scenarios:
             shape = shape_of(args.goodput_world)
+            free = {side: goodput_run(side, shape, work, duration=args.duration, period=None,
+                                      backoff_s=args.backoff_s) for side in sides}
+            failing: dict[str, list[dict[str, Any]]] = {side: [] for side in sides}
+            for r in range(args.rounds):  # the sides take turns, so that a noisy minute hits both
+                for side in sides:
+                    failing[side].append(goodput_run(side, shape, work, duration=args.duration, period=args.period,
+                                                     backoff_s=args.backoff_s))
+                    print(f"goodput {side} round {r + 1}/{args.rounds}: {failing[side][-1]['useful_steps']} useful "
+                          f"steps with {failing[side][-1]['failures']} failures "
+                          f"({free[side]['useful_steps']} without)", flush=True)
             for side in sides:
-                free = goodput_run(side, shape, work, duration=args.duration, period=None, backoff_s=args.backoff_s)
-                failing = goodput_run(side, shape, work, duration=args.duration, period=args.period,
-                                      backoff_s=args.backoff_s)
-                goodput[side] = {"free": free, "failing": failing,
-                                 "ratio_to_failure_free": round(failing["useful_steps"] / max(1, free["useful_steps"]),
-                                                                3)}
-                print(f"goodput {side}: {failing['useful_steps']} useful steps with {failing['failures']} failures, "
-                      f"{free['useful_steps']} without: {goodput[side]['ratio_to_failure_free']}", flush=True)
+                steps = [run["useful_steps"] for run in failing[side]]
+                middle = failing[side][steps.index(sorted(steps)[len(steps) // 2])]  # the median run is plotted
+                goodput[side] = {"free": free[side], "failing": middle, "useful_steps": summary(steps),
+                                 "ratio_to_failure_free": round(middle["useful_steps"]
+                                                                / max(1, free[side]["useful_steps"]), 3)}
             if set(goodput) == set(SIDES):
                 goodput["ddlkit_vs_torchrun"] = round(goodput["ddlkit"]["failing"]["useful_steps"]
                                                       / max(1, goodput["torchrun"]["failing"]["useful_steps"]), 3)
+                goodput["ddlkit_vs_torchrun_by_round"] = [
+                    round(d["useful_steps"] / max(1, t["useful_steps"]), 3)
+                    for d, t in zip(failing["ddlkit"], failing["torchrun"], strict=True)]
     payload = {
         "benchmark": "faults",
         "what": "restart and resume after node 1's ranks are killed at step s: ddlkit (compute=local_mpi, restart "
