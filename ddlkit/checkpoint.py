@@ -244,8 +244,8 @@ def no_space(err: BaseException, directory: Path, *, slack: int = 1 << 20) -> st
 
 
 # ---------------------------------------------------------------------------- resume
-def _step_names(checkpoint_dir: Path) -> list[Path]:
-    """The directory's checkpoints, newest first."""
+def rotated_checkpoints(checkpoint_dir: Path) -> list[Path]:
+    """The directory's rotated checkpoints (``step-*.ckpt``, not ``best.ckpt``), newest first."""
     if not checkpoint_dir.is_dir():
         return []
     return sorted((p for p in checkpoint_dir.glob("step-*.ckpt") if _STEP_NAME.match(p.name)),
@@ -257,7 +257,7 @@ def _choose(job_dir: Path, warn: Warn) -> tuple[Path | None, bool]:
     whether the directory holds any trace of an earlier run (a pointer or a checkpoint)."""
     checkpoint_dir = Path(job_dir) / CHECKPOINT_DIR
     pointer = checkpoint_dir / LATEST
-    found = _step_names(checkpoint_dir)
+    found = rotated_checkpoints(checkpoint_dir)
     notes: list[str] = []
     name = (pointer.read_text(encoding="utf-8").strip() or None) if pointer.is_file() else None
     if name is None:

@@ -15,7 +15,9 @@
   container: their names (``default_image``), their build context for a service that builds images
   itself (``image_context``), and whether a registry has one (``check_image``, ``ensure_pullable``);
 * :mod:`ddlkit.compute.state`: ddlkit's state directory on the launcher's machine, where a target
-  keeps what it must remember between launches.
+  keeps what it must remember between launches;
+* :mod:`ddlkit.compute.resume`: for a target that copies a job directory to its nodes, which files a
+  run that resumes needs (``files_to_resume``: the checkpoint it resumes from, not the older ones).
 
 The job directory's layout, exit codes and environment names are :mod:`ddlkit.jobdir`; plan
 output hides secrets with :mod:`ddlkit.redact`; data staging is :mod:`ddlkit.storage`.

@@ -232,7 +232,7 @@ def test_cancel_checkpoints_and_the_checkpoint_comes_back(ray_cluster, run_facto
                                                          tmp_path: Path) -> None:
     job_dir = tmp_path / "cancelled"
     run_factory.cli("--detach", "framework=fake", *ray_args(ray_cluster.address, "compute.nodes=2"), "dist=native",
-                    *SLOW, f"hydra.run.dir={job_dir}").assert_success()
+                    "trainer.checkpoint_every=4", *SLOW, f"hydra.run.dir={job_dir}").assert_success()
     follow_until(ray_cluster.address, job_dir, "step 10/")
     cancel = run_factory.cli("jobs", "cancel", str(job_dir), timeout=180).assert_success()
     assert "resume" in cancel.output, cancel.output
@@ -244,10 +244,13 @@ def test_cancel_checkpoints_and_the_checkpoint_comes_back(ray_cluster, run_facto
     # (Ray's Jobs API takes no package over 100 MiB; a ResNet-50 checkpoint alone is bigger)
     assert record["kept"]["key"] == (job_dir / ".ddlkit/ray-key").read_text().strip(), record
     resumed = run_factory(*ray_args(ray_cluster.address, "compute.nodes=2"), "dist=native",
-                          job_dir=job_dir, timeout=300).assert_success()
+                          "trainer.checkpoint_every=4", job_dir=job_dir, timeout=300).assert_success()
     assert resumed.result["resumed_from_step"] >= 10
     assert json.loads((job_dir / "ray-job.json").read_text())["kept_on_cluster"] is True
-    assert "file(s) of the job's last run kept on this node" in resumed.stdout + resumed.stderr, resumed.output
+    # the ranks get the checkpoint they resume from; the older one (step 8) stays on the driver's node
+    said = re.search(r"(\d+) file\(s\) of the job's last run kept on this node .*; (\d+) file\(s\) of older "
+                     r"checkpoints stay here", resumed.stdout + resumed.stderr)
+    assert said and said[2] == "2", resumed.output  # step 8's checkpoint and its manifest
     # a completed job leaves nothing on the cluster
     assert json.loads((job_dir / ".ddlkit/ray-exit.json").read_text())["kept"] is None
 

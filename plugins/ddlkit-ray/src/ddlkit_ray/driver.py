@@ -54,7 +54,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from ddlkit.jobdir import CHECKPOINT_DIR, CODE_DIR, EXIT_CONFIG_ERROR, EXIT_PREEMPTED, STATE_DIR
+from ddlkit.compute.resume import files_to_resume, resume_setting
+from ddlkit.jobdir import CHECKPOINT_DIR, CODE_DIR, EXIT_CONFIG_ERROR, EXIT_PREEMPTED, JOB_FILE, STATE_DIR
 
 #: the driver's plan, written by the launcher into the job directory (no secret in it)
 PLAN_FILE = "ray-job.json"
@@ -235,6 +236,11 @@ class Driver:
         #: the Ray node ids of the nodes the job lost: the exit record names them, so that the launcher
         #: counts them out before the GCS has noticed (RayTarget.nodes_up)
         self.lost_nodes: set[str] = set()
+        #: the kept checkpoints this run's ranks were not sent (older than the one they resume from):
+        #: kept here, where rank 0's rotation does not reach them, until it has written one of its own
+        self.left_behind: set[str] = set()
+        #: the checkpoint files they were sent: anything else rank 0 holds, it wrote
+        self.sent_checkpoints: set[str] = set()
 
     # ------------------------------------------------------------ placement
     def bundle(self) -> dict[str, float]:
@@ -314,12 +320,21 @@ class Driver:
                  and p.relative_to(self.collected).as_posix() not in (KEPT_MARK, EXIT_RECORD)]
         if not files:
             return []
+        # the ranks load one checkpoint: the older ones stay here (the job file, in this driver's
+        # working directory, says which one the ranks choose)
+        if (narrowed := files_to_resume(self.collected, resume_setting(Path(JOB_FILE)))) is not None:
+            send, leave = narrowed
+            files = [p for p in files if p in set(send)]
+            names = [p.relative_to(self.collected).as_posix() for p in files]
+            self.sent_checkpoints = {name for name in names if name.startswith(f"{CHECKPOINT_DIR}/")}
+            self.left_behind = {p.relative_to(self.collected).as_posix() for p in leave}
         buffer = io.BytesIO()
         with tarfile.open(fileobj=buffer, mode="w") as tar:
             for path in files:
                 tar.add(path, arcname=path.relative_to(self.collected).as_posix())
         say(f"{len(files)} file(s) of the job's last run kept on this node ({buffer.tell() / 2**20:.1f} MiB) go to "
-            "the ranks' nodes")
+            "the ranks' nodes" + (f"; {len(self.left_behind)} file(s) of older checkpoints stay here"
+                                  if self.left_behind else ""))
         return [ray.put(buffer.getvalue())]
 
     def sync(self, ranks: list[int]) -> None:
@@ -338,8 +353,12 @@ class Driver:
             with tarfile.open(fileobj=io.BytesIO(data)) as tar:
                 extract_files(tar, self.collected)
             if rank == 0:  # rank 0 writes the checkpoints, and prunes them (trainer.keep_checkpoints)
+                held = set(checkpoints)
+                if self.left_behind and not held <= self.sent_checkpoints:
+                    self.left_behind = set()  # it wrote one of its own: its rotation speaks for them all
                 for path in (self.collected / CHECKPOINT_DIR).glob("*"):
-                    if path.is_file() and path.relative_to(self.collected).as_posix() not in checkpoints:
+                    name = path.relative_to(self.collected).as_posix()
+                    if path.is_file() and name not in held and name not in self.left_behind:
                         path.unlink(missing_ok=True)
 
     def _lose(self, rank: int, exc: BaseException) -> None:
