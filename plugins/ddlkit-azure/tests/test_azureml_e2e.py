@@ -22,7 +22,7 @@ from ddlkit_azure.testing.azureml import BLOB_HOST, DEFAULT_DATASTORE, LoopbackW
 from ddlkit_azure.testing.loopback import LoopbackServer
 
 from ddlkit.compute.containers import image_context
-from ddlkit.testing import wait_for
+from ddlkit.testing import interruptible, wait_for
 from ddlkit.testing.registry import LoopbackRegistry
 
 if TYPE_CHECKING:
@@ -148,7 +148,7 @@ def test_detach_then_status_logs_attach_and_cancel(azureml_workspace: LoopbackWo
     assert "state:     running" in status.stdout, status.stdout + status.stderr
     # attach streams the job from its start; Ctrl-C (SIGINT) detaches, the job runs on
     attach = subprocess.Popen([sys.executable, "-m", "ddlkit", "jobs", "attach", name], cwd=tmp_path,
-                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, preexec_fn=interruptible)
     seen = ""
     while "train epoch 1/1" not in seen and (line := attach.stdout.readline()):
         seen += line
