@@ -18,8 +18,8 @@ their median. Variants (``framework.ddp_*``, see the PyTorch plugin's README):
     python benchmarks/ddp_ab.py [--rounds 5 --steps 40 --model resnet18 --image-size 64 --batch 32]
         [--variants torch-defaults,ddlkit-defaults,...]
 
-About (2 + variants) x steps x 0.5 s per round for ResNet-18 at 64 px on 2 cores: 6 minutes a
-round with the defaults. Writes benchmarks/results/ddp_ab.json and ddp_ab.png.
+A job is about a minute for ResNet-18 at 64 px on 2 cores (its start-up included): about 10 minutes
+a round with every variant. Writes benchmarks/results/ddp_ab.json and ddp_ab.png.
 """
 
 from __future__ import annotations

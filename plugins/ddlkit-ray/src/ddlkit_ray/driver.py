@@ -323,8 +323,8 @@ class Driver:
         # the ranks load one checkpoint: the older ones stay here (the job file, in this driver's
         # working directory, says which one the ranks choose)
         if (narrowed := files_to_resume(self.collected, resume_setting(Path(JOB_FILE)))) is not None:
-            send, leave = narrowed
-            files = [p for p in files if p in set(send)]
+            send, leave = set(narrowed[0]), narrowed[1]
+            files = [p for p in files if p in send]
             names = [p.relative_to(self.collected).as_posix() for p in files]
             self.sent_checkpoints = {name for name in names if name.startswith(f"{CHECKPOINT_DIR}/")}
             self.left_behind = {p.relative_to(self.collected).as_posix() for p in leave}
