@@ -17,7 +17,7 @@
 * :mod:`ddlkit.compute.state`: ddlkit's state directory on the launcher's machine, where a target
   keeps what it must remember between launches;
 * :mod:`ddlkit.compute.resume`: for a target that copies a job directory to its nodes, which files a
-  run that resumes needs (``files_to_resume``: the checkpoint it resumes from, not the older ones).
+  run that resumes leaves out (``files_to_leave``: the checkpoints older than the one it resumes from).
 
 The job directory's layout, exit codes and environment names are :mod:`ddlkit.jobdir`; plan
 output hides secrets with :mod:`ddlkit.redact`; data staging is :mod:`ddlkit.storage`.

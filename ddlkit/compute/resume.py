@@ -24,25 +24,21 @@ def resume_setting(job_file: Path) -> object:
         return "auto"
 
 
-def files_to_resume(job_dir: Path, resume: object) -> tuple[list[Path], list[Path]] | None:
-    """``(send, leave)``: the files of ``job_dir`` that a run with ``trainer.resume=resume`` needs --
-    all but the rotated checkpoints other than the one it resumes from, verified here as the run
-    will verify it -- and those others (with their manifests). None when there is nothing to leave
-    out: a fresh start, no intact checkpoint (the run says so itself), or one outside the directory."""
+def files_to_leave(job_dir: Path, resume: object) -> list[Path]:
+    """The files of ``job_dir`` that a run with ``trainer.resume=resume`` does not need: the rotated
+    checkpoints other than the one it resumes from (verified here as the run will verify it), with
+    their manifests. Empty when nothing can be left out: a fresh start, no intact checkpoint (the
+    run says so itself), a checkpoint outside the directory, or no older one."""
     job_dir = Path(job_dir)
     try:
         chosen = resolve_resume(job_dir, resume, warn=lambda message: None)
     except ConfigError:
-        return None
+        return []
     checkpoints = job_dir / CHECKPOINT_DIR
     if chosen is None or chosen.parent.resolve() != checkpoints.resolve():
-        return None
-    others = [p for p in rotated_checkpoints(checkpoints) if p.name != chosen.name]
-    if not others:
-        return None
-    left = {*others, *(manifest_path(p) for p in others)}
-    send, leave = [], []
-    for path in sorted(job_dir.rglob("*")):
-        if path.is_file():
-            (leave if path in left or any(parent in left for parent in path.parents) else send).append(path)
-    return send, leave
+        return []
+    leave = []
+    for other in (p for p in rotated_checkpoints(checkpoints) if p.name != chosen.name):
+        leave += [other] if other.is_file() else sorted(f for f in other.rglob("*") if f.is_file())
+        leave += [m for m in (manifest_path(other),) if m.is_file()]
+    return leave

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from ddlkit.checkpoint import checkpoint_name, mark_latest, write_manifest
-from ddlkit.compute.resume import files_to_resume, resume_setting
+from ddlkit.compute.resume import files_to_leave, resume_setting
 
 
 def save(job_dir: Path, step: int, *, directory: bool = False) -> Path:
@@ -38,12 +38,19 @@ def names(paths: list[Path], root: Path) -> list[str]:
     return sorted(p.relative_to(root).as_posix() for p in paths)
 
 
+def split(job_dir: Path, resume: object) -> tuple[list[Path], list[Path]]:
+    """(what a target sends, what it leaves behind) of ``job_dir``'s files."""
+    leave = files_to_leave(job_dir, resume)
+    return [p for p in job_dir.rglob("*") if p.is_file() and p not in leave], leave
+
+
 @pytest.mark.parametrize("directory", [False, True], ids=["file", "directory"])
 def test_the_newest_checkpoint_goes_and_the_older_ones_stay(tmp_path: Path, directory: bool) -> None:
-    send, leave = files_to_resume(job(tmp_path, directory=directory), "auto")
+    send, leave = split(job(tmp_path, directory=directory), "auto")
     newest = "checkpoints/step-00000030.ckpt" + ("/shard" if directory else "")
-    assert names(send, tmp_path) == sorted(["checkpoints/latest", newest, "checkpoints/step-00000030.ckpt.manifest.json",
-                                            "metrics.jsonl", "rank-0.log"])
+    assert names(send, tmp_path) == sorted(["checkpoints/latest", newest,
+                                            "checkpoints/step-00000030.ckpt.manifest.json", "metrics.jsonl",
+                                            "rank-0.log"])
     older = [f"checkpoints/step-000000{s}.ckpt" for s in (10, 20)]
     assert names(leave, tmp_path) == sorted([*(o + ("/shard" if directory else "") for o in older),
                                              *(o + ".manifest.json" for o in older)])
@@ -54,7 +61,7 @@ def test_a_damaged_newest_checkpoint_stays_and_the_one_the_run_falls_back_to_goe
     job(tmp_path)
     newest = tmp_path / "checkpoints" / checkpoint_name(30)
     newest.write_text("3" * 99)  # truncated
-    send, leave = files_to_resume(tmp_path, "auto")
+    send, leave = split(tmp_path, "auto")
     assert "checkpoints/step-00000020.ckpt" in names(send, tmp_path)
     assert {"checkpoints/step-00000030.ckpt", "checkpoints/step-00000010.ckpt"} <= set(names(leave, tmp_path))
 
@@ -76,7 +83,7 @@ def test_nothing_is_left_out_where_the_run_does_not_resume_from_one_of_several(t
             path.write_text("x")
     elif resume == "elsewhere":
         value = save(tmp_path / "other", 5)
-    assert files_to_resume(job_dir, value) is None
+    assert files_to_leave(job_dir, value) == []
 
 
 def test_the_setting_comes_from_the_job_file(tmp_path: Path) -> None:

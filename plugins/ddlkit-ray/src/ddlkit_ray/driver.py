@@ -54,7 +54,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from ddlkit.compute.resume import files_to_resume, resume_setting
+from ddlkit.compute.resume import files_to_leave, resume_setting
 from ddlkit.jobdir import CHECKPOINT_DIR, CODE_DIR, EXIT_CONFIG_ERROR, EXIT_PREEMPTED, JOB_FILE, STATE_DIR
 
 #: the driver's plan, written by the launcher into the job directory (no secret in it)
@@ -322,12 +322,11 @@ class Driver:
             return []
         # the ranks load one checkpoint: the older ones stay here (the job file, in this driver's
         # working directory, says which one the ranks choose)
-        if (narrowed := files_to_resume(self.collected, resume_setting(Path(JOB_FILE)))) is not None:
-            send, leave = set(narrowed[0]), narrowed[1]
-            files = [p for p in files if p in send]
-            names = [p.relative_to(self.collected).as_posix() for p in files]
-            self.sent_checkpoints = {name for name in names if name.startswith(f"{CHECKPOINT_DIR}/")}
+        if leave := set(files_to_leave(self.collected, resume_setting(Path(JOB_FILE)))):
+            files = [p for p in files if p not in leave]
             self.left_behind = {p.relative_to(self.collected).as_posix() for p in leave}
+            self.sent_checkpoints = {name for p in files if (name := p.relative_to(self.collected).as_posix())
+                                     .startswith(f"{CHECKPOINT_DIR}/")}
         buffer = io.BytesIO()
         with tarfile.open(fileobj=buffer, mode="w") as tar:
             for path in files:
