@@ -4,8 +4,9 @@ Layout of ``<job_dir>/checkpoints/``:
 
 * ``step-00000120.ckpt``: a checkpoint (a file or a directory, as the framework writes it),
   written atomically (:func:`ddlkit.atomic.atomic_path`);
-* ``step-00000120.ckpt.manifest.json``: its manifest, the size and SHA-256 of each of its files,
-  hashed from the bytes just written and renamed into place *before* the checkpoint is, so a
+* ``step-00000120.ckpt.manifest.json``: its manifest, the size and checksum of each of its files
+  (``trainer.checkpoint_checksum``: CRC-32 or SHA-256; the entry's key names the algorithm),
+  taken from the bytes just written and renamed into place *before* the checkpoint is, so a
   checkpoint written by this version of ddlkit always has one;
 * ``latest``: a one-line pointer, replaced atomically only after the checkpoint and its manifest
   are complete and the checkpoint matches its manifest. Older checkpoints are deleted only then.
@@ -29,6 +30,7 @@ import os
 import re
 import shutil
 import sys
+import zlib
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -42,7 +44,15 @@ LATEST = "latest"
 BEST = "best.ckpt"
 #: appended to a checkpoint's name: its manifest
 MANIFEST_SUFFIX = ".manifest.json"
-MANIFEST_VERSION = 1
+#: 2: a file's checksum may be a CRC-32 (version 1 had SHA-256 only)
+MANIFEST_VERSION = 2
+#: ``trainer.checkpoint_checksum``: what a manifest keeps of each file's content. CRC-32 (the
+#: default) detects what damages checkpoints -- a truncated or partly written file, flipped bits
+#: -- at ten times the speed of SHA-256 on a CPU without SHA instructions (3 GB/s against 0.38
+#: here), as object stores' own integrity checks do (CRC-32C/CRC-64 in Azure Blob, S3, GCS).
+#: SHA-256 also identifies the bytes (provenance, signing): another file with the same digest
+#: cannot be made.
+CHECKSUMS = {"crc32": "CRC-32", "sha256": "SHA-256"}
 _STEP_NAME = re.compile(r"^step-\d{8,}\.ckpt$")
 
 Warn = Callable[[str], None]
@@ -75,15 +85,22 @@ def _files(path: Path) -> list[tuple[str, Path]]:
     return [(".", path)]
 
 
-def _sha256(path: Path) -> str:
+def checksum(path: Path, algorithm: str) -> str:
+    """The hex checksum of the file at ``path``: ``crc32`` or ``sha256`` (see :data:`CHECKSUMS`)."""
     with open(path, "rb") as f:
-        return hashlib.file_digest(f, "sha256").hexdigest()
+        if algorithm == "sha256":
+            return hashlib.file_digest(f, "sha256").hexdigest()
+        crc = 0
+        while chunk := f.read(1 << 23):
+            crc = zlib.crc32(chunk, crc)
+        return f"{crc:08x}"
 
 
-def build_manifest(path: Path) -> dict[str, Any]:
-    """The manifest of the checkpoint at ``path`` (a file or a directory): size and SHA-256 of each file."""
+def build_manifest(path: Path, checksum_algorithm: str = "crc32") -> dict[str, Any]:
+    """The manifest of the checkpoint at ``path`` (a file or a directory): size and checksum of each file."""
     path = Path(path)
-    files = {name: {"size": p.stat().st_size, "sha256": _sha256(p)} for name, p in _files(path)}
+    files = {name: {"size": p.stat().st_size, checksum_algorithm: checksum(p, checksum_algorithm)}
+             for name, p in _files(path)}
     return {"version": MANIFEST_VERSION, "checkpoint": path.name, "kind": "directory" if path.is_dir() else "file",
             "bytes": sum(f["size"] for f in files.values()), "files": files}
 
@@ -109,7 +126,7 @@ def read_manifest(checkpoint: Path) -> dict[str, Any] | None:
 
 def verify(checkpoint: Path, *, hashes: bool = True) -> str | None:
     """Why ``checkpoint`` cannot be trusted, or None if it matches its manifest (sizes, and the
-    SHA-256 of every file when ``hashes``). A checkpoint without a manifest passes unverified:
+    checksum of every file when ``hashes``). A checkpoint without a manifest passes unverified:
     use :func:`read_manifest` to tell the two apart."""
     checkpoint = Path(checkpoint)
     if not checkpoint.exists():
@@ -133,8 +150,9 @@ def verify(checkpoint: Path, *, hashes: bool = True) -> str | None:
         if size != entry["size"]:
             what = "truncated" if size < entry["size"] else "longer than written"
             return f"{shown} is {size} bytes, {entry['size']} were written ({what})"
-        if hashes and _sha256(file) != entry["sha256"]:
-            return f"{shown} does not match its SHA-256 (corrupted)"
+        algorithm = next((a for a in CHECKSUMS if a in entry), None)
+        if hashes and algorithm is not None and checksum(file, algorithm) != entry[algorithm]:
+            return f"{shown} does not match its {CHECKSUMS[algorithm]} (corrupted)"
     return None
 
 

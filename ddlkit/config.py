@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 from omegaconf import DictConfig, OmegaConf
 
+from .checkpoint import CHECKSUMS
 from .errors import ConfigError
 from .options import NON_NEGATIVE, POSITIVE, POSITIVE_INTEGER, at_least, checked, one_of
 from .registry import HOOK_POINTS, Registry
@@ -84,6 +85,13 @@ class TrainerConfig:
     # also checkpoint every N steps (0 = at the end of each epoch and of training only)
     checkpoint_every: int = checked(0, at_least(0, ">= 0 (0 = per epoch)"))
     keep_checkpoints: int = checked(2, POSITIVE_INTEGER)
+    # write the checkpoints in the middle of training on a background thread, where the framework
+    # can copy its state (PyTorch): the training thread pays only for the copy, which stays in host
+    # memory (one model + optimizer state). The run's last checkpoint is always written at once.
+    checkpoint_async: bool = True
+    # what each checkpoint's manifest keeps of its files' content: crc32 (detects a damaged
+    # checkpoint, fast) or sha256 (also identifies its bytes, for provenance; 8x slower here)
+    checkpoint_checksum: str = checked("crc32", one_of(tuple(CHECKSUMS)))
     # auto: continue from the job directory's last checkpoint if any; true: require one;
     # false: start fresh; or a path to a checkpoint (file, or a job directory)
     resume: str = "auto"

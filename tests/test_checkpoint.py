@@ -4,14 +4,15 @@ from __future__ import annotations
 
 import errno
 import hashlib
+import zlib
 from pathlib import Path
 
 import pytest
 
 from ddlkit import ConfigError, RunError
 from ddlkit.atomic import write_text
-from ddlkit.checkpoint import (checkpoint_name, latest_checkpoint, manifest_path, mark_latest, no_space, read_manifest,
-                               remove_stale, resolve_resume, verify, write_manifest)
+from ddlkit.checkpoint import (build_manifest, checkpoint_name, latest_checkpoint, manifest_path, mark_latest, no_space,
+                               read_manifest, remove_stale, resolve_resume, verify, write_manifest)
 
 
 def save(job_dir: Path, step: int, keep: int = 2, directory: bool = False) -> Path:
@@ -119,8 +120,29 @@ def test_every_checkpoint_has_a_manifest_of_its_files(tmp_path: Path) -> None:
     path = save(tmp_path, 7, directory=True)
     manifest = read_manifest(path)
     assert manifest["checkpoint"] == "step-00000007.ckpt" and manifest["kind"] == "directory"
-    assert manifest["files"] == {"shard": {"size": 1, "sha256": hashlib.sha256(b"7").hexdigest()}}
+    assert manifest["files"] == {"shard": {"size": 1, "crc32": f"{zlib.crc32(b'7'):08x}"}}
     assert verify(path) is None
+
+
+@pytest.mark.parametrize("algorithm", ["crc32", "sha256"])
+def test_a_flipped_bit_fails_either_checksum_and_a_version_1_manifest_still_verifies(tmp_path: Path,
+                                                                                    algorithm: str) -> None:
+    """trainer.checkpoint_checksum picks the algorithm; a manifest of ddlkit < 0.2 (SHA-256, version
+    1) is verified as before."""
+    path = tmp_path / "step-00000001.ckpt"
+    data = bytes(range(256)) * 4096
+    path.write_bytes(data)
+    manifest = build_manifest(path, algorithm)
+    assert set(manifest["files"]["."]) == {"size", algorithm}
+    if algorithm == "sha256":
+        assert manifest["files"]["."]["sha256"] == hashlib.sha256(data).hexdigest()
+        manifest["version"] = 1
+    write_manifest(path, manifest)
+    assert verify(path) is None
+    path.write_bytes(data[:100_000] + bytes([data[100_000] ^ 1]) + data[100_001:])
+    shown = {"crc32": "CRC-32", "sha256": "SHA-256"}[algorithm]
+    assert verify(path) == f"step-00000001.ckpt does not match its {shown} (corrupted)"
+    assert verify(path, hashes=False) is None  # the size still matches
 
 
 def test_latest_naming_a_deleted_checkpoint_resumes_from_the_newest_intact_one(tmp_path: Path) -> None:
@@ -147,7 +169,7 @@ def test_a_damaged_latest_checkpoint_is_passed_over_by_name(tmp_path: Path, dama
     found, warnings = resolve(tmp_path)
     assert found == ckpts[1]
     reason = {"truncate": "step-00000030.ckpt is 999 bytes, 1000 were written (truncated)",
-              "flip-a-byte": "step-00000030.ckpt does not match its SHA-256 (corrupted)",
+              "flip-a-byte": "step-00000030.ckpt does not match its CRC-32 (corrupted)",
               "empty": "step-00000030.ckpt is 0 bytes, 1000 were written (truncated)"}[damage]
     assert warnings[0] == f"checkpoint {bad} is damaged: {reason}; skipped"
     assert warnings[1].startswith(f"resuming from {ckpts[1]}, the newest intact checkpoint")

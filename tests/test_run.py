@@ -7,6 +7,7 @@ import json
 import subprocess
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 import ddlkit
@@ -29,7 +30,9 @@ def events(recorder: HookRecorder) -> list[tuple]:
 
 
 def test_hooks_fire_in_order(run_inprocess, hook_recorder: HookRecorder) -> None:
-    out = run_inprocess(*SMALL, "trainer.max_steps=15")
+    # each checkpoint written before the run goes on (a checkpoint in the background is announced
+    # when it is complete: test_a_checkpoint_written_in_the_background_...)
+    out = run_inprocess(*SMALL, "trainer.max_steps=15", "trainer.checkpoint_async=false")
     assert out.exit_code == 0
     assert events(hook_recorder) == [
         ("ddlkit_configure",),  # launcher side, while validating
@@ -66,6 +69,48 @@ def test_a_full_run_ends_each_epoch_and_checkpoints_the_last_step(run_inprocess,
     assert sorted(p.name for p in (out.job_dir / "checkpoints").iterdir()) == [
         "latest", "step-00000010.ckpt", "step-00000010.ckpt.manifest.json", "step-00000020.ckpt",
         "step-00000020.ckpt.manifest.json"]
+
+
+def _checkpoint(path: Path) -> dict[str, object]:
+    """A fake framework's checkpoint as values: its arrays and its meta (a zip's bytes hold the time)."""
+    with np.load(path, allow_pickle=False) as ckpt:
+        return {key: ckpt[key].tolist() for key in ckpt.files}
+
+
+def test_a_checkpoint_written_in_the_background_lets_training_go_on_and_holds_the_same_state(
+        run_inprocess, hook_recorder: HookRecorder) -> None:
+    """A slow disk (each write waits 1 s): the checkpoint of step 10 is complete only after step
+    15 trained, announced then, and holds step 10's state exactly as a write on the training
+    thread does; the run's last checkpoint is complete before the run ends."""
+    at_once = run_inprocess(*SMALL, "trainer.max_steps=15", "trainer.checkpoint_async=false")
+    hook_recorder.calls.clear()
+    out = run_inprocess(*SMALL, "trainer.max_steps=15", "framework.save_delay_s=1")
+    assert out.exit_code == 0
+    assert events(hook_recorder)[-5:] == [
+        ("ddlkit_epoch_end", 1), ("ddlkit_step_end", 15), ("ddlkit_checkpoint_saved", 10),
+        ("ddlkit_checkpoint_saved", 15), ("ddlkit_run_end", "completed")]
+    for name in ("step-00000010.ckpt", "step-00000015.ckpt"):
+        assert verify(out.job_dir / "checkpoints" / name) is None
+        assert _checkpoint(out.job_dir / "checkpoints" / name) == _checkpoint(at_once.job_dir / "checkpoints" / name)
+    assert (out.job_dir / "checkpoints" / "latest").read_text() == "step-00000015.ckpt\n"
+    assert (out.job_dir / MODEL_FILE).read_bytes() == (at_once.job_dir / MODEL_FILE).read_bytes()
+
+
+def test_the_checkpoint_checksum_is_a_setting(run_inprocess) -> None:
+    out = run_inprocess(*SMALL, "trainer.max_steps=5", "trainer.checkpoint_checksum=sha256")
+    manifest = json.loads((out.job_dir / "checkpoints" / "step-00000005.ckpt.manifest.json").read_text())
+    [entry] = manifest["files"].values()
+    assert set(entry) == {"size", "sha256"} and manifest["version"] == 2
+    assert verify(out.job_dir / "checkpoints" / "step-00000005.ckpt") is None
+
+
+def test_a_run_that_fails_while_a_checkpoint_is_written_completes_it(run_inprocess, hook_recorder) -> None:
+    out = run_inprocess(*SMALL, "framework.fail_at_step=12", "framework.save_delay_s=1")
+    assert (out.exit_code, out.run.state.step) == (1, 11)
+    assert [c["step"] for c in hook_recorder.getcalls("ddlkit_checkpoint_saved")] == [10]
+    ckdir = out.job_dir / "checkpoints"
+    assert (ckdir / "latest").read_text() == "step-00000010.ckpt\n" and verify(ckdir / "step-00000010.ckpt") is None
+    assert not [p.name for p in ckdir.iterdir() if p.name.endswith(".tmp")]
 
 
 def test_a_failing_framework_ends_the_run_as_failed(run_inprocess, hook_recorder: HookRecorder,

@@ -28,6 +28,10 @@ if TYPE_CHECKING:
 SaveFn = Callable[[Path, dict[str, Any]], None]
 #: ``load(path)``: read a state written by the matching ``save`` back, returning its ``meta``
 LoadFn = Callable[[Path], dict[str, Any]]
+#: ``snapshot(meta)``: copy the framework's whole state now (into host memory, as it is at this step
+#: boundary) and return a function that writes that copy to a path exactly as ``save`` would; ddlkit
+#: calls the returned function on another thread while training goes on (``trainer.checkpoint_async``)
+SnapshotFn = Callable[[dict[str, Any]], Callable[[Path], None]]
 
 
 @dataclass
@@ -187,8 +191,9 @@ class RunContext(Protocol):
     def loaders(self) -> tuple[Loader, Loader | None]:
         """This rank's ``(train, val)`` loaders; ``val`` is None when ``trainer.validate`` is off."""
 
-    def checkpointing(self, save: SaveFn, load: LoadFn) -> RunState:
-        """Register how the framework's state is saved and loaded, resume, and return where training starts."""
+    def checkpointing(self, save: SaveFn, load: LoadFn, snapshot: SnapshotFn | None = None) -> RunState:
+        """Register how the framework's state is saved and loaded (and, optionally, copied for a
+        write in the background), resume, and return where training starts."""
 
     def start(self) -> None:
         """Training starts now: the ``ddlkit_run_start`` hooks and the loggers (after :meth:`checkpointing`)."""

@@ -1,6 +1,9 @@
 """The run's checkpoint files: rank 0 writes each one atomically with its manifest, moves the
 ``latest`` pointer and drops the oldest beyond ``trainer.keep_checkpoints``, keeps the best
-apart; a full disk is reported with what is still intact. The files a framework saves beside
+apart; a full disk is reported with what is still intact. Where the framework can copy its state
+(a ``snapshot``), a checkpoint in the middle of training is written in the background: the
+training thread pays for the copy only, and the write, its hash and the fsync run on a thread
+while the next steps do (one write at a time; its error surfaces at the next step). The files a framework saves beside
 them (``run.save_artifact``: the final model) are written under the same rules. Resuming loads
 the checkpoint a job resumes from and refuses one of another framework or model.
 
@@ -10,6 +13,7 @@ to say; this module keeps the files.
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
@@ -20,18 +24,21 @@ from ..checkpoint import (BEST, CHECKPOINT_DIR, build_manifest, checkpoint_name,
                           read_manifest, remove_stale, verify, write_manifest)
 from ..errors import ConfigError, DdlkitError, RunError
 from ..interfaces import RunState
-from ..interfaces.run import LoadFn, SaveFn
+from ..interfaces.run import LoadFn, SaveFn, SnapshotFn
 
 
 class CheckpointKeeper:
     """The checkpoints (and artifacts) of one job directory, as one rank sees them: only the
     writer (rank 0) writes; every rank loads the one it resumes from."""
 
-    def __init__(self, job_dir: Path, *, keep: int, writer: bool, resume_from: Path | None) -> None:
+    def __init__(self, job_dir: Path, *, keep: int, writer: bool, resume_from: Path | None,
+                 checksum: str = "crc32") -> None:
         self.job_dir = job_dir
         self.directory = job_dir / CHECKPOINT_DIR
         #: trainer.keep_checkpoints: how many step checkpoints stay
         self.keep = keep
+        #: trainer.checkpoint_checksum: what the manifests keep of each file
+        self.checksum = checksum
         #: whether this rank writes (rank 0)
         self.writer = writer
         #: the framework's ``save``, from Run.checkpointing() on
@@ -39,7 +46,13 @@ class CheckpointKeeper:
         #: the newest complete checkpoint of this job (the one resumed from, then each one written)
         self.latest: Path | None = resume_from
         #: (step, epoch) of the newest checkpoint: the state resumed from, then each one written
+        #: (or being written in the background)
         self.saved_at: tuple[int, int] | None = None
+        #: the framework's ``snapshot``, if it has one: checkpoints may then be written in the background
+        self.snapshot: SnapshotFn | None = None
+        #: called on the training thread with (path, step) once a checkpoint is complete
+        self.on_written: Callable[[Path, int], None] = lambda path, step: None
+        self._in_flight: _InFlight | None = None
 
     def remove_stale(self) -> None:
         """Remove what a run killed mid-checkpoint left (nothing else writes here: the job is starting)."""
@@ -75,28 +88,66 @@ class CheckpointKeeper:
         """Whether the newest checkpoint is of ``state``."""
         return self.saved_at == (state.step, state.epoch)
 
-    def write(self, state: RunState, meta: dict[str, Any]) -> Path:
-        """Write a checkpoint of ``state`` with ``meta``, then make it the latest (see :meth:`is_due`)."""
+    def write(self, state: RunState, meta: dict[str, Any], *, background: bool = False) -> None:
+        """Write a checkpoint of ``state`` with ``meta``, then make it the latest (see :meth:`is_due`).
+
+        With ``background`` and a framework ``snapshot``, only the copy of the state is taken here;
+        the rest runs on a thread, and :meth:`poll` or :meth:`wait` completes it. A write still in
+        the background is completed first: one at a time, in order."""
         assert self.save is not None, "Run.checkpointing() registers save before any checkpoint is due"
-        save = self.save
+        self.wait()
         path = self.directory / checkpoint_name(state.step)
+        if background and self.snapshot is not None:
+            writer = self.snapshot(meta)
+            self._in_flight = _InFlight(path, state.step, lambda: self._write(path, state.step, writer, meta))
+        else:
+            save = self.save
+            self._write(path, state.step, lambda tmp: save(tmp, meta), meta)
+            self._written(path, state.step)
+        self.saved_at = (state.step, state.epoch)
+
+    def _write(self, path: Path, step: int, write: Callable[[Path], None], meta: dict[str, Any]) -> None:
+        """Write checkpoint ``path`` with ``write``, its manifest, and move the pointer."""
 
         def out_of_space(reason: str) -> RunError:
-            return self._out_of_space(reason, state.step)
+            return self._out_of_space(reason, step)
 
         with _explained_if_full(self.directory, out_of_space, only=OSError, slack=0):  # fsync, a rename, the pointer
             with atomic_path(path) as tmp:
                 with _explained_if_full(tmp.parent, out_of_space):
-                    save(tmp, meta)
+                    write(tmp)
                     # hashed from the bytes just written (still in the page cache), and in place
                     # before the checkpoint is: a checkpoint of this version always has its manifest
                     # with the run's position, which a run on another world size reads before it
                     # builds its loaders (ddlkit.resize), without the framework's load
-                    write_manifest(path, {**build_manifest(tmp), "position": position(meta)})
+                    write_manifest(path, {**build_manifest(tmp, self.checksum), "position": position(meta)})
             mark_latest(path, keep=self.keep)
-        self.saved_at = (state.step, state.epoch)
+
+    def _written(self, path: Path, step: int) -> None:
         self.latest = path
-        return path
+        self.on_written(path, step)
+
+    def poll(self) -> None:
+        """Complete the checkpoint written in the background if its thread is done (raising its
+        error if it failed); never waits."""
+        if self._in_flight is not None and self._in_flight.done():
+            self.wait()
+
+    def wait(self) -> None:
+        """Wait for the checkpoint being written in the background, if any, and complete it; its
+        error, if it failed, is raised here (the previous checkpoint stays the latest)."""
+        in_flight, self._in_flight = self._in_flight, None
+        if in_flight is None:
+            return
+        in_flight.join()
+        if in_flight.error is not None:
+            err = in_flight.error
+            if isinstance(err, DdlkitError):
+                raise err
+            raise RunError(f"writing checkpoint step {in_flight.step} in the background failed "
+                           f"({type(err).__name__}: {str(err).strip()[:300]}); the previous checkpoint {self.latest} "
+                           "is the latest", component="checkpoint", step=in_flight.step) from err
+        self._written(in_flight.path, in_flight.step)
 
     def _out_of_space(self, reason: str, step: int) -> RunError:
         """The error for a checkpoint that did not fit: what is kept, and how to go on."""
@@ -115,6 +166,7 @@ class CheckpointKeeper:
 
     def keep_best(self) -> None:
         """Keep the newest checkpoint also as ``checkpoints/best.ckpt`` (the writer only)."""
+        self.wait()
         if self.writer and self.latest is not None:
             keep_best(self.latest, self.directory / BEST)
 
@@ -133,6 +185,30 @@ class CheckpointKeeper:
                 with _explained_if_full(tmp.parent, out_of_space):
                     write(tmp)
         return path
+
+
+class _InFlight:
+    """A checkpoint being written on a thread of its own. A daemon thread: a process that ends
+    without waiting for it (SIGKILL cannot be waited for anyway) leaves temporaries behind, which
+    the next start removes (:func:`ddlkit.checkpoint.remove_stale`), never a checkpoint half-written."""
+
+    def __init__(self, path: Path, step: int, work: Callable[[], None]) -> None:
+        self.path, self.step = path, step
+        self.error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, args=(work,), name=f"ddlkit checkpoint {step}", daemon=True)
+        self._thread.start()
+
+    def _run(self, work: Callable[[], None]) -> None:
+        try:
+            work()
+        except BaseException as err:  # noqa: BLE001 (raised on the training thread by CheckpointKeeper.wait)
+            self.error = err
+
+    def done(self) -> bool:
+        return not self._thread.is_alive()
+
+    def join(self) -> None:
+        self._thread.join()
 
 
 def position(meta: Mapping[str, Any]) -> dict[str, Any]:

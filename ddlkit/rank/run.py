@@ -11,6 +11,7 @@ publishing it (:mod:`.results`), the start-up phases (:mod:`.phases`).
 from __future__ import annotations
 
 import math
+import sys
 import os
 import time
 import warnings
@@ -25,9 +26,9 @@ from ..callbacks import CallbackPlugin
 from ..callbacks import load as load_callbacks
 from ..checkpoint import BEST, CHECKPOINT_DIR
 from ..config import check_one_global_batch
-from ..errors import RunError
+from ..errors import DdlkitError, RunError
 from ..interfaces import DataSource, Framework, Loader, Logger, RunState, Shard, StorageBackend
-from ..interfaces.run import LoadFn, SaveFn
+from ..interfaces.run import LoadFn, SaveFn, SnapshotFn
 from ..jobdir import RESTARTS_ENV, STEPS_LOST_ENV
 from ..monitor import EarlyStopping, Watch
 from ..resize import PLANNED_WORLD_SIZE_ENV, BatchPlan, describe, plan_batch
@@ -99,7 +100,8 @@ class Run:
         self._stop_request = StopRequest()
         #: the job's checkpoint files: written on rank 0, the one resumed from loaded on every rank
         self.checkpoints = CheckpointKeeper(self.job_dir, keep=t.keep_checkpoints, writer=dist.is_main,
-                                            resume_from=resume_from)
+                                            resume_from=resume_from, checksum=t.checkpoint_checksum)
+        self.checkpoints.on_written = self._checkpoint_written
         #: when the run was built (wall clock): result.json's wall_time_s counts from here
         self.started = time.time()
         self._active_loggers: list[Logger] = []
@@ -175,12 +177,17 @@ class Run:
 
         return loader("train"), (loader("val") if t.validate else None)
 
-    def checkpointing(self, save: SaveFn, load: LoadFn) -> RunState:
+    def checkpointing(self, save: SaveFn, load: LoadFn, snapshot: SnapshotFn | None = None) -> RunState:
         """Register how to write/read the framework's state, load ``resume_from`` if set, and
         return where training starts. ``save(path, meta)`` must write everything to ``path``
-        (a file, or a directory it creates) and ``load(path)`` must return ``meta``. From here on
-        a SIGTERM checkpoints at the next step boundary. Call :meth:`start` next."""
+        (a file, or a directory it creates) and ``load(path)`` must return ``meta``. A framework
+        that can copy its state cheaply also gives ``snapshot(meta)``, which returns a writer of
+        that copy: checkpoints in the middle of training are then written in the background
+        (``trainer.checkpoint_async``). From here on a SIGTERM checkpoints at the next step
+        boundary. Call :meth:`start` next."""
         self.checkpoints.save = save
+        if self.cfg.trainer.checkpoint_async:
+            self.checkpoints.snapshot = snapshot
         self._stop_request.training = True
         self.checkpoints.remove_stale()
         if self.resume_from is not None:
@@ -276,6 +283,7 @@ class Run:
         self.meter.tick()
         if self.meter.steps_seen == 1:
             self.phase("first step done")
+        self.checkpoints.poll()  # a checkpoint written in the background is complete: announce it
         st = self.state
         st.step += 1
         st.batch += 1
@@ -288,7 +296,9 @@ class Run:
         # finished epoch; saving here too would write the same step twice
         at_epoch_end = st.batch >= self.steps_per_epoch and not stopping
         if not at_epoch_end and (stop or (t.checkpoint_every and st.step % t.checkpoint_every == 0)):
-            self.save_checkpoint()
+            # the run's last checkpoint is complete before the run ends; the others may be written
+            # while training goes on
+            self.save_checkpoint(background=not stop)
         if stopping:
             raise Preempted(f"stopped on request at step {st.step}")
         return stop
@@ -345,7 +355,8 @@ class Run:
             if stop and st.step < self.total_steps and self.dist.is_main:
                 print(f"ddlkit: stopping early after epoch {st.epoch} (step {st.step}): {self.early_stopping.reason}",
                       flush=True)
-        self.save_checkpoint()
+        ends = stop or st.step >= self.total_steps
+        self.save_checkpoint(background=not ends)
         if metrics:
             self._keep_best()
         return stop and st.step < self.total_steps
@@ -358,14 +369,18 @@ class Run:
         self.checkpoints.keep_best()
 
     # ---------------------------------------------------------------- checkpoints
-    def save_checkpoint(self) -> Path | None:
-        """Write a checkpoint of the current state (rank 0 only; no-op if already saved at this point)."""
+    def save_checkpoint(self, *, background: bool = False) -> None:
+        """Write a checkpoint of the current state (rank 0 only; no-op if already saved at this
+        point). With ``background``, only the copy of the state is taken now (where the framework
+        gave a ``snapshot``): ``ddlkit_checkpoint_saved`` then fires at a later step, once it is
+        complete."""
         if not self.checkpoints.is_due(self.state):
-            return None
+            return
         self.meter.pause()
-        path = self.checkpoints.write(self.state, self._checkpoint_meta())
-        self.hook.ddlkit_checkpoint_saved(run=self, path=str(path), step=self.state.step)
-        return path
+        self.checkpoints.write(self.state, self._checkpoint_meta(), background=background)
+
+    def _checkpoint_written(self, path: Path, step: int) -> None:
+        self.hook.ddlkit_checkpoint_saved(run=self, path=str(path), step=step)
 
     def _checkpoint_meta(self) -> dict[str, Any]:
         """What a checkpoint keeps of the run beside the framework's state (see :meth:`_resume`)."""
@@ -446,6 +461,12 @@ class Run:
         }
 
     def finish(self, status: str) -> dict[str, Any] | None:
+        try:
+            self.checkpoints.wait()  # a run that failed or was interrupted mid-write
+        except DdlkitError as err:
+            if status == "completed":
+                raise
+            print(f"ddlkit: warning: {err}", file=sys.stderr, flush=True)
         result = self.result(status) if status == "completed" else None
         if result is not None and self.dist.is_main:
             keep_results(result, self.job_dir, self.storage, self.name)

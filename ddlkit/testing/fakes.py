@@ -20,7 +20,7 @@ import json
 import os
 import signal
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING, Any
@@ -76,6 +76,9 @@ class FakeFrameworkConfig:
     nan_at_step: int = 0
     # seconds each step sleeps: a job that lasts, to attach to, cancel or interrupt in tests
     step_delay_s: float = 0.0
+    # seconds each checkpoint write sleeps before it writes: a slow disk (a write still in the
+    # background when the next steps run, or when the run ends)
+    save_delay_s: float = 0.0
     # modules the ranks' environment must have (as Horovod for dist=horovod): check_environment's path in tests
     needs: list[str] = field(default_factory=list)
 
@@ -112,16 +115,26 @@ class FakeFramework(Framework):
         params = run.build_model(side=side, seed=t.seed)
         run.build_optimizer()
 
-        def save(path: Path, meta: dict[str, Any]) -> None:
+        def write(path: Path, arrays: dict[str, Any], meta: dict[str, Any]) -> None:
             with open(path, "wb") as f:
                 if (self.cfg.kill_while_saving_at_step == meta["state"]["step"] and not os.environ.get(RESTARTS_ENV)):
                     whole = io.BytesIO()
-                    np.savez(whole, **params, meta=np.array(json.dumps(meta)))
+                    np.savez(whole, **arrays, meta=np.array(json.dumps(meta)))
                     f.write(whole.getvalue()[:len(whole.getvalue()) // 2])
                     f.flush()
                     os.fsync(f.fileno())
                     os.kill(os.getpid(), signal.SIGKILL)
-                np.savez(f, **params, meta=np.array(json.dumps(meta)))
+                if self.cfg.save_delay_s:
+                    time.sleep(self.cfg.save_delay_s)
+                np.savez(f, **arrays, meta=np.array(json.dumps(meta)))
+
+        def save(path: Path, meta: dict[str, Any]) -> None:
+            write(path, params, meta)
+
+        def snapshot(meta: dict[str, Any]) -> Callable[[Path], None]:
+            # the arrays as they are at this step: the steps that follow replace them while the copy is written
+            arrays = {key: value.copy() for key, value in params.items()}
+            return lambda path: write(path, arrays, meta)
 
         def load(path: Path) -> dict[str, Any]:
             with np.load(path, allow_pickle=False) as ckpt:
@@ -130,7 +143,7 @@ class FakeFramework(Framework):
                 return json.loads(str(ckpt["meta"]))
 
         train_loader, val_loader = run.loaders()
-        run.checkpointing(save, load)
+        run.checkpointing(save, load, snapshot)
         run.start()
 
         def evaluate() -> dict[str, float]:

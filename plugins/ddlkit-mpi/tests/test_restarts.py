@@ -157,14 +157,17 @@ def test_a_preemption_notice_restarts_the_job_with_no_step_lost(tmp_path: Path, 
 def test_a_rank_killed_while_writing_a_checkpoint_resumes_from_the_previous_one(tmp_path: Path,
                                                                                   straight: bytes) -> None:
     """Rank 0 dies halfway through writing the checkpoint of step 8: the half-written file is never
-    taken for a checkpoint; the restart resumes from step 4's, the last verified one."""
+    taken for a checkpoint; the restart resumes from step 4's, the last verified one. The write
+    runs in the background (trainer.checkpoint_async): the ranks may have trained a step or two
+    more when it dies."""
     killed = ddlkit(tmp_path, "saving", "framework.kill_while_saving_at_step=8")
     assert killed.returncode == 0, killed.stdout[-3000:] + killed.stderr[-3000:]
-    assert "ddlkit: restart 1/3: a rank was killed by SIGKILL from outside (a lost node, a preemption); it ended at " \
-           "step 8 (rank 0 (node 0) failed first" in killed.stdout, killed.stdout
+    ended = re.search(r"ddlkit: restart 1/3: a rank was killed by SIGKILL from outside \(a lost node, a preemption\); "
+                      r"it ended at step (\d+) \(rank 0 \(node 0\) failed first", killed.stdout)
+    assert ended and int(ended[1]) >= 8, killed.stdout
     assert "resuming from step 4 in 0 s" in killed.stdout
     [entry] = ended_as_if_nothing_happened(tmp_path / "saving", straight)
-    assert (entry["step_reached"], entry["resumed_from"], entry["steps_lost"]) == (8, 4, 4)
+    assert (entry["step_reached"], entry["resumed_from"], entry["steps_lost"]) == (int(ended[1]), 4, int(ended[1]) - 4)
 
 
 def test_a_nan_loss_is_not_restarted_and_the_error_says_why(tmp_path: Path) -> None:

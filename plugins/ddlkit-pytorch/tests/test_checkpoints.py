@@ -87,3 +87,16 @@ def test_a_full_disk_while_torch_saves_keeps_the_previous_checkpoint(tmp_path: P
     assert (tmpfs / "latest").read_text() == "step-00000004.ckpt\n"
     assert verify(tmpfs / "step-00000004.ckpt") is None
     assert not [p.name for p in tmpfs.iterdir() if p.name.endswith(".tmp")]
+
+
+def test_a_checkpoint_written_in_the_background_is_the_one_written_at_once(tmp_path: Path) -> None:
+    """trainer.checkpoint_async (the default): the checkpoints of steps 2 and 4, written while
+    the next steps train, hold the bytes a write on the training thread gives."""
+    run = ("trainer.max_steps=6", "trainer.checkpoint_every=2", "trainer.deterministic=true")
+    background = ok(ddlkit(tmp_path / "background", *run))
+    at_once = ok(ddlkit(tmp_path / "at-once", *run, "trainer.checkpoint_async=false"))
+    assert background.returncode == at_once.returncode == 0
+    for step in (4, 6):
+        name = f"checkpoints/step-0000000{step}.ckpt"
+        assert verify(tmp_path / "background" / name) is None
+        assert (tmp_path / "background" / name).read_bytes() == (tmp_path / "at-once" / name).read_bytes(), name

@@ -210,14 +210,33 @@ class PytorchFramework(ddlkit.Framework):
         the one the run resumes from."""
         import torch
 
+        from .staging import HostStaging
+
         device, model, optimizer, scaler = parts.device, parts.model, parts.optimizer, parts.scaler
 
-        def save(path: Path, meta: dict[str, Any]) -> None:
+        def state(meta: dict[str, Any]) -> dict[str, Any]:
             rng = {"torch": torch.get_rng_state(), "python": random.getstate()}
             if device.type == "cuda":
                 rng["cuda"] = torch.cuda.get_rng_state(device)
-            torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict(),
-                        "scaler": scaler.state_dict(), "rng": rng, "meta": meta}, path)
+            return {"model": model.state_dict(), "optimizer": optimizer.state_dict(),
+                    "scaler": scaler.state_dict(), "rng": rng, "meta": meta}
+
+        def write(path: Path, checkpoint: dict[str, Any]) -> None:
+            # into a file object, not a path: torch then hands each tensor's bytes to Python's
+            # write, which lets go of the GIL; given a path, its C++ writer holds the GIL for the
+            # whole copy, and a training thread beside a write in the background stops (ResNet-18:
+            # its steps took twice as long meanwhile)
+            with open(path, "wb") as f:
+                torch.save(checkpoint, f)
+
+        def save(path: Path, meta: dict[str, Any]) -> None:
+            write(path, state(meta))
+
+        staging = HostStaging()
+
+        def snapshot(meta: dict[str, Any]) -> Callable[[Path], None]:
+            copy = staging.copy(state(meta))
+            return lambda path: write(path, copy)
 
         def load(path: Path) -> dict[str, Any]:
             # weights_only: a checkpoint is data, never code to run
@@ -231,7 +250,7 @@ class PytorchFramework(ddlkit.Framework):
                 torch.cuda.set_rng_state(ckpt["rng"]["cuda"].cpu(), device)
             return ckpt["meta"]
 
-        run.checkpointing(save, load)
+        run.checkpointing(save, load, snapshot)
 
     def _loop(self, run: ddlkit.RunContext, parts: _Parts, train_loader: Any, val_loader: Any) -> None:
         """Train from where the checkpoint left off to the end, then save the model."""
