@@ -227,8 +227,11 @@ def ddlkit_epoch_end(run: RunContext, epoch: int, metrics: Mapping[str, float]) 
 
 @hookspec
 def ddlkit_checkpoint_saved(run: RunContext, path: str, step: int) -> None:
-    """Called on rank 0 after a checkpoint was written atomically to ``path``.
+    """Called on rank 0 after a checkpoint was written atomically to ``path`` and is the latest.
 
+    :param step: the step the checkpoint holds. A checkpoint written in the background
+        (``trainer.checkpoint_async``) is announced, on the training thread, at the first step
+        boundary after it is complete, so ``run.state.step`` may be later than ``step``.
     .. versionadded:: 0.1
     """
 

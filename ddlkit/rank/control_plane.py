@@ -10,6 +10,12 @@ names no rank. So the control plane also carries heartbeats, sent and read by th
 own (the main thread may sit in a collective for half an hour): rank 0 and each other rank hear
 from each other every few seconds, a rank silent for ``dist.warn_after_s`` is reported while the
 job waits, and a failure then names it (#17). A process that is merely slow keeps heart-beating.
+
+A rank that dies fails the framework's collectives too, on every other rank, with the framework's
+own error (gloo: ``Connection closed by peer``), which names no rank and reads like a fault in the
+job's code. Rank 0 tells the other ranks at once which rank left (:meth:`ControlPlane.lost_ranks`),
+so that each survivor can say that its error was a lost rank's consequence (``EXIT_LOST_PEER``,
+which the restart policy restarts) rather than its own.
 """
 
 from __future__ import annotations
@@ -75,6 +81,9 @@ class ControlPlane:
         #: peer -> (how many warn_after_s periods of its silence were reported, its silence's start)
         self._warned: dict[int, tuple[int, float]] = {}
         self._left: set[int] = set()
+        #: on the other ranks: the ranks whose connection to rank 0 closed, as rank 0 tells them
+        self._left_relayed: set[int] = set()
+        self._someone_left = threading.Event()
         self._inbox: dict[int, queue.SimpleQueue[Any]] = {peer: queue.SimpleQueue() for peer in peers}
         # the main thread's messages and the heartbeats share the connections
         self._send_locks = {peer: threading.Lock() for peer in peers}
@@ -208,6 +217,14 @@ class ControlPlane:
         finally:
             self._left.add(peer)
             self._inbox[peer].put(None)
+            self._someone_left.set()
+            if self.rank == 0 and not self._closed.is_set():
+                # the other ranks learn it now, not at the next heartbeat: their framework's
+                # collective fails at this very moment, and they must tell why
+                for other in list(self.peers):
+                    if other not in self._left:
+                        with contextlib.suppress(OSError, KeyError):
+                            self._send_to(other, {"heartbeat": True, "left": [peer]})
 
     def _route(self, peer: int, message: Any) -> None:
         now = time.monotonic()
@@ -218,6 +235,9 @@ class ControlPlane:
             self._inbox[peer].put(message)
         elif "silent" in message:  # rank 0's view of the other ranks
             self._relayed = {int(r): (now - age, step) for r, step, age in message["silent"]}
+        elif "left" in message:  # rank 0 lost these ranks' connections
+            self._left_relayed.update(int(r) for r in message["left"])
+            self._someone_left.set()
 
     def _recv_from(self, peer: int, op: str) -> Any:
         try:
@@ -364,6 +384,13 @@ class ControlPlane:
         now = time.monotonic()
         return [self._silence(peer, heard, step, now) for peer, heard, step in self._silent()
                 ] + self._relayed_silences(now)
+
+    def lost_ranks(self, wait_s: float = 0.0) -> list[int]:
+        """The ranks whose process ended (their connection closed): this rank's own peers and, on
+        the other ranks, those that rank 0 reports. Waits up to ``wait_s`` for a first one: the
+        framework's error about a dead peer can come before the control connection's end is read."""
+        self._someone_left.wait(wait_s)
+        return sorted(self._left | self._left_relayed)
 
 
 def _at_step(step: int | None) -> str:

@@ -106,6 +106,11 @@ class DistContext:
         failure while the ranks wait for each other is most likely due to."""
         return [] if self._plane is None else self._plane.silent_ranks()
 
+    def lost_ranks(self, wait_s: float = 0.0) -> list[int]:
+        """The other ranks whose process has ended (none for one process), waiting up to
+        ``wait_s`` for a first one (see :meth:`ControlPlane.lost_ranks`)."""
+        return [] if self._plane is None else self._plane.lost_ranks(wait_s)
+
     def close(self) -> None:
         if self._plane is not None:
             self._plane.close()

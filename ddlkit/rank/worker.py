@@ -7,7 +7,9 @@ did), learns its rank from the environment, decides whether to resume from the c
 finds in its job directory, and hands over to the ``ddlkit_run_loop`` hook.
 
 Exit status: :data:`~ddlkit.jobdir.EXIT_COMPLETED`; ``EXIT_PREEMPTED``, stopped on SIGTERM after a
-resumable checkpoint; ``EXIT_CONFIG_ERROR``; ``EXIT_PLUGIN_ERROR``; ``EXIT_FAILED``, anything else.
+resumable checkpoint; ``EXIT_CONFIG_ERROR``; ``EXIT_PLUGIN_ERROR``; ``EXIT_LOST_PEER``, stopped because
+another rank was lost (ddlkit's collectives say so; a framework's error while another rank's process
+ended is taken for its consequence); ``EXIT_FAILED``, anything else.
 """
 
 from __future__ import annotations
@@ -25,15 +27,20 @@ from .. import redact as secret_store
 from ..atomic import LockHeld, hold_lock
 from ..checkpoint import resolve_resume
 from ..config import rebuild
-from ..errors import ConfigError, DdlkitError, RunError, exit_code_for
+from ..errors import ConfigError, DdlkitError, RankLostError, RunError, exit_code_for
 from ..custom import LAUNCH_DIR_ENV
-from ..jobdir import CODE_DIR, EXIT_COMPLETED, EXIT_CONFIG_ERROR, EXIT_FAILED, EXIT_PREEMPTED, LOCK_FILE
+from ..jobdir import (CODE_DIR, EXIT_COMPLETED, EXIT_CONFIG_ERROR, EXIT_FAILED, EXIT_LOST_PEER, EXIT_PREEMPTED,
+                      LOCK_FILE)
 from ..plugins import get_plugin_manager
 from ..registry import Registry
 from .distributed import DistContext
 from .phases import RECORDED, record_phase, report_phase
 from .preemption import Preempted, stop_at_once
 from .run import Run
+
+#: seconds a rank whose framework failed waits to learn whether another rank's process ended: the
+#: framework's error about a dead peer can come before the control connection's end is read
+LOST_PEER_GRACE_S = 1.0
 
 
 def load_job(job_file: Path) -> dict:
@@ -109,6 +116,12 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as err:
         # a bug in a plugin or a framework failure: the full trace belongs in the rank log
         print(secret_store.scrub(traceback.format_exc(), secrets), file=sys.stderr)
+        if lost := dist.lost_ranks(wait_s=LOST_PEER_GRACE_S if dist.world_size > 1 else 0.0):
+            # the framework's collective failed because a rank died (gloo: "Connection closed by
+            # peer", naming no rank): the infrastructure's failure, which the restart policy restarts
+            print(f"ddlkit worker (rank {dist.rank}): {RankLostError.__name__}: rank {lost[0]} left the job (its "
+                  f"process ended) while this rank trained: the error above is the consequence", file=sys.stderr)
+            return EXIT_LOST_PEER
         _name_silent_ranks(dist, err)
         return EXIT_FAILED
     finally:

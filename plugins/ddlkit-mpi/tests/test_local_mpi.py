@@ -94,6 +94,15 @@ def test_environment_gives_loopback_rendezvous_and_shares_the_cores(tmp_path: Pa
     assert target.environment(spec_for(tmp_path, "pass"))["OMP_NUM_THREADS"] == "7"
 
 
+def test_mpirun_does_not_wait_for_munge_on_one_machine(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """With munge installed and its daemon stopped, PMIx retried it for 2 s at every (re)start."""
+    monkeypatch.delenv("PMIX_MCA_psec", raising=False)
+    target = LocalMpiTarget(LocalMpiConfig(nodes=2, procs_per_node=1))
+    assert target.environment(spec_for(tmp_path, "pass"))["PMIX_MCA_psec"] == "native"
+    monkeypatch.setenv("PMIX_MCA_psec", "munge")  # the user's choice stays
+    assert target.environment(spec_for(tmp_path, "pass"))["PMIX_MCA_psec"] == "munge"
+
+
 def test_bad_settings_are_config_errors() -> None:
     with pytest.raises(ddlkit.ConfigError, match=r"compute.nodes=0 is invalid"):
         LocalMpiTarget(LocalMpiConfig(nodes=0))

@@ -44,6 +44,13 @@ MODULE = textwrap.dedent("""\
         # a step a test can catch
         def on_step_end(self, run, step, metrics):
             time.sleep(0.2)
+
+    class SlowLinear(Linear):
+        # a step a test can catch, spent in the forward pass: a rank killed meanwhile fails the
+        # others in the gradients' all-reduce (gloo), not in ddlkit's own collectives
+        def forward(self, x):
+            time.sleep(0.2)
+            return super().forward(x)
     """)
 
 # 2 nodes x 1 rank x 8 = a global batch of 16: 16 steps per epoch of 256 samples
@@ -84,3 +91,38 @@ def test_a_pytorch_job_that_loses_a_node_goes_on_with_the_global_batch_and_its_w
     shrunk = torch.load(job_dir / "model.pt", weights_only=True)
     for name in ("fc.weight", "fc.bias"):
         np.testing.assert_allclose(shrunk[name].numpy(), straight[name].numpy(), rtol=0, atol=1e-12)
+
+
+def test_a_node_lost_with_everything_on_it_restarts_the_pytorch_job(tmp_path: Path) -> None:
+    """A node that goes away takes its rank minder along: no exit record says how its rank ended, and
+    the other rank's gloo all-reduce fails with ``Connection closed by peer``, which names no rank and
+    reads like an error of the job's own. The survivor says that a rank left (its process ended), so
+    the job is restarted (it was ended as the job's own error, not restarted) and ends as one that
+    never lost a node."""
+    jobs = DistJobs(tmp_path)
+    (tmp_path / "elastic_model.py").write_text(MODULE)
+    fixed = [arg for arg in JOB if not arg.startswith("compute.min_nodes")]
+    jobs.run(*fixed, job_dir=tmp_path / "straight").assert_success()
+
+    job_dir = tmp_path / "lost"
+    launcher = jobs.start(*fixed, "model.target=elastic_model:SlowLinear", job_dir=job_dir)
+    try:
+        read_lines_until(launcher, "step 5/", timeout=180)
+        worker = worker_pids(job_dir)[1]
+        minder = int(Path(f"/proc/{worker}/stat").read_text().rsplit(")", 1)[1].split()[1])  # its parent
+        os.kill(minder, signal.SIGKILL)
+        os.kill(worker, signal.SIGKILL)
+        output, _ = launcher.communicate(timeout=300)
+    finally:
+        if launcher.poll() is None:
+            launcher.kill()
+    assert launcher.returncode == 0, output[-4000:]
+    assert "ddlkit: restart 1/3: a rank was lost (it left, went silent or never joined); " in output, output[-4000:]
+    assert "RankLostError: rank 1 left the job (its process ended) while this rank trained" in output
+    result = json.loads((job_dir / "result.json").read_text())
+    assert (result["steps"], result["restarts"], result["world_size"]) == (32, 1, 2)
+    assert verify(latest_checkpoint(job_dir)) is None
+    straight = torch.load(tmp_path / "straight" / "model.pt", weights_only=True)
+    resumed = torch.load(job_dir / "model.pt", weights_only=True)
+    for name in ("fc.weight", "fc.bias"):
+        assert torch.equal(resumed[name], straight[name]), name
