@@ -2,10 +2,11 @@
 ``latest`` pointer and drops the oldest beyond ``trainer.keep_checkpoints``, keeps the best
 apart; a full disk is reported with what is still intact. Where the framework can copy its state
 (a ``snapshot``), a checkpoint in the middle of training is written in the background: the
-training thread pays for the copy only, and the write, its hash and the fsync run on a thread
-while the next steps do (one write at a time; its error surfaces at the next step). The files a framework saves beside
-them (``run.save_artifact``: the final model) are written under the same rules. Resuming loads
-the checkpoint a job resumes from and refuses one of another framework or model.
+training thread pays for the copy only, and the write, its checksum and the fsync run on a thread
+while the next steps do (one write at a time; its error surfaces at the next step). The files a
+framework saves beside them (``run.save_artifact``: the final model) are written under the same
+rules. Resuming loads the checkpoint a job resumes from and refuses one of another framework or
+model.
 
 What a checkpoint holds of the run (its state, its watchers) is the :class:`~ddlkit.rank.run.Run`'s
 to say; this module keeps the files.

@@ -11,8 +11,8 @@ publishing it (:mod:`.results`), the start-up phases (:mod:`.phases`).
 from __future__ import annotations
 
 import math
-import sys
 import os
+import sys
 import time
 import warnings
 from collections.abc import Callable, Iterable, Mapping
