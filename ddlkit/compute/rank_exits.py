@@ -16,19 +16,39 @@ that failed *first*. A target reads it with :func:`first_failure`::
     # no rank reported a failure: the launcher's own status is all there is
 
 Records are written on the nodes' clocks; a cluster keeps them in step (NTP) far closer than the
-seconds between a failure and the ends it causes.
+seconds between a failure and the ends it causes. The earliest record is not always the cause: a
+rank's minder may be the slower to write (a busy machine, a larger log to flush), and the peer that
+found it gone records ``EXIT_LOST_PEER`` first. That peer's log names the rank it waited for
+(:func:`named_peer`); when the named rank's own record shows an error of its own or a signal, it
+failed first, whatever order the records came in.
 """
 
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..jobdir import RANKS_DIR, rank_record
+from ..errors import RankLostError
+from ..jobdir import EXIT_LOST_PEER, EXIT_PREEMPTED, RANKS_DIR, rank_record
 from .process import describe_exit, log_tail
+
+
+#: how a rank that found a peer gone says so (ddlkit.rank's RankLostError): the peer's rank, and
+#: ``did not reach`` (it went silent) or ``left the job`` (its process ended)
+_PEER_FAILED = re.compile(rf"{RankLostError.__name__}: rank (\d+) (did not reach|left the job)")
+#: how a rank ends because of another: stopped by its launcher, or finding a peer gone
+_ENDED_BY_ANOTHER = (0, EXIT_LOST_PEER, EXIT_PREEMPTED)
+
+
+def named_peer(tail: Sequence[str]) -> tuple[int, str] | None:
+    """The rank a failed rank's log (its last lines) says it waited for, and how: ``did not reach``
+    or ``left the job``; None when it names none."""
+    named = _PEER_FAILED.search("\n".join(tail))
+    return None if named is None else (int(named[1]), named[2])
 
 
 def read_records(job_dir: Path) -> list[dict[str, Any]]:
@@ -108,4 +128,12 @@ def first_failure(job_dir: Path, world_size: int, *, records: list[dict[str, Any
     failures = sorted((r for r in records if r["code"] != 0), key=lambda r: r["time"])
     if not failures:
         return None
-    return RankFailure(Path(job_dir), failures[0], records, world_size, node_names)
+    failure = RankFailure(Path(job_dir), failures[0], records, world_size, node_names)
+    named = named_peer(log_tail(failure.log))
+    if named is not None and named[0] != failure.rank:
+        own = next((r for r in records if r["rank"] == named[0]), None)
+        if own is not None and own["code"] not in _ENDED_BY_ANOTHER:
+            # its own error or a signal from outside, recorded later: it failed first, and the job
+            # ends as it did (the restart policy restarts a signal from outside, not its own error)
+            return RankFailure(Path(job_dir), own, records, world_size, node_names)
+    return failure

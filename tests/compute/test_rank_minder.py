@@ -251,3 +251,24 @@ def test_the_rank_that_failed_first_is_read_back_from_the_records(tmp_path: Path
     # a cluster simulated on one machine has nodes, not hosts; a real one's may be named by the target
     assert first_failure(tmp_path, 4, node_names=()).headline() == "rank 1 (node 1) failed first, with exit status 1"
     assert first_failure(tmp_path, 4, node_names=["a", "b"]).where() == "node 1, host b"
+
+
+@pytest.mark.parametrize(("named_end", "first"), [
+    ("import sys; print('bad batch', file=sys.stderr); sys.exit(1)", 0),  # its own error: it failed first
+    ("import os, signal; os.kill(os.getpid(), signal.SIGKILL)", 0),  # killed from outside: it failed first
+    ("import sys; sys.exit(75)", 1),  # stopped by its launcher after the other failed: not the cause
+], ids=["own-error", "killed", "stopped-after"])
+def test_a_rank_named_as_lost_failed_first_whatever_order_the_records_came_in(
+        tmp_path: Path, named_end: str, first: int) -> None:
+    """Rank 1 finds rank 0 gone and its minder records EXIT_LOST_PEER before rank 0's does (the slower
+    minder on a busy node: seen on the real local Slurm). Rank 1's log names rank 0; when rank 0's
+    own record shows its own error or a signal, rank 0 failed first, and the job ends as it did."""
+    from ddlkit.compute.rank_exits import first_failure
+
+    run_minder(tmp_path, "import sys; print('ddlkit worker (rank 1): RankLostError: rank 0 left the job during "
+                         "`allreduce_mean` (its connection closed)', file=sys.stderr); sys.exit(76)", rank=1)
+    run_minder(tmp_path, named_end, rank=0)
+    assert record(tmp_path, 1)["time"] < record(tmp_path, 0)["time"]
+    failure = first_failure(tmp_path, 2)
+    assert failure is not None and failure.rank == first, failure.message()
+    assert failure.code == record(tmp_path, first)["code"]

@@ -47,9 +47,9 @@ from typing import Any, ClassVar
 import ddlkit
 from ddlkit.atomic import write_json, write_text
 from ddlkit.compute.process import ProcessJob, describe_exit, kill_session, log_tail, processes
-from ddlkit.compute.rank_exits import RankFailure, first_failure, read_records
+from ddlkit.compute.rank_exits import first_failure, named_peer, read_records
 from ddlkit.interfaces import JobHandle, JobSpec, JobState, JobStatus
-from ddlkit.jobdir import CANCEL_FILE, EXIT_LOST_PEER, EXIT_PREEMPTED, NODE_DOWN, RANKS_DIR, STATE_DIR
+from ddlkit.jobdir import CANCEL_FILE, NODE_DOWN, RANKS_DIR, STATE_DIR
 from ddlkit.options import MASTER_PORT, NON_NEGATIVE, POSITIVE_INTEGER, checked
 
 from .hosts import Host, discover
@@ -133,8 +133,6 @@ def _cmdline(pid: int) -> list[str]:
 
 
 # ---------------------------------------------------------------------------- the job
-#: a rank's error when a peer it waited for in a collective stopped answering or left (ddlkit.rank.control_plane)
-_PEER_FAILED = re.compile(rf"{ddlkit.RankLostError.__name__}: rank (\d+) (did not reach|left the job)")
 #: OpenMPI's account of a rank it saw end by a signal
 _MPIRUN_NOTICED = re.compile(r"mpirun noticed that process rank (\d+) .* exited on signal (\d+)")
 
@@ -230,18 +228,12 @@ class MpiJob(ProcessJob):
         tail = log_tail(failure.log)
         headline = None
         # the first rank to report a failure may only have waited for another, which its error names
-        named = _PEER_FAILED.search("\n".join(tail))
-        if named is not None and (rank := int(named[1])) != failure.rank:
-            own = next((r for r in records if r["rank"] == rank), None)
-            if own is None:  # stopped (SIGSTOP, hung), or killed with its rank wrapper: it reports nothing
-                headline = (f"{self._culprit(rank, named[2])} first; rank {failure.rank} ({failure.where()}) failed "
-                            f"waiting for it, with {describe_exit(failure.code)}")
-            elif own["code"] not in (0, EXIT_LOST_PEER, EXIT_PREEMPTED):
-                # killed by a signal, or ended by an error of its own, its record the later one (its
-                # minder the slower to write, on a busy machine): it failed first, and the job ends as
-                # it did (a signal from outside is restarted, its own error is not)
-                failure = RankFailure(self.job_dir, own, records, self.world_size, self.node_names)
-                tail = log_tail(failure.log)
+        # (a named rank that reported its own failure is already the one first_failure returns)
+        named = named_peer(tail)
+        if named is not None and named[0] != failure.rank and all(r["rank"] != named[0] for r in records):
+            # stopped (SIGSTOP, hung), or killed with its rank wrapper: it reports nothing
+            headline = (f"{self._culprit(*named)} first; rank {failure.rank} ({failure.where()}) failed "
+                        f"waiting for it, with {describe_exit(failure.code)}")
         return JobStatus(state, failure.code, failure.message(headline, tail))
 
     def _culprit(self, rank: int, how: str) -> str:
