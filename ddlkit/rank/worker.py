@@ -116,7 +116,7 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as err:
         # a bug in a plugin or a framework failure: the full trace belongs in the rank log
         print(secret_store.scrub(traceback.format_exc(), secrets), file=sys.stderr)
-        if lost := dist.lost_ranks(wait_s=LOST_PEER_GRACE_S if dist.world_size > 1 else 0.0):
+        if lost := dist.lost_ranks(wait_s=LOST_PEER_GRACE_S):
             # the framework's collective failed because a rank died (gloo: "Connection closed by
             # peer", naming no rank): the infrastructure's failure, which the restart policy restarts
             print(f"ddlkit worker (rank {dist.rank}): {RankLostError.__name__}: rank {lost[0]} left the job (its "
