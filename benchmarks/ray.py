@@ -61,7 +61,7 @@ from typing import Any
 HERE = Path(__file__).resolve().parent
 sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != HERE] + [str(HERE)]
 
-from _common import summary, write_result  # noqa: E402
+from _common import RESULTS, summary, write_result  # noqa: E402
 from _ray_plain_job import build_model  # noqa: E402 -- the baselines' model, ResNet-18 as ddlkit's or a tiny net
 
 REPO = HERE.parent
@@ -455,9 +455,14 @@ def main() -> None:
     skip = set(filter(None, args.skip.split(",")))
     base = Path(tempfile.mkdtemp(prefix="ddlkit-bench-ray-"))
     out: dict[str, Any] = {"args": vars(args), "ray": _ray_version()}
+    # the parts left out keep the figures of the run before (each says when it was taken)
+    earlier = RESULTS / "ray.json"
+    kept = json.loads(earlier.read_text()) if skip and not args.quick and earlier.is_file() else {}
     for name, part in (("a", part_a), ("b", part_b), ("c", part_c), ("d", part_d)):
         if name not in skip:
-            out[name] = part(args, base)
+            out[name] = {**part(args, base), "taken": time.strftime("%Y-%m-%d")}
+        elif name in kept:
+            out[name] = kept[name]
     path = write_result("ray" + ("-quick" if args.quick else ""), out)
     print(f"wrote {path}")
 

@@ -51,6 +51,7 @@ _EXPORTS: dict[str, str] = {
     "Loader": ".interfaces",
     "Logger": ".interfaces",
     "Registration": ".interfaces",
+    "RestartBudget": ".interfaces",
     "RunContext": ".interfaces",
     "RunState": ".interfaces",
     "Schedule": ".interfaces",
@@ -85,7 +86,7 @@ if TYPE_CHECKING:  # the same names, for type checkers and editors
     from .hookspecs import hookimpl, hookspec
     from .interfaces import (JOB_FILE, WORKER_ARGS, Batch, ComputeTarget, DataInfo, DataSource, DistView, Framework,
                              ImageFilesSpec, ImagePoolSpec, JobHandle, JobSpec, JobState, JobStatus, Loader, Logger,
-                             Registration, RunContext, RunState, Schedule, Shard, StorageBackend)
+                             Registration, RestartBudget, RunContext, RunState, Schedule, Shard, StorageBackend)
     from .rank.distributed import DistContext
     from .rank.run import Run
     from .rank.schedule import LRSchedule

@@ -1,7 +1,8 @@
 """One abstract base class per hook point, which plugins subclass, the record a plugin registers
 each with (:class:`Registration`), and the protocol of the run they are handed (:class:`RunContext`)."""
 
-from .compute import JOB_FILE, WORKER_ARGS, ComputeTarget, JobHandle, JobSpec, JobState, JobStatus
+from .compute import (JOB_FILE, WORKER_ARGS, ComputeTarget, JobHandle, JobSpec, JobState, JobStatus,
+                      RestartBudget)
 from .data import Batch, DataInfo, DataSource, ImageFilesSpec, ImagePoolSpec, Loader, Shard
 from .framework import Framework
 from .logger import Logger
@@ -27,6 +28,7 @@ __all__ = [
     "Loader",
     "Logger",
     "Registration",
+    "RestartBudget",
     "RunContext",
     "RunState",
     "Schedule",

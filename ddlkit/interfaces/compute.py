@@ -64,6 +64,28 @@ class JobStatus:
     #: it while the job has no output yet, once and on each change. A job that can never start (it asks
     #: for more than the cluster has) is no pending job: the target ends it, FAILED, the fix in its message
     message: str = ""
+    #: once done, the restarts the target made in place during this submission under
+    #: :attr:`JobSpec.restart` (the restart policy's entries: ``ddlkit.launch.restarts``), which the
+    #: launcher counts against the job's ``restart.max_restarts`` and adds to its record
+    restarts: tuple[Mapping[str, Any], ...] = ()
+
+
+@dataclass(frozen=True)
+class RestartBudget:
+    """The restart policy of a job, for a target that can restart the job's ranks in place -- where
+    they run, without a new submission: a Ray job's driver places its gang again on the nodes the
+    cluster has. Such a target applies the core's policy (``ddlkit.launch.restarts.RestartPolicy.
+    from_budget``: the same classification, counting, backoff and console line as the launcher's)
+    and reports what it did in :attr:`JobStatus.restarts`; what it cannot do in place (the gang does
+    not fit at its size) it leaves to the launcher by ending the job. Other targets ignore it."""
+
+    #: ``restart.max_restarts``: the job's whole allowance, the launcher's restarts included
+    max_restarts: int
+    #: ``restart.backoff_s``: the wait before the first restart, doubled for each one after it
+    backoff_s: float
+    #: the restarts the job has had so far, and the optimizer steps they lost
+    done: int = 0
+    steps_lost: int = 0
 
 
 @dataclass(frozen=True)
@@ -87,6 +109,9 @@ class JobSpec:
     #: :mod:`ddlkit.compute.snapshot`), None when it ships none. The same tree has the same digest:
     #: a target that uploads code may keep one copy per digest and upload an unchanged tree once
     code_digest: str | None = None
+    #: the restart policy a target may apply in place (:class:`RestartBudget`); None: restarts are
+    #: the launcher's alone (the job runs on fewer nodes than planned, and grows back by a new submission)
+    restart: RestartBudget | None = None
 
     @property
     def job_file(self) -> Path:

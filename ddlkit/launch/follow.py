@@ -23,7 +23,7 @@ from typing import Any, TextIO
 
 from ..checkpoint import latest_checkpoint
 from ..errors import DdlkitError, JobFailedError
-from ..interfaces import JobHandle, JobState, JobStatus
+from ..interfaces import JobHandle, JobState, JobStatus, RestartBudget
 from ..jobdir import EXIT_CONFIG_ERROR, EXIT_PREEMPTED, RESTARTS_ENV, RESULT_FILE, STEPS_LOST_ENV
 from .jobs import index
 from .elastic import CapacityWait, Placement, place_restart_waiting
@@ -31,10 +31,12 @@ from .prepare import PreparedJob
 from .restarts import RestartPolicy, classify
 
 
-def submit(job: PreparedJob, *, detach: bool = False, restart: dict[str, object] | None = None) -> JobHandle:
+def submit(job: PreparedJob, *, detach: bool = False, restart: dict[str, object] | None = None,
+           budget: RestartBudget | None = None) -> JobHandle:
     """Submit the job and record it, so that ``ddlkit jobs`` finds it from any shell; ``restart``:
-    this submission restarts the job, for the reason the entry gives (added to its record)."""
-    handle = job.compute.submit(job.spec)
+    this submission restarts the job, for the reason the entry gives (added to its record);
+    ``budget``: the restart policy the target may apply in place (:attr:`JobSpec.restart`)."""
+    handle = job.compute.submit(replace(job.spec, restart=budget))
     if detach:
         handle.detach()
     index.record(job.spec.name, job.spec.job_dir, str(job.redacted_config["compute"]["name"]), handle.id,
@@ -197,7 +199,8 @@ def run_job(job: PreparedJob, *, out: TextIO | None = None, live: bool | None = 
     spec = job.spec
     out.write(f"ddlkit: job {spec.name} -> {spec.job_dir}\n")
     out.flush()
-    handle = submit(job, detach=detach)
+    policy = restart_policy(job, out)
+    handle = submit(job, detach=detach, budget=policy.budget())
     if detach:
         out.write(f"ddlkit: detached; job {spec.name} runs on compute={job.redacted_config['compute']['name']} as "
                   f"{handle.id}.\n  follow it: ddlkit jobs attach {spec.name}\n"
@@ -205,12 +208,12 @@ def run_job(job: PreparedJob, *, out: TextIO | None = None, live: bool | None = 
         out.flush()
         return None
     progress_bar = live and "console" in job.redacted_config.get("logger", {})
-    policy = restart_policy(job, out)
     current = job.compute  # the target of the job's last run: fewer nodes after an elastic restart
     while True:
         status = follow(handle, out=out, progress_bar=progress_bar)
         assert status is not None
         status = settle(handle, status, spec.job_dir)
+        policy.count_in_place(status)
         verdict = classify(status)
         if not policy.allows(verdict):
             break
@@ -242,11 +245,15 @@ def resubmit(job: PreparedJob, policy: RestartPolicy, entry: dict[str, object],
              placed: Placement | None = None) -> JobHandle:
     """Submit the job again, as the restart ``entry`` says (added to its record), on the target
     ``placed`` chose (:func:`~ddlkit.launch.elastic.place_restart`; None: the job's own); its ranks
-    learn how many restarts and lost steps there were so far, for result.json."""
+    learn how many restarts and lost steps there were so far, for result.json. A job on fewer nodes
+    than planned is restarted by the launcher alone, which places it on all of them again when they
+    are back: its target gets no budget to restart it in place at its smaller size."""
     placed = placed or Placement(job.compute)
     restarted = replace(job.spec, env={**job.spec.env, **placed.env, RESTARTS_ENV: str(policy.done),
                                        STEPS_LOST_ENV: str(policy.steps_lost)})
-    return submit(replace(job, compute=placed.target, spec=restarted), restart={**entry, **placed.entry})
+    shrunk = placed.target.nodes < job.compute.nodes
+    return submit(replace(job, compute=placed.target, spec=restarted), restart={**entry, **placed.entry},
+                  budget=None if shrunk else policy.budget())
 
 
 def restart_policy(job: PreparedJob, out: TextIO) -> RestartPolicy:

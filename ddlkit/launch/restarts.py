@@ -18,7 +18,11 @@ the cause, the step the job had reached, the step it resumes from. The ranks lea
 restarts and lost steps there were (``DDLKIT_RESTARTS``, ``DDLKIT_STEPS_LOST``) for result.json.
 A single job (:func:`ddlkit.launch.follow.run_job`) and a sweep's job (``_SweepHandle`` in
 :mod:`ddlkit.launch.sweep.jobs`, where a job with its restarts is one attempt of ``retry:N``) use
-the same policy.
+the same policy. So does a target that restarts a job's ranks in place, where they run, without a
+new submission (``compute=ray``'s driver): it gets the policy with the job
+(:class:`~ddlkit.interfaces.RestartBudget`, :meth:`RestartPolicy.from_budget`), says each restart
+with the same line, and reports the entries with the job's end, which the launcher counts
+(:meth:`RestartPolicy.count_in_place`) and records.
 """
 
 from __future__ import annotations
@@ -28,10 +32,10 @@ import signal
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TextIO
+from typing import Any, TextIO
 
 from ..checkpoint import checkpoint_step, resolve_resume
-from ..interfaces import JobState, JobStatus
+from ..interfaces import JobState, JobStatus, RestartBudget
 from ..jobdir import (EXIT_CONFIG_ERROR, EXIT_LOST_PEER, EXIT_PLUGIN_ERROR, EXIT_PREEMPTED, PROGRESS_PATTERN,
                       rank_log)
 
@@ -107,6 +111,21 @@ class RestartPolicy:
     done: int = 0
     steps_lost: int = 0
 
+    @classmethod
+    def from_budget(cls, budget: RestartBudget, out: TextIO) -> RestartPolicy:
+        """The policy a target applies in place, with the restarts the job has had so far."""
+        return cls(budget.max_restarts, budget.backoff_s, out, done=budget.done, steps_lost=budget.steps_lost)
+
+    def budget(self) -> RestartBudget:
+        """What a target that restarts in place needs of this policy (:attr:`JobSpec.restart`)."""
+        return RestartBudget(self.max_restarts, self.backoff_s, self.done, self.steps_lost)
+
+    def count_in_place(self, status: JobStatus) -> None:
+        """Count the restarts the target made in place (:attr:`JobStatus.restarts`) as this policy's own."""
+        for entry in status.restarts:
+            self.done += 1
+            self.steps_lost += int(entry.get("steps_lost") or 0)
+
     def allows(self, verdict: Verdict) -> bool:
         return verdict.restart and self.done < self.max_restarts
 
@@ -116,7 +135,7 @@ class RestartPolicy:
             return f"not restarted again: {self.done} of restart.max_restarts={self.max_restarts} restarts used"
         return f"not restarted: {verdict.why}"
 
-    def before_restart(self, verdict: Verdict, status: JobStatus, job_dir: Path, resume: object) -> dict[str, object]:
+    def before_restart(self, verdict: Verdict, status: JobStatus, job_dir: Path, resume: object) -> dict[str, Any]:
         """Say and record the restart that is about to happen, wait out the backoff, and return the entry
         for the job's record. KeyboardInterrupt during the wait stops the job instead."""
         entry = self.plan_restart(verdict, status, job_dir, resume)
@@ -124,10 +143,11 @@ class RestartPolicy:
         return entry
 
     def plan_restart(self, verdict: Verdict, status: JobStatus, job_dir: Path, resume: object,
-                     *, prefix: str = "ddlkit: ") -> dict[str, object]:
+                     *, prefix: str = "ddlkit: ", in_place: bool = False) -> dict[str, Any]:
         """Count, say and return the entry for the restart about to happen; its ``wait_s`` (the backoff)
         is the caller's to wait out -- a sweep waits without holding up its other jobs. ``prefix``
-        names the job in the line said (a sweep's job number)."""
+        names the job in the line said (a sweep's job number); a restart ``in_place`` (by the target,
+        :class:`~ddlkit.interfaces.RestartBudget`) says so, and its entry records it."""
         reached = step_reached(job_dir)
         start = resumes_from(job_dir, resume)
         lost = max(0, (reached or start) - start)
@@ -135,12 +155,13 @@ class RestartPolicy:
         self.steps_lost += lost
         wait = min(self.backoff_s * 2 ** (self.done - 1), MAX_BACKOFF_S)
         at = f"at step {reached}" if reached is not None else "before its first step"
-        self.out.write(f"{prefix}restart {self.done}/{self.max_restarts}: {verdict.why}; it ended {at} "
+        how = " in place" if in_place else ""
+        self.out.write(f"{prefix}restart {self.done}/{self.max_restarts}{how}: {verdict.why}; it ended {at} "
                        f"({_first_line(status.message)}); resuming from step {start} in {wait:g} s\n")
         self.out.flush()
         return {"time": time.time(), "cause": verdict.why, "exit_code": status.exit_code,
                 "detail": _first_line(status.message), "step_reached": reached, "resumed_from": start,
-                "steps_lost": lost, "wait_s": wait}
+                "steps_lost": lost, "wait_s": wait, **({"in_place": True} if in_place else {})}
 
 
 def _first_line(message: str) -> str:

@@ -127,8 +127,10 @@ def _restart_line(number: int, restart: dict[str, Any]) -> str:
     # a restart that waited for its nodes (ddlkit.launch.elastic.CapacityWait)
     if (waited := restart.get("waited_for_capacity_s")) is not None:
         where += f" after waiting {waited:.0f} s for capacity"
+    # restarted where it ran by its target (a Ray job's driver), or submitted again by the launcher
+    how = "restarted in place" if restart.get("in_place") else "resubmitted"
     return (f"restart {number}: {_ago(restart.get('time', 0))}: {restart.get('cause')}; it ended {at}{ended} "
-            f"({restart.get('detail')}); resubmitted{where}, resuming from step {restart.get('resumed_from')} "
+            f"({restart.get('detail')}); {how}{where}, resuming from step {restart.get('resumed_from')} "
             f"({lost} step{'' if lost == 1 else 's'} lost){resize}")
 
 

@@ -107,9 +107,12 @@ class Submission:
         return target.attach(self.id, job_dir=Path(self.job_dir))
 
     def ended_with(self, status: JobStatus) -> None:
-        """Record the end the launcher saw, once the job's files are back (``JobHandle.collect``);
-        seeing it again (``ddlkit jobs attach`` of an ended job) keeps the time it was first seen."""
+        """Record the end the launcher saw, once the job's files are back (``JobHandle.collect``),
+        and the restarts its target made in place (:attr:`JobStatus.restarts`); seeing it again
+        (``ddlkit jobs attach`` of an ended job) keeps the time it was first seen and adds nothing."""
         self.state, self.exit_code, self.message = status.state.value, status.exit_code, status.message
+        if self.ended is None:
+            self.restarts = [*self.restarts, *({**entry, "ended_id": self.id} for entry in status.restarts)]
         self.ended = self.ended or time.time()
         self.save()
 

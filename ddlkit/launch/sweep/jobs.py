@@ -246,7 +246,7 @@ class DdlkitSweep:
                                       pm=self.pm, env=env, compute=target, launch=launch)
         restarts = _Restarts(prepared, follow.restart_policy(prepared, self.out), f"ddlkit: sweep job #{job.num} ",
                              functools.partial(self._restarted, ledger, job.num))
-        return _SweepHandle(follow.submit(prepared), prepared.spec.job_dir, restarts)
+        return _SweepHandle(follow.submit(prepared, budget=restarts.policy.budget()), prepared.spec.job_dir, restarts)
 
     @staticmethod
     def _restarted(ledger: Ledger, num: int, entry: dict[str, Any], handle: JobHandle) -> None:
@@ -535,6 +535,9 @@ class _SweepHandle(JobHandle):
             self._settled = settled
             return settled
         policy, verdict = self.restarts.policy, classify(settled)
+        policy.count_in_place(settled)
+        for entry in settled.restarts:  # made by the target, where the job ran: the ledger counts them too
+            self.restarts.restarted(dict(entry), self.inner)
         if policy.allows(verdict) and not self._cancelled:
             entry = policy.plan_restart(verdict, settled, self.job_dir,
                                         self.restarts.job.redacted_config["trainer"]["resume"],

@@ -361,9 +361,11 @@ def test_ctrl_c_cancels_the_followed_job_and_its_output_goes_on_once(ray_cluster
 
 
 @pytest.mark.slow
-def test_a_lost_node_restarts_the_job_which_resumes(tmp_path: Path, run_factory: RunFactory) -> None:
-    """Three nodes, a job on two: a node of the job dies (its raylet killed); the job restarts on the
-    two that are left (ddlkit's restart policy), resumes from the checkpoint the driver kept, and ends."""
+def test_a_lost_node_restarts_the_job_in_place_which_resumes(tmp_path: Path, run_factory: RunFactory) -> None:
+    """Three nodes, a job on two: a node of the job dies (its raylet killed); the job's driver places
+    the gang again on the two nodes that are left, under ddlkit's restart policy, without ending the
+    Ray job (no new submission); the ranks resume from the checkpoint the driver kept, and the job
+    ends. The launcher counts the restart, and the job's record has it."""
     needs_ray()
     from ddlkit_ray.testing import LocalRayCluster
 
@@ -378,6 +380,7 @@ def test_a_lost_node_restarts_the_job_which_resumes(tmp_path: Path, run_factory:
             stderr=subprocess.STDOUT, preexec_fn=interruptible)
         try:
             seen = follow_until(cluster.address, job_dir, "step 20/", timeout=180, launcher=proc)
+            first_run = submission(job_dir)["id"]
             started = re.search(r"started on node\(s\) 0 \((\w+)\), 1 \((\w+)\)", seen)
             assert started, seen
             # a node of the job that is not the head (whose loss ends the cluster): rank 1's, or rank 0's,
@@ -389,10 +392,19 @@ def test_a_lost_node_restarts_the_job_which_resumes(tmp_path: Path, run_factory:
                 proc.send_signal(signal.SIGINT)
                 proc.communicate(timeout=60)
         assert proc.returncode == 0, out[-4000:]
-        assert "restart" in out and "was lost" in out, out[-4000:]
+        assert "was lost" in out, out[-4000:]
+        assert re.search(r"^ddlkit: restart 1/3 in place: a rank was killed by SIGKILL from outside \(a lost node, a "
+                         r"preemption\); it ended at step \d+ \(rank \d's node \(\d\) was lost: \w+\); resuming from "
+                         r"step \d+ in 1 s$", out, re.MULTILINE), out[-4000:]
+        assert len(re.findall(r"rank\(s\) started on node", out)) == 2, out[-4000:]  # one driver placed both gangs
+        record = submission(job_dir)
+        assert record["id"] == first_run and record["state"] == "succeeded", record  # the same Ray job throughout
+        (restart,) = record["restarts"]
+        assert restart["in_place"] and restart["ended_id"] == first_run and restart["resumed_from"] >= 4, restart
         result = json.loads((job_dir / "result.json").read_text())
         assert result["status"] == "completed" and result["restarts"] == 1, result
-        assert result["resumed_from_step"] >= 4, result
+        assert result["resumed_from_step"] == restart["resumed_from"], result
+        assert result["steps_lost"] == restart["steps_lost"], result
 
 
 # ---------------------------------------------------------------------------- elastic world size

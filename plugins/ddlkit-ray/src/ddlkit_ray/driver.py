@@ -29,14 +29,23 @@ What it does, in order:
    no package over 100 MiB, and a checkpoint of ResNet-50 alone is bigger);
 5. **stops on SIGTERM** (``ray job stop``, ddlkit's cancel): SIGTERM to every rank, which
    checkpoints and exits ``EXIT_PREEMPTED``; ranks still running after ``grace_period_s`` are killed;
-6. **ends as the job**: with the status of the rank that failed first; a rank whose node was lost
-   counts as killed by SIGKILL (137), which ddlkit's restart policy restarts (the launcher submits
-   the job again, with the checkpoints that came back; an elastic job on the nodes the cluster has
-   left, less those the exit record names as lost).
+6. **restarts the gang in place** when the infrastructure ended it (a node lost, a rank killed from
+   outside, ranks stopped on a preemption notice) and the job's restart policy allows it (the plan's
+   ``restart``: :class:`ddlkit.RestartBudget`, applied by ddlkit's own
+   :class:`~ddlkit.launch.restarts.RestartPolicy`, which says the restart on the job's console as
+   the launcher would): while the cluster has enough nodes for the whole gang, it places the gang
+   again and starts the ranks with the files it kept (they resume from the newest verified
+   checkpoint), without ending the Ray job -- no new submission, no new driver, no files going
+   to the launcher and back. The exit record lists these restarts for the launcher's count;
+7. **ends as the job** otherwise: with the status of the rank that failed first; a rank whose node
+   was lost counts as killed by SIGKILL (137), which ddlkit's restart policy restarts (the launcher
+   submits the job again, with the checkpoints that came back; an elastic job on the nodes the
+   cluster has left, less those the exit record names as lost).
 """
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
 import logging
@@ -55,7 +64,10 @@ from pathlib import Path
 from typing import Any
 
 from ddlkit.compute.resume import files_to_leave, resume_setting
-from ddlkit.jobdir import CHECKPOINT_DIR, CODE_DIR, EXIT_CONFIG_ERROR, EXIT_PREEMPTED, JOB_FILE, STATE_DIR
+from ddlkit.interfaces import JobState, JobStatus, RestartBudget
+from ddlkit.jobdir import (CHECKPOINT_DIR, CODE_DIR, EXIT_CONFIG_ERROR, EXIT_PREEMPTED, JOB_FILE, RESTARTS_ENV,
+                           STATE_DIR, STEPS_LOST_ENV)
+from ddlkit.launch.restarts import RestartPolicy, classify
 
 #: the driver's plan, written by the launcher into the job directory (no secret in it)
 PLAN_FILE = "ray-job.json"
@@ -230,6 +242,7 @@ class Driver:
         self.collected = self.logs / KEPT_DIR / plan["key"]
         self.collected.mkdir(parents=True, exist_ok=True)
         self.actors: list[Any] = []
+        self.pg: Any = None
         self.lost: dict[int, str] = {}
         #: the Ray node id each rank runs on, once started
         self.node_ids: list[str] = []
@@ -241,17 +254,28 @@ class Driver:
         self.left_behind: set[str] = set()
         #: the checkpoint files they were sent: anything else rank 0 holds, it wrote
         self.sent_checkpoints: set[str] = set()
+        #: the job's restart policy, for restarts in place (None: the launcher's alone)
+        budget = plan.get("restart")
+        self.policy = RestartPolicy.from_budget(RestartBudget(**budget), sys.stderr) if budget else None
+        #: the restarts made in place: the policy's entries, for the exit record
+        self.restarts: list[dict[str, Any]] = []
+        #: how the last gang ended, in a phrase (the rank that failed first, or the nodes lost)
+        self.ended = ""
 
     # ------------------------------------------------------------ placement
     def bundle(self) -> dict[str, float]:
         cpus, gpus = float(self.plan["cpus_per_rank"]), float(self.plan["gpus_per_rank"])
         return {k: v * self.ppn for k, v in (("CPU", cpus), ("GPU", gpus)) if v > 0}
 
+    @property
+    def strategy(self) -> str:
+        return self.plan.get("strategy") or ("STRICT_SPREAD" if self.nodes > 1 else "STRICT_PACK")
+
     def place(self) -> Any:
         import ray
         from ray.util.placement_group import placement_group
 
-        strategy = self.plan.get("strategy") or ("STRICT_SPREAD" if self.nodes > 1 else "STRICT_PACK")
+        strategy = self.strategy
         bundle = self.bundle()
         pg = placement_group([dict(bundle) for _ in range(self.nodes)], strategy=strategy,
                              name=f"ddlkit-{self.sid}")
@@ -304,6 +328,8 @@ class Driver:
                          "GROUP_RANK": node, "DDLKIT_NODE": node, "DDLKIT_LOCAL_RANK": local,
                          "DDLKIT_LOCAL_SIZE": self.ppn, "MASTER_ADDR": master, "MASTER_PORT": port,
                          "DDLKIT_CONTROL_ADDR": f"{master}:{port + 1}"}
+            if self.policy is not None:  # the restarts so far, for result.json (the launcher's, and ours)
+                variables |= {RESTARTS_ENV: self.policy.done, STEPS_LOST_ENV: self.policy.steps_lost}
             pids.append(actor.start.remote(python, args, {k: str(v) for k, v in variables.items()}, kept))
         ray.get(pids)
         nodes = sorted({(rank // self.ppn, places[rank][1][:8]) for rank in range(self.world)})
@@ -369,17 +395,25 @@ class Driver:
             say(self.lost[rank])
 
     def run(self) -> int:
-        import ray
-
         if self.plan.get("kept_on_cluster") and not (self.collected / KEPT_MARK).is_file():
             # the launcher left the checkpoints behind because this node kept them, and they are gone
             # since (the node's log directory cleaned): a restart ships them from the launcher
             say("the files the job's last run kept on this node are gone: the next run brings them from the "
                 "launcher's job directory")
             return EXIT_NODE_LOST
+        while True:
+            code = self.run_gang()
+            if not self.restart_in_place(code):
+                return code
+
+    def run_gang(self) -> int:
+        """Place the gang, start its ranks and follow them to their end; the job's exit status."""
+        import ray
+
         pg = self.place()
         if pg is None:
             return EXIT_PREEMPTED
+        self.pg = pg
         self.start(pg)
         codes: dict[int, int] = {}
         first_failure: tuple[int, int] | None = None
@@ -433,10 +467,61 @@ class Driver:
                 except Exception:  # noqa: BLE001 -- nothing to clean on a lost node
                     pass
         if self.lost:
+            self.ended = "; ".join(self.lost.values())
             return EXIT_NODE_LOST
         if self.stop_requested.is_set():
             return codes.get(0, EXIT_PREEMPTED) or EXIT_PREEMPTED
-        return 0 if first_failure is None else first_failure[1]
+        if first_failure is None:
+            return 0
+        self.ended = f"rank {first_failure[0]} failed first, with exit status {first_failure[1]}"
+        return first_failure[1]
+
+    def restart_in_place(self, code: int) -> bool:
+        """Whether the gang that ended with ``code`` starts again here, under the job's restart
+        policy: the infrastructure ended it, the policy has restarts left, and the cluster has
+        enough live nodes for the whole gang. Otherwise the job ends, and the launcher decides (an
+        elastic job goes on with fewer nodes; a job that needs all of them waits for capacity)."""
+        import ray
+
+        if self.policy is None or code == 0 or self.stop_requested.is_set():
+            return False
+        status = JobStatus(JobState.FAILED, code, self.ended or f"the ranks ended with exit status {code}")
+        verdict = classify(status)
+        if not self.policy.allows(verdict):
+            return False
+        self.release()
+        if (fit := self.nodes_that_fit(ray)) < self.nodes:
+            say(f"{fit} live node(s) can take a node's share of the gang, {self.nodes} needed: the job ends here and "
+                "the launcher restarts it")
+            return False
+        entry = self.policy.plan_restart(verdict, status, self.collected, resume_setting(Path(JOB_FILE)), in_place=True)
+        self.restarts.append(entry)
+        if self.stop_requested.wait(float(entry["wait_s"])):
+            return False
+        self.actors, self.node_ids, self.lost, self.ended = [], [], {}, ""
+        self.left_behind, self.sent_checkpoints = set(), set()
+        return True
+
+    def nodes_that_fit(self, ray: Any) -> int:
+        """Live nodes, less those the job lost, that can hold one node's share of the gang (their
+        whole resources: what other jobs use now is the placement's to wait for)."""
+        bundle = self.bundle()
+        fit = sum(1 for n in ray.nodes() if n.get("Alive") and n["NodeID"] not in self.lost_nodes
+                  and all(n.get("Resources", {}).get(k, 0) >= v for k, v in bundle.items()))
+        return fit if self.strategy.endswith("SPREAD") else min(fit, 1) * self.nodes
+
+    def release(self) -> None:
+        """Give back what the ended gang holds: its actors (those on a live node) and its placement group."""
+        import ray
+
+        for rank, actor in enumerate(self.actors):
+            if rank not in self.lost:
+                with contextlib.suppress(Exception):
+                    ray.kill(actor, no_restart=True)
+        if self.pg is not None:
+            with contextlib.suppress(Exception):
+                ray.util.remove_placement_group(self.pg)
+            self.pg = None
 
     def _stop_all(self, codes: dict[int, int]) -> None:
         for rank, actor in enumerate(self.actors):
@@ -451,7 +536,7 @@ class Driver:
 
         keep = code != 0
         record = {"submission_id": self.sid, "code": code, "why": why, "lost": sorted(self.lost.values()),
-                  "lost_nodes": sorted(self.lost_nodes), "time": time.time(),
+                  "lost_nodes": sorted(self.lost_nodes), "time": time.time(), "restarts": self.restarts,
                   # where the next run finds this run's files (the launcher asks for KEPT_MARK there)
                   "kept": {"key": self.plan["key"], "node_id": ray.get_runtime_context().get_node_id()}
                   if keep else None}

@@ -48,7 +48,7 @@ import time
 import urllib.parse
 import uuid
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -174,20 +174,21 @@ class RayJob(JobHandle):
             return JobStatus(JobState.PENDING, None, f"Ray: PENDING ({info.message or 'waiting to start'})")
         if state == "RUNNING":
             return JobStatus(JobState.RUNNING, None, f"Ray: RUNNING, driver on node {str(info.driver_node_id)[:8]}")
+        record = self.exit_record(info) or {}
+        # the restarts the driver made in place (the launcher counts and records them)
+        restarts = tuple(record.get("restarts") or ())
         if state == "SUCCEEDED":
-            self._final = JobStatus(JobState.SUCCEEDED, 0)
+            self._final = JobStatus(JobState.SUCCEEDED, 0, restarts=restarts)
         elif state == "STOPPED":
-            record = self.exit_record(info)
-            code = record.get("code") if record else None
-            self._final = JobStatus(JobState.CANCELLED, code, f"Ray job {self.id} was stopped; {self._tail()}")
+            self._final = JobStatus(JobState.CANCELLED, record.get("code"), f"Ray job {self.id} was stopped; "
+                                    f"{self._tail()}", restarts=restarts)
         else:
-            record = self.exit_record(info)
             code = info.driver_exit_code
-            why = (record or {}).get("why") or ""
+            why = record.get("why") or ""
             self._final = JobStatus(JobState.FAILED, code, (
                 f"Ray job {self.id} failed" + (f" with exit status {code}" if code is not None else "")
                 + (f" ({why})" if why else "") + (f": {info.message}" if code is None and info.message else "")
-                + f"; {self._tail()}"))
+                + f"; {self._tail()}"), restarts=restarts)
         return self._final
 
     def _tail(self, lines: int = 15) -> str:
@@ -449,7 +450,9 @@ class RayTarget(ddlkit.ComputeTarget):
                 "nodes": c.nodes, "procs_per_node": c.procs_per_node,
                 "cpus_per_rank": c.cpus_per_rank, "gpus_per_rank": c.gpus_per_rank, "strategy": c.strategy,
                 "python": c.python, "args": list(spec.args), "grace_period_s": c.grace_period_s,
-                "placement_timeout_s": c.placement_timeout_s, "sync_interval_s": c.sync_interval_s}
+                "placement_timeout_s": c.placement_timeout_s, "sync_interval_s": c.sync_interval_s,
+                # the driver restarts the gang in place under the job's restart policy (ddlkit.RestartBudget)
+                "restart": asdict(spec.restart) if spec.restart is not None else None}
 
     def entrypoint(self) -> str:
         return shlex.join([self.cfg.python or "python", "-m", "ddlkit_ray.driver", PLAN_FILE])
