@@ -13,7 +13,12 @@ their median. Variants (``framework.ddp_*``, see the PyTorch plugin's README):
 * ``bucket-view``: gradients as bucket views only; ``static-graph``: the static graph only;
 * ``view+static``; ``bucket-5mb`` / ``bucket-100mb`` (one bucket for ResNet-18: no overlap of the
   all-reduce with the backward pass, whose thread competes with the compute thread for the core);
-* ``horovod`` where Horovod is built for torch.
+* ``horovod`` where Horovod is built for torch;
+* ``hand-ddp``: not ddlkit -- a hand-written DDP loop over gloo with torch's defaults
+  (``benchmarks/_ddp_loop.py``), run by ``mpirun`` at 1 and at 2 ranks in every round: its
+  efficiency is that of its own 2-rank run over twice its own 1-rank run. It separates what DDP
+  over gloo costs on these cores from what ddlkit adds (``hand_ddp_over_ddlkit``: ddlkit's default
+  2-rank images/sec over the hand loop's, same round).
 
     python benchmarks/ddp_ab.py [--rounds 5 --steps 40 --model resnet18 --image-size 64 --batch 32]
         [--variants torch-defaults,ddlkit-defaults,...]
@@ -25,13 +30,18 @@ a round with every variant. Writes benchmarks/results/ddp_ab.json and ddp_ab.png
 from __future__ import annotations
 
 import argparse
+import json
 import statistics
+import subprocess
+import sys
 import tempfile
 from pathlib import Path
 from typing import Any
 
-from _common import RESULTS, summary, write_result
+from _common import RESULTS, one_thread_env, summary, write_result
 from scaling import available, job_args, run_job
+
+HAND_LOOP = Path(__file__).with_name("_ddp_loop.py")
 
 TORCH_DEFAULTS = ["framework.ddp_bucket_cap_mb=25", "framework.ddp_gradient_as_bucket_view=false",
                   "framework.ddp_static_graph=false"]
@@ -47,7 +57,20 @@ VARIANTS: dict[str, tuple[str, list[str]]] = {
     "bucket-5mb": ("native", ["framework.ddp_bucket_cap_mb=5", *TORCH_DEFAULTS[1:]]),
     "bucket-100mb": ("native", ["framework.ddp_bucket_cap_mb=100", *TORCH_DEFAULTS[1:]]),
     "horovod": ("horovod", []),
+    "hand-ddp": ("native", []),
 }
+
+
+def hand_loop(ranks: int, *, steps: int, batch: int, image_size: int, model: str) -> float:
+    """The hand-written DDP loop's images/sec at ``ranks`` ranks (mpirun as compute=local_mpi runs it)."""
+    proc = subprocess.run(["mpirun", "--allow-run-as-root", "--bind-to", "none", "--map-by", "slot", "-np", str(ranks),
+                           sys.executable, str(HAND_LOOP), "--steps", str(steps), "--batch", str(batch),
+                           "--image-size", str(image_size), "--model", model],
+                          env={**one_thread_env(), "PMIX_MCA_psec": "native"}, capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise RuntimeError(f"the hand-written loop failed ({proc.returncode}):\n{proc.stdout[-2000:]}"
+                           f"{proc.stderr[-2000:]}")
+    return float(json.loads(proc.stdout.strip().splitlines()[-1])["images_per_sec"])
 
 
 def plot(results: dict[str, Any], path: Path, title: str) -> None:
@@ -89,25 +112,40 @@ def main() -> None:
             skipped[v] = why
     variants = [v for v in variants if v not in skipped]
     one_rank: list[float] = []
+    hand_one_rank: list[float] = []
     ips: dict[str, list[float]] = {v: [] for v in variants}
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
         for r in range(args.rounds):
             one_rank.append(run_job(job_args("pytorch/native", 1, **shape), work / f"one-{r}")["images_per_sec"])
             print(f"round {r + 1}/{args.rounds} 1 rank: {one_rank[-1]:.1f} images/s", flush=True)
+            if "hand-ddp" in variants:
+                hand_one_rank.append(hand_loop(1, **shape))
+                print(f"round {r + 1}/{args.rounds} hand-written loop, 1 rank: {hand_one_rank[-1]:.1f} images/s")
             for v in variants[r % len(variants):] + variants[:r % len(variants)]:
                 backend, overrides = VARIANTS[v]
-                result = run_job([*job_args(f"pytorch/{backend}", 2, **shape), *overrides], work / f"{v}-{r}")
-                ips[v].append(result["images_per_sec"])
+                if v == "hand-ddp":
+                    ips[v].append(hand_loop(2, **shape))
+                else:
+                    result = run_job([*job_args(f"pytorch/{backend}", 2, **shape), *overrides], work / f"{v}-{r}")
+                    ips[v].append(result["images_per_sec"])
+                base = hand_one_rank[-1] if v == "hand-ddp" else one_rank[-1]
                 print(f"round {r + 1}/{args.rounds} {v}: {ips[v][-1]:.1f} images/s, efficiency "
-                      f"{ips[v][-1] / (2 * one_rank[-1]):.3f}", flush=True)
+                      f"{ips[v][-1] / (2 * base):.3f}", flush=True)
     results = {}
     for v in variants:
-        per_round = [round(x / (2 * b), 3) for x, b in zip(ips[v], one_rank, strict=True)]
+        bases = hand_one_rank if v == "hand-ddp" else one_rank
+        per_round = [round(x / (2 * b), 3) for x, b in zip(ips[v], bases, strict=True)]
         results[v] = {"overrides": VARIANTS[v][1], "backend": VARIANTS[v][0], "images_per_sec": summary(ips[v]),
                       "efficiency": statistics.median(per_round), "efficiency_per_round": per_round}
+    extra: dict[str, Any] = {}
+    if hand_one_rank:
+        extra["hand_one_rank_images_per_sec"] = summary(hand_one_rank)
+        if "ddlkit-defaults" in ips:
+            per_round = [round(d / h, 3) for d, h in zip(ips["ddlkit-defaults"], ips["hand-ddp"], strict=True)]
+            extra["ddlkit_over_hand_ddp_2_ranks"] = {"median": statistics.median(per_round), "per_round": per_round}
     path = write_result("ddp_ab", {"benchmark": "ddp_ab", "config": vars(args), "one_rank_images_per_sec":
-                                   summary(one_rank), "variants": results, "skipped": skipped})
+                                   summary(one_rank), "variants": results, **extra, "skipped": skipped})
     plot(results, RESULTS / "ddp_ab.png", f"PyTorch {args.model} {args.image_size}px batch {args.batch}/rank, "
          f"2 ranks x 1 thread, medians of {args.rounds} rounds")
     for v, res in results.items():
