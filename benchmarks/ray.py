@@ -81,11 +81,13 @@ def env() -> dict[str, str]:
 
 def job_overrides(args: argparse.Namespace) -> list[str]:
     """ddlkit's 2-rank job: the work the baselines do -- ``--steps`` steps in one epoch, so no
-    validation and no epoch-end checkpoint in the timed steps (the baselines have neither)."""
+    validation and no epoch-end checkpoint in the timed steps (the baselines have neither), on one
+    synthetic batch per rank (``data.pool_mib=1``: the baselines train on one batch, made once)."""
     if args.quick:
         return ["framework=fake", "framework.step_delay_s=0.05", f"trainer.max_steps={args.steps}", "trainer.epochs=10"]
     return ["framework=pytorch", "model=resnet18", "data=synthetic", f"data.image_size={args.image_size}",
-            "data.num_classes=10", f"data.length={args.batch * 2 * args.steps}", f"trainer.batch_size={args.batch}",
+            "data.num_classes=10", f"data.length={args.batch * 2 * args.steps}", "data.pool_mib=1",
+            f"trainer.batch_size={args.batch}",
             f"trainer.max_steps={args.steps}", "trainer.epochs=1", "trainer.validate=false", "framework.num_threads=1"]
 
 
