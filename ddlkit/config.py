@@ -146,7 +146,7 @@ class SweepConfig:
 class RestartConfig:
     """What the launcher does when a job ends because of the infrastructure (a rank or node lost,
     a preemption, a silent rank): start it again in the same job directory, where it resumes from
-    its newest verified checkpoint (``ddlkit.launch.restarts``). A failure of the job's own code
+    its newest verified checkpoint (``ddlkit.compute.restarts``). A failure of the job's own code
     or config is never restarted."""
 
     # restarts of one job; null: the compute target's default (0 for compute=local, 3 for cluster targets)

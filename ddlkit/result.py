@@ -67,7 +67,7 @@ FIELDS: tuple[Field, ...] = (
     Field("wall_time_s", float, MINIMIZE, "{:.1f}", "wall time (s)"),
     Field("resumed_from_step", int, None),
     #: how often the launcher restarted the job after the infrastructure ended it, and the optimizer
-    #: steps those ends cost (trained again from the checkpoint before each): ddlkit.launch.restarts
+    #: steps those ends cost (trained again from the checkpoint before each): ddlkit.compute.restarts
     Field("restarts", int, None),
     Field("steps_lost", int, None),
     Field("accumulate_batches", int, None),

@@ -17,7 +17,10 @@
 * :mod:`ddlkit.compute.state`: ddlkit's state directory on the launcher's machine, where a target
   keeps what it must remember between launches;
 * :mod:`ddlkit.compute.resume`: for a target that copies a job directory to its nodes, which files a
-  run that resumes leaves out (``files_to_leave``: the checkpoints older than the one it resumes from).
+  run that resumes leaves out (``files_to_leave``: the checkpoints older than the one it resumes from);
+* :mod:`ddlkit.compute.restarts`: the restart policy (``classify``: whose failure ended a job;
+  ``RestartPolicy``), which the launcher applies, and a target that restarts a job's ranks in place
+  applies alike (``RestartPolicy.from_budget`` with :attr:`ddlkit.JobSpec.restart`).
 
 The job directory's layout, exit codes and environment names are :mod:`ddlkit.jobdir`; plan
 output hides secrets with :mod:`ddlkit.redact`; data staging is :mod:`ddlkit.storage`.

@@ -6,7 +6,7 @@ A failed rank makes the others fail too, later and for a reason that is not thei
 stopped by its launcher (``mpirun``'s abort, ``srun --kill-on-bad-exit``) and checkpoints
 (``EXIT_PREEMPTED``), or finds the failed rank gone (``EXIT_LOST_PEER``). What a launcher reports
 for the whole job (``mpirun``'s status, the batch job's ``ExitCode``) is one of those, whichever it
-happens to pick; the restart policy (:mod:`ddlkit.launch.restarts`) must judge the job by the rank
+happens to pick; the restart policy (:mod:`ddlkit.compute.restarts`) must judge the job by the rank
 that failed *first*. A target reads it with :func:`first_failure`::
 
     records = read_records(job_dir)

@@ -65,7 +65,7 @@ class JobStatus:
     #: for more than the cluster has) is no pending job: the target ends it, FAILED, the fix in its message
     message: str = ""
     #: once done, the restarts the target made in place during this submission under
-    #: :attr:`JobSpec.restart` (the restart policy's entries: ``ddlkit.launch.restarts``), which the
+    #: :attr:`JobSpec.restart` (the restart policy's entries: ``ddlkit.compute.restarts``), which the
     #: launcher counts against the job's ``restart.max_restarts`` and adds to its record
     restarts: tuple[Mapping[str, Any], ...] = ()
 
@@ -74,7 +74,7 @@ class JobStatus:
 class RestartBudget:
     """The restart policy of a job, for a target that can restart the job's ranks in place -- where
     they run, without a new submission: a Ray job's driver places its gang again on the nodes the
-    cluster has. Such a target applies the core's policy (``ddlkit.launch.restarts.RestartPolicy.
+    cluster has. Such a target applies the core's policy (``ddlkit.compute.restarts.RestartPolicy.
     from_budget``: the same classification, counting, backoff and console line as the launcher's)
     and reports what it did in :attr:`JobStatus.restarts`; what it cannot do in place (the gang does
     not fit at its size) it leaves to the launcher by ending the job. Other targets ignore it."""

@@ -16,19 +16,19 @@ import json
 import signal
 import sys
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import replace
 from pathlib import Path
 from typing import Any, TextIO
 
 from ..checkpoint import latest_checkpoint
+from ..compute.restarts import RestartPolicy, classify
 from ..errors import DdlkitError, JobFailedError
-from ..interfaces import JobHandle, JobState, JobStatus, RestartBudget
+from ..interfaces import ComputeTarget, JobHandle, JobState, JobStatus, RestartBudget
 from ..jobdir import EXIT_CONFIG_ERROR, EXIT_PREEMPTED, RESTARTS_ENV, RESULT_FILE, STEPS_LOST_ENV
 from .jobs import index
 from .elastic import CapacityWait, Placement, place_restart_waiting
 from .prepare import PreparedJob
-from .restarts import RestartPolicy, classify
 
 
 def submit(job: PreparedJob, *, detach: bool = False, restart: dict[str, object] | None = None,
@@ -257,13 +257,17 @@ def resubmit(job: PreparedJob, policy: RestartPolicy, entry: dict[str, object],
 
 
 def restart_policy(job: PreparedJob, out: TextIO) -> RestartPolicy:
-    """``restart.max_restarts`` and ``restart.capacity_wait_s`` (or the target's defaults) and
-    ``restart.backoff_s`` for this job."""
-    options = job.redacted_config.get("restart") or {}
+    """The job's restart policy (:func:`policy_for` its config's ``restart`` and its target)."""
+    return policy_for(job.redacted_config.get("restart") or {}, job.compute, out)
+
+
+def policy_for(options: Mapping[str, Any], target: ComputeTarget, out: TextIO) -> RestartPolicy:
+    """``restart.max_restarts`` and ``restart.capacity_wait_s`` (or ``target``'s defaults) and
+    ``restart.backoff_s``, from a config's ``restart`` options."""
     most, wait = options.get("max_restarts"), options.get("capacity_wait_s")
-    return RestartPolicy(job.compute.default_max_restarts if most is None else int(most),
+    return RestartPolicy(target.default_max_restarts if most is None else int(most),
                          float(options.get("backoff_s", 10.0)), out,
-                         capacity_wait_s=job.compute.default_capacity_wait_s if wait is None else float(wait))
+                         capacity_wait_s=target.default_capacity_wait_s if wait is None else float(wait))
 
 
 def capacity_wait(job: PreparedJob, policy: RestartPolicy, out: TextIO, prefix: str = "ddlkit: ") -> CapacityWait:

@@ -1,4 +1,4 @@
-"""Whose failure ended a job (ddlkit.launch.restarts.classify): the infrastructure's is restarted,
+"""Whose failure ended a job (ddlkit.compute.restarts.classify): the infrastructure's is restarted,
 the job's own never (the end-to-end restarts run on local_mpi: plugins/ddlkit-mpi/tests/test_restarts.py)."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import io
 import pytest
 
 from ddlkit import JobState, JobStatus
-from ddlkit.launch.restarts import RestartPolicy, classify
+from ddlkit.compute.restarts import RestartPolicy, classify
 
 
 @pytest.mark.parametrize(("state", "code", "restart", "why"), [

@@ -78,7 +78,7 @@ class Submission:
     detached: bool = False
     #: the target's explanation of the end (which rank failed, its last lines)
     message: str = ""
-    #: the restarts after the infrastructure ended the job (ddlkit.launch.restarts): cause, step
+    #: the restarts after the infrastructure ended the job (ddlkit.compute.restarts): cause, step
     #: reached, step resumed from, steps lost, the target's id of the run that ended (``ended_id``);
     #: this submission is the last one
     restarts: list[dict[str, Any]] = field(default_factory=list)

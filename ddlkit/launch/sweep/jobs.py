@@ -39,12 +39,12 @@ from omegaconf.errors import OmegaConfBaseException
 
 from ... import redact as secret_store
 from ...atomic import LockHeld, hold_lock
+from ...compute.restarts import RestartPolicy, classify
 from ...errors import ConfigError, DdlkitError, exit_code_for
 from ...interfaces import ComputeTarget, JobHandle, JobSpec, JobState, JobStatus
 from ...jobdir import EXIT_PREEMPTED, RESULT_FILE, SWEEP_JOB_ENV, SWEEP_NAME_ENV, rank_log
 from ...result import HEADLINE
 from .. import follow, prepare, validate
-from ..restarts import RestartPolicy, classify
 from ..commandline import job_command, launch_args, override
 from ..elastic import CapacityWait, Shortfall, place_restart
 from ..hydra_errors import explain
@@ -322,7 +322,9 @@ class DdlkitSweep:
         code_env, snapshot = prepare.user_code(cfg, target, output_dir)
         env, secret_env = prepare.job_environment(cfg, self.pm, code_env)
         spec = JobSpec(name=prepare.job_name(output_dir), job_dir=output_dir, env=env, secret_env=secret_env,
-                       code_digest=snapshot.digest if snapshot is not None else None)
+                       code_digest=snapshot.digest if snapshot is not None else None,
+                       # what a target that restarts in place would be given (compute=ray's plan shows it)
+                       restart=follow.policy_for(cfg.get("restart") or {}, target, self.out).budget())
         command = job_command(secret_store.redact_overrides(overrides), output_dir, launch)
         code = f"      code: {_code_line(snapshot)}\n" if snapshot is not None else ""
         needs = (f"      where the ranks run: {problem} (not needed here: compute={cfg.compute.name}'s ranks "

@@ -21,7 +21,7 @@ pytest.importorskip("ddlkit_mpi")
 
 from ddlkit.checkpoint import latest_checkpoint, verify  # noqa: E402
 from ddlkit.jobdir import NODE_DOWN  # noqa: E402
-from ddlkit.launch.restarts import step_reached  # noqa: E402
+from ddlkit.compute.restarts import step_reached  # noqa: E402
 from ddlkit.testing.multirank import DistJobs, needs_mpirun, read_lines_until, worker_pids  # noqa: E402
 
 pytestmark = [pytest.mark.slow, needs_mpirun]

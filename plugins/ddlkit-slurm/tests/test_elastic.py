@@ -22,7 +22,7 @@ import numpy as np
 import pytest
 
 from ddlkit.checkpoint import latest_checkpoint, verify
-from ddlkit.launch.restarts import step_reached
+from ddlkit.compute.restarts import step_reached
 from ddlkit.testing.elastic import assert_every_sample_once, restarts
 from ddlkit.testing.fakes import MODEL_FILE
 from ddlkit.testing.multirank import worker_pids

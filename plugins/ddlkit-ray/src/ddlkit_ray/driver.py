@@ -32,7 +32,7 @@ What it does, in order:
 6. **restarts the gang in place** when the infrastructure ended it (a node lost, a rank killed from
    outside, ranks stopped on a preemption notice) and the job's restart policy allows it (the plan's
    ``restart``: :class:`ddlkit.RestartBudget`, applied by ddlkit's own
-   :class:`~ddlkit.launch.restarts.RestartPolicy`, which says the restart on the job's console as
+   :class:`~ddlkit.compute.restarts.RestartPolicy`, which says the restart on the job's console as
    the launcher would): while the cluster has enough nodes for the whole gang, it places the gang
    again and starts the ranks with the files it kept (they resume from the newest verified
    checkpoint), without ending the Ray job -- no new submission, no new driver, no files going
@@ -67,7 +67,7 @@ from ddlkit.compute.resume import files_to_leave, resume_setting
 from ddlkit.interfaces import JobState, JobStatus, RestartBudget
 from ddlkit.jobdir import (CHECKPOINT_DIR, CODE_DIR, EXIT_CONFIG_ERROR, EXIT_PREEMPTED, JOB_FILE, RESTARTS_ENV,
                            STATE_DIR, STEPS_LOST_ENV)
-from ddlkit.launch.restarts import RestartPolicy, classify
+from ddlkit.compute.restarts import RestartPolicy, classify
 
 #: the driver's plan, written by the launcher into the job directory (no secret in it)
 PLAN_FILE = "ray-job.json"
