@@ -29,6 +29,7 @@ import json
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
@@ -88,6 +89,11 @@ class RankFailure:
     def log(self) -> Path:
         return self.job_dir / self.first["log"]
 
+    @cached_property
+    def tail(self) -> list[str]:
+        """The last lines of its log (read once)."""
+        return log_tail(self.log)
+
     def where(self, record: dict[str, Any] | None = None) -> str:
         """Where a rank ran (the first failure's by default): ``node 1, host gpu-07``."""
         record = self.first if record is None else record
@@ -109,12 +115,11 @@ class RankFailure:
             others.append(f"ranks {missing}: killed before they could report")
         return others
 
-    def message(self, headline: str | None = None, tail: list[str] | None = None) -> str:
+    def message(self, headline: str | None = None) -> str:
         """The failure for a :class:`~ddlkit.interfaces.JobStatus`: ``headline`` (default: which rank
-        failed first, where, how), the last lines of its log (``tail``: as already read), the others."""
-        tail = log_tail(self.log) if tail is None else tail
+        failed first, where, how), the last lines of its log, the others."""
         others = self.others()
-        return (f"{headline or self.headline()}; last lines of {self.log}:\n" + "\n".join("    " + ln for ln in tail)
+        return (f"{headline or self.headline()}; last lines of {self.log}:\n" + "\n".join("    " + ln for ln in self.tail)
                 + (f"\n  then {'; '.join(others)}" if others else ""))
 
 
@@ -129,7 +134,7 @@ def first_failure(job_dir: Path, world_size: int, *, records: list[dict[str, Any
     if not failures:
         return None
     failure = RankFailure(Path(job_dir), failures[0], records, world_size, node_names)
-    named = named_peer(log_tail(failure.log))
+    named = named_peer(failure.tail)
     if named is not None and named[0] != failure.rank:
         own = next((r for r in records if r["rank"] == named[0]), None)
         if own is not None and own["code"] not in _ENDED_BY_ANOTHER:

@@ -225,16 +225,15 @@ class MpiJob(ProcessJob):
             return JobStatus(state, code or 1, f"mpirun ended with {describe_exit(code)} and {len(records)} of "
                              f"{self.world_size} ranks reported an exit; last lines of {self.log_path}:\n"
                              + "\n".join("    " + ln for ln in log_tail(self.log_path)))
-        tail = log_tail(failure.log)
         headline = None
         # the first rank to report a failure may only have waited for another, which its error names
         # (a named rank that reported its own failure is already the one first_failure returns)
-        named = named_peer(tail)
+        named = named_peer(failure.tail)
         if named is not None and named[0] != failure.rank and all(r["rank"] != named[0] for r in records):
             # stopped (SIGSTOP, hung), or killed with its rank wrapper: it reports nothing
             headline = (f"{self._culprit(*named)} first; rank {failure.rank} ({failure.where()}) failed "
                         f"waiting for it, with {describe_exit(failure.code)}")
-        return JobStatus(state, failure.code, failure.message(headline, tail))
+        return JobStatus(state, failure.code, failure.message(headline))
 
     def _culprit(self, rank: int, how: str) -> str:
         """What happened to a rank that reported nothing, as mpirun saw it end or the waiting rank's

@@ -228,6 +228,14 @@ class Rank:
 
 
 # ---------------------------------------------------------------------------- the driver
+
+
+def holds(resources: dict[str, float] | None, bundle: dict[str, float]) -> bool:
+    """Whether a node with these total resources can hold one node's share of the gang (the
+    launcher's check of the cluster and the driver's of live nodes before a restart in place)."""
+    return all((resources or {}).get(k, 0) >= v for k, v in bundle.items() if v > 0)
+
+
 class Driver:
     def __init__(self, plan: dict[str, Any]) -> None:
         self.plan = plan
@@ -507,7 +515,7 @@ class Driver:
         whole resources: what other jobs use now is the placement's to wait for)."""
         bundle = self.bundle()
         fit = sum(1 for n in ray.nodes() if n.get("Alive") and n["NodeID"] not in self.lost_nodes
-                  and all(n.get("Resources", {}).get(k, 0) >= v for k, v in bundle.items()))
+                  and holds(n.get("Resources"), bundle))
         return fit if self.strategy.endswith("SPREAD") else min(fit, 1) * self.nodes
 
     def release(self) -> None:

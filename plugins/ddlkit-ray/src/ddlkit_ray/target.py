@@ -61,7 +61,7 @@ from ddlkit.jobdir import CHECKPOINT_DIR, STATE_DIR
 from ddlkit.options import NON_NEGATIVE, POSITIVE, POSITIVE_INTEGER, checked, one_of
 from ddlkit.redact import REDACTED
 
-from .driver import EXIT_RECORD, NOT_COLLECTED, PLAN_FILE, extract_files, kept_name, published_name
+from .driver import EXIT_RECORD, NOT_COLLECTED, PLAN_FILE, extract_files, holds, kept_name, published_name
 
 #: the strategies a gang may be placed with (null: STRICT_SPREAD over several nodes, STRICT_PACK on one)
 STRATEGIES = ("STRICT_SPREAD", "SPREAD", "STRICT_PACK", "PACK")
@@ -501,7 +501,7 @@ class RayTarget(ddlkit.ComputeTarget):
 
         need = self.node_bundle()
         nodes = [n for n in list_nodes(address=self.address, timeout=30) if n.state == "ALIVE"]
-        fit = [n for n in nodes if all((n.resources_total or {}).get(k, 0) >= v for k, v in need.items() if v > 0)]
+        fit = [n for n in nodes if holds(n.resources_total, need)]
         return nodes, fit
 
     def check_cluster(self) -> None:
