@@ -11,7 +11,9 @@ started; ``started_at`` places that start on the launcher's clock):
 * ``plugins``: entry points loaded, the config rebuilt (``plugins loaded``);
 * ``framework import``: torch / TensorFlow imported in the framework's ``train`` (``framework imported``);
 * ``model build``; PyTorch: ``optimizer`` (torch imports torch._dynamo when an optimizer is first
-  used: torch's cost, in any training script); ``data``, ``first step``.
+  used: torch's cost, in any training script), ``replicas`` (DDP/Horovod give every rank rank 0's
+  weights: the ranks wait for the slowest), ``output check`` (the model's first forward pass, on two
+  samples); ``data`` (the loaders: data=synthetic generates its pool), ``first step``.
 
 It also times importing the framework alone in a fresh interpreter (``framework_import_alone_s``):
 the goal is a time to the first step within that plus 2 s (``goal_s``).
@@ -40,7 +42,9 @@ from _common import RESULTS, core_env, export, summary, write_result
 #: (label, the phase it ends at); each phase starts where the one before it ended
 PHASES = (("interpreter + ddlkit imports", "worker started"), ("rendezvous", "ranks connected"),
           ("plugins", "plugins loaded"), ("framework import", "framework imported"), ("model build", "model built"),
-          ("optimizer (torch imports torch._dynamo)", "optimizer built"), ("data", "data ready"),
+          ("optimizer (torch imports torch._dynamo)", "optimizer built"),
+          ("replicas (rank 0's weights to all: waits for the slowest rank)", "replicas synchronized"),
+          ("output check (the first forward pass)", "output checked"), ("data", "data ready"),
           ("first step", "first step done"))
 #: what each framework's ranks import (framework=keras trains several ranks only with Horovod: not here)
 IMPORTS = {"pytorch": "import torch", "tensorflow": "import tensorflow, keras"}

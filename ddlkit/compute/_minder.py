@@ -1,6 +1,6 @@
 """Runs one job's command on this machine and leaves what a launcher needs to find it later.
 
-    python -I _minder.py LOG EXIT_FILE CANCEL_FILE DETACHED_FILE GRACE_S STOP_SIGNAL -- COMMAND...
+    python -I -S _minder.py LOG EXIT_FILE CANCEL_FILE DETACHED_FILE GRACE_S STOP_SIGNAL -- COMMAND...
 
 (the files are relative to the working directory, the job directory: :mod:`ddlkit.jobdir` names them)
 
@@ -19,8 +19,9 @@
   by a pipe the kernel closes -- kills every process of the session and records the end: a
   job's processes never train on unseen.
 
-Standard library only, and started with ``-I``: it imports nothing from site-packages, so it
-starts in milliseconds and the job's environment cannot change it. That is why the job
+Standard library only, and started with ``-I -S``: it reads no site-packages (``-S``: not even
+their ``.pth`` files, a fifth of an interpreter's start), so it starts in milliseconds and the
+job's environment cannot change it. That is why the job
 directory's file names come as arguments from the launcher rather than from ``ddlkit.jobdir``.
 Its exit status is COMMAND's (128 + N for signal N).
 """

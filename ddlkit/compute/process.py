@@ -166,7 +166,7 @@ class ProcessJob(JobHandle):
         except FileNotFoundError:
             log_offset = 0
         # the minder gets the job directory's names as arguments: it imports nothing from ddlkit
-        proc = subprocess.Popen([sys.executable, "-I", _MINDER, log_name, EXIT_FILE, CANCEL_FILE, DETACHED_FILE,
+        proc = subprocess.Popen([sys.executable, "-I", "-S", _MINDER, log_name, EXIT_FILE, CANCEL_FILE, DETACHED_FILE,
                                  str(grace_period_s), str(int(stop_signal)), "--", *command], cwd=job_dir,
                                 env=dict(env), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                                 stderr=subprocess.DEVNULL, start_new_session=True)

@@ -168,6 +168,8 @@ class PytorchFramework(ddlkit.Framework):
                        **({"top5": _top_k(5)} if run.data.info.num_classes > 5 else {})}
         replicas = Replicas(run, device)
         optimizer = replicas.wrap_optimizer(model, optimizer, accumulate=run.accumulate)
+        # DDP and Horovod start every replica from rank 0's weights: the ranks wait here for the slowest
+        run.phase("replicas synchronized", say=False)
         if device.type == "cuda":
             # named by its index also where torch was given just "cuda" (the current GPU), as ddlkit.result says
             run.device = f"cuda:{torch.cuda.current_device() if device.index is None else device.index}"
@@ -199,6 +201,7 @@ class PytorchFramework(ddlkit.Framework):
             model.train()
             if len(shape) != 2 or shape[1] != info.num_classes:
                 raise output_mismatch(model_source(run.cfg.model), shape, info.num_classes)
+            run.phase("output checked", say=False)  # the model's first forward pass
         train_loader = torch_loader(train, **adapt)
         val_loader = torch_loader(val, **adapt) if val is not None else None
         run.phase("data ready")
