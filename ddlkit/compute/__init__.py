@@ -14,6 +14,8 @@
 * :mod:`ddlkit.compute.containers`: ddlkit's container images for targets that run the ranks in a
   container: their names (``default_image``), their build context for a service that builds images
   itself (``image_context``), and whether a registry has one (``check_image``, ``ensure_pullable``);
+* :mod:`ddlkit.compute.ports`: free ports for rank 0's rendezvous, chosen below the kernel's
+  ephemeral range (``free_ports``), so that no connection is handed them before rank 0 listens;
 * :mod:`ddlkit.compute.state`: ddlkit's state directory on the launcher's machine, where a target
   keeps what it must remember between launches;
 * :mod:`ddlkit.compute.resume`: for a target that copies a job directory to its nodes, which files a

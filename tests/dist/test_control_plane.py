@@ -113,7 +113,7 @@ def _rank_main(rank: int, world: int, port: int, job: str, body: Callable[[DistC
 def start_ranks(world: int, body: Callable[[DistContext], Any], job: str = "job",
                 plane: Plane = Plane()) -> tuple[list[Any], Any]:
     """``world`` ranks in processes of their own, each running ``body``: (processes, answers)."""
-    from ddlkit_mpi.target import free_ports
+    from ddlkit.compute.ports import free_ports
 
     ctx = mp.get_context("fork")
     results = ctx.Queue()
@@ -231,7 +231,7 @@ def _strangers_knock(ctx: DistContext) -> list[str]:
 def test_a_rank_of_another_job_cannot_join() -> None:
     import socket
 
-    from ddlkit_mpi.target import free_ports
+    from ddlkit.compute.ports import free_ports
 
     # rank 0 of job A listens; a rank of job B knocks first, then job A's rank 1 joins
     port, = free_ports(1)

@@ -48,7 +48,7 @@ def _rank(rank: int, port: int, pm: Any, job_dir: Path, overrides: tuple[str, ..
 
 
 def run_two(pm: Any, tmp_path: Path, *overrides: str) -> dict[int, dict[str, Any]]:
-    from ddlkit_mpi.target import free_ports
+    from ddlkit.compute.ports import free_ports
 
     ctx = mp.get_context("fork")
     results = ctx.Queue()

@@ -23,6 +23,7 @@ import pytest
 
 import ddlkit
 from ddlkit import ComputeTarget, JobSpec, JobState
+from ddlkit.compute.ports import free_ports
 from ddlkit.testing import RunFactory, add_plugin, wait_for
 from ddlkit.testing.contracts import ComputeTargetContract
 from ddlkit_mpi import plugin
@@ -356,23 +357,6 @@ def test_bad_hostfile_through_the_cli_is_one_line_exit_2(run_factory: RunFactory
 
 
 # ---------------------------------------------------------------------------- real jobs
-def free_port_pair() -> int:
-    """A port p with p and p + 1 free (MASTER_PORT and the control plane's port)."""
-    for _ in range(100):
-        with socket.socket() as a:
-            a.bind(("127.0.0.1", 0))
-            port = a.getsockname()[1]
-            if port >= 65535:
-                continue
-            with socket.socket() as b:
-                try:
-                    b.bind(("127.0.0.1", port + 1))
-                except OSError:
-                    continue
-                return port
-    raise RuntimeError("no two consecutive free ports")
-
-
 class TwoHosts:
     """This machine twice in a hostfile: ``localhost`` (mpirun's own host) and ``127.0.0.2``,
     reached through an ssh stand-in that records each host it is asked to log in to. What it
@@ -392,7 +376,7 @@ shift
 exec setsid env -i HOME="$HOME" PATH="$PATH" /bin/sh -c "$*"
 """)
         self.agent.chmod(self.agent.stat().st_mode | stat.S_IXUSR)
-        self.port = free_port_pair()
+        self.port = free_ports(2)[0]  # MASTER_PORT and the control plane's
 
     @property
     def overrides(self) -> list[str]:

@@ -46,6 +46,7 @@ from typing import Any, ClassVar
 
 import ddlkit
 from ddlkit.atomic import write_json, write_text
+from ddlkit.compute.ports import free_ports
 from ddlkit.compute.process import ProcessJob, describe_exit, kill_session, log_tail, processes
 from ddlkit.compute.rank_exits import first_failure, named_peer, read_records
 from ddlkit.interfaces import JobHandle, JobSpec, JobState, JobStatus
@@ -114,15 +115,6 @@ class MpiConfig:
     # the mpirun to run, and extra arguments for it (e.g. [--mca, btl_tcp_if_include, eth0])
     mpirun: str = "mpirun"
     mpirun_args: list[str] = field(default_factory=list)
-
-
-def free_ports(n: int) -> list[int]:
-    """``n`` distinct free loopback ports (all bound at once, so none is handed out twice)."""
-    with contextlib.ExitStack() as stack:
-        socks = [stack.enter_context(socket.socket()) for _ in range(n)]
-        for s in socks:
-            s.bind(("127.0.0.1", 0))
-        return [s.getsockname()[1] for s in socks]
 
 
 def _cmdline(pid: int) -> list[str]:
@@ -437,7 +429,7 @@ class LocalMpiTarget(MpirunTarget):
         return ["--procs-per-node", str(self.cfg.procs_per_node), *ids]
 
     def rendezvous(self) -> tuple[str, int, int]:
-        master_port, control_port = free_ports(2)  # free loopback ports, chosen per job
+        master_port, control_port = free_ports(2)  # free loopback ports, chosen per job where no connection takes them
         return "127.0.0.1", master_port, control_port
 
     def environment(self, spec: JobSpec) -> dict[str, str]:

@@ -52,7 +52,6 @@ import logging
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tarfile
@@ -63,6 +62,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from ddlkit.compute.ports import free_ports
 from ddlkit.compute.resume import files_to_leave, resume_setting
 from ddlkit.interfaces import JobState, JobStatus, RestartBudget
 from ddlkit.jobdir import (CHECKPOINT_DIR, CODE_DIR, EXIT_CONFIG_ERROR, EXIT_PREEMPTED, JOB_FILE, RESTARTS_ENV,
@@ -129,20 +129,8 @@ class Rank:
 
     def free_ports(self) -> int:
         """A port such that it and the next one are free on this node (the framework's rendezvous
-        and ddlkit's control plane)."""
-        for _ in range(200):
-            with socket.socket() as a:
-                a.bind(("", 0))
-                port = a.getsockname()[1]
-                if port >= 65535:
-                    continue
-                with socket.socket() as b:
-                    try:
-                        b.bind(("", port + 1))
-                    except OSError:
-                        continue
-                return port
-        raise RuntimeError("no two consecutive free ports on this node")
+        and ddlkit's control plane), where no connection is handed them meanwhile."""
+        return free_ports(2, host="")[0]
 
     def _prepare(self, kept: list[Any]) -> None:
         """The node's copy of the job directory: the working_dir Ray unpacked, and the files an
