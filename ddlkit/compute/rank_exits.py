@@ -119,8 +119,8 @@ class RankFailure:
         """The failure for a :class:`~ddlkit.interfaces.JobStatus`: ``headline`` (default: which rank
         failed first, where, how), the last lines of its log, the others."""
         others = self.others()
-        return (f"{headline or self.headline()}; last lines of {self.log}:\n" + "\n".join("    " + ln for ln in self.tail)
-                + (f"\n  then {'; '.join(others)}" if others else ""))
+        return (f"{headline or self.headline()}; last lines of {self.log}:\n"
+                + "\n".join("    " + ln for ln in self.tail) + (f"\n  then {'; '.join(others)}" if others else ""))
 
 
 def first_failure(job_dir: Path, world_size: int, *, records: list[dict[str, Any]] | None = None,
