@@ -340,6 +340,7 @@ def _run_hydra(task: Callable[[Any], None], argv: list[str], sweep: Any, *, mult
     status when the app or the sweep chose one, None when the task's own stands."""
     import hydra
 
+    from .compose_once import compose_once
     from .hydra_errors import explain
 
     app = hydra.main(config_path="../conf", config_name="config", version_base="1.3")(task)
@@ -348,7 +349,8 @@ def _run_hydra(task: Callable[[Any], None], argv: list[str], sweep: Any, *, mult
     # Hydra then raises its errors instead of printing them in several lines; ddlkit tells them in one
     os.environ[FULL_ERROR_ENV] = "1"
     try:
-        app()
+        with compose_once(argv):
+            app()
         sweep.finish()
     except SystemExit as exc:
         if sweep.exit_code is not None:  # the sweep launcher ended the sweep and chose its status
