@@ -4,7 +4,7 @@ with (``401`` + ``WWW-Authenticate: Bearer realm=...,service=...,scope=...``), o
 
 Standard library only: the launcher asks this before it submits, and the core depends on no HTTP
 client. Proxies (``HTTPS_PROXY``, ``NO_PROXY``) and the CA bundle (``SSL_CERT_FILE``) come from the
-environment, as for any client on the machine. Nothing here writes a credential or a token anywhere:
+environment as it is at each check, as for any client on the machine. Nothing here writes a credential or a token anywhere:
 the answers name the registry and the HTTP status only.
 """
 
@@ -163,7 +163,9 @@ def _request(method: str, url: str, headers: Mapping[str, str], timeout: float, 
     an HTTP error status is an answer, not an exception."""
     request = urllib.request.Request(url, method=method, headers=dict(headers))
     try:
-        response = urllib.request.urlopen(request, timeout=timeout)
+        # an opener of its own: urlopen's is built once per process, with the proxies of that moment,
+        # which a long-lived launcher (a sweep, a notebook) or a test may have changed since
+        response = urllib.request.build_opener().open(request, timeout=timeout)
     except urllib.error.HTTPError as err:
         response = err
     with response:

@@ -58,6 +58,22 @@ def test_an_image_name_is_read_as_docker_reads_it(image: str, registry: str, rep
 
 
 # ---------------------------------------------------------------------------- the answers
+def test_each_check_takes_the_proxies_the_environment_has_now(registry: LoopbackRegistry,
+                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    """A proxy set while an earlier check ran, and gone since, is not used again (urlopen's opener is
+    built once per process with the proxies of that moment: a sweep's launcher, a notebook)."""
+    import urllib.request
+
+    monkeypatch.setattr(urllib.request, "_opener", None)  # as in a fresh process
+    image = registry.push("team/public", "1")
+    with socket.socket() as dead:  # a proxy port nothing listens on
+        dead.bind(("127.0.0.1", 0))
+        monkeypatch.setenv("HTTPS_PROXY", f"http://127.0.0.1:{dead.getsockname()[1]}")
+        assert check_image(image).answer is Pullable.UNKNOWN
+    monkeypatch.delenv("HTTPS_PROXY")
+    assert answer(check_image(image)) == (Pullable.YES, f"{registry.host} has it")
+
+
 def test_an_image_anyone_may_pull_is_found_through_an_anonymous_token(registry: LoopbackRegistry) -> None:
     image = registry.push("team/public", "1")
     assert answer(check_image(image)) == (Pullable.YES, f"{registry.host} has it")
