@@ -109,7 +109,7 @@ def worker(kind: str, shapes: list[list[int]], repeats: int, port: int) -> None:
 
 
 def launch(kind: str, repeats: int) -> list[float]:
-    from ddlkit_mpi.target import free_ports
+    from ddlkit.compute.ports import free_ports
 
     port, = free_ports(1)
     env = {**os.environ, "OMP_NUM_THREADS": "1", "TF_CPP_MIN_LOG_LEVEL": "2",

@@ -15,7 +15,6 @@ import os
 import re
 import shlex
 import shutil
-import socket
 import subprocess
 import sys
 import time
@@ -39,6 +38,7 @@ from ddlkit_azure.testing.loopback import LoopbackServer
 import ddlkit
 from ddlkit import ConfigError, JobState
 from ddlkit.compute.containers import default_image, release_frameworks
+from ddlkit.compute.ports import free_ports
 from ddlkit.compute.snapshot import CodeSnapshot
 from ddlkit.testing import RunFactory, wait_for
 from ddlkit.testing.contracts import ComputeTargetContract
@@ -54,9 +54,8 @@ SECRET = "batchai-secret-marker-5f3c9a"
 
 
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A MASTER_PORT for a job's rank 0 (it and the control plane's next one free)."""
+    return free_ports(2)[0]
 
 
 @pytest.fixture

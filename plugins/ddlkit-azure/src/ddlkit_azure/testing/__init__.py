@@ -31,6 +31,8 @@ from pathlib import Path
 
 import pytest
 
+from ddlkit.compute.ports import free_ports
+
 #: Azurite's fixed development account; its key is public (documented by Microsoft), not a secret
 ACCOUNT = "devstoreaccount1"
 ACCOUNT_KEY = "Eby8vdM02xNOcqFlqUwJPLlmEtlCDXJ1OUzFT50uSRZ6IFsuFq2UVErCz4I6tq/K1SZFPTOtr/KBHBeksoGMGw=="
@@ -71,9 +73,7 @@ def azurite_command() -> str | None:
 
 
 def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    return free_ports(1)[0]  # chosen where no connection is handed it before Azurite listens
 
 
 def start_azurite(location: Path) -> Azurite:

@@ -49,7 +49,6 @@ import os
 import re
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -60,6 +59,8 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
+
+from ddlkit.compute.ports import free_ports
 
 from . import ACCOUNT, ACCOUNT_KEY, Azurite
 from .loopback import InterceptingProxy, LoopbackServer, Request, Response, error_body
@@ -748,6 +749,5 @@ def _signal_all(processes: list[subprocess.Popen], sig: int) -> None:
 
 
 def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A MASTER_PORT for rank 0 (it and the control plane's next one free)."""
+    return free_ports(2)[0]
