@@ -23,6 +23,8 @@ from pathlib import Path
 LOWEST_PORT = 20000
 #: Linux's default ephemeral range, where /proc does not tell
 DEFAULT_EPHEMERAL = (32768, 60999)
+#: drawn from the OS, never from a seed a job or a test set: two launchers must not pick alike
+_RANDOM = random.SystemRandom()
 
 
 def ephemeral_range() -> tuple[int, int]:
@@ -45,7 +47,7 @@ def free_ports(n: int = 1, *, host: str = "127.0.0.1", tries: int = 200) -> list
     else:  # the whole range is ephemeral: nowhere is safer than what the kernel picks
         candidates = None
     for _ in range(tries):
-        start = random.choice(candidates) if candidates is not None else _kernel_port(host)
+        start = _RANDOM.choice(candidates) if candidates is not None else _kernel_port(host)
         if start + n - 1 > 65535:
             continue
         with contextlib.ExitStack() as stack:

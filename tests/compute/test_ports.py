@@ -26,8 +26,18 @@ def test_a_port_in_use_is_never_given(monkeypatch: pytest.MonkeyPatch) -> None:
         taken = busy.getsockname()[1]
         monkeypatch.setattr(ports, "ephemeral_range", lambda: (taken + 2048, 60999))
         picks = iter([taken - 1, taken, taken + 5])  # pairs that hold the busy port come first
-        monkeypatch.setattr(ports.random, "choice", lambda _candidates: next(picks))
+        monkeypatch.setattr(ports._RANDOM, "choice", lambda _candidates: next(picks))
         assert free_ports(2) == [taken + 5, taken + 6]
+
+
+def test_a_seeded_random_module_does_not_make_two_launchers_pick_alike() -> None:
+    import random
+
+    picks = set()
+    for _ in range(5):
+        random.seed(42)  # what a job's or a test's code may do before it launches
+        picks.add(free_ports(2)[0])
+    assert len(picks) > 1
 
 
 def test_where_every_port_is_ephemeral_the_kernel_picks(monkeypatch: pytest.MonkeyPatch) -> None:
