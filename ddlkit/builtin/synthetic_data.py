@@ -4,10 +4,12 @@ Each class has a pattern (a random 4x4 RGB grid, blown up to the image size, the
 every rank and in both splits); an image is its class's pattern plus standard normal noise. So
 a model can learn the task -- validation top-1 climbs far above chance within the default run --
 while no image is ever read or decoded. Each rank generates its own batches (numpy, seeded by
-``trainer.seed``, its rank and the split) once, when its loader is built: up to
-``data.pool_mib`` MiB of distinct batches per split, which the epochs cycle through. Serving a
-batch is then free, as in ``tf_cnn_benchmarks``, so throughput measures the model and the
-interconnect, not an input pipeline. Framework plugins copy the batches to their device once.
+``trainer.seed``, its rank and the split) once: up to ``data.pool_mib`` MiB of distinct batches
+per split, which the epochs cycle through. It starts in the background when the rank prepares its
+data, so the pools are made while the framework imports (torch: 2-3 s of Python; numpy draws
+without holding the interpreter), not after it. Serving a batch is then free, as in
+``tf_cnn_benchmarks``, so throughput measures the model and the interconnect, not an input
+pipeline. Framework plugins copy the batches to their device once.
 
 Framework-neutral: the loader serves numpy :class:`ddlkit.Batch` es (NHWC).
 """
@@ -29,6 +31,7 @@ if TYPE_CHECKING:
     from omegaconf import DictConfig
 
     from ..images import SyntheticImages
+    from ..interfaces import RunContext
 
 @dataclass
 class SyntheticDataConfig:
@@ -44,8 +47,21 @@ class SyntheticDataConfig:
 
 
 class SyntheticData(DataSource):
+    def __init__(self, cfg: SyntheticDataConfig) -> None:
+        super().__init__(cfg)
+        #: the loaders ``prepare`` started, by what they were made for, until a framework asks for them
+        self._started: dict[tuple[object, ...], SyntheticImages] = {}
+
     def configure(self, config: DictConfig) -> None:
         check_batch_fits(config.trainer.batch_size, self.cfg.image_size)
+
+    def prepare(self, run: RunContext) -> None:
+        """Start making this rank's pools now, in the background: the framework imports next
+        (torch: 2-3 s), and the pools are ready when its loaders are asked for."""
+        t, shard = run.cfg.trainer, Shard(run.dist.rank, run.dist.world_size)  # the run's loaders' (Run.loaders)
+        for split in ("train", "val") if t.validate else ("train",):
+            key = (split, t.batch_size, shard, t.seed)
+            self._started[key] = self._make(split, batch_size=t.batch_size, shard=shard, seed=t.seed).start()
 
     @property
     def info(self) -> DataInfo:
@@ -57,6 +73,10 @@ class SyntheticData(DataSource):
 
     def loader(self, split: str, *, batch_size: int, shard: Shard, seed: int) -> SyntheticImages:
         check_split(split)
+        started = self._started.pop((split, batch_size, shard, seed), None)
+        return started if started is not None else self._make(split, batch_size=batch_size, shard=shard, seed=seed)
+
+    def _make(self, split: str, *, batch_size: int, shard: Shard, seed: int) -> SyntheticImages:
         length = self.cfg.length if split == "train" else self.cfg.val_length
         n = length // (batch_size * shard.world_size)
         if split == "val":

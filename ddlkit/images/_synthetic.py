@@ -6,8 +6,8 @@ pattern plus standard normal noise. numpy is imported when the pool is first mad
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterator
-from functools import cached_property
 from typing import Any
 
 from ..interfaces import Batch, ImagePoolSpec
@@ -30,13 +30,41 @@ class SyntheticImages:
         batch_bytes = batch_size * image_size * image_size * 3 * 4
         #: distinct batches generated
         self.pool_size = max(1, min(batches, pool_mib * 2**20 // batch_bytes))
+        self._pool: tuple[Any, Any] | None = None
+        self._maker: threading.Thread | None = None
+        self._error: BaseException | None = None
 
     def __len__(self) -> int:
         return self.batches
 
-    @cached_property
+    def start(self) -> SyntheticImages:
+        """Make the pool in a background thread; :attr:`pool` waits for it. numpy lets go of the
+        interpreter while it draws, so the pool is made while a rank imports its framework (seconds
+        of Python on one core): ``data=synthetic``'s ``prepare`` starts its loaders so."""
+        if self._pool is None and self._maker is None:
+            self._maker = threading.Thread(target=self._make_in_background, name="ddlkit-synthetic-pool", daemon=True)
+            self._maker.start()
+        return self
+
+    def _make_in_background(self) -> None:
+        try:
+            self._pool = self._make()
+        except BaseException as err:  # noqa: BLE001 -- raised again where the pool is read
+            self._error = err
+
+    @property
     def pool(self) -> tuple[Any, Any]:
         """``(images, labels)``: float32 ``(pool, batch, size, size, 3)`` and int64 ``(pool, batch)``."""
+        if self._maker is not None:
+            self._maker.join()
+            self._maker = None
+            if self._error is not None:
+                raise self._error
+        if self._pool is None:
+            self._pool = self._make()
+        return self._pool
+
+    def _make(self) -> tuple[Any, Any]:
         import numpy as np
 
         size, grid = self.image_size, PATTERN_GRID

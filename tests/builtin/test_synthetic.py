@@ -57,3 +57,33 @@ def test_the_pool_is_bounded_and_the_epochs_cycle_through_it() -> None:
     assert (len(loader), loader.pool_size) == (100, 2)  # a batch of 32 64px images: 1.5 MiB
     first, second, third = (b.inputs for b in loader.iter_epoch(0, start_batch=97))
     assert first is not second and (first == third).all()
+
+
+def test_prepare_starts_the_runs_loaders_in_the_background_with_the_same_batches(ddlkit_pm, tmp_path) -> None:
+    """data=synthetic's prepare makes the pools while the framework imports: the loaders the run asks
+    for next are those, their batches the ones a loader made on demand gives."""
+    from ddlkit.testing import make_run
+
+    run = make_run(ddlkit_pm, tmp_path, "data=synthetic", "data.image_size=8", "data.length=256",
+                   "trainer.batch_size=16")
+    run.data.prepare(run)
+    started = dict(run.data._started)
+    assert {key[0] for key in started} == {"train", "val"}
+    assert all(loader._maker is not None or loader._pool is not None for loader in started.values())
+    train, val = run.loaders()  # what a framework asks for
+    assert {id(train), id(val)} == {id(loader) for loader in started.values()} and not run.data._started
+    fresh = SyntheticData(run.data.cfg).loader("train", batch_size=16, shard=Shard(), seed=run.cfg.trainer.seed)
+    for made, expected in zip(train.pool, fresh.pool, strict=True):
+        assert made.shape == expected.shape and (made == expected).all()
+
+
+def test_an_error_making_the_pool_in_the_background_is_raised_where_the_pool_is_read(monkeypatch) -> None:
+    loader = SyntheticData(SyntheticDataConfig(image_size=8)).loader("train", batch_size=4, shard=Shard(), seed=0)
+
+    def fail() -> None:
+        raise MemoryError("no room for the pool")
+
+    monkeypatch.setattr(loader, "_make", fail)
+    loader.start()
+    with pytest.raises(MemoryError, match="no room for the pool"):
+        next(iter(loader.iter_epoch(0)))
