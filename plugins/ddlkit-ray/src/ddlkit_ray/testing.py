@@ -28,11 +28,13 @@ from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
-from ddlkit.compute.ports import free_ports
-
 
 def free_port() -> int:
-    return free_ports(1)[0]  # chosen where no connection is handed it before the Ray process listens
+    # the kernel's: the raylets' worker ports take a range below its ephemeral one (see _ports), where
+    # ddlkit.compute.ports.free_ports picks rendezvous ports
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 def _ray_cli() -> list[str]:
@@ -98,8 +100,10 @@ class LocalRayCluster:
         return [f"--node-manager-port={free_port()}", f"--object-manager-port={free_port()}",
                 f"--dashboard-agent-listen-port={free_port()}", f"--dashboard-agent-grpc-port={free_port()}",
                 f"--runtime-env-agent-port={free_port()}", f"--metrics-export-port={free_port()}",
-                # below the ephemeral range (32768-) the ports above come from, apart per node and per cluster
-                f"--min-worker-port={(base := 11000 + os.getpid() % 10 * 2000 + 200 * len(self._nodes))}",
+                # below the ephemeral range (32768-) the ports above come from, and below the range
+                # (20000-) ddlkit.compute.ports picks rendezvous ports from; apart per node (up to 4)
+                # and per cluster
+                f"--min-worker-port={(base := 11000 + os.getpid() % 10 * 800 + 200 * len(self._nodes))}",
                 f"--max-worker-port={base + 199}"]
 
     def add_node(self) -> None:
