@@ -27,7 +27,7 @@ from ddlkit.resize import PLANNED_WORLD_SIZE_ENV
 from ddlkit.testing import FAKES_MODULE, RunFactory, interruptible, wait_for
 from ddlkit.testing.contracts import ComputeTargetContract
 from ddlkit.testing.elastic import assert_every_sample_once, restarts
-from ddlkit_ray.target import RayConfig, RayTarget
+from ddlkit_ray.target import RayConfig, RayTarget, node_file
 from ddlkit_ray.testing import CountingProxy, free_port
 
 
@@ -272,9 +272,42 @@ def test_a_resume_brings_the_checkpoints_when_the_cluster_no_longer_keeps_them(r
     for directory in kept:
         shutil.rmtree(directory)
     resumed = run_factory(*ray_args(ray_cluster.address), job_dir=job_dir, timeout=300).assert_success()
-    assert resumed.result["resumed_from_step"] >= 10, resumed.result
+    assert (resumed.result["resumed_from_step"] or 0) >= 10, resumed.output
     assert resumed.result["restarts"] == 0, resumed.output
     assert json.loads((job_dir / "ray-job.json").read_text())["kept_on_cluster"] is False
+
+
+@pytest.mark.slow
+def test_a_busy_dashboard_is_asked_again_for_the_files_and_one_that_never_answers_is_an_error(
+        ray_cluster, run_factory: RunFactory, tmp_path: Path) -> None:
+    """The job's files come back through the dashboard's log API: an answer that is neither the file
+    nor "no such file" (its node agent busy) is asked again; one that never comes ends the launcher
+    with the cause and the command that brings the files later -- not a silent success without
+    them, nor a cancelled job said to have left no checkpoint."""
+    job_dir = tmp_path / "busy"
+    logs = "/api/v0/logs/file"
+    with CountingProxy(ray_cluster.address) as proxy:
+        run_factory.cli("--detach", "framework=fake", *ray_args(proxy.address), "trainer.max_steps=6",
+                        f"hydra.run.dir={job_dir}").assert_success()
+        job_id = submission(job_dir)["id"]
+        assert ray_target(ray_cluster.address).attach(job_id, job_dir=tmp_path).wait(timeout=180).state \
+            is ddlkit.JobState.SUCCEEDED
+        proxy.fail(logs, 1000)
+        failed = run_factory.cli("jobs", "attach", str(job_dir), timeout=240)
+        assert failed.returncode != 0, failed.output
+        assert "could not be brought back" in failed.output and f"ddlkit jobs attach {job_dir}" in failed.output, \
+            failed.output
+        assert not (job_dir / "result.json").exists()
+        proxy.fail(logs, 2)
+        asked = len(proxy.requests)
+        run_factory.cli("jobs", "attach", str(job_dir), timeout=240).assert_success()
+        assert json.loads((job_dir / "result.json").read_text())["steps"] == 6
+        assert sum(path.startswith(logs) for _, _, path in proxy.requests[asked:]) >= 4  # 2 refused, asked again
+        # a file the node does not have is no file, at once
+        node = ray_target(ray_cluster.address).attach(job_id, job_dir=tmp_path).info().driver_node_id
+        asked = len(proxy.requests)
+        assert node_file(None, proxy.address, node, "ddlkit/no-such-job/exit.json") is None
+        assert len(proxy.requests) == asked + 1
 
 
 @pytest.mark.slow

@@ -174,7 +174,10 @@ class RayJob(JobHandle):
             return JobStatus(JobState.PENDING, None, f"Ray: PENDING ({info.message or 'waiting to start'})")
         if state == "RUNNING":
             return JobStatus(JobState.RUNNING, None, f"Ray: RUNNING, driver on node {str(info.driver_node_id)[:8]}")
-        record = self.exit_record(info) or {}
+        try:
+            record = self.exit_record(info) or {}
+        except NodeUnreachable:  # the state stands without it; collect() says what could not be read
+            record = {}
         # the restarts the driver made in place (the launcher counts and records them)
         restarts = tuple(record.get("restarts") or ())
         if state == "SUCCEEDED":
@@ -302,12 +305,15 @@ class RayJob(JobHandle):
 
     # ------------------------------------------------------------ the job's files
     def _published(self, info: Any, what: str) -> bytes | None:
-        """A file the driver published in its node's Ray log directory; None when there is none."""
+        """A file the driver published in its node's Ray log directory; None when there is none
+        (:class:`NodeUnreachable` when the node could not be asked)."""
         if not info.driver_node_id:
             return None
         return node_file(self.jobs, self.address, info.driver_node_id, published_name(self.id, what))
 
     def exit_record(self, info: Any) -> dict[str, Any] | None:
+        """How the driver said the job ended; None when it said nothing (it was killed first, or
+        its node was lost). Raises :class:`NodeUnreachable` when its node could not be asked."""
         data = self._published(info, "exit.json")
         try:
             return json.loads(data) if data else None
@@ -316,15 +322,24 @@ class RayJob(JobHandle):
 
     def collect(self) -> None:
         """The files the driver published (rank 0's last, checkpoints included), unpacked into
-        the launcher's job directory; the job's bookkeeping there is the launcher's and stays."""
+        the launcher's job directory; the job's bookkeeping there is the launcher's and stays. A
+        driver that published nothing leaves nothing to collect; a node that cannot be asked is an
+        error: the job's files (its checkpoints) would silently stay behind."""
         info = self.info(fresh=True)
         if not str(getattr(info.status, "value", info.status)) in ("SUCCEEDED", "FAILED", "STOPPED"):
             return
-        if self.exit_record(info) is None:  # written last: without it there is no complete archive
-            return
-        data = self._published(info, "files.tar")
+        try:
+            if self.exit_record(info) is None:  # written last: without it there is no complete archive
+                return
+            data = self._published(info, "files.tar")
+        except NodeUnreachable as exc:
+            raise ddlkit.RunError(
+                f"Ray job {self.id} ended, but its files (results, checkpoints) could not be brought back: {exc}. "
+                f"They stay on the cluster; `ddlkit jobs attach {self.job_dir}` brings them once the dashboard "
+                "answers.") from None
         if not data:
-            return
+            raise ddlkit.RunError(f"Ray job {self.id} ended, but the archive of its files is missing from its driver's "
+                                  f"node ({published_name(self.id, 'files.tar')} below the node's Ray log directory)")
         with tarfile.open(fileobj=io.BytesIO(data)) as tar:
             extract_files(tar, self.job_dir, skip=lambda name: name.split("/")[0] in NOT_COLLECTED
                           and name != EXIT_RECORD)
@@ -567,7 +582,11 @@ class RayTarget(ddlkit.ComputeTarget):
         kept = _exit_record(job_dir).get("kept") or {}
         if kept.get("key") != key or not kept.get("node_id"):
             return False
-        return node_file(self.jobs, self.address, kept["node_id"], kept_name(key)) is not None
+        try:
+            return node_file(self.jobs, self.address, kept["node_id"], kept_name(key)) is not None
+        except NodeUnreachable as exc:
+            print(f"ddlkit: {exc}; the job's checkpoints go up with it from {job_dir}", file=sys.stderr, flush=True)
+            return False
 
     def attach(self, job_id: str, *, job_dir: Path) -> JobHandle:
         handle = RayJob(self.jobs, str(job_id), address=self.address, job_dir=Path(job_dir).resolve(),
@@ -576,18 +595,44 @@ class RayTarget(ddlkit.ComputeTarget):
         return handle
 
 
-def node_file(jobs: Any, address: str, node_id: str, filename: str) -> bytes | None:
+class NodeUnreachable(Exception):
+    """The dashboard's log API did not answer for a node, try after try (a busy dashboard or node
+    agent, a dropped connection): whether the file is there is not known."""
+
+
+#: what the log API answers when the node has no such file, and when the cluster has no such node
+#: (any other answer that is not the file is a failure to ask)
+_NO_FILE, _NO_NODE = "A file is not found at", "doesn't exist"
+
+
+def node_file(jobs: Any, address: str, node_id: str, filename: str, *, tries: int = 5) -> bytes | None:
     """A file below a node's Ray log directory, through the dashboard's log API (``GET
-    /api/v0/logs/file``, what ``ray logs`` uses); None when there is none (or no such live node)."""
+    /api/v0/logs/file``, what ``ray logs`` uses); None when there is none (or no such live node).
+    An answer that is neither is asked again, ``tries`` times 1, 2, 4, ... s apart, then raises
+    :class:`NodeUnreachable`; so is "no such node", then taken as such (a node just joined is
+    not known to the dashboard at once)."""
     import requests
 
     query = urllib.parse.urlencode({"node_id": node_id, "filename": filename, "lines": -1, "timeout": 120})
-    try:
-        reply = requests.get(f"{address}/api/v0/logs/file?{query}", timeout=300,
-                             headers=getattr(jobs, "_headers", None) or {})
-    except requests.RequestException:
-        return None
-    return reply.content if reply.status_code == 200 else None
+    why = ""
+    for attempt in range(tries):
+        if attempt:
+            time.sleep(2 ** (attempt - 1))
+        try:
+            reply = requests.get(f"{address}/api/v0/logs/file?{query}", timeout=300,
+                                 headers=getattr(jobs, "_headers", None) or {})
+        except requests.RequestException as exc:
+            why = f"{type(exc).__name__}: {' '.join(str(exc).split())[:200]}"
+            continue
+        if reply.status_code == 200:
+            return reply.content
+        if _NO_FILE in reply.text:
+            return None
+        if _NO_NODE in reply.text and attempt == tries - 1:
+            return None
+        why = f"HTTP {reply.status_code}: {' '.join(reply.text.split())[:200]}"
+    raise NodeUnreachable(f"the Ray dashboard at {address} did not read {filename} on node {node_id[:8]} "
+                          f"({tries} tries): {why}")
 
 
 def job_key(job_dir: Path) -> str:

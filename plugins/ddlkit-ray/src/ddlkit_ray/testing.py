@@ -30,8 +30,8 @@ from pathlib import Path
 
 
 def free_port() -> int:
-    # the kernel's: the raylets' worker ports take a range below its ephemeral one (see _ports), where
-    # ddlkit.compute.ports.free_ports picks rendezvous ports
+    # a port of the kernel's (port 0) for the cluster's own components: ddlkit.compute.ports.free_ports
+    # picks rendezvous ports from 20000 up, and the raylets' worker ports stay below that (see _ports)
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
@@ -257,13 +257,15 @@ class CountingProxy:
 
     Plain HTTP; each other response is read whole from the dashboard and sent on with its length.
     ``websockets=False``: a proxy that passes no websocket (the upgrade goes on as a plain request,
-    which the dashboard refuses)."""
+    which the dashboard refuses). :meth:`fail` answers requests for a path itself, as a dashboard
+    whose node agents do not answer does."""
 
     def __init__(self, upstream: str, *, websockets: bool = True) -> None:
         parsed = urllib.parse.urlsplit(upstream)
         self.upstream_host, self.upstream_port = parsed.hostname or "127.0.0.1", parsed.port or 80
         self.requests: list[tuple[float, str, str]] = []
         self._lock = threading.Lock()
+        self._failing: dict[str, int] = {}  # path -> how many more requests for it fail (see fail())
         self._tunnels: set[socket.socket] = set()  # the websockets' client sides, open now
         proxy = self
 
@@ -276,6 +278,13 @@ class CountingProxy:
             def _forward(self) -> None:
                 with proxy._lock:
                     proxy.requests.append((time.time(), self.command, self.path))
+                    path = self.path.split("?")[0]
+                    failing = proxy._failing.get(path, 0)
+                    if failing:
+                        proxy._failing[path] = failing - 1
+                if failing:
+                    self._refuse()
+                    return
                 if websockets and self.headers.get("Upgrade", "").lower() == "websocket":
                     self._tunnel()
                     return
@@ -297,6 +306,17 @@ class CountingProxy:
                 self.end_headers()
                 if self.command != "HEAD":
                     self.wfile.write(data)
+
+            def _refuse(self) -> None:
+                # what the dashboard answers when a node's agent does not (DataSourceUnavailable)
+                data = b"Failed to query the data source. It is either there's a network issue, or the source is down."
+                if length := int(self.headers.get("Content-Length") or 0):
+                    self.rfile.read(length)
+                self.send_response(500, "Internal Server Error")
+                self.send_header("Content-Type", "text/plain")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
 
             def _tunnel(self) -> None:
                 """The upgrade request as it came, then both ways raw until one side closes (the
@@ -357,6 +377,12 @@ class CountingProxy:
             with contextlib.suppress(OSError):
                 connection.shutdown(socket.SHUT_RDWR)
         return len(tunnels)
+
+    def fail(self, path: str, times: int) -> None:
+        """Answer the next ``times`` requests for ``path`` (query aside) with the dashboard's 500 for
+        a node agent that does not answer, instead of passing them on (0: pass them on again)."""
+        with self._lock:
+            self._failing[path] = times
 
     def between(self, start: float, end: float) -> list[tuple[float, str, str]]:
         with self._lock:
