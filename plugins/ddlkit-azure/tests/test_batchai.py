@@ -53,11 +53,6 @@ ARM = rf"/subscriptions/{SUB}/resourceGroups/{RG}/providers/Microsoft\.BatchAI/w
 SECRET = "batchai-secret-marker-5f3c9a"
 
 
-def free_port() -> int:
-    """A MASTER_PORT for a job's rank 0 (it and the control plane's next one free)."""
-    return free_ports(2)[0]
-
-
 @pytest.fixture
 def ssh_key(tmp_path: Path) -> Path:
     path = tmp_path / "id_test.pub"
@@ -91,7 +86,7 @@ def config(service: BatchAILoopback, ssh_key: Path, **options) -> BatchAIConfig:
         "gpu": False, "poll_interval_s": 0.2, "framework": "pytorch", "dist": "none", "storage": "local",
         "data_root": None,
         "registry": f"{service.registry.host}/ddlkit",
-        "master_port": free_port(),
+        "master_port": free_ports(2)[0],  # and the next one for the control plane
         "cluster": ClusterSettings(**{"vm_size": "Standard_D4_v2", "ssh_public_key_file": str(ssh_key), **cluster}),
         "file_server": FileServerSettings(**file_server),
         "file_share": FileShareSettings(url=service.share_url), **options})
@@ -103,7 +98,7 @@ def cli_args(service: BatchAILoopback, ssh_key: Path, *more: str) -> list[str]:
             f"compute.file_share.url={service.share_url}", f"compute.cluster.ssh_public_key_file={ssh_key}",
             "compute.cluster.vm_size=Standard_D4_v2", "compute.gpu=false", "compute.poll_interval_s=0.2",
             f"compute.registry={service.registry.host}/ddlkit",
-            f"compute.master_port={free_port()}", *more]
+            f"compute.master_port={free_ports(2)[0]}", *more]
 
 
 #: framework=fake (the test kit's) has no image of ddlkit's: one in the registry stands for it

@@ -72,16 +72,12 @@ def azurite_command() -> str | None:
     return str(local) if local.exists() else None
 
 
-def _free_port() -> int:
-    return free_ports(1)[0]  # chosen where no connection is handed it before Azurite listens
-
-
 def start_azurite(location: Path) -> Azurite:
     command = azurite_command()
     if command is None:
         raise FileNotFoundError("azurite-blob")
     location.mkdir(parents=True, exist_ok=True)
-    port = _free_port()
+    port = free_ports(1)[0]  # chosen where no connection is handed it before Azurite listens
     log = open(location / "azurite.log", "wb")
     process = subprocess.Popen(
         # --disableTelemetry: Azurite otherwise reports to an outside host; tests talk to loopback only

@@ -682,7 +682,7 @@ class LoopbackWorkspace:
             job.process_env = env
             self._start(job, [(argv, env, logs / "mpirun.txt")], code_dir)
         elif kind == "PyTorch":
-            port = _free_port()
+            port = free_ports(2)[0]  # MASTER_PORT, and the next one for ddlkit's control plane
             starts = []
             for rank in range(world):
                 rank_env = {**env, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "WORLD_SIZE": str(world),
@@ -746,8 +746,3 @@ def _signal_all(processes: list[subprocess.Popen], sig: int) -> None:
                 os.killpg(p.pid, sig)
             except (ProcessLookupError, PermissionError):
                 pass
-
-
-def _free_port() -> int:
-    """A MASTER_PORT for rank 0 (it and the control plane's next one free)."""
-    return free_ports(2)[0]
