@@ -148,6 +148,7 @@ class RayJob(JobHandle):
         self.job_dir = Path(job_dir)
         self.poll_interval_s = poll_interval_s
         self._final: JobStatus | None = None
+        self._exit: dict[str, Any] | None = None  # the driver's exit record, once read (it is final)
         self._asked: tuple[float, Any] | None = None
         self._yielded = 0  # characters of the job's output that logs() has yielded
         self._streaming: _LogStream | None = None
@@ -312,13 +313,14 @@ class RayJob(JobHandle):
         return node_file(self.jobs, self.address, info.driver_node_id, published_name(self.id, what))
 
     def exit_record(self, info: Any) -> dict[str, Any] | None:
-        """How the driver said the job ended; None when it said nothing (it was killed first, or
-        its node was lost). Raises :class:`NodeUnreachable` when its node could not be asked."""
-        data = self._published(info, "exit.json")
-        try:
-            return json.loads(data) if data else None
-        except ValueError:
-            return None
+        """How the driver said the job ended (asked once the job ended: status() reads it, collect()
+        finds it read); None when it said nothing (it was killed first, or its node was lost).
+        Raises :class:`NodeUnreachable` when its node could not be asked."""
+        if self._exit is None:
+            data = self._published(info, "exit.json")
+            with contextlib.suppress(ValueError):
+                self._exit = json.loads(data) if data else None
+        return self._exit
 
     def collect(self) -> None:
         """The files the driver published (rank 0's last, checkpoints included), unpacked into
