@@ -8,8 +8,15 @@ Parts (``--parts``, any of them, comma-separated):
   (probed per precision) with ``channels_last`` on, where it is above 256.
 * ``compile``: the same with ``framework.compile=true`` (batch ``--compile-batches``).
 * ``imagefolder``: ``data=imagefolder`` on generated photo-like JPEGs (ImageNet's typical sizes,
-  quality 90) cropped to 224 px, against synthetic data at the same settings: images/s and the
-  share of the measured time the training loop spent blocked waiting for its next batch.
+  quality 90) cropped to 224 px, decoded on the CPU (``data.decoder=pil``/``simplejpeg``, in the
+  loader's worker processes) and on the GPU (``data.decoder=gpu``, nvJPEG), eager and compiled
+  (``--imagefolder-configs``), against synthetic data at the same settings: images/s, the share of
+  the measured time the training loop spent blocked waiting for its next batch, and the CPU cores
+  the loader's worker processes kept busy. First, the GPU decoder alone on batches of those files
+  (``decode_only``).
+
+A run on another card than the one ``results/gpu.json`` was merged from is kept apart:
+``results/gpu-h200-imagefolder.json`` and ``results/gpu-h200-compile.json`` (one H200, 16 cores).
 
 Each configuration runs ddlkit's real worker in this process (job file -> Run -> plugin) and then
 the loop a user would write by hand (same model, optimizer, batch, precision, layout, compile
@@ -49,11 +56,16 @@ PRECISIONS = ("fp32", "bf16", "fp16")
 
 # ---------------------------------------------------------------------------- the machine
 def machine() -> dict[str, Any]:
+    import importlib.metadata
+
     import torch
 
     info: dict[str, Any] = {"torch": torch.__version__, "cuda": torch.version.cuda,
                             "cudnn": torch.backends.cudnn.version(), "python": sys.version.split()[0],
                             "cpus": len(os.sched_getaffinity(0))}
+    for package in ("torchvision", "pillow", "simplejpeg", "numpy", "triton"):  # what the device had installed
+        with contextlib.suppress(importlib.metadata.PackageNotFoundError):
+            info[package] = importlib.metadata.version(package)
     if torch.cuda.is_available():
         props = torch.cuda.get_device_properties(0)
         info.update(gpu=props.name, gpu_memory_gib=round(props.total_memory / 2**30, 1),
@@ -119,7 +131,8 @@ def handwritten(a: argparse.Namespace, batch: int, precision: str, channels_last
     torch.manual_seed(0)
     fmt = torch.channels_last if channels_last else torch.contiguous_format
     model = build_model(a.model, num_classes=a.classes).to(device, memory_format=fmt).train()
-    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9, weight_decay=1e-4)
+    # fused on CUDA, as ddlkit's framework.optimizer_kernel=auto steps there
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9, weight_decay=1e-4, fused=cuda or None)
     scaler = torch.amp.GradScaler(device.type, enabled=precision == "fp16")
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(precision)
     loss_fn = nn.CrossEntropyLoss()
@@ -231,9 +244,25 @@ def make_folder(root: Path, unique: list[Path], n: int, classes: int) -> Path:
     return root
 
 
+def cpu_seconds() -> dict[str, float]:
+    """CPU seconds so far of the loader's worker processes (this process's children; psutil, empty
+    without it)."""
+    try:
+        import psutil
+    except ImportError:
+        return {}
+    me = psutil.Process()
+    workers = 0.0
+    for child in me.children(recursive=True):
+        with contextlib.suppress(psutil.Error):
+            workers += sum(child.cpu_times()[:2])
+    return {"workers": workers, "t": time.perf_counter()}
+
+
 @contextlib.contextmanager
-def timed_batches(waits: list[float]) -> Iterator[None]:
-    """Record how long the training loop blocks in ``next(batch)`` for each batch."""
+def timed_batches(waits: list[float], cpu: list[dict[str, float]], warmup: int) -> Iterator[None]:
+    """Record how long the training loop blocks in ``next(batch)`` for each batch, and the input
+    pipeline's CPU seconds from the start of the measured steps on."""
     from ddlkit_pytorch import data, imagefolder
 
     originals = {cls: cls.iter_epoch for cls in (imagefolder.TorchImageLoader, data.PooledLoader)}
@@ -248,6 +277,9 @@ def timed_batches(waits: list[float]) -> Iterator[None]:
                 except StopIteration:
                     return
                 waits.append(time.perf_counter() - t0)
+                # when the measured steps start, then every 10 steps
+                if len(waits) >= warmup and (len(waits) - warmup) % 10 == 0:
+                    cpu.append(cpu_seconds())
                 yield batch
         return iter_epoch
 
@@ -260,7 +292,52 @@ def timed_batches(waits: list[float]) -> Iterator[None]:
             cls.iter_epoch = method
 
 
-def imagefolder(a: argparse.Namespace, tmp: Path, save: Callable[[], None], rows: list[dict[str, Any]]) -> None:
+def cores_busy(cpu: list[dict[str, float]]) -> dict[str, float]:
+    """Cores the input pipeline kept busy over the measured steps."""
+    if len(cpu) < 2 or not cpu[0] or not cpu[-1]:
+        return {}
+    first, last = cpu[0], cpu[-1]
+    span = last["t"] - first["t"]
+    return {"workers_cores": round((last["workers"] - first["workers"]) / span, 2)}
+
+
+def decode_only(a: argparse.Namespace, files: list[Path], batch: int) -> dict[str, Any]:
+    """data.decoder=gpu's rank side alone: nvJPEG on ``batch`` files, then crop, resize, flip and
+    normalize, as a training step would ask for them (files read beforehand)."""
+    import torch
+
+    from ddlkit.images import Augment, crop_window, sample_rng
+    from ddlkit_pytorch.gpu_decode import DeviceDecoder, Encoded, nvjpeg
+
+    device = torch.device("cuda")
+    aug = Augment(a.image_size, True, round(a.image_size / 0.875), decoder="pil", device_decoding=True)
+    blobs = [p.read_bytes() for p in files[:batch]]
+    windows = [crop_window(b, aug, sample_rng(0, 0, i)) for i, b in enumerate(blobs)]
+    keep = [i for i, w in enumerate(windows) if w is not None]
+    sizes = torch.tensor([0] + [len(blobs[i]) for i in keep])
+    enc = Encoded(torch.frombuffer(bytearray(b"".join(blobs[i] for i in keep)), dtype=torch.uint8).pin_memory(),
+                  sizes.cumsum(0), torch.tensor([windows[i][0] for i in keep]),
+                  torch.tensor([windows[i][1] for i in keep]), torch.empty((0, 1, 1, 3), dtype=torch.uint8),
+                  torch.full((len(keep),), -1), torch.tensor(keep), 0)
+    def cpu_image(index: int, epoch: int) -> Any:
+        raise RuntimeError(f"nvJPEG could not decode {files[index]}")
+
+    decoder = DeviceDecoder(a.image_size, device, True, nvjpeg(device), cpu_image)
+    labels = torch.zeros(len(keep), dtype=torch.int64)
+    for _ in range(3):
+        decoder(enc, labels)
+    torch.cuda.synchronize()
+    rounds, t0 = 10, time.perf_counter()
+    for _ in range(rounds):
+        decoder(enc, labels)
+    torch.cuda.synchronize()
+    seconds = time.perf_counter() - t0
+    return {"batch": len(keep), "images_per_sec": round(rounds * len(keep) / seconds),
+            "ms_per_batch": round(1e3 * seconds / rounds, 2)}
+
+
+def imagefolder(a: argparse.Namespace, tmp: Path, save: Callable[[], None], rows: list[dict[str, Any]],
+                payload: dict[str, Any]) -> None:
     from multiprocessing import Pool
 
     from ddlkit.images import resolve_decoder
@@ -271,40 +348,54 @@ def imagefolder(a: argparse.Namespace, tmp: Path, save: Callable[[], None], rows
         pool.map(_make_image, [(p, i) for i, p in enumerate(unique)], chunksize=16)
     mb = sum(p.stat().st_size for p in unique) / len(unique) / 1e3
     print(f"made {len(unique)} JPEGs ({mb:.0f} kB each) in {time.perf_counter() - t0:.1f}s", flush=True)
+    decoders = {"cpu": resolve_decoder("auto"), "gpu": "gpu"}
+    if "gpu" in a.decoders.split(","):
+        try:
+            payload["decode_only"] = decode_only(a, unique, 256)
+        except Exception as err:
+            payload["decode_only"] = {"error": f"{type(err).__name__}: {err}"[:2000]}
+            traceback.print_exc()
+        print(f"GPU decoding alone: {payload['decode_only']}", flush=True)
+        save()
     for n, spec in enumerate(a.imagefolder_configs.split(",")):
-        precision, batch_s, layout = spec.split(":")
-        batch, cl = int(batch_s), layout == "cl"
+        precision, batch_s, layout, *mode = spec.split(":")
+        batch, cl, compile = int(batch_s), layout == "cl", mode == ["compile"]
         steps = a.warmup + max(a.min_measured, round(a.steps * 64 / batch))
         root = make_folder(tmp / f"folder{n}", unique, batch * steps, a.classes)
-        row: dict[str, Any] = {"batch": batch, "precision": precision, "channels_last": cl, "compile": False,
-                               "steps": steps, "warmup_steps": a.warmup, "decoder": resolve_decoder("auto"),
-                               "workers": len(os.sched_getaffinity(0)), "unique_images": len(unique),
-                               "kb_per_image": round(mb)}
-        base = ddlkit_overrides(a, batch, precision, cl, False, steps)
-        for name, data in (("imagefolder", ["data=imagefolder", f"data.root={root}",
-                                            f"data.image_size={a.image_size}"]),
-                           ("synthetic", synthetic(a, batch, steps))):
+        row: dict[str, Any] = {"batch": batch, "precision": precision, "channels_last": cl, "compile": compile,
+                               "steps": steps, "warmup_steps": a.warmup, "workers_available": len(
+                                   os.sched_getaffinity(0)), "unique_images": len(unique), "kb_per_image": round(mb)}
+        rows.append(row)
+        base = ddlkit_overrides(a, batch, precision, cl, compile, steps)
+        runs = [("synthetic", synthetic(a, batch, steps))] + [
+            (f"decoder_{d}", ["data=imagefolder", f"data.root={root}", f"data.image_size={a.image_size}",
+                              f"data.decoder={decoders[d]}"]) for d in a.decoders.split(",")]
+        for name, data in runs:
             waits: list[float] = []
+            cpu: list[dict[str, float]] = []
             try:
-                with timed_batches(waits):
+                with timed_batches(waits, cpu, a.warmup):
                     r = run_ddlkit(tmp / f"if{n}-{name}", base + data)
                 measured_time = r["measured_steps"] * batch / r["images_per_sec"]
                 # the batches of the measured steps: those after the warm-up ones
                 row[name] = {"images_per_sec": r["images_per_sec"], "measured_steps": r["measured_steps"],
                              "data_wait_fraction": round(sum(waits[a.warmup:]) / measured_time, 4),
                              "data_wait_ms_per_step": round(1e3 * sum(waits[a.warmup:]) / r["measured_steps"], 2),
-                             "vs_v100": round(r["images_per_sec"] / V100_REFERENCE, 2), "wall_s": r["wall_s"]}
+                             "vs_v100": round(r["images_per_sec"] / V100_REFERENCE, 2), "wall_s": r["wall_s"],
+                             **cores_busy(cpu),
+                             **{k: r[k] for k in ("decoder", "gpu_decoded_images", "cpu_decoded_images") if k in r}}
             except Exception as err:
                 row[name] = {"error": f"{type(err).__name__}: {err}"[:2000]}
                 traceback.print_exc()
-        if "images_per_sec" in row["imagefolder"] and "images_per_sec" in row["synthetic"]:
-            row["ratio_imagefolder_to_synthetic"] = round(
-                row["imagefolder"]["images_per_sec"] / row["synthetic"]["images_per_sec"], 3)
-        print(f"imagefolder b{batch} {precision} cl={int(cl)}: " + ", ".join(
-            f"{k} {row[k].get('images_per_sec', 0):.0f} img/s (wait {100 * row[k].get('data_wait_fraction', 0):.1f}%)"
-            for k in ("imagefolder", "synthetic")), flush=True)
-        rows.append(row)
-        save()
+            if "images_per_sec" in row[name] and "images_per_sec" in row["synthetic"] and name != "synthetic":
+                row[f"ratio_{name}_to_synthetic"] = round(
+                    row[name]["images_per_sec"] / row["synthetic"]["images_per_sec"], 3)
+            print(f"imagefolder b{batch} {precision} cl={int(cl)} compile={int(compile)} {name}: "
+                  f"{row[name].get('images_per_sec', 0):.0f} img/s, wait "
+                  f"{100 * row[name].get('data_wait_fraction', 0):.1f}%, "
+                  f"worker cores {row[name].get('workers_cores', '?')}, "
+                  f"wall {row[name].get('wall_s', '?')}s", flush=True)
+            save()
 
 
 # ---------------------------------------------------------------------------- merge and plot
@@ -377,7 +468,9 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=80, help="measured steps at batch 64 (scaled by 64/batch above)")
     ap.add_argument("--min-measured", type=int, default=40)
     ap.add_argument("--unique-images", type=int, default=2048)
-    ap.add_argument("--imagefolder-configs", default="fp32:64:nchw,bf16:256:cl")
+    ap.add_argument("--imagefolder-configs", default="bf16:256:cl:eager,bf16:256:cl:compile",
+                    help="precision:batch:layout:eager|compile, comma-separated")
+    ap.add_argument("--decoders", default="cpu,gpu", help="image-folder decoders to run: cpu, gpu")
     a = ap.parse_args()
     if a.merge:
         print(merge())
@@ -418,7 +511,7 @@ def main() -> None:
             matrix(a, tmp, [int(b) for b in a.compile_batches.split(",")], True, save, rows, layouts=layouts,
                    precisions=tuple(a.compile_precisions.split(",")))
         if "imagefolder" in parts:
-            imagefolder(a, tmp, save, payload.setdefault("imagefolder", []))
+            imagefolder(a, tmp, save, payload.setdefault("imagefolder", []), payload)
     print(f"-> {write_result(name, payload)}")
 
 

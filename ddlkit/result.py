@@ -4,7 +4,8 @@
 when the two differ), whatever the framework: every framework plugin's ``FrameworkContract``
 (``ddlkit.testing.contracts``) fails when its run's ``result.json`` lacks a field of the table,
 leaves one of :data:`FRAMEWORK` null, or has a key its plugin does not declare. Plugins add keys
-of their own through ``run.extra_result`` (PyTorch: ``device_name``, ``loss_scale``). The
+of their own through ``run.extra_result`` (PyTorch: ``device_name``, ``loss_scale``,
+and with ``data=imagefolder`` ``decoder`` and the counts of GPU- and CPU-decoded images). The
 views below choose fields of the table, in the order their readers show them: the sweep's
 ledger and objectives, the sweep report's columns and its line per finished job, ``ddlkit jobs
 status`` and the console logger's end-of-run table. Nothing else spells a result key.

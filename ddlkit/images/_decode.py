@@ -5,7 +5,9 @@ Speed comes from never decoding more pixels than the output needs: the crop is c
 header first, then JPEGs are decoded with libjpeg-turbo's DCT scaling (``simplejpeg`` when
 installed, else Pillow's ``draft``) at the smallest scale that still leaves the crop at least
 ``size`` pixels on a side. :func:`decode_region` stops there (the PyTorch workers resize with
-torch); :func:`decode` crops and resizes in one Pillow call. Anything else
+torch); :func:`decode` crops and resizes in one Pillow call. For decoding on a GPU
+(``data.decoder=gpu``), :func:`crop_window` draws the same crop and flip from the header alone and
+leaves the decoding to the framework. Anything else
 (PNG content behind a ``.JPEG`` name, CMYK, grayscale, palette images) goes through Pillow and
 ``convert("RGB")``.
 
@@ -37,8 +39,10 @@ PILLOW_MISSING = ("data=imagefolder decodes images with Pillow, which is not ins
 MEAN = (0.485, 0.456, 0.406)
 STD = (0.229, 0.224, 0.225)
 RATIO = (3 / 4, 4 / 3)
-DECODERS = ("auto", "simplejpeg", "pil")
+DECODERS = ("auto", "simplejpeg", "pil", "gpu")
 _JPEG_MAGIC = b"\xff\xd8\xff"
+#: the end-of-image marker, and how far before a file's end it may be (some writers pad after it)
+_JPEG_END, _END_WITHIN = b"\xff\xd9", 1024
 
 try:
     import simplejpeg
@@ -56,12 +60,14 @@ class CorruptImageError(ConfigError):
 
 
 def resolve_decoder(name: str) -> str:
+    """The CPU decoder for ``data.decoder=name``: with ``gpu``, the one for the files the GPU
+    does not take (``Augment.device_decoding``)."""
     if name not in DECODERS:
         raise ConfigError(f"data.decoder={name} is invalid: choose one of {', '.join(DECODERS)}.")
     if name == "simplejpeg" and simplejpeg is None:
         raise ConfigError("data.decoder=simplejpeg but simplejpeg is not installed: pip install simplejpeg "
                           "(or use data.decoder=auto).")
-    if name == "auto":
+    if name in ("auto", "gpu"):
         return "simplejpeg" if simplejpeg is not None else "pil"
     return name
 
@@ -76,7 +82,10 @@ class Augment:
     val_resize: int
     #: train: the crop covers at least this fraction of the image
     min_area: float = 0.08
+    #: the CPU decoder (:func:`resolve_decoder`)
     decoder: str = "pil"
+    #: colour JPEGs decoded on the training device (data.decoder=gpu; see :func:`crop_window`)
+    device_decoding: bool = False
 
 
 def random_resized_crop(width: int, height: int, rnd: random.Random, min_area: float) -> tuple[int, int, int, int]:
@@ -203,6 +212,64 @@ def _pil(data: bytes, aug: Augment, rnd: random.Random | None) -> tuple[Image.Im
         image = image.convert("RGB")
     image.load()
     return image, _scaled(box, width, height, image.width, image.height)
+
+
+#: start-of-frame markers of 8-bit Huffman-coded JPEGs (baseline, extended, progressive)
+_HUFFMAN_SOF = (0xC0, 0xC1, 0xC2)
+#: every other start-of-frame marker (lossless, hierarchical, arithmetic-coded)
+_OTHER_SOF = frozenset(range(0xC3, 0xD0)) - {0xC4, 0xC8, 0xCC}
+
+
+def jpeg_header(data: bytes) -> tuple[int, int, int, bool] | None:
+    """``(width, height, components, adobe_rgb)`` of an 8-bit Huffman-coded JPEG, from its
+    markers alone (nothing decoded); None for anything else: not a JPEG, a truncated header,
+    12-bit, lossless or arithmetic-coded. ``adobe_rgb``: an Adobe marker says the three
+    components are RGB, not YCbCr."""
+    if data[:3] != _JPEG_MAGIC:
+        return None
+    adobe_rgb, i, n = False, 2, len(data)
+    while i + 4 <= n:
+        if data[i] != 0xFF:
+            return None
+        marker = data[i + 1]
+        if marker == 0xFF:  # fill byte
+            i += 1
+            continue
+        if marker == 0x01 or 0xD0 <= marker <= 0xD8:  # markers without a length
+            i += 2
+            continue
+        length = int.from_bytes(data[i + 2:i + 4], "big")
+        if marker == 0xEE and data[i + 4:i + 9] == b"Adobe" and i + 15 <= n:
+            adobe_rgb = data[i + 15] == 0  # transform 0: the components are not YCbCr
+        if marker in _HUFFMAN_SOF:
+            if i + 10 > n or data[i + 4] != 8:
+                return None
+            height = int.from_bytes(data[i + 5:i + 7], "big")
+            width = int.from_bytes(data[i + 7:i + 9], "big")
+            return (width, height, data[i + 9], adobe_rgb) if width and height else None
+        if marker in _OTHER_SOF or marker == 0xDA:  # not Huffman-coded 8-bit, or scan data before any frame
+            return None
+        i += 2 + length
+    return None
+
+
+def crop_window(data: bytes, aug: Augment, rnd: random.Random | None) -> tuple[tuple[int, int, int, int], bool] | None:
+    """For decoding on a GPU: the crop of a colour JPEG as ``(left, top, right, bottom)`` in its
+    full-size pixels, and the flip -- the same draws as :func:`decode_region` makes -- from the
+    header alone. None (drawing nothing) for what the CPU decodes instead: anything but a
+    complete three-component YCbCr 8-bit Huffman JPEG (grayscale, CMYK, PNG behind a JPEG name,
+    an unreadable header, a file cut short).
+
+    A file cut short is recognised by its missing end-of-image marker: nvJPEG decodes whatever
+    scan data there is without a word (seen on an H200), where the CPU's libjpeg reports it."""
+    header = jpeg_header(data)
+    if header is None or header[2] != 3 or header[3] or data.rfind(_JPEG_END, max(0, len(data) - _END_WITHIN)) < 0:
+        return None
+    width, height = header[0], header[1]
+    x, y, w, h = _crop_box(width, height, aug, rnd)
+    left, top = round(x), round(y)
+    box = (left, top, max(min(round(x + w), width), left + 1), max(min(round(y + h), height), top + 1))
+    return box, aug.train and rnd is not None and rnd.random() < 0.5
 
 
 def sample_rng(seed: int, epoch: int, index: int) -> random.Random:

@@ -17,6 +17,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
+from ..errors import ConfigError
 from ..interfaces import Batch, ImageFilesSpec, Shard
 from ._decode import MEAN, STD, Augment, CorruptImageError, decode_into, sample_rng
 from ._order import epoch_order, num_batches
@@ -73,6 +74,12 @@ class ImageFiles:
         raise CorruptImageError(self.files[index], "no image of the split decodes")
 
     def iter_epoch(self, epoch: int, start_batch: int = 0) -> Iterator[Batch]:
+        if self.aug.device_decoding:
+            # numpy batches are decoded here, on the CPU: a framework that decodes on its GPU
+            # builds its own pipeline from native_spec() and never asks for these
+            raise ConfigError("data.decoder=gpu needs a framework whose input pipeline decodes on the GPU "
+                              "(framework=pytorch); this one takes numpy batches decoded on the CPU: use "
+                              "data.decoder=auto.")
         order = epoch_order(len(self.files), batch_size=self.batch_size, shard=self.shard, seed=self.seed,
                             epoch=epoch, train=self.aug.train)
         b, size = self.batch_size, self.aug.size

@@ -16,7 +16,8 @@ from PIL import Image
 
 from ddlkit import ConfigError, DataSource, Shard
 from ddlkit.builtin.imagefolder import ImageFolderConfig, ImageFolderData
-from ddlkit.images import Augment, CorruptImageError, decode_into
+from ddlkit.images import (Augment, CorruptImageError, crop_window, decode_into, decode_region, jpeg_header,
+                           sample_rng)
 from ddlkit.images._decode import simplejpeg
 from ddlkit.builtin.imagefolder.index import load_index
 from ddlkit.storage import build_manifest
@@ -257,3 +258,60 @@ def test_16_bit_pngs_keep_their_values(tmp_path: Path) -> None:
     decode_into(str(tmp_path / "g16.png"), Augment(SIZE, False, SIZE, decoder="pil"), None, out)
     assert np.array_equal(out[..., 0], (gradient >> 8).astype(np.uint8))
     assert (out[..., 0] == out[..., 2]).all() and out.min() == 0 and out.max() == 255
+
+
+def _jpeg(mode: str = "RGB", **save: Any) -> bytes:
+    buf = io.BytesIO()
+    Image.new(mode, (40, 30), 128).save(buf, "JPEG", **save)
+    return buf.getvalue()
+
+
+def test_jpeg_header_reads_the_frame_without_decoding() -> None:
+    assert jpeg_header(_jpeg()) == (40, 30, 3, False)
+    assert jpeg_header(_jpeg(progressive=True)) == (40, 30, 3, False)
+    assert jpeg_header(_jpeg("L")) == (40, 30, 1, False)
+    assert jpeg_header(_jpeg("CMYK"))[2] == 4
+    png = io.BytesIO()
+    Image.new("RGB", (4, 4)).save(png, "PNG")
+    for not_a_jpeg in (png.getvalue(), b"", b"\xff\xd8\xff", _jpeg()[:20]):
+        assert jpeg_header(not_a_jpeg) is None
+
+
+@pytest.mark.parametrize("train", [True, False])
+def test_crop_window_draws_the_cpu_paths_crop_and_flip(dataset: ImageDataset, train: bool) -> None:
+    """data.decoder=gpu: the workers draw each crop from the header; it must be the one the CPU
+    path draws (decode_region, in the DCT-scaled image's pixels) so that every decoder and a
+    resumed run see the same crops."""
+    aug = Augment(SIZE, train, 37, decoder="pil")
+    colour = [p for p in sorted((dataset.root / "train").rglob("*")) if p.is_file() and
+              str(p.relative_to(dataset.root)) not in dataset.odd]
+    flips = set()
+    for index, path in enumerate(colour):
+        region = decode_region(str(path), aug, sample_rng(3, 1, index))
+        (left, top, right, bottom), flip = crop_window(path.read_bytes(), aug, sample_rng(3, 1, index))
+        width, height = Image.open(path).size
+        sx, sy = width / region.image.size[0], height / region.image.size[1]
+        assert abs(left - region.box[0] * sx) <= 1 and abs(right - region.box[2] * sx) <= 1
+        assert abs(top - region.box[1] * sy) <= 1 and abs(bottom - region.box[3] * sy) <= 1
+        assert flip == region.flip
+        flips.add(flip)
+    assert flips == ({True, False} if train else {False})
+    for rel in dataset.odd:  # grayscale, CMYK, PNG content: decoded on the CPU, and no draw made
+        rnd = sample_rng(3, 1, 0)
+        assert crop_window((dataset.root / rel).read_bytes(), aug, rnd) is None or rel.endswith(".jpg")
+        assert rnd.random() == sample_rng(3, 1, 0).random() or rel.endswith(".jpg")
+
+
+def test_crop_window_leaves_a_file_cut_short_to_the_cpu() -> None:
+    data = _jpeg()
+    assert crop_window(data, Augment(SIZE, False, 37), None) is not None
+    assert crop_window(data + b"\x00" * 100, Augment(SIZE, False, 37), None) is not None  # padded after its end
+    assert crop_window(data[:-2], Augment(SIZE, False, 37), None) is None
+
+
+def test_decoder_gpu_is_refused_where_batches_are_decoded_on_the_cpu(dataset: ImageDataset) -> None:
+    data = ImageFolderData(ImageFolderConfig(root=str(dataset.root), image_size=SIZE, decoder="gpu"))
+    loader = data.loader("train", batch_size=4, shard=Shard(), seed=0)
+    assert loader.native_spec().aug.device_decoding
+    with pytest.raises(ConfigError, match="data.decoder=gpu needs a framework whose input pipeline decodes on the GPU"):
+        next(iter(loader.iter_epoch(0)))

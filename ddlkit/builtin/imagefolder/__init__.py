@@ -52,6 +52,7 @@ class Decoder(StrEnum):
     auto = "auto"
     simplejpeg = "simplejpeg"
     pil = "pil"
+    gpu = "gpu"
 
 
 @dataclass
@@ -72,7 +73,9 @@ class ImageFolderConfig:
     workers: int = -1
     # a file that cannot be decoded: error (stop, naming it) or skip (warn, count, use the next image)
     on_corrupt: OnCorrupt = OnCorrupt.error
-    # JPEG decoder: auto (simplejpeg when installed, else Pillow), simplejpeg or pil
+    # JPEG decoder: auto (simplejpeg when installed, else Pillow), simplejpeg, pil, or gpu (nvJPEG on
+    # the rank's GPU through torchvision, framework=pytorch, for ranks with few CPU cores of their own:
+    # the files it does not take -- grayscale, CMYK, not JPEG, truncated -- are decoded as with auto)
     decoder: Decoder = Decoder.auto
 
 
@@ -124,7 +127,8 @@ class ImageFolderData(DataSource):
         if c.image_size < 1 or not 0 < c.min_crop_area <= 1:
             raise ConfigError("data.image_size must be >= 1 and data.min_crop_area in (0, 1].")
         aug = Augment(size=c.image_size, train=split == "train", val_resize=c.val_resize or round(c.image_size / 0.875),
-                      min_area=c.min_crop_area, decoder=resolve_decoder(c.decoder))
+                      min_area=c.min_crop_area, decoder=resolve_decoder(c.decoder),
+                      device_decoding=c.decoder == Decoder.gpu)
         root = self.local_root
         return ImageFiles([str(root / p) for p in part.paths], part.labels, aug, batch_size=batch_size, shard=shard,
                           seed=seed, workers=c.workers, on_corrupt=c.on_corrupt,

@@ -17,5 +17,8 @@ class TestPytorchFramework(FrameworkContract):
     framework = "pytorch"
     plugin = "ddlkit_pytorch.plugin"
     model_file = "model.pt"
-    extra_result_keys = frozenset({"device_name", "loss_scale"})  # on a GPU; loss_scale with fp16
+    # device_name on a GPU; loss_scale with fp16; with data=imagefolder the decoder and, with
+    # data.decoder=gpu, how many images the GPU and the CPU decoded
+    extra_result_keys = frozenset({"device_name", "loss_scale", "decoder", "gpu_decoded_images",
+                                   "cpu_decoded_images"})
     overrides = (*FrameworkContract.overrides, "model=resnet18", "framework.num_threads=1")

@@ -67,3 +67,41 @@ def test_lars_matches_the_reference_update(registry: Registry, nesterov: bool) -
         optimizer.step()
     for got, expected in zip(params, lars_reference(weights, grads, lrs, cfg), strict=True):
         np.testing.assert_allclose(got.detach().numpy(), expected, rtol=1e-10, atol=1e-12)
+
+
+@pytest.mark.parametrize("kernel,expected", [("fused", {"fused": True}), ("foreach", {"foreach": True}),
+                                             ("for_loop", {"foreach": False})])
+@pytest.mark.parametrize("name", ["sgd", "adamw"])
+def test_framework_optimizer_kernel_reaches_torch(registry: Registry, name: str, kernel: str, expected: dict) -> None:
+    from types import SimpleNamespace
+
+    from ddlkit_pytorch.framework import PytorchConfig, PytorchFramework
+
+    framework = PytorchFramework(OmegaConf.structured(PytorchConfig(optimizer_kernel=kernel)))
+    run = SimpleNamespace(cfg=SimpleNamespace(optimizer=SimpleNamespace(name=name)))
+    chosen = framework._optimizer_kernel(run, torch.device("cpu"))
+    assert chosen == expected
+    model = torch.nn.Linear(4, 2)
+    optimizer = registry.create_for("optimizer", "pytorch", name, OmegaConf.structured(SCHEMAS[name]()),
+                                    model.parameters(), **chosen)
+    assert all(optimizer.defaults[k] is v for k, v in expected.items())
+    model(torch.randn(3, 4)).sum().backward()
+    optimizer.step()
+    # auto: fused on a CUDA GPU, torch's own default on the CPU; LAMB and LARS take no such keyword
+    auto = PytorchFramework(OmegaConf.structured(PytorchConfig()))
+    assert auto._optimizer_kernel(run, torch.device("cuda")) == {"fused": True}
+    assert auto._optimizer_kernel(run, torch.device("cpu")) == {}
+    lars = SimpleNamespace(cfg=SimpleNamespace(optimizer=SimpleNamespace(name="lars")))
+    assert auto._optimizer_kernel(lars, torch.device("cuda")) == {}
+
+
+def test_an_optimizer_kernel_for_lamb_or_lars_is_refused_before_anything_runs(tmp_path) -> None:
+    import subprocess
+    import sys
+
+    proc = subprocess.run([sys.executable, "-m", "ddlkit", "plan", "framework=pytorch", "optimizer=lars",
+                           "framework.optimizer_kernel=fused"], cwd=tmp_path, capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert ("framework.optimizer_kernel=fused applies to optimizer=sgd or adamw, not optimizer=lars: leave it at "
+            "auto.") in proc.stderr

@@ -107,3 +107,17 @@ def test_a_dataset_of_unreadable_files_is_an_error(tmp_path: Path, dataset: Imag
     loader = tf_pipeline(source(root, on_corrupt="skip"), 4)
     with pytest.raises(ddlkit.RunError, match="in a row failed to decode"), tf_data.data_errors(loader):
         list(loader.iter_epoch(0))
+
+
+@pytest.mark.parametrize("framework", ["tensorflow", "keras"])
+def test_decoder_gpu_is_refused_before_anything_runs(dataset: ImageDataset, framework: str, tmp_path: Path) -> None:
+    """data.decoder=gpu is PyTorch's: tf.data decodes on the CPU, and must not do so silently."""
+    pytest.importorskip(f"ddlkit_{framework}")
+    proc = subprocess.run([sys.executable, "-m", "ddlkit", f"framework={framework}", "data=imagefolder",
+                           f"data.root={dataset.root}", "data.decoder=gpu", f"hydra.run.dir={tmp_path / 'job'}"],
+                          cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert proc.stderr.strip().splitlines() == [
+        f"ddlkit: error: data.decoder=gpu is PyTorch's (nvJPEG through torchvision); framework={framework} decodes "
+        "its images in tf.data: use data.decoder=auto, or framework=pytorch."]
+    assert not (tmp_path / "job" / "job.json").exists()

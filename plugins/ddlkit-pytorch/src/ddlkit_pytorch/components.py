@@ -52,18 +52,25 @@ def models() -> Iterator[ddlkit.Registration]:
                               description="your torch.nn.Module: model.target=package.module:function")
 
 
-def sgd(cfg: Any, params: Any) -> Any:
+def sgd(cfg: Any, params: Any, **kernel: bool) -> Any:
+    """``kernel``: torch's ``fused=True`` or ``foreach=True|False`` (``framework.optimizer_kernel``)."""
     import torch
 
     return torch.optim.SGD(params, lr=cfg.lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay,
-                           nesterov=cfg.nesterov)
+                           nesterov=cfg.nesterov, **kernel)
 
 
-def adamw(cfg: Any, params: Any) -> Any:
+def adamw(cfg: Any, params: Any, **kernel: bool) -> Any:
+    """``kernel``: as :func:`sgd`'s."""
     import torch
 
     return torch.optim.AdamW(params, lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), eps=cfg.eps,
-                             weight_decay=cfg.weight_decay)
+                             weight_decay=cfg.weight_decay, **kernel)
+
+
+#: the optimizers whose step torch implements as one fused kernel, as a loop over tensor lists
+#: (foreach) or per tensor: the ones framework.optimizer_kernel applies to
+KERNEL_OPTIMIZERS = ("sgd", "adamw")
 
 
 def lamb(cfg: Any, params: Any) -> Any:

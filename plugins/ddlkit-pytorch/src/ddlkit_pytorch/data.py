@@ -36,7 +36,7 @@ def torch_loader(loader: Any, *, images: bool, device: Any, channels_last: bool)
 
         return TorchImageLoader(spec.files, spec.labels, spec.aug, batch_size=spec.batch_size, shard=spec.shard,
                                 seed=spec.seed, workers=spec.auto_workers(), on_corrupt=spec.on_corrupt,
-                                device=device, channels_last=channels_last)
+                                device=device, channels_last=channels_last, auto_workers=spec.workers < 0)
     if isinstance(spec, ImagePoolSpec):
         return PooledLoader(spec, device=device, channels_last=channels_last)
     return NumpyLoader(loader, images=images, device=device, channels_last=channels_last)

@@ -15,6 +15,9 @@ A file that cannot be decoded is reported by the worker as data, not raised from
 error names the file instead of arriving wrapped in a worker traceback; with
 ``on_corrupt=skip`` the next image of the split (that decodes) takes its place, which keeps
 every batch full and the epoch's batch count, and so resumption, exact.
+
+With ``data.decoder=gpu`` the workers hand over each batch's JPEG
+files undecoded, with their crops, and the rank decodes them on its GPU (:mod:`.gpu_decode`).
 """
 
 from __future__ import annotations
@@ -27,12 +30,17 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset, get_worker_info
 
-from ddlkit.images import MEAN, STD, Augment, CorruptImageError, decode_region, epoch_order, num_batches, sample_rng
 from ddlkit.errors import RunError
+from ddlkit.images import (MEAN, STD, Augment, CorruptImageError, crop_window, decode_region, epoch_order, num_batches,
+                           sample_rng)
 from ddlkit.interfaces import Shard
+
+from .gpu_decode import DecodeJpegs, DeviceDecoder, Encoded, gpu_decoder, prefetched
 
 #: how many following images are tried in place of a corrupt one (on_corrupt=skip)
 MAX_SUBSTITUTES = 16
+#: loader workers where the GPU decodes (data.workers=-1): they only read files and parse headers
+GPU_DECODE_WORKERS = 4
 
 BatchKey = tuple[int, tuple[int, ...]]
 
@@ -41,17 +49,18 @@ class _BatchDataset(Dataset):
     """Item = a whole batch: ``(epoch, indices)`` -> ``(images, labels, [(path, reason)], complete)``.
 
     ``normalize``: float32 NCHW normalized images (channels-last in memory if ``channels_last``),
-    else uint8 NHWC.
+    else uint8 NHWC; ``encoded``: the colour JPEGs' files and crops instead, for the GPU to decode
+    (an :class:`~.gpu_decode.Encoded` batch).
     """
 
     def __init__(self, files: Sequence[str], labels: Sequence[int], aug: Augment, seed: int, skip_corrupt: bool,
-                 normalize: bool, channels_last: bool) -> None:
+                 normalize: bool, channels_last: bool, encoded: bool = False) -> None:
         # one numpy array, not a list of 1.3 million str objects: forked workers would touch (and
         # so copy) every page of the list just by reference-counting its items
         self.files = np.array([f.encode() for f in files])
         self.labels = np.asarray(labels, dtype=np.int64)
         self.aug, self.seed, self.skip_corrupt = aug, seed, skip_corrupt
-        self.normalize, self.channels_last = normalize, channels_last
+        self.normalize, self.channels_last, self.encoded = normalize, channels_last, encoded
         self.inv_std = 1 / (torch.tensor(STD).view(3, 1, 1) * 255)
         self.shift = torch.tensor(MEAN).view(3, 1, 1) * 255 * self.inv_std
 
@@ -85,28 +94,86 @@ class _BatchDataset(Dataset):
             x = torch.nn.functional.interpolate(x[None], size=(size, size), mode="bilinear", antialias=True)[0]
         return x.flip(2) if region.flip else x
 
-    def __getitem__(self, key: BatchKey) -> tuple[torch.Tensor, torch.Tensor, list[tuple[str, str]], bool]:
-        epoch, indices = key
-        images = self._allocate(len(indices))
+    def _substituted(self, epoch: int, indices: Sequence[int], take: Any) -> tuple[torch.Tensor, list, bool]:
+        """``take(i, j)`` for each image ``i`` of the batch with the image ``j`` that stands for it
+        (itself, or with on_corrupt=skip the next that decodes): labels, errors, complete."""
         labels = torch.empty(len(indices), dtype=torch.int64)
         errors: list[tuple[str, str]] = []
         for i, index in enumerate(indices):
             for attempt in range(MAX_SUBSTITUTES if self.skip_corrupt else 1):
                 j = (index + attempt) % len(self.files)
                 try:
-                    x = self._image(self.files[j].decode(), epoch, j)
+                    take(i, j)
                 except CorruptImageError as err:
                     errors.append((err.path, err.reason))
                     continue
-                if self.normalize:  # (x - mean) / std as x * (1/std) - mean/std
-                    torch.sub(x.float().mul_(self.inv_std), self.shift, out=images[i])
-                else:
-                    images[i].copy_(x.permute(1, 2, 0))
                 labels[i] = int(self.labels[j])
                 break
             else:
-                return images, labels, errors, False
-        return images, labels, errors, True
+                return labels, errors, False
+        return labels, errors, True
+
+    def __getitem__(self, key: BatchKey) -> tuple[Any, torch.Tensor, list[tuple[str, str]], bool]:
+        epoch, indices = key
+        if self.encoded:
+            return self._encoded_batch(epoch, indices)
+        images = self._allocate(len(indices))
+
+        def take(i: int, j: int) -> None:
+            x = self._image(self.files[j].decode(), epoch, j)
+            if self.normalize:  # (x - mean) / std as x * (1/std) - mean/std
+                torch.sub(x.float().mul_(self.inv_std), self.shift, out=images[i])
+            else:
+                images[i].copy_(x.permute(1, 2, 0))
+
+        labels, errors, complete = self._substituted(epoch, indices, take)
+        return images, labels, errors, complete
+
+    def _encoded_batch(self, epoch: int, indices: Sequence[int]) -> tuple[Encoded, torch.Tensor, list, bool]:
+        n = len(indices)
+        files: list[bytes] = [b""] * n
+        boxes = torch.zeros((n, 4), dtype=torch.int64)
+        flips = torch.zeros(n, dtype=torch.bool)
+        where = torch.full((n,), -1, dtype=torch.int64)
+        used = torch.empty(n, dtype=torch.int64)
+        decoded: list[torch.Tensor] = []
+
+        def take(i: int, j: int) -> None:
+            path = self.files[j].decode()
+            try:
+                with open(path, "rb") as f:
+                    data = f.read()
+            except OSError as err:
+                raise CorruptImageError(path, f"{type(err).__name__}: {err.strerror or err}") from None
+            window = crop_window(data, self.aug, sample_rng(self.seed, epoch, j))
+            if window is None:  # not a colour JPEG (or no readable header): the CPU decodes it
+                decoded.append(self._image(path, epoch, j).permute(1, 2, 0))
+                where[i] = len(decoded) - 1
+                files[i] = b""
+            else:
+                files[i], where[i] = data, -1
+                boxes[i] = torch.tensor(window[0])
+                flips[i] = window[1]
+            used[i] = j
+
+        labels, errors, complete = self._substituted(epoch, indices, take)
+        sizes = torch.tensor([0] + [len(f) for f in files], dtype=torch.int64)
+        data = torch.frombuffer(bytearray(b"".join(files)), dtype=torch.uint8) if sizes.sum() else torch.empty(
+            0, dtype=torch.uint8)
+        size = self.aug.size
+        stacked = torch.stack(decoded) if decoded else torch.empty((0, size, size, 3), dtype=torch.uint8)
+        if get_worker_info() is not None:
+            data.share_memory_()  # the main process maps the batch's files instead of receiving a copy
+        return Encoded(data, sizes.cumsum(0), boxes, flips, stacked, where, used, epoch), labels, errors, complete
+
+    def cpu_image(self, index: int, epoch: int) -> tuple[torch.Tensor | None, int, list[tuple[str, str]]]:
+        """Image ``index`` decoded on the CPU in the calling process (uint8 CHW), or with
+        on_corrupt=skip the next that decodes: the image (None if none did), its label and the
+        files that failed."""
+        found: list[torch.Tensor] = []
+        labels, errors, complete = self._substituted(
+            epoch, [index], lambda i, j: found.append(self._image(self.files[j].decode(), epoch, j)))
+        return (found[0], int(labels[0]), errors) if complete else (None, -1, errors)
 
 
 class _EpochSampler:
@@ -128,8 +195,12 @@ class _EpochSampler:
 
 
 class TorchImageLoader:
+    """``decode_jpegs``: how to decode JPEG files on the device (default: nvJPEG where
+    ``aug.device_decoding`` asks for it)."""
+
     def __init__(self, files: Sequence[str], labels: Sequence[int], aug: Augment, *, batch_size: int, shard: Shard,
-                 seed: int, workers: int, on_corrupt: str, device: Any = None, channels_last: bool = False) -> None:
+                 seed: int, workers: int, on_corrupt: str, device: Any = None, channels_last: bool = False,
+                 decode_jpegs: DecodeJpegs | None = None, auto_workers: bool = False) -> None:
         self.device = torch.device(device) if device is not None else torch.device("cpu")
         self.channels_last = channels_last
         self.skip_corrupt = on_corrupt == "skip"
@@ -137,11 +208,20 @@ class TorchImageLoader:
         self._reported: set[str] = set()
         self.sampler = _EpochSampler(len(files), batch_size, shard, seed, aug.train)
         self._n = len(self.sampler)
+        if decode_jpegs is None and aug.device_decoding:
+            decode_jpegs = gpu_decoder(self.device)
+        #: "gpu" where the device decodes the JPEGs, else the CPU decoder
+        self.decoder = "gpu" if decode_jpegs is not None else aug.decoder
+        if decode_jpegs is not None and auto_workers:
+            workers = min(workers, GPU_DECODE_WORKERS)
         # on a CPU the workers normalize (in parallel); a GPU gets uint8 and normalizes itself
         self.on_device_normalize = self.device.type != "cpu"
-        dataset = _BatchDataset(files, labels, aug, seed, self.skip_corrupt, normalize=not self.on_device_normalize,
-                                channels_last=channels_last)
-        self.loader = DataLoader(dataset, batch_size=None, sampler=self.sampler, num_workers=workers,
+        self.dataset = _BatchDataset(files, labels, aug, seed, self.skip_corrupt,
+                                     normalize=not self.on_device_normalize, channels_last=channels_last,
+                                     encoded=decode_jpegs is not None)
+        self.device_decoder = None if decode_jpegs is None else DeviceDecoder(
+            aug.size, self.device, channels_last, decode_jpegs, self._cpu_image)
+        self.loader = DataLoader(self.dataset, batch_size=None, sampler=self.sampler, num_workers=workers,
                                  persistent_workers=workers > 0, pin_memory=self.device.type == "cuda")
         shape = (1, 3, 1, 1)
         self.mean = torch.tensor(MEAN, device=self.device).view(shape) * 255
@@ -152,11 +232,34 @@ class TorchImageLoader:
 
     def iter_epoch(self, epoch: int, start_batch: int = 0) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         self.sampler.epoch, self.sampler.start = epoch, min(start_batch, self._n)
+        if self.device_decoder is not None:
+            yield from prefetched(self._device_decoded, self.device)
+            return
         for images, labels, errors, complete in self.loader:
             if errors:
                 self._report(errors, complete)
             images = self._normalize(images) if self.on_device_normalize else images
             yield images, labels.to(self.device, non_blocking=True)
+
+    def _device_decoded(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        for batch, labels, errors, complete in self.loader:
+            if errors:
+                self._report(errors, complete)
+            images = self.device_decoder(batch, labels)
+            yield images, labels.to(self.device, non_blocking=True)
+
+    def _cpu_image(self, index: int, epoch: int) -> tuple[torch.Tensor, int]:
+        """Image ``index`` decoded here on the CPU, where nvJPEG failed on it."""
+        image, label, errors = self.dataset.cpu_image(index, epoch)
+        if errors:
+            self._report(errors, complete=image is not None)
+        return image, label
+
+    @property
+    def decoded_counts(self) -> dict[str, int]:
+        """Images decoded so far on the GPU and on the CPU (data.decoder=gpu)."""
+        d = self.device_decoder
+        return {} if d is None else {"gpu_decoded_images": d.gpu_decoded, "cpu_decoded_images": d.cpu_decoded}
 
     def _report(self, errors: list[tuple[str, str]], complete: bool) -> None:
         if not self.skip_corrupt:

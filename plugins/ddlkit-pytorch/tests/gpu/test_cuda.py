@@ -1,6 +1,7 @@
 """The PyTorch plugin on a GPU: every precision, channels_last and framework.compile train on
 CUDA through the real CLI; deterministic runs repeat bit for bit; the image-folder pipeline's
-pinned, GPU-normalized batches equal the CPU-normalized ones; NCCL initializes for dist=native.
+pinned, GPU-normalized batches equal the CPU-normalized ones, and data.decoder=gpu's (nvJPEG) equal
+the CPU-decoded ones; NCCL initializes for dist=native.
 
 Needs a CUDA GPU and ``DDLKIT_RUN_GPU_TESTS=1`` (skipped otherwise, so CPU CI skips them); in
 plugins/ddlkit-pytorch:
@@ -145,14 +146,88 @@ def test_imagefolder_batches_are_pinned_and_normalized_on_the_gpu_like_on_the_cp
         torch.testing.assert_close(gi.cpu(), ci, atol=1e-5, rtol=1e-5)
 
 
+def batches(root: Path, train: bool, decoder: str, device: str, **config: object) -> tuple[list, object]:
+    """One epoch's batches, and their loader (for its counts)."""
+    from ddlkit import Shard
+    from ddlkit.builtin.imagefolder import ImageFolderConfig, ImageFolderData
+    from ddlkit_pytorch.data import torch_loader
+
+    source = ImageFolderData(ImageFolderConfig(root=str(root), image_size=64, workers=2, decoder=decoder, **config))
+    loader = torch_loader(source.loader("train" if train else "val", batch_size=4, shard=Shard(), seed=0),
+                          images=True, device=torch.device(device), channels_last=True)
+    return list(loader.iter_epoch(0)), loader
+
+
+@pytest.fixture
+def _inductor_cache(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """torchvision's first import writes torch's compile-cache location into the environment (seen
+    on torch 2.11): kept per test, as the other tests here do."""
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
+
+
+@pytest.mark.usefixtures("_inductor_cache")
+@pytest.mark.parametrize("train", [True, False])
+def test_nvjpeg_batches_equal_the_cpu_paths(tmp_path: Path, train: bool) -> None:
+    """data.decoder=gpu: the same images, crops and flips as the CPU path, within what decoding at
+    full size (nvJPEG) instead of DCT-scaled (libjpeg-turbo) changes; grayscale, CMYK and PNG
+    files go to the CPU."""
+    from ddlkit.images import MEAN, STD
+    from ddlkit.testing.images import make_image_dataset
+
+    ds = make_image_dataset(tmp_path / "imagenet", classes=3, train_per_class=8, val_per_class=4, odd_files=True,
+                            sizes=((500, 375), (333, 500), (640, 480)))
+    (gpu, loader), (cpu, _) = batches(ds.root, train, "gpu", "cuda"), batches(ds.root, train, "pil", "cpu")
+    assert loader.decoder == "gpu" and len(gpu) == len(cpu) > 0
+    mean, std = torch.tensor(MEAN).view(1, 3, 1, 1) * 255, torch.tensor(STD).view(1, 3, 1, 1) * 255
+    for (gi, gl), (ci, cl) in zip(gpu, cpu):
+        assert gi.is_cuda and gi.dtype == torch.float32 and gi.is_contiguous(memory_format=torch.channels_last)
+        assert torch.equal(gl.cpu(), cl)
+        g, c = gi.cpu() * std + mean, ci * std + mean
+        diff, mirrored = (g - c).abs().mean().item(), (g.flip(3) - c).abs().mean().item()
+        assert diff < 6 and mirrored > 1.5 * diff, (diff, mirrored)
+    counts = loader.decoded_counts
+    assert counts["cpu_decoded_images"] == (3 if train else 0), counts  # the grayscale, CMYK and PNG files
+    assert counts["gpu_decoded_images"] == sum(len(lbl) for _, lbl in gpu) - counts["cpu_decoded_images"]
+
+
+@pytest.mark.usefixtures("_inductor_cache")
+@pytest.mark.parametrize("on_corrupt", ["error", "skip"])
+def test_a_jpeg_cut_short_goes_to_the_cpu_and_on_corrupt(tmp_path: Path, on_corrupt: str) -> None:
+    """nvJPEG decodes a file cut short without a word (seen on an H200): the workers give such
+    files to the CPU, and data.on_corrupt decides."""
+    from ddlkit.images import CorruptImageError
+    from ddlkit.testing.images import make_image_dataset
+
+    ds = make_image_dataset(tmp_path / "imagenet", classes=2, train_per_class=4, val_per_class=2,
+                            sizes=((320, 240),))
+    good = sorted((ds.root / "validation" / ds.classes[0]).iterdir())[0]
+    data = good.read_bytes()
+    sos = data.index(b"\xff\xda")
+    (good.parent / "bad.JPEG").write_bytes(data[:sos + 14] + b"\x00" * 40)  # the header, then no image data
+    if on_corrupt == "error":
+        with pytest.raises(CorruptImageError, match="bad.JPEG"):
+            batches(ds.root, False, "gpu", "cuda", on_corrupt=on_corrupt)
+        return
+    gpu, loader = batches(ds.root, False, "gpu", "cuda", on_corrupt=on_corrupt)
+    # validation keeps every image: the bad one's place taken by the next
+    assert loader.skipped == 1 and sum(len(lbl) for _, lbl in gpu) == 5
+
+
 def test_imagefolder_trains_on_cuda_with_worker_processes(tmp_path: Path) -> None:
     from ddlkit.testing.images import make_image_dataset
 
-    ds = make_image_dataset(tmp_path / "imagenet", classes=3, train_per_class=8, val_per_class=2)
-    result = ddlkit(tmp_path / "job", "data=imagefolder", f"data.root={ds.root}", "data.image_size=64",
-                    "data.workers=2", "trainer.batch_size=4", "trainer.precision=bf16", "framework.channels_last=true")
-    assert result["device"].startswith("cuda") and result["steps"] == 6
-    assert math.isfinite(result["final_loss"])
+    ds = make_image_dataset(tmp_path / "imagenet", classes=3, train_per_class=8, val_per_class=2, odd_files=True)
+    common = ["data=imagefolder", f"data.root={ds.root}", "data.image_size=64", "data.workers=2",
+              "trainer.batch_size=4", "trainer.precision=bf16", "framework.channels_last=true"]
+    for decoder in ("auto", "gpu"):
+        result = ddlkit(tmp_path / decoder, *common, f"data.decoder={decoder}")
+        assert result["device"].startswith("cuda") and result["steps"] == 6
+        assert math.isfinite(result["final_loss"])
+        if decoder == "auto":  # auto decodes on the CPU, where it was faster (benchmarks/gpu.py)
+            assert result["decoder"] in ("simplejpeg", "pil") and "gpu_decoded_images" not in result
+    # data.decoder=gpu: nvJPEG, and the grayscale, CMYK and PNG files on the CPU
+    assert result["decoder"] == "gpu" and result["cpu_decoded_images"] == 3, result
+    assert result["gpu_decoded_images"] == 24 - 3
 
 
 def test_nccl_process_group_and_ddp_train_one_rank(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
