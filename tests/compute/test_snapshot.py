@@ -135,13 +135,16 @@ def test_a_package_only_in_the_launch_directory_trains_elsewhere(run_factory: Ru
 
 @pytest.mark.slow
 def test_plan_lists_what_would_ship(run_factory: RunFactory, tmp_path: Path) -> None:
-    tree(tmp_path, {"my_pkg/__init__.py": "", "my_pkg/data.py": textwrap.dedent(DATA)})
+    tree(tmp_path, {"my_pkg/__init__.py": "", "my_pkg/data.py": textwrap.dedent(DATA), ".env": "API_KEY=x\n"})
+    (tmp_path / "environ").symlink_to("/proc/self/environ")
     outcome = run_factory.cli("plan", *USER_DATA, "compute=elsewhere", f"compute.root={tmp_path / 'cluster'}",
                               f"hydra.run.dir={tmp_path / 'job'}").assert_success()
     snapshot = CodeSnapshot.take(tmp_path, max_bytes=MB)
     assert snapshot.describe() == f"2 files, {len(textwrap.dedent(DATA))} B, sha256 {snapshot.digest[:12]}"
     assert (f"      code: a snapshot of the launch directory ships with the job ({snapshot.describe()}): "
-            "my_pkg/__init__.py, my_pkg/data.py\n") in outcome.stdout
+            "my_pkg/__init__.py, my_pkg/data.py; left out as credentials: .env (to ship one, add !<path> to "
+            ".ddlkitignore); symbolic links out of the tree, not followed: environ -> /proc/self/environ\n"
+            ) in outcome.stdout
     assert not (tmp_path / "job" / "code").exists()  # a plan writes nothing
 
 
@@ -152,3 +155,89 @@ def test_over_the_limit_the_job_is_refused_before_it_is_submitted(run_factory: R
                           "code.max_mb=0.001").assert_returncode(2)
     assert "the code snapshot of" in outcome.stderr and "data.npy (3.0 kB)" in outcome.stderr
     assert not (tmp_path / "cluster").exists()
+
+
+def test_credential_files_stay_behind_and_are_named_unless_taken_back(tmp_path: Path) -> None:
+    root = tree(tmp_path / "project", {
+        "my_pkg/__init__.py": "", "my_pkg/id_utils.py": "", "train.py": "",
+        ".env": "WANDB_API_KEY=x\n", ".env.local": "A=1\n", "deploy/server.pem": "-----BEGIN", "tls.key": "k",
+        "cert.p12": b"\0", "home/.netrc": "machine x password y", ".git-credentials": "https://u:p@h",
+        "gcp/credentials-prod.json": "{}", ".ssh/id_ed25519": "k", "keys/id_rsa": "k", ".aws/credentials": "k",
+        "home/.config/gcloud/application_default_credentials.json": "{}", ".kube/config": "k",
+        ".azure/accessTokens.json": "{}", ".pypirc": "password = x",
+    })
+    snapshot = CodeSnapshot.take(root, max_bytes=MB)
+    assert paths(snapshot) == ["my_pkg/__init__.py", "my_pkg/id_utils.py", "train.py"]
+    assert snapshot.withheld == (".aws/", ".azure/", ".env", ".env.local", ".git-credentials", ".kube/", ".pypirc",
+                                 ".ssh/", "cert.p12", "deploy/server.pem", "gcp/credentials-prod.json",
+                                 "home/.config/gcloud/", "home/.netrc", "keys/id_rsa", "tls.key")
+    assert snapshot.left_out()[0].startswith("left out as credentials: .aws/, .azure/, .env, ")
+    assert snapshot.left_out()[0].endswith("(to ship one, add !<path> to .ddlkitignore)")
+    # taken back on purpose, by path
+    (root / ".ddlkitignore").write_text("!deploy/server.pem\n")
+    again = CodeSnapshot.take(root, max_bytes=MB)
+    assert "deploy/server.pem" in paths(again) and "deploy/server.pem" not in again.withheld
+
+
+def test_links_out_of_the_tree_are_not_followed_and_links_inside_ship_as_links(tmp_path: Path) -> None:
+    root = tree(tmp_path / "project", {"my_pkg/__init__.py": "", "my_pkg/nets.py": "x = 1\n", "conf/a.yaml": "a\n"})
+    (tmp_path / "secret.txt").write_text("the launcher's secret")
+    (root / "environ").symlink_to("/proc/self/environ")
+    (root / "leak.txt").symlink_to(tmp_path / "secret.txt")
+    (root / "home").symlink_to(tmp_path)  # a directory outside
+    (root / "gone.py").symlink_to(root / "missing.py")
+    (root / "my_pkg" / "alias.py").symlink_to("nets.py")
+    (root / "configs").symlink_to(root / "conf")  # absolute, inside: shipped relative
+    snapshot = CodeSnapshot.take(root, max_bytes=MB)
+    assert paths(snapshot) == ["conf/a.yaml", "my_pkg/__init__.py", "my_pkg/nets.py"]
+    assert snapshot.links == (("configs", "conf"), ("my_pkg/alias.py", "nets.py"))
+    assert snapshot.outside_links == (("environ", "/proc/self/environ"), ("gone.py", str(root / "missing.py")),
+                                      ("home", str(tmp_path)), ("leak.txt", str(tmp_path / "secret.txt")))
+    assert snapshot.left_out() == ["symbolic links out of the tree, not followed: environ -> /proc/self/environ, "
+                                   f"gone.py -> {root / 'missing.py'}, home -> {tmp_path}, "
+                                   f"leak.txt -> {tmp_path / 'secret.txt'}"]
+    code = snapshot.write(tmp_path / "job")
+    assert (code / "my_pkg" / "alias.py").is_symlink() and (code / "my_pkg" / "alias.py").read_text() == "x = 1\n"
+    assert (code / "configs" / "a.yaml").read_text() == "a\n"
+    assert not (code / "environ").exists() and not (code / "leak.txt").exists()
+    shipped = "".join(p.read_text(errors="replace") for p in code.rglob("*") if p.is_file())
+    assert "secret" not in shipped
+    # a link is part of the digest: retargeting it changes the snapshot
+    (root / "my_pkg" / "alias.py").unlink()
+    (root / "my_pkg" / "alias.py").symlink_to("__init__.py")
+    assert CodeSnapshot.take(root, max_bytes=MB).digest != snapshot.digest
+
+
+def test_sizes_are_checked_before_any_file_is_read(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    root = tree(tmp_path / "project", {"my_pkg/__init__.py": ""})
+    with open(root / "huge.bin", "wb") as f:  # 3 GB, sparse: nothing to read but its size
+        f.truncate(3 * 10**9)
+    opened: list[str] = []
+    real_open = open
+
+    def recording_open(file, *args, **kwargs):
+        opened.append(str(file))
+        return real_open(file, *args, **kwargs)
+
+    monkeypatch.setattr("builtins.open", recording_open)
+    with pytest.raises(ddlkit.ConfigError, match=r"huge.bin \(3.0 GB\)"):
+        CodeSnapshot.take(root, max_bytes=50 * MB)
+    assert not [p for p in opened if p.endswith("huge.bin")]
+
+
+def test_an_unreadable_file_is_one_line_naming_it(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import errno
+
+    root = tree(tmp_path / "project", {"my_pkg/__init__.py": "", "bad_sector.py": "x"})
+    real_open = open
+
+    def failing_open(file, *args, **kwargs):  # what a disk with a bad sector answers
+        if str(file).endswith("bad_sector.py"):
+            raise OSError(errno.EIO, "Input/output error")
+        return real_open(file, *args, **kwargs)
+
+    monkeypatch.setattr("builtins.open", failing_open)
+    with pytest.raises(ddlkit.ConfigError) as caught:
+        CodeSnapshot.take(root, max_bytes=MB)
+    assert str(caught.value) == (f"the code snapshot cannot read {root / 'bad_sector.py'}: Input/output error. Leave "
+                                 "it out with a .ddlkitignore line or code.exclude=[...], or make it readable.")

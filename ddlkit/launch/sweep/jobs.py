@@ -637,4 +637,4 @@ def _code_line(snapshot: CodeSnapshot) -> str:
     shown = [path for path, _ in snapshot.files[:_PLANNED_FILES]]
     more = len(snapshot.files) - len(shown)
     return (f"a snapshot of the launch directory ships with the job ({snapshot.describe()}): {', '.join(shown)}"
-            + (f" and {more} more" if more else ""))
+            + (f" and {more} more" if more else "") + "".join(f"; {said}" for said in snapshot.left_out()))
