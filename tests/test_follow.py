@@ -187,3 +187,21 @@ def test_environment_info_records_versions(monkeypatch: pytest.MonkeyPatch) -> N
     assert with_wandb["packages"]["wandb"] == version("wandb")
     assert info["argv"] == ["ddlkit", "storage.account_key=***", "trainer.epochs=1"]
     assert info["git"] is None  # the test runs in tmp_path, outside any repository
+
+
+def test_the_end_of_a_run_says_how_much_disk_its_directory_takes(tmp_path: Path) -> None:
+    from ddlkit.launch.follow import footprint
+
+    (tmp_path / "checkpoints").mkdir()
+    for step in (1, 2):
+        with open(tmp_path / "checkpoints" / f"step-{step}.ckpt", "wb") as f:
+            f.truncate(60_000_000)
+    with open(tmp_path / "model.pt", "wb") as f:
+        f.truncate(30_000_000)
+    (tmp_path / "result.json").write_text("{}")
+    assert footprint(tmp_path) == ("ddlkit: the job directory holds 150 MB (checkpoints/ 120 MB, model.pt 30 MB): "
+                                   "trainer.keep_checkpoints=1 and trainer.save_model=false keep it smaller\n")
+    (tmp_path / "model.pt").unlink()
+    for step in (1, 2):
+        (tmp_path / "checkpoints" / f"step-{step}.ckpt").unlink()
+    assert footprint(tmp_path) == ""  # small: nothing to say

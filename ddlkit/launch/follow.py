@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import itertools
 import json
+import os
 import signal
 import sys
 import threading
@@ -169,6 +170,35 @@ def conclude(handle: JobHandle, status: JobStatus, *, job_dir: Path, name: str,
     return outcome(settle(handle, status, job_dir), job_dir=job_dir, name=name, resume_hint=resume_hint, out=out)
 
 
+#: a job directory at least this big is reported at the end of its run, with how to keep it smaller
+BIG_JOB_DIR = 100_000_000
+
+
+def footprint(job_dir: Path) -> str:
+    """One line, for a job directory of :data:`BIG_JOB_DIR` or more: how much disk it takes and
+    what takes most of it (checkpoints and the model are what a run leaves behind; a toy sweep of
+    four jobs leaves half a gigabyte); else nothing."""
+    sizes: dict[str, int] = {}
+    for dirpath, _, filenames in os.walk(job_dir):
+        top = Path(dirpath).relative_to(job_dir).parts
+        for name in filenames:
+            with contextlib.suppress(OSError):
+                part = f"{top[0]}/" if top else name
+                sizes[part] = sizes.get(part, 0) + os.lstat(os.path.join(dirpath, name)).st_size
+    total = sum(sizes.values())
+    if total < BIG_JOB_DIR:
+        return ""
+    biggest = sorted(sizes.items(), key=lambda kv: -kv[1])[:2]
+    parts = ", ".join(f"{name} {_megabytes(size)}" for name, size in biggest if size >= total / 10)
+    return (f"ddlkit: the job directory holds {_megabytes(total)}" + (f" ({parts})" if parts else "")
+            + ": trainer.keep_checkpoints=1 and trainer.save_model=false keep it smaller\n")
+
+
+def _megabytes(size: int) -> str:
+    """A size of 10 MB or more (the parts a footprint names)."""
+    return f"{size / 1e9:.1f} GB" if size >= 1e9 else f"{size / 1e6:.0f} MB"
+
+
 def outcome(status: JobStatus, *, job_dir: Path, name: str, resume_hint: str, out: TextIO,
             note: str = "") -> dict[str, Any]:
     """A settled job's ``result.json``, or :class:`JobFailedError` with what went wrong, ``note``
@@ -176,6 +206,7 @@ def outcome(status: JobStatus, *, job_dir: Path, name: str, resume_hint: str, ou
     if status.state is JobState.SUCCEEDED:
         result_path = Path(job_dir) / RESULT_FILE
         result = json.loads(result_path.read_text())
+        out.write(footprint(Path(job_dir)))
         out.write(f"ddlkit: done; result in {result_path}\n")
         return result
     noted = f" ({note})" if note else ""
