@@ -23,7 +23,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from .checkpoint import CHECKSUMS
 from .errors import ConfigError
-from .options import NON_NEGATIVE, POSITIVE, POSITIVE_INTEGER, at_least, checked, one_of
+from .options import NON_NEGATIVE, POSITIVE, POSITIVE_INTEGER, Rule, at_least, checked, one_of
 from .registry import HOOK_POINTS, Registry
 from .resize import ON_RESIZE
 
@@ -96,7 +96,8 @@ class TrainerConfig:
     # false: start fresh; or a path to a checkpoint (file, or a job directory)
     resume: str = "auto"
     precision: Precision = Precision.fp32
-    seed: int = 0
+    # every generator's seed (NumPy's takes 32 bits)
+    seed: int = checked(0, Rule(lambda v: 0 <= v < 2**32, "an integer in [0, 4294967295]"))
     # deterministic kernels (CPU results then repeat bit for bit; slower on GPU)
     deterministic: bool = False
     # run validation after each epoch
@@ -175,8 +176,9 @@ class DistConfig:
     # none: one process; native: the framework's collectives (torch.distributed, tf.distribute);
     # horovod: Horovod (scripts/install_horovod.sh)
     backend: str = checked("none", one_of(BACKENDS))
-    # seconds a rank waits in a collective for the slowest rank before the job fails
-    timeout_s: float = checked(1800.0, POSITIVE)
+    # seconds a rank waits in a collective for the slowest rank before the job fails (at most
+    # 2147483: gloo and NCCL count it in milliseconds in 32 bits, about 24.8 days)
+    timeout_s: float = checked(1800.0, Rule(lambda v: 0 < v <= 2_147_483, "positive and at most 2147483 (seconds)"))
     # seconds without a heartbeat from a rank (stopped, hung) before the others say so, and
     # again after each further such period; a slow but live rank keeps sending them
     warn_after_s: float = checked(60.0, at_least(1, "at least 1 (seconds)"))

@@ -23,6 +23,7 @@ what to set, with ``OMP_WAIT_POLICY`` unset, on cores a scheduler gives a job al
 from __future__ import annotations
 
 import os
+import sys
 from collections.abc import Mapping
 from typing import Any
 
@@ -45,8 +46,14 @@ def check(value: Any, framework: str) -> None:
 
 def per_rank(value: Any, local_size: int, env: Mapping[str, str] | None = None) -> int:
     """The intra-op threads of one rank for ``framework.num_threads=value`` with ``local_size``
-    ranks on its node; 0: the framework's default."""
+    ranks on its node; 0: the framework's default. A number above the cores this process may use
+    is capped there, with a warning: 100000 threads starve the machine (and libgomp dies)."""
     if value != AUTO:
+        cores = len(os.sched_getaffinity(0))
+        if int(value) > cores:
+            print(f"ddlkit: warning: framework.num_threads={value} is more than the {cores} cores this rank may use; "
+                  f"using {cores}", file=sys.stderr, flush=True)
+            return cores
         return int(value)
     env = os.environ if env is None else env
     given = env.get("OMP_NUM_THREADS", "").strip()

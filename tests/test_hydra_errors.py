@@ -120,3 +120,34 @@ def test_a_group_only_a_search_path_holds_given_no_name_is_one_line(tmp_path: Pa
     assert capsys.readouterr().err == (
         "ddlkit: error: a config group's option is chosen by name (Config group override must be a string or a list. "
         "Got int): give its name, quoted if it reads as a number or null (group='0').\n")
+
+
+@pytest.mark.parametrize(("override", "message"), [
+    ("trainer.epochs=" + "9" * 5000, "a number on the command line is too long (value has 5000 digits): no setting "
+                                     "takes one that big."),
+    ("model=[resnet18,resnet50]", "model takes one option, and the command line gives it a list: choose one "
+                                  "(model=<name>), or run one job per option with -m model=<a>,<b>."),
+    ("trainer.seed=-1", "trainer.seed=-1 is invalid: it must be an integer in [0, 4294967295]."),
+    ("dist.timeout_s=inf", "dist.timeout_s=inf is invalid: it must be positive and at most 2147483 (seconds)."),
+    (f"hydra.run.dir=/tmp/{'x' * 300}", f"/tmp/{'x' * 300} is longer than the file system allows for a path or a name "
+                                        "in it: give hydra.run.dir (or hydra.sweep.dir) a shorter one."),
+])
+@pytest.mark.parametrize("command", [[], ["plan"]])
+def test_values_that_used_to_end_in_a_traceback_are_one_line(override: str, message: str, command: list[str],
+                                                             tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    run_dir = [] if override.startswith("hydra.run.dir") else [f"hydra.run.dir={tmp_path / 'job'}"]
+    assert main([*command, "framework=fake", override, *run_dir]) == 2
+    assert capsys.readouterr().err == f"ddlkit: error: {message}\n"
+    assert not (tmp_path / "job" / "job.json").exists()
+
+
+def test_more_threads_than_cores_are_capped_with_a_warning(capsys: pytest.CaptureFixture[str]) -> None:
+    import os
+
+    from ddlkit import threads
+
+    cores = len(os.sched_getaffinity(0))
+    assert threads.per_rank(100000, 1) == cores
+    assert capsys.readouterr().err == (f"ddlkit: warning: framework.num_threads=100000 is more than the {cores} cores "
+                                       f"this rank may use; using {cores}\n")
+    assert threads.per_rank(1, 1) == 1 and capsys.readouterr().err == ""

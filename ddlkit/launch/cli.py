@@ -479,7 +479,7 @@ def _one_run(argv: list[str]) -> bool:
         return False
     try:
         parsed = OverridesParser.create().parse_overrides(command.overrides)
-    except HydraException:  # the run tells what is wrong with it
+    except (HydraException, ValueError):  # the run tells what is wrong with it (ValueError: a 5000-digit number)
         return False
     return not any(o.is_sweep_override() or o.get_key_element().lstrip("+~") == "hydra/sweeper" for o in parsed)
 

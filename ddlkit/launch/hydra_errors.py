@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import errno
 import re
 from collections.abc import Iterator
 from typing import Any
@@ -51,6 +52,12 @@ def explain(err: BaseException) -> DdlkitError | None:
     from yaml import YAMLError
 
     for link in _chain(err):
+        if isinstance(link, OSError) and link.errno == errno.ENAMETOOLONG:  # Hydra making hydra.run.dir
+            return ConfigError(f"{link.filename} is longer than the file system allows for a path or a name in it: "
+                               "give hydra.run.dir (or hydra.sweep.dir) a shorter one.")
+        if isinstance(link, ValueError) and "integer string conversion" in str(link):
+            return ConfigError(f"a number on the command line is too long ({str(link).split(': ', 1)[-1].split(';')[0]}): "
+                               "no setting takes one that big.")
         if isinstance(link, YAMLError):
             where = getattr(getattr(link, "problem_mark", None), "name", None) or "a config file"
             return ConfigError(f"{where} is not valid YAML: {yaml_error_line(link)}. Fix the file, or leave out "
@@ -91,6 +98,11 @@ def explain(err: BaseException) -> DdlkitError | None:
                            f"search a range ({message.rpartition(':')[2].strip().lower()}: interval() or tag()): "
                            "give values (a,b,c) or range(start,stop,step), or search it with hydra/sweeper=optuna "
                            "(pip install hydra-optuna-sweeper) and sweep.objective=<a result field>.")
+    merge = re.match(r"In '([\w/]+)/[^']*': Merge error: .* is not a subclass of", message)
+    if merge:  # group=[a,b]: Hydra merges the second option's schema into the first's
+        group = merge[1].replace("/", ".")
+        return ConfigError(f"{group} takes one option, and the command line gives it a list: choose one "
+                           f"({group}=<name>), or run one job per option with -m {group}=<a>,<b>.")
     if message.startswith("Could not append to config. An item is already at"):
         key = message.split("'")[1]
         return ConfigError(f"`{key}` is already in the config: set it without the `+` ({key}=...).")
