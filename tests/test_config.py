@@ -121,7 +121,7 @@ def test_wrong_values_fail_when_composing(pm: DdlkitPluginManager, override: str
     ("optimizer.label_smoothing=1.5", "optimizer.label_smoothing=1.5 is invalid: it must be in [0, 1)."),
     ("optimizer.name=adam", "unknown optimizer 'adam' (config key `optimizer`). Choose one of: sgd."),
     ("dist.backend=mpi", "dist.backend=mpi is invalid: it must be one of: none, native, horovod."),
-    ("dist.timeout_s=0", "dist.timeout_s=0.0 is invalid: it must be positive."),
+    ("dist.timeout_s=0", "dist.timeout_s=0.0 is invalid: it must be positive and at most 2147483 (seconds)."),
     ("dist.stop_check_every=0", "dist.stop_check_every=0 is invalid: it must be a positive integer."),
     ("data.image_size=0", "data.image_size=0 is invalid: it must be >= 1."),
     ("data.image_size=-32", "data.image_size=-32 is invalid: it must be >= 1."),

@@ -266,7 +266,7 @@ def _read(path: Path, read: Any) -> Any:
                           f"{IGNORE_FILE} line or code.exclude=[...], or make it readable.") from None
 
 
-def _digest(root: Path, files: Sequence[str], links: Sequence[tuple[str, str]]) -> str:
+def _digest(root: Path, files: Sequence[str], links: Sequence[tuple[str, str]] = ()) -> str:
     total = hashlib.sha256()
     for rel in files:
         total.update(rel.encode() + b"\0")

@@ -188,7 +188,9 @@ def test_plan_of_a_single_run_names_its_job_directory(run_factory: RunFactory) -
     """Not "1 jobs" in a multirun/ directory: the directory the run itself would have."""
     out = run_factory.cli("plan", *COMMON, "hydra.run.dir=runs/r1").assert_success()
     job_dir = run_factory.base_dir / "runs" / "r1"
-    assert out.stdout.startswith(f"ddlkit plan: 1 job -> {job_dir} (")
+    # and nothing of a sweep: how many at once, what a failure does to the others, a job number
+    assert out.stdout.startswith(f"ddlkit plan: 1 job -> {job_dir}\n      compute=")
+    assert "at once" not in out.stdout and "on_failure" not in out.stdout and "#0" not in out.stdout
     assert f"hydra.run.dir={job_dir}\n" in out.stdout
     assert out.stdout.endswith("ddlkit plan: the job is valid; nothing was run.\n")
     default = run_factory.cli("plan", *COMMON).assert_success()

@@ -349,16 +349,24 @@ class DdlkitSweep:
     def _print_plan(self, jobs: list[CheckedJob], ledger: Ledger, done: set[int], settings: SweepSettings,
                     policy: FailurePolicy) -> None:
         sweep_dir = ledger.path.parent
+        if len(jobs) == 1:  # one job: nothing of a sweep to say (how many at once, what a failure does to the rest)
+            self.say(f"ddlkit plan: 1 job -> {sweep_dir}\n" + jobs[0].plan.replace("{state}", self._state(
+                jobs[0], ledger, done), 1))
+            self.say("ddlkit plan: the job is valid; nothing was run.")
+            return
         self.say(f"ddlkit plan: {_jobs(len(jobs))} -> {sweep_dir} (up to {settings.max_parallel} at once, "
                     f"on_failure={policy})")
         labels = varying_overrides([JobRecord(j.num, self._overrides(j), "") for j in jobs])
         for job in jobs:
-            record = ledger.jobs[job.num]
-            state = ("completed: skipped" if job.num in done else
-                     f"{record.status}: runs again in its directory" if record.attempts else "new")
-            self.say(f"  #{job.num} {labels[job.num] or '-'}\n" + job.plan.replace("{state}", state, 1))
-        self.say(f"ddlkit plan: {'the job is' if len(jobs) == 1 else f'all {len(jobs)} jobs are'} valid; "
-                 "nothing was run.")
+            self.say(f"  #{job.num} {labels[job.num] or '-'}\n" + job.plan.replace("{state}",
+                                                                                    self._state(job, ledger, done), 1))
+        self.say(f"ddlkit plan: all {len(jobs)} jobs are valid; nothing was run.")
+
+    @staticmethod
+    def _state(job: CheckedJob, ledger: Ledger, done: set[int]) -> str:
+        record = ledger.jobs[job.num]
+        return ("completed: skipped" if job.num in done else
+                f"{record.status}: runs again in its directory" if record.attempts else "new")
 
     def finish(self) -> None:
         """After the sweeper's last batch: a search's report of all its trials, and its best one."""

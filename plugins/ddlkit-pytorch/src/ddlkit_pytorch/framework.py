@@ -85,11 +85,11 @@ class PytorchFramework(ddlkit.Framework):
     def configure(self, config: DictConfig) -> None:
         if config.trainer.precision == "fp16" and self.cfg.device == "cpu":
             raise cpu.fp16_refusal("pytorch", "framework.device=cpu was chosen")
-        kernel = self.cfg.optimizer_kernel
-        if kernel != "auto" and config.optimizer.name not in KERNEL_OPTIMIZERS:
+        kernel, optimizer = self.cfg.optimizer_kernel, (config.get("optimizer") or {}).get("name")
+        if kernel != "auto" and optimizer not in KERNEL_OPTIMIZERS:
             raise ddlkit.ConfigError(f"framework.optimizer_kernel={kernel} applies to optimizer=sgd or adamw, not "
-                                     f"optimizer={config.optimizer.name}: leave it at auto.")
-        if config.data.get("decoder") == "gpu" and self.cfg.device == "cpu":
+                                     f"optimizer={optimizer}: leave it at auto.")
+        if (config.get("data") or {}).get("decoder") == "gpu" and self.cfg.device == "cpu":
             raise ddlkit.ConfigError("data.decoder=gpu decodes on a CUDA GPU, and framework.device=cpu was chosen: use "
                                      "framework.device=cuda (or auto) on a machine with one, or data.decoder=auto.")
         threads.check(self.cfg.num_threads, "torch")

@@ -87,7 +87,7 @@ def check_config(framework: str, device: str, xla: bool, num_threads: Any, confi
         raise ddlkit.ConfigError(f"framework.xla=true cannot run with dist=horovod: Horovod's collectives have no XLA "
                                  f"kernels here. Choose one of the two for framework={framework} (dist=native "
                                  f"compiles with XLA).")
-    if config.data.get("decoder") == "gpu":
+    if (config.get("data") or {}).get("decoder") == "gpu":
         raise ddlkit.ConfigError(f"data.decoder=gpu is PyTorch's (nvJPEG through torchvision); framework={framework} "
                                  "decodes its images in tf.data: use data.decoder=auto, or framework=pytorch.")
     if device not in DEVICES:
