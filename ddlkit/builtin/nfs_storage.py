@@ -43,6 +43,9 @@ class NfsStorage(LocalStorage, CheckpointPublisher):
             raise ConfigError(f"storage.root={self.root} does not exist on this node: is the NFS share mounted there?")
         return self.root
 
+    def launch_relative(self, root: str, launch_dir: Path) -> str:
+        return root  # a relative data.root is the share's, below storage.root on every node
+
     def data_path(self, root: str) -> Path:
         if is_url(root):
             raise ConfigError(f"storage=nfs reads data in place and cannot read data.root={root}; stage it to each "

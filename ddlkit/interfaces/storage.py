@@ -53,6 +53,15 @@ class StorageBackend(ABC):
     def list(self, prefix: str = "") -> list[str]:
         """Sorted keys that start with ``prefix``."""
 
+    def launch_relative(self, root: str, launch_dir: Path) -> str:
+        """``data.root`` as ranks that run on the launcher's disk must read it (their working
+        directory is the job directory): a relative path names a directory below ``launch_dir``,
+        where ``ddlkit`` was started. A backend whose relative roots mean something else on the
+        nodes (``storage=nfs``: below its mount) returns ``root`` unchanged."""
+        if "://" in root or Path(root).expanduser().is_absolute():  # a URL (blob://, file://) or a path
+            return root
+        return str(Path(launch_dir) / root)
+
     def data_path(self, root: str) -> Path:
         """A local directory from which the dataset ``root`` can be read by this node."""
         return Path(root).expanduser()

@@ -5,6 +5,7 @@ models and optimizers, and the compute target's ranks against the dist settings 
 from __future__ import annotations
 
 from collections.abc import Iterator
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from omegaconf.errors import MissingMandatoryValue, OmegaConfBaseException
@@ -12,7 +13,8 @@ from omegaconf.errors import MissingMandatoryValue, OmegaConfBaseException
 from .. import callbacks, monitor, options
 from ..config import check_one_global_batch, to_container
 from ..errors import ConfigError
-from ..interfaces import ComputeTarget, Framework
+from ..custom import launch_dir
+from ..interfaces import ComputeTarget, Framework, StorageBackend
 from ..registry import HOOK_POINTS, Registry
 from . import elastic
 from .hydra_errors import check_composed
@@ -53,9 +55,25 @@ def validate(cfg: DictConfig, registry: Registry, pm: DdlkitPluginManager, *,
         component.configure(cfg)
         if isinstance(component, Framework) and compute.ranks_share_environment:
             component.check_environment(cfg)  # else the ranks check it where they run
+        if isinstance(component, StorageBackend) and compute.shares_job_dir:
+            _launch_relative(container, component)
     # what no one component owns: checks across the config (user code importable, ...)
     pm.hook.ddlkit_configure(config=cfg)
     return container
+
+
+def _launch_relative(container: dict[str, Any], storage: StorageBackend) -> None:
+    """Paths the user gave relative to where ``ddlkit`` was started, made absolute for ranks that
+    run in the job directory on this disk: ``data.root`` (as the storage reads it) and a
+    ``trainer.resume`` checkpoint."""
+    here = launch_dir()
+    data = container.get("data") or {}
+    if isinstance(data.get("root"), str):
+        data["root"] = storage.launch_relative(data["root"], here)
+    trainer = container.get("trainer") or {}
+    resume = trainer.get("resume")
+    if isinstance(resume, str) and resume not in ("auto", "true", "false") and not Path(resume).expanduser().is_absolute():
+        trainer["resume"] = str(here / resume)  # the launcher checks it from here too (prepare)
 
 
 def _selected(cfg: DictConfig, registry: Registry, compute: ComputeTarget) -> Iterator[Any]:
