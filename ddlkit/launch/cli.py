@@ -27,6 +27,8 @@ from .commandline import launch_args
 DETACH_FLAG = "--detach"
 #: Hydra's switch for raising its errors (with their tracebacks) rather than printing them
 FULL_ERROR_ENV = "HYDRA_FULL_ERROR"
+#: set while a command runs with its errors going to a file or a pipe: no colour escape codes there
+NO_COLOR_ENV = "NO_COLOR"
 #: what makes a command line a sweep
 _MULTIRUN_FLAGS = ("-m", "--multirun")
 
@@ -344,10 +346,14 @@ def _run_hydra(task: Callable[[Any], None], argv: list[str], sweep: Any, *, mult
     from .hydra_errors import explain
 
     app = hydra.main(config_path="../conf", config_name="config", version_base="1.3")(task)
-    saved_argv, full_error = sys.argv, os.environ.get(FULL_ERROR_ENV)
+    saved_argv, full_error, no_color = sys.argv, os.environ.get(FULL_ERROR_ENV), os.environ.get(NO_COLOR_ENV)
     sys.argv = ["ddlkit", *argv]
     # Hydra then raises its errors instead of printing them in several lines; ddlkit tells them in one
     os.environ[FULL_ERROR_ENV] = "1"
+    if not sys.stderr.isatty() and "FORCE_COLOR" not in os.environ:
+        # Optuna's log lines are coloured by colorlog whatever the stream; a log file or a pipe gets
+        # the escape codes raw unless NO_COLOR (the convention colorlog and rich follow) says not to
+        os.environ[NO_COLOR_ENV] = no_color or "1"
     try:
         with compose_once(argv):
             app()
@@ -375,6 +381,8 @@ def _run_hydra(task: Callable[[Any], None], argv: list[str], sweep: Any, *, mult
             os.environ.pop(FULL_ERROR_ENV, None)
         else:
             os.environ[FULL_ERROR_ENV] = full_error
+        if no_color is None:
+            os.environ.pop(NO_COLOR_ENV, None)
     return None
 
 
@@ -386,18 +394,44 @@ def _sweep_error() -> type[Exception]:
 
 def _sweeps_win(argv: list[str], overrides: list[str]) -> list[str]:
     """``argv`` without the values given to keys that are also swept (``T trainer.batch_size=8
-    'trainer.batch_size=interval(2,6)'``), each dropped with a note: the sweep gives the key its
-    values whatever the order and the sweeper (Hydra's basic sweeper lets the later override win,
-    Optuna the fixed value: a search dimension lost in silence)."""
+    'trainer.batch_size=interval(2,6)'``), or searched by the sweeper's ``hydra.sweeper.params``
+    (on the command line or in a ``+experiment`` file), each dropped with a note: the sweep gives
+    the key its values whatever the order and the sweeper (Hydra's basic sweeper lets the later
+    override win, Optuna the fixed value: a search dimension lost in silence)."""
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
     parsed = OverridesParser.create().parse_overrides(overrides)
     swept = {ov.get_key_element(): ov.input_line for ov in parsed if ov.is_sweep_override()}
+    params = "hydra.sweeper.params."
+    swept.update({ov.get_key_element()[len(params):]: ov.input_line for ov in parsed
+                  if ov.get_key_element().startswith(params)})
+    for ov in parsed:
+        if ov.get_key_element().lstrip("+") == "experiment" and isinstance(ov.value(), str):
+            swept.update(_experiment_params(ov.value()))
     dropped = {ov.input_line: ov.get_key_element() for ov in parsed
                if not ov.is_sweep_override() and not ov.is_delete() and ov.get_key_element() in swept}
     for line, key in dropped.items():
         print(f"ddlkit: note: {line} is left out: the sweep {swept[key]} gives {key} its values", file=sys.stderr)
     return [a for a in argv if a not in dropped]
+
+
+def _experiment_params(name: str) -> dict[str, str]:
+    """The keys experiment ``name`` searches (its ``hydra.sweeper.params``), each with how it says so;
+    nothing for an experiment that is not found here (Hydra then says it is unknown)."""
+    import yaml
+
+    from ..config import experiment_dirs, user_conf_dirs
+
+    places = [d / f"{name}.yaml" for d in experiment_dirs()] + [d / "experiment" / f"{name}.yaml"
+                                                                for d in user_conf_dirs()]
+    path = next((p for p in places if p.is_file()), None)
+    try:
+        params = ((yaml.safe_load(path.read_text()) or {}).get("hydra") or {}).get("sweeper", {}).get("params")
+    except (AttributeError, OSError, yaml.YAMLError):  # no file, or one Hydra will refuse in its own words
+        return {}
+    if not isinstance(params, dict):
+        return {}
+    return {str(key): f"of experiment {name} ({key}: {value})" for key, value in params.items()}
 
 
 def _explained(err: Exception, explain: Callable[[BaseException], DdlkitError | None]) -> DdlkitError:

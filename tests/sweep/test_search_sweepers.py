@@ -93,3 +93,21 @@ def test_a_study_of_no_trials_is_refused(run_factory: RunFactory) -> None:
                           "optimizer.lr=interval(0.01,1.0)", timeout=120).assert_returncode(2)
     assert out.stderr == ("ddlkit: error: hydra.sweeper.n_trials=0 is invalid: it must be at least 1 (the trials to "
                           "run).\n")
+
+
+def test_a_key_an_experiment_searches_given_a_value_too_is_searched(run_factory: RunFactory) -> None:
+    """``+experiment=<name> optimizer.lr=0.5`` where the experiment's ``hydra.sweeper.params``
+    searches optimizer.lr: Optuna kept 0.5 in every trial, in silence (issue 37, item 12). And
+    Optuna's log lines reach a pipe without colour codes (item 15)."""
+    (run_factory.base_dir / "experiments").mkdir()
+    (run_factory.base_dir / "experiments" / "lr_search.yaml").write_text(
+        "# @package _global_\nhydra:\n  sweeper:\n    params:\n      optimizer.lr: interval(0.01, 0.4)\n")
+    sweep_dir = run_factory.base_dir / "searched"
+    out = run_factory.cli(*STUDY, "hydra.sweeper.n_trials=2", "sweep.objective=final_loss", "+experiment=lr_search",
+                          "optimizer.lr=0.5", f"hydra.sweep.dir={sweep_dir}", timeout=300).assert_success()
+    assert ("ddlkit: note: optimizer.lr=0.5 is left out: the sweep of experiment lr_search (optimizer.lr: "
+            "interval(0.01, 0.4)) gives optimizer.lr its values\n") in out.stderr
+    jobs = json.loads((sweep_dir / "ledger.json").read_text())["jobs"].values()
+    lrs = [next(float(o.split("=")[1]) for o in job["overrides"] if o.startswith("optimizer.lr=")) for job in jobs]
+    assert len(set(lrs)) == 2 and all(0.01 <= lr <= 0.4 for lr in lrs), lrs
+    assert "A new study created" in out.stderr and "\x1b[" not in out.stderr
