@@ -648,3 +648,28 @@ def test_too_few_nodes_after_the_wait_for_capacity_end_the_job_in_one_line(tmp_p
             f"(restart.capacity_wait_s); it resumes from step {step} when run again: resume with: ddlkit ") in lines[-1]
     assert not (job_dir / "result.json").exists() or json.loads((job_dir / "result.json").read_text())[
         "status"] != "completed"
+
+
+def test_a_dashboard_that_never_answers_is_one_line_within_seconds(tmp_path: Path) -> None:
+    """A port that takes connections and never answers (a hung head node, another service):
+    Ray's client waited for ever, and the launcher said nothing for minutes (issue 37, item 13)."""
+    import socket
+    import time
+
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(8)  # the kernel accepts; nobody reads or answers
+    address = f"http://127.0.0.1:{listener.getsockname()[1]}"
+    try:
+        started = time.monotonic()
+        proc = subprocess.run([sys.executable, "-m", "ddlkit", "framework=pytorch", "compute=ray",
+                               f"compute.address={address}", f"hydra.run.dir={tmp_path / 'job'}"],
+                              cwd=tmp_path, capture_output=True, text=True, timeout=120)
+        took = time.monotonic() - started
+    finally:
+        listener.close()
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert proc.stderr.strip().splitlines()[-1] == (
+        f"ddlkit: error: compute=ray: the Ray dashboard at {address} did not answer /api/version within 10 s. Is "
+        f"compute.address={address} the dashboard's Jobs endpoint (http://<head>:8265), and is the head node running?")
+    assert took < 40, took

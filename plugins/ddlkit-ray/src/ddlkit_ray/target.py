@@ -120,23 +120,50 @@ def _ray() -> Any:
     return ray
 
 
+#: seconds the Jobs API may take to accept a connection, and to answer a question (a GET) or a
+#: submission (which waits for its upload): Ray's client waits for ever, so a dashboard that takes
+#: connections and never answers kept the launcher silent for minutes
+CONNECT_S, ANSWER_S, SUBMIT_S = 10.0, 60.0, 600.0
+
+
 def client(address: str) -> Any:
-    """Ray's Jobs API client for ``address``; a one-line ConfigError naming the address when no
-    cluster answers there."""
+    """Ray's Jobs API client for ``address``, each request bounded in time; a one-line ConfigError
+    naming the address when no cluster answers there."""
     _ray()
+    import requests
     from ray.job_submission import JobSubmissionClient
 
     # the client says each upload at INFO on the launcher's console; ddlkit says what matters itself
     for name in ("ray.dashboard.modules.dashboard_sdk", "ray._private.runtime_env.packaging", "ray.dashboard"):
         logging.getLogger(name).setLevel(logging.WARNING)
 
+    class BoundedClient(JobSubmissionClient):
+        def _do_request(self, method: str, endpoint: str, **kwargs: Any) -> Any:
+            # the first request, the version check, gets CONNECT_S to answer: a cluster says so at once
+            answer = CONNECT_S if endpoint == "/api/version" else ANSWER_S if method == "GET" else SUBMIT_S
+            kwargs.setdefault("timeout", (CONNECT_S, answer))
+            try:
+                return super()._do_request(method, endpoint, **kwargs)
+            except requests.Timeout:
+                raise DashboardSilent(address, endpoint, answer) from None
+
     try:
-        return JobSubmissionClient(address)
+        return BoundedClient(address)
+    except DashboardSilent as exc:
+        raise ddlkit.ConfigError(f"compute=ray: {exc}. Is compute.address={address} the dashboard's Jobs endpoint "
+                                 "(http://<head>:8265), and is the head node running?") from None
     except (ConnectionError, RuntimeError, ValueError) as exc:
         reason = " ".join(str(exc).split())[:300]
         raise ddlkit.ConfigError(
             f"compute=ray cannot reach a Ray cluster at compute.address={address} ({reason}): start one (ray start "
             "--head) or give its Jobs endpoint, e.g. compute.address=http://<head>:8265.") from None
+
+
+class DashboardSilent(ddlkit.RunError):
+    """The Jobs API took the connection and did not answer in time."""
+
+    def __init__(self, address: str, endpoint: str, seconds: float) -> None:
+        super().__init__(f"the Ray dashboard at {address} did not answer {endpoint} within {seconds:g} s")
 
 
 # ---------------------------------------------------------------------------- the handle
@@ -159,6 +186,9 @@ class RayJob(JobHandle):
         if fresh or self._asked is None or now - self._asked[0] >= self.poll_interval_s:
             try:
                 self._asked = (now, self.jobs.get_job_info(self.id))
+            except DashboardSilent as exc:
+                raise ddlkit.RunError(f"{exc}; the job may still be running there: follow it again with `ddlkit "
+                                      f"jobs attach {self.job_dir}`") from None
             except RuntimeError as exc:
                 if "does not exist" in str(exc):
                     raise ddlkit.ConfigError(f"the Ray cluster at {self.address} has no job {self.id} (a cluster that "
