@@ -20,6 +20,7 @@ from typing import Any, NoReturn
 
 from .. import redact as secret_store
 from ..errors import ConfigError, DdlkitError, RunError, UnknownNameError, exit_code_for
+from ..jobdir import EXIT_PREEMPTED
 from ..registry import HOOK_POINTS, Registry
 from .commandline import launch_args
 
@@ -34,8 +35,10 @@ _MULTIRUN_FLAGS = ("-m", "--multirun")
 
 
 def _fail(err: BaseException) -> int:
-    print(f"ddlkit: error: {err}", file=sys.stderr)
-    return exit_code_for(err)
+    code = exit_code_for(err)
+    # a job stopped with its checkpoint (Ctrl-C, a pre-emption, a cancel) ended as asked: no error
+    print(f"ddlkit: {'' if code == EXIT_PREEMPTED else 'error: '}{err}", file=sys.stderr)
+    return code
 
 
 def _selected_names(value: object) -> list[str]:
