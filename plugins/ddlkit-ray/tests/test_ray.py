@@ -88,9 +88,12 @@ def test_plan_prints_the_submission_with_secrets_hidden(tmp_path: Path) -> None:
     spec = JobSpec(name="job-1", job_dir=tmp_path / "never", env={"DDLKIT_PLUGINS": "x"},
                    secret_env={"DDLKIT_SECRET_KEY": "hunter2"})
     text = target.plan(spec)
-    assert "hunter2" not in text and '"DDLKIT_SECRET_KEY": "***"' in text
+    # never in the runtime environment (Ray logs it on every node): named, in the file that carries them
+    assert "hunter2" not in text and "DDLKIT_SECRET_KEY" not in target.runtime_env(spec)["env_vars"]
+    assert ("# secrets: DDLKIT_SECRET_KEY, in .ddlkit-ray-secrets.json in the working_dir (the driver reads and "
+            "removes it; never in the runtime environment)") in text
     assert "ray job submit --address=http://head.example:8265" in text
-    assert text.rstrip().endswith("-- python -m ddlkit_ray.driver ray-job.json")
+    assert "-- python -m ddlkit_ray.driver ray-job.json\n" in text
     assert 'placement group (STRICT_SPREAD): 2 bundle(s) {"CPU": 8, "GPU": 2}, one per node; 2 rank actor(s) ' \
            "per bundle, 4 rank(s)" in text
     assert '"pip": ["einops"]' in text and '"working_dir": ' in text
@@ -164,6 +167,28 @@ def test_two_ranks_on_two_nodes(ray_cluster, run_factory: RunFactory) -> None:
     assert list((job_dir / "checkpoints").glob("*.ckpt"))
     assert json.loads((job_dir / ".ddlkit/ray-exit.json").read_text())["code"] == 0
     assert not (job_dir / "code").exists()  # nothing to ship: the fakes are installed
+
+
+@pytest.mark.slow
+def test_secrets_reach_the_ranks_and_no_log_or_file_of_rays(ray_cluster, run_factory: RunFactory) -> None:
+    """A job's secrets were part of its runtime environment, which Ray writes into
+    runtime_env_agent.log on every node (issue 37, item 4): now the ranks get them (the storage
+    checks their digest) and no file of Ray's session directories, of the ranks' node copies or of
+    the job directory holds them."""
+    import hashlib
+    import tempfile
+
+    token = "sv=2026-01-01&se=2030-01-01&sp=r&sig=LEAKrayTOKEN"
+    expected = hashlib.sha256(f"{token}|".encode()).hexdigest()
+    outcome = run_factory(*ray_args(ray_cluster.address, "compute.nodes=2"), "dist=native", "storage=memory",
+                          f"storage.sas_token='{token}'", f"storage.expect_sha256={expected}", timeout=240)
+    outcome.assert_success()
+    assert outcome.result["world_size"] == 2  # a rank on each node, each with the secrets back
+    places = [ray_cluster.temp_dir, Path(tempfile.gettempdir()) / "ddlkit-ray", outcome.job_dir]
+    leaks = [str(p) for place in places if place.is_dir() for p in place.rglob("*")
+             if p.is_file() and not p.is_symlink() and b"LEAKray" in p.read_bytes()]
+    assert leaks == []
+    assert "LEAKray" not in outcome.stdout + outcome.stderr
 
 
 @pytest.mark.slow

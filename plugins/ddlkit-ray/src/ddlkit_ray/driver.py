@@ -71,6 +71,12 @@ from ddlkit.compute.restarts import RestartPolicy, classify
 
 #: the driver's plan, written by the launcher into the job directory (no secret in it)
 PLAN_FILE = "ray-job.json"
+#: the job's secrets (``JobSpec.secret_env``): a file readable by its user alone, which goes up with the
+#: working_dir and nowhere else -- Ray writes a job's runtime environment, env_vars and all, into
+#: runtime_env_agent.log on every node. The launcher removes its copy once the job is submitted; the
+#: driver reads the one Ray unpacked and removes it, keeps the secrets in memory and hands them to the
+#: ranks as an actor call's argument; every rank actor removes the copy Ray unpacked on its node.
+SECRETS_FILE = ".ddlkit-ray-secrets.json"
 #: how the job ended, in the published files (relative to the job directory): the launcher's status
 EXIT_RECORD = f"{STATE_DIR}/ray-exit.json"
 #: where the published files live in the driver node's Ray log directory
@@ -107,6 +113,23 @@ def say(text: str) -> None:
     print(f"ddlkit-ray: {text}", file=sys.stderr, flush=True)
 
 
+def _without_secrets(directory: str, names: list[str]) -> list[str]:
+    """copytree's ignore: the secrets file at the top of the working_dir (another rank of the node
+    may not have removed it yet)."""
+    return [SECRETS_FILE] if SECRETS_FILE in names and Path(directory) == Path.cwd() else []
+
+
+def take_secrets(path: Path = Path(SECRETS_FILE)) -> dict[str, str]:
+    """The job's secret environment from ``path``, which is removed: the driver's copy of what the
+    launcher sent (none: the job has no secrets)."""
+    try:
+        secrets = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        return {}
+    path.unlink(missing_ok=True)
+    return {str(k): str(v) for k, v in secrets.items()}
+
+
 # ---------------------------------------------------------------------------- the rank actor
 class Rank:
     """One rank, as a Ray actor placed in its node's bundle (made remote in :func:`main`)."""
@@ -133,20 +156,22 @@ class Rank:
         return free_ports(2, host="")[0]
 
     def _prepare(self, kept: list[Any]) -> None:
-        """The node's copy of the job directory: the working_dir Ray unpacked, and the files an
-        earlier run of the job kept on the driver's node (``kept``: a reference to their tar, or
-        nothing), fetched by the first rank of the node only."""
+        """The node's copy of the job directory: the working_dir Ray unpacked (without the secrets
+        file, which goes: the driver sends the secrets), and the files an earlier run of the job kept
+        on the driver's node (``kept``: a reference to their tar, or nothing), fetched by the first
+        rank of the node only."""
         import fcntl
 
         import ray
 
+        Path(SECRETS_FILE).unlink(missing_ok=True)  # Ray's copy of the working_dir on this node
         self.job_dir.parent.mkdir(parents=True, exist_ok=True)
         with open(f"{self.job_dir}.lock", "w") as lock:
             fcntl.flock(lock, fcntl.LOCK_EX)  # the node's other ranks wait for the one copy
             if not self.job_dir.is_dir():
                 staging = self.job_dir.with_name(self.job_dir.name + ".partial")
                 shutil.rmtree(staging, ignore_errors=True)
-                shutil.copytree(os.getcwd(), staging, symlinks=True)
+                shutil.copytree(os.getcwd(), staging, symlinks=True, ignore=_without_secrets)
                 if kept:
                     with tarfile.open(fileobj=io.BytesIO(ray.get(kept[0]))) as tar:
                         extract_files(tar, staging)
@@ -225,8 +250,10 @@ def holds(resources: dict[str, float] | None, bundle: dict[str, float]) -> bool:
 
 
 class Driver:
-    def __init__(self, plan: dict[str, Any]) -> None:
+    def __init__(self, plan: dict[str, Any], secrets: dict[str, str] | None = None) -> None:
         self.plan = plan
+        #: the job's secret environment, in this process's memory only (SECRETS_FILE)
+        self.secrets = dict(secrets or {})
         self.sid: str = plan["submission_id"]
         self.nodes, self.ppn = int(plan["nodes"]), int(plan["procs_per_node"])
         self.world = self.nodes * self.ppn
@@ -326,7 +353,8 @@ class Driver:
                          "DDLKIT_CONTROL_ADDR": f"{master}:{port + 1}"}
             if self.policy is not None:  # the restarts so far, for result.json (the launcher's, and ours)
                 variables |= {RESTARTS_ENV: self.policy.done, STEPS_LOST_ENV: self.policy.steps_lost}
-            pids.append(actor.start.remote(python, args, {k: str(v) for k, v in variables.items()}, kept))
+            pids.append(actor.start.remote(python, args, {**{k: str(v) for k, v in variables.items()}, **self.secrets},
+                                           kept))
         ray.get(pids)
         nodes = sorted({(rank // self.ppn, places[rank][1][:8]) for rank in range(self.world)})
         say(f"{self.world} rank(s) started on node(s) " + ", ".join(f"{i} ({nid})" for i, nid in nodes)
@@ -598,10 +626,11 @@ def _alive_nodes(ray: Any) -> int:
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     plan = json.loads(Path(argv[0] if argv else PLAN_FILE).read_text(encoding="utf-8"))
+    secrets = take_secrets()  # first thing: the file does not outlive the driver's start
     import ray
 
     ray.init(log_to_driver=False, logging_level=logging.WARNING, configure_logging=True)
-    driver = Driver(plan)
+    driver = Driver(plan, secrets)
     driver.forget_old_jobs()
     # after ray.init, which installs handlers of its own: a stop (ray job stop, ddlkit's cancel) is
     # the ranks' to act on -- they checkpoint -- not the end of this process

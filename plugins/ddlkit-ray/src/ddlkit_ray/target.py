@@ -14,10 +14,12 @@ What a job is there (the request ``ddlkit plan compute=ray ...`` prints):
 * **entrypoint**: ``python -m ddlkit_ray.driver ray-job.json``, the driver (:mod:`ddlkit_ray.driver`),
   which places the ranks as a gang, starts them, streams rank 0's output and brings their files
   back; it runs on the head node (Ray's default for a job's entrypoint);
-* **env_vars**: the job's environment (``spec.env``) and its secrets (``spec.secret_env``).
-  Ray has no secret store for a job: they are part of the job's runtime environment, which the
-  Ray dashboard and ``ray job list`` show to whoever can reach the dashboard. ddlkit shows them
-  as ``***`` in ``ddlkit plan`` and writes them into no file; see the README for what to do instead;
+* **env_vars**: the job's environment (``spec.env``), never its secrets: Ray writes a job's runtime
+  environment into ``runtime_env_agent.log`` on every node and shows it in its dashboard. The
+  secrets (``spec.secret_env``) go up in the working_dir as :data:`~ddlkit_ray.driver.SECRETS_FILE`,
+  readable by the user alone and removed at once by the launcher (its copy, once submitted), the
+  driver (which keeps them in memory and hands them to the ranks as an actor call's argument) and
+  every rank actor (the copy Ray unpacked on its node);
 * more runtime environment options from ``compute.runtime_env`` (``pip``, ``conda``,
   ``py_modules``, ``container``, ...), passed to Ray as they are.
 
@@ -38,6 +40,7 @@ import contextlib
 import io
 import json
 import logging
+import os
 import queue
 import re
 import shlex
@@ -59,9 +62,9 @@ from ddlkit.atomic import write_text
 from ddlkit.interfaces import JobHandle, JobSpec, JobState, JobStatus
 from ddlkit.jobdir import CHECKPOINT_DIR, STATE_DIR
 from ddlkit.options import NON_NEGATIVE, POSITIVE, POSITIVE_INTEGER, checked, one_of
-from ddlkit.redact import REDACTED
 
-from .driver import EXIT_RECORD, NOT_COLLECTED, PLAN_FILE, extract_files, holds, kept_name, published_name
+from .driver import (EXIT_RECORD, NOT_COLLECTED, PLAN_FILE, SECRETS_FILE, extract_files, holds, kept_name,
+                     published_name)
 
 #: the strategies a gang may be placed with (null: STRICT_SPREAD over several nodes, STRICT_PACK on one)
 STRATEGIES = ("STRICT_SPREAD", "SPREAD", "STRICT_PACK", "PACK")
@@ -504,9 +507,8 @@ class RayTarget(ddlkit.ComputeTarget):
     def entrypoint(self) -> str:
         return shlex.join([self.cfg.python or "python", "-m", "ddlkit_ray.driver", PLAN_FILE])
 
-    def runtime_env(self, spec: JobSpec, *, redact: bool = False, kept_on_cluster: bool = False) -> dict[str, Any]:
-        secrets = {k: REDACTED if redact else v for k, v in spec.secret_env.items()}
-        env_vars = {**spec.env, **secrets, "PYTHONUNBUFFERED": "1",
+    def runtime_env(self, spec: JobSpec, *, kept_on_cluster: bool = False) -> dict[str, Any]:
+        env_vars = {**spec.env, "PYTHONUNBUFFERED": "1",
                     # how long Ray lets the stopped driver (and the ranks) checkpoint before it kills them
                     "RAY_JOB_STOP_WAIT_TIME_S": str(int(self.cfg.grace_period_s + 60))}
         extra = self.cfg.runtime_env or {}
@@ -525,14 +527,17 @@ class RayTarget(ddlkit.ComputeTarget):
 
     def plan(self, spec: JobSpec) -> str:
         submission_id = f"{spec.name}-<id>"
-        runtime_env = self.runtime_env(spec, redact=True)
-        return "\n".join([
+        runtime_env = self.runtime_env(spec)
+        secrets = (f"# secrets: {', '.join(sorted(spec.secret_env))}, in {SECRETS_FILE} in the working_dir (the "
+                   "driver reads and removes it; never in the runtime environment)" if spec.secret_env else None)
+        return "\n".join(filter(None, [
             f"# {self.placement()}",
             f"# {PLAN_FILE} (written into the job directory): "
             + json.dumps(self.driver_plan(spec, submission_id)),
             shlex.join(["ray", "job", "submit", f"--address={self.cfg.address}", f"--submission-id={submission_id}",
                         f"--runtime-env-json={json.dumps(runtime_env)}", "--no-wait", "--"]) + " " + self.entrypoint(),
-        ]) + "\n"
+            secrets,
+        ])) + "\n"
 
     # ------------------------------------------------------------ checks against the cluster
     def node_bundle(self) -> dict[str, float]:
@@ -598,6 +603,11 @@ class RayTarget(ddlkit.ComputeTarget):
         kept = self.kept_on_cluster(job_dir, key)
         write_text(job_dir / PLAN_FILE, json.dumps(self.driver_plan(spec, submission_id, key=key, kept_on_cluster=kept),
                                                    indent=2) + "\n")
+        secrets = job_dir / SECRETS_FILE
+        if spec.secret_env:  # for the working_dir's upload alone (see SECRETS_FILE)
+            fd = os.open(secrets, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+            with os.fdopen(fd, "w", encoding="utf-8") as f:
+                json.dump(dict(spec.secret_env), f)
         try:
             jobs.submit_job(entrypoint=self.entrypoint(), submission_id=submission_id,
                             runtime_env=self.runtime_env(replace_dir(spec, job_dir), kept_on_cluster=kept),
@@ -605,6 +615,8 @@ class RayTarget(ddlkit.ComputeTarget):
         except RuntimeError as exc:
             raise ddlkit.ConfigError(f"the Ray cluster at {self.address} refused the job: "
                                      f"{' '.join(str(exc).split())[:500]}") from None
+        finally:
+            secrets.unlink(missing_ok=True)
         return RayJob(jobs, submission_id, address=self.address, job_dir=job_dir,
                       poll_interval_s=self.cfg.poll_interval_s)
 
