@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from ..checkpoint import latest_checkpoint
+from ..compute import secret_file
 from ..compute.restarts import RestartPolicy, classify
 from ..errors import DdlkitError, JobFailedError
 from ..interfaces import ComputeTarget, JobHandle, JobState, JobStatus, RestartBudget
@@ -148,6 +149,7 @@ def settle(handle: JobHandle, status: JobStatus, job_dir: Path) -> JobStatus:
     """Once a job has ended: bring its files back, record its end, and apply ddlkit's rule for
     an end -- a job that exited cleanly but wrote no ``result.json`` has failed."""
     handle.collect()
+    secret_file.remove(job_dir)  # a target's that keeps them there (Slurm); a restart's submit writes it again
     result_path = Path(job_dir) / RESULT_FILE
     if status.state is JobState.SUCCEEDED and not result_path.is_file():
         status = JobStatus(JobState.FAILED, status.exit_code, f"the job exited cleanly but wrote no {result_path}")

@@ -183,6 +183,27 @@ def test_training_run_on_slurm(slurm_cluster: str, run_factory: RunFactory) -> N
 
 
 @pytest.mark.slow
+def test_secrets_reach_the_ranks_and_never_slurms_spool(slurm_cluster: str, run_factory: RunFactory) -> None:
+    """sbatch's environment held the job's secrets, and Slurm keeps it in its spool
+    (StateSaveLocation) (issue 37, item 4): now they travel in a file of the job directory that
+    is the user's alone, which the batch script removes when the job is over."""
+    import hashlib
+
+    token = "sv=2026-01-01&se=2030-01-01&sp=r&sig=LEAKslurmTOKEN"
+    expected = hashlib.sha256(f"{token}|".encode()).hexdigest()
+    outcome = run_factory("compute=slurm", "compute.procs_per_node=2", "dist=native", "compute.poll_interval_s=0.5",
+                          "storage=memory", f"storage.sas_token='{token}'", f"storage.expect_sha256={expected}",
+                          timeout=240)
+    outcome.assert_success()  # both ranks got them back: the storage checks their digest on each
+    slurm_dir = Path(slurm_cluster).resolve().parent  # the cluster's config, state, spool and logs
+    places = [slurm_dir, outcome.job_dir]
+    leaks = [str(p) for place in places for p in place.rglob("*")
+             if p.is_file() and not p.is_symlink() and b"LEAKslurm" in p.read_bytes()]
+    assert leaks == []
+    assert not (outcome.job_dir / ".ddlkit" / "secrets.json").exists()
+
+
+@pytest.mark.slow
 def test_multi_rank_job_with_native_dist(slurm_cluster: str, run_factory: RunFactory) -> None:
     outcome = run_factory("compute=slurm", "compute.procs_per_node=3", "dist=native",
                           "compute.poll_interval_s=0.5").assert_success()

@@ -13,7 +13,11 @@ else. What is Slurm's own:
   read (``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ``LOCAL_WORLD_SIZE``, ``GROUP_RANK``,
   ``DDLKIT_NODE``, ``DDLKIT_LOCAL_RANK``, ``DDLKIT_LOCAL_SIZE``).
 
-Standard library and :mod:`ddlkit.compute.rank_minder` only: it starts once per rank before the worker.
+* **secrets**: the job's secret environment, from :mod:`ddlkit.compute.secret_file` (sbatch's
+  environment, which Slurm keeps in its spool, never holds them).
+
+Standard library, :mod:`ddlkit.compute.rank_minder` and :mod:`~ddlkit.compute.secret_file` only: it
+starts once per rank before the worker.
 """
 
 from __future__ import annotations
@@ -21,8 +25,10 @@ from __future__ import annotations
 import os
 import re
 import sys
+from pathlib import Path
 
 from ddlkit.compute import rank_minder as minder
+from ddlkit.compute import secret_file
 
 #: how many of a failed rank's last lines reach slurm.log (the handle's message quotes its end)
 TAIL_LINES = 15
@@ -62,6 +68,8 @@ def main(argv: list[str] | None = None) -> int:
         print("usage: python -m ddlkit_slurm.rank -- COMMAND...", file=sys.stderr)
         return 2
     variables = layout(os.environ)
+    # the job's secrets come in a file of the job directory, not in sbatch's environment (ddlkit.compute.secret_file)
+    variables |= secret_file.read(Path.cwd())
     return minder.run(command, rank=int(variables["RANK"]), variables=variables, name="ddlkit_slurm",
                       tail_lines=TAIL_LINES)
 

@@ -3,8 +3,9 @@
 ``submit`` writes ``slurm.sbatch`` into the job directory and runs ``sbatch --parsable`` with the
 job directory as working directory (``--chdir``; a Slurm cluster shares its home/project file
 system with the nodes, so the ranks run in the launcher's own job directory). The job's
-environment (``spec.env``) and its secrets (``spec.secret_env``) travel in sbatch's environment
-(``--export=ALL``): the script names no secret. The batch script:
+environment (``spec.env``) travels in sbatch's environment (``--export=ALL``); its secrets
+(``spec.secret_env``) in :data:`ddlkit.compute.secret_file.SECRETS_FILE`, never there (Slurm keeps
+a job's environment in its state directory). The script names no secret's value. The batch script:
 
 * sets ``MASTER_ADDR`` (the allocation's first node), ``MASTER_PORT`` (from the job id) and
   ddlkit's control-plane address, then starts the ranks with ``srun python -m ddlkit_slurm.rank --
@@ -48,6 +49,7 @@ from pathlib import Path
 from typing import Any
 
 import ddlkit
+from ddlkit.compute import secret_file
 from ddlkit.atomic import write_text
 from ddlkit.compute.process import LogFollower, log_tail
 from ddlkit.compute.rank_exits import RankFailure, first_failure
@@ -405,7 +407,8 @@ class SlurmTarget(ddlkit.ComputeTarget):
 # ddlkit job {spec.name}: {self.world_size} rank(s) on {c.nodes} node(s), written by compute=slurm.
 # sbatch runs it with the job directory as working directory (--chdir) and passes the launcher's
 # environment (--export=ALL), which holds the job's variables: {env_names}
-# and its secrets (names only): {secret_names}
+# Its secrets ({secret_names}) are in {secret_file.SECRETS_FILE}, readable by the job's user alone, which
+# the ranks read and this script removes when the job is over (not when it is re-queued).
 {header}
 
 set -u
@@ -424,7 +427,7 @@ export MASTER_ADDR MASTER_PORT DDLKIT_CONTROL_ADDR="$MASTER_ADDR:$((MASTER_PORT 
 export OMP_NUM_THREADS=${{OMP_NUM_THREADS:-${{SLURM_CPUS_PER_TASK:-1}}}}
 echo "ddlkit-slurm: job $SLURM_JOB_ID (run $((restarts + 1))) on $SLURM_JOB_NODELIST: {self.world_size} rank(s)"
 if [ -e {CANCEL_FILE} ] && [ "$restarts" -gt 0 ]; then
-    echo "ddlkit-slurm: the job was cancelled; not resuming it"; exit {EXIT_PREEMPTED}
+    echo "ddlkit-slurm: the job was cancelled; not resuming it"; rm -f {secret_file.SECRETS_FILE}; exit {EXIT_PREEMPTED}
 fi
 
 warned=0 stopping=0 signalled=0
@@ -481,6 +484,7 @@ echo "ddlkit-slurm: the ranks ended with exit status $code"
 printf '{{"job_id": "%s", "code": %d, "restarts": %d, "warned": %d, "time": %d}}\\n' \\
     "$SLURM_JOB_ID" "$code" "$restarts" "$warned" "$(date +%s)" > {EXIT_RECORD}.tmp
 mv {EXIT_RECORD}.tmp {EXIT_RECORD}
+rm -f {secret_file.SECRETS_FILE}  # the job is over (a stop by Slurm keeps them: Slurm may re-queue it)
 exit "$code"
 """
 
@@ -554,7 +558,9 @@ exit "$code"
             (job_dir / name).unlink(missing_ok=True)
         shutil.rmtree(job_dir / RANKS_DIR, ignore_errors=True)
         write_text(job_dir / SCRIPT, self.script(spec))
-        env = {**os.environ, **spec.env, **spec.secret_env}
+        # the secrets in a file of the user's alone, never in sbatch's environment: Slurm keeps that in its spool
+        secret_file.write(job_dir, spec.secret_env)
+        env = {**os.environ, **spec.env}
         proc = _run(self.sbatch_command(spec, job_dir), env=env)
         job_id = proc.stdout.strip().split(";")[0]
         if proc.returncode != 0 or not job_id.isdigit():
