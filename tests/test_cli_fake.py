@@ -187,6 +187,9 @@ def test_help_names_every_subcommand_and_detach(run_factory: RunFactory) -> None
     for command in ("ddlkit plan", "ddlkit jobs", "ddlkit data", "ddlkit plugins", "ddlkit compute down", "--detach",
                     "-m "):
         assert command in header, header
+    # where experiments and presets are found, and where ddlkit's own examples live (issue 37, item 17)
+    assert "+experiment=NAME reads NAME.yaml in ./experiments, $DDLKIT_EXPERIMENTS or ./conf/experiment/" in header
+    assert "experiments/ and conf/ directories of its source repository" in header
 
 
 def test_help_lists_the_options_plugins_registered(run_factory: RunFactory) -> None:
