@@ -176,9 +176,11 @@ def test_secrets_reach_the_ranks_and_no_log_or_file_of_rays(ray_cluster, run_fac
     checks their digest) and no file of Ray's session directories, of the ranks' node copies or of
     the job directory holds them."""
     import hashlib
+    import secrets
     import tempfile
 
-    token = "sv=2026-01-01&se=2030-01-01&sp=r&sig=LEAKrayTOKEN"
+    marker = f"LEAKray{secrets.token_hex(8)}"  # this run's alone: the cluster keeps other jobs' files
+    token = f"sv=2026-01-01&se=2030-01-01&sp=r&sig={marker}"
     expected = hashlib.sha256(f"{token}|".encode()).hexdigest()
     outcome = run_factory(*ray_args(ray_cluster.address, "compute.nodes=2"), "dist=native", "storage=memory",
                           f"storage.sas_token='{token}'", f"storage.expect_sha256={expected}", timeout=240)
@@ -186,9 +188,9 @@ def test_secrets_reach_the_ranks_and_no_log_or_file_of_rays(ray_cluster, run_fac
     assert outcome.result["world_size"] == 2  # a rank on each node, each with the secrets back
     places = [ray_cluster.temp_dir, Path(tempfile.gettempdir()) / "ddlkit-ray", outcome.job_dir]
     leaks = [str(p) for place in places if place.is_dir() for p in place.rglob("*")
-             if p.is_file() and not p.is_symlink() and b"LEAKray" in p.read_bytes()]
+             if p.is_file() and not p.is_symlink() and marker.encode() in p.read_bytes()]
     assert leaks == []
-    assert "LEAKray" not in outcome.stdout + outcome.stderr
+    assert marker not in outcome.stdout + outcome.stderr
 
 
 @pytest.mark.slow

@@ -188,8 +188,10 @@ def test_secrets_reach_the_ranks_and_never_slurms_spool(slurm_cluster: str, run_
     (StateSaveLocation) (issue 37, item 4): now they travel in a file of the job directory that
     is the user's alone, which the batch script removes when the job is over."""
     import hashlib
+    import secrets
 
-    token = "sv=2026-01-01&se=2030-01-01&sp=r&sig=LEAKslurmTOKEN"
+    marker = f"LEAKslurm{secrets.token_hex(8)}"  # this run's alone: the cluster keeps other jobs' records
+    token = f"sv=2026-01-01&se=2030-01-01&sp=r&sig={marker}"
     expected = hashlib.sha256(f"{token}|".encode()).hexdigest()
     outcome = run_factory("compute=slurm", "compute.procs_per_node=2", "dist=native", "compute.poll_interval_s=0.5",
                           "storage=memory", f"storage.sas_token='{token}'", f"storage.expect_sha256={expected}",
@@ -198,7 +200,7 @@ def test_secrets_reach_the_ranks_and_never_slurms_spool(slurm_cluster: str, run_
     slurm_dir = Path(slurm_cluster).resolve().parent  # the cluster's config, state, spool and logs
     places = [slurm_dir, outcome.job_dir]
     leaks = [str(p) for place in places for p in place.rglob("*")
-             if p.is_file() and not p.is_symlink() and b"LEAKslurm" in p.read_bytes()]
+             if p.is_file() and not p.is_symlink() and marker.encode() in p.read_bytes()]
     assert leaks == []
     assert not (outcome.job_dir / ".ddlkit" / "secrets.json").exists()
 
