@@ -13,8 +13,8 @@ worker's variables, then hands over::
 What :func:`run` guarantees, the same for every target:
 
 * **layout**: the child runs with this process's environment plus ``variables``, which must
-  include ddlkit's node layout ``DDLKIT_NODE``, ``DDLKIT_LOCAL_RANK`` and ``DDLKIT_LOCAL_SIZE``
-  (:class:`ddlkit.DistContext` prefers them over anything else), and whatever else the target's
+  include ddlkit's node layout (:data:`ddlkit.compute.layout.LAYOUT_VARIABLES`, best written with
+  :class:`~ddlkit.compute.layout.RankLayout`; :class:`ddlkit.DistContext` prefers them over anything else), and whatever else the target's
   ranks need (torch's ``RANK``/``WORLD_SIZE``, ``DDLKIT_NODE_SCRATCH``, ...);
 * **logs**: everything the child prints, stdout and stderr, is appended to ``rank-N.log``
   (:func:`ddlkit.jobdir.rank_log`) in the job directory as it comes;
@@ -64,6 +64,7 @@ from collections import deque
 from collections.abc import Mapping, Sequence
 
 from .. import jobdir
+from .layout import LAYOUT_VARIABLES, LOCAL_RANK_ENV, NODE_ENV
 
 
 #: lines of a rank's stderr that name an error
@@ -72,8 +73,6 @@ ERROR_LINE = re.compile(rb"\b(error|exception|traceback|fatal|killed|aborted|seg
 #: and the control plane's word that a rank stopped answering, or answers again (ddlkit.rank.distributed):
 #: when rank 0 is the silent one, only the other ranks can say so
 LIVENESS_LINE = re.compile(rb"^ddlkit: rank \d+ (has not been heard from|is answering again)")
-#: ddlkit's node layout, which every target gives its ranks (and the exit record reports)
-LAYOUT_VARIABLES = ("DDLKIT_NODE", "DDLKIT_LOCAL_RANK", "DDLKIT_LOCAL_SIZE")
 #: after the child ended, how long pipes a leftover of it may hold open are still read
 _DRAIN_S = 2.0
 _PR_SET_PDEATHSIG = 1
@@ -163,7 +162,7 @@ def run(command: Sequence[str], *, rank: int, variables: Mapping[str, str], name
         raise ValueError(f"the rank's variables lack {', '.join(missing)}: every compute target gives its ranks "
                          f"ddlkit's node layout ({', '.join(LAYOUT_VARIABLES)})")
     forward_signals()  # again, for an entry that did not: from here on the rank is reported in any case
-    node, local_rank = int(variables["DDLKIT_NODE"]), int(variables["DDLKIT_LOCAL_RANK"])
+    node, local_rank = int(variables[NODE_ENV]), int(variables[LOCAL_RANK_ENV])
     log_name = jobdir.rank_log(rank)
     parent = os.getppid()
     if cancel_file and os.path.exists(os.path.join(job_dir, cancel_file)):

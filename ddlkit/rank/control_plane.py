@@ -32,10 +32,9 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from ..compute.layout import CONTROL_ADDR_ENV
 from ..errors import RankLostError, RunError
 
-#: ``host:port`` where rank 0 listens for the other ranks' control connections
-CONTROL_ADDR_ENV = "DDLKIT_CONTROL_ADDR"
 _HEADER = struct.Struct("!I")
 #: metrics, flags and addresses are small; anything bigger is not a ddlkit rank talking
 _MAX_MESSAGE = 1 << 24

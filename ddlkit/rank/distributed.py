@@ -28,12 +28,10 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..compute.layout import (CONTROL_ADDR_ENV, LOCAL_RANK_ENV, LOCAL_SIZE_ENV, NODE_ENV, NODE_SCRATCH_ENV,
+                              control_port)
 from ..errors import ConfigError, RunError
-from .control_plane import CONTROL_ADDR_ENV, ControlPlane
-
-#: set by launchers that know (or simulate) the node layout; they win over the MPI/torchrun values
-NODE_ENV, LOCAL_RANK_ENV, LOCAL_SIZE_ENV, NODE_SCRATCH_ENV = (
-    "DDLKIT_NODE", "DDLKIT_LOCAL_RANK", "DDLKIT_LOCAL_SIZE", "DDLKIT_NODE_SCRATCH")
+from .control_plane import ControlPlane
 
 _REDUCERS: dict[str, Callable[[Sequence[float]], float]] = {
     "sum": lambda xs: float(sum(xs)),
@@ -52,7 +50,7 @@ def control_address(env: Mapping[str, str]) -> tuple[str, int]:
             return host.strip("[]"), int(port)
         raise ConfigError(f"{CONTROL_ADDR_ENV}={env[CONTROL_ADDR_ENV]} is invalid: it must be host:port.")
     if env.get("MASTER_ADDR") and env.get("MASTER_PORT", "").isdigit():
-        return env["MASTER_ADDR"], int(env["MASTER_PORT"]) + 1
+        return env["MASTER_ADDR"], control_port(int(env["MASTER_PORT"]))
     raise ConfigError(f"this job has several ranks but no rendezvous address: the compute target must set "
                       f"MASTER_ADDR and MASTER_PORT (rank 0's host and a free port) or {CONTROL_ADDR_ENV}. "
                       "compute=local_mpi and torchrun set them.")

@@ -46,6 +46,7 @@ from azure.core.exceptions import (
 
 import ddlkit
 from ddlkit.compute.containers import horovod_image_note
+from ddlkit.compute.layout import LOCAL_SIZE_ENV, NODE_ENV
 from ddlkit.interfaces import JobHandle, JobSpec, JobState, JobStatus
 from ddlkit.jobdir import (CODE_DIR, CODE_FILE, CONFIG_FILE, ENVIRONMENT_FILE, EXIT_COMPLETED, EXIT_FAILED,
                            EXIT_PREEMPTED, JOB_FILE, OVERRIDES_FILE, STATE_DIR, rank_log)
@@ -131,7 +132,7 @@ def job_command(target: AzureMLTarget, spec: JobSpec, files: list[str]) -> str:
                   f"export MASTER_PORT={int(target.cfg.master_port)}"]
     elif kind == "pytorch":
         # Azure ML sets MASTER_ADDR, MASTER_PORT, RANK, WORLD_SIZE, LOCAL_RANK and NODE_RANK
-        lines.append(f'export DDLKIT_LOCAL_SIZE={int(target.cfg.procs_per_node)} DDLKIT_NODE="${{NODE_RANK:-0}}"')
+        lines.append(f'export {LOCAL_SIZE_ENV}={int(target.cfg.procs_per_node)} {NODE_ENV}="${{NODE_RANK:-0}}"')
     lines.append("exec " + shlex.join(spec.command("python")))
     return "\n".join(lines)
 

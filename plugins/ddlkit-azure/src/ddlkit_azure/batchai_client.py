@@ -45,6 +45,7 @@ from azure.mgmt.batchai import models as m
 from ddlkit import ConfigError, JobSpec, RunError
 from ddlkit.atomic import atomic_path, write_json
 from ddlkit.compute.containers import default_image, horovod_image_note
+from ddlkit.compute.layout import CONTROL_ADDR_ENV, control_port
 from ddlkit.compute.state import state_dir
 from ddlkit.jobdir import CANCEL_FILE, CODE_DIR, CODE_FILE, STATE_DIR
 from ddlkit.redact import REDACTED, is_secret_key, scrub
@@ -72,7 +73,7 @@ PREPARE = ('out="$AZ_BATCHAI_OUTPUT_{id}"; mkdir -p "$out/{state}"; '
 SNAPSHOTS = "code"
 #: what the ranks need to find rank 0: the first host of the service's MPI host file
 RENDEZVOUS = ('export MASTER_ADDR="$(awk \'NF && $1 !~ /^#/ {{print $1; exit}}\' "$AZ_BATCHAI_MPI_HOST_FILE")" '
-              'MASTER_PORT={port} PYTHONUNBUFFERED=1; export DDLKIT_CONTROL_ADDR="$MASTER_ADDR:{control}"; '
+              'MASTER_PORT={port} PYTHONUNBUFFERED=1; export {control_env}="$MASTER_ADDR:{control}"; '
               'export OMP_NUM_THREADS="${{OMP_NUM_THREADS:-$(( $(nproc) / {per_node} > 0 ? $(nproc) / {per_node} : 1 ))}}"')
 #: body keys whose values are secrets in Batch AI's requests
 _SECRET_BODY_KEYS = {"accountKey", "adminUserPassword", "password"}
@@ -551,7 +552,8 @@ class Service:
         quoted = " ".join(f'"{a}"' if a.startswith("$AZ_BATCHAI") else shlex.quote(a) for a in rank)
         # the service's mpirun starts every rank in its own directory; the rank minder checks that it
         # runs where mpirun meant it to, so it is told the job directory is that place
-        script = (RENDEZVOUS.format(port=c.master_port, control=c.master_port + 1, per_node=c.procs_per_node)
+        script = (RENDEZVOUS.format(port=c.master_port, control=control_port(c.master_port), control_env=CONTROL_ADDR_ENV,
+                                    per_node=c.procs_per_node)
                   + f'; cd "$AZ_BATCHAI_OUTPUT_{JOB_DIRECTORY_ID}" && export OMPI_MCA_initial_wdir="$PWD" '
                   f'&& exec {quoted}')
         # mpirun starts the command line's program on every rank: the script is shell syntax, so

@@ -25,7 +25,8 @@ orphans). What is MPI's own:
   does not exist) refuses to start, saying so;
 * **cancel marker** (``--cancel-file``): a rank that starts after the job was cancelled stops at once.
 
-Standard library and :mod:`ddlkit.compute.rank_minder` only: it starts once per rank before the worker.
+Standard library, :mod:`ddlkit.compute.rank_minder` and :mod:`~ddlkit.compute.layout` only: it starts once per
+rank before the worker.
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ import sys
 from pathlib import Path
 
 from ddlkit.compute import rank_minder as minder
+from ddlkit.compute.layout import LOCAL_RANK_ENV, LOCAL_SIZE_ENV, NODE_ENV, NODE_SCRATCH_ENV
 
 
 def node_layout(rank: int, procs_per_node: int) -> tuple[int, int]:
@@ -71,8 +73,8 @@ def layout(rank: int, args: argparse.Namespace, env: os._Environ[str] | dict[str
     base = Path(os.path.expanduser(os.path.expandvars(args.scratch)))
     scratch = (base if base.is_absolute() else Path.cwd() / base) / f"node-{node}"
     scratch.mkdir(parents=True, exist_ok=True)
-    return {"DDLKIT_NODE": str(node), "DDLKIT_LOCAL_RANK": str(local_rank), "DDLKIT_LOCAL_SIZE": str(local_size),
-            "DDLKIT_NODE_SCRATCH": str(scratch)}
+    return {NODE_ENV: str(node), LOCAL_RANK_ENV: str(local_rank), LOCAL_SIZE_ENV: str(local_size),
+            NODE_SCRATCH_ENV: str(scratch)}
 
 
 def _parse(argv: list[str] | None) -> argparse.Namespace:

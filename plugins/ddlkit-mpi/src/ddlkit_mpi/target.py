@@ -46,6 +46,7 @@ from typing import Any, ClassVar
 
 import ddlkit
 from ddlkit.atomic import write_json, write_text
+from ddlkit.compute.layout import CONTROL_ADDR_ENV, control_port
 from ddlkit.compute.ports import free_ports
 from ddlkit.compute.process import ProcessJob, describe_exit, kill_session, log_tail, processes
 from ddlkit.compute.rank_exits import first_failure, named_peer, read_records
@@ -61,7 +62,7 @@ RANK_MODULE = "ddlkit_mpi.rank"
 #: the job's rank layout, written at submission for handles built later (``ddlkit jobs``)
 LAYOUT_FILE = f"{STATE_DIR}/mpi-layout.json"
 #: what every rank gets from mpirun's environment on every host (``-x NAME``), besides the job's own
-RANK_ENV = ("MASTER_ADDR", "MASTER_PORT", "DDLKIT_CONTROL_ADDR", "PYTHONUNBUFFERED", "OMP_NUM_THREADS")
+RANK_ENV = ("MASTER_ADDR", "MASTER_PORT", CONTROL_ADDR_ENV, "PYTHONUNBUFFERED", "OMP_NUM_THREADS")
 
 
 @dataclass
@@ -346,10 +347,10 @@ class MpirunTarget(ddlkit.ComputeTarget):
 
     def environment(self, spec: JobSpec) -> dict[str, str]:
         """mpirun's environment: this one, the job's (``spec.env``, ``spec.secret_env``), the rendezvous."""
-        addr, master_port, control_port = self.rendezvous()
+        addr, master_port, control = self.rendezvous()
         env = {**os.environ, **spec.env, **spec.secret_env, "PYTHONUNBUFFERED": "1",
                # torch.distributed's rendezvous, and ddlkit's control plane
-               "MASTER_ADDR": addr, "MASTER_PORT": str(master_port), "DDLKIT_CONTROL_ADDR": f"{addr}:{control_port}"}
+               "MASTER_ADDR": addr, "MASTER_PORT": str(master_port), CONTROL_ADDR_ENV: f"{addr}:{control}"}
         # like torchrun: ranks sharing a machine share its cores instead of each taking them all
         env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // self.ranks_per_machine())))
         if os.geteuid() == 0:
@@ -429,8 +430,8 @@ class LocalMpiTarget(MpirunTarget):
         return ["--procs-per-node", str(self.cfg.procs_per_node), *ids]
 
     def rendezvous(self) -> tuple[str, int, int]:
-        master_port, control_port = free_ports(2)  # free loopback ports, chosen per job where no connection takes them
-        return "127.0.0.1", master_port, control_port
+        master_port, control = free_ports(2)  # free loopback ports, chosen per job where no connection takes them
+        return "127.0.0.1", master_port, control
 
     def environment(self, spec: JobSpec) -> dict[str, str]:
         env = super().environment(spec)
@@ -586,5 +587,5 @@ class MpiTarget(MpirunTarget):
         first = self.hosts[0].name
         if first in _LOOPBACK_NAMES and not all(is_this_host(h.name) for h in self.hosts):
             first = socket.gethostname()  # other machines cannot reach rank 0 at "localhost"
-        return first, self.cfg.master_port, self.cfg.master_port + 1
+        return first, self.cfg.master_port, control_port(self.cfg.master_port)
 

@@ -62,6 +62,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from ddlkit.compute.layout import RankLayout
 from ddlkit.compute.ports import free_ports
 from ddlkit.compute.resume import files_to_leave, resume_setting
 from ddlkit.interfaces import JobState, JobStatus, RestartBudget
@@ -347,10 +348,8 @@ class Driver:
         pids = []
         for rank, actor in enumerate(self.actors):
             node, local = divmod(rank, self.ppn)
-            variables = {"RANK": rank, "WORLD_SIZE": self.world, "LOCAL_RANK": local, "LOCAL_WORLD_SIZE": self.ppn,
-                         "GROUP_RANK": node, "DDLKIT_NODE": node, "DDLKIT_LOCAL_RANK": local,
-                         "DDLKIT_LOCAL_SIZE": self.ppn, "MASTER_ADDR": master, "MASTER_PORT": port,
-                         "DDLKIT_CONTROL_ADDR": f"{master}:{port + 1}"}
+            variables: dict[str, object] = dict(RankLayout(rank, self.world, local, self.ppn, node, master,
+                                                           port).to_env())
             if self.policy is not None:  # the restarts so far, for result.json (the launcher's, and ours)
                 variables |= {RESTARTS_ENV: self.policy.done, STEPS_LOST_ENV: self.policy.steps_lost}
             pids.append(actor.start.remote(python, args, {**{k: str(v) for k, v in variables.items()}, **self.secrets},

@@ -13,12 +13,12 @@ import os
 import sys
 
 from ddlkit.compute import rank_minder as minder
+from ddlkit.compute.layout import RankLayout
 
 #: how many of a failed rank's last lines reach the console (the handle's message quotes its end)
 TAIL_LINES = 15
 #: what the actor sets and the minder passes on (the rank minder requires ddlkit's node layout)
-VARIABLES = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "DDLKIT_NODE",
-             "DDLKIT_LOCAL_RANK", "DDLKIT_LOCAL_SIZE", "MASTER_ADDR", "MASTER_PORT", "DDLKIT_CONTROL_ADDR")
+VARIABLES = RankLayout.variables()
 
 
 def main(argv: list[str] | None = None) -> int:

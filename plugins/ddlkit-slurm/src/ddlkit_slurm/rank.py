@@ -10,8 +10,7 @@ else. What is Slurm's own:
 
 * **rank layout**: Slurm's ``SLURM_PROCID``, ``SLURM_NTASKS``, ``SLURM_LOCALID``, ``SLURM_NODEID``
   and ``SLURM_STEP_TASKS_PER_NODE`` become what :class:`ddlkit.DistContext` and torch.distributed
-  read (``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ``LOCAL_WORLD_SIZE``, ``GROUP_RANK``,
-  ``DDLKIT_NODE``, ``DDLKIT_LOCAL_RANK``, ``DDLKIT_LOCAL_SIZE``).
+  read (:class:`ddlkit.compute.layout.RankLayout`).
 
 * **secrets**: the job's secret environment, from :mod:`ddlkit.compute.secret_file` (sbatch's
   environment, which Slurm keeps in its spool, never holds them).
@@ -29,6 +28,7 @@ from pathlib import Path
 
 from ddlkit.compute import rank_minder as minder
 from ddlkit.compute import secret_file
+from ddlkit.compute.layout import RankLayout
 
 #: how many of a failed rank's last lines reach slurm.log (the handle's message quotes its end)
 TAIL_LINES = 15
@@ -54,10 +54,7 @@ def layout(env: dict[str, str] | os._Environ[str]) -> dict[str, str]:
         local_size = tasks_per_node(env.get("SLURM_STEP_TASKS_PER_NODE") or env.get("SLURM_TASKS_PER_NODE", ""))[node]
     except (ValueError, IndexError):
         local_size = int(env.get("SLURM_NTASKS_PER_NODE") or 1)
-    values = {"RANK": rank, "WORLD_SIZE": world, "LOCAL_RANK": local_rank, "LOCAL_WORLD_SIZE": local_size,
-              "GROUP_RANK": node, "DDLKIT_NODE": node, "DDLKIT_LOCAL_RANK": local_rank,
-              "DDLKIT_LOCAL_SIZE": local_size}
-    return {k: str(v) for k, v in values.items()}
+    return RankLayout(rank, world, local_rank, local_size, node).to_env()
 
 
 def main(argv: list[str] | None = None) -> int:

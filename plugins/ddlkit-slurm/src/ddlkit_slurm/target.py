@@ -50,6 +50,7 @@ from typing import Any
 
 import ddlkit
 from ddlkit.compute import secret_file
+from ddlkit.compute.layout import CONTROL_ADDR_ENV, CONTROL_PORT_SHELL
 from ddlkit.atomic import write_text
 from ddlkit.compute.process import LogFollower, log_tail
 from ddlkit.compute.rank_exits import RankFailure, first_failure
@@ -423,7 +424,7 @@ first_node=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)
 MASTER_ADDR=$(scontrol show node "$first_node" 2>/dev/null | grep -o 'NodeAddr=[^ ]*' | head -n 1 | cut -d= -f2)
 MASTER_ADDR=${{MASTER_ADDR:-$first_node}}
 MASTER_PORT=$((20000 + SLURM_JOB_ID % 20000 * 2))
-export MASTER_ADDR MASTER_PORT DDLKIT_CONTROL_ADDR="$MASTER_ADDR:$((MASTER_PORT + 1))" PYTHONUNBUFFERED=1
+export MASTER_ADDR MASTER_PORT {CONTROL_ADDR_ENV}="$MASTER_ADDR:{CONTROL_PORT_SHELL}" PYTHONUNBUFFERED=1
 export OMP_NUM_THREADS=${{OMP_NUM_THREADS:-${{SLURM_CPUS_PER_TASK:-1}}}}
 echo "ddlkit-slurm: job $SLURM_JOB_ID (run $((restarts + 1))) on $SLURM_JOB_NODELIST: {self.world_size} rank(s)"
 if [ -e {CANCEL_FILE} ] && [ "$restarts" -gt 0 ]; then
