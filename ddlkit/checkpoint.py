@@ -312,6 +312,17 @@ def _choose(job_dir: Path, warn: Warn) -> tuple[Path | None, bool]:
     )
 
 
+#: the trainer.resume words (any case) that start fresh, and that take the job directory's latest checkpoint;
+#: anything else is a path
+RESUME_FRESH = ("false", "no", "off", "none", "null")
+RESUME_LATEST = ("auto", "true", "yes", "on")
+
+
+def resume_path(resume: object) -> bool:
+    """Whether ``trainer.resume`` names a checkpoint or job directory (not one of its words)."""
+    return str(resume).strip().lower() not in (*RESUME_FRESH, *RESUME_LATEST)
+
+
 def resolve_resume(job_dir: Path, resume: object, *, warn: Warn = _warn) -> Path | None:
     """Turn ``trainer.resume`` into the checkpoint to load, or None to start fresh.
 
@@ -326,9 +337,9 @@ def resolve_resume(job_dir: Path, resume: object, *, warn: Warn = _warn) -> Path
     """
     value = str(resume).strip()
     mode = value.lower()
-    if mode in ("false", "no", "off", "none", "null"):
+    if mode in RESUME_FRESH:
         return None
-    if mode in ("auto", "true", "yes", "on"):
+    if mode in RESUME_LATEST:
         latest, _ = _choose(Path(job_dir), warn)
         if latest is None and mode != "auto":
             raise ConfigError(

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 from omegaconf.errors import MissingMandatoryValue, OmegaConfBaseException
 
 from .. import callbacks, monitor, options
+from ..checkpoint import resume_path
 from ..config import check_one_global_batch, to_container
 from ..errors import ConfigError
 from ..custom import launch_dir
@@ -72,7 +73,7 @@ def _launch_relative(container: dict[str, Any], storage: StorageBackend) -> None
         data["root"] = storage.launch_relative(data["root"], here)
     trainer = container.get("trainer") or {}
     resume = trainer.get("resume")
-    if isinstance(resume, str) and resume not in ("auto", "true", "false") and not Path(resume).expanduser().is_absolute():
+    if isinstance(resume, str) and resume_path(resume) and not Path(resume).expanduser().is_absolute():
         trainer["resume"] = str(here / resume)  # the launcher checks it from here too (prepare)
 
 
