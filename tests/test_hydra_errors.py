@@ -125,7 +125,8 @@ def test_a_group_only_a_search_path_holds_given_no_name_is_one_line(tmp_path: Pa
 @pytest.mark.parametrize(("override", "message"), [
     ("trainer.epochs=" + "9" * 5000, "a number on the command line is too long (value has 5000 digits): no setting "
                                      "takes one that big."),
-    ("model=[resnet18,resnet50]", "model takes one option, and the command line gives it a list: choose one "
+    ("model=[resnet18,resnet50]", "`model=[resnet18,resnet50]` is invalid: model takes one option, and the list gives "
+                                  "2. Choose one of: custom, resnet101, resnet152, resnet18, resnet34, resnet50, softmax "
                                   "(model=<name>), or run one job per option with -m model=<a>,<b>."),
     ("trainer.seed=-1", "trainer.seed=-1 is invalid: it must be an integer in [0, 4294967295]."),
     ("dist.timeout_s=inf", "dist.timeout_s=inf is invalid: it must be positive and at most 2147483 (seconds)."),
@@ -151,3 +152,16 @@ def test_more_threads_than_cores_are_capped_with_a_warning(capsys: pytest.Captur
     assert capsys.readouterr().err == (f"ddlkit: warning: framework.num_threads=100000 is more than the {cores} cores "
                                        f"this rank may use; using {cores}\n")
     assert threads.per_rank(1, 1) == 1 and capsys.readouterr().err == ""
+
+
+@pytest.mark.parametrize("argv", [["framework=fake", "storage=[]"], ["plan", "framework=fake", "storage=[]"],
+                                  ["framework=fake", "storage=[]", "--cfg", "job"]], ids=" ".join)
+def test_an_empty_list_for_a_group_of_one_option_is_one_line(argv: list[str],
+                                                            capsys: pytest.CaptureFixture[str]) -> None:
+    """``storage=[]`` composed a config without storage: ``--cfg job`` printed it, a run said "unknown key"."""
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("ddlkit: error: `storage=[]` is invalid: storage takes one option, and the list gives none. "
+                          "Choose one of: "), err
+    assert "local, local_ssd, memory, nfs" in err and err.endswith(
+        " (storage=<name>), or run one job per option with -m storage=<a>,<b>.\n")

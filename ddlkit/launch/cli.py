@@ -174,10 +174,17 @@ def _check_group_value(command: HydraCommand, ov: Any) -> None:
         values = [x for v in value.list for x in (v if isinstance(v, list) else [v])]
     else:
         values = value if isinstance(value, list) else [value]
+    group = ov.key_or_group
+    if isinstance(value, list) and group in HOOK_POINTS and not HOOK_POINTS[group].multi and len(value) != 1:
+        # `storage=[]` composed a config without storage (which --cfg job printed and a run refused
+        # as "unknown key"), `model=[a,b]` Hydra's "Merge error"
+        raise ConfigError(f"`{ov.input_line}` is invalid: {group} takes one option, and the list gives "
+                          f"{len(value) or 'none'}. Choose one of: {', '.join(command.options(group)) or '-'} "
+                          f"({group}=<name>), or run one job per option with -m {group}=<a>,<b>.")
     not_names = [v for v in values if not isinstance(v, str)]
     if not not_names:
         return
-    bad, group = not_names[0], ov.key_or_group
+    bad = not_names[0]
     options = command.options(group)
     shown = "null" if bad is None else str(bad).lower() if isinstance(bad, bool) else str(bad)
     quote = f" (quote a name that reads as a value: {group}='{shown}')" if shown in options else ""
