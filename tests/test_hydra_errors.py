@@ -165,3 +165,16 @@ def test_an_empty_list_for_a_group_of_one_option_is_one_line(argv: list[str],
                           "Choose one of: "), err
     assert "local, local_ssd, memory, nfs" in err and err.endswith(
         " (storage=<name>), or run one job per option with -m storage=<a>,<b>.\n")
+
+
+def test_a_defaults_list_giving_a_group_several_options_is_one_line(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    """Hydra's 'Merge error: ... is not a subclass of ...' for ``override /model: [a, b]`` in an experiment."""
+    (tmp_path / "experiments").mkdir()
+    (tmp_path / "experiments" / "two.yaml").write_text(
+        "# @package _global_\ndefaults:\n  - override /model: [resnet18, resnet50]\n")
+    monkeypatch.chdir(tmp_path)
+    assert main(["plan", "framework=fake", "+experiment=two"]) == 2
+    assert capsys.readouterr().err == (
+        "ddlkit: error: model takes one option, and a config file's defaults list gives it several: choose one, or "
+        "run one job per option with -m model=<a>,<b>.\n")

@@ -99,10 +99,10 @@ def explain(err: BaseException) -> DdlkitError | None:
                            "give values (a,b,c) or range(start,stop,step), or search it with hydra/sweeper=optuna "
                            "(pip install hydra-optuna-sweeper) and sweep.objective=<a result field>.")
     merge = re.match(r"In '([\w/]+)/[^']*': Merge error: .* is not a subclass of", message)
-    if merge:  # group=[a,b]: Hydra merges the second option's schema into the first's
+    if merge:  # a defaults list's `override /group: [a, b]`: Hydra merges the second option's schema into the first's
         group = merge[1].replace("/", ".")
-        return ConfigError(f"{group} takes one option, and the command line gives it a list: choose one "
-                           f"({group}=<name>), or run one job per option with -m {group}=<a>,<b>.")
+        return ConfigError(f"{group} takes one option, and a config file's defaults list gives it several: choose "
+                           f"one, or run one job per option with -m {group}=<a>,<b>.")
     if message.startswith("Could not append to config. An item is already at"):
         key = message.split("'")[1]
         return ConfigError(f"`{key}` is already in the config: set it without the `+` ({key}=...).")
