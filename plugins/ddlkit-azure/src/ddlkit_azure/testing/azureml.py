@@ -47,6 +47,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shlex
 import shutil
 import signal
 import subprocess
@@ -183,11 +184,14 @@ class LoopbackWorkspace:
         self._lock = threading.Lock()
         self._bin = self.root / "bin"
         self._bin.mkdir(parents=True, exist_ok=True)
-        # "python" in a job is this machine's interpreter, in place of the image's
+        # "python" in a job is this machine's interpreter, in place of the image's: a script that runs
+        # it by its own path, not a link to it -- a virtual environment's interpreter reached through a
+        # link elsewhere does not find its environment (pyvenv.cfg is looked for beside the link)
         for name in ("python", "python3"):
-            link = self._bin / name
-            if not link.exists():
-                link.symlink_to(python)
+            script = self._bin / name
+            if not script.exists():
+                script.write_text(f'#!/bin/sh\nexec {shlex.quote(str(python))} "$@"\n')
+                script.chmod(0o755)
         self.proxy = InterceptingProxy(server.certificate, {re.escape(BLOB_HOST): ("127.0.0.1", azurite.port)})
         self._register_routes()
 
