@@ -27,9 +27,10 @@ __all__ = ["SECRETS_FILE", "read", "remove", "write"]
 SECRETS_FILE = f"{STATE_DIR}/secrets.json"
 
 
-def write(job_dir: Path, secret_env: Mapping[str, str]) -> None:
-    """``secret_env`` into the job's secrets file, created readable by its user alone (none: no file)."""
-    path = Path(job_dir) / SECRETS_FILE
+def write(job_dir: Path, secret_env: Mapping[str, str], name: str = SECRETS_FILE) -> None:
+    """``secret_env`` into the job's secrets file (``name``, relative to ``job_dir``), created
+    readable by its user alone (none: no file)."""
+    path = Path(job_dir) / name
     path.unlink(missing_ok=True)
     if not secret_env:
         return
@@ -42,13 +43,13 @@ def write(job_dir: Path, secret_env: Mapping[str, str]) -> None:
     partial.rename(path)
 
 
-def read(job_dir: Path) -> dict[str, str]:
+def read(job_dir: Path, name: str = SECRETS_FILE) -> dict[str, str]:
     """The job's secret environment (nothing when it has none)."""
     try:
-        return {str(k): str(v) for k, v in json.loads((Path(job_dir) / SECRETS_FILE).read_text("utf-8")).items()}
+        return {str(k): str(v) for k, v in json.loads((Path(job_dir) / name).read_text("utf-8")).items()}
     except FileNotFoundError:
         return {}
 
 
-def remove(job_dir: Path) -> None:
-    (Path(job_dir) / SECRETS_FILE).unlink(missing_ok=True)
+def remove(job_dir: Path, name: str = SECRETS_FILE) -> None:
+    (Path(job_dir) / name).unlink(missing_ok=True)

@@ -62,6 +62,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from ddlkit.compute import secret_file
 from ddlkit.compute.layout import RankLayout
 from ddlkit.compute.ports import free_ports
 from ddlkit.compute.resume import files_to_leave, resume_setting
@@ -120,17 +121,6 @@ def _without_secrets(directory: str, names: list[str]) -> list[str]:
     return [SECRETS_FILE] if SECRETS_FILE in names and Path(directory) == Path.cwd() else []
 
 
-def take_secrets(path: Path = Path(SECRETS_FILE)) -> dict[str, str]:
-    """The job's secret environment from ``path``, which is removed: the driver's copy of what the
-    launcher sent (none: the job has no secrets)."""
-    try:
-        secrets = json.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        return {}
-    path.unlink(missing_ok=True)
-    return {str(k): str(v) for k, v in secrets.items()}
-
-
 # ---------------------------------------------------------------------------- the rank actor
 class Rank:
     """One rank, as a Ray actor placed in its node's bundle (made remote in :func:`main`)."""
@@ -165,7 +155,7 @@ class Rank:
 
         import ray
 
-        Path(SECRETS_FILE).unlink(missing_ok=True)  # Ray's copy of the working_dir on this node
+        secret_file.remove(Path.cwd(), SECRETS_FILE)  # Ray's copy of the working_dir on this node
         self.job_dir.parent.mkdir(parents=True, exist_ok=True)
         with open(f"{self.job_dir}.lock", "w") as lock:
             fcntl.flock(lock, fcntl.LOCK_EX)  # the node's other ranks wait for the one copy
@@ -625,7 +615,9 @@ def _alive_nodes(ray: Any) -> int:
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     plan = json.loads(Path(argv[0] if argv else PLAN_FILE).read_text(encoding="utf-8"))
-    secrets = take_secrets()  # first thing: the file does not outlive the driver's start
+    # first thing: the file Ray unpacked does not outlive the driver's start
+    secrets = secret_file.read(Path.cwd(), SECRETS_FILE)
+    secret_file.remove(Path.cwd(), SECRETS_FILE)
     import ray
 
     ray.init(log_to_driver=False, logging_level=logging.WARNING, configure_logging=True)

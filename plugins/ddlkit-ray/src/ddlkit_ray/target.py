@@ -40,7 +40,6 @@ import contextlib
 import io
 import json
 import logging
-import os
 import queue
 import re
 import shlex
@@ -59,6 +58,7 @@ from omegaconf import DictConfig, OmegaConf
 
 import ddlkit
 from ddlkit.atomic import write_text
+from ddlkit.compute import secret_file
 from ddlkit.interfaces import JobHandle, JobSpec, JobState, JobStatus
 from ddlkit.jobdir import CHECKPOINT_DIR, STATE_DIR
 from ddlkit.options import NON_NEGATIVE, POSITIVE, POSITIVE_INTEGER, checked, one_of
@@ -603,11 +603,7 @@ class RayTarget(ddlkit.ComputeTarget):
         kept = self.kept_on_cluster(job_dir, key)
         write_text(job_dir / PLAN_FILE, json.dumps(self.driver_plan(spec, submission_id, key=key, kept_on_cluster=kept),
                                                    indent=2) + "\n")
-        secrets = job_dir / SECRETS_FILE
-        if spec.secret_env:  # for the working_dir's upload alone (see SECRETS_FILE)
-            fd = os.open(secrets, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-            with os.fdopen(fd, "w", encoding="utf-8") as f:
-                json.dump(dict(spec.secret_env), f)
+        secret_file.write(job_dir, spec.secret_env, SECRETS_FILE)  # for the working_dir's upload alone
         try:
             jobs.submit_job(entrypoint=self.entrypoint(), submission_id=submission_id,
                             runtime_env=self.runtime_env(replace_dir(spec, job_dir), kept_on_cluster=kept),
@@ -616,7 +612,7 @@ class RayTarget(ddlkit.ComputeTarget):
             raise ddlkit.ConfigError(f"the Ray cluster at {self.address} refused the job: "
                                      f"{' '.join(str(exc).split())[:500]}") from None
         finally:
-            secrets.unlink(missing_ok=True)
+            secret_file.remove(job_dir, SECRETS_FILE)
         return RayJob(jobs, submission_id, address=self.address, job_dir=job_dir,
                       poll_interval_s=self.cfg.poll_interval_s)
 
