@@ -136,6 +136,7 @@ def run_before(ref: str, script: str, argv: Sequence[str], workdir: Path, result
     proc = subprocess.run([sys.executable, str(core / "benchmarks" / script), *argv], cwd=core, env=core_env(core),
                           capture_output=True, text=True)
     if proc.returncode != 0:
-        raise RuntimeError(f"{script} at {ref} failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
+        raise RuntimeError(f"{script} at {ref} failed ({proc.returncode}):\n"
+                           f"{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
     print(proc.stdout, end="", flush=True)
     return json.loads((core / "benchmarks" / "results" / f"{result or Path(script).stem}.json").read_text())

@@ -24,7 +24,7 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 FIRST_STEP = "first step done"
 
 
-def build_model(name: str, classes: int):  # noqa: ANN201 -- torch is imported in the actor only
+def build_model(name: str, classes: int):  # no return annotation: torch is imported in the actor only
     import torch
 
     if name == "resnet18":

@@ -230,7 +230,7 @@ def startup(base: Path, ws: LoopbackWorkspace, image: str, rounds: int) -> dict:
     times: dict[str, list[float]] = {"ddlkit_cfg_job_azureml_s": [], "ddlkit_cfg_job_local_s": [],
                                      "import_azure_ai_ml_s": []}
     for _ in range(rounds):
-        for key, argv in zip(times, (azureml, local, sdk)):
+        for key, argv in zip(times, (azureml, local, sdk), strict=True):
             t0 = time.monotonic()
             subprocess.run(argv, check=True, capture_output=True, cwd=base)
             times[key].append(time.monotonic() - t0)
@@ -270,7 +270,10 @@ def main() -> None:
                 proxied = sorted({host for host, _ in ws.proxy.connects})
         finally:
             stop_azurite(azurite.process)
-    med = lambda rows, k: summary([r[k] for r in rows])
+
+    def med(rows: list[dict], k: str) -> dict:
+        return summary([r[k] for r in rows])
+
     payload = {
         "endpoint": "loopback Azure ML workspace (ddlkit_azure.testing.azureml): real azure-ai-ml "
                     f"{__import__('importlib.metadata').metadata.version('azure-ai-ml')}, HTTPS on 127.0.0.1, "

@@ -152,7 +152,8 @@ def staging(tmp: Path, cert: object, key: Path, files: int, kb: int) -> dict[str
         stop_azurite(azurite.process)
     return {"files": files, "dataset_bytes": total, "staging_step_s": stage_s, "stage_copy_s": report["seconds"],
             "ddlkit_data_upload_s": upload_s, "staging_step_mb_per_s": total / 1e6 / stage_s,
-            "stage_copy_mb_per_s": total / 1e6 / report["seconds"], "ddlkit_data_upload_mb_per_s": total / 1e6 / upload_s,
+            "stage_copy_mb_per_s": total / 1e6 / report["seconds"],
+            "ddlkit_data_upload_mb_per_s": total / 1e6 / upload_s,
             "ratio_step_vs_upload": upload_s / stage_s, "ratio_copy_vs_upload": upload_s / report["seconds"],
             "second_staging_s": again_s, "second_staging_said": said[-1]}
 
@@ -183,7 +184,8 @@ def main() -> None:
               f"{result['second_job_s']['median']:.2f} s ({result['second_job_requests']['total']})")
     print(f"staging {staged['dataset_bytes'] / 1e6:.1f} MB: step {staged['staging_step_s']:.2f} s "
           f"({staged['staging_step_mb_per_s']:.1f} MB/s; the copy itself {staged['stage_copy_mb_per_s']:.1f} MB/s) vs "
-          f"ddlkit data upload {staged['ddlkit_data_upload_s']:.2f} s ({staged['ddlkit_data_upload_mb_per_s']:.1f} MB/s):"
+          f"ddlkit data upload {staged['ddlkit_data_upload_s']:.2f} s "
+          f"({staged['ddlkit_data_upload_mb_per_s']:.1f} MB/s):"
           f" {staged['ratio_step_vs_upload']:.2f}x; again: {staged['second_staging_s']:.2f} s")
     path = write_result("batchai", {"benchmark": "batchai", "config": vars(args),
                                     "submission": fast, "submission_default_poll": default, "staging": staged})

@@ -65,7 +65,8 @@ def main() -> None:
 
     overrides = [
         "framework=pytorch", f"model={args.model}", f"data.image_size={args.image_size}",
-        f"data.num_classes={args.classes}", f"data.length={args.batch * args.steps}", f"trainer.batch_size={args.batch}",
+        f"data.num_classes={args.classes}", f"data.length={args.batch * args.steps}",
+        f"trainer.batch_size={args.batch}",
         "trainer.epochs=1", f"trainer.warmup_steps={args.warmup}", "trainer.validate=false",
         "trainer.save_model=false", "trainer.resume=false", "trainer.log_every=10",
     ]
@@ -86,7 +87,8 @@ def main() -> None:
         before = {"before": {"ref": args.before, "ddlkit_images_per_sec": then["ddlkit_images_per_sec"],
                              "baseline_images_per_sec": then["baseline_images_per_sec"], "ratio": then["ratio"],
                              "now_over_before": ratio / then["ratio"]}}
-        print(f"ratio now {ratio:.3f}, at {args.before} {then['ratio']:.3f}: now / before = {ratio / then['ratio']:.3f}")
+        print(f"ratio now {ratio:.3f}, at {args.before} {then['ratio']:.3f}: "
+              f"now / before = {ratio / then['ratio']:.3f}")
     path = write_result("overhead_pytorch", {
         "benchmark": "overhead_pytorch", "config": vars(args), "ddlkit_images_per_sec": d,
         "baseline_images_per_sec": b, "ratio": ratio, "goal": 0.98, **before,

@@ -76,15 +76,15 @@ from typing import Any, Protocol
 # must happen before TensorFlow is imported
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")
 
-import keras  # noqa: E402
-import tensorflow as tf  # noqa: E402
-from _common import make_job, one_thread_env, run_before, run_worker, summary, write_result  # noqa: E402
+import keras
+import tensorflow as tf
+from _common import make_job, one_thread_env, run_before, run_worker, summary, write_result
 
-import ddlkit  # noqa: E402
-from ddlkit.jobdir import METRICS_FILE  # noqa: E402
-from ddlkit.plugins import get_plugin_manager  # noqa: E402
-from ddlkit_tensorflow.models import build_model  # noqa: E402
-from ddlkit_tensorflow.runtime import horovod_problem  # noqa: E402
+import ddlkit
+from ddlkit.jobdir import METRICS_FILE
+from ddlkit.plugins import get_plugin_manager
+from ddlkit_tensorflow.models import build_model
+from ddlkit_tensorflow.runtime import horovod_problem
 
 LR, MOMENTUM, WEIGHT_DECAY = 0.01, 0.9, 1e-4
 #: ranks of ``--dist horovod``
@@ -230,7 +230,7 @@ class Interleave:
     def pairs(self) -> list[tuple[tuple[float, float], tuple[float, float]]]:
         """Each ddlkit block with the baseline block that ran just after it (baseline block 0,
         which traces, is dropped)."""
-        return list(zip(self.ddlkit_s, self.baseline_s[1:]))
+        return list(zip(self.ddlkit_s, self.baseline_s[1:], strict=True))
 
 
 def overrides(args: argparse.Namespace, steps: int) -> list[str]:

@@ -65,11 +65,11 @@ from typing import Any
 HERE = Path(__file__).resolve().parent
 sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != HERE] + [str(HERE)]
 
-from _common import RESULTS, summary, write_result  # noqa: E402
+from _common import RESULTS, summary, write_result  # noqa: E402 -- after the sys.path change above
 from _ray_plain_job import build_model  # noqa: E402 -- the baselines' model, ResNet-18 as ddlkit's or a tiny net
 
 REPO = HERE.parent
-from ddlkit_ray.testing import CountingProxy, LocalRayCluster  # noqa: E402
+from ddlkit_ray.testing import CountingProxy, LocalRayCluster  # noqa: E402 -- after the sys.path change above
 
 FIRST_STEP = "first step done"
 PLAIN_JOB = HERE / "_ray_plain_job.py"
@@ -298,11 +298,12 @@ def part_a(args: argparse.Namespace, base: Path) -> dict[str, Any]:
         # first workers): a round on it first, not counted, so that no side runs on a cold cluster
         for r in range(-1 if args.rounds > 1 else 0, args.rounds):
             # interleaved, in a different order each round: a slow spell of the machine hits all sides
-            runs = {"ray": lambda: ddlkit_job(args, base, f"a-ray-{r}", [
+            runs = {"ray": lambda r=r: ddlkit_job(args, base, f"a-ray-{r}", [
                         "compute=ray", f"compute.address={cluster.address}", "compute.nodes=2",
                         "compute.poll_interval_s=0.5"]),
-                    "plain_ray_job": lambda: plain_job(cluster, args, base, f"a-plain-{r}"),
-                    "local_mpi": lambda: ddlkit_job(args, base, f"a-mpi-{r}", ["compute=local_mpi", "compute.nodes=2"]),
+                    "plain_ray_job": lambda r=r: plain_job(cluster, args, base, f"a-plain-{r}"),
+                    "local_mpi": lambda r=r: ddlkit_job(args, base, f"a-mpi-{r}",
+                                                        ["compute=local_mpi", "compute.nodes=2"]),
                     "ray_train": lambda: ray_train(cluster, args)}
             order = list(runs)[r % len(runs):] + list(runs)[:r % len(runs)]
             done = {who: runs[who]() for who in order}
@@ -402,7 +403,8 @@ def part_c(args: argparse.Namespace, base: Path) -> dict[str, Any]:
             rounds.append({"ddlkit_sweep_s": ddlkit_s, "ray_tasks_s": tasks_s})
             print(f"(c) round {r + 1}: {json.dumps(rounds[-1])}", flush=True)
     d, t = summary([x["ddlkit_sweep_s"] for x in rounds]), summary([x["ray_tasks_s"] for x in rounds])
-    return {"rounds": rounds, "ddlkit_sweep_s": d, "ray_tasks_s": t, "ratio_ddlkit_over_tasks": d["median"] / t["median"]}
+    return {"rounds": rounds, "ddlkit_sweep_s": d, "ray_tasks_s": t,
+            "ratio_ddlkit_over_tasks": d["median"] / t["median"]}
 
 
 def request_kind(method: str, path: str) -> str:

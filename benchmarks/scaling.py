@@ -10,8 +10,8 @@ one rank) and trains alone, so the baseline is the plain single-process loop. Ro
 configurations in turn, so that drift in the machine's load hits them alike; each round's n-rank
 throughput is compared with the same round's 1-rank run, and ``efficiency`` is the median over
 rounds (``efficiency_best`` compares the best rounds: those least disturbed by other work on the
-machine, whose 1-minute load is recorded before every job). On a 2-core machine 2 ranks is the meaningful point (goal >= 0.90); 4 ranks
-oversubscribe the cores, so their efficiency is at most 0.5.
+machine, whose 1-minute load is recorded before every job). On a 2-core machine 2 ranks is the
+meaningful point (goal >= 0.90); 4 ranks oversubscribe the cores, so their efficiency is at most 0.5.
 
 Failure: a 2-rank PyTorch job (dist=native) is killed at one rank with SIGKILL mid-training; the
 time from the kill to the launcher's exit is reported, and likewise from a SIGTERM to the
@@ -213,8 +213,8 @@ def plot(scaling: dict[str, Any], path: Path, title: str) -> None:
 
 
 def chart_title(shape: dict[str, Any]) -> str:
-    return (f"ddlkit data-parallel throughput on {os.cpu_count()} CPU cores ({shape['model']}, {shape['image_size']}px, "
-            f"batch {shape['batch']}/rank, 1 thread/rank)")
+    return (f"ddlkit data-parallel throughput on {os.cpu_count()} CPU cores ({shape['model']}, "
+            f"{shape['image_size']}px, batch {shape['batch']}/rank, 1 thread/rank)")
 
 
 def replot(args: argparse.Namespace) -> None:
@@ -266,7 +266,8 @@ def main() -> None:
         "skipped": skipped,
         "death_to_exit_s": {**summary([s["seconds"] for s in stops["kill"]]),
                             "exit_status": [s["exit_status"] for s in stops["kill"]],
-                            "how": "SIGKILL to rank 1's worker of a 2-rank pytorch/native job; until the launcher exits"},
+                            "how": "SIGKILL to rank 1's worker of a 2-rank pytorch/native job; "
+                                   "until the launcher exits"},
         "sigterm_to_exit_s": {**summary([s["seconds"] for s in stops["preempt"]]),
                               "exit_status": [s["exit_status"] for s in stops["preempt"]],
                               "how": "SIGTERM to the launcher: ranks agree on a step, rank 0 checkpoints, all exit "

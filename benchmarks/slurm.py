@@ -120,7 +120,10 @@ def main() -> None:
             local.append(sweep(base, f"local-{r}", args.jobs, ["compute=local"]))
             slurm_default.append(sweep(base, f"slurm-{r}", args.jobs, ["compute=slurm"]))
             slurm_fast.append(sweep(base, f"slurm-fast-{r}", args.jobs, ["compute=slurm", "compute.poll_interval_s=1"]))
-    med = lambda xs: summary(xs)["median"]
+
+    def med(xs: list[float]) -> float:
+        return summary(xs)["median"]
+
     payload = {
         "cluster": "scripts/local_slurm.sh: one node declaring 8 CPUs on this machine, sched_interval=2",
         "submit_to_running": {k: summary([s[k] for s in starts]) for k in starts[0]},

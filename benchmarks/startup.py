@@ -86,7 +86,8 @@ def main() -> None:
         for _ in range(args.repeat):  # interleaved, so drift hits all cases alike
             for name, argv in cases.items():
                 samples[name].append(timed(argv, tmp, envs[name]))
-        counts = {name: instructions(argv, tmp, envs[name]) for name, argv in cases.items()} if args.instructions else {}
+        counts = ({name: instructions(argv, tmp, envs[name]) for name, argv in cases.items()}
+                  if args.instructions else {})
         trace = subprocess.run([sys.executable, "-X", "importtime", "-m", "ddlkit", "--cfg", "job"], cwd=tmp,
                                capture_output=True, text=True, check=True).stderr
     imported = sorted({ln.split("|")[-1].strip().split(".")[0] for ln in trace.splitlines() if "|" in ln})

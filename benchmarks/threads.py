@@ -36,7 +36,7 @@ SETTINGS = {"all cores (old default)": "0", "1 thread": "1", "auto (new default)
 OPENMP_ENV = ("OMP_NUM_THREADS", "OMP_WAIT_POLICY", "GOMP_SPINCOUNT", "KMP_BLOCKTIME")
 
 
-def tiny_cnn(num_classes: int = 10):  # noqa: ANN201 (model.target of the runs: imported by the ranks)
+def tiny_cnn(num_classes: int = 10):  # model.target of the runs: imported by the ranks
     """A CNN small enough that thread synchronisation, not arithmetic, sets its speed."""
     from torch import nn
 
@@ -101,7 +101,7 @@ def plot(results: dict, path: Path) -> None:
     models = list(results[conditions[0]])
     fig, axes = plt.subplots(1, len(models), figsize=(5 * len(models), 4), squeeze=False)
     width = 0.8 / len(SETTINGS)
-    for ax, model in zip(axes[0], models):
+    for ax, model in zip(axes[0], models, strict=True):
         for k, label in enumerate(SETTINGS):
             values = [results[c][model][label]["median"] for c in conditions]
             ax.bar([i + k * width for i in range(len(conditions))], values, width, label=label)
@@ -138,7 +138,8 @@ def main() -> None:
             ratios[f"{condition} / {model}"] = {
                 "auto / old default": auto / by_setting["all cores (old default)"]["median"],
                 "auto / 1 thread": auto / by_setting["1 thread"]["median"]}
-            print(f"{condition:>24} {model:>8}: " + "  ".join(f"{k} {v:.2f}" for k, v in ratios[f"{condition} / {model}"].items()))
+            said = "  ".join(f"{k} {v:.2f}" for k, v in ratios[f"{condition} / {model}"].items())
+            print(f"{condition:>24} {model:>8}: {said}")
     path = write_result("threads", {"benchmark": "threads", "config": vars(args), "cores": len(os.sched_getaffinity(0)),
                                     "images_per_sec": results, "ratios": ratios})
     plot(results, RESULTS / "threads.png")

@@ -80,13 +80,20 @@ def __dir__() -> list[str]:
     return [*__all__, "__version__"]
 
 
-if TYPE_CHECKING:  # the same names, for type checkers and editors
-    from .errors import (ConfigError, DdlkitError, JobFailedError, PluginConflictError, PluginError, PluginLoadError,
-                         RankLostError, RunError, UnknownNameError)
-    from .hookspecs import hookimpl, hookspec
-    from .interfaces import (JOB_FILE, WORKER_ARGS, Batch, ComputeTarget, DataInfo, DataSource, DistView, Framework,
-                             ImageFilesSpec, ImagePoolSpec, JobHandle, JobSpec, JobState, JobStatus, Loader, Logger,
-                             Registration, RestartBudget, RunContext, RunState, Schedule, Shard, StorageBackend)
-    from .rank.distributed import DistContext
-    from .rank.run import Run
-    from .rank.schedule import LRSchedule
+if TYPE_CHECKING:  # the same names, for type checkers and editors ("X as X": re-exported, also under --strict)
+    from .errors import (ConfigError as ConfigError, DdlkitError as DdlkitError, JobFailedError as JobFailedError,
+                         PluginConflictError as PluginConflictError, PluginError as PluginError,
+                         PluginLoadError as PluginLoadError, RankLostError as RankLostError, RunError as RunError,
+                         UnknownNameError as UnknownNameError)
+    from .hookspecs import hookimpl as hookimpl, hookspec as hookspec
+    from .interfaces import (JOB_FILE as JOB_FILE, WORKER_ARGS as WORKER_ARGS, Batch as Batch,
+                             ComputeTarget as ComputeTarget, DataInfo as DataInfo, DataSource as DataSource,
+                             DistView as DistView, Framework as Framework, ImageFilesSpec as ImageFilesSpec,
+                             ImagePoolSpec as ImagePoolSpec, JobHandle as JobHandle, JobSpec as JobSpec,
+                             JobState as JobState, JobStatus as JobStatus, Loader as Loader, Logger as Logger,
+                             Registration as Registration, RestartBudget as RestartBudget, RunContext as RunContext,
+                             RunState as RunState, Schedule as Schedule, Shard as Shard,
+                             StorageBackend as StorageBackend)
+    from .rank.distributed import DistContext as DistContext
+    from .rank.run import Run as Run
+    from .rank.schedule import LRSchedule as LRSchedule

@@ -2,9 +2,9 @@
 
 Two kinds of hook:
 
-* **Registration hooks** (``ddlkit_data_sources`` ... ``ddlkit_loggers``, and the per-framework
-  ``ddlkit_models`` and ``ddlkit_optimizers``) are called once, after all plugins are loaded. They yield :class:`ddlkit.Registration` records; only the core
-  maps a config name to an implementation, so only the core reports conflicts and choices.
+* **Registration hooks** (``ddlkit_data_sources`` ... ``ddlkit_loggers``, and the per-framework ``ddlkit_models``
+  and ``ddlkit_optimizers``) are called once, after all plugins are loaded. They yield :class:`ddlkit.Registration`
+  records; only the core maps a config name to an implementation, so only the core reports conflicts and choices.
 * **Lifecycle hooks** are broadcast to every plugin during a run, with keyword arguments.
   Implementations may accept any subset of the arguments, so hooks grow by adding arguments.
 

@@ -1,10 +1,10 @@
 """Keeping secrets (storage keys, SAS tokens, API keys) out of files and logs.
 
-Config values under secret-looking keys are replaced by ``"***"`` in every copy written to
-disk or handed to a logger, and so are credentials inside any other value: the query string of
-a URL that carries a SAS (``https://acct.blob.core.windows.net/c?sv=...&sig=...`` ->
-``https://acct.blob.core.windows.net/c?***``) and a connection string's ``AccountKey=``. The launcher passes the real values to the ranks in the
-environment variable :data:`SECRETS_ENV`, and the worker puts them back in memory only.
+Config values under secret-looking keys are replaced by ``"***"`` in every copy written to disk or handed to a
+logger, and so are credentials inside any other value: the query string of a URL that carries a SAS
+(``https://acct.blob.core.windows.net/c?sv=...&sig=...`` -> ``https://acct.blob.core.windows.net/c?***``) and a
+connection string's ``AccountKey=``. The launcher passes the real values to the ranks in the environment variable
+:data:`SECRETS_ENV`, and the worker puts them back in memory only.
 """
 
 from __future__ import annotations

@@ -4,8 +4,8 @@ with (``401`` + ``WWW-Authenticate: Bearer realm=...,service=...,scope=...``), o
 
 Standard library only: the launcher asks this before it submits, and the core depends on no HTTP
 client. Proxies (``HTTPS_PROXY``, ``NO_PROXY``) and the CA bundle (``SSL_CERT_FILE``) come from the
-environment as it is at each check, as for any client on the machine. Nothing here writes a credential or a token anywhere:
-the answers name the registry and the HTTP status only.
+environment as it is at each check, as for any client on the machine. Nothing here writes a credential or
+a token anywhere: the answers name the registry and the HTTP status only.
 """
 
 from __future__ import annotations

@@ -14,8 +14,8 @@ What :func:`run` guarantees, the same for every target:
 
 * **layout**: the child runs with this process's environment plus ``variables``, which must
   include ddlkit's node layout (:data:`ddlkit.compute.layout.LAYOUT_VARIABLES`, best written with
-  :class:`~ddlkit.compute.layout.RankLayout`; :class:`ddlkit.DistContext` prefers them over anything else), and whatever else the target's
-  ranks need (torch's ``RANK``/``WORLD_SIZE``, ``DDLKIT_NODE_SCRATCH``, ...);
+  :class:`~ddlkit.compute.layout.RankLayout`; :class:`ddlkit.DistContext` prefers them over anything else), and
+  whatever else the target's ranks need (torch's ``RANK``/``WORLD_SIZE``, ``DDLKIT_NODE_SCRATCH``, ...);
 * **logs**: everything the child prints, stdout and stderr, is appended to ``rank-N.log``
   (:func:`ddlkit.jobdir.rank_log`) in the job directory as it comes;
 * **console**: rank 0's stdout and stderr pass through to this process's own (the target's

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from ..checkpoint import manifest_path, resolve_resume, rotated_checkpoints
 from ..errors import ConfigError
-from ..jobdir import CHECKPOINT_DIR, JOB_FILE
+from ..jobdir import CHECKPOINT_DIR
 
 
 def resume_setting(job_file: Path) -> object:

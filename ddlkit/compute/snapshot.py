@@ -136,7 +136,7 @@ class CodeSnapshot:
         for rel, _ in self.files:
             target = staging / rel
             target.parent.mkdir(parents=True, exist_ok=True)
-            _read(self.root / rel, lambda source: shutil.copy2(source, target))
+            _read(self.root / rel, lambda source, target=target: shutil.copy2(source, target))
         for rel, link in self.links:
             (staging / rel).parent.mkdir(parents=True, exist_ok=True)
             os.symlink(link, staging / rel)

@@ -49,7 +49,7 @@ class SyntheticImages:
     def _make_in_background(self) -> None:
         try:
             self._pool = self._make()
-        except BaseException as err:  # noqa: BLE001 -- raised again where the pool is read
+        except BaseException as err:  # raised again where the pool is read
             self._error = err
 
     @property

@@ -250,9 +250,10 @@ class ComputeTarget(ABC):
         return None
 
     def with_nodes(self, nodes: int, spec: JobSpec) -> ComputeTarget:
-        """This target for the job ``spec`` on ``nodes`` nodes (``1 <= nodes <= self.nodes``, no more
-        than :meth:`nodes_up` said): how a restart asks for fewer nodes, or all of them again. The default builds the target again from its config
-        with ``compute.nodes`` replaced; a target whose nodes are not just a count says more."""
+        """This target for the job ``spec`` on ``nodes`` nodes (``1 <= nodes <= self.nodes``, no more than
+        :meth:`nodes_up` said): how a restart asks for fewer nodes, or all of them again. The default builds the
+        target again from its config with ``compute.nodes`` replaced; a target whose nodes are not just a count
+        says more."""
         import dataclasses
 
         from omegaconf import OmegaConf, open_dict

@@ -87,7 +87,7 @@ class _StateNotices:
         while not self.output.wait(NOTICE_AFTER_S):
             try:
                 status = self.handle.status()
-            except Exception:  # noqa: BLE001 -- the stream asks too, and reports what is wrong
+            except Exception:  # the stream asks too, and reports what is wrong
                 return
             if status.state.done:
                 return

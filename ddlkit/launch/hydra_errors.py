@@ -56,8 +56,8 @@ def explain(err: BaseException) -> DdlkitError | None:
             return ConfigError(f"{link.filename} is longer than the file system allows for a path or a name in it: "
                                "give hydra.run.dir (or hydra.sweep.dir) a shorter one.")
         if isinstance(link, ValueError) and "integer string conversion" in str(link):
-            return ConfigError(f"a number on the command line is too long ({str(link).split(': ', 1)[-1].split(';')[0]}): "
-                               "no setting takes one that big.")
+            limit = str(link).split(": ", 1)[-1].split(";")[0]
+            return ConfigError(f"a number on the command line is too long ({limit}): no setting takes one that big.")
         if isinstance(link, YAMLError):
             where = getattr(getattr(link, "problem_mark", None), "name", None) or "a config file"
             return ConfigError(f"{where} is not valid YAML: {yaml_error_line(link)}. Fix the file, or leave out "

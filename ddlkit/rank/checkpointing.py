@@ -202,7 +202,7 @@ class _InFlight:
     def _run(self, work: Callable[[], None]) -> None:
         try:
             work()
-        except BaseException as err:  # noqa: BLE001 (raised on the training thread by CheckpointKeeper.wait)
+        except BaseException as err:  # raised on the training thread by CheckpointKeeper.wait
             self.error = err
 
     def done(self) -> bool:

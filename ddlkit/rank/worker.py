@@ -83,7 +83,7 @@ def main(argv: list[str] | None = None) -> int:
             report_phase(dist, f"{dist.world_size} ranks connected", "ranks connected")
         record_phase("ranks connected")  # one rank: connected to no one, at once
         if dist.rank == 0:
-            lock = hold_job_directory(job_dir)  # noqa: F841 (held until this process exits)
+            lock = hold_job_directory(job_dir)  # noqa: F841 -- held until this process exits
         pm = get_plugin_manager()
         registry = Registry.collect(pm)
         record_phase("plugins loaded")

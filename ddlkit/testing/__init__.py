@@ -515,7 +515,7 @@ def event_accumulator() -> type:
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
     from tensorboard.compat import tf
 
-    tf.__version__  # noqa: B018 - resolves the lazy module now
+    tf.__version__  # noqa: B018 -- resolves the lazy module now
     return EventAccumulator
 
 

@@ -3,12 +3,12 @@ launcher's but what the compute contract hands over.
 
 It behaves as a target whose ranks run on another machine would, with what one machine has:
 
-* ``submit`` refuses a job whose environment names a path of this machine (a laptop's path
-  means nothing on a cluster: user code travels as the job's code snapshot), copies the job
-  directory to the "cluster's disk" (``compute.root/<job name>``), **moves the launcher's job directory out of reach** for as long as the job runs (anything
-  that reaches for the launcher's paths fails), and runs the job there in a process with that
-  copy as its working directory and a **bare environment**: ``PATH``, ``HOME``, ``LANG`` and
-  what ``JobSpec.env`` / ``JobSpec.secret_env`` carry -- nothing inherited from the launcher;
+* ``submit`` refuses a job whose environment names a path of this machine (a laptop's path means nothing on a
+  cluster: user code travels as the job's code snapshot), copies the job directory to the "cluster's disk"
+  (``compute.root/<job name>``), **moves the launcher's job directory out of reach** for as long as the job runs
+  (anything that reaches for the launcher's paths fails), and runs the job there in a process with that copy as its
+  working directory and a **bare environment**: ``PATH``, ``HOME``, ``LANG`` and what ``JobSpec.env`` /
+  ``JobSpec.secret_env`` carry -- nothing inherited from the launcher;
 * ``collect`` moves the launcher's directory back and copies the job's files into it;
 * its jobs outlive the launcher (as a cluster's do); ``attach`` works from any process (the id
   names the job and its process);

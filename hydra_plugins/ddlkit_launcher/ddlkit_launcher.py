@@ -9,7 +9,7 @@ every Hydra app, so it imports nothing but its config schema here; the work is d
 # sys.modules, and dataclasses then cannot resolve string annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Optional
+from typing import TYPE_CHECKING, Any
 
 from hydra.core.config_store import ConfigStore
 from hydra.plugins.launcher import Launcher
@@ -33,8 +33,8 @@ class DdlkitLauncherConf:
     sort_by: Any = "${oc.select:sweep.sort_by,null}"
     objective: Any = "${oc.select:sweep.objective,null}"
     direction: Any = "${oc.select:sweep.direction,null}"
-    status_interval_s: Optional[float] = None
-    dry_run: Optional[bool] = None
+    status_interval_s: float | None = None
+    dry_run: bool | None = None
 
 
 ConfigStore.instance().store(group="hydra/launcher", name="ddlkit", node=DdlkitLauncherConf, provider="ddlkit")

@@ -11,8 +11,8 @@ schemas (``structured://``) come last. Hydra imports this module at the start of
 in the environment, so it imports only Hydra here and changes nothing for apps other than ddlkit.
 """
 
+import builtins
 import os
-from typing import List, Optional
 
 from hydra.core.config_search_path import ConfigSearchPath
 from hydra.core.object_type import ObjectType
@@ -48,7 +48,7 @@ class ExperimentsConfigSource(ConfigSource):
     def scheme() -> str:
         return "ddlkit-experiments"
 
-    def _file(self, config_path: str) -> Optional[str]:
+    def _file(self, config_path: str) -> str | None:
         group, _, name = config_path.partition("/")
         if group != EXPERIMENT_GROUP or not name or "/" in name:
             return None
@@ -84,7 +84,8 @@ class ExperimentsConfigSource(ConfigSource):
         path = self._file(config_path)
         return path is not None and os.path.isfile(path)
 
-    def list(self, config_path: str, results_filter: Optional[ObjectType]) -> List[str]:
+    # builtins.list: in this class, `list` is this method
+    def list(self, config_path: str, results_filter: ObjectType | None) -> builtins.list[str]:
         if config_path == "":
             wanted = results_filter in (None, ObjectType.GROUP) and self.available()
             return [EXPERIMENT_GROUP] if wanted else []

@@ -83,7 +83,7 @@ def cmd_list(args: argparse.Namespace, out: TextIO) -> int:
                      entry["job_dir"]))
     widths = [max(len(r[i]) for r in rows) for i in range(4)]
     for row in rows:
-        out.write("  ".join(c.ljust(w) for c, w in zip(row, widths)) + "  " + row[4] + "\n")
+        out.write("  ".join(c.ljust(w) for c, w in zip(row[:4], widths, strict=True)) + "  " + row[4] + "\n")
     return 0
 
 

@@ -61,14 +61,14 @@ class SharedCompositions:
     """Composes a sweep's jobs once each, and most of them without Hydra's composition at all.
 
     Hydra's basic sweeper composes every job (``Sweeper.validate_batch_is_legal``) and throws the
-    configs away; the launcher composes each job again to validate it before any starts, and once
-    more when it starts. A full composition takes ~0.1 s, so a 1,000-job sweep spent minutes
-    composing before its first job ran. Installed as the config loader's ``load_sweep_config``
-    (what the sweeper calls), this composes in full only the first job of each *shape*: jobs that
-    differ from it only in the values they give existing keys (``optimizer.lr=0.1`` vs ``0.2``, the
-    same other overrides; no dict or list value) are that config with their values set -- by Hydra's own override code, so a bad value fails as it would in a full composition --
-    and with the Hydra fields that depend on the overrides (``hydra.overrides.task``,
-    ``hydra.job.override_dirname``) set to theirs.
+    configs away; the launcher composes each job again to validate it before any starts, and once more when it
+    starts. A full composition takes ~0.1 s, so a 1,000-job sweep spent minutes composing before its first job ran.
+    Installed as the config loader's ``load_sweep_config`` (what the sweeper calls), this composes in full only the
+    first job of each *shape*: jobs that differ from it only in the values they give existing keys
+    (``optimizer.lr=0.1`` vs ``0.2``, the same other overrides; no dict or list value) are that config with their
+    values set -- by Hydra's own override code, so a bad value fails as it would in a full composition -- and with
+    the Hydra fields that depend on the overrides (``hydra.overrides.task``, ``hydra.job.override_dirname``) set to
+    theirs.
 
     :meth:`__call__` (the sweeper's check, see there) and :meth:`shared` return the shape's one config,
     changed in place for each job: valid until the next call, for callers that only read it at

@@ -485,8 +485,8 @@ def hold_sweep_directory(sweep_dir: Path) -> TextIO:
         return hold_lock(sweep_dir / SWEEP_LOCK)
     except LockHeld as holder:
         raise ConfigError(f"{sweep_dir} is in use by another launcher of this sweep ({holder}): wait for it to end "
-                          "(`ddlkit jobs list` shows its jobs), or stop it (Ctrl-C where it runs, or `kill` its pid: its "
-                          "jobs checkpoint and stop), then run this command again to resume the sweep.") from None
+                          "(`ddlkit jobs list` shows its jobs), or stop it (Ctrl-C where it runs, or `kill` its pid: "
+                          "its jobs checkpoint and stop), then run this command again to resume the sweep.") from None
 
 
 def _jobs(count: int) -> str:

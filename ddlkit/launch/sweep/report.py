@@ -74,8 +74,9 @@ def markdown(table: Sequence[dict[str, Any]], title: str) -> str:
             return _FORMATS[col].format(value)
         return str(value).replace("|", "\\|") if col == "overrides" else str(value)
 
+    numeric = [c in _FORMATS or c in ("job", "attempts", "restarts") for c in COLUMNS]
     lines = [f"# {title}", "", "| " + " | ".join(_TITLES.get(c, c) for c in COLUMNS) + " |",
-             "|" + "|".join("---:" if c in _FORMATS or c in ("job", "attempts", "restarts") else "---" for c in COLUMNS) + "|"]
+             "|" + "|".join("---:" if right else "---" for right in numeric) + "|"]
     lines += ["| " + " | ".join(cell(c, row[c]) for c in COLUMNS) + " |" for row in table]
     return "\n".join(lines) + "\n"
 
@@ -133,7 +134,7 @@ class LiveReport:
             started = time.perf_counter()
             try:
                 write_report(ledger, self.sort_by)
-            except Exception:  # noqa: BLE001 - an interim report (read while jobs change); close() writes the final one
+            except Exception:  # an interim report (read while jobs change); close() writes the final one
                 pass
             self._pause = max(self.SETTLE_S, 10 * (time.perf_counter() - started))
 

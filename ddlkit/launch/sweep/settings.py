@@ -89,7 +89,8 @@ class SweepSettings(SweepConfig):
                                   f"it with sweep.objective=<a result field> ({fields}).")
             return None
         if self.objective not in RESULT_FIELDS:
-            raise ConfigError(f"sweep.objective={self.objective} is no field of a job's result: choose one of {fields}.")
+            raise ConfigError(f"sweep.objective={self.objective} is no field of a job's result: "
+                              f"choose one of {fields}.")
         direction = OBJECTIVE_DIRECTIONS.get(self.objective) if self.direction == "auto" else self.direction
         if direction not in DIRECTIONS:
             raise ConfigError(f"sweep.direction={self.direction} is invalid for sweep.objective={self.objective}: it "
@@ -97,8 +98,8 @@ class SweepSettings(SweepConfig):
                                                                 if self.direction == "auto" else "."))
         wanted = _sweeper_direction(sweeper) if search else None
         if wanted is not None and wanted != direction:
-            raise ConfigError(f"hydra/sweeper={sweeper_name} will {wanted} sweep.objective={self.objective}, which is to "
-                              f"be {direction}d: add hydra.sweeper.direction={direction}, or set "
+            raise ConfigError(f"hydra/sweeper={sweeper_name} will {wanted} sweep.objective={self.objective}, "
+                              f"which is to be {direction}d: add hydra.sweeper.direction={direction}, or set "
                               f"sweep.direction={wanted}.")
         return self.objective
 

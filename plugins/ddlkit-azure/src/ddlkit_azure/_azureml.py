@@ -154,7 +154,8 @@ def place_snapshot() -> list[str]:
         f'code="${{{{inputs.{CODE_INPUT}}}}}"',
         f'if ! cmp -s "$code/{CODE_FILE}" "$out/{CODE_FILE}"; then',
         f'  (cd "$code" && find {CODE_DIR} -type f -exec sh -c {shlex.quote(put)} "$out" {{}} +)',
-        f'  (cd "$out" && find {CODE_DIR} -type f ! -name "*{PARTIAL}*" -exec sh -c {shlex.quote(drop)} "$code" {{}} +)',
+        f'  (cd "$out" && find {CODE_DIR} -type f ! -name "*{PARTIAL}*" '
+        f'-exec sh -c {shlex.quote(drop)} "$code" {{}} +)',
         f'  cp "$code/{CODE_FILE}" {partial} && mv -f {partial} "$out/{CODE_FILE}"',
         'fi',
     ]
@@ -185,7 +186,8 @@ def build_job(target: AzureMLTarget, spec: JobSpec, *, code: str, files: list[st
     if spec.code_digest:
         # downloaded: each node's processes read it from the node's own disk
         inputs[CODE_INPUT] = Input(type="uri_folder", path=target.snapshot_uri(spec.code_digest), mode="download")
-    outputs = {OUTPUT: Output(type="uri_folder", mode="rw_mount", path=f"{str(cfg.output_root).rstrip('/')}/{spec.name}/")}
+    output_dir = f"{str(cfg.output_root).rstrip('/')}/{spec.name}/"
+    outputs = {OUTPUT: Output(type="uri_folder", mode="rw_mount", path=output_dir)}
     return command(
         name=name, display_name=spec.name, experiment_name=cfg.experiment, tags={"ddlkit_job": spec.name},
         code=code, command=job_command(target, spec, files), environment=environment,

@@ -74,7 +74,8 @@ SNAPSHOTS = "code"
 #: what the ranks need to find rank 0: the first host of the service's MPI host file
 RENDEZVOUS = ('export MASTER_ADDR="$(awk \'NF && $1 !~ /^#/ {{print $1; exit}}\' "$AZ_BATCHAI_MPI_HOST_FILE")" '
               'MASTER_PORT={port} PYTHONUNBUFFERED=1; export {control_env}="$MASTER_ADDR:{control}"; '
-              'export OMP_NUM_THREADS="${{OMP_NUM_THREADS:-$(( $(nproc) / {per_node} > 0 ? $(nproc) / {per_node} : 1 ))}}"')
+              'export OMP_NUM_THREADS="${{OMP_NUM_THREADS:-'
+              '$(( $(nproc) / {per_node} > 0 ? $(nproc) / {per_node} : 1 ))}}"')
 #: body keys whose values are secrets in Batch AI's requests
 _SECRET_BODY_KEYS = {"accountKey", "adminUserPassword", "password"}
 _PROGRESS_EVERY_S = 30.0
@@ -398,9 +399,9 @@ class Service:
             ("compute.file_server.disk_type", found.data_disks.storage_account_type,
              c.disk_type, str.lower)])
         if different:
-            raise ConfigError(f"file server {c.name} exists with other settings: {'; '.join(different)}. Use it as it is "
-                              "(set those options to its values), delete it with `ddlkit compute down` (if ddlkit "
-                              "created it), or choose another compute.file_server.name.")
+            raise ConfigError(f"file server {c.name} exists with other settings: {'; '.join(different)}. Use it as "
+                              "it is (set those options to its values), delete it with `ddlkit compute down` (if "
+                              "ddlkit created it), or choose another compute.file_server.name.")
         started, said = time.monotonic(), 0.0
         while str(found.provisioning_state).lower() in ("creating", "updating"):
             waited = time.monotonic() - started
@@ -424,8 +425,9 @@ class Service:
         c, share = self.cfg.cluster, self.cfg.file_share
         nodes = self.cfg.nodes
         if c.scale == Scale.auto:
-            scale = m.ScaleSettings(auto_scale=m.AutoScaleSettings(
-                minimum_node_count=c.min_nodes, maximum_node_count=c.max_nodes or nodes, initial_node_count=c.min_nodes))
+            scale = m.ScaleSettings(auto_scale=m.AutoScaleSettings(minimum_node_count=c.min_nodes,
+                                                                   maximum_node_count=c.max_nodes or nodes,
+                                                                   initial_node_count=c.min_nodes))
         else:
             scale = m.ScaleSettings(manual=m.ManualScaleSettings(target_node_count=c.max_nodes or nodes,
                                                                  node_deallocation_option="requeue"))
@@ -451,8 +453,8 @@ class Service:
         self.say(f"ddlkit: creating cluster {c.name} ({self.cfg.nodes} x {c.vm_size}, "
                  f"{c.vm_priority}, {c.scale} scale)")
         with self._calling(f"creating cluster {c.name}"):
-            cluster = self._wait(self.client.clusters.begin_create(rg, ws, c.name, self.cluster_parameters(file_server)),
-                                 f"creating cluster {c.name}")
+            begun = self.client.clusters.begin_create(rg, ws, c.name, self.cluster_parameters(file_server))
+            cluster = self._wait(begun, f"creating cluster {c.name}")
         self._created("cluster", cluster)
         if cluster.errors:
             raise ConfigError(f"cluster {c.name} was created but Batch AI reports: "
@@ -474,7 +476,8 @@ class Service:
         if not different and most < nodes:
             different.append(f"it has at most {most} nodes (compute.nodes={nodes} asks for {nodes})")
         volumes = cluster.node_setup.mount_volumes if cluster.node_setup else None
-        shares = {str(s.azure_file_url).rstrip("/").lower() for s in (volumes.azure_file_shares or [])} if volumes else set()
+        file_shares = (volumes.azure_file_shares or []) if volumes else []
+        shares = {str(s.azure_file_url).rstrip("/").lower() for s in file_shares}
         if self.cfg.file_share.url.rstrip("/").lower() not in shares:
             different.append(f"it does not mount the Azure Files share {self.cfg.file_share.url}")
         servers = {str(f.file_server.id).lower() for f in (volumes.file_servers or [])} if volumes else set()
@@ -552,8 +555,8 @@ class Service:
         quoted = " ".join(f'"{a}"' if a.startswith("$AZ_BATCHAI") else shlex.quote(a) for a in rank)
         # the service's mpirun starts every rank in its own directory; the rank minder checks that it
         # runs where mpirun meant it to, so it is told the job directory is that place
-        script = (RENDEZVOUS.format(port=c.master_port, control=control_port(c.master_port), control_env=CONTROL_ADDR_ENV,
-                                    per_node=c.procs_per_node)
+        script = (RENDEZVOUS.format(port=c.master_port, control=control_port(c.master_port),
+                                    control_env=CONTROL_ADDR_ENV, per_node=c.procs_per_node)
                   + f'; cd "$AZ_BATCHAI_OUTPUT_{JOB_DIRECTORY_ID}" && export OMPI_MCA_initial_wdir="$PWD" '
                   f'&& exec {quoted}')
         # mpirun starts the command line's program on every rank: the script is shell syntax, so
@@ -644,7 +647,8 @@ class Service:
                     share.get_file_client(posixpath.join(folder, rel)).upload_file(f)
         except HttpResponseError as err:
             raise ConfigError(f"uploading {what} to {self.cfg.file_share.url}/{folder}: "
-                              f"{scrub(first_line(err), self._secrets)} (check the share and its account key).") from None
+                              f"{scrub(first_line(err), self._secrets)} "
+                              "(check the share and its account key).") from None
 
     @staticmethod
     def _make_directories(share: Any, directory: str, made: set[str]) -> None:

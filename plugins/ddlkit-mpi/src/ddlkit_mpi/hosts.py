@@ -81,7 +81,7 @@ def parse_hostfile(path: str | os.PathLike[str], *, what: str = "hostfile") -> l
             continue
         name, *options = line.split()
 
-        def bad(why: str) -> ddlkit.ConfigError:
+        def bad(why: str, number: int = number, raw: str = raw) -> ddlkit.ConfigError:
             return ddlkit.ConfigError(f"{what} {path}, line {number}: {why} in {raw.strip()!r} "
                                       "(expected `host [slots=N] [max_slots=M]`).")
 

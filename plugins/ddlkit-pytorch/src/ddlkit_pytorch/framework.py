@@ -60,8 +60,8 @@ class PytorchConfig:
 
 #: how to get a Horovod that trains PyTorch, or what to use instead
 HOROVOD_HOW_TO = ("Build it against the installed torch with scripts/install_horovod.sh (Horovod 0.28.1 patched to "
-                  "C++17; about 6 minutes on 2 cores, 9 with TensorFlow installed too, then the wheel is cached), or use "
-                  "dist=native.")
+                  "C++17; about 6 minutes on 2 cores, 9 with TensorFlow installed too, then the wheel is cached), or "
+                  "use dist=native.")
 
 
 def horovod_problem() -> str | None:
@@ -490,7 +490,8 @@ class Replicas:
         if self.backend == "native":
             from torch.nn.parallel import DistributedDataParallel
 
-            return DistributedDataParallel(model, device_ids=[self.device.index] if self.device.type == "cuda" else None,
+            device_ids = [self.device.index] if self.device.type == "cuda" else None
+            return DistributedDataParallel(model, device_ids=device_ids,
                                            bucket_cap_mb=self.ddp["bucket_cap_mb"],
                                            gradient_as_bucket_view=self.ddp["gradient_as_bucket_view"],
                                            static_graph=self.ddp["static_graph"])

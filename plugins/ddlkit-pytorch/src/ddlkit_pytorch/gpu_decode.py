@@ -113,7 +113,8 @@ class DeviceDecoder:
         on_gpu = [k for k in range(n) if where[k] < 0]
         flip = batch.flips.tolist()
         flipped, retry = [], []
-        for k, image in zip(on_gpu, self._decode([batch.data[offsets[k]:offsets[k + 1]] for k in on_gpu])):
+        decoded = self._decode([batch.data[offsets[k]:offsets[k + 1]] for k in on_gpu])
+        for k, image in zip(on_gpu, decoded, strict=True):
             left, top, right, bottom = boxes[k]
             if image is None or image.shape[0] != 3 or right > image.shape[2] or bottom > image.shape[1]:
                 retry.append(k)  # nvJPEG failed, or the image is not what its header said

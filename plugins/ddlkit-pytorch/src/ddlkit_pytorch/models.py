@@ -22,7 +22,7 @@ torchvision only with the v1.5 placement.
 
 from __future__ import annotations
 
-from typing import Callable, Sequence, Type, Union
+from collections.abc import Callable, Sequence
 
 import torch
 from torch import Tensor, nn
@@ -116,7 +116,7 @@ class Bottleneck(nn.Module):
         return self.relu(out)
 
 
-Block = Union[Type[BasicBlock], Type[Bottleneck]]
+Block = type[BasicBlock] | type[Bottleneck]
 
 
 class ResNet(nn.Module):

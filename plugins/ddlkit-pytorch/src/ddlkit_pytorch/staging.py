@@ -55,5 +55,5 @@ def _carry_metadata(original: Any, copy: Any) -> None:
         for key, value in original.items():
             _carry_metadata(value, copy[key])
     elif isinstance(original, (list, tuple)):
-        for value, copied in zip(original, copy):
+        for value, copied in zip(original, copy, strict=True):
             _carry_metadata(value, copied)

@@ -251,7 +251,8 @@ class Driver:
         self.stop_requested = threading.Event()
         import ray
 
-        self.logs = Path(ray._private.worker.global_worker.node.get_logs_dir_path())  # noqa: SLF001 -- no public API
+        # Ray's private module: there is no public API for the node's log directory
+        self.logs = Path(ray._private.worker.global_worker.node.get_logs_dir_path())
         #: the ranks' files, kept here between the runs of the job until it completes
         self.collected = self.logs / KEPT_DIR / plan["key"]
         self.collected.mkdir(parents=True, exist_ok=True)
@@ -385,7 +386,7 @@ class Driver:
                 continue
             try:
                 data, checkpoints = ray.get(self.actors[rank].changes.remote(), timeout=120)
-            except Exception as exc:  # noqa: BLE001 -- a lost node's files are lost with it
+            except Exception as exc:  # a lost node's files are lost with it
                 self._lose(rank, exc)
                 continue
             with tarfile.open(fileobj=io.BytesIO(data)) as tar:
@@ -445,7 +446,7 @@ class Driver:
                     continue
                 try:
                     out, err, code = ray.get(actor.poll.remote(), timeout=30)
-                except Exception as exc:  # noqa: BLE001 -- the actor died with its node
+                except Exception as exc:  # the actor died with its node
                     self._lose(rank, exc)
                     out, err, code = b"", b"", EXIT_NODE_LOST
                 if out:
@@ -477,7 +478,7 @@ class Driver:
             if rank not in self.lost:
                 try:
                     ray.get(actor.cleanup.remote(), timeout=30)
-                except Exception:  # noqa: BLE001 -- nothing to clean on a lost node
+                except Exception:  # nothing to clean on a lost node
                     pass
         if self.lost:
             self.ended = "; ".join(self.lost.values())

@@ -114,12 +114,10 @@ class RayConfig:
 
 def _ray() -> Any:
     try:
-        import ray  # noqa: F401
-        from ray.job_submission import JobSubmissionClient  # noqa: F401
+        import ray
+        from ray.job_submission import JobSubmissionClient  # noqa: F401 -- Ray's job client must import too
     except ImportError:
         raise ddlkit.ConfigError(f"compute=ray needs Ray's Python package on this machine: {_INSTALL}.") from None
-    import ray
-
     return ray
 
 
@@ -231,7 +229,7 @@ class RayJob(JobHandle):
     def _tail(self, lines: int = 15) -> str:
         try:
             text = _strip_header(self.jobs.get_job_logs(self.id))
-        except Exception:  # noqa: BLE001 -- a message without the log still says how the job ended
+        except Exception:  # a message without the log still says how the job ended
             return "(its log could not be read)"
         return "last lines of its log:\n" + "\n".join("    " + ln for ln in text.splitlines()[-lines:])
 
@@ -361,7 +359,7 @@ class RayJob(JobHandle):
         driver that published nothing leaves nothing to collect; a node that cannot be asked is an
         error: the job's files (its checkpoints) would silently stay behind."""
         info = self.info(fresh=True)
-        if not str(getattr(info.status, "value", info.status)) in ("SUCCEEDED", "FAILED", "STOPPED"):
+        if str(getattr(info.status, "value", info.status)) not in ("SUCCEEDED", "FAILED", "STOPPED"):
             return
         try:
             if self.exit_record(info) is None:  # written last: without it there is no complete archive
@@ -439,7 +437,7 @@ class _LogStream:
             self.chunks.put(self.END)
         except asyncio.CancelledError:
             pass
-        except Exception as exc:  # noqa: BLE001 -- the follower decides: read the log instead, or open it again
+        except Exception as exc:  # the follower decides: read the log instead, or open it again
             self.chunks.put(exc)
         finally:
             with contextlib.suppress(Exception):
@@ -561,14 +559,14 @@ class RayTarget(ddlkit.ComputeTarget):
         c = self.cfg
         try:
             nodes, fit = self.live_nodes()
-        except Exception as exc:  # noqa: BLE001 -- said in one line with the address
+        except Exception as exc:  # said in one line with the address
             raise ddlkit.ConfigError(f"compute=ray cannot list the nodes of the Ray cluster at {self.address}: "
                                      f"{' '.join(str(exc).split())[:300]}") from None
         if len(fit) >= c.nodes:
             return
         need = self.node_bundle()
-        has = "; ".join(f"{(n.resources_total or {}).get('CPU', 0):g} CPU, {(n.resources_total or {}).get('GPU', 0):g} GPU"
-                        for n in nodes) or "no live node"
+        totals = [n.resources_total or {} for n in nodes]
+        has = "; ".join(f"{t.get('CPU', 0):g} CPU, {t.get('GPU', 0):g} GPU" for t in totals) or "no live node"
         raise ddlkit.ConfigError(
             f"compute=ray: the job asks for {c.nodes} node(s) with {need['CPU']:g} CPU, {need['GPU']:g} GPU each "
             f"(compute.procs_per_node={c.procs_per_node} x cpus_per_rank={c.cpus_per_rank:g}, "
@@ -588,7 +586,7 @@ class RayTarget(ddlkit.ComputeTarget):
         for them up to ``placement_timeout_s``)."""
         try:
             _, fit = self.live_nodes()
-        except Exception:  # noqa: BLE001 -- cannot tell: the launcher says so and restarts on all nodes
+        except Exception:  # cannot tell: the launcher says so and restarts on all nodes
             return None
         lost = set(_exit_record(Path(spec.job_dir)).get("lost_nodes") or ())
         return min(sum(1 for n in fit if n.node_id not in lost), self.cfg.nodes)

@@ -165,7 +165,7 @@ class LocalRayCluster:
     def wait_for_nodes(self, count: int) -> None:
         deadline = time.monotonic() + self.start_timeout_s
         while time.monotonic() < deadline:
-            if not self._nodes[0].process.poll() is None:
+            if self._nodes[0].process.poll() is not None:
                 break
             last = self._nodes[-1]
             if last.alive and last.process.poll() is not None and len(self._nodes) > 1:
@@ -175,7 +175,7 @@ class LocalRayCluster:
             try:
                 if len(self.node_ids()) == count:
                     return
-            except Exception:  # noqa: BLE001 -- the state API answers once the head is ready
+            except Exception:  # the state API answers once the head is ready
                 pass
             time.sleep(0.5)
         ended = [f"node {i}: {n.log.read_text(errors='replace')[-1000:]}" for i, n in enumerate(self._nodes)

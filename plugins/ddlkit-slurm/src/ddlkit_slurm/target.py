@@ -283,8 +283,8 @@ class SlurmJob(JobHandle):
             self._final = JobStatus(JobState.SUCCEEDED, 0)
         elif state == "CANCELLED" or self.cancel_requested:
             stopped = self._stop_code()
-            self._final = JobStatus(JobState.CANCELLED, stopped if stopped is not None else exit_code, f"Slurm job {self.id} was cancelled "
-                                                                   f"({reason}); {self._tail()}")
+            self._final = JobStatus(JobState.CANCELLED, stopped if stopped is not None else exit_code,
+                                    f"Slurm job {self.id} was cancelled ({reason}); {self._tail()}")
         elif state == "TIMEOUT":
             if self._stop_code() == EXIT_PREEMPTED:
                 self._final = JobStatus(JobState.FAILED, EXIT_PREEMPTED, (

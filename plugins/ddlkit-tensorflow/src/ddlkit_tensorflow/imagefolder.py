@@ -65,7 +65,7 @@ class TfImageLoader:
         return self.n
 
     # ------------------------------------------------------------ which images, in which order
-    @functools.lru_cache(maxsize=4)  # noqa: B019 - a loader lives as long as its run
+    @functools.lru_cache(maxsize=4)  # noqa: B019 -- a loader lives as long as its run
     def _extended_order(self, epoch: int) -> np.ndarray:
         """The epoch's file indices, then the spares that may stand in for trailing corrupt files."""
         order = epoch_order(len(self.files), batch_size=self.batch_size, shard=self.shard, seed=self.seed,

@@ -114,7 +114,7 @@ def build_model(name: str, num_classes: int, image_size: int | None = None,
     x = layers.ReLU(name="relu")(_bn(_conv(images, 64, 7, 2, "conv1"), "bn1"))
     x = layers.MaxPooling2D(3, strides=2, name="maxpool")(layers.ZeroPadding2D(1, name="maxpool.pad")(x))
     channels = 64
-    for stage, (planes, blocks) in enumerate(zip((64, 128, 256, 512), depths), start=1):
+    for stage, (planes, blocks) in enumerate(zip((64, 128, 256, 512), depths, strict=True), start=1):
         for i in range(blocks):
             stride = 2 if stage > 1 and i == 0 else 1
             project = i == 0 and (stride != 1 or channels != planes * expansion)

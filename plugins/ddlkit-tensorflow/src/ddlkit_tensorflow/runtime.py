@@ -150,7 +150,8 @@ def _set_threads(tf: ModuleType, wanted: int) -> int:
         if wanted != current:
             threading.set_intra_op_parallelism_threads(wanted)
             current = wanted
-        if not os.environ.get("TF_NUM_INTEROP_THREADS", "").strip() and threading.get_inter_op_parallelism_threads() != 1:
+        interop_set = os.environ.get("TF_NUM_INTEROP_THREADS", "").strip()
+        if not interop_set and threading.get_inter_op_parallelism_threads() != 1:
             threading.set_inter_op_parallelism_threads(1)
     except RuntimeError:
         print(f"ddlkit: warning: TensorFlow already started in this process with {current or 'its default'} "

@@ -141,8 +141,9 @@ def task(run: ddlkit.RunContext) -> tuple[Callable[[Any, Any], Any], dict[str, C
 
     loss = run.cfg.model.get("loss")
     if loss:
+        metrics = run.cfg.model.get("metrics", {})
         return import_target(loss, "model.loss"), {
-            name: import_target(path, f"model.metrics.{name}") for name, path in run.cfg.model.get("metrics", {}).items()}
+            name: import_target(path, f"model.metrics.{name}") for name, path in metrics.items()}
     classes = run.data.info.num_classes
 
     def top_k(k: int) -> Callable[[Any, Any], Any]:

@@ -26,7 +26,7 @@ import time
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
@@ -60,7 +60,7 @@ class Azurite:
 
         return generate_account_sas(ACCOUNT, ACCOUNT_KEY, ResourceTypes(service=True, container=True, object=True),
                                     AccountSasPermissions.from_string(permissions),
-                                    datetime.now(timezone.utc) + timedelta(hours=hours))
+                                    datetime.now(UTC) + timedelta(hours=hours))
 
 
 def azurite_command() -> str | None:

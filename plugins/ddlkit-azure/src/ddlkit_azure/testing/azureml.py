@@ -612,7 +612,7 @@ class LoopbackWorkspace:
         if not job.cancel_event.is_set():
             job.set_state(FINALIZING)
         # the mounted outputs hold what the job wrote, however it ended
-        for (kind, name), (local, uri) in mounts.items():
+        for (kind, _name), (local, uri) in mounts.items():
             if kind == "outputs" and uri:
                 store, path = self.parse_datastore_uri(uri)
                 self._sync_up(local, self.datastores[store], path)

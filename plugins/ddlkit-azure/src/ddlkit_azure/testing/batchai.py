@@ -73,7 +73,8 @@ FILES_ACCOUNT = "ddlkitfiles"
 FILES_KEY = base64.b64encode(b"ddlkit loopback azure files key, not a secret").decode()
 _WS = (r"/subscriptions/(?P<sub>[^/]+)/resourceGroups/(?P<rg>[^/]+)/providers/Microsoft\.BatchAI/"
        r"workspaces/(?P<ws>[^/]+)")
-_OPS = r"/subscriptions/(?P<sub>[^/]+)/providers/Microsoft\.BatchAI/locations/(?P<loc>[^/]+)/operationresults/(?P<op>[^/]+)"
+_OPS = (r"/subscriptions/(?P<sub>[^/]+)/providers/Microsoft\.BatchAI/locations/(?P<loc>[^/]+)/"
+        r"operationresults/(?P<op>[^/]+)")
 
 # ---------------------------------------------------------------------------- the published schema
 #: the create bodies' definitions (2018-05-01): required properties, and each known property's type:
@@ -96,7 +97,8 @@ SCHEMA: dict[str, dict[str, Any]] = {
         "vmSize": str, "vmPriority": ("dedicated", "lowpriority"), "scaleSettings": "ScaleSettings",
         "virtualMachineConfiguration": dict, "nodeSetup": "NodeSetup", "userAccountSettings": "UserAccountSettings",
         "subnet": "ResourceId"}},
-    "ScaleSettings": {"required": [], "properties": {"manual": "ManualScaleSettings", "autoScale": "AutoScaleSettings"}},
+    "ScaleSettings": {"required": [], "properties": {"manual": "ManualScaleSettings",
+                                                     "autoScale": "AutoScaleSettings"}},
     "ManualScaleSettings": {"required": ["targetNodeCount"], "properties": {
         "targetNodeCount": int, "nodeDeallocationOption": ("requeue", "terminate", "waitforjobcompletion")}},
     "AutoScaleSettings": {"required": ["minimumNodeCount", "maximumNodeCount"], "properties": {
@@ -110,7 +112,8 @@ SCHEMA: dict[str, dict[str, Any]] = {
                                 "properties": {"accountName": str, "azureFileUrl": str,
                                                "credentials": "AzureStorageCredentialsInfo", "relativeMountPath": str,
                                                "fileMode": str, "directoryMode": str}},
-    "AzureStorageCredentialsInfo": {"required": [], "properties": {"accountKey": str, "accountKeySecretReference": dict}},
+    "AzureStorageCredentialsInfo": {"required": [], "properties": {"accountKey": str,
+                                                                   "accountKeySecretReference": dict}},
     "FileServerReference": {"required": ["fileServer", "relativeMountPath"], "properties": {
         "fileServer": "ResourceId", "sourceDirectory": str, "relativeMountPath": str, "mountOptions": str}},
     "JobCreateParameters": {"required": [], "properties": {"properties": "JobBaseProperties"}},
@@ -133,7 +136,8 @@ SCHEMA: dict[str, dict[str, Any]] = {
         "pythonScriptFilePath": str, "pythonInterpreterPath": str, "commandLineArgs": str, "processCount": int}},
     "JobPreparation": {"required": ["commandLine"], "properties": {"commandLine": str}},
     "InputDirectory": {"required": ["id", "path"], "properties": {"id": str, "path": str}},
-    "OutputDirectory": {"required": ["id", "pathPrefix"], "properties": {"id": str, "pathPrefix": str, "pathSuffix": str}},
+    "OutputDirectory": {"required": ["id", "pathPrefix"],
+                        "properties": {"id": str, "pathPrefix": str, "pathSuffix": str}},
     "EnvironmentVariable": {"required": ["name", "value"], "properties": {"name": str, "value": str}},
     "EnvironmentVariableWithSecretValue": {"required": ["name"], "properties": {
         "name": str, "value": str, "valueSecretReference": dict}},
@@ -255,7 +259,8 @@ class BatchAILoopback:
                         state: str = "creating", ready_after_s: float | None = None, disks: tuple[int, int] = (4, 512),
                         disk_type: str = "Premium_LRS") -> None:
         """A file server someone else created (maybe still being created)."""
-        path = f"/subscriptions/{sub}/resourceGroups/{rg}/providers/Microsoft.BatchAI/workspaces/{ws}/fileServers/{name}"
+        path = (f"/subscriptions/{sub}/resourceGroups/{rg}/providers/Microsoft.BatchAI/workspaces/{ws}"
+                f"/fileServers/{name}")
         body = {"properties": {"vmSize": vm_size, "sshConfiguration": {"userAccountSettings": {"adminUserName": "x"}},
                                "dataDisks": {"diskCount": disks[0], "diskSizeInGB": disks[1],
                                              "storageAccountType": disk_type}}}
@@ -415,7 +420,8 @@ class BatchAILoopback:
             resource = self._store(path, kind, body, "creating")
             if kind == "Microsoft.BatchAI/FileServers":
                 self.file_server_dir(resource["name"]).mkdir(parents=True, exist_ok=True)
-                resource["properties"]["mountSettings"] = {"mountPoint": "/mnt/data", "fileServerInternalIP": "127.0.0.1"}
+                resource["properties"]["mountSettings"] = {"mountPoint": "/mnt/data",
+                                                           "fileServerInternalIP": "127.0.0.1"}
             if kind == "Microsoft.BatchAI/Clusters":
                 self._allocate(resource)
             if kind == "Microsoft.BatchAI/Jobs":
@@ -518,7 +524,8 @@ class BatchAILoopback:
             account, name = self._share_of(share["azureFileUrl"])
             _link(root / share["relativeMountPath"], self.share_dir(account, name))
         for server in volumes.get("fileServers", []):
-            _link(root / server["relativeMountPath"], self.file_server_dir(server["fileServer"]["id"].rsplit("/", 1)[-1]))
+            server_name = server["fileServer"]["id"].rsplit("/", 1)[-1]
+            _link(root / server["relativeMountPath"], self.file_server_dir(server_name))
         return root
 
     def _share_of(self, url: str) -> tuple[str, str]:
@@ -609,7 +616,8 @@ class BatchAILoopback:
             return ["bash", "-c", f"{mpirun} {props['customMpiSettings']['commandLine']}"]
         if "horovodSettings" in props:
             h = props["horovodSettings"]
-            line = f"{h.get('pythonInterpreterPath') or 'python'} {h['pythonScriptFilePath']} {h.get('commandLineArgs', '')}"
+            python = h.get("pythonInterpreterPath") or "python"
+            line = f"{python} {h['pythonScriptFilePath']} {h.get('commandLineArgs', '')}"
             return ["bash", "-c", f"{mpirun} {line}"]
         if "customToolkitSettings" in props:
             return ["bash", "-c", props["customToolkitSettings"].get("commandLine", "")]

@@ -315,7 +315,8 @@ def _make_handler(server: LoopbackServer) -> type[BaseHTTPRequestHandler]:
             found = server._find(self.command, request.path)
             if found is None:
                 server._record(_replace(request, matched=False))
-                self._send(Response(404, error_body("NotFound", f"no loopback route for {self.command} {request.path}")))
+                missing = f"no loopback route for {self.command} {request.path}"
+                self._send(Response(404, error_body("NotFound", missing)))
                 return
             server._record(request)
             handler, match = found
