@@ -18,6 +18,8 @@ readable message and an exit code (:data:`EXIT_CODES`), never a traceback.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from .jobdir import EXIT_CONFIG_ERROR, EXIT_FAILED, EXIT_LOST_PEER, EXIT_PLUGIN_ERROR
 
 __all__ = [
@@ -49,10 +51,13 @@ class UnknownNameError(ConfigError, LookupError):
     A LookupError rather than a KeyError: ``str(KeyError(msg))`` repr-quotes the message.
     """
 
-    def __init__(self, kind: str, name: str, choices: list[str], key: str, not_loaded: list[str] = ()):
+    def __init__(self, kind: str, name: str, choices: list[str], key: str, not_loaded: Sequence[str] = (),
+                 hint: str = ""):
         self.kind, self.name, self.choices, self.key = kind, name, sorted(choices), key
         self.not_loaded = list(not_loaded)
         msg = f"unknown {kind} {name!r} (config key `{key}`). "
+        # the plugin that provides it, when it is a first-party option whose plugin is not installed
+        msg += f"{hint} " if hint else ""
         msg += f"Choose one of: {', '.join(self.choices)}." if self.choices else "No plugin registers any."
         if self.not_loaded:
             msg += "\n  Not loaded: " + "\n  Not loaded: ".join(self.not_loaded)

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
 from .errors import ConfigError, DdlkitError, PluginConflictError, PluginError, UnknownNameError
+from .first_party import install_hint
 from .interfaces.registration import Registration
 
 if TYPE_CHECKING:
@@ -166,7 +167,8 @@ class Registry:
             entry = self.entries[group][name]
         except KeyError:
             hp = HOOK_POINTS[group]
-            raise UnknownNameError(hp.noun, name, self.names(group), hp.group, self.not_loaded) from None
+            raise UnknownNameError(hp.noun, name, self.names(group), hp.group, self.not_loaded,
+                                   install_hint(group, name)) from None
         return entry.loaded(HOOK_POINTS[group])
 
     def selected(self, cfg: Any) -> list[tuple[str, Entry]]:

@@ -20,6 +20,7 @@ from typing import Any, NoReturn
 
 from .. import redact as secret_store
 from ..errors import ConfigError, DdlkitError, RunError, UnknownNameError, exit_code_for
+from ..first_party import install_hint
 from ..jobdir import EXIT_PREEMPTED
 from ..registry import HOOK_POINTS, Registry
 from .commandline import launch_args
@@ -151,7 +152,8 @@ def check_names(command: HydraCommand, registry: Registry) -> None:
         for name in unknown:
             if name not in options:
                 hp = HOOK_POINTS[group]
-                raise UnknownNameError(hp.noun, name, options, hp.group, registry.not_loaded)
+                raise UnknownNameError(hp.noun, name, options, hp.group, registry.not_loaded,
+                                       install_hint(group, name))
     experiment = any(ov.key_or_group == "experiment" for ov in parsed)
     for ov in parsed:
         if not ov.is_delete():
@@ -510,7 +512,14 @@ def plan_main(argv: list[str]) -> int:
     args = [a for a in argv if a not in _MULTIRUN_FLAGS]
     # a single run's job is planned in the directory the run would have (hydra.run.dir), not a sweep's
     single = ["hydra.sweep.dir=${hydra.run.dir}", "hydra.sweep.subdir=."] if _one_run(argv) else []
-    return run_main(["--multirun", *single, *args, "hydra.launcher.dry_run=true"])
+    # Hydra's parser takes the overrides as one run of words: the user's flags first, then their overrides
+    # and these (`ddlkit plan --help` and `ddlkit plan --cfg job` were "unrecognized arguments")
+    command = HydraCommand.parse(args)
+    overrides = command.overrides if command is not None else []
+    flags = list(args)
+    for override in overrides:
+        flags.remove(override)
+    return run_main(["--multirun", *flags, *overrides, *single, "hydra.launcher.dry_run=true"])
 
 
 def _one_run(argv: list[str]) -> bool:

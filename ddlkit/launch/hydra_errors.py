@@ -25,6 +25,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict, read_write
 
 from ..config import CORE_SCHEMAS, named_schema, yaml_error_line
 from ..errors import ConfigError, DdlkitError
+from ..first_party import install_hint
 from ..registry import HOOK_POINTS, Registry
 
 #: how an unknown key that only ``+key=value`` can have put in the config is named
@@ -140,7 +141,9 @@ def _missing_config(err: Any) -> ConfigError:
         return ConfigError(f"unknown experiment {name!r} (`+experiment`){inside}. {choices} Experiments are "
                            f"{EXPERIMENT_PLACES}.")
     noun = HOOK_POINTS[group].noun if group in HOOK_POINTS else group.replace("/", " ")
-    return ConfigError(f"unknown {noun} {name!r} (config key `{group.replace('/', '.')}`){inside}. {choices}")
+    hint = install_hint(group, name)
+    return ConfigError(f"unknown {noun} {name!r} (config key `{group.replace('/', '.')}`){inside}. "
+                       f"{hint + ' ' if hint else ''}{choices}")
 
 
 def _bad_key_or_value(message: str, cause: Any) -> ConfigError:
