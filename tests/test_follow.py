@@ -50,7 +50,8 @@ class StubTarget(ComputeTarget):
 
 def job(tmp_path: Path, target: ComputeTarget) -> PreparedJob:
     spec = JobSpec(name="2026-01-01_00-00-00", job_dir=tmp_path)
-    # following and concluding one run of a job: the restart policy has its own tests (tests/jobs/test_restart_policy.py)
+    # following and concluding one run of a job: the restart policy has its own tests
+    # (tests/jobs/test_restart_policy.py)
     return PreparedJob(spec, target, redacted_config={"logger": {"jsonl": {}}, "compute": {"name": "stub"},
                                                       "restart": {"max_restarts": 0}},
                        overrides=("trainer.epochs=2", "hydra.run.dir=old/dir", "model=resnet50"))
@@ -139,6 +140,27 @@ def test_a_failed_job_raises_with_its_exit_code_and_a_resume_hint(tmp_path: Path
         f"  resume with: ddlkit trainer.epochs=2 model=resnet50 hydra.run.dir={tmp_path}")
 
 
+@pytest.mark.parametrize(("log", "then", "shown_again"), [
+    ("rank-0.log", "", False),
+    ("rank-0.log", "\n  then rank 1: exit status 76", False),
+    ("rank-1.log", "", True),
+])
+def test_the_error_does_not_repeat_the_lines_of_rank_0s_log_the_console_just_showed(
+        tmp_path: Path, log: str, then: str, shown_again: bool) -> None:
+    """Issue 37, item 15: the rank's one-line error was printed live, then again in "last lines of
+    rank-0.log". Another rank's log was not streamed: its lines stay in the message."""
+    message = f"rank 0 ended with exit status 2; last lines of {tmp_path / log}:\n    ConfigError: bad data{then}"
+    target = StubTarget(JobStatus(JobState.FAILED, 2, message), ["ConfigError: bad data\n"])
+    out = io.StringIO()
+    with pytest.raises(JobFailedError) as info:
+        run_job(job(tmp_path, target), out=out, live=False)
+    assert "ConfigError: bad data" in out.getvalue()
+    assert ("ConfigError: bad data" in str(info.value)) is shown_again
+    if not shown_again:
+        assert str(info.value) == (f"job 2026-01-01_00-00-00 failed: rank 0 ended with exit status 2 (its output is "
+                                   f"above; the whole log: {tmp_path / log}){then}")
+
+
 def test_a_job_killed_by_a_signal_exits_1(tmp_path: Path) -> None:
     target = StubTarget(JobStatus(JobState.FAILED, -9, "killed by signal SIGKILL"), [])
     with pytest.raises(JobFailedError) as info:
@@ -166,6 +188,7 @@ def test_resume_hint_quotes_for_the_shell(tmp_path: Path) -> None:
     assert prepared.resume_hint == f"resume with: ddlkit 'logger=[console,jsonl]' 'hydra.run.dir={tmp_path}/my job'"
 
 
+@pytest.mark.plugins  # framework=pytorch and logger=wandb: ddlkit-pytorch's and ddlkit-wandb's versions
 def test_environment_info_records_versions(monkeypatch: pytest.MonkeyPatch) -> None:
     from importlib.metadata import version
 

@@ -1,10 +1,31 @@
-"""``logger=console``: progress and a summary for humans, on rank 0.
+"""Progress and a summary for people, on rank 0. It is in the default `logger` list, and loggers
+combine: `logger=[console,jsonl,wandb,tensorboard]`.
 
-The worker writes plain progress lines (readable in ``rank-0.log`` and in a remote cluster's
-log stream alike). The launcher, when its own stdout is a terminal, turns those lines back
-into a live Rich progress bar (``ddlkit.launch.progress``; the line's format is
-:data:`ddlkit.jobdir.PROGRESS_LINE`), so the display is the same for
-every compute target and the logs stay free of terminal control codes.
+    ddlkit 'logger=[console,jsonl]'          # the default
+    ddlkit logger.console.summary=false      # no summary table at the end
+
+A run prints, in order:
+
+- **start-up**, with the seconds since the rank started, so the time before the first step is
+  never silent: `ddlkit: [  0.4s] 2 ranks connected`, `model built (11.2M parameters)`,
+  `data ready`, then the header, then `first step done` (a framework plugin adds its own phases
+  with `run.phase("...")`; [Performance](../../explanation/performance.md#time-to-the-first-step)
+  splits a job's time to the first step with them);
+- **the header**: the data, the model, the world size and batch
+  (`1 rank(s) x 2 thread(s) x batch 32`), and the peak learning rate and how it came about
+  (`peak lr 0.0003536 (0.001 x sqrt(32/256): optimizer.scale_lr=sqrt)`);
+- **progress**: a live bar in a terminal, plain lines in a log (`rank-0.log`, a cluster's log
+  stream), with loss, learning rate, images/sec (samples/sec when the inputs are not images) and
+  the time left;
+- **the summary**: the result's main fields as a table (`logger.console.summary`).
+
+## How it works
+
+The worker writes plain progress lines (readable in `rank-0.log` and in a remote cluster's log
+stream alike). The launcher, when its own stdout is a terminal, turns those lines back into a
+live Rich progress bar (`ddlkit.launch.progress`; the line's format is
+`ddlkit.jobdir.PROGRESS_LINE`), so the display is the same for every compute target and the logs
+stay free of terminal control codes.
 """
 
 from __future__ import annotations
@@ -119,8 +140,22 @@ class ConsoleLogger(Logger):
             if value is None and key in ("top1", "top5"):
                 continue  # not measured: another task, or no more classes than k
             name = "samples_per_sec" if key == "images_per_sec" and unit(self.run) == "samples" else key
+            if key == "epochs":
+                value = _epochs_trained(result, self.run.cfg.trainer.epochs)
             table.add_row(name, f"{value:.4g}" if isinstance(value, float) else str(value))
         Console(file=self.stream, force_terminal=False, width=80).print(table)
+
+
+def _epochs_trained(result: Mapping[str, Any], planned: int) -> str:
+    """The epochs trained, as a fraction where the run ended mid-epoch, and of how many where it
+    ended early: result.json's ``epochs`` counts completed epochs only, so a run stopped in its
+    first epoch would read "epochs 0" after its "epoch 1/2" progress lines."""
+    steps, per_epoch = result.get("steps"), result.get("steps_per_epoch")
+    if not steps or not per_epoch:
+        return str(result.get("epochs"))
+    trained = steps / per_epoch
+    text = f"{trained:g}" if trained == int(trained) else f"{trained:.2f}"
+    return text if trained >= planned else f"{text} of {planned}"
 
 
 @hookimpl

@@ -27,7 +27,7 @@ from ..compute import secret_file
 from ..compute.restarts import RestartPolicy, classify
 from ..errors import DdlkitError, JobFailedError
 from ..interfaces import ComputeTarget, JobHandle, JobState, JobStatus, RestartBudget
-from ..jobdir import EXIT_CONFIG_ERROR, EXIT_PREEMPTED, RESTARTS_ENV, RESULT_FILE, STEPS_LOST_ENV
+from ..jobdir import EXIT_CONFIG_ERROR, EXIT_PREEMPTED, RESTARTS_ENV, RESULT_FILE, STEPS_LOST_ENV, rank_log
 from .jobs import index
 from .elastic import CapacityWait, Placement, place_restart_waiting
 from .prepare import PreparedJob
@@ -219,8 +219,20 @@ def outcome(status: JobStatus, *, job_dir: Path, name: str, resume_hint: str, ou
     # fixed in the command, so the same command would only fail again
     resume = resumable(status, job_dir) and status.exit_code != EXIT_CONFIG_ERROR
     hint = f"\n  {resume_hint}" if resume else ""
-    raise JobFailedError(f"job {name} {status.state.value}{noted}: {status.message}{hint}",
+    raise JobFailedError(f"job {name} {status.state.value}{noted}: {without_followed_tail(status.message)}{hint}",
                          exit_code=status.exit_code if status.exit_code and status.exit_code > 0 else 1)
+
+
+def without_followed_tail(message: str) -> str:
+    """A target's failure message without the last lines of rank 0's log it quotes: the launcher
+    followed that log, so the console has just shown them (the error was printed twice). The
+    lines of another rank's log stay: the console did not show them."""
+    head, sep, rest = message.partition("; last lines of ")
+    path, sep2, tail = rest.partition(":\n")
+    if not (sep and sep2) or Path(path).name != rank_log(0):
+        return message
+    then = [line for line in tail.splitlines() if line.startswith("  then ")]
+    return f"{head} (its output is above; the whole log: {path})" + "".join(f"\n{line}" for line in then)
 
 
 def run_job(job: PreparedJob, *, out: TextIO | None = None, live: bool | None = None,

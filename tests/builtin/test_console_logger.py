@@ -35,6 +35,19 @@ def test_progress_lines_name_the_epoch_of_their_step(ddlkit_pm, tmp_path: Path) 
     assert rest[2] == "step 15/15 validation (in epoch 2/2): val_loss 2.0000"
 
 
+@pytest.mark.parametrize(("steps", "shown"), [(6, "0.60 of 2"), (10, "1 of 2"), (20, "2"), (None, "0")])
+def test_the_summary_counts_the_epochs_trained_not_only_the_completed_ones(ddlkit_pm, tmp_path: Path, steps,
+                                                                           shown: str) -> None:
+    """A run stopped in its first epoch said "epochs 0" after its "epoch 1/2" lines (issue 37, item 15)."""
+    run = make_run(ddlkit_pm, tmp_path, "data.length=320", "data.num_classes=4")
+    out = io.StringIO()
+    logger = ConsoleLogger(ConsoleLoggerConfig(), stream=out)
+    logger.start(run)
+    logger.finish("stopped", {"epochs": (steps or 0) // 10, "steps": steps, "steps_per_epoch": 10})
+    (row,) = [line for line in out.getvalue().splitlines() if " epochs " in line]
+    assert row.split("│")[2].strip() == shown
+
+
 def test_a_task_without_images_or_classes_counts_samples(ddlkit_pm, tmp_path: Path,
                                                          monkeypatch: pytest.MonkeyPatch) -> None:
     (tmp_path / "regress.py").write_text("import numpy as np\n\ndef xy(split):\n"
