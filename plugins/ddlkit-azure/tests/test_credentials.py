@@ -41,11 +41,32 @@ def test_secrets_are_read_from_files_and_never_shown(tmp_path: Path) -> None:
         resolve("sas", account_url=URL, env={"AZURE_STORAGE_CONNECTION_STRING": "x"})
 
 
+@pytest.mark.parametrize("conn", ["garbage", "not;a=connection", ";;"])
+def test_a_malformed_connection_string_is_one_line_that_does_not_show_it(conn: str, tmp_path: Path,
+                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 37, item 11: the SDK's ValueError reached the user from a rank, in a 43-line traceback;
+    storage=azure's configure (the launcher, before anything runs) now says it in one line."""
+    with pytest.raises(ConfigError) as info:
+        resolve("auto", env={"AZURE_STORAGE_CONNECTION_STRING": conn})
+    message = str(info.value)
+    assert message.startswith("the Azure storage connection string in $AZURE_STORAGE_CONNECTION_STRING is malformed")
+    assert conn not in message.replace("connection string", "") and "\n" not in message
+    (tmp_path / "conn").write_text(conn)
+    monkeypatch.delenv("AZURE_STORAGE_CONNECTION_STRING", raising=False)
+    monkeypatch.delenv("AZURE_STORAGE_SAS_TOKEN", raising=False)
+    from ddlkit_azure.storage import AzureBlobStorage
+
+    backend = AzureBlobStorage(AzureBlobConfig(container="c", connection_string_file=str(tmp_path / "conn")))
+    with pytest.raises(ConfigError, match=f"connection string in {tmp_path / 'conn'} is malformed"):
+        backend.configure(None)
+
+
 def test_a_sas_in_the_account_url_is_the_sas_token_and_never_shown() -> None:
     """Issue 17, item 10: ``storage.account_url='https://acct...?sv=..&sig=..'``."""
     url = f"{URL}?sv=2026&se=2030-01-01&sp=racwdl&sig=URLSECRET"
     cred = resolve("auto", account_url=url, env={})
-    assert (cred.kind, cred.secret, cred.account_url) == (Auth.sas, "sv=2026&se=2030-01-01&sp=racwdl&sig=URLSECRET", URL)
+    sas = "sv=2026&se=2030-01-01&sp=racwdl&sig=URLSECRET"
+    assert (cred.kind, cred.secret, cred.account_url) == (Auth.sas, sas, URL)
     assert "URLSECRET" not in repr(cred)
     # a token from the environment or a file comes first; the URL still loses its query
     cred = resolve("sas", account_url=url, env={"AZURE_STORAGE_SAS_TOKEN": "sv=1&sig=ENV"})

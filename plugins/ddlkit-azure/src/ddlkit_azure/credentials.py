@@ -84,6 +84,7 @@ def resolve(auth: str, *, account_url: str | None = None, sas_token_file: str | 
     if kind in (Auth.auto, Auth.connection_string):
         conn = _read_secret(connection_string_file, CONNECTION_STRING_ENV, env)
         if conn:
+            _check_connection_string(conn, connection_string_file or f"${CONNECTION_STRING_ENV}")
             return Credential(Auth.connection_string, conn, check_tls(url) if url else None)
         if kind is Auth.connection_string:
             raise ConfigError(f"storage.auth=connection_string but there is none: set ${CONNECTION_STRING_ENV} or "
@@ -99,6 +100,21 @@ def resolve(auth: str, *, account_url: str | None = None, sas_token_file: str | 
                           f"({url}): export {SAS_ENV}=<a SAS token> or {CONNECTION_STRING_ENV}=<a connection "
                           "string>.")
     return Credential(Auth.default_credential, None, check_tls(url))
+
+
+def _check_connection_string(conn: str, source: str) -> None:
+    """A malformed connection string is one line naming where it came from, before any rank
+    starts (the SDK's ValueError came from a rank, inside a 43-line traceback). The string itself
+    is never shown: it holds the account key."""
+    from azure.storage.blob import BlobServiceClient
+
+    try:
+        BlobServiceClient.from_connection_string(conn)  # parses only: no request is made
+    except ValueError as err:
+        raise ConfigError(
+            f"the Azure storage connection string in {source} is malformed ({err}): it is name=value pairs "
+            "joined by ';', among them DefaultEndpointsProtocol, AccountName and AccountKey: copy it whole from "
+            f"the portal (the storage account's Access keys), or give a SAS token in ${SAS_ENV} instead") from None
 
 
 def split_sas(url: str) -> tuple[str, str | None]:
