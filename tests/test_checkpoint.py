@@ -201,8 +201,9 @@ def test_no_intact_checkpoint_is_an_error_not_a_fresh_start(tmp_path: Path, valu
     with pytest.raises(ConfigError) as info:
         resolve(tmp_path, value)
     message = str(info.value)
-    assert message.startswith(f"{tmp_path}/checkpoints holds no intact checkpoint to resume from (checkpoint {ckpts[2]} "
-                              "is damaged: step-00000030.ckpt is 0 bytes, 2 were written (truncated); checkpoint")
+    assert message.startswith(f"{tmp_path}/checkpoints holds no intact checkpoint to resume from "
+                              f"(checkpoint {ckpts[2]} is damaged: step-00000030.ckpt is 0 bytes, 2 were written "
+                              "(truncated); checkpoint")
     assert "start fresh with trainer.resume=false" in message
     assert names(tmp_path) == ["latest", *(p.name for p in ckpts)]  # nothing deleted
 
@@ -300,7 +301,8 @@ def test_no_space_is_recognised_in_an_exception_chain(tmp_path: Path) -> None:
         try:
             raise full
         except OSError:
-            raise RuntimeError("[enforce fail at inline_container.cc:672] . unexpected pos 576 vs 534")
+            torch_says = "[enforce fail at inline_container.cc:672] . unexpected pos 576 vs 534"
+            raise RuntimeError(torch_says)  # noqa: B904 -- implicitly chained (__context__), as PyTorch's error is
     except RuntimeError as wrapped:
         assert no_space(wrapped, tmp_path) == "no space left"
     assert no_space(RuntimeError("unexpected pos 576 vs 534"), tmp_path) is None  # this disk has room

@@ -42,8 +42,8 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, RunOutcome]:
 def test_a_run_writes_the_job_directory(runs: dict[str, RunOutcome]) -> None:
     out = runs["straight"]
     assert sorted(p.name for p in out.job_dir.iterdir()) == [
-        ".ddlkit", "checkpoints", "config.yaml", "environment.json", "job.json", "metrics.jsonl", MODEL_FILE, "overrides.yaml",
-        "rank-0.log", "result.json"]
+        ".ddlkit", "checkpoints", "config.yaml", "environment.json", "job.json", "metrics.jsonl", MODEL_FILE,
+        "overrides.yaml", "rank-0.log", "result.json"]
     assert sorted(p.name for p in (out.job_dir / "checkpoints").iterdir()) == [
         "latest", "step-00000020.ckpt", "step-00000020.ckpt.manifest.json", "step-00000040.ckpt",
         "step-00000040.ckpt.manifest.json"]

@@ -126,8 +126,8 @@ def test_a_group_only_a_search_path_holds_given_no_name_is_one_line(tmp_path: Pa
     ("trainer.epochs=" + "9" * 5000, "a number on the command line is too long (value has 5000 digits): no setting "
                                      "takes one that big."),
     ("model=[resnet18,resnet50]", "`model=[resnet18,resnet50]` is invalid: model takes one option, and the list gives "
-                                  "2. Choose one of: custom, resnet101, resnet152, resnet18, resnet34, resnet50, softmax "
-                                  "(model=<name>), or run one job per option with -m model=<a>,<b>."),
+                                  "2. Choose one of: custom, resnet101, resnet152, resnet18, resnet34, resnet50, "
+                                  "softmax (model=<name>), or run one job per option with -m model=<a>,<b>."),
     ("trainer.seed=-1", "trainer.seed=-1 is invalid: it must be an integer in [0, 4294967295]."),
     ("dist.timeout_s=inf", "dist.timeout_s=inf is invalid: it must be positive and at most 2147483 (seconds)."),
     (f"hydra.run.dir=/tmp/{'x' * 300}", f"/tmp/{'x' * 300} is longer than the file system allows for a path or a name "
@@ -135,7 +135,8 @@ def test_a_group_only_a_search_path_holds_given_no_name_is_one_line(tmp_path: Pa
 ])
 @pytest.mark.parametrize("command", [[], ["plan"]])
 def test_values_that_used_to_end_in_a_traceback_are_one_line(override: str, message: str, command: list[str],
-                                                             tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+                                                             tmp_path: Path,
+                                                             capsys: pytest.CaptureFixture[str]) -> None:
     run_dir = [] if override.startswith("hydra.run.dir") else [f"hydra.run.dir={tmp_path / 'job'}"]
     assert main([*command, "framework=fake", override, *run_dir]) == 2
     assert capsys.readouterr().err == f"ddlkit: error: {message}\n"

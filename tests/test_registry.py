@@ -163,7 +163,8 @@ def test_a_factory_and_config_named_by_import_path_are_imported_when_chosen(
 
 
 @pytest.mark.parametrize(("factory", "config", "what", "reason"), [
-    ("acme_missing_storage:AcmeStorage", None, "factory", "ModuleNotFoundError: No module named 'acme_missing_storage'"),
+    ("acme_missing_storage:AcmeStorage", None, "factory",
+     "ModuleNotFoundError: No module named 'acme_missing_storage'"),
     ("acme_lazy_storage:AcmeStorage", "acme_lazy_storage:Nothing", "config",
      "AttributeError: module 'acme_lazy_storage' has no attribute 'Nothing'"),
 ])

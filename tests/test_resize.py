@@ -31,7 +31,8 @@ def test_keep_global_batch_accumulates_by_default_and_grows_the_batch_up_to_max_
 
 
 def test_keep_global_batch_refuses_a_global_batch_that_does_not_split() -> None:
-    with pytest.raises(ConfigError, match=r"cannot keep the global batch of 30 on 4 ranks .*trainer.on_resize=scale_lr"):
+    with pytest.raises(ConfigError,
+                       match=r"cannot keep the global batch of 30 on 4 ranks .*trainer.on_resize=scale_lr"):
         plan_batch(trainer(batch_size=5), 6, 4)
 
 

@@ -31,8 +31,9 @@ def test_each_optimizer_scales_by_its_own_rule(ddlkit_pm, tmp_path, optimizer: s
     add_plugin(ddlkit_pm, pytest.importorskip("ddlkit_pytorch.plugin"))  # the optimizers' registrations
     run = make_run(ddlkit_pm, tmp_path, "framework=pytorch", f"optimizer={optimizer}", "trainer.batch_size=32")
     assert (run.schedule.scaling.value, run.schedule.peak_lr) == (rule, pytest.approx(peak))
-    assert make_run(ddlkit_pm, tmp_path / "none", "framework=pytorch", f"optimizer={optimizer}", "trainer.batch_size=32",
-                    "optimizer.scale_lr=none").schedule.peak_lr == pytest.approx(run.schedule.base_lr)
+    unscaled = make_run(ddlkit_pm, tmp_path / "none", "framework=pytorch", f"optimizer={optimizer}",
+                        "trainer.batch_size=32", "optimizer.scale_lr=none")
+    assert unscaled.schedule.peak_lr == pytest.approx(run.schedule.base_lr)
 
 
 def test_warmup_rises_linearly_to_the_peak() -> None:

@@ -97,8 +97,8 @@ SHIPPED = Path(__file__).resolve().parents[1] / "conf"
 def test_the_shipped_example_presets_compose(preset: str, capsys: pytest.CaptureFixture[str]) -> None:
     group, _, name = preset.partition("=")
     selection = f"+experiment={name}" if group == "experiment" else preset
-    code = main(["--config-dir", str(SHIPPED), "framework=fake", selection, "data.root=/data/imagenet", "--cfg", "job"]
-                if group == "experiment" else ["--config-dir", str(SHIPPED), "framework=fake", selection, "--cfg", "job"])
+    data_root = ["data.root=/data/imagenet"] if group == "experiment" else []
+    code = main(["--config-dir", str(SHIPPED), "framework=fake", selection, *data_root, "--cfg", "job"])
     out = capsys.readouterr()
     if code == 2 and "unknown compute target" in out.err:
         pytest.skip(f"the plugin {preset} builds on is not installed: {out.err.strip()}")

@@ -24,7 +24,8 @@ def test_info_comes_from_the_config() -> None:
 def test_batches_are_nhwc_float32_and_int64_labels() -> None:
     loader = SyntheticData(SyntheticDataConfig(image_size=8)).loader("train", batch_size=4, shard=Shard(), seed=0)
     images, labels = next(iter(loader.iter_epoch(0)))
-    assert (images.shape, str(images.dtype), labels.shape, str(labels.dtype)) == ((4, 8, 8, 3), "float32", (4,), "int64")
+    assert (images.shape, str(images.dtype)) == ((4, 8, 8, 3), "float32")
+    assert (labels.shape, str(labels.dtype)) == ((4,), "int64")
 
 
 def test_a_small_validation_split_still_has_one_batch() -> None:
@@ -43,10 +44,10 @@ def test_images_carry_their_label() -> None:
     source = SyntheticData(SyntheticDataConfig(image_size=16, num_classes=5, length=400, val_length=100))
     train = source.loader("train", batch_size=20, shard=Shard(0, 2), seed=3)
     val = source.loader("val", batch_size=20, shard=Shard(1, 2), seed=3)
-    xs, ys = zip(*train.iter_epoch(0))
+    xs, ys = zip(*train.iter_epoch(0), strict=True)
     x, y = np.concatenate(xs).reshape(200, -1), np.concatenate(ys)
     means = np.stack([x[y == c].mean(axis=0) for c in range(5)])
-    vx, vy = zip(*val.iter_epoch(0))
+    vx, vy = zip(*val.iter_epoch(0), strict=True)
     predicted = np.argmin(((np.concatenate(vx).reshape(-1, 1, x.shape[1]) - means) ** 2).sum(-1), axis=1)
     assert (predicted == np.concatenate(vy)).mean() > 0.9  # chance: 0.2
 

@@ -112,8 +112,8 @@ def test_the_digest_changes_with_what_goes_in_and_only_with_that(tmp_path: Path,
 def test_an_installation_without_its_checkout_names_the_fix(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(containers, "CHECKOUT", tmp_path / "site-packages")
     with pytest.raises(ddlkit.ConfigError, match=r"ddlkit's image is built from docker/Dockerfile of a ddlkit "
-                                                 r"checkout, and this ddlkit is installed without one .*\(pip install -e "
-                                                 r"<checkout>\), or set compute\.image"):
+                                                 r"checkout, and this ddlkit is installed without one .*"
+                                                 r"\(pip install -e <checkout>\), or set compute\.image"):
         image_context("pytorch")
 
 

@@ -1,4 +1,5 @@
-"""ddlkit.compute.containers.default_image names the images; scripts/build_images.sh tags with it and refuses bad input."""
+"""ddlkit.compute.containers.default_image names the images; scripts/build_images.sh tags with it and refuses bad
+input."""
 
 from __future__ import annotations
 

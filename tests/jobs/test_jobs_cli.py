@@ -138,7 +138,8 @@ def test_an_ended_job_is_answered_from_its_record_once_its_target_cannot_attach(
     assert "state:     failed (exit status 1)\n" in status and "fake framework failure at step 3" in status, status
     assert "result:" not in status
     attach = run_factory.cli("jobs", "attach", str(failed)).assert_returncode(1)
-    assert "fake framework failure at step 3" in attach.stdout and "job " + job_name(failed) + " failed" in attach.stderr
+    assert "fake framework failure at step 3" in attach.stdout
+    assert "job " + job_name(failed) + " failed" in attach.stderr
 
 
 def test_an_unknown_job_is_named_with_the_recent_ones(run_factory: RunFactory) -> None:

@@ -138,8 +138,9 @@ def test_the_worker_refuses_a_job_directory_another_process_holds(run_factory: R
                                "time.sleep(60)"], stdout=subprocess.PIPE, text=True)
     try:
         assert holder.stdout.readline() == "held\n"
-        proc = subprocess.run([sys.executable, "-m", "ddlkit.rank.worker", "job.json"], cwd=job_dir, capture_output=True,
-                              text=True, timeout=60, env={**os.environ, "DDLKIT_PLUGINS": FAKES_MODULE})
+        proc = subprocess.run([sys.executable, "-m", "ddlkit.rank.worker", "job.json"], cwd=job_dir,
+                              capture_output=True, text=True, timeout=60,
+                              env={**os.environ, "DDLKIT_PLUGINS": FAKES_MODULE})
     finally:
         holder.kill()
         holder.wait()

@@ -52,8 +52,8 @@ def test_a_target_restarts_in_place_under_the_launchers_policy_and_the_launcher_
     lost = JobStatus(JobState.FAILED, 137, "rank 1's node (1) was lost: ActorDiedError")
     entry = target.plan_restart(classify(lost), lost, tmp_path, "auto", in_place=True)
     assert out.getvalue() == ("ddlkit: restart 2/3 in place: a rank was killed by SIGKILL from outside (a lost node, "
-                              "a preemption); it ended at step 7 (rank 1's node (1) was lost: ActorDiedError); resuming "
-                              "from step 0 in 4 s\n")  # the second restart: the backoff doubled
+                              "a preemption); it ended at step 7 (rank 1's node (1) was lost: ActorDiedError); "
+                              "resuming from step 0 in 4 s\n")  # the second restart: the backoff doubled
     assert (entry["in_place"], entry["steps_lost"], entry["step_reached"]) == (True, 7, 7)
     ended = JobStatus(JobState.SUCCEEDED, 0, restarts=(entry,))
     launcher.count_in_place(ended)

@@ -36,14 +36,14 @@ def test_a_task_that_raised_is_a_failed_job_carrying_the_exception() -> None:
     status = handle.wait(timeout=30)
     assert (status.state, status.message) == (JobState.FAILED, "the task raised ValueError: boom")
     with pytest.raises(ValueError, match="boom"):
-        handle.job_return.return_value  # noqa: B018 - raises the task's exception, as Hydra does
+        handle.job_return.return_value  # noqa: B018 -- raises the task's exception, as Hydra does
 
 
 def test_a_return_value_that_cannot_travel_is_reported() -> None:
     handle = ForkedTaskHandle(lambda: job_return(TaskStatus.COMPLETED, lambda: None), "job-2")
     assert handle.wait(timeout=30).state is JobState.FAILED
     with pytest.raises(TaskError, match="could not be sent to the launcher"):
-        handle.job_return.return_value  # noqa: B018
+        handle.job_return.return_value  # noqa: B018 -- raises the send error
 
 
 def test_a_child_that_dies_is_a_failed_job() -> None:

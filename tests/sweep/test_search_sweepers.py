@@ -65,7 +65,8 @@ def test_plan_shows_the_first_batch_of_a_study(run_factory: RunFactory) -> None:
                                     "images_per_sec, final_loss, best_top1, top1, top5, val_loss, steps, epochs, "
                                     "world_size, global_batch_size, wall_time_s."),
     (("sweep.objective=best_top1",), "hydra/sweeper=optuna will minimize sweep.objective=best_top1, which is to be "
-                                     "maximized: add hydra.sweeper.direction=maximize, or set sweep.direction=minimize."),
+                                     "maximized: add hydra.sweeper.direction=maximize, or set "
+                                     "sweep.direction=minimize."),
 ])
 def test_an_objective_the_search_cannot_use_is_refused_before_any_trial(setting: tuple[str, ...], message: str,
                                                                         run_factory: RunFactory) -> None:
@@ -84,7 +85,8 @@ def test_a_searched_key_given_a_value_too_is_searched(run_factory: RunFactory) -
     assert ("ddlkit: note: trainer.batch_size=8 is left out: the sweep trainer.batch_size=int(interval(2,6)) gives "
             "trainer.batch_size its values\n") in out.stderr
     jobs = json.loads((sweep_dir / "ledger.json").read_text())["jobs"].values()
-    sizes = [next(int(o.split("=")[1]) for o in job["overrides"] if o.startswith("trainer.batch_size=")) for job in jobs]
+    sizes = [next(int(o.split("=")[1]) for o in job["overrides"] if o.startswith("trainer.batch_size="))
+             for job in jobs]
     assert len(sizes) == 2 and all(2 <= s <= 6 for s in sizes), sizes
 
 

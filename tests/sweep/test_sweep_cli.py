@@ -164,9 +164,9 @@ def test_a_second_launcher_of_a_running_sweep_is_refused_at_once(run_factory: Ru
         if first.poll() is None:
             first.kill()
     assert second.stderr == (f"ddlkit: error: {sweep} is in use by another launcher of this sweep (pid {first.pid} on "
-                             f"{socket.gethostname()}): wait for it to end (`ddlkit jobs list` shows its jobs), or stop "
-                             "it (Ctrl-C where it runs, or `kill` its pid: its jobs checkpoint and stop), then run this "
-                             "command again to resume the sweep.\n")
+                             f"{socket.gethostname()}): wait for it to end (`ddlkit jobs list` shows its jobs), or "
+                             "stop it (Ctrl-C where it runs, or `kill` its pid: its jobs checkpoint and stop), then "
+                             "run this command again to resume the sweep.\n")
     assert "started" not in second.stdout
     assert first.returncode == 0, stdout + stderr
     assert {n: j["status"] for n, j in ledger(sweep).items()} == {0: "completed", 1: "completed", 2: "completed"}

@@ -44,7 +44,8 @@ def workspace_args(workspace: LoopbackWorkspace, *more: str) -> list[str]:
             "compute.cluster=gpu-cluster", "compute.poll_interval_s=0.3", *more]
 
 
-def ddlkit(*args: str, cwd: Path, timeout: float = 300, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+def ddlkit(*args: str, cwd: Path, timeout: float = 300,
+           env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "ddlkit", *args], cwd=cwd, capture_output=True, text=True,
                           timeout=timeout, env={**os.environ, **(env or {})}, check=False)
 

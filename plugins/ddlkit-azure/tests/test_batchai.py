@@ -409,7 +409,8 @@ def test_secrets_travel_as_job_secrets_and_nowhere_else(batchai: BatchAILoopback
     assert {"name": "DDLKIT_TEST_TOKEN", "value": SECRET} in props["secrets"]
     assert SECRET not in json.dumps(props["environmentVariables"])
     reported = Service(config(batchai, ssh_key)).get_job(put.path.rsplit("/", 1)[-1])
-    assert [(s.name, s.value) for s in reported.secrets if s.name == "DDLKIT_TEST_TOKEN"] == [("DDLKIT_TEST_TOKEN", None)]
+    secrets = [(s.name, s.value) for s in reported.secrets if s.name == "DDLKIT_TEST_TOKEN"]
+    assert secrets == [("DDLKIT_TEST_TOKEN", None)]
     leaked = [p for root in (job_dir, batchai.root, tmp_path / ".ddlkit-state") for p in root.rglob("*")
               if p.is_file() and SECRET.encode() in p.read_bytes()]
     assert not leaked, leaked
@@ -453,7 +454,8 @@ def test_ddlkits_image_never_pushed_to_the_registry_is_refused(batchai: BatchAIL
     run = run_factory(*cli_args(batchai, ssh_key, f"compute.registry={host}/elsewhere"), "framework=pytorch")
     image = default_image("pytorch", gpu=False, registry=f"{host}/elsewhere")
     run.assert_one_line_error(f"image {image} cannot be pulled: {host} refused it without credentials (401), so it "
-                              "does not exist or is private", f"scripts/build_images.sh --registry {host}/elsewhere --push")
+                              "does not exist or is private",
+                              f"scripts/build_images.sh --registry {host}/elsewhere --push")
     assert batchai.server.requests("PUT") == []
 
 

@@ -103,7 +103,8 @@ def test_the_proxy_carries_a_templated_host_to_azurite_and_refuses_any_other(
     from azure.storage.blob import BlobServiceClient
 
     host = f"{ACCOUNT}.blob.core.windows.net"
-    with InterceptingProxy(https_loopback.certificate, {host.replace(".", r"\."): ("127.0.0.1", azurite.port)}) as proxy:
+    routes = {host.replace(".", r"\."): ("127.0.0.1", azurite.port)}
+    with InterceptingProxy(https_loopback.certificate, routes) as proxy:
         for name, value in sdk_environment(https_loopback.certificate, proxy=proxy).items():
             monkeypatch.setenv(name, value)
         service = BlobServiceClient(f"https://{host}", credential={"account_name": ACCOUNT, "account_key": ACCOUNT_KEY})

@@ -20,9 +20,9 @@ pytest.importorskip("tensorflow")
 pytest.importorskip("ddlkit_keras")
 pytest.importorskip("ddlkit_mpi")
 
-from ddlkit_tensorflow.runtime import horovod_problem  # noqa: E402
+from ddlkit_tensorflow.runtime import horovod_problem
 
-from ddlkit.testing.multirank import DistJobs, load_weights, needs_mpirun  # noqa: E402
+from ddlkit.testing.multirank import DistJobs, load_weights, needs_mpirun
 
 pytestmark = [pytest.mark.slow, needs_mpirun,
               pytest.mark.skipif(horovod_problem("keras") is not None, reason=str(horovod_problem("keras")))]

@@ -27,7 +27,8 @@ def test_plugin_modules_import_neither_tensorflow_nor_keras(tmp_path: Path) -> N
 
 
 def test_composing_a_keras_run_imports_no_tensorflow(tmp_path: Path) -> None:
-    proc = python("-c", "import sys\nfrom ddlkit.launch.cli import main\ncode = main(['framework=keras', '--cfg', 'job'])\n"
+    proc = python("-c", "import sys\nfrom ddlkit.launch.cli import main\n"
+                  "code = main(['framework=keras', '--cfg', 'job'])\n"
                   "print('TF' if 'tensorflow' in sys.modules or 'keras' in sys.modules else 'NOTF', code)",
                   cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr

@@ -61,7 +61,7 @@ def test_a_lost_node_shrinks_the_job_to_the_nodes_left_and_it_grows_back_when_th
     job_dir = tmp_path / "elastic"
     args, env = command(tmp_path, "elastic", "trainer.epochs=3", *ELASTIC, *LOSE_NODE_1,
                         "framework.step_delay_s=0.3")
-    errors = open(tmp_path / "stderr.txt", "w")  # noqa: SIM115 -- the launcher's, closed when it ends
+    errors = open(tmp_path / "stderr.txt", "w")  # the launcher's, closed when it ends
     proc = subprocess.Popen(args, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=errors, text=True)
     lines: list[str] = []
     shrunk = threading.Event()

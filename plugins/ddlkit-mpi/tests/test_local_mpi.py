@@ -301,8 +301,8 @@ def _rank_process(job_dir: Path, module: str, rank: int) -> int | None:
 @pytest.mark.parametrize(("module", "sig", "headline"), [
     ("ddlkit_mpi.rank", signal.SIGKILL, "rank 1 was killed by signal SIGKILL first; rank 0 (node 0) failed waiting "
                                         "for it, with exit status 76; last lines of "),
-    ("ddlkit.rank.worker", signal.SIGSTOP, "rank 1 stopped answering first; rank 0 (node 0) failed waiting for it, with "
-                                      "exit status 76; last lines of "),
+    ("ddlkit.rank.worker", signal.SIGSTOP, "rank 1 stopped answering first; rank 0 (node 0) failed waiting for it, "
+                                           "with exit status 76; last lines of "),
 ], ids=["wrapper-killed", "worker-stopped"])
 def test_the_headline_names_the_rank_that_failed_first_not_the_one_that_waited(
         module: str, sig: signal.Signals, headline: str, tmp_path: Path) -> None:
@@ -313,8 +313,8 @@ def test_the_headline_names_the_rank_that_failed_first_not_the_one_that_waited(
     launcher = subprocess.Popen([sys.executable, "-m", "ddlkit", "framework=fake", "compute=local_mpi",
                                  "compute.procs_per_node=2", "dist=native", "framework.step_delay_s=0.2",
                                  "data.length=6400", "dist.timeout_s=5", "dist.warn_after_s=2",
-                                 "restart.max_restarts=0", f"hydra.run.dir={job_dir}"], cwd=tmp_path, env=env, text=True,
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+                                 "restart.max_restarts=0", f"hydra.run.dir={job_dir}"], cwd=tmp_path, env=env,
+                                text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     try:
         log = job_dir / "rank-0.log"
         wait_for(lambda: log.is_file() and "step 10/" in log.read_text(), "the job to train", timeout=90, pace=0.2,

@@ -196,19 +196,19 @@ def test_an_elastic_job_restarts_on_the_hosts_its_hostfile_still_lists(tmp_path:
     (tmp_path / "hosts").unlink()
     assert target.nodes_up(spec) is None
     with pytest.raises(ddlkit.ConfigError, match=r"compute.min_nodes=4 must be between 1 and compute.nodes=3"):
-        MpiTarget(MpiConfig(hosts=["a", "b", "c"], min_nodes=4)).min_nodes
+        _ = MpiTarget(MpiConfig(hosts=["a", "b", "c"], min_nodes=4)).min_nodes
 
 
 def test_more_ranks_than_slots_is_a_config_error(tmp_path: Path) -> None:
     # (the launcher asks the target's world size first thing: that is when the hosts are needed)
     hostfile = write(tmp_path / "hosts", "a slots=4\nb slots=2\n")
     with pytest.raises(ddlkit.ConfigError) as e:
-        MpiTarget(MpiConfig(hostfile=str(hostfile), procs_per_node=4)).world_size
+        _ = MpiTarget(MpiConfig(hostfile=str(hostfile), procs_per_node=4)).world_size
     assert str(e.value) == (f"compute=mpi asks for 8 ranks (compute.procs_per_node=4 on 2 hosts) but the hosts have "
                             f"6 slots: b has 2 (from compute.hostfile={hostfile}).")
     with pytest.raises(ddlkit.ConfigError, match=r"compute.nodes=3 asks for more hosts than compute.hosts names "
                                                  r"\(2: a, b\)"):
-        MpiTarget(MpiConfig(hosts=["a:1", "b:1"], nodes=3)).world_size
+        _ = MpiTarget(MpiConfig(hosts=["a:1", "b:1"], nodes=3)).world_size
     with pytest.raises(ddlkit.ConfigError, match="compute.master_port=65535 is invalid"):
         MpiTarget(MpiConfig(hosts=["a"], master_port=65535))
     with pytest.raises(ddlkit.ConfigError, match="compute.procs_per_node=0 is invalid"):

@@ -15,7 +15,8 @@ from ddlkit_pytorch.framework import PytorchConfig, PytorchFramework
 
 
 def config(backend: str) -> object:
-    return OmegaConf.create({"trainer": {"precision": "fp32"}, "dist": {"backend": backend}, "data": {"name": "synthetic"}})
+    return OmegaConf.create({"trainer": {"precision": "fp32"}, "dist": {"backend": backend},
+                             "data": {"name": "synthetic"}})
 
 
 def test_horovod_not_installed_is_refused_with_how_to_get_it(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -55,7 +56,8 @@ def test_each_rank_of_a_node_gets_its_own_gpu(monkeypatch: pytest.MonkeyPatch) -
     fw = PytorchFramework(PytorchConfig(device="cuda"))
     assert fw._device(ddlkit.DistContext(rank=3, world_size=4, local_rank=1, local_size=2)) == torch.device("cuda:1")
     assert fw._device(ddlkit.DistContext()) == torch.device("cuda")
-    assert PytorchFramework(PytorchConfig(device="cpu"))._device(SimpleNamespace(world_size=2, local_rank=1)).type == "cpu"
+    on_cpu = PytorchFramework(PytorchConfig(device="cpu"))
+    assert on_cpu._device(SimpleNamespace(world_size=2, local_rank=1)).type == "cpu"
 
 
 def test_a_rank_without_a_gpu_of_its_own_is_refused_by_name(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -74,8 +76,9 @@ def test_a_negative_thread_count_is_refused() -> None:
     """Issue 17, item 14: framework.num_threads=-3 passed validation and crashed in torch."""
     with pytest.raises(ddlkit.ConfigError) as info:
         PytorchFramework(PytorchConfig(num_threads=-3)).configure(config("none"))
-    assert str(info.value) == ("framework.num_threads=-3 is invalid: use auto (the cores this process may use, shared "
-                               "by the ranks of its node), a number of threads >= 1, or 0 (torch's default: all cores).")
+    assert str(info.value) == ("framework.num_threads=-3 is invalid: use auto (the cores this process may use, "
+                               "shared by the ranks of its node), a number of threads >= 1, or 0 (torch's default: "
+                               "all cores).")
     for fine in (0, 3, "auto"):
         PytorchFramework(PytorchConfig(num_threads=fine)).configure(config("none"))
 

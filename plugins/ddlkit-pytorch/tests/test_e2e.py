@@ -108,8 +108,9 @@ def test_model_weights_use_torchvision_keys(runs):
 
 def test_a_pytorch_run_never_imports_tensorflow(tmp_path):
     code = ("import sys, runpy; sys.argv=['ddlkit','--cfg','job']; "
-            "import ddlkit.launch.cli as c\ntry: c.main(['--cfg','job'])\nfinally: print('TF' if 'tensorflow' in sys.modules "
-            "else 'NOTF', 'TORCH' if 'torch' in sys.modules else 'NOTORCH')")
+            "import ddlkit.launch.cli as c\ntry: c.main(['--cfg','job'])\n"
+            "finally: print('TF' if 'tensorflow' in sys.modules else 'NOTF', "
+            "'TORCH' if 'torch' in sys.modules else 'NOTORCH')")
     proc = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr
     assert "framework:" in proc.stdout and "name: pytorch" in proc.stdout

@@ -69,7 +69,7 @@ def expected_state_dict(name: str, num_classes: int = 1000) -> list[tuple[str, S
     conv("conv1", 64, 3, 7)
     bn("bn1", 64)
     inplanes = 64
-    for stage, (planes, nblocks) in enumerate(zip((64, 128, 256, 512), layers), start=1):
+    for stage, (planes, nblocks) in enumerate(zip((64, 128, 256, 512), layers, strict=True), start=1):
         stride = 1 if stage == 1 else 2
         for i in range(nblocks):
             p = f"layer{stage}.{i}"
@@ -208,7 +208,7 @@ def test_state_dict_round_trip_strict() -> None:
     src = model("resnet18", num_classes=10)
     dst = build_model("resnet18", num_classes=10)
     dst.load_state_dict(src.state_dict(), strict=True)
-    for (k, a), b in zip(src.state_dict().items(), dst.state_dict().values()):
+    for (k, a), b in zip(src.state_dict().items(), dst.state_dict().values(), strict=True):
         assert torch.equal(a, b), k
 
 

@@ -1,8 +1,8 @@
-"""compute=ray on a real Ray cluster (see conftest.py): the compute contract, ``ddlkit plan``, the
-one-line errors, training runs on two simulated nodes, the user's code shipped, a sweep,
-detach/attach, cancel with a checkpoint, the requests a followed job costs the dashboard, a lost node, a restart that waits for capacity until a node
-joins, and an elastic job (compute.min_nodes) that goes on with the nodes left or, with too few after
-its wait for capacity, says so in one line."""
+"""compute=ray on a real Ray cluster (see conftest.py): the compute contract, ``ddlkit plan``, the one-line errors,
+training runs on two simulated nodes, the user's code shipped, a sweep, detach/attach, cancel with a checkpoint,
+the requests a followed job costs the dashboard, a lost node, a restart that waits for capacity until a node joins,
+and an elastic job (compute.min_nodes) that goes on with the nodes left or, with too few after its wait for
+capacity, says so in one line."""
 
 from __future__ import annotations
 
@@ -106,7 +106,8 @@ def test_plan_on_the_command_line_needs_no_cluster(run_factory: RunFactory) -> N
                               "compute.nodes=2", "dist=native").assert_success()
     assert "ray job submit --address=http://nowhere.invalid:8265" in outcome.stdout
     assert "STRICT_SPREAD" in outcome.stdout and "ddlkit_ray.driver" in outcome.stdout
-    more = run_factory.cli("plan", "framework=fake", "compute=ray", "+compute.runtime_env.pip=[einops]").assert_success()
+    more = run_factory.cli("plan", "framework=fake", "compute=ray",
+                           "+compute.runtime_env.pip=[einops]").assert_success()
     assert '"pip": ["einops"]' in more.stdout, more.output
 
 
@@ -356,7 +357,8 @@ def test_following_a_job_asks_the_dashboard_at_most_30_times_a_minute(ray_cluste
 
 
 def steps_once(output: str, last: int | None = None) -> list[str]:
-    """The steps of the fake's "train epoch E/N step S/M" lines, each of which must come once (``last``: that one too)."""
+    """The steps of the fake's "train epoch E/N step S/M" lines, each of which must come once (``last``: that one
+    too)."""
     steps = re.findall(r"^train epoch \S+ step (\d+)/", output, re.M)
     assert steps and len(steps) == len(set(steps)), output
     assert last is None or str(last) in steps, output

@@ -53,7 +53,7 @@ def test_a_lost_node_shrinks_the_job_and_it_grows_back_when_the_node_returns(two
 
     job_dir = tmp_path / "elastic"
     # the rank on node 2 (node index 1) kills itself before step 5
-    errors = open(tmp_path / "stderr.txt", "w")  # noqa: SIM115 -- the launcher's, closed when it ends
+    errors = open(tmp_path / "stderr.txt", "w")  # the launcher's, closed when it ends
     proc = subprocess.Popen([sys.executable, "-m", "ddlkit", *JOB, "framework.kill_node=1", "framework.kill_at_step=5",
                              "framework.step_delay_s=0.3", f"hydra.run.dir={job_dir}"],
                             cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=errors, text=True)

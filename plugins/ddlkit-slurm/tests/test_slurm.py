@@ -444,7 +444,8 @@ def test_an_error_in_rank_0_is_not_restarted_whatever_srun_reports(slurm_cluster
 
 
 @pytest.mark.slow
-def test_a_rank_killed_on_slurm_restarts_the_job_as_a_new_slurm_job(slurm_cluster: str, run_factory: RunFactory) -> None:
+def test_a_rank_killed_on_slurm_restarts_the_job_as_a_new_slurm_job(slurm_cluster: str,
+                                                                    run_factory: RunFactory) -> None:
     """The restart policy on the real local Slurm: rank 1 of 2 is killed (SIGKILL, a lost node) in
     step 7; the launcher submits the job again (a new Slurm job, in the same job directory), which
     resumes from the checkpoint at step 4 and completes. The final checkpoint verifies, the steps add

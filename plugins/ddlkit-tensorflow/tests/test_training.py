@@ -30,7 +30,7 @@ def test_torch_sgd_matches_torch_optim_sgd(nesterov: bool) -> None:
     opt = torch.optim.SGD([ref], lr=LRS[0], momentum=0.9, weight_decay=1e-2, nesterov=nesterov)
     w = keras.Variable(w0.copy())
     mine = TorchSGD(learning_rate=LRS[0], momentum=0.9, nesterov=nesterov, l2=1e-2)
-    for lr, g in zip(LRS, grads):
+    for lr, g in zip(LRS, grads, strict=True):
         for group in opt.param_groups:
             group["lr"] = lr
         ref.grad = torch.from_numpy(g)

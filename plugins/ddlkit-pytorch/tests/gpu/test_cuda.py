@@ -139,7 +139,7 @@ def test_imagefolder_batches_are_pinned_and_normalized_on_the_gpu_like_on_the_cp
 
     gpu, cpu = batches("cuda"), batches("cpu")
     assert len(gpu) == len(cpu) == 3
-    for (gi, gl), (ci, cl) in zip(gpu, cpu):
+    for (gi, gl), (ci, cl) in zip(gpu, cpu, strict=True):
         assert gi.is_cuda and gl.is_cuda and gi.dtype == torch.float32
         assert gi.is_contiguous(memory_format=torch.channels_last if channels_last else torch.contiguous_format)
         assert torch.equal(gl.cpu(), cl)
@@ -179,7 +179,7 @@ def test_nvjpeg_batches_equal_the_cpu_paths(tmp_path: Path, train: bool) -> None
     (gpu, loader), (cpu, _) = batches(ds.root, train, "gpu", "cuda"), batches(ds.root, train, "pil", "cpu")
     assert loader.decoder == "gpu" and len(gpu) == len(cpu) > 0
     mean, std = torch.tensor(MEAN).view(1, 3, 1, 1) * 255, torch.tensor(STD).view(1, 3, 1, 1) * 255
-    for (gi, gl), (ci, cl) in zip(gpu, cpu):
+    for (gi, gl), (ci, cl) in zip(gpu, cpu, strict=True):
         assert gi.is_cuda and gi.dtype == torch.float32 and gi.is_contiguous(memory_format=torch.channels_last)
         assert torch.equal(gl.cpu(), cl)
         g, c = gi.cpu() * std + mean, ci * std + mean
