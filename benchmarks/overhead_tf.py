@@ -2,7 +2,8 @@
 the cold start of each (process start -> first training step done).
 
 ``--framework tensorflow`` compares with a plain ``tf.function`` + ``tf.GradientTape`` loop;
-``--framework keras`` with a plain ``model.fit``. Both sides train the same model
+``--framework keras`` with a plain ``model.fit`` (results: ``overhead_tensorflow.json``,
+``overhead_keras.json``). Both sides train the same model
 (``ddlkit_tensorflow.models``) on the same kind of synthetic batch served by ``tf.data``, with
 the same batch size, loss and threads, on the CPU. The baseline uses Keras' stock
 ``SGD(momentum, weight_decay)``, what hand-written code would; ddlkit uses its PyTorch-exact SGD,

@@ -40,41 +40,67 @@ class Field:
 
 #: in the order Run.result writes them
 FIELDS: tuple[Field, ...] = (
+    #: "completed": rank 0 writes result.json only when training completed
     Field("status", str, None),
+    #: the selected framework's name (framework=)
     Field("framework", str, None),
+    #: the selected model's name (model=)
     Field("model", str, None),
+    #: the selected data source's name (data=)
     Field("data", str, None),
+    #: the ranks the job ran on (an elastic job's actual number: see resize)
     Field("world_size", int, None),
+    #: trainer.batch_size: images per rank per micro-batch
     Field("batch_size_per_rank", int, None),
+    #: images per optimizer step: batch_size_per_rank x world_size x accumulate_batches
     Field("global_batch_size", int, None),
+    #: trainer.precision: fp32, bf16 or fp16
     Field("precision", str, None),
     #: where rank 0 computed, as its framework set ``run.device``: "cpu", or "cuda:<index>" for a
     #: GPU (its index among the GPUs the rank sees; torch's name, also for TensorFlow's GPUs);
     #: several, comma-separated, where a rank replicates over several GPUs (TensorFlow's strategy
     #: uses every GPU its worker sees)
     Field("device", str, None),
+    #: epochs completed
     Field("epochs", int, None),
+    #: optimizer steps taken since the start of training (across resumes)
     Field("steps", int, None),
+    #: optimizer steps per epoch: the training images divided by the global batch
     Field("steps_per_epoch", int, None),
+    #: training images per second over the measured steps (the global batch's, all ranks together):
+    #: warm-up steps excluded, and the time of validation and checkpoints cut out, as tf_cnn_benchmarks counts
     Field("images_per_sec", float, MAXIMIZE, "{:.1f}", "images/sec"),
+    #: the steps images_per_sec was measured over
     Field("measured_steps", int, None),
+    #: the steps at the start that images_per_sec leaves out (trainer.warmup_steps)
     Field("warmup_steps", int, None),
+    #: the training loss at the last logged step (the mean over the ranks)
     Field("final_loss", float, MINIMIZE, "{:.4f}", "final loss"),
+    #: the last validation's loss (the mean over the ranks); null without validation
     Field("val_loss", float, MINIMIZE, "{:.4f}", "val loss"),
+    #: the last validation's top-1 accuracy, a fraction (the mean over the ranks); null without validation
     Field("top1", float, MAXIMIZE, "{:.4f}", "val top-1"),
+    #: the last validation's top-5 accuracy, a fraction (the mean over the ranks); null without validation
     Field("top5", float, MAXIMIZE, "{:.4f}", "val top-5"),
+    #: the best validation top-1 accuracy of the run (across resumes)
     Field("best_top1", float, MAXIMIZE, "{:.4f}", "best val top-1"),
+    #: the learning rate after warm-up: optimizer.lr scaled to the global batch by optimizer.scale_lr
     Field("peak_lr", float, None, "{:.4g}"),
+    #: seconds from rank 0's start to the end of training, this attempt only (a resumed job's earlier
+    #: attempts are not counted)
     Field("wall_time_s", float, MINIMIZE, "{:.1f}", "wall time (s)"),
+    #: the step of the checkpoint this attempt resumed from; null for a fresh start
     Field("resumed_from_step", int, None),
     #: how often the launcher restarted the job after the infrastructure ended it, and the optimizer
     #: steps those ends cost (trained again from the checkpoint before each): ddlkit.compute.restarts
     Field("restarts", int, None),
     Field("steps_lost", int, None),
+    #: micro-batches per optimizer step (trainer.accumulate_batches, or what an elastic resize chose)
     Field("accumulate_batches", int, None),
     #: the job ran on another world size than planned (an elastic restart, compute.min_nodes):
     #: planned_world_size, world_size, on_resize, the planned per-rank batch, description
     Field("resize", dict, None),
+    #: the global gradient norm clipped to (trainer.clip_grad_norm); null: no clipping
     Field("clip_grad_norm", float, None, "{:.4g}"),
     #: why the run ended before its last epoch: monitor, reason, epoch, step
     Field("stopped_early", dict, None),

@@ -513,7 +513,7 @@ def plan_main(argv: list[str]) -> int:
     # a single run's job is planned in the directory the run would have (hydra.run.dir), not a sweep's
     single = ["hydra.sweep.dir=${hydra.run.dir}", "hydra.sweep.subdir=."] if _one_run(argv) else []
     # Hydra's parser takes the overrides as one run of words: the user's flags first, then their overrides
-    # and these (`ddlkit plan --help` and `ddlkit plan --cfg job` were "unrecognized arguments")
+    # and these (`ddlkit plan --help` was "unrecognized arguments: hydra.launcher.dry_run=true")
     command = HydraCommand.parse(args)
     overrides = command.overrides if command is not None else []
     flags = list(args)
