@@ -1,16 +1,37 @@
-"""``data=custom``: samples from the user's own Python code, and the launcher's side of every
-import path in the config (``model.target``, ``model.loss``, ``model.metrics``, ``data.target``,
-``trainer.callbacks``).
+"""Samples from your own Python code:
+`ddlkit data=custom data.target=my_pkg.data:samples +data.kwargs.n=10000 data.num_classes=10`.
 
-``data.target=package.module:function`` is called on each rank as ``function(split=split, **data.kwargs)``
-for ``split`` ``"train"`` and ``"val"``, and returns the split's samples, either
+`data.target=package.module:function` is called on every rank as
+`function(split=split, **data.kwargs)` for `split` `"train"` and `"val"`, and returns the split's
+samples, either
 
-* ``(inputs, targets)``: two arrays (anything ``numpy.asarray`` takes) with one row per sample, or
-* a sequence of ``(input, target)`` pairs (``len()`` and indexing: a list, a map-style dataset).
+- `(inputs, targets)`: two arrays (anything `numpy.asarray` takes) with one row per sample, or
+- a sequence of `(input, target)` pairs (anything with `len()` and indexing: a list, a map-style
+  dataset).
 
-ddlkit does the rest as for its own data: a fresh shuffle per epoch from ``trainer.seed``,
-disjoint equal shards per rank, full training batches, and exact mid-epoch resumption
-(the order of :func:`ddlkit.images.epoch_order`). float64 arrays become float32.
+ddlkit does the rest as for its own data: a fresh shuffle every epoch from `trainer.seed`,
+disjoint equal shards per rank, full training batches, and exact mid-epoch resumption.
+`data.num_classes` is the number of classes of a classification task (0: another task, with your
+`model.loss`), and `data.image_size` says the inputs are `image_size x image_size x 3` HWC images,
+which each framework gets in its own layout (NCHW for PyTorch; 0: the inputs reach the model as
+they are). float64 arrays become float32.
+
+Before training, every rank checks what the function gave against these settings (arrays whole,
+a sequence by its first 8 samples): numeric inputs and targets, inputs of
+`image_size x image_size x 3`, and for classification one integer class per sample in
+`0 .. num_classes - 1`; a mismatch is one line naming it and the fix, exit status 2. Progress and
+the summary count `samples/s` when the inputs are not images.
+
+The function is imported like `model.target`: from the installed packages and from the directory
+`ddlkit` is started in, and it travels with a remote job in the job's code snapshot. A whole
+example (model, data, loss and metric) is in
+[Your own model, data and config directory](../../tutorials/your-own-model.md).
+
+## How it works
+
+This module is also the launcher's side of every import path in the config (`model.target`,
+`model.loss`, `model.metrics`, `data.target`, `trainer.callbacks`): each is imported before
+anything runs. The order is `ddlkit.images.epoch_order`'s, as for `data=imagefolder`.
 """
 
 from __future__ import annotations

@@ -1,4 +1,17 @@
-"""``logger=jsonl``: one JSON line per logging step and per validation, in metrics.jsonl."""
+"""One JSON line per logging step (`loss`, `lr`, `images_per_sec`, ...) and per validation, in
+`metrics.jsonl` in the job directory, on rank 0. It is in the default `logger` list.
+
+    ddlkit 'logger=[console,jsonl]' trainer.log_every=10
+
+A restarted or resumed job is one file whose step axis stays monotone: the lines logged after the
+checkpoint the job resumes from are dropped before the new ones are written
+([Failures, restarts and elastic jobs](../failures.md#the-loggers-continue)).
+
+## How it works
+
+Each line is appended as it is logged; the file is rewritten atomically only when a resume drops
+the lines past its checkpoint.
+"""
 
 from __future__ import annotations
 

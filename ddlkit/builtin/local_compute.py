@@ -1,8 +1,29 @@
-"""``compute=local``: run the job's single rank as a process on this machine.
+"""Run the job's single rank as a process on this machine. It is the default: the quick start and
+every run without `compute=` use it, and it needs nothing installed beyond ddlkit.
 
-The rank runs under :class:`ddlkit.compute.process.ProcessJob`: in the job directory, in a session
-of its own (cancelling reaches everything it started), its output in ``rank-0.log``. A job the
-launcher did not detach is killed when the launcher exits: ddlkit leaves no orphans.
+    ddlkit trainer.epochs=2                          # compute=local is the default
+    ddlkit --detach trainer.epochs=90 model=resnet50 # returns at once; the job runs on
+
+The rank runs in its job directory, and its output goes to `rank-0.log` and streams to the
+terminal. A cancel (Ctrl-C, SIGTERM to `ddlkit`, `ddlkit jobs cancel`) sends the rank SIGTERM:
+it checkpoints at its next step and exits with status 75, and after `compute.grace_period_s` it
+is killed. A job the launcher did not detach is killed when the launcher exits, so nothing is
+left running by mistake ([Jobs that outlive the shell](../jobs.md)).
+
+`compute=local` does not restart a job the infrastructure ended (a killed process was most
+likely killed on purpose; [Failures, restarts and elastic jobs](../failures.md) has each
+target's defaults). For several ranks on this machine use
+[compute=local_mpi](local_mpi.md); for a cluster, see
+[From a laptop to a cluster](../../tutorials/laptop-to-cluster.md).
+
+Status: works.
+
+## How it works
+
+The rank runs under `ddlkit.compute.process.ProcessJob`: in the job directory, in a session of
+its own (cancelling reaches everything it started), with the launcher's environment plus the
+job's. The process minder keeps the output and the exit code in the job directory, so another
+shell can follow, judge and cancel the job (`ddlkit jobs`).
 """
 
 from __future__ import annotations

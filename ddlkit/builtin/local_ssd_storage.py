@@ -1,15 +1,38 @@
-"""``storage=local_ssd``: stage the dataset onto each node's local disk before training.
+"""Stage the dataset onto each node's local disk before training, and send the results elsewhere.
+Never train from a blob-fuse mount (too slow): stage to NFS or to local disk.
 
-Before the first step, local rank 0 of every node copies ``data.root`` (a directory such as an
-NFS path, or ``blob://container/prefix`` with ``ddlkit-azure`` installed) into
-``<storage.scratch>/datasets/<name>``, verified against the dataset's ``manifest.tsv``, while the
-node's other ranks wait at a barrier. The copy survives the job: a later job on the node that
-stages the same manifest transfers nothing, and an interrupted staging resumes where it
-stopped (see :func:`ddlkit.storage.stage`). Each node's staging is written to the job
-directory as ``staging-node<N>.json`` (seconds, bytes, files), apart from training time.
+    ddlkit data=imagefolder data.root=/mnt/nfs/imagenet storage=local_ssd storage.scratch=/mnt/resource/ddlkit
 
-Results go to ``storage.results`` (a directory or a ``blob://`` URL) when set; objects
-(``put``/``get``) are kept there too, or under ``<scratch>/objects`` when it is not set.
+Before the first step, local rank 0 of every node copies `data.root` (a directory, e.g. on an NFS
+share, or `blob://container/prefix` with `ddlkit-azure` installed) into
+`<storage.scratch>/datasets/<name>` while the node's other ranks wait; without `storage.scratch`
+it uses the scratch directory the compute target gives each node (`$DDLKIT_NODE_SCRATCH`, e.g.
+`nodes/node-K` on [compute=local_mpi](../compute/local_mpi.md)). Results go to `storage.results`
+(a directory or `blob://container/prefix`) when set, and stay in the job directory otherwise
+([Results](../datasets.md#results)).
+
+## Staging
+
+Staging (here and in [storage=azure](azure.md)) copies the files listed by the dataset's
+`manifest.tsv` ([`ddlkit data manifest`](../datasets.md#prepare-and-upload-a-dataset)), in
+parallel (`storage.workers`), each checked against its size and SHA-256 before it is renamed into
+place. It is
+
+- **resumable**: an interrupted staging continues where it stopped;
+- **shared by the jobs of a node**: the copy survives the job, a later job with the same manifest
+  transfers 0 bytes, and concurrent jobs wait for the first;
+- **incremental**: only files whose hash changed are copied again;
+- **careful with the disk**: it refuses to start, with the sizes, when the disk lacks room
+  (keeping `storage.reserve_gb` free).
+
+Each node writes `staging-node<N>.json` (seconds, files and bytes transferred) to the job
+directory, so staging time is reported apart from training time.
+
+## How it works
+
+The staging is `ddlkit.storage.stage`, shared with every `StagingStorage` backend (`azure`
+subclasses it). Objects (`put`/`get`) are kept in `storage.results`, or under
+`<storage.scratch>/objects` when it is not set.
 """
 
 from __future__ import annotations

@@ -1,4 +1,18 @@
-"""``storage=local``: a directory on this machine."""
+"""A directory on this machine: the default storage backend. Data is read in place from where
+`data.root` points; results stay in the job directory, or, with `storage.root` set, are also
+copied to `<storage.root>/results/<job>` when the job ends. It needs nothing.
+
+    ddlkit storage.root=/srv/ddlkit-results
+
+For a share every node mounts use [storage=nfs](nfs.md); to stage a dataset onto each node's
+local disk, [storage=local_ssd](local_ssd.md). [Datasets, staging and results](../datasets.md)
+compares them.
+
+## How it works
+
+Objects (`put`/`get`) are files under `storage.root`, each written atomically; without a root
+there is nowhere to keep them, and a plugin that asks is told to set one.
+"""
 
 from __future__ import annotations
 

@@ -1,9 +1,20 @@
-"""``storage=nfs``: a file share mounted at the same path on every node (the reference
-architecture's NFS file server).
+"""A file share mounted at the same path on every node (the reference architecture's NFS file
+server). Data is read in place from the share; results go to `<storage.root>/results/<job>` on
+the share when the job ends (nothing to copy when the job directory is already on it). Mount the
+share at `storage.root` on every node first.
 
-Data is read in place from the share; results are written to the share, under
-``<root>/<results>/<job>`` (nothing to copy when the job directory is already on the share).
-Objects (``put``/``get``) are files under ``root``, as with ``storage=local``.
+    ddlkit data=imagefolder data.root=/mnt/nfs/imagenet storage=nfs storage.root=/mnt/nfs
+
+A relative `data.root` is read below `storage.root`. On [compute=batchai](../compute/batchai.md)
+the share is the file server ddlkit creates: `storage.root='$AZ_BATCHAI_MOUNT_ROOT/nfs'`, expanded
+on the nodes. How results are copied, and what happens when a copy fails:
+[Datasets, staging and results](../datasets.md#results).
+
+## How it works
+
+Objects (`put`/`get`) are files under `root`, as with `storage=local`; results are published with
+`ddlkit.storage.publish_files` (`result.json` last), and with `storage.upload_checkpoints=true`
+each checkpoint as soon as it is written (`CheckpointPublisher`).
 """
 
 from __future__ import annotations

@@ -1,16 +1,58 @@
-"""``data=imagefolder``: real images in ImageNet's layout (or the reference's CSV index).
+"""Train on images in ImageNet's layout (or the reference architecture's CSV index), in all three
+frameworks:
 
-``data.root`` is a directory or ``blob://container/prefix``; the selected storage decides how
-it becomes readable on each node (``storage=nfs`` reads in place, ``storage=local_ssd`` stages a
-copy first; see :meth:`ddlkit.StorageBackend.prepare_data`). The listing and labels come from
-:mod:`.index` without decoding anything, so ``info`` is known before any data is staged.
+    ddlkit data=imagefolder data.root=/data/imagenet model=resnet50 trainer.batch_size=64
 
-The loader (:class:`ddlkit.images.ImageFiles`) is framework-neutral: it says which files a rank reads in
-which order (:func:`ddlkit.images.epoch_order`) with the usual ImageNet augmentation -- random-resized crop +
-horizontal flip for training, resize + center crop for validation, normalized with ImageNet's
-mean and std -- and serves numpy batches decoded by a thread pool. Framework plugins build their
-native pipeline from its ``native_spec()`` instead (PyTorch: ``DataLoader`` worker processes;
-TensorFlow and Keras: ``tf.data``), drawing the same crops.
+`data.root` is a directory or `blob://container/prefix`; the selected storage decides how it
+becomes readable on each node (`storage=nfs` reads in place, `storage=local_ssd` stages a copy
+first: [Datasets, staging and results](../datasets.md)). A relative `data.root` (and a relative
+`trainer.resume` checkpoint) is read from the directory `ddlkit` was started in, where the ranks
+share its disk (`local`, `local_mpi`, Slurm): the job's `config.yaml` records the absolute path.
+With `storage=nfs` a relative `data.root` is below `storage.root` instead.
+
+| `data.root` holds | |
+|---|---|
+| `train/<class>/*.JPEG`, `validation/<class>/*.JPEG` (or `val/`) | classes are the sorted folder names; any image extension in any case (`.JPEG`, `.jpg`, `.png`...) |
+| `train.csv`, `validation.csv` | the reference's CSV index: `filenames` (relative to `train/`, `validation/`) and 1-based `num_id` |
+| `manifest.tsv` | when present, the file list comes from it (fast on a share; how `blob://` roots are listed) |
+
+ImageNet's official validation files come as 50,000 flat files and a label list:
+[`ddlkit data prepare`](../datasets.md#prepare-and-upload-a-dataset) puts them into class folders.
+
+## What the ranks read
+
+- **Augmentation**: training images get a random-resized crop (area `data.min_crop_area` to
+  100 %, aspect 3/4-4/3) and a horizontal flip; validation images are resized (shorter side
+  `data.val_resize`, 256 for 224) and center-cropped (`data.image_size`); all are normalized with
+  ImageNet's mean and std.
+- **Order**: every epoch is reshuffled from `trainer.seed` and the epoch number, and split into
+  disjoint, equal shards per rank. The crops depend on the same, so a run resumed mid-epoch reads
+  exactly the batches it had not read, without decoding the others; after a change of world size
+  the same holds (the order is fixed by global batch).
+- **Pipelines**: the data source itself is framework-neutral (which files, in which order, which
+  crops; numpy batches for anything else); each framework plugin builds its own pipeline from it.
+  PyTorch gets a `DataLoader` whose worker processes decode whole batches into shared memory;
+  TensorFlow and Keras get `tf.data` with parallel decoding that decodes only the crop window of
+  a JPEG. JPEGs are decoded with `simplejpeg` (libjpeg-turbo, with DCT scaling) when installed,
+  else Pillow, or on the GPU with `data.decoder=gpu` ([GPUs](../gpus.md)).
+- **Real-world files**: grayscale and CMYK JPEGs, 16-bit PNGs (their high byte, as TensorFlow
+  decodes them) and PNG data behind a `.JPEG` name are converted to RGB. A file that cannot be
+  decoded stops the run with an error naming it (`data.on_corrupt=error`; one line and exit
+  status 2 in every framework), or, with `data.on_corrupt=skip`, is replaced by the next image of
+  the split, with a warning naming it once and a count (batches stay full, epochs keep their
+  length).
+
+How fast the pipeline is against a plain `ImageFolder` + PIL `DataLoader`, and how well it keeps
+a GPU fed: [Performance](../../explanation/performance.md#last-recorded-results).
+
+## How it works
+
+The listing and labels come from `ddlkit.builtin.imagefolder.index` without decoding anything,
+so the data's shape is known before any data is staged (`StorageBackend.prepare_data` makes the
+root readable). The loader (`ddlkit.images.ImageFiles`) says which files a rank reads in which
+order (`ddlkit.images.epoch_order`) with the augmentation above, and serves numpy batches decoded
+by a thread pool; framework plugins build their native pipeline from its `native_spec()` (a
+`ddlkit.ImageFilesSpec`) instead, drawing the same crops.
 """
 
 from __future__ import annotations
