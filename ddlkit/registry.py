@@ -24,7 +24,8 @@ class PluginHooks(Protocol):
     """What :meth:`Registry.collect` reads of a plugin manager (:class:`ddlkit.plugins.DdlkitPluginManager`):
     the registration hooks, and where each plugin comes from, for messages."""
 
-    hook: Any
+    @property
+    def hook(self) -> Any: ...
 
     def describe(self, plugin: object) -> str: ...
 
@@ -82,8 +83,8 @@ class Entry:
         plugin's to fix: a PluginError names it."""
         if not self._loaded:
             item = self.registration
-            factory, config = (_resolve(self, hp, what, ref) if isinstance(ref, str) else ref
-                               for what, ref in (("factory", item.factory), ("config", item.config)))
+            factory = _resolve(self, hp, "factory", item.factory) if isinstance(item.factory, str) else item.factory
+            config = _resolve(self, hp, "config", item.config) if isinstance(item.config, str) else item.config
             if config is not None and not isinstance(config, type):
                 raise PluginError(f"{self.origin}: {hp.noun} {item.name!r}: config must be a dataclass type")
             self._loaded.append(dataclasses.replace(item, factory=factory, config=config)
@@ -220,8 +221,10 @@ class Registry:
 
 def _call(origin: str, registration: Registration[Any], noun: str, cfg: Any, *args: Any, **kwargs: Any) -> Any:
     """``factory(cfg, ...)``; a plugin's failure names the plugin."""
+    factory = registration.factory
+    assert not isinstance(factory, str), "a registration is called once loaded: its factory imported"
     try:
-        return registration.factory(cfg, *args, **kwargs)
+        return factory(cfg, *args, **kwargs)
     except DdlkitError:
         raise
     except Exception as err:

@@ -139,7 +139,7 @@ class RestartPolicy:
         """Say and record the restart that is about to happen, wait out the backoff, and return the entry
         for the job's record. KeyboardInterrupt during the wait stops the job instead."""
         entry = self.plan_restart(verdict, status, job_dir, resume)
-        time.sleep(float(entry["wait_s"]))  # type: ignore[arg-type]
+        time.sleep(float(entry["wait_s"]))
         return entry
 
     def plan_restart(self, verdict: Verdict, status: JobStatus, job_dir: Path, resume: object,

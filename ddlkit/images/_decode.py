@@ -192,7 +192,7 @@ def _simplejpeg(data: bytes, aug: Augment, rnd: random.Random | None) -> tuple[n
         arr = simplejpeg.decode_jpeg(data, colorspace="RGB", min_width=min(min_w, width),
                                      min_height=min(min_h, height))
     except ValueError:
-        if rnd is not None:
+        if rnd is not None and state is not None:
             rnd.setstate(state)  # Pillow draws the same crop
         return None
     return arr, _scaled(box, width, height, arr.shape[1], arr.shape[0])

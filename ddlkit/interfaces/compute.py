@@ -176,7 +176,7 @@ class ComputeTarget(ABC):
 
     #: how often (seconds) a watcher such as the sweep scheduler should ask :meth:`JobHandle.status`:
     #: a scheduler's API has rate limits and minute-long queues; a local process answers at once
-    status_interval_s: ClassVar[float] = 5.0
+    status_interval_s: float = 5.0
     #: whether ranks run in the launcher's own job directory (a local disk or a shared file
     #: system): then the launcher checks ``trainer.resume`` before submitting, and collect() is a no-op
     shares_job_dir: ClassVar[bool] = False

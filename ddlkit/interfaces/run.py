@@ -147,7 +147,6 @@ class RunContext(Protocol):
 
     # ---------------------------------------------------------------- everyone: what runs where
     cfg: DictConfig  #: the whole composed config, typed (``cfg.trainer``, ``cfg.model``, your group's node)
-    dist: DistView  #: this rank's place among the ranks, and the collectives
     name: str  #: the job's name (unique per job; results are published under it)
     job_dir: Path  #: the job directory, shared by every rank: checkpoints, artifacts, result.json, logs
     data: DataSource  #: the selected data source (``run.data.info``: sizes, classes, image size)
@@ -155,15 +154,23 @@ class RunContext(Protocol):
     framework: Framework  #: the selected framework
     loggers: list[Logger]  #: the selected loggers on rank 0; empty on the other ranks
 
+    # read-only (properties), so that any implementation of the protocol satisfies them
+    @property
+    def dist(self) -> DistView:
+        """This rank's place among the ranks, and the collectives."""
+
     # ---------------------------------------------------------------- everyone: sizes and progress
     global_batch: int  #: images per optimizer step over all ranks (batch_size x world_size x accumulate)
     steps_per_epoch: int  #: optimizer steps in one epoch
     total_steps: int  #: optimizer steps the run trains for (``trainer.epochs``, capped by ``trainer.max_steps``)
     accumulate: int  #: micro-batches per optimizer step (``trainer.accumulate_batches``)
-    schedule: Schedule  #: the learning rate of each step: ``run.schedule(step)``
     state: RunState  #: where training is now: epoch, step, batch of the epoch
     resume_from: Path | None  #: the checkpoint this run resumes from, if any
     resumed_at: RunState | None  #: the state it resumed at, once :meth:`checkpointing` has loaded it
+
+    @property
+    def schedule(self) -> Schedule:
+        """The learning rate of each step: ``run.schedule(step)``."""
 
     @property
     def finished(self) -> bool:

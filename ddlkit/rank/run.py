@@ -28,6 +28,7 @@ from ..checkpoint import BEST, CHECKPOINT_DIR
 from ..config import check_one_global_batch
 from ..errors import DdlkitError, RunError
 from ..interfaces import DataSource, Framework, Loader, Logger, RunState, Shard, StorageBackend
+from ..interfaces.data import Split
 from ..interfaces.run import LoadFn, SaveFn, SnapshotFn
 from ..jobdir import RESTARTS_ENV, STEPS_LOST_ENV
 from ..monitor import EarlyStopping, Watch
@@ -172,7 +173,7 @@ class Run:
         groups them in its own pipeline)."""
         t = self.cfg.trainer
 
-        def loader(split: str) -> Loader:
+        def loader(split: Split) -> Loader:
             return self.data.loader(split, batch_size=t.batch_size, shard=self.shard, seed=t.seed)
 
         return loader("train"), (loader("val") if t.validate else None)
@@ -451,7 +452,7 @@ class Run:
             # why the run ended before its last epoch, or None
             "stopped_early": ({"monitor": early.monitor, "reason": early.reason,
                                "epoch": self.state.epoch, "step": self.state.step}
-                              if self.stopped_early else None),
+                              if self.stopped_early and early is not None else None),
             # rank 0's start-up: when its process started, and when it reached each phase
             "startup_s": startup(),
             "best_checkpoint": ({"monitor": best.monitor, "mode": best.mode, "value": best.best,

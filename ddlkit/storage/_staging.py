@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import functools
 import hashlib
 import os
 import re
@@ -138,7 +139,7 @@ def stage(source: StorageBackend, dest: Path, *, describe: str, workers: int = 1
             final = dest / entry.path
             for _ in range(attempts):
                 part = tmp / uuid.uuid4().hex
-                retry(lambda part=part: source.get(entry.path, part), what=f"downloading {describe}/{entry.path}",
+                retry(functools.partial(source.get, entry.path, part), what=f"downloading {describe}/{entry.path}",
                       attempts=attempts)
                 if part.stat().st_size == entry.size and sha256_file(part) == entry.sha256:
                     final.parent.mkdir(parents=True, exist_ok=True)
@@ -278,6 +279,8 @@ class StagingStorage(StorageBackend, CheckpointPublisher):
         return self.describe_results(job_name)
 
     def describe_results(self, job_name: str) -> str:
+        if not self.cfg.results:
+            return "the job directory"  # no storage.results: they stay there
         return f"{self.cfg.results.rstrip('/')}/{job_name}"
 
     def publish_checkpoint(self, job_dir: Path, job_name: str, files: list[str]) -> None:

@@ -9,6 +9,7 @@ it; URL schemes are looked up among the registered storage backends
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 from ..errors import ConfigError
 from ..interfaces import StorageBackend
@@ -36,11 +37,13 @@ def open_storage(location: str) -> StorageBackend:
     if not is_url(location):
         # a directory: storage=local, found as every backend is (the SDK names no built-in)
         local = registry.get("storage", "local")
-        return local.factory(local.config(root=str(Path(location.removeprefix("file://")).expanduser())))
+        factory, config = local.factory, local.config
+        assert callable(factory) and isinstance(config, type), "Registry.get returns registrations loaded"
+        return factory(config(root=str(Path(location.removeprefix("file://")).expanduser())))
     scheme = location.split("://", 1)[0]
     for name in registry.names("storage"):
-        factory = registry.get("storage", name).factory
-        if scheme in getattr(factory, "url_schemes", ()):
-            return factory.from_url(location)
+        backend: Any = registry.get("storage", name).factory  # a StorageBackend class, or another factory
+        if scheme in getattr(backend, "url_schemes", ()):
+            return backend.from_url(location)
     hint = " Install the Azure plugin: pip install ddlkit-azure." if scheme == "blob" else ""
     raise ConfigError(f"no installed storage backend opens {scheme}:// URLs ({location}).{hint}")

@@ -35,7 +35,7 @@ import pytest
 from .. import result as result_schema
 from ..interfaces import (JOB_FILE, Batch, ComputeTarget, DataSource, ImageFilesSpec, ImagePoolSpec, JobHandle,
                           JobSpec, JobState, Logger, Shard, StorageBackend)
-from ..interfaces.data import native_spec
+from ..interfaces.data import Split, native_spec
 from ..plugins import DdlkitPluginManager
 from ..rank.run import Run, RunState
 from . import HookRecorder, WorkerOutcome, add_plugin, alive, make_run, wait_for
@@ -202,7 +202,7 @@ class DataSourceContract:
         assert isinstance(x, np.ndarray), f"batches must hold numpy arrays, got {type(x).__name__}"
         return x
 
-    def _loader(self, source: DataSource, split: str = "train", *, shard: Shard | None = None, seed: int = 0) -> Any:
+    def _loader(self, source: DataSource, split: Split = "train", *, shard: Shard | None = None, seed: int = 0) -> Any:
         return source.loader(split, batch_size=self.batch_size, shard=shard or Shard(), seed=seed)
 
     def _batches(self, loader: Any, epoch: int = 0, start_batch: int = 0) -> list[tuple[Any, Any]]:

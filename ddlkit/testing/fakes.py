@@ -36,7 +36,7 @@ if TYPE_CHECKING:
     import numpy as np
     from omegaconf import DictConfig
 
-    from ..rank.run import Run
+    from ..interfaces import RunContext
 
 #: file name of the trained weights FakeFramework writes into the job directory
 MODEL_FILE = "model.npy"
@@ -104,7 +104,7 @@ class FakeFramework(Framework):
             raise ConfigError(f"framework=fake needs {', '.join(missing)}, which this environment lacks: "
                               "install it where the ranks run.")
 
-    def train(self, run: Run) -> None:
+    def train(self, run: RunContext) -> None:
         import numpy as np
 
         t, o = run.cfg.trainer, run.cfg.optimizer
@@ -147,6 +147,7 @@ class FakeFramework(Framework):
         run.start()
 
         def evaluate() -> dict[str, float]:
+            assert val_loader is not None  # train_epochs is given evaluate only with a validation loader
             total = loss_sum = top1 = top5 = 0.0
             for images, labels in val_loader.iter_epoch(0):
                 probs = _softmax(_matmul(_inputs(images, side), params["theta"]))
@@ -221,7 +222,7 @@ NUMBER_PIXEL = (1, 1)
 TRACE_DIR = "trace"
 
 
-def _trace(run: Run, numbers: list[int], trace_dir: str | None = None) -> None:
+def _trace(run: RunContext, numbers: list[int], trace_dir: str | None = None) -> None:
     """One line per step: the run (restarts before it), the epoch, the step, the samples read."""
     line = json.dumps({"run": int(os.environ.get(RESTARTS_ENV) or 0), "epoch": run.state.epoch,
                        "step": run.state.step + 1, "samples": numbers})
@@ -345,7 +346,7 @@ class RecordingLogger(Logger):
         super().__init__(cfg)
         self.calls: list[LoggedCall] = []
 
-    def start(self, run: Run) -> None:
+    def start(self, run: RunContext) -> None:
         self.calls.append(LoggedCall("start", step=run.state.step))
 
     def log_metrics(self, step: int, metrics: Mapping[str, float], *, split: str) -> None:
@@ -355,7 +356,7 @@ class RecordingLogger(Logger):
         self.calls.append(LoggedCall("finish", status=status, result=dict(result) if result is not None else None))
 
     def steps(self, split: str = "train") -> list[int]:
-        return [c.step for c in self.calls if c.method == "log_metrics" and c.split == split]
+        return [c.step for c in self.calls if c.method == "log_metrics" and c.split == split and c.step is not None]
 
 
 def class_images(split: str, n: int = 256, val_n: int = 32, image_size: int = 8, num_classes: int = 4,
