@@ -54,7 +54,7 @@ esac
 [[ "$variant" == cuda || "$variant" == cpu ]] || usage_error "--variant is cuda or cpu, not '$variant'"
 # docker/Dockerfile refuses it too, but only after the base image is pulled
 ((horovod == 0)) || [[ "$variant" == cpu ]] || usage_error "--horovod builds the CPU images only (add --variant \
-cpu): Horovod's NCCL build needs the CUDA toolkit, which ddlkit's base image lacks (README, 'Docker images')"
+cpu): Horovod's NCCL build needs the CUDA toolkit, which ddlkit's base image lacks (docs/how-to/docker.md)"
 
 # "FRAMEWORK TAG" lines; a bad framework or registry is refused with ddlkit's own message
 tags="$(PYTHONPATH="$repo${PYTHONPATH:+:$PYTHONPATH}" "$PY" - "$variant" "$registry" "$horovod" "${frameworks[@]}" <<'EOF'

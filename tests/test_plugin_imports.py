@@ -5,7 +5,8 @@ A public module is one in :data:`PUBLIC_MODULES`, or a submodule of one of its p
 ``ddlkit.testing.contracts`` are public, ``ddlkit.storage._staging`` and ``ddlkit.compute._minder``
 are not. Everything else -- the launcher wing ``ddlkit.launch``, the rank wing ``ddlkit.rank``, the
 built-in plugins ``ddlkit.builtin`` and the core's own modules -- may change without notice, so a
-plugin that imports it breaks with the next release. README's "The plugin SDK" lists the same modules.
+plugin that imports it breaks with the next release. The plugin author's guide,
+docs/plugins/write-a-plugin.md ("The plugin SDK"), lists the same modules.
 
 ``hydra_plugins/`` ships in the ``ddlkit`` distribution (Hydra finds its plugins in that namespace
 package only): it is the launcher wing's face to Hydra, and may import :data:`HYDRA_PLUGINS_MAY_ALSO_USE`.
@@ -104,8 +105,8 @@ def test_the_walk_sees_every_plugin() -> None:
 
 def test_plugins_import_only_public_modules() -> None:
     found = private_imports()
-    assert not found, ("plugins must import ddlkit's public modules only (README: The plugin SDK); "
-                       "export what they need from one, or stop needing it:\n" + "\n".join(found))
+    assert not found, ("plugins must import ddlkit's public modules only (docs/plugins/write-a-plugin.md: The plugin "
+                       "SDK); export what they need from one, or stop needing it:\n" + "\n".join(found))
 
 
 def test_a_private_import_is_found(tmp_path: Path) -> None:
@@ -130,8 +131,8 @@ def test_an_sdk_facade_exports_sorted_public_names(module: str) -> None:
         assert name in mod.__doc__ and getattr(mod, name) is not None, name
 
 
-def test_the_readme_lists_the_public_modules() -> None:
-    readme = (REPO / "README.md").read_text(encoding="utf-8")
+def test_the_docs_list_the_public_modules() -> None:
+    readme = (REPO / "docs" / "plugins" / "write-a-plugin.md").read_text(encoding="utf-8")
     section = readme.split("## The plugin SDK", 1)[1].split("\n## ", 1)[0]
     listed = tuple(sorted(set(re.findall(r"^- `(ddlkit(?:\.\w+)*)`", section, flags=re.MULTILINE))))
     assert listed == tuple(sorted(PUBLIC_MODULES))

@@ -71,7 +71,7 @@ def horovod_image_note(*, gpu: bool) -> str:
         return ("ddlkit's CPU image with Horovod 0.28.1 (Gloo and MPI) built in (scripts/build_images.sh --horovod "
                 "--variant cpu); the launcher needs no Horovod")
     return ("a CUDA image with Horovod built with NCCL, which ddlkit's docker/Dockerfile does not build (its "
-            "Horovod is CPU-only: README, 'Docker images', says which base image to build it on); push it under "
+            "Horovod is CPU-only: docs/how-to/docker.md says which base image to build it on); push it under "
             "this name or set compute.image; the launcher needs no Horovod")
 
 

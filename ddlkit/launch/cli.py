@@ -234,7 +234,7 @@ def _check_secret_key(key: str, chosen: dict[str, list[str]], registry: Registry
             options = sorted(f.name for f in dataclasses.fields(schema)) if dataclasses.is_dataclass(schema) else []
             ways = [o for o in options if o.startswith(parts[-1]) or o.endswith("_file") or o == "auth"]
             hint = (f" It takes its credentials from the environment or from a file: see {', '.join(ways)} in "
-                    f"`ddlkit {group}={name} --help` and the README's \"Credentials\"." if ways else "")
+                    f"`ddlkit {group}={name} --help` and docs/how-to/credentials.md." if ways else "")
             raise ConfigError(f"`{key}` is not an option of {group}={name} (the value was not used, and is "
                               f"not shown).{hint}")
 
