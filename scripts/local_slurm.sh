@@ -8,7 +8,7 @@
 #
 # Needs Debian's packages (as root): apt-get install -y slurmctld slurmd slurm-client munge
 #
-# What differs from a production cluster (see the README's "Slurm" section): no cgroups
+# What differs from a production cluster (see the compute=slurm page of the docs): no cgroups
 # (ProctrackType=proctrack/linuxproc, TaskPlugin=task/none), no accounting database (sacct does
 # not work; ddlkit does not need it), one node that declares more CPUs than the machine has
 # (SlurmdParameters=config_overrides) so that multi-rank jobs queue and run, and daemons run as root.

@@ -1,45 +1,183 @@
-"""``compute=azureml``: one ddlkit job = one Azure Machine Learning (v2) command job on a compute cluster.
+r"""One ddlkit job is one Azure Machine Learning (v2) command job on a compute cluster of your
+workspace, submitted with the real `azure-ai-ml` SDK. Going from a
+laptop to eight GPU nodes is one override:
 
-What a job is there (the request ``ddlkit plan compute=azureml ...`` prints):
+    az login                                        # or a managed identity, or AZURE_CLIENT_* variables
 
-* **code**: the job directory's own files (``job.json`` and the config copies), uploaded by the
-  SDK to the workspace's default datastore as an anonymous code asset;
-* **the researcher's code**, when the job ships a snapshot of the launch directory (``code/`` and
-  ``code.json``, :mod:`ddlkit.compute.snapshot`): an input ``code``, downloaded to each node, of
-  ``<compute.code_root>/<digest>/`` -- uploaded there by ddlkit unless that digest's ``code.json``
-  (written last) is there already, so an unchanged tree is uploaded once per workspace, not with
-  every job. The command puts it into the job's directory (``code/`` beside ``job.json``), where
-  the worker finds it;
-* **environment**: by default ``ddlkit-<framework>-<cpu|cuda>``, built by the workspace from
-  ddlkit's ``docker/Dockerfile`` and this checkout, versioned by the build context's digest: created
-  (the context uploaded) by the first job that finds no such version, reused by every later one
-  (:mod:`ddlkit_azure._environment`); with ``dist=horovod`` ``ddlkit-<framework>-cpu-horovod``, the
-  image with Horovod built in (``HOROVOD=1``), which the ranks import it from; or ``compute.image``,
-  once its registry was asked for it;
-* **resources**: ``instance_count = compute.nodes`` on ``compute.cluster``; the **distribution**
-  starts ``compute.procs_per_node`` processes per node: ``PyTorchDistribution`` for
-  ``framework=pytorch dist=native`` (Azure ML sets ``MASTER_ADDR``, ``MASTER_PORT``, ``RANK``,
-  ``WORLD_SIZE``, ``LOCAL_RANK``, ``NODE_RANK``), ``MpiDistribution`` otherwise (Horovod, and
-  TensorFlow's native backend, which builds its ``TF_CONFIG`` over ddlkit's control plane; the
-  ranks read OpenMPI's ``OMPI_COMM_WORLD_*`` and the command takes ``MASTER_ADDR`` from
-  ``AZ_BATCH_MASTER_NODE`` / ``AZ_BATCHAI_MPI_MASTER_NODE``); none for a single rank;
-* **an output** ``job_dir``: a read-write mount of ``<compute.output_root>/<job name>/``. The
-  command copies the job's files there and runs ``spec.command("python")`` *in it*, so what the
-  ranks write -- checkpoints, metrics, logs, ``result.json``, the model -- lands in the workspace
-  as it is written: a preempted job that Azure ML queues again resumes from its last checkpoint,
-  and so does a later run of the same job directory (the same name, the same output);
-* **an input** ``data`` when ``data.root`` is an ``azureml://`` URI (``download`` with
-  ``storage=local_ssd``, a read-only mount otherwise); the job's copy of ``job.json`` reads
-  ``data.root`` from the input's path (``DDLKIT_DATA_ROOT``). A local path is refused: the nodes
-  cannot see this machine's disk;
-* **environment variables**: ``spec.env`` and ``spec.secret_env``. Azure ML has no secret field
-  for a command job: the secrets are environment variables of the job, kept in its definition in
-  the workspace (readable by whoever may read the workspace's jobs); ddlkit shows them as ``***``
-  in ``ddlkit plan`` and keeps them out of every file and log it writes. See the README.
+    ddlkit compute=azureml compute.subscription_id=S compute.resource_group=RG compute.workspace=WS \
+        compute.cluster=gpu-cluster compute.nodes=4 compute.procs_per_node=4 dist=native framework=pytorch \
+        model=resnet50 data=imagefolder data.root=azureml://datastores/imagenet/paths/ilsvrc/
+    ddlkit plan compute=azureml ...                # the request body the SDK would send; no sign-in, no network
+    ddlkit --detach compute=azureml ...            # then ddlkit jobs status|logs|attach|cancel <job>
 
-Credentials come from ``DefaultAzureCredential`` (environment, workload identity, managed
-identity, ``az login``), never from the config. The SDK is imported only when a job is planned,
-submitted or followed (:mod:`ddlkit_azure._azureml`), never when a run is composed.
+Status: works against a loopback workspace that follows the REST API (the real `azure-ai-ml`
+SDK); no live Azure service was contacted, and a real workspace has not been tried, nor a
+workspace's image build.
+
+## What it needs
+
+- a workspace and a compute cluster (AmlCompute) in it;
+- ddlkit installed from its checkout (`pip install -e`), whose `docker/Dockerfile` the workspace
+  builds the image from, or a `compute.image` the cluster's nodes can pull;
+- an identity with the **AzureML Data Scientist** role on the workspace (or Contributor), signed
+  in where `DefaultAzureCredential` looks: the environment (`AZURE_CLIENT_ID`, `AZURE_TENANT_ID`,
+  `AZURE_CLIENT_SECRET`), workload identity, a managed identity, or `az login`. Credentials never
+  go in a config;
+- the data on a datastore of the workspace.
+
+## The job
+
+What `ddlkit plan` prints, secrets as `***`:
+
+- *code*: the job directory's own files (`job.json`, `config.yaml`, `overrides.yaml`,
+  `environment.json`), uploaded by the SDK as an anonymous code asset;
+- *environment*: by default ddlkit's image, **built by the workspace**, the environment
+  `ddlkit-<framework>-<cuda|cpu>` (`compute.gpu=false`: `cpu`) with a build context: the files of
+  this checkout that `.dockerignore` lets into a `docker build` (ddlkit, its plugins,
+  `pyproject.toml`, `scripts/install_horovod.sh`: about 175 files, 1.2 MB; no README, which nothing
+  installed reads, so editing the documentation builds nothing) and `docker/Dockerfile` with
+  `FRAMEWORK` and `VARIANT` written in as its defaults (a build context takes no build arguments).
+  Its version is the first 16 hex digits of a SHA-256 over those files and the Dockerfile. Before
+  each job ddlkit asks the workspace for that version (one GET); only when there is none does it
+  create it: the SDK uploads the context to the workspace's default datastore and creates the
+  version with `build.contextUri`, and the workspace builds the image into its container registry
+  for the first job that uses it (while the job is `Preparing`; how long that takes on Azure was
+  not measured); every later job with the same files reuses it. Editing a file that goes into the
+  image (a plugin's source, a `pyproject.toml`, another ddlkit version) makes a new version, built
+  once more. `ddlkit plan` names the version, the build arguments and the files. With
+  `compute.image=<image>` the job's environment is that image (an anonymous environment version);
+  its registry is asked for it first ([Docker images](../docker.md#is-the-image-there)): one it
+  does not have is refused, and one that refuses an anonymous question (a private registry: the
+  workspace pulls with credentials of its own) is said on the console and the job submitted;
+- **with `dist=horovod`** the ranks import Horovod from the image, so the launcher needs none
+  (`ddlkit plan` and submitting work on a laptop without it): the environment is
+  `ddlkit-<framework>-cpu-horovod`, the same context with `HOROVOD=1` written in as well, an
+  environment and version of its own. ddlkit's recipe builds Horovod for the CPU only, so a GPU
+  job with Horovod (`compute.gpu=true`, the default) must name its image,
+  `compute.image=<an image with Horovod built with NCCL>`; without one it is refused in one line
+  before anything is sent ([Docker images](../docker.md#horovod-on-gpus));
+- `instance_count` = `compute.nodes` on `compute.cluster`, `compute.procs_per_node` processes per
+  node: `PyTorchDistribution` for `framework=pytorch dist=native` (Azure ML sets `MASTER_ADDR`,
+  `MASTER_PORT`, `RANK`, `WORLD_SIZE`, `LOCAL_RANK`, `NODE_RANK`), `MpiDistribution` otherwise
+  (Horovod, and TensorFlow's native backend, which builds its `TF_CONFIG` over ddlkit's control
+  plane; OpenMPI gives the ranks their place and rank 0's host comes from `AZ_BATCH_MASTER_NODE`),
+  none for one rank. For `dist=horovod` that is `MpiDistribution(process_count_per_instance=
+  compute.procs_per_node)` with `instance_count=compute.nodes`: Azure ML's `mpirun` starts the
+  `nodes x procs_per_node` Horovod ranks, which `ddlkit plan` says in a `# distribution:` line;
+- an output `job_dir`, a read-write mount of `<compute.output_root>/<job name>/` on the
+  workspace's default datastore: the command copies the job's files there and runs the worker
+  *in it*, so what the ranks write (checkpoints, metrics, `result.json`, the model) is in the
+  workspace as it is written. At the end (any end) `result.json`, the checkpoints, metrics and
+  model are downloaded into the local job directory, and each process's Azure ML log
+  (`user_logs/std_log*.txt`) becomes `rank-N.log`;
+- `data.root=azureml://datastores/<name>/paths/<path>` becomes an input `data`, downloaded to the
+  nodes with `storage=local_ssd` (or `compute.input_mode=download`), mounted read-only otherwise
+  (`ro_mount`); the job's copy of `job.json` reads `data.root` from the input's path. A local
+  `data.root` is refused (the nodes cannot see this machine); `blob://` roots are read by the
+  ranks themselves ([storage=azure](../storage/azure.md));
+- *your code* (when the config names code in the launch directory, e.g.
+  `model.target=my_pkg.nets:build`): the job's code snapshot (`code/` and `code.json`) becomes an
+  input `code`, downloaded to each node, of `<compute.code_root>/<sha256>/`. ddlkit uploads it
+  there before submitting (with the datastore's own credential, as the SDK uploads a local input)
+  unless that folder's `code.json` (uploaded last) is there already: an unchanged tree is uploaded
+  once per workspace, a changed one is a new folder. The command puts it into the job's output
+  directory beside `job.json` (each file replaced in one step, so every process of the job may do
+  it at once; files an earlier run of the same job directory left there and this snapshot lacks
+  are removed), where the worker puts it first on the import path. Nothing names a path of the
+  launcher's; `ddlkit plan` names the folder;
+- environment variables: the job's (plugin switches, `AZURE_STORAGE_*`) and its secrets;
+  `PYTHONUNBUFFERED=1` so the log streams.
+
+## Secrets
+
+Azure ML has no secret field for a command job, so a run's secrets (a W&B key, a SAS token, the
+config's secret values) travel as **environment variables of the job**: they are in the job's
+definition in the workspace, readable by anyone who may read the workspace's jobs (Reader and
+up), and visible to the job's code. ddlkit never writes them anywhere else: `ddlkit plan` shows
+`***`, and no file, log, console output or other request of ddlkit's holds them (a test checks
+every file, the console and every request the SDK sent). If that is too wide, keep secrets out of
+the run: give the cluster a managed identity with access to the storage account
+(`storage.auth=default_credential`) instead of a SAS token, and log W&B offline (`wandb sync`
+later) instead of giving the job a key. A Key Vault reference read by the job is not implemented.
+
+## Following a job
+
+ddlkit looks at the job once per `compute.poll_interval_s`: one run history call (state, error,
+log files), plus one ranged read of rank 0's log while it streams (`user_logs/std_log.txt`, or
+`std_log_process_0.txt` for several processes, zero-padded to the width of their count as Azure
+ML names them: `std_log_process_00.txt` of 10 or more), from where the last read stopped (a
+server that ignores `Range` and answers with the whole file has the bytes already read skipped,
+so each line is printed once). `ddlkit jobs status|logs|attach|cancel` work from any shell.
+
+Ctrl-C cancels the job: Azure ML stops its processes; where they get SIGTERM first (as in the
+loopback workspace) the ranks checkpoint, the job ends `Canceled` and the resume command is
+printed. How long Azure ML waits before killing them was not measured.
+
+Azure ML's states map as NotStarted/Queued/Preparing/Starting/Provisioning -> pending,
+Running/Finalizing -> running, Completed -> succeeded, Failed -> failed (with the exit status
+Azure ML reports and the last lines of rank 0's log), Canceled -> cancelled; CancelRequested
+counts as running until the job is Canceled (its ranks are checkpointing), so the job's files are
+collected after they stopped. The output is downloaded once the job's record (another service
+than run history, and the one the SDK's download reads) also says the job ended: it may lag by
+seconds, so ddlkit waits up to 120 s, saying so, and otherwise ends with a one-line error that
+the output stays in the workspace (`ddlkit jobs attach <job dir>` downloads it later).
+
+## Spot and low priority
+
+With `compute.spot=true` (`queue_settings.job_tier=Spot`; on a low-priority cluster every job is
+preemptible anyway), Azure ML queues a preempted job again under the same name (as its
+documentation says; reproduced by the loopback workspace, not seen on Azure), and it resumes from
+its last checkpoint, which lives in its output; a sweep sees one job that ran a little longer. An
+eviction may not give the ranks time to checkpoint, so set `trainer.checkpoint_every` to what you
+can afford to lose. Running the same command again (`hydra.run.dir=` the same job directory)
+submits a new Azure ML job on the same output, and it resumes too. These re-runs happen inside
+one Azure ML job, so `ddlkit jobs status` does not list them as restarts.
+
+## Errors
+
+One line, exit status 2: a missing `subscription_id`/`resource_group`/`workspace`/`cluster`
+(named), a local `data.root`, no credential (the ways to sign in), 403 (the role to ask for), a
+subscription, resource group or workspace that does not exist (told apart by ARM's error code and
+what was asked for; a 404 of anything else is the service's own message), an unknown cluster
+(lists the workspace's computes), more nodes than the cluster's maximum, a `compute.image` its
+registry does not have (with the fix: push it, or another image), ddlkit installed without its
+checkout and no `compute.image` (the fix: `pip install -e`, or an image), the SDK refusing the
+job. Composing a run (`ddlkit --cfg job compute=azureml ...`) never imports the SDK (it takes
+about 3 s to import); `ddlkit plan` imports it but signs in nowhere. Submission time and the
+requests made while following a job are measured by `benchmarks/azureml.py`
+([Performance](../../explanation/performance.md#azure-ml-and-batch-ai)).
+
+## How it is tested
+
+The real `azure-ai-ml` SDK and the real `ddlkit` CLI run against a loopback Azure ML workspace
+(`ddlkit_azure.testing.azureml`): an HTTPS server on 127.0.0.1 (self-signed certificate, trusted
+through `REQUESTS_CA_BUNDLE`) that follows the REST API the SDK uses (job PUT/GET/cancel,
+computes, datastores, code and environment versions with the code's and the build context's real
+uploads, run history's details, log files and run data), signed in through
+`DefaultAzureCredential` by a stand-in `az` on `PATH`, with the workspace's storage in Azurite
+(the SDK's `https://<account>.blob.core.windows.net` reaches it through a loopback CONNECT proxy
+that refuses any other host). The workspace runs each job on this machine (the machine's `python`
+stands in for the image, which is recorded in the request and asserted; an environment with a
+build context is "built" by the first job that uses it: its context fetched from Azurite and its
+Dockerfile checked) through Azure ML's states, `MpiDistribution` under the real `mpirun`,
+`PyTorchDistribution` as a process per rank, cancel and preemption. The tests check the
+environment's request and its uploaded context file by file (the Dockerfile's arguments
+included), that a second job creates and uploads nothing (the context's blobs keep their ETags),
+that a changed file makes a new version and a file `.dockerignore` leaves out does not, and a
+`compute.image` asked of a loopback registry (`ddlkit.testing.registry`) before the job. A package
+that exists only in the launch directory trains through it, reaching the job as the uploaded
+snapshot (its blobs and the job's directory checked on the workspace's side); a second submission
+of the same tree uploads nothing of it (every blob keeps its ETag), a changed tree is a new
+snapshot, uploaded and run.
+
+## How it works
+
+The request is built in `ddlkit_azure._azureml`, the environment in `ddlkit_azure._environment`
+(`WorkspaceBuild`); the SDK is imported only when a job is planned, submitted or followed, never
+when a run is composed. The job's copy of `job.json` reads `data.root` from the input's path
+through `DDLKIT_DATA_ROOT`; under `MpiDistribution` the command takes `MASTER_ADDR` from
+`AZ_BATCH_MASTER_NODE` / `AZ_BATCHAI_MPI_MASTER_NODE` and the ranks read OpenMPI's
+`OMPI_COMM_WORLD_*`. The code snapshot is `ddlkit.compute.snapshot`'s.
 """
 
 from __future__ import annotations
@@ -96,7 +234,8 @@ class AzureMLConfig:
     # queue the job on spot (low-priority) capacity: cheaper, may be preempted; a preempted job is
     # queued again by Azure ML and resumes from its last checkpoint
     spot: bool = False
-    # how an azureml:// data.root reaches the job: auto, download or ro_mount
+    # how an azureml:// data.root reaches the job: download, ro_mount, or auto (download with
+    # storage=local_ssd, else ro_mount)
     input_mode: InputMode = InputMode.auto
     # where the jobs' directories live in the workspace: <output_root>/<job name>/
     output_root: str = "azureml://datastores/workspaceblobstore/paths/ddlkit"
@@ -145,8 +284,8 @@ class AzureMLTarget(ddlkit.ComputeTarget):
         if self.horovod and cfg.gpu and not cfg.image:
             raise ddlkit.ConfigError(
                 "compute=azureml with dist=horovod and compute.gpu=true needs a CUDA image with Horovod built with "
-                "NCCL, which ddlkit's docker/Dockerfile does not build (its Horovod is CPU-only; README, 'Docker "
-                "images', says which base image to build one on): set compute.image to such an image, or "
+                "NCCL, which ddlkit's docker/Dockerfile does not build (its Horovod is CPU-only; docs/how-to/docker.md "
+                "says which base image to build one on): set compute.image to such an image, or "
                 "compute.gpu=false (ddlkit's CPU image with Horovod), or use dist=native.")
         #: where code snapshots are kept: a datastore, and a path in it
         self.code_datastore, self.code_path = code_root["datastore"], code_root["path"].strip("/")

@@ -1,39 +1,145 @@
-"""``compute=batchai``: the reference architecture on Azure Batch AI (API 2018-05-01).
+r"""**Azure Batch AI was retired in 2019; no Azure service answers its API any more. To run on Azure
+today use [compute=azureml](azureml.md).** `compute=batchai` keeps the seed's reference
+architecture as ddlkit config, with the real `azure-mgmt-batchai` 7.0.0 client (API 2018-05-01;
+it imports only with `msrest`, which it does not declare, so the plugin's extra installs it): for
+a Batch AI-compatible endpoint (`compute.endpoint`), and so that `ddlkit plan` shows anyone
+exactly what the architecture does.
 
-**Batch AI was retired in 2019**; no live service answers. ``azure-mgmt-batchai`` 7.0.0 still
-builds every request, so a Batch AI-compatible endpoint (``compute.endpoint``) gets a faithful
-client, and ``ddlkit plan`` shows anyone what the architecture does. Its successor is
-``compute=azureml``.
+    ddlkit compute=batchai compute.subscription_id=S compute.resource_group=RG compute.workspace=WS \
+        compute.cluster.name=nc24 compute.cluster.vm_size=Standard_NC24rs_v3 compute.nodes=2 compute.procs_per_node=4 \
+        compute.file_share.url=https://ACCOUNT.file.core.windows.net/SHARE \
+        storage=nfs 'storage.root=$AZ_BATCHAI_MOUNT_ROOT/nfs' dist=native framework=pytorch \
+        data=imagefolder data.root=datasets/imagenet compute.stage_from=blob://datasets/imagenet
+    ddlkit plan compute=batchai ...                  # every request, in order, with its body; no sign-in, no network
+    ddlkit --detach compute=batchai ...              # then ddlkit jobs status|logs|attach|cancel <job>
+    ddlkit compute down compute=batchai ...          # delete the cluster and file server ddlkit created (asks first)
 
-What a job does, in order (:mod:`ddlkit_azure.batchai_client` sends the requests):
+With `storage=nfs`, `storage.root='$AZ_BATCHAI_MOUNT_ROOT/nfs'` is expanded on the nodes. The
+repository's `conf/compute/batchai_nc24.yaml` is a preset of these settings.
 
-0. the job's image (``compute.image``, or ddlkit's image for the framework in ``compute.registry``,
-   which ``scripts/build_images.sh --push`` puts there; with ``dist=horovod`` the one with Horovod
-   built in, ``--horovod``, tagged ``...-horovod``: the ranks import Horovod from the image, the
-   launcher needs none) is asked of its registry, through the manifest
-   API and anonymously, as the nodes pull it: an image the registry does not have, or refuses, is an
-   error before anything is created; one that cannot be checked is said on the console;
-1. the workspace, the experiment, the NFS file server (when ``storage=nfs`` or
-   ``compute.stage_from`` needs it) and the cluster are created -- or reused when they exist with
-   the same settings; a setting that differs is an error that says which and how to proceed;
-   what ddlkit created is recorded, so that ``ddlkit compute down`` deletes only that;
-2. ``compute.stage_from`` (a ``blob://`` dataset with its ``manifest.tsv``) is copied onto the
-   file server by a staging job on the cluster, verified against the manifest; the job is named
-   after the manifest's digest, so a later job with the same dataset finds it done and skips it;
-3. the job directory goes to the Azure Files share the cluster mounts (the job's input
-   directory ``JOB``), but its code snapshot (``code/`` and ``code.json``), which goes to a folder
-   of its own named after its digest, ``<file_share.directory>/code/<digest>/``, once: a later job
-   with the same tree finds its ``code.json`` (uploaded last) there and uploads nothing of it; the
-   job's preparation step copies both into the job's output directory ``JOB``, where every rank runs: the service's ``mpirun`` (custom MPI settings, with the host
-   file it provides) starts ``python -m ddlkit_mpi.rank ... -- python -m ddlkit.rank.worker job.json``
-   on every rank of ``nodes x procs_per_node``, in the framework's image;
-4. the handle follows the job (``GET`` at ``compute.poll_interval_s``), streams ``stdout.txt``
-   from the ``stdouterr`` output directory (``listOutputFiles``, then the file's download URL),
-   terminates it on cancel, and ``collect()`` downloads the ``JOB`` output directory into the
-   launcher's job directory.
+Status: works against a loopback service that follows the 2018-05-01 REST API (the real
+`azure-mgmt-batchai` 7.0.0 client); no live service exists.
 
-Secrets travel as the job's ``secrets`` (never ``environmentVariables``), which the service does
-not report back. Imports no Azure SDK: the client is built on first use.
+## What a job does
+
+In order; each step reuses what exists with the same settings:
+
+0. **The image**: before anything is created, the job's image is asked of its registry, as the
+   nodes pull it: without credentials (the job sends none). An image the registry does not have,
+   or refuses to an anonymous client (Docker Hub's answer for a repository that does not exist),
+   is a one-line error naming the fix; a registry that cannot be asked is said on the console, and
+   the job goes on ([Is the image there?](../docker.md#is-the-image-there)).
+1. **Resources**: the workspace (`compute.location`), the experiment (`compute.experiment`), the
+   NFS file server when `storage=nfs` or `compute.stage_from` needs it (`compute.file_server.*`),
+   and the cluster (`compute.cluster.*`, with the file server and the Azure Files share mounted,
+   an admin user signed in by `ssh_public_key_file`; no password is sent). A resource that exists
+   with other settings is an error naming the setting and how to proceed; a cluster with more
+   nodes than the job needs is reused. Everything ddlkit creates is recorded in
+   `<state dir>/batchai/<subscription>/<resource group>/<workspace>.json`.
+2. **Staging** (`compute.stage_from=blob://...`, a dataset uploaded with `ddlkit data upload`,
+   which writes its `manifest.tsv`): a staging job on the cluster copies it onto the file server
+   at `data.root` with ddlkit's staging ([staging](../storage/local_ssd.md#staging)). The job is named after
+   the manifest's digest: a later job with the same dataset finds it done and skips the step (one
+   look-up); a changed dataset gets a new one. The blob credentials travel as the staging job's
+   secrets.
+3. **The job**: the job directory is uploaded to the Azure Files share
+   (`<compute.file_share.directory>/jobs/<job>`: the job's input directory `JOB`); its code
+   snapshot, when it ships one (`code/` and `code.json`), goes to a folder of its own,
+   `<compute.file_share.directory>/code/<sha256>/`, uploaded unless that folder's `code.json`
+   (uploaded last) is there already: an unchanged tree is uploaded once. The job's preparation
+   step copies the job directory, and the snapshot beside its `job.json`, into the job's output
+   directory `JOB` (one node copies, the others wait), where every rank runs: custom MPI settings
+   with `processCount` = `nodes x procs_per_node`, so the service's `mpirun` starts
+   `python -m ddlkit_mpi.rank --node-sizes ... -- python -m ddlkit.rank.worker job.json` on every
+   rank (the command line is `bash -c '<script>'`: the MPI runtime starts its first word, and the
+   script, which sets the rendezvous variables, `cd`s into the output directory and `exec`s, is
+   shell syntax), rank 0's host taken from the host file the service provides
+   (`$AZ_BATCHAI_MPI_HOST_FILE`, `compute.master_port`), in `compute.image` (default: ddlkit's
+   image for the framework in `compute.registry`, `-cuda`, or `-cpu` with `compute.gpu=false`,
+   which `scripts/build_images.sh --registry <compute.registry> --push` puts there:
+   [Docker images](../docker.md)). Output: `stdOutErrPathPrefix` on the share. The job's
+   environment goes in `environmentVariables`, its secrets (keys, tokens, the config's secrets)
+   in the job's `secrets`, which the service never reports back: never in
+   `environmentVariables`, a file or a log; `ddlkit plan` shows `***`.
+4. **Following**: the job's state every `compute.poll_interval_s` (queued -> pending, running,
+   succeeded/failed; `terminating` while a cancel runs); rank 0's output streams from `stdout.txt`
+   of the `stdouterr` output directory (`listOutputFiles`, then a ranged read of the file's
+   download URL, one per `compute.poll_interval_s`; a whole-file answer to it has the bytes
+   already read skipped). Ctrl-C and `ddlkit jobs cancel` terminate the job (the service stops its
+   processes; the ranks checkpoint on the SIGTERM when it leaves them the time: the loopback gives
+   10 s). At the end the output directory `JOB` (result, metrics, rank logs, model, checkpoints)
+   is downloaded into the local job directory; with `storage=nfs` the results are also copied to
+   the file server (`storage.root` is expanded on the node).
+
+**With `dist=horovod`** the default image is the one with Horovod built in,
+`<framework>:<version>-<cpu|cuda>-horovod` (`scripts/build_images.sh --horovod --variant cpu`
+builds the CPU ones; a CUDA one with NCCL is yours to build:
+[Horovod on GPUs](../docker.md#horovod-on-gpus)), and the same custom MPI settings start its
+`nodes x procs_per_node` ranks: Horovod runs over the MPI job the service starts, its ranks import
+Horovod from the image, and the launcher needs none. `ddlkit plan` says which image brings it
+(`the ranks run in image ...; dist=horovod: Horovod comes from the image ...`). The API's
+`horovodSettings` is not used: it runs `<python> <script file> <args>` under the same `mpirun` and
+adds nothing Horovod needs, while ddlkit's rank command is a module (`-m ddlkit_mpi.rank`) behind
+a shell that sets the rendezvous variables.
+
+A node taken away fails the job with exit code 137 (Batch AI does not re-queue a job itself), and
+ddlkit's restart policy resubmits it, resuming from its checkpoint
+([Failures, restarts and elastic jobs](../failures.md)).
+
+## Errors
+
+One line, exit status 2: a cluster or file server that exists with other settings (which, and
+how to proceed), a VM size without GPUs for a GPU run (`compute.gpu=true`, the default) or more
+ranks per node than its GPUs, a file server still being created (progress lines while waiting up
+to `compute.file_server.wait_s`, then the error), quota and other refusals of the service (its
+message: `QuotaExceeded: Operation results in exceeding quota limits of Core ...`),
+`storage=local_ssd` on a VM size without a local disk, `storage=nfs` whose `storage.root` is not
+the file server's mount, no credential (`az login`, a managed identity or a service principal), a
+missing subscription/resource group/workspace/share key (`$AZURE_STORAGE_KEY` or
+`compute.file_share.account_key_file`), a subscription or resource group that does not exist
+(ARM's 404 `SubscriptionNotFound`/`ResourceGroupNotFound`: which key to check, or
+`az group create`), any other 404 where a resource must exist (the service's message), an image
+its registry does not have or refuses to an anonymous pull
+(`scripts/build_images.sh --registry R --push`, or `compute.image`).
+
+## Tearing down
+
+`ddlkit compute down compute=batchai ...` (with the run's compute options) lists what it will
+delete (the cluster and the file server the options name, and only if ddlkit created them; others
+are listed as kept), asks, and deletes (`--yes`: without asking; without a terminal and without
+`--yes` it deletes nothing). With nothing to delete (no such workspace: Batch AI answers 404 to
+listing its file servers; or nothing ddlkit created still there) it says so and succeeds. The
+workspace and experiment are kept (they cost nothing).
+
+## How it is tested
+
+The real client and CLI run against a loopback Batch AI service (`ddlkit_azure.testing.batchai`):
+HTTPS on 127.0.0.1, signed in through `DefaultAzureCredential` and a stand-in `az`; long-running
+operations answer 202 with a `Location` and `Retry-After: 0` (azure-core takes a 0 for no header
+and waits its polling interval, which ddlkit sets to `compute.poll_interval_s`; without it every
+poll waits 30 s); every create body is checked against the published schema; the Azure Files
+share and the file server are directories of this machine; jobs really run under `mpirun`, the
+node's shell running `mpirun <options> <commandLine>` as the API describes (this machine's
+`python` stands in for the image; the nodes "pull" it from a loopback registry,
+`ddlkit.testing.registry`, and a job whose image it does not let them pull fails as a failed pull
+does, so the tests of the check fail without it); a resource group can be made missing (404
+`ResourceGroupNotFound`), and listing under a missing workspace is 404. The tests run the
+compute-target contract, ResNet-18 through the CLI with `dist=native` and `dist=horovod` getting
+`result.json` back, idempotent re-runs, states, streaming, cancel, `ddlkit jobs`, staging from
+Azurite, teardown, every error above, a node taken away (its processes killed: the job is
+resubmitted and resumes), and a package that exists only in the launch directory trained from its
+snapshot on the share (uploaded by the first job; the second asks with one `HEAD` and uploads
+nothing of it; a changed tree is uploaded again). Requests, times and staging throughput are
+measured by `benchmarks/batchai.py`
+([Performance](../../explanation/performance.md#azure-ml-and-batch-ai)).
+
+## How it works
+
+`ddlkit_azure.batchai_client` sends the requests; the SDK is imported only when a job is planned,
+submitted or followed, never when a run is composed. The file server's delete (in the published
+API, missing from the 7.0.0 client's operations) is sent through the same client pipeline. The
+credential helpers (`DefaultAzureCredential` without the browser, one-line sign-in errors) are in
+`ddlkit_azure.arm`, for any target of this plugin.
 """
 
 from __future__ import annotations
@@ -136,6 +242,7 @@ class BatchAIConfig:
     workspace: str = MISSING
     # the workspace's region (when ddlkit creates it)
     location: str = "eastus"
+    # the experiment the jobs go in
     experiment: str = "ddlkit"
     # nodes of the job, and ranks per node (GPUs per node); the job has nodes x procs_per_node ranks
     nodes: int = checked(1, POSITIVE_INTEGER)

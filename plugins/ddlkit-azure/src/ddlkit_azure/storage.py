@@ -1,10 +1,9 @@
-r"""Azure Blob Storage, from the `ddlkit-azure` plugin: `blob://container/prefix` datasets staged to
+r"""Azure Blob Storage: `blob://container/prefix` datasets staged to
 each node's local disk (never trained from blob-fuse: too slow), results to
 `blob://<storage.container>/<storage.prefix>/results/<job>` (or `storage.results`), and
 `blob://` URLs wherever ddlkit takes a location (`data.root`, `storage.results` of
 `storage=local_ssd`, `ddlkit data upload`). A `data.root` that is a directory is read in place.
 
-    pip install -e ./plugins/ddlkit-azure               # + [identity] for DefaultAzureCredential
     export AZURE_STORAGE_ACCOUNT_URL=https://<account>.blob.core.windows.net
     export AZURE_STORAGE_SAS_TOKEN='sv=...&sig=...'      # or AZURE_STORAGE_CONNECTION_STRING
     ddlkit data upload /data/imagenet blob://datasets/imagenet

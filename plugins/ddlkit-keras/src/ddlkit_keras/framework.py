@@ -1,13 +1,82 @@
-"""The Keras 3 training loop: ``model.fit``, with ddlkit's per-step work done in a callback.
+"""The Keras 3 framework: training with `model.fit`, ddlkit's
+per-step work done in a `keras.callbacks.Callback`. The models, optimizers (each registered for
+`framework=keras` too), input pipelines, loss, checkpoint format and runtime setup are those of
+[framework=tensorflow](tensorflow.md) (imported from its plugin, not copied): ResNet-18..152
+identical to the PyTorch plugin's networks, SGD with PyTorch's semantics, bf16/fp16 mixed
+precision, `framework.xla`, `framework.device`, `framework.num_threads`,
+`trainer.deterministic`.
 
-Keras and TensorFlow are imported inside :meth:`KerasFramework.train` only, so composing a
-config, ``ddlkit plugins`` and PyTorch runs never load them.
+    pip install tensorflow-cpu==2.21.0 -e ./plugins/ddlkit-tensorflow -e ./plugins/ddlkit-keras
+    ddlkit framework=keras model=resnet50 trainer.precision=bf16
 
-Resuming mid-epoch: ``fit`` runs whole passes over one dataset, so a run resumed after batch
-``k`` of epoch ``e`` first fits epoch ``e`` alone on the loader's ``epoch(e, k)`` dataset
-(``initial_epoch=e, epochs=e + 1``: only the batches not yet seen), then fits the remaining
-epochs on the full dataset with ``initial_epoch=e + 1``. Keras keeps the compiled train
-function between the two calls, so nothing is traced twice.
+## The callback
+
+`ddlkit_keras.callback.DdlkitCallback`: before each batch it sets the learning rate from
+`run.schedule(step)` on the optimizer; after each batch it calls `run.step_end`, which logs,
+checkpoints and returns True at `trainer.max_steps`, upon which the callback sets
+`model.stop_training`; after each epoch it reports `val_loss`, `val_top1`, `val_top5` (Keras'
+validation of the compiled loss and top-k metrics) through `run.epoch_end`.
+
+Keras' `logs["loss"]` is a running mean since its metrics were last reset. Before a logging step
+the callback resets them, so the logged loss is that batch's own loss, as every other framework
+logs it; other steps cost no extra work (Keras itself turns each batch's logs into Python numbers
+for any callback that has `on_train_batch_end`).
+
+## Resume
+
+Resumed runs end with bit-identical weights to uninterrupted ones under
+`trainer.deterministic=true` (tested, mid-epoch and just after an epoch's last step). A
+checkpoint taken after an epoch's last step but before its validation (a SIGTERM there) resumes by
+validating that epoch, then goes on. The final model is `model.keras` (architecture and weights,
+no optimizer state), loadable with `keras.models.load_model` without ddlkit.
+
+## Backends
+
+`framework.backend=tensorflow` (the default) is the only backend. Keras reads `KERAS_BACKEND`
+once, at its first import, and the plugin sets it in the worker before importing Keras, so the
+mechanism is there; `torch` is refused in the launcher because it is not cheap to support
+properly: the shared ResNets name their layers after torchvision's modules (`layer1.0.conv1`),
+which Keras' torch backend rejects as PyTorch parameter names; device choice, fp16 checks,
+threads and determinism are set up through TensorFlow; and the `tf.data` input would be copied to
+torch tensors every step. For PyTorch, use [framework=pytorch](pytorch.md).
+
+## Several ranks
+
+`framework=keras` trains several ranks with `dist=horovod`: `model.fit` as on one rank, with the
+optimizer turned into a subclass of itself whose `apply()` first averages the gradients
+`model.fit` hands it (of each rank's mean loss, with `hvd.grouped_allreduce`), so Keras' gradient
+accumulation, clipping and update see the global gradient; rank 0's weights and optimizer state
+are broadcast before the first step. It needs Horovod built for TensorFlow by
+`scripts/install_horovod.sh` ([Distributed training](../distributed.md#horovod)).
+`tests/test_dist.py` checks that one step of 2 ranks equals one of 1 rank with twice the batch
+and one of `framework=tensorflow dist=native`.
+
+`dist=native` is refused before the job starts: Keras 3's `model.fit` fails under
+`tf.distribute.MultiWorkerMirroredStrategy`, first in its symbolic build (it all-reduces the
+first input batch as one value), then in its per-replica reduction of the step's logs
+([keras-team/keras#20585](https://github.com/keras-team/keras/issues/20585),
+[tensorflow/tensorflow#72388](https://github.com/tensorflow/tensorflow/issues/72388); checked with
+Keras 3.15 / TensorFlow 2.21). Use `dist=horovod`, or `framework=tensorflow dist=native`: the same
+ResNets, optimizer and checkpoint format, in a custom loop.
+
+## Tests
+
+    cd plugins/ddlkit-keras && python -m pytest                         # -m 'not slow' skips the CLI runs
+
+The suite takes about a minute and a half on 2 CPU cores, most of it in four `ddlkit` runs: one
+uninterrupted, one interrupted mid-epoch and resumed, one resumed from just after an epoch's last
+step. Where Horovod is built for TensorFlow, `tests/test_dist.py` adds three runs (about 45 s).
+
+## How it works
+
+Keras and TensorFlow are imported inside `KerasFramework.train` only, so composing a config,
+`ddlkit plugins` and PyTorch runs never load them.
+
+Resuming mid-epoch: `fit` runs whole passes over one dataset, so a run resumed after batch `k` of
+epoch `e` first fits epoch `e` alone on the loader's `epoch(e, k)` dataset
+(`initial_epoch=e, epochs=e + 1`: only the batches not yet seen), then fits the remaining epochs
+on the full dataset with `initial_epoch=e + 1`. Keras keeps the compiled train function between
+the two calls, so nothing is traced twice.
 """
 
 from __future__ import annotations
@@ -33,7 +102,7 @@ BACKENDS = ("tensorflow",)
 
 @dataclass
 class KerasConfig(TensorflowConfig):
-    # Keras backend; only tensorflow so far (see the README for why not torch or jax yet)
+    # Keras backend; only tensorflow so far (the framework=keras page says why not torch or jax yet)
     backend: str = "tensorflow"
 
 

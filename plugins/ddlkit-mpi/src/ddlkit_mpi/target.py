@@ -1,26 +1,163 @@
-"""``compute=local_mpi`` and ``compute=mpi``: a job's ranks started by OpenMPI's ``mpirun``.
+r"""Two compute targets that start a job's ranks with OpenMPI's `mpirun` (one implementation):
 
-* ``local_mpi``: all ranks on this machine, as if on ``compute.nodes`` nodes of
-  ``compute.procs_per_node`` ranks each (a cluster simulated on one machine);
-* ``mpi``: one job across real hosts (``compute.hosts``, ``compute.hostfile``, or the allocation a
-  cluster scheduler hands over, see :mod:`ddlkit_mpi.hosts`) -- what runs *inside* a cluster job.
+- `compute=local_mpi`: a cluster on one machine, `compute.nodes` simulated nodes of
+  `compute.procs_per_node` ranks each, so that everything a cluster job does (rendezvous,
+  gradient all-reduce, rank-0-only duties, per-node staging, a rank dying, preemption) runs and
+  can be tried here;
+- `compute=mpi`: one job across real hosts, named by `compute.hosts`, `compute.hostfile`, or the
+  allocation of the cluster scheduler it runs under. It is what runs *inside* a cluster job.
 
-Both are one implementation (:class:`MpirunTarget`, :class:`MpiJob`); they differ in where the
-ranks go and how the node layout is learnt. ``mpirun`` runs under ddlkit's process minder
-(:class:`ddlkit.compute.process.ProcessJob`) in the job directory, its output in ``mpirun.log``; every
-rank runs ``python -m ddlkit_mpi.rank --job-dir . ...`` (see :mod:`ddlkit_mpi.rank`) around the
-worker command, which writes ``rank-N.log`` and an exit record per rank, from which the handle
-names the rank that failed first. The guarantees:
+The job directory and the job file are the same for both, and the same ones any other target runs.
 
-* a rank that dies (any non-zero status or signal) ends the job: mpirun stops the others, and if
-  it has not within ``compute.abort_timeout_s`` the launcher that started the job kills
-  everything in the job's session;
-* ``cancel()`` asks every rank's worker to checkpoint and stop (SIGTERM), never mpirun itself,
-  which would kill the ranks a second later, before they can checkpoint: ``local_mpi`` signals
-  each rank minder in the job's session, ``mpi`` sends SIGUSR1 to mpirun, which forwards it to
-  the ranks on every host; after ``compute.grace_period_s`` the session is killed;
-* when the job ends, or the launcher that started it exits without detaching, nothing the job
-  started survives; ``attach(id)`` follows, judges and cancels the job from another process.
+    apt-get install -y openmpi-bin            # mpirun (libopenmpi-dev too, to build Horovod)
+
+    ddlkit compute=local_mpi compute.nodes=2 compute.procs_per_node=2 dist=native
+    ddlkit compute=mpi compute.hosts=[node1:4,node2:4] dist=native          # 8 ranks on 2 hosts
+    ddlkit compute=mpi compute.hostfile=<hostfile> dist=native
+    ddlkit plan compute=mpi compute.hosts=[node1:4,node2:4] dist=native     # print the mpirun command; run nothing
+
+A job of several ranks needs a `dist` backend to share gradients
+([Distributed training](../distributed.md)).
+
+## compute=local_mpi: a cluster on one machine
+
+Each simulated node has its own node id, local ranks and local scratch directory
+(`<job_dir>/nodes/node-K`, or below `compute.scratch`), exported to its ranks as `DDLKIT_NODE`,
+`DDLKIT_LOCAL_RANK`, `DDLKIT_LOCAL_SIZE` and `DDLKIT_NODE_SCRATCH`, and seen by plugins as
+`run.dist.node`, `run.dist.local_rank` and `run.dist.node_scratch`: per-node duties (local rank 0
+stages the data onto its node's disk with [storage=local_ssd](../storage/local_ssd.md)) run as
+they do on a cluster. Every rank keeps its output in `rank-N.log`, and a dying rank ends the job
+within seconds.
+
+mpirun runs with `PMIX_MCA_psec=native` (unless you set it): where munge is installed (Slurm's
+packages) but its daemon is not running, OpenMPI's PMIx otherwise retries it for 2 s at every
+start and restart.
+
+Status: works; the distributed, restart and elastic tests run on it.
+
+## compute=mpi: where the hosts come from
+
+First match wins:
+
+1. `compute.hosts=[a:4,b:4]`;
+2. `compute.hostfile=FILE`, in OpenMPI's syntax: one `host [slots=N] [max_slots=M]` per line, `#`
+   comments and blank lines; a host on several lines adds up its slots (a line without `slots`
+   is one slot);
+3. `$AZ_BATCHAI_MPI_HOST_FILE`, the hostfile Azure Batch AI writes for an MPI job;
+4. `$AZ_BATCH_HOST_LIST`, Azure Batch's multi-instance task hosts (`ip,ip,...`; slots from
+   `compute.procs_per_node`);
+5. `$PBS_NODEFILE`, PBS/Torque's node file, one line per slot;
+6. `$SLURM_JOB_NODELIST` (or `$SLURM_NODELIST`), a Slurm allocation such as `gpu[01-04,07]`,
+   expanded by ddlkit (what `scontrol show hostnames` prints), its slots from
+   `$SLURM_NTASKS_PER_NODE` or `$SLURM_TASKS_PER_NODE` (`4(x2),2`).
+
+With none of them, the run stops before anything starts (exit status 2) with one line naming
+every place it looked. So do a hostfile that does not exist, a bad hostfile line (the file and
+the line number are named), and more ranks than the hosts have slots.
+
+## What a cluster job runs
+
+Inside the job the scheduler starts on its first node, in the job directory on a file system
+every host mounts at the same path:
+
+    ddlkit compute=mpi dist=native framework=pytorch ...          # hosts from the scheduler
+
+which runs (`ddlkit plan` prints it exactly; the working directory is the job directory):
+
+    mpirun -np 8 -H node1:4,node2:4 --bind-to none --map-by slot \
+        -x MASTER_ADDR -x MASTER_PORT -x DDLKIT_CONTROL_ADDR -x PYTHONUNBUFFERED -x OMP_NUM_THREADS \
+        -x DDLKIT_PLUGINS ... <compute.mpirun_args> \
+        /usr/bin/python3 -m ddlkit_mpi.rank --job-dir . --node-sizes 4,4 --scratch nodes \
+        --cancel-file .ddlkit/cancel-requested -- /usr/bin/python3 -m ddlkit.rank.worker job.json
+
+Every host's ranks run in the job directory (mpirun's working directory; a rank on a host where
+that directory does not exist stops with an error saying so). The environment the job needs
+(which plugins to load, the storage account, ...) and its secrets travel by name (`-x NAME`):
+their values are in mpirun's environment, never on a command line, in `ddlkit plan` or in a file.
+OpenMPI starts its daemons on the other hosts through `ssh` (its `rsh` launcher): passwordless
+ssh between the nodes, as cluster images set up, or another agent with
+`compute.mpirun_args=[--mca,plm_rsh_agent,...]`. When mpirun's own host is in the list, OpenMPI
+places the first ranks there whatever the order given, so ddlkit lists it first (`ddlkit plan`
+shows the order used): rank 0 is on the first host of the command line. Other useful
+`compute.mpirun_args`: `[-q]` hides mpirun's banners, `[--mca,btl_tcp_if_include,eth0]` picks the
+network, `[--prefix,/opt/openmpi]` names OpenMPI's location on the hosts.
+
+Status: works; tested with this machine named twice in a hostfile (a 4-rank job, the "other
+host" reached through an ssh stand-in in a bare environment).
+
+## What each rank gets
+
+`mpirun` starts `python -m ddlkit_mpi.rank` per rank (`--oversubscribe` for `local_mpi`, exactly
+the hosts' ranks for `mpi`), which runs the worker under ddlkit's rank minder (logs, console,
+exit records, signals, no orphans: [Write a compute target](../../plugins/write-a-compute-target.md))
+with
+
+- `DDLKIT_NODE`, `DDLKIT_LOCAL_RANK`, `DDLKIT_LOCAL_SIZE`, preferred by `ddlkit.DistContext`
+  over anything else. `local_mpi`: the simulated layout (rank r is local rank
+  `r % procs_per_node` of node `r // procs_per_node`). `mpi`: OpenMPI's own
+  `OMPI_COMM_WORLD_LOCAL_RANK` and `OMPI_COMM_WORLD_LOCAL_SIZE`; the node is the index of the
+  rank's host in the command line's `-H` list. OpenMPI exports no node index
+  (`OMPI_COMM_WORLD_NODE_RANK` is a rank *within* the node), so it follows from `--map-by slot`
+  filling host after host (`--node-sizes`): a `--map-by` of your own in `compute.mpirun_args`
+  breaks that for uneven hosts;
+- `DDLKIT_NODE_SCRATCH`: `<compute.scratch>/node-K`, created by the rank, where
+  `storage=local_ssd` stages data when `storage.scratch` is not set;
+- `MASTER_ADDR`, `MASTER_PORT` (torch.distributed's rendezvous) and `DDLKIT_CONTROL_ADDR`
+  (ddlkit's control plane). `local_mpi`: `127.0.0.1` and free loopback ports chosen per job,
+  `GLOO_SOCKET_IFNAME=lo`. `mpi`: the first host, `compute.master_port` and the port after it (a
+  first host named `localhost` while other hosts take part is replaced by this machine's name);
+- `OMP_NUM_THREADS` = cores / ranks per node unless set; `OMPI_ALLOW_RUN_AS_ROOT*` when running
+  as root (containers); `local_mpi` also `OMPI_MCA_mpi_yield_when_idle=1` (a rank waiting in an
+  MPI collective yields its core instead of busy-polling: twice Horovod's throughput on 2 cores).
+
+mpirun's own environment is the launcher's, plus the job's environment and secrets, plus the
+above; ranks on mpirun's host inherit all of it, ranks on other hosts get what `-x` names.
+
+## Output, failure, cancel
+
+Every rank's output is kept in `rank-N.log` in the job directory; the console (and `mpirun.log`)
+shows rank 0's output plus the error lines (and whole tracebacks) of the other ranks, prefixed
+`[rank N]`.
+
+When a rank ends with a non-zero status or a signal, mpirun stops the others (ddlkit kills the
+job's whole session if that takes longer than `compute.abort_timeout_s`). The job's status names
+the rank that failed *first* (its node, and host for `mpi`, its exit status or signal, and the
+last lines of its log), then how the others ended. Nothing the job started survives it, nor the
+launcher's exit when the job was not detached.
+
+A cancel (Ctrl-C or SIGTERM to `ddlkit`, `ddlkit jobs cancel JOB` from any shell) asks every
+rank's worker to stop, never mpirun with SIGTERM, which would kill the ranks a second later,
+before they can checkpoint. `local_mpi` sends SIGTERM to each rank minder in the job's session;
+`mpi` sends SIGUSR1 to mpirun, which forwards it to the ranks on every host, and each rank minder
+passes it on to its worker as SIGTERM (a rank that starts after the cancel finds the cancel marker
+and stops at once). The ranks agree on the step to stop at, rank 0 checkpoints, and all exit with
+status 75; after `compute.grace_period_s` everything is killed. What happens next, restarts and
+elastic world sizes included, is in [Failures, restarts and elastic jobs](../failures.md).
+
+A detached job's id is its process minder's pid; `ddlkit jobs status|logs|attach|cancel JOB`
+rebuilds the target from the job file and attaches. For `mpi` the rank layout is recorded at
+submission (`.ddlkit/mpi-layout.json`), so attaching works in a shell outside the cluster job
+whose scheduler named the hosts.
+
+## How it works
+
+Both targets are one implementation (`MpirunTarget`, `MpiJob`); they differ in where the ranks go
+and how the node layout is learnt. `mpirun` runs under ddlkit's process minder
+(`ddlkit.compute.process.ProcessJob`) in the job directory, its output in `mpirun.log`; every
+rank runs `python -m ddlkit_mpi.rank --job-dir . ...` (`ddlkit_mpi.rank`) around the worker
+command, which writes `rank-N.log` and an exit record per rank, from which the handle names the
+rank that failed first; `attach(id)` follows, judges and cancels the job from another process.
+
+The plugin's tests (`cd plugins/ddlkit-mpi && python -m pytest`; `-m "not slow"` skips the ones
+that start mpirun, which are skipped where `mpirun` is missing) run the compute-target contract
+for both targets, hostfile, host-list and scheduler parsing, the command line, `ddlkit plan`, the
+errors through the CLI, the simulated node layout, logs, a killed rank and cancel, and
+`compute=mpi` on two hosts: a hostfile that names this machine twice (`localhost`, and
+`127.0.0.2`, which OpenMPI takes for another host) with an ssh stand-in
+(`--mca plm_rsh_agent`) that runs OpenMPI's daemon here in a session of its own and a bare
+environment, as a login on another host would. On it a 4-rank job trains (the test kit's
+framework and PyTorch ResNet-18, `dist=native`), the ranks on the "other host" see only what
+mpirun passed on, and a cancel reaches them through mpirun.
 """
 
 from __future__ import annotations

@@ -1,5 +1,75 @@
-"""The PyTorch training loop. torch is imported inside methods, so composing a config and
-``ddlkit plugins`` stay fast and work without torch installed."""
+"""The PyTorch framework. `requirements.txt` installs its plugin, so the quick start trains with it;
+it is registered through the `ddlkit` entry-point group exactly as a
+third-party plugin would be.
+
+    pip install torch==2.13.0 -e ./plugins/ddlkit-pytorch     # torch first: the build you want (below)
+    ddlkit framework=pytorch model=resnet50 trainer.precision=bf16 framework.channels_last=true
+
+Which torch you get depends on the index: on Linux, `torch==2.13.0` from the default package index
+is the CUDA build (it brings about 18 `nvidia-*` packages and `triton`); for the CPU build add
+`--index-url https://download.pytorch.org/whl/cpu`. Install the torch you want before the plugin,
+so that nothing else pulls another one.
+
+## What it brings
+
+- **Models**, registered for `framework=pytorch`: ResNet-18/34/50/101/152 (`ddlkit_pytorch.models`),
+  with `state_dict` keys identical to torchvision's (weights interchange; torchvision's wheels do
+  not load against the CPU torch build), and `model=custom`: any `torch.nn.Module` from
+  `model.target=package.module:function`, with `model.loss` and `model.metrics` for other tasks
+  ([Your own model](../../tutorials/your-own-model.md)).
+- **Optimizers**: `sgd` and `adamw` from `torch.optim`, `lamb` and `lars` from
+  [pytorch-optimizer](https://pypi.org/project/pytorch-optimizer/) (torch has neither; a
+  dependency of this plugin), with ddlkit's shared learning-rate schedule
+  ([Optimizers and the learning rate](../training.md)). `framework.optimizer_kernel` picks how
+  `sgd` and `adamw` step.
+- **Data**: the data sources' framework-neutral batches become tensors on the rank's device;
+  `data=imagefolder` gets a `DataLoader` of worker processes that decode whole batches into shared
+  memory (normalized in the workers on a CPU, on the GPU otherwise), `data=synthetic` its batches
+  copied to the device once. With `data.decoder=gpu` the workers only read files and draw crops
+  from the JPEG headers, and the rank decodes with nvJPEG on its GPU ([GPUs](../gpus.md)).
+- **Precision**: `trainer.precision=bf16` autocasts on CPU or GPU; `fp16` (GPU only) adds a
+  gradient scaler. `framework.channels_last=true` trains in NHWC, `framework.compile=true` with
+  `torch.compile`.
+- **Threads**: `framework.num_threads=auto` (the default) gives each rank its share of the node's
+  cores, and PyTorch ranks also get `OMP_WAIT_POLICY=PASSIVE` unless you set it, because OpenMP
+  threads that spin while they wait collapse on a machine whose cores other work uses
+  ([Performance](../../explanation/performance.md#threads-per-rank)).
+- **Several ranks**: `dist=native` is `torch.distributed` (gloo on the CPU, NCCL bound to the
+  rank's GPU) with `DistributedDataParallel`; `dist=horovod` is Horovod's `DistributedOptimizer`
+  ([Distributed training](../distributed.md)). DDP's knobs are this framework's options:
+  `framework.ddp_bucket_cap_mb`, `framework.ddp_gradient_as_bucket_view` (on by default, unlike
+  torch: no gradient copies into the all-reduce buckets, one gradient-sized buffer less per rank)
+  and `framework.ddp_static_graph`. `benchmarks/ddp_ab.py` compares them
+  ([Performance](../../explanation/performance.md#ddlkits-ddp-is-torchs-ddp)).
+- **Checkpoints** hold model, optimizer, scaler and RNG state; they are written by ddlkit
+  (atomically, in the background) and loaded with `weights_only=True`. `trainer.save_model=true`
+  writes `model.pt`.
+
+## On CUDA
+
+`cudnn.benchmark` is on for runs that are not deterministic; `trainer.deterministic=true` sets
+`CUBLAS_WORKSPACE_CONFIG=:4096:8` for the run (unless set), without which torch refuses every
+cuBLAS product. A rank whose local GPU does not exist is refused by name. `framework.compile`
+with bf16 or fp16 compiles the autocast with the model (`ddlkit_pytorch.models.AutocastForward`):
+torch 2.11's compile cache ignores the dtype of an autocast *around* the compiled module, so an
+fp16 run after a bf16 one reused the bf16 graph. `result.json`'s `device` is `cuda:<index>` (or
+`cpu`); the plugin adds `device_name`, fp16's final `loss_scale`, and with `data=imagefolder`
+`decoder` (with `data.decoder=gpu`, `gpu_decoded_images` and `cpu_decoded_images`). Running on a
+GPU and what was measured there: [GPUs](../gpus.md).
+
+## Tests
+
+`cd plugins/ddlkit-pytorch && python -m pytest`; on a GPU also
+`DDLKIT_RUN_GPU_TESTS=1 python -m pytest tests/gpu` there.
+
+## How it works
+
+torch is imported inside methods, so composing a config and `ddlkit plugins` stay fast and work
+without torch installed. `ddlkit_pytorch.components` registers the models and optimizers,
+`ddlkit_pytorch.data` turns loaders into tensors, `ddlkit_pytorch.imagefolder` builds the
+`DataLoader`, and `ddlkit_pytorch.gpu_decode` decodes on the GPU (it needs torchvision built for
+the installed torch).
+"""
 
 from __future__ import annotations
 

@@ -1,36 +1,182 @@
-"""``compute=ray``: one ddlkit job = one Ray job, submitted through Ray's Jobs API.
+"""One ddlkit job is one Ray job, submitted through Ray's Jobs API (the `ray` package's
+`JobSubmissionClient`): `compute.nodes` x `compute.procs_per_node`
+ranks placed as a gang, the user's code shipped with the job, the files brought back when it
+ends, a lost node survived by restarting the gang in place. The cluster runs the same Ray version
+as the launcher, with ddlkit (and the plugins the job uses) installed; nothing else is installed
+on it for a job.
 
-What a job is there (the request ``ddlkit plan compute=ray ...`` prints):
+    ray start --head --num-cpus=8                     # or a cluster you have: compute.address=http://<head>:8265
 
-* **working_dir**: the job directory -- ``job.json``, the config copies, the code snapshot
-  ``code/`` of the launch directory (:mod:`ddlkit.compute.snapshot`: the user's own packages travel
-  with the job, nothing is installed on the cluster), what an earlier run of the same directory
-  wrote -- uploaded by Ray's client to the cluster (ddlkit's bookkeeping ``.ddlkit/`` stays
-  behind), and :data:`~ddlkit_ray.driver.PLAN_FILE`, the driver's plan (no secret in it). The
-  checkpoints of an earlier run stay behind too when the cluster still has them (the driver's node
-  keeps a run's files until its job completes: :data:`~ddlkit_ray.driver.KEPT_DIR`, asked for
-  through the log API): they do not go up and down again at every restart, and a job whose
-  checkpoints pass Ray's 100 MiB package limit restarts all the same;
-* **entrypoint**: ``python -m ddlkit_ray.driver ray-job.json``, the driver (:mod:`ddlkit_ray.driver`),
-  which places the ranks as a gang, starts them, streams rank 0's output and brings their files
-  back; it runs on the head node (Ray's default for a job's entrypoint);
-* **env_vars**: the job's environment (``spec.env``), never its secrets: Ray writes a job's runtime
-  environment into ``runtime_env_agent.log`` on every node and shows it in its dashboard. The
-  secrets (``spec.secret_env``) go up in the working_dir as :data:`~ddlkit_ray.driver.SECRETS_FILE`,
-  readable by the user alone and removed at once by the launcher (its copy, once submitted), the
-  driver (which keeps them in memory and hands them to the ranks as an actor call's argument) and
-  every rank actor (the copy Ray unpacked on its node);
-* more runtime environment options from ``compute.runtime_env`` (``pip``, ``conda``,
-  ``py_modules``, ``container``, ...), passed to Ray as they are.
+    ddlkit compute=ray compute.address=auto compute.nodes=2 compute.procs_per_node=4 dist=native
+    ddlkit plan compute=ray compute.nodes=2 dist=native        # the submission: entrypoint, runtime env, placement
+    ddlkit -m optimizer.lr=0.1,0.05,0.02,0.01 compute=ray       # one Ray job per sweep job
+    ddlkit jobs status|logs|attach|cancel JOB                   # from any shell
 
-The handle asks Ray (``JobSubmissionClient.get_job_info``) at most once per ``compute.poll_interval_s``;
-``logs`` follows the job's log over the Jobs API's stream (``tail_job_logs``: one websocket for the
-job's whole run, which the dashboard closes once the job ended; a cluster that cannot stream has its
-log read every ``compute.poll_interval_s`` instead); ``cancel`` is ``ray job stop`` (SIGTERM to the
-driver, which passes it to the ranks: they checkpoint and exit 75; Ray waits ``grace_period_s``
-before it kills the driver); ``collect`` fetches the archive the driver published through Ray's log
-API (the cluster shares no disk with the launcher). Ray's Python package is imported only when a
-job is submitted or followed, never when a run is composed or planned.
+`compute.address=auto` finds a cluster `ray start --head` started with its default temporary
+directory, or the one `RAY_ADDRESS` names.
+
+Status: works; tested on a real Ray cluster of 2-3 simulated nodes on one machine (`ray start`
+on loopback).
+
+## What is submitted
+
+The job directory is the Ray job's `working_dir`, which Ray's client uploads: `job.json`, the
+config copies, the code snapshot `code/`, and the checkpoints of an earlier run of the directory
+unless the cluster still has them (below); `.ddlkit/` stays behind. The entrypoint is
+`python -m ddlkit_ray.driver ray-job.json` (the driver's plan: nodes, resources, the rank command;
+no secret), which runs on the head node. `compute.runtime_env` adds Ray runtime-environment
+options as they are (`+compute.runtime_env.pip=[einops]`, `conda`, `py_modules`, `container`,
+...); `working_dir` and `env_vars` are ddlkit's. `compute.python` names the cluster's interpreter.
+
+Your code travels with the job: a job started from a directory that holds `my_pkg/`, with
+`model.target=my_pkg.nets:build` (or `data.target`, `model.loss`, ...), ships a snapshot of that
+directory, so nothing is installed on the cluster
+([Your code travels with the job](../../tutorials/your-own-model.md#your-code-travels-with-the-job)).
+
+## The gang
+
+The driver asks for one placement group: a bundle per node of `procs_per_node` x
+(`cpus_per_rank`, `gpus_per_rank`), placed over `compute.nodes` nodes by `compute.strategy`
+(its default is in the options below), so the job gets all its ranks or none, `procs_per_node`
+on each node. It starts one actor per rank in its node's bundle; the actors of a node copy the
+job directory to the node's own disk and run the ddlkit worker there under ddlkit's rank minder
+with `RANK`, `WORLD_SIZE`, `LOCAL_RANK`, `DDLKIT_NODE`, ... and rank 0's node address and two
+free ports of it for the rendezvous (`MASTER_ADDR`/`MASTER_PORT`, the control plane on the next
+one). While the cluster is busy the driver waits, saying so, up to `compute.placement_timeout_s`,
+then fails naming what it asked for and what the cluster has free.
+
+## Output and files
+
+Rank 0's output (and the other ranks' error lines) is the driver's output, which Ray keeps as
+the job's log: `ddlkit jobs logs`/`attach` and the launcher stream it over the Jobs API's log
+stream (one websocket for the job's run; its end is the job's end), and ask the job's state every
+10 s (`compute.poll_interval_s` if longer) while it streams, about 10 requests to the dashboard
+per job-minute. A cluster whose dashboard cannot stream (a proxy that passes no websocket) has the
+whole log read every `compute.poll_interval_s` instead, which the launcher says once.
+
+The cluster shares no disk with the launcher: every `compute.sync_interval_s` the driver copies
+what the ranks wrote since its last look (checkpoints first of all), so a node that dies does not
+take rank 0's checkpoints with it. When the job ends it publishes the whole in its node's Ray log
+directory, and `collect()` fetches it through the dashboard's log API (`/api/v0/logs/file`) into
+the launcher's job directory: `rank-N.log`, `.ranks/`, checkpoints, metrics, the model,
+`result.json`, and `.ddlkit/ray-exit.json` (how the job ended). A dashboard whose node agent does
+not answer is asked again (5 tries, 1-8 s apart); if it still does not, the launcher exits with an
+error naming the cause, and `ddlkit jobs attach <job dir>` brings the files later (they stay on
+the cluster).
+
+**Checkpoints stay on the cluster between runs.** Ray's Jobs API refuses a `working_dir` package
+over 100 MiB, and a job directory with two ResNet-18 checkpoints (85 MiB each) is over it. So a
+run that does not complete (a lost node, a preemption, a cancel) leaves its files on the driver's
+node (below its Ray log directory, `ddlkit/kept/<key>`, one per job directory), and the next run
+of the same job directory (a restart, or a resume days later) does not upload `checkpoints/`
+again: the launcher asks that node, through the dashboard's log API, whether it still has them;
+if so the driver sends them to the ranks' nodes through Ray's object store (of the rotated
+checkpoints only the one the ranks resume from: the newest that matches its manifest, checked
+there as the ranks will check it; the older ones stay on the driver's node until rank 0 has
+written one of its own); if not (the node or the cluster was replaced) they go up with the job as
+before (over 100 MiB, Ray refuses it: one line naming the limit). The files leave the cluster when
+the job completes, or after 7 days without a run.
+
+## Cancel
+
+Ctrl-C or `ddlkit jobs cancel` is `ray job stop`, which sends SIGTERM to the driver; it passes it
+to every rank, which checkpoints and exits 75, and the checkpoint comes back with `collect`. Ray
+kills a driver that has not ended `compute.grace_period_s` + 60 s later (the job's
+`RAY_JOB_STOP_WAIT_TIME_S`); the driver kills ranks that outlive the grace period.
+
+## A lost node
+
+When a node of the job dies (its raylet gone), its ranks count as killed by SIGKILL, and the
+driver stops the others and collects their files. It then **restarts the gang in place**, under
+ddlkit's restart policy (the launcher hands the job's `restart.*` settings and the restarts used
+so far to the target), when the cluster has live nodes for the whole gang: it places the gang
+again (the surviving nodes and a spare one) and starts the ranks with the files it kept, which
+resume from the newest verified checkpoint, without ending the Ray job: no new submission, no new
+driver, no files to the launcher and back. The console says `ddlkit: restart 1/3 in place: ...`,
+the line the launcher prints for its own restarts; the launcher counts the restart against
+`restart.max_restarts` and the job's record keeps it (`ddlkit jobs status`: `restarted in
+place`). A detached job heals the same way, without its launcher.
+
+When the gang does not fit (too few live nodes), the driver names the lost nodes in its exit
+record and ends with status 137, and the launcher restarts the job: it submits the job again
+(with the checkpoints that came back), the new gang is placed on the nodes that are left or that
+joined since, and the ranks resume from the newest checkpoint. With fewer nodes up than the job
+needs (`compute.min_nodes`, null: `compute.nodes`), the restart
+[waits for capacity](../failures.md#waiting-for-capacity): the launcher asks the cluster's state
+API every `compute.poll_interval_s` until enough nodes are up (a node that joins counts at once)
+or `restart.capacity_wait_s` is over. Once submitted, the driver still waits up to
+`compute.placement_timeout_s` for room on nodes that other jobs keep busy.
+
+**Elastic world size** ([Failures, restarts and elastic jobs](../failures.md#elastic-world-size-fewer-nodes-then-all-again)):
+with `compute.min_nodes` below `compute.nodes`, the restart goes on with the nodes the cluster
+has -- those whose total resources hold one node of the job (`procs_per_node` x the resources per
+rank), less the nodes the last run lost (Ray's GCS lists a dead raylet as alive until its health
+checks have failed several times over, longer than a restart's backoff on a busy machine; the
+driver saw its ranks go at once) -- at least `min_nodes`, at most `nodes`: a placement group of
+that many bundles, `WORLD_SIZE` to match, and the planned world size in the job's runtime
+environment for `trainer.on_resize`. A node that joins (a new raylet) counts at the next restart,
+which runs on all the nodes again: a job running on fewer nodes than planned is restarted by the
+launcher, never in place, so that it grows back.
+
+    ddlkit compute=ray compute.address=auto compute.nodes=2 compute.min_nodes=1 dist=native
+
+## Secrets
+
+Secrets never enter the job's runtime environment (`env_vars`), which Ray writes into
+`runtime_env_agent.log` on every node and shows in its dashboard and `ray job list`. They go up
+with the working_dir in one file readable by the user alone, which the launcher removes once the
+job is submitted, the driver once it has read it (the secrets then stay in its memory and reach
+the ranks as an actor call's argument), and each rank actor on its node; no file of Ray's session
+directories holds them (tested). Ray has no secret store for jobs: the uploaded package stays in
+the GCS's memory while the job's record does, so keep the dashboard on a private network (it has
+no authentication of its own), give jobs short-lived credentials (SAS tokens with an expiry
+rather than account keys), or keep secrets on the nodes (a managed identity, a secret mounted on
+every node) and out of ddlkit's config. `ddlkit plan` shows them as `***`.
+
+## Errors
+
+One line, exit status 2: Ray not installed here (the package to install), no cluster at
+`compute.address` (the address tried), a gang the cluster cannot hold even when idle (what was
+asked, per node, and what each live node has), the cluster refusing the job.
+
+How `compute=ray` compares with a plain `ray job submit` and Ray Train's `TorchTrainer` (time to
+the first step, images/sec, recovery from a lost node, requests to the dashboard) is measured by
+`benchmarks/ray.py`: [Performance](../../explanation/performance.md#ray).
+
+## How it works
+
+`ddlkit_ray.target` (the launcher's side) writes `ray-job.json` (the driver's plan,
+`ddlkit_ray.driver.PLAN_FILE`) into the job directory and submits the driver with the job
+directory as `working_dir`, the job's environment (`spec.env`) as `env_vars`, and its secrets
+(`spec.secret_env`) in `ddlkit_ray.driver.SECRETS_FILE` of the working_dir. The checkpoints an
+earlier run left on the driver's node are `ddlkit_ray.driver.KEPT_DIR`, asked for through the log
+API, so they do not go up and down again at every restart.
+
+`ddlkit_ray.driver` (on the cluster) places the gang, starts one `Rank` actor per rank (which
+copies the job directory to its node and runs `python -m ddlkit_ray.rank -- python -m
+ddlkit.rank.worker job.json` there, under ddlkit's rank minder), passes rank 0's output to its
+own, copies the ranks' new files every `sync_interval_s`, and at the end publishes them as
+`ddlkit/<submission id>/files.tar` in its node's Ray log directory, with `exit.json` written last;
+`collect()` fetches both through the dashboard's log API (`node_file`: an answer that is neither
+the file nor "no such file" is asked again, then `NodeUnreachable`, which `collect()` turns into
+an error naming `ddlkit jobs attach`). The restart policy reaches the driver with the job
+(`JobSpec.restart`, in the driver's plan as `restart`); the exit record lists the restarts in
+place (`restarts`), which the launcher counts and records. A job running on fewer nodes than
+planned gets no restart budget, so that its next restart (the launcher's) grows it back. For an
+elastic job `RayTarget.nodes_up` counts the live nodes that can hold one node of the job (Ray's
+state API), less those the exit record names, and the launcher resubmits the job on that many
+(`with_nodes`); the capacity wait is `ddlkit.launch.elastic.CapacityWait`.
+
+The handle asks Ray (`JobSubmissionClient.get_job_info`) at most once per
+`compute.poll_interval_s`; `logs` follows the job's log over `tail_job_logs`. Ray's Python package
+is imported only when a job is submitted or followed, never when a run is composed or planned.
+
+Tests and the benchmark start real clusters of simulated nodes on this machine with
+`ddlkit_ray.testing.LocalRayCluster` (`ray start --head` and `ray start --address=...` raylets on
+127.0.0.1, one CPU each, their own temporary directory and ports; a node is lost by killing its
+raylet). `DDLKIT_TEST_RAY_CLUSTER=http://127.0.0.1:<port>` runs the tests that need no cluster of
+their own on a cluster you started (with ddlkit importable and
+`DDLKIT_PLUGINS=ddlkit.testing.fakes` in its environment). Without Ray the tests skip.
 """
 
 from __future__ import annotations

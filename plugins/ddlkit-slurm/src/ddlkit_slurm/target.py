@@ -1,35 +1,120 @@
-"""``compute=slurm``: one ddlkit job = one Slurm batch job, its ranks started by ``srun``.
+r"""One ddlkit job is one Slurm batch job: `compute.nodes` x `compute.procs_per_node` ranks, started
+by `srun` inside the allocation. Run ddlkit on the cluster's
+login node (`sbatch` on `PATH`), in a directory on the file system the nodes share (home or
+project space): the ranks run in the launcher's own job directory. ddlkit follows each job with
+`scontrol show job` every `compute.poll_interval_s`; no accounting database (`sacct`) is needed.
 
-``submit`` writes ``slurm.sbatch`` into the job directory and runs ``sbatch --parsable`` with the
-job directory as working directory (``--chdir``; a Slurm cluster shares its home/project file
-system with the nodes, so the ranks run in the launcher's own job directory). The job's
-environment (``spec.env``) travels in sbatch's environment (``--export=ALL``); its secrets
-(``spec.secret_env``) in :data:`ddlkit.compute.secret_file.SECRETS_FILE`, never there (Slurm keeps
-a job's environment in its state directory). The script names no secret's value. The batch script:
+    ddlkit compute=slurm compute.nodes=2 compute.procs_per_node=4 compute.gpus_per_node=4 \
+        compute.partition=gpu compute.time=04:00:00 dist=native
+    ddlkit plan compute=slurm compute.nodes=2 compute.procs_per_node=4 dist=native    # prints the batch script
+    ddlkit -m optimizer.lr=0.1,0.05 compute=slurm sweep.max_parallel=8                # one Slurm job per sweep job
+    ddlkit jobs status|logs|attach|cancel JOB                                         # from any shell
 
-* sets ``MASTER_ADDR`` (the allocation's first node), ``MASTER_PORT`` (from the job id) and
-  ddlkit's control-plane address, then starts the ranks with ``srun python -m ddlkit_slurm.rank --
-  python -m ddlkit.rank.worker job.json`` (see :mod:`ddlkit_slurm.rank`);
-* asks Slurm for a warning signal before the time limit (``--signal=B:USR1@signal_before_s``);
-  on it the ranks get SIGTERM, checkpoint and exit with ``ddlkit.jobdir.EXIT_PREEMPTED``, and the
-  script re-queues the job (``scontrol requeue``) up to ``max_requeues`` times: the re-run
-  resumes from the checkpoint in the same job directory (``trainer.resume=auto``);
-* on ``cancel()`` (SIGUSR1 to the batch shell with ``jobdir.CANCEL_FILE`` written) or a
-  SIGTERM to the batch shell passes SIGTERM to the ranks and ends the job after ``grace_period_s``
-  if they have not stopped;
-* writes :data:`EXIT_RECORD` (srun's exit code, the job id, the restarts) when it ends
-  without being re-queued: the handle's final status, also after Slurm forgot the job.
+Status: works; tested on a real Slurm (single-node and two-node clusters on one machine,
+`scripts/local_slurm.sh`).
 
-A failed job is judged by the rank that failed first (:func:`ddlkit.compute.rank_exits.first_failure`,
-from the exit records the ranks' minders leave in the shared job directory on every node), as
-compute=local_mpi judges it: srun's status is that of whichever task srun reports, often a peer it
-stopped because of the failure. srun's status (or Slurm's ExitCode) stands only when no rank left a record.
+## The batch script
 
-The handle asks ``scontrol show job`` (no accounting database needed) at most once per
-``compute.poll_interval_s``, however often :meth:`SlurmJob.status` is called; in between it reads
-the script's exit record, a file in the job directory, so the end of a job is seen at once while
-the scheduler is asked a few times a minute. A watcher (the sweep scheduler) may therefore look
-every half second (:attr:`SlurmTarget.status_interval_s`).
+`slurm.sbatch` in the job directory (what `ddlkit plan` prints) is submitted with
+`sbatch --parsable --chdir=<job dir> --export=ALL slurm.sbatch`. It
+
+1. sets `MASTER_ADDR` (the allocation's first node's `NodeAddr`, its name on most clusters),
+   `MASTER_PORT` (20000 + 2 x (job id mod 20000)) and ddlkit's control-plane address (the next
+   port);
+2. runs `srun --kill-on-bad-exit=1 python -m ddlkit_slurm.rank -- python -m ddlkit.rank.worker job.json`.
+   The rank entry turns Slurm's `SLURM_PROCID`/`SLURM_NTASKS`/`SLURM_LOCALID`/`SLURM_NODEID` into
+   `RANK`, `WORLD_SIZE`, `LOCAL_RANK`, `LOCAL_WORLD_SIZE` and ddlkit's node layout, and runs the
+   worker under ddlkit's rank minder: each rank's output goes to `rank-N.log`, rank 0's also to
+   the batch output `slurm.log` (which `ddlkit` streams and `ddlkit jobs logs` shows), where the
+   other ranks' error lines and a failing rank's last lines land too, prefixed `[rank N]`;
+3. on the time-limit warning (below) sends SIGTERM to the ranks and re-queues the job;
+4. writes `.ddlkit/slurm-exit.json` (the ranks' exit status) when it ends without re-queueing.
+
+The job's environment travels in sbatch's environment; its secrets do not, since Slurm keeps a
+submitted job's environment in its state directory. They are in `.ddlkit/secrets.json` in the job
+directory, readable by you alone, which each rank's wrapper reads and the batch script removes
+when the job is over (a re-queued job keeps it). The script names them, never their values.
+
+## Time limits, preemption and cancel
+
+The job asks for a warning `compute.signal_before_s` before its limit (`--signal=B:USR1@120`). On
+it the ranks checkpoint at their next step and exit 75, and the job re-queues itself
+(`scontrol requeue`: same job id), at most `compute.max_requeues` times; its next run resumes
+from the checkpoint in the same directory (`trainer.resume=auto`). After the last re-queue the
+job ends with status 75 ("stopped after saving a checkpoint", with the command that resumes it).
+A job that ran out of time without a checkpoint fails saying so.
+
+A cancel (Ctrl-C, `ddlkit jobs cancel`, a sweep's fail-fast) writes the cancel marker and sends
+`SIGUSR1` to the batch shell only (`scancel --signal=USR1 --batch`): the ranks get SIGTERM and
+checkpoint, and the job ends after `compute.grace_period_s`. A pending job is simply `scancel`ed.
+A plain `scancel JOB` (or a preemption that sends SIGTERM to every process of the job) also
+reaches `srun`, which kills the ranks at once, without a checkpoint; `scancel --signal=USR1
+--batch JOB` checkpoints and re-queues, as the time-limit warning does.
+
+## Failures
+
+A failed job is judged by the rank that failed first, as on `compute=local_mpi`: each rank's exit
+record (in the shared job directory, from every node) says how and when it ended, and the report
+names that rank, its node and host, its exit status and its log's last lines. srun's own status
+(the batch job's `ExitCode`) is that of whichever task it reports (often a peer that srun stopped
+after the failure: 75, 76, SIGTERM) and is used only when no rank left a record. So an exception
+in rank 0 is never restarted, and a rank killed from outside is
+([Failures, restarts and elastic jobs](../failures.md)).
+
+Errors (one line, exit status 2): no `sbatch` on `PATH` (run on a login node), no Slurm
+configuration (export `SLURM_CONF`, or start the local cluster below), an unknown partition (the
+ones `sinfo` reports are listed), more nodes than the partition (the given one or the cluster's
+default) has, a time limit Slurm does not read, `sbatch` refusing the job (Slurm's own message),
+and a job Slurm keeps queued that can never start (`PartitionNodeLimit`, `PartitionTimeLimit`,
+`PartitionConfig`, `BadConstraints`): ddlkit cancels it and names the setting to change.
+
+Waiting is not silent: until a job's first output, the launcher prints its state and Slurm's
+reason once it has been quiet for 3 s, then on each change
+(`ddlkit: job pending (Slurm: PENDING, reason Resources), no output yet`).
+
+## A real Slurm on this machine
+
+For the tests and for trying it out (root; Debian's packages):
+
+    apt-get install -y slurmctld slurmd slurm-client munge
+    scripts/local_slurm.sh start        # idempotent; prints: export SLURM_CONF=/tmp/ddlkit-slurm/slurm.conf
+    export SLURM_CONF=/tmp/ddlkit-slurm/slurm.conf
+    scripts/local_slurm.sh status | stop
+    DDLKIT_SLURM_NODES=2 DDLKIT_SLURM_DIR=/tmp/ddlkit-slurm-2nodes DDLKIT_SLURM_PORT=7817 scripts/local_slurm.sh start
+
+The last starts a second cluster beside the first, of two nodes (`<host>-1`, `<host>-2`: two
+`slurmd` on this machine, the controller on port 7817 and the nodes on the next ones), which the
+elastic tests drain and resume (`scontrol update NodeName=<host>-2 State=DRAIN|RESUME`). The
+script generates a munge key if there is none, starts `munged` as the `munge` user, and runs
+`slurmctld` and `slurmd` with their config, state, spool and logs under `/tmp/ddlkit-slurm`
+(`$DDLKIT_SLURM_DIR`). What differs from a production cluster: one node (`hostname -s`) that
+declares 8 CPUs (`$DDLKIT_SLURM_CPUS`) on a 2-core machine (`SlurmdParameters=config_overrides`)
+so multi-rank jobs queue and run; no cgroups (`ProctrackType=proctrack/linuxproc`,
+`TaskPlugin=task/none`, `JobAcctGatherType=jobacct_gather/none`): nothing confines a job to its
+CPUs or memory; no accounting database (`sacct` does not work); daemons run as root; partitions
+`debug` (default) and `batch`; a re-queued job may start again after 10 s
+(`AuthInfo=cred_expire=10`; Slurm's default, usual on clusters, is 120 s) and the scheduler runs
+every 2 s (`sched_interval=2`), so the queue answers in seconds where a busy cluster takes minutes.
+
+The plugin's tests submit real jobs to the cluster `$SLURM_CONF` names, else to this one; without
+either they skip, saying why:
+
+    scripts/local_slurm.sh start && export SLURM_CONF=/tmp/ddlkit-slurm/slurm.conf
+    cd plugins/ddlkit-slurm && python -m pytest -q            # -m "not slow" for the quick ones
+
+## How it works
+
+The handle's status is the exit record, else `scontrol show job`: `PENDING`/`REQUEUED` ->
+pending (with Slurm's reason), `RUNNING`/`COMPLETING` -> running, `TIMEOUT` -> failed with "ran
+out of time before it saved a checkpoint". It asks `scontrol show job` at most once per
+`compute.poll_interval_s`, however often `SlurmJob.status` is called; in between it reads the
+script's exit record (`EXIT_RECORD`: srun's exit code, the job id, the restarts), a file in the
+job directory, so the end of a job is seen at once while the scheduler is asked a few times a
+minute, also after Slurm forgot the job. A watcher (the sweep scheduler) may therefore look every
+half second (`SlurmTarget.status_interval_s`). The secrets file is
+`ddlkit.compute.secret_file.SECRETS_FILE` (mode 0600). The failed rank comes from
+`ddlkit.compute.rank_exits.first_failure`. Only `srun` starts the ranks for now
+(`compute.launcher`); for mpirun inside an allocation use `compute=mpi` in your own batch script.
 """
 
 from __future__ import annotations
@@ -105,14 +190,16 @@ class SlurmConfig:
     # elastic: after losing nodes, a restart asks for the nodes of the partition that are up (sinfo) if at
     # least this many, and for all of compute.nodes again once they are back (null: nodes, not elastic)
     min_nodes: int | None = checked(None, POSITIVE_INTEGER)
-    # the partition (null: the cluster's default)
+    # the partition, checked against sinfo before submitting (null: the cluster's default)
     partition: str | None = None
     # the time limit, in Slurm's formats (minutes, HH:MM:SS, D-HH:MM:SS, ...); null: the partition's
     time: str | None = None
-    # GPUs per node (--gpus-per-node), CPUs per rank (--cpus-per-task), memory per node (--mem, e.g. 64G)
+    # GPUs per node (--gpus-per-node), CPUs per rank (--cpus-per-task; also the ranks' OMP_NUM_THREADS),
+    # memory per node (--mem, e.g. 64G)
     gpus_per_node: int | None = checked(None, NON_NEGATIVE)
     cpus_per_task: int | None = checked(None, NON_NEGATIVE)
     mem: str | None = None
+    # the account to charge (--account), the quality of service (--qos), node features (--constraint)
     account: str | None = None
     qos: str | None = None
     constraint: str | None = None

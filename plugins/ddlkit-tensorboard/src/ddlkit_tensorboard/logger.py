@@ -1,20 +1,26 @@
-"""``logger=tensorboard``: TensorBoard scalars, on rank 0.
+"""TensorBoard scalars, written on rank 0.
 
-Two event directories in the job directory, which TensorBoard shows as two runs:
+    ddlkit 'logger=[console,jsonl,tensorboard]'
+    tensorboard --logdir outputs/            # or a sweep directory, to compare its jobs
 
-* ``<job dir>/tensorboard`` - per logging step (x = global step): ``train/loss``, ``train/lr``,
-  ``train/images_per_sec``, ``train/epoch``, and ``val/val_loss``, ``val/val_top1``, ... at the
-  step each validation ran;
-* ``<job dir>/tensorboard/epoch`` - per epoch (x = epoch): ``epoch/val_loss``,
-  ``epoch/val_top1``, ... (what validation measured at the end of each epoch).
+Two event directories per job, which TensorBoard shows as two runs:
 
-The files are written with tensorboard's record writer and protos only: neither TensorFlow nor
-PyTorch is imported (tensorboard's EventFileWriter imports TensorFlow when it is installed, and
-torch's SummaryWriter imports torch; a run of the other framework would pay for either). Each
-event is flushed as it is written, so the files are complete whenever the job stops. A
-resumed run first writes a session-start marker at the step it resumes from, so TensorBoard drops
-the points the interrupted attempt logged after its checkpoint instead of showing them twice.
-Point TensorBoard at a sweep directory to compare its jobs: ``tensorboard --logdir multirun/...``.
+| directory | x axis | scalars |
+|---|---|---|
+| `<job dir>/tensorboard` | global step | `train/loss`, `train/lr`, `train/images_per_sec`, `train/epoch`; `val/val_loss`, `val/val_top1`, `val/val_top5` at the step each validation ran |
+| `<job dir>/tensorboard/epoch` | epoch | `epoch/val_loss`, `epoch/val_top1`, `epoch/val_top5` |
+
+Every event is flushed as it is written: the files are complete whenever the job stops. A resumed
+job first writes a session-start marker at the step it resumes from, so TensorBoard drops what the
+interrupted attempt logged after its checkpoint instead of showing it twice.
+
+## How it works
+
+The files are written with `tensorboard`'s record writer and protos only: neither TensorFlow nor
+PyTorch is imported (TensorBoard's `EventFileWriter` imports TensorFlow when it is installed, and
+`torch.utils.tensorboard` imports torch: a run of the other framework would pay for either). The
+plugin's tests (`cd plugins/ddlkit-tensorboard && python -m pytest`) read the event files back with
+TensorBoard's `EventAccumulator`.
 """
 
 from __future__ import annotations

@@ -1,24 +1,45 @@
-"""``logger=wandb``: one W&B run per job, on rank 0.
+"""Weights & Biases: one W&B run per job, logged from rank 0.
 
-* the run's files live in the job directory (``<job dir>/wandb/``);
-* runs of one sweep share a ``group``: the sweep's name, which ``ddlkit -m`` puts in the
-  job's environment (``DDLKIT_SWEEP_NAME``);
-* the config is the job's resolved config with secrets redacted, plus ddlkit's
-  ``environment.json`` (Python, packages, git commit) under ``ddlkit.environment``; W&B adds
-  its own system information and metrics;
-* ``mode=auto`` logs online when an API key is configured (``WANDB_API_KEY``,
-  ``logger.wandb.api_key`` or ``wandb login``), offline otherwise (``wandb sync`` uploads later);
-  ``WANDB_MODE`` in the environment wins over ``auto``;
-* the job's W&B run id is kept in the job directory, so a resumed, restarted or retried job
-  continues the same W&B run rather than starting another. W&B's steps only increase, so a run
-  that resumes from a checkpoint *rewinds* its W&B run to the checkpoint's step
-  (``resume_from="<id>?_step=<step>"``): what the interrupted attempt logged after the
-  checkpoint is dropped, and this attempt's records for those steps are kept in its place, as
-  metrics.jsonl and TensorBoard do. Offline, the rewind is in the run's ``.wandb`` file
-  (its run record's ``branch_point``), and ``wandb sync`` applies it;
-* the run is always finished, with a non-zero exit code when the job failed or was interrupted.
+    ddlkit 'logger=[console,jsonl,wandb]' logger.wandb.project=resnets
+    ddlkit -m 'logger=[console,wandb]' optimizer.lr=0.1,0.05          # one run per job, grouped by sweep
 
-wandb is imported when the run starts, never when the config is composed.
+- **One W&B run per job**, its files in `<job dir>/wandb/`. The run id is kept in
+  `<job dir>/wandb/ddlkit-run-id`, so a resumed, restarted or retried job continues the same run.
+- **Rewound on resume**: a job that resumes from a checkpoint rewinds the run to the checkpoint's
+  step (`wandb.init(resume_from="<id>?_step=<step>")`). W&B refuses a step below its run's latest,
+  so without it the run would keep the interrupted attempt's records after the checkpoint and
+  ignore the ones the resumed job logs for those steps. Offline, the rewind is recorded in the
+  attempt's `.wandb` file and `wandb sync` applies it. Rewinding is a W&B preview feature: where
+  the server refuses it, the run continues where it stands and the job says so
+  (`logger.wandb.rewind=false`: never ask). W&B's summary gets `restarts` and `steps_lost` with
+  the rest of `result.json`.
+- **Grouped by sweep**: under `ddlkit -m`, `group` defaults to the sweep's name (from
+  `DDLKIT_SWEEP_NAME`, which the sweep launcher sets for every job); the run's name is the job's.
+- **Config**: the job's resolved config with every secret replaced by `***`, plus
+  `ddlkit.environment` (Python, platform, packages, git commit from the job's
+  `environment.json`), the job name, world size and sweep job number. W&B adds its own system
+  information and system metrics.
+- **Metrics**: `train/*` at every logging step, `val/*` after each validation; `result.json`'s
+  fields in the run summary.
+- **Model**: `logger.wandb.log_model=true` uploads `model.*` (the trained weights the framework
+  saved, so `trainer.save_model=true`) as an artifact of type `model` when the job completed.
+- **Always finished**: also when the job fails (exit code 1) or is interrupted (75).
+- **Online or offline**: `logger.wandb.mode=auto` (the default) is online when an API key is
+  configured (`WANDB_API_KEY`, `wandb login`'s `~/.netrc` entry, or `logger.wandb.api_key`, which
+  ddlkit keeps out of job files and passes to the rank in its secret environment) and offline
+  otherwise; `wandb sync <job dir>/wandb/offline-run-*` uploads an offline run later.
+  `WANDB_MODE` in the environment wins over `auto`.
+
+Keeping the key out of a remote job altogether (log offline, sync later) is discussed for each
+target that has no secret channel of its own ([compute=azureml](../compute/azureml.md#secrets)).
+
+## How it works
+
+`wandb` is imported when a run starts, never when ddlkit composes a config or lists plugins. The
+config is redacted by ddlkit's `split_secrets`. Offline, the rewind is the run record's
+`branch_point` in the `.wandb` file. The plugin's tests (`cd plugins/ddlkit-wandb && python -m
+pytest`) run a sweep offline and read the `.wandb` files back: one run per job, grouped, redacted,
+finished.
 """
 
 from __future__ import annotations
@@ -64,6 +85,7 @@ class WandbConfig:
     group: str | None = None
     # the run's display name; null = the job's name (`name` itself is ddlkit's: the option's name, wandb)
     run_name: str | None = None
+    # the run's tags
     tags: list[str] = field(default_factory=list)
     # auto (online when an API key is configured, else offline), online, offline or disabled
     mode: str = "auto"
