@@ -73,6 +73,7 @@ class BestCheckpointConfig:
 
 @dataclass
 class TrainerConfig:
+    # passes over the training data
     epochs: int = checked(2, POSITIVE_INTEGER)
     # images per rank per step; the global batch is batch_size x world size
     batch_size: int = checked(32, POSITIVE_INTEGER)
@@ -84,6 +85,7 @@ class TrainerConfig:
     warmup_steps: int = checked(5, NON_NEGATIVE)
     # also checkpoint every N steps (0 = at the end of each epoch and of training only)
     checkpoint_every: int = checked(0, at_least(0, ">= 0 (0 = per epoch)"))
+    # how many step checkpoints stay in checkpoints/: the oldest beyond it is removed (the best one is kept apart)
     keep_checkpoints: int = checked(2, POSITIVE_INTEGER)
     # write the checkpoints in the middle of training on a background thread, where the framework
     # can copy its state (PyTorch): the training thread pays only for the copy, which stays in host
@@ -95,6 +97,7 @@ class TrainerConfig:
     # auto: continue from the job directory's last checkpoint if any; true: require one;
     # false: start fresh; or a path to a checkpoint (file, or a job directory)
     resume: str = "auto"
+    # the training precision: fp32, or bf16 / fp16 mixed precision as each framework implements it
     precision: Precision = Precision.fp32
     # every generator's seed (NumPy's takes 32 bits)
     seed: int = checked(0, Rule(lambda v: 0 <= v < 2**32, "an integer in [0, 4294967295]"))

@@ -47,11 +47,13 @@ class OptimizerConfig:
     # linear: lr x global_batch / reference_batch (Goyal et al.: SGD, LARS); sqrt: x its square root
     # (adaptive optimizers: AdamW, LAMB); none: lr as given
     scale_lr: LRScaling = LRScaling.linear
+    # the global batch lr is given for
     reference_batch: int = 256
     # linear warm-up length in epochs (may be fractional)
     warmup_epochs: float = checked(5.0, NON_NEGATIVE)
     # epochs at which lr is multiplied by decay_factor
     decay_epochs: list[float] = field(default_factory=lambda: [30.0, 60.0, 80.0])
+    # what lr is multiplied by at each of decay_epochs
     decay_factor: float = 0.1
     # cross-entropy label smoothing (classification)
     label_smoothing: float = checked(0.0, IN_0_1)
@@ -61,8 +63,11 @@ class OptimizerConfig:
 class SGDConfig(OptimizerConfig):
     """SGD with momentum and coupled L2 weight decay, as ``torch.optim.SGD``."""
 
+    # the momentum (heavy ball) coefficient
     momentum: float = checked(0.9, IN_0_1)
+    # coupled L2: weight_decay x the weights is added to the gradient
     weight_decay: float = checked(1e-4, NON_NEGATIVE)
+    # Nesterov momentum
     nesterov: bool = False
 
 
@@ -73,8 +78,11 @@ class AdamWConfig(OptimizerConfig):
     lr: float = checked(0.001, POSITIVE)
     # Adam's steps follow the square root of the batch (Malladi et al., NeurIPS 2022, arXiv:2205.10287)
     scale_lr: LRScaling = LRScaling.sqrt
+    # the decay rate of the gradients' moving average
     beta1: float = checked(0.9, IN_0_1)
+    # the decay rate of the squared gradients' moving average
     beta2: float = checked(0.999, IN_0_1)
+    # added to the denominator, for numerical stability
     eps: float = checked(1e-8, POSITIVE)
     # decoupled: each step multiplies the weights by (1 - lr * weight_decay)
     weight_decay: float = checked(0.01, NON_NEGATIVE)
@@ -95,8 +103,11 @@ class LarsConfig(OptimizerConfig):
     kernel is scaled by trust_coefficient * ||w|| / (||g|| + weight_decay * ||w||); biases and
     BatchNorm parameters take plain SGD steps without weight decay."""
 
+    # the momentum coefficient
     momentum: float = checked(0.9, IN_0_1)
+    # L2 weight decay of the weight matrices and kernels (not of biases and BatchNorm parameters)
     weight_decay: float = checked(1e-4, NON_NEGATIVE)
     # eta in the paper
     trust_coefficient: float = checked(0.001, POSITIVE)
+    # Nesterov momentum
     nesterov: bool = False
