@@ -53,7 +53,7 @@ root readable). The loader (`ddlkit.images.ImageFiles`) says which files a rank 
 order (`ddlkit.images.epoch_order`) with the augmentation above, and serves numpy batches decoded
 by a thread pool; framework plugins build their native pipeline from its `native_spec()` (a
 `ddlkit.ImageFilesSpec`) instead, drawing the same crops.
-"""
+"""  # noqa: E501 -- a Markdown table: its rows cannot be wrapped
 
 from __future__ import annotations
 

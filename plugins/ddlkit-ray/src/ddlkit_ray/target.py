@@ -107,7 +107,8 @@ API every `compute.poll_interval_s` until enough nodes are up (a node that joins
 or `restart.capacity_wait_s` is over. Once submitted, the driver still waits up to
 `compute.placement_timeout_s` for room on nodes that other jobs keep busy.
 
-**Elastic world size** ([Failures, restarts and elastic jobs](../failures.md#elastic-world-size-fewer-nodes-then-all-again)):
+**Elastic world size**
+([Failures, restarts and elastic jobs](../failures.md#elastic-world-size-fewer-nodes-then-all-again)):
 with `compute.min_nodes` below `compute.nodes`, the restart goes on with the nodes the cluster
 has -- those whose total resources hold one node of the job (`procs_per_node` x the resources per
 rank), less the nodes the last run lost (Ray's GCS lists a dead raylet as alive until its health

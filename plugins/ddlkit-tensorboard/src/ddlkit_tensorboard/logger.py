@@ -21,7 +21,7 @@ PyTorch is imported (TensorBoard's `EventFileWriter` imports TensorFlow when it 
 `torch.utils.tensorboard` imports torch: a run of the other framework would pay for either). The
 plugin's tests (`cd plugins/ddlkit-tensorboard && python -m pytest`) read the event files back with
 TensorBoard's `EventAccumulator`.
-"""
+"""  # noqa: E501 -- a Markdown table: its rows cannot be wrapped
 
 from __future__ import annotations
 

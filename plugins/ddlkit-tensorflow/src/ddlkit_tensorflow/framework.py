@@ -111,7 +111,7 @@ between `dist.backend` and TensorFlow; the loops only call the returned object's
 `run()`, `reduce()`, `experimental_distribute_dataset()`, `gradients_to_apply()`,
 `optimizer_for_fit()` and `broadcast_variables()`. `ddlkit_tensorflow.components` registers the
 models and optimizers for both frameworks.
-"""
+"""  # noqa: E501 -- a command line, shown whole
 
 from __future__ import annotations
 
