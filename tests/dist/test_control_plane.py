@@ -99,7 +99,7 @@ def _rank_main(rank: int, world: int, port: int, job: str, body: Callable[[DistC
     env = {"OMPI_COMM_WORLD_RANK": str(rank), "OMPI_COMM_WORLD_SIZE": str(world),
            "DDLKIT_CONTROL_ADDR": f"127.0.0.1:{port}"}
     if plane.stderr_dir is not None:
-        sys.stderr = open(plane.stderr_dir / f"rank-{rank}.err", "w", encoding="utf-8")  # noqa: SIM115
+        sys.stderr = open(plane.stderr_dir / f"rank-{rank}.err", "w", encoding="utf-8")  # closed as the process ends
     ctx = DistContext.from_env("native", env, timeout_s=plane.timeout_s, warn_after_s=plane.warn_after_s)
     try:
         ctx.connect(job, env=env)
@@ -252,7 +252,7 @@ def test_a_rank_of_another_job_cannot_join() -> None:
     ControlPlane._send(stranger, {"rank": 1, "world_size": 2, "job": "job-B"})
     a1 = ctx.Process(target=_rank_main, args=(1, 2, port, "job-A", _strangers_knock, results, Plane()))
     a1.start()
-    got = dict((results.get(timeout=20)[::2] for _ in range(2)))
+    got = dict(results.get(timeout=20)[::2] for _ in range(2))
     a0.join(5), a1.join(5)
     stranger.close()
     assert got == {0: ["0", "1"], 1: ["0", "1"]}

@@ -137,8 +137,8 @@ def test_a_stopped_rank_is_named_while_the_job_waits_and_when_it_fails(tmp_path:
     # the launcher's report quotes the log of rank 0, the rank that failed first: it names rank 1
     report = output[output.index("ddlkit: error: "):]
     # `any` (the stop agreement) or `allreduce_mean` (a logging step's mean loss): where rank 1 stopped decides
-    assert re.search(rf"ddlkit worker \(rank 0\): RankLostError: rank 1 did not reach `\w+` within 20 s \(dist.timeout_s\): "
-                     rf"rank 1 stopped answering at step {found[1]}, \d+ s ago", report), report
+    assert re.search(rf"ddlkit worker \(rank 0\): RankLostError: rank 1 did not reach `\w+` within 20 s "
+                     rf"\(dist.timeout_s\): rank 1 stopped answering at step {found[1]}, \d+ s ago", report), report
     assert took < 60, f"the job ended {took:.1f} s after the stop, for dist.timeout_s=20"
     assert not dt.job_processes(job_dir), "processes of the job outlived it"
 

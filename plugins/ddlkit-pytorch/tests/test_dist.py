@@ -18,13 +18,15 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-torch = pytest.importorskip("torch")
+pytest.importorskip("torch")
 pytest.importorskip("ddlkit_pytorch")
 pytest.importorskip("ddlkit_mpi")
 
-from ddlkit_pytorch.framework import horovod_problem  # noqa: E402
+import torch
 
-from ddlkit.testing.multirank import (DistJobs, job_processes, load_weights, needs_mpirun,  # noqa: E402
+from ddlkit_pytorch.framework import horovod_problem
+
+from ddlkit.testing.multirank import (DistJobs, job_processes, load_weights, needs_mpirun,
                                       read_lines_until, worker_pids)
 
 pytestmark = [pytest.mark.slow, needs_mpirun]

@@ -15,14 +15,16 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-torch = pytest.importorskip("torch")
+pytest.importorskip("torch")
 pytest.importorskip("ddlkit_pytorch")
 pytest.importorskip("ddlkit_mpi")
 
-from ddlkit.checkpoint import latest_checkpoint, verify  # noqa: E402
-from ddlkit.jobdir import NODE_DOWN  # noqa: E402
-from ddlkit.compute.restarts import step_reached  # noqa: E402
-from ddlkit.testing.multirank import DistJobs, needs_mpirun, read_lines_until, worker_pids  # noqa: E402
+import torch
+
+from ddlkit.checkpoint import latest_checkpoint, verify
+from ddlkit.jobdir import NODE_DOWN
+from ddlkit.compute.restarts import step_reached
+from ddlkit.testing.multirank import DistJobs, needs_mpirun, read_lines_until, worker_pids
 
 pytestmark = [pytest.mark.slow, needs_mpirun]
 

@@ -14,17 +14,19 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-torch = pytest.importorskip("torch")
+pytest.importorskip("torch")
 pytest.importorskip("PIL")
 
-from PIL import Image  # noqa: E402
+import torch
 
-from ddlkit.errors import ConfigError, RunError  # noqa: E402
-from ddlkit.images import Augment, CorruptImageError, MEAN, STD, resolve_decoder  # noqa: E402
-from ddlkit.interfaces import Shard  # noqa: E402
-from ddlkit.testing.images import make_image_dataset  # noqa: E402
-from ddlkit_pytorch.gpu_decode import gpu_decoder, prefetched  # noqa: E402
-from ddlkit_pytorch.imagefolder import TorchImageLoader  # noqa: E402
+from PIL import Image
+
+from ddlkit.errors import ConfigError, RunError
+from ddlkit.images import Augment, CorruptImageError, MEAN, STD, resolve_decoder
+from ddlkit.interfaces import Shard
+from ddlkit.testing.images import make_image_dataset
+from ddlkit_pytorch.gpu_decode import gpu_decoder, prefetched
+from ddlkit_pytorch.imagefolder import TorchImageLoader
 
 SIZE = 32
 

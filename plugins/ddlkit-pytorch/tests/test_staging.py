@@ -6,10 +6,12 @@ import io
 
 import pytest
 
-torch = pytest.importorskip("torch")
+pytest.importorskip("torch")
 
-from ddlkit_pytorch.models import resnet18  # noqa: E402
-from ddlkit_pytorch.staging import HostStaging  # noqa: E402
+import torch
+
+from ddlkit_pytorch.models import resnet18
+from ddlkit_pytorch.staging import HostStaging
 
 
 def _saved(obj: object) -> bytes:

@@ -17,7 +17,7 @@ pytest_plugins = ["ddlkit.testing"]
 if importlib.util.find_spec("ray") is not None:
     # Ray sets RAY_CLIENT_MODE in the environment when first imported (by compute=ray, in a test):
     # imported here, before any test's environment snapshot, it is part of the environment to restore
-    import ray.job_submission  # noqa: F401
+    import ray.job_submission  # noqa: F401 -- imported for what importing it does
 
 
 @pytest.fixture(autouse=True)

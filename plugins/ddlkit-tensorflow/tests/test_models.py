@@ -7,9 +7,11 @@ from collections.abc import Iterator
 import numpy as np
 import pytest
 
-keras = pytest.importorskip("keras")
+pytest.importorskip("keras")
 
-from ddlkit_tensorflow.models import MODELS, build_model  # noqa: E402
+import keras
+
+from ddlkit_tensorflow.models import MODELS, build_model
 
 # torchvision's documented parameter counts (num_classes=1000)
 TORCHVISION_NUM_PARAMS = {

@@ -10,12 +10,14 @@ import numpy as np
 import pytest
 from omegaconf import OmegaConf
 
-keras = pytest.importorskip("keras")
+pytest.importorskip("keras")
 
-from ddlkit.optim import AdamWConfig, LambConfig, LarsConfig, SGDConfig  # noqa: E402
-from ddlkit.plugins import new_plugin_manager  # noqa: E402
-from ddlkit.registry import Registry  # noqa: E402
-from ddlkit.testing.optim import lars_reference  # noqa: E402
+import keras
+
+from ddlkit.optim import AdamWConfig, LambConfig, LarsConfig, SGDConfig
+from ddlkit.plugins import new_plugin_manager
+from ddlkit.registry import Registry
+from ddlkit.testing.optim import lars_reference
 
 SCHEMAS = {"sgd": SGDConfig, "adamw": AdamWConfig, "lamb": LambConfig, "lars": LarsConfig}
 

@@ -15,10 +15,12 @@ from ddlkit.testing import RunFactory
 from ddlkit.testing.optim import (EVERY_TRAINER_OPTION, LINEAR_BIAS, LINEAR_KERNEL, check_every_trainer_option,
                                   linear_data, linear_step)
 
-keras = pytest.importorskip("keras")
+pytest.importorskip("keras")
 pytest.importorskip("ddlkit_tensorflow")
 
-from ddlkit_tensorflow.runtime import horovod_problem  # noqa: E402
+import keras
+
+from ddlkit_tensorflow.runtime import horovod_problem
 
 pytestmark = pytest.mark.slow
 

@@ -7,12 +7,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-keras = pytest.importorskip("keras")
+pytest.importorskip("keras")
 
-import ddlkit  # noqa: E402
-from ddlkit.atomic import atomic_path  # noqa: E402
-from ddlkit_tensorflow import training  # noqa: E402
-from ddlkit_tensorflow.training import TorchSGD, cross_entropy, export_model, load_state, save_state  # noqa: E402
+import keras
+
+import ddlkit
+from ddlkit.atomic import atomic_path
+from ddlkit_tensorflow import training
+from ddlkit_tensorflow.training import TorchSGD, cross_entropy, export_model, load_state, save_state
 
 # a warm-up-like schedule: the learning rate changes every step, which is where Keras' own SGD
 # (lr folded into the velocity) and PyTorch's part ways
