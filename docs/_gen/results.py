@@ -9,7 +9,7 @@ from ddlkit import jobdir, result
 
 from .sdk import signature
 from .source import assignment_order, docstring, element_comments, first_paragraph, module_comments
-from .tables import cell, code, yaml_value
+from .tables import cell, code, unbroken, yaml_value
 
 
 def _fields() -> str:
@@ -18,28 +18,28 @@ def _fields() -> str:
     out = ["| Field | Type | Better | Description |", "| --- | --- | --- | --- |"]
     for f, comment in zip(result.FIELDS, comments or [""] * len(result.FIELDS), strict=True):
         kind = {dict: "mapping", str: "str", int: "int", float: "float"}.get(f.type, f.type.__name__)
-        out.append(f"| `{f.name}` | {kind} or null | {better[f.direction]} | {cell(comment)} |")
+        out.append(f"| {unbroken(f.name)} | {kind} or null | {better[f.direction]} | {cell(comment)} |")
     return "\n".join(out) + "\n"
 
 
 def _views() -> str:
     comments = module_comments(result)
     out = ["| View | Fields | What shows it |", "| --- | --- | --- |"]
-    for name in assignment_order(result):
-        value = getattr(result, name, None)
-        if name == "FIELDS" or not (isinstance(value, tuple) and value and isinstance(value[0], result.Field)):
+    for view in assignment_order(result):
+        value = getattr(result, view, None)
+        if view == "FIELDS" or not (isinstance(value, tuple) and value and isinstance(value[0], result.Field)):
             continue
-        out.append(f"| `{name}` | {', '.join(f'`{f.name}`' for f in value)} | {cell(comments.get(name, ''))} |")
+        out.append(f"| {unbroken(view)} | {', '.join(f'`{f.name}`' for f in value)} | {cell(comments.get(view, ''))} |")
     return "\n".join(out) + "\n"
 
 
 def _constants(names: list[str]) -> str:
     comments = module_comments(jobdir)
     out = ["| Name | Value | Description |", "| --- | --- | --- |"]
-    for name in names:
-        value = getattr(jobdir, name)
+    for constant in names:
+        value = getattr(jobdir, constant)
         shown = value if isinstance(value, str) else yaml_value(value)
-        out.append(f"| `{name}` | {cell(code(str(shown)))} | {cell(comments.get(name, ''))} |")
+        out.append(f"| {unbroken(constant)} | {cell(code(str(shown)))} | {cell(comments.get(constant, ''))} |")
     return "\n".join(out) + "\n"
 
 

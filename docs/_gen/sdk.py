@@ -15,7 +15,7 @@ from typing import Any
 import ddlkit
 
 from .source import docstring, first_paragraph, markdown, module_comments
-from .tables import cell, code, type_name, yaml_value
+from .tables import cell, code, type_name, unbroken, yaml_value
 
 #: the facade's docstring names the public modules beside it (``:mod:`ddlkit.optim```); the test kit
 #: (``ddlkit.testing``) names its own, and with them these are what tests/test_public_api.py holds public
@@ -125,7 +125,7 @@ def _fields(cls: type) -> str:
                    f.default_factory() if f.default_factory is not dataclasses.MISSING else None)
         required = f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
         shown = "required" if required else yaml_value(default) if not callable(default) else repr(default)
-        rows.append(f"| `{f.name}` | {cell(type_name(tp) if not isinstance(tp, str) else tp)} | "
+        rows.append(f"| {unbroken(f.name)} | {cell(type_name(tp) if not isinstance(tp, str) else tp)} | "
                     f"{cell(code(shown))} | {cell(field_comment(cls, f.name))} |")
     return "\n".join(rows) + "\n"
 

@@ -175,6 +175,15 @@ def element_comments(module: ModuleType, name: str) -> list[str]:
 _ROLE = re.compile(r":(?:py:)?(?:mod|class|func|meth|data|attr|exc|obj|const):`(~?)([^`<]*?)(?:\s*<([^>]*)>)?`")
 
 
+#: reST field lists (``:returns:``, ``:param x:``, ``:raises E:``) and directives (``.. versionadded:: 0.1``)
+_FIELD = re.compile(r"^(\s*):(returns?|param|raises?|yields?)(?:\s+(\w+))?:")
+_FIELD_WORDS = {"return": "Returns", "returns": "Returns", "param": "Parameter", "raise": "Raises",
+                "raises": "Raises", "yield": "Yields", "yields": "Yields"}
+_DIRECTIVE = re.compile(r"^(\s*)\.\. (\w+)::(.*)$")
+_DIRECTIVE_WORDS = {"versionadded": "Added in version", "versionchanged": "Changed in version",
+                    "deprecated": "Deprecated since version"}
+
+
 def markdown(text: str) -> str:
     """A docstring as Markdown, line for line (so its lines keep their numbers): Sphinx roles become
     code spans (``~a.b.c`` shows as ``c``), and a paragraph's closing ``::`` (reST: the indented
@@ -188,6 +197,12 @@ def markdown(text: str) -> str:
     out = []
     for line in text.splitlines():
         line = _ROLE.sub(role, line)
+        line = _FIELD.sub(lambda m: m.group(1) + _FIELD_WORDS.get(m.group(2), m.group(2).capitalize())
+                          + (f" `{m.group(3)}`" if m.group(3) else "") + ":", line)
+        if m := _DIRECTIVE.match(line):
+            what, rest = m.group(2), m.group(3).strip()
+            line = m.group(1) + (f"*{_DIRECTIVE_WORDS[what]} {rest}.*" if what in _DIRECTIVE_WORDS
+                                 else f"**{what.capitalize()}:** {rest}".rstrip())
         if line.endswith("::") and not line.strip().startswith(("#", "`")):
             line = line[:-2].rstrip() + ("" if line[:-2].rstrip().endswith(":") else ":")
         out.append(line)

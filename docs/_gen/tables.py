@@ -121,6 +121,12 @@ def code(text: str) -> str:
     return f"`{text}`" if text else ""
 
 
+def unbroken(text: str) -> str:
+    """A name in a table's first column, never broken across lines (the theme breaks code anywhere, and a
+    table gives its first column the least room); ``text`` is a plain identifier or dotted key."""
+    return f'<code style="white-space: nowrap">{text}</code>'
+
+
 def table(rows: Sequence[Option], *, link: str | None = None) -> str:
     """A Markdown table of ``rows``: the key, its default, and its comment with its type and rule below it
     (three columns: the keys stay whole and the words get the room). Each key carries its anchor (``link``
@@ -129,9 +135,7 @@ def table(rows: Sequence[Option], *, link: str | None = None) -> str:
         return "This option has no settings of its own.\n"
     out = ["| Key | Default | Description |", "| --- | --- | --- |"]
     for o in rows:
-        # a key is never broken across lines (the theme breaks code anywhere, and a table gives its first
-        # column the least room)
-        key = f'<code style="white-space: nowrap">{o.key}</code>'
+        key = unbroken(o.key)
         key = f'<a id="{o.anchor}"></a>{key}' if link is None else f"[{key}]({link}#{o.anchor})"
         facts = o.type + (f"; must be {o.constraint}" if o.constraint else "")
         description = f"{cell(o.description)}<br>*{cell(facts)}*" if o.description else f"*{cell(facts)}*"

@@ -116,8 +116,8 @@ def test_every_result_field_is_described_in_the_code() -> None:
     assert [f.name for f, c in zip(result.FIELDS, comments, strict=True) if not c] == []
     page = results.page()
     for f in result.FIELDS:
-        assert f"| `{f.name}` |" in page
-    assert "| `EXIT_PREEMPTED` | `75` |" in page and "## The job directory" in page
+        assert f">{f.name}</code> |" in page
+    assert ">EXIT_PREEMPTED</code> | `75` |" in page and "## The job directory" in page
 
 
 @pytest.mark.plugins
