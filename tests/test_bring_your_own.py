@@ -12,10 +12,7 @@ from pathlib import Path
 
 import pytest
 
-torch = pytest.importorskip("torch")
-pytest.importorskip("ddlkit_pytorch")
-
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.plugins]  # framework=pytorch and framework=tensorflow
 
 REPO = Path(__file__).resolve().parent.parent
 SMALL = ["data.image_size=32", "data.num_classes=10", "data.length=256", "data.val_length=64", "trainer.batch_size=32",
@@ -56,6 +53,8 @@ def one_error_line(proc: subprocess.CompletedProcess) -> str:
 
 
 def test_a_custom_model_trains_checkpoints_and_resumes_like_a_builtin_one(project: Path) -> None:
+    import torch
+
     common = ["model=custom", "model.target=mynets:cnn", "+model.kwargs.width=16", *SMALL, "trainer.epochs=2"]
     first = ddlkit(project, *common, "trainer.max_steps=10")
     assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-3000:]
@@ -101,8 +100,6 @@ def test_a_classifier_whose_output_does_not_match_the_classes_is_refused(project
 @pytest.mark.parametrize(("framework", "epochs"), [("pytorch", 8), ("tensorflow", 4)])
 def test_the_regression_experiment_trains_end_to_end(tmp_path: Path, framework: str, epochs: int) -> None:
     """experiments/regression.py: custom data, model, loss and metric; run from the repository root."""
-    if framework != "pytorch":
-        pytest.importorskip(f"ddlkit_{framework}")
     sys.path.insert(0, str(REPO))
     try:
         from experiments.regression import mean_baseline_mae

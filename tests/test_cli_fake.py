@@ -9,7 +9,6 @@ import re
 import signal
 import subprocess
 import sys
-from importlib.metadata import entry_points
 from pathlib import Path
 
 import numpy as np
@@ -182,6 +181,7 @@ def test_plugins_lists_the_builtins_and_the_fakes(run_factory: RunFactory) -> No
         assert text in fakes, fakes
 
 
+@pytest.mark.plugins  # ddlkit --help composes the default config: framework=pytorch
 def test_help_names_every_subcommand_and_detach(run_factory: RunFactory) -> None:
     header = run_factory.cli("--help").assert_success().stdout.split("== Configuration groups ==")[0]
     for command in ("ddlkit plan", "ddlkit jobs", "ddlkit data", "ddlkit plugins", "ddlkit compute down", "--detach",
@@ -192,6 +192,7 @@ def test_help_names_every_subcommand_and_detach(run_factory: RunFactory) -> None
     assert "experiments/ and conf/ directories of its source repository" in header
 
 
+@pytest.mark.plugins  # ddlkit --help composes the default config: framework=pytorch
 def test_help_lists_the_options_plugins_registered(run_factory: RunFactory) -> None:
     out = run_factory.cli("--help").assert_success()
     groups = dict(line.split(": ", 1) for line in out.stdout.split("== Configuration groups ==")[1]
@@ -200,9 +201,6 @@ def test_help_lists_the_options_plugins_registered(run_factory: RunFactory) -> N
     # built-ins and the fakes always; installed first-party plugins (azure, wandb, ...) may add more
     assert {"local", "local_ssd", "memory", "nfs"} <= set(groups["storage"].split(", "))
     assert {"console", "jsonl", "recording"} <= set(groups["logger"].split(", "))
-
-
-PYTORCH_INSTALLED = any(ep.name == "pytorch" for ep in entry_points(group="ddlkit"))
 
 
 #: modules that only the implementations of unchosen options import: TLS and HTTP (the container
@@ -214,7 +212,7 @@ NOT_FOR_COMPOSING = {"ssl", "http.client", "urllib.request", "tarfile", "ddlkit.
 
 
 @pytest.mark.parametrize("args", [
-    pytest.param((), id="default", marks=pytest.mark.skipif(not PYTORCH_INSTALLED, reason="needs ddlkit-pytorch")),
+    pytest.param((), id="default", marks=pytest.mark.plugins),  # the default framework: pytorch
     pytest.param(("framework=fake",), id="fake"),
 ])
 def test_composing_imports_no_deep_learning_library(run_factory: RunFactory, args: tuple[str, ...]) -> None:

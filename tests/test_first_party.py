@@ -84,6 +84,7 @@ def _registered_by(distribution: str) -> set[tuple[str, str]]:
     return found
 
 
+@pytest.mark.plugins  # every first-party plugin
 @pytest.mark.parametrize("provider", PLUGINS, ids=lambda p: p.distribution)
 def test_the_table_says_what_each_first_party_plugin_registers(provider: Provider) -> None:
     """Needs every first-party plugin installed (the full tier's requirements-test.txt)."""

@@ -15,7 +15,6 @@ the list cannot rot.
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import re
 import shlex
@@ -145,6 +144,14 @@ def _as_in_the_readme(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     (tmp_path / "my_pkg" / "cbs.py").write_text(MY_PKG_CBS)
 
 
+def _needs(example: Example) -> object:
+    """An example, marked as needing Horovod (scripts/install_horovod.sh) where it runs dist=horovod."""
+    return pytest.param(example, marks=[pytest.mark.extras] if "dist=horovod" in example.command else [])
+
+
+# the README's examples are written for the full installation: framework=pytorch by default, the first-party
+# plugins' compute targets, storage and loggers
+@pytest.mark.plugins
 @pytest.mark.parametrize("example", [e for e in EXAMPLES if e.expected is not None], ids=str)
 def test_a_transcript_prints_what_the_readme_shows(example: Example, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                                    capsys: pytest.CaptureFixture[str]) -> None:
@@ -167,12 +174,11 @@ def test_a_transcript_prints_what_the_readme_shows(example: Example, tmp_path: P
     assert code == 2
 
 
-@pytest.mark.parametrize("example", [e for e in EXAMPLES if e.expected is None], ids=str)
+@pytest.mark.plugins  # as above
+@pytest.mark.parametrize("example", [_needs(e) for e in EXAMPLES if e.expected is None], ids=str)
 def test_a_command_is_valid_as_written(example: Example, capsys: pytest.CaptureFixture[str]) -> None:
     if why := _not_here(example):
         pytest.skip(why)
-    if "dist=horovod" in example.command and importlib.util.find_spec("horovod") is None:
-        pytest.skip("Horovod is not installed (scripts/install_horovod.sh; CI installs it)")
     args = [a for a in shlex.split(example.command)[1:] if a != "--detach"]  # plan what it would submit
     if args and args[0] == "plan":
         args = args[1:]

@@ -11,7 +11,7 @@ from importlib.metadata import version
 import pytest
 
 import ddlkit
-from ddlkit import PluginConflictError, PluginError, Registration, UnknownNameError
+from ddlkit import PluginConflictError, PluginError, Registration, UnknownNameError, first_party
 from ddlkit.builtin.local_storage import LocalStorage
 from ddlkit.plugins import DdlkitPluginManager, PluginInfo, installed_registry
 from ddlkit.registry import Registry
@@ -80,7 +80,14 @@ def test_unknown_name_lists_the_choices(ddlkit_pm: DdlkitPluginManager) -> None:
     assert isinstance(err, ddlkit.ConfigError)
 
 
-def test_unknown_name_says_which_plugins_failed_to_load(ddlkit_pm: DdlkitPluginManager) -> None:
+@pytest.fixture
+def no_first_party(monkeypatch: pytest.MonkeyPatch) -> None:
+    """No first-party plugin table (ddlkit.first_party): the registry's own words, whichever plugins this
+    environment has installed (the install hint of one that is not: tests/test_first_party.py)."""
+    monkeypatch.setattr(first_party, "PLUGINS", ())
+
+
+def test_unknown_name_says_which_plugins_failed_to_load(ddlkit_pm: DdlkitPluginManager, no_first_party: None) -> None:
     ddlkit_pm.failures.append(PluginInfo("azure", "ddlkit-azure", "0.1", "ddlkit_azure.plugin",
                                          error="ModuleNotFoundError: No module named 'azure'"))
     reg = Registry.collect(ddlkit_pm)
@@ -92,7 +99,7 @@ def test_unknown_name_says_which_plugins_failed_to_load(ddlkit_pm: DdlkitPluginM
     )
 
 
-def test_unknown_name_in_an_empty_group(ddlkit_pm: DdlkitPluginManager) -> None:
+def test_unknown_name_in_an_empty_group(ddlkit_pm: DdlkitPluginManager, no_first_party: None) -> None:
     with pytest.raises(UnknownNameError) as info:
         Registry.collect(ddlkit_pm).get("framework", "pytorch")
     assert str(info.value) == "unknown framework 'pytorch' (config key `framework`). No plugin registers any."
@@ -317,6 +324,7 @@ def test_a_model_must_name_its_framework(ddlkit_pm: DdlkitPluginManager) -> None
         Registry.collect(ddlkit_pm)
 
 
+@pytest.mark.plugins  # framework=pytorch: its models and optimizers
 def test_selected_is_every_name_the_config_picks() -> None:
     from ddlkit.testing import compose
 

@@ -26,9 +26,12 @@ def test_square_root_scaling() -> None:
     ("sgd", "linear", 0.1 * 32 / 256), ("lars", "linear", 0.1 * 32 / 256),
     ("adamw", "sqrt", 0.001 * (32 / 256) ** 0.5), ("lamb", "sqrt", 0.004 * (32 / 256) ** 0.5),
 ])
+@pytest.mark.plugins  # the optimizers are ddlkit-pytorch's
 def test_each_optimizer_scales_by_its_own_rule(ddlkit_pm, tmp_path, optimizer: str, rule: str, peak: float) -> None:
     """Issue 22, item 5: adamw at batch 32 trained at 0.001 x 32/256 = 0.000125, SGD's linear rule."""
-    add_plugin(ddlkit_pm, pytest.importorskip("ddlkit_pytorch.plugin"))  # the optimizers' registrations
+    from ddlkit_pytorch import plugin
+
+    add_plugin(ddlkit_pm, plugin)  # the optimizers' registrations
     run = make_run(ddlkit_pm, tmp_path, "framework=pytorch", f"optimizer={optimizer}", "trainer.batch_size=32")
     assert (run.schedule.scaling.value, run.schedule.peak_lr) == (rule, pytest.approx(peak))
     unscaled = make_run(ddlkit_pm, tmp_path / "none", "framework=pytorch", f"optimizer={optimizer}",

