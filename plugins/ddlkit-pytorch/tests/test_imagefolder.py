@@ -1,7 +1,8 @@
 """PyTorch training on data=imagefolder, in process: a run resumed mid-epoch ends where an
 uninterrupted one does (the order and the crops depend on seed + epoch only), corrupt file
 skipped. (TensorFlow and Keras pipelines: plugins/ddlkit-tensorflow/tests/test_imagefolder.py;
-in-process Keras runs take a minute, too long for this suite.)"""
+in-process Keras runs take a minute, too long for this test.) The core's data source itself:
+tests/data_sources/test_imagefolder.py."""
 
 from __future__ import annotations
 
@@ -15,6 +16,12 @@ from ddlkit.testing import add_plugin
 from ddlkit.testing.images import ImageDataset, make_image_dataset
 
 pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(autouse=True)
+def _isolated(ddlkit_isolation: None) -> None:
+    """As in the core's suite, where this test lived: environment restored (and leaks reported), a
+    working directory of its own, fresh plugin and Hydra state."""
 
 
 @pytest.fixture(scope="module")
@@ -42,7 +49,6 @@ def _train(run_inprocess: Any, ddlkit_pm: Any, framework: str, dataset: ImageDat
 
 def test_a_run_resumed_mid_epoch_ends_like_an_uninterrupted_one(run_inprocess: Any, ddlkit_pm: Any,
                                                                 dataset: ImageDataset, tmp_path: Path) -> None:
-    pytest.importorskip("torch")
     framework = "pytorch"
     straight = _train(run_inprocess, ddlkit_pm, framework, dataset, tmp_path / "straight")
     steps = straight.run.steps_per_epoch
