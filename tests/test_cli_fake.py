@@ -144,12 +144,14 @@ def test_an_unknown_experiment_exits_2(run_factory: RunFactory) -> None:
     assert out.stderr.startswith("ddlkit: error: unknown experiment 'nope' (`+experiment`).")
 
 
-def test_a_failing_framework_exits_1_with_the_log_tail_and_a_resume_hint(run_factory: RunFactory) -> None:
+def test_a_failing_framework_exits_1_with_its_error_once_and_a_resume_hint(run_factory: RunFactory) -> None:
     out = run_factory("data.length=640", "framework.fail_at_step=7", "trainer.checkpoint_every=5")
     out.assert_returncode(1)
     assert "RuntimeError: fake framework failure at step 7" in out.stdout  # streamed from the worker
     assert "ddlkit: error: job " in out.stderr and " failed: rank 0 ended with exit status 1" in out.stderr
-    assert "RuntimeError: fake framework failure at step 7" in out.stderr  # the log's tail, in the error
+    # the error names the log the console just showed, and does not repeat its lines
+    assert f"(its output is above; the whole log: {out.job_dir / 'rank-0.log'})" in out.stderr
+    assert "RuntimeError: fake framework failure at step 7" not in out.stderr
     assert re.search(r"resume with: ddlkit framework=fake data.length=640 framework.fail_at_step=7 "
                      r"trainer.checkpoint_every=5 hydra.run.dir=\S+", out.stderr), out.stderr
     assert (out.job_dir / "checkpoints" / "step-00000005.ckpt").is_file()
