@@ -27,9 +27,18 @@ CORE_TIER = "not slow and not plugins and not extras"
 
 #: the order of the full suite's parts, longest first: two workers take one test file at a time each
 #: (pyproject.toml's addopts), so the longest suites start first and the short ones fill in at the end
-LONGEST_FIRST = ("plugins/ddlkit-ray", "plugins/ddlkit-slurm", "tests", "plugins/ddlkit-pytorch",
-                 "plugins/ddlkit-tensorflow", "plugins/ddlkit-keras", "plugins/ddlkit-azure", "plugins/ddlkit-wandb",
-                 "plugins/ddlkit-tensorboard", "plugins/ddlkit-mpi")
+LONGEST_FIRST = (
+    "plugins/ddlkit-ray",
+    "plugins/ddlkit-slurm",
+    "tests",
+    "plugins/ddlkit-pytorch",
+    "plugins/ddlkit-tensorflow",
+    "plugins/ddlkit-keras",
+    "plugins/ddlkit-azure",
+    "plugins/ddlkit-wandb",
+    "plugins/ddlkit-tensorboard",
+    "plugins/ddlkit-mpi",
+)
 
 
 def _core_tier(config: pytest.Config) -> bool:
@@ -45,8 +54,7 @@ def pytest_configure(config: pytest.Config) -> None:
 def pytest_report_header(config: pytest.Config) -> str | None:
     if not _core_tier(config):
         return None
-    return (f"core tier: tests/ -m '{config.option.markexpr}' "
-            "(the full suite: python -m pytest tests plugins/*/tests)")
+    return f"core tier: tests/ -m '{config.option.markexpr}' (the full suite: python -m pytest tests plugins/*/tests)"
 
 
 def _rank(item: pytest.Item) -> int:
@@ -54,8 +62,9 @@ def _rank(item: pytest.Item) -> int:
         where = item.path.resolve().relative_to(ROOT).as_posix()
     except ValueError:
         return len(LONGEST_FIRST)
-    return next((i for i, part in enumerate(LONGEST_FIRST) if where == part or where.startswith(f"{part}/")),
-                len(LONGEST_FIRST))
+    return next(
+        (i for i, part in enumerate(LONGEST_FIRST) if where == part or where.startswith(f"{part}/")), len(LONGEST_FIRST)
+    )
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

@@ -71,8 +71,13 @@ def run_worker(job_file: Path) -> dict[str, Any]:
 def one_thread_env() -> dict[str, str]:
     """This environment with one intra-op thread per rank: the benchmarks' ranks share few cores."""
     # TensorFlow's inter-op pool defaults to every core: without this one "single-thread" rank used ~1.5 cores
-    return {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "TF_NUM_INTEROP_THREADS": "1",
-            "TF_CPP_MIN_LOG_LEVEL": "2"}
+    return {
+        **os.environ,
+        "OMP_NUM_THREADS": "1",
+        "MKL_NUM_THREADS": "1",
+        "TF_NUM_INTEROP_THREADS": "1",
+        "TF_CPP_MIN_LOG_LEVEL": "2",
+    }
 
 
 def rank_workers(job_dir: Path) -> dict[int, dict[str, str]]:
@@ -85,8 +90,11 @@ def rank_workers(job_dir: Path) -> dict[int, dict[str, str]]:
         if not entry.name.isdigit():
             continue
         try:
-            if Path(entry.path, "cmdline").read_bytes().split(b"\0")[1:4] != [b"-m", b"ddlkit.rank.worker",
-                                                                           JOB_FILE.encode()]:
+            if Path(entry.path, "cmdline").read_bytes().split(b"\0")[1:4] != [
+                b"-m",
+                b"ddlkit.rank.worker",
+                JOB_FILE.encode(),
+            ]:
                 continue
             if Path(os.readlink(Path(entry.path, "cwd"))) != job_dir.resolve():
                 continue
@@ -103,8 +111,14 @@ def summary(samples: Sequence[float]) -> dict[str, Any]:
 
 def write_result(name: str, payload: dict[str, Any]) -> Path:
     RESULTS.mkdir(exist_ok=True)
-    payload = {"machine": {"platform": platform.platform(), "python": platform.python_version(),
-                           "cpus": __import__("os").cpu_count()}, **payload}
+    payload = {
+        "machine": {
+            "platform": platform.platform(),
+            "python": platform.python_version(),
+            "cpus": __import__("os").cpu_count(),
+        },
+        **payload,
+    }
     path = RESULTS / f"{name}.json"
     path.write_text(json.dumps(payload, indent=2) + "\n")
     return path
@@ -133,10 +147,16 @@ def run_before(ref: str, script: str, argv: Sequence[str], workdir: Path, result
     return the JSON result it wrote, ``results/<result>.json`` (default: the script's name) in the
     exported tree, not in this one's."""
     core = export(ref, workdir / f"before-{ref}")
-    proc = subprocess.run([sys.executable, str(core / "benchmarks" / script), *argv], cwd=core, env=core_env(core),
-                          capture_output=True, text=True)
+    proc = subprocess.run(
+        [sys.executable, str(core / "benchmarks" / script), *argv],
+        cwd=core,
+        env=core_env(core),
+        capture_output=True,
+        text=True,
+    )
     if proc.returncode != 0:
-        raise RuntimeError(f"{script} at {ref} failed ({proc.returncode}):\n"
-                           f"{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
+        raise RuntimeError(
+            f"{script} at {ref} failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
+        )
     print(proc.stdout, end="", flush=True)
     return json.loads((core / "benchmarks" / "results" / f"{result or Path(script).stem}.json").read_text())

@@ -47,8 +47,12 @@ class CountingTarget(ElsewhereTarget):
 
 @hookimpl
 def ddlkit_compute_targets():
-    yield Registration("counted", CountingTarget, config=ElsewhereComputeConfig,
-                       description="compute=elsewhere, counting the launcher's calls (benchmarks)")
+    yield Registration(
+        "counted",
+        CountingTarget,
+        config=ElsewhereComputeConfig,
+        description="compute=elsewhere, counting the launcher's calls (benchmarks)",
+    )
 
 
 @hookimpl

@@ -45,11 +45,17 @@ def main() -> None:
     model = build_model(args.model, args.classes)
     if world > 1:
         model = torch.nn.parallel.DistributedDataParallel(model)
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.1 * args.batch * world / 256, momentum=0.9,
-                                weight_decay=1e-4)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1 * args.batch * world / 256, momentum=0.9, weight_decay=1e-4)
     loss_fn = torch.nn.CrossEntropyLoss()
-    images, labels = SyntheticImages(batch_size=args.batch, image_size=args.image_size, num_classes=args.classes,
-                                     batches=args.steps, pool_mib=128, seed=0, stream=(rank, False)).pool
+    images, labels = SyntheticImages(
+        batch_size=args.batch,
+        image_size=args.image_size,
+        num_classes=args.classes,
+        batches=args.steps,
+        pool_mib=128,
+        seed=0,
+        stream=(rank, False),
+    ).pool
     x = torch.from_numpy(images).movedim(-1, -3).contiguous()
     y = torch.from_numpy(labels)
     model.train()
@@ -64,8 +70,12 @@ def main() -> None:
     assert started is not None, "--steps must exceed --warmup"
     elapsed = time.perf_counter() - started
     if rank == 0:
-        print(json.dumps({"images_per_sec": (args.steps - args.warmup) * args.batch * world / elapsed,
-                          "world_size": world}), flush=True)
+        print(
+            json.dumps(
+                {"images_per_sec": (args.steps - args.warmup) * args.batch * world / elapsed, "world_size": world}
+            ),
+            flush=True,
+        )
     if world > 1:
         dist.destroy_process_group()
 

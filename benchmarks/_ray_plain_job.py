@@ -31,8 +31,13 @@ def build_model(name: str, classes: int):  # no return annotation: torch is impo
         from ddlkit_pytorch.models import resnet18
 
         return resnet18(num_classes=classes)
-    return torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3, padding=1), torch.nn.ReLU(), torch.nn.AdaptiveAvgPool2d(1),
-                               torch.nn.Flatten(), torch.nn.Linear(8, classes))
+    return torch.nn.Sequential(
+        torch.nn.Conv2d(3, 8, 3, padding=1),
+        torch.nn.ReLU(),
+        torch.nn.AdaptiveAvgPool2d(1),
+        torch.nn.Flatten(),
+        torch.nn.Linear(8, classes),
+    )
 
 
 @ray.remote
@@ -89,8 +94,13 @@ def main() -> None:
     ray.init()  # the cluster this Ray job runs on
     pg = placement_group([{"CPU": args.cpus_per_rank}] * args.ranks, strategy="STRICT_SPREAD")
     ray.get(pg.ready())
-    ranks = [Rank.options(num_cpus=args.cpus_per_rank, scheduling_strategy=PlacementGroupSchedulingStrategy(
-        placement_group=pg, placement_group_bundle_index=i)).remote() for i in range(args.ranks)]
+    ranks = [
+        Rank.options(
+            num_cpus=args.cpus_per_rank,
+            scheduling_strategy=PlacementGroupSchedulingStrategy(placement_group=pg, placement_group_bundle_index=i),
+        ).remote()
+        for i in range(args.ranks)
+    ]
     master = ray.get(ranks[0].address.remote())
     ray.get([r.train.remote(i, args.ranks, master, args) for i, r in enumerate(ranks)])
     print("done", flush=True)

@@ -51,8 +51,9 @@ def main() -> None:
 
     torch.manual_seed(args.seed)
     model = resnet18(num_classes=args.num_classes)
-    optimizer = torch.optim.SGD(model.parameters(), lr=args.lr * args.batch * world / 256, momentum=0.9,
-                                weight_decay=1e-4)
+    optimizer = torch.optim.SGD(
+        model.parameters(), lr=args.lr * args.batch * world / 256, momentum=0.9, weight_decay=1e-4
+    )
     start = 0
     checkpoints = sorted(args.out.glob("ckpt-*.pt"), key=lambda p: int(p.stem.split("-")[1]))
     if checkpoints:
@@ -66,10 +67,27 @@ def main() -> None:
 
     metrics = open(args.out / "metrics.jsonl", "a", buffering=1) if rank == 0 else None
     if metrics:
-        metrics.write(json.dumps({"event": "start", "resumed_from": start, "world_size": world,
-                                  "launched": round(launched, 3), "time": round(time.time(), 3)}) + "\n")
-    data = SyntheticImages(batch_size=args.batch, image_size=args.image_size, num_classes=args.num_classes,
-                           batches=args.steps, pool_mib=args.pool_mib, seed=args.seed, stream=(rank, False))
+        metrics.write(
+            json.dumps(
+                {
+                    "event": "start",
+                    "resumed_from": start,
+                    "world_size": world,
+                    "launched": round(launched, 3),
+                    "time": round(time.time(), 3),
+                }
+            )
+            + "\n"
+        )
+    data = SyntheticImages(
+        batch_size=args.batch,
+        image_size=args.image_size,
+        num_classes=args.num_classes,
+        batches=args.steps,
+        pool_mib=args.pool_mib,
+        seed=args.seed,
+        stream=(rank, False),
+    )
     images, labels = data.pool
     images = torch.from_numpy(images).permute(0, 1, 4, 2, 3).contiguous()  # NHWC -> NCHW
     labels = torch.from_numpy(labels)
@@ -83,12 +101,16 @@ def main() -> None:
         mean = loss.detach().clone()
         dist.all_reduce(mean)
         if metrics:
-            metrics.write(json.dumps({"step": step, "split": "train", "time": round(time.time(), 3),
-                                      "loss": mean.item() / world}) + "\n")
+            metrics.write(
+                json.dumps({"step": step, "split": "train", "time": round(time.time(), 3), "loss": mean.item() / world})
+                + "\n"
+            )
             if step % args.checkpoint_every == 0:
                 path = args.out / f"ckpt-{step}.pt"
-                torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict(), "step": step},
-                           path.with_suffix(".tmp"))
+                torch.save(
+                    {"model": model.state_dict(), "optimizer": optimizer.state_dict(), "step": step},
+                    path.with_suffix(".tmp"),
+                )
                 os.replace(path.with_suffix(".tmp"), path)
     dist.barrier()  # no rank tears gloo down while another still talks to it
     dist.destroy_process_group()

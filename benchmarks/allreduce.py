@@ -50,8 +50,12 @@ def worker(kind: str, shapes: list[list[int]], repeats: int, port: int) -> None:
     rank = int(os.environ["OMPI_COMM_WORLD_RANK"])
     size = int(os.environ["OMPI_COMM_WORLD_SIZE"])
     if kind == "tf-mwms":
-        os.environ["TF_CONFIG"] = json.dumps({"cluster": {"worker": [f"127.0.0.1:{port + r}" for r in range(size)]},
-                                              "task": {"type": "worker", "index": rank}})
+        os.environ["TF_CONFIG"] = json.dumps(
+            {
+                "cluster": {"worker": [f"127.0.0.1:{port + r}" for r in range(size)]},
+                "task": {"type": "worker", "index": rank},
+            }
+        )
         import tensorflow as tf
 
         tf.config.threading.set_intra_op_parallelism_threads(1)
@@ -111,12 +115,36 @@ def worker(kind: str, shapes: list[list[int]], repeats: int, port: int) -> None:
 def launch(kind: str, repeats: int) -> list[float]:
     from ddlkit.compute.ports import free_ports
 
-    port, = free_ports(1)
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "TF_CPP_MIN_LOG_LEVEL": "2",
-           "OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1"}
-    proc = subprocess.run(["mpirun", "-np", "2", "--oversubscribe", "--bind-to", "none", sys.executable, __file__,
-                           "--worker", kind, "--repeats", str(repeats), "--port", str(port)],
-                          env=env, capture_output=True, text=True, timeout=600)
+    (port,) = free_ports(1)
+    env = {
+        **os.environ,
+        "OMP_NUM_THREADS": "1",
+        "TF_CPP_MIN_LOG_LEVEL": "2",
+        "OMPI_ALLOW_RUN_AS_ROOT": "1",
+        "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1",
+    }
+    proc = subprocess.run(
+        [
+            "mpirun",
+            "-np",
+            "2",
+            "--oversubscribe",
+            "--bind-to",
+            "none",
+            sys.executable,
+            __file__,
+            "--worker",
+            kind,
+            "--repeats",
+            str(repeats),
+            "--port",
+            str(port),
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     line = next((ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")), None)
     if proc.returncode != 0 or line is None:
         raise RuntimeError(f"{kind} failed ({proc.returncode}):\n{proc.stdout[-2000:]}\n{proc.stderr[-2000:]}")
@@ -145,18 +173,27 @@ def main() -> None:
             continue
         seconds = launch(kind, args.repeats)
         results[kind] = {**summary(seconds), "gb_per_s": round(megabytes / 1e3 / statistics.median(seconds), 3)}
-        print(f"{kind}: {1e3 * results[kind]['median']:.1f} ms per all-reduce of {megabytes:.1f} MB "
-              f"({results[kind]['gb_per_s']} GB/s)", flush=True)
+        print(
+            f"{kind}: {1e3 * results[kind]['median']:.1f} ms per all-reduce of {megabytes:.1f} MB "
+            f"({results[kind]['gb_per_s']} GB/s)",
+            flush=True,
+        )
     base = results["torch-gloo"]["median"]
     for r in results.values():
         r["time_vs_torch_gloo"] = round(r["median"] / base, 3)
-    path = write_result("allreduce", {
-        "benchmark": "allreduce",
-        "what": "seconds per all-reduce (sum) of ResNet-18's gradients (100 classes) on 2 ranks of this machine, "
-                "1 thread per rank, by each dist backend's transport",
-        "megabytes": round(megabytes, 2), "tensors": len(shapes), "repeats": args.repeats,
-        "results": results, "skipped": skipped,
-    })
+    path = write_result(
+        "allreduce",
+        {
+            "benchmark": "allreduce",
+            "what": "seconds per all-reduce (sum) of ResNet-18's gradients (100 classes) on 2 ranks of this machine, "
+            "1 thread per rank, by each dist backend's transport",
+            "megabytes": round(megabytes, 2),
+            "tensors": len(shapes),
+            "repeats": args.repeats,
+            "results": results,
+            "skipped": skipped,
+        },
+    )
     print(f"wrote {path}")
 
 

@@ -42,7 +42,10 @@ import time
 from pathlib import Path
 
 from _common import summary, write_result
+
 from ddlkit.jobdir import JOB_FILE
+from ddlkit.testing.registry import LoopbackRegistry
+from ddlkit_azure.testing import start_azurite, stop_azurite
 from ddlkit_azure.testing.azureml import DEFAULT_DATASTORE, LoopbackWorkspace
 from ddlkit_azure.testing.loopback import (
     CREDENTIAL_ENV,
@@ -51,28 +54,46 @@ from ddlkit_azure.testing.loopback import (
     make_certificate,
     sdk_environment,
 )
-from ddlkit_azure.testing import start_azurite, stop_azurite
-
-from ddlkit.testing.registry import LoopbackRegistry
 
 #: the image the jobs name (framework=fake has none of ddlkit's): in the loopback registry, for anyone to pull
 FAKE_REPOSITORY, FAKE_TAG = "ddlkit/fake", "bench-cpu"
-FAKE = ("framework=fake", "data.image_size=8", "data.length=32", "data.val_length=8", "data.num_classes=4",
-        "trainer.batch_size=4", "trainer.epochs=1")
+FAKE = (
+    "framework=fake",
+    "data.image_size=8",
+    "data.length=32",
+    "data.val_length=8",
+    "data.num_classes=4",
+    "trainer.batch_size=4",
+    "trainer.epochs=1",
+)
 #: the code snapshot's package: its data module, and 48 more files that make it 50 files, 5 MB
-USER_DATA = ("import numpy as np\n\n\ndef samples(split, n=32):\n"
-             "    rng = np.random.default_rng(0 if split == 'train' else 1)\n"
-             "    return rng.uniform(0, 1, (n, 8, 8, 3)).astype('float32'), rng.integers(0, 4, n)\n")
+USER_DATA = (
+    "import numpy as np\n\n\ndef samples(split, n=32):\n"
+    "    rng = np.random.default_rng(0 if split == 'train' else 1)\n"
+    "    return rng.uniform(0, 1, (n, 8, 8, 3)).astype('float32'), rng.integers(0, 4, n)\n"
+)
 SNAPSHOT_FILES, SNAPSHOT_BYTES = 50, 5_000_000
-CUSTOM = ("framework=fake", "data=custom", "data.target=my_pkg.data:samples", "data.num_classes=4",
-          "data.image_size=8", "trainer.batch_size=4", "trainer.epochs=1")
+CUSTOM = (
+    "framework=fake",
+    "data=custom",
+    "data.target=my_pkg.data:samples",
+    "data.num_classes=4",
+    "data.image_size=8",
+    "trainer.batch_size=4",
+    "trainer.epochs=1",
+)
 TICKS = "import time\nfor i in range({n}):\n    print('tick', i, flush=True); time.sleep(0.5)"
 
 
 def workspace_args(ws: LoopbackWorkspace, image: str) -> list[str]:
-    return ["compute=azureml", f"compute.subscription_id={ws.subscription}",
-            f"compute.resource_group={ws.resource_group}", f"compute.workspace={ws.workspace}",
-            "compute.cluster=gpu-cluster", f"compute.image={image}"]
+    return [
+        "compute=azureml",
+        f"compute.subscription_id={ws.subscription}",
+        f"compute.resource_group={ws.resource_group}",
+        f"compute.workspace={ws.workspace}",
+        "compute.cluster=gpu-cluster",
+        f"compute.image={image}",
+    ]
 
 
 def job_puts(server: LoopbackServer) -> list:
@@ -83,13 +104,37 @@ def cli_submission(base: Path, ws: LoopbackWorkspace, image: str, i: int) -> dic
     """Wall time of ``ddlkit --detach`` on both targets; for azureml, also until the job's PUT arrived."""
     seen = len(job_puts(ws.server))
     t0_wall, t0 = time.time(), time.monotonic()
-    subprocess.run([sys.executable, "-m", "ddlkit", "--detach", *workspace_args(ws, image), *FAKE,
-                    f"hydra.run.dir={base / f'cli-azureml-{i}'}"], check=True, capture_output=True, cwd=base)
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "ddlkit",
+            "--detach",
+            *workspace_args(ws, image),
+            *FAKE,
+            f"hydra.run.dir={base / f'cli-azureml-{i}'}",
+        ],
+        check=True,
+        capture_output=True,
+        cwd=base,
+    )
     azureml_s = time.monotonic() - t0
     accepted_s = job_puts(ws.server)[seen].time - t0_wall
     t0 = time.monotonic()
-    subprocess.run([sys.executable, "-m", "ddlkit", "--detach", "compute=local", *FAKE,
-                    f"hydra.run.dir={base / f'cli-local-{i}'}"], check=True, capture_output=True, cwd=base)
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "ddlkit",
+            "--detach",
+            "compute=local",
+            *FAKE,
+            f"hydra.run.dir={base / f'cli-local-{i}'}",
+        ],
+        check=True,
+        capture_output=True,
+        cwd=base,
+    )
     local_s = time.monotonic() - t0
     return {"azureml_cli_returned_s": azureml_s, "azureml_job_accepted_s": accepted_s, "local_cli_returned_s": local_s}
 
@@ -119,13 +164,28 @@ def snapshot_submission(base: Path, ws: LoopbackWorkspace, image: str, i: int) -
         user_package(project)
     (project / "my_pkg" / "__init__.py").write_text(f"ROUND = {i}\n")  # a new tree: a new snapshot
     row: dict[str, float] = {}
-    for key, overrides in (("first_with_snapshot", CUSTOM), ("second_with_snapshot", CUSTOM),
-                           ("without_snapshot", FAKE)):
+    for key, overrides in (
+        ("first_with_snapshot", CUSTOM),
+        ("second_with_snapshot", CUSTOM),
+        ("without_snapshot", FAKE),
+    ):
         seen, before = len(job_puts(ws.server)), snapshot_blobs(ws)
         job_dir = base / f"snapshot-{key}-{i}"
         t0_wall, t0 = time.time(), time.monotonic()
-        subprocess.run([sys.executable, "-m", "ddlkit", "--detach", *workspace_args(ws, image), *overrides,
-                        f"hydra.run.dir={job_dir}"], check=True, capture_output=True, cwd=project)
+        subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "ddlkit",
+                "--detach",
+                *workspace_args(ws, image),
+                *overrides,
+                f"hydra.run.dir={job_dir}",
+            ],
+            check=True,
+            capture_output=True,
+            cwd=project,
+        )
         row[f"{key}_cli_returned_s"] = time.monotonic() - t0
         put = job_puts(ws.server)[seen]
         row[f"{key}_job_accepted_s"] = put.time - t0_wall
@@ -137,17 +197,27 @@ def snapshot_submission(base: Path, ws: LoopbackWorkspace, image: str, i: int) -
 
 
 def target(ws: LoopbackWorkspace, image: str, **changes: object):
-    from ddlkit_azure.azureml import AzureMLConfig, AzureMLTarget
     from omegaconf import OmegaConf
 
-    cfg = AzureMLConfig(subscription_id=ws.subscription, resource_group=ws.resource_group, workspace=ws.workspace,
-                        cluster="gpu-cluster", image=image, framework="fake",
-                        dist="none", data_root=None, storage="local")
+    from ddlkit_azure.azureml import AzureMLConfig, AzureMLTarget
+
+    cfg = AzureMLConfig(
+        subscription_id=ws.subscription,
+        resource_group=ws.resource_group,
+        workspace=ws.workspace,
+        cluster="gpu-cluster",
+        image=image,
+        framework="fake",
+        dist="none",
+        data_root=None,
+        storage="local",
+    )
     return AzureMLTarget(OmegaConf.merge(OmegaConf.structured(cfg), changes))
 
 
-def in_process_submission(base: Path, ws: LoopbackWorkspace, registry: LoopbackRegistry, image: str,
-                          i: int) -> dict[str, float]:
+def in_process_submission(
+    base: Path, ws: LoopbackWorkspace, registry: LoopbackRegistry, image: str, i: int
+) -> dict[str, float]:
     """``AzureMLTarget.submit`` vs the SDK's bare ``create_or_update`` of the same job (warm client)."""
     from azure.ai.ml import Output, command
     from azure.ai.ml.entities import Environment
@@ -172,14 +242,24 @@ def in_process_submission(base: Path, ws: LoopbackWorkspace, registry: LoopbackR
     before = len(ws.server.requests())
     t0 = time.monotonic()
     with contextlib.redirect_stderr(io.StringIO()):
-        client.jobs.create_or_update(command(
-            name=f"bare-{i}-{os.getpid()}", code=str(bare), command="python -c \"print('hi')\"",
-            environment=Environment(image=image), compute="gpu-cluster",
-            outputs={"job_dir": Output(type="uri_folder", mode="rw_mount")}))
+        client.jobs.create_or_update(
+            command(
+                name=f"bare-{i}-{os.getpid()}",
+                code=str(bare),
+                command="python -c \"print('hi')\"",
+                environment=Environment(image=image),
+                compute="gpu-cluster",
+                outputs={"job_dir": Output(type="uri_folder", mode="rw_mount")},
+            )
+        )
     bare_s, bare_calls = time.monotonic() - t0, len(ws.server.requests()) - before
-    return {"ddlkit_submit_s": ddlkit_s, "ddlkit_requests": ddlkit_calls,
-            "ddlkit_image_check_requests": image_check_calls, "bare_sdk_submit_s": bare_s,
-            "bare_sdk_requests": bare_calls}
+    return {
+        "ddlkit_submit_s": ddlkit_s,
+        "ddlkit_requests": ddlkit_calls,
+        "ddlkit_image_check_requests": image_check_calls,
+        "bare_sdk_submit_s": bare_s,
+        "bare_sdk_requests": bare_calls,
+    }
 
 
 def follow_ddlkit(base: Path, ws: LoopbackWorkspace, image: str, follow_s: float) -> dict[str, float]:
@@ -197,8 +277,12 @@ def follow_ddlkit(base: Path, ws: LoopbackWorkspace, image: str, follow_s: float
     elapsed = time.monotonic() - t0
     calls = len(ws.server.requests()) - before
     assert status.state.value == "succeeded" and f"tick {int(follow_s * 2) - 1}" in text, (status, text[-300:])
-    return {"poll_interval_s": tgt.cfg.poll_interval_s, "followed_s": elapsed, "requests": calls,
-            "requests_per_job_minute": calls / (elapsed / 60)}
+    return {
+        "poll_interval_s": tgt.cfg.poll_interval_s,
+        "followed_s": elapsed,
+        "requests": calls,
+        "requests_per_job_minute": calls / (elapsed / 60),
+    }
 
 
 def follow_sdk_stream(base: Path, ws: LoopbackWorkspace, image: str, follow_s: float) -> dict[str, float]:
@@ -210,9 +294,15 @@ def follow_sdk_stream(base: Path, ws: LoopbackWorkspace, image: str, follow_s: f
     code.mkdir()
     (code / "ticks.py").write_text(TICKS.format(n=int(follow_s * 2)))
     with contextlib.redirect_stderr(io.StringIO()):
-        job = client.jobs.create_or_update(command(
-            name=f"stream-{os.getpid()}", code=str(code), command="python ticks.py", compute="gpu-cluster",
-            environment=Environment(image=image)))
+        job = client.jobs.create_or_update(
+            command(
+                name=f"stream-{os.getpid()}",
+                code=str(code),
+                command="python ticks.py",
+                compute="gpu-cluster",
+                environment=Environment(image=image),
+            )
+        )
     before = len(ws.server.requests())
     t0 = time.monotonic()
     with contextlib.redirect_stdout(io.StringIO()) as out:
@@ -227,20 +317,26 @@ def startup(base: Path, ws: LoopbackWorkspace, image: str, rounds: int) -> dict:
     azureml = [sys.executable, "-m", "ddlkit", "--cfg", "job", *workspace_args(ws, image)]
     local = [sys.executable, "-m", "ddlkit", "--cfg", "job"]
     sdk = [sys.executable, "-c", "import azure.ai.ml"]
-    times: dict[str, list[float]] = {"ddlkit_cfg_job_azureml_s": [], "ddlkit_cfg_job_local_s": [],
-                                     "import_azure_ai_ml_s": []}
+    times: dict[str, list[float]] = {
+        "ddlkit_cfg_job_azureml_s": [],
+        "ddlkit_cfg_job_local_s": [],
+        "import_azure_ai_ml_s": [],
+    }
     for _ in range(rounds):
         for key, argv in zip(times, (azureml, local, sdk), strict=True):
             t0 = time.monotonic()
             subprocess.run(argv, check=True, capture_output=True, cwd=base)
             times[key].append(time.monotonic() - t0)
-    trace = subprocess.run([sys.executable, "-X", "importtime", *azureml[1:]], capture_output=True, text=True,
-                           cwd=base, check=True).stderr
+    trace = subprocess.run(
+        [sys.executable, "-X", "importtime", *azureml[1:]], capture_output=True, text=True, cwd=base, check=True
+    ).stderr
     imported = {line.rsplit("|", 1)[-1].strip() for line in trace.splitlines() if "|" in line}
-    return {**{k: summary(v) for k, v in times.items()},
-            "imports_ddlkit_azure_azureml": "ddlkit_azure.azureml" in imported,
-            "imports_azure_ai_ml": any(m.startswith("azure.ai.ml") for m in imported),
-            "imports_azure_identity": any(m.startswith("azure.identity") for m in imported)}
+    return {
+        **{k: summary(v) for k, v in times.items()},
+        "imports_ddlkit_azure_azureml": "ddlkit_azure.azureml" in imported,
+        "imports_azure_ai_ml": any(m.startswith("azure.ai.ml") for m in imported),
+        "imports_azure_identity": any(m.startswith("azure.identity") for m in imported),
+    }
 
 
 def main() -> None:
@@ -253,8 +349,11 @@ def main() -> None:
         azurite = start_azurite(base / "azurite")
         cert = make_certificate(base / "tls")
         try:
-            with LoopbackServer(cert) as server, LoopbackWorkspace(server, azurite, base / "workspace") as ws, \
-                    LoopbackRegistry((cert.cert_file, cert.key_file), public={FAKE_REPOSITORY}) as registry:
+            with (
+                LoopbackServer(cert) as server,
+                LoopbackWorkspace(server, azurite, base / "workspace") as ws,
+                LoopbackRegistry((cert.cert_file, cert.key_file), public={FAKE_REPOSITORY}) as registry,
+            ):
                 image = registry.push(FAKE_REPOSITORY, FAKE_TAG)
                 for name in CREDENTIAL_ENV:
                     os.environ.pop(name, None)
@@ -276,15 +375,20 @@ def main() -> None:
 
     payload = {
         "endpoint": "loopback Azure ML workspace (ddlkit_azure.testing.azureml): real azure-ai-ml "
-                    f"{__import__('importlib.metadata').metadata.version('azure-ai-ml')}, HTTPS on 127.0.0.1, "
-                    f"blob traffic via the intercepting proxy to Azurite (hosts: {', '.join(proxied)}); "
-                    "the jobs' image in a loopback registry (ddlkit.testing.registry) on 127.0.0.1",
+        f"{__import__('importlib.metadata').metadata.version('azure-ai-ml')}, HTTPS on 127.0.0.1, "
+        f"blob traffic via the intercepting proxy to Azurite (hosts: {', '.join(proxied)}); "
+        "the jobs' image in a loopback registry (ddlkit.testing.registry) on 127.0.0.1",
         "submission_cli": {k: med(cli, k) for k in cli[0]},
-        "submission_cli_code_snapshot": {"snapshot": f"{SNAPSHOT_FILES} files, {SNAPSHOT_BYTES / 1e6:g} MB",
-                                         **{k: med(snapshot, k) for k in snapshot[0]}},
+        "submission_cli_code_snapshot": {
+            "snapshot": f"{SNAPSHOT_FILES} files, {SNAPSHOT_BYTES / 1e6:g} MB",
+            **{k: med(snapshot, k) for k in snapshot[0]},
+        },
         "submission_in_process": {k: med(inproc, k) for k in inproc[0]},
-        "following": {"ddlkit": follow, "sdk_jobs_stream": stream,
-                      "ratio_sdk_over_ddlkit": stream["requests_per_job_minute"] / follow["requests_per_job_minute"]},
+        "following": {
+            "ddlkit": follow,
+            "sdk_jobs_stream": stream,
+            "ratio_sdk_over_ddlkit": stream["requests_per_job_minute"] / follow["requests_per_job_minute"],
+        },
         "startup": start,
     }
     path = write_result("azureml", payload)

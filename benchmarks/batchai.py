@@ -35,6 +35,9 @@ from collections import Counter
 from pathlib import Path
 
 from _common import summary, write_result
+
+from ddlkit import JOB_FILE, JobSpec, __version__
+from ddlkit.testing.registry import LoopbackRegistry
 from ddlkit_azure.batchai import (
     BatchAIConfig,
     BatchAITarget,
@@ -42,6 +45,7 @@ from ddlkit_azure.batchai import (
     FileShareSettings,
 )
 from ddlkit_azure.batchai_client import ACCOUNT_KEY_ENV, Service
+from ddlkit_azure.testing import start_azurite, stop_azurite
 from ddlkit_azure.testing.batchai import FILES_KEY, BatchAILoopback
 from ddlkit_azure.testing.loopback import (
     CREDENTIAL_ENV,
@@ -50,20 +54,25 @@ from ddlkit_azure.testing.loopback import (
     make_certificate,
     sdk_environment,
 )
-from ddlkit_azure.testing import start_azurite, stop_azurite
-
-from ddlkit import JOB_FILE, JobSpec, __version__
-from ddlkit.testing.registry import LoopbackRegistry
 
 
 def configure(service: BatchAILoopback, key: Path, poll: float, **more: object) -> BatchAIConfig:
     """The target's config; ddlkit's images from the registry the service's nodes pull from, where it has one."""
     if service.registry is not None:
         more.setdefault("registry", f"{service.registry.host}/ddlkit")
-    return BatchAIConfig(subscription_id="bench", resource_group="rg", workspace="ws", endpoint=service.server.url,
-                         gpu=False, poll_interval_s=poll, framework="pytorch", storage="nfs",
-                         cluster=ClusterSettings(vm_size="Standard_D4_v2", ssh_public_key_file=str(key)),
-                         file_share=FileShareSettings(url=service.share_url), **more)
+    return BatchAIConfig(
+        subscription_id="bench",
+        resource_group="rg",
+        workspace="ws",
+        endpoint=service.server.url,
+        gpu=False,
+        poll_interval_s=poll,
+        framework="pytorch",
+        storage="nfs",
+        cluster=ClusterSettings(vm_size="Standard_D4_v2", ssh_public_key_file=str(key)),
+        file_share=FileShareSettings(url=service.share_url),
+        **more,
+    )
 
 
 def job_dir(root: Path, name: str) -> Path:
@@ -74,9 +83,12 @@ def job_dir(root: Path, name: str) -> Path:
 
 
 def counted(server: LoopbackServer) -> dict[str, int]:
-    kinds = Counter("azure files" if not r.path.startswith("/subscriptions/") else
-                    f"{r.method} {'operation poll' if '/operationresults/' in r.path else 'batch ai'}"
-                    for r in server.requests())
+    kinds = Counter(
+        "azure files"
+        if not r.path.startswith("/subscriptions/")
+        else f"{r.method} {'operation poll' if '/operationresults/' in r.path else 'batch ai'}"
+        for r in server.requests()
+    )
     return dict(sorted(kinds.items())) | {"total": sum(kinds.values())}
 
 
@@ -88,8 +100,10 @@ def submissions(tmp: Path, cert: object, key: Path, poll: float, rounds: int) ->
     checked = 0
     for number in range(rounds):
         root = tmp / f"submit-{poll}-{number}"
-        with LoopbackServer(cert) as server, LoopbackRegistry((cert.cert_file, cert.key_file),
-                                                              public={"ddlkit/pytorch"}) as registry:
+        with (
+            LoopbackServer(cert) as server,
+            LoopbackRegistry((cert.cert_file, cert.key_file), public={"ddlkit/pytorch"}) as registry,
+        ):
             registry.push("ddlkit/pytorch", f"{__version__}-cpu")
             service = BatchAILoopback(server, root / "service", registry=registry)
             target = BatchAITarget(configure(service, key, poll))
@@ -106,15 +120,20 @@ def submissions(tmp: Path, cert: object, key: Path, poll: float, rounds: int) ->
                 checked = len(registry.requests)
                 handle.wait(60)
             service.stop()
-    return {"poll_interval_s": poll, "first_job_s": summary(first_s), "second_job_s": summary(second_s),
-            # the same in every round: the last round's
-            "first_job_requests": first_n[rounds - 1], "second_job_requests": second_n[rounds - 1],
-            "image_check_requests_per_job": checked}
+    return {
+        "poll_interval_s": poll,
+        "first_job_s": summary(first_s),
+        "second_job_s": summary(second_s),
+        # the same in every round: the last round's
+        "first_job_requests": first_n[rounds - 1],
+        "second_job_requests": second_n[rounds - 1],
+        "image_check_requests_per_job": checked,
+    }
 
 
 def staging(tmp: Path, cert: object, key: Path, files: int, kb: int) -> dict[str, object]:
-    from ddlkit.storage import build_manifest
     from ddlkit.launch.data_cli import upload
+    from ddlkit.storage import build_manifest
 
     data = tmp / "dataset"
     for i in range(files):
@@ -150,12 +169,20 @@ def staging(tmp: Path, cert: object, key: Path, files: int, kb: int) -> dict[str
             service.stop()
     finally:
         stop_azurite(azurite.process)
-    return {"files": files, "dataset_bytes": total, "staging_step_s": stage_s, "stage_copy_s": report["seconds"],
-            "ddlkit_data_upload_s": upload_s, "staging_step_mb_per_s": total / 1e6 / stage_s,
-            "stage_copy_mb_per_s": total / 1e6 / report["seconds"],
-            "ddlkit_data_upload_mb_per_s": total / 1e6 / upload_s,
-            "ratio_step_vs_upload": upload_s / stage_s, "ratio_copy_vs_upload": upload_s / report["seconds"],
-            "second_staging_s": again_s, "second_staging_said": said[-1]}
+    return {
+        "files": files,
+        "dataset_bytes": total,
+        "staging_step_s": stage_s,
+        "stage_copy_s": report["seconds"],
+        "ddlkit_data_upload_s": upload_s,
+        "staging_step_mb_per_s": total / 1e6 / stage_s,
+        "stage_copy_mb_per_s": total / 1e6 / report["seconds"],
+        "ddlkit_data_upload_mb_per_s": total / 1e6 / upload_s,
+        "ratio_step_vs_upload": upload_s / stage_s,
+        "ratio_copy_vs_upload": upload_s / report["seconds"],
+        "second_staging_s": again_s,
+        "second_staging_said": said[-1],
+    }
 
 
 def main() -> None:
@@ -179,16 +206,28 @@ def main() -> None:
         default = submissions(tmp, cert, key, 5.0, 1)
         staged = staging(tmp, cert, key, args.files, args.kb)
     for result in (fast, default):
-        print(f"poll {result['poll_interval_s']} s: first job {result['first_job_s']['median']:.2f} s "
-              f"({result['first_job_requests']['total']} requests), second "
-              f"{result['second_job_s']['median']:.2f} s ({result['second_job_requests']['total']})")
-    print(f"staging {staged['dataset_bytes'] / 1e6:.1f} MB: step {staged['staging_step_s']:.2f} s "
-          f"({staged['staging_step_mb_per_s']:.1f} MB/s; the copy itself {staged['stage_copy_mb_per_s']:.1f} MB/s) vs "
-          f"ddlkit data upload {staged['ddlkit_data_upload_s']:.2f} s "
-          f"({staged['ddlkit_data_upload_mb_per_s']:.1f} MB/s):"
-          f" {staged['ratio_step_vs_upload']:.2f}x; again: {staged['second_staging_s']:.2f} s")
-    path = write_result("batchai", {"benchmark": "batchai", "config": vars(args),
-                                    "submission": fast, "submission_default_poll": default, "staging": staged})
+        print(
+            f"poll {result['poll_interval_s']} s: first job {result['first_job_s']['median']:.2f} s "
+            f"({result['first_job_requests']['total']} requests), second "
+            f"{result['second_job_s']['median']:.2f} s ({result['second_job_requests']['total']})"
+        )
+    print(
+        f"staging {staged['dataset_bytes'] / 1e6:.1f} MB: step {staged['staging_step_s']:.2f} s "
+        f"({staged['staging_step_mb_per_s']:.1f} MB/s; the copy itself {staged['stage_copy_mb_per_s']:.1f} MB/s) vs "
+        f"ddlkit data upload {staged['ddlkit_data_upload_s']:.2f} s "
+        f"({staged['ddlkit_data_upload_mb_per_s']:.1f} MB/s):"
+        f" {staged['ratio_step_vs_upload']:.2f}x; again: {staged['second_staging_s']:.2f} s"
+    )
+    path = write_result(
+        "batchai",
+        {
+            "benchmark": "batchai",
+            "config": vars(args),
+            "submission": fast,
+            "submission_default_poll": default,
+            "staging": staged,
+        },
+    )
     print(f"-> {path}")
 
 

@@ -43,17 +43,24 @@ from scaling import available, job_args, run_job
 
 HAND_LOOP = Path(__file__).with_name("_ddp_loop.py")
 
-TORCH_DEFAULTS = ["framework.ddp_bucket_cap_mb=25", "framework.ddp_gradient_as_bucket_view=false",
-                  "framework.ddp_static_graph=false"]
+TORCH_DEFAULTS = [
+    "framework.ddp_bucket_cap_mb=25",
+    "framework.ddp_gradient_as_bucket_view=false",
+    "framework.ddp_static_graph=false",
+]
 #: name -> (dist backend, overrides)
 VARIANTS: dict[str, tuple[str, list[str]]] = {
     "torch-defaults": ("native", TORCH_DEFAULTS),
     "ddlkit-defaults": ("native", []),
-    "bucket-view": ("native", [*TORCH_DEFAULTS[:1], "framework.ddp_gradient_as_bucket_view=true",
-                               "framework.ddp_static_graph=false"]),
+    "bucket-view": (
+        "native",
+        [*TORCH_DEFAULTS[:1], "framework.ddp_gradient_as_bucket_view=true", "framework.ddp_static_graph=false"],
+    ),
     "static-graph": ("native", [*TORCH_DEFAULTS[:2], "framework.ddp_static_graph=true"]),
-    "view+static": ("native", [*TORCH_DEFAULTS[:1], "framework.ddp_gradient_as_bucket_view=true",
-                               "framework.ddp_static_graph=true"]),
+    "view+static": (
+        "native",
+        [*TORCH_DEFAULTS[:1], "framework.ddp_gradient_as_bucket_view=true", "framework.ddp_static_graph=true"],
+    ),
     "bucket-5mb": ("native", ["framework.ddp_bucket_cap_mb=5", *TORCH_DEFAULTS[1:]]),
     "bucket-100mb": ("native", ["framework.ddp_bucket_cap_mb=100", *TORCH_DEFAULTS[1:]]),
     "horovod": ("horovod", []),
@@ -63,13 +70,35 @@ VARIANTS: dict[str, tuple[str, list[str]]] = {
 
 def hand_loop(ranks: int, *, steps: int, batch: int, image_size: int, model: str) -> float:
     """The hand-written DDP loop's images/sec at ``ranks`` ranks (mpirun as compute=local_mpi runs it)."""
-    proc = subprocess.run(["mpirun", "--allow-run-as-root", "--bind-to", "none", "--map-by", "slot", "-np", str(ranks),
-                           sys.executable, str(HAND_LOOP), "--steps", str(steps), "--batch", str(batch),
-                           "--image-size", str(image_size), "--model", model],
-                          env={**one_thread_env(), "PMIX_MCA_psec": "native"}, capture_output=True, text=True)
+    proc = subprocess.run(
+        [
+            "mpirun",
+            "--allow-run-as-root",
+            "--bind-to",
+            "none",
+            "--map-by",
+            "slot",
+            "-np",
+            str(ranks),
+            sys.executable,
+            str(HAND_LOOP),
+            "--steps",
+            str(steps),
+            "--batch",
+            str(batch),
+            "--image-size",
+            str(image_size),
+            "--model",
+            model,
+        ],
+        env={**one_thread_env(), "PMIX_MCA_psec": "native"},
+        capture_output=True,
+        text=True,
+    )
     if proc.returncode != 0:
-        raise RuntimeError(f"the hand-written loop failed ({proc.returncode}):\n{proc.stdout[-2000:]}"
-                           f"{proc.stderr[-2000:]}")
+        raise RuntimeError(
+            f"the hand-written loop failed ({proc.returncode}):\n{proc.stdout[-2000:]}{proc.stderr[-2000:]}"
+        )
     return float(json.loads(proc.stdout.strip().splitlines()[-1])["images_per_sec"])
 
 
@@ -122,7 +151,7 @@ def main() -> None:
             if "hand-ddp" in variants:
                 hand_one_rank.append(hand_loop(1, **shape))
                 print(f"round {r + 1}/{args.rounds} hand-written loop, 1 rank: {hand_one_rank[-1]:.1f} images/s")
-            for v in variants[r % len(variants):] + variants[:r % len(variants)]:
+            for v in variants[r % len(variants) :] + variants[: r % len(variants)]:
                 backend, overrides = VARIANTS[v]
                 if v == "hand-ddp":
                     ips[v].append(hand_loop(2, **shape))
@@ -130,24 +159,45 @@ def main() -> None:
                     result = run_job([*job_args(f"pytorch/{backend}", 2, **shape), *overrides], work / f"{v}-{r}")
                     ips[v].append(result["images_per_sec"])
                 base = hand_one_rank[-1] if v == "hand-ddp" else one_rank[-1]
-                print(f"round {r + 1}/{args.rounds} {v}: {ips[v][-1]:.1f} images/s, efficiency "
-                      f"{ips[v][-1] / (2 * base):.3f}", flush=True)
+                print(
+                    f"round {r + 1}/{args.rounds} {v}: {ips[v][-1]:.1f} images/s, efficiency "
+                    f"{ips[v][-1] / (2 * base):.3f}",
+                    flush=True,
+                )
     results = {}
     for v in variants:
         bases = hand_one_rank if v == "hand-ddp" else one_rank
         per_round = [round(x / (2 * b), 3) for x, b in zip(ips[v], bases, strict=True)]
-        results[v] = {"overrides": VARIANTS[v][1], "backend": VARIANTS[v][0], "images_per_sec": summary(ips[v]),
-                      "efficiency": statistics.median(per_round), "efficiency_per_round": per_round}
+        results[v] = {
+            "overrides": VARIANTS[v][1],
+            "backend": VARIANTS[v][0],
+            "images_per_sec": summary(ips[v]),
+            "efficiency": statistics.median(per_round),
+            "efficiency_per_round": per_round,
+        }
     extra: dict[str, Any] = {}
     if hand_one_rank:
         extra["hand_one_rank_images_per_sec"] = summary(hand_one_rank)
         if "ddlkit-defaults" in ips:
             per_round = [round(d / h, 3) for d, h in zip(ips["ddlkit-defaults"], ips["hand-ddp"], strict=True)]
             extra["ddlkit_over_hand_ddp_2_ranks"] = {"median": statistics.median(per_round), "per_round": per_round}
-    path = write_result("ddp_ab", {"benchmark": "ddp_ab", "config": vars(args), "one_rank_images_per_sec":
-                                   summary(one_rank), "variants": results, **extra, "skipped": skipped})
-    plot(results, RESULTS / "ddp_ab.png", f"PyTorch {args.model} {args.image_size}px batch {args.batch}/rank, "
-         f"2 ranks x 1 thread, medians of {args.rounds} rounds")
+    path = write_result(
+        "ddp_ab",
+        {
+            "benchmark": "ddp_ab",
+            "config": vars(args),
+            "one_rank_images_per_sec": summary(one_rank),
+            "variants": results,
+            **extra,
+            "skipped": skipped,
+        },
+    )
+    plot(
+        results,
+        RESULTS / "ddp_ab.png",
+        f"PyTorch {args.model} {args.image_size}px batch {args.batch}/rank, "
+        f"2 ranks x 1 thread, medians of {args.rounds} rounds",
+    )
     for v, res in results.items():
         print(f"{v:16s} efficiency {res['efficiency']:.3f} (rounds: {res['efficiency_per_round']})")
     for v, why in skipped.items():

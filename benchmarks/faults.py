@@ -72,8 +72,13 @@ HERE = Path(__file__).resolve().parent
 TRAIN_SCRIPT = HERE / "_torchrun_train.py"
 SIDES = ("ddlkit", "torchrun")
 SCENARIOS = ("kill", "notice", "shrink", "goodput")
-GOALS = {"t_detect_s": 5.0, "t_resume_s": 30.0, "steps_lost": "<= checkpoint_every", "fidelity": "bitwise",
-         "goodput_vs_torchrun": 1.0}
+GOALS = {
+    "t_detect_s": 5.0,
+    "t_resume_s": 30.0,
+    "steps_lost": "<= checkpoint_every",
+    "fidelity": "bitwise",
+    "goodput_vs_torchrun": 1.0,
+}
 #: how often the harness looks at the job (its metrics file, its processes)
 POLL_S = 0.02
 #: the longest any one run may take before the benchmark gives up on it
@@ -109,8 +114,10 @@ def elastic_option() -> str | None:
     from ddlkit_mpi.target import LocalMpiConfig
 
     if "min_nodes" not in {f.name for f in dataclasses.fields(LocalMpiConfig)}:
-        return ("compute=local_mpi has no compute.min_nodes (elastic world size) in this checkout: a job that lost "
-                "a node restarts on all of its nodes")
+        return (
+            "compute=local_mpi has no compute.min_nodes (elastic world size) in this checkout: a job that lost "
+            "a node restarts on all of its nodes"
+        )
     return None
 
 
@@ -192,39 +199,89 @@ class Run:
 
     def _start_ddlkit(self, max_restarts: int, backoff_s: float) -> None:
         s = self.shape
-        args = ["framework=pytorch", "framework.num_threads=1", "model=resnet18", f"data.image_size={s.image_size}",
-                f"data.num_classes={s.num_classes}", f"data.length={s.batch * s.nodes * s.procs_per_node * self.steps}",
-                f"data.pool_mib={s.pool_mib}", "optimizer.warmup_epochs=0", f"trainer.batch_size={s.batch}",
-                "trainer.epochs=1", "trainer.validate=false", "trainer.save_model=false", "trainer.log_every=1",
-                f"trainer.checkpoint_every={s.checkpoint_every}", "trainer.deterministic=true",
-                "logger=[console,jsonl]", "compute=local_mpi", f"compute.nodes={s.nodes}",
-                f"compute.procs_per_node={s.procs_per_node}", "dist=native", f"restart.max_restarts={max_restarts}",
-                f"restart.backoff_s={backoff_s:g}"]
+        args = [
+            "framework=pytorch",
+            "framework.num_threads=1",
+            "model=resnet18",
+            f"data.image_size={s.image_size}",
+            f"data.num_classes={s.num_classes}",
+            f"data.length={s.batch * s.nodes * s.procs_per_node * self.steps}",
+            f"data.pool_mib={s.pool_mib}",
+            "optimizer.warmup_epochs=0",
+            f"trainer.batch_size={s.batch}",
+            "trainer.epochs=1",
+            "trainer.validate=false",
+            "trainer.save_model=false",
+            "trainer.log_every=1",
+            f"trainer.checkpoint_every={s.checkpoint_every}",
+            "trainer.deterministic=true",
+            "logger=[console,jsonl]",
+            "compute=local_mpi",
+            f"compute.nodes={s.nodes}",
+            f"compute.procs_per_node={s.procs_per_node}",
+            "dist=native",
+            f"restart.max_restarts={max_restarts}",
+            f"restart.backoff_s={backoff_s:g}",
+        ]
         if self.elastic:
             args.append("compute.min_nodes=1")
         with open(self.job_dir.parent / f"{self.job_dir.name}.launcher.log", "w") as log:  # the child keeps it
-            self.procs.append(subprocess.Popen([sys.executable, "-m", "ddlkit", *args,
-                                                f"hydra.run.dir={self.job_dir}"], cwd=self.job_dir.parent,
-                                               env=one_thread_env(), stdout=log, stderr=subprocess.STDOUT,
-                                               start_new_session=True))
+            self.procs.append(
+                subprocess.Popen(
+                    [sys.executable, "-m", "ddlkit", *args, f"hydra.run.dir={self.job_dir}"],
+                    cwd=self.job_dir.parent,
+                    env=one_thread_env(),
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    start_new_session=True,
+                )
+            )
 
     def _start_torchrun(self, max_restarts: int) -> None:
         from ddlkit_mpi.target import free_ports
 
         s = self.shape
-        port, = free_ports(1)
+        (port,) = free_ports(1)
         for node in range(s.nodes):
-            command = [sys.executable, "-m", "torch.distributed.run", f"--nnodes=1:{s.nodes}",
-                       f"--nproc-per-node={s.procs_per_node}", f"--max-restarts={max_restarts}",
-                       "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{port}", f"--rdzv-id={self.job_dir.name}",
-                       # node 0's agent hosts the rendezvous store, so that losing node 1 does not lose it
-                       f"--rdzv-conf=is_host={int(node == 0)}", str(TRAIN_SCRIPT), "--out", str(self.job_dir),
-                       "--steps", str(self.steps), "--checkpoint-every", str(s.checkpoint_every),
-                       "--batch", str(s.batch), "--image-size", str(s.image_size),
-                       "--num-classes", str(s.num_classes), "--pool-mib", str(s.pool_mib)]
+            command = [
+                sys.executable,
+                "-m",
+                "torch.distributed.run",
+                f"--nnodes=1:{s.nodes}",
+                f"--nproc-per-node={s.procs_per_node}",
+                f"--max-restarts={max_restarts}",
+                "--rdzv-backend=c10d",
+                f"--rdzv-endpoint=127.0.0.1:{port}",
+                f"--rdzv-id={self.job_dir.name}",
+                # node 0's agent hosts the rendezvous store, so that losing node 1 does not lose it
+                f"--rdzv-conf=is_host={int(node == 0)}",
+                str(TRAIN_SCRIPT),
+                "--out",
+                str(self.job_dir),
+                "--steps",
+                str(self.steps),
+                "--checkpoint-every",
+                str(s.checkpoint_every),
+                "--batch",
+                str(s.batch),
+                "--image-size",
+                str(s.image_size),
+                "--num-classes",
+                str(s.num_classes),
+                "--pool-mib",
+                str(s.pool_mib),
+            ]
             with open(self.job_dir / f"agent-{node}.log", "w") as log:
-                self.procs.append(subprocess.Popen(command, cwd=self.job_dir, env={**one_thread_env(), **TORCHRUN_ENV},
-                                                   stdout=log, stderr=subprocess.STDOUT, start_new_session=True))
+                self.procs.append(
+                    subprocess.Popen(
+                        command,
+                        cwd=self.job_dir,
+                        env={**one_thread_env(), **TORCHRUN_ENV},
+                        stdout=log,
+                        stderr=subprocess.STDOUT,
+                        start_new_session=True,
+                    )
+                )
             if node == 0:
                 wait_port(port, 60)
 
@@ -243,8 +300,9 @@ class Run:
 
     def node_workers(self, node: int) -> list[int]:
         if self.side == "ddlkit":
-            return [pid for pid, environ in rank_workers(self.job_dir).items()
-                    if environ.get("DDLKIT_NODE") == str(node)]
+            return [
+                pid for pid, environ in rank_workers(self.job_dir).items() if environ.get("DDLKIT_NODE") == str(node)
+            ]
         if node >= len(self.procs) or self.procs[node].poll() is not None:
             return []
         return [p for p in children(self.procs[node].pid) if not gone(p)]
@@ -258,13 +316,22 @@ class Run:
             with contextlib.suppress(OSError, ValueError):
                 record = json.loads((self.job_dir / ".ddlkit" / "submission.json").read_text())
                 # "time": when the launcher submits the job again
-                return [{"time": r["time"], "relaunched": r["time"], "resumed_from": r["resumed_from"]}
-                        for r in record.get("restarts", [])]
+                return [
+                    {"time": r["time"], "relaunched": r["time"], "resumed_from": r["resumed_from"]}
+                    for r in record.get("restarts", [])
+                ]
             return []
         starts = [ln for ln in read_lines(self.metrics_path) if ln.get("event") == "start"]
         # "launched": when the agent started the new worker (after the rendezvous)
-        return [{"time": ln["time"], "relaunched": ln["launched"], "resumed_from": ln["resumed_from"],
-                 "world_size": ln["world_size"]} for ln in starts[1:]]
+        return [
+            {
+                "time": ln["time"],
+                "relaunched": ln["launched"],
+                "resumed_from": ln["resumed_from"],
+                "world_size": ln["world_size"],
+            }
+            for ln in starts[1:]
+        ]
 
     def world_size_now(self) -> int | None:
         if self.side == "ddlkit":
@@ -314,8 +381,9 @@ class Run:
             if self.side == "torchrun" and trained_at is None and self.step() >= self.steps:
                 trained_at = time.monotonic()
             if trained_at is not None and time.monotonic() - trained_at > AGENT_EXIT_S:
-                self.notes.append(f"torchrun's agents or workers were still there {AGENT_EXIT_S:g} s after the "
-                                  "last step; stopped")
+                self.notes.append(
+                    f"torchrun's agents or workers were still there {AGENT_EXIT_S:g} s after the last step; stopped"
+                )
                 self.stop()
                 break
             if time.monotonic() > deadline:
@@ -392,14 +460,33 @@ def after_restart(run: Run, t_kill: float) -> dict[str, Any]:
     if first is None:
         return {"error": f"no step after the restart; see {run.job_dir}", "resumed_from": resumed}
     reached = max(s for (s, t) in run.timeline if t < first)
-    return {"resumed_from": resumed, "step_reached": reached, "steps_lost": reached - resumed,
-            "t_relaunch_s": round(restart["relaunched"] - t_kill, 3), "t_resume_s": round(first - t_kill, 3)}
+    return {
+        "resumed_from": resumed,
+        "step_reached": reached,
+        "steps_lost": reached - resumed,
+        "t_relaunch_s": round(restart["relaunched"] - t_kill, 3),
+        "t_resume_s": round(first - t_kill, 3),
+    }
 
 
-def fault_round(side: str, how: str, shape: Shape, work: Path, *, kill_at: int, after: int, backoff_s: float,
-                reference: float | None) -> dict[str, Any]:
-    run = Run(side, shape, kill_at + after, work / f"{side}-{how}-{shape.world}-{time.monotonic_ns()}",
-              elastic=how == "shrink")
+def fault_round(
+    side: str,
+    how: str,
+    shape: Shape,
+    work: Path,
+    *,
+    kill_at: int,
+    after: int,
+    backoff_s: float,
+    reference: float | None,
+) -> dict[str, Any]:
+    run = Run(
+        side,
+        shape,
+        kill_at + after,
+        work / f"{side}-{how}-{shape.world}-{time.monotonic_ns()}",
+        elastic=how == "shrink",
+    )
     run.start(max_restarts=3, backoff_s=backoff_s)
     try:
         wait_for_step(run, kill_at)
@@ -410,11 +497,19 @@ def fault_round(side: str, how: str, shape: Shape, work: Path, *, kill_at: int, 
         return {"error": str(err)}
     finally:
         run.stop()
-    out = {"t_detect_s": t_detect, **after_restart(run, t_kill), "world_size_after": run.world_size_now(),
-           "restarts": len(run.restarts())}
+    out = {
+        "t_detect_s": t_detect,
+        **after_restart(run, t_kill),
+        "world_size_after": run.world_size_now(),
+        "restarts": len(run.restarts()),
+    }
     loss = loss_at(run, kill_at + after)
-    out.update(loss=loss, reference_loss=reference, bitwise=loss is not None and loss == reference,
-               loss_difference=None if loss is None or reference is None else loss - reference)
+    out.update(
+        loss=loss,
+        reference_loss=reference,
+        bitwise=loss is not None and loss == reference,
+        loss_difference=None if loss is None or reference is None else loss - reference,
+    )
     if lines := run.launcher_lines():
         out["ddlkit_says"] = lines
     if run.notes:
@@ -446,16 +541,20 @@ def progress_at(run: Run, t_end: float) -> int:
     return step
 
 
-def goodput_run(side: str, shape: Shape, work: Path, *, duration: float, period: float | None,
-                backoff_s: float) -> dict[str, Any]:
+def goodput_run(
+    side: str, shape: Shape, work: Path, *, duration: float, period: float | None, backoff_s: float
+) -> dict[str, Any]:
     """Train for ``duration`` seconds from the launch, node 1's ranks SIGKILLed every ``period``."""
     failing = period is not None
     kind = "failing" if failing else "free"
     run = Run(side, shape, 10**6, work / f"{side}-goodput-{kind}-{shape.world}-{time.monotonic_ns()}")
     run.start(max_restarts=1000, backoff_s=backoff_s)
     t_end = run.t_launch + duration
-    due = [run.t_launch + period * k for k in range(1, int(duration // period) + 1)
-           if period * k < duration] if failing else []
+    due = (
+        [run.t_launch + period * k for k in range(1, int(duration // period) + 1) if period * k < duration]
+        if failing
+        else []
+    )
     try:
         while time.time() < t_end:
             if not run.running():
@@ -471,10 +570,16 @@ def goodput_run(side: str, shape: Shape, work: Path, *, duration: float, period:
         steps = progress_at(run, t_end)
     finally:
         run.stop()
-    return {"useful_steps": steps, "wall_s": duration, "steps_per_s": round(steps / duration, 4),
-            "failures": len(run.kills), "kills_s": [round(k - run.t_launch, 2) for k in run.kills],
-            "timeline": [[round(t - run.t_launch, 3), s] for (s, t) in sorted(run.timeline, key=lambda st: st[1])
-                         if t <= t_end]}
+    return {
+        "useful_steps": steps,
+        "wall_s": duration,
+        "steps_per_s": round(steps / duration, 4),
+        "failures": len(run.kills),
+        "kills_s": [round(k - run.t_launch, 2) for k in run.kills],
+        "timeline": [
+            [round(t - run.t_launch, 3), s] for (s, t) in sorted(run.timeline, key=lambda st: st[1]) if t <= t_end
+        ],
+    }
 
 
 # ---------------------------------------------------------------------------- the report
@@ -506,9 +611,17 @@ def plot(goodput: dict[str, Any], path: Path, title: str) -> None:
             if not run:
                 continue
             xs, ys = zip(*run["timeline"], strict=True) if run["timeline"] else ((), ())
-            ax.plot(xs, ys, style, color=colors[side], lw=1.4, marker=".", markersize=3,
-                    label=f"{side}, {'no failures' if kind == 'free' else 'node 1 killed'}: "
-                          f"{run['useful_steps']} useful steps")
+            ax.plot(
+                xs,
+                ys,
+                style,
+                color=colors[side],
+                lw=1.4,
+                marker=".",
+                markersize=3,
+                label=f"{side}, {'no failures' if kind == 'free' else 'node 1 killed'}: "
+                f"{run['useful_steps']} useful steps",
+            )
             for k in run["kills_s"] if kind == "failing" else ():
                 ax.axvline(k, color=colors[side], lw=0.8, alpha=0.5, ls="--")
     ax.set_xlabel("wall time since launch (s); dashed lines: node 1's ranks SIGKILLed")
@@ -523,16 +636,23 @@ def plot(goodput: dict[str, Any], path: Path, title: str) -> None:
 
 def plot_result(payload: dict[str, Any]) -> None:
     shape, goodput = payload["shape"], payload["goodput"]
-    plot({s: v for s, v in goodput.items() if s in SIDES}, RESULTS / "faults.png",
-         f"useful steps under a failure schedule ({goodput['world']}, ResNet-18 {shape['image_size']}px, batch "
-         f"{shape['batch_per_rank']}/rank, checkpoint every {shape['checkpoint_every']} steps, "
-         f"{payload.get('machine', {}).get('cpus', os.cpu_count())} CPU cores)")
+    plot(
+        {s: v for s, v in goodput.items() if s in SIDES},
+        RESULTS / "faults.png",
+        f"useful steps under a failure schedule ({goodput['world']}, ResNet-18 {shape['image_size']}px, batch "
+        f"{shape['batch_per_rank']}/rank, checkpoint every {shape['checkpoint_every']} steps, "
+        f"{payload.get('machine', {}).get('cpus', os.cpu_count())} CPU cores)",
+    )
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rounds", type=int, default=3,
-                        help="rounds of each fault scenario and of the goodput schedule (medians reported)")
+    parser.add_argument(
+        "--rounds",
+        type=int,
+        default=3,
+        help="rounds of each fault scenario and of the goodput schedule (medians reported)",
+    )
     parser.add_argument("--worlds", default="2x1,2x2", help="simulated nodes x ranks per node")
     parser.add_argument("--scenarios", default=",".join(SCENARIOS))
     parser.add_argument("--sides", default=",".join(SIDES))
@@ -547,8 +667,9 @@ def main() -> None:
     parser.add_argument("--duration", type=float, default=90.0, help="goodput: seconds of each run")
     parser.add_argument("--period", type=float, default=30.0, help="goodput: seconds between failures")
     parser.add_argument("--keep", type=Path, help="run the jobs in this directory and keep it (their logs)")
-    parser.add_argument("--quick", action="store_true",
-                        help="one round, 2x1 only, C=5, s=8, an 80 s schedule with a failure at 40 s")
+    parser.add_argument(
+        "--quick", action="store_true", help="one round, 2x1 only, C=5, s=8, an 80 s schedule with a failure at 40 s"
+    )
     parser.add_argument("--replot", action="store_true", help="redraw faults.png from faults.json; run nothing")
     args = parser.parse_args()
     if args.replot:
@@ -589,57 +710,98 @@ def main() -> None:
                         continue
                     samples = []
                     for r in range(rounds):
-                        sample = fault_round(side, how, shape, work, kill_at=args.kill_at, after=args.after,
-                                             backoff_s=args.backoff_s, reference=refs[side])
+                        sample = fault_round(
+                            side,
+                            how,
+                            shape,
+                            work,
+                            kill_at=args.kill_at,
+                            after=args.after,
+                            backoff_s=args.backoff_s,
+                            reference=refs[side],
+                        )
                         samples.append(sample)
-                        print(f"{world} {how} {side} round {r + 1}/{rounds}: "
-                              + json.dumps({k: v for k, v in sample.items() if k != "ddlkit_says"}), flush=True)
+                        print(
+                            f"{world} {how} {side} round {r + 1}/{rounds}: "
+                            + json.dumps({k: v for k, v in sample.items() if k != "ddlkit_says"}),
+                            flush=True,
+                        )
                     by_side.setdefault(how, {})[side] = {**medians(samples), "samples": samples}
         if "goodput" in scenarios:
             shape = shape_of(args.goodput_world)
-            free = {side: goodput_run(side, shape, work, duration=args.duration, period=None,
-                                      backoff_s=args.backoff_s) for side in sides}
+            free = {
+                side: goodput_run(side, shape, work, duration=args.duration, period=None, backoff_s=args.backoff_s)
+                for side in sides
+            }
             failing: dict[str, list[dict[str, Any]]] = {side: [] for side in sides}
             for r in range(args.rounds):  # the sides take turns, so that a noisy minute hits both
                 for side in sides:
-                    failing[side].append(goodput_run(side, shape, work, duration=args.duration, period=args.period,
-                                                     backoff_s=args.backoff_s))
-                    print(f"goodput {side} round {r + 1}/{args.rounds}: {failing[side][-1]['useful_steps']} useful "
-                          f"steps with {failing[side][-1]['failures']} failures "
-                          f"({free[side]['useful_steps']} without)", flush=True)
+                    failing[side].append(
+                        goodput_run(
+                            side, shape, work, duration=args.duration, period=args.period, backoff_s=args.backoff_s
+                        )
+                    )
+                    print(
+                        f"goodput {side} round {r + 1}/{args.rounds}: {failing[side][-1]['useful_steps']} useful "
+                        f"steps with {failing[side][-1]['failures']} failures "
+                        f"({free[side]['useful_steps']} without)",
+                        flush=True,
+                    )
             for side in sides:
                 steps = [run["useful_steps"] for run in failing[side]]
                 middle = failing[side][steps.index(sorted(steps)[len(steps) // 2])]  # the median run is plotted
-                goodput[side] = {"free": free[side], "failing": middle, "useful_steps": summary(steps),
-                                 "ratio_to_failure_free": round(middle["useful_steps"]
-                                                                / max(1, free[side]["useful_steps"]), 3)}
+                goodput[side] = {
+                    "free": free[side],
+                    "failing": middle,
+                    "useful_steps": summary(steps),
+                    "ratio_to_failure_free": round(middle["useful_steps"] / max(1, free[side]["useful_steps"]), 3),
+                }
             if set(goodput) == set(SIDES):
-                goodput["ddlkit_vs_torchrun"] = round(goodput["ddlkit"]["failing"]["useful_steps"]
-                                                      / max(1, goodput["torchrun"]["failing"]["useful_steps"]), 3)
+                goodput["ddlkit_vs_torchrun"] = round(
+                    goodput["ddlkit"]["failing"]["useful_steps"]
+                    / max(1, goodput["torchrun"]["failing"]["useful_steps"]),
+                    3,
+                )
                 goodput["ddlkit_vs_torchrun_by_round"] = [
                     round(d["useful_steps"] / max(1, t["useful_steps"]), 3)
-                    for d, t in zip(failing["ddlkit"], failing["torchrun"], strict=True)]
+                    for d, t in zip(failing["ddlkit"], failing["torchrun"], strict=True)
+                ]
     payload = {
         "benchmark": "faults",
         "what": "restart and resume after node 1's ranks are killed at step s: ddlkit (compute=local_mpi, restart "
-                "policy) vs torchrun's elastic agent (one agent per simulated node, c10d rendezvous on localhost) "
-                "running a hand-written DDP loop; ResNet-18, synthetic data, CPU, one thread per rank",
-        "how": {"t_detect_s": "kill -> every survivor rank's worker process has ended (polled every 5 ms)",
-                "t_relaunch_s": "kill -> ddlkit's launcher submits the job again / torchrun's agent has started "
-                                "the new worker process (after its rendezvous); a part of t_resume_s",
-                "t_resume_s": "kill -> the time rank 0 logged the first step after the restart (metrics.jsonl)",
-                "steps_lost": "last step logged before the restart - the step resumed from",
-                "bitwise": "loss at step s + after == that of a run of the same world size that never failed",
-                "goodput": "the step counter at the end of a fixed wall time (steps lost and trained again count "
-                           "once) / the wall time, vs a failure-free run of the same length"},
-        "shape": {"model": "resnet18", "image_size": args.image_size, "batch_per_rank": args.batch,
-                  "num_classes": args.num_classes, "checkpoint_every": args.checkpoint_every,
-                  "kill_at": args.kill_at, "after": args.after, "threads_per_rank": 1, "deterministic": True,
-                  "ddlkit_restart_backoff_s": args.backoff_s, "rounds": args.rounds, "quick": args.quick},
-        "torchrun": {"command": "python -m torch.distributed.run --nnodes=1:2 --nproc-per-node=P --max-restarts=N "
-                                "--rdzv-backend=c10d --rdzv-endpoint=127.0.0.1:PORT --rdzv-conf=is_host=0|1 "
-                                "benchmarks/_torchrun_train.py ...", "environment": TORCHRUN_ENV,
-                     "rendezvous_defaults": "last_call_timeout 30 s"},
+        "policy) vs torchrun's elastic agent (one agent per simulated node, c10d rendezvous on localhost) "
+        "running a hand-written DDP loop; ResNet-18, synthetic data, CPU, one thread per rank",
+        "how": {
+            "t_detect_s": "kill -> every survivor rank's worker process has ended (polled every 5 ms)",
+            "t_relaunch_s": "kill -> ddlkit's launcher submits the job again / torchrun's agent has started "
+            "the new worker process (after its rendezvous); a part of t_resume_s",
+            "t_resume_s": "kill -> the time rank 0 logged the first step after the restart (metrics.jsonl)",
+            "steps_lost": "last step logged before the restart - the step resumed from",
+            "bitwise": "loss at step s + after == that of a run of the same world size that never failed",
+            "goodput": "the step counter at the end of a fixed wall time (steps lost and trained again count "
+            "once) / the wall time, vs a failure-free run of the same length",
+        },
+        "shape": {
+            "model": "resnet18",
+            "image_size": args.image_size,
+            "batch_per_rank": args.batch,
+            "num_classes": args.num_classes,
+            "checkpoint_every": args.checkpoint_every,
+            "kill_at": args.kill_at,
+            "after": args.after,
+            "threads_per_rank": 1,
+            "deterministic": True,
+            "ddlkit_restart_backoff_s": args.backoff_s,
+            "rounds": args.rounds,
+            "quick": args.quick,
+        },
+        "torchrun": {
+            "command": "python -m torch.distributed.run --nnodes=1:2 --nproc-per-node=P --max-restarts=N "
+            "--rdzv-backend=c10d --rdzv-endpoint=127.0.0.1:PORT --rdzv-conf=is_host=0|1 "
+            "benchmarks/_torchrun_train.py ...",
+            "environment": TORCHRUN_ENV,
+            "rendezvous_defaults": "last_call_timeout 30 s",
+        },
         "goal": GOALS,
         "results": results,
         "goodput": {**goodput, "world": args.goodput_world, "duration_s": args.duration, "period_s": args.period},
@@ -648,9 +810,17 @@ def main() -> None:
     path = write_result("faults", payload)
     if goodput:
         plot_result(payload)
-    table = {world: {how: {side: {k: v.get(k, {}).get("median") for k in ("t_detect_s", "t_resume_s", "steps_lost")}
-                           | {"bitwise": v.get("bitwise")} for side, v in by_side.items()}
-                     for how, by_side in hows.items()} for world, hows in results.items()}
+    table = {
+        world: {
+            how: {
+                side: {k: v.get(k, {}).get("median") for k in ("t_detect_s", "t_resume_s", "steps_lost")}
+                | {"bitwise": v.get("bitwise")}
+                for side, v in by_side.items()
+            }
+            for how, by_side in hows.items()
+        }
+        for world, hows in results.items()
+    }
     print(json.dumps(table, indent=1))
     if skipped:
         print(f"skipped: {skipped}")

@@ -40,21 +40,41 @@ from typing import Any
 from _common import RESULTS, core_env, export, summary, write_result
 
 #: (label, the phase it ends at); each phase starts where the one before it ended
-PHASES = (("interpreter + ddlkit imports", "worker started"), ("rendezvous", "ranks connected"),
-          ("plugins", "plugins loaded"), ("framework import", "framework imported"), ("model build", "model built"),
-          ("optimizer (torch imports torch._dynamo)", "optimizer built"),
-          ("replicas (rank 0's weights to all: waits for the slowest rank)", "replicas synchronized"),
-          ("output check (the first forward pass)", "output checked"), ("data", "data ready"),
-          ("first step", "first step done"))
+PHASES = (
+    ("interpreter + ddlkit imports", "worker started"),
+    ("rendezvous", "ranks connected"),
+    ("plugins", "plugins loaded"),
+    ("framework import", "framework imported"),
+    ("model build", "model built"),
+    ("optimizer (torch imports torch._dynamo)", "optimizer built"),
+    ("replicas (rank 0's weights to all: waits for the slowest rank)", "replicas synchronized"),
+    ("output check (the first forward pass)", "output checked"),
+    ("data", "data ready"),
+    ("first step", "first step done"),
+)
 #: what each framework's ranks import (framework=keras trains several ranks only with Horovod: not here)
 IMPORTS = {"pytorch": "import torch", "tensorflow": "import tensorflow, keras"}
 
 
 def one_run(args: argparse.Namespace, job_dir: Path, env: dict[str, str] | None) -> dict[str, Any]:
-    argv = [sys.executable, "-m", "ddlkit", f"framework={args.framework}", f"model={args.model}", "data=synthetic",
-            f"data.image_size={args.image_size}", f"trainer.batch_size={args.batch}", "trainer.max_steps=1",
-            "trainer.validate=false", "trainer.save_model=false", "trainer.log_every=1",
-            "compute=local_mpi", f"compute.procs_per_node={args.ranks}", "dist=native", f"hydra.run.dir={job_dir}"]
+    argv = [
+        sys.executable,
+        "-m",
+        "ddlkit",
+        f"framework={args.framework}",
+        f"model={args.model}",
+        "data=synthetic",
+        f"data.image_size={args.image_size}",
+        f"trainer.batch_size={args.batch}",
+        "trainer.max_steps=1",
+        "trainer.validate=false",
+        "trainer.save_model=false",
+        "trainer.log_every=1",
+        "compute=local_mpi",
+        f"compute.procs_per_node={args.ranks}",
+        "dist=native",
+        f"hydra.run.dir={job_dir}",
+    ]
     start = time.time()
     proc = subprocess.run(argv, capture_output=True, text=True, timeout=600, env=env)
     if proc.returncode != 0:
@@ -115,26 +135,46 @@ def main() -> None:
             runs.append(one_run(args, Path(tmp) / f"now{r}", None))
             if args.before:
                 before.append(one_run(args, Path(tmp) / f"before{r}", env_before))
-            print(f"round {r + 1}: {runs[-1]['to_first_step_s']:.1f} s"
-                  + (f" (before: {before[-1]['to_first_step_s']:.1f} s)" if before else ""), flush=True)
+            print(
+                f"round {r + 1}: {runs[-1]['to_first_step_s']:.1f} s"
+                + (f" (before: {before[-1]['to_first_step_s']:.1f} s)" if before else ""),
+                flush=True,
+            )
     framework_import = statistics.median(import_seconds(args.framework) for _ in range(args.rounds))
     breakdown = {k: statistics.median(run[k] for run in runs) for k in runs[0] if k != "to_first_step_s"}
     total = statistics.median(run["to_first_step_s"] for run in runs)
     payload = {
-        "benchmark": "first_step", "config": vars(args),
+        "benchmark": "first_step",
+        "config": vars(args),
         "to_first_step_s": summary([run["to_first_step_s"] for run in runs]),
-        "breakdown_median_s": breakdown, "runs": runs,
-        "framework_import_alone_s": framework_import, "goal_s": framework_import + 2.0,
-        **({"before": {"ref": args.before, "to_first_step_s": summary([b["to_first_step_s"] for b in before]),
-                       "runs": before}} if before else {}),
+        "breakdown_median_s": breakdown,
+        "runs": runs,
+        "framework_import_alone_s": framework_import,
+        "goal_s": framework_import + 2.0,
+        **(
+            {
+                "before": {
+                    "ref": args.before,
+                    "to_first_step_s": summary([b["to_first_step_s"] for b in before]),
+                    "runs": before,
+                }
+            }
+            if before
+            else {}
+        ),
     }
     path = write_result("first_step", payload)
-    plot(breakdown, RESULTS / "first_step.png",
-         f"{args.framework} {args.model}, {args.ranks} ranks on local_mpi: {total:.1f} s to the first step")
+    plot(
+        breakdown,
+        RESULTS / "first_step.png",
+        f"{args.framework} {args.model}, {args.ranks} ranks on local_mpi: {total:.1f} s to the first step",
+    )
     for label, seconds in breakdown.items():
         print(f"{label:30s} {seconds:6.2f} s")
-    print(f"to the first step: {total:.1f} s (median of {len(runs)}); {args.framework} import alone "
-          f"{framework_import:.1f} s, goal <= {framework_import + 2:.1f} s -> {path}")
+    print(
+        f"to the first step: {total:.1f} s (median of {len(runs)}); {args.framework} import alone "
+        f"{framework_import:.1f} s, goal <= {framework_import + 2:.1f} s -> {path}"
+    )
 
 
 if __name__ == "__main__":

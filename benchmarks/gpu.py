@@ -60,19 +60,30 @@ def machine() -> dict[str, Any]:
 
     import torch
 
-    info: dict[str, Any] = {"torch": torch.__version__, "cuda": torch.version.cuda,
-                            "cudnn": torch.backends.cudnn.version(), "python": sys.version.split()[0],
-                            "cpus": len(os.sched_getaffinity(0))}
+    info: dict[str, Any] = {
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "cudnn": torch.backends.cudnn.version(),
+        "python": sys.version.split()[0],
+        "cpus": len(os.sched_getaffinity(0)),
+    }
     for package in ("torchvision", "pillow", "simplejpeg", "numpy", "triton"):  # what the device had installed
         with contextlib.suppress(importlib.metadata.PackageNotFoundError):
             info[package] = importlib.metadata.version(package)
     if torch.cuda.is_available():
         props = torch.cuda.get_device_properties(0)
-        info.update(gpu=props.name, gpu_memory_gib=round(props.total_memory / 2**30, 1),
-                    multiprocessors=props.multi_processor_count)
+        info.update(
+            gpu=props.name,
+            gpu_memory_gib=round(props.total_memory / 2**30, 1),
+            multiprocessors=props.multi_processor_count,
+        )
         with contextlib.suppress(Exception):
-            out = subprocess.run(["nvidia-smi", "--query-gpu=driver_version,clocks.max.sm,power.limit",
-                                  "--format=csv,noheader"], capture_output=True, text=True, timeout=30).stdout
+            out = subprocess.run(
+                ["nvidia-smi", "--query-gpu=driver_version,clocks.max.sm,power.limit", "--format=csv,noheader"],
+                capture_output=True,
+                text=True,
+                timeout=30,
+            ).stdout
             driver, clock, power = (v.strip() for v in out.splitlines()[0].split(","))
             info.update(driver=driver, max_sm_clock=clock, power_limit=power)
     return info
@@ -89,19 +100,33 @@ def free_memory() -> None:
 
 
 # ---------------------------------------------------------------------------- the two loops
-def ddlkit_overrides(a: argparse.Namespace, batch: int, precision: str, channels_last: bool, compile: bool,
-                     steps: int) -> list[str]:
+def ddlkit_overrides(
+    a: argparse.Namespace, batch: int, precision: str, channels_last: bool, compile: bool, steps: int
+) -> list[str]:
     return [
-        "framework=pytorch", f"framework.device={a.device}", f"model={a.model}", f"trainer.batch_size={batch}",
-        "trainer.epochs=1", f"trainer.warmup_steps={a.warmup}", "trainer.validate=false", "trainer.save_model=false",
-        "trainer.resume=false", "trainer.log_every=10", f"trainer.precision={precision}",
-        f"framework.channels_last={str(channels_last).lower()}", f"framework.compile={str(compile).lower()}",
+        "framework=pytorch",
+        f"framework.device={a.device}",
+        f"model={a.model}",
+        f"trainer.batch_size={batch}",
+        "trainer.epochs=1",
+        f"trainer.warmup_steps={a.warmup}",
+        "trainer.validate=false",
+        "trainer.save_model=false",
+        "trainer.resume=false",
+        "trainer.log_every=10",
+        f"trainer.precision={precision}",
+        f"framework.channels_last={str(channels_last).lower()}",
+        f"framework.compile={str(compile).lower()}",
     ]
 
 
 def synthetic(a: argparse.Namespace, batch: int, steps: int) -> list[str]:
-    return ["data=synthetic", f"data.image_size={a.image_size}", f"data.num_classes={a.classes}",
-            f"data.length={batch * steps}"]
+    return [
+        "data=synthetic",
+        f"data.image_size={a.image_size}",
+        f"data.num_classes={a.classes}",
+        f"data.length={batch * steps}",
+    ]
 
 
 def run_ddlkit(job_dir: Path, overrides: list[str]) -> dict[str, Any]:
@@ -116,8 +141,9 @@ def run_ddlkit(job_dir: Path, overrides: list[str]) -> dict[str, Any]:
     return result
 
 
-def handwritten(a: argparse.Namespace, batch: int, precision: str, channels_last: bool, compile: bool,
-                steps: int) -> dict[str, Any]:
+def handwritten(
+    a: argparse.Namespace, batch: int, precision: str, channels_last: bool, compile: bool, steps: int
+) -> dict[str, Any]:
     """The loop a user would write by hand, timed the way ddlkit's meter times its own."""
     import torch
     from torch import nn
@@ -162,10 +188,12 @@ def handwritten(a: argparse.Namespace, batch: int, precision: str, channels_last
     sync()
     t_end = time.perf_counter()
     measured = steps - a.warmup
-    out = {"images_per_sec": measured * batch / (ticks[-1] - ticks[a.warmup - 1]),
-           "synced_images_per_sec": measured * batch / (t_end - t_start),
-           "peak_memory_gib": round(torch.cuda.max_memory_allocated() / 2**30, 2) if cuda else None,
-           "final_loss": loss.item()}
+    out = {
+        "images_per_sec": measured * batch / (ticks[-1] - ticks[a.warmup - 1]),
+        "synced_images_per_sec": measured * batch / (t_end - t_start),
+        "peak_memory_gib": round(torch.cuda.max_memory_allocated() / 2**30, 2) if cuda else None,
+        "final_loss": loss.item(),
+    }
     del net, model, opt, images, labels, loss
     if compile:
         torch._dynamo.reset()
@@ -186,17 +214,24 @@ def fits(a: argparse.Namespace, batch: int, precision: str) -> bool:
 
 
 # ---------------------------------------------------------------------------- one configuration
-def measure(a: argparse.Namespace, tmp: Path, n: int, batch: int, precision: str, channels_last: bool,
-            compile: bool) -> dict[str, Any]:
+def measure(
+    a: argparse.Namespace, tmp: Path, n: int, batch: int, precision: str, channels_last: bool, compile: bool
+) -> dict[str, Any]:
     steps = a.warmup + max(a.min_measured, round(a.steps * 64 / batch))
-    row: dict[str, Any] = {"batch": batch, "precision": precision, "channels_last": channels_last,
-                           "compile": compile, "steps": steps, "warmup_steps": a.warmup}
+    row: dict[str, Any] = {
+        "batch": batch,
+        "precision": precision,
+        "channels_last": channels_last,
+        "compile": compile,
+        "steps": steps,
+        "warmup_steps": a.warmup,
+    }
     overrides = ddlkit_overrides(a, batch, precision, channels_last, compile, steps) + synthetic(a, batch, steps)
     runs: dict[str, Callable[[], Any]] = {
         "ddlkit": lambda: run_ddlkit(tmp / f"job{n}", overrides),
         "handwritten": lambda: handwritten(a, batch, precision, channels_last, compile, steps),
     }
-    for name in (("ddlkit", "handwritten") if n % 2 == 0 else ("handwritten", "ddlkit")):
+    for name in ("ddlkit", "handwritten") if n % 2 == 0 else ("handwritten", "ddlkit"):
         try:
             row[name] = runs[name]()
         except Exception as err:  # one configuration failing must not lose the others
@@ -205,23 +240,44 @@ def measure(a: argparse.Namespace, tmp: Path, n: int, batch: int, precision: str
             free_memory()
     d, h = row["ddlkit"].get("images_per_sec"), row["handwritten"].get("images_per_sec")
     if d:
-        row["ddlkit"] = {k: row["ddlkit"].get(k) for k in ("images_per_sec", "measured_steps", "final_loss", "device",
-                                                           "device_name", "loss_scale", "wall_s", "data_wait_fraction")
-                         if row["ddlkit"].get(k) is not None}
+        row["ddlkit"] = {
+            k: row["ddlkit"].get(k)
+            for k in (
+                "images_per_sec",
+                "measured_steps",
+                "final_loss",
+                "device",
+                "device_name",
+                "loss_scale",
+                "wall_s",
+                "data_wait_fraction",
+            )
+            if row["ddlkit"].get(k) is not None
+        }
         row["ddlkit_vs_v100"] = round(d / V100_REFERENCE, 2)
     if h:
         row["handwritten_vs_v100"] = round(h / V100_REFERENCE, 2)
     if d and h:
         row["ratio"] = round(d / h, 3)
-    print(f"b{batch} {precision} cl={int(channels_last)} compile={int(compile)}: ddlkit {d or 0:.0f} img/s, "
-          f"hand-written {h or 0:.0f} img/s, ratio {row.get('ratio', float('nan')):.3f}, "
-          f"x{(d or 0) / V100_REFERENCE:.2f} the V100", flush=True)
+    print(
+        f"b{batch} {precision} cl={int(channels_last)} compile={int(compile)}: ddlkit {d or 0:.0f} img/s, "
+        f"hand-written {h or 0:.0f} img/s, ratio {row.get('ratio', float('nan')):.3f}, "
+        f"x{(d or 0) / V100_REFERENCE:.2f} the V100",
+        flush=True,
+    )
     return row
 
 
-def matrix(a: argparse.Namespace, tmp: Path, batches: list[int], compile: bool, save: Callable[[], None],
-           rows: list[dict[str, Any]], layouts: tuple[bool, ...] = (False, True),
-           precisions: tuple[str, ...] = PRECISIONS) -> None:
+def matrix(
+    a: argparse.Namespace,
+    tmp: Path,
+    batches: list[int],
+    compile: bool,
+    save: Callable[[], None],
+    rows: list[dict[str, Any]],
+    layouts: tuple[bool, ...] = (False, True),
+    precisions: tuple[str, ...] = PRECISIONS,
+) -> None:
     for batch in batches:
         for precision in precisions:
             for cl in layouts:
@@ -281,6 +337,7 @@ def timed_batches(waits: list[float], cpu: list[dict[str, float]], warmup: int) 
                 if len(waits) >= warmup and (len(waits) - warmup) % 10 == 0:
                     cpu.append(cpu_seconds())
                 yield batch
+
         return iter_epoch
 
     for cls, method in originals.items():
@@ -315,10 +372,17 @@ def decode_only(a: argparse.Namespace, files: list[Path], batch: int) -> dict[st
     windows = [crop_window(b, aug, sample_rng(0, 0, i)) for i, b in enumerate(blobs)]
     keep = [i for i, w in enumerate(windows) if w is not None]
     sizes = torch.tensor([0] + [len(blobs[i]) for i in keep])
-    enc = Encoded(torch.frombuffer(bytearray(b"".join(blobs[i] for i in keep)), dtype=torch.uint8).pin_memory(),
-                  sizes.cumsum(0), torch.tensor([windows[i][0] for i in keep]),
-                  torch.tensor([windows[i][1] for i in keep]), torch.empty((0, 1, 1, 3), dtype=torch.uint8),
-                  torch.full((len(keep),), -1), torch.tensor(keep), 0)
+    enc = Encoded(
+        torch.frombuffer(bytearray(b"".join(blobs[i] for i in keep)), dtype=torch.uint8).pin_memory(),
+        sizes.cumsum(0),
+        torch.tensor([windows[i][0] for i in keep]),
+        torch.tensor([windows[i][1] for i in keep]),
+        torch.empty((0, 1, 1, 3), dtype=torch.uint8),
+        torch.full((len(keep),), -1),
+        torch.tensor(keep),
+        0,
+    )
+
     def cpu_image(index: int, epoch: int) -> Any:
         raise RuntimeError(f"nvJPEG could not decode {files[index]}")
 
@@ -332,12 +396,16 @@ def decode_only(a: argparse.Namespace, files: list[Path], batch: int) -> dict[st
         decoder(enc, labels)
     torch.cuda.synchronize()
     seconds = time.perf_counter() - t0
-    return {"batch": len(keep), "images_per_sec": round(rounds * len(keep) / seconds),
-            "ms_per_batch": round(1e3 * seconds / rounds, 2)}
+    return {
+        "batch": len(keep),
+        "images_per_sec": round(rounds * len(keep) / seconds),
+        "ms_per_batch": round(1e3 * seconds / rounds, 2),
+    }
 
 
-def imagefolder(a: argparse.Namespace, tmp: Path, save: Callable[[], None], rows: list[dict[str, Any]],
-                payload: dict[str, Any]) -> None:
+def imagefolder(
+    a: argparse.Namespace, tmp: Path, save: Callable[[], None], rows: list[dict[str, Any]], payload: dict[str, Any]
+) -> None:
     from multiprocessing import Pool
 
     from ddlkit.images import resolve_decoder
@@ -362,14 +430,31 @@ def imagefolder(a: argparse.Namespace, tmp: Path, save: Callable[[], None], rows
         batch, cl, compile = int(batch_s), layout == "cl", mode == ["compile"]
         steps = a.warmup + max(a.min_measured, round(a.steps * 64 / batch))
         root = make_folder(tmp / f"folder{n}", unique, batch * steps, a.classes)
-        row: dict[str, Any] = {"batch": batch, "precision": precision, "channels_last": cl, "compile": compile,
-                               "steps": steps, "warmup_steps": a.warmup, "workers_available": len(
-                                   os.sched_getaffinity(0)), "unique_images": len(unique), "kb_per_image": round(mb)}
+        row: dict[str, Any] = {
+            "batch": batch,
+            "precision": precision,
+            "channels_last": cl,
+            "compile": compile,
+            "steps": steps,
+            "warmup_steps": a.warmup,
+            "workers_available": len(os.sched_getaffinity(0)),
+            "unique_images": len(unique),
+            "kb_per_image": round(mb),
+        }
         rows.append(row)
         base = ddlkit_overrides(a, batch, precision, cl, compile, steps)
         runs = [("synthetic", synthetic(a, batch, steps))] + [
-            (f"decoder_{d}", ["data=imagefolder", f"data.root={root}", f"data.image_size={a.image_size}",
-                              f"data.decoder={decoders[d]}"]) for d in a.decoders.split(",")]
+            (
+                f"decoder_{d}",
+                [
+                    "data=imagefolder",
+                    f"data.root={root}",
+                    f"data.image_size={a.image_size}",
+                    f"data.decoder={decoders[d]}",
+                ],
+            )
+            for d in a.decoders.split(",")
+        ]
         for name, data in runs:
             waits: list[float] = []
             cpu: list[dict[str, float]] = []
@@ -378,23 +463,31 @@ def imagefolder(a: argparse.Namespace, tmp: Path, save: Callable[[], None], rows
                     r = run_ddlkit(tmp / f"if{n}-{name}", base + data)
                 measured_time = r["measured_steps"] * batch / r["images_per_sec"]
                 # the batches of the measured steps: those after the warm-up ones
-                row[name] = {"images_per_sec": r["images_per_sec"], "measured_steps": r["measured_steps"],
-                             "data_wait_fraction": round(sum(waits[a.warmup:]) / measured_time, 4),
-                             "data_wait_ms_per_step": round(1e3 * sum(waits[a.warmup:]) / r["measured_steps"], 2),
-                             "vs_v100": round(r["images_per_sec"] / V100_REFERENCE, 2), "wall_s": r["wall_s"],
-                             **cores_busy(cpu),
-                             **{k: r[k] for k in ("decoder", "gpu_decoded_images", "cpu_decoded_images") if k in r}}
+                row[name] = {
+                    "images_per_sec": r["images_per_sec"],
+                    "measured_steps": r["measured_steps"],
+                    "data_wait_fraction": round(sum(waits[a.warmup :]) / measured_time, 4),
+                    "data_wait_ms_per_step": round(1e3 * sum(waits[a.warmup :]) / r["measured_steps"], 2),
+                    "vs_v100": round(r["images_per_sec"] / V100_REFERENCE, 2),
+                    "wall_s": r["wall_s"],
+                    **cores_busy(cpu),
+                    **{k: r[k] for k in ("decoder", "gpu_decoded_images", "cpu_decoded_images") if k in r},
+                }
             except Exception as err:
                 row[name] = {"error": f"{type(err).__name__}: {err}"[:2000]}
                 traceback.print_exc()
             if "images_per_sec" in row[name] and "images_per_sec" in row["synthetic"] and name != "synthetic":
                 row[f"ratio_{name}_to_synthetic"] = round(
-                    row[name]["images_per_sec"] / row["synthetic"]["images_per_sec"], 3)
-            print(f"imagefolder b{batch} {precision} cl={int(cl)} compile={int(compile)} {name}: "
-                  f"{row[name].get('images_per_sec', 0):.0f} img/s, wait "
-                  f"{100 * row[name].get('data_wait_fraction', 0):.1f}%, "
-                  f"worker cores {row[name].get('workers_cores', '?')}, "
-                  f"wall {row[name].get('wall_s', '?')}s", flush=True)
+                    row[name]["images_per_sec"] / row["synthetic"]["images_per_sec"], 3
+                )
+            print(
+                f"imagefolder b{batch} {precision} cl={int(cl)} compile={int(compile)} {name}: "
+                f"{row[name].get('images_per_sec', 0):.0f} img/s, wait "
+                f"{100 * row[name].get('data_wait_fraction', 0):.1f}%, "
+                f"worker cores {row[name].get('workers_cores', '?')}, "
+                f"wall {row[name].get('wall_s', '?')}s",
+                flush=True,
+            )
             save()
 
 
@@ -433,13 +526,19 @@ def plot(payload: dict[str, Any]) -> None:
     rows = [r for r in payload.get("synthetic", []) if r["ddlkit"].get("images_per_sec") and not r.get("invalid")]
     if not rows:
         return
-    labels = [f"b{r['batch']} {r['precision']}{' cl' if r['channels_last'] else ''}{' comp' if r['compile'] else ''}"
-              for r in rows]
+    labels = [
+        f"b{r['batch']} {r['precision']}{' cl' if r['channels_last'] else ''}{' comp' if r['compile'] else ''}"
+        for r in rows
+    ]
     x = range(len(rows))
     fig, ax = plt.subplots(figsize=(max(8, 0.45 * len(rows)), 5))
     ax.bar([i - 0.2 for i in x], [r["ddlkit"]["images_per_sec"] for r in rows], 0.4, label="ddlkit")
-    ax.bar([i + 0.2 for i in x], [r["handwritten"].get("images_per_sec", 0) for r in rows], 0.4,
-           label="hand-written PyTorch")
+    ax.bar(
+        [i + 0.2 for i in x],
+        [r["handwritten"].get("images_per_sec", 0) for r in rows],
+        0.4,
+        label="hand-written PyTorch",
+    )
     ax.axhline(V100_REFERENCE, color="k", ls="--", lw=1, label=f"seed: V100 fp32 b64 ({V100_REFERENCE:.0f})")
     ax.set_xticks(list(x), labels, rotation=70, ha="right", fontsize=8)
     ax.set_ylabel("images/s")
@@ -468,8 +567,11 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=80, help="measured steps at batch 64 (scaled by 64/batch above)")
     ap.add_argument("--min-measured", type=int, default=40)
     ap.add_argument("--unique-images", type=int, default=2048)
-    ap.add_argument("--imagefolder-configs", default="bf16:256:cl:eager,bf16:256:cl:compile",
-                    help="precision:batch:layout:eager|compile, comma-separated")
+    ap.add_argument(
+        "--imagefolder-configs",
+        default="bf16:256:cl:eager,bf16:256:cl:compile",
+        help="precision:batch:layout:eager|compile, comma-separated",
+    )
     ap.add_argument("--decoders", default="cpu,gpu", help="image-folder decoders to run: cpu, gpu")
     a = ap.parse_args()
     if a.merge:
@@ -477,8 +579,12 @@ def main() -> None:
         return
     parts = a.parts.split(",")
     name = "gpu" if set(parts) == {"eager", "compile", "imagefolder"} else "gpu_" + "_".join(parts)
-    payload: dict[str, Any] = {"benchmark": "gpu", "machine_gpu": machine(), "config": vars(a),
-                               "v100_reference_images_per_sec": V100_REFERENCE}
+    payload: dict[str, Any] = {
+        "benchmark": "gpu",
+        "machine_gpu": machine(),
+        "config": vars(a),
+        "v100_reference_images_per_sec": V100_REFERENCE,
+    }
     print(json.dumps(payload["machine_gpu"]), flush=True)
 
     def save() -> None:
@@ -508,8 +614,16 @@ def main() -> None:
         if "compile" in parts:
             rows = payload.setdefault("synthetic", [])
             layouts = tuple(v == "on" for v in a.compile_layouts.split(","))
-            matrix(a, tmp, [int(b) for b in a.compile_batches.split(",")], True, save, rows, layouts=layouts,
-                   precisions=tuple(a.compile_precisions.split(",")))
+            matrix(
+                a,
+                tmp,
+                [int(b) for b in a.compile_batches.split(",")],
+                True,
+                save,
+                rows,
+                layouts=layouts,
+                precisions=tuple(a.compile_precisions.split(",")),
+            )
         if "imagefolder" in parts:
             imagefolder(a, tmp, save, payload.setdefault("imagefolder", []), payload)
     print(f"-> {write_result(name, payload)}")

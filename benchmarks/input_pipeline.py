@@ -82,8 +82,14 @@ class BaselineImageFolder:
 def baseline_loader(root: Path, size: int, batch: int, workers: int) -> Any:
     import torch
 
-    return torch.utils.data.DataLoader(BaselineImageFolder(root, size), batch_size=batch, shuffle=True,
-                                       num_workers=workers, drop_last=True, persistent_workers=workers > 0)
+    return torch.utils.data.DataLoader(
+        BaselineImageFolder(root, size),
+        batch_size=batch,
+        shuffle=True,
+        num_workers=workers,
+        drop_last=True,
+        persistent_workers=workers > 0,
+    )
 
 
 def ddlkit_loader(root: Path, framework: str, size: int, batch: int, workers: int) -> Any:
@@ -144,8 +150,12 @@ def train_with(batches: Iterator[Any], steps: int, warmup: int, classes: int) ->
         if step >= warmup:
             wait += t1 - t0
             total += time.perf_counter() - t0
-    return {"step_time_s": total / steps, "data_wait_s": wait / steps, "data_wait_fraction": wait / total,
-            "images_per_sec": steps * images.shape[0] / total}
+    return {
+        "step_time_s": total / steps,
+        "data_wait_s": wait / steps,
+        "data_wait_fraction": wait / total,
+        "images_per_sec": steps * images.shape[0] / total,
+    }
 
 
 def main() -> None:
@@ -172,8 +182,10 @@ def main() -> None:
         print(f"made {args.images} JPEGs in {time.perf_counter() - t0:.1f}s")
         size, b, w = args.image_size, args.batch, args.workers
         # PyTorch's workers are forked before TensorFlow is imported into this process
-        streams = {"baseline_pytorch": epochs_of(baseline_loader(root, size, b, w), False),
-                   "ddlkit_pytorch": epochs_of(ddlkit_loader(root, "pytorch", size, b, w), True)}
+        streams = {
+            "baseline_pytorch": epochs_of(baseline_loader(root, size, b, w), False),
+            "ddlkit_pytorch": epochs_of(ddlkit_loader(root, "pytorch", size, b, w), True),
+        }
         for stream in streams.values():
             next(stream)
         streams["ddlkit_tensorflow"] = epochs_of(ddlkit_loader(root, "tensorflow", size, b, w), True)
@@ -185,13 +197,19 @@ def main() -> None:
             print(f"round {r + 1}: " + ", ".join(f"{n} {v[-1]:.1f}" for n, v in samples.items()) + " images/s")
         rates = {name: summary(v) for name, v in samples.items()}
         torch.set_num_threads(len(os.sched_getaffinity(0)))
-        train = {name: train_with(streams[name], args.train_steps, args.train_warmup, args.classes)
-                 for name in ("baseline_pytorch", "ddlkit_pytorch")}
+        train = {
+            name: train_with(streams[name], args.train_steps, args.train_warmup, args.classes)
+            for name in ("baseline_pytorch", "ddlkit_pytorch")
+        }
         for name, r in train.items():
-            print(f"resnet18 {size}px with {name}: step {r['step_time_s']:.2f}s, data wait "
-                  f"{100 * r['data_wait_fraction']:.1f}% ({r['images_per_sec']:.1f} images/s)")
+            print(
+                f"resnet18 {size}px with {name}: step {r['step_time_s']:.2f}s, data wait "
+                f"{100 * r['data_wait_fraction']:.1f}% ({r['images_per_sec']:.1f} images/s)"
+            )
     payload = {
-        "benchmark": "input_pipeline", "config": vars(args), "decoder": resolve_decoder("auto"),
+        "benchmark": "input_pipeline",
+        "config": vars(args),
+        "decoder": resolve_decoder("auto"),
         "pipeline_images_per_sec": rates,
         "ratio_pytorch": rates["ddlkit_pytorch"]["median"] / rates["baseline_pytorch"]["median"],
         "ratio_tensorflow": rates["ddlkit_tensorflow"]["median"] / rates["baseline_pytorch"]["median"],
@@ -203,17 +221,25 @@ def main() -> None:
         with tempfile.TemporaryDirectory() as tmp:
             argv = [f"--{k.replace('_', '-')}={v}" for k, v in vars(args).items() if k != "before"]
             then = run_before(args.before, "input_pipeline.py", argv, Path(tmp))
-        payload["before"] = {"ref": args.before, "pipeline_images_per_sec": then["pipeline_images_per_sec"],
-                             "ratio_pytorch": then["ratio_pytorch"], "ratio_tensorflow": then["ratio_tensorflow"],
-                             "now_over_before_pytorch": payload["ratio_pytorch"] / then["ratio_pytorch"],
-                             "now_over_before_tensorflow": payload["ratio_tensorflow"] / then["ratio_tensorflow"]}
-        print(f"now / before {args.before} (each as ddlkit / baseline): pytorch "
-              f"{payload['before']['now_over_before_pytorch']:.3f}, tensorflow "
-              f"{payload['before']['now_over_before_tensorflow']:.3f}")
+        payload["before"] = {
+            "ref": args.before,
+            "pipeline_images_per_sec": then["pipeline_images_per_sec"],
+            "ratio_pytorch": then["ratio_pytorch"],
+            "ratio_tensorflow": then["ratio_tensorflow"],
+            "now_over_before_pytorch": payload["ratio_pytorch"] / then["ratio_pytorch"],
+            "now_over_before_tensorflow": payload["ratio_tensorflow"] / then["ratio_tensorflow"],
+        }
+        print(
+            f"now / before {args.before} (each as ddlkit / baseline): pytorch "
+            f"{payload['before']['now_over_before_pytorch']:.3f}, tensorflow "
+            f"{payload['before']['now_over_before_tensorflow']:.3f}"
+        )
     path = write_result("input_pipeline", payload)
-    print(f"ratio pytorch {payload['ratio_pytorch']:.2f}x, tensorflow {payload['ratio_tensorflow']:.2f}x "
-          f"(goal >= 1.0); ddlkit data wait {100 * train['ddlkit_pytorch']['data_wait_fraction']:.1f}% "
-          f"(goal < 5%) -> {path}")
+    print(
+        f"ratio pytorch {payload['ratio_pytorch']:.2f}x, tensorflow {payload['ratio_tensorflow']:.2f}x "
+        f"(goal >= 1.0); ddlkit data wait {100 * train['ddlkit_pytorch']['data_wait_fraction']:.1f}% "
+        f"(goal < 5%) -> {path}"
+    )
 
 
 if __name__ == "__main__":

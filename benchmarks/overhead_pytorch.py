@@ -64,11 +64,18 @@ def main() -> None:
     args = ap.parse_args()
 
     overrides = [
-        "framework=pytorch", f"model={args.model}", f"data.image_size={args.image_size}",
-        f"data.num_classes={args.classes}", f"data.length={args.batch * args.steps}",
+        "framework=pytorch",
+        f"model={args.model}",
+        f"data.image_size={args.image_size}",
+        f"data.num_classes={args.classes}",
+        f"data.length={args.batch * args.steps}",
         f"trainer.batch_size={args.batch}",
-        "trainer.epochs=1", f"trainer.warmup_steps={args.warmup}", "trainer.validate=false",
-        "trainer.save_model=false", "trainer.resume=false", "trainer.log_every=10",
+        "trainer.epochs=1",
+        f"trainer.warmup_steps={args.warmup}",
+        "trainer.validate=false",
+        "trainer.save_model=false",
+        "trainer.resume=false",
+        "trainer.log_every=10",
     ]
     ddlkit_ips, base_ips = [], []
     with tempfile.TemporaryDirectory() as tmp:
@@ -84,15 +91,30 @@ def main() -> None:
         with tempfile.TemporaryDirectory() as tmp:
             argv = [f"--{k.replace('_', '-')}={v}" for k, v in vars(args).items() if k != "before"]
             then = run_before(args.before, "overhead_pytorch.py", argv, Path(tmp))
-        before = {"before": {"ref": args.before, "ddlkit_images_per_sec": then["ddlkit_images_per_sec"],
-                             "baseline_images_per_sec": then["baseline_images_per_sec"], "ratio": then["ratio"],
-                             "now_over_before": ratio / then["ratio"]}}
-        print(f"ratio now {ratio:.3f}, at {args.before} {then['ratio']:.3f}: "
-              f"now / before = {ratio / then['ratio']:.3f}")
-    path = write_result("overhead_pytorch", {
-        "benchmark": "overhead_pytorch", "config": vars(args), "ddlkit_images_per_sec": d,
-        "baseline_images_per_sec": b, "ratio": ratio, "goal": 0.98, **before,
-    })
+        before = {
+            "before": {
+                "ref": args.before,
+                "ddlkit_images_per_sec": then["ddlkit_images_per_sec"],
+                "baseline_images_per_sec": then["baseline_images_per_sec"],
+                "ratio": then["ratio"],
+                "now_over_before": ratio / then["ratio"],
+            }
+        }
+        print(
+            f"ratio now {ratio:.3f}, at {args.before} {then['ratio']:.3f}: now / before = {ratio / then['ratio']:.3f}"
+        )
+    path = write_result(
+        "overhead_pytorch",
+        {
+            "benchmark": "overhead_pytorch",
+            "config": vars(args),
+            "ddlkit_images_per_sec": d,
+            "baseline_images_per_sec": b,
+            "ratio": ratio,
+            "goal": 0.98,
+            **before,
+        },
+    )
     print(f"ratio ddlkit / hand-written = {ratio:.3f} (goal >= 0.98) -> {path}")
 
 

@@ -170,8 +170,10 @@ class HorovodLoop(GradientTapeLoop):
         total = tf.add_n([tf.reduce_sum(tf.cast(v.value, tf.float64)) for v in self.model.trainable_variables])
         sums = self.hvd.allgather(tf.reshape(total, [1])).numpy()
         if not all(abs(x - sums[0]) <= 1e-9 * max(1.0, abs(sums[0])) for x in sums):
-            raise RuntimeError(f"the hand-written Horovod loop's ranks hold different weights (sums "
-                               f"{[float(x) for x in sums]}): its gradients were not averaged over the ranks")
+            raise RuntimeError(
+                f"the hand-written Horovod loop's ranks hold different weights (sums "
+                f"{[float(x) for x in sums]}): its gradients were not averaged over the ranks"
+            )
 
 
 class BatchTimer(keras.callbacks.Callback):
@@ -191,10 +193,15 @@ class PlainFit:
 
     def __init__(self, args: argparse.Namespace) -> None:
         self.model = build_model(args.model, args.classes, args.image_size)
-        self.model.compile(optimizer=keras.optimizers.SGD(LR, momentum=MOMENTUM, weight_decay=WEIGHT_DECAY),
-                           loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True), jit_compile=False,
-                           metrics=[keras.metrics.SparseTopKCategoricalAccuracy(1, name="top1"),
-                                    keras.metrics.SparseTopKCategoricalAccuracy(5, name="top5")])
+        self.model.compile(
+            optimizer=keras.optimizers.SGD(LR, momentum=MOMENTUM, weight_decay=WEIGHT_DECAY),
+            loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+            jit_compile=False,
+            metrics=[
+                keras.metrics.SparseTopKCategoricalAccuracy(1, name="top1"),
+                keras.metrics.SparseTopKCategoricalAccuracy(5, name="top5"),
+            ],
+        )
         self.data = synthetic(args)
 
     def run_block(self) -> tuple[float, float]:
@@ -205,9 +212,12 @@ class PlainFit:
 
 BASELINES: dict[str, type] = {"tensorflow": GradientTapeLoop, "keras": PlainFit}
 #: --dist -> what the baseline is, in the JSON
-BASELINE_NAMES = {("tensorflow", "none"): "tf.function + GradientTape loop", ("keras", "none"): "model.fit",
-                  ("tensorflow", "horovod"): "tf.function + GradientTape loop, hvd.grouped_allreduce(op=hvd.Average) "
-                                             "of the gradients, hvd.broadcast_variables once"}
+BASELINE_NAMES = {
+    ("tensorflow", "none"): "tf.function + GradientTape loop",
+    ("keras", "none"): "model.fit",
+    ("tensorflow", "horovod"): "tf.function + GradientTape loop, hvd.grouped_allreduce(op=hvd.Average) "
+    "of the gradients, hvd.broadcast_variables once",
+}
 
 
 class Interleave:
@@ -240,12 +250,23 @@ def overrides(args: argparse.Namespace, steps: int) -> list[str]:
     # a real 2-rank Horovod job's file (the ranks are started here, by mpirun, as local_mpi would)
     distributed = ["dist=horovod", "compute=local_mpi", f"compute.procs_per_node={RANKS}"] if ranks > 1 else []
     return [
-        f"framework={args.framework}", f"model={args.model}", f"data.image_size={args.image_size}",
-        f"data.num_classes={args.classes}", f"data.length={args.batch * ranks * steps}",
-        f"trainer.batch_size={args.batch}", "trainer.epochs=1", "trainer.validate=false",
-        "trainer.save_model=false", "trainer.resume=false", f"trainer.log_every={args.block}",
-        f"optimizer.lr={LR}", "optimizer.scale_lr=none", "optimizer.warmup_epochs=0",
-        f"optimizer.momentum={MOMENTUM}", f"optimizer.weight_decay={WEIGHT_DECAY}", *distributed,
+        f"framework={args.framework}",
+        f"model={args.model}",
+        f"data.image_size={args.image_size}",
+        f"data.num_classes={args.classes}",
+        f"data.length={args.batch * ranks * steps}",
+        f"trainer.batch_size={args.batch}",
+        "trainer.epochs=1",
+        "trainer.validate=false",
+        "trainer.save_model=false",
+        "trainer.resume=false",
+        f"trainer.log_every={args.block}",
+        f"optimizer.lr={LR}",
+        "optimizer.scale_lr=none",
+        "optimizer.warmup_epochs=0",
+        f"optimizer.momentum={MOMENTUM}",
+        f"optimizer.weight_decay={WEIGHT_DECAY}",
+        *distributed,
     ]
 
 
@@ -266,8 +287,10 @@ def interleaved_run(args: argparse.Namespace, job_file: Path, seed: int, say: bo
     if isinstance(probe.baseline, HorovodLoop):
         probe.baseline.check_in_sync()
     if say:
-        print(f"run {seed + 1}: CPU-time ratios per block pair {[round(b[1] / d[1], 3) for d, b in probe.pairs()]}",
-              flush=True)
+        print(
+            f"run {seed + 1}: CPU-time ratios per block pair {[round(b[1] / d[1], 3) for d, b in probe.pairs()]}",
+            flush=True,
+        )
     return probe.pairs()
 
 
@@ -287,15 +310,29 @@ def run_ranks(args: argparse.Namespace, job_files: list[Path], work: Path) -> li
     # each run's rank 0 listens on a port of its own: no rank can reach the previous run's
     plan = {"jobs": [str(j) for j in job_files], "control_ports": free_ports(len(job_files))}
     (work / RANK_PLAN).write_text(json.dumps(plan))
-    env = {**(one_thread_env() if args.threads == 1 else os.environ), "OMPI_ALLOW_RUN_AS_ROOT": "1",
-           "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1"}
-    argv = ["mpirun", "-np", str(RANKS), "--oversubscribe", "--bind-to", "none", sys.executable, __file__,
-            *script_argv(args), f"--rank-dir={work}"]
+    env = {
+        **(one_thread_env() if args.threads == 1 else os.environ),
+        "OMPI_ALLOW_RUN_AS_ROOT": "1",
+        "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1",
+    }
+    argv = [
+        "mpirun",
+        "-np",
+        str(RANKS),
+        "--oversubscribe",
+        "--bind-to",
+        "none",
+        sys.executable,
+        __file__,
+        *script_argv(args),
+        f"--rank-dir={work}",
+    ]
     code = subprocess.run(argv, env=env, timeout=3600).returncode  # rank 0's output shows as it goes
     if code != 0:
         raise RuntimeError(f"the {RANKS} ranks failed (mpirun exited {code}); their errors are above")
-    return [[(tuple(d), tuple(b)) for d, b in json.loads((work / RANK_PAIRS.format(r)).read_text())]
-            for r in range(RANKS)]
+    return [
+        [(tuple(d), tuple(b)) for d, b in json.loads((work / RANK_PAIRS.format(r)).read_text())] for r in range(RANKS)
+    ]
 
 
 def rank_main(args: argparse.Namespace) -> None:
@@ -322,8 +359,15 @@ def script_argv(args: argparse.Namespace) -> list[str]:
 
 def cold_start(args: argparse.Namespace, job_dir: Path) -> float:
     """Seconds from launching ``ddlkit`` to its first training step being logged."""
-    argv = [sys.executable, "-m", "ddlkit", *overrides(args, args.block), "trainer.max_steps=1",
-            "trainer.log_every=1", f"hydra.run.dir={job_dir}"]
+    argv = [
+        sys.executable,
+        "-m",
+        "ddlkit",
+        *overrides(args, args.block),
+        "trainer.max_steps=1",
+        "trainer.log_every=1",
+        f"hydra.run.dir={job_dir}",
+    ]
     start = time.time()
     proc = subprocess.run(argv, capture_output=True, text=True, timeout=600)
     if proc.returncode != 0:
@@ -341,8 +385,12 @@ def tf_import_seconds() -> float:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--framework", choices=sorted(BASELINES), required=True)
-    ap.add_argument("--dist", choices=("none", "horovod"), default="none",
-                    help=f"horovod: {RANKS} ranks under mpirun, ddlkit's dist=horovod against a hand-written hvd loop")
+    ap.add_argument(
+        "--dist",
+        choices=("none", "horovod"),
+        default="none",
+        help=f"horovod: {RANKS} ranks under mpirun, ddlkit's dist=horovod against a hand-written hvd loop",
+    )
     ap.add_argument("--model", default="resnet18")
     ap.add_argument("--image-size", type=int, default=64)
     ap.add_argument("--batch", type=int, default=32, help="images per rank per step")
@@ -350,15 +398,18 @@ def main() -> None:
     ap.add_argument("--block", type=int, default=5, help="steps per timed block (ddlkit's log_every)")
     ap.add_argument("--blocks", type=int, default=20, help="blocks per ddlkit run (the first is warm-up)")
     ap.add_argument("--runs", type=int, default=2, help="ddlkit runs, each with a fresh baseline")
-    ap.add_argument("--threads", type=int, default=1,
-                    help="TensorFlow intra- and inter-op threads, per rank (0: default)")
+    ap.add_argument(
+        "--threads", type=int, default=1, help="TensorFlow intra- and inter-op threads, per rank (0: default)"
+    )
     ap.add_argument("--cold-starts", type=int, default=2, help="single-process only")
     ap.add_argument("--before", metavar="REF", help="also run this benchmark as it was at git REF, on its code")
     ap.add_argument("--rank-dir", help=argparse.SUPPRESS)  # set for the ranks that --dist horovod starts
     args = ap.parse_args()
     if args.dist == "horovod" and args.framework != "tensorflow":
-        ap.error("--dist horovod measures framework=tensorflow's custom loop: use --framework tensorflow "
-                 "(Horovod's Keras wrappers, a hand-written fit's counterpart, break with Keras 3)")
+        ap.error(
+            "--dist horovod measures framework=tensorflow's custom loop: use --framework tensorflow "
+            "(Horovod's Keras wrappers, a hand-written fit's counterpart, break with Keras 3)"
+        )
     if args.threads:
         tf.config.threading.set_intra_op_parallelism_threads(args.threads)
         tf.config.threading.set_inter_op_parallelism_threads(args.threads)
@@ -385,10 +436,12 @@ def main() -> None:
         return summary([images / block[clock] for block in blocks])
 
     def ratios(pairs: list[Pair]) -> dict[str, float]:
-        return {"ratio": statistics.median(b[1] / d[1] for d, b in pairs),
-                # each side's least disturbed block (timeit's estimator): neighbours only ever add time
-                "ratio_best": min(b[1] for _, b in pairs) / min(d[1] for d, _ in pairs),
-                "ratio_wall": statistics.median(b[0] / d[0] for d, b in pairs)}
+        return {
+            "ratio": statistics.median(b[1] / d[1] for d, b in pairs),
+            # each side's least disturbed block (timeit's estimator): neighbours only ever add time
+            "ratio_best": min(b[1] for _, b in pairs) / min(d[1] for d, _ in pairs),
+            "ratio_wall": statistics.median(b[0] / d[0] for d, b in pairs),
+        }
 
     ddlkit_blocks, base_blocks = [d for d, _ in pairs], [b for _, b in pairs]
     overall = ratios(pairs)
@@ -398,40 +451,69 @@ def main() -> None:
     if args.before:
         with tempfile.TemporaryDirectory() as tmp:
             then = run_before(args.before, "overhead_tf.py", script_argv(args), Path(tmp), result=name)
-        before = {"before": {"ref": args.before, "ratio": then["ratio"], "ratio_wall": then["ratio_wall"],
-                             "ddlkit_images_per_cpu_sec": then["ddlkit_images_per_cpu_sec"],
-                             "now_over_before": ratio / then["ratio"]}}
+        before = {
+            "before": {
+                "ref": args.before,
+                "ratio": then["ratio"],
+                "ratio_wall": then["ratio_wall"],
+                "ddlkit_images_per_cpu_sec": then["ddlkit_images_per_cpu_sec"],
+                "now_over_before": ratio / then["ratio"],
+            }
+        }
     if horovod:
-        where: dict[str, Any] = {"ranks": RANKS, "images_per_sec_of": "one rank",
-                                 "per_rank": [{**ratios(rank), "block_pairs": len(rank)} for rank in per_rank]}
+        where: dict[str, Any] = {
+            "ranks": RANKS,
+            "images_per_sec_of": "one rank",
+            "per_rank": [{**ratios(rank), "block_pairs": len(rank)} for rank in per_rank],
+        }
     else:
         tf_import = tf_import_seconds()
         where = {"cold_start_to_first_step_s": summary(colds), "tf_import_s": tf_import}
-    path = write_result(name, {
-        "benchmark": name, "config": {k: v for k, v in vars(args).items() if k != "rank_dir"}, "device": "cpu",
-        "baseline": BASELINE_NAMES[args.framework, args.dist],
-        "ddlkit_images_per_sec": ips(ddlkit_blocks, 0), "baseline_images_per_sec": ips(base_blocks, 0),
-        "ddlkit_images_per_cpu_sec": ips(ddlkit_blocks, 1), "baseline_images_per_cpu_sec": ips(base_blocks, 1),
-        "ratio": ratio, "ratio_best": ratio_best, "ratio_wall": ratio_wall, "block_pairs": len(pairs), "goal": 0.98,
-        **where, **before,
-    })
-    d_ips, b_ips = statistics.median(images / d[0] for d in ddlkit_blocks), statistics.median(
-        images / b[0] for b in base_blocks)
+    path = write_result(
+        name,
+        {
+            "benchmark": name,
+            "config": {k: v for k, v in vars(args).items() if k != "rank_dir"},
+            "device": "cpu",
+            "baseline": BASELINE_NAMES[args.framework, args.dist],
+            "ddlkit_images_per_sec": ips(ddlkit_blocks, 0),
+            "baseline_images_per_sec": ips(base_blocks, 0),
+            "ddlkit_images_per_cpu_sec": ips(ddlkit_blocks, 1),
+            "baseline_images_per_cpu_sec": ips(base_blocks, 1),
+            "ratio": ratio,
+            "ratio_best": ratio_best,
+            "ratio_wall": ratio_wall,
+            "block_pairs": len(pairs),
+            "goal": 0.98,
+            **where,
+            **before,
+        },
+    )
+    d_ips, b_ips = (
+        statistics.median(images / d[0] for d in ddlkit_blocks),
+        statistics.median(images / b[0] for b in base_blocks),
+    )
     d_cpu, b_cpu = (statistics.median(images / block[1] for block in blocks) for blocks in (ddlkit_blocks, base_blocks))
     per = f" per rank ({RANKS} Horovod ranks)" if horovod else ""
-    print(f"images/sec{per} (median block): ddlkit {d_ips:.1f}, hand-written {b_ips:.1f} by wall time; ddlkit "
-          f"{d_cpu:.1f}, hand-written {b_cpu:.1f} per CPU second ({args.threads or 'default'} intra-/inter-op "
-          f"thread(s))")
-    print(f"ratio ddlkit / hand-written = {ratio:.3f} by CPU time, {ratio_wall:.3f} by wall time (medians of "
-          f"{len(pairs)} block pairs{' of all ranks' if horovod else ''}), {ratio_best:.3f} by each side's best "
-          f"block's CPU time (goal >= 0.98)")
+    print(
+        f"images/sec{per} (median block): ddlkit {d_ips:.1f}, hand-written {b_ips:.1f} by wall time; ddlkit "
+        f"{d_cpu:.1f}, hand-written {b_cpu:.1f} per CPU second ({args.threads or 'default'} intra-/inter-op "
+        f"thread(s))"
+    )
+    print(
+        f"ratio ddlkit / hand-written = {ratio:.3f} by CPU time, {ratio_wall:.3f} by wall time (medians of "
+        f"{len(pairs)} block pairs{' of all ranks' if horovod else ''}), {ratio_best:.3f} by each side's best "
+        f"block's CPU time (goal >= 0.98)"
+    )
     if horovod:
         for r, rank in enumerate(where["per_rank"]):
             print(f"  rank {r}: {rank['ratio']:.3f} by CPU time, {rank['ratio_wall']:.3f} by wall time")
         print(f"-> {path}")
     else:
-        print(f"cold start to first step: {statistics.median(colds):.1f} s (TensorFlow + Keras import alone "
-              f"{tf_import:.1f} s) -> {path}")
+        print(
+            f"cold start to first step: {statistics.median(colds):.1f} s (TensorFlow + Keras import alone "
+            f"{tf_import:.1f} s) -> {path}"
+        )
 
 
 if __name__ == "__main__":

@@ -46,15 +46,24 @@ def plan_once(jobs: int, cwd: Path, core: Path | None) -> dict[str, Any]:
     if core is not None:
         paths = [str(core), *(str(p) for p in sorted(core.glob("plugins/*/src")))]
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [*paths, os.environ.get("PYTHONPATH")]))
-    command = [sys.executable, "-m", "ddlkit", "plan", "-m", f"optimizer.lr=range(1,{jobs + 1})",
-               f"hydra.sweep.dir={cwd / f'plan-{jobs}'}"]
-    proc = subprocess.run([sys.executable, "-c", _MEASURE, *command], cwd=cwd, env=env, capture_output=True,
-                          text=True, check=True)
+    command = [
+        sys.executable,
+        "-m",
+        "ddlkit",
+        "plan",
+        "-m",
+        f"optimizer.lr=range(1,{jobs + 1})",
+        f"hydra.sweep.dir={cwd / f'plan-{jobs}'}",
+    ]
+    proc = subprocess.run(
+        [sys.executable, "-c", _MEASURE, *command], cwd=cwd, env=env, capture_output=True, text=True, check=True
+    )
     measured = json.loads(proc.stdout)
     expected = f"ddlkit plan: all {jobs} jobs are valid; nothing was run."
     if measured["returncode"] != 0 or measured["last_line"] != expected:
-        raise RuntimeError(f"the plan of {jobs} jobs failed ({measured['returncode']}): {measured['last_line']}\n"
-                           f"{measured['stderr']}")
+        raise RuntimeError(
+            f"the plan of {jobs} jobs failed ({measured['returncode']}): {measured['last_line']}\n{measured['stderr']}"
+        )
     return {"wall_s": round(measured["wall_s"], 3), "peak_rss_mb": round(measured["peak_rss_mb"], 1)}
 
 
@@ -70,8 +79,12 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--sizes", type=int, nargs="+", default=[10, 100, 1000, 10000])
     ap.add_argument("--before", metavar="REF", help="also plan on the code at git REF")
-    ap.add_argument("--before-limit-s", type=float, default=600.0,
-                    help="skip a size on the old code when it would take longer than this")
+    ap.add_argument(
+        "--before-limit-s",
+        type=float,
+        default=600.0,
+        help="skip a size on the old code when it would take longer than this",
+    )
     args = ap.parse_args()
     now: dict[int, dict[str, Any]] = {}
     before: dict[int, dict[str, Any]] = {}
@@ -91,8 +104,10 @@ def main() -> None:
                 print(f"before: {jobs:6d} jobs skipped ({before[jobs]['skipped']})", flush=True)
                 continue
             before[jobs] = {**plan_once(jobs, cwd, before_core), "load_1min": round(os.getloadavg()[0], 2)}
-            print(f"before: {jobs:6d} jobs {before[jobs]['wall_s']:8.2f} s {before[jobs]['peak_rss_mb']:7.1f} MB",
-                  flush=True)
+            print(
+                f"before: {jobs:6d} jobs {before[jobs]['wall_s']:8.2f} s {before[jobs]['peak_rss_mb']:7.1f} MB",
+                flush=True,
+            )
     payload: dict[str, Any] = {
         "benchmark": "plan",
         "command": "ddlkit plan -m optimizer.lr=range(1,N+1)",
@@ -100,10 +115,14 @@ def main() -> None:
         "now": {"runs": {str(n): r for n, r in now.items()}, "per_job_s": per_job_s(now)},
     }
     if before:
-        payload["before"] = {"ref": args.before, "runs": {str(n): r for n, r in before.items()},
-                             "per_job_s": per_job_s(before)}
-        payload["speedup"] = {str(n): round(before[n]["wall_s"] / now[n]["wall_s"], 1)
-                              for n in now if "wall_s" in before.get(n, {})}
+        payload["before"] = {
+            "ref": args.before,
+            "runs": {str(n): r for n, r in before.items()},
+            "per_job_s": per_job_s(before),
+        }
+        payload["speedup"] = {
+            str(n): round(before[n]["wall_s"] / now[n]["wall_s"], 1) for n in now if "wall_s" in before.get(n, {})
+        }
     print(f"results: {write_result('plan', payload)}")
 
 

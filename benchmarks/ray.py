@@ -85,10 +85,20 @@ def job_overrides(args: argparse.Namespace) -> list[str]:
     synthetic batch per rank (``data.pool_mib=1``: the baselines train on one batch, made once)."""
     if args.quick:
         return ["framework=fake", "framework.step_delay_s=0.05", f"trainer.max_steps={args.steps}", "trainer.epochs=10"]
-    return ["framework=pytorch", "model=resnet18", "data=synthetic", f"data.image_size={args.image_size}",
-            "data.num_classes=10", f"data.length={args.batch * 2 * args.steps}", "data.pool_mib=1",
-            f"trainer.batch_size={args.batch}",
-            f"trainer.max_steps={args.steps}", "trainer.epochs=1", "trainer.validate=false", "framework.num_threads=1"]
+    return [
+        "framework=pytorch",
+        "model=resnet18",
+        "data=synthetic",
+        f"data.image_size={args.image_size}",
+        "data.num_classes=10",
+        f"data.length={args.batch * 2 * args.steps}",
+        "data.pool_mib=1",
+        f"trainer.batch_size={args.batch}",
+        f"trainer.max_steps={args.steps}",
+        "trainer.epochs=1",
+        "trainer.validate=false",
+        "framework.num_threads=1",
+    ]
 
 
 def model_name(args: argparse.Namespace) -> str:
@@ -103,8 +113,14 @@ class Launcher:
     def __init__(self, argv: list[str], cwd: Path, *, command: list[str] | None = None) -> None:
         self.lines: list[tuple[float, str]] = []
         self.t0, self.wall0 = time.monotonic(), time.time()
-        self.proc = subprocess.Popen([*(command or [sys.executable, "-m", "ddlkit"]), *argv], cwd=cwd, env=env(),
-                                     text=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+        self.proc = subprocess.Popen(
+            [*(command or [sys.executable, "-m", "ddlkit"]), *argv],
+            cwd=cwd,
+            env=env(),
+            text=True,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+        )
         self._reader = threading.Thread(target=self._read, daemon=True)
         self._reader.start()
 
@@ -147,8 +163,11 @@ def ddlkit_job(args: argparse.Namespace, base: Path, name: str, compute: list[st
     if code != 0:
         raise RuntimeError(f"{name} exited {code}: {run.output()[-3000:]}")
     result = json.loads((job_dir / "result.json").read_text())
-    return {"submit_to_first_step_s": first_step_at(job_dir) - run.wall0,
-            "submit_to_first_step_on_console_s": on_console, "images_per_sec": result["images_per_sec"]}
+    return {
+        "submit_to_first_step_s": first_step_at(job_dir) - run.wall0,
+        "submit_to_first_step_on_console_s": on_console,
+        "images_per_sec": result["images_per_sec"],
+    }
 
 
 def plain_job(cluster: LocalRayCluster, args: argparse.Namespace, base: Path, name: str) -> dict[str, Any]:
@@ -158,10 +177,25 @@ def plain_job(cluster: LocalRayCluster, args: argparse.Namespace, base: Path, na
     work.mkdir()
     marks.mkdir()
     shutil.copy(PLAIN_JOB, work / PLAIN_JOB.name)
-    run = Launcher(["job", "submit", f"--address={cluster.address}", f"--working-dir={work}", "--",
-                    "python", PLAIN_JOB.name, "--ranks=2", f"--model={model_name(args)}", f"--batch={args.batch}",
-                    f"--image-size={args.image_size}", f"--steps={args.steps}", f"--marks={marks}"],
-                   base, command=[sys.executable, "-m", "ray.scripts.scripts"])
+    run = Launcher(
+        [
+            "job",
+            "submit",
+            f"--address={cluster.address}",
+            f"--working-dir={work}",
+            "--",
+            "python",
+            PLAIN_JOB.name,
+            "--ranks=2",
+            f"--model={model_name(args)}",
+            f"--batch={args.batch}",
+            f"--image-size={args.image_size}",
+            f"--steps={args.steps}",
+            f"--marks={marks}",
+        ],
+        base,
+        command=[sys.executable, "-m", "ray.scripts.scripts"],
+    )
     on_console = run.when(FIRST_STEP) - run.t0
     code = run.finish()
     if code != 0:
@@ -224,13 +258,20 @@ def _train_loop(config: dict[str, Any]) -> None:
         if every and step % every == 0:
             with _tempfile.TemporaryDirectory() as d:
                 if rank == 0:
-                    torch.save({"model": getattr(model, "module", model).state_dict(), "opt": opt.state_dict(),
-                                "step": step}, Path(d) / "state.pt")
-                ray.train.report({"step": step},
-                                 checkpoint=ray.train.Checkpoint.from_directory(d) if rank == 0 else None)
+                    torch.save(
+                        {"model": getattr(model, "module", model).state_dict(), "opt": opt.state_dict(), "step": step},
+                        Path(d) / "state.pt",
+                    )
+                ray.train.report(
+                    {"step": step}, checkpoint=ray.train.Checkpoint.from_directory(d) if rank == 0 else None
+                )
     if rank == 0 and t_start is not None and config["steps"] > start + warmup:
-        rate = (config["steps"] - start - warmup) * config["batch"] * ctx.get_world_size() / (
-            time.perf_counter() - t_start)
+        rate = (
+            (config["steps"] - start - warmup)
+            * config["batch"]
+            * ctx.get_world_size()
+            / (time.perf_counter() - t_start)
+        )
         (marks / "rate").write_text(str(rate))
 
 
@@ -246,18 +287,36 @@ def ray_train(cluster: LocalRayCluster, args: argparse.Namespace, *, kill: bool 
     # the workers cannot import this directory (its ray.py would shadow Ray): build_model travels by value
     ray.cloudpickle.register_pickle_by_value(_ray_plain_job)
     marks = Path(tempfile.mkdtemp(prefix="ray-train-"))
-    ray.init(address=cluster.gcs_address, ignore_reinit_error=True, logging_level="WARNING",
-             runtime_env={"env_vars": {"PYTHONPATH": os.environ.get("PYTHONPATH", "")}})
-    config = {"batch": args.batch, "image_size": args.image_size, "steps": args.steps, "marks": str(marks),
-              "model": model_name(args), "step_delay_s": 0.05 if args.quick else 0.0,
-              "checkpoint_every": args.checkpoint_every if kill else None}
-    trainer = TorchTrainer(_train_loop, train_loop_config=config,
-                           scaling_config=ScalingConfig(num_workers=2, resources_per_worker={"CPU": 1},
-                                                        placement_strategy="STRICT_SPREAD"),
-                           run_config=RunConfig(storage_path=str(marks / "storage"), name="bench",
-                                                failure_config=FailureConfig(max_failures=1 if kill else 0)))
+    ray.init(
+        address=cluster.gcs_address,
+        ignore_reinit_error=True,
+        logging_level="WARNING",
+        runtime_env={"env_vars": {"PYTHONPATH": os.environ.get("PYTHONPATH", "")}},
+    )
+    config = {
+        "batch": args.batch,
+        "image_size": args.image_size,
+        "steps": args.steps,
+        "marks": str(marks),
+        "model": model_name(args),
+        "step_delay_s": 0.05 if args.quick else 0.0,
+        "checkpoint_every": args.checkpoint_every if kill else None,
+    }
+    trainer = TorchTrainer(
+        _train_loop,
+        train_loop_config=config,
+        scaling_config=ScalingConfig(
+            num_workers=2, resources_per_worker={"CPU": 1}, placement_strategy="STRICT_SPREAD"
+        ),
+        run_config=RunConfig(
+            storage_path=str(marks / "storage"),
+            name="bench",
+            failure_config=FailureConfig(max_failures=1 if kill else 0),
+        ),
+    )
     out: dict[str, Any] = {}
     if kill:
+
         def killer() -> None:
             while not all((marks / f).exists() for f in ("node-0", "node-1", "step-20")):
                 time.sleep(0.02)
@@ -265,6 +324,7 @@ def ray_train(cluster: LocalRayCluster, args: argparse.Namespace, *, kill: bool 
             nodes = [(marks / f"node-{r}").read_text().strip() for r in (1, 0)]
             out["killed_at"] = time.time()
             cluster.kill_node(next(n for n in nodes if n != head))  # a worker's node, not the head
+
         threading.Thread(target=killer, daemon=True).start()
     t0 = time.time()
     trainer.fit()
@@ -298,14 +358,23 @@ def part_a(args: argparse.Namespace, base: Path) -> dict[str, Any]:
         # first workers): a round on it first, not counted, so that no side runs on a cold cluster
         for r in range(-1 if args.rounds > 1 else 0, args.rounds):
             # interleaved, in a different order each round: a slow spell of the machine hits all sides
-            runs = {"ray": lambda r=r: ddlkit_job(args, base, f"a-ray-{r}", [
-                        "compute=ray", f"compute.address={cluster.address}", "compute.nodes=2",
-                        "compute.poll_interval_s=0.5"]),
-                    "plain_ray_job": lambda r=r: plain_job(cluster, args, base, f"a-plain-{r}"),
-                    "local_mpi": lambda r=r: ddlkit_job(args, base, f"a-mpi-{r}",
-                                                        ["compute=local_mpi", "compute.nodes=2"]),
-                    "ray_train": lambda: ray_train(cluster, args)}
-            order = list(runs)[r % len(runs):] + list(runs)[:r % len(runs)]
+            runs = {
+                "ray": lambda r=r: ddlkit_job(
+                    args,
+                    base,
+                    f"a-ray-{r}",
+                    [
+                        "compute=ray",
+                        f"compute.address={cluster.address}",
+                        "compute.nodes=2",
+                        "compute.poll_interval_s=0.5",
+                    ],
+                ),
+                "plain_ray_job": lambda r=r: plain_job(cluster, args, base, f"a-plain-{r}"),
+                "local_mpi": lambda r=r: ddlkit_job(args, base, f"a-mpi-{r}", ["compute=local_mpi", "compute.nodes=2"]),
+                "ray_train": lambda: ray_train(cluster, args),
+            }
+            order = list(runs)[r % len(runs) :] + list(runs)[: r % len(runs)]
             done = {who: runs[who]() for who in order}
             if r < 0:
                 print(f"(a) warm-up round, not counted: {json.dumps(done)}", flush=True)
@@ -338,8 +407,9 @@ def part_b(args: argparse.Namespace, base: Path) -> dict[str, Any]:
         if times := [x[who]["kill_to_first_step_s"] for x in rounds if "kill_to_first_step_s" in x[who]]:
             out[f"{who}_kill_to_first_step_s"] = summary(times)
     if "ddlkit_kill_to_first_step_s" in out and "ray_train_kill_to_first_step_s" in out:
-        out["recovery_ratio_ddlkit_over_ray_train"] = (out["ddlkit_kill_to_first_step_s"]["median"]
-                                                       / out["ray_train_kill_to_first_step_s"]["median"])
+        out["recovery_ratio_ddlkit_over_ray_train"] = (
+            out["ddlkit_kill_to_first_step_s"]["median"] / out["ray_train_kill_to_first_step_s"]["median"]
+        )
     out["goal"] = "recovery_ratio_ddlkit_over_ray_train <= 1.0"
     return out
 
@@ -348,10 +418,23 @@ def recovery_ddlkit(args: argparse.Namespace, job_dir: Path) -> dict[str, Any]:
     """ddlkit's job on 2 of a 3-node cluster, a node of it killed at step 20: the restart policy
     restarts it on the nodes left (``restart.backoff_s=0``)."""
     with LocalRayCluster(nodes=3, cpus_per_node=args.cpus_per_node, env=env()) as cluster:
-        run = Launcher([*job_overrides(args), "dist=native", "dist.timeout_s=30", "compute=ray",
-                        f"compute.address={cluster.address}", "compute.nodes=2", "compute.poll_interval_s=0.5",
-                        "compute.sync_interval_s=2", f"trainer.checkpoint_every={args.checkpoint_every}",
-                        "trainer.log_every=5", "restart.backoff_s=0", f"hydra.run.dir={job_dir}"], job_dir.parent)
+        run = Launcher(
+            [
+                *job_overrides(args),
+                "dist=native",
+                "dist.timeout_s=30",
+                "compute=ray",
+                f"compute.address={cluster.address}",
+                "compute.nodes=2",
+                "compute.poll_interval_s=0.5",
+                "compute.sync_interval_s=2",
+                f"trainer.checkpoint_every={args.checkpoint_every}",
+                "trainer.log_every=5",
+                "restart.backoff_s=0",
+                f"hydra.run.dir={job_dir}",
+            ],
+            job_dir.parent,
+        )
         started = run.when("started on node(s)")
         text = next(line for t, line in run.lines if t == started)
         found = re.search(r"0 \((\w+)\), 1 \((\w+)\)", text)
@@ -366,10 +449,14 @@ def recovery_ddlkit(args: argparse.Namespace, job_dir: Path) -> dict[str, Any]:
         if code != 0:
             raise RuntimeError(f"(b) ddlkit exited {code}: {run.output()[-3000:]}")
         result = json.loads((job_dir / "result.json").read_text())
-        return {"kill_to_first_step_s": first_step_at(job_dir) - killed_wall,
-                "kill_to_first_step_on_console_s": resumed - killed, "kill_to_end_s": time.monotonic() - killed,
-                "restarts": result.get("restarts"), "resumed_from_step": result.get("resumed_from_step"),
-                "steps_lost": result.get("steps_lost")}
+        return {
+            "kill_to_first_step_s": first_step_at(job_dir) - killed_wall,
+            "kill_to_first_step_on_console_s": resumed - killed,
+            "kill_to_end_s": time.monotonic() - killed,
+            "restarts": result.get("restarts"),
+            "resumed_from_step": result.get("resumed_from_step"),
+            "steps_lost": result.get("steps_lost"),
+        }
 
 
 def _task(argv: list[str], cwd: str) -> int:
@@ -386,25 +473,43 @@ def part_c(args: argparse.Namespace, base: Path) -> dict[str, Any]:
         for r in range(args.rounds):
             sweep_dir = base / f"c-sweep-{r}"
             t0 = time.monotonic()
-            run = Launcher(["-m", *fake, "compute=ray", f"compute.address={cluster.address}",
-                            "compute.poll_interval_s=0.5", f"optimizer.lr={','.join(lrs)}",
-                            f"sweep.max_parallel={len(lrs)}", f"hydra.sweep.dir={sweep_dir}"], base)
+            run = Launcher(
+                [
+                    "-m",
+                    *fake,
+                    "compute=ray",
+                    f"compute.address={cluster.address}",
+                    "compute.poll_interval_s=0.5",
+                    f"optimizer.lr={','.join(lrs)}",
+                    f"sweep.max_parallel={len(lrs)}",
+                    f"hydra.sweep.dir={sweep_dir}",
+                ],
+                base,
+            )
             if run.finish() != 0:
                 raise RuntimeError(run.output()[-3000:])
             ddlkit_s = time.monotonic() - t0
             ray.init(address=cluster.gcs_address, ignore_reinit_error=True, logging_level="WARNING")
             task = ray.remote(num_cpus=1)(_task)
             t0 = time.monotonic()
-            codes = ray.get([task.remote([*fake, f"optimizer.lr={lr}", f"hydra.run.dir={base}/c-task-{r}-{i}"],
-                                         str(base)) for i, lr in enumerate(lrs)])
+            codes = ray.get(
+                [
+                    task.remote([*fake, f"optimizer.lr={lr}", f"hydra.run.dir={base}/c-task-{r}-{i}"], str(base))
+                    for i, lr in enumerate(lrs)
+                ]
+            )
             tasks_s = time.monotonic() - t0
             ray.shutdown()
             assert codes == [0] * len(lrs), codes
             rounds.append({"ddlkit_sweep_s": ddlkit_s, "ray_tasks_s": tasks_s})
             print(f"(c) round {r + 1}: {json.dumps(rounds[-1])}", flush=True)
     d, t = summary([x["ddlkit_sweep_s"] for x in rounds]), summary([x["ray_tasks_s"] for x in rounds])
-    return {"rounds": rounds, "ddlkit_sweep_s": d, "ray_tasks_s": t,
-            "ratio_ddlkit_over_tasks": d["median"] / t["median"]}
+    return {
+        "rounds": rounds,
+        "ddlkit_sweep_s": d,
+        "ray_tasks_s": t,
+        "ratio_ddlkit_over_tasks": d["median"] / t["median"],
+    }
 
 
 def request_kind(method: str, path: str) -> str:
@@ -416,8 +521,12 @@ def request_kind(method: str, path: str) -> str:
         if path.endswith("/logs/tail"):
             return "job log stream"  # one websocket, open while the job runs
         return "job logs" if path.endswith("/logs") else f"job {method}"
-    for prefix, kind in (("/api/v0/logs", "files (log API)"), ("/api/v0/", "state API"),
-                         ("/api/packages", "upload"), ("/api/version", "version")):
+    for prefix, kind in (
+        ("/api/v0/logs", "files (log API)"),
+        ("/api/v0/", "state API"),
+        ("/api/packages", "upload"),
+        ("/api/version", "version"),
+    ):
         if path.startswith(prefix):
             return kind
     return "other"
@@ -427,13 +536,26 @@ def part_d(args: argparse.Namespace, base: Path) -> dict[str, Any]:
     delay = 0.25
     steps = max(4, int(args.follow_s / delay))
     rounds = []
-    with LocalRayCluster(nodes=2, cpus_per_node=args.cpus_per_node, env=env()) as cluster, \
-            CountingProxy(cluster.address) as proxy:
+    with (
+        LocalRayCluster(nodes=2, cpus_per_node=args.cpus_per_node, env=env()) as cluster,
+        CountingProxy(cluster.address) as proxy,
+    ):
         for r in range(args.rounds):
             job_dir = base / f"d-ray-{r}"
-            run = Launcher(["framework=fake", f"framework.step_delay_s={delay}", f"trainer.max_steps={steps}",
-                            "trainer.epochs=1000", "dist=native", "compute=ray", f"compute.address={proxy.address}",
-                            "compute.nodes=2", f"hydra.run.dir={job_dir}"], base)
+            run = Launcher(
+                [
+                    "framework=fake",
+                    f"framework.step_delay_s={delay}",
+                    f"trainer.max_steps={steps}",
+                    "trainer.epochs=1000",
+                    "dist=native",
+                    "compute=ray",
+                    f"compute.address={proxy.address}",
+                    "compute.nodes=2",
+                    f"hydra.run.dir={job_dir}",
+                ],
+                base,
+            )
             code = run.finish()
             end = time.time()
             if code != 0:
@@ -442,15 +564,24 @@ def part_d(args: argparse.Namespace, base: Path) -> dict[str, Any]:
             submitted = next(t for t, method, path in seen if request_kind(method, path) == "submit")
             following = [(m, p) for t, m, p in seen if t >= submitted]
             minutes = (end - submitted) / 60
-            rounds.append({"followed_s": end - submitted, "requests": len(following),
-                           "requests_per_job_minute": len(following) / minutes,
-                           "by_kind_per_job_minute": {k: n / minutes for k, n in
-                                                      Counter(request_kind(m, p) for m, p in following).items()},
-                           "before_submission": len(seen) - len(following)})
+            rounds.append(
+                {
+                    "followed_s": end - submitted,
+                    "requests": len(following),
+                    "requests_per_job_minute": len(following) / minutes,
+                    "by_kind_per_job_minute": {
+                        k: n / minutes for k, n in Counter(request_kind(m, p) for m, p in following).items()
+                    },
+                    "before_submission": len(seen) - len(following),
+                }
+            )
             print(f"(d) round {r + 1}: {json.dumps(rounds[-1])}", flush=True)
-    return {"rounds": rounds, "poll_interval_s": "the default (compute.poll_interval_s)",
-            "requests_per_job_minute": summary([x["requests_per_job_minute"] for x in rounds]),
-            "goal": "requests_per_job_minute <= 30"}
+    return {
+        "rounds": rounds,
+        "poll_interval_s": "the default (compute.poll_interval_s)",
+        "requests_per_job_minute": summary([x["requests_per_job_minute"] for x in rounds]),
+        "goal": "requests_per_job_minute <= 30",
+    }
 
 
 def main() -> None:
@@ -463,8 +594,9 @@ def main() -> None:
     parser.add_argument("--cpus-per-node", type=int, default=2)
     parser.add_argument("--follow-s", type=float, default=120.0, help="(d): how long the followed job trains")
     parser.add_argument("--skip", default="", help="parts to leave out: a,b,c,d")
-    parser.add_argument("--quick", action="store_true",
-                        help="each part once, small (the fake framework, a tiny net): checks the script")
+    parser.add_argument(
+        "--quick", action="store_true", help="each part once, small (the fake framework, a tiny net): checks the script"
+    )
     args = parser.parse_args()
     if args.quick:
         args.rounds, args.follow_s = 1, 10.0

@@ -30,24 +30,44 @@ HERE = Path(__file__).parent
 
 def run_sweep(work: Path, jobs: int, parallel: int, steps: int, interval: float) -> dict:
     root = work / f"cluster-{interval}"
-    args = ["-m", "framework=fake", "data.image_size=8", "data.num_classes=4", f"data.length={steps * 8}",
-            "data.val_length=16", "trainer.batch_size=8", "trainer.epochs=1", "trainer.log_every=50",
-            "framework.step_delay_s=0.02", "compute=counted", f"compute.root={root}",
-            f"compute.poll_interval_s={interval}", f"sweep.max_parallel={parallel}",
-            f"trainer.seed={','.join(str(s) for s in range(jobs))}", f"hydra.sweep.dir={work / f'sweep-{interval}'}"]
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(HERE), os.environ.get("PYTHONPATH")])),
-           "DDLKIT_PLUGINS": "_counting_target,ddlkit.testing.fakes", "DDLKIT_STATE_DIR": str(work / "state")}
+    args = [
+        "-m",
+        "framework=fake",
+        "data.image_size=8",
+        "data.num_classes=4",
+        f"data.length={steps * 8}",
+        "data.val_length=16",
+        "trainer.batch_size=8",
+        "trainer.epochs=1",
+        "trainer.log_every=50",
+        "framework.step_delay_s=0.02",
+        "compute=counted",
+        f"compute.root={root}",
+        f"compute.poll_interval_s={interval}",
+        f"sweep.max_parallel={parallel}",
+        f"trainer.seed={','.join(str(s) for s in range(jobs))}",
+        f"hydra.sweep.dir={work / f'sweep-{interval}'}",
+    ]
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join(filter(None, [str(HERE), os.environ.get("PYTHONPATH")])),
+        "DDLKIT_PLUGINS": "_counting_target,ddlkit.testing.fakes",
+        "DDLKIT_STATE_DIR": str(work / "state"),
+    }
     t0 = time.perf_counter()
     subprocess.run([sys.executable, "-m", "ddlkit", *args], cwd=work, env=env, check=True, stdout=subprocess.DEVNULL)
     wall = time.perf_counter() - t0
     counts = [json.loads(p.read_text()) for p in sorted((root / "calls").glob("*.json"))]
     assert len(counts) == jobs, f"{len(counts)} of {jobs} jobs reported their calls"
     per_min = [60 * (c["status"] + c["logs"]) / c["watched_s"] for c in counts]
-    return {"poll_interval_s": interval, "sweep_wall_s": round(wall, 2),
-            "job_watched_s_median": round(statistics.median(c["watched_s"] for c in counts), 2),
-            "status_calls_per_job_median": statistics.median(c["status"] for c in counts),
-            "logs_calls_per_job_median": statistics.median(c["logs"] for c in counts),
-            "calls_per_job_per_min_median": round(statistics.median(per_min), 1)}
+    return {
+        "poll_interval_s": interval,
+        "sweep_wall_s": round(wall, 2),
+        "job_watched_s_median": round(statistics.median(c["watched_s"] for c in counts), 2),
+        "status_calls_per_job_median": statistics.median(c["status"] for c in counts),
+        "logs_calls_per_job_median": statistics.median(c["logs"] for c in counts),
+        "calls_per_job_per_min_median": round(statistics.median(per_min), 1),
+    }
 
 
 def main() -> None:
@@ -64,9 +84,14 @@ def main() -> None:
         shutil.rmtree(work, ignore_errors=True)
     # before: every target was looked at every 0.05 s, each look one status() and one logs() call
     old = 2 * fast["calls_per_job_per_min_median"]
-    payload = {"benchmark": "remote_polling", "config": vars(args), "remote_pace": remote, "local_pace": fast,
-               "before_calls_per_job_per_min": old,
-               "reduction": round(old / remote["calls_per_job_per_min_median"], 1)}
+    payload = {
+        "benchmark": "remote_polling",
+        "config": vars(args),
+        "remote_pace": remote,
+        "local_pace": fast,
+        "before_calls_per_job_per_min": old,
+        "reduction": round(old / remote["calls_per_job_per_min_median"], 1),
+    }
     print(json.dumps(payload, indent=2))
     print(f"wrote {write_result('remote_polling', payload)}")
 

@@ -38,7 +38,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from _common import RESULTS, one_thread_env as env, rank_workers, summary, write_result
+from _common import RESULTS, rank_workers, summary, write_result
+from _common import one_thread_env as env
+
 from ddlkit.jobdir import EXIT_PREEMPTED, RESULT_FILE
 
 #: framework=keras only with Horovod: it refuses dist=native (Keras 3's fit fails under
@@ -67,24 +69,44 @@ def available(config: str) -> str | None:
 
 def job_args(config: str, ranks: int, *, steps: int, batch: int, image_size: int, model: str) -> list[str]:
     framework, backend = config.split("/")
-    return [f"framework={framework}", "framework.num_threads=1", f"model={model}", f"data.image_size={image_size}",
-            "data.num_classes=100", f"data.length={batch * ranks * steps}", f"trainer.batch_size={batch}",
-            "trainer.epochs=1", "trainer.warmup_steps=5", "trainer.validate=false", "trainer.save_model=false",
-            "trainer.log_every=10", "logger=[jsonl]", "compute=local_mpi", f"compute.procs_per_node={ranks}",
-            f"dist={backend}"]
+    return [
+        f"framework={framework}",
+        "framework.num_threads=1",
+        f"model={model}",
+        f"data.image_size={image_size}",
+        "data.num_classes=100",
+        f"data.length={batch * ranks * steps}",
+        f"trainer.batch_size={batch}",
+        "trainer.epochs=1",
+        "trainer.warmup_steps=5",
+        "trainer.validate=false",
+        "trainer.save_model=false",
+        "trainer.log_every=10",
+        "logger=[jsonl]",
+        "compute=local_mpi",
+        f"compute.procs_per_node={ranks}",
+        f"dist={backend}",
+    ]
 
 
 def run_job(args: list[str], job_dir: Path) -> dict[str, Any]:
-    proc = subprocess.run([sys.executable, "-m", "ddlkit", *args, f"hydra.run.dir={job_dir}"], cwd=job_dir.parent,
-                          env=env(), capture_output=True, text=True)
+    proc = subprocess.run(
+        [sys.executable, "-m", "ddlkit", *args, f"hydra.run.dir={job_dir}"],
+        cwd=job_dir.parent,
+        env=env(),
+        capture_output=True,
+        text=True,
+    )
     if proc.returncode != 0:
-        raise RuntimeError(f"ddlkit {' '.join(args)} failed ({proc.returncode}):\n{proc.stdout[-3000:]}"
-                           f"\n{proc.stderr[-2000:]}")
+        raise RuntimeError(
+            f"ddlkit {' '.join(args)} failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-2000:]}"
+        )
     return json.loads((job_dir / RESULT_FILE).read_text())
 
 
-def measure_scaling(configs: list[str], rounds: int, work: Path, ranks: tuple[int, ...] = RANKS,
-                    **shape: Any) -> dict[str, Any]:
+def measure_scaling(
+    configs: list[str], rounds: int, work: Path, ranks: tuple[int, ...] = RANKS, **shape: Any
+) -> dict[str, Any]:
     samples: dict[str, dict[int, list[float]]] = {c: {n: [] for n in ranks} for c in configs}
     loads: dict[str, dict[int, list[float]]] = {c: {n: [] for n in ranks} for c in configs}
     for r in range(rounds):
@@ -95,10 +117,15 @@ def measure_scaling(configs: list[str], rounds: int, work: Path, ranks: tuple[in
                 loads[config][n].append(round(os.getloadavg()[0], 2))
                 result = run_job(job_args(config, n, **shape), job_dir)
                 samples[config][n].append(result["images_per_sec"])
-                print(f"round {r + 1}/{rounds} {config} {n} rank(s): {result['images_per_sec']:.1f} images/s "
-                      f"(load before: {loads[config][n][-1]})", flush=True)
-    return {config: summarise({str(n): v for n, v in by_n.items()}, {str(n): v for n, v in loads[config].items()})
-            for config, by_n in samples.items()}
+                print(
+                    f"round {r + 1}/{rounds} {config} {n} rank(s): {result['images_per_sec']:.1f} images/s "
+                    f"(load before: {loads[config][n][-1]})",
+                    flush=True,
+                )
+    return {
+        config: summarise({str(n): v for n, v in by_n.items()}, {str(n): v for n, v in loads[config].items()})
+        for config, by_n in samples.items()
+    }
 
 
 def summarise(samples: dict[str, list[float]], loads: dict[str, list[float]]) -> dict[str, Any]:
@@ -109,16 +136,22 @@ def summarise(samples: dict[str, list[float]], loads: dict[str, list[float]]) ->
     out = {}
     for n, values in samples.items():
         paired = [v / (int(n) * b) for v, b in zip(values, base, strict=True)]
-        out[n] = {**summary(values), "best": max(values), "load_1m_before": loads[n],
-                  "efficiency": round(statistics.median(paired), 3),
-                  "efficiency_best": round(max(values) / (int(n) * max(base)), 3)}
+        out[n] = {
+            **summary(values),
+            "best": max(values),
+            "load_1m_before": loads[n],
+            "efficiency": round(statistics.median(paired), 3),
+            "efficiency_best": round(max(values) / (int(n) * max(base)), 3),
+        }
     return out
 
 
 def _worker_pid(job_dir: Path, rank: int) -> int | None:
     """Rank ``rank``'s worker of the job in ``job_dir``."""
-    return next((pid for pid, environ in rank_workers(job_dir).items()
-                 if environ.get("OMPI_COMM_WORLD_RANK") == str(rank)), None)
+    return next(
+        (pid for pid, environ in rank_workers(job_dir).items() if environ.get("OMPI_COMM_WORLD_RANK") == str(rank)),
+        None,
+    )
 
 
 def measure_stop(how: str, work: Path, shape: dict[str, Any]) -> dict[str, Any]:
@@ -128,10 +161,20 @@ def measure_stop(how: str, work: Path, shape: dict[str, Any]) -> dict[str, Any]:
     job_dir.mkdir()
     # the console logger's progress lines tell when training is under way
     # the job's end is what is timed: no automatic restart after the kill
-    args = [*job_args("pytorch/native", 2, **{**shape, "steps": 100000}), "trainer.log_every=1", "logger=[console]",
-            "restart.max_restarts=0"]
-    proc = subprocess.Popen([sys.executable, "-m", "ddlkit", *args, f"hydra.run.dir={job_dir}"], cwd=work, env=env(),
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    args = [
+        *job_args("pytorch/native", 2, **{**shape, "steps": 100000}),
+        "trainer.log_every=1",
+        "logger=[console]",
+        "restart.max_restarts=0",
+    ]
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "ddlkit", *args, f"hydra.run.dir={job_dir}"],
+        cwd=work,
+        env=env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     assert proc.stdout is not None
     seen = []
     for line in proc.stdout:
@@ -172,7 +215,7 @@ def measure_stop_check(n: int = 5000) -> dict[str, Any]:
 
     ctx = mp.get_context("fork")
     out = ctx.Queue()
-    port, = free_ports(1)
+    (port,) = free_ports(1)
     procs = [ctx.Process(target=_stop_check_rank, args=(r, port, n, out)) for r in (0, 1)]
     for p in procs:
         p.start()
@@ -199,8 +242,13 @@ def plot(scaling: dict[str, Any], path: Path, title: str) -> None:
         bars = ax.bar(xs, values, width * 0.95, label=f"{n} rank{'s' if n > 1 else ''}", color=colors[i % 3])
         for bar, config in zip(bars, configs, strict=True):
             eff = scaling[config][str(n)]["efficiency"]
-            ax.annotate(f"{bar.get_height():.0f}" + ("" if n == 1 else f"\n{eff:.0%}"),
-                        (bar.get_x() + bar.get_width() / 2, bar.get_height()), ha="center", va="bottom", fontsize=8)
+            ax.annotate(
+                f"{bar.get_height():.0f}" + ("" if n == 1 else f"\n{eff:.0%}"),
+                (bar.get_x() + bar.get_width() / 2, bar.get_height()),
+                ha="center",
+                va="bottom",
+                fontsize=8,
+            )
     ax.set_xticks(range(len(configs)), [c.replace("/", "\n") for c in configs])
     ax.set_ylabel("images/sec")
     ax.set_title(title, fontsize=10)
@@ -213,16 +261,21 @@ def plot(scaling: dict[str, Any], path: Path, title: str) -> None:
 
 
 def chart_title(shape: dict[str, Any]) -> str:
-    return (f"ddlkit data-parallel throughput on {os.cpu_count()} CPU cores ({shape['model']}, "
-            f"{shape['image_size']}px, batch {shape['batch']}/rank, 1 thread/rank)")
+    return (
+        f"ddlkit data-parallel throughput on {os.cpu_count()} CPU cores ({shape['model']}, "
+        f"{shape['image_size']}px, batch {shape['batch']}/rank, 1 thread/rank)"
+    )
 
 
 def replot(args: argparse.Namespace) -> None:
     path = RESULTS / "scaling.json"
     payload = json.loads(path.read_text())
-    payload["scaling"] = {config: summarise({n: p["samples"] for n, p in points.items()},
-                                            {n: p["load_1m_before"] for n, p in points.items()})
-                          for config, points in payload["scaling"].items()}
+    payload["scaling"] = {
+        config: summarise(
+            {n: p["samples"] for n, p in points.items()}, {n: p["load_1m_before"] for n, p in points.items()}
+        )
+        for config, points in payload["scaling"].items()
+    }
     path.write_text(json.dumps(payload, indent=2) + "\n")
     plot(payload["scaling"], RESULTS / "scaling.png", chart_title(payload["shape"]))
 
@@ -236,10 +289,16 @@ def main() -> None:
     parser.add_argument("--image-size", type=int, default=64)
     parser.add_argument("--model", default="resnet18")
     parser.add_argument("--stop-repeats", type=int, default=3)
-    parser.add_argument("--ranks", default=",".join(map(str, RANKS)),
-                        help="rank counts to run (1 is the baseline every efficiency is measured against)")
-    parser.add_argument("--replot", action="store_true",
-                        help="recompute the efficiencies and redraw the chart from scaling.json; run nothing")
+    parser.add_argument(
+        "--ranks",
+        default=",".join(map(str, RANKS)),
+        help="rank counts to run (1 is the baseline every efficiency is measured against)",
+    )
+    parser.add_argument(
+        "--replot",
+        action="store_true",
+        help="recompute the efficiencies and redraw the chart from scaling.json; run nothing",
+    )
     args = parser.parse_args()
     if args.replot:
         replot(args)
@@ -258,20 +317,22 @@ def main() -> None:
     payload = {
         "benchmark": "scaling",
         "what": f"images/sec of data-parallel training on {', '.join(map(str, ranks))} ranks (compute=local_mpi, "
-                "1 thread per rank); "
-                "efficiency = throughput(n) / (n x throughput(1))",
+        "1 thread per rank); "
+        "efficiency = throughput(n) / (n x throughput(1))",
         "shape": {**shape, "threads_per_rank": 1, "data": "synthetic"},
         "goal": {"efficiency_at_2_ranks": 0.90},
         "scaling": scaling,
         "skipped": skipped,
-        "death_to_exit_s": {**summary([s["seconds"] for s in stops["kill"]]),
-                            "exit_status": [s["exit_status"] for s in stops["kill"]],
-                            "how": "SIGKILL to rank 1's worker of a 2-rank pytorch/native job; "
-                                   "until the launcher exits"},
-        "sigterm_to_exit_s": {**summary([s["seconds"] for s in stops["preempt"]]),
-                              "exit_status": [s["exit_status"] for s in stops["preempt"]],
-                              "how": "SIGTERM to the launcher: ranks agree on a step, rank 0 checkpoints, all exit "
-                                     f"{EXIT_PREEMPTED}"},
+        "death_to_exit_s": {
+            **summary([s["seconds"] for s in stops["kill"]]),
+            "exit_status": [s["exit_status"] for s in stops["kill"]],
+            "how": "SIGKILL to rank 1's worker of a 2-rank pytorch/native job; until the launcher exits",
+        },
+        "sigterm_to_exit_s": {
+            **summary([s["seconds"] for s in stops["preempt"]]),
+            "exit_status": [s["exit_status"] for s in stops["preempt"]],
+            "how": f"SIGTERM to the launcher: ranks agree on a step, rank 0 checkpoints, all exit {EXIT_PREEMPTED}",
+        },
         "stop_check": stop_check,
     }
     path = write_result("scaling", payload)

@@ -27,6 +27,7 @@ import time
 from pathlib import Path
 
 from _common import summary, write_result
+
 from ddlkit.jobdir import JOB_FILE
 
 REPO = Path(__file__).resolve().parents[1]
@@ -34,8 +35,9 @@ FAKES = ("DDLKIT_PLUGINS", "ddlkit.testing.fakes")
 
 
 def ensure_cluster() -> str:
-    proc = subprocess.run(["bash", str(REPO / "scripts" / "local_slurm.sh"), "start"], capture_output=True, text=True,
-                          check=True)
+    proc = subprocess.run(
+        ["bash", str(REPO / "scripts" / "local_slurm.sh"), "start"], capture_output=True, text=True, check=True
+    )
     conf = proc.stdout.strip().splitlines()[-1].split("=", 1)[1]
     os.environ["SLURM_CONF"] = conf
     return conf
@@ -60,8 +62,13 @@ def wait_for_text(path: Path, text: str, timeout: float = 120) -> float:
 def time_to_running(base: Path, i: int) -> dict[str, float]:
     job_dir = base / f"start-{i}"
     t0 = time.monotonic()
-    subprocess.run([sys.executable, "-m", "ddlkit", "--detach", "framework=fake", "compute=slurm",
-                    f"hydra.run.dir={job_dir}"], env=env(), check=True, capture_output=True, cwd=base)
+    subprocess.run(
+        [sys.executable, "-m", "ddlkit", "--detach", "framework=fake", "compute=slurm", f"hydra.run.dir={job_dir}"],
+        env=env(),
+        check=True,
+        capture_output=True,
+        cwd=base,
+    )
     submitted = time.monotonic()
     script = wait_for_text(job_dir / "slurm.log", "ddlkit-slurm: job")
     rank0 = wait_for_text(job_dir / "slurm.log", "ddlkit: fake")
@@ -70,9 +77,8 @@ def time_to_running(base: Path, i: int) -> dict[str, float]:
 
 
 def calls_per_minute(base: Path, follow_s: float) -> dict[str, float]:
-    from ddlkit_slurm import target as slurm
-
     from ddlkit.interfaces import JobSpec
+    from ddlkit_slurm import target as slurm
 
     tgt = slurm.SlurmTarget(slurm.SlurmConfig())
     job_dir = base / "follow"
@@ -88,14 +94,27 @@ def calls_per_minute(base: Path, follow_s: float) -> dict[str, float]:
     elapsed = time.monotonic() - t0
     calls = slurm.SCHEDULER_CALLS["count"] - before
     assert status.state.value == "succeeded", status
-    return {"poll_interval_s": tgt.cfg.poll_interval_s, "followed_s": elapsed, "scheduler_calls": calls,
-            "calls_per_job_minute": calls / (elapsed / 60)}
+    return {
+        "poll_interval_s": tgt.cfg.poll_interval_s,
+        "followed_s": elapsed,
+        "scheduler_calls": calls,
+        "calls_per_job_minute": calls / (elapsed / 60),
+    }
 
 
 def sweep(base: Path, name: str, jobs: int, extra: list[str]) -> float:
     sweep_dir = base / name
-    args = [sys.executable, "-m", "ddlkit", "-m", "framework=fake", "framework.step_delay_s=0.02",
-            f"trainer.seed={','.join(str(s) for s in range(1, jobs + 1))}", f"hydra.sweep.dir={sweep_dir}", *extra]
+    args = [
+        sys.executable,
+        "-m",
+        "ddlkit",
+        "-m",
+        "framework=fake",
+        "framework.step_delay_s=0.02",
+        f"trainer.seed={','.join(str(s) for s in range(1, jobs + 1))}",
+        f"hydra.sweep.dir={sweep_dir}",
+        *extra,
+    ]
     t0 = time.monotonic()
     subprocess.run(args, env=env(), check=True, capture_output=True, cwd=base)
     wall = time.monotonic() - t0
@@ -128,10 +147,15 @@ def main() -> None:
         "cluster": "scripts/local_slurm.sh: one node declaring 8 CPUs on this machine, sched_interval=2",
         "submit_to_running": {k: summary([s[k] for s in starts]) for k in starts[0]},
         "following": follow,
-        "sweep": {"jobs": args.jobs, "max_parallel": 2, "local_s": summary(local),
-                  "slurm_s": summary(slurm_default), "slurm_poll_1s_s": summary(slurm_fast),
-                  "ratio_slurm_over_local": med(slurm_default) / med(local),
-                  "ratio_slurm_poll_1s_over_local": med(slurm_fast) / med(local)},
+        "sweep": {
+            "jobs": args.jobs,
+            "max_parallel": 2,
+            "local_s": summary(local),
+            "slurm_s": summary(slurm_default),
+            "slurm_poll_1s_s": summary(slurm_fast),
+            "ratio_slurm_over_local": med(slurm_default) / med(local),
+            "ratio_slurm_poll_1s_over_local": med(slurm_fast) / med(local),
+        },
     }
     path = write_result("slurm", payload)
     print(json.dumps(payload, indent=2))

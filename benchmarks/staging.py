@@ -49,9 +49,8 @@ def main() -> None:
 
     from azure.storage.blob import BlobServiceClient
 
-    from ddlkit.storage import build_manifest
-    from ddlkit.storage import open_storage, stage
     from ddlkit.launch.data_cli import upload
+    from ddlkit.storage import build_manifest, open_storage, stage
     from ddlkit_azure.testing import start_azurite, stop_azurite
 
     with tempfile.TemporaryDirectory() as tmp:
@@ -86,16 +85,27 @@ def main() -> None:
     for name, s in timings.items():
         print(f"{name}: {s:.2f}s, {mb_s[name]:.1f} MB/s")
     print(f"second staging: {second.bytes_transferred} bytes in {second.seconds:.2f}s")
-    path = write_result("staging", {
-        "benchmark": "staging", "config": vars(args), "dataset_bytes": total, "blobs": len(names),
-        "upload_s": round(upload_s, 3), "seconds": timings, "mb_per_s": mb_s,
-        "ratio_vs_sequential": timings["sequential_download_blob"] / timings["ddlkit_stage"],
-        "ratio_vs_sdk_parallel": timings["sdk_max_concurrency"] / timings["ddlkit_stage"],
-        "first_staging": first.as_dict(), "second_staging": second.as_dict(),
-        "second_staging_bytes": second.bytes_transferred,
-    })
-    print(f"ddlkit staging {mb_s['ddlkit_stage'] / mb_s['sequential_download_blob']:.2f}x the sequential loop, "
-          f"{mb_s['ddlkit_stage'] / mb_s['sdk_max_concurrency']:.2f}x the SDK's max_concurrency -> {path}")
+    path = write_result(
+        "staging",
+        {
+            "benchmark": "staging",
+            "config": vars(args),
+            "dataset_bytes": total,
+            "blobs": len(names),
+            "upload_s": round(upload_s, 3),
+            "seconds": timings,
+            "mb_per_s": mb_s,
+            "ratio_vs_sequential": timings["sequential_download_blob"] / timings["ddlkit_stage"],
+            "ratio_vs_sdk_parallel": timings["sdk_max_concurrency"] / timings["ddlkit_stage"],
+            "first_staging": first.as_dict(),
+            "second_staging": second.as_dict(),
+            "second_staging_bytes": second.bytes_transferred,
+        },
+    )
+    print(
+        f"ddlkit staging {mb_s['ddlkit_stage'] / mb_s['sequential_download_blob']:.2f}x the sequential loop, "
+        f"{mb_s['ddlkit_stage'] / mb_s['sdk_max_concurrency']:.2f}x the SDK's max_concurrency -> {path}"
+    )
 
 
 if __name__ == "__main__":

@@ -55,10 +55,17 @@ def timed(argv: list[str], cwd: str, env: dict[str, str] | None = None) -> float
 def instructions(argv: list[str], cwd: str, env: dict[str, str] | None = None) -> int:
     """The instructions ``argv`` executes (callgrind's count, the interpreter's own process: the
     ``python`` on PATH may be a shim that execs it)."""
-    real = subprocess.run([argv[0], "-c", "import sys; print(sys.executable)"], capture_output=True, text=True,
-                          check=True, env=env).stdout.strip()
-    proc = subprocess.run(["valgrind", "--tool=callgrind", "--callgrind-out-file=/dev/null", real, *argv[1:]],
-                          cwd=cwd, capture_output=True, text=True, check=True, env=env)
+    real = subprocess.run(
+        [argv[0], "-c", "import sys; print(sys.executable)"], capture_output=True, text=True, check=True, env=env
+    ).stdout.strip()
+    proc = subprocess.run(
+        ["valgrind", "--tool=callgrind", "--callgrind-out-file=/dev/null", real, *argv[1:]],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        check=True,
+        env=env,
+    )
     return int(re.search(r"Collected : (\d+)", proc.stderr).group(1))
 
 
@@ -86,36 +93,58 @@ def main() -> None:
         for _ in range(args.repeat):  # interleaved, so drift hits all cases alike
             for name, argv in cases.items():
                 samples[name].append(timed(argv, tmp, envs[name]))
-        counts = ({name: instructions(argv, tmp, envs[name]) for name, argv in cases.items()}
-                  if args.instructions else {})
-        trace = subprocess.run([sys.executable, "-X", "importtime", "-m", "ddlkit", "--cfg", "job"], cwd=tmp,
-                               capture_output=True, text=True, check=True).stderr
+        counts = (
+            {name: instructions(argv, tmp, envs[name]) for name, argv in cases.items()} if args.instructions else {}
+        )
+        trace = subprocess.run(
+            [sys.executable, "-X", "importtime", "-m", "ddlkit", "--cfg", "job"],
+            cwd=tmp,
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stderr
     imported = sorted({ln.split("|")[-1].strip().split(".")[0] for ln in trace.splitlines() if "|" in ln})
     heavy = [m for m in HEAVY if m in imported]
     med = {k: statistics.median(v) for k, v in samples.items()}
     payload = {
-        "benchmark": "startup", "repeat": args.repeat,
-        "median_s": med, "samples_s": samples,
+        "benchmark": "startup",
+        "repeat": args.repeat,
+        "median_s": med,
+        "samples_s": samples,
         "ddlkit_over_hydra_floor_s": med["ddlkit_cfg_job"] - med["hydra_minimal_app"],
         "ratio_ddlkit_to_hydra_floor": med["ddlkit_cfg_job"] / med["hydra_minimal_app"],
         "heavy_modules_imported": heavy,
-        **({"instructions": counts,
-            "ratio_instructions_ddlkit_to_hydra_floor": counts["ddlkit_cfg_job"] / counts["hydra_minimal_app"]}
-           if counts else {}),
+        **(
+            {
+                "instructions": counts,
+                "ratio_instructions_ddlkit_to_hydra_floor": counts["ddlkit_cfg_job"] / counts["hydra_minimal_app"],
+            }
+            if counts
+            else {}
+        ),
         # with PYTHONDONTWRITEBYTECODE set, ddlkit's editable modules are compiled on every start
         # (~0.3 s); users' environments cache bytecode, so measure with it (see the docstring)
         "bytecode_cached": not sys.flags.dont_write_bytecode,
-        **({"before": {"ref": args.before,
-                       "ratio_before_over_now": med["ddlkit_cfg_job_before"] / med["ddlkit_cfg_job"]}}
-           if args.before else {}),
+        **(
+            {
+                "before": {
+                    "ref": args.before,
+                    "ratio_before_over_now": med["ddlkit_cfg_job_before"] / med["ddlkit_cfg_job"],
+                }
+            }
+            if args.before
+            else {}
+        ),
     }
     path = write_result("startup", payload)
     for k, v in med.items():
         print(f"{k:20s} {v:.3f} s")
     for k, v in counts.items():
         print(f"{k:20s} {v / 1e9:.3f} G instructions")
-    print(f"ddlkit --cfg job costs {payload['ddlkit_over_hydra_floor_s']:.3f} s over a minimal Hydra app; "
-          f"heavy modules imported: {heavy or 'none'} -> {path}")
+    print(
+        f"ddlkit --cfg job costs {payload['ddlkit_over_hydra_floor_s']:.3f} s over a minimal Hydra app; "
+        f"heavy modules imported: {heavy or 'none'} -> {path}"
+    )
 
 
 if __name__ == "__main__":

@@ -48,14 +48,28 @@ from pathlib import Path
 from typing import Any
 
 from _common import RESULTS, core_env, export, summary, write_result
+
 from ddlkit.jobdir import RESULT_FILE
 
 
 def sweep_args(jobs: int, steps: int, batch: int) -> list[str]:
-    return ["-m", "framework=pytorch", "framework.device=cpu", "framework.num_threads=1", "model=resnet18",
-            "data.image_size=32", "data.num_classes=10", f"data.length={batch * steps}", f"trainer.batch_size={batch}",
-            "trainer.epochs=1", "trainer.validate=false", "trainer.save_model=false", "trainer.log_every=8",
-            "logger=[jsonl]", f"trainer.seed={','.join(str(s) for s in range(1, jobs + 1))}"]
+    return [
+        "-m",
+        "framework=pytorch",
+        "framework.device=cpu",
+        "framework.num_threads=1",
+        "model=resnet18",
+        "data.image_size=32",
+        "data.num_classes=10",
+        f"data.length={batch * steps}",
+        f"trainer.batch_size={batch}",
+        "trainer.epochs=1",
+        "trainer.validate=false",
+        "trainer.save_model=false",
+        "trainer.log_every=8",
+        "logger=[jsonl]",
+        f"trainer.seed={','.join(str(s) for s in range(1, jobs + 1))}",
+    ]
 
 
 CALIBRATION = """
@@ -91,8 +105,13 @@ def run_sweep(args: list[str], sweep_dir: Path, cwd: Path, core: Path | None = N
     if core is not None:
         env = core_env(core, env)
     t0 = time.perf_counter()
-    proc = subprocess.run([sys.executable, "-m", "ddlkit", *args, f"hydra.sweep.dir={sweep_dir}"], cwd=cwd, env=env,
-                          capture_output=True, text=True)
+    proc = subprocess.run(
+        [sys.executable, "-m", "ddlkit", *args, f"hydra.sweep.dir={sweep_dir}"],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+    )
     wall = time.perf_counter() - t0
     if proc.returncode != 0:
         raise RuntimeError(f"the sweep failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
@@ -109,9 +128,12 @@ def overheads(sweep_dir: Path, wall: float, parallel: int) -> dict[str, Any]:
         dispatch.append(job["started"] - freed)
     end_seen = [j["ended"] - (Path(j["job_dir"]) / RESULT_FILE).stat().st_mtime for j in jobs]
     busy = sum(j["duration_s"] for j in jobs)
-    return {"dispatch_s": summary(dispatch), "end_seen_s": summary(end_seen),
-            "aggregate_per_job_s": (wall - busy / parallel) / len(jobs),
-            "job_duration_s": summary([j["duration_s"] for j in jobs])}
+    return {
+        "dispatch_s": summary(dispatch),
+        "end_seen_s": summary(end_seen),
+        "aggregate_per_job_s": (wall - busy / parallel) / len(jobs),
+        "job_duration_s": summary([j["duration_s"] for j in jobs]),
+    }
 
 
 def main() -> None:
@@ -135,18 +157,27 @@ def main() -> None:
             walls["basic"].append(run_sweep([*base, "hydra/launcher=basic"], basic_dir, cwd))
             walls["ddlkit"].append(run_sweep([*base, "sweep.max_parallel=2"], ddlkit_dir, cwd))
             if before_core is not None:
-                walls["before"].append(run_sweep([*base, "sweep.max_parallel=2"], cwd / f"before-{r}", cwd,
-                                                 before_core))
+                walls["before"].append(
+                    run_sweep([*base, "sweep.max_parallel=2"], cwd / f"before-{r}", cwd, before_core)
+                )
                 print(f"round {r + 1}: ddlkit launcher at {args.before} {walls['before'][-1]:.1f} s", flush=True)
-            details.append({**overheads(ddlkit_dir, walls["ddlkit"][-1], 2), "machine": machine,
-                            "ratio": walls["basic"][-1] / walls["ddlkit"][-1]})
+            details.append(
+                {
+                    **overheads(ddlkit_dir, walls["ddlkit"][-1], 2),
+                    "machine": machine,
+                    "ratio": walls["basic"][-1] / walls["ddlkit"][-1],
+                }
+            )
             if r == args.rounds - 1:
                 timeline = json.loads((ddlkit_dir / "ledger.json").read_text())["jobs"]
-            print(f"round {r + 1}: basic launcher {walls['basic'][-1]:.1f} s, "
-                  f"ddlkit launcher {walls['ddlkit'][-1]:.1f} s, ratio {details[-1]['ratio']:.2f} "
-                  f"(machine capacity {machine['capacity']:.2f}) "
-                  f"(dispatch median {details[-1]['dispatch_s']['median'] * 1000:.0f} ms, end seen median "
-                  f"{details[-1]['end_seen_s']['median'] * 1000:.0f} ms)", flush=True)
+            print(
+                f"round {r + 1}: basic launcher {walls['basic'][-1]:.1f} s, "
+                f"ddlkit launcher {walls['ddlkit'][-1]:.1f} s, ratio {details[-1]['ratio']:.2f} "
+                f"(machine capacity {machine['capacity']:.2f}) "
+                f"(dispatch median {details[-1]['dispatch_s']['median'] * 1000:.0f} ms, end seen median "
+                f"{details[-1]['end_seen_s']['median'] * 1000:.0f} ms)",
+                flush=True,
+            )
             load.append(os.getloadavg()[0])
     b, d = summary(walls["basic"]), summary(walls["ddlkit"])
     ratio = b["median"] / d["median"]
@@ -154,25 +185,50 @@ def main() -> None:
     end_seen = [s for r in details for s in r["end_seen_s"]["samples"]]
     aggregate = statistics.median(r["aggregate_per_job_s"] for r in details)
     cap = statistics.median(r["machine"]["capacity"] for r in details)
-    path = write_result("sweep", {
-        "benchmark": "sweep", "config": vars(args), "command": base,
-        "basic_launcher_wall_s": b, "ddlkit_launcher_wall_s": d, "ratio": ratio, "goal_ratio": 1.8,
-        "machine_capacity": cap, "efficiency": ratio / cap,
-        "overhead_per_job_s": {"dispatch": summary(dispatch), "dispatch_max": max(dispatch),
-                               "end_seen": summary(end_seen), "end_seen_max": max(end_seen),
-                               "aggregate": aggregate},
-        "goal_overhead_per_job_s": 1.0, "poll_interval_s": 0.05, "rounds": details,
-        # 1-minute load average (2 cores) before and after each round: other processes compete for the cores
-        "load_average": load,
-        **({"before": {"ref": args.before, "ddlkit_launcher_wall_s": summary(walls["before"]),
-                       "ratio_before_over_now": statistics.median(walls["before"]) / d["median"]}}
-           if walls["before"] else {}),
-    })
+    path = write_result(
+        "sweep",
+        {
+            "benchmark": "sweep",
+            "config": vars(args),
+            "command": base,
+            "basic_launcher_wall_s": b,
+            "ddlkit_launcher_wall_s": d,
+            "ratio": ratio,
+            "goal_ratio": 1.8,
+            "machine_capacity": cap,
+            "efficiency": ratio / cap,
+            "overhead_per_job_s": {
+                "dispatch": summary(dispatch),
+                "dispatch_max": max(dispatch),
+                "end_seen": summary(end_seen),
+                "end_seen_max": max(end_seen),
+                "aggregate": aggregate,
+            },
+            "goal_overhead_per_job_s": 1.0,
+            "poll_interval_s": 0.05,
+            "rounds": details,
+            # 1-minute load average (2 cores) before and after each round: other processes compete for the cores
+            "load_average": load,
+            **(
+                {
+                    "before": {
+                        "ref": args.before,
+                        "ddlkit_launcher_wall_s": summary(walls["before"]),
+                        "ratio_before_over_now": statistics.median(walls["before"]) / d["median"],
+                    }
+                }
+                if walls["before"]
+                else {}
+            ),
+        },
+    )
     png = plot(walls, timeline, ratio)
-    print(f"ratio basic / ddlkit = {ratio:.2f}x (goal >= 1.8; the machine allowed {cap:.2f}x: efficiency "
-          f"{ratio / cap:.0%}); scheduling overhead per job: dispatch median "
-          f"{summary(dispatch)['median'] * 1000:.0f} ms (max {max(dispatch) * 1000:.0f} ms), end seen median "
-          f"{summary(end_seen)['median'] * 1000:.0f} ms, aggregate {aggregate:.2f} s (goal < 1 s) -> {path}, {png}")
+    print(
+        f"ratio basic / ddlkit = {ratio:.2f}x (goal >= 1.8; the machine allowed {cap:.2f}x: efficiency "
+        f"{ratio / cap:.0%}); scheduling overhead per job: dispatch median "
+        f"{summary(dispatch)['median'] * 1000:.0f} ms (max {max(dispatch) * 1000:.0f} ms), end seen median "
+        f"{summary(end_seen)['median'] * 1000:.0f} ms, aggregate {aggregate:.2f} s (goal < 1 s) -> {path}, {png}"
+    )
 
 
 def plot(walls: dict[str, list[float]], timeline: dict[str, dict[str, Any]], ratio: float) -> Path:

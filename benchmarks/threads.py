@@ -22,11 +22,12 @@ import subprocess
 import sys
 import tempfile
 import time
-from contextlib import contextmanager
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from _common import RESULTS, summary, write_result
+
 from ddlkit.jobdir import RESULT_FILE
 
 HERE = Path(__file__).resolve().parent
@@ -40,8 +41,16 @@ def tiny_cnn(num_classes: int = 10):  # model.target of the runs: imported by th
     """A CNN small enough that thread synchronisation, not arithmetic, sets its speed."""
     from torch import nn
 
-    return nn.Sequential(nn.Conv2d(3, 16, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2), nn.Conv2d(16, 32, 3, padding=1),
-                         nn.ReLU(), nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(32, num_classes))
+    return nn.Sequential(
+        nn.Conv2d(3, 16, 3, padding=1),
+        nn.ReLU(),
+        nn.MaxPool2d(2),
+        nn.Conv2d(16, 32, 3, padding=1),
+        nn.ReLU(),
+        nn.AdaptiveAvgPool2d(1),
+        nn.Flatten(),
+        nn.Linear(32, num_classes),
+    )
 
 
 def model_overrides(model: str) -> list[str]:
@@ -53,13 +62,34 @@ def model_overrides(model: str) -> list[str]:
 def train(model: str, threads: str, args: argparse.Namespace, job_dir: Path) -> float:
     """One run's images/sec (warm-up steps excluded), from its result.json."""
     env = {k: v for k, v in os.environ.items() if k not in OPENMP_ENV}
-    cmd = [sys.executable, "-m", "ddlkit", "framework=pytorch", "framework.device=cpu",
-           f"framework.num_threads={threads}", *model_overrides(model), f"data.image_size={args.image_size}",
-           "data.num_classes=10", f"data.length={args.batch * args.steps}", f"trainer.batch_size={args.batch}",
-           "trainer.epochs=1", f"trainer.warmup_steps={args.warmup}", "trainer.validate=false",
-           "trainer.save_model=false", f"trainer.log_every={args.steps}", "logger=[]", f"hydra.run.dir={job_dir}"]
-    proc = subprocess.run(cmd, cwd=HERE, env={**env, "DDLKIT_STATE_DIR": str(job_dir.parent / "state")},
-                          capture_output=True, text=True, timeout=1800)
+    cmd = [
+        sys.executable,
+        "-m",
+        "ddlkit",
+        "framework=pytorch",
+        "framework.device=cpu",
+        f"framework.num_threads={threads}",
+        *model_overrides(model),
+        f"data.image_size={args.image_size}",
+        "data.num_classes=10",
+        f"data.length={args.batch * args.steps}",
+        f"trainer.batch_size={args.batch}",
+        "trainer.epochs=1",
+        f"trainer.warmup_steps={args.warmup}",
+        "trainer.validate=false",
+        "trainer.save_model=false",
+        f"trainer.log_every={args.steps}",
+        "logger=[]",
+        f"hydra.run.dir={job_dir}",
+    ]
+    proc = subprocess.run(
+        cmd,
+        cwd=HERE,
+        env={**env, "DDLKIT_STATE_DIR": str(job_dir.parent / "state")},
+        capture_output=True,
+        text=True,
+        timeout=1800,
+    )
     if proc.returncode:
         raise RuntimeError(f"{' '.join(cmd)} failed ({proc.returncode}):\n{proc.stdout[-2000:]}\n{proc.stderr[-2000:]}")
     return json.loads((job_dir / RESULT_FILE).read_text())["images_per_sec"]
@@ -129,19 +159,30 @@ def main() -> None:
         raw["quiet"] = measure(args, Path(tmp), "quiet")
         with busy_machine() as cores:
             raw[f"busy ({cores} busy processes)"] = measure(args, Path(tmp), "busy")
-    results = {c: {m: {s: summary(v) for s, v in by_setting.items()} for m, by_setting in by_model.items()}
-               for c, by_model in raw.items()}
+    results = {
+        c: {m: {s: summary(v) for s, v in by_setting.items()} for m, by_setting in by_model.items()}
+        for c, by_model in raw.items()
+    }
     ratios = {}
     for condition, by_model in results.items():
         for model, by_setting in by_model.items():
             auto = by_setting["auto (new default)"]["median"]
             ratios[f"{condition} / {model}"] = {
                 "auto / old default": auto / by_setting["all cores (old default)"]["median"],
-                "auto / 1 thread": auto / by_setting["1 thread"]["median"]}
+                "auto / 1 thread": auto / by_setting["1 thread"]["median"],
+            }
             said = "  ".join(f"{k} {v:.2f}" for k, v in ratios[f"{condition} / {model}"].items())
             print(f"{condition:>24} {model:>8}: {said}")
-    path = write_result("threads", {"benchmark": "threads", "config": vars(args), "cores": len(os.sched_getaffinity(0)),
-                                    "images_per_sec": results, "ratios": ratios})
+    path = write_result(
+        "threads",
+        {
+            "benchmark": "threads",
+            "config": vars(args),
+            "cores": len(os.sched_getaffinity(0)),
+            "images_per_sec": results,
+            "ratios": ratios,
+        },
+    )
     plot(results, RESULTS / "threads.png")
     print(f"-> {path}, {RESULTS / 'threads.png'}")
 

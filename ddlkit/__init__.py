@@ -81,19 +81,40 @@ def __dir__() -> list[str]:
 
 
 if TYPE_CHECKING:  # the same names, for type checkers and editors ("X as X": re-exported, also under --strict)
-    from .errors import (ConfigError as ConfigError, DdlkitError as DdlkitError, JobFailedError as JobFailedError,
-                         PluginConflictError as PluginConflictError, PluginError as PluginError,
-                         PluginLoadError as PluginLoadError, RankLostError as RankLostError, RunError as RunError,
-                         UnknownNameError as UnknownNameError)
-    from .hookspecs import hookimpl as hookimpl, hookspec as hookspec
-    from .interfaces import (JOB_FILE as JOB_FILE, WORKER_ARGS as WORKER_ARGS, Batch as Batch,
-                             ComputeTarget as ComputeTarget, DataInfo as DataInfo, DataSource as DataSource,
-                             DistView as DistView, Framework as Framework, ImageFilesSpec as ImageFilesSpec,
-                             ImagePoolSpec as ImagePoolSpec, JobHandle as JobHandle, JobSpec as JobSpec,
-                             JobState as JobState, JobStatus as JobStatus, Loader as Loader, Logger as Logger,
-                             Registration as Registration, RestartBudget as RestartBudget, RunContext as RunContext,
-                             RunState as RunState, Schedule as Schedule, Shard as Shard,
-                             StorageBackend as StorageBackend)
+    from .errors import ConfigError as ConfigError
+    from .errors import DdlkitError as DdlkitError
+    from .errors import JobFailedError as JobFailedError
+    from .errors import PluginConflictError as PluginConflictError
+    from .errors import PluginError as PluginError
+    from .errors import PluginLoadError as PluginLoadError
+    from .errors import RankLostError as RankLostError
+    from .errors import RunError as RunError
+    from .errors import UnknownNameError as UnknownNameError
+    from .hookspecs import hookimpl as hookimpl
+    from .hookspecs import hookspec as hookspec
+    from .interfaces import JOB_FILE as JOB_FILE
+    from .interfaces import WORKER_ARGS as WORKER_ARGS
+    from .interfaces import Batch as Batch
+    from .interfaces import ComputeTarget as ComputeTarget
+    from .interfaces import DataInfo as DataInfo
+    from .interfaces import DataSource as DataSource
+    from .interfaces import DistView as DistView
+    from .interfaces import Framework as Framework
+    from .interfaces import ImageFilesSpec as ImageFilesSpec
+    from .interfaces import ImagePoolSpec as ImagePoolSpec
+    from .interfaces import JobHandle as JobHandle
+    from .interfaces import JobSpec as JobSpec
+    from .interfaces import JobState as JobState
+    from .interfaces import JobStatus as JobStatus
+    from .interfaces import Loader as Loader
+    from .interfaces import Logger as Logger
+    from .interfaces import Registration as Registration
+    from .interfaces import RestartBudget as RestartBudget
+    from .interfaces import RunContext as RunContext
+    from .interfaces import RunState as RunState
+    from .interfaces import Schedule as Schedule
+    from .interfaces import Shard as Shard
+    from .interfaces import StorageBackend as StorageBackend
     from .rank.distributed import DistContext as DistContext
     from .rank.run import Run as Run
     from .rank.schedule import LRSchedule as LRSchedule

@@ -49,8 +49,13 @@ if TYPE_CHECKING:
 __all__ = ["METHODS", "CallbackPlugin", "load", "resolve"]
 
 #: a callback's methods, and the hooks they mirror
-METHODS = {"on_run_start": "ddlkit_run_start", "on_step_end": "ddlkit_step_end", "on_epoch_end": "ddlkit_epoch_end",
-           "on_checkpoint_saved": "ddlkit_checkpoint_saved", "on_run_end": "ddlkit_run_end"}
+METHODS = {
+    "on_run_start": "ddlkit_run_start",
+    "on_step_end": "ddlkit_step_end",
+    "on_epoch_end": "ddlkit_epoch_end",
+    "on_checkpoint_saved": "ddlkit_checkpoint_saved",
+    "on_run_end": "ddlkit_run_end",
+}
 
 
 def _key(i: int) -> str:
@@ -64,8 +69,10 @@ def resolve(paths: Sequence[str]) -> list[Any]:
     for i, path in enumerate(paths):
         obj = import_target(path, _key(i))
         if not any(callable(getattr(obj, name, None)) for name in METHODS):
-            raise ConfigError(f"{_key(i)}={path} has none of the callback methods {', '.join(METHODS)}: define one "
-                              "or more of them (see ddlkit.callbacks).")
+            raise ConfigError(
+                f"{_key(i)}={path} has none of the callback methods {', '.join(METHODS)}: define one "
+                "or more of them (see ddlkit.callbacks)."
+            )
         found.append(obj)
     return found
 
@@ -78,8 +85,9 @@ def load(paths: Sequence[str]) -> list[Any]:
             try:
                 obj = obj()
             except Exception as err:  # the user's constructor: theirs to fix
-                raise ConfigError(f"{_key(i)}={paths[i]}() raised {type(err).__name__}: "
-                                  f"{' '.join(str(err).split())}") from err
+                raise ConfigError(
+                    f"{_key(i)}={paths[i]}() raised {type(err).__name__}: {' '.join(str(err).split())}"
+                ) from err
         callbacks.append(obj)
     return callbacks
 
@@ -99,7 +107,8 @@ class CallbackPlugin:
     def __init__(self, callbacks: Sequence[Any]) -> None:
         self.calls: dict[str, list[Callable[[Mapping[str, Any]], Any]]] = {
             name: [_caller(getattr(cb, name)) for cb in callbacks if callable(getattr(cb, name, None))]
-            for name in METHODS}
+            for name in METHODS
+        }
 
     def _call(self, name: str, **kwargs: Any) -> None:
         for call in self.calls[name]:

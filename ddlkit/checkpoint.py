@@ -65,7 +65,7 @@ def checkpoint_name(step: int) -> str:
 def checkpoint_step(path: Path) -> int | None:
     """The optimizer step a checkpoint was saved at, from its name (None for another name)."""
     name = Path(path).name
-    return int(name[len("step-"):-len(".ckpt")]) if _STEP_NAME.match(name) else None
+    return int(name[len("step-") : -len(".ckpt")]) if _STEP_NAME.match(name) else None
 
 
 def _warn(message: str) -> None:
@@ -99,10 +99,17 @@ def checksum(path: Path, algorithm: str) -> str:
 def build_manifest(path: Path, checksum_algorithm: str = "crc32") -> dict[str, Any]:
     """The manifest of the checkpoint at ``path`` (a file or a directory): size and checksum of each file."""
     path = Path(path)
-    files = {name: {"size": p.stat().st_size, checksum_algorithm: checksum(p, checksum_algorithm)}
-             for name, p in _files(path)}
-    return {"version": MANIFEST_VERSION, "checkpoint": path.name, "kind": "directory" if path.is_dir() else "file",
-            "bytes": sum(f["size"] for f in files.values()), "files": files}
+    files = {
+        name: {"size": p.stat().st_size, checksum_algorithm: checksum(p, checksum_algorithm)}
+        for name, p in _files(path)
+    }
+    return {
+        "version": MANIFEST_VERSION,
+        "checkpoint": path.name,
+        "kind": "directory" if path.is_dir() else "file",
+        "bytes": sum(f["size"] for f in files.values()),
+        "files": files,
+    }
 
 
 def write_manifest(checkpoint: Path, manifest: dict[str, Any] | None = None) -> Path:
@@ -184,12 +191,18 @@ def mark_latest(path: Path, keep: int) -> None:
     neither moves the pointer nor deletes anything."""
     path = Path(path)
     if read_manifest(path) is None:
-        raise RunError(f"checkpoint {path} has no manifest ({manifest_path(path).name}); it was not written "
-                       "completely, so the pointer stays and no older checkpoint is deleted", component="checkpoint")
+        raise RunError(
+            f"checkpoint {path} has no manifest ({manifest_path(path).name}); it was not written "
+            "completely, so the pointer stays and no older checkpoint is deleted",
+            component="checkpoint",
+        )
     problem = verify(path, hashes=False)
     if problem is not None:
-        raise RunError(f"checkpoint {path} does not match its manifest after writing: {problem}. The pointer stays "
-                       "and no older checkpoint is deleted", component="checkpoint")
+        raise RunError(
+            f"checkpoint {path} does not match its manifest after writing: {problem}. The pointer stays "
+            "and no older checkpoint is deleted",
+            component="checkpoint",
+        )
     write_text(path.parent / LATEST, path.name + "\n")
     older = sorted(p for p in path.parent.glob("step-*.ckpt") if p.name < path.name)
     for old in older[: max(len(older) - (keep - 1), 0)]:
@@ -226,8 +239,11 @@ def remove_stale(checkpoint_dir: Path) -> list[Path]:
     checkpoint_dir = Path(checkpoint_dir)
     if not checkpoint_dir.is_dir():
         return []
-    removed = [p for p in checkpoint_dir.iterdir()
-               if p.name.startswith(".") and (p.name.endswith(".tmp") or p.name.endswith(".ckpt.old"))]
+    removed = [
+        p
+        for p in checkpoint_dir.iterdir()
+        if p.name.startswith(".") and (p.name.endswith(".tmp") or p.name.endswith(".ckpt.old"))
+    ]
     for m in checkpoint_dir.glob("step-*.ckpt" + MANIFEST_SUFFIX):
         if not m.with_name(m.name[: -len(MANIFEST_SUFFIX)]).exists():
             removed.append(m)
@@ -266,8 +282,9 @@ def rotated_checkpoints(checkpoint_dir: Path) -> list[Path]:
     """The directory's rotated checkpoints (``step-*.ckpt``, not ``best.ckpt``), newest first."""
     if not checkpoint_dir.is_dir():
         return []
-    return sorted((p for p in checkpoint_dir.glob("step-*.ckpt") if _STEP_NAME.match(p.name)),
-                  key=lambda p: p.name, reverse=True)
+    return sorted(
+        (p for p in checkpoint_dir.glob("step-*.ckpt") if _STEP_NAME.match(p.name)), key=lambda p: p.name, reverse=True
+    )
 
 
 def _choose(job_dir: Path, warn: Warn) -> tuple[Path | None, bool]:
@@ -300,8 +317,10 @@ def _choose(job_dir: Path, warn: Warn) -> tuple[Path | None, bool]:
                 for line in notes + bad:
                     warn(line)
                 unverified = " (it has no manifest, so it is not verified)" if read_manifest(path) is None else ""
-                warn(f"resuming from {path}, the newest intact checkpoint{unverified}; damaged checkpoints are "
-                     "kept for inspection")
+                warn(
+                    f"resuming from {path}, the newest intact checkpoint{unverified}; damaged checkpoints are "
+                    "kept for inspection"
+                )
             return path, True
         bad.append(f"checkpoint {path} is damaged: {problem}; skipped")
     details = "; ".join(notes + [b.removesuffix("; skipped") for b in bad]) or f"{pointer} names no checkpoint"
@@ -356,6 +375,8 @@ def resolve_resume(job_dir: Path, resume: object, *, warn: Warn = _warn) -> Path
         raise ConfigError(f"trainer.resume={value}: no such checkpoint. Use auto, true, false or an existing path.")
     problem = verify(path)
     if problem is not None:
-        raise ConfigError(f"trainer.resume={value}: checkpoint {path} is damaged: {problem}. Pass another "
-                          "checkpoint, or start fresh with trainer.resume=false.")
+        raise ConfigError(
+            f"trainer.resume={value}: checkpoint {path} is damaged: {problem}. Pass another "
+            "checkpoint, or start fresh with trainer.resume=false."
+        )
     return path.resolve()

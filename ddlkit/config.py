@@ -40,7 +40,6 @@ USER_CONF_DIR = "conf"
 BACKENDS = ("none", "native", "horovod")
 
 
-
 class Precision(enum.StrEnum):
     """``trainer.precision``. A StrEnum, as every enum of a config schema: a member reads as its
     name wherever a string is wanted (a message, a framework's dtype table, result.json)."""
@@ -113,7 +112,8 @@ class TrainerConfig:
     # micro-batches of batch_size per optimizer step: the global batch is batch_size x world size x
     # accumulate_batches (steps, learning-rate scaling, logging and images/sec count optimizer steps)
     accumulate_batches: int = checked(
-        1, at_least(1, "a positive integer (micro-batches per optimizer step; 1 = none accumulated)"))
+        1, at_least(1, "a positive integer (micro-batches per optimizer step; 1 = none accumulated)")
+    )
     # when an elastic job (compute.min_nodes) runs on fewer or more ranks than planned: keep_global_batch
     # (each rank takes a larger share of the same global batch: the same optimisation) or scale_lr (each rank
     # keeps trainer.batch_size; the learning rate follows the global batch by optimizer.scale_lr)
@@ -190,8 +190,13 @@ class DistConfig:
 
 
 #: the config's top-level keys besides the hook points, and their schemas
-CORE_SCHEMAS: dict[str, type] = {"trainer": TrainerConfig, "dist": DistConfig, "sweep": SweepConfig,
-                                  "code": CodeConfig, "restart": RestartConfig}
+CORE_SCHEMAS: dict[str, type] = {
+    "trainer": TrainerConfig,
+    "dist": DistConfig,
+    "sweep": SweepConfig,
+    "code": CodeConfig,
+    "restart": RestartConfig,
+}
 
 
 def named_schema(schema: type | None, name: str) -> type:
@@ -217,17 +222,22 @@ def store_schemas(registry: Registry, cs: ConfigStore | None = None) -> None:
             # the plugin's schema is imported (where it names it by "module:attr") when Hydra reads the option
             schema = functools.partial(_named_option, registry, group, name)
             # loggers are multi-select: nest each under its own name (logger.console, logger.jsonl)
-            options[f"{name}.yaml"] = _lazy_node(f"{name}.yaml", schema, group=group,
-                                                 package=f"{group}.{name}" if hp.multi else group)
+            options[f"{name}.yaml"] = _lazy_node(
+                f"{name}.yaml", schema, group=group, package=f"{group}.{name}" if hp.multi else group
+            )
     # the core's own too: Hydra deep-copies the whole store before it composes, a built node dearly
     core: dict[str, dict[str, Callable[[], Any]]] = {
-        "trainer": {"default": TrainerConfig}, "sweep": {"default": SweepConfig},
-        "code": {"default": CodeConfig}, "restart": {"default": RestartConfig},
-        "dist": {backend: functools.partial(DistConfig, backend=backend) for backend in BACKENDS}}
+        "trainer": {"default": TrainerConfig},
+        "sweep": {"default": SweepConfig},
+        "code": {"default": CodeConfig},
+        "restart": {"default": RestartConfig},
+        "dist": {backend: functools.partial(DistConfig, backend=backend) for backend in BACKENDS},
+    }
     for group, options in core.items():
         for name, schema in options.items():
-            cs.repo.setdefault(group, {})[f"{name}.yaml"] = _lazy_node(f"{name}.yaml", schema, group=group,
-                                                                        package=None)
+            cs.repo.setdefault(group, {})[f"{name}.yaml"] = _lazy_node(
+                f"{name}.yaml", schema, group=group, package=None
+            )
 
 
 def _lazy_node(name: str, schema: Callable[[], Any], *, group: str, package: str | None) -> Any:
@@ -247,8 +257,9 @@ def _lazy_node_type() -> type:
         """``node`` is built on first read; Hydra's ``ConfigStore.load`` copies the entry and
         deep-copies its node, so the one built here is never changed."""
 
-        def __init__(self, *, name: str, node: Callable[[], Any], group: str, package: str | None,
-                     provider: str) -> None:
+        def __init__(
+            self, *, name: str, node: Callable[[], Any], group: str, package: str | None, provider: str
+        ) -> None:
             self.__dict__.update(name=name, group=group, package=package, provider=provider, _schema=node)
 
         @property  # type: ignore[override]
@@ -265,8 +276,9 @@ def _lazy_node_type() -> type:
             # Hydra deep-copies the whole ConfigStore: the schema's maker (which holds the registry, and
             # through it the plugin modules) is shared, not copied
             clone = object.__new__(type(self))
-            clone.__dict__.update({k: v if k == "_schema" else copy.deepcopy(v, memo)
-                                   for k, v in self.__dict__.items()})
+            clone.__dict__.update(
+                {k: v if k == "_schema" else copy.deepcopy(v, memo) for k, v in self.__dict__.items()}
+            )
             return clone
 
     return LazyConfigNode
@@ -297,8 +309,13 @@ def to_container(cfg: Any) -> Any:
     return OmegaConf.to_container(cfg, resolve=True, throw_on_missing=True, enum_to_str=True)
 
 
-def rebuild(plain: Mapping[str, Any], registry: Registry, groups: Collection[str] | None = None, *,
-            as_given: Collection[str] = ()) -> DictConfig:
+def rebuild(
+    plain: Mapping[str, Any],
+    registry: Registry,
+    groups: Collection[str] | None = None,
+    *,
+    as_given: Collection[str] = (),
+) -> DictConfig:
     """The typed config again, from its resolved copy in a job file (``job.json``'s ``config``):
     every group merged onto the schema it was composed from -- the core's for trainer, dist and
     sweep, the selected option's (found by its ``name``) for the others. A rank and ``ddlkit jobs``

@@ -82,9 +82,11 @@ def import_target(path: str, key: str) -> Any:
             obj: Any = importlib.import_module(module_name)
     except Exception as err:  # whatever the module raises on import, it is the user's to fix
         reason = " ".join(f"{type(err).__name__}: {err}".split())
-        raise ConfigError(f"{key}={path} does not import ({reason}). Fix the import path, or make the module "
-                          "importable where the ranks run: an installed package, or a module in the directory "
-                          "ddlkit is started in.") from None
+        raise ConfigError(
+            f"{key}={path} does not import ({reason}). Fix the import path, or make the module "
+            "importable where the ranks run: an installed package, or a module in the directory "
+            "ddlkit is started in."
+        ) from None
     for part in attr.split("."):
         try:
             obj = getattr(obj, part)
@@ -116,8 +118,10 @@ def check_importable(path: str, key: str) -> None:
     else:
         reason = f"ModuleNotFoundError: No module named {module_name!r}"
     if found is None:
-        raise ConfigError(f"{key}={path} does not import ({reason}). Fix the import path, or make the module "
-                          "importable: an installed package, or a module in the directory ddlkit is started in.")
+        raise ConfigError(
+            f"{key}={path} does not import ({reason}). Fix the import path, or make the module "
+            "importable: an installed package, or a module in the directory ddlkit is started in."
+        )
 
 
 def import_paths(config: Mapping[str, Any]) -> Iterator[tuple[str, str]]:
@@ -146,22 +150,31 @@ def wrong_kind(what: str, obj: Any, framework: str, expected: str) -> ConfigErro
 
     library = type(obj).__module__.split(".")[0]
     registry = installed_registry()
-    trainers = {name: libraries[library] for name in registry.names("framework")
-                if library in (libraries := getattr(registry.get("framework", name).factory, "model_libraries", {}))}
-    hint = (f" ({next(iter(trainers.values()))}: use {' or '.join(f'framework={n}' for n in trainers)})"
-            if trainers else "")
-    return ConfigError(f"{what} returned a {describe(obj)}, not a {expected}: framework={framework} trains "
-                       f"{expected} models{hint}.")
+    trainers = {
+        name: libraries[library]
+        for name in registry.names("framework")
+        if library in (libraries := getattr(registry.get("framework", name).factory, "model_libraries", {}))
+    }
+    hint = (
+        f" ({next(iter(trainers.values()))}: use {' or '.join(f'framework={n}' for n in trainers)})" if trainers else ""
+    )
+    return ConfigError(
+        f"{what} returned a {describe(obj)}, not a {expected}: framework={framework} trains {expected} models{hint}."
+    )
 
 
 def output_mismatch(what: str, shape: tuple[int, ...], num_classes: int) -> ConfigError:
     """A classifier whose output is not ``(batch, num_classes)`` logits."""
     if num_classes < 1:
-        return ConfigError(f"{what} is trained with the classification loss, but the data have no classes "
-                           "(data.num_classes=0): set model.loss to your task's loss (model=custom).")
-    return ConfigError(f"{what} outputs shape {tuple(shape)} for a batch of {shape[0] if shape else '?'}, but the data "
-                       f"have {num_classes} classes (data.num_classes): a classifier must output (batch, "
-                       f"{num_classes}) logits. Change the model's output size, or set model.loss for another task.")
+        return ConfigError(
+            f"{what} is trained with the classification loss, but the data have no classes "
+            "(data.num_classes=0): set model.loss to your task's loss (model=custom)."
+        )
+    return ConfigError(
+        f"{what} outputs shape {tuple(shape)} for a batch of {shape[0] if shape else '?'}, but the data "
+        f"have {num_classes} classes (data.num_classes): a classifier must output (batch, "
+        f"{num_classes}) logits. Change the model's output size, or set model.loss for another task."
+    )
 
 
 def model_source(cfg: Any) -> str:

@@ -51,8 +51,9 @@ class UnknownNameError(ConfigError, LookupError):
     A LookupError rather than a KeyError: ``str(KeyError(msg))`` repr-quotes the message.
     """
 
-    def __init__(self, kind: str, name: str, choices: list[str], key: str, not_loaded: Sequence[str] = (),
-                 hint: str = ""):
+    def __init__(
+        self, kind: str, name: str, choices: list[str], key: str, not_loaded: Sequence[str] = (), hint: str = ""
+    ):
         self.kind, self.name, self.choices, self.key = kind, name, sorted(choices), key
         self.not_loaded = list(not_loaded)
         msg = f"unknown {kind} {name!r} (config key `{key}`). "

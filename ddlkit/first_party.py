@@ -44,19 +44,41 @@ def _framework(name: str) -> tuple[tuple[str, str], ...]:
 
 
 PLUGINS: tuple[Provider, ...] = (
-    Provider("ddlkit-pytorch", "pip install -e ./plugins/ddlkit-pytorch", _framework("pytorch"),
-             needs="the torch build for your machine first (the install page says which)"),
-    Provider("ddlkit-tensorflow", "pip install -e './plugins/ddlkit-tensorflow[cpu]'", _framework("tensorflow"),
-             needs="[gpu] instead of [cpu] for TensorFlow with CUDA"),
-    Provider("ddlkit-keras", "pip install -e './plugins/ddlkit-tensorflow[cpu]' -e ./plugins/ddlkit-keras",
-             _framework("keras")),
-    Provider("ddlkit-mpi", "pip install -e ./plugins/ddlkit-mpi", (("compute", "local_mpi"), ("compute", "mpi")),
-             needs="OpenMPI's mpirun (Debian/Ubuntu: apt-get install openmpi-bin)"),
-    Provider("ddlkit-slurm", "pip install -e ./plugins/ddlkit-slurm", (("compute", "slurm"),),
-             needs="a Slurm cluster's sbatch, srun and scontrol on the PATH"),
+    Provider(
+        "ddlkit-pytorch",
+        "pip install -e ./plugins/ddlkit-pytorch",
+        _framework("pytorch"),
+        needs="the torch build for your machine first (the install page says which)",
+    ),
+    Provider(
+        "ddlkit-tensorflow",
+        "pip install -e './plugins/ddlkit-tensorflow[cpu]'",
+        _framework("tensorflow"),
+        needs="[gpu] instead of [cpu] for TensorFlow with CUDA",
+    ),
+    Provider(
+        "ddlkit-keras",
+        "pip install -e './plugins/ddlkit-tensorflow[cpu]' -e ./plugins/ddlkit-keras",
+        _framework("keras"),
+    ),
+    Provider(
+        "ddlkit-mpi",
+        "pip install -e ./plugins/ddlkit-mpi",
+        (("compute", "local_mpi"), ("compute", "mpi")),
+        needs="OpenMPI's mpirun (Debian/Ubuntu: apt-get install openmpi-bin)",
+    ),
+    Provider(
+        "ddlkit-slurm",
+        "pip install -e ./plugins/ddlkit-slurm",
+        (("compute", "slurm"),),
+        needs="a Slurm cluster's sbatch, srun and scontrol on the PATH",
+    ),
     Provider("ddlkit-ray", "pip install -e ./plugins/ddlkit-ray", (("compute", "ray"),)),
-    Provider("ddlkit-azure", "pip install -e './plugins/ddlkit-azure[azureml,batchai]'",
-             (("storage", "azure"), ("compute", "azureml"), ("compute", "batchai"))),
+    Provider(
+        "ddlkit-azure",
+        "pip install -e './plugins/ddlkit-azure[azureml,batchai]'",
+        (("storage", "azure"), ("compute", "azureml"), ("compute", "batchai")),
+    ),
     Provider("ddlkit-wandb", "pip install -e ./plugins/ddlkit-wandb", (("logger", "wandb"),)),
     Provider("ddlkit-tensorboard", "pip install -e ./plugins/ddlkit-tensorboard", (("logger", "tensorboard"),)),
 )
@@ -77,8 +99,12 @@ def install_hint(group: str, name: str) -> str:
     if len(found) == 1:
         (p,) = found
         needs = f" It needs {p.needs}." if p.needs else ""
-        return f"{group}={name} comes from the {p.distribution} plugin, which is not installed: {p.install} " \
-               f"(in a ddlkit checkout).{needs}"
+        return (
+            f"{group}={name} comes from the {p.distribution} plugin, which is not installed: {p.install} "
+            f"(in a ddlkit checkout).{needs}"
+        )
     names = ", ".join(p.distribution for p in found)
-    return f"{group}={name} comes with a framework plugin ({names}), none of which is installed: e.g. " \
-           f"{found[0].install} (in a ddlkit checkout)."
+    return (
+        f"{group}={name} comes with a framework plugin ({names}), none of which is installed: e.g. "
+        f"{found[0].install} (in a ddlkit checkout)."
+    )

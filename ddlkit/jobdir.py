@@ -71,8 +71,10 @@ CODE_FILE = "code.json"
 #: rank 0's progress line in its log: the console logger writes it, the launcher draws it as a bar
 PROGRESS_LINE = "train epoch {epoch}/{epochs} step {step}/{total} loss {loss} lr {lr} {unit}/s {ips} eta {eta}"
 #: :data:`PROGRESS_LINE` as a regular expression, one named group per field (compile it where it is read)
-PROGRESS_PATTERN = (r"^train epoch (?P<epoch>\d+)/(?P<epochs>\d+) step (?P<step>\d+)/(?P<total>\d+) "
-                    r"loss (?P<loss>\S+) lr (?P<lr>\S+) (?P<unit>img|samples)/s (?P<ips>\S+) eta (?P<eta>\S+)$")
+PROGRESS_PATTERN = (
+    r"^train epoch (?P<epoch>\d+)/(?P<epochs>\d+) step (?P<step>\d+)/(?P<total>\d+) "
+    r"loss (?P<loss>\S+) lr (?P<lr>\S+) (?P<unit>img|samples)/s (?P<ips>\S+) eta (?P<eta>\S+)$"
+)
 
 
 def rank_log(rank: int | str) -> str:

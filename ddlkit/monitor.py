@@ -41,8 +41,10 @@ def direction(key: str, monitor: str, mode: str) -> str:
     if mode != "auto":
         return mode
     if monitor not in DIRECTIONS:
-        raise ConfigError(f"trainer.{key}.mode=auto cannot tell whether {monitor} is better up or down: set "
-                          f"trainer.{key}.mode=min or trainer.{key}.mode=max.")
+        raise ConfigError(
+            f"trainer.{key}.mode=auto cannot tell whether {monitor} is better up or down: set "
+            f"trainer.{key}.mode=min or trainer.{key}.mode=max."
+        )
     return DIRECTIONS[monitor]
 
 
@@ -54,16 +56,20 @@ def check(cfg: DictConfig) -> None:
         if node.monitor is None:
             continue
         if not t.validate:
-            raise ConfigError(f"trainer.{key}.monitor={node.monitor} watches validation, but trainer.validate=false: "
-                              f"set trainer.validate=true, or trainer.{key}.monitor=null.")
+            raise ConfigError(
+                f"trainer.{key}.monitor={node.monitor} watches validation, but trainer.validate=false: "
+                f"set trainer.validate=true, or trainer.{key}.monitor=null."
+            )
         require_metric(key, node.monitor, validation_metrics(cfg))
         direction(key, node.monitor, node.mode)
 
 
 def require_metric(key: str, monitor: str, available: list[str]) -> None:
     if monitor not in available:
-        raise ConfigError(f"trainer.{key}.monitor={monitor} is not a validation metric of this run: choose one of "
-                          f"{', '.join(available)}.")
+        raise ConfigError(
+            f"trainer.{key}.monitor={monitor} is not a validation metric of this run: choose one of "
+            f"{', '.join(available)}."
+        )
 
 
 class Watch:
@@ -120,8 +126,10 @@ class EarlyStopping(Watch):
         self.wait += 1
         if self.wait >= self.patience:
             delta = f" by more than {self.min_delta:g}" if self.min_delta else ""
-            self.reason = (f"{self.monitor} did not improve{delta} for {self.wait} validation(s) (patience "
-                           f"{self.patience}; best {self.best:.6g} at epoch {self.best_epoch}, step {self.best_step})")
+            self.reason = (
+                f"{self.monitor} did not improve{delta} for {self.wait} validation(s) (patience "
+                f"{self.patience}; best {self.best:.6g} at epoch {self.best_epoch}, step {self.best_step})"
+            )
         return self.reason is not None
 
     def state(self) -> dict[str, Any]:

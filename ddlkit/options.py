@@ -32,8 +32,18 @@ from omegaconf import MISSING, DictConfig, OmegaConf
 
 from .errors import ConfigError
 
-__all__ = ["IN_0_1", "MASTER_PORT", "NON_NEGATIVE", "POSITIVE", "POSITIVE_INTEGER", "Rule", "at_least", "check",
-           "checked", "one_of"]
+__all__ = [
+    "IN_0_1",
+    "MASTER_PORT",
+    "NON_NEGATIVE",
+    "POSITIVE",
+    "POSITIVE_INTEGER",
+    "Rule",
+    "at_least",
+    "check",
+    "checked",
+    "one_of",
+]
 
 #: the metadata key of a field's rule
 RULE = "ddlkit.rule"

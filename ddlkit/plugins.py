@@ -94,11 +94,15 @@ class DdlkitPluginManager(pluggy.PluginManager):
             try:
                 plugin = ep.load()
             except Exception as err:
-                info = PluginInfo(ep.name, dist, ver, ep.value, error=f"{type(err).__name__}: {err}",
-                                  from_entry_point=True)
+                info = PluginInfo(
+                    ep.name, dist, ver, ep.value, error=f"{type(err).__name__}: {err}", from_entry_point=True
+                )
                 self.failures.append(info)
-                warnings.warn(f"ddlkit plugin {ep.name!r} from {info.describe()} failed to load: {info.error}",
-                              RuntimeWarning, stacklevel=2)
+                warnings.warn(
+                    f"ddlkit plugin {ep.name!r} from {info.describe()} failed to load: {info.error}",
+                    RuntimeWarning,
+                    stacklevel=2,
+                )
                 continue
             info = PluginInfo(ep.name, dist, ver, ep.value, from_entry_point=True)
             try:
@@ -110,8 +114,10 @@ class DdlkitPluginManager(pluggy.PluginManager):
         except pluggy.PluginValidationError as err:
             plugin = getattr(err, "plugin", None)
             origin = self.describe(plugin) if plugin is not None else "a plugin"
-            raise PluginLoadError(f"{origin} implements an unknown hook: {err}. "
-                                  "Hook names start with ddlkit_; see `ddlkit plugins` for the known ones.") from err
+            raise PluginLoadError(
+                f"{origin} implements an unknown hook: {err}. "
+                "Hook names start with ddlkit_; see `ddlkit plugins` for the known ones."
+            ) from err
 
     def describe(self, plugin: object) -> str:
         info = self.infos.get(id(plugin))

@@ -24,8 +24,9 @@ _SECRET_KEY = re.compile(
 
 
 #: a run of ``name=value`` pairs joined by ``&`` with a ``sig=`` among them: a SAS token, bare or as a URL's query
-_SAS = re.compile(r"(?:\b[A-Za-z][\w-]*=[^&;?\s'\"#]*&)*\bsig=[^&;?\s'\"#]*(?:&[A-Za-z][\w-]*=[^&;?\s'\"#]*)*",
-                  re.IGNORECASE)
+_SAS = re.compile(
+    r"(?:\b[A-Za-z][\w-]*=[^&;?\s'\"#]*&)*\bsig=[^&;?\s'\"#]*(?:&[A-Za-z][\w-]*=[^&;?\s'\"#]*)*", re.IGNORECASE
+)
 #: ``AccountKey=...`` (and ``SharedAccessKey=``...) in a connection string
 _CONN_KEY = re.compile(r"\b((?:Account|SharedAccess)Key|SharedAccessSignature)=[^;\s'\"]+", re.IGNORECASE)
 

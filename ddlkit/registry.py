@@ -33,6 +33,7 @@ class PluginHooks(Protocol):
 
     def entry_point_name(self, plugin: object) -> str | None: ...
 
+
 _NAME = re.compile(r"^[a-z][a-z0-9_-]*$")
 
 
@@ -87,8 +88,11 @@ class Entry:
             config = _resolve(self, hp, "config", item.config) if isinstance(item.config, str) else item.config
             if config is not None and not isinstance(config, type):
                 raise PluginError(f"{self.origin}: {hp.noun} {item.name!r}: config must be a dataclass type")
-            self._loaded.append(dataclasses.replace(item, factory=factory, config=config)
-                                if (factory, config) != (item.factory, item.config) else item)
+            self._loaded.append(
+                dataclasses.replace(item, factory=factory, config=config)
+                if (factory, config) != (item.factory, item.config)
+                else item
+            )
         return self._loaded[0]
 
 
@@ -99,8 +103,9 @@ def _resolve(entry: Entry, hp: HookPoint, what: str, ref: str) -> Any:
         return pkgutil.resolve_name(ref)
     except Exception as err:
         reason = " ".join(f"{type(err).__name__}: {err}".split())
-        raise PluginError(f"{entry.origin}: {hp.noun} {entry.registration.name!r}: its {what} {ref!r} does not "
-                          f"import ({reason})") from err
+        raise PluginError(
+            f"{entry.origin}: {hp.noun} {entry.registration.name!r}: its {what} {ref!r} does not import ({reason})"
+        ) from err
 
 
 @dataclass
@@ -117,8 +122,11 @@ class Registry:
 
     @classmethod
     def collect(cls, pm: PluginHooks) -> Registry:
-        reg = cls(entries={g: {} for g in HOOK_POINTS}, not_loaded=list(pm.failure_lines()),
-                  implementations={g: {} for g, hp in HOOK_POINTS.items() if hp.per_framework})
+        reg = cls(
+            entries={g: {} for g in HOOK_POINTS},
+            not_loaded=list(pm.failure_lines()),
+            implementations={g: {} for g, hp in HOOK_POINTS.items() if hp.per_framework},
+        )
         #: (group, name) -- (group, (framework, name)) for models and optimizers -> the plugins claiming it
         conflicts: dict[tuple[str, Any], list[Entry]] = {}
         for group, hp in HOOK_POINTS.items():
@@ -154,7 +162,8 @@ class Registry:
                 way_out += f", or block one with DDLKIT_DISABLE_PLUGINS=<{' or '.join(blockable)}>"
             raise PluginConflictError(
                 f"{HOOK_POINTS[group].noun} {name} is registered by {len(entries)} plugins:\n"
-                + "\n".join(lines) + f"\n  {way_out}."
+                + "\n".join(lines)
+                + f"\n  {way_out}."
             )
         return reg
 
@@ -168,8 +177,9 @@ class Registry:
             entry = self.entries[group][name]
         except KeyError:
             hp = HOOK_POINTS[group]
-            raise UnknownNameError(hp.noun, name, self.names(group), hp.group, self.not_loaded,
-                                   install_hint(group, name)) from None
+            raise UnknownNameError(
+                hp.noun, name, self.names(group), hp.group, self.not_loaded, install_hint(group, name)
+            ) from None
         return entry.loaded(HOOK_POINTS[group])
 
     def selected(self, cfg: Any) -> list[tuple[str, Entry]]:
@@ -209,14 +219,21 @@ class Registry:
             raise ConfigError(
                 f"framework={framework} has no {hp.noun} {name!r} ({hp.noun} {name} is implemented for "
                 f"framework={', '.join(self.frameworks_of(group, name))}). Choose one framework={framework} has: "
-                f"{', '.join(self.names_for(group, framework)) or '(none)'}.")
+                f"{', '.join(self.names_for(group, framework)) or '(none)'}."
+            )
         return entry.loaded(HOOK_POINTS[group])
 
     def create_for(self, group: str, framework: str, name: str, cfg: Any, *args: Any, **kwargs: Any) -> Any:
         """Build ``framework``'s ``group=name`` as ``factory(cfg, *args, **kwargs)``."""
         registration = self.get_for(group, framework, name)
-        return _call(self.implementations[group][(framework, name)].origin, registration, HOOK_POINTS[group].noun,
-                     cfg, *args, **kwargs)
+        return _call(
+            self.implementations[group][(framework, name)].origin,
+            registration,
+            HOOK_POINTS[group].noun,
+            cfg,
+            *args,
+            **kwargs,
+        )
 
 
 def _call(origin: str, registration: Registration[Any], noun: str, cfg: Any, *args: Any, **kwargs: Any) -> Any:
@@ -257,20 +274,27 @@ def _union_by_name(hp: HookPoint, implementations: dict[tuple[str, str], Entry])
                     raise PluginError(
                         f"{hp.noun} {name!r}: option {f.name!r} is declared differently by {seen[1].origin} "
                         f"({_signature(seen[0])}) and {entry.origin} ({_signature(f)}); the plugins must agree, "
-                        f"since `{hp.group}.{f.name}` means one thing whichever framework runs.")
+                        f"since `{hp.group}.{f.name}` means one thing whichever framework runs."
+                    )
                 fields.setdefault(f.name, (f, entry))
             if schema not in bases and not any(issubclass(b, schema) for b in bases):
                 bases = [b for b in bases if not issubclass(schema, b)] + [schema]
         first = entries[0]
-        config = bases[0] if len(bases) == 1 else (
-            dataclasses.make_dataclass(f"{hp.group.title()}_{name}", [], bases=tuple(bases)) if bases else None)
+        config = (
+            bases[0]
+            if len(bases) == 1
+            else (dataclasses.make_dataclass(f"{hp.group.title()}_{name}", [], bases=tuple(bases)) if bases else None)
+        )
         merged[name] = Entry(dataclasses.replace(first.loaded(hp), config=config), first.plugin, first.origin)
     return merged
 
 
 def _signature(f: dataclasses.Field) -> str:
-    default = f.default if f.default is not dataclasses.MISSING else (
-        f.default_factory() if f.default_factory is not dataclasses.MISSING else "<required>")
+    default = (
+        f.default
+        if f.default is not dataclasses.MISSING
+        else (f.default_factory() if f.default_factory is not dataclasses.MISSING else "<required>")
+    )
     return f"{getattr(f.type, '__name__', f.type)} = {default!r}"
 
 
@@ -290,8 +314,12 @@ def _check_registration(hp: HookPoint, entry: Entry) -> None:
     for what, ref in (("factory", item.factory), ("config", item.config)):
         module, sep, attr = ref.partition(":") if isinstance(ref, str) else ("-", ":", "-")
         if not (sep and module and attr):
-            raise PluginError(f"{entry.origin}: {hp.noun} {item.name!r}: {what} {ref!r} is not an import path; "
-                              "write it as \"package.module:attr\", or give the object itself")
+            raise PluginError(
+                f"{entry.origin}: {hp.noun} {item.name!r}: {what} {ref!r} is not an import path; "
+                'write it as "package.module:attr", or give the object itself'
+            )
     if hp.per_framework and not item.framework:
-        raise PluginError(f"{entry.origin}: {hp.noun} {item.name!r} names no framework: a {hp.noun} is registered "
-                          "for one framework, Registration(..., framework=\"<its name>\")")
+        raise PluginError(
+            f"{entry.origin}: {hp.noun} {item.name!r} names no framework: a {hp.noun} is registered "
+            'for one framework, Registration(..., framework="<its name>")'
+        )

@@ -61,7 +61,8 @@ def keep_global_batch(trainer: Any, global_batch: int, world_size: int) -> Batch
         raise ConfigError(
             f"trainer.on_resize=keep_global_batch cannot keep the global batch of {global_batch} on {world_size} "
             f"ranks ({global_batch} / {world_size} is no whole batch). Choose a trainer.batch_size whose global "
-            "batch divides by every world size from compute.min_nodes to compute.nodes, or trainer.on_resize=scale_lr.")
+            "batch divides by every world size from compute.min_nodes to compute.nodes, or trainer.on_resize=scale_lr."
+        )
     share = global_batch // world_size
     cap = trainer.max_batch_size or trainer.batch_size
     accumulate = math.ceil(share / cap)
@@ -70,8 +71,14 @@ def keep_global_batch(trainer: Any, global_batch: int, world_size: int) -> Batch
     return BatchPlan(world_size, share // accumulate, accumulate)
 
 
-def plan_batch(trainer: Any, planned_world: int, world_size: int, *, resumed_global_batch: int | None = None,
-               resumed_batch: int = 0) -> BatchPlan:
+def plan_batch(
+    trainer: Any,
+    planned_world: int,
+    world_size: int,
+    *,
+    resumed_global_batch: int | None = None,
+    resumed_batch: int = 0,
+) -> BatchPlan:
     """The batch a job trains with on ``world_size`` ranks when ``trainer`` was planned for
     ``planned_world``; ``resumed_*``: the global batch of the checkpoint it resumes from and the
     optimizer steps of its epoch that checkpoint had taken (its position in images)."""
@@ -84,24 +91,38 @@ def plan_batch(trainer: Any, planned_world: int, world_size: int, *, resumed_glo
     if resumed_global_batch and (resumed_batch * resumed_global_batch) % plan.global_batch:
         # the epoch stopped between two steps of the new global batch: keep the checkpoint's
         kept = keep_global_batch(trainer, resumed_global_batch, world_size)
-        return BatchPlan(world_size, kept.batch_size, kept.accumulate, note=(
-            f"the checkpoint stopped {resumed_batch * resumed_global_batch} images into its epoch, not at a step of "
-            f"the new global batch of {plan.global_batch}: keeping its global batch of {resumed_global_batch}"))
+        return BatchPlan(
+            world_size,
+            kept.batch_size,
+            kept.accumulate,
+            note=(
+                f"the checkpoint stopped {resumed_batch * resumed_global_batch} images into its epoch, not at a step "
+                "of "
+                f"the new global batch of {plan.global_batch}: keeping its global batch of {resumed_global_batch}"
+            ),
+        )
     return plan
 
 
 def describe(before: BatchPlan, after: BatchPlan, optimizer: Any, on_resize: str) -> str:
     """``trainer.on_resize=keep_global_batch: per-rank batch 16 -> 32, lr unchanged``: what a change
     of world size does to the batch and the learning rate."""
+
     def peak(plan: BatchPlan) -> float:
         return LRScaling(optimizer.scale_lr).peak_lr(optimizer.lr, plan.global_batch, optimizer.reference_batch)
 
-    batch = (f"per-rank batch {before.per_rank()} -> {after.per_rank()}" if before.per_rank() != after.per_rank()
-             else f"per-rank batch {after.per_rank()}")
+    batch = (
+        f"per-rank batch {before.per_rank()} -> {after.per_rank()}"
+        if before.per_rank() != after.per_rank()
+        else f"per-rank batch {after.per_rank()}"
+    )
     if before.global_batch != after.global_batch:
         batch += f", global batch {before.global_batch} -> {after.global_batch}"
     lr_before, lr_after = peak(before), peak(after)
-    lr = (f"lr {lr_before:g} -> {lr_after:g} (optimizer.scale_lr={optimizer.scale_lr})" if lr_before != lr_after
-          else "lr unchanged")
+    lr = (
+        f"lr {lr_before:g} -> {lr_after:g} (optimizer.scale_lr={optimizer.scale_lr})"
+        if lr_before != lr_after
+        else "lr unchanged"
+    )
     note = f" ({after.note})" if after.note else ""
     return f"trainer.on_resize={on_resize}: {batch}, {lr}{note}"

@@ -122,12 +122,24 @@ def _view(*names: str) -> tuple[Field, ...]:
 #: what a finished job is summed up by: the sweep report's result columns, its line per job
 HEADLINE = _view("images_per_sec", "final_loss", "best_top1")
 #: what the sweep's ledger keeps of each job's result, and what ``sweep.objective`` may name
-LEDGER = HEADLINE + _view("top1", "top5", "val_loss", "steps", "epochs", "world_size", "global_batch_size",
-                          "wall_time_s")
+LEDGER = HEADLINE + _view(
+    "top1", "top5", "val_loss", "steps", "epochs", "world_size", "global_batch_size", "wall_time_s"
+)
 #: what the framework reports through the Run, which a completed run never leaves null
 FRAMEWORK = _view("device")
 #: what ``ddlkit jobs status`` shows of an ended job's result
 STATUS = _view("steps") + HEADLINE
 #: the console logger's table at the end of a completed run
-SUMMARY = _view("framework", "model", "world_size", "global_batch_size", "epochs", "steps", "images_per_sec",
-                "final_loss", "top1", "top5", "wall_time_s")
+SUMMARY = _view(
+    "framework",
+    "model",
+    "world_size",
+    "global_batch_size",
+    "epochs",
+    "steps",
+    "images_per_sec",
+    "final_loss",
+    "top1",
+    "top5",
+    "wall_time_s",
+)

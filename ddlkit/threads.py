@@ -40,8 +40,10 @@ def check(value: Any, framework: str) -> None:
     """A ConfigError unless ``value`` is ``auto`` or a count >= 0."""
     if value == AUTO or (isinstance(value, int) and not isinstance(value, bool) and value >= 0):
         return
-    raise ConfigError(f"framework.num_threads={value} is invalid: use auto (the cores this process may use, shared "
-                      f"by the ranks of its node), a number of threads >= 1, or 0 ({framework}'s default: all cores).")
+    raise ConfigError(
+        f"framework.num_threads={value} is invalid: use auto (the cores this process may use, shared "
+        f"by the ranks of its node), a number of threads >= 1, or 0 ({framework}'s default: all cores)."
+    )
 
 
 def per_rank(value: Any, local_size: int, env: Mapping[str, str] | None = None) -> int:
@@ -51,8 +53,12 @@ def per_rank(value: Any, local_size: int, env: Mapping[str, str] | None = None) 
     if value != AUTO:
         cores = len(os.sched_getaffinity(0))
         if int(value) > cores:
-            print(f"ddlkit: warning: framework.num_threads={value} is more than the {cores} cores this rank may use; "
-                  f"using {cores}", file=sys.stderr, flush=True)
+            print(
+                f"ddlkit: warning: framework.num_threads={value} is more than the {cores} cores this rank may use; "
+                f"using {cores}",
+                file=sys.stderr,
+                flush=True,
+            )
             return cores
         return int(value)
     env = os.environ if env is None else env

@@ -41,12 +41,19 @@ def mlp(framework: str, hidden: int = 64) -> Any:
     if framework == "pytorch":
         from torch import nn
 
-        return nn.Sequential(nn.Linear(FEATURES, hidden), nn.ReLU(), nn.Linear(hidden, hidden), nn.ReLU(),
-                             nn.Linear(hidden, 1))
+        return nn.Sequential(
+            nn.Linear(FEATURES, hidden), nn.ReLU(), nn.Linear(hidden, hidden), nn.ReLU(), nn.Linear(hidden, 1)
+        )
     import keras
 
-    return keras.Sequential([keras.Input((FEATURES,)), keras.layers.Dense(hidden, activation="relu"),
-                             keras.layers.Dense(hidden, activation="relu"), keras.layers.Dense(1)])
+    return keras.Sequential(
+        [
+            keras.Input((FEATURES,)),
+            keras.layers.Dense(hidden, activation="relu"),
+            keras.layers.Dense(hidden, activation="relu"),
+            keras.layers.Dense(1),
+        ]
+    )
 
 
 def _mean(x: Any) -> Any:

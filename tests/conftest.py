@@ -30,8 +30,9 @@ def mount_tmpfs() -> Iterator[Callable[[Path, str], Path]]:
         directory.mkdir(parents=True, exist_ok=True)
         if os.geteuid() != 0:
             pytest.skip("mounting a tmpfs to fill up needs root")
-        proc = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(directory)],
-                              capture_output=True, text=True)
+        proc = subprocess.run(
+            ["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(directory)], capture_output=True, text=True
+        )
         if proc.returncode != 0:
             pytest.skip(f"cannot mount a tmpfs here: {proc.stderr.strip() or proc.returncode}")
         mounted.append(directory)

@@ -15,10 +15,17 @@ import pytest
 pytestmark = [pytest.mark.slow, pytest.mark.plugins]  # framework=pytorch and framework=tensorflow
 
 REPO = Path(__file__).resolve().parent.parent
-SMALL = ["data.image_size=32", "data.num_classes=10", "data.length=256", "data.val_length=64", "trainer.batch_size=32",
-         "trainer.log_every=4", "framework.num_threads=1"]
+SMALL = [
+    "data.image_size=32",
+    "data.num_classes=10",
+    "data.length=256",
+    "data.val_length=64",
+    "trainer.batch_size=32",
+    "trainer.log_every=4",
+    "framework.num_threads=1",
+]
 
-NETS = '''
+NETS = """
 from torch import nn
 
 
@@ -31,12 +38,17 @@ def keras_model():
     import keras
 
     return keras.Sequential([keras.Input((4,)), keras.layers.Dense(2)])
-'''
+"""
 
 
 def ddlkit(cwd: Path, *overrides: str, job: str = "job") -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "ddlkit", *overrides, f"hydra.run.dir={cwd / job}"], cwd=cwd,
-                          capture_output=True, text=True, timeout=600)
+    return subprocess.run(
+        [sys.executable, "-m", "ddlkit", *overrides, f"hydra.run.dir={cwd / job}"],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
 
 
 @pytest.fixture
@@ -70,31 +82,39 @@ def test_a_custom_model_trains_checkpoints_and_resumes_like_a_builtin_one(projec
 
 def test_an_import_path_that_does_not_import_is_one_line_naming_the_key(project: Path) -> None:
     err = one_error_line(ddlkit(project, "model=custom", "model.target=mynetz:cnn"))
-    assert err == ("ddlkit: error: model.target=mynetz:cnn does not import (ModuleNotFoundError: No module named "
-                   "'mynetz'). Fix the import path, or make the module importable: an installed package, or a module "
-                   "in the directory ddlkit is started in.\n")
+    assert err == (
+        "ddlkit: error: model.target=mynetz:cnn does not import (ModuleNotFoundError: No module named "
+        "'mynetz'). Fix the import path, or make the module importable: an installed package, or a module "
+        "in the directory ddlkit is started in.\n"
+    )
     assert not (project / "job" / "job.json").exists()  # refused before anything ran
 
 
 def test_a_module_that_fails_inside_shows_its_import_error(project: Path) -> None:
     (project / "broken.py").write_text("import missing_dependency_of_the_users_module\ndef cnn(): ...\n")
     err = one_error_line(ddlkit(project, "model=custom", "model.target=broken:cnn", *SMALL))
-    assert ("ConfigError: model.target=broken:cnn does not import (ModuleNotFoundError: No module named "
-            "'missing_dependency_of_the_users_module')") in err
+    assert (
+        "ConfigError: model.target=broken:cnn does not import (ModuleNotFoundError: No module named "
+        "'missing_dependency_of_the_users_module')"
+    ) in err
     assert "resume with" not in err  # the same command would fail again
 
 
 def test_a_keras_model_for_framework_pytorch_is_refused(project: Path) -> None:
     err = one_error_line(ddlkit(project, "model=custom", "model.target=mynets:keras_model", *SMALL))
-    assert ("ConfigError: model.target=mynets:keras_model returned a keras.src.models.sequential.Sequential, not a "
-            "torch.nn.Module: framework=pytorch trains torch.nn.Module models (a Keras model: use "
-            "framework=keras or framework=tensorflow).") in err
+    assert (
+        "ConfigError: model.target=mynets:keras_model returned a keras.src.models.sequential.Sequential, not a "
+        "torch.nn.Module: framework=pytorch trains torch.nn.Module models (a Keras model: use "
+        "framework=keras or framework=tensorflow)."
+    ) in err
 
 
 def test_a_classifier_whose_output_does_not_match_the_classes_is_refused(project: Path) -> None:
     err = one_error_line(ddlkit(project, "model=custom", "model.target=mynets:cnn", "+model.kwargs.classes=7", *SMALL))
-    assert ("ConfigError: model.target=mynets:cnn outputs shape (2, 7) for a batch of 2, but the data have 10 classes "
-            "(data.num_classes): a classifier must output (batch, 10) logits.") in err
+    assert (
+        "ConfigError: model.target=mynets:cnn outputs shape (2, 7) for a batch of 2, but the data have 10 classes "
+        "(data.num_classes): a classifier must output (batch, 10) logits."
+    ) in err
 
 
 @pytest.mark.parametrize(("framework", "epochs"), [("pytorch", 8), ("tensorflow", 4)])
@@ -105,9 +125,22 @@ def test_the_regression_experiment_trains_end_to_end(tmp_path: Path, framework: 
         from experiments.regression import mean_baseline_mae
     finally:
         sys.path.remove(str(REPO))
-    proc = subprocess.run([sys.executable, "-m", "ddlkit", "+experiment=regression", f"framework={framework}",
-                           f"trainer.epochs={epochs}", "framework.num_threads=1", f"hydra.run.dir={tmp_path / 'job'}"],
-                          cwd=REPO, capture_output=True, text=True, timeout=600)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "ddlkit",
+            "+experiment=regression",
+            f"framework={framework}",
+            f"trainer.epochs={epochs}",
+            "framework.num_threads=1",
+            f"hydra.run.dir={tmp_path / 'job'}",
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     lines = [json.loads(line) for line in (tmp_path / "job" / "metrics.jsonl").read_text().splitlines()]
     val = [line for line in lines if line["split"] == "val"]

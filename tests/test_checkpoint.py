@@ -11,8 +11,19 @@ import pytest
 
 from ddlkit import ConfigError, RunError
 from ddlkit.atomic import write_text
-from ddlkit.checkpoint import (build_manifest, checkpoint_name, latest_checkpoint, manifest_path, mark_latest, no_space,
-                               read_manifest, remove_stale, resolve_resume, verify, write_manifest)
+from ddlkit.checkpoint import (
+    build_manifest,
+    checkpoint_name,
+    latest_checkpoint,
+    manifest_path,
+    mark_latest,
+    no_space,
+    read_manifest,
+    remove_stale,
+    resolve_resume,
+    verify,
+    write_manifest,
+)
 
 
 def save(job_dir: Path, step: int, keep: int = 2, directory: bool = False) -> Path:
@@ -36,7 +47,10 @@ def names(job_dir: Path) -> list[str]:
 def test_names_sort_by_step() -> None:
     assert checkpoint_name(9) == "step-00000009.ckpt"
     assert sorted([checkpoint_name(10), checkpoint_name(9), checkpoint_name(100)]) == [
-        checkpoint_name(9), checkpoint_name(10), checkpoint_name(100)]
+        checkpoint_name(9),
+        checkpoint_name(10),
+        checkpoint_name(100),
+    ]
 
 
 def test_mark_latest_keeps_the_newest_n(tmp_path: Path) -> None:
@@ -75,7 +89,8 @@ def test_true_requires_a_checkpoint(tmp_path: Path, value: object) -> None:
         resolve_resume(tmp_path, value)
     assert str(info.value) == (
         f"trainer.resume=true but {tmp_path}/checkpoints holds no checkpoint. Point the run at the earlier job's "
-        "directory with hydra.run.dir=<dir>, or pass trainer.resume=<path to checkpoint>.")
+        "directory with hydra.run.dir=<dir>, or pass trainer.resume=<path to checkpoint>."
+    )
     path = save(tmp_path, 3)
     assert resolve_resume(tmp_path, value) == path
 
@@ -98,8 +113,9 @@ def test_a_path_that_does_not_exist(tmp_path: Path) -> None:
     missing = tmp_path / "nope.ckpt"
     with pytest.raises(ConfigError) as info:
         resolve_resume(tmp_path, str(missing))
-    assert str(info.value) == (f"trainer.resume={missing}: no such checkpoint. "
-                               "Use auto, true, false or an existing path.")
+    assert str(info.value) == (
+        f"trainer.resume={missing}: no such checkpoint. Use auto, true, false or an existing path."
+    )
 
 
 # ---------------------------------------------------------------------------- verification and fallback
@@ -125,8 +141,9 @@ def test_every_checkpoint_has_a_manifest_of_its_files(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("algorithm", ["crc32", "sha256"])
-def test_a_flipped_bit_fails_either_checksum_and_a_version_1_manifest_still_verifies(tmp_path: Path,
-                                                                                    algorithm: str) -> None:
+def test_a_flipped_bit_fails_either_checksum_and_a_version_1_manifest_still_verifies(
+    tmp_path: Path, algorithm: str
+) -> None:
     """trainer.checkpoint_checksum picks the algorithm; a manifest of ddlkit < 0.2 (SHA-256, version
     1) is verified as before."""
     path = tmp_path / "step-00000001.ckpt"
@@ -153,7 +170,8 @@ def test_latest_naming_a_deleted_checkpoint_resumes_from_the_newest_intact_one(t
     assert found == ckpts[1]
     assert warnings == [
         f"{tmp_path}/checkpoints/latest names step-00000030.ckpt, which does not exist (deleted?)",
-        f"resuming from {ckpts[1]}, the newest intact checkpoint; damaged checkpoints are kept for inspection"]
+        f"resuming from {ckpts[1]}, the newest intact checkpoint; damaged checkpoints are kept for inspection",
+    ]
 
 
 @pytest.mark.parametrize("damage", ["truncate", "flip-a-byte", "empty"])
@@ -168,9 +186,11 @@ def test_a_damaged_latest_checkpoint_is_passed_over_by_name(tmp_path: Path, dama
     bad.write_bytes({"truncate": data[:-1], "flip-a-byte": data[:500] + b"X" + data[501:], "empty": b""}[damage])
     found, warnings = resolve(tmp_path)
     assert found == ckpts[1]
-    reason = {"truncate": "step-00000030.ckpt is 999 bytes, 1000 were written (truncated)",
-              "flip-a-byte": "step-00000030.ckpt does not match its CRC-32 (corrupted)",
-              "empty": "step-00000030.ckpt is 0 bytes, 1000 were written (truncated)"}[damage]
+    reason = {
+        "truncate": "step-00000030.ckpt is 999 bytes, 1000 were written (truncated)",
+        "flip-a-byte": "step-00000030.ckpt does not match its CRC-32 (corrupted)",
+        "empty": "step-00000030.ckpt is 0 bytes, 1000 were written (truncated)",
+    }[damage]
     assert warnings[0] == f"checkpoint {bad} is damaged: {reason}; skipped"
     assert warnings[1].startswith(f"resuming from {ckpts[1]}, the newest intact checkpoint")
     assert names(tmp_path) == ["latest", "step-00000010.ckpt", "step-00000020.ckpt", "step-00000030.ckpt"]
@@ -201,9 +221,11 @@ def test_no_intact_checkpoint_is_an_error_not_a_fresh_start(tmp_path: Path, valu
     with pytest.raises(ConfigError) as info:
         resolve(tmp_path, value)
     message = str(info.value)
-    assert message.startswith(f"{tmp_path}/checkpoints holds no intact checkpoint to resume from "
-                              f"(checkpoint {ckpts[2]} is damaged: step-00000030.ckpt is 0 bytes, 2 were written "
-                              "(truncated); checkpoint")
+    assert message.startswith(
+        f"{tmp_path}/checkpoints holds no intact checkpoint to resume from "
+        f"(checkpoint {ckpts[2]} is damaged: step-00000030.ckpt is 0 bytes, 2 were written "
+        "(truncated); checkpoint"
+    )
     assert "start fresh with trainer.resume=false" in message
     assert names(tmp_path) == ["latest", *(p.name for p in ckpts)]  # nothing deleted
 
@@ -240,8 +262,10 @@ def test_a_checkpoint_without_a_manifest_is_used_unverified(tmp_path: Path) -> N
     new.write_text("")
     found, warnings = resolve(tmp_path)
     assert found == old
-    assert warnings[-1] == (f"resuming from {old}, the newest intact checkpoint (it has no manifest, so it is not "
-                            "verified); damaged checkpoints are kept for inspection")
+    assert warnings[-1] == (
+        f"resuming from {old}, the newest intact checkpoint (it has no manifest, so it is not "
+        "verified); damaged checkpoints are kept for inspection"
+    )
 
 
 def test_a_damaged_checkpoint_given_by_path_is_refused(tmp_path: Path) -> None:
@@ -249,9 +273,11 @@ def test_a_damaged_checkpoint_given_by_path_is_refused(tmp_path: Path) -> None:
     ckpt.write_text("4")
     with pytest.raises(ConfigError) as info:
         resolve_resume(tmp_path / "new", str(ckpt))
-    assert str(info.value) == (f"trainer.resume={ckpt}: checkpoint {ckpt} is damaged: step-00000040.ckpt is 1 bytes, "
-                               "2 were written (truncated). Pass another checkpoint, or start fresh with "
-                               "trainer.resume=false.")
+    assert str(info.value) == (
+        f"trainer.resume={ckpt}: checkpoint {ckpt} is damaged: step-00000040.ckpt is 1 bytes, "
+        "2 were written (truncated). Pass another checkpoint, or start fresh with "
+        "trainer.resume=false."
+    )
     with pytest.raises(ConfigError, match=f"^{tmp_path}/earlier/checkpoints holds no intact checkpoint"):
         resolve_resume(tmp_path / "new", str(tmp_path / "earlier"))  # its job directory
 
@@ -283,12 +309,16 @@ def test_remove_stale_clears_what_interrupted_writes_left(tmp_path: Path) -> Non
     orphan = ckdir / "step-00000040.ckpt.manifest.json"  # its checkpoint never arrived
     orphan.write_text("{}")
     removed = remove_stale(ckdir)
-    assert sorted(p.name for p in removed) == [".latest.abc.tmp", ".step-00000030.ckpt.old",
-                                               ".step-00000040.ckpt.k2j3h4.tmp",
-                                               ".step-00000040.ckpt.manifest.json.x1.tmp",
-                                               "step-00000040.ckpt.manifest.json"]
+    assert sorted(p.name for p in removed) == [
+        ".latest.abc.tmp",
+        ".step-00000030.ckpt.old",
+        ".step-00000040.ckpt.k2j3h4.tmp",
+        ".step-00000040.ckpt.manifest.json.x1.tmp",
+        "step-00000040.ckpt.manifest.json",
+    ]
     assert sorted(p.name for p in ckdir.iterdir()) == sorted(
-        ["latest", *(p.name for p in ckpts), *(manifest_path(p).name for p in ckpts)])
+        ["latest", *(p.name for p in ckpts), *(manifest_path(p).name for p in ckpts)]
+    )
     assert remove_stale(ckdir) == [] and remove_stale(tmp_path / "none") == []
 
 

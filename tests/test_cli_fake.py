@@ -22,8 +22,14 @@ from ddlkit.testing.fakes import MODEL_FILE
 
 TOKEN = "sv=2026-01-01&sig=do-not-leak-me"
 # 20 steps per epoch, 2 epochs; a credential that must stay out of every file and every log
-COMMON = ("data.length=640", "data.val_length=64", "data.num_classes=10", "trainer.log_every=5",
-          "storage=memory", f"storage.sas_token='{TOKEN}'")
+COMMON = (
+    "data.length=640",
+    "data.val_length=64",
+    "data.num_classes=10",
+    "trainer.log_every=5",
+    "storage=memory",
+    f"storage.sas_token='{TOKEN}'",
+)
 
 
 @pytest.fixture(scope="module")
@@ -41,11 +47,24 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, RunOutcome]:
 def test_a_run_writes_the_job_directory(runs: dict[str, RunOutcome]) -> None:
     out = runs["straight"]
     assert sorted(p.name for p in out.job_dir.iterdir()) == [
-        ".ddlkit", "checkpoints", "config.yaml", "environment.json", "job.json", "metrics.jsonl", MODEL_FILE,
-        "overrides.yaml", "rank-0.log", "result.json"]
+        ".ddlkit",
+        "checkpoints",
+        "config.yaml",
+        "environment.json",
+        "job.json",
+        "metrics.jsonl",
+        MODEL_FILE,
+        "overrides.yaml",
+        "rank-0.log",
+        "result.json",
+    ]
     assert sorted(p.name for p in (out.job_dir / "checkpoints").iterdir()) == [
-        "latest", "step-00000020.ckpt", "step-00000020.ckpt.manifest.json", "step-00000040.ckpt",
-        "step-00000040.ckpt.manifest.json"]
+        "latest",
+        "step-00000020.ckpt",
+        "step-00000020.ckpt.manifest.json",
+        "step-00000040.ckpt",
+        "step-00000040.ckpt.manifest.json",
+    ]
     assert (out.job_dir / "checkpoints" / "latest").read_text() == "step-00000040.ckpt\n"
     assert out.stdout.startswith(f"ddlkit: job {job_name(out.job_dir)} -> {out.job_dir}\n")
     assert job_name(out.job_dir).startswith(f"{out.job_dir.parent.name}_{out.job_dir.name}-")
@@ -58,10 +77,17 @@ def test_a_run_writes_the_job_directory(runs: dict[str, RunOutcome]) -> None:
 def test_result_json(runs: dict[str, RunOutcome]) -> None:
     result = runs["straight"].result
     assert RESULT_KEYS <= result.keys()
-    assert {k: result[k] for k in ("framework", "model", "world_size", "global_batch_size", "epochs", "steps",
-                                   "status")} == {
-        "framework": "fake", "model": "resnet18", "world_size": 1, "global_batch_size": 32, "epochs": 2,
-        "steps": 40, "status": "completed"}
+    assert {
+        k: result[k] for k in ("framework", "model", "world_size", "global_batch_size", "epochs", "steps", "status")
+    } == {
+        "framework": "fake",
+        "model": "resnet18",
+        "world_size": 1,
+        "global_batch_size": 32,
+        "epochs": 2,
+        "steps": 40,
+        "status": "completed",
+    }
     assert result["images_per_sec"] > 0 and result["wall_time_s"] > 0
     assert 0 <= result["top1"] <= result["top5"] <= 1
     assert result["final_loss"] < np.log(10)  # below chance: the fake memorised its batch
@@ -96,9 +122,15 @@ def test_a_resumed_run_ends_with_the_same_weights(runs: dict[str, RunOutcome]) -
 def test_ctrl_c_checkpoints_the_job_and_says_how_to_resume(run_factory: RunFactory, tmp_path: Path) -> None:
     job_dir = tmp_path / "job"
     args = ["framework=fake", "data.length=640", "trainer.epochs=500", "trainer.log_every=5"]
-    proc = subprocess.Popen([sys.executable, "-m", "ddlkit", *args, f"hydra.run.dir={job_dir}"], cwd=tmp_path,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env={**os.environ, "DDLKIT_PLUGINS": FAKES_MODULE}, preexec_fn=interruptible)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "ddlkit", *args, f"hydra.run.dir={job_dir}"],
+        cwd=tmp_path,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "DDLKIT_PLUGINS": FAKES_MODULE},
+        preexec_fn=interruptible,
+    )
     try:
         for line in proc.stdout:
             if line.startswith("train epoch"):  # the worker is training
@@ -111,8 +143,12 @@ def test_ctrl_c_checkpoints_the_job_and_says_how_to_resume(run_factory: RunFacto
     assert "ddlkit: interrupted; asking the job to checkpoint and stop..." in stdout
     assert "stopped on request at step" in stdout  # the worker's own last words, streamed
     # a stop asked for is no error (issue 37, item 15)
-    assert re.search(r"^ddlkit: job \S+ stopped after saving a checkpoint; resume with: ddlkit framework=fake .* "
-                     rf"hydra.run.dir={job_dir}$", stderr.strip(), re.MULTILINE), stderr
+    assert re.search(
+        r"^ddlkit: job \S+ stopped after saving a checkpoint; resume with: ddlkit framework=fake .* "
+        rf"hydra.run.dir={job_dir}$",
+        stderr.strip(),
+        re.MULTILINE,
+    ), stderr
     assert "error" not in stderr
     stopped_at = int((job_dir / "checkpoints" / "latest").read_text().split("-")[1].split(".")[0])
     assert stopped_at > 0
@@ -122,15 +158,20 @@ def test_ctrl_c_checkpoints_the_job_and_says_how_to_resume(run_factory: RunFacto
 
 def test_a_typo_in_a_name_lists_the_choices(run_factory: RunFactory) -> None:
     out = run_factory("framework=fakee").assert_returncode(2)
-    assert re.fullmatch(r"ddlkit: error: unknown framework 'fakee' \(config key `framework`\)\. "
-                        r"Choose one of: (\S+, )*fake(, \S+)*\.\n", out.stderr), out.stderr
+    assert re.fullmatch(
+        r"ddlkit: error: unknown framework 'fakee' \(config key `framework`\)\. "
+        r"Choose one of: (\S+, )*fake(, \S+)*\.\n",
+        out.stderr,
+    ), out.stderr
     assert out.stdout == ""
 
 
 def test_a_wrong_type_exits_2(run_factory: RunFactory) -> None:
     out = run_factory("trainer.batch_size=abc").assert_returncode(2)
-    assert out.stderr == ("ddlkit: error: `trainer.batch_size=abc` is invalid: 'abc' is not an integer. Give an "
-                          "integer, e.g. trainer.batch_size=32.\n")
+    assert out.stderr == (
+        "ddlkit: error: `trainer.batch_size=abc` is invalid: 'abc' is not an integer. Give an "
+        "integer, e.g. trainer.batch_size=32.\n"
+    )
 
 
 def test_an_invalid_value_exits_2_before_anything_runs(run_factory: RunFactory, tmp_path: Path) -> None:
@@ -152,8 +193,11 @@ def test_a_failing_framework_exits_1_with_its_error_once_and_a_resume_hint(run_f
     # the error names the log the console just showed, and does not repeat its lines
     assert f"(its output is above; the whole log: {out.job_dir / 'rank-0.log'})" in out.stderr
     assert "RuntimeError: fake framework failure at step 7" not in out.stderr
-    assert re.search(r"resume with: ddlkit framework=fake data.length=640 framework.fail_at_step=7 "
-                     r"trainer.checkpoint_every=5 hydra.run.dir=\S+", out.stderr), out.stderr
+    assert re.search(
+        r"resume with: ddlkit framework=fake data.length=640 framework.fail_at_step=7 "
+        r"trainer.checkpoint_every=5 hydra.run.dir=\S+",
+        out.stderr,
+    ), out.stderr
     assert (out.job_dir / "checkpoints" / "step-00000005.ckpt").is_file()
     assert not (out.job_dir / "result.json").exists()
 
@@ -178,16 +222,29 @@ def test_plugins_lists_the_builtins_and_the_fakes(run_factory: RunFactory) -> No
     assert "storage=local" in rows["ddlkit.builtin.local_storage"]
     assert "logger=console" in rows["ddlkit.builtin.console_logger"]
     fakes = rows["ddlkit.testing.fakes"]
-    for text in ("│ DDLKIT_PLUGINS ", "framework=fake", "model=resnet101,resnet152,resnet18,resnet34,resnet50,softmax "
-                 "(framework=fake)", "optimizer=sgd (framework=fake)", "storage=memory", "logger=recording"):
+    for text in (
+        "│ DDLKIT_PLUGINS ",
+        "framework=fake",
+        "model=resnet101,resnet152,resnet18,resnet34,resnet50,softmax (framework=fake)",
+        "optimizer=sgd (framework=fake)",
+        "storage=memory",
+        "logger=recording",
+    ):
         assert text in fakes, fakes
 
 
 @pytest.mark.plugins  # ddlkit --help composes the default config: framework=pytorch
 def test_help_names_every_subcommand_and_detach(run_factory: RunFactory) -> None:
     header = run_factory.cli("--help").assert_success().stdout.split("== Configuration groups ==")[0]
-    for command in ("ddlkit plan", "ddlkit jobs", "ddlkit data", "ddlkit plugins", "ddlkit compute down", "--detach",
-                    "-m "):
+    for command in (
+        "ddlkit plan",
+        "ddlkit jobs",
+        "ddlkit data",
+        "ddlkit plugins",
+        "ddlkit compute down",
+        "--detach",
+        "-m ",
+    ):
         assert command in header, header
     # where experiments and presets are found, and where ddlkit's own examples live (issue 37, item 17)
     assert "+experiment=NAME reads NAME.yaml in ./experiments, $DDLKIT_EXPERIMENTS or ./conf/experiment/" in header
@@ -197,8 +254,11 @@ def test_help_names_every_subcommand_and_detach(run_factory: RunFactory) -> None
 @pytest.mark.plugins  # ddlkit --help composes the default config: framework=pytorch
 def test_help_lists_the_options_plugins_registered(run_factory: RunFactory) -> None:
     out = run_factory.cli("--help").assert_success()
-    groups = dict(line.split(": ", 1) for line in out.stdout.split("== Configuration groups ==")[1]
-                  .split("== Config ==")[0].splitlines() if ": " in line)
+    groups = dict(
+        line.split(": ", 1)
+        for line in out.stdout.split("== Configuration groups ==")[1].split("== Config ==")[0].splitlines()
+        if ": " in line
+    )
     assert "fake" in groups["framework"].split(", ")
     # built-ins and the fakes always; installed first-party plugins (azure, wandb, ...) may add more
     assert {"local", "local_ssd", "memory", "nfs"} <= set(groups["storage"].split(", "))
@@ -208,20 +268,35 @@ def test_help_lists_the_options_plugins_registered(run_factory: RunFactory) -> N
 #: modules that only the implementations of unchosen options import: TLS and HTTP (the container
 #: registry client of compute=batchai), tar (compute=ray), MPI's host lists, TensorFlow's runtime,
 #: an image folder's index; and what only running a job or a sweep needs
-NOT_FOR_COMPOSING = {"ssl", "http.client", "urllib.request", "tarfile", "ddlkit.compute.containers",
-                     "ddlkit_mpi.hosts", "ddlkit_tensorflow.runtime", "ddlkit.builtin.imagefolder.index",
-                     "ddlkit.launch.prepare", "ddlkit.launch.sweep.jobs"}
+NOT_FOR_COMPOSING = {
+    "ssl",
+    "http.client",
+    "urllib.request",
+    "tarfile",
+    "ddlkit.compute.containers",
+    "ddlkit_mpi.hosts",
+    "ddlkit_tensorflow.runtime",
+    "ddlkit.builtin.imagefolder.index",
+    "ddlkit.launch.prepare",
+    "ddlkit.launch.sweep.jobs",
+}
 
 
-@pytest.mark.parametrize("args", [
-    pytest.param((), id="default", marks=pytest.mark.plugins),  # the default framework: pytorch
-    pytest.param(("framework=fake",), id="fake"),
-])
+@pytest.mark.parametrize(
+    "args",
+    [
+        pytest.param((), id="default", marks=pytest.mark.plugins),  # the default framework: pytorch
+        pytest.param(("framework=fake",), id="fake"),
+    ],
+)
 def test_composing_imports_no_deep_learning_library(run_factory: RunFactory, args: tuple[str, ...]) -> None:
     out = run_factory.cli(*args, "--cfg", "job", python_args=("-X", "importtime")).assert_success()
     assert out.stdout.startswith("compute:\n") and "\nframework:\n" in out.stdout and "\ntrainer:\n" in out.stdout
-    modules = {line.rsplit("|", 1)[1].strip() for line in out.stderr.splitlines()
-               if line.startswith("import time:") and "|" in line}
+    modules = {
+        line.rsplit("|", 1)[1].strip()
+        for line in out.stderr.splitlines()
+        if line.startswith("import time:") and "|" in line
+    }
     imported = {m.split(".")[0] for m in modules}
     assert {"hydra", "omegaconf", "ddlkit"} <= imported  # the check sees imports at all
     assert not imported & {"torch", "tensorflow", "keras", "jax"}

@@ -28,9 +28,16 @@ def test_the_resume_command_of_a_job_in_an_awkward_directory_resumes_it(run_fact
     conf = run_factory.base_dir / "my conf"
     (conf / "compute").mkdir(parents=True)
     (conf / "compute" / "patient.yaml").write_text("defaults:\n  - local\n\ngrace_period_s: 99\n")
-    out = run_factory.cli("--config-dir", str(conf), "framework=fake", "compute=patient", "data.length=640",
-                          "trainer.checkpoint_every=2", "framework.fail_at_step=3",
-                          f"hydra.run.dir={hydra_quote(str(job_dir))}").assert_returncode(1)
+    out = run_factory.cli(
+        "--config-dir",
+        str(conf),
+        "framework=fake",
+        "compute=patient",
+        "data.length=640",
+        "trainer.checkpoint_every=2",
+        "framework.fail_at_step=3",
+        f"hydra.run.dir={hydra_quote(str(job_dir))}",
+    ).assert_returncode(1)
     command = re.search(r"resume with: (.*)$", out.stderr, re.MULTILINE)[1]
     assert f"--config-dir '{conf}'" in command
     # the same job again, now without the failure: it resumes from its checkpoint, in its directory
@@ -46,8 +53,9 @@ def test_plan_prints_commands_that_compose_from_the_same_config_dir_and_name(run
     conf = run_factory.base_dir / "conf-elsewhere"
     conf.mkdir()
     (conf / "mycfg.yaml").write_text("defaults:\n  - config\n  - _self_\n\ntrainer:\n  log_every: 3\n")
-    out = run_factory.cli("plan", "-cd", str(conf), "-cn", "mycfg", "-m", "framework=fake", "data.length=64",
-                          "trainer.seed=1,2").assert_success()
+    out = run_factory.cli(
+        "plan", "-cd", str(conf), "-cn", "mycfg", "-m", "framework=fake", "data.length=64", "trainer.seed=1,2"
+    ).assert_success()
     commands = re.findall(r"^      command: (.*)$", out.stdout, re.MULTILINE)
     assert len(commands) == 2 and all(f"--config-dir {conf} --config-name mycfg " in c for c in commands)
     ran = shell(commands[1], run_factory.base_dir)

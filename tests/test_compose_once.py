@@ -25,8 +25,9 @@ lr: 0.1
 """
 
 
-def run_app(tmp_path: Path, overrides: list[str], *, once: bool, monkeypatch: pytest.MonkeyPatch,
-            config: str = CONFIG) -> tuple[dict[str, Any], int]:
+def run_app(
+    tmp_path: Path, overrides: list[str], *, once: bool, monkeypatch: pytest.MonkeyPatch, config: str = CONFIG
+) -> tuple[dict[str, Any], int]:
     """Run a small Hydra app on ``overrides``; what its task saw (the config and Hydra's node), and
     how many times Hydra composed."""
     conf = tmp_path / "conf"
@@ -61,8 +62,9 @@ def run_app(tmp_path: Path, overrides: list[str], *, once: bool, monkeypatch: py
 
 
 @pytest.mark.parametrize("overrides", [[], ["db=postgres", "lr=0.5", "+extra=1"], ["~db"], ["hydra.mode=RUN"]])
-def test_a_run_is_composed_once_and_sees_what_two_compositions_give(tmp_path: Path, overrides: list[str],
-                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_run_is_composed_once_and_sees_what_two_compositions_give(
+    tmp_path: Path, overrides: list[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
     twice, composed_twice = run_app(tmp_path / "a", overrides, once=False, monkeypatch=monkeypatch)
     once, composed_once = run_app(tmp_path / "a", overrides, once=True, monkeypatch=monkeypatch)
     assert (composed_twice, composed_once) == (2, 1)
@@ -77,18 +79,23 @@ def test_a_config_that_sets_the_mode_to_run_is_composed_once(tmp_path: Path, mon
 
 
 def test_a_config_that_sets_multirun_still_sweeps(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    once, composed = run_app(tmp_path, [], once=True, monkeypatch=monkeypatch,
-                             config=CONFIG + "hydra:\n  mode: MULTIRUN\n")
+    once, composed = run_app(
+        tmp_path, [], once=True, monkeypatch=monkeypatch, config=CONFIG + "hydra:\n  mode: MULTIRUN\n"
+    )
     assert once["mode"] == "RunMode.MULTIRUN" and composed >= 2
     assert (tmp_path / "sweep").is_dir()
 
 
-@pytest.mark.parametrize(("overrides", "config", "error"), [
-    (["lr=1,2"], CONFIG, "Ambiguous value for argument 'lr=1,2'"),  # a sweep in a single run: refused
-    ([], CONFIG.replace("db: mysql", "db: ???"), "You must specify 'db'"),  # a group left without a choice
-])
-def test_what_the_second_composition_refuses_is_still_refused(tmp_path: Path, overrides: list[str], config: str,
-                                                               error: str, monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize(
+    ("overrides", "config", "error"),
+    [
+        (["lr=1,2"], CONFIG, "Ambiguous value for argument 'lr=1,2'"),  # a sweep in a single run: refused
+        ([], CONFIG.replace("db: mysql", "db: ???"), "You must specify 'db'"),  # a group left without a choice
+    ],
+)
+def test_what_the_second_composition_refuses_is_still_refused(
+    tmp_path: Path, overrides: list[str], config: str, error: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
     for once in (False, True):
         with pytest.raises(Exception, match=error):
             run_app(tmp_path, overrides, once=once, monkeypatch=monkeypatch, config=config)

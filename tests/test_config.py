@@ -51,10 +51,15 @@ def test_every_option_of_every_group_composes_and_validates(pm: DdlkitPluginMana
     cs = ConfigStore.instance()
     options = {g: sorted(n.removesuffix(".yaml") for n in cs.list(g)) for g in (*HOOK_POINTS, *CORE_GROUPS)}
     assert options == {
-        "data": ["custom", "imagefolder", "synthetic"], "storage": ["local", "local_ssd", "memory", "nfs"],
-        "compute": ["elsewhere", "local"], "framework": ["fake"], "logger": ["console", "jsonl", "recording"],
+        "data": ["custom", "imagefolder", "synthetic"],
+        "storage": ["local", "local_ssd", "memory", "nfs"],
+        "compute": ["elsewhere", "local"],
+        "framework": ["fake"],
+        "logger": ["console", "jsonl", "recording"],
         "model": ["resnet101", "resnet152", "resnet18", "resnet34", "resnet50", "softmax"],
-        "optimizer": ["sgd"], "trainer": ["default"], "dist": ["horovod", "native", "none"],
+        "optimizer": ["sgd"],
+        "trainer": ["default"],
+        "dist": ["horovod", "native", "none"],
     }
     for group, names in options.items():
         for name in names:
@@ -63,9 +68,11 @@ def test_every_option_of_every_group_composes_and_validates(pm: DdlkitPluginMana
                 assert list(container[group]) == [name]
             else:
                 # an option with a mandatory value gets one, as a user must give it
-                required = {("data", "imagefolder"): ["data.root=/data/imagenet"],
-                            ("data", "custom"): ["data.target=json:loads"],
-                            ("storage", "nfs"): ["storage.root=/mnt/nfs"]}.get((group, name), [])
+                required = {
+                    ("data", "imagefolder"): ["data.root=/data/imagenet"],
+                    ("data", "custom"): ["data.target=json:loads"],
+                    ("storage", "nfs"): ["storage.root=/mnt/nfs"],
+                }.get((group, name), [])
                 container = checked(pm, f"{group}={name}", *required)
                 if group in HOOK_POINTS:
                     assert container[group]["name"] == name, (group, name)
@@ -74,7 +81,12 @@ def test_every_option_of_every_group_composes_and_validates(pm: DdlkitPluginMana
 def test_the_default_config(pm: DdlkitPluginManager) -> None:
     container = checked(pm)
     assert {k: container[k]["name"] for k in ("compute", "storage", "framework", "data", "model")} == {
-        "compute": "local", "storage": "local", "framework": "fake", "data": "synthetic", "model": "resnet18"}
+        "compute": "local",
+        "storage": "local",
+        "framework": "fake",
+        "data": "synthetic",
+        "model": "resnet18",
+    }
     assert container["trainer"]["precision"] == "fp32"  # enums become plain strings for the job file
     assert container["optimizer"]["warmup_epochs"] == 1.0  # config.yaml's override of the schema's 5.0
 
@@ -86,7 +98,9 @@ def test_logger_is_multi_select_nested_by_name(pm: DdlkitPluginManager) -> None:
         "jsonl": {"filename": "metrics.jsonl", "name": "jsonl"},
     }
     assert OmegaConf.to_container(composed(pm, "logger=[jsonl,recording]").logger) == {
-        "jsonl": {"filename": "metrics.jsonl", "name": "jsonl"}, "recording": {"name": "recording"}}
+        "jsonl": {"filename": "metrics.jsonl", "name": "jsonl"},
+        "recording": {"name": "recording"},
+    }
     assert composed(pm, "logger.jsonl.filename=m.jsonl").logger.jsonl.filename == "m.jsonl"
 
 
@@ -97,36 +111,42 @@ def test_no_logger_at_all(pm: DdlkitPluginManager, run_inprocess) -> None:
     assert not (out.job_dir / "metrics.jsonl").exists()
 
 
-@pytest.mark.parametrize(("override", "detail"), [
-    ("trainer.batch_size=abc", "Value 'abc' of type 'str' could not be converted to Integer"),
-    ("trainer.precision=fp8", "Invalid value 'fp8', expected one of [fp32, bf16, fp16]"),
-    ("optimizer.lr=fast", "Value 'fast' of type 'str' could not be converted to Float"),
-    ("data.image_size=big", "Value 'big' of type 'str' could not be converted to Integer"),
-    ("trainer.batchsize=8", "Could not override 'trainer.batchsize'"),
-])
+@pytest.mark.parametrize(
+    ("override", "detail"),
+    [
+        ("trainer.batch_size=abc", "Value 'abc' of type 'str' could not be converted to Integer"),
+        ("trainer.precision=fp8", "Invalid value 'fp8', expected one of [fp32, bf16, fp16]"),
+        ("optimizer.lr=fast", "Value 'fast' of type 'str' could not be converted to Float"),
+        ("data.image_size=big", "Value 'big' of type 'str' could not be converted to Integer"),
+        ("trainer.batchsize=8", "Could not override 'trainer.batchsize'"),
+    ],
+)
 def test_wrong_values_fail_when_composing(pm: DdlkitPluginManager, override: str, detail: str) -> None:
     with pytest.raises(ConfigCompositionException) as info:
         composed(pm, override)
     assert detail in f"{info.value}\n{info.value.__cause__}"
 
 
-@pytest.mark.parametrize(("override", "message"), [
-    ("trainer.epochs=0", "trainer.epochs=0 is invalid: it must be a positive integer."),
-    ("trainer.batch_size=-4", "trainer.batch_size=-4 is invalid: it must be a positive integer."),
-    ("trainer.keep_checkpoints=0", "trainer.keep_checkpoints=0 is invalid: it must be a positive integer."),
-    ("trainer.max_steps=0", "trainer.max_steps=0 is invalid: it must be null or a positive integer."),
-    ("trainer.warmup_steps=-1", "trainer.warmup_steps=-1 is invalid: it must be >= 0."),
-    ("optimizer.lr=-1", "optimizer.lr=-1.0 is invalid: it must be positive."),
-    ("optimizer.momentum=1", "optimizer.momentum=1.0 is invalid: it must be in [0, 1)."),
-    ("optimizer.label_smoothing=1.5", "optimizer.label_smoothing=1.5 is invalid: it must be in [0, 1)."),
-    ("optimizer.name=adam", "unknown optimizer 'adam' (config key `optimizer`). Choose one of: sgd."),
-    ("dist.backend=mpi", "dist.backend=mpi is invalid: it must be one of: none, native, horovod."),
-    ("dist.timeout_s=0", "dist.timeout_s=0.0 is invalid: it must be positive and at most 2147483 (seconds)."),
-    ("dist.stop_check_every=0", "dist.stop_check_every=0 is invalid: it must be a positive integer."),
-    ("data.image_size=0", "data.image_size=0 is invalid: it must be >= 1."),
-    ("data.image_size=-32", "data.image_size=-32 is invalid: it must be >= 1."),
-    ("data.num_classes=0", "data.num_classes=0 is invalid: it must be >= 1."),
-])
+@pytest.mark.parametrize(
+    ("override", "message"),
+    [
+        ("trainer.epochs=0", "trainer.epochs=0 is invalid: it must be a positive integer."),
+        ("trainer.batch_size=-4", "trainer.batch_size=-4 is invalid: it must be a positive integer."),
+        ("trainer.keep_checkpoints=0", "trainer.keep_checkpoints=0 is invalid: it must be a positive integer."),
+        ("trainer.max_steps=0", "trainer.max_steps=0 is invalid: it must be null or a positive integer."),
+        ("trainer.warmup_steps=-1", "trainer.warmup_steps=-1 is invalid: it must be >= 0."),
+        ("optimizer.lr=-1", "optimizer.lr=-1.0 is invalid: it must be positive."),
+        ("optimizer.momentum=1", "optimizer.momentum=1.0 is invalid: it must be in [0, 1)."),
+        ("optimizer.label_smoothing=1.5", "optimizer.label_smoothing=1.5 is invalid: it must be in [0, 1)."),
+        ("optimizer.name=adam", "unknown optimizer 'adam' (config key `optimizer`). Choose one of: sgd."),
+        ("dist.backend=mpi", "dist.backend=mpi is invalid: it must be one of: none, native, horovod."),
+        ("dist.timeout_s=0", "dist.timeout_s=0.0 is invalid: it must be positive and at most 2147483 (seconds)."),
+        ("dist.stop_check_every=0", "dist.stop_check_every=0 is invalid: it must be a positive integer."),
+        ("data.image_size=0", "data.image_size=0 is invalid: it must be >= 1."),
+        ("data.image_size=-32", "data.image_size=-32 is invalid: it must be >= 1."),
+        ("data.num_classes=0", "data.num_classes=0 is invalid: it must be >= 1."),
+    ],
+)
 def test_out_of_range_values_are_config_errors(pm: DdlkitPluginManager, override: str, message: str) -> None:
     with pytest.raises(ConfigError) as info:
         checked(pm, override)
@@ -137,8 +157,10 @@ def test_a_batch_that_cannot_fit_in_memory_is_refused_before_anything_runs(pm: D
     """Issue 17, item 14: `trainer.batch_size=1000000000 data.length=1000000000` tried to allocate 12 TB."""
     with pytest.raises(ConfigError) as info:
         checked(pm, "trainer.batch_size=1000000000", "data.length=1000000000")
-    assert str(info.value).startswith("one batch of trainer.batch_size=1000000000 images of 64x64 px needs "
-                                      "45,776.4 GiB as float32, more than half of this machine's ")
+    assert str(info.value).startswith(
+        "one batch of trainer.batch_size=1000000000 images of 64x64 px needs "
+        "45,776.4 GiB as float32, more than half of this machine's "
+    )
     assert str(info.value).endswith(" GiB: lower trainer.batch_size or data.image_size.")
 
 
@@ -156,8 +178,9 @@ def test_a_missing_mandatory_value_names_the_key(pm: DdlkitPluginManager) -> Non
     add_plugin(pm, Plugin())
     with pytest.raises(ConfigError) as info:
         checked(pm, "storage=bucket")
-    assert str(info.value) == ("missing value for `storage.bucket`: set it on the command line, "
-                               "e.g. storage.bucket=<value>.")
+    assert str(info.value) == (
+        "missing value for `storage.bucket`: set it on the command line, e.g. storage.bucket=<value>."
+    )
     assert checked(pm, "storage=bucket", "storage.bucket=b1")["storage"] == {"bucket": "b1", "name": "bucket"}
 
 
@@ -176,8 +199,9 @@ def _tiny_framework() -> object:
         @ddlkit.hookimpl
         def ddlkit_optimizers(self):
             for name in ("sgd", "adamw"):
-                yield Registration(name, fakes.build_sgd, config=SGDConfig if name == "sgd" else AdamWConfig,
-                                   framework="tiny")
+                yield Registration(
+                    name, fakes.build_sgd, config=SGDConfig if name == "sgd" else AdamWConfig, framework="tiny"
+                )
 
     return Plugin()
 
@@ -187,8 +211,10 @@ def test_a_model_the_framework_cannot_build(pm: DdlkitPluginManager) -> None:
     assert checked(pm, "framework=tiny")["model"]["name"] == "resnet18"
     with pytest.raises(ConfigError) as info:
         checked(pm, "framework=tiny", "model=resnet50")
-    assert str(info.value) == ("framework=tiny has no model 'resnet50' (model resnet50 is implemented for "
-                               "framework=fake). Choose one framework=tiny has: resnet18.")
+    assert str(info.value) == (
+        "framework=tiny has no model 'resnet50' (model resnet50 is implemented for "
+        "framework=fake). Choose one framework=tiny has: resnet18."
+    )
 
 
 def test_an_optimizer_the_framework_does_not_implement_lists_those_it_has(pm: DdlkitPluginManager) -> None:
@@ -196,8 +222,10 @@ def test_an_optimizer_the_framework_does_not_implement_lists_those_it_has(pm: Dd
     assert checked(pm, "framework=tiny", "optimizer=adamw")["optimizer"]["beta2"] == 0.999
     with pytest.raises(ConfigError) as info:
         checked(pm, "optimizer=adamw")  # framework=fake
-    assert str(info.value) == ("framework=fake has no optimizer 'adamw' (optimizer adamw is implemented for "
-                               "framework=tiny). Choose one framework=fake has: sgd.")
+    assert str(info.value) == (
+        "framework=fake has no optimizer 'adamw' (optimizer adamw is implemented for "
+        "framework=tiny). Choose one framework=fake has: sgd."
+    )
 
 
 def test_optimizer_hyperparameters_are_range_checked(pm: DdlkitPluginManager) -> None:
@@ -229,8 +257,11 @@ def _experiment(directory: Path, name: str, body: str) -> None:
 
 def test_experiment_from_the_working_directory(pm: DdlkitPluginManager, tmp_path: Path) -> None:
     # ddlkit_isolation runs the test in tmp_path, so this is ./experiments
-    _experiment(tmp_path / "experiments", "fast", "defaults:\n  - override /logger: [jsonl]\n"
-                                                  "trainer:\n  epochs: 1\n  batch_size: 8\n")
+    _experiment(
+        tmp_path / "experiments",
+        "fast",
+        "defaults:\n  - override /logger: [jsonl]\ntrainer:\n  epochs: 1\n  batch_size: 8\n",
+    )
     container = checked(pm, "+experiment=fast")
     assert (container["trainer"]["epochs"], container["trainer"]["batch_size"]) == (1, 8)
     assert list(container["logger"]) == ["jsonl"]
@@ -238,8 +269,9 @@ def test_experiment_from_the_working_directory(pm: DdlkitPluginManager, tmp_path
     assert checked(pm, "+experiment=fast", "trainer.epochs=3")["trainer"]["epochs"] == 3
 
 
-def test_experiments_from_ddlkit_experiments(pm: DdlkitPluginManager, tmp_path: Path,
-                                             monkeypatch: pytest.MonkeyPatch) -> None:
+def test_experiments_from_ddlkit_experiments(
+    pm: DdlkitPluginManager, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     a, b = tmp_path / "team-a", tmp_path / "team-b"
     _experiment(a, "big", "trainer:\n  batch_size: 64\n")
     _experiment(b, "long", "trainer:\n  epochs: 90\n")
@@ -249,27 +281,47 @@ def test_experiments_from_ddlkit_experiments(pm: DdlkitPluginManager, tmp_path: 
 
 
 # ---------------------------------------------------------------------------- secrets
-@pytest.mark.parametrize(("key", "secret"), [
-    ("sas_token", True), ("account_key", True), ("password", True), ("api_key", True), ("KEY", True),
-    ("connection_string", True), ("credentials", True), ("secret", True),
-    ("keyboard", False), ("monkey", False), ("tokens_per_step", False), ("root", False), ("keep_checkpoints", False),
-])
+@pytest.mark.parametrize(
+    ("key", "secret"),
+    [
+        ("sas_token", True),
+        ("account_key", True),
+        ("password", True),
+        ("api_key", True),
+        ("KEY", True),
+        ("connection_string", True),
+        ("credentials", True),
+        ("secret", True),
+        ("keyboard", False),
+        ("monkey", False),
+        ("tokens_per_step", False),
+        ("root", False),
+        ("keep_checkpoints", False),
+    ],
+)
 def test_secret_looking_keys(key: str, secret: bool) -> None:
     assert secret_store.is_secret_key(key) is secret
 
 
 def test_split_and_restore_secrets() -> None:
-    config = {"storage": {"name": "azure", "account_key": "k3y-value", "container": "c"},
-              "logger": {"wandb": {"api_key": "wb-value", "project": "p"}},
-              "compute": {"nodes": [{"password": "pw-value"}, {"host": "h"}]},
-              "data": {"token": ""}}  # empty: nothing to hide
+    config = {
+        "storage": {"name": "azure", "account_key": "k3y-value", "container": "c"},
+        "logger": {"wandb": {"api_key": "wb-value", "project": "p"}},
+        "compute": {"nodes": [{"password": "pw-value"}, {"host": "h"}]},
+        "data": {"token": ""},
+    }  # empty: nothing to hide
     redacted, found = secret_store.split_secrets(config)
-    assert found == {"storage.account_key": "k3y-value", "logger.wandb.api_key": "wb-value",
-                     "compute.nodes.0.password": "pw-value"}
-    assert redacted == {"storage": {"name": "azure", "account_key": "***", "container": "c"},
-                        "logger": {"wandb": {"api_key": "***", "project": "p"}},
-                        "compute": {"nodes": [{"password": "***"}, {"host": "h"}]},
-                        "data": {"token": ""}}
+    assert found == {
+        "storage.account_key": "k3y-value",
+        "logger.wandb.api_key": "wb-value",
+        "compute.nodes.0.password": "pw-value",
+    }
+    assert redacted == {
+        "storage": {"name": "azure", "account_key": "***", "container": "c"},
+        "logger": {"wandb": {"api_key": "***", "project": "p"}},
+        "compute": {"nodes": [{"password": "***"}, {"host": "h"}]},
+        "data": {"token": ""},
+    }
     assert config["storage"]["account_key"] == "k3y-value"  # the original is untouched
     restored = json.loads(json.dumps(redacted))
     secret_store.restore_secrets(restored, secret_store.decode(secret_store.encode(found)))
@@ -285,18 +337,30 @@ def test_scrub_removes_secret_values_from_text() -> None:
 
 def test_redact_overrides() -> None:
     assert secret_store.redact_overrides(
-        ["ddlkit", f"storage.sas_token='{TOKEN}'", "+logger.wandb.api_key=k", "storage.root=/data", "~storage.key",
-         "trainer.epochs=2"]
-    ) == ["ddlkit", "storage.sas_token=***", "+logger.wandb.api_key=***", "storage.root=/data", "~storage.key",
-          "trainer.epochs=2"]
+        [
+            "ddlkit",
+            f"storage.sas_token='{TOKEN}'",
+            "+logger.wandb.api_key=k",
+            "storage.root=/data",
+            "~storage.key",
+            "trainer.epochs=2",
+        ]
+    ) == [
+        "ddlkit",
+        "storage.sas_token=***",
+        "+logger.wandb.api_key=***",
+        "storage.root=/data",
+        "~storage.key",
+        "trainer.epochs=2",
+    ]
 
 
-def test_secrets_never_reach_the_job_directory(pm: DdlkitPluginManager, tmp_path: Path,
-                                               monkeypatch: pytest.MonkeyPatch) -> None:
+def test_secrets_never_reach_the_job_directory(
+    pm: DdlkitPluginManager, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     registry = Registry.collect(pm)
     overrides = ["framework=fake", "storage=memory", f"storage.sas_token='{TOKEN}'"]
-    job = prepare(compose(registry, overrides), job_dir=tmp_path / "job", overrides=overrides, registry=registry,
-                  pm=pm)
+    job = prepare(compose(registry, overrides), job_dir=tmp_path / "job", overrides=overrides, registry=registry, pm=pm)
     files = sorted(p.name for p in job.spec.job_dir.iterdir())
     assert files == ["config.yaml", "environment.json", "job.json", "overrides.yaml"]
     for name in files:
@@ -314,14 +378,14 @@ def test_secrets_never_reach_the_job_directory(pm: DdlkitPluginManager, tmp_path
     assert load_job(job.spec.job_file)["config"]["storage"]["sas_token"] == TOKEN
 
 
-def test_the_ranks_rebuild_the_launchers_types_from_the_job_file(pm: DdlkitPluginManager, tmp_path: Path,
-                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_ranks_rebuild_the_launchers_types_from_the_job_file(
+    pm: DdlkitPluginManager, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """job.json holds plain values; a rank restores its secrets into them and rebuilds every group
     with the schema it was composed from: an enum option is its member again, as in the launcher."""
     registry = Registry.collect(pm)
     overrides = ["framework=fake", "storage=memory", f"storage.sas_token='{TOKEN}'", "trainer.precision=bf16"]
-    job = prepare(compose(registry, overrides), job_dir=tmp_path / "job", overrides=overrides, registry=registry,
-                  pm=pm)
+    job = prepare(compose(registry, overrides), job_dir=tmp_path / "job", overrides=overrides, registry=registry, pm=pm)
     monkeypatch.setenv(secret_store.SECRETS_ENV, job.spec.secret_env[secret_store.SECRETS_ENV])
     cfg = rebuild(load_job(job.spec.job_file)["config"], registry)
     assert cfg.trainer.precision is Precision.bf16

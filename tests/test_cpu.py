@@ -9,15 +9,19 @@ import pytest
 from ddlkit import cpu
 
 
-@pytest.mark.parametrize(("text", "expected"), [
-    ("processor\t: 0\nflags\t\t: fpu avx2 avx512f avx512_bf16\n", True),
-    ("processor\t: 0\nflags\t\t: fpu avx2 amx_tile amx_bf16\n", True),
-    ("processor\t: 0\nFeatures\t: fp asimd sve bf16 i8mm\n", True),  # Arm
-    ("processor\t: 0\nflags\t\t: fpu avx2 avx512f avx512_vnni\n", False),
-    ("processor\t: 0\n", None),  # no flags listed: unknown, no warning
-])
-def test_has_bf16_reads_the_cpus_flags(text: str, expected: bool | None, tmp_path: Path,
-                                        monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("processor\t: 0\nflags\t\t: fpu avx2 avx512f avx512_bf16\n", True),
+        ("processor\t: 0\nflags\t\t: fpu avx2 amx_tile amx_bf16\n", True),
+        ("processor\t: 0\nFeatures\t: fp asimd sve bf16 i8mm\n", True),  # Arm
+        ("processor\t: 0\nflags\t\t: fpu avx2 avx512f avx512_vnni\n", False),
+        ("processor\t: 0\n", None),  # no flags listed: unknown, no warning
+    ],
+)
+def test_has_bf16_reads_the_cpus_flags(
+    text: str, expected: bool | None, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     (tmp_path / "cpuinfo").write_text(text)
     monkeypatch.setattr(cpu, "CPUINFO", tmp_path / "cpuinfo")
     assert cpu.has_bf16() is expected

@@ -23,8 +23,14 @@ def test_a_single_process_by_default() -> None:
 
 
 def test_openmpi_variables_win_over_torchrun() -> None:
-    env = {"OMPI_COMM_WORLD_RANK": "5", "OMPI_COMM_WORLD_SIZE": "8", "OMPI_COMM_WORLD_LOCAL_RANK": "1",
-           "OMPI_COMM_WORLD_LOCAL_SIZE": "4", "RANK": "0", "WORLD_SIZE": "1"}
+    env = {
+        "OMPI_COMM_WORLD_RANK": "5",
+        "OMPI_COMM_WORLD_SIZE": "8",
+        "OMPI_COMM_WORLD_LOCAL_RANK": "1",
+        "OMPI_COMM_WORLD_LOCAL_SIZE": "4",
+        "RANK": "0",
+        "WORLD_SIZE": "1",
+    }
     ctx = DistContext.from_env("horovod", env)
     assert ctx == DistContext(rank=5, world_size=8, local_rank=1, local_size=4, node=1, backend="horovod")
     assert not ctx.is_main and not ctx.is_local_main

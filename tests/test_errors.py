@@ -22,11 +22,25 @@ from ddlkit.errors import (
 
 
 def test_the_tree() -> None:
-    parents = {cls: cls.__bases__ for cls in (ConfigError, UnknownNameError, PluginError, PluginLoadError,
-                                               PluginConflictError, RunError, JobFailedError)}
+    parents = {
+        cls: cls.__bases__
+        for cls in (
+            ConfigError,
+            UnknownNameError,
+            PluginError,
+            PluginLoadError,
+            PluginConflictError,
+            RunError,
+            JobFailedError,
+        )
+    }
     assert parents == {
-        ConfigError: (DdlkitError,), UnknownNameError: (ConfigError, LookupError), PluginError: (DdlkitError,),
-        PluginLoadError: (PluginError,), PluginConflictError: (PluginError,), RunError: (DdlkitError,),
+        ConfigError: (DdlkitError,),
+        UnknownNameError: (ConfigError, LookupError),
+        PluginError: (DdlkitError,),
+        PluginLoadError: (PluginError,),
+        PluginConflictError: (PluginError,),
+        RunError: (DdlkitError,),
         JobFailedError: (RunError,),
     }
     assert DdlkitError.__bases__ == (Exception,)
@@ -38,17 +52,20 @@ def test_the_docstring_draws_every_error() -> None:
     assert sorted(drawn) == classes
 
 
-@pytest.mark.parametrize(("err", "code"), [
-    (UnknownNameError("framework", "x", [], "framework"), 2),
-    (ConfigError("bad"), 2),
-    (PluginLoadError("bad"), 3),
-    (PluginConflictError("bad"), 3),
-    (RunError("bad"), 1),
-    (JobFailedError("preempted", exit_code=75), 75),
-    (JobFailedError("failed", exit_code=0), 1),
-    (DdlkitError("bad"), 1),
-    (ValueError("a bug"), 1),
-])
+@pytest.mark.parametrize(
+    ("err", "code"),
+    [
+        (UnknownNameError("framework", "x", [], "framework"), 2),
+        (ConfigError("bad"), 2),
+        (PluginLoadError("bad"), 3),
+        (PluginConflictError("bad"), 3),
+        (RunError("bad"), 1),
+        (JobFailedError("preempted", exit_code=75), 75),
+        (JobFailedError("failed", exit_code=0), 1),
+        (DdlkitError("bad"), 1),
+        (ValueError("a bug"), 1),
+    ],
+)
 def test_exit_codes(err: BaseException, code: int) -> None:
     assert exit_code_for(err) == code
 
@@ -68,6 +85,14 @@ def test_unknown_name_error_sorts_choices_and_catches_as_lookup_error() -> None:
 
 
 def test_errors_are_public() -> None:
-    for name in ("ConfigError", "DdlkitError", "JobFailedError", "PluginConflictError", "PluginError",
-                 "PluginLoadError", "RunError", "UnknownNameError"):
+    for name in (
+        "ConfigError",
+        "DdlkitError",
+        "JobFailedError",
+        "PluginConflictError",
+        "PluginError",
+        "PluginLoadError",
+        "RunError",
+        "UnknownNameError",
+    ):
         assert getattr(ddlkit, name) is getattr(errors, name)

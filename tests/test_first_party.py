@@ -15,8 +15,12 @@ from ddlkit.registry import HOOK_POINTS, Registry
 @pytest.fixture
 def absent_plugin(monkeypatch: pytest.MonkeyPatch) -> Provider:
     """A first-party plugin that is surely not installed, providing compute=faraway and logger=faraway."""
-    absent = Provider("ddlkit-faraway", "pip install -e ./plugins/ddlkit-faraway",
-                      (("compute", "faraway"), ("logger", "faraway")), needs="a faraway cluster")
+    absent = Provider(
+        "ddlkit-faraway",
+        "pip install -e ./plugins/ddlkit-faraway",
+        (("compute", "faraway"), ("logger", "faraway")),
+        needs="a faraway cluster",
+    )
     monkeypatch.setattr(first_party, "PLUGINS", (*PLUGINS, absent))
     return absent
 
@@ -29,7 +33,8 @@ def test_a_name_no_first_party_plugin_provides_gets_no_hint(absent_plugin: Provi
 def test_the_hint_names_the_plugin_its_install_command_and_what_else_it_needs(absent_plugin: Provider) -> None:
     assert install_hint("compute", "faraway") == (
         "compute=faraway comes from the ddlkit-faraway plugin, which is not installed: "
-        "pip install -e ./plugins/ddlkit-faraway (in a ddlkit checkout). It needs a faraway cluster.")
+        "pip install -e ./plugins/ddlkit-faraway (in a ddlkit checkout). It needs a faraway cluster."
+    )
 
 
 def test_an_installed_plugin_gets_no_hint(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -45,28 +50,38 @@ def test_the_registry_error_carries_the_hint(absent_plugin: Provider) -> None:
     with pytest.raises(UnknownNameError) as info:
         registry.get("compute", "faraway")
     message = str(info.value)
-    assert message.startswith("unknown compute target 'faraway' (config key `compute`). compute=faraway comes from "
-                              "the ddlkit-faraway plugin")
+    assert message.startswith(
+        "unknown compute target 'faraway' (config key `compute`). compute=faraway comes from the ddlkit-faraway plugin"
+    )
     assert "Choose one of: " in message and "local" in message
 
 
 @pytest.mark.parametrize("override", ["compute=faraway", "logger=[console,faraway]"])
-def test_the_command_line_names_the_plugin_and_exits_2(absent_plugin: Provider, override: str,
-                                                        capsys: pytest.CaptureFixture[str],
-                                                        monkeypatch: pytest.MonkeyPatch, tmp_path) -> None:
+def test_the_command_line_names_the_plugin_and_exits_2(
+    absent_plugin: Provider,
+    override: str,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+    tmp_path,
+) -> None:
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("DDLKIT_PLUGINS", "ddlkit.testing.fakes")
     assert main(["plan", "framework=fake", override]) == 2
     err = capsys.readouterr().err
     group = override.partition("=")[0]
-    assert f"{group}=faraway comes from the ddlkit-faraway plugin, which is not installed: " \
-           "pip install -e ./plugins/ddlkit-faraway" in err
+    assert (
+        f"{group}=faraway comes from the ddlkit-faraway plugin, which is not installed: "
+        "pip install -e ./plugins/ddlkit-faraway" in err
+    )
     assert len(err.strip().splitlines()) == 1, err
 
 
 def test_a_model_names_every_framework_plugin_that_has_it() -> None:
     assert [p.distribution for p in providers("model", "resnet50")] == [
-        "ddlkit-pytorch", "ddlkit-tensorflow", "ddlkit-keras"]
+        "ddlkit-pytorch",
+        "ddlkit-tensorflow",
+        "ddlkit-keras",
+    ]
 
 
 def _registered_by(distribution: str) -> set[tuple[str, str]]:

@@ -52,18 +52,23 @@ def job(tmp_path: Path, target: ComputeTarget) -> PreparedJob:
     spec = JobSpec(name="2026-01-01_00-00-00", job_dir=tmp_path)
     # following and concluding one run of a job: the restart policy has its own tests
     # (tests/jobs/test_restart_policy.py)
-    return PreparedJob(spec, target, redacted_config={"logger": {"jsonl": {}}, "compute": {"name": "stub"},
-                                                      "restart": {"max_restarts": 0}},
-                       overrides=("trainer.epochs=2", "hydra.run.dir=old/dir", "model=resnet50"))
+    return PreparedJob(
+        spec,
+        target,
+        redacted_config={"logger": {"jsonl": {}}, "compute": {"name": "stub"}, "restart": {"max_restarts": 0}},
+        overrides=("trainer.epochs=2", "hydra.run.dir=old/dir", "model=resnet50"),
+    )
 
 
 def test_success_streams_the_log_and_returns_the_result(tmp_path: Path) -> None:
     target = StubTarget(JobStatus(JobState.SUCCEEDED, 0), ["train step 1\n", "train step 2\n"], result={"steps": 2})
     out = io.StringIO()
     assert run_job(job(tmp_path, target), out=out, live=False) == {"steps": 2}
-    assert out.getvalue() == (f"ddlkit: job 2026-01-01_00-00-00 -> {tmp_path}\n"
-                              "train step 1\ntrain step 2\n"
-                              f"ddlkit: done; result in {tmp_path}/result.json\n")
+    assert out.getvalue() == (
+        f"ddlkit: job 2026-01-01_00-00-00 -> {tmp_path}\n"
+        "train step 1\ntrain step 2\n"
+        f"ddlkit: done; result in {tmp_path}/result.json\n"
+    )
     assert [s.name for s in target.submitted] == ["2026-01-01_00-00-00"]
 
 
@@ -80,19 +85,25 @@ class QueuedHandle(StubHandle):
         return self.states[min(self.looks, len(self.states)) - 1]
 
     def logs(self, follow: bool = True) -> Iterator[str]:
-        wait_for(lambda: self.looks > len(self.states), "the launcher to look past the last state", timeout=30,
-                 pace=0.01)
+        wait_for(
+            lambda: self.looks > len(self.states), "the launcher to look past the last state", timeout=30, pace=0.01
+        )
         yield from self.chunks
 
 
-def test_a_waiting_job_says_its_state_and_why_until_its_first_output(tmp_path: Path,
-                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_waiting_job_says_its_state_and_why_until_its_first_output(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setattr("ddlkit.launch.follow.NOTICE_AFTER_S", 0.01)
     target = StubTarget(JobStatus(JobState.SUCCEEDED, 0), [], result={"steps": 1})
-    target.handle = QueuedHandle([JobStatus(JobState.PENDING, None, "queue: Resources"),
-                                  JobStatus(JobState.PENDING, None, "queue: Resources"),
-                                  JobStatus(JobState.PENDING, None, "queue: Priority"),
-                                  JobStatus(JobState.RUNNING)])
+    target.handle = QueuedHandle(
+        [
+            JobStatus(JobState.PENDING, None, "queue: Resources"),
+            JobStatus(JobState.PENDING, None, "queue: Resources"),
+            JobStatus(JobState.PENDING, None, "queue: Priority"),
+            JobStatus(JobState.RUNNING),
+        ]
+    )
     out = io.StringIO()
     run_job(job(tmp_path, target), out=out, live=False)
     assert out.getvalue().splitlines()[1:] == [
@@ -100,7 +111,8 @@ def test_a_waiting_job_says_its_state_and_why_until_its_first_output(tmp_path: P
         "ddlkit: job pending (queue: Priority), no output yet",
         "ddlkit: job running, no output yet",
         "train step 1",
-        f"ddlkit: done; result in {tmp_path}/result.json"]
+        f"ddlkit: done; result in {tmp_path}/result.json",
+    ]
 
 
 def a_checkpoint(job_dir: Path) -> None:
@@ -112,15 +124,19 @@ def test_success_without_a_result_file_is_a_failure(tmp_path: Path) -> None:
     target = StubTarget(JobStatus(JobState.SUCCEEDED, 0), [])
     with pytest.raises(JobFailedError) as info:
         run_job(job(tmp_path, target), out=io.StringIO(), live=False)
-    assert str(info.value) == (f"job 2026-01-01_00-00-00 failed: the job exited cleanly but wrote no "
-                               f"{tmp_path}/result.json")
+    assert str(info.value) == (
+        f"job 2026-01-01_00-00-00 failed: the job exited cleanly but wrote no {tmp_path}/result.json"
+    )
 
 
-@pytest.mark.parametrize("status", [
-    JobStatus(JobState.FAILED, 1, "rank 0 ended with exit status 1; last lines: ModuleNotFoundError: No module"),
-    JobStatus(JobState.FAILED, -9, "rank 0 ended with killed by signal SIGKILL"),
-    JobStatus(JobState.CANCELLED, 0, "Slurm job 7 was cancelled (None); last lines: (no log)"),
-])
+@pytest.mark.parametrize(
+    "status",
+    [
+        JobStatus(JobState.FAILED, 1, "rank 0 ended with exit status 1; last lines: ModuleNotFoundError: No module"),
+        JobStatus(JobState.FAILED, -9, "rank 0 ended with killed by signal SIGKILL"),
+        JobStatus(JobState.CANCELLED, 0, "Slurm job 7 was cancelled (None); last lines: (no log)"),
+    ],
+)
 def test_a_job_that_ended_without_a_checkpoint_has_nothing_to_resume(tmp_path: Path, status: JobStatus) -> None:
     """A failure before training (an import error, a bad shape), or a job cancelled before it
     started: the message names the cause, and no `resume with:` promises what cannot be."""
@@ -137,16 +153,21 @@ def test_a_failed_job_raises_with_its_exit_code_and_a_resume_hint(tmp_path: Path
     assert info.value.exit_code == 3
     assert str(info.value) == (
         "job 2026-01-01_00-00-00 failed: rank 0 ended with exit status 3; last lines: boom\n"
-        f"  resume with: ddlkit trainer.epochs=2 model=resnet50 hydra.run.dir={tmp_path}")
+        f"  resume with: ddlkit trainer.epochs=2 model=resnet50 hydra.run.dir={tmp_path}"
+    )
 
 
-@pytest.mark.parametrize(("log", "then", "shown_again"), [
-    ("rank-0.log", "", False),
-    ("rank-0.log", "\n  then rank 1: exit status 76", False),
-    ("rank-1.log", "", True),
-])
+@pytest.mark.parametrize(
+    ("log", "then", "shown_again"),
+    [
+        ("rank-0.log", "", False),
+        ("rank-0.log", "\n  then rank 1: exit status 76", False),
+        ("rank-1.log", "", True),
+    ],
+)
 def test_the_error_does_not_repeat_the_lines_of_rank_0s_log_the_console_just_showed(
-        tmp_path: Path, log: str, then: str, shown_again: bool) -> None:
+    tmp_path: Path, log: str, then: str, shown_again: bool
+) -> None:
     """Issue 37, item 15: the rank's one-line error was printed live, then again in "last lines of
     rank-0.log". Another rank's log was not streamed: its lines stay in the message."""
     message = f"rank 0 ended with exit status 2; last lines of {tmp_path / log}:\n    ConfigError: bad data{then}"
@@ -157,8 +178,10 @@ def test_the_error_does_not_repeat_the_lines_of_rank_0s_log_the_console_just_sho
     assert "ConfigError: bad data" in out.getvalue()
     assert ("ConfigError: bad data" in str(info.value)) is shown_again
     if not shown_again:
-        assert str(info.value) == (f"job 2026-01-01_00-00-00 failed: rank 0 ended with exit status 2 (its output is "
-                                   f"above; the whole log: {tmp_path / log}){then}")
+        assert str(info.value) == (
+            f"job 2026-01-01_00-00-00 failed: rank 0 ended with exit status 2 (its output is "
+            f"above; the whole log: {tmp_path / log}){then}"
+        )
 
 
 def test_a_job_killed_by_a_signal_exits_1(tmp_path: Path) -> None:
@@ -178,8 +201,10 @@ def test_a_preempted_job_says_how_to_resume(tmp_path: Path, checkpointed: bool) 
         run_job(job(tmp_path, target), out=io.StringIO(), live=False)
     assert info.value.exit_code == EXIT_PREEMPTED
     saved = "after saving a checkpoint" if checkpointed else "before its first checkpoint"
-    assert str(info.value) == (f"job 2026-01-01_00-00-00 stopped {saved}; resume with: ddlkit "
-                               f"trainer.epochs=2 model=resnet50 hydra.run.dir={tmp_path}")
+    assert str(info.value) == (
+        f"job 2026-01-01_00-00-00 stopped {saved}; resume with: ddlkit "
+        f"trainer.epochs=2 model=resnet50 hydra.run.dir={tmp_path}"
+    )
 
 
 def test_resume_hint_quotes_for_the_shell(tmp_path: Path) -> None:
@@ -192,8 +217,7 @@ def test_resume_hint_quotes_for_the_shell(tmp_path: Path) -> None:
 def test_environment_info_records_versions(monkeypatch: pytest.MonkeyPatch) -> None:
     from importlib.metadata import version
 
-    from ddlkit.plugins import get_plugin_manager
-    from ddlkit.plugins import installed_registry
+    from ddlkit.plugins import get_plugin_manager, installed_registry
     from ddlkit.testing import compose
 
     monkeypatch.setattr("sys.argv", ["ddlkit", "storage.account_key=abcdef", "trainer.epochs=1"])
@@ -205,8 +229,9 @@ def test_environment_info_records_versions(monkeypatch: pytest.MonkeyPatch) -> N
     assert info["packages"]["ddlkit-pytorch"] == version("ddlkit-pytorch")
     assert info["packages"]["torch"] == version("torch")
     assert "tensorflow-cpu" not in info["packages"] and "wandb" not in info["packages"]
-    with_wandb = environment_info(compose(registry, ["framework=pytorch", "logger=[console,wandb]"]), registry,
-                                  get_plugin_manager())
+    with_wandb = environment_info(
+        compose(registry, ["framework=pytorch", "logger=[console,wandb]"]), registry, get_plugin_manager()
+    )
     assert with_wandb["packages"]["wandb"] == version("wandb")
     assert info["argv"] == ["ddlkit", "storage.account_key=***", "trainer.epochs=1"]
     assert info["git"] is None  # the test runs in tmp_path, outside any repository
@@ -222,8 +247,10 @@ def test_the_end_of_a_run_says_how_much_disk_its_directory_takes(tmp_path: Path)
     with open(tmp_path / "model.pt", "wb") as f:
         f.truncate(30_000_000)
     (tmp_path / "result.json").write_text("{}")
-    assert footprint(tmp_path) == ("ddlkit: the job directory holds 150 MB (checkpoints/ 120 MB, model.pt 30 MB): "
-                                   "trainer.keep_checkpoints=1 and trainer.save_model=false keep it smaller\n")
+    assert footprint(tmp_path) == (
+        "ddlkit: the job directory holds 150 MB (checkpoints/ 120 MB, model.pt 30 MB): "
+        "trainer.keep_checkpoints=1 and trainer.save_model=false keep it smaller\n"
+    )
     (tmp_path / "model.pt").unlink()
     for step in (1, 2):
         (tmp_path / "checkpoints" / f"step-{step}.ckpt").unlink()

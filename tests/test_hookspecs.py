@@ -15,9 +15,19 @@ REGISTRATION = {hp.hook for hp in HOOK_POINTS.values()}
 
 
 def test_the_hooks() -> None:
-    assert sorted(SPECS) == sorted([
-        *REGISTRATION, "ddlkit_configure", "ddlkit_job_environment", "ddlkit_run_loop", "ddlkit_run_start",
-        "ddlkit_step_end", "ddlkit_epoch_end", "ddlkit_checkpoint_saved", "ddlkit_run_end"])
+    assert sorted(SPECS) == sorted(
+        [
+            *REGISTRATION,
+            "ddlkit_configure",
+            "ddlkit_job_environment",
+            "ddlkit_run_loop",
+            "ddlkit_run_start",
+            "ddlkit_step_end",
+            "ddlkit_epoch_end",
+            "ddlkit_checkpoint_saved",
+            "ddlkit_run_end",
+        ]
+    )
 
 
 def test_a_manager_knows_every_spec(ddlkit_pm: DdlkitPluginManager) -> None:

@@ -14,8 +14,16 @@ from ddlkit.launch.cli import main
 from ddlkit.testing import FAKES_MODULE
 from ddlkit.testing.images import make_image_dataset
 
-IMAGES = ["framework=fake", "data=imagefolder", "data.root=imgs", "data.image_size=8", "data.workers=0",
-          "trainer.batch_size=4", "trainer.epochs=1", "trainer.validate=false"]
+IMAGES = [
+    "framework=fake",
+    "data=imagefolder",
+    "data.root=imgs",
+    "data.image_size=8",
+    "data.workers=0",
+    "trainer.batch_size=4",
+    "trainer.epochs=1",
+    "trainer.validate=false",
+]
 
 
 @pytest.fixture

@@ -58,8 +58,9 @@ def is_public(module: str, public: tuple[str, ...] = PUBLIC_MODULES) -> bool:
     if module in public:
         return True
     parts = module.split(".")
-    return any(module.startswith(f"{package}.") and package != "ddlkit" for package in public) \
-        and not any(part.startswith("_") for part in parts)
+    return any(module.startswith(f"{package}.") and package != "ddlkit" for package in public) and not any(
+        part.startswith("_") for part in parts
+    )
 
 
 def is_module(name: str) -> bool:
@@ -93,8 +94,12 @@ def sources() -> Iterator[tuple[Path, tuple[str, ...]]]:
 
 
 def private_imports() -> list[str]:
-    return [f"{path.relative_to(REPO)}:{line}: imports {module}, which is not public"
-            for path, public in sources() for line, module in ddlkit_imports(path) if not is_public(module, public)]
+    return [
+        f"{path.relative_to(REPO)}:{line}: imports {module}, which is not public"
+        for path, public in sources()
+        for line, module in ddlkit_imports(path)
+        if not is_public(module, public)
+    ]
 
 
 def test_the_walk_sees_every_plugin() -> None:
@@ -105,21 +110,25 @@ def test_the_walk_sees_every_plugin() -> None:
 
 def test_plugins_import_only_public_modules() -> None:
     found = private_imports()
-    assert not found, ("plugins must import ddlkit's public modules only (docs/plugins/write-a-plugin.md: The plugin "
-                       "SDK); export what they need from one, or stop needing it:\n" + "\n".join(found))
+    assert not found, (
+        "plugins must import ddlkit's public modules only (docs/plugins/write-a-plugin.md: The plugin "
+        "SDK); export what they need from one, or stop needing it:\n" + "\n".join(found)
+    )
 
 
 def test_a_private_import_is_found(tmp_path: Path) -> None:
     plugin = tmp_path / "plugin.py"
-    plugin.write_text("import ddlkit\nfrom ddlkit import cpu, builtin\nfrom ddlkit.storage import stage\n\n"
-                      "def f():\n    from ddlkit.storage._staging import stage\n    import ddlkit.rank.run\n")
+    plugin.write_text(
+        "import ddlkit\nfrom ddlkit import cpu, builtin\nfrom ddlkit.storage import stage\n\n"
+        "def f():\n    from ddlkit.storage._staging import stage\n    import ddlkit.rank.run\n"
+    )
     private = [(line, module) for line, module in ddlkit_imports(plugin) if not is_public(module)]
     assert private == [(2, "ddlkit.builtin"), (6, "ddlkit.storage._staging"), (7, "ddlkit.rank.run")]
 
 
 @pytest.mark.parametrize("module", PUBLIC_MODULES)
 def test_every_public_module_exists_and_says_what_it_is_for(module: str) -> None:
-    assert (importlib.util.find_spec(module) and importlib.import_module(module).__doc__), module
+    assert importlib.util.find_spec(module) and importlib.import_module(module).__doc__, module
 
 
 @pytest.mark.parametrize("module", SDK_FACADES)

@@ -41,8 +41,9 @@ def load_fake_group(ddlkit_pm: DdlkitPluginManager, monkeypatch: pytest.MonkeyPa
 def test_builtins_come_from_the_ddlkit_distribution(ddlkit_pm: DdlkitPluginManager) -> None:
     assert sorted(name for name, _ in ddlkit_pm.list_name_plugin()) == sorted(BUILTIN_PLUGINS)
     info = ddlkit_pm.infos[id(ddlkit_pm.get_plugin("ddlkit.builtin.local_storage"))]
-    assert info == PluginInfo("ddlkit.builtin.local_storage", "ddlkit", version("ddlkit"),
-                              "ddlkit.builtin.local_storage")
+    assert info == PluginInfo(
+        "ddlkit.builtin.local_storage", "ddlkit", version("ddlkit"), "ddlkit.builtin.local_storage"
+    )
 
 
 def test_entry_point_plugin_is_found_with_its_distribution(load_fake_group) -> None:
@@ -61,16 +62,19 @@ def test_a_broken_plugin_warns_and_is_remembered(load_fake_group) -> None:
     with pytest.warns(RuntimeWarning) as warned:
         pm = load_fake_group()
     assert [str(w.message) for w in warned] == [
-        f"ddlkit plugin 'broken' from ddlkit-fake 0.1 (ddlkit_fake.broken) failed to load: {BROKEN_ERROR}"]
-    assert pm.failures == [PluginInfo("broken", "ddlkit-fake", "0.1", "ddlkit_fake.broken", error=BROKEN_ERROR,
-                                       from_entry_point=True)]
+        f"ddlkit plugin 'broken' from ddlkit-fake 0.1 (ddlkit_fake.broken) failed to load: {BROKEN_ERROR}"
+    ]
+    assert pm.failures == [
+        PluginInfo("broken", "ddlkit-fake", "0.1", "ddlkit_fake.broken", error=BROKEN_ERROR, from_entry_point=True)
+    ]
     assert not pm.has_plugin("broken")
     # ...and the runs that need none of its names are unaffected, while a missing name says why
     with pytest.raises(UnknownNameError) as info:
         Registry.collect(pm).get("storage", "fake-broken")
     assert str(info.value) == (
         "unknown storage backend 'fake-broken' (config key `storage`). Choose one of: fake-ok, local, local_ssd, nfs.\n"
-        f"  Not loaded: ddlkit-fake 0.1 (ddlkit_fake.broken): {BROKEN_ERROR}")
+        f"  Not loaded: ddlkit-fake 0.1 (ddlkit_fake.broken): {BROKEN_ERROR}"
+    )
 
 
 def test_two_plugins_registering_one_name_conflict(load_fake_group) -> None:
@@ -82,7 +86,8 @@ def test_two_plugins_registering_one_name_conflict(load_fake_group) -> None:
         "storage backend 'fake-ok' is registered by 2 plugins:\n"
         "  - ddlkit-fake 0.1 (ddlkit_fake.dup), entry point 'dup'\n"
         "  - ddlkit-fake 0.1 (ddlkit_fake.ok), entry point 'ok'\n"
-        "  Uninstall one, or block one with DDLKIT_DISABLE_PLUGINS=<dup or ok>.")
+        "  Uninstall one, or block one with DDLKIT_DISABLE_PLUGINS=<dup or ok>."
+    )
 
 
 def test_disable_plugins_blocks_by_entry_point_name(load_fake_group, recwarn: pytest.WarningsRecorder) -> None:
@@ -111,7 +116,8 @@ def test_ddlkit_plugins_registers_modules_by_import_path(monkeypatch: pytest.Mon
     monkeypatch.setenv("DDLKIT_PLUGINS", "ddlkit.testing.fakes, ddlkit_fake.ok")
     pm = new_plugin_manager(autoload=False)
     assert pm.infos[id(pm.get_plugin("ddlkit.testing.fakes"))] == PluginInfo(
-        "ddlkit.testing.fakes", "DDLKIT_PLUGINS", "-", "ddlkit.testing.fakes")
+        "ddlkit.testing.fakes", "DDLKIT_PLUGINS", "-", "ddlkit.testing.fakes"
+    )
     reg = Registry.collect(pm)
     assert reg.names("framework") == ["fake"]
     assert reg.names("storage") == ["fake-ok", "local", "local_ssd", "memory", "nfs"]
@@ -121,8 +127,9 @@ def test_ddlkit_plugins_naming_a_missing_module(monkeypatch: pytest.MonkeyPatch)
     monkeypatch.setenv("DDLKIT_PLUGINS", "acme_missing.plugin")
     with pytest.raises(PluginLoadError) as info:
         new_plugin_manager(autoload=False)
-    assert str(info.value) == ("DDLKIT_PLUGINS names 'acme_missing.plugin', which cannot be imported: "
-                               "No module named 'acme_missing'")
+    assert str(info.value) == (
+        "DDLKIT_PLUGINS names 'acme_missing.plugin', which cannot be imported: No module named 'acme_missing'"
+    )
 
 
 def test_a_hook_implementation_that_does_not_match_its_spec(ddlkit_pm: DdlkitPluginManager) -> None:
@@ -207,7 +214,8 @@ def _install_by_hand(tmp_path: Path) -> Path:
 def _install_with_pip(tmp_path: Path) -> Path:
     src, site = tmp_path / "src", tmp_path / "site"
     _write_package(src)
-    (src / "pyproject.toml").write_text(textwrap.dedent('''
+    (src / "pyproject.toml").write_text(
+        textwrap.dedent("""
         [build-system]
         requires = ["setuptools>=68"]
         build-backend = "setuptools.build_meta"
@@ -219,14 +227,32 @@ def _install_with_pip(tmp_path: Path) -> Path:
 
         [project.entry-points.ddlkit]
         acme = "acme_ddlkit.plugin"
-    '''))
-    subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--no-build-isolation",
-                    "--no-index", "--target", str(site), str(src)], check=True, capture_output=True, timeout=300)
+    """)
+    )
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "install",
+            "--quiet",
+            "--no-deps",
+            "--no-build-isolation",
+            "--no-index",
+            "--target",
+            str(site),
+            str(src),
+        ],
+        check=True,
+        capture_output=True,
+        timeout=300,
+    )
     return site
 
 
-@pytest.mark.parametrize("install", [_install_by_hand, pytest.param(_install_with_pip, marks=pytest.mark.slow)],
-                         ids=["dist-info", "pip"])
+@pytest.mark.parametrize(
+    "install", [_install_by_hand, pytest.param(_install_with_pip, marks=pytest.mark.slow)], ids=["dist-info", "pip"]
+)
 def test_an_installed_distribution_is_discovered_by_the_cli(install, tmp_path: Path, run_factory: RunFactory) -> None:
     site = install(tmp_path)
     env = {"PYTHONPATH": str(site), "COLUMNS": "200"}

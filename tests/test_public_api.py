@@ -34,8 +34,14 @@ def test_all_is_complete() -> None:
     public = {n for n in dir(ddlkit) if not n.startswith("_")}
     assert public == set(ddlkit.__all__)
     tree = ast.parse(inspect.getsource(ddlkit))
-    typed = {alias.name for node in tree.body if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test)
-             for imp in node.body if isinstance(imp, ast.ImportFrom) for alias in imp.names}
+    typed = {
+        alias.name
+        for node in tree.body
+        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test)
+        for imp in node.body
+        if isinstance(imp, ast.ImportFrom)
+        for alias in imp.names
+    }
     assert typed == set(ddlkit.__all__)
 
 
@@ -43,8 +49,10 @@ def test_names_load_when_first_used() -> None:
     import subprocess
     import sys
 
-    code = ("import sys, ddlkit; before = 'ddlkit.rank.run' in sys.modules; run = ddlkit.Run; "
-            "print(before, run.__module__, 'ddlkit.rank.run' in sys.modules)")
+    code = (
+        "import sys, ddlkit; before = 'ddlkit.rank.run' in sys.modules; run = ddlkit.Run; "
+        "print(before, run.__module__, 'ddlkit.rank.run' in sys.modules)"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.split() == ["False", "ddlkit.rank.run", "True"]
 

@@ -153,15 +153,24 @@ def _needs(example: Example) -> object:
 # plugins' compute targets, storage and loggers
 @pytest.mark.plugins
 @pytest.mark.parametrize("example", [e for e in EXAMPLES if e.expected is not None], ids=str)
-def test_a_transcript_prints_what_the_readme_shows(example: Example, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-                                                   capsys: pytest.CaptureFixture[str]) -> None:
+def test_a_transcript_prints_what_the_readme_shows(
+    example: Example, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     assert example.expected, f"{example}: the line after it shows no `ddlkit: error:` output"
     monkeypatch.setattr(os, "environ", {**os.environ, **dict(example.env)})
     args = shlex.split(example.command)[1:]
     expected = example.expected
     if expected.startswith("... "):  # a rank's error, in the job's output
-        code = main([*args, "data.image_size=32", "data.length=8", "data.val_length=0", "trainer.batch_size=4",
-                     f"hydra.run.dir={tmp_path / 'job'}"])
+        code = main(
+            [
+                *args,
+                "data.image_size=32",
+                "data.length=8",
+                "data.val_length=0",
+                "trainer.batch_size=4",
+                f"hydra.run.dir={tmp_path / 'job'}",
+            ]
+        )
         out = capsys.readouterr()
         assert expected.removeprefix("... ").removesuffix("...").rstrip() in out.out + out.err, f"{example}\n{out}"
     else:

@@ -32,15 +32,26 @@ def storage_plugin(*items: object) -> object:
 def test_builtins_register_one_name_per_hook_point(ddlkit_pm: DdlkitPluginManager) -> None:
     reg = Registry.collect(ddlkit_pm)
     assert {g: reg.names(g) for g in reg.entries} == {
-        "data": ["custom", "imagefolder", "synthetic"], "storage": ["local", "local_ssd", "nfs"], "compute": ["local"],
-        "framework": [], "logger": ["console", "jsonl"], "model": [], "optimizer": [],
+        "data": ["custom", "imagefolder", "synthetic"],
+        "storage": ["local", "local_ssd", "nfs"],
+        "compute": ["local"],
+        "framework": [],
+        "logger": ["console", "jsonl"],
+        "model": [],
+        "optimizer": [],
     }
     assert reg.entries["storage"]["local"].origin == f"{DDLKIT} (ddlkit.builtin.local_storage)"
 
 
 def test_conflict_names_both_origins_and_the_way_out(ddlkit_pm: DdlkitPluginManager) -> None:
-    add_plugin(ddlkit_pm, storage_plugin(Registration("local", LocalStorage)), name="acme",
-               distribution="acme-storage", version="1.0", module="acme_storage.ddlkit")
+    add_plugin(
+        ddlkit_pm,
+        storage_plugin(Registration("local", LocalStorage)),
+        name="acme",
+        distribution="acme-storage",
+        version="1.0",
+        module="acme_storage.ddlkit",
+    )
     with pytest.raises(PluginConflictError) as info:
         Registry.collect(ddlkit_pm)
     assert str(info.value) == (
@@ -53,8 +64,13 @@ def test_conflict_names_both_origins_and_the_way_out(ddlkit_pm: DdlkitPluginMana
 
 def test_three_way_conflict_lists_every_plugin(ddlkit_pm: DdlkitPluginManager) -> None:
     for n in ("one", "two", "three"):
-        add_plugin(ddlkit_pm, storage_plugin(Registration("s3", LocalStorage)), name=n, distribution=f"ddlkit-{n}",
-                   module=f"ddlkit_{n}.plugin")
+        add_plugin(
+            ddlkit_pm,
+            storage_plugin(Registration("s3", LocalStorage)),
+            name=n,
+            distribution=f"ddlkit-{n}",
+            module=f"ddlkit_{n}.plugin",
+        )
     with pytest.raises(PluginConflictError) as info:
         Registry.collect(ddlkit_pm)
     assert str(info.value).splitlines()[:4] == [
@@ -70,11 +86,17 @@ def test_unknown_name_lists_the_choices(ddlkit_pm: DdlkitPluginManager) -> None:
     reg = Registry.collect(ddlkit_pm)
     with pytest.raises(UnknownNameError) as info:
         reg.get("storage", "s4")
-    assert str(info.value) == ("unknown storage backend 's4' (config key `storage`). "
-                               "Choose one of: gcs, local, local_ssd, nfs, s3.")
+    assert str(info.value) == (
+        "unknown storage backend 's4' (config key `storage`). Choose one of: gcs, local, local_ssd, nfs, s3."
+    )
     err = info.value
     assert (err.kind, err.name, err.choices, err.key, err.not_loaded) == (
-        "storage backend", "s4", ["gcs", "local", "local_ssd", "nfs", "s3"], "storage", [])
+        "storage backend",
+        "s4",
+        ["gcs", "local", "local_ssd", "nfs", "s3"],
+        "storage",
+        [],
+    )
     # a LookupError (so `except LookupError` works) but not a KeyError, whose str() adds quotes
     assert isinstance(err, LookupError) and not isinstance(err, KeyError)
     assert isinstance(err, ddlkit.ConfigError)
@@ -88,8 +110,11 @@ def no_first_party(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_unknown_name_says_which_plugins_failed_to_load(ddlkit_pm: DdlkitPluginManager, no_first_party: None) -> None:
-    ddlkit_pm.failures.append(PluginInfo("azure", "ddlkit-azure", "0.1", "ddlkit_azure.plugin",
-                                         error="ModuleNotFoundError: No module named 'azure'"))
+    ddlkit_pm.failures.append(
+        PluginInfo(
+            "azure", "ddlkit-azure", "0.1", "ddlkit_azure.plugin", error="ModuleNotFoundError: No module named 'azure'"
+        )
+    )
     reg = Registry.collect(ddlkit_pm)
     with pytest.raises(UnknownNameError) as info:
         reg.get("storage", "azure")
@@ -107,8 +132,13 @@ def test_unknown_name_in_an_empty_group(ddlkit_pm: DdlkitPluginManager, no_first
 
 @pytest.mark.parametrize("name", ["S3", "3d", "my store", "", "ü", "-x", "a.b"])
 def test_invalid_names_are_rejected(ddlkit_pm: DdlkitPluginManager, name: str) -> None:
-    add_plugin(ddlkit_pm, storage_plugin(Registration(name, LocalStorage)), name="bad", distribution="ddlkit-bad",
-               module="ddlkit_bad.plugin")
+    add_plugin(
+        ddlkit_pm,
+        storage_plugin(Registration(name, LocalStorage)),
+        name="bad",
+        distribution="ddlkit-bad",
+        module="ddlkit_bad.plugin",
+    )
     with pytest.raises(PluginError) as info:
         Registry.collect(ddlkit_pm)
     assert str(info.value) == (
@@ -124,12 +154,19 @@ def test_valid_names_are_accepted(ddlkit_pm: DdlkitPluginManager, name: str) -> 
 
 
 def test_yielding_something_else_than_a_registration(ddlkit_pm: DdlkitPluginManager) -> None:
-    add_plugin(ddlkit_pm, storage_plugin(("s3", LocalStorage)), name="tuple", distribution="ddlkit-tuple",
-               module="ddlkit_tuple.plugin")
+    add_plugin(
+        ddlkit_pm,
+        storage_plugin(("s3", LocalStorage)),
+        name="tuple",
+        distribution="ddlkit-tuple",
+        module="ddlkit_tuple.plugin",
+    )
     with pytest.raises(PluginError) as info:
         Registry.collect(ddlkit_pm)
-    assert str(info.value) == ("ddlkit-tuple 0 (ddlkit_tuple.plugin): hook "
-                               "ddlkit_storage_backends must yield ddlkit.Registration objects, got tuple")
+    assert str(info.value) == (
+        "ddlkit-tuple 0 (ddlkit_tuple.plugin): hook "
+        "ddlkit_storage_backends must yield ddlkit.Registration objects, got tuple"
+    )
 
 
 def test_config_must_be_a_class(ddlkit_pm: DdlkitPluginManager) -> None:
@@ -148,18 +185,22 @@ def lazy_module(tmp_path, monkeypatch: pytest.MonkeyPatch):
     (tmp_path / "acme_lazy_storage.py").write_text(
         "from dataclasses import dataclass\n"
         "from ddlkit.builtin.local_storage import LocalStorage as AcmeStorage\n\n"
-        "@dataclass\nclass AcmeConfig:\n    bucket: str = 'b'\n")
+        "@dataclass\nclass AcmeConfig:\n    bucket: str = 'b'\n"
+    )
     monkeypatch.syspath_prepend(str(tmp_path))
     yield "acme_lazy_storage"
     sys.modules.pop("acme_lazy_storage", None)
 
 
 def test_a_factory_and_config_named_by_import_path_are_imported_when_chosen(
-        ddlkit_pm: DdlkitPluginManager, lazy_module: str) -> None:
+    ddlkit_pm: DdlkitPluginManager, lazy_module: str
+) -> None:
     """Issue 29, item 3: a plugin loads without importing its implementation; the registry
     imports it for the name a command chooses, and for no other."""
-    add_plugin(ddlkit_pm, storage_plugin(Registration("acme", f"{lazy_module}:AcmeStorage",
-                                                      config=f"{lazy_module}:AcmeConfig")))
+    add_plugin(
+        ddlkit_pm,
+        storage_plugin(Registration("acme", f"{lazy_module}:AcmeStorage", config=f"{lazy_module}:AcmeConfig")),
+    )
     reg = Registry.collect(ddlkit_pm)
     reg.get("storage", "local")
     assert "acme" in reg.names("storage") and lazy_module not in sys.modules
@@ -169,31 +210,53 @@ def test_a_factory_and_config_named_by_import_path_are_imported_when_chosen(
     assert reg.get("storage", "acme") is registration  # imported once
 
 
-@pytest.mark.parametrize(("factory", "config", "what", "reason"), [
-    ("acme_missing_storage:AcmeStorage", None, "factory",
-     "ModuleNotFoundError: No module named 'acme_missing_storage'"),
-    ("acme_lazy_storage:AcmeStorage", "acme_lazy_storage:Nothing", "config",
-     "AttributeError: module 'acme_lazy_storage' has no attribute 'Nothing'"),
-])
+@pytest.mark.parametrize(
+    ("factory", "config", "what", "reason"),
+    [
+        (
+            "acme_missing_storage:AcmeStorage",
+            None,
+            "factory",
+            "ModuleNotFoundError: No module named 'acme_missing_storage'",
+        ),
+        (
+            "acme_lazy_storage:AcmeStorage",
+            "acme_lazy_storage:Nothing",
+            "config",
+            "AttributeError: module 'acme_lazy_storage' has no attribute 'Nothing'",
+        ),
+    ],
+)
 def test_an_import_path_that_does_not_import_names_the_plugin(
-        ddlkit_pm: DdlkitPluginManager, lazy_module: str, factory: str, config: str | None, what: str,
-        reason: str) -> None:
-    add_plugin(ddlkit_pm, storage_plugin(Registration("acme", factory, config=config)), name="acme",
-               distribution="ddlkit-acme", version="1.0", module="ddlkit_acme.plugin")
+    ddlkit_pm: DdlkitPluginManager, lazy_module: str, factory: str, config: str | None, what: str, reason: str
+) -> None:
+    add_plugin(
+        ddlkit_pm,
+        storage_plugin(Registration("acme", factory, config=config)),
+        name="acme",
+        distribution="ddlkit-acme",
+        version="1.0",
+        module="ddlkit_acme.plugin",
+    )
     reg = Registry.collect(ddlkit_pm)  # a plugin's bad reference breaks only the commands that choose its name
     with pytest.raises(PluginError) as info:
         reg.get("storage", "acme")
     ref = config if what == "config" else factory
-    assert str(info.value) == (f"ddlkit-acme 1.0 (ddlkit_acme.plugin): storage backend 'acme': its {what} {ref!r} "
-                               f"does not import ({reason})")
+    assert str(info.value) == (
+        f"ddlkit-acme 1.0 (ddlkit_acme.plugin): storage backend 'acme': its {what} {ref!r} does not import ({reason})"
+    )
 
 
 @pytest.mark.parametrize(("factory", "config"), [("acme_storage.AcmeStorage", None), ("m:A", "acme:")])
-def test_an_import_path_without_its_attribute_is_refused(ddlkit_pm: DdlkitPluginManager, factory: str,
-                                                        config: str | None) -> None:
+def test_an_import_path_without_its_attribute_is_refused(
+    ddlkit_pm: DdlkitPluginManager, factory: str, config: str | None
+) -> None:
     add_plugin(ddlkit_pm, storage_plugin(Registration("acme", factory, config=config)))
-    with pytest.raises(PluginError, match=r": storage backend 'acme': (factory|config) '[^']*' is not an import "
-                                          r"path; write it as \"package.module:attr\", or give the object itself$"):
+    with pytest.raises(
+        PluginError,
+        match=r": storage backend 'acme': (factory|config) '[^']*' is not an import "
+        r"path; write it as \"package.module:attr\", or give the object itself$",
+    ):
         Registry.collect(ddlkit_pm)
 
 
@@ -204,12 +267,20 @@ def test_a_hook_that_raises_is_reported_with_its_plugin(ddlkit_pm: DdlkitPluginM
             raise RuntimeError("cannot reach the tracking server")
             yield  # a generator, as registration hooks usually are
 
-    add_plugin(ddlkit_pm, Broken(), name="tracker", distribution="ddlkit-tracker", version="2.1",
-               module="ddlkit_tracker.plugin")
+    add_plugin(
+        ddlkit_pm,
+        Broken(),
+        name="tracker",
+        distribution="ddlkit-tracker",
+        version="2.1",
+        module="ddlkit_tracker.plugin",
+    )
     with pytest.raises(PluginError) as info:
         Registry.collect(ddlkit_pm)
-    assert str(info.value) == ("ddlkit-tracker 2.1 (ddlkit_tracker.plugin): hook ddlkit_loggers raised "
-                               "RuntimeError: cannot reach the tracking server")
+    assert str(info.value) == (
+        "ddlkit-tracker 2.1 (ddlkit_tracker.plugin): hook ddlkit_loggers raised "
+        "RuntimeError: cannot reach the tracking server"
+    )
     assert isinstance(info.value.__cause__, RuntimeError)
 
 
@@ -240,12 +311,20 @@ def test_a_failing_factory_names_the_plugin(ddlkit_pm: DdlkitPluginManager) -> N
     def factory(cfg: object) -> object:
         raise ValueError("bucket must not be empty")
 
-    add_plugin(ddlkit_pm, storage_plugin(Registration("s3", factory)), name="s3", distribution="ddlkit-s3",
-               version="0.3", module="ddlkit_s3.plugin")
+    add_plugin(
+        ddlkit_pm,
+        storage_plugin(Registration("s3", factory)),
+        name="s3",
+        distribution="ddlkit-s3",
+        version="0.3",
+        module="ddlkit_s3.plugin",
+    )
     with pytest.raises(PluginError) as info:
         Registry.collect(ddlkit_pm).create("storage", "s3", None)
-    assert str(info.value) == ("storage backend 's3' from ddlkit-s3 0.3 (ddlkit_s3.plugin) failed to initialise: "
-                               "ValueError: bucket must not be empty")
+    assert str(info.value) == (
+        "storage backend 's3' from ddlkit-s3 0.3 (ddlkit_s3.plugin) failed to initialise: "
+        "ValueError: bucket must not be empty"
+    )
     assert isinstance(info.value.__cause__, ValueError)
 
 
@@ -279,10 +358,13 @@ def model_plugin(*items: Registration) -> object:
 
 
 def test_a_model_is_registered_per_framework_and_its_options_are_the_union(ddlkit_pm: DdlkitPluginManager) -> None:
-    add_plugin(ddlkit_pm, model_plugin(Registration("unet", lambda cfg, data: ("torch", cfg), config=WidthConfig,
-                                                    framework="pytorch"),
-                                       Registration("unet", lambda cfg, data: ("jax", cfg), config=DepthConfig,
-                                                    framework="jax")))
+    add_plugin(
+        ddlkit_pm,
+        model_plugin(
+            Registration("unet", lambda cfg, data: ("torch", cfg), config=WidthConfig, framework="pytorch"),
+            Registration("unet", lambda cfg, data: ("jax", cfg), config=DepthConfig, framework="jax"),
+        ),
+    )
     reg = Registry.collect(ddlkit_pm)
     assert reg.names("model") == ["unet"] and reg.frameworks_of("model", "unet") == ["jax", "pytorch"]
     assert sorted(f.name for f in dataclasses.fields(reg.get("model", "unet").config)) == ["depth", "width"]
@@ -290,18 +372,27 @@ def test_a_model_is_registered_per_framework_and_its_options_are_the_union(ddlki
 
 
 def test_a_framework_without_the_model_lists_its_own(ddlkit_pm: DdlkitPluginManager) -> None:
-    add_plugin(ddlkit_pm, model_plugin(Registration("unet", print, framework="pytorch"),
-                                       Registration("mlp", print, framework="jax")))
+    add_plugin(
+        ddlkit_pm,
+        model_plugin(Registration("unet", print, framework="pytorch"), Registration("mlp", print, framework="jax")),
+    )
     with pytest.raises(ddlkit.ConfigError) as info:
         Registry.collect(ddlkit_pm).get_for("model", "jax", "unet")
-    assert str(info.value) == ("framework=jax has no model 'unet' (model unet is implemented for framework=pytorch). "
-                               "Choose one framework=jax has: mlp.")
+    assert str(info.value) == (
+        "framework=jax has no model 'unet' (model unet is implemented for framework=pytorch). "
+        "Choose one framework=jax has: mlp."
+    )
 
 
 def test_one_framework_registering_a_model_twice_is_a_conflict(ddlkit_pm: DdlkitPluginManager) -> None:
     for n in ("one", "two"):
-        add_plugin(ddlkit_pm, model_plugin(Registration("unet", print, framework="pytorch")), name=n,
-                   distribution=f"ddlkit-{n}", module=f"ddlkit_{n}.plugin")
+        add_plugin(
+            ddlkit_pm,
+            model_plugin(Registration("unet", print, framework="pytorch")),
+            name=n,
+            distribution=f"ddlkit-{n}",
+            module=f"ddlkit_{n}.plugin",
+        )
     with pytest.raises(PluginConflictError, match=r"^model 'unet' \(framework=pytorch\) is registered by 2 plugins"):
         Registry.collect(ddlkit_pm)
 
@@ -311,10 +402,18 @@ def test_frameworks_must_agree_on_a_shared_option(ddlkit_pm: DdlkitPluginManager
     class OtherWidth:
         width: int = 32
 
-    add_plugin(ddlkit_pm, model_plugin(Registration("unet", print, config=WidthConfig, framework="pytorch"),
-                                       Registration("unet", print, config=OtherWidth, framework="jax")))
-    with pytest.raises(PluginError, match=r"model 'unet': option 'width' is declared differently by .* \(int = 32\) "
-                                          r"and .* \(int = 64\); the plugins must agree"):
+    add_plugin(
+        ddlkit_pm,
+        model_plugin(
+            Registration("unet", print, config=WidthConfig, framework="pytorch"),
+            Registration("unet", print, config=OtherWidth, framework="jax"),
+        ),
+    )
+    with pytest.raises(
+        PluginError,
+        match=r"model 'unet': option 'width' is declared differently by .* \(int = 32\) "
+        r"and .* \(int = 64\); the plugins must agree",
+    ):
         Registry.collect(ddlkit_pm)
 
 
@@ -331,14 +430,22 @@ def test_selected_is_every_name_the_config_picks() -> None:
     registry = installed_registry()
     cfg = compose(registry, ["framework=pytorch", "logger=[console,jsonl]", "model=resnet18"])
     assert [(group, entry.registration.name) for group, entry in registry.selected(cfg)] == [
-        ("data", "synthetic"), ("storage", "local"), ("compute", "local"), ("framework", "pytorch"),
-        ("logger", "console"), ("logger", "jsonl"), ("model", "resnet18"), ("optimizer", "sgd")]
+        ("data", "synthetic"),
+        ("storage", "local"),
+        ("compute", "local"),
+        ("framework", "pytorch"),
+        ("logger", "console"),
+        ("logger", "jsonl"),
+        ("model", "resnet18"),
+        ("optimizer", "sgd"),
+    ]
     # the model is the framework's own implementation of the name
     assert dict(registry.selected(cfg))["model"].registration.framework == "pytorch"
 
 
-def test_framework_facts_come_from_the_framework_plugins(ddlkit_pm: DdlkitPluginManager,
-                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+def test_framework_facts_come_from_the_framework_plugins(
+    ddlkit_pm: DdlkitPluginManager, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Which frameworks have release images and which library's models each trains: declared on the
     framework classes, so a third-party framework takes part without a change in the core."""
     from ddlkit.compute.containers import default_image, release_frameworks
@@ -368,6 +475,8 @@ def test_framework_facts_come_from_the_framework_plugins(ddlkit_pm: DdlkitPlugin
 
     flax_module = type("Dense", (), {"__module__": "flax.linen"})()
     assert str(wrong_kind("model.target=m:f", flax_module, "plain", "plain.Model")).endswith(
-        "framework=plain trains plain.Model models (a Flax module: use framework=jax).")
+        "framework=plain trains plain.Model models (a Flax module: use framework=jax)."
+    )
     assert str(wrong_kind("model.target=m:f", object(), "plain", "plain.Model")).endswith(
-        "framework=plain trains plain.Model models.")
+        "framework=plain trains plain.Model models."
+    )

@@ -31,8 +31,9 @@ def test_keep_global_batch_accumulates_by_default_and_grows_the_batch_up_to_max_
 
 
 def test_keep_global_batch_refuses_a_global_batch_that_does_not_split() -> None:
-    with pytest.raises(ConfigError,
-                       match=r"cannot keep the global batch of 30 on 4 ranks .*trainer.on_resize=scale_lr"):
+    with pytest.raises(
+        ConfigError, match=r"cannot keep the global batch of 30 on 4 ranks .*trainer.on_resize=scale_lr"
+    ):
         plan_batch(trainer(batch_size=5), 6, 4)
 
 
@@ -51,21 +52,25 @@ def test_scale_lr_keeps_the_per_rank_batch_unless_the_position_is_between_two_of
 def test_the_change_is_described_with_its_learning_rate() -> None:
     sgd = OmegaConf.structured(SGDConfig(lr=0.1))
     assert describe(BatchPlan(4, 16, 1), BatchPlan(2, 16, 2), sgd, "keep_global_batch") == (
-        "trainer.on_resize=keep_global_batch: per-rank batch 16 -> 16 x 2 micro-batches, lr unchanged")
+        "trainer.on_resize=keep_global_batch: per-rank batch 16 -> 16 x 2 micro-batches, lr unchanged"
+    )
     assert describe(BatchPlan(4, 16, 1), BatchPlan(2, 16, 1), sgd, "scale_lr") == (
         "trainer.on_resize=scale_lr: per-rank batch 16, global batch 64 -> 32, lr 0.025 -> 0.0125 "
-        "(optimizer.scale_lr=linear)")
+        "(optimizer.scale_lr=linear)"
+    )
 
 
 @pytest.mark.parametrize(("world", "batch", "accumulate"), [(4, 8, 1), (2, 8, 2), (2, 16, 1), (1, 8, 4)])
 def test_an_optimizer_step_reads_the_same_images_whatever_the_ranks_that_share_its_global_batch(
-        world: int, batch: int, accumulate: int) -> None:
+    world: int, batch: int, accumulate: int
+) -> None:
     """What makes keep_global_batch exact: step k of an epoch is the images perm[k*G:(k+1)*G]."""
     n, global_batch = 200, 32
     perm = np.random.default_rng([7, 3]).permutation(n)
-    orders = [epoch_order(n, batch_size=batch, shard=Shard(rank, world), seed=7, epoch=3, train=True)
-              for rank in range(world)]
+    orders = [
+        epoch_order(n, batch_size=batch, shard=Shard(rank, world), seed=7, epoch=3, train=True) for rank in range(world)
+    ]
     for k in range(n // global_batch):
         share = batch * accumulate
-        step = np.concatenate([order[k * share:(k + 1) * share] for order in orders])
-        assert sorted(step) == sorted(perm[k * global_batch:(k + 1) * global_batch])
+        step = np.concatenate([order[k * share : (k + 1) * share] for order in orders])
+        assert sorted(step) == sorted(perm[k * global_batch : (k + 1) * global_batch])

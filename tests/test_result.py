@@ -16,8 +16,11 @@ def test_the_table_is_what_run_result_writes(run_inprocess) -> None:
     assert set(written) - set(table) == set(), "Run.result writes keys that ddlkit.result.FIELDS lacks"
     assert set(table) - set(written) == set(), "ddlkit.result.FIELDS names keys that Run.result does not write"
     assert written == table, "ddlkit.result.FIELDS is not in the order Run.result writes"
-    wrong = {f.name: type(result[f.name]).__name__ for f in FIELDS
-             if result[f.name] is not None and not isinstance(result[f.name], f.type)}
+    wrong = {
+        f.name: type(result[f.name]).__name__
+        for f in FIELDS
+        if result[f.name] is not None and not isinstance(result[f.name], f.type)
+    }
     assert wrong == {}, "values of another type than the table says"
 
 

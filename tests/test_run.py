@@ -24,8 +24,12 @@ SMALL = ("data.length=320", "data.val_length=64", "data.num_classes=10", "traine
 
 def events(recorder: HookRecorder) -> list[tuple]:
     """Hook calls as (name, the argument that tells them apart)."""
-    detail = {"ddlkit_step_end": "step", "ddlkit_epoch_end": "epoch", "ddlkit_checkpoint_saved": "step",
-              "ddlkit_run_end": "status"}
+    detail = {
+        "ddlkit_step_end": "step",
+        "ddlkit_epoch_end": "epoch",
+        "ddlkit_checkpoint_saved": "step",
+        "ddlkit_run_end": "status",
+    }
     return [(c.name, c[detail[c.name]]) if c.name in detail else (c.name,) for c in recorder.calls]
 
 
@@ -67,8 +71,12 @@ def test_a_full_run_ends_each_epoch_and_checkpoints_the_last_step(run_inprocess,
     assert hook_recorder.names()[-1] == "ddlkit_run_end"
     assert (out.result["epochs"], out.result["steps"], out.result["status"]) == (2, 20, "completed")
     assert sorted(p.name for p in (out.job_dir / "checkpoints").iterdir()) == [
-        "latest", "step-00000010.ckpt", "step-00000010.ckpt.manifest.json", "step-00000020.ckpt",
-        "step-00000020.ckpt.manifest.json"]
+        "latest",
+        "step-00000010.ckpt",
+        "step-00000010.ckpt.manifest.json",
+        "step-00000020.ckpt",
+        "step-00000020.ckpt.manifest.json",
+    ]
 
 
 def _checkpoint(path: Path) -> dict[str, object]:
@@ -78,7 +86,8 @@ def _checkpoint(path: Path) -> dict[str, object]:
 
 
 def test_a_checkpoint_written_in_the_background_lets_training_go_on_and_holds_the_same_state(
-        run_inprocess, hook_recorder: HookRecorder) -> None:
+    run_inprocess, hook_recorder: HookRecorder
+) -> None:
     """A slow disk (each write waits 1 s): the checkpoint of step 10 is complete only after step
     15 trained, announced then, and holds step 10's state exactly as a write on the training
     thread does; the run's last checkpoint is complete before the run ends."""
@@ -87,8 +96,12 @@ def test_a_checkpoint_written_in_the_background_lets_training_go_on_and_holds_th
     out = run_inprocess(*SMALL, "trainer.max_steps=15", "framework.save_delay_s=1")
     assert out.exit_code == 0
     assert events(hook_recorder)[-5:] == [
-        ("ddlkit_epoch_end", 1), ("ddlkit_step_end", 15), ("ddlkit_checkpoint_saved", 10),
-        ("ddlkit_checkpoint_saved", 15), ("ddlkit_run_end", "completed")]
+        ("ddlkit_epoch_end", 1),
+        ("ddlkit_step_end", 15),
+        ("ddlkit_checkpoint_saved", 10),
+        ("ddlkit_checkpoint_saved", 15),
+        ("ddlkit_run_end", "completed"),
+    ]
     for name in ("step-00000010.ckpt", "step-00000015.ckpt"):
         assert verify(out.job_dir / "checkpoints" / name) is None
         assert _checkpoint(out.job_dir / "checkpoints" / name) == _checkpoint(at_once.job_dir / "checkpoints" / name)
@@ -113,8 +126,9 @@ def test_a_run_that_fails_while_a_checkpoint_is_written_completes_it(run_inproce
     assert not [p.name for p in ckdir.iterdir() if p.name.endswith(".tmp")]
 
 
-def test_a_failing_framework_ends_the_run_as_failed(run_inprocess, hook_recorder: HookRecorder,
-                                                    capsys: pytest.CaptureFixture) -> None:
+def test_a_failing_framework_ends_the_run_as_failed(
+    run_inprocess, hook_recorder: HookRecorder, capsys: pytest.CaptureFixture
+) -> None:
     out = run_inprocess(*SMALL, "framework.fail_at_step=7", "logger=[recording]")
     assert out.exit_code == 1
     end = hook_recorder.getcall("ddlkit_run_end")
@@ -181,8 +195,9 @@ def _train_lines(metrics: list[dict]) -> list[tuple]:
 
 
 @pytest.mark.parametrize("stop", [3, 10, 13], ids=["mid-epoch", "epoch-boundary", "second-epoch"])
-def test_an_interrupted_and_resumed_run_ends_like_an_uninterrupted_one(run_inprocess, tmp_path: Path,
-                                                                       stop: int) -> None:
+def test_an_interrupted_and_resumed_run_ends_like_an_uninterrupted_one(
+    run_inprocess, tmp_path: Path, stop: int
+) -> None:
     straight = run_inprocess(*SMALL)
     job_dir = tmp_path / "resumed"
     first = run_inprocess(*SMALL, f"trainer.max_steps={stop}", job_dir=job_dir)
@@ -206,17 +221,30 @@ def test_resume_refuses_a_checkpoint_of_another_model(run_inprocess, tmp_path: P
     run_inprocess(*SMALL, "trainer.max_steps=3", job_dir=job_dir)
     out = run_inprocess(*SMALL, "model=resnet50", job_dir=job_dir)
     assert (out.exit_code, out.status) == (2, "failed")
-    assert (f"ConfigError: checkpoint {job_dir}/checkpoints/step-00000003.ckpt was written with model=resnet18, "
-            "this run has model=resnet50.") in capsys.readouterr().err
+    assert (
+        f"ConfigError: checkpoint {job_dir}/checkpoints/step-00000003.ckpt was written with model=resnet18, "
+        "this run has model=resnet50."
+    ) in capsys.readouterr().err
 
 
 def test_result_json_reports_the_run(run_inprocess) -> None:
     result = run_inprocess(*SMALL, "trainer.batch_size=16").result
     assert result == {
         **result,
-        "status": "completed", "framework": "fake", "model": "resnet18", "data": "synthetic", "world_size": 1,
-        "batch_size_per_rank": 16, "global_batch_size": 16, "precision": "fp32", "epochs": 2, "steps": 40,
-        "steps_per_epoch": 20, "warmup_steps": 5, "peak_lr": 0.1 * 16 / 256, "resumed_from_step": None,
+        "status": "completed",
+        "framework": "fake",
+        "model": "resnet18",
+        "data": "synthetic",
+        "world_size": 1,
+        "batch_size_per_rank": 16,
+        "global_batch_size": 16,
+        "precision": "fp32",
+        "epochs": 2,
+        "steps": 40,
+        "steps_per_epoch": 20,
+        "warmup_steps": 5,
+        "peak_lr": 0.1 * 16 / 256,
+        "resumed_from_step": None,
     }
     # 40 steps, minus 5 warm-up, minus the first step after the validation pause
     assert result["measured_steps"] == 34
@@ -229,8 +257,9 @@ def test_a_diverging_loss_is_a_run_error(ddlkit_pm: DdlkitPluginManager, tmp_pat
     run = make_run(ddlkit_pm, tmp_path / "job", "trainer.log_every=1", "logger=[]")
     with pytest.raises(RunError) as info:
         run.step_end(loss=float("nan"), lr=0.1)
-    assert str(info.value) == ("loss became nan at step 1: training diverged. Lower optimizer.lr or raise "
-                               "optimizer.warmup_epochs.")
+    assert str(info.value) == (
+        "loss became nan at step 1: training diverged. Lower optimizer.lr or raise optimizer.warmup_epochs."
+    )
     assert (info.value.component, info.value.step) == ("framework", 1)
 
 
@@ -278,23 +307,34 @@ def test_a_sigterm_during_the_stop_agreement_is_not_lost(ddlkit_pm: DdlkitPlugin
 def test_too_little_data_for_one_global_batch(ddlkit_pm: DdlkitPluginManager, tmp_path: Path) -> None:
     with pytest.raises(ddlkit.ConfigError) as info:
         make_run(ddlkit_pm, tmp_path / "job", "data.length=16", "trainer.batch_size=32")
-    assert str(info.value) == ("data has 16 training images, fewer than one global batch of 32 "
-                               "(trainer.batch_size=32 x 1 ranks). Lower trainer.batch_size or raise data.length.")
+    assert str(info.value) == (
+        "data has 16 training images, fewer than one global batch of 32 "
+        "(trainer.batch_size=32 x 1 ranks). Lower trainer.batch_size or raise data.length."
+    )
 
 
-def test_a_source_whose_size_only_the_ranks_know_is_checked_by_the_run(ddlkit_pm: DdlkitPluginManager,
-                                                                          tmp_path: Path) -> None:
+def test_a_source_whose_size_only_the_ranks_know_is_checked_by_the_run(
+    ddlkit_pm: DdlkitPluginManager, tmp_path: Path
+) -> None:
     """data=custom states no size in its config: the launcher passes it, the Run refuses it."""
     with pytest.raises(ddlkit.ConfigError) as info:
-        make_run(ddlkit_pm, tmp_path / "job", "data=custom", "data.target=ddlkit.testing.optim:linear_data",
-                 "data.num_classes=3", "trainer.batch_size=32")
-    assert str(info.value) == ("data has 16 training images, fewer than one global batch of 32 "
-                               "(trainer.batch_size=32 x 1 ranks). Lower trainer.batch_size or raise data.length.")
+        make_run(
+            ddlkit_pm,
+            tmp_path / "job",
+            "data=custom",
+            "data.target=ddlkit.testing.optim:linear_data",
+            "data.num_classes=3",
+            "trainer.batch_size=32",
+        )
+    assert str(info.value) == (
+        "data has 16 training images, fewer than one global batch of 32 "
+        "(trainer.batch_size=32 x 1 ranks). Lower trainer.batch_size or raise data.length."
+    )
 
 
-def test_restore_still_checkpoints_and_starts_with_a_deprecation_warning(ddlkit_pm: DdlkitPluginManager,
-                                                                         tmp_path: Path,
-                                                                         hook_recorder: HookRecorder) -> None:
+def test_restore_still_checkpoints_and_starts_with_a_deprecation_warning(
+    ddlkit_pm: DdlkitPluginManager, tmp_path: Path, hook_recorder: HookRecorder
+) -> None:
     """0.1's framework contract, for framework plugins outside this repository, until 0.2."""
     run = make_run(ddlkit_pm, tmp_path / "job", "logger=[recording]")
     with pytest.warns(DeprecationWarning, match=r"run.checkpointing\(save, load\), then run.start\(\)"):
@@ -354,8 +394,10 @@ def test_resume_passes_over_a_truncated_latest_checkpoint(run_inprocess, tmp_pat
     assert resumed.exit_code == 0
     assert (resumed.result["resumed_from_step"], resumed.result["steps"]) == (10, 20)
     err = capsys.readouterr().err
-    assert (f"ddlkit: warning: checkpoint {bad} is damaged: step-00000015.ckpt is {size // 2} bytes, {size} were "
-            "written (truncated); skipped") in err
+    assert (
+        f"ddlkit: warning: checkpoint {bad} is damaged: step-00000015.ckpt is {size // 2} bytes, {size} were "
+        "written (truncated); skipped"
+    ) in err
     assert f"resuming from {ckdir}/step-00000010.ckpt, the newest intact checkpoint" in err
     assert "Traceback" not in err
     assert (tmp_path / "job" / MODEL_FILE).read_bytes() == (straight.job_dir / MODEL_FILE).read_bytes()
@@ -370,8 +412,10 @@ def test_resume_refuses_to_start_over_when_no_checkpoint_is_intact(run_inprocess
     (ckdir / "step-00000015.ckpt").write_bytes(b"")
     with pytest.raises(ddlkit.ConfigError) as info:
         run_inprocess(*SMALL, job_dir=tmp_path / "job")
-    assert str(info.value).startswith(f"{ckdir} holds no intact checkpoint to resume from (checkpoint "
-                                      f"{ckdir}/step-00000015.ckpt is damaged: step-00000015.ckpt is 0 bytes")
+    assert str(info.value).startswith(
+        f"{ckdir} holds no intact checkpoint to resume from (checkpoint "
+        f"{ckdir}/step-00000015.ckpt is damaged: step-00000015.ckpt is 0 bytes"
+    )
     assert "trainer.resume=false" in str(info.value)
     assert (ckdir / "step-00000015.ckpt").exists() and (ckdir / "latest").read_text() == "step-00000015.ckpt\n"
     fresh = run_inprocess(*SMALL, "trainer.resume=false", job_dir=tmp_path / "job")  # the way out it names
@@ -392,8 +436,7 @@ def test_a_load_failure_names_the_checkpoint(run_inprocess, tmp_path: Path, caps
     assert "Traceback" not in err
 
 
-def test_stale_temporary_files_of_a_killed_checkpoint_write_are_removed(run_inprocess, tmp_path: Path,
-                                                                       capsys) -> None:
+def test_stale_temporary_files_of_a_killed_checkpoint_write_are_removed(run_inprocess, tmp_path: Path, capsys) -> None:
     """Item 7 (second half): a write killed mid-way leaves ``.step-*.ckpt.*.tmp``; the next run removes it."""
     from ddlkit.atomic import atomic_path
 
@@ -408,13 +451,16 @@ def test_stale_temporary_files_of_a_killed_checkpoint_write_are_removed(run_inpr
     assert (resumed.exit_code, resumed.result["resumed_from_step"]) == (0, 15)
     assert not stale.exists()
     assert sorted(p.name for p in ckdir.iterdir() if p.name.startswith(".")) == []
-    assert f"ddlkit: removed 1 stale temporary file(s) of an interrupted checkpoint write from {ckdir}: {stale.name}" \
+    assert (
+        f"ddlkit: removed 1 stale temporary file(s) of an interrupted checkpoint write from {ckdir}: {stale.name}"
         in capsys.readouterr().out
+    )
     del killed
 
 
-def test_a_full_disk_keeps_the_previous_checkpoint_and_says_so(run_inprocess, tmp_path: Path, capsys,
-                                                               mount_tmpfs) -> None:
+def test_a_full_disk_keeps_the_previous_checkpoint_and_says_so(
+    run_inprocess, tmp_path: Path, capsys, mount_tmpfs
+) -> None:
     """Item 7: the checkpoint directory fills up while writing step 15: a one-line error naming the
     directory and the intact previous checkpoint, exit 1, nothing lost; with room again the same
     command resumes from it and ends as an uninterrupted run."""
@@ -425,9 +471,11 @@ def test_a_full_disk_keeps_the_previous_checkpoint_and_says_so(run_inprocess, tm
     out = run_inprocess(*SMALL, *big, job_dir=job)
     assert (out.exit_code, out.status) == (1, "failed")
     err = capsys.readouterr().err
-    assert (f"ddlkit worker (rank 0): RunError: no space left on {ckdir} while writing checkpoint step 15; the "
-            f"previous checkpoint {ckdir}/step-00000010.ckpt is intact (0.5 MiB; the next one needs as much): free "
-            "space, then run the same command to resume from it") in err
+    assert (
+        f"ddlkit worker (rank 0): RunError: no space left on {ckdir} while writing checkpoint step 15; the "
+        f"previous checkpoint {ckdir}/step-00000010.ckpt is intact (0.5 MiB; the next one needs as much): free "
+        "space, then run the same command to resume from it"
+    ) in err
     assert "unexpected pos" not in err and "Traceback" not in err
     assert (ckdir / "latest").read_text() == "step-00000010.ckpt\n"
     assert verify(ckdir / "step-00000010.ckpt") is None

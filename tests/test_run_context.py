@@ -44,11 +44,15 @@ def run(ddlkit_pm: DdlkitPluginManager, tmp_path: Path) -> ddlkit.Run:
     return make_run(ddlkit_pm, tmp_path / "job")
 
 
-@pytest.mark.parametrize(("protocol", "implementation"), [
-    (ddlkit.RunContext, lambda run: run),
-    (ddlkit.DistView, lambda run: run.dist),
-    (ddlkit.Schedule, lambda run: run.schedule),
-], ids=["RunContext", "DistView", "Schedule"])
+@pytest.mark.parametrize(
+    ("protocol", "implementation"),
+    [
+        (ddlkit.RunContext, lambda run: run),
+        (ddlkit.DistView, lambda run: run.dist),
+        (ddlkit.Schedule, lambda run: run.schedule),
+    ],
+    ids=["RunContext", "DistView", "Schedule"],
+)
 def test_the_run_implements_every_member_of_the_protocol(run, protocol, implementation) -> None:
     obj = implementation(run)
     declared = members(protocol)
@@ -58,7 +62,8 @@ def test_the_run_implements_every_member_of_the_protocol(run, protocol, implemen
     for name, spec in declared.items():
         if inspect.isfunction(spec):
             assert parameters(spec) == parameters(getattr(type(obj), name)), (
-                f"{type(obj).__name__}.{name} takes other parameters than {protocol.__name__}.{name}")
+                f"{type(obj).__name__}.{name} takes other parameters than {protocol.__name__}.{name}"
+            )
 
 
 def test_every_method_of_the_protocols_is_documented() -> None:
@@ -93,16 +98,22 @@ def base_modules() -> list[Path]:
 @pytest.mark.parametrize("path", base_modules(), ids=lambda p: str(p.relative_to(PACKAGE)))
 def test_the_base_imports_nothing_from_the_rank_wing(path: Path) -> None:
     package = ".".join(path.relative_to(PACKAGE.parent).parent.parts)
-    wing = sorted(m for m in imports_of(path.read_text(encoding="utf-8"), package)
-                  if m == "ddlkit.rank" or m.startswith("ddlkit.rank."))
+    wing = sorted(
+        m
+        for m in imports_of(path.read_text(encoding="utf-8"), package)
+        if m == "ddlkit.rank" or m.startswith("ddlkit.rank.")
+    )
     assert not wing, f"{path.relative_to(PACKAGE.parent)} imports {', '.join(wing)}"
 
 
-@pytest.mark.parametrize(("source", "package"), [
-    ("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from ..rank.run import Run\n", "ddlkit.interfaces"),
-    ("def f():\n    from .rank import run\n", "ddlkit"),
-    ("import ddlkit.rank.worker\n", "ddlkit"),
-])
+@pytest.mark.parametrize(
+    ("source", "package"),
+    [
+        ("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from ..rank.run import Run\n", "ddlkit.interfaces"),
+        ("def f():\n    from .rank import run\n", "ddlkit"),
+        ("import ddlkit.rank.worker\n", "ddlkit"),
+    ],
+)
 def test_the_import_check_sees_every_form_of_import(source: str, package: str) -> None:
     """The check above must not pass for want of seeing an import: the form the interfaces used
     (relative, under TYPE_CHECKING), a lazy one and an absolute one."""
@@ -122,15 +133,22 @@ def test_neither_wing_imports_the_other(wing: str, other: str) -> None:
     """The launcher (CLI, validation, the job directory's writing, jobs, sweeps) and the rank (worker,
     Run, checkpoints, control plane) share only the base: a rank never loads the launcher's code,
     and the launcher never runs a rank's."""
-    crossing = {str(path.relative_to(PACKAGE.parent)): sorted(
-                    m for m in imports_of(path.read_text(encoding="utf-8"), package_of(path))
-                    if m == f"ddlkit.{other}" or m.startswith(f"ddlkit.{other}."))
-                for path in wing_modules(wing)}
+    crossing = {
+        str(path.relative_to(PACKAGE.parent)): sorted(
+            m
+            for m in imports_of(path.read_text(encoding="utf-8"), package_of(path))
+            if m == f"ddlkit.{other}" or m.startswith(f"ddlkit.{other}.")
+        )
+        for path in wing_modules(wing)
+    }
     assert len(crossing) > 5 and {k: v for k, v in crossing.items() if v} == {}
 
 
 @pytest.mark.parametrize("path", base_modules(), ids=lambda p: str(p.relative_to(PACKAGE)))
 def test_the_base_imports_nothing_from_the_launch_wing(path: Path) -> None:
-    wing = sorted(m for m in imports_of(path.read_text(encoding="utf-8"), package_of(path))
-                  if m == "ddlkit.launch" or m.startswith("ddlkit.launch."))
+    wing = sorted(
+        m
+        for m in imports_of(path.read_text(encoding="utf-8"), package_of(path))
+        if m == "ddlkit.launch" or m.startswith("ddlkit.launch.")
+    )
     assert not wing, f"{path.relative_to(PACKAGE.parent)} imports {', '.join(wing)}"

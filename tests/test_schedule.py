@@ -18,14 +18,20 @@ def test_peak_scales_linearly_with_the_global_batch() -> None:
 
 def test_square_root_scaling() -> None:
     assert LRSchedule(0.001, global_batch=1024, steps_per_epoch=10, scale_lr="sqrt").peak_lr == pytest.approx(0.002)
-    assert LRSchedule(0.001, global_batch=64, steps_per_epoch=10, scale_lr=LRScaling.sqrt).peak_lr == \
-        pytest.approx(0.0005)
+    assert LRSchedule(0.001, global_batch=64, steps_per_epoch=10, scale_lr=LRScaling.sqrt).peak_lr == pytest.approx(
+        0.0005
+    )
 
 
-@pytest.mark.parametrize(("optimizer", "rule", "peak"), [
-    ("sgd", "linear", 0.1 * 32 / 256), ("lars", "linear", 0.1 * 32 / 256),
-    ("adamw", "sqrt", 0.001 * (32 / 256) ** 0.5), ("lamb", "sqrt", 0.004 * (32 / 256) ** 0.5),
-])
+@pytest.mark.parametrize(
+    ("optimizer", "rule", "peak"),
+    [
+        ("sgd", "linear", 0.1 * 32 / 256),
+        ("lars", "linear", 0.1 * 32 / 256),
+        ("adamw", "sqrt", 0.001 * (32 / 256) ** 0.5),
+        ("lamb", "sqrt", 0.004 * (32 / 256) ** 0.5),
+    ],
+)
 @pytest.mark.plugins  # the optimizers are ddlkit-pytorch's
 def test_each_optimizer_scales_by_its_own_rule(ddlkit_pm, tmp_path, optimizer: str, rule: str, peak: float) -> None:
     """Issue 22, item 5: adamw at batch 32 trained at 0.001 x 32/256 = 0.000125, SGD's linear rule."""
@@ -34,8 +40,14 @@ def test_each_optimizer_scales_by_its_own_rule(ddlkit_pm, tmp_path, optimizer: s
     add_plugin(ddlkit_pm, plugin)  # the optimizers' registrations
     run = make_run(ddlkit_pm, tmp_path, "framework=pytorch", f"optimizer={optimizer}", "trainer.batch_size=32")
     assert (run.schedule.scaling.value, run.schedule.peak_lr) == (rule, pytest.approx(peak))
-    unscaled = make_run(ddlkit_pm, tmp_path / "none", "framework=pytorch", f"optimizer={optimizer}",
-                        "trainer.batch_size=32", "optimizer.scale_lr=none")
+    unscaled = make_run(
+        ddlkit_pm,
+        tmp_path / "none",
+        "framework=pytorch",
+        f"optimizer={optimizer}",
+        "trainer.batch_size=32",
+        "optimizer.scale_lr=none",
+    )
     assert unscaled.schedule.peak_lr == pytest.approx(run.schedule.base_lr)
 
 
@@ -56,8 +68,7 @@ def test_fractional_and_no_warmup() -> None:
 
 
 def test_decays_by_the_factor_at_each_decay_epoch() -> None:
-    s = LRSchedule(0.1, global_batch=256, steps_per_epoch=100, warmup_epochs=1, decay_epochs=(5, 3),
-                   decay_factor=0.1)
+    s = LRSchedule(0.1, global_batch=256, steps_per_epoch=100, warmup_epochs=1, decay_epochs=(5, 3), decay_factor=0.1)
     assert [s(i) for i in (299, 300, 499, 500, 10_000)] == pytest.approx([0.1, 0.01, 0.01, 0.001, 0.001])
 
 

@@ -26,37 +26,57 @@ URL = f"{ACCOUNT}?{URL_SAS}"
 #: what the ranks must get back: see storage=memory's expect_sha256 (ddlkit.testing.fakes)
 EXPECTED = hashlib.sha256(f"{TOKEN}|{URL}".encode()).hexdigest()
 SECRET_ARGS = ("storage=memory", f"storage.sas_token='{TOKEN}'", f"storage.account_url='{URL}'")
-SMALL = ("data.length=64", "data.val_length=16", "data.num_classes=10", "trainer.epochs=1", "trainer.batch_size=8",
-         "trainer.log_every=2")
+SMALL = (
+    "data.length=64",
+    "data.val_length=16",
+    "data.num_classes=10",
+    "trainer.epochs=1",
+    "trainer.batch_size=8",
+    "trainer.log_every=2",
+)
 
 
 # ---------------------------------------------------------------------------- the pieces
-@pytest.mark.parametrize(("text", "expected"), [
-    (URL, f"{ACCOUNT}?***"),
-    (TOKEN, "***"),
-    (f"?{TOKEN}", "?***"),
-    (f"HTTP 403 for {ACCOUNT}/c/blob.bin?{URL_SAS} (retrying)", f"HTTP 403 for {ACCOUNT}/c/blob.bin?*** (retrying)"),
-    (f"storage.account_url='{URL}'", f"storage.account_url='{ACCOUNT}?***'"),
-    (f"storage.account_url={URL}", f"storage.account_url={ACCOUNT}?***"),
-    ("DefaultEndpointsProtocol=https;AccountName=a;AccountKey=LEAK+k/ey==;EndpointSuffix=core.windows.net",
-     "DefaultEndpointsProtocol=https;AccountName=a;AccountKey=***;EndpointSuffix=core.windows.net"),
-    ("BlobEndpoint=https://a.blob.core.windows.net;SharedAccessSignature=sv=1&sig=LEAK",
-     "BlobEndpoint=https://a.blob.core.windows.net;SharedAccessSignature=***"),
-    # no credential: untouched
-    ("https://a.blob.core.windows.net/c?restype=container&comp=list&design=1", None),
-    ("data.root=blob://c/imagenet trainer.epochs=2", None),
-])
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        (URL, f"{ACCOUNT}?***"),
+        (TOKEN, "***"),
+        (f"?{TOKEN}", "?***"),
+        (
+            f"HTTP 403 for {ACCOUNT}/c/blob.bin?{URL_SAS} (retrying)",
+            f"HTTP 403 for {ACCOUNT}/c/blob.bin?*** (retrying)",
+        ),
+        (f"storage.account_url='{URL}'", f"storage.account_url='{ACCOUNT}?***'"),
+        (f"storage.account_url={URL}", f"storage.account_url={ACCOUNT}?***"),
+        (
+            "DefaultEndpointsProtocol=https;AccountName=a;AccountKey=LEAK+k/ey==;EndpointSuffix=core.windows.net",
+            "DefaultEndpointsProtocol=https;AccountName=a;AccountKey=***;EndpointSuffix=core.windows.net",
+        ),
+        (
+            "BlobEndpoint=https://a.blob.core.windows.net;SharedAccessSignature=sv=1&sig=LEAK",
+            "BlobEndpoint=https://a.blob.core.windows.net;SharedAccessSignature=***",
+        ),
+        # no credential: untouched
+        ("https://a.blob.core.windows.net/c?restype=container&comp=list&design=1", None),
+        ("data.root=blob://c/imagenet trainer.epochs=2", None),
+    ],
+)
 def test_redact_text_removes_credentials_in_values(text: str, expected: str | None) -> None:
     assert secret_store.redact_text(text) == (text if expected is None else expected)
     assert secret_store.has_credentials(text) is (expected is not None)
 
 
 def test_a_sas_in_any_url_value_is_split_out_and_restored_on_the_ranks() -> None:
-    config = {"storage": {"name": "azure", "account_url": URL, "container": "c"},
-              "data": {"roots": ["blob://c/x", URL], "root": "https://a/c?comp=list"}}
+    config = {
+        "storage": {"name": "azure", "account_url": URL, "container": "c"},
+        "data": {"roots": ["blob://c/x", URL], "root": "https://a/c?comp=list"},
+    }
     redacted, found = secret_store.split_secrets(config)
-    assert redacted == {"storage": {"name": "azure", "account_url": f"{ACCOUNT}?***", "container": "c"},
-                        "data": {"roots": ["blob://c/x", f"{ACCOUNT}?***"], "root": "https://a/c?comp=list"}}
+    assert redacted == {
+        "storage": {"name": "azure", "account_url": f"{ACCOUNT}?***", "container": "c"},
+        "data": {"roots": ["blob://c/x", f"{ACCOUNT}?***"], "root": "https://a/c?comp=list"},
+    }
     assert found == {"storage.account_url": URL, "data.roots.1": URL}
     restored = json.loads(json.dumps(redacted))
     secret_store.restore_secrets(restored, secret_store.decode(secret_store.encode(found)))
@@ -64,11 +84,20 @@ def test_a_sas_in_any_url_value_is_split_out_and_restored_on_the_ranks() -> None
 
 
 def test_redact_overrides_and_override_secrets() -> None:
-    argv = ["ddlkit", f"storage.account_url='{URL}'", "logger.wandb.api_key=LEAKkey1,LEAKkey2",
-            "+storage.sas_token=\"'LEAKquoted'\"", "optimizer.lr=0.1,0.2"]
+    argv = [
+        "ddlkit",
+        f"storage.account_url='{URL}'",
+        "logger.wandb.api_key=LEAKkey1,LEAKkey2",
+        "+storage.sas_token=\"'LEAKquoted'\"",
+        "optimizer.lr=0.1,0.2",
+    ]
     assert secret_store.redact_overrides(argv) == [
-        "ddlkit", f"storage.account_url='{ACCOUNT}?***'", "logger.wandb.api_key=***", "+storage.sas_token=***",
-        "optimizer.lr=0.1,0.2"]
+        "ddlkit",
+        f"storage.account_url='{ACCOUNT}?***'",
+        "logger.wandb.api_key=***",
+        "+storage.sas_token=***",
+        "optimizer.lr=0.1,0.2",
+    ]
     values = set(secret_store.override_secrets(argv).values())
     assert {"LEAKkey1", "LEAKkey2", "LEAKquoted"} <= values
     assert not any("0.1" in v for v in values)
@@ -86,11 +115,19 @@ def test_a_redacting_stream_scrubs_what_is_written_and_is_otherwise_the_stream()
 
 def test_redact_config_file(tmp_path: Path) -> None:
     path = tmp_path / "multirun.yaml"
-    OmegaConf.save(OmegaConf.create({
-        "hydra": {"overrides": {"task": ["storage.sas_token=LEAKtok", f"storage.account_url='{URL}'"]},
-                  "job": {"override_dirname": "storage.sas_token=LEAKtok,trainer.epochs=2"},
-                  "sweep": {"dir": "multirun/${now:%H}"}},
-        "storage": {"sas_token": "LEAKtok", "account_url": URL}}), path)
+    OmegaConf.save(
+        OmegaConf.create(
+            {
+                "hydra": {
+                    "overrides": {"task": ["storage.sas_token=LEAKtok", f"storage.account_url='{URL}'"]},
+                    "job": {"override_dirname": "storage.sas_token=LEAKtok,trainer.epochs=2"},
+                    "sweep": {"dir": "multirun/${now:%H}"},
+                },
+                "storage": {"sas_token": "LEAKtok", "account_url": URL},
+            }
+        ),
+        path,
+    )
     secret_store.redact_config_file(path)
     text = path.read_text()
     assert LEAK not in text
@@ -149,8 +186,9 @@ def test_the_ranks_check_of_the_restored_secrets_can_fail(cli: _Cli, tmp_path: P
     assert _leaks(out, tmp_path) == []
 
 
-@pytest.mark.parametrize("flags", [("--cfg", "job"), ("--cfg", "all"), ("--info", "config"), ("--info", "all"),
-                                   ("--help",)], ids=" ".join)
+@pytest.mark.parametrize(
+    "flags", [("--cfg", "job"), ("--cfg", "all"), ("--info", "config"), ("--info", "all"), ("--help",)], ids=" ".join
+)
 def test_printing_the_config_redacts(cli: _Cli, tmp_path: Path, flags: tuple[str, ...]) -> None:
     """Item 9: ``--cfg``, ``--info`` and ``--help`` print the composed config."""
     out = cli("framework=fake", *SECRET_ARGS, *flags)
@@ -168,33 +206,48 @@ def test_plan_and_a_sweep_redact(cli: _Cli, tmp_path: Path) -> None:
     assert f"storage.account_url='\"'\"'{ACCOUNT}?***'\"'\"''" in plan.stdout, plan.output
 
     sweep_dir = tmp_path / "sweep"
-    sweep = cli("-m", "framework=fake", *SECRET_ARGS, f"storage.expect_sha256={EXPECTED}", *SMALL,
-                "optimizer.lr=0.1,0.05", f"hydra.sweep.dir={sweep_dir}")
+    sweep = cli(
+        "-m",
+        "framework=fake",
+        *SECRET_ARGS,
+        f"storage.expect_sha256={EXPECTED}",
+        *SMALL,
+        "optimizer.lr=0.1,0.05",
+        f"hydra.sweep.dir={sweep_dir}",
+    )
     sweep.assert_success()
     assert (sweep_dir / "multirun.yaml").is_file() and (sweep_dir / "1" / "rank-0.log").is_file()
     assert _leaks(sweep, tmp_path) == []
 
 
 def test_a_failed_job_and_its_resume_hint_redact(cli: _Cli, tmp_path: Path) -> None:
-    out = cli.run(*SECRET_ARGS, *SMALL, "trainer.checkpoint_every=2", "framework.fail_at_step=3",
-                  job_dir=tmp_path / "job")
+    out = cli.run(
+        *SECRET_ARGS, *SMALL, "trainer.checkpoint_every=2", "framework.fail_at_step=3", job_dir=tmp_path / "job"
+    )
     assert out.returncode not in (0, 2), out.output
     assert "resume with: ddlkit" in out.stderr, out.output
     assert _leaks(out, tmp_path) == []
 
 
-@pytest.mark.parametrize("args", [
-    # item 8: the README's example; Hydra would echo the token in its "To append ..." hint
-    pytest.param(("storage=local", f"storage.sas_token='{TOKEN}'"), id="item8"),
-    pytest.param(("storage=azure", f"storage.sas_token='{TOKEN}'"), id="item8-azure", marks=pytest.mark.plugins),
-    # item 11: accepted, ignored, and failing after training
-    pytest.param(("storage=azure", f"+storage.sas_token='{TOKEN}'"), id="item11-azure", marks=pytest.mark.plugins),
-    pytest.param(("storage=local", f"++storage.sas_token='{TOKEN}'"), id="item11-plusplus"),
-    pytest.param(("logger=[console,wandb]", "+logger.wandb.api_token=LEAKkey"), id="misspelt-logger-key",
-                 marks=pytest.mark.plugins),
-])
-def test_a_secret_under_a_key_that_is_no_option_is_refused_unseen(cli: _Cli, tmp_path: Path,
-                                                                  args: tuple[str, ...]) -> None:
+@pytest.mark.parametrize(
+    "args",
+    [
+        # item 8: the README's example; Hydra would echo the token in its "To append ..." hint
+        pytest.param(("storage=local", f"storage.sas_token='{TOKEN}'"), id="item8"),
+        pytest.param(("storage=azure", f"storage.sas_token='{TOKEN}'"), id="item8-azure", marks=pytest.mark.plugins),
+        # item 11: accepted, ignored, and failing after training
+        pytest.param(("storage=azure", f"+storage.sas_token='{TOKEN}'"), id="item11-azure", marks=pytest.mark.plugins),
+        pytest.param(("storage=local", f"++storage.sas_token='{TOKEN}'"), id="item11-plusplus"),
+        pytest.param(
+            ("logger=[console,wandb]", "+logger.wandb.api_token=LEAKkey"),
+            id="misspelt-logger-key",
+            marks=pytest.mark.plugins,
+        ),
+    ],
+)
+def test_a_secret_under_a_key_that_is_no_option_is_refused_unseen(
+    cli: _Cli, tmp_path: Path, args: tuple[str, ...]
+) -> None:
     out = cli.run(*args, *SMALL, job_dir=tmp_path / "job")
     out.assert_returncode(2)
     assert out.stderr.startswith("ddlkit: error: `"), out.output
@@ -205,8 +258,9 @@ def test_a_secret_under_a_key_that_is_no_option_is_refused_unseen(cli: _Cli, tmp
 
 def test_hydra_errors_and_argument_errors_redact(cli: _Cli, tmp_path: Path) -> None:
     # a key that is no option (not secret-looking): Hydra's error echoes the whole override
-    typo = cli("framework=fake", "storage=memory", f"storage.acount_url='{URL}'", "storage.sas_token=LEAKtok1",
-               "--cfg", "job")
+    typo = cli(
+        "framework=fake", "storage=memory", f"storage.acount_url='{URL}'", "storage.sas_token=LEAKtok1", "--cfg", "job"
+    )
     assert typo.returncode != 0 and "acount_url" in typo.stderr, typo.output
     # a bad value for --info: argparse echoes it
     info = cli("framework=fake", "storage=memory", "--info", "storage.sas_token=LEAKtok2")

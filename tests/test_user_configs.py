@@ -39,11 +39,15 @@ def composed(capsys: pytest.CaptureFixture[str], *args: str) -> str:
 
 
 @pytest.mark.parametrize("where", ["--config-dir", "hydra.searchpath", "./conf"])
-def test_presets_and_experiments_are_chosen_like_built_in_options(where: str, tmp_path: Path,
-                                                                   capsys: pytest.CaptureFixture[str]) -> None:
+def test_presets_and_experiments_are_chosen_like_built_in_options(
+    where: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     root = conf_dir(tmp_path / ("conf" if where == "./conf" else "mine"))
-    flags = {"--config-dir": ["--config-dir", str(root)], "hydra.searchpath": [f"hydra.searchpath=[file://{root}]"],
-             "./conf": []}[where]
+    flags = {
+        "--config-dir": ["--config-dir", str(root)],
+        "hydra.searchpath": [f"hydra.searchpath=[file://{root}]"],
+        "./conf": [],
+    }[where]
     out = composed(capsys, *flags, "compute=patient")
     assert "compute:\n  grace_period_s: 99.0\n  name: local\n" in out
     # an experiment in conf/experiment/ that overrides a group with the user's own preset
@@ -52,16 +56,19 @@ def test_presets_and_experiments_are_chosen_like_built_in_options(where: str, tm
 
 
 @pytest.mark.plugins  # ddlkit --help composes the default config: framework=pytorch
-def test_help_lists_the_presets_and_a_typo_is_answered_with_the_same_choices(tmp_path: Path,
-                                                                           capsys: pytest.CaptureFixture[str]) -> None:
+def test_help_lists_the_presets_and_a_typo_is_answered_with_the_same_choices(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     conf_dir(tmp_path / "conf")
     assert main(["--help"]) == 0
     listed = re.search(r"^compute: (.*)$", capsys.readouterr().out, re.MULTILINE)[1].split(", ")
     assert {"local", "named", "patient"} <= set(listed)
     assert main(["framework=fake", "compute=patinet", "--cfg", "job"]) == 2
     err = capsys.readouterr().err
-    assert err == (f"ddlkit: error: unknown compute target 'patinet' (config key `compute`). Choose one of: "
-                   f"{', '.join(sorted(listed))}.\n")
+    assert err == (
+        f"ddlkit: error: unknown compute target 'patinet' (config key `compute`). Choose one of: "
+        f"{', '.join(sorted(listed))}.\n"
+    )
 
 
 def test_a_preset_that_names_its_plugin_gets_the_plugins_schema(tmp_path: Path, run_factory) -> None:
@@ -70,16 +77,19 @@ def test_a_preset_that_names_its_plugin_gets_the_plugins_schema(tmp_path: Path, 
     assert '"grace_period_s": 77.0' in (out.job_dir / "job.json").read_text()
     (tmp_path / "conf" / "compute" / "typo.yaml").write_text("name: local\ngrace_period: 5\n")
     out = run_factory("compute=typo").assert_returncode(2)
-    assert out.stderr == ("ddlkit: error: unknown key `compute.grace_period`: compute has no option grace_period. "
-                          "Did you mean `compute.grace_period_s`?\n")
+    assert out.stderr == (
+        "ddlkit: error: unknown key `compute.grace_period`: compute has no option grace_period. "
+        "Did you mean `compute.grace_period_s`?\n"
+    )
     (tmp_path / "conf" / "compute" / "nameless.yaml").write_text("grace_period_s: 5\n")
     out = run_factory("compute=nameless").assert_returncode(2)
     assert out.stderr.startswith("ddlkit: error: the compute preset does not say which compute target it configures")
 
 
 @pytest.mark.plugins  # ddlkit --help composes the default config: framework=pytorch
-def test_a_broken_experiment_breaks_only_the_commands_that_select_it(tmp_path: Path,
-                                                                    capsys: pytest.CaptureFixture[str]) -> None:
+def test_a_broken_experiment_breaks_only_the_commands_that_select_it(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     (tmp_path / "experiments").mkdir()
     (tmp_path / "experiments" / "broken.yaml").write_text("trainer:\n  epochs: [1\n")
     (tmp_path / "experiments" / "fine.yaml").write_text("# @package _global_\ntrainer:\n  epochs: 4\n")
@@ -89,7 +99,8 @@ def test_a_broken_experiment_breaks_only_the_commands_that_select_it(tmp_path: P
     assert main(["framework=fake", "+experiment=broken", "--cfg", "job"]) == 2
     assert capsys.readouterr().err == (
         f"ddlkit: error: experiment file {tmp_path}/experiments/broken.yaml is not a valid config: expected ',' or "
-        "']', but got '<stream end>' at line 3, column 1\n")
+        "']', but got '<stream end>' at line 3, column 1\n"
+    )
 
 
 SHIPPED = Path(__file__).resolve().parents[1] / "conf"

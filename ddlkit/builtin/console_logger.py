@@ -47,6 +47,7 @@ from ..result import SUMMARY
 if TYPE_CHECKING:
     from ..interfaces import RunContext
 
+
 @dataclass
 class ConsoleLoggerConfig:
     # print the summary table at the end of the run
@@ -76,8 +77,11 @@ def _lr_rule(schedule: Any) -> str:
     """How the peak lr came about (optimizer.scale_lr), for the header."""
     rule = schedule.scaling.value
     ratio = f"{schedule.global_batch}/{schedule.reference_batch}"
-    how = {"linear": f"{schedule.base_lr:.4g} x {ratio}", "sqrt": f"{schedule.base_lr:.4g} x sqrt({ratio})",
-           "none": "as given"}[rule]
+    how = {
+        "linear": f"{schedule.base_lr:.4g} x {ratio}",
+        "sqrt": f"{schedule.base_lr:.4g} x sqrt({ratio})",
+        "none": "as given",
+    }[rule]
     return f"{how}: optimizer.scale_lr={rule}"
 
 
@@ -114,18 +118,26 @@ class ConsoleLogger(Logger):
             # the epoch a step belongs to: its last step ends it (epoch 1.0 is epoch 1's)
             epoch = max(1, math.ceil(metrics["epoch"]))
             ips = metrics.get("images_per_sec")
-            self._print(PROGRESS_LINE.format(
-                epoch=epoch, epochs=run.cfg.trainer.epochs, step=step, total=run.total_steps,
-                loss=f"{metrics['loss']:.4f}", lr=f"{metrics['lr']:.6f}", unit=unit(run),
-                ips="-" if ips is None else f"{ips:.1f}", eta=_eta(eta)))
+            self._print(
+                PROGRESS_LINE.format(
+                    epoch=epoch,
+                    epochs=run.cfg.trainer.epochs,
+                    step=step,
+                    total=run.total_steps,
+                    loss=f"{metrics['loss']:.4f}",
+                    lr=f"{metrics['lr']:.6f}",
+                    unit=unit(run),
+                    ips="-" if ips is None else f"{ips:.1f}",
+                    eta=_eta(eta),
+                )
+            )
         else:
             parts = "  ".join(f"{k} {v:.4f}" for k, v in metrics.items() if k != "epoch")
             epochs, epoch = run.cfg.trainer.epochs, metrics["epoch"]
             if epoch == int(epoch):
                 self._print(f"epoch {int(epoch)}/{epochs} validation: {parts}")
             else:  # a run that stopped mid-epoch (trainer.max_steps)
-                self._print(f"step {step}/{run.total_steps} validation (in epoch {math.ceil(epoch)}/{epochs}): "
-                            f"{parts}")
+                self._print(f"step {step}/{run.total_steps} validation (in epoch {math.ceil(epoch)}/{epochs}): {parts}")
 
     def finish(self, status: str, result: Mapping[str, Any] | None) -> None:
         if result is None or not self.cfg.summary:
@@ -160,5 +172,9 @@ def _epochs_trained(result: Mapping[str, Any], planned: int) -> str:
 
 @hookimpl
 def ddlkit_loggers():
-    yield Registration("console", ConsoleLogger, config=ConsoleLoggerConfig,
-                       description="progress lines and a summary on rank 0 (a live bar in a terminal)")
+    yield Registration(
+        "console",
+        ConsoleLogger,
+        config=ConsoleLoggerConfig,
+        description="progress lines and a summary on rank 0 (a live bar in a terminal)",
+    )

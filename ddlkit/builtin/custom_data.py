@@ -74,8 +74,11 @@ class Samples:
         import numpy as np
 
         self.arrays: tuple[Any, Any] | None = None
-        if isinstance(produced, tuple) and len(produced) == 2 and all(hasattr(a, "__len__") and not isinstance(a, tuple)
-                                                                      for a in produced):
+        if (
+            isinstance(produced, tuple)
+            and len(produced) == 2
+            and all(hasattr(a, "__len__") and not isinstance(a, tuple) for a in produced)
+        ):
             inputs, targets = (_float32(np.asarray(a)) for a in produced)
             if len(inputs) != len(targets):
                 raise ConfigError(f"{where} returned {len(inputs)} inputs but {len(targets)} targets.")
@@ -84,8 +87,10 @@ class Samples:
         elif hasattr(produced, "__len__") and hasattr(produced, "__getitem__"):
             self.sequence = produced
         else:
-            raise ConfigError(f"{where} returned a {type(produced).__name__}: return (inputs, targets) arrays or a "
-                              "sequence of (input, target) samples.")
+            raise ConfigError(
+                f"{where} returned a {type(produced).__name__}: return (inputs, targets) arrays or a "
+                "sequence of (input, target) samples."
+            )
 
     def __len__(self) -> int:
         return len(self.arrays[0]) if self.arrays is not None else len(self.sequence)
@@ -96,8 +101,9 @@ class Samples:
         if self.arrays is not None:
             return Batch(self.arrays[0][indices], self.arrays[1][indices])
         pairs = [self.sequence[int(i)] for i in indices]
-        return Batch(_float32(np.stack([np.asarray(x) for x, _ in pairs])), _float32(np.stack([np.asarray(y)
-                                                                                                for _, y in pairs])))
+        return Batch(
+            _float32(np.stack([np.asarray(x) for x, _ in pairs])), _float32(np.stack([np.asarray(y) for _, y in pairs]))
+        )
 
 
 #: how many samples of a sequence are checked before training (all of them for arrays)
@@ -117,36 +123,50 @@ def check_samples(samples: Samples, cfg: Any, where: str) -> None:
         try:
             inputs, targets = samples.take(np.arange(min(len(samples), CHECKED_SAMPLES)))
         except ValueError as err:  # np.stack of samples whose shapes differ
-            raise ConfigError(f"{where}: its first samples do not stack into a batch ({err}): every input must have "
-                              "the same shape, and every target too.") from None
+            raise ConfigError(
+                f"{where}: its first samples do not stack into a batch ({err}): every input must have "
+                "the same shape, and every target too."
+            ) from None
     for what, a in (("inputs", inputs), ("targets", targets)):
         if not (np.issubdtype(a.dtype, np.number) or a.dtype == np.bool_):
-            raise ConfigError(f"{where} gives {what} of dtype {a.dtype}: {what} must be numbers. Convert them in "
-                              "your function (e.g. np.asarray(x, dtype=np.float32)).")
+            raise ConfigError(
+                f"{where} gives {what} of dtype {a.dtype}: {what} must be numbers. Convert them in "
+                "your function (e.g. np.asarray(x, dtype=np.float32))."
+            )
     size = cfg.image_size
     if size and inputs.shape[1:] != (size, size, 3):
-        raise ConfigError(f"{where} gives inputs of shape {inputs.shape[1:]} per sample, but data.image_size={size} "
-                          f"means {size}x{size}x3 images (height, width, channels). Give them that shape, set "
-                          "data.image_size to their size, or data.image_size=0 to give the inputs to the model as "
-                          "they are.")
+        raise ConfigError(
+            f"{where} gives inputs of shape {inputs.shape[1:]} per sample, but data.image_size={size} "
+            f"means {size}x{size}x3 images (height, width, channels). Give them that shape, set "
+            "data.image_size to their size, or data.image_size=0 to give the inputs to the model as "
+            "they are."
+        )
     classes = cfg.num_classes
     if not classes or not len(targets):
         return
     if targets.ndim != 1:
-        raise ConfigError(f"{where} gives targets of shape {targets.shape[1:]} per sample, but data.num_classes="
-                          f"{classes} means one class index per sample (one-hot labels: take their argmax). Or set "
-                          "data.num_classes=0 and model.loss for another task.")
+        raise ConfigError(
+            f"{where} gives targets of shape {targets.shape[1:]} per sample, but data.num_classes="
+            f"{classes} means one class index per sample (one-hot labels: take their argmax). Or set "
+            "data.num_classes=0 and model.loss for another task."
+        )
     if not np.issubdtype(targets.dtype, np.integer):
-        raise ConfigError(f"{where} gives {targets.dtype} targets, but data.num_classes={classes} means class "
-                          "indices: return integers (e.g. labels.astype(np.int64)), or set data.num_classes=0 and "
-                          "model.loss for another task.")
+        raise ConfigError(
+            f"{where} gives {targets.dtype} targets, but data.num_classes={classes} means class "
+            "indices: return integers (e.g. labels.astype(np.int64)), or set data.num_classes=0 and "
+            "model.loss for another task."
+        )
     low, high = int(targets.min()), int(targets.max())
     if low < 0:
-        raise ConfigError(f"{where} gives class {low}: class indices run from 0 to data.num_classes - 1 "
-                          f"({classes - 1}). Fix the labels.")
+        raise ConfigError(
+            f"{where} gives class {low}: class indices run from 0 to data.num_classes - 1 "
+            f"({classes - 1}). Fix the labels."
+        )
     if high >= classes:
-        raise ConfigError(f"{where} gives class {high}, but data.num_classes={classes} allows 0 to {classes - 1}. "
-                          f"Set data.num_classes={high + 1} or fix the labels.")
+        raise ConfigError(
+            f"{where} gives class {high}, but data.num_classes={classes} allows 0 to {classes - 1}. "
+            f"Set data.num_classes={high + 1} or fix the labels."
+        )
 
 
 def _float32(a: Any) -> Any:
@@ -170,11 +190,17 @@ class SampleBatches:
     def iter_epoch(self, epoch: int, start_batch: int = 0) -> Iterator[Batch]:
         from ..images import epoch_order
 
-        order = epoch_order(len(self.samples), batch_size=self.batch_size, shard=self.shard, seed=self.seed,
-                            epoch=epoch, train=self.train)
+        order = epoch_order(
+            len(self.samples),
+            batch_size=self.batch_size,
+            shard=self.shard,
+            seed=self.seed,
+            epoch=epoch,
+            train=self.train,
+        )
         b = self.batch_size
         for k in range(start_batch, self.n):
-            yield self.samples.take(order[k * b:(k + 1) * b])
+            yield self.samples.take(order[k * b : (k + 1) * b])
 
 
 class CustomData(DataSource):
@@ -203,8 +229,12 @@ class CustomData(DataSource):
 
 @hookimpl
 def ddlkit_data_sources():
-    yield Registration("custom", CustomData, config=CustomDataConfig,
-                       description="samples from your own function: data.target=package.module:function")
+    yield Registration(
+        "custom",
+        CustomData,
+        config=CustomDataConfig,
+        description="samples from your own function: data.target=package.module:function",
+    )
 
 
 @hookimpl

@@ -42,8 +42,11 @@ class JsonlLogger(Logger):
         self.path = run.job_dir / self.cfg.filename
         if run.resumed_at is not None and self.path.exists():
             # drop lines logged after the checkpoint we resume from: they will be logged again
-            keep = [ln for ln in self.path.read_text(encoding="utf-8").splitlines()
-                    if ln.strip() and json.loads(ln).get("step", 0) <= run.resumed_at.step]
+            keep = [
+                ln
+                for ln in self.path.read_text(encoding="utf-8").splitlines()
+                if ln.strip() and json.loads(ln).get("step", 0) <= run.resumed_at.step
+            ]
             write_text(self.path, "".join(ln + "\n" for ln in keep))
         elif run.resumed_at is None and self.path.exists():
             self.path.unlink()

@@ -60,8 +60,13 @@ class LocalTarget(ComputeTarget):
 
         # the launcher's own environment (same machine, same user) plus what the job asks for
         env = {**os.environ, **spec.env, **spec.secret_env, "PYTHONUNBUFFERED": "1"}
-        return ProcessJob.start(spec.command(sys.executable), job_dir=spec.job_dir, log_name=RANK0_LOG, env=env,
-                                grace_period_s=self.cfg.grace_period_s)
+        return ProcessJob.start(
+            spec.command(sys.executable),
+            job_dir=spec.job_dir,
+            log_name=RANK0_LOG,
+            env=env,
+            grace_period_s=self.cfg.grace_period_s,
+        )
 
     def attach(self, job_id: str, *, job_dir: Path) -> JobHandle:
         from ..compute.process import ProcessJob  # here: composing a config starts no process
@@ -71,5 +76,6 @@ class LocalTarget(ComputeTarget):
 
 @hookimpl
 def ddlkit_compute_targets():
-    yield Registration("local", LocalTarget, config=LocalComputeConfig,
-                       description="one rank, a process on this machine")
+    yield Registration(
+        "local", LocalTarget, config=LocalComputeConfig, description="one rank, a process on this machine"
+    )

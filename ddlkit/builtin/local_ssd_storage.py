@@ -59,8 +59,9 @@ class LocalSsdStorage(StagingStorage):
         if self.cfg.results:
             return open_storage(self.cfg.results)
         if self.scratch is None:
-            raise ConfigError("storage=local_ssd keeps objects in storage.results (or under storage.scratch): "
-                              "set one of them.")
+            raise ConfigError(
+                "storage=local_ssd keeps objects in storage.results (or under storage.scratch): set one of them."
+            )
         return LocalStorage(LocalStorageConfig(root=str(self.scratch / "objects")))
 
     def put(self, local_path: Path, key: str) -> None:
@@ -78,9 +79,13 @@ class LocalSsdStorage(StagingStorage):
 
 @hookimpl
 def ddlkit_storage_backends():
-    yield Registration("local_ssd", LocalSsdStorage, config=LocalSsdConfig,
-                       description="stages data to each node's local disk (from a directory or blob://); "
-                                   "results to a directory or blob://")
+    yield Registration(
+        "local_ssd",
+        LocalSsdStorage,
+        config=LocalSsdConfig,
+        description="stages data to each node's local disk (from a directory or blob://); "
+        "results to a directory or blob://",
+    )
 
 
 @hookimpl

@@ -85,5 +85,9 @@ class LocalStorage(StorageBackend):
 
 @hookimpl
 def ddlkit_storage_backends():
-    yield Registration("local", LocalStorage, config=LocalStorageConfig,
-                       description="a directory on this machine; results stay in the job directory")
+    yield Registration(
+        "local",
+        LocalStorage,
+        config=LocalStorageConfig,
+        description="a directory on this machine; results stay in the job directory",
+    )

@@ -59,8 +59,10 @@ class NfsStorage(LocalStorage, CheckpointPublisher):
 
     def data_path(self, root: str) -> Path:
         if is_url(root):
-            raise ConfigError(f"storage=nfs reads data in place and cannot read data.root={root}; stage it to each "
-                              "node's disk with storage=local_ssd, or copy it onto the share.")
+            raise ConfigError(
+                f"storage=nfs reads data in place and cannot read data.root={root}; stage it to each "
+                "node's disk with storage=local_ssd, or copy it onto the share."
+            )
         path = self._mounted_root() / Path(root).expanduser()  # an absolute data.root replaces the mount point
         if not path.is_dir():
             raise ConfigError(f"data.root {path} is not a directory on the share mounted at {self.root}.")
@@ -86,5 +88,9 @@ class NfsStorage(LocalStorage, CheckpointPublisher):
 
 @hookimpl
 def ddlkit_storage_backends():
-    yield Registration("nfs", NfsStorage, config=NfsStorageConfig,
-                       description="a share mounted on every node: data read in place, results written to it")
+    yield Registration(
+        "nfs",
+        NfsStorage,
+        config=NfsStorageConfig,
+        description="a share mounted on every node: data read in place, results written to it",
+    )

@@ -44,6 +44,7 @@ if TYPE_CHECKING:
     from ..images import SyntheticImages
     from ..interfaces import RunContext
 
+
 @dataclass
 class SyntheticDataConfig:
     # square image side in pixels (ImageNet-style training uses 224)
@@ -97,14 +98,25 @@ class SyntheticData(DataSource):
 
         c = self.cfg
         # the patterns are the task, the same everywhere; the labels and noise differ per rank and split
-        return SyntheticImages(batch_size=batch_size, image_size=c.image_size, num_classes=c.num_classes, batches=n,
-                               pool_mib=c.pool_mib, seed=seed, stream=(shard.rank, split == "val"))
+        return SyntheticImages(
+            batch_size=batch_size,
+            image_size=c.image_size,
+            num_classes=c.num_classes,
+            batches=n,
+            pool_mib=c.pool_mib,
+            seed=seed,
+            stream=(shard.rank, split == "val"),
+        )
 
 
 @hookimpl
 def ddlkit_data_sources():
-    yield Registration("synthetic", SyntheticData, config=SyntheticDataConfig,
-                       description="images generated in memory, a class pattern plus noise (benchmarking, smoke tests)")
+    yield Registration(
+        "synthetic",
+        SyntheticData,
+        config=SyntheticDataConfig,
+        description="images generated in memory, a class pattern plus noise (benchmarking, smoke tests)",
+    )
 
 
 def check_batch_fits(batch_size: int, image_size: int, what: str = "one batch") -> None:
@@ -113,7 +125,8 @@ def check_batch_fits(batch_size: int, image_size: int, what: str = "one batch") 
     needed = batch_size * 3 * image_size * image_size * 4
     memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     if needed > memory / 2:
-        raise ConfigError(f"{what} of trainer.batch_size={batch_size} images of {image_size}x{image_size} px needs "
-                          f"{needed / 2**30:,.1f} GiB as float32, more than half of this machine's "
-                          f"{memory / 2**30:,.1f} GiB: lower trainer.batch_size or data.image_size.")
-
+        raise ConfigError(
+            f"{what} of trainer.batch_size={batch_size} images of {image_size}x{image_size} px needs "
+            f"{needed / 2**30:,.1f} GiB as float32, more than half of this machine's "
+            f"{memory / 2**30:,.1f} GiB: lower trainer.batch_size or data.image_size."
+        )

@@ -50,7 +50,8 @@ class DockerIgnore:
         excluded = False
         for pattern in self._patterns:
             matched = bool(pattern.regex.match(path)) or any(
-                pattern.regex.match("/".join(parents[:i + 1])) for i in range(len(parents)))
+                pattern.regex.match("/".join(parents[: i + 1])) for i in range(len(parents))
+            )
             if matched:
                 excluded = not pattern.exception
         return excluded
@@ -62,8 +63,9 @@ class DockerIgnore:
         for dirpath, dirnames, filenames in os.walk(root):
             here = Path(dirpath).relative_to(root).as_posix()
             prefix = "" if here == "." else f"{here}/"
-            dirnames[:] = sorted(d for d in dirnames if not self.excludes(prefix + d)
-                                 or self._may_take_back_below(prefix + d))
+            dirnames[:] = sorted(
+                d for d in dirnames if not self.excludes(prefix + d) or self._may_take_back_below(prefix + d)
+            )
             for name in sorted(filenames):
                 if not self.excludes(prefix + name):
                     yield prefix + name
@@ -76,8 +78,11 @@ class DockerIgnore:
             if not pattern.exception:
                 continue
             parts = pattern.text.split("/")
-            if "**" in parts[:len(segments)] or len(parts) > len(segments) and all(
-                    _compile(part).match(segment) for part, segment in zip(parts, segments, strict=False)):
+            if (
+                "**" in parts[: len(segments)]
+                or len(parts) > len(segments)
+                and all(_compile(part).match(segment) for part, segment in zip(parts, segments, strict=False))
+            ):
                 return True
         return False
 
@@ -103,7 +108,7 @@ def _compile(pattern: str) -> re.Pattern[str]:
             if end < 0:
                 regex += re.escape(ch)
             else:
-                members = pattern[i + 1:end].replace("\\", "\\\\")
+                members = pattern[i + 1 : end].replace("\\", "\\\\")
                 regex += "[" + ("^" + members[1:] if members.startswith("!") else members) + "]"
                 i = end
         elif ch == "\\" and i + 1 < len(pattern):

@@ -91,8 +91,10 @@ def _guard(done: int, log_path: str, exit_path: str) -> None:
 def main(argv: list[str]) -> int:
     log_path, exit_path, cancel_path, detached_path, grace, stop_signal, sep, *command = argv
     if sep != "--" or not command:
-        print("usage: python -I _minder.py LOG EXIT_FILE CANCEL_FILE DETACHED_FILE GRACE_S STOP_SIGNAL -- COMMAND...",
-              file=sys.stderr)
+        print(
+            "usage: python -I _minder.py LOG EXIT_FILE CANCEL_FILE DETACHED_FILE GRACE_S STOP_SIGNAL -- COMMAND...",
+            file=sys.stderr,
+        )
         return 2
     launcher = os.getppid()
     # the guard first: from here on, a killed minder does not leave the job running
@@ -107,8 +109,9 @@ def main(argv: list[str]) -> int:
     os.close(done_read)
     with open(log_path, "ab", buffering=0) as log:
         # its own process group: what it leaves behind can be killed without killing this minder
-        child = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                 process_group=0)
+        child = subprocess.Popen(
+            command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, process_group=0
+        )
 
     def forward(signum: int, frame: object = None) -> None:
         try:

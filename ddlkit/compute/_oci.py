@@ -64,7 +64,7 @@ class ImageReference:
         name, _, digest = image.partition("@")
         slash = name.rfind("/")
         colon = name.rfind(":")
-        tag = name[colon + 1:] if colon > slash else ""
+        tag = name[colon + 1 :] if colon > slash else ""
         name = name[:colon] if colon > slash else name
         first, _, rest = name.partition("/")
         # a first part with a dot or a port, or localhost, is a registry (Docker's rule)
@@ -93,8 +93,9 @@ class ImageCheck:
     reason: str
 
 
-def check_image(image: str, *, username: str | None = None, password: str | None = None,
-                timeout: float = 10.0) -> ImageCheck:
+def check_image(
+    image: str, *, username: str | None = None, password: str | None = None, timeout: float = 10.0
+) -> ImageCheck:
     """Whether ``image``'s registry has it, asked as a client that pulls it would: the manifest
     ``HEAD``, with a token from the registry's token service (anonymously, or with Basic
     ``username``/``password``) when it asks for one. Each request waits at most ``timeout`` s."""
@@ -104,8 +105,7 @@ def check_image(image: str, *, username: str | None = None, password: str | None
     try:
         status, answer = _request("HEAD", ref.manifest_url, headers, timeout)
         if status == 401:
-            authorization = _authorization(image, ref, answer.get("www-authenticate", ""), username, password,
-                                           timeout)
+            authorization = _authorization(image, ref, answer.get("www-authenticate", ""), username, password, timeout)
             if isinstance(authorization, ImageCheck):
                 return authorization
             status, answer = _request("HEAD", ref.manifest_url, {**headers, "Authorization": authorization}, timeout)
@@ -121,8 +121,9 @@ def check_image(image: str, *, username: str | None = None, password: str | None
     return ImageCheck(image, Pullable.UNKNOWN, f"{host} answered {status}")
 
 
-def _authorization(image: str, ref: ImageReference, challenge: str, username: str | None, password: str | None,
-                   timeout: float) -> str | ImageCheck:
+def _authorization(
+    image: str, ref: ImageReference, challenge: str, username: str | None, password: str | None, timeout: float
+) -> str | ImageCheck:
     """The ``Authorization`` header that answers the registry's ``WWW-Authenticate`` challenge,
     or the check's outcome when there is none to give."""
     host = ref.api_host
@@ -131,8 +132,11 @@ def _authorization(image: str, ref: ImageReference, challenge: str, username: st
     if scheme.lower() == "basic":
         return basic or ImageCheck(image, Pullable.DENIED, f"{host} asks for credentials (401)")
     if scheme.lower() != "bearer":
-        return ImageCheck(image, Pullable.UNKNOWN,
-                          f"{host} asks for an authentication ddlkit does not speak ({scheme or 'none named'})")
+        return ImageCheck(
+            image,
+            Pullable.UNKNOWN,
+            f"{host} asks for an authentication ddlkit does not speak ({scheme or 'none named'})",
+        )
     asked = dict(_CHALLENGE_PARAM.findall(params))
     realm = asked.get("realm")
     if not realm:
@@ -157,8 +161,9 @@ def _authorization(image: str, ref: ImageReference, challenge: str, username: st
     return f"Bearer {bearer}"
 
 
-def _request(method: str, url: str, headers: Mapping[str, str], timeout: float, *,
-             body: bool = False) -> tuple[int, dict[str, str]]:
+def _request(
+    method: str, url: str, headers: Mapping[str, str], timeout: float, *, body: bool = False
+) -> tuple[int, dict[str, str]]:
     """The status and the headers (lower-case names; ``body`` adds the body, as text) of one request;
     an HTTP error status is an answer, not an exception."""
     request = urllib.request.Request(url, method=method, headers=dict(headers))

@@ -26,9 +26,21 @@ from ._dockerignore import DockerIgnore
 from ._oci import ImageCheck, ImageReference, Pullable, check_image
 from .snapshot import _digest as files_digest  # the code snapshot's: one way to digest a tree of files
 
-__all__ = ["CHECKOUT", "DEFAULT_REGISTRY", "DOCKERFILE", "HOROVOD_SUFFIX", "ImageCheck", "ImageContext", "Pullable",
-           "check_image", "default_image", "ensure_pullable", "horovod_image_note", "image_context",
-           "release_frameworks"]
+__all__ = [
+    "CHECKOUT",
+    "DEFAULT_REGISTRY",
+    "DOCKERFILE",
+    "HOROVOD_SUFFIX",
+    "ImageCheck",
+    "ImageContext",
+    "Pullable",
+    "check_image",
+    "default_image",
+    "ensure_pullable",
+    "horovod_image_note",
+    "image_context",
+    "release_frameworks",
+]
 
 #: where the release images are pushed
 DEFAULT_REGISTRY = "docker.io/ddlkit"
@@ -39,8 +51,7 @@ HOROVOD_SUFFIX = "-horovod"
 _REGISTRY = re.compile(r"[a-z0-9]([a-z0-9.-]*[a-z0-9])?(:[0-9]+)?(/[a-z0-9]+([._-][a-z0-9]+)*)*")
 
 
-def default_image(framework: str, *, gpu: bool = True, registry: str = DEFAULT_REGISTRY,
-                  horovod: bool = False) -> str:
+def default_image(framework: str, *, gpu: bool = True, registry: str = DEFAULT_REGISTRY, horovod: bool = False) -> str:
     """The image of ``framework`` at this ddlkit's version, e.g. ``docker.io/ddlkit/pytorch:0.1.0-cuda``.
 
     :param gpu: the CUDA variant (``-cuda``) or the CPU one (``-cpu``).
@@ -68,11 +79,15 @@ def horovod_image_note(*, gpu: bool) -> str:
     """Where the Horovod of ddlkit's image for ``dist=horovod`` comes from, for a plan to say: the
     ranks import it from the image, so the launcher needs none."""
     if not gpu:
-        return ("ddlkit's CPU image with Horovod 0.28.1 (Gloo and MPI) built in (scripts/build_images.sh --horovod "
-                "--variant cpu); the launcher needs no Horovod")
-    return ("a CUDA image with Horovod built with NCCL, which ddlkit's docker/Dockerfile does not build (its "
-            "Horovod is CPU-only: docs/how-to/docker.md says which base image to build it on); push it under "
-            "this name or set compute.image; the launcher needs no Horovod")
+        return (
+            "ddlkit's CPU image with Horovod 0.28.1 (Gloo and MPI) built in (scripts/build_images.sh --horovod "
+            "--variant cpu); the launcher needs no Horovod"
+        )
+    return (
+        "a CUDA image with Horovod built with NCCL, which ddlkit's docker/Dockerfile does not build (its "
+        "Horovod is CPU-only: docs/how-to/docker.md says which base image to build it on); push it under "
+        "this name or set compute.image; the launcher needs no Horovod"
+    )
 
 
 def release_frameworks() -> list[str]:
@@ -80,8 +95,11 @@ def release_frameworks() -> list[str]:
     from ..plugins import installed_registry
 
     registry = installed_registry()
-    return [name for name in registry.names("framework")
-            if getattr(registry.get("framework", name).factory, "release_image", False)]
+    return [
+        name
+        for name in registry.names("framework")
+        if getattr(registry.get("framework", name).factory, "release_image", False)
+    ]
 
 
 # ---------------------------------------------------------------------------- the build context
@@ -138,7 +156,8 @@ def image_context(framework: str, *, gpu: bool = True, horovod: bool = False) ->
         raise ConfigError(
             f"ddlkit's image is built from {DOCKERFILE} of a ddlkit checkout, and this ddlkit is installed without "
             f"one ({root} has no {DOCKERFILE}): install ddlkit from its repository (pip install -e <checkout>), or "
-            "set compute.image to an image that has ddlkit and your framework's plugin installed.")
+            "set compute.image to an image that has ddlkit and your framework's plugin installed."
+        )
     build_args = {"FRAMEWORK": framework, "VARIANT": "cuda" if gpu else "cpu"}
     if horovod:
         build_args["HOROVOD"] = "1"
@@ -146,8 +165,10 @@ def image_context(framework: str, *, gpu: bool = True, horovod: bool = False) ->
     for name, value in build_args.items():
         dockerfile, found = re.subn(rf"^ARG {name}=.*$", f"ARG {name}={value}", dockerfile, flags=re.MULTILINE)
         if found != 1:
-            raise ConfigError(f"{root / DOCKERFILE} has no line `ARG {name}=<default>` to set {name}={value} in: "
-                              f"restore it from ddlkit's repository, or set compute.image.")
+            raise ConfigError(
+                f"{root / DOCKERFILE} has no line `ARG {name}=<default>` to set {name}={value} in: "
+                f"restore it from ddlkit's repository, or set compute.image."
+            )
     ignore = DockerIgnore.read(root / _DOCKERIGNORE)
     files = tuple(sorted(rel for rel in ignore.files(root) if rel not in (DOCKERFILE, _DOCKERIGNORE)))
     total = hashlib.sha256(files_digest(root, [*files, _DOCKERIGNORE]).encode())
@@ -156,9 +177,15 @@ def image_context(framework: str, *, gpu: bool = True, horovod: bool = False) ->
 
 
 # ---------------------------------------------------------------------------- is it there?
-def ensure_pullable(image: str, *, username: str | None = None, password: str | None = None,
-                    refusal_is_final: bool = True, timeout: float = 10.0,
-                    say: Callable[[str], None] | None = None) -> ImageCheck:
+def ensure_pullable(
+    image: str,
+    *,
+    username: str | None = None,
+    password: str | None = None,
+    refusal_is_final: bool = True,
+    timeout: float = 10.0,
+    say: Callable[[str], None] | None = None,
+) -> ImageCheck:
     """Ask ``image``'s registry for it (:func:`check_image`) before a job that pulls it is submitted.
 
     :param refusal_is_final: the nodes pull with the credentials given here (none: anonymously), so a
@@ -171,16 +198,18 @@ def ensure_pullable(image: str, *, username: str | None = None, password: str | 
     check = check_image(image, username=username, password=password, timeout=timeout)
     ref = ImageReference.parse(image)
     registry = "/".join(filter(None, (ref.registry, ref.repository.rpartition("/")[0])))
-    fix = (f"Build and push it (ddlkit's images: scripts/build_images.sh --registry {registry} --push), or set "
-           "compute.image to an image that exists.")
+    fix = (
+        f"Build and push it (ddlkit's images: scripts/build_images.sh --registry {registry} --push), or set "
+        "compute.image to an image that exists."
+    )
     if check.answer is Pullable.NOT_FOUND:
         raise ConfigError(f"image {image} does not exist ({check.reason}). {fix}")
     if check.answer is Pullable.DENIED and refusal_is_final:
-        raise ConfigError(f"image {image} cannot be pulled: {check.reason}, so it does not exist or is private. "
-                          f"{fix}")
+        raise ConfigError(f"image {image} cannot be pulled: {check.reason}, so it does not exist or is private. {fix}")
     if check.answer is not Pullable.YES:
-        (say or _stderr)(f"ddlkit: note: could not check that image {image} can be pulled ({check.reason}); "
-                         "submitting anyway")
+        (say or _stderr)(
+            f"ddlkit: note: could not check that image {image} can be pulled ({check.reason}); submitting anyway"
+        )
     return check
 
 

@@ -21,8 +21,17 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["CONTROL_ADDR_ENV", "CONTROL_PORT_SHELL", "LAYOUT_VARIABLES", "LOCAL_RANK_ENV", "LOCAL_SIZE_ENV",
-           "NODE_ENV", "NODE_SCRATCH_ENV", "RankLayout", "control_port"]
+__all__ = [
+    "CONTROL_ADDR_ENV",
+    "CONTROL_PORT_SHELL",
+    "LAYOUT_VARIABLES",
+    "LOCAL_RANK_ENV",
+    "LOCAL_SIZE_ENV",
+    "NODE_ENV",
+    "NODE_SCRATCH_ENV",
+    "RankLayout",
+    "control_port",
+]
 
 #: ddlkit's node layout: which (possibly simulated) node a rank runs on, its rank on that node, and
 #: how many ranks the node has; they win over the MPI/torchrun values
@@ -57,12 +66,22 @@ class RankLayout:
 
     def to_env(self) -> dict[str, str]:
         """The rank's variables: torchrun's names, ddlkit's node layout, and the rendezvous."""
-        env: dict[str, object] = {"RANK": self.rank, "WORLD_SIZE": self.world_size, "LOCAL_RANK": self.local_rank,
-                                  "LOCAL_WORLD_SIZE": self.local_size, "GROUP_RANK": self.node,
-                                  NODE_ENV: self.node, LOCAL_RANK_ENV: self.local_rank, LOCAL_SIZE_ENV: self.local_size}
+        env: dict[str, object] = {
+            "RANK": self.rank,
+            "WORLD_SIZE": self.world_size,
+            "LOCAL_RANK": self.local_rank,
+            "LOCAL_WORLD_SIZE": self.local_size,
+            "GROUP_RANK": self.node,
+            NODE_ENV: self.node,
+            LOCAL_RANK_ENV: self.local_rank,
+            LOCAL_SIZE_ENV: self.local_size,
+        }
         if self.master_addr is not None and self.master_port is not None:
-            env |= {"MASTER_ADDR": self.master_addr, "MASTER_PORT": self.master_port,
-                    CONTROL_ADDR_ENV: f"{self.master_addr}:{control_port(self.master_port)}"}
+            env |= {
+                "MASTER_ADDR": self.master_addr,
+                "MASTER_PORT": self.master_port,
+                CONTROL_ADDR_ENV: f"{self.master_addr}:{control_port(self.master_port)}",
+            }
         return {key: str(value) for key, value in env.items()}
 
     @classmethod

@@ -137,8 +137,16 @@ class ProcessJob(JobHandle):
 
     Subclasses refine :meth:`final_status` (``compute=local_mpi`` names the rank that failed first)."""
 
-    def __init__(self, pid: int, *, job_dir: Path, log_name: str, grace_period_s: float,
-                 proc: subprocess.Popen | None = None, log_offset: int = 0) -> None:
+    def __init__(
+        self,
+        pid: int,
+        *,
+        job_dir: Path,
+        log_name: str,
+        grace_period_s: float,
+        proc: subprocess.Popen | None = None,
+        log_offset: int = 0,
+    ) -> None:
         self.id = str(pid)
         self.pid, self.job_dir, self.grace = pid, Path(job_dir), grace_period_s
         self.log_path = self.job_dir / log_name
@@ -149,8 +157,16 @@ class ProcessJob(JobHandle):
 
     # ---------------------------------------------------------------- starting and finding
     @classmethod
-    def start(cls, command: Sequence[str], *, job_dir: Path, log_name: str, env: Mapping[str, str],
-              grace_period_s: float, stop_signal: int = signal.SIGTERM) -> ProcessJob:
+    def start(
+        cls,
+        command: Sequence[str],
+        *,
+        job_dir: Path,
+        log_name: str,
+        env: Mapping[str, str],
+        grace_period_s: float,
+        stop_signal: int = signal.SIGTERM,
+    ) -> ProcessJob:
         """Run ``command`` in ``job_dir`` (its working directory), its output appended to ``log_name``.
         ``stop_signal``: what ``command`` gets if the launcher dies before detaching the job (it
         stops as if cancelled)."""
@@ -166,13 +182,37 @@ class ProcessJob(JobHandle):
         except FileNotFoundError:
             log_offset = 0
         # the minder gets the job directory's names as arguments: it imports nothing from ddlkit
-        proc = subprocess.Popen([sys.executable, "-I", "-S", _MINDER, log_name, EXIT_FILE, CANCEL_FILE, DETACHED_FILE,
-                                 str(grace_period_s), str(int(stop_signal)), "--", *command], cwd=job_dir,
-                                env=dict(env), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                                stderr=subprocess.DEVNULL, start_new_session=True)
+        proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-I",
+                "-S",
+                _MINDER,
+                log_name,
+                EXIT_FILE,
+                CANCEL_FILE,
+                DETACHED_FILE,
+                str(grace_period_s),
+                str(int(stop_signal)),
+                "--",
+                *command,
+            ],
+            cwd=job_dir,
+            env=dict(env),
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            start_new_session=True,
+        )
         _OWNED.add(proc.pid)
-        return cls(proc.pid, job_dir=job_dir, log_name=log_name, grace_period_s=grace_period_s, proc=proc,
-                   log_offset=log_offset)
+        return cls(
+            proc.pid,
+            job_dir=job_dir,
+            log_name=log_name,
+            grace_period_s=grace_period_s,
+            proc=proc,
+            log_offset=log_offset,
+        )
 
     @classmethod
     def attach(cls, job_id: str, *, job_dir: Path, log_name: str, grace_period_s: float) -> ProcessJob:
@@ -226,9 +266,14 @@ class ProcessJob(JobHandle):
             return JobStatus(JobState.RUNNING, None, f"process {self.pid} on this machine")
         _OWNED.discard(self.pid)
         if self.proc is None and self._record() is None:
-            self._final = JobStatus(JobState.FAILED, None, (
-                f"how it ended is unknown: no process of job {self.id} runs on this machine and it left no exit "
-                f"record ({self.job_dir / EXIT_FILE}); the machine restarted, or its processes were killed"))
+            self._final = JobStatus(
+                JobState.FAILED,
+                None,
+                (
+                    f"how it ended is unknown: no process of job {self.id} runs on this machine and it left no exit "
+                    f"record ({self.job_dir / EXIT_FILE}); the machine restarted, or its processes were killed"
+                ),
+            )
         else:
             self._final = self.final_status(code)
         return self._final
@@ -239,7 +284,8 @@ class ProcessJob(JobHandle):
             return JobStatus(JobState.SUCCEEDED, 0)
         state = JobState.CANCELLED if self.cancel_requested else JobState.FAILED
         message = f"rank 0 ended with {describe_exit(code)}; last lines of {self.log_path}:\n" + "\n".join(
-            "    " + ln for ln in log_tail(self.log_path))
+            "    " + ln for ln in log_tail(self.log_path)
+        )
         return JobStatus(state, code, message)
 
     def wait(self, timeout: float | None = None) -> JobStatus:

@@ -37,7 +37,6 @@ from ..errors import RankLostError
 from ..jobdir import EXIT_LOST_PEER, EXIT_PREEMPTED, RANKS_DIR, rank_record
 from .process import describe_exit, log_tail
 
-
 #: how a rank that found a peer gone says so (ddlkit.rank's RankLostError): the peer's rank, and
 #: ``did not reach`` (it went silent) or ``left the job`` (its process ended)
 _PEER_FAILED = re.compile(rf"{RankLostError.__name__}: rank (\d+) (did not reach|left the job)")
@@ -119,12 +118,20 @@ class RankFailure:
         """The failure for a :class:`~ddlkit.interfaces.JobStatus`: ``headline`` (default: which rank
         failed first, where, how), the last lines of its log, the others."""
         others = self.others()
-        return (f"{headline or self.headline()}; last lines of {self.log}:\n"
-                + "\n".join("    " + ln for ln in self.tail) + (f"\n  then {'; '.join(others)}" if others else ""))
+        return (
+            f"{headline or self.headline()}; last lines of {self.log}:\n"
+            + "\n".join("    " + ln for ln in self.tail)
+            + (f"\n  then {'; '.join(others)}" if others else "")
+        )
 
 
-def first_failure(job_dir: Path, world_size: int, *, records: list[dict[str, Any]] | None = None,
-                  node_names: Sequence[str] | None = None) -> RankFailure | None:
+def first_failure(
+    job_dir: Path,
+    world_size: int,
+    *,
+    records: list[dict[str, Any]] | None = None,
+    node_names: Sequence[str] | None = None,
+) -> RankFailure | None:
     """The rank of the job in ``job_dir`` that failed first (non-zero status or a signal), from its
     ranks' exit records (``records``: as already read by :func:`read_records`); None when no rank
     reported a failure -- then the launcher's own status is all there is. ``node_names``: see

@@ -66,10 +66,10 @@ from collections.abc import Mapping, Sequence
 from .. import jobdir
 from .layout import LAYOUT_VARIABLES, LOCAL_RANK_ENV, NODE_ENV
 
-
 #: lines of a rank's stderr that name an error
-ERROR_LINE = re.compile(rb"\b(error|exception|traceback|fatal|killed|aborted|segmentation fault|out of memory)\b",
-                        re.IGNORECASE)
+ERROR_LINE = re.compile(
+    rb"\b(error|exception|traceback|fatal|killed|aborted|segmentation fault|out of memory)\b", re.IGNORECASE
+)
 #: and the control plane's word that a rank stopped answering, or answers again (ddlkit.rank.distributed):
 #: when rank 0 is the silent one, only the other ranks can say so
 LIVENESS_LINE = re.compile(rb"^ddlkit: rank \d+ (has not been heard from|is answering again)")
@@ -146,8 +146,16 @@ def _describe(code: int) -> str:
     return f"signal {signal.Signals(-code).name}" if code < 0 else f"exit status {code}"
 
 
-def run(command: Sequence[str], *, rank: int, variables: Mapping[str, str], name: str, job_dir: str = ".",
-        cancel_file: str | None = None, tail_lines: int = 0) -> int:
+def run(
+    command: Sequence[str],
+    *,
+    rank: int,
+    variables: Mapping[str, str],
+    name: str,
+    job_dir: str = ".",
+    cancel_file: str | None = None,
+    tail_lines: int = 0,
+) -> int:
     """Run ``command`` (the worker) as rank ``rank`` with ``variables`` added to its environment,
     and mind it as the module's docstring says; returns this process's exit status.
 
@@ -159,16 +167,25 @@ def run(command: Sequence[str], *, rank: int, variables: Mapping[str, str], name
     """
     missing = [key for key in LAYOUT_VARIABLES if key not in variables]
     if missing:
-        raise ValueError(f"the rank's variables lack {', '.join(missing)}: every compute target gives its ranks "
-                         f"ddlkit's node layout ({', '.join(LAYOUT_VARIABLES)})")
+        raise ValueError(
+            f"the rank's variables lack {', '.join(missing)}: every compute target gives its ranks "
+            f"ddlkit's node layout ({', '.join(LAYOUT_VARIABLES)})"
+        )
     forward_signals()  # again, for an entry that did not: from here on the rank is reported in any case
     node, local_rank = int(variables[NODE_ENV]), int(variables[LOCAL_RANK_ENV])
     log_name = jobdir.rank_log(rank)
     parent = os.getppid()
     if cancel_file and os.path.exists(os.path.join(job_dir, cancel_file)):
         _forward(signal.SIGTERM, None)  # the job was cancelled before this rank started
-    child = subprocess.Popen(list(command), stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL,
-                             env={**os.environ, **variables}, process_group=0, preexec_fn=_die_with_parent)
+    child = subprocess.Popen(
+        list(command),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        stdin=subprocess.DEVNULL,
+        env={**os.environ, **variables},
+        process_group=0,
+        preexec_fn=_die_with_parent,
+    )
     # held (not the child's mask: it is started) while the child becomes the signals' target, so
     # that a request that comes now reaches it once, not twice nor never
     signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
@@ -237,9 +254,20 @@ def run(command: Sequence[str], *, rank: int, variables: Mapping[str, str], name
             else:
                 err.write(f"[rank {rank}] ended with {_describe(code)}\n".encode())
             err.flush()
-    _write_record(job_dir, rank, {"rank": rank, "node": node, "local_rank": local_rank, "code": code,
-                                  "time": finished, "log": log_name, "pid": child.pid,
-                                  "host": os.uname().nodename})
+    _write_record(
+        job_dir,
+        rank,
+        {
+            "rank": rank,
+            "node": node,
+            "local_rank": local_rank,
+            "code": code,
+            "time": finished,
+            "log": log_name,
+            "pid": child.pid,
+            "host": os.uname().nodename,
+        },
+    )
     return 128 - code if code < 0 else code
 
 

@@ -36,8 +36,7 @@ from typing import Any, TextIO
 
 from ..checkpoint import checkpoint_step, resolve_resume
 from ..interfaces import JobState, JobStatus, RestartBudget
-from ..jobdir import (EXIT_CONFIG_ERROR, EXIT_LOST_PEER, EXIT_PLUGIN_ERROR, EXIT_PREEMPTED, PROGRESS_PATTERN,
-                      rank_log)
+from ..jobdir import EXIT_CONFIG_ERROR, EXIT_LOST_PEER, EXIT_PLUGIN_ERROR, EXIT_PREEMPTED, PROGRESS_PATTERN, rank_log
 
 #: signals that come from outside a rank: a node lost or shut down, a VM preempted, a scheduler's kill
 INFRASTRUCTURE_SIGNALS = frozenset({signal.SIGKILL, signal.SIGTERM, signal.SIGHUP, signal.SIGINT})
@@ -142,8 +141,16 @@ class RestartPolicy:
         time.sleep(float(entry["wait_s"]))
         return entry
 
-    def plan_restart(self, verdict: Verdict, status: JobStatus, job_dir: Path, resume: object,
-                     *, prefix: str = "ddlkit: ", in_place: bool = False) -> dict[str, Any]:
+    def plan_restart(
+        self,
+        verdict: Verdict,
+        status: JobStatus,
+        job_dir: Path,
+        resume: object,
+        *,
+        prefix: str = "ddlkit: ",
+        in_place: bool = False,
+    ) -> dict[str, Any]:
         """Count, say and return the entry for the restart about to happen; its ``wait_s`` (the backoff)
         is the caller's to wait out -- a sweep waits without holding up its other jobs. ``prefix``
         names the job in the line said (a sweep's job number); a restart ``in_place`` (by the target,
@@ -156,12 +163,22 @@ class RestartPolicy:
         wait = min(self.backoff_s * 2 ** (self.done - 1), MAX_BACKOFF_S)
         at = f"at step {reached}" if reached is not None else "before its first step"
         how = " in place" if in_place else ""
-        self.out.write(f"{prefix}restart {self.done}/{self.max_restarts}{how}: {verdict.why}; it ended {at} "
-                       f"({_first_line(status.message)}); resuming from step {start} in {wait:g} s\n")
+        self.out.write(
+            f"{prefix}restart {self.done}/{self.max_restarts}{how}: {verdict.why}; it ended {at} "
+            f"({_first_line(status.message)}); resuming from step {start} in {wait:g} s\n"
+        )
         self.out.flush()
-        return {"time": time.time(), "cause": verdict.why, "exit_code": status.exit_code,
-                "detail": _first_line(status.message), "step_reached": reached, "resumed_from": start,
-                "steps_lost": lost, "wait_s": wait, **({"in_place": True} if in_place else {})}
+        return {
+            "time": time.time(),
+            "cause": verdict.why,
+            "exit_code": status.exit_code,
+            "detail": _first_line(status.message),
+            "step_reached": reached,
+            "resumed_from": start,
+            "steps_lost": lost,
+            "wait_s": wait,
+            **({"in_place": True} if in_place else {}),
+        }
 
 
 def _first_line(message: str) -> str:

@@ -48,15 +48,52 @@ __all__ = ["ALWAYS_EXCLUDED", "CREDENTIALS", "CodeSnapshot", "IGNORE_FILE", "imp
 #: the launch directory's own ignore file, in ``.gitignore`` syntax
 IGNORE_FILE = ".ddlkitignore"
 #: never shipped: version control, caches, virtual environments, packaging debris, ddlkit's outputs
-ALWAYS_EXCLUDED = (".git/", ".hg/", ".svn/", "__pycache__/", "*.py[cod]", ".venv/", "venv/", "env/",
-                   "node_modules/", "*.egg-info/", ".mypy_cache/", ".pytest_cache/", ".ruff_cache/", ".tox/",
-                   ".ipynb_checkpoints/", "outputs/", "multirun/", ".ddlkit/", ".DS_Store")
+ALWAYS_EXCLUDED = (
+    ".git/",
+    ".hg/",
+    ".svn/",
+    "__pycache__/",
+    "*.py[cod]",
+    ".venv/",
+    "venv/",
+    "env/",
+    "node_modules/",
+    "*.egg-info/",
+    ".mypy_cache/",
+    ".pytest_cache/",
+    ".ruff_cache/",
+    ".tox/",
+    ".ipynb_checkpoints/",
+    "outputs/",
+    "multirun/",
+    ".ddlkit/",
+    ".DS_Store",
+)
 #: never shipped unless taken back with ``!path``: credential files, and the directories where SSH,
 #: the cloud CLIs, Kubernetes and Docker keep theirs (SSH keys by their names, not every ``id_*``:
 #: ``id_utils.py`` is code)
-CREDENTIALS = (".env", ".env.*", "*.pem", "*.key", "*.p12", "*.pfx", "id_rsa*", "id_dsa*", "id_ecdsa*",
-               "id_ed25519*", ".netrc", ".git-credentials", ".pypirc", "credentials*.json", ".ssh/", ".aws/",
-               ".azure/", "**/.config/gcloud/", ".kube/", ".docker/")
+CREDENTIALS = (
+    ".env",
+    ".env.*",
+    "*.pem",
+    "*.key",
+    "*.p12",
+    "*.pfx",
+    "id_rsa*",
+    "id_dsa*",
+    "id_ecdsa*",
+    "id_ed25519*",
+    ".netrc",
+    ".git-credentials",
+    ".pypirc",
+    "credentials*.json",
+    ".ssh/",
+    ".aws/",
+    ".azure/",
+    "**/.config/gcloud/",
+    ".kube/",
+    ".docker/",
+)
 
 
 def imports_from(directory: Path, import_paths: Iterable[tuple[str, str]]) -> list[tuple[str, str]]:
@@ -93,8 +130,9 @@ class CodeSnapshot:
         return sum(size for _, size in self.files)
 
     @classmethod
-    def take(cls, root: Path, *, max_bytes: int, exclude: Sequence[str] = (),
-             skip: Sequence[Path] = ()) -> CodeSnapshot:
+    def take(
+        cls, root: Path, *, max_bytes: int, exclude: Sequence[str] = (), skip: Sequence[Path] = ()
+    ) -> CodeSnapshot:
         """Snapshot ``root`` as the module docstring says. ``exclude``: more ``.gitignore``-style
         patterns (``code.exclude``); ``skip``: directories left out whatever the patterns say
         (the job's own directory). Raises ConfigError when the files add up to over ``max_bytes``."""
@@ -104,8 +142,9 @@ class CodeSnapshot:
         files = sorted(walk.files)
         sizes = tuple((rel, _read(root / rel, os.stat).st_size) for rel in files)
         # the sizes before any content: a 3 GB file is refused at once, not after hashing it
-        listed = cls(root, sizes, "", tuple(sorted(walk.links)), tuple(sorted(walk.withheld)),
-                     tuple(sorted(walk.outside)))
+        listed = cls(
+            root, sizes, "", tuple(sorted(walk.links)), tuple(sorted(walk.withheld)), tuple(sorted(walk.outside))
+        )
         if listed.size > max_bytes:
             raise ConfigError(listed._too_big(max_bytes))
         return dataclasses.replace(listed, digest=_digest(root, files, listed.links))
@@ -120,11 +159,14 @@ class CodeSnapshot:
         files, and links out of the tree."""
         said = []
         if self.withheld:
-            said.append(f"left out as credentials: {', '.join(self.withheld)} (to ship one, add !<path> to "
-                        f"{IGNORE_FILE})")
+            said.append(
+                f"left out as credentials: {', '.join(self.withheld)} (to ship one, add !<path> to {IGNORE_FILE})"
+            )
         if self.outside_links:
-            said.append("symbolic links out of the tree, not followed: " + ", ".join(
-                f"{path} -> {target}" for path, target in self.outside_links))
+            said.append(
+                "symbolic links out of the tree, not followed: "
+                + ", ".join(f"{path} -> {target}" for path, target in self.outside_links)
+            )
         return said
 
     def write(self, job_dir: Path) -> Path:
@@ -148,15 +190,21 @@ class CodeSnapshot:
 
     def manifest(self) -> dict[str, Any]:
         """``code.json``: the digest and every file with its size (no launcher path)."""
-        return {"digest": self.digest, "size": self.size, "files": [{"path": p, "size": s} for p, s in self.files],
-                **({"links": [{"path": p, "target": t} for p, t in self.links]} if self.links else {})}
+        return {
+            "digest": self.digest,
+            "size": self.size,
+            "files": [{"path": p, "size": s} for p, s in self.files],
+            **({"links": [{"path": p, "target": t} for p, t in self.links]} if self.links else {}),
+        }
 
     def _too_big(self, max_bytes: int) -> str:
         biggest = sorted(self.files, key=lambda f: (-f[1], f[0]))[:5]
         listed = ", ".join(f"{path} ({_human(size)})" for path, size in biggest)
-        return (f"the code snapshot of {self.root} is {_human(self.size)} in {len(self.files)} files, over "
-                f"code.max_mb={max_bytes / 1e6:g}; the biggest: {listed}. Leave data and outputs out with a "
-                f"{IGNORE_FILE} (gitignore syntax) or code.exclude=[...], or raise code.max_mb.")
+        return (
+            f"the code snapshot of {self.root} is {_human(self.size)} in {len(self.files)} files, over "
+            f"code.max_mb={max_bytes / 1e6:g}; the biggest: {listed}. Leave data and outputs out with a "
+            f"{IGNORE_FILE} (gitignore syntax) or code.exclude=[...], or raise code.max_mb."
+        )
 
 
 def read_manifest(job_dir: Path) -> Mapping[str, Any] | None:
@@ -173,8 +221,9 @@ class _Rules:
         import pathspec
 
         # later lines win: a `!path` in code.exclude or .ddlkitignore takes a credential file back
-        self._spec = pathspec.GitIgnoreSpec.from_lines([*ALWAYS_EXCLUDED, *CREDENTIALS, *exclude,
-                                                        *_lines(root / IGNORE_FILE)])
+        self._spec = pathspec.GitIgnoreSpec.from_lines(
+            [*ALWAYS_EXCLUDED, *CREDENTIALS, *exclude, *_lines(root / IGNORE_FILE)]
+        )
         self._credentials = pathspec.GitIgnoreSpec.from_lines(CREDENTIALS)
         self._gitignores: dict[Path, Any] = {}
         self._pathspec = pathspec
@@ -262,8 +311,10 @@ def _read(path: Path, read: Any) -> Any:
     try:
         return read(path)
     except OSError as err:
-        raise ConfigError(f"the code snapshot cannot read {path}: {err.strerror or err}. Leave it out with a "
-                          f"{IGNORE_FILE} line or code.exclude=[...], or make it readable.") from None
+        raise ConfigError(
+            f"the code snapshot cannot read {path}: {err.strerror or err}. Leave it out with a "
+            f"{IGNORE_FILE} line or code.exclude=[...], or make it readable."
+        ) from None
 
 
 def _digest(root: Path, files: Sequence[str], links: Sequence[tuple[str, str]] = ()) -> str:

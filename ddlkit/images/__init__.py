@@ -22,8 +22,21 @@ same order with the same crops, and a resumed epoch continues exactly:
 Imports numpy (and Pillow, when installed): import it where images are decoded, not when a plugin loads.
 """
 
-from ._decode import (MEAN, PILLOW_MISSING, RATIO, STD, Augment, CorruptImageError, crop_window, decode, decode_into,
-                      decode_region, jpeg_header, resolve_decoder, sample_rng)
+from ._decode import (
+    MEAN,
+    PILLOW_MISSING,
+    RATIO,
+    STD,
+    Augment,
+    CorruptImageError,
+    crop_window,
+    decode,
+    decode_into,
+    decode_region,
+    jpeg_header,
+    resolve_decoder,
+    sample_rng,
+)
 from ._files import IMAGE_EXTENSIONS, ImageFiles, is_image
 from ._order import epoch_order, num_batches
 from ._synthetic import SyntheticImages

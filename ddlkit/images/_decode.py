@@ -32,8 +32,10 @@ except ImportError:  # needed only where images are decoded here (the PyTorch an
     Image = None
 
 #: how a run that must decode with Pillow, without it, is told what to do
-PILLOW_MISSING = ("data=imagefolder decodes images with Pillow, which is not installed: pip install pillow "
-                  "(and simplejpeg for faster JPEG decoding: pip install simplejpeg)")
+PILLOW_MISSING = (
+    "data=imagefolder decodes images with Pillow, which is not installed: pip install pillow "
+    "(and simplejpeg for faster JPEG decoding: pip install simplejpeg)"
+)
 
 #: ImageNet's per-channel mean and standard deviation (RGB, 0..1)
 MEAN = (0.485, 0.456, 0.406)
@@ -55,8 +57,10 @@ class CorruptImageError(ConfigError):
 
     def __init__(self, path: str, reason: str) -> None:
         self.path, self.reason = path, reason
-        super().__init__(f"cannot decode image {path}: {reason}. Replace or delete the file, or set "
-                         "data.on_corrupt=skip to train on the others (skipped files are counted and reported).")
+        super().__init__(
+            f"cannot decode image {path}: {reason}. Replace or delete the file, or set "
+            "data.on_corrupt=skip to train on the others (skipped files are counted and reported)."
+        )
 
 
 def resolve_decoder(name: str) -> str:
@@ -65,8 +69,10 @@ def resolve_decoder(name: str) -> str:
     if name not in DECODERS:
         raise ConfigError(f"data.decoder={name} is invalid: choose one of {', '.join(DECODERS)}.")
     if name == "simplejpeg" and simplejpeg is None:
-        raise ConfigError("data.decoder=simplejpeg but simplejpeg is not installed: pip install simplejpeg "
-                          "(or use data.decoder=auto).")
+        raise ConfigError(
+            "data.decoder=simplejpeg but simplejpeg is not installed: pip install simplejpeg "
+            "(or use data.decoder=auto)."
+        )
     if name in ("auto", "gpu"):
         return "simplejpeg" if simplejpeg is not None else "pil"
     return name
@@ -170,8 +176,9 @@ def _crop_box(width: int, height: int, aug: Augment, rnd: random.Random | None) 
     return center_crop(width, height, aug.size, aug.val_resize)
 
 
-def _scaled(box: tuple[float, float, float, float], width: int, height: int, decoded_w: int,
-            decoded_h: int) -> tuple[float, float, float, float]:
+def _scaled(
+    box: tuple[float, float, float, float], width: int, height: int, decoded_w: int, decoded_h: int
+) -> tuple[float, float, float, float]:
     """(x, y, w, h) in original pixels -> (left, top, right, bottom) in the decoded image's."""
     x, y, w, h = box
     sx, sy = width / decoded_w, height / decoded_h
@@ -189,8 +196,7 @@ def _simplejpeg(data: bytes, aug: Augment, rnd: random.Random | None) -> tuple[n
         box = _crop_box(width, height, aug, rnd)
         # the smallest DCT scale that still leaves the crop at least `size` pixels each way
         min_w, min_h = math.ceil(width * aug.size / box[2]), math.ceil(height * aug.size / box[3])
-        arr = simplejpeg.decode_jpeg(data, colorspace="RGB", min_width=min(min_w, width),
-                                     min_height=min(min_h, height))
+        arr = simplejpeg.decode_jpeg(data, colorspace="RGB", min_width=min(min_w, width), min_height=min(min_h, height))
     except ValueError:
         if rnd is not None and state is not None:
             rnd.setstate(state)  # Pillow draws the same crop
@@ -238,14 +244,14 @@ def jpeg_header(data: bytes) -> tuple[int, int, int, bool] | None:
         if marker == 0x01 or 0xD0 <= marker <= 0xD8:  # markers without a length
             i += 2
             continue
-        length = int.from_bytes(data[i + 2:i + 4], "big")
-        if marker == 0xEE and data[i + 4:i + 9] == b"Adobe" and i + 15 <= n:
+        length = int.from_bytes(data[i + 2 : i + 4], "big")
+        if marker == 0xEE and data[i + 4 : i + 9] == b"Adobe" and i + 15 <= n:
             adobe_rgb = data[i + 15] == 0  # transform 0: the components are not YCbCr
         if marker in _HUFFMAN_SOF:
             if i + 10 > n or data[i + 4] != 8:
                 return None
-            height = int.from_bytes(data[i + 5:i + 7], "big")
-            width = int.from_bytes(data[i + 7:i + 9], "big")
+            height = int.from_bytes(data[i + 5 : i + 7], "big")
+            width = int.from_bytes(data[i + 7 : i + 9], "big")
             return (width, height, data[i + 9], adobe_rgb) if width and height else None
         if marker in _OTHER_SOF or marker == 0xDA:  # not Huffman-coded 8-bit, or scan data before any frame
             return None

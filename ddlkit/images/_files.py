@@ -32,8 +32,19 @@ def is_image(name: str) -> bool:
 
 
 class ImageFiles:
-    def __init__(self, files: Sequence[str], labels: Sequence[int], aug: Augment, *, batch_size: int, shard: Shard,
-                 seed: int, workers: int, on_corrupt: str, local_size: int = 1) -> None:
+    def __init__(
+        self,
+        files: Sequence[str],
+        labels: Sequence[int],
+        aug: Augment,
+        *,
+        batch_size: int,
+        shard: Shard,
+        seed: int,
+        workers: int,
+        on_corrupt: str,
+        local_size: int = 1,
+    ) -> None:
         self.files, self.labels, self.aug = files, np.asarray(labels, dtype=np.int64), aug
         self.batch_size, self.shard, self.seed = batch_size, shard, seed
         #: data.workers as configured: -1 lets each pipeline choose (ImageFilesSpec.auto_workers)
@@ -51,9 +62,17 @@ class ImageFiles:
 
     def native_spec(self) -> ImageFilesSpec:
         """The files, order and crops, from which a framework builds its own pipeline."""
-        return ImageFilesSpec(self.files, self.labels, self.aug, batch_size=self.batch_size, shard=self.shard,
-                              seed=self.seed, workers=self.workers, on_corrupt=self.on_corrupt,
-                              local_size=self.local_size)
+        return ImageFilesSpec(
+            self.files,
+            self.labels,
+            self.aug,
+            batch_size=self.batch_size,
+            shard=self.shard,
+            seed=self.seed,
+            workers=self.workers,
+            on_corrupt=self.on_corrupt,
+            local_size=self.local_size,
+        )
 
     def _one(self, epoch: int, index: int, out: np.ndarray) -> int:
         """Decode image ``index`` (or, skipping corrupt files, the next one that decodes) into
@@ -69,25 +88,38 @@ class ImageFiles:
                 self.skipped += 1
                 if err.path not in self._reported:  # once per file, not once per epoch
                     self._reported.add(err.path)
-                    print(f"ddlkit: warning: skipped corrupt image {err.path} ({err.reason}); trained on the next "
-                          "image instead", file=sys.stderr, flush=True)
+                    print(
+                        f"ddlkit: warning: skipped corrupt image {err.path} ({err.reason}); trained on the next "
+                        "image instead",
+                        file=sys.stderr,
+                        flush=True,
+                    )
         raise CorruptImageError(self.files[index], "no image of the split decodes")
 
     def iter_epoch(self, epoch: int, start_batch: int = 0) -> Iterator[Batch]:
         if self.aug.device_decoding:
             # numpy batches are decoded here, on the CPU: a framework that decodes on its GPU
             # builds its own pipeline from native_spec() and never asks for these
-            raise ConfigError("data.decoder=gpu needs a framework whose input pipeline decodes on the GPU "
-                              "(framework=pytorch); this one takes numpy batches decoded on the CPU: use "
-                              "data.decoder=auto.")
-        order = epoch_order(len(self.files), batch_size=self.batch_size, shard=self.shard, seed=self.seed,
-                            epoch=epoch, train=self.aug.train)
+            raise ConfigError(
+                "data.decoder=gpu needs a framework whose input pipeline decodes on the GPU "
+                "(framework=pytorch); this one takes numpy batches decoded on the CPU: use "
+                "data.decoder=auto."
+            )
+        order = epoch_order(
+            len(self.files),
+            batch_size=self.batch_size,
+            shard=self.shard,
+            seed=self.seed,
+            epoch=epoch,
+            train=self.aug.train,
+        )
         b, size = self.batch_size, self.aug.size
         mean, std = np.float32(255) * np.asarray(MEAN, np.float32), np.float32(255) * np.asarray(STD, np.float32)
         with ThreadPoolExecutor(max(1, self.native_spec().auto_workers())) as pool:
             for k in range(start_batch, self.n):
-                indices = order[k * b:(k + 1) * b]
+                indices = order[k * b : (k + 1) * b]
                 images = np.empty((len(indices), size, size, 3), np.uint8)
-                labels = np.fromiter(pool.map(self._one, [epoch] * len(indices), indices.tolist(), list(images)),
-                                     np.int64, len(indices))
+                labels = np.fromiter(
+                    pool.map(self._one, [epoch] * len(indices), indices.tolist(), list(images)), np.int64, len(indices)
+                )
                 yield Batch((images.astype(np.float32) - mean) / std, labels)

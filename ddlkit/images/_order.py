@@ -27,6 +27,6 @@ def epoch_order(n: int, *, batch_size: int, shard: Shard, seed: int, epoch: int,
     if train:
         used = num_batches(n, batch_size, shard, train) * batch_size * shard.world_size
         order = np.random.default_rng([seed, epoch]).permutation(n)[:used]
-        return order[shard.rank::shard.world_size]
+        return order[shard.rank :: shard.world_size]
     per_rank = n // shard.world_size
-    return np.arange(n)[shard.rank::shard.world_size][:per_rank]
+    return np.arange(n)[shard.rank :: shard.world_size][:per_rank]

@@ -16,14 +16,22 @@ from ..interfaces import Batch, ImagePoolSpec
 PATTERN_GRID = 4
 
 
-
 class SyntheticImages:
     """A split's batches: ``len(self)`` per epoch, drawn in turn from a pool of distinct ones.
 
     Framework adapters may take the pool from :meth:`native_spec` to put it on their device at once."""
 
-    def __init__(self, *, batch_size: int, image_size: int, num_classes: int, batches: int, pool_mib: int,
-                 seed: int, stream: tuple[int, ...]) -> None:
+    def __init__(
+        self,
+        *,
+        batch_size: int,
+        image_size: int,
+        num_classes: int,
+        batches: int,
+        pool_mib: int,
+        seed: int,
+        stream: tuple[int, ...],
+    ) -> None:
         self.batch_size, self.image_size, self.num_classes = batch_size, image_size, num_classes
         #: ``seed`` draws the class patterns, ``(seed, *stream)`` this loader's labels and noise
         self.batches, self.seed, self.stream = batches, seed, stream
@@ -68,8 +76,7 @@ class SyntheticImages:
         import numpy as np
 
         size, grid = self.image_size, PATTERN_GRID
-        patterns = np.random.default_rng(self.seed).standard_normal((self.num_classes, grid, grid, 3),
-                                                                    dtype=np.float32)
+        patterns = np.random.default_rng(self.seed).standard_normal((self.num_classes, grid, grid, 3), dtype=np.float32)
         block = -(-size // grid)
         rng = np.random.default_rng((self.seed, *self.stream))
         labels = rng.integers(0, self.num_classes, (self.pool_size, self.batch_size))

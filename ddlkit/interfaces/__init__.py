@@ -1,8 +1,7 @@
 """One abstract base class per hook point, which plugins subclass, the record a plugin registers
 each with (:class:`Registration`), and the protocol of the run they are handed (:class:`RunContext`)."""
 
-from .compute import (JOB_FILE, WORKER_ARGS, ComputeTarget, JobHandle, JobSpec, JobState, JobStatus,
-                      RestartBudget)
+from .compute import JOB_FILE, WORKER_ARGS, ComputeTarget, JobHandle, JobSpec, JobState, JobStatus, RestartBudget
 from .data import Batch, DataInfo, DataSource, ImageFilesSpec, ImagePoolSpec, Loader, Shard
 from .framework import Framework
 from .logger import Logger

@@ -238,8 +238,10 @@ class ComputeTarget(ABC):
         if least is None:
             return self.nodes
         if not 1 <= int(least) <= self.nodes:
-            raise ConfigError(f"compute.min_nodes={least} must be between 1 and compute.nodes={self.nodes} (the "
-                              "fewest nodes the job goes on with after losing some); null: not elastic.")
+            raise ConfigError(
+                f"compute.min_nodes={least} must be between 1 and compute.nodes={self.nodes} (the "
+                "fewest nodes the job goes on with after losing some); null: not elastic."
+            )
         return int(least)
 
     def nodes_up(self, spec: JobSpec) -> int | None:
@@ -276,8 +278,10 @@ class ComputeTarget(ABC):
         running job and for one that has ended."""
         from ..errors import ConfigError
 
-        raise ConfigError(f"compute={getattr(self.cfg, 'name', type(self).__name__)} cannot attach to a job "
-                          "it did not start in this process.")
+        raise ConfigError(
+            f"compute={getattr(self.cfg, 'name', type(self).__name__)} cannot attach to a job "
+            "it did not start in this process."
+        )
 
     def plan(self, spec: JobSpec) -> str:
         """What :meth:`submit` would do, for ``ddlkit plan``: the command line or the request it
@@ -291,6 +295,7 @@ class ComputeTarget(ABC):
         lines of what was deleted. Targets that keep nothing between jobs say so."""
         from ..errors import ConfigError
 
-        raise ConfigError(f"compute={getattr(self.cfg, 'name', type(self).__name__)} keeps nothing between jobs: "
-                          "there is nothing to take down.")
-
+        raise ConfigError(
+            f"compute={getattr(self.cfg, 'name', type(self).__name__)} keeps nothing between jobs: "
+            "there is nothing to take down."
+        )

@@ -161,5 +161,7 @@ class DataSource(ABC):
 def check_split(split: str) -> None:
     """Refuse anything but ``train`` and ``val``: callers of the 0.1 signature passed a framework first."""
     if split not in SPLITS:
-        raise ValueError(f"split must be one of {', '.join(SPLITS)}, got {split!r} (DataSource.loader takes no "
-                         "framework: batches are framework-neutral, and framework plugins adapt them)")
+        raise ValueError(
+            f"split must be one of {', '.join(SPLITS)}, got {split!r} (DataSource.loader takes no "
+            "framework: batches are framework-neutral, and framework plugins adapt them)"
+        )

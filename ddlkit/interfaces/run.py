@@ -209,9 +209,12 @@ class RunContext(Protocol):
     def step_batches(self, micro_batches: Callable[[int, int], Iterable[Any]]) -> Callable[[int, int], Iterable[list]]:
         """A loader's ``iter_epoch`` grouped into ``accumulate`` micro-batches per optimizer step."""
 
-    def train_epochs(self, batches: Callable[[int, int], Iterable[Any]],
-                     step: Callable[[Any, float], Callable[[], float] | float],
-                     evaluate: Callable[[], Mapping[str, float]] | None = None) -> None:
+    def train_epochs(
+        self,
+        batches: Callable[[int, int], Iterable[Any]],
+        step: Callable[[Any, float], Callable[[], float] | float],
+        evaluate: Callable[[], Mapping[str, float]] | None = None,
+    ) -> None:
         """The epoch loop every framework shares, from where :meth:`checkpointing` left off to the end."""
 
     def logs_at(self, step: int) -> bool:

@@ -93,15 +93,19 @@ class HydraCommand:
         if self._loader is None:
             search_path = create_config_search_path("pkg://ddlkit.conf")
             if self.args.config_dir:
-                search_path.prepend("command-line", f"file://{os.path.abspath(self.args.config_dir)}",
-                                    anchor=SearchPathQuery(provider="schema"))
+                search_path.prepend(
+                    "command-line",
+                    f"file://{os.path.abspath(self.args.config_dir)}",
+                    anchor=SearchPathQuery(provider="schema"),
+                )
             self._loader = ConfigLoaderImpl(config_search_path=search_path)
         return self._loader
 
     def options(self, group: str) -> list[str]:
         searchpath = [o for o in self.overrides if o.partition("=")[0] == "hydra.searchpath"]
-        return self._config_loader().get_group_options(group, config_name=self.args.config_name or "config",
-                                                       overrides=searchpath)
+        return self._config_loader().get_group_options(
+            group, config_name=self.args.config_name or "config", overrides=searchpath
+        )
 
     def is_group(self, key: str) -> bool:
         """Whether Hydra takes ``key=...`` for the choice of a config group's option (``trainer=...``)."""
@@ -139,8 +143,10 @@ def check_names(command: HydraCommand, registry: Registry) -> None:
             known = command.options("experiment")
             for name in _selected_names(ov.value()):
                 if name not in known:
-                    raise ConfigError(f"unknown experiment {name!r} (`+experiment`). Choose one of: "
-                                      f"{', '.join(known) or '-'}. Experiments are {EXPERIMENT_PLACES}.")
+                    raise ConfigError(
+                        f"unknown experiment {name!r} (`+experiment`). Choose one of: "
+                        f"{', '.join(known) or '-'}. Experiments are {EXPERIMENT_PLACES}."
+                    )
     for group, names in chosen.items():
         unknown = [n for n in names if n not in registry.names(group)]
         for name in names:
@@ -152,8 +158,7 @@ def check_names(command: HydraCommand, registry: Registry) -> None:
         for name in unknown:
             if name not in options:
                 hp = HOOK_POINTS[group]
-                raise UnknownNameError(hp.noun, name, options, hp.group, registry.not_loaded,
-                                       install_hint(group, name))
+                raise UnknownNameError(hp.noun, name, options, hp.group, registry.not_loaded, install_hint(group, name))
     experiment = any(ov.key_or_group == "experiment" for ov in parsed)
     for ov in parsed:
         if not ov.is_delete():
@@ -180,9 +185,11 @@ def _check_group_value(command: HydraCommand, ov: Any) -> None:
     if isinstance(value, list) and group in HOOK_POINTS and not HOOK_POINTS[group].multi and len(value) != 1:
         # `storage=[]` composed a config without storage (which --cfg job printed and a run refused
         # as "unknown key"), `model=[a,b]` Hydra's "Merge error"
-        raise ConfigError(f"`{ov.input_line}` is invalid: {group} takes one option, and the list gives "
-                          f"{len(value) or 'none'}. Choose one of: {', '.join(command.options(group)) or '-'} "
-                          f"({group}=<name>), or run one job per option with -m {group}=<a>,<b>.")
+        raise ConfigError(
+            f"`{ov.input_line}` is invalid: {group} takes one option, and the list gives "
+            f"{len(value) or 'none'}. Choose one of: {', '.join(command.options(group)) or '-'} "
+            f"({group}=<name>), or run one job per option with -m {group}=<a>,<b>."
+        )
     not_names = [v for v in values if not isinstance(v, str)]
     if not not_names:
         return
@@ -190,8 +197,10 @@ def _check_group_value(command: HydraCommand, ov: Any) -> None:
     options = command.options(group)
     shown = "null" if bad is None else str(bad).lower() if isinstance(bad, bool) else str(bad)
     quote = f" (quote a name that reads as a value: {group}='{shown}')" if shown in options else ""
-    raise ConfigError(f"`{ov.input_line}` is invalid: {group} is a config group, whose option is chosen by name, not "
-                      f"{shown}. Choose one of: {', '.join(options) or '-'}{quote}.")
+    raise ConfigError(
+        f"`{ov.input_line}` is invalid: {group} is a config group, whose option is chosen by name, not "
+        f"{shown}. Choose one of: {', '.join(options) or '-'}{quote}."
+    )
 
 
 def _check_secret_key(key: str, chosen: dict[str, list[str]], registry: Registry, *, experiment: bool) -> None:
@@ -233,10 +242,15 @@ def _check_secret_key(key: str, chosen: dict[str, list[str]], registry: Registry
         if not known:
             options = sorted(f.name for f in dataclasses.fields(schema)) if dataclasses.is_dataclass(schema) else []
             ways = [o for o in options if o.startswith(parts[-1]) or o.endswith("_file") or o == "auth"]
-            hint = (f" It takes its credentials from the environment or from a file: see {', '.join(ways)} in "
-                    f"`ddlkit {group}={name} --help` and docs/how-to/credentials.md." if ways else "")
-            raise ConfigError(f"`{key}` is not an option of {group}={name} (the value was not used, and is "
-                              f"not shown).{hint}")
+            hint = (
+                f" It takes its credentials from the environment or from a file: see {', '.join(ways)} in "
+                f"`ddlkit {group}={name} --help` and docs/how-to/credentials.md."
+                if ways
+                else ""
+            )
+            raise ConfigError(
+                f"`{key}` is not an option of {group}={name} (the value was not used, and is not shown).{hint}"
+            )
 
 
 def run_main(argv: list[str]) -> int:
@@ -282,8 +296,10 @@ def _run_main(argv: list[str]) -> int:
 def _refused_flags(argv: list[str], detach: bool) -> ConfigError | None:
     """What is wrong with the command line's own flags, before any plugin loads."""
     if detach and any(a in _MULTIRUN_FLAGS for a in argv):
-        return ConfigError(f"{DETACH_FLAG} submits one job; a sweep's launcher schedules its jobs as slots free up, "
-                           "so it must keep running (run it under nohup or tmux, or in a batch job).")
+        return ConfigError(
+            f"{DETACH_FLAG} submits one job; a sweep's launcher schedules its jobs as slots free up, "
+            "so it must keep running (run it under nohup or tmux, or in a batch job)."
+        )
     if detach:
         from .jobs import index
 
@@ -294,8 +310,10 @@ def _refused_flags(argv: list[str], detach: bool) -> ConfigError | None:
     for key, default in (("hydra.run.dir", "outputs"), ("hydra.sweep.dir", "multirun")):
         # an empty directory would be the working directory: checkpoints and results strewn into it
         if any(a.lstrip("+").partition("=")[::2] in ((key, ""), (key, "''"), (key, '""')) for a in argv):
-            return ConfigError(f"{key} is empty: give the job a directory of its own, e.g. {key}=runs/r50, "
-                               f"or leave {key} out ({default}/<date>/<time>).")
+            return ConfigError(
+                f"{key} is empty: give the job a directory of its own, e.g. {key}=runs/r50, "
+                f"or leave {key} out ({default}/<date>/<time>)."
+            )
     return None
 
 
@@ -333,9 +351,15 @@ def _task(registry: Registry, pm: Any, *, detach: bool) -> tuple[Callable[[Any],
         entered["code"] = None
         hc = HydraConfig.get()
         try:
-            job = prepare.prepare(cfg, job_dir=Path(hc.runtime.output_dir), overrides=list(hc.overrides.task),
-                                  registry=registry, pm=pm, env={str(k): str(v) for k, v in hc.job.env_set.items()},
-                                  launch=launch_args(hc))
+            job = prepare.prepare(
+                cfg,
+                job_dir=Path(hc.runtime.output_dir),
+                overrides=list(hc.overrides.task),
+                registry=registry,
+                pm=pm,
+                env={str(k): str(v) for k, v in hc.job.env_set.items()},
+                launch=launch_args(hc),
+            )
             follow.run_job(job, detach=detach)
         except (DdlkitError, HydraException, OmegaConfBaseException) as err:
             prepare.remove_empty_dirs(Path(hc.runtime.output_dir))  # Hydra made it; the job never started
@@ -384,8 +408,12 @@ def _run_hydra(task: Callable[[Any], None], argv: list[str], sweep: Any, *, mult
             return _fail(err)
         if multirun and explain(err) is None:
             # the sweeper gave up (Optuna: "No trials are completed yet"): the search did not complete
-            return _fail(RunError(f"the sweep could not complete: {type(err).__name__}: {_one_line(err)} "
-                                  f"({FULL_ERROR_ENV}=1 shows where)"))
+            return _fail(
+                RunError(
+                    f"the sweep could not complete: {type(err).__name__}: {_one_line(err)} "
+                    f"({FULL_ERROR_ENV}=1 shows where)"
+                )
+            )
         return _fail(_explained(err, explain))
     finally:
         sys.argv = saved_argv
@@ -415,13 +443,17 @@ def _sweeps_win(argv: list[str], overrides: list[str]) -> list[str]:
     parsed = OverridesParser.create().parse_overrides(overrides)
     swept = {ov.get_key_element(): ov.input_line for ov in parsed if ov.is_sweep_override()}
     params = "hydra.sweeper.params."
-    swept.update({ov.get_key_element()[len(params):]: ov.input_line for ov in parsed
-                  if ov.get_key_element().startswith(params)})
+    swept.update(
+        {ov.get_key_element()[len(params) :]: ov.input_line for ov in parsed if ov.get_key_element().startswith(params)}
+    )
     for ov in parsed:
         if ov.get_key_element().lstrip("+") == "experiment" and isinstance(ov.value(), str):
             swept.update(_experiment_params(ov.value()))
-    dropped = {ov.input_line: ov.get_key_element() for ov in parsed
-               if not ov.is_sweep_override() and not ov.is_delete() and ov.get_key_element() in swept}
+    dropped = {
+        ov.input_line: ov.get_key_element()
+        for ov in parsed
+        if not ov.is_sweep_override() and not ov.is_delete() and ov.get_key_element() in swept
+    }
     for line, key in dropped.items():
         print(f"ddlkit: note: {line} is left out: the sweep {swept[key]} gives {key} its values", file=sys.stderr)
     return [a for a in argv if a not in dropped]
@@ -434,8 +466,9 @@ def _experiment_params(name: str) -> dict[str, str]:
 
     from ..config import experiment_dirs, user_conf_dirs
 
-    places = [d / f"{name}.yaml" for d in experiment_dirs()] + [d / "experiment" / f"{name}.yaml"
-                                                                for d in user_conf_dirs()]
+    places = [d / f"{name}.yaml" for d in experiment_dirs()] + [
+        d / "experiment" / f"{name}.yaml" for d in user_conf_dirs()
+    ]
     path = next((p for p in places if p.is_file()), None)
     try:
         params = ((yaml.safe_load(path.read_text()) or {}).get("hydra") or {}).get("sweeper", {}).get("params")
@@ -487,15 +520,22 @@ def plugins_main(argv: list[str]) -> int:
     for name, plugin in sorted(pm.list_name_plugin(), key=lambda np: np[0]):
         info = pm.infos.get(id(plugin))
         # a set: a plugin module may implement a hook more than once (specname=)
-        hooks = sorted({h.name for h in pm.get_hookcallers(plugin) or []
-                        if h.name not in {hp.hook for hp in HOOK_POINTS.values()}})
-        table.add_row(name, info.distribution if info else "?", info.version if info else "?",
-                      "\n".join(by_plugin.get(id(plugin), [])) or "-", "\n".join(hooks) or "-")
+        hooks = sorted(
+            {h.name for h in pm.get_hookcallers(plugin) or [] if h.name not in {hp.hook for hp in HOOK_POINTS.values()}}
+        )
+        table.add_row(
+            name,
+            info.distribution if info else "?",
+            info.version if info else "?",
+            "\n".join(by_plugin.get(id(plugin), [])) or "-",
+            "\n".join(hooks) or "-",
+        )
     console = Console(width=max(Console().width, 120))
     console.print(table)
     for failure in pm.failures:
-        console.print(f"[red]failed to load[/red] {failure.name} from {failure.describe()}: {failure.error}",
-                      highlight=False)
+        console.print(
+            f"[red]failed to load[/red] {failure.name} from {failure.describe()}: {failure.error}", highlight=False
+        )
     return 0
 
 
@@ -507,8 +547,11 @@ def plan_main(argv: list[str]) -> int:
     skip it, and the command that runs it alone."""
     launchers = [a.partition("=")[2] for a in argv if a.lstrip("+").startswith("hydra/launcher=")]
     if any(name != "ddlkit" for name in launchers):
-        return _fail(ConfigError(f"ddlkit plan works with the ddlkit launcher, not hydra/launcher={launchers[-1]}; "
-                                 "drop that override."))
+        return _fail(
+            ConfigError(
+                f"ddlkit plan works with the ddlkit launcher, not hydra/launcher={launchers[-1]}; drop that override."
+            )
+        )
     args = [a for a in argv if a not in _MULTIRUN_FLAGS]
     # a single run's job is planned in the directory the run would have (hydra.run.dir), not a sweep's
     single = ["hydra.sweep.dir=${hydra.run.dir}", "hydra.sweep.subdir=."] if _one_run(argv) else []
@@ -558,8 +601,13 @@ def compute_main(argv: list[str]) -> int:
     return main(argv)
 
 
-SUBCOMMANDS: dict[str, Callable[[list[str]], int]] = {"plugins": plugins_main, "plan": plan_main, "data": data_main,
-                                                      "jobs": jobs_main, "compute": compute_main}
+SUBCOMMANDS: dict[str, Callable[[list[str]], int]] = {
+    "plugins": plugins_main,
+    "plan": plan_main,
+    "data": data_main,
+    "jobs": jobs_main,
+    "compute": compute_main,
+}
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -21,8 +21,17 @@ _DDLKIT_CONF = ("ddlkit/conf", "ddlkit.conf")
 _PLAIN = re.compile(r"[\w./-]+")
 _NOT_A_STRING = re.compile(r"[-+]?[\d._]*(e[-+]?\d+)?|true|false|null|[-+]?(inf|nan)", re.IGNORECASE)
 #: Hydra overrides that belong to the multirun or to the run directory, not to what a job composes
-_NOT_A_JOBS_OWN = ("hydra.sweep", "hydra.sweeper", "hydra/sweeper", "hydra.launcher", "hydra/launcher", "hydra.mode",
-                   "hydra.run.dir", "hydra.job.num", "hydra.job.id")
+_NOT_A_JOBS_OWN = (
+    "hydra.sweep",
+    "hydra.sweeper",
+    "hydra/sweeper",
+    "hydra.launcher",
+    "hydra/launcher",
+    "hydra.mode",
+    "hydra.run.dir",
+    "hydra.job.num",
+    "hydra.job.id",
+)
 
 
 def hydra_quote(value: str) -> str:

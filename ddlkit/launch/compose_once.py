@@ -41,9 +41,15 @@ def compose_once(overrides: Sequence[str]) -> Iterator[None]:
     original = cls.compose_config
     kept: dict[str, Any] = {}
 
-    def compose_config(self: Any, config_name: str | None, overrides: list[str], run_mode: RunMode,
-                       with_log_configuration: bool = False, from_shell: bool = True,
-                       validate_sweep_overrides: bool = True) -> Any:
+    def compose_config(
+        self: Any,
+        config_name: str | None,
+        overrides: list[str],
+        run_mode: RunMode,
+        with_log_configuration: bool = False,
+        from_shell: bool = True,
+        validate_sweep_overrides: bool = True,
+    ) -> Any:
         first = kept.pop("first", None)  # reused once at most
         if first is not None and run_mode == RunMode.RUN and _same_run(first, config_name, overrides):
             cfg = first[2]
@@ -57,8 +63,9 @@ def compose_once(overrides: Sequence[str]) -> Iterator[None]:
                 hydra_internal.log = logging.getLogger(hydra_internal.__name__)
                 self._print_debug_info(config_name, overrides, run_mode)
             return cfg
-        cfg = original(self, config_name, overrides, run_mode, with_log_configuration, from_shell,
-                       validate_sweep_overrides)
+        cfg = original(
+            self, config_name, overrides, run_mode, with_log_configuration, from_shell, validate_sweep_overrides
+        )
         if run_mode == RunMode.MULTIRUN and not validate_sweep_overrides and not with_log_configuration:
             kept["first"] = (config_name, list(overrides), cfg)  # Hydra.get_mode's, which reads hydra.mode only
         return cfg
@@ -75,5 +82,8 @@ def _same_run(first: tuple[str | None, list[str], Any], config_name: str | None,
 
     name, first_overrides, cfg = first
     choices = cfg.hydra.runtime.choices
-    return (name == config_name and list(overrides) in (first_overrides, [*first_overrides, _MODE_RUN])
-            and not any(OmegaConf.is_missing(choices, group) for group in choices))
+    return (
+        name == config_name
+        and list(overrides) in (first_overrides, [*first_overrides, _MODE_RUN])
+        and not any(OmegaConf.is_missing(choices, group) for group in choices)
+    )

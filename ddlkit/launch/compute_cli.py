@@ -23,8 +23,9 @@ def _confirm(lines: Sequence[str], *, yes: bool, out: TextIO) -> bool:
     if yes:
         return True
     if not sys.stdin.isatty():
-        raise ConfigError("ddlkit compute down deletes nothing without a confirmation: add --yes (no terminal to "
-                          "ask at).")
+        raise ConfigError(
+            "ddlkit compute down deletes nothing without a confirmation: add --yes (no terminal to ask at)."
+        )
     answer = input(f"Delete {'these' if len(lines) > 1 else 'it'}? [y/N] ").strip().lower()
     return answer in ("y", "yes")
 
@@ -56,8 +57,9 @@ def down(overrides: list[str], *, yes: bool, out: TextIO) -> int:
 
 
 def main(argv: list[str], out: TextIO | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="ddlkit compute", description="Manage what a compute target keeps "
-                                                                        "between jobs.")
+    parser = argparse.ArgumentParser(
+        prog="ddlkit compute", description="Manage what a compute target keeps between jobs."
+    )
     parser.add_argument("action", choices=["down"], help="down: delete the resources ddlkit created (it asks first)")
     parser.add_argument("--yes", action="store_true", help="delete without asking")
     parser.add_argument("overrides", nargs="*", help="the run's overrides, e.g. compute=batchai ...")

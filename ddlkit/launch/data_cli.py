@@ -54,8 +54,10 @@ def read_val_labels(text: str, images: list[str], synsets: list[str] | None) -> 
         rows = [tuple(re.split(r"[,\s]+", ln)[:2]) for ln in lines]
     else:
         if len(lines) != len(images):
-            raise ConfigError(f"the label file has {len(lines)} labels for {len(images)} images; a one-label-per-line "
-                              "file must list the images in the order of their sorted file names.")
+            raise ConfigError(
+                f"the label file has {len(lines)} labels for {len(images)} images; a one-label-per-line "
+                "file must list the images in the order of their sorted file names."
+            )
         rows = list(zip(sorted(images), lines, strict=True))
     labels: dict[str, str] = {}
     for image, label in rows:
@@ -74,8 +76,10 @@ def _wnid(label: str, synsets: list[str] | None) -> str:
         return label
     if label.isdigit():
         if synsets is None:
-            raise ConfigError(f"the label file holds class ids ({label}); pass --synsets FILE to name them "
-                              "(one wnid per line, in the devkit's id order).")
+            raise ConfigError(
+                f"the label file holds class ids ({label}); pass --synsets FILE to name them "
+                "(one wnid per line, in the devkit's id order)."
+            )
         if not 1 <= int(label) <= len(synsets):
             raise ConfigError(f"class id {label} is outside the {len(synsets)} synsets (ids are 1-based).")
         return synsets[int(label) - 1]
@@ -102,8 +106,16 @@ def _link(src: Path, dst: Path, copy: bool) -> bool:
     return True
 
 
-def prepare(out: Path, *, val_images: Path | None, val_labels: Path | None, synsets: Path | None,
-            train: Path | None, copy: bool, workers: int) -> int:
+def prepare(
+    out: Path,
+    *,
+    val_images: Path | None,
+    val_labels: Path | None,
+    synsets: Path | None,
+    train: Path | None,
+    copy: bool,
+    workers: int,
+) -> int:
     from ..images import is_image
 
     out = Path(out)
@@ -162,11 +174,14 @@ def upload(src: Path, dest: str, *, workers: int) -> int:
     t0 = time.perf_counter()
     if (src / MANIFEST_NAME).is_file():
         manifest = Manifest.read(src / MANIFEST_NAME)
-        stale = [e.path for e in manifest.entries
-                 if not (src / e.path).is_file() or (src / e.path).stat().st_size != e.size]
+        stale = [
+            e.path for e in manifest.entries if not (src / e.path).is_file() or (src / e.path).stat().st_size != e.size
+        ]
         if stale:
-            raise ConfigError(f"{src}/{MANIFEST_NAME} does not match the files ({len(stale)} differ, e.g. {stale[0]}); "
-                              f"rewrite it with `ddlkit data manifest {src}`.")
+            raise ConfigError(
+                f"{src}/{MANIFEST_NAME} does not match the files ({len(stale)} differ, e.g. {stale[0]}); "
+                f"rewrite it with `ddlkit data manifest {src}`."
+            )
     else:
         print(f"ddlkit: {src} has no {MANIFEST_NAME}; hashing its files", file=sys.stderr)
         manifest = build_manifest(src, workers=workers)
@@ -175,8 +190,11 @@ def upload(src: Path, dest: str, *, workers: int) -> int:
         remote = backend.list_hashes()
     else:  # a directory: hash what is there with the right size
         root = getattr(backend, "root", None)
-        remote = {e.path: (e.size, sha256_file(root / e.path)) for e in manifest.entries
-                  if root is not None and (root / e.path).is_file() and (root / e.path).stat().st_size == e.size}
+        remote = {
+            e.path: (e.size, sha256_file(root / e.path))
+            for e in manifest.entries
+            if root is not None and (root / e.path).is_file() and (root / e.path).stat().st_size == e.size
+        }
     todo = [e for e in manifest.entries if remote.get(e.path) != (e.size, e.sha256)]
     nbytes = sum(e.size for e in todo)
     progress = Progress(f"uploading to {dest}", nbytes)
@@ -194,8 +212,10 @@ def upload(src: Path, dest: str, *, workers: int) -> int:
         manifest.write(Path(tmp) / MANIFEST_NAME)
         retry(lambda: backend.put(Path(tmp) / MANIFEST_NAME, MANIFEST_NAME), what=f"uploading {MANIFEST_NAME}")
     seconds = time.perf_counter() - t0
-    print(f"ddlkit: uploaded {len(todo)} files ({nbytes / 1e6:.1f} MB) to {dest} in {seconds:.1f}s; "
-          f"{len(manifest) - len(todo)} were already there")
+    print(
+        f"ddlkit: uploaded {len(todo)} files ({nbytes / 1e6:.1f} MB) to {dest} in {seconds:.1f}s; "
+        f"{len(manifest) - len(todo)} were already there"
+    )
     return 0
 
 
@@ -203,12 +223,16 @@ def upload(src: Path, dest: str, *, workers: int) -> int:
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="ddlkit data", description="Prepare, describe and upload datasets.")
     sub = parser.add_subparsers(dest="command", required=True)
-    p = sub.add_parser("prepare", help="ImageNet's flat validation files -> class folders (source untouched), "
-                                       "plus a manifest")
+    p = sub.add_parser(
+        "prepare", help="ImageNet's flat validation files -> class folders (source untouched), plus a manifest"
+    )
     p.add_argument("out", type=Path, help="the dataset root to create (train/, validation/, manifest.tsv)")
     p.add_argument("--val-images", type=Path, help="folder of the flat validation images")
-    p.add_argument("--val-labels", type=Path, help="their labels (wnids per line, file/wnid pairs, "
-                                                   "LOC_val_solution.csv, or class ids with --synsets)")
+    p.add_argument(
+        "--val-labels",
+        type=Path,
+        help="their labels (wnids per line, file/wnid pairs, LOC_val_solution.csv, or class ids with --synsets)",
+    )
     p.add_argument("--synsets", type=Path, help="wnids in class-id order (for class-id label files)")
     p.add_argument("--train", type=Path, help="folder of train/<wnid>/ class folders to link in as OUT/train")
     p.add_argument("--copy", action="store_true", help="copy instead of hard-linking")
@@ -229,8 +253,15 @@ def main(argv: list[str]) -> int:
         if args.command == "prepare":
             if args.val_images is None and args.train is None:
                 raise ConfigError("nothing to prepare: give --val-images/--val-labels and/or --train")
-            return prepare(args.out, val_images=args.val_images, val_labels=args.val_labels, synsets=args.synsets,
-                           train=args.train, copy=args.copy, workers=args.workers)
+            return prepare(
+                args.out,
+                val_images=args.val_images,
+                val_labels=args.val_labels,
+                synsets=args.synsets,
+                train=args.train,
+                copy=args.copy,
+                workers=args.workers,
+            )
         if args.command == "manifest":
             return write_manifest(args.root, args.workers)
         return upload(args.src, args.dest, workers=args.workers)

@@ -59,8 +59,9 @@ def check(target: ComputeTarget, config: dict[str, Any]) -> None:
         try:
             plan_batch(trainer, target.world_size, nodes * per_node)
         except ConfigError as err:
-            raise ConfigError(f"compute.min_nodes={target.min_nodes}: on {nodes} node(s) of {per_node} rank(s), "
-                              f"{err}") from None
+            raise ConfigError(
+                f"compute.min_nodes={target.min_nodes}: on {nodes} node(s) of {per_node} rank(s), {err}"
+            ) from None
 
 
 @dataclass(frozen=True)
@@ -83,14 +84,25 @@ class Shortfall:
         return f"all {self.nodes} of its nodes (compute.nodes={self.nodes}; compute.min_nodes is null)"
 
     def __str__(self) -> str:
-        fewer = (f"compute.min_nodes={self.needed}" if self.min_nodes_set
-                 else f"the compute.nodes={self.nodes} it needs (compute.min_nodes is null)")
+        fewer = (
+            f"compute.min_nodes={self.needed}"
+            if self.min_nodes_set
+            else f"the compute.nodes={self.nodes} it needs (compute.min_nodes is null)"
+        )
         return f"only {self.up} of its {self.nodes} nodes are up on compute={self.compute}, fewer than {fewer}"
 
 
-def place_restart(planned: ComputeTarget, current: ComputeTarget, spec: JobSpec, config: dict[str, Any], *,
-                  restart: str, out: TextIO, prefix: str = "ddlkit: ",
-                  waited_s: float | None = None) -> Placement | Shortfall:
+def place_restart(
+    planned: ComputeTarget,
+    current: ComputeTarget,
+    spec: JobSpec,
+    config: dict[str, Any],
+    *,
+    restart: str,
+    out: TextIO,
+    prefix: str = "ddlkit: ",
+    waited_s: float | None = None,
+) -> Placement | Shortfall:
     """The target the job restarts on (``planned``: as submitted first; ``current``: its last run's),
     or the :class:`Shortfall` that keeps it from restarting now (fewer nodes up than it needs).
     ``restart``: "1/3"; ``prefix`` names the job in the line said (a sweep's job number);
@@ -104,14 +116,17 @@ def place_restart(planned: ComputeTarget, current: ComputeTarget, spec: JobSpec,
     if up is None:
         if not elastic:
             return Placement(planned)
-        out.write(f"{prefix}restart {restart}: compute={name} cannot tell which nodes are up; restarting on all "
-                  f"{planned.nodes}\n")
+        out.write(
+            f"{prefix}restart {restart}: compute={name} cannot tell which nodes are up; restarting on all "
+            f"{planned.nodes}\n"
+        )
         out.flush()
         return Placement(planned, {"nodes": planned.nodes, "planned_nodes": planned.nodes}, env)
     nodes = min(up, planned.nodes)
     if nodes < planned.min_nodes:
-        return Shortfall(up, planned.min_nodes, planned.nodes, str(name),
-                         getattr(planned.cfg, "min_nodes", None) is not None)
+        return Shortfall(
+            up, planned.min_nodes, planned.nodes, str(name), getattr(planned.cfg, "min_nodes", None) is not None
+        )
     if not elastic:
         if after:
             out.write(f"{prefix}restart {restart} on its {planned.nodes} nodes{after}\n")
@@ -122,11 +137,16 @@ def place_restart(planned: ComputeTarget, current: ComputeTarget, spec: JobSpec,
     before = plan_batch(trainer, planned.world_size, current.world_size)
     after_resize = plan_batch(trainer, planned.world_size, target.world_size)
     what = describe(before, after_resize, optimizer, trainer.on_resize)
-    out.write(f"{prefix}restart {restart} on {nodes} of {planned.nodes} nodes{after} (compute.min_nodes="
-              f"{planned.min_nodes}, {_ranks(target.world_size)}): {what}\n")
+    out.write(
+        f"{prefix}restart {restart} on {nodes} of {planned.nodes} nodes{after} (compute.min_nodes="
+        f"{planned.min_nodes}, {_ranks(target.world_size)}): {what}\n"
+    )
     out.flush()
-    return Placement(target, {"nodes": nodes, "planned_nodes": planned.nodes, "world_size": target.world_size,
-                              "resize": what, **waited}, env)
+    return Placement(
+        target,
+        {"nodes": nodes, "planned_nodes": planned.nodes, "world_size": target.world_size, "resize": what, **waited},
+        env,
+    )
 
 
 class CapacityWait:
@@ -136,8 +156,9 @@ class CapacityWait:
     :meth:`next_look` paces the looks; a single job blocks on them (:func:`place_restart_waiting`),
     a sweep's job keeps them between its looks at the sweep's other jobs."""
 
-    def __init__(self, wait_s: float, interval_s: float, out: TextIO, *, restart: str,
-                 prefix: str = "ddlkit: ") -> None:
+    def __init__(
+        self, wait_s: float, interval_s: float, out: TextIO, *, restart: str, prefix: str = "ddlkit: "
+    ) -> None:
         self.wait_s = float(wait_s)
         self.interval_s = max(float(interval_s), MIN_CAPACITY_POLL_S)
         self.out, self.restart, self.prefix = out, restart, prefix
@@ -161,9 +182,11 @@ class CapacityWait:
         if left <= 0:
             return None
         if self._said is None or self._said[0] != short.up or now - self._said[1] >= CAPACITY_NOTICE_S:
-            self.out.write(f"{self.prefix}restart {self.restart} waits for capacity: {short}; looking again every "
-                           f"{self.interval_s:g} s for up to {left:.0f} s more (restart.capacity_wait_s="
-                           f"{self.wait_s:g})\n")
+            self.out.write(
+                f"{self.prefix}restart {self.restart} waits for capacity: {short}; looking again every "
+                f"{self.interval_s:g} s for up to {left:.0f} s more (restart.capacity_wait_s="
+                f"{self.wait_s:g})\n"
+            )
             self.out.flush()
             self._said = (short.up, now)
         return min(self.interval_s, left)
@@ -171,21 +194,34 @@ class CapacityWait:
     def failure(self, short: Shortfall) -> str:
         """Why the job is not restarted, in one line: what it waited for, how long, and the fix."""
         if self.wait_s <= 0:
-            return (f"not restarted: {short}, and restart.capacity_wait_s=0 waits for none: bring nodes back or add "
-                    "some, lower compute.min_nodes, or let a restart wait for them (restart.capacity_wait_s=600)")
-        return (f"not restarted: it waited {self.wait_s:g} s (restart.capacity_wait_s) for {short.wanted} to be up "
-                f"on compute={short.compute}, but only {short.up} {'is' if short.up == 1 else 'are'}: bring nodes "
-                "back or add some, lower compute.min_nodes, or wait longer (restart.capacity_wait_s)")
+            return (
+                f"not restarted: {short}, and restart.capacity_wait_s=0 waits for none: bring nodes back or add "
+                "some, lower compute.min_nodes, or let a restart wait for them (restart.capacity_wait_s=600)"
+            )
+        return (
+            f"not restarted: it waited {self.wait_s:g} s (restart.capacity_wait_s) for {short.wanted} to be up "
+            f"on compute={short.compute}, but only {short.up} {'is' if short.up == 1 else 'are'}: bring nodes "
+            "back or add some, lower compute.min_nodes, or wait longer (restart.capacity_wait_s)"
+        )
 
 
-def place_restart_waiting(planned: ComputeTarget, current: ComputeTarget, spec: JobSpec, config: dict[str, Any], *,
-                          capacity: CapacityWait) -> Placement | str:
+def place_restart_waiting(
+    planned: ComputeTarget, current: ComputeTarget, spec: JobSpec, config: dict[str, Any], *, capacity: CapacityWait
+) -> Placement | str:
     """:func:`place_restart`, waiting for capacity as ``capacity`` says: the placement once enough
     nodes are up, or why the job is not restarted once the wait is over. KeyboardInterrupt during
     the wait stops the job instead."""
     while True:
-        placed = place_restart(planned, current, spec, config, restart=capacity.restart, out=capacity.out,
-                               prefix=capacity.prefix, waited_s=capacity.waited_s)
+        placed = place_restart(
+            planned,
+            current,
+            spec,
+            config,
+            restart=capacity.restart,
+            out=capacity.out,
+            prefix=capacity.prefix,
+            waited_s=capacity.waited_s,
+        )
         if isinstance(placed, Placement):
             return placed
         pause = capacity.next_look(placed)

@@ -28,21 +28,32 @@ from ..compute.restarts import RestartPolicy, classify
 from ..errors import DdlkitError, JobFailedError
 from ..interfaces import ComputeTarget, JobHandle, JobState, JobStatus, RestartBudget
 from ..jobdir import EXIT_CONFIG_ERROR, EXIT_PREEMPTED, RESTARTS_ENV, RESULT_FILE, STEPS_LOST_ENV, rank_log
-from .jobs import index
 from .elastic import CapacityWait, Placement, place_restart_waiting
+from .jobs import index
 from .prepare import PreparedJob
 
 
-def submit(job: PreparedJob, *, detach: bool = False, restart: dict[str, object] | None = None,
-           budget: RestartBudget | None = None) -> JobHandle:
+def submit(
+    job: PreparedJob,
+    *,
+    detach: bool = False,
+    restart: dict[str, object] | None = None,
+    budget: RestartBudget | None = None,
+) -> JobHandle:
     """Submit the job and record it, so that ``ddlkit jobs`` finds it from any shell; ``restart``:
     this submission restarts the job, for the reason the entry gives (added to its record);
     ``budget``: the restart policy the target may apply in place (:attr:`JobSpec.restart`)."""
     handle = job.compute.submit(replace(job.spec, restart=budget))
     if detach:
         handle.detach()
-    index.record(job.spec.name, job.spec.job_dir, str(job.redacted_config["compute"]["name"]), handle.id,
-                 detached=detach, restart=restart)
+    index.record(
+        job.spec.name,
+        job.spec.job_dir,
+        str(job.redacted_config["compute"]["name"]),
+        handle.id,
+        detached=detach,
+        restart=restart,
+    )
     return handle
 
 
@@ -91,8 +102,11 @@ class _StateNotices:
                 return
             if status.state.done:
                 return
-            notice = (f"ddlkit: job {status.state.value}" + (f" ({status.message})" if status.message else "")
-                      + ", no output yet")
+            notice = (
+                f"ddlkit: job {status.state.value}"
+                + (f" ({status.message})" if status.message else "")
+                + ", no output yet"
+            )
             with self.lock:
                 if notice != said and not self.output.is_set():
                     self.out.write(notice + "\n")
@@ -165,8 +179,9 @@ def resumable(status: JobStatus, job_dir: Path) -> bool:
     return status.exit_code == EXIT_PREEMPTED or latest_checkpoint(job_dir) is not None
 
 
-def conclude(handle: JobHandle, status: JobStatus, *, job_dir: Path, name: str,
-             resume_hint: str, out: TextIO) -> dict[str, Any]:
+def conclude(
+    handle: JobHandle, status: JobStatus, *, job_dir: Path, name: str, resume_hint: str, out: TextIO
+) -> dict[str, Any]:
     """After the job ended: :func:`settle` it, and return ``result.json`` (or raise
     :class:`JobFailedError` with what went wrong and how to resume)."""
     return outcome(settle(handle, status, job_dir), job_dir=job_dir, name=name, resume_hint=resume_hint, out=out)
@@ -192,8 +207,11 @@ def footprint(job_dir: Path) -> str:
         return ""
     biggest = sorted(sizes.items(), key=lambda kv: -kv[1])[:2]
     parts = ", ".join(f"{name} {_megabytes(size)}" for name, size in biggest if size >= total / 10)
-    return (f"ddlkit: the job directory holds {_megabytes(total)}" + (f" ({parts})" if parts else "")
-            + ": trainer.keep_checkpoints=1 and trainer.save_model=false keep it smaller\n")
+    return (
+        f"ddlkit: the job directory holds {_megabytes(total)}"
+        + (f" ({parts})" if parts else "")
+        + ": trainer.keep_checkpoints=1 and trainer.save_model=false keep it smaller\n"
+    )
 
 
 def _megabytes(size: int) -> str:
@@ -201,8 +219,9 @@ def _megabytes(size: int) -> str:
     return f"{size / 1e9:.1f} GB" if size >= 1e9 else f"{size / 1e6:.0f} MB"
 
 
-def outcome(status: JobStatus, *, job_dir: Path, name: str, resume_hint: str, out: TextIO,
-            note: str = "") -> dict[str, Any]:
+def outcome(
+    status: JobStatus, *, job_dir: Path, name: str, resume_hint: str, out: TextIO, note: str = ""
+) -> dict[str, Any]:
     """A settled job's ``result.json``, or :class:`JobFailedError` with what went wrong, ``note``
     (why it was not restarted) and how to resume."""
     if status.state is JobState.SUCCEEDED:
@@ -219,8 +238,10 @@ def outcome(status: JobStatus, *, job_dir: Path, name: str, resume_hint: str, ou
     # fixed in the command, so the same command would only fail again
     resume = resumable(status, job_dir) and status.exit_code != EXIT_CONFIG_ERROR
     hint = f"\n  {resume_hint}" if resume else ""
-    raise JobFailedError(f"job {name} {status.state.value}{noted}: {without_followed_tail(status.message)}{hint}",
-                         exit_code=status.exit_code if status.exit_code and status.exit_code > 0 else 1)
+    raise JobFailedError(
+        f"job {name} {status.state.value}{noted}: {without_followed_tail(status.message)}{hint}",
+        exit_code=status.exit_code if status.exit_code and status.exit_code > 0 else 1,
+    )
 
 
 def without_followed_tail(message: str) -> str:
@@ -235,8 +256,9 @@ def without_followed_tail(message: str) -> str:
     return f"{head} (its output is above; the whole log: {path})" + "".join(f"\n{line}" for line in then)
 
 
-def run_job(job: PreparedJob, *, out: TextIO | None = None, live: bool | None = None,
-            detach: bool = False) -> dict[str, Any] | None:
+def run_job(
+    job: PreparedJob, *, out: TextIO | None = None, live: bool | None = None, detach: bool = False
+) -> dict[str, Any] | None:
     """Submit, stream rank 0's output, and return result.json; raise JobFailedError otherwise.
     With ``detach``: submit, say how to find the job again, and return None at once."""
     out = out or sys.stdout
@@ -247,9 +269,11 @@ def run_job(job: PreparedJob, *, out: TextIO | None = None, live: bool | None = 
     policy = restart_policy(job, out)
     handle = submit(job, detach=detach, budget=policy.budget())
     if detach:
-        out.write(f"ddlkit: detached; job {spec.name} runs on compute={job.redacted_config['compute']['name']} as "
-                  f"{handle.id}.\n  follow it: ddlkit jobs attach {spec.name}\n"
-                  f"  or: ddlkit jobs status|logs|cancel {spec.name}\n")
+        out.write(
+            f"ddlkit: detached; job {spec.name} runs on compute={job.redacted_config['compute']['name']} as "
+            f"{handle.id}.\n  follow it: ddlkit jobs attach {spec.name}\n"
+            f"  or: ddlkit jobs status|logs|cancel {spec.name}\n"
+        )
         out.flush()
         return None
     progress_bar = live and "console" in job.redacted_config.get("logger", {})
@@ -270,15 +294,18 @@ def run_job(job: PreparedJob, *, out: TextIO | None = None, live: bool | None = 
         # asked after the backoff: a lost node may have come back in the meantime; with too few up,
         # the restart waits for capacity (restart.capacity_wait_s)
         try:
-            placed = place_restart_waiting(job.compute, current, spec, job.redacted_config,
-                                           capacity=capacity_wait(job, policy, out))
+            placed = place_restart_waiting(
+                job.compute, current, spec, job.redacted_config, capacity=capacity_wait(job, policy, out)
+            )
         except KeyboardInterrupt:
             out.write("\nddlkit: interrupted while the restart waited for capacity\n")
             break
         if isinstance(placed, str):
             # the job's own failure was said at the restart: this is why it ends, in one line
-            raise JobFailedError(f"job {spec.name} {placed}; it resumes from step {entry['resumed_from']} when run "
-                                 f"again: {job.resume_hint}")
+            raise JobFailedError(
+                f"job {spec.name} {placed}; it resumes from step {entry['resumed_from']} when run "
+                f"again: {job.resume_hint}"
+            )
         current = placed.target
         handle = resubmit(job, policy, entry, placed)
     # a failure on a target that restarts says why this one was not restarted; a cancel is no failure
@@ -286,19 +313,25 @@ def run_job(job: PreparedJob, *, out: TextIO | None = None, live: bool | None = 
     return outcome(status, job_dir=spec.job_dir, name=spec.name, resume_hint=job.resume_hint, out=out, note=note)
 
 
-def resubmit(job: PreparedJob, policy: RestartPolicy, entry: dict[str, object],
-             placed: Placement | None = None) -> JobHandle:
+def resubmit(
+    job: PreparedJob, policy: RestartPolicy, entry: dict[str, object], placed: Placement | None = None
+) -> JobHandle:
     """Submit the job again, as the restart ``entry`` says (added to its record), on the target
     ``placed`` chose (:func:`~ddlkit.launch.elastic.place_restart`; None: the job's own); its ranks
     learn how many restarts and lost steps there were so far, for result.json. A job on fewer nodes
     than planned is restarted by the launcher alone, which places it on all of them again when they
     are back: its target gets no budget to restart it in place at its smaller size."""
     placed = placed or Placement(job.compute)
-    restarted = replace(job.spec, env={**job.spec.env, **placed.env, RESTARTS_ENV: str(policy.done),
-                                       STEPS_LOST_ENV: str(policy.steps_lost)})
+    restarted = replace(
+        job.spec,
+        env={**job.spec.env, **placed.env, RESTARTS_ENV: str(policy.done), STEPS_LOST_ENV: str(policy.steps_lost)},
+    )
     shrunk = placed.target.nodes < job.compute.nodes
-    return submit(replace(job, compute=placed.target, spec=restarted), restart={**entry, **placed.entry},
-                  budget=None if shrunk else policy.budget())
+    return submit(
+        replace(job, compute=placed.target, spec=restarted),
+        restart={**entry, **placed.entry},
+        budget=None if shrunk else policy.budget(),
+    )
 
 
 def restart_policy(job: PreparedJob, out: TextIO) -> RestartPolicy:
@@ -310,12 +343,20 @@ def policy_for(options: Mapping[str, Any], target: ComputeTarget, out: TextIO) -
     """``restart.max_restarts`` and ``restart.capacity_wait_s`` (or ``target``'s defaults) and
     ``restart.backoff_s``, from a config's ``restart`` options."""
     most, wait = options.get("max_restarts"), options.get("capacity_wait_s")
-    return RestartPolicy(target.default_max_restarts if most is None else int(most),
-                         float(options.get("backoff_s", 10.0)), out,
-                         capacity_wait_s=target.default_capacity_wait_s if wait is None else float(wait))
+    return RestartPolicy(
+        target.default_max_restarts if most is None else int(most),
+        float(options.get("backoff_s", 10.0)),
+        out,
+        capacity_wait_s=target.default_capacity_wait_s if wait is None else float(wait),
+    )
 
 
 def capacity_wait(job: PreparedJob, policy: RestartPolicy, out: TextIO, prefix: str = "ddlkit: ") -> CapacityWait:
     """The wait for capacity of the restart ``policy`` is about to make, at the target's pace."""
-    return CapacityWait(policy.capacity_wait_s, job.compute.status_interval_s, out,
-                        restart=f"{policy.done}/{policy.max_restarts}", prefix=prefix)
+    return CapacityWait(
+        policy.capacity_wait_s,
+        job.compute.status_interval_s,
+        out,
+        restart=f"{policy.done}/{policy.max_restarts}",
+        prefix=prefix,
+    )

@@ -32,17 +32,26 @@ from ..registry import HOOK_POINTS, Registry
 _ADDED = " (`+` cannot add an option)"
 #: the pip package of each of Hydra's sweeper and launcher plugins, by option
 HYDRA_PLUGIN_PACKAGES: dict[str, dict[str, str]] = {
-    "hydra/sweeper": {"optuna": "hydra-optuna-sweeper", "ax": "hydra-ax-sweeper",
-                      "nevergrad": "hydra-nevergrad-sweeper"},
-    "hydra/launcher": {"joblib": "hydra-joblib-launcher", "submitit_local": "hydra-submitit-launcher",
-                       "submitit_slurm": "hydra-submitit-launcher", "rq": "hydra-rq-launcher",
-                       "ray_aws": "hydra-ray-launcher"},
+    "hydra/sweeper": {
+        "optuna": "hydra-optuna-sweeper",
+        "ax": "hydra-ax-sweeper",
+        "nevergrad": "hydra-nevergrad-sweeper",
+    },
+    "hydra/launcher": {
+        "joblib": "hydra-joblib-launcher",
+        "submitit_local": "hydra-submitit-launcher",
+        "submitit_slurm": "hydra-submitit-launcher",
+        "rq": "hydra-rq-launcher",
+        "ray_aws": "hydra-ray-launcher",
+    },
 }
 #: how OmegaConf names a type it could not convert a value to, and how a user reads it
 _TYPE_WORDS = {"Integer": "an integer", "Float": "a number", "Boolean": "true or false", "str": "a string"}
 #: where experiments come from, for the error that lists them
-EXPERIMENT_PLACES = ("<name>.yaml files in ./experiments or $DDLKIT_EXPERIMENTS, or experiment/<name>.yaml in "
-                     "./conf, --config-dir or hydra.searchpath")
+EXPERIMENT_PLACES = (
+    "<name>.yaml files in ./experiments or $DDLKIT_EXPERIMENTS, or experiment/<name>.yaml in "
+    "./conf, --config-dir or hydra.searchpath"
+)
 
 
 def explain(err: BaseException) -> DdlkitError | None:
@@ -54,29 +63,38 @@ def explain(err: BaseException) -> DdlkitError | None:
 
     for link in _chain(err):
         if isinstance(link, OSError) and link.errno == errno.ENAMETOOLONG:  # Hydra making hydra.run.dir
-            return ConfigError(f"{link.filename} is longer than the file system allows for a path or a name in it: "
-                               "give hydra.run.dir (or hydra.sweep.dir) a shorter one.")
+            return ConfigError(
+                f"{link.filename} is longer than the file system allows for a path or a name in it: "
+                "give hydra.run.dir (or hydra.sweep.dir) a shorter one."
+            )
         if isinstance(link, ValueError) and "integer string conversion" in str(link):
             limit = str(link).split(": ", 1)[-1].split(";")[0]
             return ConfigError(f"a number on the command line is too long ({limit}): no setting takes one that big.")
         if isinstance(link, YAMLError):
             where = getattr(getattr(link, "problem_mark", None), "name", None) or "a config file"
-            return ConfigError(f"{where} is not valid YAML: {yaml_error_line(link)}. Fix the file, or leave out "
-                               "what selects it.")
+            return ConfigError(
+                f"{where} is not valid YAML: {yaml_error_line(link)}. Fix the file, or leave out what selects it."
+            )
     if isinstance(err, ValueError) and str(err).startswith("Config group override"):
         # the CLI names the override (ddlkit.launch.cli.check_names); this is for a group it did not know of
-        return ConfigError(f"a config group's option is chosen by name ({_first_line(str(err)).split(':')[0]}): give "
-                           "its name, quoted if it reads as a number or null (group='0').")
+        return ConfigError(
+            f"a config group's option is chosen by name ({_first_line(str(err)).split(':')[0]}): give "
+            "its name, quoted if it reads as a number or null (group='0')."
+        )
     if isinstance(err, OverrideParseException):
-        return ConfigError(f"cannot read the override `{err.override}`: {_first_line(err.message)}. Quote a value "
-                           "holding spaces or any of ()[]{},=$;& for Hydra, inside the shell's quotes: "
-                           "\"key='a value'\".")
+        return ConfigError(
+            f"cannot read the override `{err.override}`: {_first_line(err.message)}. Quote a value "
+            "holding spaces or any of ()[]{},=$;& for Hydra, inside the shell's quotes: "
+            "\"key='a value'\"."
+        )
     if isinstance(err, MissingConfigException):
         return _missing_config(err)
     if isinstance(err, SearchPathException):
         where = str(err).split("'")[1] if "'" in str(err) else str(err)
-        return ConfigError(f"--config-dir {where}: no such directory. Give a directory of presets "
-                           "(<group>/<name>.yaml) and experiments (experiment/<name>.yaml).")
+        return ConfigError(
+            f"--config-dir {where}: no such directory. Give a directory of presets "
+            "(<group>/<name>.yaml) and experiments (experiment/<name>.yaml)."
+        )
     if not isinstance(err, (HydraException, OmegaConfBaseException)):
         return None
     cause = err.__cause__ if err.__cause__ is not None else err
@@ -92,18 +110,24 @@ def explain(err: BaseException) -> DdlkitError | None:
         message = f"{where}: {detail[0] if detail else message}"
     if "validated against ConfigStore schema with the same name" in str(err):
         name = message.split("'")[1]
-        return ConfigError(f"the config file {name}.yaml has the name of an option ddlkit or a plugin defines: "
-                           "rename the file, and name that option in its defaults list to build on it.")
+        return ConfigError(
+            f"the config file {name}.yaml has the name of an option ddlkit or a plugin defines: "
+            "rename the file, and name that option in its defaults list to build on it."
+        )
     if "does not support sweep type" in message:
-        return ConfigError(f"hydra/sweeper=basic lists every combination of the values it is given, and cannot "
-                           f"search a range ({message.rpartition(':')[2].strip().lower()}: interval() or tag()): "
-                           "give values (a,b,c) or range(start,stop,step), or search it with hydra/sweeper=optuna "
-                           "(pip install hydra-optuna-sweeper) and sweep.objective=<a result field>.")
+        return ConfigError(
+            f"hydra/sweeper=basic lists every combination of the values it is given, and cannot "
+            f"search a range ({message.rpartition(':')[2].strip().lower()}: interval() or tag()): "
+            "give values (a,b,c) or range(start,stop,step), or search it with hydra/sweeper=optuna "
+            "(pip install hydra-optuna-sweeper) and sweep.objective=<a result field>."
+        )
     merge = re.match(r"In '([\w/]+)/[^']*': Merge error: .* is not a subclass of", message)
     if merge:  # a defaults list's `override /group: [a, b]`: Hydra merges the second option's schema into the first's
         group = merge[1].replace("/", ".")
-        return ConfigError(f"{group} takes one option, and a config file's defaults list gives it several: choose "
-                           f"one, or run one job per option with -m {group}=<a>,<b>.")
+        return ConfigError(
+            f"{group} takes one option, and a config file's defaults list gives it several: choose "
+            f"one, or run one job per option with -m {group}=<a>,<b>."
+        )
     if message.startswith("Could not append to config. An item is already at"):
         key = message.split("'")[1]
         return ConfigError(f"`{key}` is already in the config: set it without the `+` ({key}=...).")
@@ -126,8 +150,10 @@ def _first_line(text: str) -> str:
 def _missing_config(err: Any) -> ConfigError:
     missing: str = err.missing_cfg_file or ""
     if str(err).startswith("Cannot find primary config"):  # --config-name's
-        return ConfigError(f"{_first_line(str(err)).rstrip('.')}: put {missing}.yaml in a directory given with "
-                           "--config-dir (-cd), or drop --config-name (-cn).")
+        return ConfigError(
+            f"{_first_line(str(err)).rstrip('.')}: put {missing}.yaml in a directory given with "
+            "--config-dir (-cd), or drop --config-name (-cn)."
+        )
     group, _, name = missing.rpartition("/")
     options = sorted(err.options or [])
     package = HYDRA_PLUGIN_PACKAGES.get(group, {}).get(name)
@@ -135,15 +161,21 @@ def _missing_config(err: Any) -> ConfigError:
         return ConfigError(f"{group}={name} is not installed: pip install {package}")
     context = str(err).split("'")[1] if str(err).startswith("In '") else ""
     inside = f" (named in {context}.yaml)" if context and context not in ("config", "hydra/config") else ""
-    choices = (f"Choose one of: {', '.join(options)}." if options else
-               "No option is available: is the plugin that registers it installed? (`ddlkit plugins`)")
+    choices = (
+        f"Choose one of: {', '.join(options)}."
+        if options
+        else "No option is available: is the plugin that registers it installed? (`ddlkit plugins`)"
+    )
     if group == "experiment":
-        return ConfigError(f"unknown experiment {name!r} (`+experiment`){inside}. {choices} Experiments are "
-                           f"{EXPERIMENT_PLACES}.")
+        return ConfigError(
+            f"unknown experiment {name!r} (`+experiment`){inside}. {choices} Experiments are {EXPERIMENT_PLACES}."
+        )
     noun = HOOK_POINTS[group].noun if group in HOOK_POINTS else group.replace("/", " ")
     hint = install_hint(group, name)
-    return ConfigError(f"unknown {noun} {name!r} (config key `{group.replace('/', '.')}`){inside}. "
-                       f"{hint + ' ' if hint else ''}{choices}")
+    return ConfigError(
+        f"unknown {noun} {name!r} (config key `{group.replace('/', '.')}`){inside}. "
+        f"{hint + ' ' if hint else ''}{choices}"
+    )
 
 
 def _bad_key_or_value(message: str, cause: Any) -> ConfigError:
@@ -156,13 +188,18 @@ def _bad_key_or_value(message: str, cause: Any) -> ConfigError:
     reason = _first_line(cause.msg)
     typed = re.match(r"Value '(.*)' of type '\w+' could not be converted to (\w+)", reason)
     enum = re.match(r"Invalid value '(.*)', expected one of \[(.*)\]", reason)
-    given = message.removeprefix("Error merging override ").strip() if message.startswith("Error merging") else (
-        f"{key}={cause.value}")
+    given = (
+        message.removeprefix("Error merging override ").strip()
+        if message.startswith("Error merging")
+        else (f"{key}={cause.value}")
+    )
     current = cause.child_node._value() if cause.child_node is not None else None
     example = f", e.g. {key}={getattr(current, 'name', current)}" if current is not None else ""
     if typed:
-        return ConfigError(f"`{given}` is invalid: '{typed[1]}' is not {_TYPE_WORDS.get(typed[2], typed[2])}. "
-                           f"Give {_TYPE_WORDS.get(typed[2], 'a ' + typed[2])}{example}.")
+        return ConfigError(
+            f"`{given}` is invalid: '{typed[1]}' is not {_TYPE_WORDS.get(typed[2], typed[2])}. "
+            f"Give {_TYPE_WORDS.get(typed[2], 'a ' + typed[2])}{example}."
+        )
     if enum:
         return ConfigError(f"`{given}` is invalid: choose one of {enum[2]}.")
     if "is not Optional" in reason or "cannot be assigned None" in reason:
@@ -203,8 +240,10 @@ def _typed_preset(registry: Registry, where: str, group: str, node: DictConfig) 
 
     name = node.get("name")
     if not isinstance(name, str):
-        raise ConfigError(f"the {where} preset does not say which {HOOK_POINTS[group].noun} it configures: give it "
-                          f"a defaults list naming one ({', '.join(registry.names(group))}), or `name: <one of them>`.")
+        raise ConfigError(
+            f"the {where} preset does not say which {HOOK_POINTS[group].noun} it configures: give it "
+            f"a defaults list naming one ({', '.join(registry.names(group))}), or `name: <one of them>`."
+        )
     schema = OmegaConf.structured(named_schema(registry.get(group, name).config, name))
     # rooted at the preset's place, so that messages name the keys as the user would write them
     rooted = OmegaConf.create()

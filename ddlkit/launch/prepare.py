@@ -22,10 +22,10 @@ from omegaconf import OmegaConf
 from .. import redact as secret_store
 from ..atomic import write_json, write_text
 from ..checkpoint import resolve_resume
-from ..errors import ConfigError, DdlkitError
-from ..interfaces import ComputeTarget, JobSpec
 from ..compute.snapshot import CodeSnapshot, imports_from
 from ..custom import LAUNCH_DIR_ENV, import_paths, launch_dir
+from ..errors import ConfigError, DdlkitError
+from ..interfaces import ComputeTarget, JobSpec
 from ..jobdir import CODE_DIR, CODE_FILE, CONFIG_FILE, ENVIRONMENT_FILE, JOB_FILE, OVERRIDES_FILE
 from ..registry import Registry
 from .commandline import job_command
@@ -75,8 +75,13 @@ def environment_info(cfg: DictConfig, registry: Registry, pm: DdlkitPluginManage
             packages[dist] = version(dist)
         except PackageNotFoundError:
             pass
-    return {"python": platform.python_version(), "platform": platform.platform(), "packages": packages,
-            "argv": secret_store.redact_overrides(sys.argv), "git": _git_state()}
+    return {
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "packages": packages,
+        "argv": secret_store.redact_overrides(sys.argv),
+        "git": _git_state(),
+    }
 
 
 def _git_state() -> dict[str, Any] | None:
@@ -84,8 +89,9 @@ def _git_state() -> dict[str, Any] | None:
         commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=5)
         if commit.returncode != 0:
             return None
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], capture_output=True,
-                               text=True, timeout=5)
+        dirty = subprocess.run(
+            ["git", "status", "--porcelain", "--untracked-files=no"], capture_output=True, text=True, timeout=5
+        )
         return {"commit": commit.stdout.strip(), "dirty": bool(dirty.stdout.strip())}
     except (OSError, subprocess.SubprocessError):
         return None
@@ -101,8 +107,9 @@ def job_name(job_dir: Path) -> str:
     return f"{readable}-{hashlib.sha1(str(job_dir).encode()).hexdigest()[:8]}"
 
 
-def job_environment(cfg: DictConfig, pm: DdlkitPluginManager,
-                    extra: Mapping[str, str] | None = None) -> tuple[dict[str, str], dict[str, str]]:
+def job_environment(
+    cfg: DictConfig, pm: DdlkitPluginManager, extra: Mapping[str, str] | None = None
+) -> tuple[dict[str, str], dict[str, str]]:
     """``(env, secret_env)`` for the ranks: the plugin switches from this environment, what
     plugins ask for (``ddlkit_job_environment``) and ``extra``; secret-looking names are secret."""
     merged = {k: os.environ[k] for k in FORWARDED_ENV if k in os.environ}
@@ -123,8 +130,9 @@ def user_code(cfg: DictConfig, compute: ComputeTarget, job_dir: Path) -> tuple[d
         return {}, None
     if compute.shares_job_dir:
         return {LAUNCH_DIR_ENV: str(here)}, None
-    return {}, CodeSnapshot.take(here, max_bytes=int(cfg.code.max_mb * 1e6), exclude=list(cfg.code.exclude),
-                                 skip=[job_dir])
+    return {}, CodeSnapshot.take(
+        here, max_bytes=int(cfg.code.max_mb * 1e6), exclude=list(cfg.code.exclude), skip=[job_dir]
+    )
 
 
 def _write_snapshot(job_dir: Path, snapshot: CodeSnapshot | None) -> None:
@@ -135,9 +143,18 @@ def _write_snapshot(job_dir: Path, snapshot: CodeSnapshot | None) -> None:
         (job_dir / CODE_FILE).unlink(missing_ok=True)
 
 
-def prepare(cfg: DictConfig, *, job_dir: Path, overrides: Sequence[str], registry: Registry,
-            pm: DdlkitPluginManager, env: Mapping[str, str] | None = None, compute: ComputeTarget | None = None,
-            validated: dict[str, Any] | None = None, launch: Sequence[str] = ()) -> PreparedJob:
+def prepare(
+    cfg: DictConfig,
+    *,
+    job_dir: Path,
+    overrides: Sequence[str],
+    registry: Registry,
+    pm: DdlkitPluginManager,
+    env: Mapping[str, str] | None = None,
+    compute: ComputeTarget | None = None,
+    validated: dict[str, Any] | None = None,
+    launch: Sequence[str] = (),
+) -> PreparedJob:
     """Validate (unless ``validated`` holds the result already), build the compute target (unless
     given), and write the job directory. ``env``: more environment for the ranks; ``launch``: what
     composed the job besides its overrides, for the command that resumes it."""
@@ -156,8 +173,10 @@ def prepare(cfg: DictConfig, *, job_dir: Path, overrides: Sequence[str], registr
     redacted, secrets = secret_store.split_secrets(container)
     job_dir.mkdir(parents=True, exist_ok=True)
     # nothing in the job directory names the launcher's paths: it runs wherever it is copied
-    write_json(job_dir / JOB_FILE, {"version": 2, "name": name, "config": redacted, "overrides": list(overrides),
-                                    "secrets": sorted(secrets)})
+    write_json(
+        job_dir / JOB_FILE,
+        {"version": 2, "name": name, "config": redacted, "overrides": list(overrides), "secrets": sorted(secrets)},
+    )
     write_text(job_dir / CONFIG_FILE, OmegaConf.to_yaml(OmegaConf.create(redacted)))
     write_text(job_dir / OVERRIDES_FILE, OmegaConf.to_yaml(OmegaConf.create(list(overrides))))
     write_json(job_dir / ENVIRONMENT_FILE, environment_info(cfg, registry, pm))
@@ -166,8 +185,13 @@ def prepare(cfg: DictConfig, *, job_dir: Path, overrides: Sequence[str], registr
     rank_env, secret_env = job_environment(cfg, pm, {**code_env, **(env or {})})
     if secrets:
         secret_env[secret_store.SECRETS_ENV] = secret_store.encode(secrets)
-    spec = JobSpec(name=name, job_dir=job_dir, env=rank_env, secret_env=secret_env,
-                   code_digest=snapshot.digest if snapshot is not None else None)
+    spec = JobSpec(
+        name=name,
+        job_dir=job_dir,
+        env=rank_env,
+        secret_env=secret_env,
+        code_digest=snapshot.digest if snapshot is not None else None,
+    )
     return PreparedJob(spec, compute, redacted, tuple(overrides), tuple(secret_store.redact_overrides(launch)))
 
 
@@ -200,6 +224,8 @@ def refuse_a_running_job(job_dir: Path, registry: Registry) -> None:
     except DdlkitError:
         return  # its target cannot say (gone, or unreachable): the worker's lock still guards the directory
     if not state.done:
-        raise ConfigError(f"job {sub.name} still runs in {job_dir} (compute={sub.target}, id {sub.id}): follow it "
-                          f"with `ddlkit jobs attach {sub.name}`, stop it with `ddlkit jobs cancel {sub.name}`, or "
-                          "choose another hydra.run.dir.")
+        raise ConfigError(
+            f"job {sub.name} still runs in {job_dir} (compute={sub.target}, id {sub.id}): follow it "
+            f"with `ddlkit jobs attach {sub.name}`, stop it with `ddlkit jobs cancel {sub.name}`, or "
+            "choose another hydra.run.dir."
+        )

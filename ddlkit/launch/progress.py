@@ -21,9 +21,15 @@ class ProgressRenderer:
 
         self.console = Console(file=out or sys.stdout)
         self.progress = Progress(
-            TextColumn("[bold]epoch {task.fields[epoch]}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
-            TextColumn("loss {task.fields[loss]}"), TextColumn("{task.fields[ips]} {task.fields[unit]}/s"),
-            TextColumn("eta {task.fields[eta]}"), TimeElapsedColumn(), console=self.console, transient=False,
+            TextColumn("[bold]epoch {task.fields[epoch]}"),
+            BarColumn(),
+            TextColumn("{task.completed}/{task.total}"),
+            TextColumn("loss {task.fields[loss]}"),
+            TextColumn("{task.fields[ips]} {task.fields[unit]}/s"),
+            TextColumn("eta {task.fields[eta]}"),
+            TimeElapsedColumn(),
+            console=self.console,
+            transient=False,
         )
         self.task: Any = None
         self._buf = ""
@@ -44,8 +50,13 @@ class ProgressRenderer:
             if not m:
                 self.progress.console.print(line, markup=False, highlight=False)
                 continue
-            fields = {"epoch": f"{m['epoch']}/{m['epochs']}", "loss": m["loss"], "ips": m["ips"], "unit": m["unit"],
-                      "eta": m["eta"]}
+            fields = {
+                "epoch": f"{m['epoch']}/{m['epochs']}",
+                "loss": m["loss"],
+                "ips": m["ips"],
+                "unit": m["unit"],
+                "eta": m["eta"],
+            }
             if self.task is None:
                 self.task = self.progress.add_task("train", total=int(m["total"]), **fields)
             self.progress.update(self.task, completed=int(m["step"]), total=int(m["total"]), **fields)

@@ -13,8 +13,8 @@ from omegaconf.errors import MissingMandatoryValue, OmegaConfBaseException
 from .. import callbacks, monitor, options
 from ..checkpoint import resume_path
 from ..config import check_one_global_batch, to_container
-from ..errors import ConfigError
 from ..custom import launch_dir
+from ..errors import ConfigError
 from ..interfaces import ComputeTarget, Framework, StorageBackend
 from ..registry import HOOK_POINTS, Registry
 from . import elastic
@@ -32,8 +32,9 @@ def build_target(cfg: DictConfig, registry: Registry) -> ComputeTarget:
     return registry.create("compute", cfg.compute.name, cfg.compute)
 
 
-def validate(cfg: DictConfig, registry: Registry, pm: DdlkitPluginManager, *,
-             compute: ComputeTarget | None = None) -> dict[str, Any]:
+def validate(
+    cfg: DictConfig, registry: Registry, pm: DdlkitPluginManager, *, compute: ComputeTarget | None = None
+) -> dict[str, Any]:
     """Check the composed config before anything runs; return it resolved as plain containers.
     ``compute``: the job's target, when the caller has built it already."""
     check_composed(cfg, registry)
@@ -94,8 +95,10 @@ def _check_distributed(cfg: DictConfig, compute: ComputeTarget, registry: Regist
     # an elastic job (compute.min_nodes) can apply trainer.on_resize on every world size it may shrink to
     elastic.check(compute, {"trainer": cfg.trainer})
     if world_size > 1 and cfg.dist.backend == "none":
-        raise ConfigError(f"compute={cfg.compute.name} runs {world_size} ranks, which must share their gradients: "
-                          "add dist=native (the framework's own collectives) or dist=horovod.")
+        raise ConfigError(
+            f"compute={cfg.compute.name} runs {world_size} ranks, which must share their gradients: "
+            "add dist=native (the framework's own collectives) or dist=horovod."
+        )
     # every rank checks the data against the global batch once the data is readable; a source
     # whose config states its size is checked here as well, before anything starts
     stated = registry.create("data", cfg.data.name, cfg.data).config_info()

@@ -21,8 +21,19 @@ from pathlib import Path
 from typing import Any
 
 from ..atomic import atomic_path
-from ..checkpoint import (BEST, CHECKPOINT_DIR, build_manifest, checkpoint_name, keep_best, mark_latest, no_space,
-                          read_manifest, remove_stale, verify, write_manifest)
+from ..checkpoint import (
+    BEST,
+    CHECKPOINT_DIR,
+    build_manifest,
+    checkpoint_name,
+    keep_best,
+    mark_latest,
+    no_space,
+    read_manifest,
+    remove_stale,
+    verify,
+    write_manifest,
+)
 from ..errors import ConfigError, DdlkitError, RunError
 from ..interfaces import RunState
 from ..interfaces.run import LoadFn, SaveFn, SnapshotFn
@@ -32,8 +43,9 @@ class CheckpointKeeper:
     """The checkpoints (and artifacts) of one job directory, as one rank sees them: only the
     writer (rank 0) writes; every rank loads the one it resumes from."""
 
-    def __init__(self, job_dir: Path, *, keep: int, writer: bool, resume_from: Path | None,
-                 checksum: str = "crc32") -> None:
+    def __init__(
+        self, job_dir: Path, *, keep: int, writer: bool, resume_from: Path | None, checksum: str = "crc32"
+    ) -> None:
         self.job_dir = job_dir
         self.directory = job_dir / CHECKPOINT_DIR
         #: trainer.keep_checkpoints: how many step checkpoints stay
@@ -61,8 +73,11 @@ class CheckpointKeeper:
             return
         stale = remove_stale(self.directory)
         if stale:
-            print(f"ddlkit: removed {len(stale)} stale temporary file(s) of an interrupted checkpoint write from "
-                  f"{self.directory}: {', '.join(sorted(p.name for p in stale))}", flush=True)
+            print(
+                f"ddlkit: removed {len(stale)} stale temporary file(s) of an interrupted checkpoint write from "
+                f"{self.directory}: {', '.join(sorted(p.name for p in stale))}",
+                flush=True,
+            )
 
     def load(self, load: LoadFn, path: Path) -> dict[str, Any]:
         """The ``meta`` of checkpoint ``path`` as the framework's ``load`` reads it back."""
@@ -73,12 +88,16 @@ class CheckpointKeeper:
         except Exception as err:
             # resolve_resume verified it against its manifest if it has one: what fails here is a
             # checkpoint without one (an older ddlkit's, or one given by path), or another version's
-            why = ("it matches its manifest, so it was written by an incompatible version or settings"
-                   if read_manifest(path) is not None else "it has no manifest to verify it against")
+            why = (
+                "it matches its manifest, so it was written by an incompatible version or settings"
+                if read_manifest(path) is not None
+                else "it has no manifest to verify it against"
+            )
             raise RunError(
                 f"cannot load checkpoint {path} ({type(err).__name__}: {str(err).strip()[:300]}); {why}. Resume from "
                 "another checkpoint with trainer.resume=<path>, or start fresh with trainer.resume=false.",
-                component="framework") from err
+                component="framework",
+            ) from err
 
     def is_due(self, state: RunState) -> bool:
         """Whether this rank writes a checkpoint of ``state`` now: it is the writer, the framework
@@ -145,9 +164,13 @@ class CheckpointKeeper:
             err = in_flight.error
             if isinstance(err, DdlkitError):
                 raise err
-            raise RunError(f"writing checkpoint step {in_flight.step} in the background failed "
-                           f"({type(err).__name__}: {str(err).strip()[:300]}); the previous checkpoint {self.latest} "
-                           "is the latest", component="checkpoint", step=in_flight.step) from err
+            raise RunError(
+                f"writing checkpoint step {in_flight.step} in the background failed "
+                f"({type(err).__name__}: {str(err).strip()[:300]}); the previous checkpoint {self.latest} "
+                "is the latest",
+                component="checkpoint",
+                step=in_flight.step,
+            ) from err
         self._written(in_flight.path, in_flight.step)
 
     def _out_of_space(self, reason: str, step: int) -> RunError:
@@ -161,8 +184,10 @@ class CheckpointKeeper:
         else:
             manifest = read_manifest(prev)
             size = f" ({manifest['bytes'] / 2**20:.1f} MiB; the next one needs as much)" if manifest else ""
-            kept = (f"the previous checkpoint {prev} is intact{size}: free space, then run the same command to "
-                    "resume from it")
+            kept = (
+                f"the previous checkpoint {prev} is intact{size}: free space, then run the same command to "
+                "resume from it"
+            )
         return RunError(f"{where}; {kept}", component="checkpoint", step=step)
 
     def keep_best(self) -> None:
@@ -178,8 +203,10 @@ class CheckpointKeeper:
         path = self.job_dir / name
 
         def out_of_space(reason: str) -> RunError:
-            return RunError(f"{reason} on {self.job_dir} while writing {name}; the latest checkpoint {self.latest} "
-                            "is intact", component="storage")
+            return RunError(
+                f"{reason} on {self.job_dir} while writing {name}; the latest checkpoint {self.latest} is intact",
+                component="storage",
+            )
 
         with _explained_if_full(self.job_dir, out_of_space, only=OSError, slack=0):  # the fsync or the rename
             with atomic_path(path) as tmp:
@@ -242,8 +269,13 @@ def check_compatible(meta: Mapping[str, Any], path: Path | None, **mine: str) ->
 
 
 @contextmanager
-def _explained_if_full(directory: Path, explain: Callable[[str], RunError], *,
-                       only: type[BaseException] = Exception, **no_space_options: int) -> Iterator[None]:
+def _explained_if_full(
+    directory: Path,
+    explain: Callable[[str], RunError],
+    *,
+    only: type[BaseException] = Exception,
+    **no_space_options: int,
+) -> Iterator[None]:
     """Raise ``explain(reason)`` in place of an error of type ``only`` that a full file system
     under ``directory`` caused (see :func:`ddlkit.checkpoint.no_space`); around a write, ask
     before the partial write is removed and frees its space."""

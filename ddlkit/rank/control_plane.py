@@ -64,8 +64,9 @@ class ControlPlane:
     collective waits for it at most ``timeout_s``. Once all ranks have joined (:meth:`connect`),
     a keep-alive thread sends the heartbeats and reports peers that stay silent (:meth:`_keep_alive`)."""
 
-    def __init__(self, rank: int, world_size: int, peers: dict[int, socket.socket], timeout_s: float,
-                 warn_after_s: float = 60.0) -> None:
+    def __init__(
+        self, rank: int, world_size: int, peers: dict[int, socket.socket], timeout_s: float, warn_after_s: float = 60.0
+    ) -> None:
         self.rank, self.world_size, self.timeout_s, self.warn_after_s = rank, world_size, timeout_s, warn_after_s
         #: on rank 0 the connection to each other rank; elsewhere {0: the connection to rank 0}
         self.peers = peers
@@ -88,12 +89,20 @@ class ControlPlane:
         self._send_locks = {peer: threading.Lock() for peer in peers}
         self._closed = threading.Event()
         for peer, sock in peers.items():
-            threading.Thread(target=self._read, args=(peer, sock), name=f"ddlkit-control-rank-{peer}",
-                             daemon=True).start()
+            threading.Thread(
+                target=self._read, args=(peer, sock), name=f"ddlkit-control-rank-{peer}", daemon=True
+            ).start()
 
     @classmethod
-    def connect(cls, rank: int, world_size: int, address: tuple[str, int], job_id: str,
-                timeout_s: float, warn_after_s: float = 60.0) -> ControlPlane:
+    def connect(
+        cls,
+        rank: int,
+        world_size: int,
+        address: tuple[str, int],
+        job_id: str,
+        timeout_s: float,
+        warn_after_s: float = 60.0,
+    ) -> ControlPlane:
         deadline = time.monotonic() + timeout_s
         hello = {"rank": rank, "world_size": world_size, "job": job_id}
         if rank == 0:
@@ -129,20 +138,25 @@ class ControlPlane:
             except OSError as err:
                 # rank 0 may not listen yet: retry until the deadline
                 if time.monotonic() + delay > deadline:
-                    raise RunError(f"rank {rank} could not reach rank 0's control port {address[0]}:{address[1]} "
-                                   f"({err}); is rank 0 running, and is {CONTROL_ADDR_ENV} (or MASTER_ADDR) "
-                                   "its address?", component="dist") from None
+                    raise RunError(
+                        f"rank {rank} could not reach rank 0's control port {address[0]}:{address[1]} "
+                        f"({err}); is rank 0 running, and is {CONTROL_ADDR_ENV} (or MASTER_ADDR) "
+                        "its address?",
+                        component="dist",
+                    ) from None
                 time.sleep(delay)
                 delay = min(delay * 2, 0.5)
 
     @classmethod
-    def _accept_all(cls, address: tuple[str, int], world_size: int, job_id: str,
-                    deadline: float) -> dict[int, socket.socket]:
+    def _accept_all(
+        cls, address: tuple[str, int], world_size: int, job_id: str, deadline: float
+    ) -> dict[int, socket.socket]:
         try:
             server = socket.create_server(address, backlog=world_size)
         except OSError as err:
-            raise RunError(f"rank 0 cannot listen on {address[0]}:{address[1]} for the other ranks: {err}",
-                           component="dist") from None
+            raise RunError(
+                f"rank 0 cannot listen on {address[0]}:{address[1]} for the other ranks: {err}", component="dist"
+            ) from None
         peers: dict[int, socket.socket] = {}
         try:
             while len(peers) < world_size - 1:
@@ -151,8 +165,10 @@ class ControlPlane:
                     sock, _ = server.accept()
                 except TimeoutError:
                     missing = sorted(set(range(1, world_size)) - set(peers))
-                    raise RankLostError(f"ranks {missing} did not join within the dist timeout; they failed to "
-                                        "start (see their logs) or cannot reach rank 0") from None
+                    raise RankLostError(
+                        f"ranks {missing} did not join within the dist timeout; they failed to "
+                        "start (see their logs) or cannot reach rank 0"
+                    ) from None
                 sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
                 # a rank says hello at once; a stray connection that does not may not hold up the job
                 sock.settimeout(min(10.0, max(0.01, deadline - time.monotonic())))
@@ -160,8 +176,12 @@ class ControlPlane:
                     hello = cls._recv(sock)
                 except (OSError, ValueError):  # silent, or not our protocol
                     hello = None
-                if (not isinstance(hello, dict) or hello.get("job") != job_id
-                        or hello.get("world_size") != world_size or hello.get("rank") in peers):
+                if (
+                    not isinstance(hello, dict)
+                    or hello.get("job") != job_id
+                    or hello.get("world_size") != world_size
+                    or hello.get("rank") in peers
+                ):
                     sock.close()  # not one of ours: a stray connection, or another job's rank
                     continue
                 peers[int(hello["rank"])] = sock
@@ -208,7 +228,7 @@ class ControlPlane:
                         return  # not a ddlkit rank talking: as good as gone
                     if len(buffer) < end:
                         break
-                    message = json.loads(buffer[_HEADER.size:end])
+                    message = json.loads(buffer[_HEADER.size : end])
                     del buffer[:end]
                     self._route(peer, message)
         except (OSError, ValueError):  # reset by a peer that died, or closed here
@@ -242,12 +262,14 @@ class ControlPlane:
         try:
             message = self._inbox[peer].get(timeout=self.timeout_s)
         except queue.Empty:
-            raise RankLostError(f"rank {peer} did not reach `{op}` within {self.timeout_s:.0f} s (dist.timeout_s): "
-                                f"{self._about(peer)}") from None
+            raise RankLostError(
+                f"rank {peer} did not reach `{op}` within {self.timeout_s:.0f} s (dist.timeout_s): {self._about(peer)}"
+            ) from None
         if message is None:
             self._inbox[peer].put(None)  # the connection stays closed for the next collective too
-            raise RankLostError(f"rank {peer} left the job during `{op}` (its connection closed): it failed or was "
-                                "stopped; see its log")
+            raise RankLostError(
+                f"rank {peer} left the job during `{op}` (its connection closed): it failed or was stopped; see its log"
+            )
         if "error" in message:
             raise RunError(f"rank {peer}: {message['error']}", component="dist")
         return message
@@ -261,17 +283,22 @@ class ControlPlane:
             answer = self._recv_from(0, op)
             if (answer.get("op"), answer.get("seq")) != (op, self.seq) or "data" not in answer:
                 # not rank 0's answer to this collective: a port reused by another process, or a bug
-                raise RunError(f"rank {self.rank} expected rank 0's answer to `{op}` #{self.seq} but got "
-                               f"{str(answer)[:200]!r}: is another process listening on rank 0's control port?",
-                               component="dist")
+                raise RunError(
+                    f"rank {self.rank} expected rank 0's answer to `{op}` #{self.seq} but got "
+                    f"{str(answer)[:200]!r}: is another process listening on rank 0's control port?",
+                    component="dist",
+                )
             return answer["data"]
         try:
             values = [data]
             for peer in range(1, self.world_size):
                 message = self._recv_from(peer, op)
                 if (message["op"], message["seq"]) != (op, self.seq):
-                    raise RunError(f"ranks disagree on the collective: rank 0 is in `{op}` #{self.seq}, rank {peer} "
-                                   f"in `{message['op']}` #{message['seq']}", component="dist")
+                    raise RunError(
+                        f"ranks disagree on the collective: rank 0 is in `{op}` #{self.seq}, rank {peer} "
+                        f"in `{message['op']}` #{message['seq']}",
+                        component="dist",
+                    )
                 values.append(message["data"])
             result = combine(values)
         except RunError as err:
@@ -330,8 +357,11 @@ class ControlPlane:
     def _silent(self) -> list[tuple[int, float, int | None]]:
         """(peer, last heard from, its step then) for each connected peer silent for warn_after_s."""
         now = time.monotonic()
-        return [(peer, heard, step) for peer, (heard, step) in list(self._heard.items())
-                if peer not in self._left and now - heard >= self.warn_after_s]
+        return [
+            (peer, heard, step)
+            for peer, (heard, step) in list(self._heard.items())
+            if peer not in self._left and now - heard >= self.warn_after_s
+        ]
 
     def _watch(self) -> None:
         """Say that a peer has been silent for ``warn_after_s``, again after each further such
@@ -345,22 +375,28 @@ class ControlPlane:
             reported, since = self._warned.get(peer, (0, heard))
             if periods > reported:
                 self._warned[peer] = (periods, heard)
-                _say(f"ddlkit: rank {peer} has not been heard from for {periods * self.warn_after_s:g} s (last "
-                     f"{_at_step(step)}): stopped or hung? The job waits for it up to "
-                     f"dist.timeout_s={self.timeout_s:g} s")
+                _say(
+                    f"ddlkit: rank {peer} has not been heard from for {periods * self.warn_after_s:g} s (last "
+                    f"{_at_step(step)}): stopped or hung? The job waits for it up to "
+                    f"dist.timeout_s={self.timeout_s:g} s"
+                )
             elif periods == 0 and reported:
                 del self._warned[peer]
                 if peer not in self._left:
                     _say(f"ddlkit: rank {peer} is answering again, after {heard - since:.0f} s of silence")
             if periods and silence > self.timeout_s + self.warn_after_s:
-                _say(f"ddlkit worker (rank {self.rank}): RunError: {self._silence(peer, heard, step, now)}; the job "
-                     f"has waited for it longer than dist.timeout_s={self.timeout_s:g} s: this rank ends the job")
+                _say(
+                    f"ddlkit worker (rank {self.rank}): RunError: {self._silence(peer, heard, step, now)}; the job "
+                    f"has waited for it longer than dist.timeout_s={self.timeout_s:g} s: this rank ends the job"
+                )
                 os._exit(1)
 
     @staticmethod
     def _silence(peer: int, heard: float, step: int | None, now: float, witness: str = "") -> str:
-        return (f"rank {peer} stopped answering {_at_step(step)}, {now - heard:.0f} s ago{witness} (its process is "
-                "stopped or hung, or its host or the network is)")
+        return (
+            f"rank {peer} stopped answering {_at_step(step)}, {now - heard:.0f} s ago{witness} (its process is "
+            "stopped or hung, or its host or the network is)"
+        )
 
     def _about(self, peer: int) -> str:
         """What this rank knows of ``peer`` (and, from rank 0, of silent ranks) when a collective
@@ -369,20 +405,26 @@ class ControlPlane:
         heard, step = self._heard[peer]
         if now - heard >= self.warn_after_s:
             return "; ".join(self.silent_ranks())
-        alive = (f"rank {peer} is alive (heard from {now - heard:.0f} s ago, {_at_step(step)}) but has not got "
-                 "there: it is much slower than this rank, or stuck in other work")
+        alive = (
+            f"rank {peer} is alive (heard from {now - heard:.0f} s ago, {_at_step(step)}) but has not got "
+            "there: it is much slower than this rank, or stuck in other work"
+        )
         return "; ".join([alive, *self.silent_ranks()])
 
     def _relayed_silences(self, now: float) -> list[str]:
-        return [self._silence(peer, since, step, now, ", as rank 0 sees it")
-                for peer, (since, step) in self._relayed.items() if peer != self.rank]
+        return [
+            self._silence(peer, since, step, now, ", as rank 0 sees it")
+            for peer, (since, step) in self._relayed.items()
+            if peer != self.rank
+        ]
 
     def silent_ranks(self) -> list[str]:
         """One sentence per rank that stopped answering: this rank's own peers, and on the
         other ranks those that rank 0 reports."""
         now = time.monotonic()
-        return [self._silence(peer, heard, step, now) for peer, heard, step in self._silent()
-                ] + self._relayed_silences(now)
+        return [self._silence(peer, heard, step, now) for peer, heard, step in self._silent()] + self._relayed_silences(
+            now
+        )
 
     def lost_ranks(self, wait_s: float = 0.0) -> list[int]:
         """The ranks whose process ended (their connection closed): this rank's own peers and, on

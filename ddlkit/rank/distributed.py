@@ -28,8 +28,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..compute.layout import (CONTROL_ADDR_ENV, LOCAL_RANK_ENV, LOCAL_SIZE_ENV, NODE_ENV, NODE_SCRATCH_ENV,
-                              control_port)
+from ..compute.layout import CONTROL_ADDR_ENV, LOCAL_RANK_ENV, LOCAL_SIZE_ENV, NODE_ENV, NODE_SCRATCH_ENV, control_port
 from ..errors import ConfigError, RunError
 from .control_plane import ControlPlane
 
@@ -51,9 +50,11 @@ def control_address(env: Mapping[str, str]) -> tuple[str, int]:
         raise ConfigError(f"{CONTROL_ADDR_ENV}={env[CONTROL_ADDR_ENV]} is invalid: it must be host:port.")
     if env.get("MASTER_ADDR") and env.get("MASTER_PORT", "").isdigit():
         return env["MASTER_ADDR"], control_port(int(env["MASTER_PORT"]))
-    raise ConfigError(f"this job has several ranks but no rendezvous address: the compute target must set "
-                      f"MASTER_ADDR and MASTER_PORT (rank 0's host and a free port) or {CONTROL_ADDR_ENV}. "
-                      "compute=local_mpi and torchrun set them.")
+    raise ConfigError(
+        f"this job has several ranks but no rendezvous address: the compute target must set "
+        f"MASTER_ADDR and MASTER_PORT (rank 0's host and a free port) or {CONTROL_ADDR_ENV}. "
+        "compute=local_mpi and torchrun set them."
+    )
 
 
 @dataclass(frozen=True)
@@ -90,8 +91,11 @@ class DistContext:
         if self.world_size == 1 or self._plane is not None:
             return
         address = control_address(os.environ if env is None else env)
-        object.__setattr__(self, "_plane", ControlPlane.connect(self.rank, self.world_size, address, job_id,
-                                                                self.timeout_s, self.warn_after_s))
+        object.__setattr__(
+            self,
+            "_plane",
+            ControlPlane.connect(self.rank, self.world_size, address, job_id, self.timeout_s, self.warn_after_s),
+        )
 
     def track_step(self, step: Callable[[], int]) -> None:
         """Have the heartbeats carry ``step()``, so that a rank that stops answering is reported
@@ -116,8 +120,10 @@ class DistContext:
 
     def _exchange(self, op: str, data: Any, combine: Callable[[list[Any]], Any]) -> Any:
         if self._plane is None:
-            raise RunError(f"dist.backend={self.backend}: {op} across {self.world_size} ranks before "
-                           "DistContext.connect()", component="dist")
+            raise RunError(
+                f"dist.backend={self.backend}: {op} across {self.world_size} ranks before DistContext.connect()",
+                component="dist",
+            )
         return self._plane.exchange(op, data, combine)
 
     # ------------------------------------------------------------ collectives
@@ -131,8 +137,9 @@ class DistContext:
 
         def combine(gathered: list[list[float]]) -> list[float]:
             if len({len(v) for v in gathered}) != 1:
-                raise RunError(f"allreduce of different lengths across ranks: {[len(v) for v in gathered]}",
-                               component="dist")
+                raise RunError(
+                    f"allreduce of different lengths across ranks: {[len(v) for v in gathered]}", component="dist"
+                )
             return [reduce(column) for column in zip(*gathered, strict=True)]
 
         return self._exchange(f"allreduce:{op}", values, combine)
@@ -170,8 +177,14 @@ class DistContext:
 
     # ------------------------------------------------------------ construction
     @classmethod
-    def from_env(cls, backend: str = "none", env: Mapping[str, str] | None = None, *,
-                 timeout_s: float = 1800.0, warn_after_s: float = 60.0) -> DistContext:
+    def from_env(
+        cls,
+        backend: str = "none",
+        env: Mapping[str, str] | None = None,
+        *,
+        timeout_s: float = 1800.0,
+        warn_after_s: float = 60.0,
+    ) -> DistContext:
         env = os.environ if env is None else env
 
         def pick(*names: str, default: int) -> int:
@@ -187,8 +200,17 @@ class DistContext:
         # OpenMPI has no node index (OMPI_COMM_WORLD_NODE_RANK is a rank *within* the node);
         # ranks are placed node by node, so the index follows from the rank and the local size
         node = pick(NODE_ENV, "GROUP_RANK", default=rank // max(local_size, 1))
-        return cls(rank, world, local_rank, local_size, node, backend, env.get(NODE_SCRATCH_ENV) or None, timeout_s,
-                   warn_after_s)
+        return cls(
+            rank,
+            world,
+            local_rank,
+            local_size,
+            node,
+            backend,
+            env.get(NODE_SCRATCH_ENV) or None,
+            timeout_s,
+            warn_after_s,
+        )
 
 
 def _mean_by_key(gathered: list[list[Any]]) -> list[float]:

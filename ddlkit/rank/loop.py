@@ -14,8 +14,9 @@ if TYPE_CHECKING:
     from ..interfaces import RunContext
 
 
-def step_batches(micro_batches: Callable[[int, int], Iterable[Any]],
-                 accumulate: int) -> Callable[[int, int], Iterable[list]]:
+def step_batches(
+    micro_batches: Callable[[int, int], Iterable[Any]], accumulate: int
+) -> Callable[[int, int], Iterable[list]]:
     """A loader's ``iter_epoch(epoch, start_batch)`` as :func:`train_epochs` wants ``batches``:
     from optimizer step ``start`` on, one list of ``accumulate`` (``trainer.accumulate_batches``)
     micro-batches per optimizer step (an epoch's last micro-batches that make no full step are
@@ -32,9 +33,12 @@ def step_batches(micro_batches: Callable[[int, int], Iterable[Any]],
     return batches
 
 
-def train_epochs(run: RunContext, batches: Callable[[int, int], Iterable[Any]],
-                 step: Callable[[Any, float], Callable[[], float] | float],
-                 evaluate: Callable[[], Mapping[str, float]] | None = None) -> None:
+def train_epochs(
+    run: RunContext,
+    batches: Callable[[int, int], Iterable[Any]],
+    step: Callable[[Any, float], Callable[[], float] | float],
+    evaluate: Callable[[], Mapping[str, float]] | None = None,
+) -> None:
     """Train ``run`` to its end; the framework brings what differs:
 
     * ``batches(epoch, start)``: that epoch's data from optimizer step ``start`` on, one item

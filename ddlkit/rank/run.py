@@ -53,8 +53,17 @@ class Run:
     """The rank's run. What plugins and hooks may use of it is :class:`ddlkit.RunContext`; the
     rest (the meter, checkpoint bookkeeping, signal handling, result.json) is the worker's."""
 
-    def __init__(self, cfg: DictConfig, job_dir: Path, *, pm: DdlkitPluginManager, registry: Registry,
-                 dist: DistContext, resume_from: Path | None = None, name: str | None = None) -> None:
+    def __init__(
+        self,
+        cfg: DictConfig,
+        job_dir: Path,
+        *,
+        pm: DdlkitPluginManager,
+        registry: Registry,
+        dist: DistContext,
+        resume_from: Path | None = None,
+        name: str | None = None,
+    ) -> None:
         self.cfg = cfg
         self.job_dir = Path(job_dir)
         #: the job's name (unique per job; results are published under it)
@@ -69,7 +78,8 @@ class Run:
         self.loggers: list[Logger] = (
             # `logger=[]` composes to no `logger` key at all
             [registry.create("logger", name, node) for name, node in (cfg.get("logger") or {}).items()]
-            if dist.is_main else []
+            if dist.is_main
+            else []
         )
         t = cfg.trainer
         self.shard = Shard(dist.rank, dist.world_size)
@@ -85,9 +95,14 @@ class Run:
             self.total_steps = min(self.total_steps, t.max_steps)
         o = cfg.optimizer
         self.schedule = LRSchedule(
-            base_lr=o.lr, global_batch=self.global_batch, steps_per_epoch=self.steps_per_epoch,
-            warmup_epochs=o.warmup_epochs, decay_epochs=tuple(o.decay_epochs), decay_factor=o.decay_factor,
-            reference_batch=o.reference_batch, scale_lr=o.scale_lr,
+            base_lr=o.lr,
+            global_batch=self.global_batch,
+            steps_per_epoch=self.steps_per_epoch,
+            warmup_epochs=o.warmup_epochs,
+            decay_epochs=tuple(o.decay_epochs),
+            decay_factor=o.decay_factor,
+            reference_batch=o.reference_batch,
+            scale_lr=o.scale_lr,
         )
         self.meter = ThroughputMeter(self.global_batch, t.warmup_steps)
         self.state = RunState()
@@ -100,8 +115,13 @@ class Run:
         self.extra_result: dict[str, Any] = {}
         self._stop_request = StopRequest()
         #: the job's checkpoint files: written on rank 0, the one resumed from loaded on every rank
-        self.checkpoints = CheckpointKeeper(self.job_dir, keep=t.keep_checkpoints, writer=dist.is_main,
-                                            resume_from=resume_from, checksum=t.checkpoint_checksum)
+        self.checkpoints = CheckpointKeeper(
+            self.job_dir,
+            keep=t.keep_checkpoints,
+            writer=dist.is_main,
+            resume_from=resume_from,
+            checksum=t.checkpoint_checksum,
+        )
         self.checkpoints.on_written = self._checkpoint_written
         #: when the run was built (wall clock): result.json's wall_time_s counts from here
         self.started = time.time()
@@ -127,19 +147,32 @@ class Run:
         saved = saved_position(resume_from) or {}
         resumed_global = saved.get("global_batch_size")
         planned = BatchPlan(planned_world, t.batch_size, t.accumulate_batches)
-        plan = plan_batch(t, planned_world, world, resumed_global_batch=resumed_global,
-                          resumed_batch=int((saved.get("state") or {}).get("batch", 0)))
+        plan = plan_batch(
+            t,
+            planned_world,
+            world,
+            resumed_global_batch=resumed_global,
+            resumed_batch=int((saved.get("state") or {}).get("batch", 0)),
+        )
         if planned_world == world and plan == planned:
             return None
         line = describe(planned, plan, self.cfg.optimizer, t.on_resize)
         if self.dist.is_main:
-            print(f"ddlkit: {world} rank{'s' if world != 1 else ''} instead of the planned {planned_world}: {line}",
-                  flush=True)
+            print(
+                f"ddlkit: {world} rank{'s' if world != 1 else ''} instead of the planned {planned_world}: {line}",
+                flush=True,
+            )
         with open_dict(t):
             t.batch_size, t.accumulate_batches = plan.batch_size, plan.accumulate
-        return {"planned_world_size": planned_world, "world_size": world, "on_resize": str(t.on_resize),
-                "planned_batch_size_per_rank": planned.batch_size, "planned_accumulate_batches": planned.accumulate,
-                "planned_global_batch_size": planned.global_batch, "description": line}
+        return {
+            "planned_world_size": planned_world,
+            "world_size": world,
+            "on_resize": str(t.on_resize),
+            "planned_batch_size_per_rank": planned.batch_size,
+            "planned_accumulate_batches": planned.accumulate,
+            "planned_global_batch_size": planned.global_batch,
+            "description": line,
+        }
 
     # ---------------------------------------------------------------- framework side
     def phase(self, what: str, *, say: bool = True) -> None:
@@ -155,15 +188,17 @@ class Run:
     def build_model(self, **kwargs: Any) -> Any:
         """The selected model (``model=<name>``), built by the selected framework's registration
         of it as ``factory(cfg.model, data=DataInfo, **kwargs)``."""
-        return self.registry.create_for("model", self.cfg.framework.name, self.cfg.model.name, self.cfg.model,
-                                        data=self.data.info, **kwargs)
+        return self.registry.create_for(
+            "model", self.cfg.framework.name, self.cfg.model.name, self.cfg.model, data=self.data.info, **kwargs
+        )
 
     def build_optimizer(self, *args: Any, **kwargs: Any) -> Any:
         """The selected optimizer (``optimizer=<name>``), built by the selected framework's
         registration of it as ``factory(cfg.optimizer, *args, **kwargs)``; the learning rate it
         is built with does not matter: the framework sets ``schedule(step)`` at every step."""
-        return self.registry.create_for("optimizer", self.cfg.framework.name, self.cfg.optimizer.name,
-                                        self.cfg.optimizer, *args, **kwargs)
+        return self.registry.create_for(
+            "optimizer", self.cfg.framework.name, self.cfg.optimizer.name, self.cfg.optimizer, *args, **kwargs
+        )
 
     def loaders(self) -> tuple[Loader, Loader | None]:
         """This rank's ``(train, val)`` loaders of the selected data source: batches of
@@ -229,8 +264,11 @@ class Run:
         if self.cfg.trainer.max_steps is not None:
             self.total_steps = min(self.total_steps, self.cfg.trainer.max_steps)
         if self.dist.is_main:
-            print(f"ddlkit: resuming {images} images into epoch {st.epoch}: at its step {st.batch} of "
-                  f"{self.steps_per_epoch} (global batch {saved_global} -> {self.global_batch})", flush=True)
+            print(
+                f"ddlkit: resuming {images} images into epoch {st.epoch}: at its step {st.batch} of "
+                f"{self.steps_per_epoch} (global batch {saved_global} -> {self.global_batch})",
+                flush=True,
+            )
 
     def start(self) -> None:
         """Training starts now: fire ``ddlkit_run_start`` and start the loggers. Call it once,
@@ -244,8 +282,12 @@ class Run:
     def restore(self, save: SaveFn, load: LoadFn) -> RunState:
         """Deprecated: :meth:`checkpointing`, then :meth:`start`. It was the documented framework
         contract of 0.1, so framework plugins outside this repository call it; it goes in 0.2."""
-        warnings.warn("Run.restore(save, load) is deprecated and goes in ddlkit 0.2: call run.checkpointing(save, "
-                      "load), then run.start()", DeprecationWarning, stacklevel=2)
+        warnings.warn(
+            "Run.restore(save, load) is deprecated and goes in ddlkit 0.2: call run.checkpointing(save, "
+            "load), then run.start()",
+            DeprecationWarning,
+            stacklevel=2,
+        )
         state = self.checkpointing(save, load)
         self.start()
         return state
@@ -256,9 +298,12 @@ class Run:
         :func:`.loop.step_batches`)."""
         return loop.step_batches(micro_batches, self.accumulate)
 
-    def train_epochs(self, batches: Callable[[int, int], Iterable[Any]],
-                     step: Callable[[Any, float], Callable[[], float] | float],
-                     evaluate: Callable[[], Mapping[str, float]] | None = None) -> None:
+    def train_epochs(
+        self,
+        batches: Callable[[int, int], Iterable[Any]],
+        step: Callable[[Any, float], Callable[[], float] | float],
+        evaluate: Callable[[], Mapping[str, float]] | None = None,
+    ) -> None:
         """The epoch loop every framework shares, from where :meth:`checkpointing` left off to the
         end: ``batches(epoch, start)``, ``step(batch, lr)`` and ``evaluate()`` are what the
         framework brings (see :func:`.loop.train_epochs`)."""
@@ -315,11 +360,18 @@ class Run:
         if not math.isfinite(self.last_loss):
             raise RunError(
                 f"loss became {self.last_loss} at step {st.step}: training diverged. Lower optimizer.lr "
-                "or raise optimizer.warmup_epochs.", component="framework", step=st.step)
+                "or raise optimizer.warmup_epochs.",
+                component="framework",
+                step=st.step,
+            )
         rate = self.meter.recent_rate()
-        metrics = {"loss": self.last_loss, "lr": lr, "epoch": st.epoch + st.batch / self.steps_per_epoch,
-                   # none yet at the first step of an attempt: a rate needs two
-                   **({"images_per_sec": rate} if rate is not None else {})}
+        metrics = {
+            "loss": self.last_loss,
+            "lr": lr,
+            "epoch": st.epoch + st.batch / self.steps_per_epoch,
+            # none yet at the first step of an attempt: a rate needs two
+            **({"images_per_sec": rate} if rate is not None else {}),
+        }
         for lg in self.loggers:
             lg.log_metrics(st.step, metrics, split="train")
         self.hook.ddlkit_step_end(run=self, step=st.step, metrics=metrics)
@@ -354,8 +406,10 @@ class Run:
             # stop at the same epoch without another exchange
             stop = self.early_stopping.should_stop(self.epoch_metrics, step=st.step, epoch=st.epoch)
             if stop and st.step < self.total_steps and self.dist.is_main:
-                print(f"ddlkit: stopping early after epoch {st.epoch} (step {st.step}): {self.early_stopping.reason}",
-                      flush=True)
+                print(
+                    f"ddlkit: stopping early after epoch {st.epoch} (step {st.step}): {self.early_stopping.reason}",
+                    flush=True,
+                )
         ends = stop or st.step >= self.total_steps
         self.save_checkpoint(background=not ends)
         if metrics:
@@ -385,15 +439,23 @@ class Run:
 
     def _checkpoint_meta(self) -> dict[str, Any]:
         """What a checkpoint keeps of the run beside the framework's state (see :meth:`_resume`)."""
-        return {"state": asdict(self.state), "last_loss": self.last_loss, "best_top1": self.best_top1,
-                "framework": self.cfg.framework.name, "model": self.cfg.model.name,
-                "global_batch_size": self.global_batch,
-                "watchers": {key: {"monitor": w.monitor, **w.state()} for key, w in self._watchers().items()}}
+        return {
+            "state": asdict(self.state),
+            "last_loss": self.last_loss,
+            "best_top1": self.best_top1,
+            "framework": self.cfg.framework.name,
+            "model": self.cfg.model.name,
+            "global_batch_size": self.global_batch,
+            "watchers": {key: {"monitor": w.monitor, **w.state()} for key, w in self._watchers().items()},
+        }
 
     def _watchers(self) -> dict[str, Watch]:
         """The watchers in use, under the keys a checkpoint keeps their state by."""
-        return {key: w for key, w in (("early_stopping", self.early_stopping), ("best_checkpoint", self.best))
-                if w is not None}
+        return {
+            key: w
+            for key, w in (("early_stopping", self.early_stopping), ("best_checkpoint", self.best))
+            if w is not None
+        }
 
     def save_artifact(self, name: str, write: Callable[[Path], None]) -> Path | None:
         """Write a file such as the final model into the job directory atomically (rank 0 only)."""
@@ -450,15 +512,25 @@ class Run:
             "resize": self.resize,
             "clip_grad_norm": t.clip_grad_norm or None,
             # why the run ended before its last epoch, or None
-            "stopped_early": ({"monitor": early.monitor, "reason": early.reason,
-                               "epoch": self.state.epoch, "step": self.state.step}
-                              if self.stopped_early and early is not None else None),
+            "stopped_early": (
+                {"monitor": early.monitor, "reason": early.reason, "epoch": self.state.epoch, "step": self.state.step}
+                if self.stopped_early and early is not None
+                else None
+            ),
             # rank 0's start-up: when its process started, and when it reached each phase
             "startup_s": startup(),
-            "best_checkpoint": ({"monitor": best.monitor, "mode": best.mode, "value": best.best,
-                                 "step": best.best_step, "epoch": best.best_epoch,
-                                 "path": f"{CHECKPOINT_DIR}/{BEST}"}
-                                if best is not None and best.best is not None else None),
+            "best_checkpoint": (
+                {
+                    "monitor": best.monitor,
+                    "mode": best.mode,
+                    "value": best.best,
+                    "step": best.best_step,
+                    "epoch": best.best_epoch,
+                    "path": f"{CHECKPOINT_DIR}/{BEST}",
+                }
+                if best is not None and best.best is not None
+                else None
+            ),
         }
 
     def finish(self, status: str) -> dict[str, Any] | None:

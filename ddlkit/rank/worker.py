@@ -27,10 +27,9 @@ from .. import redact as secret_store
 from ..atomic import LockHeld, hold_lock
 from ..checkpoint import resolve_resume
 from ..config import rebuild
-from ..errors import ConfigError, DdlkitError, RankLostError, RunError, exit_code_for
 from ..custom import LAUNCH_DIR_ENV
-from ..jobdir import (CODE_DIR, EXIT_COMPLETED, EXIT_CONFIG_ERROR, EXIT_FAILED, EXIT_LOST_PEER, EXIT_PREEMPTED,
-                      LOCK_FILE)
+from ..errors import ConfigError, DdlkitError, RankLostError, RunError, exit_code_for
+from ..jobdir import CODE_DIR, EXIT_COMPLETED, EXIT_CONFIG_ERROR, EXIT_FAILED, EXIT_LOST_PEER, EXIT_PREEMPTED, LOCK_FILE
 from ..plugins import get_plugin_manager
 from ..registry import Registry
 from .distributed import DistContext
@@ -60,8 +59,11 @@ def main(argv: list[str] | None = None) -> int:
         job = load_job(Path(argv[0]))
     except (OSError, ValueError, KeyError) as err:
         # the compute target did not make the job directory available where this rank runs
-        print(f"ddlkit worker: cannot read the job file {Path(argv[0]).resolve()} ({err}); a compute target "
-              "runs every rank in (a copy of) the job directory", file=sys.stderr)
+        print(
+            f"ddlkit worker: cannot read the job file {Path(argv[0]).resolve()} ({err}); a compute target "
+            "runs every rank in (a copy of) the job directory",
+            file=sys.stderr,
+        )
         return EXIT_CONFIG_ERROR
     secrets = secret_store.decode(os.environ.get(secret_store.SECRETS_ENV))
     job_dir = Path(argv[0]).resolve().parent
@@ -90,8 +92,15 @@ def main(argv: list[str] | None = None) -> int:
         # a rank runs inside its compute target and never builds it: an image or a cluster's nodes need not
         # have the target's plugin installed (a third-party target's image need not carry it)
         cfg = rebuild(job["config"], registry, as_given=("compute",))
-        run = Run(cfg, job_dir, pm=pm, registry=registry, dist=dist,
-                  resume_from=resolve_resume(job_dir, cfg.trainer.resume), name=job.get("name"))
+        run = Run(
+            cfg,
+            job_dir,
+            pm=pm,
+            registry=registry,
+            dist=dist,
+            resume_from=resolve_resume(job_dir, cfg.trainer.resume),
+            name=job.get("name"),
+        )
         dist.track_step(lambda: run.state.step)
         run.install_signal_handlers()
         if dist.is_main and (checked := run.storage.check_access(run.name)):
@@ -109,8 +118,10 @@ def main(argv: list[str] | None = None) -> int:
         status = "interrupted"
         return 130
     except DdlkitError as err:
-        print(f"ddlkit worker (rank {dist.rank}): {type(err).__name__}: "
-              f"{secret_store.scrub(str(err), secrets)}", file=sys.stderr)
+        print(
+            f"ddlkit worker (rank {dist.rank}): {type(err).__name__}: {secret_store.scrub(str(err), secrets)}",
+            file=sys.stderr,
+        )
         _name_silent_ranks(dist, err)
         return exit_code_for(err)
     except Exception as err:
@@ -119,8 +130,11 @@ def main(argv: list[str] | None = None) -> int:
         if lost := dist.lost_ranks(wait_s=LOST_PEER_GRACE_S):
             # the framework's collective failed because a rank died (gloo: "Connection closed by
             # peer", naming no rank): the infrastructure's failure, which the restart policy restarts
-            print(f"ddlkit worker (rank {dist.rank}): {RankLostError.__name__}: rank {lost[0]} left the job (its "
-                  f"process ended) while this rank trained: the error above is the consequence", file=sys.stderr)
+            print(
+                f"ddlkit worker (rank {dist.rank}): {RankLostError.__name__}: rank {lost[0]} left the job (its "
+                f"process ended) while this rank trained: the error above is the consequence",
+                file=sys.stderr,
+            )
             return EXIT_LOST_PEER
         _name_silent_ranks(dist, err)
         return EXIT_FAILED
@@ -154,8 +168,10 @@ def hold_job_directory(job_dir: Path) -> TextIO:
     try:
         return hold_lock(job_dir / LOCK_FILE)
     except LockHeld as holder:
-        raise ConfigError(f"{job_dir} is in use by another run of a job ({holder}): wait for it, stop it "
-                          f"(`ddlkit jobs cancel {job_dir}`), or run in another directory.") from None
+        raise ConfigError(
+            f"{job_dir} is in use by another run of a job ({holder}): wait for it, stop it "
+            f"(`ddlkit jobs cancel {job_dir}`), or run in another directory."
+        ) from None
 
 
 def _name_silent_ranks(dist: DistContext, err: BaseException) -> None:
@@ -165,8 +181,11 @@ def _name_silent_ranks(dist: DistContext, err: BaseException) -> None:
     if isinstance(err, RunError) and err.component == "dist":
         return  # the control plane's own errors say it already
     for silent in dist.silent_ranks():
-        print(f"ddlkit worker (rank {dist.rank}): {silent}: this rank's collectives were waiting for it, which "
-              "is the likely cause of the error above", file=sys.stderr)
+        print(
+            f"ddlkit worker (rank {dist.rank}): {silent}: this rank's collectives were waiting for it, which "
+            "is the likely cause of the error above",
+            file=sys.stderr,
+        )
 
 
 def _finish(run: Run, status: str, rank: int, secrets: dict[str, str]) -> int:
@@ -175,8 +194,10 @@ def _finish(run: Run, status: str, rank: int, secrets: dict[str, str]) -> int:
         run.finish(status)
         return EXIT_COMPLETED
     except DdlkitError as err:
-        print(f"ddlkit worker (rank {rank}): {type(err).__name__}: {secret_store.scrub(str(err), secrets)}",
-              file=sys.stderr)
+        print(
+            f"ddlkit worker (rank {rank}): {type(err).__name__}: {secret_store.scrub(str(err), secrets)}",
+            file=sys.stderr,
+        )
         return exit_code_for(err)
 
 

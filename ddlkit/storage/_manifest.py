@@ -90,14 +90,18 @@ class Manifest:
     def loads(cls, text: str, origin: str = "manifest") -> Manifest:
         lines = text.splitlines()
         if not lines or not lines[0].startswith("# ddlkit manifest v1"):
-            raise ConfigError(f"{origin} is not a ddlkit manifest (its first line must be '# ddlkit manifest v1'); "
-                              "write one with `ddlkit data manifest ROOT`.")
+            raise ConfigError(
+                f"{origin} is not a ddlkit manifest (its first line must be '# ddlkit manifest v1'); "
+                "write one with `ddlkit data manifest ROOT`."
+            )
         entries = []
         for n, line in enumerate(lines[2:], start=3):
             fields = line.split("\t")
             if len(fields) != 4:
-                raise ConfigError(f"{origin}, line {n}: expected 4 tab-separated fields, found {len(fields)}; "
-                                  "rewrite it with `ddlkit data manifest ROOT`.")
+                raise ConfigError(
+                    f"{origin}, line {n}: expected 4 tab-separated fields, found {len(fields)}; "
+                    "rewrite it with `ddlkit data manifest ROOT`."
+                )
             entries.append(Entry(fields[0], int(fields[1]), fields[2], fields[3]))
         return cls(entries)
 

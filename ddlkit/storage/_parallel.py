@@ -21,11 +21,17 @@ class Progress:
         self._next_report = 0.1
         self._bar = None
         if live if live is not None else sys.stderr.isatty():
-            from rich.progress import (BarColumn, DownloadColumn, Progress as Bar, TimeRemainingColumn,
-                                       TransferSpeedColumn)
+            from rich.progress import BarColumn, DownloadColumn, TimeRemainingColumn, TransferSpeedColumn
+            from rich.progress import Progress as Bar
 
-            self._bar = Bar("[progress.description]{task.description}", BarColumn(), DownloadColumn(),
-                            TransferSpeedColumn(), TimeRemainingColumn(), transient=False)
+            self._bar = Bar(
+                "[progress.description]{task.description}",
+                BarColumn(),
+                DownloadColumn(),
+                TransferSpeedColumn(),
+                TimeRemainingColumn(),
+                transient=False,
+            )
             self._task = self._bar.add_task(description, total=total_bytes)
             self._bar.start()
 
@@ -36,8 +42,12 @@ class Progress:
                 self._bar.update(self._task, advance=nbytes)
             elif self.total and self.done / self.total >= self._next_report:
                 self._next_report = int(self.done / self.total * 10) / 10 + 0.1
-                print(f"ddlkit: {self.description}: {size_text(self.done)} of {size_text(self.total)} "
-                      f"({100 * self.done / self.total:.0f}%)", file=sys.stderr, flush=True)
+                print(
+                    f"ddlkit: {self.description}: {size_text(self.done)} of {size_text(self.total)} "
+                    f"({100 * self.done / self.total:.0f}%)",
+                    file=sys.stderr,
+                    flush=True,
+                )
 
     def close(self) -> None:
         if self._bar is not None:

@@ -54,8 +54,9 @@ def checkpoint_files(job_dir: Path, checkpoint: Path) -> list[str]:
     return [p.relative_to(job_dir).as_posix() for p in files]
 
 
-def publish_files(job_dir: Path, files: Sequence[str], dest: StorageBackend, prefix: str, *, attempts: int = 5,
-                  workers: int = 4) -> None:
+def publish_files(
+    job_dir: Path, files: Sequence[str], dest: StorageBackend, prefix: str, *, attempts: int = 5, workers: int = 4
+) -> None:
     """Copy ``files`` (relative to ``job_dir``) to ``dest`` under ``prefix``: all but the last in
     parallel, then the last, so that the last one's presence means the others arrived."""
     if not files:

@@ -25,8 +25,7 @@ class TransientStorageError(OSError):
 WAIT_NOTICE_S = 8.0
 
 
-def retry(fn: Callable[[], T], *, what: str, attempts: int = 5, base_delay_s: float = 0.5,
-          small: bool = False) -> T:
+def retry(fn: Callable[[], T], *, what: str, attempts: int = 5, base_delay_s: float = 0.5, small: bool = False) -> T:
     """Call ``fn`` until it succeeds, retrying :class:`TransientStorageError` (and other OSErrors
     but "not found") with exponential backoff; the last error propagates, naming ``what``.
 
@@ -37,9 +36,14 @@ def retry(fn: Callable[[], T], *, what: str, attempts: int = 5, base_delay_s: fl
     attempt (connect/read timeouts), so the worst case is ``attempts`` bounded attempts plus
     ``base_delay_s * (2**(attempts-1) - 1)`` seconds of waiting."""
     for attempt in range(1, attempts + 1):
-        notice = threading.Timer(WAIT_NOTICE_S, lambda attempt=attempt: print(
-            f"ddlkit: {what}: no answer for {WAIT_NOTICE_S:g} s; still waiting (attempt {attempt} of {attempts})",
-            file=sys.stderr, flush=True))
+        notice = threading.Timer(
+            WAIT_NOTICE_S,
+            lambda attempt=attempt: print(
+                f"ddlkit: {what}: no answer for {WAIT_NOTICE_S:g} s; still waiting (attempt {attempt} of {attempts})",
+                file=sys.stderr,
+                flush=True,
+            ),
+        )
         notice.daemon = True
         if small:
             notice.start()
@@ -54,7 +58,10 @@ def retry(fn: Callable[[], T], *, what: str, attempts: int = 5, base_delay_s: fl
         if attempt == attempts:
             raise RunError(f"{what} failed after {attempts} attempts: {error}", component="storage") from error
         delay = base_delay_s * 2 ** (attempt - 1)
-        print(f"ddlkit: {what} failed ({error}); retrying in {delay:g} s (attempt {attempt + 1} of {attempts})",
-              file=sys.stderr, flush=True)
+        print(
+            f"ddlkit: {what} failed ({error}); retrying in {delay:g} s (attempt {attempt + 1} of {attempts})",
+            file=sys.stderr,
+            flush=True,
+        )
         time.sleep(delay)
     raise AssertionError("unreachable")

@@ -83,8 +83,17 @@ def is_staged(dest: Path) -> bool:
     return (dest / STATE_DIR / "complete").is_file() and (dest / MANIFEST_NAME).is_file()
 
 
-def stage(source: StorageBackend, dest: Path, *, describe: str, workers: int = 16, verify: str = "size",
-          reserve_bytes: int = 0, attempts: int = 5, live: bool | None = None) -> StagingReport:
+def stage(
+    source: StorageBackend,
+    dest: Path,
+    *,
+    describe: str,
+    workers: int = 16,
+    verify: str = "size",
+    reserve_bytes: int = 0,
+    attempts: int = 5,
+    live: bool | None = None,
+) -> StagingReport:
     """Make ``dest`` an exact copy of the dataset in ``source`` (keys relative to its root), as
     listed by the source's ``manifest.tsv``.
 
@@ -103,12 +112,17 @@ def stage(source: StorageBackend, dest: Path, *, describe: str, workers: int = 1
         tmp.mkdir()
         new_manifest = tmp / MANIFEST_NAME
         try:
-            retry(lambda: source.get(MANIFEST_NAME, new_manifest), what=f"reading {describe}/{MANIFEST_NAME}",
-                  attempts=attempts)
+            retry(
+                lambda: source.get(MANIFEST_NAME, new_manifest),
+                what=f"reading {describe}/{MANIFEST_NAME}",
+                attempts=attempts,
+            )
         except FileNotFoundError:
-            raise ConfigError(f"{describe} has no {MANIFEST_NAME}, so it cannot be staged and verified. Write one "
-                              f"with `ddlkit data manifest ROOT` (or upload with `ddlkit data upload`, which adds "
-                              f"it).") from None
+            raise ConfigError(
+                f"{describe} has no {MANIFEST_NAME}, so it cannot be staged and verified. Write one "
+                f"with `ddlkit data manifest ROOT` (or upload with `ddlkit data upload`, which adds "
+                f"it)."
+            ) from None
         manifest = Manifest.read(new_manifest)
         previous = state / MANIFEST_NAME
         if previous.is_file():
@@ -120,8 +134,9 @@ def stage(source: StorageBackend, dest: Path, *, describe: str, workers: int = 1
         os.replace(new_manifest, previous)
         todo = [e for e in manifest.entries if not _present(dest / e.path, e, verify)]
         if not todo and is_staged(dest):
-            return StagingReport(describe, str(dest), len(manifest), manifest.total_bytes, 0, 0,
-                                 time.perf_counter() - t0, reused=True)
+            return StagingReport(
+                describe, str(dest), len(manifest), manifest.total_bytes, 0, 0, time.perf_counter() - t0, reused=True
+            )
         (state / "complete").unlink(missing_ok=True)
         needed = sum(e.size for e in todo)
         free = shutil.disk_usage(dest).free
@@ -132,25 +147,31 @@ def stage(source: StorageBackend, dest: Path, *, describe: str, workers: int = 1
                 f"but only {size_text(free)} free (the dataset is {size_text(manifest.total_bytes)}, "
                 f"{size_text(manifest.total_bytes - needed)} already staged). "
                 "Free space there, point storage.scratch at a larger disk, or read the data in place with "
-                "storage=nfs.")
+                "storage=nfs."
+            )
         progress = Progress(f"staging {describe}", needed, live=live)
 
         def fetch(entry: Entry) -> None:
             final = dest / entry.path
             for _ in range(attempts):
                 part = tmp / uuid.uuid4().hex
-                retry(functools.partial(source.get, entry.path, part), what=f"downloading {describe}/{entry.path}",
-                      attempts=attempts)
+                retry(
+                    functools.partial(source.get, entry.path, part),
+                    what=f"downloading {describe}/{entry.path}",
+                    attempts=attempts,
+                )
                 if part.stat().st_size == entry.size and sha256_file(part) == entry.sha256:
                     final.parent.mkdir(parents=True, exist_ok=True)
                     os.replace(part, final)
                     progress.advance(entry.size)
                     return
                 part.unlink()
-            raise RunError(f"{describe}/{entry.path} does not match its manifest entry (size {entry.size}, sha256 "
-                           f"{entry.sha256[:12]}...) after {attempts} downloads: the source changed after the "
-                           "manifest was written. Rewrite it with `ddlkit data manifest` (or re-upload).",
-                           component="storage")
+            raise RunError(
+                f"{describe}/{entry.path} does not match its manifest entry (size {entry.size}, sha256 "
+                f"{entry.sha256[:12]}...) after {attempts} downloads: the source changed after the "
+                "manifest was written. Rewrite it with `ddlkit data manifest` (or re-upload).",
+                component="storage",
+            )
 
         try:
             parallel(fetch, todo, workers)
@@ -160,8 +181,16 @@ def stage(source: StorageBackend, dest: Path, *, describe: str, workers: int = 1
         os.replace(tmp / MANIFEST_NAME, dest / MANIFEST_NAME)
         (state / "complete").write_text(manifest.digest + "\n")
         shutil.rmtree(tmp, ignore_errors=True)
-        return StagingReport(describe, str(dest), len(manifest), manifest.total_bytes, len(todo), needed,
-                             time.perf_counter() - t0, reused=False)
+        return StagingReport(
+            describe,
+            str(dest),
+            len(manifest),
+            manifest.total_bytes,
+            len(todo),
+            needed,
+            time.perf_counter() - t0,
+            reused=False,
+        )
 
 
 def _present(path: Path, entry: Entry, verify: str) -> bool:
@@ -223,23 +252,33 @@ class StagingStorage(StorageBackend, CheckpointPublisher):
 
     def staged_path(self, root: str) -> Path:
         if self.scratch is None:
-            raise ConfigError(f"data.root={root} is staged to each node's disk before training: set storage.scratch "
-                              "to a local directory with room for it (on Azure VMs the temporary disk, "
-                              "e.g. /mnt/resource/ddlkit); this compute target provides none.")
+            raise ConfigError(
+                f"data.root={root} is staged to each node's disk before training: set storage.scratch "
+                "to a local directory with room for it (on Azure VMs the temporary disk, "
+                "e.g. /mnt/resource/ddlkit); this compute target provides none."
+            )
         return self.scratch / "datasets" / dataset_dirname(root)
 
     def data_path(self, root: str) -> Path:
         path = self.staged_path(root)
         if not is_staged(path):
-            raise RunError(f"{root} is not staged in {path} on this node (its local rank 0 stages it in "
-                           "DataSource.prepare).", component="storage")
+            raise RunError(
+                f"{root} is not staged in {path} on this node (its local rank 0 stages it in DataSource.prepare).",
+                component="storage",
+            )
         return path
 
     def stage(self, root: str) -> StagingReport:
         c = self.cfg
-        return stage(self.open_source(root), self.staged_path(root), describe=root, workers=c.workers,
-                     verify=c.verify, reserve_bytes=int(c.reserve_gb * 1e9),
-                     attempts=c.attempts)
+        return stage(
+            self.open_source(root),
+            self.staged_path(root),
+            describe=root,
+            workers=c.workers,
+            verify=c.verify,
+            reserve_bytes=int(c.reserve_gb * 1e9),
+            attempts=c.attempts,
+        )
 
     def prepare_data(self, root: str, run: RunContext) -> Path:
         started = time.perf_counter()
@@ -247,8 +286,11 @@ class StagingStorage(StorageBackend, CheckpointPublisher):
             self.scratch = Path(run.dist.node_scratch)
         if run.dist.is_local_main:
             report = self.stage(root)
-            what = ("already staged: 0 bytes transferred" if report.reused else
-                    f"{report.files_transferred} files, {report.bytes_transferred / 1e6:.1f} MB transferred")
+            what = (
+                "already staged: 0 bytes transferred"
+                if report.reused
+                else f"{report.files_transferred} files, {report.bytes_transferred / 1e6:.1f} MB transferred"
+            )
             print(f"ddlkit: staged {root} -> {report.destination} in {report.seconds:.1f}s ({what})", flush=True)
             write_json(run.job_dir / f"staging-node{run.dist.node}.json", report.as_dict())
         # the node's other ranks start reading only once the copy is complete
@@ -273,9 +315,11 @@ class StagingStorage(StorageBackend, CheckpointPublisher):
             publish_files(job_dir, result_files(job_dir, checkpoints=True), backend, prefix, attempts=self.cfg.attempts)
         except RunError as err:
             # result.json and everything else stay in the job directory: nothing is lost
-            raise RunError(f"{err}. The results are intact in {job_dir}; copy them again with "
-                           f"`ddlkit data upload {job_dir} {self.describe_results(job_name)}`.",
-                           component="storage") from err
+            raise RunError(
+                f"{err}. The results are intact in {job_dir}; copy them again with "
+                f"`ddlkit data upload {job_dir} {self.describe_results(job_name)}`.",
+                component="storage",
+            ) from err
         return self.describe_results(job_name)
 
     def describe_results(self, job_name: str) -> str:

@@ -140,8 +140,15 @@ def pytest_unconfigure(config: pytest.Config) -> None:
 
 
 # ---------------------------------------------------------------------------- helpers
-def add_plugin(pm: DdlkitPluginManager, plugin: ModuleType | object, *, name: str | None = None,
-               distribution: str = "tests", version: str = "0", module: str | None = None) -> object:
+def add_plugin(
+    pm: DdlkitPluginManager,
+    plugin: ModuleType | object,
+    *,
+    name: str | None = None,
+    distribution: str = "tests",
+    version: str = "0",
+    module: str | None = None,
+) -> object:
     """Register ``plugin`` (a module, or an object with ``@ddlkit.hookimpl`` methods) on ``pm``
     as if entry point ``name`` of ``distribution`` had loaded it from ``module`` (the import
     path shown in messages). Returns the plugin."""
@@ -277,8 +284,9 @@ class RunFactory:
         self.base_dir = base_dir
         self._counter = itertools.count(1)
 
-    def __call__(self, *overrides: str, job_dir: Path | None = None, env: Mapping[str, str] | None = None,
-                 timeout: float = 120.0) -> RunOutcome:
+    def __call__(
+        self, *overrides: str, job_dir: Path | None = None, env: Mapping[str, str] | None = None, timeout: float = 120.0
+    ) -> RunOutcome:
         """Run ``ddlkit [framework=fake] OVERRIDES hydra.run.dir=JOB_DIR``. Each call gets a new
         job directory under ``tmp_path`` unless ``job_dir`` names one (reuse it to resume)."""
         job_dir = Path(job_dir) if job_dir is not None else self.base_dir / f"run-{next(self._counter)}"
@@ -287,14 +295,27 @@ class RunFactory:
             args.append(f"hydra.run.dir={job_dir}")
         return self.cli(*args, env=env, timeout=timeout, job_dir=job_dir)
 
-    def cli(self, *args: str, env: Mapping[str, str] | None = None, python_args: Sequence[str] = (),
-            timeout: float = 120.0, job_dir: Path | None = None) -> RunOutcome:
+    def cli(
+        self,
+        *args: str,
+        env: Mapping[str, str] | None = None,
+        python_args: Sequence[str] = (),
+        timeout: float = 120.0,
+        job_dir: Path | None = None,
+    ) -> RunOutcome:
         """Run ``python [PYTHON_ARGS] -m ddlkit ARGS`` in ``tmp_path`` with the fakes loaded."""
         plugins = [p for p in os.environ.get("DDLKIT_PLUGINS", "").split(",") if p.strip()]
         full_env = {**os.environ, "DDLKIT_PLUGINS": ",".join([*plugins, FAKES_MODULE]), **(env or {})}
         argv = [sys.executable, *python_args, "-m", "ddlkit", *args]
-        proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=full_env,
-                                cwd=self.base_dir, preexec_fn=interruptible)
+        proc = subprocess.Popen(
+            argv,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=full_env,
+            cwd=self.base_dir,
+            preexec_fn=interruptible,
+        )
         try:
             stdout, stderr = proc.communicate(timeout=timeout)
         except subprocess.TimeoutExpired:
@@ -322,8 +343,15 @@ def interruptible() -> None:
 _T = TypeVar("_T")
 
 
-def wait_for(predicate: Callable[[], _T], what: str, *, timeout: float = 60.0, pace: float = 0.05,
-             process: subprocess.Popen | None = None, detail: Callable[[], str] | None = None) -> _T:
+def wait_for(
+    predicate: Callable[[], _T],
+    what: str,
+    *,
+    timeout: float = 60.0,
+    pace: float = 0.05,
+    process: subprocess.Popen | None = None,
+    detail: Callable[[], str] | None = None,
+) -> _T:
     """Call ``predicate`` every ``pace`` seconds until it returns something true, and return that:
     for what another process or thread brings about (a line in a log, a file, a job's state), so
     that a test waits as long as that takes and no longer.
@@ -474,8 +502,11 @@ def ddlkit_isolation(tmp_path: Path) -> Iterator[None]:
         try:
             yield
         finally:
-            leaked = sorted(k for k in set(env_before) | set(os.environ)
-                            if k != _PYTEST_ENV and env_before.get(k) != os.environ.get(k))
+            leaked = sorted(
+                k
+                for k in set(env_before) | set(os.environ)
+                if k != _PYTEST_ENV and env_before.get(k) != os.environ.get(k)
+            )
             current = os.environ.get(_PYTEST_ENV)
             os.environ.clear()
             os.environ.update(env_before)
@@ -486,8 +517,11 @@ def ddlkit_isolation(tmp_path: Path) -> Iterator[None]:
             GlobalHydra.instance().clear()
             signal.signal(signal.SIGTERM, saved_sigterm)
     if leaked:
-        pytest.fail(f"the test changed environment variables {leaked} without monkeypatch; they were restored. "
-                    "Use monkeypatch.setenv/delenv.", pytrace=False)
+        pytest.fail(
+            f"the test changed environment variables {leaked} without monkeypatch; they were restored. "
+            "Use monkeypatch.setenv/delenv.",
+            pytrace=False,
+        )
 
 
 @pytest.fixture
@@ -525,8 +559,9 @@ def run_factory(tmp_path: Path) -> RunFactory:
 
 
 @pytest.fixture
-def run_inprocess(ddlkit_pm: DdlkitPluginManager, tmp_path: Path,
-                  monkeypatch: pytest.MonkeyPatch) -> Callable[..., WorkerOutcome]:
+def run_inprocess(
+    ddlkit_pm: DdlkitPluginManager, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> Callable[..., WorkerOutcome]:
     """``run_inprocess(*overrides, job_dir=None)``: compose and prepare the job as the launcher
     does, then run :func:`ddlkit.rank.worker.main` in this process on ``ddlkit_pm`` (plus the fakes),
     so ``hook_recorder`` sees every hook and a debugger can step into the loop."""

@@ -33,15 +33,32 @@ from typing import Any, ClassVar
 import pytest
 
 from .. import result as result_schema
-from ..interfaces import (JOB_FILE, Batch, ComputeTarget, DataSource, ImageFilesSpec, ImagePoolSpec, JobHandle,
-                          JobSpec, JobState, Logger, Shard, StorageBackend)
+from ..interfaces import (
+    JOB_FILE,
+    Batch,
+    ComputeTarget,
+    DataSource,
+    ImageFilesSpec,
+    ImagePoolSpec,
+    JobHandle,
+    JobSpec,
+    JobState,
+    Logger,
+    Shard,
+    StorageBackend,
+)
 from ..interfaces.data import Split, native_spec
 from ..plugins import DdlkitPluginManager
 from ..rank.run import Run, RunState
 from . import HookRecorder, WorkerOutcome, add_plugin, alive, make_run, wait_for
 
-__all__ = ["ComputeTargetContract", "DataSourceContract", "FrameworkContract", "LoggerContract",
-           "StorageBackendContract"]
+__all__ = [
+    "ComputeTargetContract",
+    "DataSourceContract",
+    "FrameworkContract",
+    "LoggerContract",
+    "StorageBackendContract",
+]
 
 
 # ---------------------------------------------------------------------------- storage
@@ -150,8 +167,9 @@ class LoggerContract:
     def _log_steps(self, logger: Logger, steps: range, run: Run) -> None:
         for step in steps:
             run.state.step = step
-            logger.log_metrics(step, {"loss": 1.0 / step, "lr": 0.1, "images_per_sec": 100.0, "epoch": step / 10},
-                               split="train")
+            logger.log_metrics(
+                step, {"loss": 1.0 / step, "lr": 0.1, "images_per_sec": 100.0, "epoch": step / 10}, split="train"
+            )
 
     def test_completed_lifecycle(self, logger: Logger, logger_run: Run) -> None:
         logger.start(logger_run)
@@ -307,12 +325,24 @@ class ComputeTargetContract:
             handle.wait(timeout=self.cancel_timeout_s)
             handle.collect()
 
-    def submit(self, target: ComputeTarget, handles: list[JobHandle], job_dir: Path, code: str,
-               env: dict[str, str] | None = None, secret_env: dict[str, str] | None = None) -> JobHandle:
+    def submit(
+        self,
+        target: ComputeTarget,
+        handles: list[JobHandle],
+        job_dir: Path,
+        code: str,
+        env: dict[str, str] | None = None,
+        secret_env: dict[str, str] | None = None,
+    ) -> JobHandle:
         job_dir.mkdir(parents=True, exist_ok=True)  # the launcher creates it before submitting
         (job_dir / JOB_FILE).write_text('{"contract": "the job file"}\n', encoding="utf-8")
-        spec = JobSpec(name=f"contract-{job_dir.name}-{uuid.uuid4().hex[:8]}", job_dir=job_dir,
-                       args=("-c", textwrap.dedent(code)), env=env or {}, secret_env=secret_env or {})
+        spec = JobSpec(
+            name=f"contract-{job_dir.name}-{uuid.uuid4().hex[:8]}",
+            job_dir=job_dir,
+            args=("-c", textwrap.dedent(code)),
+            env=env or {},
+            secret_env=secret_env or {},
+        )
         handle = target.submit(spec)
         handles.append(handle)
         return handle
@@ -332,11 +362,17 @@ class ComputeTargetContract:
             assert target.with_nodes(1, spec).world_size == target.world_size // target.nodes
 
     def test_success_streams_output(self, target: ComputeTarget, handles: list[JobHandle], tmp_path: Path) -> None:
-        handle = self.submit(target, handles, tmp_path / "ok", """
+        handle = self.submit(
+            target,
+            handles,
+            tmp_path / "ok",
+            """
             import os
             print("hello from", os.environ["DDLKIT_CONTRACT_VALUE"], flush=True)
             print("second line")
-        """, env={"DDLKIT_CONTRACT_VALUE": "the-spec-env"})
+        """,
+            env={"DDLKIT_CONTRACT_VALUE": "the-spec-env"},
+        )
         output = "".join(handle.logs(follow=True))
         assert "hello from the-spec-env" in output
         assert "second line" in output
@@ -345,26 +381,39 @@ class ComputeTargetContract:
         assert handle.status().state is JobState.SUCCEEDED
 
     def test_job_runs_in_its_job_directory_and_its_files_come_back(
-            self, target: ComputeTarget, handles: list[JobHandle], tmp_path: Path) -> None:
+        self, target: ComputeTarget, handles: list[JobHandle], tmp_path: Path
+    ) -> None:
         job_dir = tmp_path / "files"
-        handle = self.submit(target, handles, job_dir, f"""
+        handle = self.submit(
+            target,
+            handles,
+            job_dir,
+            f"""
             import json
             job = json.load(open({JOB_FILE!r}))           # relative: the job directory is the cwd
             with open("written-by-the-job.txt", "w") as f:
                 f.write(job["contract"])
-        """)
+        """,
+        )
         assert handle.wait(timeout=self.timeout_s).state is JobState.SUCCEEDED
         handle.collect()
         assert (job_dir / "written-by-the-job.txt").read_text() == "the job file"
 
-    def test_secret_env_reaches_the_job_and_no_file(self, target: ComputeTarget, handles: list[JobHandle],
-                                                    tmp_path: Path) -> None:
+    def test_secret_env_reaches_the_job_and_no_file(
+        self, target: ComputeTarget, handles: list[JobHandle], tmp_path: Path
+    ) -> None:
         secret = f"s3cr3t-{uuid.uuid4().hex}"
         job_dir = tmp_path / "secret"
-        handle = self.submit(target, handles, job_dir, """
+        handle = self.submit(
+            target,
+            handles,
+            job_dir,
+            """
             import hashlib, os
             print("digest", hashlib.sha256(os.environ["DDLKIT_CONTRACT_SECRET"].encode()).hexdigest())
-        """, secret_env={"DDLKIT_CONTRACT_SECRET": secret})
+        """,
+            secret_env={"DDLKIT_CONTRACT_SECRET": secret},
+        )
         output = "".join(handle.logs(follow=True))
         assert handle.wait(timeout=self.timeout_s).state is JobState.SUCCEEDED
         assert f"digest {hashlib.sha256(secret.encode()).hexdigest()}" in output
@@ -372,35 +421,48 @@ class ComputeTargetContract:
         leaked = [p for p in job_dir.rglob("*") if p.is_file() and secret.encode() in p.read_bytes()]
         assert not leaked, f"the secret was written to {leaked}"
 
-    def test_failure_reports_exit_code_and_last_lines(self, target: ComputeTarget, handles: list[JobHandle],
-                                                       tmp_path: Path) -> None:
-        handle = self.submit(target, handles, tmp_path / "fail", """
+    def test_failure_reports_exit_code_and_last_lines(
+        self, target: ComputeTarget, handles: list[JobHandle], tmp_path: Path
+    ) -> None:
+        handle = self.submit(
+            target,
+            handles,
+            tmp_path / "fail",
+            """
             import sys
             print("step 1 fine")
             print("boom: the disk is on fire", flush=True)
             sys.exit(3)
-        """)
+        """,
+        )
         status = handle.wait(timeout=self.timeout_s)
         assert status.state is JobState.FAILED
         assert status.exit_code == 3
         assert "boom: the disk is on fire" in status.message
 
-    def test_wait_with_timeout_returns_while_running(self, target: ComputeTarget, handles: list[JobHandle],
-                                                     tmp_path: Path) -> None:
+    def test_wait_with_timeout_returns_while_running(
+        self, target: ComputeTarget, handles: list[JobHandle], tmp_path: Path
+    ) -> None:
         handle = self.submit(target, handles, tmp_path / "slow", "import time; time.sleep(60)")
         t0 = time.monotonic()
         status = handle.wait(timeout=0.2)
         assert not status.state.done
         assert time.monotonic() - t0 < 5
 
-    def test_cancel_ends_the_job_and_its_processes(self, target: ComputeTarget, handles: list[JobHandle],
-                                                   tmp_path: Path) -> None:
-        handle = self.submit(target, handles, tmp_path / "cancel", """
+    def test_cancel_ends_the_job_and_its_processes(
+        self, target: ComputeTarget, handles: list[JobHandle], tmp_path: Path
+    ) -> None:
+        handle = self.submit(
+            target,
+            handles,
+            tmp_path / "cancel",
+            """
             import os, subprocess, sys, time
             child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
             print(f"ready {os.getpid()} {child.pid}", flush=True)
             time.sleep(60)
-        """)
+        """,
+        )
         seen = ""
         for chunk in handle.logs(follow=True):
             seen += chunk
@@ -415,25 +477,36 @@ class ComputeTargetContract:
         assert time.monotonic() - t0 < self.cancel_timeout_s
         if self.local_processes:
             pids = [int(p) for p in seen.split("ready", 1)[1].split()[:2]]
-            wait_for(lambda: not any(alive(p) for p in pids), "the job's processes to end after cancel()",
-                     timeout=5, detail=lambda: f"still running: {[p for p in pids if alive(p)]}")
+            wait_for(
+                lambda: not any(alive(p) for p in pids),
+                "the job's processes to end after cancel()",
+                timeout=5,
+                detail=lambda: f"still running: {[p for p in pids if alive(p)]}",
+            )
 
-    def test_cancel_after_completion_changes_nothing(self, target: ComputeTarget, handles: list[JobHandle],
-                                                     tmp_path: Path) -> None:
+    def test_cancel_after_completion_changes_nothing(
+        self, target: ComputeTarget, handles: list[JobHandle], tmp_path: Path
+    ) -> None:
         handle = self.submit(target, handles, tmp_path / "done", "print('done')")
         assert handle.wait(timeout=self.timeout_s).state is JobState.SUCCEEDED
         handle.cancel()
         assert handle.wait(timeout=self.timeout_s).state is JobState.SUCCEEDED
 
-    def test_attach_follows_a_running_job_from_its_start(self, target: ComputeTarget, handles: list[JobHandle],
-                                                        tmp_path: Path) -> None:
+    def test_attach_follows_a_running_job_from_its_start(
+        self, target: ComputeTarget, handles: list[JobHandle], tmp_path: Path
+    ) -> None:
         job_dir = tmp_path / "attach"
-        handle = self.submit(target, handles, job_dir, """
+        handle = self.submit(
+            target,
+            handles,
+            job_dir,
+            """
             import time
             print("first", flush=True)
             time.sleep(1.5)
             print("second", flush=True)
-        """)
+        """,
+        )
         again = target.attach(handle.id, job_dir=job_dir)
         assert again.id == handle.id
         output = "".join(again.logs(follow=True))
@@ -441,8 +514,9 @@ class ComputeTargetContract:
         assert again.wait(timeout=self.timeout_s).state is JobState.SUCCEEDED
         assert handle.wait(timeout=self.timeout_s).state is JobState.SUCCEEDED
 
-    def test_attach_to_an_ended_job_reports_its_end(self, target: ComputeTarget, handles: list[JobHandle],
-                                                    tmp_path: Path) -> None:
+    def test_attach_to_an_ended_job_reports_its_end(
+        self, target: ComputeTarget, handles: list[JobHandle], tmp_path: Path
+    ) -> None:
         job_dir = tmp_path / "ended"
         handle = self.submit(target, handles, job_dir, "import sys; print('bye', flush=True); sys.exit(4)")
         assert handle.wait(timeout=self.timeout_s).state is JobState.FAILED
@@ -450,8 +524,12 @@ class ComputeTargetContract:
         assert (status.state, status.exit_code) == (JobState.FAILED, 4)
 
     def test_plan_describes_the_job_without_running_it(self, target: ComputeTarget, tmp_path: Path) -> None:
-        spec = JobSpec(name="contract-plan", job_dir=tmp_path / "plan", args=("-c", "print('never')"),
-                       secret_env={"DDLKIT_CONTRACT_SECRET": "never-printed"})
+        spec = JobSpec(
+            name="contract-plan",
+            job_dir=tmp_path / "plan",
+            args=("-c", "print('never')"),
+            secret_env={"DDLKIT_CONTRACT_SECRET": "never-printed"},
+        )
         text = target.plan(spec)
         assert isinstance(text, str) and text
         assert "never-printed" not in text
@@ -474,8 +552,15 @@ class FrameworkContract:
     extra_result_keys: ClassVar[frozenset[str]] = frozenset()
     #: settings that make a run take seconds: here 2 epochs of 5 steps, a log line every 2 steps
     overrides: ClassVar[tuple[str, ...]] = (
-        "data.image_size=32", "data.num_classes=10", "data.length=80", "data.val_length=16", "trainer.batch_size=16",
-        "trainer.epochs=2", "trainer.log_every=2", "trainer.warmup_steps=1", "trainer.deterministic=true",
+        "data.image_size=32",
+        "data.num_classes=10",
+        "data.length=80",
+        "data.val_length=16",
+        "trainer.batch_size=16",
+        "trainer.epochs=2",
+        "trainer.log_every=2",
+        "trainer.warmup_steps=1",
+        "trainer.deterministic=true",
     )
 
     def assert_same_weights(self, a: Path, b: Path) -> None:
@@ -500,12 +585,16 @@ class FrameworkContract:
         steps_per_epoch, epochs = out.run.steps_per_epoch, out.run.cfg.trainer.epochs
         result = out.result
         assert (result["framework"], result["steps"], result["epochs"]) == (
-            self.framework, steps_per_epoch * epochs, epochs)
+            self.framework,
+            steps_per_epoch * epochs,
+            epochs,
+        )
         assert math.isfinite(result["final_loss"])
         assert 0 <= result["top1"] <= result["top5"] <= 1
         log_every = out.run.cfg.trainer.log_every
         assert [c["step"] for c in hook_recorder.getcalls("ddlkit_step_end")] == [
-            s for s in range(1, steps_per_epoch * epochs + 1) if s % log_every == 0 or s == steps_per_epoch * epochs]
+            s for s in range(1, steps_per_epoch * epochs + 1) if s % log_every == 0 or s == steps_per_epoch * epochs
+        ]
         assert [c["epoch"] for c in hook_recorder.getcalls("ddlkit_epoch_end")] == list(range(1, epochs + 1))
         assert len(hook_recorder.getcalls("ddlkit_run_start")) == 1, "call run.start() once, before the first step"
         assert (out.job_dir / self.model_file).is_file()
@@ -517,8 +606,11 @@ class FrameworkContract:
         assert result_schema.NAMES - result.keys() == set(), "result.json lacks fields of ddlkit.result.FIELDS"
         undeclared = result.keys() - result_schema.NAMES - self.extra_result_keys
         assert undeclared == set(), "result.json has keys that neither ddlkit.result.FIELDS nor extra_result_keys has"
-        wrong = {f.name: type(result[f.name]).__name__ for f in result_schema.FIELDS
-                 if result[f.name] is not None and not isinstance(result[f.name], f.type)}
+        wrong = {
+            f.name: type(result[f.name]).__name__
+            for f in result_schema.FIELDS
+            if result[f.name] is not None and not isinstance(result[f.name], f.type)
+        }
         assert wrong == {}, "values of another type than ddlkit.result.FIELDS says"
         unset = [f.name for f in result_schema.FRAMEWORK if result[f.name] is None]
         assert unset == [], "the framework left these fields unset (run.<field> = ...); see ddlkit.result"

@@ -79,8 +79,12 @@ class ElsewhereHandle(JobHandle):
                 shutil.copytree(self.job_dir, away, dirs_exist_ok=True)
                 shutil.rmtree(self.job_dir)
             os.replace(away, self.job_dir)
-        shutil.copytree(self.remote.job_dir, self.job_dir, dirs_exist_ok=True,
-                        ignore=lambda d, names: [STATE_DIR] if Path(d) == self.remote.job_dir else [])
+        shutil.copytree(
+            self.remote.job_dir,
+            self.job_dir,
+            dirs_exist_ok=True,
+            ignore=lambda d, names: [STATE_DIR] if Path(d) == self.remote.job_dir else [],
+        )
 
 
 class ElsewhereTarget(ComputeTarget):
@@ -106,8 +110,13 @@ class ElsewhereTarget(ComputeTarget):
         # the launcher keeps its job file (``ddlkit jobs`` rebuilds the target from it); the rest is away
         spec.job_dir.mkdir()
         shutil.copy2(away / JOB_FILE, spec.job_dir / JOB_FILE)
-        remote = ProcessJob.start(spec.command(sys.executable), job_dir=remote_dir, log_name=rank_log(0),
-                                  env=self._bare_environment(spec), grace_period_s=self.cfg.grace_period_s)
+        remote = ProcessJob.start(
+            spec.command(sys.executable),
+            job_dir=remote_dir,
+            log_name=rank_log(0),
+            env=self._bare_environment(spec),
+            grace_period_s=self.cfg.grace_period_s,
+        )
         remote.detach()  # a cluster's job does not die with the launcher that submitted it
         return ElsewhereHandle(remote, spec.name, spec.job_dir)
 
@@ -115,8 +124,9 @@ class ElsewhereTarget(ComputeTarget):
         name, _, pid = job_id.rpartition("/")
         if not name or not (self.root / name).is_dir():
             raise ConfigError(f"compute=elsewhere has no job {job_id!r} under {self.root}.")
-        remote = ProcessJob.attach(pid, job_dir=self.root / name, log_name=rank_log(0),
-                                   grace_period_s=self.cfg.grace_period_s)
+        remote = ProcessJob.attach(
+            pid, job_dir=self.root / name, log_name=rank_log(0), grace_period_s=self.cfg.grace_period_s
+        )
         return ElsewhereHandle(remote, name, job_dir)
 
     def plan(self, spec: JobSpec) -> str:
@@ -126,6 +136,8 @@ class ElsewhereTarget(ComputeTarget):
 def _refuse_launcher_paths(spec: JobSpec) -> None:
     for key, value in {**spec.env, **spec.secret_env}.items():
         if os.path.isabs(value) and os.path.exists(value):
-            raise ConfigError(f"compute=elsewhere: the job's environment names a path of the launcher's machine "
-                              f"({key}={value}); on a cluster it does not exist. A compute target's job carries "
-                              "what its ranks need in the job directory (user code: its code snapshot).")
+            raise ConfigError(
+                f"compute=elsewhere: the job's environment names a path of the launcher's machine "
+                f"({key}={value}); on a cluster it does not exist. A compute target's job carries "
+                "what its ranks need in the job directory (user code: its code snapshot)."
+            )

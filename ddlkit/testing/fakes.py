@@ -101,8 +101,10 @@ class FakeFramework(Framework):
 
         missing = [m for m in self.cfg.needs if importlib.util.find_spec(m) is None]
         if missing:
-            raise ConfigError(f"framework=fake needs {', '.join(missing)}, which this environment lacks: "
-                              "install it where the ranks run.")
+            raise ConfigError(
+                f"framework=fake needs {', '.join(missing)}, which this environment lacks: "
+                "install it where the ranks run."
+            )
 
     def train(self, run: RunContext) -> None:
         import numpy as np
@@ -117,10 +119,10 @@ class FakeFramework(Framework):
 
         def write(path: Path, arrays: dict[str, Any], meta: dict[str, Any]) -> None:
             with open(path, "wb") as f:
-                if (self.cfg.kill_while_saving_at_step == meta["state"]["step"] and not os.environ.get(RESTARTS_ENV)):
+                if self.cfg.kill_while_saving_at_step == meta["state"]["step"] and not os.environ.get(RESTARTS_ENV):
                     whole = io.BytesIO()
                     np.savez(whole, **arrays, meta=np.array(json.dumps(meta)))
-                    f.write(whole.getvalue()[:len(whole.getvalue()) // 2])
+                    f.write(whole.getvalue()[: len(whole.getvalue()) // 2])
                     f.flush()
                     os.fsync(f.fileno())
                     os.kill(os.getpid(), signal.SIGKILL)
@@ -160,11 +162,17 @@ class FakeFramework(Framework):
             return {"val_loss": loss_sum / total, "val_top1": top1 / total, "val_top5": top5 / total}
 
         def step(micro_batches: list[Any], lr: float) -> float:
-            if (self.cfg.fail_at_step and run.state.step + 1 == self.cfg.fail_at_step
-                    and self.cfg.fail_rank in (None, run.dist.rank)):
+            if (
+                self.cfg.fail_at_step
+                and run.state.step + 1 == self.cfg.fail_at_step
+                and self.cfg.fail_rank in (None, run.dist.rank)
+            ):
                 raise RuntimeError(f"fake framework failure at step {run.state.step + 1}")
-            if (self.cfg.kill_at_step and run.state.step + 1 == self.cfg.kill_at_step
-                    and (self.cfg.kill_every_run or not os.environ.get(RESTARTS_ENV))):
+            if (
+                self.cfg.kill_at_step
+                and run.state.step + 1 == self.cfg.kill_at_step
+                and (self.cfg.kill_every_run or not os.environ.get(RESTARTS_ENV))
+            ):
                 if self.cfg.kill_node is None and run.dist.rank == self.cfg.kill_rank:
                     os.kill(os.getpid(), signal.SIGKILL)
                 if self.cfg.kill_node is not None and run.dist.node == self.cfg.kill_node:
@@ -177,14 +185,16 @@ class FakeFramework(Framework):
             images = np.concatenate([np.asarray(b[0]) for b in micro_batches])
             labels = np.concatenate([np.asarray(b[1]) for b in micro_batches])
             if self.cfg.trace_samples:
-                _trace(run, [int(round(float(v))) for v in images[:, NUMBER_PIXEL[0], NUMBER_PIXEL[1], 0]],
-                       self.cfg.trace_dir)
+                _trace(
+                    run,
+                    [int(round(float(v))) for v in images[:, NUMBER_PIXEL[0], NUMBER_PIXEL[1], 0]],
+                    self.cfg.trace_dir,
+                )
             reduce = _mean_over(run.dist) if self.cfg.allreduce and run.dist.world_size > 1 else None
             loss = _sgd_step(params, _inputs(images, side), labels, lr, o, t.clip_grad_norm, reduce)
             return float("nan") if self.cfg.nan_at_step == run.state.step + 1 else loss
 
-        run.train_epochs(run.step_batches(train_loader.iter_epoch), step,
-                         evaluate if val_loader is not None else None)
+        run.train_epochs(run.step_batches(train_loader.iter_epoch), step, evaluate if val_loader is not None else None)
         if t.save_model:
             # .npy rather than .npz: no zip timestamps, so equal weights give equal bytes
             run.save_artifact(MODEL_FILE, lambda p: _save_npy(p, params["theta"]))
@@ -224,8 +234,14 @@ TRACE_DIR = "trace"
 
 def _trace(run: RunContext, numbers: list[int], trace_dir: str | None = None) -> None:
     """One line per step: the run (restarts before it), the epoch, the step, the samples read."""
-    line = json.dumps({"run": int(os.environ.get(RESTARTS_ENV) or 0), "epoch": run.state.epoch,
-                       "step": run.state.step + 1, "samples": numbers})
+    line = json.dumps(
+        {
+            "run": int(os.environ.get(RESTARTS_ENV) or 0),
+            "epoch": run.state.epoch,
+            "step": run.state.step + 1,
+            "samples": numbers,
+        }
+    )
     path = Path(trace_dir or run.job_dir / TRACE_DIR) / f"rank-{run.dist.rank}.jsonl"
     path.parent.mkdir(parents=True, exist_ok=True)
     with open(path, "a") as f:
@@ -242,8 +258,15 @@ def _mean_over(dist: Any) -> Any:
     return reduce
 
 
-def _sgd_step(params: dict[str, np.ndarray], x: np.ndarray, labels: np.ndarray, lr: float, o: Any,
-              clip: float | None = None, reduce: Any = None) -> float:
+def _sgd_step(
+    params: dict[str, np.ndarray],
+    x: np.ndarray,
+    labels: np.ndarray,
+    lr: float,
+    o: Any,
+    clip: float | None = None,
+    reduce: Any = None,
+) -> float:
     """One step of cross-entropy + SGD with momentum and weight decay (torch.optim.SGD's rule), the
     gradient averaged over the ranks by ``reduce`` and clipped to norm ``clip`` first (as
     torch.nn.utils.clip_grad_norm_ does)."""
@@ -298,8 +321,10 @@ class MemoryStorage(StorageBackend):
 
             got = hashlib.sha256(f"{cfg.sas_token}|{cfg.account_url}".encode()).hexdigest()
             if got != expected:
-                raise ConfigError("storage=memory: sha256 of sas_token|account_url is not storage.expect_sha256 "
-                                  "(the ranks did not get the secrets back)")
+                raise ConfigError(
+                    "storage=memory: sha256 of sas_token|account_url is not storage.expect_sha256 "
+                    "(the ranks did not get the secrets back)"
+                )
 
     @staticmethod
     def _key(key: str) -> str:
@@ -359,8 +384,15 @@ class RecordingLogger(Logger):
         return [c.step for c in self.calls if c.method == "log_metrics" and c.split == split and c.step is not None]
 
 
-def class_images(split: str, n: int = 256, val_n: int = 32, image_size: int = 8, num_classes: int = 4,
-                 seed: int = 0, numbered: bool = False) -> tuple[np.ndarray, np.ndarray]:
+def class_images(
+    split: str,
+    n: int = 256,
+    val_n: int = 32,
+    image_size: int = 8,
+    num_classes: int = 4,
+    seed: int = 0,
+    numbered: bool = False,
+) -> tuple[np.ndarray, np.ndarray]:
     """Data for ``data=custom data.target=ddlkit.testing.fakes:class_images``: ``n`` (``val_n``)
     images of noise around a class pattern, each a sample of one dataset that the ranks
     share by :func:`ddlkit.images.epoch_order`, as a real dataset is (``data=synthetic`` draws a
@@ -383,8 +415,10 @@ def build_softmax(cfg: Any, data: Any, *, side: int, seed: int) -> dict[str, np.
     import numpy as np
 
     features = 3 * side * side + 1  # + 1: a constant input that serves as the bias
-    return {"theta": np.random.default_rng(seed).normal(0.0, 0.01, (features, data.num_classes)),
-            "velocity": np.zeros((features, data.num_classes))}
+    return {
+        "theta": np.random.default_rng(seed).normal(0.0, 0.01, (features, data.num_classes)),
+        "velocity": np.zeros((features, data.num_classes)),
+    }
 
 
 def build_sgd(cfg: Any) -> None:
@@ -394,8 +428,9 @@ def build_sgd(cfg: Any) -> None:
 # ---------------------------------------------------------------------------- registration
 @hookimpl
 def ddlkit_frameworks() -> Iterator[Registration[Framework]]:
-    yield Registration("fake", FakeFramework, config=FakeFrameworkConfig,
-                       description="softmax regression in numpy, for tests")
+    yield Registration(
+        "fake", FakeFramework, config=FakeFrameworkConfig, description="softmax regression in numpy, for tests"
+    )
 
 
 @hookimpl
@@ -415,8 +450,12 @@ def ddlkit_optimizers() -> Iterator[Registration[Any]]:
 
 @hookimpl
 def ddlkit_storage_backends() -> Iterator[Registration[StorageBackend]]:
-    yield Registration("memory", MemoryStorage, config=MemoryStorageConfig,
-                       description="objects in a dict of this process only, for tests")
+    yield Registration(
+        "memory",
+        MemoryStorage,
+        config=MemoryStorageConfig,
+        description="objects in a dict of this process only, for tests",
+    )
 
 
 @hookimpl
@@ -428,6 +467,10 @@ def ddlkit_loggers() -> Iterator[Registration[Logger]]:
 def ddlkit_compute_targets() -> Iterator[Registration[ComputeTarget]]:
     from .elsewhere import ElsewhereComputeConfig, ElsewhereTarget
 
-    yield Registration("elsewhere", ElsewhereTarget, config=ElsewhereComputeConfig,
-                       description="runs the job on a copy of its directory in a bare environment, as a "
-                                   "remote cluster would; for tests")
+    yield Registration(
+        "elsewhere",
+        ElsewhereTarget,
+        config=ElsewhereComputeConfig,
+        description="runs the job on a copy of its directory in a bare environment, as a "
+        "remote cluster would; for tests",
+    )

@@ -43,9 +43,17 @@ def _image(rng, cls: int, size: tuple[int, int]):
     return Image.fromarray(np.clip(base, 0, 255).astype(np.uint8))
 
 
-def make_image_dataset(root: Path, *, classes: int = 3, train_per_class: int = 8, val_per_class: int = 2,
-                       sizes: tuple[tuple[int, int], ...] = ((80, 60), (64, 96), (120, 90)), odd_files: bool = False,
-                       corrupt: bool = False, seed: int = 0) -> ImageDataset:
+def make_image_dataset(
+    root: Path,
+    *,
+    classes: int = 3,
+    train_per_class: int = 8,
+    val_per_class: int = 2,
+    sizes: tuple[tuple[int, int], ...] = ((80, 60), (64, 96), (120, 90)),
+    odd_files: bool = False,
+    corrupt: bool = False,
+    seed: int = 0,
+) -> ImageDataset:
     import numpy as np
 
     rng = np.random.default_rng(seed)

@@ -24,8 +24,9 @@ from . import FAKES_MODULE, RunFactory, RunOutcome
 PROBE_MODULE = "ddlkit.testing.dist_probe"
 
 #: for the tests that start mpirun
-needs_mpirun = pytest.mark.skipif(shutil.which("mpirun") is None,
-                                  reason="OpenMPI's mpirun is not installed (apt-get install openmpi-bin)")
+needs_mpirun = pytest.mark.skipif(
+    shutil.which("mpirun") is None, reason="OpenMPI's mpirun is not installed (apt-get install openmpi-bin)"
+)
 
 
 def probe_env(*plugins: str, path: Sequence[Path] = ()) -> dict[str, str]:
@@ -47,14 +48,20 @@ class DistJobs:
     def run(self, *overrides: str, job_dir: Path, timeout: float = 240.0) -> RunOutcome:
         return self.factory(*overrides, job_dir=job_dir, env=probe_env(), timeout=timeout)
 
-    def start(self, *overrides: str, job_dir: Path, env: Mapping[str, str] | None = None,
-              plugins: tuple[str, ...] = ()) -> subprocess.Popen:
+    def start(
+        self, *overrides: str, job_dir: Path, env: Mapping[str, str] | None = None, plugins: tuple[str, ...] = ()
+    ) -> subprocess.Popen:
         """A launcher in the background (for tests that signal or kill parts of the job), with
         ``env`` and the plugin modules ``plugins`` added."""
         argv = [sys.executable, "-m", "ddlkit", *overrides, f"hydra.run.dir={job_dir}"]
-        return subprocess.Popen(argv, cwd=self.base,
-                                env={**os.environ, **(env or {}), **probe_env(*plugins, path=self.path)},
-                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        return subprocess.Popen(
+            argv,
+            cwd=self.base,
+            env={**os.environ, **(env or {}), **probe_env(*plugins, path=self.path)},
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
 
 
 def worker_pids(job_dir: Path) -> dict[int, int]:
@@ -71,8 +78,9 @@ def worker_pids(job_dir: Path) -> dict[int, int]:
                 continue
             if Path(os.readlink(Path(entry.path, "cwd"))) != job_dir.resolve():
                 continue
-            environ = dict(line.split(b"=", 1) for line in Path(entry.path, "environ").read_bytes().split(b"\0")
-                           if b"=" in line)
+            environ = dict(
+                line.split(b"=", 1) for line in Path(entry.path, "environ").read_bytes().split(b"\0") if b"=" in line
+            )
         except OSError:
             continue
         # OpenMPI's rank (local_mpi, mpi), or the one a target's rank minder sets (slurm: RANK)
@@ -88,8 +96,10 @@ def job_processes(job_dir: Path) -> list[int]:
         if entry.name.isdigit() and int(entry.name) != os.getpid():
             try:
                 stat = Path(entry.path, "stat").read_text()
-                mine = (str(job_dir).encode() in Path(entry.path, "cmdline").read_bytes()
-                        or Path(os.readlink(Path(entry.path, "cwd"))) == job_dir.resolve())
+                mine = (
+                    str(job_dir).encode() in Path(entry.path, "cmdline").read_bytes()
+                    or Path(os.readlink(Path(entry.path, "cwd"))) == job_dir.resolve()
+                )
                 if mine and stat.rsplit(")", 1)[1].split()[0] != "Z":
                     pids.append(int(entry.name))
             except OSError:

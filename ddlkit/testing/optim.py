@@ -35,8 +35,14 @@ def clip_by_global_norm(grads: Sequence[np.ndarray], max_norm: float | None) -> 
     return [np.asarray(g, np.float64) * factor for g in grads]
 
 
-def linear_step(kernel: np.ndarray, bias: np.ndarray, x: np.ndarray, labels: np.ndarray, lr: float,
-                clip_grad_norm: float | None = None) -> tuple[np.ndarray, np.ndarray]:
+def linear_step(
+    kernel: np.ndarray,
+    bias: np.ndarray,
+    x: np.ndarray,
+    labels: np.ndarray,
+    lr: float,
+    clip_grad_norm: float | None = None,
+) -> tuple[np.ndarray, np.ndarray]:
     """``(kernel, bias)`` of ``logits = x @ kernel + bias`` after one plain SGD step (no momentum,
     no weight decay) on the mean cross-entropy over all of ``x`` -- what any split of ``x`` into
     accumulated micro-batches (``trainer.accumulate_batches``), over any number of ranks, must
@@ -50,8 +56,9 @@ def linear_step(kernel: np.ndarray, bias: np.ndarray, x: np.ndarray, labels: np.
     return kernel - lr * g_kernel, bias - lr * g_bias
 
 
-def lars_reference(weights: Sequence[np.ndarray], gradients: Sequence[Sequence[np.ndarray]], lrs: Sequence[float],
-                   cfg: Any) -> list[np.ndarray]:
+def lars_reference(
+    weights: Sequence[np.ndarray], gradients: Sequence[Sequence[np.ndarray]], lrs: Sequence[float], cfg: Any
+) -> list[np.ndarray]:
     """``weights`` after one LARS step per entry of ``gradients`` (each a list, one gradient per
     weight) at the learning rates ``lrs``, with ``cfg``'s momentum, weight_decay,
     trust_coefficient and nesterov (:class:`ddlkit.optim.LarsConfig`). Weights of more than one
@@ -77,10 +84,17 @@ def lars_reference(weights: Sequence[np.ndarray], gradients: Sequence[Sequence[n
 #: (``data=custom``) whose test directory holds ``linear_model.PrintEpochs`` (a callback printing
 #: ``callback: epoch N ...`` at each epoch's end): see :func:`check_every_trainer_option`
 EVERY_TRAINER_OPTION = (
-    "+data.kwargs.n=64", "trainer.epochs=6", "trainer.batch_size=4", "trainer.accumulate_batches=2",
-    "trainer.clip_grad_norm=1.0", "trainer.keep_checkpoints=1", "trainer.early_stopping.monitor=val_loss",
-    "trainer.early_stopping.patience=1", "trainer.early_stopping.min_delta=100",
-    "trainer.best_checkpoint.monitor=val_top1", "trainer.callbacks=[linear_model:PrintEpochs]",
+    "+data.kwargs.n=64",
+    "trainer.epochs=6",
+    "trainer.batch_size=4",
+    "trainer.accumulate_batches=2",
+    "trainer.clip_grad_norm=1.0",
+    "trainer.keep_checkpoints=1",
+    "trainer.early_stopping.monitor=val_loss",
+    "trainer.early_stopping.patience=1",
+    "trainer.early_stopping.min_delta=100",
+    "trainer.best_checkpoint.monitor=val_top1",
+    "trainer.callbacks=[linear_model:PrintEpochs]",
 )
 
 
@@ -95,7 +109,9 @@ def check_every_trainer_option(out: Any) -> dict[str, Any]:
     assert result["stopped_early"]["reason"].startswith("val_loss did not improve by more than 100 for 1 validation")
     assert f"ddlkit: stopping early after epoch 2 (step 16): {result['stopped_early']['reason']}" in out.stdout
     assert [line.split(" val_loss")[0] for line in out.stdout.splitlines() if line.startswith("callback:")] == [
-        "callback: epoch 1", "callback: epoch 2"]
+        "callback: epoch 1",
+        "callback: epoch 2",
+    ]
     assert verify(out.job_dir / "checkpoints" / BEST) is None
     best = result["best_checkpoint"]
     assert best["step"] in (8, 16) and best["monitor"] == "val_top1"

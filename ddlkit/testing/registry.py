@@ -52,10 +52,32 @@ def make_certificate(directory: Path) -> tuple[Path, Path]:
     ``registry.key`` in ``directory``), made with ``openssl``; the certificate is its own CA bundle."""
     directory.mkdir(parents=True, exist_ok=True)
     cert, key = directory / "registry.crt", directory / "registry.key"
-    subprocess.run(["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes",
-                    "-keyout", str(key), "-out", str(cert), "-days", "7", "-subj", "/CN=ddlkit loopback registry",
-                    "-addext", "subjectAltName=IP:127.0.0.1,DNS:localhost",
-                    "-addext", "basicConstraints=critical,CA:TRUE"], check=True, capture_output=True)
+    subprocess.run(
+        [
+            "openssl",
+            "req",
+            "-x509",
+            "-newkey",
+            "ec",
+            "-pkeyopt",
+            "ec_paramgen_curve:prime256v1",
+            "-nodes",
+            "-keyout",
+            str(key),
+            "-out",
+            str(cert),
+            "-days",
+            "7",
+            "-subj",
+            "/CN=ddlkit loopback registry",
+            "-addext",
+            "subjectAltName=IP:127.0.0.1,DNS:localhost",
+            "-addext",
+            "basicConstraints=critical,CA:TRUE",
+        ],
+        check=True,
+        capture_output=True,
+    )
     return cert, key
 
 
@@ -129,8 +151,11 @@ class LoopbackRegistry:
     # ------------------------------------------------------------ content
     def push(self, repository: str, tag: str, *, media_type: str = OCI_MANIFEST) -> str:
         """An image's manifest (of one empty layer) under ``repository:tag``; returns the image's name."""
-        config = {"mediaType": "application/vnd.oci.image.config.v1+json", "size": 2,
-                  "digest": "sha256:" + hashlib.sha256(b"{}").hexdigest()}
+        config = {
+            "mediaType": "application/vnd.oci.image.config.v1+json",
+            "size": 2,
+            "digest": "sha256:" + hashlib.sha256(b"{}").hexdigest(),
+        }
         body = json.dumps({"schemaVersion": 2, "mediaType": media_type, "config": config, "layers": []}).encode()
         manifest = _Manifest(media_type, body)
         with self._lock:
@@ -153,8 +178,9 @@ class LoopbackRegistry:
         url = urlsplit(path)
         authorization = headers.get("authorization", "")
         with self._lock:
-            self.requests.append(RegistryRequest(method, url.path, authorization.partition(" ")[0] or None,
-                                                 headers.get("accept")))
+            self.requests.append(
+                RegistryRequest(method, url.path, authorization.partition(" ")[0] or None, headers.get("accept"))
+            )
         if self.delay_s:
             time.sleep(self.delay_s)
         if url.path == "/token" and method == "GET":
@@ -186,8 +212,9 @@ class LoopbackRegistry:
         if self.auth == "basic":
             if scheme.lower() == "basic" and self._user(credential):
                 return None
-            return _error(401, "UNAUTHORIZED", "authentication required",
-                          {"WWW-Authenticate": f'Basic realm="{SERVICE}"'})
+            return _error(
+                401, "UNAUTHORIZED", "authentication required", {"WWW-Authenticate": f'Basic realm="{SERVICE}"'}
+            )
         if self.auth != "token":
             return _error(401, "UNAUTHORIZED", "authentication required", {"WWW-Authenticate": self.auth})
         with self._lock:
@@ -208,15 +235,21 @@ class LoopbackRegistry:
             return _error(401, "UNAUTHORIZED", "incorrect username or password")
         if query.get("service") != [SERVICE]:
             return _error(400, "INVALID_REQUEST", "service is not this registry's")
-        asked = {m["name"] for scope in query.get("scope", []) if (m := re.match(r"repository:(?P<name>[^:]+):", scope))
-                 and "pull" in scope.rsplit(":", 1)[1].split(",")}
+        asked = {
+            m["name"]
+            for scope in query.get("scope", [])
+            if (m := re.match(r"repository:(?P<name>[^:]+):", scope)) and "pull" in scope.rsplit(":", 1)[1].split(",")
+        }
         with self._lock:
             # as Docker Hub's: a token is given, with only the scopes its holder may have
             granted = asked if user else asked & self.public
             token = secrets.token_urlsafe(24)
             self._tokens[token] = granted
-        return 200, {"Content-Type": "application/json"}, json.dumps(
-            {"token": token, "access_token": token, "expires_in": 300}).encode()
+        return (
+            200,
+            {"Content-Type": "application/json"},
+            json.dumps({"token": token, "access_token": token, "expires_in": 300}).encode(),
+        )
 
     def _user(self, credential: str) -> str | None:
         try:
@@ -226,8 +259,9 @@ class LoopbackRegistry:
         return name if self.users.get(name) == password else None
 
 
-def _error(status: int, code: str, message: str,
-           headers: dict[str, str] | None = None) -> tuple[int, dict[str, str], bytes]:
+def _error(
+    status: int, code: str, message: str, headers: dict[str, str] | None = None
+) -> tuple[int, dict[str, str], bytes]:
     body = json.dumps({"errors": [{"code": code, "message": message, "detail": None}]}).encode()
     return status, {"Content-Type": "application/json", **(headers or {})}, body
 
@@ -247,11 +281,15 @@ def _handler(registry: LoopbackRegistry) -> type[BaseHTTPRequestHandler]:
             pass
 
         def _serve(self) -> None:
-            status, headers, body = registry.answer(self.command, self.path,
-                                                    {k.lower(): v for k, v in self.headers.items()})
+            status, headers, body = registry.answer(
+                self.command, self.path, {k.lower(): v for k, v in self.headers.items()}
+            )
             self.send_response(status)
-            for name, value in {**headers, "Docker-Distribution-API-Version": "registry/2.0",
-                                "Content-Length": str(len(body))}.items():
+            for name, value in {
+                **headers,
+                "Docker-Distribution-API-Version": "registry/2.0",
+                "Content-Length": str(len(body)),
+            }.items():
                 self.send_header(name, value)
             self.end_headers()
             if self.command != "HEAD":

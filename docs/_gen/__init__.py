@@ -30,8 +30,9 @@ def howto() -> dict[str, str]:
 def generate(*, with_cli: bool = True) -> dict[str, str | bytes]:
     """Every generated file of the site, by its path below docs/ (text pages, and the benchmarks' JSON
     and plots as bytes). ``with_cli=False`` leaves out reference/cli.md, which runs ``ddlkit`` a dozen times."""
-    pages: dict[str, str | bytes] = {path: make() for path, make in REFERENCE.items()
-                                     if with_cli or path != "reference/cli.md"}
+    pages: dict[str, str | bytes] = {
+        path: make() for path, make in REFERENCE.items() if with_cli or path != "reference/cli.md"
+    }
     pages.update(howto())
     pages.update(benchmarks.pages())
     return pages

@@ -22,8 +22,12 @@ def date(path: Path) -> str:
     """When a result was measured: the date of the commit that last changed its file (git), else the
     file's own date."""
     try:
-        out = subprocess.run(["git", "-C", str(ROOT), "log", "-1", "--format=%cs", "--", str(path)],
-                             capture_output=True, text=True, timeout=30).stdout.strip()
+        out = subprocess.run(
+            ["git", "-C", str(ROOT), "log", "-1", "--format=%cs", "--", str(path)],
+            capture_output=True,
+            text=True,
+            timeout=30,
+        ).stdout.strip()
     except (OSError, subprocess.SubprocessError):
         out = ""
     if out:
@@ -96,12 +100,17 @@ def _text(value: Any) -> str:
 def pages() -> dict[str, str | bytes]:
     """benchmarks/index.md, benchmarks/<name>.md, and each result's JSON and plot beside its page."""
     out: dict[str, str | bytes] = {}
-    index = ["# Benchmarks", "",
-             "ddlkit's measurements, one page per result file in `benchmarks/results/` (written by the scripts "
-             "in `benchmarks/`; each page says how its script measures). Dates are those of the commit that "
-             "last changed the result. Ratios compare ddlkit with the hand-written or native alternative, or a "
-             "run with its own earlier self; most were measured on a shared 2-core machine.", "",
-             "| Benchmark | Date | Machine | Ratios |", "| --- | --- | --- | --- |"]
+    index = [
+        "# Benchmarks",
+        "",
+        "ddlkit's measurements, one page per result file in `benchmarks/results/` (written by the scripts "
+        "in `benchmarks/`; each page says how its script measures). Dates are those of the commit that "
+        "last changed the result. Ratios compare ddlkit with the hand-written or native alternative, or a "
+        "run with its own earlier self; most were measured on a shared 2-core machine.",
+        "",
+        "| Benchmark | Date | Machine | Ratios |",
+        "| --- | --- | --- | --- |",
+    ]
     for path in sorted(RESULTS.glob("*.json")):
         stem = path.stem
         result = json.loads(path.read_text(encoding="utf-8"))
@@ -122,8 +131,12 @@ def pages() -> dict[str, str | bytes]:
             out[f"benchmarks/{stem}.png"] = plot.read_bytes()
             page += ["## Plot", "", f"![{stem}]({stem}.png)", ""]
         out[f"benchmarks/{stem}.json"] = path.read_bytes()
-        page += ["## Raw data", "", f"[{stem}.json]({stem}.json): every number, with the samples behind the "
-                 "medians.", ""]
+        page += [
+            "## Raw data",
+            "",
+            f"[{stem}.json]({stem}.json): every number, with the samples behind the medians.",
+            "",
+        ]
         source = script(stem, result)
         if source is not None:
             page += ["## How it is measured", "", f"`benchmarks/{source.name}`:", "", _script_doc(source), ""]

@@ -43,11 +43,15 @@ def installed() -> Installed:
     if pm.failures:
         raise RuntimeError("plugins failed to load: " + "; ".join(pm.failure_lines()))
     loaded = {info.distribution for info in pm.infos.values()}
-    missing = [p.name for p in sorted((ROOT / "plugins").glob("*/pyproject.toml"))
-               for p in [p.parent] if p.name not in loaded]
+    missing = [
+        p.name for p in sorted((ROOT / "plugins").glob("*/pyproject.toml")) for p in [p.parent] if p.name not in loaded
+    ]
     if missing:
-        raise RuntimeError("the documentation covers every first-party plugin, and these are not installed: "
-                           + ", ".join(missing) + " (pip install -r requirements-test.txt)")
+        raise RuntimeError(
+            "the documentation covers every first-party plugin, and these are not installed: "
+            + ", ".join(missing)
+            + " (pip install -r requirements-test.txt)"
+        )
     return Installed(pm, Registry.collect(pm))
 
 
@@ -92,8 +96,9 @@ def _only(group: str, name: str) -> dict[str, str]:
         schema = reg.implementations[group][(framework, name)].loaded(hp).config
         for f in dataclasses.fields(schema) if schema is not None else ():
             declared.setdefault(f.name, []).append(framework)
-    return {field: "framework=" + ", ".join(fws) + " only" for field, fws in declared.items()
-            if len(fws) < len(frameworks)}
+    return {
+        field: "framework=" + ", ".join(fws) + " only" for field, fws in declared.items() if len(fws) < len(frameworks)
+    }
 
 
 def rows(group: str, name: str | None = None) -> list[Option]:
@@ -158,8 +163,12 @@ def howto_page(path: str, selections: list[str]) -> str:
     for name in names:
         description = reg.entries[group][name].registration.description
         if description:
-            out += [f"`{group}={name}`: {description}." if not description.endswith(".") else
-                    f"`{group}={name}`: {description}", ""]
+            out += [
+                f"`{group}={name}`: {description}."
+                if not description.endswith(".")
+                else f"`{group}={name}`: {description}",
+                "",
+            ]
     out.append(f"Provided by {who}" + (": install it with" if install else ".") + "")
     if install:
         out += ["", "```bash", install, "```"]
@@ -172,8 +181,10 @@ def howto_page(path: str, selections: list[str]) -> str:
         title = "Options" if len(names) == 1 else f"Options of {group}={name}"
         out += [f"## {title}", ""]
         prefix = key_prefix(group, name)
-        out.append(f"Set them as `{prefix}.<key>=<value>` on the command line or in a preset; "
-                   f"[the reference]({depth}{OPTIONS_PAGE}#{section_anchor(group, name)}) has every group's.")
+        out.append(
+            f"Set them as `{prefix}.<key>=<value>` on the command line or in a preset; "
+            f"[the reference]({depth}{OPTIONS_PAGE}#{section_anchor(group, name)}) has every group's."
+        )
         out += ["", table(rows(group, name), link=f"{depth}{OPTIONS_PAGE}")]
     return "\n".join(out)
 
@@ -190,42 +201,62 @@ def options_page() -> str:
     reg = installed().registry
     chosen = defaults()["chosen"]
     pages = {s: path for path, sels in howto_pages().items() for s in sels}
-    out = ["# Options", "",
-           "Every option of ddlkit's configuration, with the plugins installed where this site was built: "
-           "generated from the schemas (each field's type, default, rule and the comment above it in the "
-           "source), so it lists what `ddlkit` accepts. Set a key on the command line "
-           "(`ddlkit trainer.epochs=5 compute.nodes=2`), in a preset (`conf/<group>/<name>.yaml`) or in an "
-           "experiment; `ddlkit --cfg job` prints the composed config, and `ddlkit plan` checks it. A value "
-           "that breaks its constraint is refused before anything runs, in one line naming the key (exit "
-           "status 2).", "",
-           "## Top-level options", "",
-           "The core's own settings, the same whatever the plugins.", ""]
+    out = [
+        "# Options",
+        "",
+        "Every option of ddlkit's configuration, with the plugins installed where this site was built: "
+        "generated from the schemas (each field's type, default, rule and the comment above it in the "
+        "source), so it lists what `ddlkit` accepts. Set a key on the command line "
+        "(`ddlkit trainer.epochs=5 compute.nodes=2`), in a preset (`conf/<group>/<name>.yaml`) or in an "
+        "experiment; `ddlkit --cfg job` prints the composed config, and `ddlkit plan` checks it. A value "
+        "that breaks its constraint is refused before anything runs, in one line naming the key (exit "
+        "status 2).",
+        "",
+        "## Top-level options",
+        "",
+        "The core's own settings, the same whatever the plugins.",
+        "",
+    ]
     for group, schema in CORE_SCHEMAS.items():
         out += [f"### {group}", ""]  # its anchor: the heading's own, the group's name
-        doc = first_paragraph(schema.__doc__) if schema.__doc__ and not schema.__doc__.startswith(
-            f"{schema.__name__}(") else ""
+        doc = (
+            first_paragraph(schema.__doc__)
+            if schema.__doc__ and not schema.__doc__.startswith(f"{schema.__name__}(")
+            else ""
+        )
         if doc:
             out += [doc, ""]
         if group == "dist":
             out += [f"`dist={'|'.join(BACKENDS)}` (default `{chosen.get('dist')}`) selects `dist.backend`.", ""]
         out.append(_defaults_note(group))
         out.append(table(rows(group)))
-    out += ["## Config groups", "",
-            "Each group's option is chosen by name (`compute=slurm`; several loggers at once: "
-            "`logger=[console,wandb]`), and brings its own keys. A preset of yours "
-            "(`conf/<group>/<name>.yaml`) is chosen the same way.", ""]
+    out += [
+        "## Config groups",
+        "",
+        "Each group's option is chosen by name (`compute=slurm`; several loggers at once: "
+        "`logger=[console,wandb]`), and brings its own keys. A preset of yours "
+        "(`conf/<group>/<name>.yaml`) is chosen the same way.",
+        "",
+    ]
     for group, hp in HOOK_POINTS.items():
         names = reg.names(group)
         default = chosen.get(group)
         default_text = ", ".join(default) if isinstance(default, list) else default
-        out += [f"### {group}", "",
-                f"`{group}=<name>`, one of: {', '.join(f'[{n}](#{section_anchor(group, n)})' for n in names)}"
-                + (f" (default: {default_text})." if default_text else "."), ""]
+        out += [
+            f"### {group}",
+            "",
+            f"`{group}=<name>`, one of: {', '.join(f'[{n}](#{section_anchor(group, n)})' for n in names)}"
+            + (f" (default: {default_text})." if default_text else "."),
+            "",
+        ]
         if hp.multi:
             out += [f"Several at once: `{group}=[a,b]`; each one's keys are below `{group}.<name>.`", ""]
         if hp.per_framework:
-            out += [f"Each framework implements its own {hp.noun}s; the keys below are those of every "
-                    "framework's implementation (a key only some declare says so).", ""]
+            out += [
+                f"Each framework implements its own {hp.noun}s; the keys below are those of every "
+                "framework's implementation (a key only some declare says so).",
+                "",
+            ]
         out.append(_defaults_note(group))
         for name in names:
             entry = reg.entries[group][name]
@@ -234,8 +265,9 @@ def options_page() -> str:
             if entry.registration.description:
                 facts.append(entry.registration.description.rstrip(".") + ".")
             if hp.per_framework:
-                facts.append("Implemented by " + ", ".join(f"framework={f}" for f in reg.frameworks_of(group, name))
-                             + ".")
+                facts.append(
+                    "Implemented by " + ", ".join(f"framework={f}" for f in reg.frameworks_of(group, name)) + "."
+                )
             else:
                 who, install = provider(entry)
                 facts.append(f"Provided by {who}" + (f" (`{install}`)." if install else "."))

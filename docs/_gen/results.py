@@ -48,31 +48,49 @@ def page() -> str:
     exits = [n for n in names if n.startswith("EXIT_")]
     env = [n for n in names if n.endswith("_ENV")]
     files = [n for n in names if n not in exits and n not in env]
-    functions = [n for n in assignment_order(jobdir) if inspect.isfunction(getattr(jobdir, n, None))
-                 and not n.startswith("_")]
+    functions = [
+        n for n in assignment_order(jobdir) if inspect.isfunction(getattr(jobdir, n, None)) and not n.startswith("_")
+    ]
     result_doc, jobdir_doc = docstring(result), docstring(jobdir)
-    out = ["# result.json and the job directory", "",
-           "Generated from `ddlkit.result` and `ddlkit.jobdir`, the one place each of these names is spelled.", "",
-           "## result.json", "",
-           "Rank 0 writes `result.json` into the job directory once training completed (its absence after a "
-           "job ended means the job failed). Every framework writes the same fields; a field that was not "
-           "measured or does not apply is null.", "",
-           _fields(),
-           "Plugins add keys of their own beside these (PyTorch: `device_name`, `loss_scale`, ...).", "",
-           "### Views", "",
-           "The fields each reader of a result shows, in its order:", "",
-           _views(),
-           "## The job directory", "",
-           jobdir_doc.text if jobdir_doc else "", "",
-           "### Names", "",
-           _constants(files),
-           "### Exit statuses", "",
-           "Every rank's exit status, and the `ddlkit` command's:", "",
-           _constants(exits),
-           "### Environment", "",
-           "What the launcher sets in a job's environment, beside the compute target's own:", "",
-           _constants(env),
-           "### Functions", ""]
+    out = [
+        "# result.json and the job directory",
+        "",
+        "Generated from `ddlkit.result` and `ddlkit.jobdir`, the one place each of these names is spelled.",
+        "",
+        "## result.json",
+        "",
+        "Rank 0 writes `result.json` into the job directory once training completed (its absence after a "
+        "job ended means the job failed). Every framework writes the same fields; a field that was not "
+        "measured or does not apply is null.",
+        "",
+        _fields(),
+        "Plugins add keys of their own beside these (PyTorch: `device_name`, `loss_scale`, ...).",
+        "",
+        "### Views",
+        "",
+        "The fields each reader of a result shows, in its order:",
+        "",
+        _views(),
+        "## The job directory",
+        "",
+        jobdir_doc.text if jobdir_doc else "",
+        "",
+        "### Names",
+        "",
+        _constants(files),
+        "### Exit statuses",
+        "",
+        "Every rank's exit status, and the `ddlkit` command's:",
+        "",
+        _constants(exits),
+        "### Environment",
+        "",
+        "What the launcher sets in a job's environment, beside the compute target's own:",
+        "",
+        _constants(env),
+        "### Functions",
+        "",
+    ]
     for name in functions:
         function = getattr(jobdir, name)
         out.append(f"- `{name}{signature(function)}`: {first_paragraph(function.__doc__)}")

@@ -28,8 +28,9 @@ def public_modules() -> list[str]:
     and the modules of it that its docstring names and that declare ``__all__``."""
     named = list(dict.fromkeys(_MOD.findall(ddlkit.__doc__ or "")))
     kit = importlib.import_module(KIT)
-    kit_named = [m for m in dict.fromkeys(_MOD.findall(kit.__doc__ or ""))
-                 if hasattr(importlib.import_module(m), "__all__")]
+    kit_named = [
+        m for m in dict.fromkeys(_MOD.findall(kit.__doc__ or "")) if hasattr(importlib.import_module(m), "__all__")
+    ]
     return ["ddlkit", *named, KIT, *kit_named]
 
 
@@ -57,7 +58,7 @@ def signature(obj: Any) -> str:
             star_done = True
         prefix = {p.VAR_POSITIONAL: "*", p.VAR_KEYWORD: "**"}.get(p.kind, "")
         text = prefix + p.name
-        if (ann := _annotation(p.annotation)):
+        if ann := _annotation(p.annotation):
             text += f": {ann}"
         if p.default is not p.empty:
             text += (" = " if ann else "=") + repr(p.default)
@@ -88,8 +89,11 @@ def _kind(obj: Any) -> str:
 
 def _own_doc(obj: Any) -> str | None:
     """The object's own docstring: not one a class inherits from ``object`` or a library base."""
-    doc = obj.__doc__ if inspect.isclass(obj) and "__doc__" in obj.__dict__ else (
-        inspect.getdoc(obj) if not inspect.isclass(obj) else None)
+    doc = (
+        obj.__doc__
+        if inspect.isclass(obj) and "__doc__" in obj.__dict__
+        else (inspect.getdoc(obj) if not inspect.isclass(obj) else None)
+    )
     if inspect.isclass(obj) and dataclasses.is_dataclass(obj) and doc and doc.startswith(f"{obj.__name__}("):
         return None  # the signature dataclasses write as a docstring
     return doc
@@ -121,12 +125,19 @@ def _fields(cls: type) -> str:
     rows = ["| Field | Type | Default | Description |", "| --- | --- | --- | --- |"]
     for f in dataclasses.fields(cls):
         tp = hints.get(f.name, f.type)
-        default = (f.default if f.default is not dataclasses.MISSING else
-                   f.default_factory() if f.default_factory is not dataclasses.MISSING else None)
+        default = (
+            f.default
+            if f.default is not dataclasses.MISSING
+            else f.default_factory()
+            if f.default_factory is not dataclasses.MISSING
+            else None
+        )
         required = f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
         shown = "required" if required else yaml_value(default) if not callable(default) else repr(default)
-        rows.append(f"| {unbroken(f.name)} | {cell(type_name(tp) if not isinstance(tp, str) else tp)} | "
-                    f"{cell(code(shown))} | {cell(field_comment(cls, f.name))} |")
+        rows.append(
+            f"| {unbroken(f.name)} | {cell(type_name(tp) if not isinstance(tp, str) else tp)} | "
+            f"{cell(code(shown))} | {cell(field_comment(cls, f.name))} |"
+        )
     return "\n".join(rows) + "\n"
 
 
@@ -138,8 +149,13 @@ def _name_section(qualified: str, obj: Any, comment: str, level: str = "###") ->
         text = first_paragraph(function.__doc__)
         return out + [f"*pytest fixture* `{obj.name}`" + (f": {text}" if text else ""), ""]
     if kind == "constant":
-        value = obj if isinstance(obj, str) else yaml_value(obj) if isinstance(obj, (tuple, list, dict, int, float)) \
+        value = (
+            obj
+            if isinstance(obj, str)
+            else yaml_value(obj)
+            if isinstance(obj, (tuple, list, dict, int, float))
             else type(obj).__name__
+        )
         out += [f"*constant* `{value}`" + (f": {markdown(comment)}" if comment else ""), ""]
         return out
     sig = signature(obj) if kind not in ("enum", "protocol", "abstract class") or inspect.isfunction(obj) else ""
@@ -174,8 +190,13 @@ def _public_names(module: ModuleType) -> list[str]:
     names = getattr(module, "__all__", None)
     if names is not None:
         return list(names)
-    return [n for n, v in vars(module).items() if not n.startswith("_") and getattr(v, "__module__", None)
-            == module.__name__ and (inspect.isclass(v) or inspect.isfunction(v))]
+    return [
+        n
+        for n, v in vars(module).items()
+        if not n.startswith("_")
+        and getattr(v, "__module__", None) == module.__name__
+        and (inspect.isclass(v) or inspect.isfunction(v))
+    ]
 
 
 def _hooks() -> list[str]:
@@ -185,18 +206,21 @@ def _hooks() -> list[str]:
     for name, function in vars(hookspecs).items():
         if inspect.isfunction(function) and name.startswith("ddlkit_"):
             doc = inspect.getdoc(function) or ""
-            out += [f"### {name}", "", "```python", f"def {name}{signature(function)}", "```", "",
-                    markdown(doc), ""]
+            out += [f"### {name}", "", "```python", f"def {name}{signature(function)}", "```", "", markdown(doc), ""]
     return out
 
 
 def page() -> str:
     exports: dict[str, str] = getattr(ddlkit, "_EXPORTS", {})
     modules = public_modules()
-    out = ["# Plugin SDK", "",
-           "What a plugin may import: the hooks it implements, the facade `ddlkit` and the public modules "
-           f"beside it ({', '.join(f'`{m}`' for m in modules[1:])}). Everything else in ddlkit is internal "
-           "and may change. Generated from the modules' docstrings and signatures.", ""]
+    out = [
+        "# Plugin SDK",
+        "",
+        "What a plugin may import: the hooks it implements, the facade `ddlkit` and the public modules "
+        f"beside it ({', '.join(f'`{m}`' for m in modules[1:])}). Everything else in ddlkit is internal "
+        "and may change. Generated from the modules' docstrings and signatures.",
+        "",
+    ]
     out += _hooks()
     for module_name in modules:
         module = importlib.import_module(module_name)
@@ -204,7 +228,6 @@ def page() -> str:
         out += [f"## {module_name}", "", doc.text if doc else "", ""]
         for name in _public_names(module):
             obj = getattr(module, name)
-            home = importlib.import_module(exports[name], "ddlkit") if module is ddlkit and name in exports \
-                else module
+            home = importlib.import_module(exports[name], "ddlkit") if module is ddlkit and name in exports else module
             out += _name_section(f"{module_name}.{name}", obj, _comment(name, obj, home))
     return "\n".join(out)

@@ -94,8 +94,11 @@ def _class_node(cls: type) -> tuple[str, ast.ClassDef] | None:
     except (OSError, TypeError):
         return None
     for node in ast.walk(tree):
-        if isinstance(node, ast.ClassDef) and node.name == cls.__name__ and (
-                node.lineno == first or any(d.lineno == first for d in node.decorator_list)):
+        if (
+            isinstance(node, ast.ClassDef)
+            and node.name == cls.__name__
+            and (node.lineno == first or any(d.lineno == first for d in node.decorator_list))
+        ):
             return path, node
     return None
 
@@ -126,8 +129,9 @@ def module_comments(module: ModuleType) -> dict[str, str]:
     tree, _, _ = _parsed(path)
     found: dict[str, str] = {}
     for stmt in tree.body:
-        targets: list[ast.expr] = (stmt.targets if isinstance(stmt, ast.Assign)
-                                   else [stmt.target] if isinstance(stmt, ast.AnnAssign) else [])
+        targets: list[ast.expr] = (
+            stmt.targets if isinstance(stmt, ast.Assign) else [stmt.target] if isinstance(stmt, ast.AnnAssign) else []
+        )
         for target in targets:
             if isinstance(target, ast.Name):
                 found[target.id] = comment_above(path, stmt.lineno)
@@ -177,11 +181,21 @@ _ROLE = re.compile(r":(?:py:)?(?:mod|class|func|meth|data|attr|exc|obj|const):`(
 
 #: reST field lists (``:returns:``, ``:param x:``, ``:raises E:``) and directives (``.. versionadded:: 0.1``)
 _FIELD = re.compile(r"^(\s*):(returns?|param|raises?|yields?)(?:\s+(\w+))?:")
-_FIELD_WORDS = {"return": "Returns", "returns": "Returns", "param": "Parameter", "raise": "Raises",
-                "raises": "Raises", "yield": "Yields", "yields": "Yields"}
+_FIELD_WORDS = {
+    "return": "Returns",
+    "returns": "Returns",
+    "param": "Parameter",
+    "raise": "Raises",
+    "raises": "Raises",
+    "yield": "Yields",
+    "yields": "Yields",
+}
 _DIRECTIVE = re.compile(r"^(\s*)\.\. (\w+)::(.*)$")
-_DIRECTIVE_WORDS = {"versionadded": "Added in version", "versionchanged": "Changed in version",
-                    "deprecated": "Deprecated since version"}
+_DIRECTIVE_WORDS = {
+    "versionadded": "Added in version",
+    "versionchanged": "Changed in version",
+    "deprecated": "Deprecated since version",
+}
 
 
 def markdown(text: str) -> str:
@@ -197,12 +211,22 @@ def markdown(text: str) -> str:
     out = []
     for line in text.splitlines():
         line = _ROLE.sub(role, line)
-        line = _FIELD.sub(lambda m: m.group(1) + _FIELD_WORDS.get(m.group(2), m.group(2).capitalize())
-                          + (f" `{m.group(3)}`" if m.group(3) else "") + ":", line)
+        line = _FIELD.sub(
+            lambda m: (
+                m.group(1)
+                + _FIELD_WORDS.get(m.group(2), m.group(2).capitalize())
+                + (f" `{m.group(3)}`" if m.group(3) else "")
+                + ":"
+            ),
+            line,
+        )
         if m := _DIRECTIVE.match(line):
             what, rest = m.group(2), m.group(3).strip()
-            line = m.group(1) + (f"*{_DIRECTIVE_WORDS[what]} {rest}.*" if what in _DIRECTIVE_WORDS
-                                 else f"**{what.capitalize()}:** {rest}".rstrip())
+            line = m.group(1) + (
+                f"*{_DIRECTIVE_WORDS[what]} {rest}.*"
+                if what in _DIRECTIVE_WORDS
+                else f"**{what.capitalize()}:** {rest}".rstrip()
+            )
         if line.endswith("::") and not line.strip().startswith(("#", "`")):
             line = line[:-2].rstrip() + ("" if line[:-2].rstrip().endswith(":") else ":")
         out.append(line)

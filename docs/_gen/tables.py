@@ -84,8 +84,9 @@ def _default(f: dataclasses.Field) -> Any:
     return dataclasses.MISSING
 
 
-def options(schema: type, prefix: str, anchor: str, *, only: dict[str, str] | None = None,
-            skip: Sequence[str] = ("name",)) -> Iterator[Option]:
+def options(
+    schema: type, prefix: str, anchor: str, *, only: dict[str, str] | None = None, skip: Sequence[str] = ("name",)
+) -> Iterator[Option]:
     """The rows of ``schema``'s table: each field, and each field of a nested schema below its own row.
     ``prefix``: the keys' prefix (``compute``); ``anchor``: the section's anchor (``compute-slurm``);
     ``only``: per field, a note that only some implementations have it."""
@@ -97,14 +98,20 @@ def options(schema: type, prefix: str, anchor: str, *, only: dict[str, str] | No
         default = _default(f)
         rule = f.metadata.get(RULE)
         choices = _enum_of(tp)
-        constraint = rule.requirement if rule is not None else (
-            "one of: " + ", ".join(str(m.value) for m in choices) if choices else "")
+        constraint = (
+            rule.requirement
+            if rule is not None
+            else ("one of: " + ", ".join(str(m.value) for m in choices) if choices else "")
+        )
         description = field_comment(schema, f.name)
         if only and f.name in only:
             description = f"{description} ({only[f.name]})" if description else only[f.name]
         nested = tp if dataclasses.is_dataclass(tp) else None
-        shown = "required" if default is dataclasses.MISSING or default == "???" else (
-            "" if nested else yaml_value(default))
+        shown = (
+            "required"
+            if default is dataclasses.MISSING or default == "???"
+            else ("" if nested else yaml_value(default))
+        )
         key, row_anchor = f"{prefix}.{f.name}", f"{anchor}.{f.name}"
         yield Option(key, row_anchor, type_name(tp), shown, constraint, description)
         if nested is not None:

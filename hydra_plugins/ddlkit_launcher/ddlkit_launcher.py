@@ -64,5 +64,11 @@ class DdlkitLauncher(Launcher):
         from ddlkit.launch.sweep.launch import launch
 
         assert self.config is not None and self.hydra_context is not None and self.task_function is not None
-        return launch(self.settings, hydra_context=self.hydra_context, task_function=self.task_function,
-                      config=self.config, job_overrides=job_overrides, initial_job_idx=initial_job_idx)
+        return launch(
+            self.settings,
+            hydra_context=self.hydra_context,
+            task_function=self.task_function,
+            config=self.config,
+            job_overrides=job_overrides,
+            initial_job_idx=initial_job_idx,
+        )

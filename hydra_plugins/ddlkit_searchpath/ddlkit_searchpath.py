@@ -91,6 +91,8 @@ class ExperimentsConfigSource(ConfigSource):
             return [EXPERIMENT_GROUP] if wanted else []
         if config_path != EXPERIMENT_GROUP or results_filter is ObjectType.GROUP or not self.available():
             return []
-        return sorted(name[: -len(".yaml")] for name in os.listdir(self.path)
-                      if name.endswith(".yaml") and os.path.isfile(os.path.join(self.path, name)))
-
+        return sorted(
+            name[: -len(".yaml")]
+            for name in os.listdir(self.path)
+            if name.endswith(".yaml") and os.path.isfile(os.path.join(self.path, name))
+        )

@@ -88,19 +88,28 @@ def test_kwargs_reach_the_function_and_float64_becomes_float32(user_module: str)
 
 def test_every_sample_is_seen_once_per_epoch_across_ranks(user_module: str) -> None:
     src = source(f"{user_module}:sequence", kwargs={"n": 48})
-    seen = [int(x[0, 0, 0, 0]) for rank in (0, 1)
-            for b in src.loader("train", batch_size=6, shard=Shard(rank, 2), seed=1).iter_epoch(3)
-            for x in np.split(b.inputs, len(b.inputs))]
+    seen = [
+        int(x[0, 0, 0, 0])
+        for rank in (0, 1)
+        for b in src.loader("train", batch_size=6, shard=Shard(rank, 2), seed=1).iter_epoch(3)
+        for x in np.split(b.inputs, len(b.inputs))
+    ]
     assert sorted(seen) == list(range(48))
 
 
-@pytest.mark.parametrize(("target", "message"), [
-    ("scalar", "data.target=userdata:scalar (split 'train') returned a int: return (inputs, targets) arrays or a "
-               "sequence of (input, target) samples."),
-    ("ragged", "data.target=userdata:ragged (split 'train') returned 8 inputs but 7 targets."),
-    ("nothing", "data.target=userdata:nothing: module userdata has no 'nothing'."),
-    ("failing", "data.target=userdata:failing raised KeyError: 'no such key'"),
-])
+@pytest.mark.parametrize(
+    ("target", "message"),
+    [
+        (
+            "scalar",
+            "data.target=userdata:scalar (split 'train') returned a int: return (inputs, targets) arrays or a "
+            "sequence of (input, target) samples.",
+        ),
+        ("ragged", "data.target=userdata:ragged (split 'train') returned 8 inputs but 7 targets."),
+        ("nothing", "data.target=userdata:nothing: module userdata has no 'nothing'."),
+        ("failing", "data.target=userdata:failing raised KeyError: 'no such key'"),
+    ],
+)
 def test_what_the_function_returns_is_checked(user_module: str, target: str, message: str) -> None:
     with pytest.raises(ddlkit.ConfigError) as info:
         _ = source(f"{user_module}:{target}").info
@@ -108,12 +117,15 @@ def test_what_the_function_returns_is_checked(user_module: str, target: str, mes
 
 
 def test_a_path_without_a_colon_is_refused() -> None:
-    with pytest.raises(ddlkit.ConfigError, match=r"^data.target=userdata.arrays is not an import path: write it as "
-                                                  r"package.module:function.$"):
+    with pytest.raises(
+        ddlkit.ConfigError,
+        match=r"^data.target=userdata.arrays is not an import path: write it as "
+        r"package.module:function.$",
+    ):
         _ = source("userdata.arrays").info
 
 
-BAD_SAMPLES = '''
+BAD_SAMPLES = """
 import numpy as np
 
 
@@ -143,32 +155,67 @@ def wrong_shape(split):
 
 def ragged_samples(split):
     return [(np.zeros((i + 1,), np.float32), 1) for i in range(8)]
-'''
+"""
 
 
-@pytest.mark.parametrize(("target", "overrides", "message"), [
-    ("float_labels", {"num_classes": 4}, "data.target=baddata:float_labels (split 'train') gives float32 targets, but "
-     "data.num_classes=4 means class indices: return integers (e.g. labels.astype(np.int64)), or set "
-     "data.num_classes=0 and model.loss for another task."),
-    ("strings", {}, "data.target=baddata:strings (split 'train') gives inputs of dtype <U1: inputs must be numbers. "
-     "Convert them in your function (e.g. np.asarray(x, dtype=np.float32))."),
-    ("big_label", {"num_classes": 4}, "data.target=baddata:big_label (split 'train') gives class 7, but "
-     "data.num_classes=4 allows 0 to 3. Set data.num_classes=8 or fix the labels."),
-    ("negative_label", {"num_classes": 4}, "data.target=baddata:negative_label (split 'train') gives class -1: class "
-     "indices run from 0 to data.num_classes - 1 (3). Fix the labels."),
-    ("one_hot", {"num_classes": 4}, "data.target=baddata:one_hot (split 'train') gives targets of shape (4,) per "
-     "sample, but data.num_classes=4 means one class index per sample (one-hot labels: take their argmax). Or set "
-     "data.num_classes=0 and model.loss for another task."),
-    ("wrong_shape", {"num_classes": 4, "image_size": 32}, "data.target=baddata:wrong_shape (split 'train') gives "
-     "inputs of shape (28, 28) per sample, but data.image_size=32 means 32x32x3 images (height, width, channels). "
-     "Give them that shape, set data.image_size to their size, or data.image_size=0 to give the inputs to the model "
-     "as they are."),
-    ("ragged_samples", {}, "data.target=baddata:ragged_samples (split 'train'): its first samples do not stack into a "
-     "batch (all input arrays must have the same shape): every input must have the same shape, and every target "
-     "too."),
-])
-def test_samples_are_checked_against_the_config_before_training(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-                                                                 target: str, overrides: dict, message: str) -> None:
+@pytest.mark.parametrize(
+    ("target", "overrides", "message"),
+    [
+        (
+            "float_labels",
+            {"num_classes": 4},
+            "data.target=baddata:float_labels (split 'train') gives float32 targets, but "
+            "data.num_classes=4 means class indices: return integers (e.g. labels.astype(np.int64)), or set "
+            "data.num_classes=0 and model.loss for another task.",
+        ),
+        (
+            "strings",
+            {},
+            "data.target=baddata:strings (split 'train') gives inputs of dtype <U1: inputs must be numbers. "
+            "Convert them in your function (e.g. np.asarray(x, dtype=np.float32)).",
+        ),
+        (
+            "big_label",
+            {"num_classes": 4},
+            "data.target=baddata:big_label (split 'train') gives class 7, but "
+            "data.num_classes=4 allows 0 to 3. Set data.num_classes=8 or fix the labels.",
+        ),
+        (
+            "negative_label",
+            {"num_classes": 4},
+            "data.target=baddata:negative_label (split 'train') gives class -1: class "
+            "indices run from 0 to data.num_classes - 1 (3). Fix the labels.",
+        ),
+        (
+            "one_hot",
+            {"num_classes": 4},
+            "data.target=baddata:one_hot (split 'train') gives targets of shape (4,) per "
+            "sample, but data.num_classes=4 means one class index per sample (one-hot labels: take their argmax). Or "
+            "set "
+            "data.num_classes=0 and model.loss for another task.",
+        ),
+        (
+            "wrong_shape",
+            {"num_classes": 4, "image_size": 32},
+            "data.target=baddata:wrong_shape (split 'train') gives "
+            "inputs of shape (28, 28) per sample, but data.image_size=32 means 32x32x3 images (height, width, "
+            "channels). "
+            "Give them that shape, set data.image_size to their size, or data.image_size=0 to give the inputs to the "
+            "model "
+            "as they are.",
+        ),
+        (
+            "ragged_samples",
+            {},
+            "data.target=baddata:ragged_samples (split 'train'): its first samples do not stack into a "
+            "batch (all input arrays must have the same shape): every input must have the same shape, and every target "
+            "too.",
+        ),
+    ],
+)
+def test_samples_are_checked_against_the_config_before_training(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, target: str, overrides: dict, message: str
+) -> None:
     """Issue 23, item 8: these reached the framework and failed there with a 50-70-line traceback."""
     (tmp_path / "baddata.py").write_text(BAD_SAMPLES)
     monkeypatch.setenv(LAUNCH_DIR_ENV, str(tmp_path))

@@ -29,8 +29,11 @@ SMALL = ("data.length=320", "data.val_length=64", "data.num_classes=10", "traine
 def test_a_record_per_logging_step_and_validation(run_inprocess) -> None:
     records = run_inprocess(*SMALL).metrics
     assert [(r["step"], r["split"]) for r in records] == [
-        *((s, "train") for s in (2, 4, 6, 8, 10)), (10, "val"), *((s, "train") for s in (12, 14, 16, 18, 20)),
-        (20, "val")]
+        *((s, "train") for s in (2, 4, 6, 8, 10)),
+        (10, "val"),
+        *((s, "train") for s in (12, 14, 16, 18, 20)),
+        (20, "val"),
+    ]
     assert set(records[0]) == {"step", "split", "time", "loss", "lr", "images_per_sec", "epoch"}
     assert set(records[5]) == {"step", "split", "time", "epoch", "val_loss", "val_top1", "val_top5"}
     assert records[5]["epoch"] == 1.0
@@ -47,8 +50,11 @@ def test_resume_truncates_records_after_the_checkpoint(run_inprocess, tmp_path: 
     out = run_inprocess(*SMALL, job_dir=job_dir)
     assert out.result["resumed_from_step"] == 10
     assert [(r["step"], r["split"]) for r in out.metrics] == [
-        *((s, "train") for s in (2, 4, 6, 8, 10)), (10, "val"), *((s, "train") for s in (12, 14, 16, 18, 20)),
-        (20, "val")]
+        *((s, "train") for s in (2, 4, 6, 8, 10)),
+        (10, "val"),
+        *((s, "train") for s in (12, 14, 16, 18, 20)),
+        (20, "val"),
+    ]
 
 
 def test_a_fresh_run_replaces_an_old_file(run_inprocess, tmp_path: Path) -> None:

@@ -18,23 +18,31 @@ class TestLocalTarget(ComputeTargetContract):
     def target(self) -> ComputeTarget:
         return LocalTarget(LocalComputeConfig(grace_period_s=5.0))
 
-    def test_output_is_kept_in_the_rank_log(self, target: ComputeTarget, handles: list[JobHandle],
-                                            tmp_path: Path) -> None:
-        handle = self.submit(target, handles, tmp_path / "log", "print('to the log'); import sys; "
-                                                                "print('and stderr', file=sys.stderr)")
+    def test_output_is_kept_in_the_rank_log(
+        self, target: ComputeTarget, handles: list[JobHandle], tmp_path: Path
+    ) -> None:
+        handle = self.submit(
+            target, handles, tmp_path / "log", "print('to the log'); import sys; print('and stderr', file=sys.stderr)"
+        )
         assert handle.wait(timeout=self.timeout_s).state is JobState.SUCCEEDED
         assert (tmp_path / "log" / "rank-0.log").read_text().splitlines() == ["to the log", "and stderr"]
         assert handle.id.isdigit()  # the process id on this machine
 
-    def test_a_job_ignoring_sigterm_is_killed_after_the_grace_period(self, handles: list[JobHandle],
-                                                                     tmp_path: Path) -> None:
+    def test_a_job_ignoring_sigterm_is_killed_after_the_grace_period(
+        self, handles: list[JobHandle], tmp_path: Path
+    ) -> None:
         target = LocalTarget(LocalComputeConfig(grace_period_s=0.5))
-        handle = self.submit(target, handles, tmp_path / "stubborn", """
+        handle = self.submit(
+            target,
+            handles,
+            tmp_path / "stubborn",
+            """
             import signal, time
             signal.signal(signal.SIGTERM, signal.SIG_IGN)
             print("ready", flush=True)
             time.sleep(60)
-        """)
+        """,
+        )
         next(chunk for chunk in handle.logs() if "ready" in chunk)
         t0 = time.monotonic()
         handle.cancel()
@@ -44,8 +52,10 @@ class TestLocalTarget(ComputeTargetContract):
         assert status.message.startswith("rank 0 ended with killed by signal SIGKILL; last lines of ")
 
 
-@pytest.mark.parametrize(("code", "text"), [(0, "exit status 0"), (3, "exit status 3"),
-                                            (-15, "killed by signal SIGTERM"), (-200, "killed by signal 200")])
+@pytest.mark.parametrize(
+    ("code", "text"),
+    [(0, "exit status 0"), (3, "exit status 3"), (-15, "killed by signal SIGTERM"), (-200, "killed by signal 200")],
+)
 def test_describe_exit(code: int, text: str) -> None:
     assert describe_exit(code) == text
 

@@ -65,8 +65,9 @@ def test_prepare_starts_the_runs_loaders_in_the_background_with_the_same_batches
     for next are those, their batches the ones a loader made on demand gives."""
     from ddlkit.testing import make_run
 
-    run = make_run(ddlkit_pm, tmp_path, "data=synthetic", "data.image_size=8", "data.length=256",
-                   "trainer.batch_size=16")
+    run = make_run(
+        ddlkit_pm, tmp_path, "data=synthetic", "data.image_size=8", "data.length=256", "trainer.batch_size=16"
+    )
     run.data.prepare(run)
     started = dict(run.data._started)
     assert {key[0] for key in started} == {"train", "val"}

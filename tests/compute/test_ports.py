@@ -42,5 +42,5 @@ def test_a_seeded_random_module_does_not_make_two_launchers_pick_alike() -> None
 
 def test_where_every_port_is_ephemeral_the_kernel_picks(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(ports, "ephemeral_range", lambda: (1024, 65535))
-    port, = free_ports(1)
+    (port,) = free_ports(1)
     assert 1024 <= port <= 65535

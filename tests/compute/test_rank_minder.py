@@ -38,14 +38,20 @@ def minder_command(code: str, *, rank: int, **options: object) -> list[str]:
 
 def run_minder(job_dir: Path, code: str, *, rank: int, **options: object) -> subprocess.CompletedProcess[str]:
     job_dir.mkdir(parents=True, exist_ok=True)
-    return subprocess.run(minder_command(code, rank=rank, **options), cwd=job_dir, capture_output=True, text=True,
-                          timeout=60)
+    return subprocess.run(
+        minder_command(code, rank=rank, **options), cwd=job_dir, capture_output=True, text=True, timeout=60
+    )
 
 
 def start_minder(job_dir: Path, code: str, *, rank: int, **options: object) -> subprocess.Popen[str]:
     job_dir.mkdir(parents=True, exist_ok=True)
-    return subprocess.Popen(minder_command(code, rank=rank, **options), cwd=job_dir, text=True,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    return subprocess.Popen(
+        minder_command(code, rank=rank, **options),
+        cwd=job_dir,
+        text=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
 
 
 def record(job_dir: Path, rank: int) -> dict:
@@ -53,15 +59,22 @@ def record(job_dir: Path, rank: int) -> dict:
 
 
 def test_rank_0_is_the_console_and_every_rank_has_its_log_and_exit_record(tmp_path: Path) -> None:
-    code = ("import os, sys; print('progress at node', os.environ['DDLKIT_NODE'], flush=True); "
-            "print('a note', file=sys.stderr)")
+    code = (
+        "import os, sys; print('progress at node', os.environ['DDLKIT_NODE'], flush=True); "
+        "print('a note', file=sys.stderr)"
+    )
     done = run_minder(tmp_path, code, rank=0)
     assert done.returncode == 0, done
     assert done.stdout == "progress at node 1\n" and done.stderr == "a note\n"
     assert (tmp_path / "rank-0.log").read_text().splitlines() == ["progress at node 1", "a note"]
     rec = record(tmp_path, 0)
     assert {k: rec[k] for k in ("rank", "node", "local_rank", "code", "log")} == {
-        "rank": 0, "node": 1, "local_rank": 0, "code": 0, "log": "rank-0.log"}
+        "rank": 0,
+        "node": 1,
+        "local_rank": 0,
+        "code": 0,
+        "log": "rank-0.log",
+    }
     assert rec["host"] == os.uname().nodename and abs(rec["time"] - time.time()) < 60
     assert not alive(rec["pid"])
     assert not list((tmp_path / ".ranks").glob("*.tmp"))
@@ -91,16 +104,22 @@ raise RuntimeError("rank 1 cannot go on")
 
 
 def test_a_failed_rank_repeats_the_lines_the_console_has_not_shown(tmp_path: Path) -> None:
-    code = ("import sys; print('Error: a first problem', file=sys.stderr, flush=True); "
-            "print('one\\ntwo\\nthree', flush=True); sys.exit(3)")
+    code = (
+        "import sys; print('Error: a first problem', file=sys.stderr, flush=True); "
+        "print('one\\ntwo\\nthree', flush=True); sys.exit(3)"
+    )
     done = run_minder(tmp_path / "failed", code, rank=2, tail_lines=2)
     assert done.returncode == 3
-    assert done.stderr.splitlines() == ["[rank 2] Error: a first problem",
-                                        "[rank 2] ended with exit status 3; last lines of rank-2.log:",
-                                        "[rank 2] two", "[rank 2] three"]
+    assert done.stderr.splitlines() == [
+        "[rank 2] Error: a first problem",
+        "[rank 2] ended with exit status 3; last lines of rank-2.log:",
+        "[rank 2] two",
+        "[rank 2] three",
+    ]
     # stopped after a checkpoint is no failure: no tail
-    done = run_minder(tmp_path / "preempted", "import sys; print('one', flush=True); sys.exit(75)", rank=2,
-                      tail_lines=2)
+    done = run_minder(
+        tmp_path / "preempted", "import sys; print('one', flush=True); sys.exit(75)", rank=2, tail_lines=2
+    )
     assert (done.returncode, done.stderr) == (75, "[rank 2] ended with exit status 75\n")
 
 
@@ -180,8 +199,10 @@ def test_a_rank_that_starts_after_a_cancel_stops_at_once(tmp_path: Path) -> None
 
 def test_what_the_worker_left_running_is_killed_when_it_ends(tmp_path: Path) -> None:
     # a helper that keeps the worker's output pipes open: the minder must not wait for it
-    code = ("import subprocess, sys; helper = subprocess.Popen(['sleep', '60']); "
-            "open('helper.pid', 'w').write(str(helper.pid)); print('leaving', flush=True)")
+    code = (
+        "import subprocess, sys; helper = subprocess.Popen(['sleep', '60']); "
+        "open('helper.pid', 'w').write(str(helper.pid)); print('leaving', flush=True)"
+    )
     t0 = time.monotonic()
     done = run_minder(tmp_path, code, rank=0)
     assert done.returncode == 0 and done.stdout == "leaving\n"
@@ -196,8 +217,11 @@ WORKER = "import os, time; open('worker.pid', 'w').write(str(os.getpid())); time
 def test_the_worker_dies_with_its_minder(tmp_path: Path) -> None:
     minder = start_minder(tmp_path, WORKER, rank=0)
     try:
-        wait_for(lambda: (tmp_path / "worker.pid").exists() and (tmp_path / "worker.pid").read_text(), "the worker",
-                 process=minder)
+        wait_for(
+            lambda: (tmp_path / "worker.pid").exists() and (tmp_path / "worker.pid").read_text(),
+            "the worker",
+            process=minder,
+        )
         worker = int((tmp_path / "worker.pid").read_text())
         minder.kill()
         minder.wait(timeout=10)
@@ -208,11 +232,18 @@ def test_the_worker_dies_with_its_minder(tmp_path: Path) -> None:
 
 def test_the_worker_is_ended_when_whatever_started_the_rank_is_gone(tmp_path: Path) -> None:
     # the rank's starter (mpirun, slurmstepd) in miniature: a shell that waits for the minder
-    starter = subprocess.Popen(["sh", "-c", '"$@" & wait', "sh", *minder_command(WORKER, rank=0)], cwd=tmp_path,
-                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    starter = subprocess.Popen(
+        ["sh", "-c", '"$@" & wait', "sh", *minder_command(WORKER, rank=0)],
+        cwd=tmp_path,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     try:
-        wait_for(lambda: (tmp_path / "worker.pid").exists() and (tmp_path / "worker.pid").read_text(), "the worker",
-                 process=starter)
+        wait_for(
+            lambda: (tmp_path / "worker.pid").exists() and (tmp_path / "worker.pid").read_text(),
+            "the worker",
+            process=starter,
+        )
         worker = int((tmp_path / "worker.pid").read_text())
         starter.kill()
         starter.wait(timeout=10)
@@ -245,29 +276,41 @@ def test_the_rank_that_failed_first_is_read_back_from_the_records(tmp_path: Path
     assert failure.log == tmp_path / "rank-1.log"
     host = os.uname().nodename
     message = failure.message()
-    assert message.startswith(f"rank 1 (node 1, host {host}) failed first, with exit status 1; last lines of "
-                              f"{tmp_path / 'rank-1.log'}:\n    bad data\n"), message
-    assert message.endswith("\n  then rank 0: exit status 75; rank 2: exit status 0; "
-                            "ranks [3]: killed before they could report"), message
+    assert message.startswith(
+        f"rank 1 (node 1, host {host}) failed first, with exit status 1; last lines of "
+        f"{tmp_path / 'rank-1.log'}:\n    bad data\n"
+    ), message
+    assert message.endswith(
+        "\n  then rank 0: exit status 75; rank 2: exit status 0; ranks [3]: killed before they could report"
+    ), message
     # a cluster simulated on one machine has nodes, not hosts; a real one's may be named by the target
     assert first_failure(tmp_path, 4, node_names=()).headline() == "rank 1 (node 1) failed first, with exit status 1"
     assert first_failure(tmp_path, 4, node_names=["a", "b"]).where() == "node 1, host b"
 
 
-@pytest.mark.parametrize(("named_end", "first"), [
-    ("import sys; print('bad batch', file=sys.stderr); sys.exit(1)", 0),  # its own error: it failed first
-    ("import os, signal; os.kill(os.getpid(), signal.SIGKILL)", 0),  # killed from outside: it failed first
-    ("import sys; sys.exit(75)", 1),  # stopped by its launcher after the other failed: not the cause
-], ids=["own-error", "killed", "stopped-after"])
+@pytest.mark.parametrize(
+    ("named_end", "first"),
+    [
+        ("import sys; print('bad batch', file=sys.stderr); sys.exit(1)", 0),  # its own error: it failed first
+        ("import os, signal; os.kill(os.getpid(), signal.SIGKILL)", 0),  # killed from outside: it failed first
+        ("import sys; sys.exit(75)", 1),  # stopped by its launcher after the other failed: not the cause
+    ],
+    ids=["own-error", "killed", "stopped-after"],
+)
 def test_a_rank_named_as_lost_failed_first_whatever_order_the_records_came_in(
-        tmp_path: Path, named_end: str, first: int) -> None:
+    tmp_path: Path, named_end: str, first: int
+) -> None:
     """Rank 1 finds rank 0 gone and its minder records EXIT_LOST_PEER before rank 0's does (the slower
     minder on a busy node: seen on the real local Slurm). Rank 1's log names rank 0; when rank 0's
     own record shows its own error or a signal, rank 0 failed first, and the job ends as it did."""
     from ddlkit.compute.rank_exits import first_failure
 
-    run_minder(tmp_path, "import sys; print('ddlkit worker (rank 1): RankLostError: rank 0 left the job during "
-                         "`allreduce_mean` (its connection closed)', file=sys.stderr); sys.exit(76)", rank=1)
+    run_minder(
+        tmp_path,
+        "import sys; print('ddlkit worker (rank 1): RankLostError: rank 0 left the job during "
+        "`allreduce_mean` (its connection closed)', file=sys.stderr); sys.exit(76)",
+        rank=1,
+    )
     run_minder(tmp_path, named_end, rank=0)
     assert record(tmp_path, 1)["time"] < record(tmp_path, 0)["time"]
     failure = first_failure(tmp_path, 2)

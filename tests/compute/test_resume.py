@@ -48,12 +48,13 @@ def split(job_dir: Path, resume: object) -> tuple[list[Path], list[Path]]:
 def test_the_newest_checkpoint_goes_and_the_older_ones_stay(tmp_path: Path, directory: bool) -> None:
     send, leave = split(job(tmp_path, directory=directory), "auto")
     newest = "checkpoints/step-00000030.ckpt" + ("/shard" if directory else "")
-    assert names(send, tmp_path) == sorted(["checkpoints/latest", newest,
-                                            "checkpoints/step-00000030.ckpt.manifest.json", "metrics.jsonl",
-                                            "rank-0.log"])
+    assert names(send, tmp_path) == sorted(
+        ["checkpoints/latest", newest, "checkpoints/step-00000030.ckpt.manifest.json", "metrics.jsonl", "rank-0.log"]
+    )
     older = [f"checkpoints/step-000000{s}.ckpt" for s in (10, 20)]
-    assert names(leave, tmp_path) == sorted([*(o + ("/shard" if directory else "") for o in older),
-                                             *(o + ".manifest.json" for o in older)])
+    assert names(leave, tmp_path) == sorted(
+        [*(o + ("/shard" if directory else "") for o in older), *(o + ".manifest.json" for o in older)]
+    )
 
 
 def test_a_damaged_newest_checkpoint_stays_and_the_one_the_run_falls_back_to_goes(tmp_path: Path) -> None:

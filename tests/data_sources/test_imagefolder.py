@@ -16,10 +16,9 @@ from PIL import Image
 
 from ddlkit import ConfigError, DataSource, Shard
 from ddlkit.builtin.imagefolder import ImageFolderConfig, ImageFolderData
-from ddlkit.images import (Augment, CorruptImageError, crop_window, decode_into, decode_region, jpeg_header,
-                           sample_rng)
-from ddlkit.images._decode import simplejpeg
 from ddlkit.builtin.imagefolder.index import load_index
+from ddlkit.images import Augment, CorruptImageError, crop_window, decode_into, decode_region, jpeg_header, sample_rng
+from ddlkit.images._decode import simplejpeg
 from ddlkit.storage import build_manifest
 from ddlkit.testing.contracts import DataSourceContract
 from ddlkit.testing.images import ImageDataset, make_image_dataset
@@ -29,14 +28,21 @@ SIZE = 32
 
 @pytest.fixture(scope="module")
 def dataset(tmp_path_factory: pytest.TempPathFactory) -> ImageDataset:
-    return make_image_dataset(tmp_path_factory.mktemp("imagenet") / "root", classes=3, train_per_class=8,
-                              val_per_class=3, odd_files=True)
+    return make_image_dataset(
+        tmp_path_factory.mktemp("imagenet") / "root", classes=3, train_per_class=8, val_per_class=3, odd_files=True
+    )
 
 
 @pytest.fixture(scope="module")
 def corrupt_dataset(tmp_path_factory: pytest.TempPathFactory) -> ImageDataset:
-    return make_image_dataset(tmp_path_factory.mktemp("corrupt") / "root", classes=3, train_per_class=6,
-                              val_per_class=2, odd_files=True, corrupt=True)
+    return make_image_dataset(
+        tmp_path_factory.mktemp("corrupt") / "root",
+        classes=3,
+        train_per_class=6,
+        val_per_class=2,
+        odd_files=True,
+        corrupt=True,
+    )
 
 
 def source(root: Path, **overrides: Any) -> ImageFolderData:
@@ -158,12 +164,12 @@ def test_grayscale_cmyk_and_png_content_decode_as_rgb(dataset: ImageDataset, dec
 
 def test_train_augmentation_varies_by_epoch_and_is_reproducible(dataset: ImageDataset) -> None:
     loader = source(dataset.root).loader("train", batch_size=24, shard=Shard(), seed=3)
-    (x0, y0), = batches(loader, 0)
-    (x1, y1), = batches(loader, 1)
+    ((x0, y0),) = batches(loader, 0)
+    ((x1, y1),) = batches(loader, 1)
     assert not np.array_equal(y0, y1), "the order is reshuffled every epoch"
     order0, order1 = np.argsort(y0, kind="stable"), np.argsort(y1, kind="stable")
     assert not np.allclose(x0[order0], x1[order1]), "crops differ between epochs"
-    (again, _), = batches(loader, 1)
+    ((again, _),) = batches(loader, 1)
     assert np.array_equal(x1, again)
     assert x0.dtype == np.float32 and abs(float(x0.mean())) < 3 and x0.shape == (24, SIZE, SIZE, 3)
 
@@ -182,18 +188,24 @@ def test_shards_are_disjoint_and_cover_the_used_images(dataset: ImageDataset) ->
 @pytest.mark.parametrize("fmt", FORMATS)
 def test_corrupt_file_is_an_error_that_names_it(corrupt_dataset: ImageDataset, fmt: str) -> None:
     bad = str(corrupt_dataset.root / corrupt_dataset.corrupt[0])
-    loader = loader_as(fmt, source(corrupt_dataset.root, workers=1).loader("train", batch_size=19, shard=Shard(),
-                                                                         seed=0))
+    loader = loader_as(
+        fmt, source(corrupt_dataset.root, workers=1).loader("train", batch_size=19, shard=Shard(), seed=0)
+    )
     with pytest.raises(CorruptImageError) as info:
         batches(loader)
     assert bad in str(info.value) and "data.on_corrupt=skip" in str(info.value)
 
 
 @pytest.mark.parametrize("fmt", FORMATS)
-def test_skipped_corrupt_files_are_counted_and_batches_stay_full(corrupt_dataset: ImageDataset, fmt: str,
-                                                                 capfd: pytest.CaptureFixture[str]) -> None:
-    loader = loader_as(fmt, source(corrupt_dataset.root, on_corrupt="skip", workers=1).loader("train", batch_size=19,
-                                                                                              shard=Shard(), seed=0))
+def test_skipped_corrupt_files_are_counted_and_batches_stay_full(
+    corrupt_dataset: ImageDataset, fmt: str, capfd: pytest.CaptureFixture[str]
+) -> None:
+    loader = loader_as(
+        fmt,
+        source(corrupt_dataset.root, on_corrupt="skip", workers=1).loader(
+            "train", batch_size=19, shard=Shard(), seed=0
+        ),
+    )
     got = batches(loader) + batches(loader, 1)
     assert [len(y) for _, y in got] == [19, 19]
     assert loader.skipped == 2  # once per epoch
@@ -206,13 +218,16 @@ def test_pytorch_batches_are_normalized_nchw_and_channels_last_on_request(datase
     import torch
 
     src = source(dataset.root, workers=0)
-    (x, y), = list(loader_as("pytorch", src.loader("train", batch_size=24, shard=Shard(), seed=0)).iter_epoch(0))
-    (xn, _), = batches(src.loader("train", batch_size=24, shard=Shard(), seed=0))
+    ((x, y),) = list(loader_as("pytorch", src.loader("train", batch_size=24, shard=Shard(), seed=0)).iter_epoch(0))
+    ((xn, _),) = batches(src.loader("train", batch_size=24, shard=Shard(), seed=0))
     assert x.shape == (24, 3, SIZE, SIZE) and x.is_contiguous() and y.dtype == torch.int64
     # the same crops and flips; torch's resize (integer crop box) and Pillow's (fractional) differ by rounding
     assert np.abs(x.permute(0, 2, 3, 1).numpy() - xn).mean() < 0.05
-    (xc, _), = list(loader_as("pytorch", src.loader("train", batch_size=24, shard=Shard(), seed=0),
-                              channels_last=True).iter_epoch(0))
+    ((xc, _),) = list(
+        loader_as("pytorch", src.loader("train", batch_size=24, shard=Shard(), seed=0), channels_last=True).iter_epoch(
+            0
+        )
+    )
     assert xc.is_contiguous(memory_format=torch.channels_last) and torch.equal(xc, x)
 
 
@@ -223,8 +238,10 @@ def test_a_blob_root_must_be_staged_before_reading(tmp_path: Path) -> None:
 
 
 def test_no_framework_library_is_imported_with_the_data_source(tmp_path: Path) -> None:
-    code = ("import sys, ddlkit.builtin.imagefolder, ddlkit.builtin.local_ssd_storage, ddlkit.launch.data_cli\n"
-            "print(sorted(m for m in ('torch', 'tensorflow', 'PIL', 'numpy', 'azure') if m in sys.modules))")
+    code = (
+        "import sys, ddlkit.builtin.imagefolder, ddlkit.builtin.local_ssd_storage, ddlkit.launch.data_cli\n"
+        "print(sorted(m for m in ('torch', 'tensorflow', 'PIL', 'numpy', 'azure') if m in sys.modules))"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path, timeout=60)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "[]"
@@ -246,8 +263,9 @@ def test_png_bytes_with_a_jpeg_name_are_not_a_corrupt_file(tmp_path: Path) -> No
     Image.new("RGBA", (40, 30), (10, 200, 30, 128)).save(buf, "PNG")
     (tmp_path / "x.JPEG").write_bytes(buf.getvalue())
     out = np.zeros((SIZE, SIZE, 3), np.uint8)
-    decode_into(str(tmp_path / "x.JPEG"), Augment(SIZE, False, 37, decoder="simplejpeg" if simplejpeg else "pil"),
-                None, out)
+    decode_into(
+        str(tmp_path / "x.JPEG"), Augment(SIZE, False, 37, decoder="simplejpeg" if simplejpeg else "pil"), None, out
+    )
     assert tuple(out[SIZE // 2, SIZE // 2]) == (10, 200, 30)
 
 
@@ -286,8 +304,11 @@ def test_crop_window_draws_the_cpu_paths_crop_and_flip(dataset: ImageDataset, tr
     path draws (decode_region, in the DCT-scaled image's pixels) so that every decoder and a
     resumed run see the same crops."""
     aug = Augment(SIZE, train, 37, decoder="pil")
-    colour = [p for p in sorted((dataset.root / "train").rglob("*")) if p.is_file() and
-              str(p.relative_to(dataset.root)) not in dataset.odd]
+    colour = [
+        p
+        for p in sorted((dataset.root / "train").rglob("*"))
+        if p.is_file() and str(p.relative_to(dataset.root)) not in dataset.odd
+    ]
     flips = set()
     for index, path in enumerate(colour):
         region = decode_region(str(path), aug, sample_rng(3, 1, index))

@@ -24,7 +24,10 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 @pytest.fixture(scope="session")
 def dt() -> SimpleNamespace:
     """The helpers of :mod:`ddlkit.testing.multirank`, jobs importing this directory's plugins."""
-    return SimpleNamespace(DistJobs=lambda base: multirank.DistJobs(base, path=[HERE]),
-                           worker_pids=multirank.worker_pids, job_processes=multirank.job_processes,
-                           read_lines_until=multirank.read_lines_until,
-                           load_weights=multirank.load_weights)
+    return SimpleNamespace(
+        DistJobs=lambda base: multirank.DistJobs(base, path=[HERE]),
+        worker_pids=multirank.worker_pids,
+        job_processes=multirank.job_processes,
+        read_lines_until=multirank.read_lines_until,
+        load_weights=multirank.load_weights,
+    )

@@ -27,9 +27,16 @@ from ddlkit.testing import hold, wait_for
 # ---------------------------------------------------------------------------- environment
 def test_the_launchers_node_layout_wins_over_the_hosts() -> None:
     # local_mpi on one host: OpenMPI says local rank 3 of 4, the simulated layout says node 1, local rank 1
-    env = {"OMPI_COMM_WORLD_RANK": "3", "OMPI_COMM_WORLD_SIZE": "4", "OMPI_COMM_WORLD_LOCAL_RANK": "3",
-           "OMPI_COMM_WORLD_LOCAL_SIZE": "4", "DDLKIT_NODE": "1", "DDLKIT_LOCAL_RANK": "1", "DDLKIT_LOCAL_SIZE": "2",
-           "DDLKIT_NODE_SCRATCH": "/scratch/node-1"}
+    env = {
+        "OMPI_COMM_WORLD_RANK": "3",
+        "OMPI_COMM_WORLD_SIZE": "4",
+        "OMPI_COMM_WORLD_LOCAL_RANK": "3",
+        "OMPI_COMM_WORLD_LOCAL_SIZE": "4",
+        "DDLKIT_NODE": "1",
+        "DDLKIT_LOCAL_RANK": "1",
+        "DDLKIT_LOCAL_SIZE": "2",
+        "DDLKIT_NODE_SCRATCH": "/scratch/node-1",
+    }
     ctx = DistContext.from_env("native", env, timeout_s=9.0)
     assert (ctx.rank, ctx.world_size, ctx.node, ctx.local_rank, ctx.local_size) == (3, 4, 1, 1, 2)
     assert ctx.node_scratch == "/scratch/node-1" and ctx.timeout_s == 9.0
@@ -37,16 +44,24 @@ def test_the_launchers_node_layout_wins_over_the_hosts() -> None:
 
 
 def test_the_node_index_follows_from_rank_and_local_size_under_plain_mpi() -> None:
-    env = {"OMPI_COMM_WORLD_RANK": "6", "OMPI_COMM_WORLD_SIZE": "8", "OMPI_COMM_WORLD_LOCAL_RANK": "2",
-           "OMPI_COMM_WORLD_LOCAL_SIZE": "4", "OMPI_COMM_WORLD_NODE_RANK": "2"}
+    env = {
+        "OMPI_COMM_WORLD_RANK": "6",
+        "OMPI_COMM_WORLD_SIZE": "8",
+        "OMPI_COMM_WORLD_LOCAL_RANK": "2",
+        "OMPI_COMM_WORLD_LOCAL_SIZE": "4",
+        "OMPI_COMM_WORLD_NODE_RANK": "2",
+    }
     assert DistContext.from_env(env=env).node == 1
 
 
-@pytest.mark.parametrize(("env", "expected"), [
-    ({"DDLKIT_CONTROL_ADDR": "10.0.0.4:7000", "MASTER_ADDR": "x", "MASTER_PORT": "1"}, ("10.0.0.4", 7000)),
-    ({"DDLKIT_CONTROL_ADDR": "[::1]:7000"}, ("::1", 7000)),
-    ({"MASTER_ADDR": "node-0", "MASTER_PORT": "29500"}, ("node-0", 29501)),
-])
+@pytest.mark.parametrize(
+    ("env", "expected"),
+    [
+        ({"DDLKIT_CONTROL_ADDR": "10.0.0.4:7000", "MASTER_ADDR": "x", "MASTER_PORT": "1"}, ("10.0.0.4", 7000)),
+        ({"DDLKIT_CONTROL_ADDR": "[::1]:7000"}, ("::1", 7000)),
+        ({"MASTER_ADDR": "node-0", "MASTER_PORT": "29500"}, ("node-0", 29501)),
+    ],
+)
 def test_control_address(env: dict[str, str], expected: tuple[str, int]) -> None:
     assert control_address(env) == expected
 
@@ -94,10 +109,14 @@ class Plane:
     stderr_dir: Path | None = None
 
 
-def _rank_main(rank: int, world: int, port: int, job: str, body: Callable[[DistContext], Any],
-               results: Any, plane: Plane) -> None:
-    env = {"OMPI_COMM_WORLD_RANK": str(rank), "OMPI_COMM_WORLD_SIZE": str(world),
-           "DDLKIT_CONTROL_ADDR": f"127.0.0.1:{port}"}
+def _rank_main(
+    rank: int, world: int, port: int, job: str, body: Callable[[DistContext], Any], results: Any, plane: Plane
+) -> None:
+    env = {
+        "OMPI_COMM_WORLD_RANK": str(rank),
+        "OMPI_COMM_WORLD_SIZE": str(world),
+        "DDLKIT_CONTROL_ADDR": f"127.0.0.1:{port}",
+    }
     if plane.stderr_dir is not None:
         sys.stderr = open(plane.stderr_dir / f"rank-{rank}.err", "w", encoding="utf-8")  # closed as the process ends
     ctx = DistContext.from_env("native", env, timeout_s=plane.timeout_s, warn_after_s=plane.warn_after_s)
@@ -110,22 +129,24 @@ def _rank_main(rank: int, world: int, port: int, job: str, body: Callable[[DistC
         ctx.close()
 
 
-def start_ranks(world: int, body: Callable[[DistContext], Any], job: str = "job",
-                plane: Plane = Plane()) -> tuple[list[Any], Any]:
+def start_ranks(
+    world: int, body: Callable[[DistContext], Any], job: str = "job", plane: Plane = Plane()
+) -> tuple[list[Any], Any]:
     """``world`` ranks in processes of their own, each running ``body``: (processes, answers)."""
     from ddlkit.compute.ports import free_ports
 
     ctx = mp.get_context("fork")
     results = ctx.Queue()
-    port, = free_ports(1)
+    (port,) = free_ports(1)
     procs = [ctx.Process(target=_rank_main, args=(r, world, port, job, body, results, plane)) for r in range(world)]
     for p in procs:
         p.start()
     return procs, results
 
 
-def collect(procs: list[Any], results: Any, timeout: float = 30.0,
-            ranks: Iterable[int] | None = None) -> dict[int, tuple[str, Any]]:
+def collect(
+    procs: list[Any], results: Any, timeout: float = 30.0, ranks: Iterable[int] | None = None
+) -> dict[int, tuple[str, Any]]:
     """The answers of ``ranks`` (default: all), then every rank ended (killed if it must be)."""
     waiting = set(range(len(procs)) if ranks is None else ranks)
     out = {}
@@ -149,8 +170,9 @@ def collect(procs: list[Any], results: Any, timeout: float = 30.0,
     return out
 
 
-def run_ranks(world: int, body: Callable[[DistContext], Any], timeout: float = 30.0, job: str = "job",
-              plane: Plane = Plane()) -> dict[int, tuple[str, Any]]:
+def run_ranks(
+    world: int, body: Callable[[DistContext], Any], timeout: float = 30.0, job: str = "job", plane: Plane = Plane()
+) -> dict[int, tuple[str, Any]]:
     return collect(*start_ranks(world, body, job, plane), timeout=timeout)
 
 
@@ -184,8 +206,16 @@ def _collectives(ctx: DistContext) -> dict[str, Any]:
 def test_every_rank_gets_the_same_answers() -> None:
     out = run_ranks(3, _collectives)
     assert {kind for kind, _ in out.values()} == {"ok"}, out
-    expected = {"sum": [3.0, 3.0], "max": [2.0], "mean": {"loss": 1.0, "top1": 0.5}, "any_one": True,
-                "any_none": False, "bcast": {"from": 1}, "gather": ["host-0", "host-1", "host-2"], "barrier": None}
+    expected = {
+        "sum": [3.0, 3.0],
+        "max": [2.0],
+        "mean": {"loss": 1.0, "top1": 0.5},
+        "any_one": True,
+        "any_none": False,
+        "bcast": {"from": 1},
+        "gather": ["host-0", "host-1", "host-2"],
+        "barrier": None,
+    }
     assert [value for _, value in out.values()] == [expected] * 3
 
 
@@ -234,7 +264,7 @@ def test_a_rank_of_another_job_cannot_join() -> None:
     from ddlkit.compute.ports import free_ports
 
     # rank 0 of job A listens; a rank of job B knocks first, then job A's rank 1 joins
-    port, = free_ports(1)
+    (port,) = free_ports(1)
     ctx = mp.get_context("fork")
     results = ctx.Queue()
     a0 = ctx.Process(target=_rank_main, args=(0, 2, port, "job-A", _strangers_knock, results, Plane()))
@@ -352,13 +382,18 @@ def test_a_stopped_rank_is_reported_while_waiting_and_named_when_the_wait_fails(
     out = collect(*start_ranks(2, _waits_for_rank_1, plane=plane), ranks=[0])
     kind, error = out[0]
     assert kind == "error"
-    assert re.fullmatch(rf"RankLostError: rank 1 did not reach `any` within 6 s \(dist.timeout_s\): rank 1 stopped "
-                        rf"answering at step {STOPPED_AT}, [6-9] s ago \(its process is stopped or hung, or its "
-                        r"host or the network is\)", error), error
+    assert re.fullmatch(
+        rf"RankLostError: rank 1 did not reach `any` within 6 s \(dist.timeout_s\): rank 1 stopped "
+        rf"answering at step {STOPPED_AT}, [6-9] s ago \(its process is stopped or hung, or its "
+        r"host or the network is\)",
+        error,
+    ), error
     warnings = (tmp_path / "rank-0.err").read_text().splitlines()
     # once per dist.warn_after_s of silence, while rank 0 waits
-    assert warnings[0] == (f"ddlkit: rank 1 has not been heard from for 1 s (last at step {STOPPED_AT}): stopped or "
-                           "hung? The job waits for it up to dist.timeout_s=6 s")
+    assert warnings[0] == (
+        f"ddlkit: rank 1 has not been heard from for 1 s (last at step {STOPPED_AT}): stopped or "
+        "hung? The job waits for it up to dist.timeout_s=6 s"
+    )
     assert [int(w.split(" for ")[1].split(" s ")[0]) for w in warnings] == list(range(1, len(warnings) + 1))
     assert len(warnings) >= 4
 
@@ -370,8 +405,9 @@ def _waits_without_a_timeout(ctx: DistContext) -> None:
 
 @pytest.mark.slow
 def test_a_rank_that_stays_silent_past_the_timeout_ends_a_wait_that_has_none(tmp_path: Path) -> None:
-    procs, results = start_ranks(2, _waits_without_a_timeout,
-                                 plane=Plane(timeout_s=3.0, warn_after_s=1.0, stderr_dir=tmp_path))
+    procs, results = start_ranks(
+        2, _waits_without_a_timeout, plane=Plane(timeout_s=3.0, warn_after_s=1.0, stderr_dir=tmp_path)
+    )
     t0 = time.monotonic()
     procs[0].join(timeout=30)
     took = time.monotonic() - t0
@@ -379,9 +415,12 @@ def test_a_rank_that_stays_silent_past_the_timeout_ends_a_wait_that_has_none(tmp
     assert procs[0].exitcode == 1
     assert took < 15, f"rank 0 waited {took:.1f} s for a rank silent for dist.timeout_s=3 s"
     last = (tmp_path / "rank-0.err").read_text().splitlines()[-1]
-    assert re.fullmatch(rf"ddlkit worker \(rank 0\): RunError: rank 1 stopped answering at step {STOPPED_AT}, [4-6] s "
-                        r"ago \(its process is stopped or hung, or its host or the network is\); the job has waited "
-                        r"for it longer than dist.timeout_s=3 s: this rank ends the job", last), last
+    assert re.fullmatch(
+        rf"ddlkit worker \(rank 0\): RunError: rank 1 stopped answering at step {STOPPED_AT}, [4-6] s "
+        r"ago \(its process is stopped or hung, or its host or the network is\); the job has waited "
+        r"for it longer than dist.timeout_s=3 s: this rank ends the job",
+        last,
+    ), last
 
 
 def _rank_1_is_busy(ctx: DistContext) -> list[str]:
@@ -404,11 +443,11 @@ def test_a_slow_rank_that_is_alive_is_not_reported(tmp_path: Path) -> None:
 
 @pytest.mark.slow
 def test_a_pause_shorter_than_the_timeout_is_reported_and_then_forgiven(tmp_path: Path) -> None:
-    procs, results = start_ranks(2, _waits_for_rank_1, plane=Plane(timeout_s=20.0, warn_after_s=1.0,
-                                                                   stderr_dir=tmp_path))
+    procs, results = start_ranks(
+        2, _waits_for_rank_1, plane=Plane(timeout_s=20.0, warn_after_s=1.0, stderr_dir=tmp_path)
+    )
     log = tmp_path / "rank-0.err"
-    wait_for(lambda: "has not been heard from for 2 s" in _text(log), "rank 0 to report the stopped rank",
-             timeout=20)
+    wait_for(lambda: "has not been heard from for 2 s" in _text(log), "rank 0 to report the stopped rank", timeout=20)
     os.kill(procs[1].pid, signal.SIGCONT)
     assert collect(procs, results) == {0: ("ok", False), 1: ("ok", False)}
     lines = log.read_text().splitlines()
@@ -456,12 +495,18 @@ def test_a_whole_job_suspended_past_the_timeout_then_resumed_goes_on(tmp_path: P
     plane = Plane(timeout_s=3.0, warn_after_s=1.0, stderr_dir=tmp_path)
     released = tmp_path / "released"
     procs, results = start_ranks(2, functools.partial(_suspended_between_barriers, released=released), plane=plane)
-    wait_for(lambda: all("between" in _text(tmp_path / f"rank-{r}.err") for r in (0, 1)),
-             "the ranks to pass the first barrier", timeout=20)
+    wait_for(
+        lambda: all("between" in _text(tmp_path / f"rank-{r}.err") for r in (0, 1)),
+        "the ranks to pass the first barrier",
+        timeout=20,
+    )
     for p in procs:
         os.kill(p.pid, signal.SIGSTOP)
-    hold(plane.timeout_s + plane.warn_after_s + 0.5, "the whole job suspended longer than a rank may hear nothing "
-         "from another before it ends the job (dist.timeout_s + dist.warn_after_s)")
+    hold(
+        plane.timeout_s + plane.warn_after_s + 0.5,
+        "the whole job suspended longer than a rank may hear nothing "
+        "from another before it ends the job (dist.timeout_s + dist.warn_after_s)",
+    )
     released.touch()  # the ranks go on to the second barrier as soon as they are resumed
     for p in procs:
         os.kill(p.pid, signal.SIGCONT)

@@ -52,7 +52,7 @@ def run_two(pm: Any, tmp_path: Path, *overrides: str) -> dict[int, dict[str, Any
 
     ctx = mp.get_context("fork")
     results = ctx.Queue()
-    port, = free_ports(1)
+    (port,) = free_ports(1)
     # no loggers: they would need a started run; this test looks at what they would be given
     args = ("logger=[]", "trainer.log_every=1", "data.length=100000", "trainer.batch_size=2", *overrides)
     procs = [ctx.Process(target=_rank, args=(r, port, pm, tmp_path / f"rank{r}", args, results)) for r in (0, 1)]
@@ -90,9 +90,19 @@ def test_the_stop_agreement_every_n_steps_stops_at_a_multiple_of_n(ddlkit_pm, tm
     assert [out[r]["stopped_at"] for r in (0, 1)] == [8, 8]
 
 
-FAKE_LONG = ["compute=local_mpi", "compute.procs_per_node=2", "dist=native", "data.image_size=8",
-             "data.num_classes=10", "data.length=2000000", "data.val_length=64", "trainer.batch_size=8",
-             "trainer.epochs=1", "trainer.log_every=100", "trainer.validate=false"]
+FAKE_LONG = [
+    "compute=local_mpi",
+    "compute.procs_per_node=2",
+    "dist=native",
+    "data.image_size=8",
+    "data.num_classes=10",
+    "data.length=2000000",
+    "data.val_length=64",
+    "trainer.batch_size=8",
+    "trainer.epochs=1",
+    "trainer.log_every=100",
+    "trainer.validate=false",
+]
 
 
 def test_sigterm_to_one_rank_stops_every_rank_and_the_job_resumes(tmp_path: Path, dt: SimpleNamespace) -> None:
@@ -105,8 +115,9 @@ def test_sigterm_to_one_rank_stops_every_rank_and_the_job_resumes(tmp_path: Path
     os.kill(dt.worker_pids(job_dir)[1], signal.SIGTERM)
     output, _ = launcher.communicate(timeout=60)
     assert launcher.returncode == 75, output
-    stops = [(job_dir / f"rank-{r}.log").read_text().split("stopped on request at step ")[1].split(";")[0]
-             for r in (0, 1)]
+    stops = [
+        (job_dir / f"rank-{r}.log").read_text().split("stopped on request at step ")[1].split(";")[0] for r in (0, 1)
+    ]
     assert stops[0] == stops[1], stops
     step = int(stops[0])
     assert (job_dir / "checkpoints" / f"step-{step:08d}.ckpt").is_file()
@@ -120,8 +131,14 @@ def test_a_stopped_rank_is_named_while_the_job_waits_and_when_it_fails(tmp_path:
     dist.timeout_s in silence and then report only the failure of the rank that waited."""
     jobs = dt.DistJobs(tmp_path)
     job_dir = tmp_path / "job"
-    launcher = jobs.start("framework=fake", *FAKE_LONG, "dist.timeout_s=20", "dist.warn_after_s=3",
-                          "restart.max_restarts=0", job_dir=job_dir)
+    launcher = jobs.start(
+        "framework=fake",
+        *FAKE_LONG,
+        "dist.timeout_s=20",
+        "dist.warn_after_s=3",
+        "restart.max_restarts=0",
+        job_dir=job_dir,
+    )
     dt.read_lines_until(launcher, "step 300/", timeout=120)
     os.kill(dt.worker_pids(job_dir)[1], signal.SIGSTOP)
     t0 = time.monotonic()
@@ -130,15 +147,21 @@ def test_a_stopped_rank_is_named_while_the_job_waits_and_when_it_fails(tmp_path:
     output, _ = launcher.communicate(timeout=90)
     took = time.monotonic() - t0
     assert launcher.returncode == 76, output  # rank 0 stopped because rank 1 was lost
-    found = re.fullmatch(r"ddlkit: rank 1 has not been heard from for 3 s \(last at step (\d+)\): stopped or hung\? "
-                         r"The job waits for it up to dist.timeout_s=20 s", warning)
+    found = re.fullmatch(
+        r"ddlkit: rank 1 has not been heard from for 3 s \(last at step (\d+)\): stopped or hung\? "
+        r"The job waits for it up to dist.timeout_s=20 s",
+        warning,
+    )
     assert found and int(found[1]) >= 300, warning
     assert warned_after < 10, f"the first warning came {warned_after:.1f} s after the stop, for dist.warn_after_s=3"
     # the launcher's report quotes the log of rank 0, the rank that failed first: it names rank 1
-    report = output[output.index("ddlkit: error: "):]
+    report = output[output.index("ddlkit: error: ") :]
     # `any` (the stop agreement) or `allreduce_mean` (a logging step's mean loss): where rank 1 stopped decides
-    assert re.search(rf"ddlkit worker \(rank 0\): RankLostError: rank 1 did not reach `\w+` within 20 s "
-                     rf"\(dist.timeout_s\): rank 1 stopped answering at step {found[1]}, \d+ s ago", report), report
+    assert re.search(
+        rf"ddlkit worker \(rank 0\): RankLostError: rank 1 did not reach `\w+` within 20 s "
+        rf"\(dist.timeout_s\): rank 1 stopped answering at step {found[1]}, \d+ s ago",
+        report,
+    ), report
     assert took < 60, f"the job ended {took:.1f} s after the stop, for dist.timeout_s=20"
     assert not dt.job_processes(job_dir), "processes of the job outlived it"
 
@@ -147,8 +170,15 @@ def test_a_rank_that_is_slow_but_alive_is_not_called_hung(tmp_path: Path, dt: Si
     jobs = dt.DistJobs(tmp_path)
     job_dir = tmp_path / "job"
     # rank 1 computes for 4 x dist.warn_after_s at step 200 while rank 0 waits for it
-    launcher = jobs.start("framework=fake", *FAKE_LONG, "dist.warn_after_s=2", "trainer.max_steps=400",
-                          job_dir=job_dir, env={"DDLKIT_TEST_BUSY_RANK": "1:200:8"}, plugins=("busy_rank",))
+    launcher = jobs.start(
+        "framework=fake",
+        *FAKE_LONG,
+        "dist.warn_after_s=2",
+        "trainer.max_steps=400",
+        job_dir=job_dir,
+        env={"DDLKIT_TEST_BUSY_RANK": "1:200:8"},
+        plugins=("busy_rank",),
+    )
     output, _ = launcher.communicate(timeout=180)
     assert launcher.returncode == 0, output
     assert "busy_rank: rank 1 computes for 8 s at step 200" in (job_dir / "rank-1.log").read_text()
@@ -156,12 +186,19 @@ def test_a_rank_that_is_slow_but_alive_is_not_called_hung(tmp_path: Path, dt: Si
     assert "heard from" not in output and "stopped answering" not in output, output
 
 
-def test_a_pause_shorter_than_the_timeout_is_reported_and_the_job_completes(tmp_path: Path,
-                                                                           dt: SimpleNamespace) -> None:
+def test_a_pause_shorter_than_the_timeout_is_reported_and_the_job_completes(
+    tmp_path: Path, dt: SimpleNamespace
+) -> None:
     jobs = dt.DistJobs(tmp_path)
     job_dir = tmp_path / "job"
-    launcher = jobs.start("framework=fake", *FAKE_LONG, "dist.timeout_s=60", "dist.warn_after_s=2",
-                          "trainer.max_steps=5000", job_dir=job_dir)
+    launcher = jobs.start(
+        "framework=fake",
+        *FAKE_LONG,
+        "dist.timeout_s=60",
+        "dist.warn_after_s=2",
+        "trainer.max_steps=5000",
+        job_dir=job_dir,
+    )
     dt.read_lines_until(launcher, "step 300/", timeout=120)
     rank_1 = dt.worker_pids(job_dir)[1]
     os.kill(rank_1, signal.SIGSTOP)

@@ -14,5 +14,7 @@ DOCKERFILE = REPO / "docker" / "Dockerfile"
 @pytest.fixture(scope="session")
 def dockerfile_args() -> dict[str, str]:
     """docker/Dockerfile's build arguments and their defaults (``""`` for none), e.g. TORCH_VERSION."""
-    return {name: value.strip('"') for name, value in
-            re.findall(r"^ARG (\w+)(?:=(.*))?$", DOCKERFILE.read_text(), flags=re.MULTILINE)}
+    return {
+        name: value.strip('"')
+        for name, value in re.findall(r"^ARG (\w+)(?:=(.*))?$", DOCKERFILE.read_text(), flags=re.MULTILINE)
+    }

@@ -56,8 +56,9 @@ def test_the_images_pin_the_frameworks_the_tests_run(dockerfile_args: dict[str, 
 
 @pytest.mark.plugins  # the frameworks with an image: ddlkit-pytorch, ddlkit-tensorflow, ddlkit-keras
 @pytest.mark.parametrize("framework", release_frameworks())
-def test_every_framework_and_default_plugin_is_in_the_build_context(dockerfile_args: dict[str, str],
-                                                                     framework: str) -> None:
+def test_every_framework_and_default_plugin_is_in_the_build_context(
+    dockerfile_args: dict[str, str], framework: str
+) -> None:
     """The Dockerfile installs plugins/ddlkit-<name> for the framework and each of PLUGINS."""
     ignored = (REPO / ".dockerignore").read_text().splitlines()
     assert "!plugins/" in ignored

@@ -26,22 +26,34 @@ def let_in(patterns: str, paths: list[str]) -> list[str]:
 
 
 # ---------------------------------------------------------------------------- .dockerignore, as Docker reads it
-@pytest.mark.parametrize(("patterns", "paths", "kept"), [
-    # an allowlist: "*" is every top-level name, and what it matches takes everything below along
-    ("*\n!ddlkit/\n!README.md", ["ddlkit/a.py", "ddlkit/sub/b.py", "README.md", "tests/t.py", "setup.cfg"],
-     ["ddlkit/a.py", "ddlkit/sub/b.py", "README.md"]),
-    # anchored at the root, unlike .gitignore: "*.md" is the top level's only
-    ("*.md", ["README.md", "docs/guide.md"], ["docs/guide.md"]),
-    # "**" spans any number of directories, none included
-    ("**/__pycache__", ["__pycache__/a.pyc", "ddlkit/__pycache__/a.pyc", "ddlkit/x/__pycache__/b.pyc", "ddlkit/a.py"],
-     ["ddlkit/a.py"]),
-    # "*" stays within one segment
-    ("plugins/*/tests", ["plugins/p/tests/t.py", "plugins/p/src/tests.py", "plugins/p/q/tests/t.py"],
-     ["plugins/p/src/tests.py", "plugins/p/q/tests/t.py"]),
-    # the last pattern that matches decides (Docker's documented example)
-    ("*.md\n!README*.md\nREADME-secret.md", ["CHANGES.md", "README.md", "README-secret.md"], ["README.md"]),
-    ("temp?\n/build\n# a comment\n\n[!a]bc", ["temp1", "temp12", "build/x", "xbc", "abc"], ["temp12", "abc"]),
-])
+@pytest.mark.parametrize(
+    ("patterns", "paths", "kept"),
+    [
+        # an allowlist: "*" is every top-level name, and what it matches takes everything below along
+        (
+            "*\n!ddlkit/\n!README.md",
+            ["ddlkit/a.py", "ddlkit/sub/b.py", "README.md", "tests/t.py", "setup.cfg"],
+            ["ddlkit/a.py", "ddlkit/sub/b.py", "README.md"],
+        ),
+        # anchored at the root, unlike .gitignore: "*.md" is the top level's only
+        ("*.md", ["README.md", "docs/guide.md"], ["docs/guide.md"]),
+        # "**" spans any number of directories, none included
+        (
+            "**/__pycache__",
+            ["__pycache__/a.pyc", "ddlkit/__pycache__/a.pyc", "ddlkit/x/__pycache__/b.pyc", "ddlkit/a.py"],
+            ["ddlkit/a.py"],
+        ),
+        # "*" stays within one segment
+        (
+            "plugins/*/tests",
+            ["plugins/p/tests/t.py", "plugins/p/src/tests.py", "plugins/p/q/tests/t.py"],
+            ["plugins/p/src/tests.py", "plugins/p/q/tests/t.py"],
+        ),
+        # the last pattern that matches decides (Docker's documented example)
+        ("*.md\n!README*.md\nREADME-secret.md", ["CHANGES.md", "README.md", "README-secret.md"], ["README.md"]),
+        ("temp?\n/build\n# a comment\n\n[!a]bc", ["temp1", "temp12", "build/x", "xbc", "abc"], ["temp12", "abc"]),
+    ],
+)
 def test_dockerignore_patterns_follow_dockers_rules(patterns: str, paths: list[str], kept: list[str]) -> None:
     assert let_in(patterns, paths) == kept
 
@@ -51,7 +63,9 @@ def test_an_exception_below_an_excluded_directory_is_found(tmp_path: Path) -> No
         (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
         (tmp_path / rel).write_text(rel)
     assert list(DockerIgnore(["docs", "!docs/keep.md", "!**/deep.md", ".git"]).files(tmp_path)) == [
-        "docs/keep.md", "docs/sub/deep.md"]
+        "docs/keep.md",
+        "docs/sub/deep.md",
+    ]
 
 
 # ---------------------------------------------------------------------------- the context of ddlkit's image
@@ -64,9 +78,18 @@ def test_the_context_is_what_dockerignore_lets_in_of_the_checkout() -> None:
     # no README: nothing installed needs one (setuptools builds without the file pyproject.toml names)
     assert not [p for p in context.files if p.rsplit("/", 1)[-1] == "README.md"]
     assert {"ddlkit/__init__.py", "plugins/ddlkit-pytorch/pyproject.toml", "scripts/install_horovod.sh"} <= set(
-        context.files)
-    assert not [p for p in context.files if "/tests/" in p and p.startswith("plugins/") or "__pycache__" in p
-                or p.endswith(".egg-info") or p.startswith("scripts/") and p != "scripts/install_horovod.sh"]
+        context.files
+    )
+    assert not [
+        p
+        for p in context.files
+        if "/tests/" in p
+        and p.startswith("plugins/")
+        or "__pycache__" in p
+        or p.endswith(".egg-info")
+        or p.startswith("scripts/")
+        and p != "scripts/install_horovod.sh"
+    ]
     assert context.size > sum((context.root / p).stat().st_size for p in context.files)  # and the Dockerfile
 
 
@@ -80,8 +103,9 @@ def test_the_build_arguments_are_written_into_the_dockerfile(framework: str, gpu
     original = REPO_DOCKERFILE.read_text().splitlines()
     written = context.dockerfile.splitlines()
     changed = [(a, b) for a, b in zip(original, written, strict=True) if a != b]
-    assert [b for _, b in changed] == [line for line in (f"ARG FRAMEWORK={framework}", f"ARG VARIANT={variant}")
-                                       if line not in original]
+    assert [b for _, b in changed] == [
+        line for line in (f"ARG FRAMEWORK={framework}", f"ARG VARIANT={variant}") if line not in original
+    ]
 
 
 @pytest.mark.plugins
@@ -95,15 +119,17 @@ def test_the_context_of_the_image_with_horovod_says_so() -> None:
 
 
 @pytest.mark.plugins
-def test_the_digest_changes_with_what_goes_in_and_only_with_that(tmp_path: Path,
-                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_digest_changes_with_what_goes_in_and_only_with_that(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     context = image_context("pytorch")
     assert image_context("pytorch").digest == context.digest
     assert image_context("pytorch", gpu=False).digest != context.digest
     # a context written out is a checkout of its own, with the same digest
     checkout = context.write(tmp_path / "checkout")
     assert sorted(str(p.relative_to(checkout)) for p in checkout.rglob("*") if p.is_file()) == sorted(
-        [*context.files, ".dockerignore", DOCKERFILE])
+        [*context.files, ".dockerignore", DOCKERFILE]
+    )
     monkeypatch.setattr(containers, "CHECKOUT", checkout)
     assert image_context("pytorch").digest == context.digest
     (checkout / "plugins" / "ddlkit-pytorch" / "tests").mkdir()
@@ -120,21 +146,28 @@ def test_the_digest_changes_with_what_goes_in_and_only_with_that(tmp_path: Path,
 @pytest.mark.plugins
 def test_an_installation_without_its_checkout_names_the_fix(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(containers, "CHECKOUT", tmp_path / "site-packages")
-    with pytest.raises(ddlkit.ConfigError, match=r"ddlkit's image is built from docker/Dockerfile of a ddlkit "
-                                                 r"checkout, and this ddlkit is installed without one .*"
-                                                 r"\(pip install -e <checkout>\), or set compute\.image"):
+    with pytest.raises(
+        ddlkit.ConfigError,
+        match=r"ddlkit's image is built from docker/Dockerfile of a ddlkit "
+        r"checkout, and this ddlkit is installed without one .*"
+        r"\(pip install -e <checkout>\), or set compute\.image",
+    ):
         image_context("pytorch")
 
 
 @pytest.mark.plugins
-def test_a_dockerfile_without_the_argument_to_set_names_the_fix(tmp_path: Path,
-                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_dockerfile_without_the_argument_to_set_names_the_fix(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     checkout = image_context("pytorch").write(tmp_path / "checkout")
     dockerfile = checkout / DOCKERFILE
     dockerfile.write_text(dockerfile.read_text().replace("ARG VARIANT=cuda\n", "ARG VARIANT\n"))
     monkeypatch.setattr(containers, "CHECKOUT", checkout)
-    with pytest.raises(ddlkit.ConfigError, match=r"docker/Dockerfile has no line `ARG VARIANT=<default>` to set "
-                                                 r"VARIANT=cpu in: restore it"):
+    with pytest.raises(
+        ddlkit.ConfigError,
+        match=r"docker/Dockerfile has no line `ARG VARIANT=<default>` to set "
+        r"VARIANT=cpu in: restore it",
+    ):
         image_context("pytorch", gpu=False)
 
 

@@ -276,13 +276,17 @@ def test_every_not_here_entry_is_still_in_the_docs() -> None:
 
 
 def test_the_parser_reads_fenced_and_indented_blocks() -> None:
-    text = ("intro\n\n    ddlkit a=1 \\\n      b=2   # both\n\n```console\n$ ddlkit x=1\nddlkit: error: bad\n"
-            "ddlkit plan: output, not a command\n```\n\n```text\nddlkit not=read\n```\n\n"
-            "```yaml\n# conf/compute/two.yaml   ddlkit compute=two\ndefaults:\n  - local\n```\n")
+    text = (
+        "intro\n\n    ddlkit a=1 \\\n      b=2   # both\n\n```console\n$ ddlkit x=1\nddlkit: error: bad\n"
+        "ddlkit plan: output, not a command\n```\n\n```text\nddlkit not=read\n```\n\n"
+        "```yaml\n# conf/compute/two.yaml   ddlkit compute=two\ndefaults:\n  - local\n```\n"
+    )
     source = Source("t.md", 1, text)
     found = [e for b in blocks(text) if b.lang in SHELL and not _config(source, b) for e in _commands(source, b)]
-    assert [(e.line, e.command, e.expected) for e in found] == [(3, "ddlkit a=1 b=2", None),
-                                                               (7, "ddlkit x=1", "ddlkit: error: bad")]
+    assert [(e.line, e.command, e.expected) for e in found] == [
+        (3, "ddlkit a=1 b=2", None),
+        (7, "ddlkit x=1", "ddlkit: error: bad"),
+    ]
     configs = [c for b in blocks(text) if (c := _config(source, b))]
     assert [(c.line, c.path, c.command) for c in configs] == [(17, "conf/compute/two.yaml", "ddlkit compute=two")]
 
@@ -347,9 +351,9 @@ def _plan(command: str, what: object, capsys: pytest.CaptureFixture[str]) -> Non
 # plugins' compute targets, storage and loggers
 @pytest.mark.plugins
 @pytest.mark.parametrize("example", [e for e in EXAMPLES if e.expected is not None], ids=str)
-def test_a_transcript_prints_what_the_docs_show(example: Example, as_in_the_docs: Path,
-                                                monkeypatch: pytest.MonkeyPatch,
-                                                capsys: pytest.CaptureFixture[str]) -> None:
+def test_a_transcript_prints_what_the_docs_show(
+    example: Example, as_in_the_docs: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     assert example.expected, f"{example}: the line after it shows no `ddlkit: error:` output"
     _with_configs_of(example.source, as_in_the_docs)
     for name, value in example.env:
@@ -357,8 +361,16 @@ def test_a_transcript_prints_what_the_docs_show(example: Example, as_in_the_docs
     args = shlex.split(example.command)[1:]
     expected = example.expected
     if expected.startswith("... "):  # a rank's error, in the job's output
-        code = main([*args, "data.image_size=32", "data.length=8", "data.val_length=0", "trainer.batch_size=4",
-                     f"hydra.run.dir={as_in_the_docs / 'job'}"])
+        code = main(
+            [
+                *args,
+                "data.image_size=32",
+                "data.length=8",
+                "data.val_length=0",
+                "trainer.batch_size=4",
+                f"hydra.run.dir={as_in_the_docs / 'job'}",
+            ]
+        )
         out = capsys.readouterr()
         assert expected.removeprefix("... ").removesuffix("...").rstrip() in out.out + out.err, f"{example}\n{out}"
     else:
@@ -373,8 +385,9 @@ def test_a_transcript_prints_what_the_docs_show(example: Example, as_in_the_docs
 
 @pytest.mark.plugins  # as above
 @pytest.mark.parametrize("example", [_needs(e) for e in EXAMPLES if e.expected is None], ids=str)
-def test_a_command_is_valid_as_written(example: Example, as_in_the_docs: Path, monkeypatch: pytest.MonkeyPatch,
-                                       capsys: pytest.CaptureFixture[str]) -> None:
+def test_a_command_is_valid_as_written(
+    example: Example, as_in_the_docs: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     if why := _not_here(example.command):
         pytest.skip(why)
     _with_configs_of(example.source, as_in_the_docs)

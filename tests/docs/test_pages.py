@@ -44,7 +44,8 @@ def test_a_field_comment_is_the_comment_lines_above_it() -> None:
     from ddlkit.optim import AdamWConfig, OptimizerConfig
 
     assert source.field_comment(TrainerConfig, "batch_size") == (
-        "images per rank per step; the global batch is batch_size x world size")
+        "images per rank per step; the global batch is batch_size x world size"
+    )
     # a subclass that changes a default keeps its base's words; its own comment wins where it has one
     assert source.field_comment(AdamWConfig, "lr") == source.field_comment(OptimizerConfig, "lr") != ""
     assert source.field_comment(AdamWConfig, "scale_lr").startswith("Adam's steps follow the square root")
@@ -52,8 +53,12 @@ def test_a_field_comment_is_the_comment_lines_above_it() -> None:
 
 def test_a_docstring_keeps_its_lines_and_loses_sphinx_roles() -> None:
     text = "A :class:`~ddlkit.Run` and :mod:`ddlkit.optim`, ``x``.\nExample::\n\n    ddlkit a=1\n"
-    assert source.markdown(text).splitlines() == ["A `Run` and `ddlkit.optim`, ``x``.", "Example:", "",
-                                                  "    ddlkit a=1"]
+    assert source.markdown(text).splitlines() == [
+        "A `Run` and `ddlkit.optim`, ``x``.",
+        "Example:",
+        "",
+        "    ddlkit a=1",
+    ]
 
 
 @pytest.mark.plugins
@@ -127,8 +132,15 @@ def test_the_sdk_page_covers_the_public_modules() -> None:
     modules = sdk.public_modules()
     assert modules[0] == "ddlkit"
     # what tests/test_public_api.py holds public
-    assert {"ddlkit.optim", "ddlkit.options", "ddlkit.custom", "ddlkit.jobdir", "ddlkit.result", "ddlkit.testing",
-            "ddlkit.testing.contracts"} <= set(modules)
+    assert {
+        "ddlkit.optim",
+        "ddlkit.options",
+        "ddlkit.custom",
+        "ddlkit.jobdir",
+        "ddlkit.result",
+        "ddlkit.testing",
+        "ddlkit.testing.contracts",
+    } <= set(modules)
     page = sdk.page()
     for name in ddlkit.__all__:
         assert f"### ddlkit.{name}\n" in page
@@ -151,8 +163,10 @@ def test_every_benchmark_result_has_a_dated_page() -> None:
     assert benchmarks.ratios(json.loads((ROOT / "benchmarks/results/overhead_pytorch.json").read_text()))
 
 
-@pytest.mark.parametrize("subcommand", [pytest.param(s, marks=[pytest.mark.plugins] if s == "plan" else [])
-                                        for s in SUBCOMMANDS if s != "plugins"])  # plan composes: framework=pytorch
+@pytest.mark.parametrize(
+    "subcommand",
+    [pytest.param(s, marks=[pytest.mark.plugins] if s == "plan" else []) for s in SUBCOMMANDS if s != "plugins"],
+)  # plan composes: framework=pytorch
 def test_every_subcommand_takes_help(subcommand: str, capsys: pytest.CaptureFixture[str]) -> None:
     """reference/cli.md shows each subcommand's --help, as ``ddlkit --help`` promises (``ddlkit plan --help``
     was "unrecognized arguments: hydra.launcher.dry_run=true")."""

@@ -60,9 +60,14 @@ def site(artifacts: Path, tmp_path_factory: pytest.TempPathFactory) -> Site:
     pytest.importorskip("mkdocs", reason="the docs extra: pip install -e .[docs]")
     out = tmp_path_factory.mktemp("site") / "site"
     started = time.perf_counter()
-    proc = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "-f", str(ROOT / "mkdocs.yml"),
-                           "-d", str(out)], cwd=ROOT, env={**os.environ, **QUIET}, capture_output=True, text=True,
-                          timeout=900)
+    proc = subprocess.run(
+        [sys.executable, "-m", "mkdocs", "build", "--strict", "-f", str(ROOT / "mkdocs.yml"), "-d", str(out)],
+        cwd=ROOT,
+        env={**os.environ, **QUIET},
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     seconds = time.perf_counter() - started
     log = proc.stdout + proc.stderr
     (artifacts / "build.log").write_text(f"mkdocs build --strict: exit {proc.returncode}, {seconds:.1f} s\n\n{log}")
@@ -74,11 +79,15 @@ def _report(capsys: pytest.CaptureFixture[str], line: str) -> None:
         print(f"\n{line}")
 
 
-def test_the_site_builds_strict_with_no_warning(site: Site, artifacts: Path,
-                                                capsys: pytest.CaptureFixture[str]) -> None:
+def test_the_site_builds_strict_with_no_warning(
+    site: Site, artifacts: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     warnings = [line for line in site.log.splitlines() if re.match(r"^(WARNING|ERROR)\b", line)]
-    _report(capsys, f"docs: mkdocs build --strict took {site.seconds:.1f} s, {len(warnings)} warnings "
-                    f"(log: {artifacts / 'build.log'})")
+    _report(
+        capsys,
+        f"docs: mkdocs build --strict took {site.seconds:.1f} s, {len(warnings)} warnings "
+        f"(log: {artifacts / 'build.log'})",
+    )
     assert site.returncode == 0 and not warnings, "\n".join(warnings) or site.log[-3000:]
 
 
@@ -89,11 +98,19 @@ def test_every_page_of_the_nav_and_every_generated_page_is_built(site: Site) -> 
         from _gen import REFERENCE, options
     finally:
         sys.path.remove(str(ROOT / "docs"))
-    generated = [*REFERENCE, *options.howto_pages(), "benchmarks/index.md",
-                 *(f"benchmarks/{p.stem}.md" for p in (ROOT / "benchmarks" / "results").glob("*.json"))]
+    generated = [
+        *REFERENCE,
+        *options.howto_pages(),
+        "benchmarks/index.md",
+        *(f"benchmarks/{p.stem}.md" for p in (ROOT / "benchmarks" / "results").glob("*.json")),
+    ]
     for page in [*_nav_pages(), *generated]:
-        html = site.path / ("index.html" if page == "index.md" else page.removesuffix(".md").removesuffix("index")
-                            + ("/index.html" if not page.endswith("index.md") else "index.html"))
+        html = site.path / (
+            "index.html"
+            if page == "index.md"
+            else page.removesuffix(".md").removesuffix("index")
+            + ("/index.html" if not page.endswith("index.md") else "index.html")
+        )
         assert html.is_file(), f"{page}: {html} was not built"
     for plot in (ROOT / "benchmarks" / "results").glob("*.png"):
         assert (site.path / "benchmarks" / plot.name).is_file(), plot.name
@@ -104,8 +121,11 @@ def test_the_search_index_holds_every_page(site: Site) -> None:
     index = json.loads((site.path / "search" / "search_index.json").read_text())
     locations = {doc["location"].partition("#")[0] for doc in index["docs"]}
     for page in _nav_pages():
-        url = "" if page == "index.md" else page.removesuffix(".md").removesuffix("index") + (
-            "" if page.endswith("index.md") else "/")
+        url = (
+            ""
+            if page == "index.md"
+            else page.removesuffix(".md").removesuffix("index") + ("" if page.endswith("index.md") else "/")
+        )
         assert url in locations, f"{page} is not in the search index"
     texts = " ".join(doc["text"] for doc in index["docs"] if doc["location"].startswith("reference/options/"))
     assert "trainer.batch_size" in texts and "compute.nodes" in texts  # the generated reference's content
@@ -137,8 +157,13 @@ def _nav_pages() -> list[str]:
 
 def _sections() -> list[str]:
     """The nav's top-level sections (Tutorials, How-to guides, Reference, ...)."""
-    return [title for item in _config()["nav"] if isinstance(item, dict)
-            for title, value in item.items() if isinstance(value, list)]
+    return [
+        title
+        for item in _config()["nav"]
+        if isinstance(item, dict)
+        for title, value in item.items()
+        if isinstance(value, list)
+    ]
 
 
 @pytest.fixture(scope="module")
@@ -151,8 +176,11 @@ def served(site: Site, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tup
         port = s.getsockname()[1]
     log = tmp_path_factory.mktemp("http") / "requests.log"
     with log.open("w") as out:
-        server = subprocess.Popen([sys.executable, "-m", "http.server", "--bind", "127.0.0.1", str(port),
-                                   "--directory", str(site.path)], stdout=out, stderr=subprocess.STDOUT)
+        server = subprocess.Popen(
+            [sys.executable, "-m", "http.server", "--bind", "127.0.0.1", str(port), "--directory", str(site.path)],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
     url = f"http://127.0.0.1:{port}/"
     try:
         deadline = time.monotonic() + 30
@@ -173,14 +201,27 @@ def served(site: Site, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tup
 def _chromium(*args: str) -> subprocess.CompletedProcess[str]:
     if not Path(CHROMIUM).is_file():
         pytest.fail(f"Chromium is not installed ({CHROMIUM}): apt-get install chromium (.ci/run installs it)")
-    return subprocess.run([CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars",
-                           "--window-size=1280,2000", "--virtual-time-budget=8000", *args],
-                          capture_output=True, text=True, timeout=180)
+    return subprocess.run(
+        [
+            CHROMIUM,
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--hide-scrollbars",
+            "--window-size=1280,2000",
+            "--virtual-time-budget=8000",
+            *args,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
 
 
 @pytest.mark.parametrize("name", list(PAGES))
-def test_a_page_renders_in_a_browser_with_its_navigation(name: str, served: tuple[str, Path], artifacts: Path,
-                                                         capsys: pytest.CaptureFixture[str]) -> None:
+def test_a_page_renders_in_a_browser_with_its_navigation(
+    name: str, served: tuple[str, Path], artifacts: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     url = served[0] + PAGES[name]
     shot = artifacts / f"{name}.png"
     shot.unlink(missing_ok=True)
@@ -195,8 +236,9 @@ def test_a_page_renders_in_a_browser_with_its_navigation(name: str, served: tupl
     nav = re.search(r'<nav class="md-nav md-nav--primary".*?</nav>\s*</div>\s*</div>\s*</div>', html, re.S)
     assert nav, f"{url}: no primary navigation in the page"
     for section in _sections():
-        assert f">{section}<" in re.sub(r">\s+", ">", re.sub(r"\s+<", "<", nav.group(0))), \
+        assert f">{section}<" in re.sub(r">\s+", ">", re.sub(r"\s+<", "<", nav.group(0))), (
             f"{url}: the navigation lacks the section {section!r}"
+        )
     assert 'class="md-search"' in html, f"{url}: no search box"
     assert "<h1" in html
     if name == "options":

@@ -18,8 +18,14 @@ from ddlkit.launch.jobs import index
 from ddlkit.launch.prepare import job_name
 from ddlkit.testing import FAKES_MODULE, RunFactory, interruptible, wait_for
 
-SMALL = ("data.image_size=8", "data.num_classes=4", "data.val_length=16", "trainer.batch_size=8", "trainer.epochs=1",
-         "trainer.log_every=10")
+SMALL = (
+    "data.image_size=8",
+    "data.num_classes=4",
+    "data.val_length=16",
+    "trainer.batch_size=8",
+    "trainer.epochs=1",
+    "trainer.log_every=10",
+)
 #: about 10 s: long enough to be found, attached to and cancelled while it runs
 SLOW = (*SMALL, "data.length=8000", "framework.step_delay_s=0.01")
 
@@ -73,9 +79,23 @@ def test_attach_follows_a_detached_job_to_its_result(run_factory: RunFactory) ->
 def test_a_job_run_in_the_foreground_is_found_from_another_shell(run_factory: RunFactory) -> None:
     job_dir = run_factory.base_dir / "foreground"
     env = {**os.environ, "DDLKIT_PLUGINS": FAKES_MODULE}
-    launcher = subprocess.Popen([sys.executable, "-m", "ddlkit", "framework=fake", *SMALL, "data.length=1600",
-                                 "framework.step_delay_s=0.01", f"hydra.run.dir={job_dir}"], cwd=run_factory.base_dir,
-                                env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, preexec_fn=interruptible)
+    launcher = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "ddlkit",
+            "framework=fake",
+            *SMALL,
+            "data.length=1600",
+            "framework.step_delay_s=0.01",
+            f"hydra.run.dir={job_dir}",
+        ],
+        cwd=run_factory.base_dir,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        preexec_fn=interruptible,
+    )
     try:
         wait_for(lambda: (job_dir / index.SUBMISSION_FILE).is_file(), "the job's record", process=launcher)
         assert state(run_factory, job_name(job_dir)) == "running"
@@ -97,12 +117,15 @@ def test_a_job_of_another_host_or_without_an_exit_record_has_no_invented_end(run
     submission = json.loads(record.read_text())
     record.write_text(json.dumps({**submission, "host": "other-host"}))
     status = run_factory.cli("jobs", "status", str(job_dir)).assert_success().stdout
-    assert (f"state:     unknown from this host: it runs as process {submission['id']} on host other-host; ask "
-            "there\n") in status and "exit status" not in status, status
+    assert (
+        f"state:     unknown from this host: it runs as process {submission['id']} on host other-host; ask there\n"
+    ) in status and "exit status" not in status, status
     cancel = run_factory.cli("jobs", "cancel", str(job_dir)).assert_returncode(2)
-    assert cancel.stderr == (f"ddlkit: error: job {job_name(job_dir)} runs as process {submission['id']} on host "
-                             "other-host: its state is unknown from this host; cancel it there (ddlkit jobs cancel "
-                             f"{job_name(job_dir)}).\n")
+    assert cancel.stderr == (
+        f"ddlkit: error: job {job_name(job_dir)} runs as process {submission['id']} on host "
+        "other-host: its state is unknown from this host; cancel it there (ddlkit jobs cancel "
+        f"{job_name(job_dir)}).\n"
+    )
     # on its own host, with no exit record and no process left (the machine restarted)
     record.write_text(json.dumps(submission))
     (job_dir / ".ddlkit" / "exit.json").unlink()
@@ -111,8 +134,9 @@ def test_a_job_of_another_host_or_without_an_exit_record_has_no_invented_end(run
     assert "exit status" not in status and "SIGKILL" not in status, status  # not the -9 it once invented
 
 
-def test_an_ended_job_is_answered_from_its_record_once_its_target_cannot_attach(run_factory: RunFactory,
-                                                                               tmp_path: Path) -> None:
+def test_an_ended_job_is_answered_from_its_record_once_its_target_cannot_attach(
+    run_factory: RunFactory, tmp_path: Path
+) -> None:
     """`ddlkit jobs status` of an ended job failed with the target's "cannot attach" once the target could no
     longer reach the job (issue 25, item 7). Its end is in its record, written after its files came back: the
     result in result.json, rank 0's output in rank-0.log; the target is not asked."""
@@ -145,8 +169,10 @@ def test_an_ended_job_is_answered_from_its_record_once_its_target_cannot_attach(
 def test_an_unknown_job_is_named_with_the_recent_ones(run_factory: RunFactory) -> None:
     index.record("2026-11-23_10-00-00-0badcafe", run_factory.base_dir / "a", "local", "1")
     out = run_factory.cli("jobs", "status", "nosuchjob").assert_returncode(2)
-    assert out.stderr == ("ddlkit: error: unknown job 'nosuchjob': not a job directory nor a recorded job name. "
-                          "Recent jobs: 2026-11-23_10-00-00-0badcafe (`ddlkit jobs list`).\n")
+    assert out.stderr == (
+        "ddlkit: error: unknown job 'nosuchjob': not a job directory nor a recorded job name. "
+        "Recent jobs: 2026-11-23_10-00-00-0badcafe (`ddlkit jobs list`).\n"
+    )
 
 
 def test_a_directory_that_is_no_job_is_refused(run_factory: RunFactory) -> None:
@@ -167,17 +193,22 @@ def test_an_unwritable_state_directory_leaves_a_run_unharmed_and_refuses_detach(
     not_a_dir = run_factory.base_dir / "state-file"
     not_a_dir.write_text("")
     env = {index.STATE_DIR_ENV: str(not_a_dir)}
-    why = (f"the job index's directory {not_a_dir}/jobs ($DDLKIT_STATE_DIR) cannot be written (Not a directory): "
-           "set DDLKIT_STATE_DIR to a writable directory")
+    why = (
+        f"the job index's directory {not_a_dir}/jobs ($DDLKIT_STATE_DIR) cannot be written (Not a directory): "
+        "set DDLKIT_STATE_DIR to a writable directory"
+    )
     job_dir = run_factory.base_dir / "unindexed"
     out = run_factory(*SMALL, "data.length=64", job_dir=job_dir, env=env).assert_success()
-    assert out.stderr == (f"ddlkit: warning: {why}; until then `ddlkit jobs` finds jobs by their directory only "
-                          "(`ddlkit jobs status <job dir>`).\n")
+    assert out.stderr == (
+        f"ddlkit: warning: {why}; until then `ddlkit jobs` finds jobs by their directory only "
+        "(`ddlkit jobs status <job dir>`).\n"
+    )
     assert state(run_factory, str(job_dir)) == "succeeded"
     detached = run_factory.base_dir / "detached"
     out = run_factory("--detach", *SMALL, job_dir=detached, env=env).assert_returncode(2)
-    assert out.stderr == (f"ddlkit: error: --detach records the job in the job index, to find it again: {why}, or run "
-                          "without --detach.\n")
+    assert out.stderr == (
+        f"ddlkit: error: --detach records the job in the job index, to find it again: {why}, or run without --detach.\n"
+    )
     assert not detached.exists()
 
 

@@ -22,14 +22,30 @@ from ddlkit.rank.worker import hold_job_directory
 from ddlkit.registry import Registry
 from ddlkit.testing import FAKES_MODULE, RunFactory, interruptible, wait_for
 
-SLOW = ("framework=fake", "data.image_size=8", "data.num_classes=4", "data.val_length=16", "trainer.batch_size=8",
-        "trainer.epochs=1", "trainer.log_every=10", "data.length=8000", "framework.step_delay_s=0.01")
+SLOW = (
+    "framework=fake",
+    "data.image_size=8",
+    "data.num_classes=4",
+    "data.val_length=16",
+    "trainer.batch_size=8",
+    "trainer.epochs=1",
+    "trainer.log_every=10",
+    "data.length=8000",
+    "framework.step_delay_s=0.01",
+)
 
 
 def launch(cwd: Path, *args: str) -> subprocess.Popen:
     env = {**os.environ, "DDLKIT_PLUGINS": FAKES_MODULE}
-    return subprocess.Popen([sys.executable, "-m", "ddlkit", *args], cwd=cwd, env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, preexec_fn=interruptible)
+    return subprocess.Popen(
+        [sys.executable, "-m", "ddlkit", *args],
+        cwd=cwd,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        preexec_fn=interruptible,
+    )
 
 
 def processes_in(directory: Path) -> list[int]:
@@ -84,8 +100,10 @@ def test_a_killed_launcher_takes_its_job_down_with_a_checkpoint(tmp_path: Path) 
         launcher.kill()
     wait_for(lambda: (job_dir / EXIT_FILE).is_file(), "the orphaned job to end", timeout=30)
     assert json.loads((job_dir / EXIT_FILE).read_text())["code"] == EXIT_PREEMPTED
-    assert "the launcher of this job is gone; asking the job to checkpoint and stop" in (
-        job_dir / "rank-0.log").read_text()
+    assert (
+        "the launcher of this job is gone; asking the job to checkpoint and stop"
+        in (job_dir / "rank-0.log").read_text()
+    )
     assert (job_dir / "checkpoints" / "latest").is_file()
     wait_for(lambda: not processes_in(job_dir), "the job's processes to end", timeout=10)
     status = index.load(job_dir).handle(Registry.collect(get_plugin_manager())).status()
@@ -130,17 +148,31 @@ def test_the_worker_refuses_a_job_directory_another_process_holds(run_factory: R
     """The last line of defence (two launchers racing, or a job nobody recorded): rank 0 locks
     the directory for the run; the kernel releases the lock on any exit."""
     job_dir = run_factory.base_dir / "locked"
-    run_factory("data.length=64", "data.val_length=16", "trainer.batch_size=8", "trainer.epochs=1",
-                job_dir=job_dir).assert_success()
-    holder = subprocess.Popen([sys.executable, "-c", "import sys, time; from pathlib import Path; "
-                               "from ddlkit.rank.worker import hold_job_directory; "
-                               f"lock = hold_job_directory(Path({str(job_dir)!r})); print('held', flush=True); "
-                               "time.sleep(60)"], stdout=subprocess.PIPE, text=True)
+    run_factory(
+        "data.length=64", "data.val_length=16", "trainer.batch_size=8", "trainer.epochs=1", job_dir=job_dir
+    ).assert_success()
+    holder = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import sys, time; from pathlib import Path; "
+            "from ddlkit.rank.worker import hold_job_directory; "
+            f"lock = hold_job_directory(Path({str(job_dir)!r})); print('held', flush=True); "
+            "time.sleep(60)",
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     try:
         assert holder.stdout.readline() == "held\n"
-        proc = subprocess.run([sys.executable, "-m", "ddlkit.rank.worker", "job.json"], cwd=job_dir,
-                              capture_output=True, text=True, timeout=60,
-                              env={**os.environ, "DDLKIT_PLUGINS": FAKES_MODULE})
+        proc = subprocess.run(
+            [sys.executable, "-m", "ddlkit.rank.worker", "job.json"],
+            cwd=job_dir,
+            capture_output=True,
+            text=True,
+            timeout=60,
+            env={**os.environ, "DDLKIT_PLUGINS": FAKES_MODULE},
+        )
     finally:
         holder.kill()
         holder.wait()

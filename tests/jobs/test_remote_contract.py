@@ -20,15 +20,24 @@ from ddlkit.testing.contracts import ComputeTargetContract
 from ddlkit.testing.elsewhere import ElsewhereComputeConfig, ElsewhereTarget
 from ddlkit.testing.fakes import MODEL_FILE
 
-COMMON = ("data.image_size=8", "data.num_classes=4", "data.length=64", "data.val_length=16", "trainer.batch_size=8",
-          "trainer.epochs=2", "trainer.log_every=2", "trainer.deterministic=true")
+COMMON = (
+    "data.image_size=8",
+    "data.num_classes=4",
+    "data.length=64",
+    "data.val_length=16",
+    "trainer.batch_size=8",
+    "trainer.epochs=2",
+    "trainer.log_every=2",
+    "trainer.deterministic=true",
+)
 
 
 class TestElsewhereTarget(ComputeTargetContract):
     @pytest.fixture
     def target(self, tmp_path: Path) -> ComputeTarget:
-        return ElsewhereTarget(ElsewhereComputeConfig(root=str(tmp_path / "cluster"), poll_interval_s=0.05,
-                                                      grace_period_s=5.0))
+        return ElsewhereTarget(
+            ElsewhereComputeConfig(root=str(tmp_path / "cluster"), poll_interval_s=0.05, grace_period_s=5.0)
+        )
 
 
 def elsewhere(tmp_path: Path) -> tuple[str, str]:
@@ -51,8 +60,9 @@ def test_a_run_elsewhere_ends_with_the_weights_of_a_local_run(run_factory: RunFa
 
 
 @pytest.mark.slow
-def test_a_run_elsewhere_resumes_from_the_checkpoints_on_the_other_side(run_factory: RunFactory,
-                                                                        tmp_path: Path) -> None:
+def test_a_run_elsewhere_resumes_from_the_checkpoints_on_the_other_side(
+    run_factory: RunFactory, tmp_path: Path
+) -> None:
     straight = run_factory(*COMMON).assert_success()
     job_dir = tmp_path / "resumed"
     run_factory(*COMMON, *elsewhere(tmp_path), "trainer.max_steps=3", job_dir=job_dir).assert_success()
@@ -64,8 +74,9 @@ def test_a_run_elsewhere_resumes_from_the_checkpoints_on_the_other_side(run_fact
 @pytest.mark.slow
 def test_a_sweep_runs_elsewhere(run_factory: RunFactory, tmp_path: Path) -> None:
     sweep = tmp_path / "sweep"
-    run_factory.cli("-m", *COMMON, *elsewhere(tmp_path), "optimizer.lr=0.1,0.2",
-                    f"hydra.sweep.dir={sweep}").assert_success()
+    run_factory.cli(
+        "-m", *COMMON, *elsewhere(tmp_path), "optimizer.lr=0.1,0.2", f"hydra.sweep.dir={sweep}"
+    ).assert_success()
     ledger = json.loads((sweep / "ledger.json").read_text())["jobs"]
     for num in ("0", "1"):
         job = ledger[num]
@@ -76,17 +87,31 @@ def test_a_sweep_runs_elsewhere(run_factory: RunFactory, tmp_path: Path) -> None
 
 
 @pytest.mark.slow
-def test_a_rerun_sweep_reattaches_to_jobs_its_killed_launcher_left_running(run_factory: RunFactory,
-                                                                          tmp_path: Path) -> None:
+def test_a_rerun_sweep_reattaches_to_jobs_its_killed_launcher_left_running(
+    run_factory: RunFactory, tmp_path: Path
+) -> None:
     """The launcher dies (SIGKILL: no cleanup at all); its jobs on the cluster run on. Running the
     sweep again re-attaches to them instead of submitting them a second time."""
     sweep = tmp_path / "sweep"
-    args = ["-m", "framework=fake", *COMMON, *elsewhere(tmp_path), "data.length=3000", "framework.step_delay_s=0.01",
-            "optimizer.lr=0.1,0.2", f"hydra.sweep.dir={sweep}"]
+    args = [
+        "-m",
+        "framework=fake",
+        *COMMON,
+        *elsewhere(tmp_path),
+        "data.length=3000",
+        "framework.step_delay_s=0.01",
+        "optimizer.lr=0.1,0.2",
+        f"hydra.sweep.dir={sweep}",
+    ]
     env = {**os.environ, "DDLKIT_PLUGINS": FAKES_MODULE}
-    launcher = subprocess.Popen([sys.executable, "-m", "ddlkit", *args], cwd=tmp_path, env=env,
-                                stdout=open(tmp_path / "launcher.log", "w"), stderr=subprocess.STDOUT,
-                                preexec_fn=interruptible)
+    launcher = subprocess.Popen(
+        [sys.executable, "-m", "ddlkit", *args],
+        cwd=tmp_path,
+        env=env,
+        stdout=open(tmp_path / "launcher.log", "w"),
+        stderr=subprocess.STDOUT,
+        preexec_fn=interruptible,
+    )
     ledger = sweep / "ledger.json"
 
     def both_running() -> bool:
@@ -94,8 +119,12 @@ def test_a_rerun_sweep_reattaches_to_jobs_its_killed_launcher_left_running(run_f
         return len(jobs) == 2 and all(j["status"] == "running" and j["handle"] for j in jobs.values())
 
     try:
-        wait_for(both_running, "the sweep's two jobs to start", process=launcher,
-                 detail=lambda: (tmp_path / "launcher.log").read_text())
+        wait_for(
+            both_running,
+            "the sweep's two jobs to start",
+            process=launcher,
+            detail=lambda: (tmp_path / "launcher.log").read_text(),
+        )
     finally:
         launcher.send_signal(signal.SIGKILL)
         launcher.wait()
@@ -111,8 +140,13 @@ def test_a_rerun_sweep_reattaches_to_jobs_its_killed_launcher_left_running(run_f
 
 
 def test_a_rank_started_outside_its_job_directory_says_so(tmp_path: Path) -> None:
-    proc = subprocess.run([sys.executable, "-m", "ddlkit.rank.worker", "job.json"], cwd=tmp_path, capture_output=True,
-                          text=True, timeout=60)
+    proc = subprocess.run(
+        [sys.executable, "-m", "ddlkit.rank.worker", "job.json"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert proc.returncode == 2
     assert proc.stderr.startswith(f"ddlkit worker: cannot read the job file {tmp_path}/job.json (")
     assert "Traceback" not in proc.stderr
@@ -126,15 +160,22 @@ def test_a_rank_needs_no_plugin_of_the_target_it_runs_in(run_factory: RunFactory
     job["config"]["compute"] = {"name": "somewhere", "nodes": 2, "queue": "gpu"}  # no installed plugin has it
     (job_dir / "job.json").write_text(json.dumps(job))
     (job_dir / "result.json").unlink()
-    proc = subprocess.run([sys.executable, "-m", "ddlkit.rank.worker", "job.json"], cwd=job_dir, capture_output=True,
-                          text=True, timeout=120, env={**os.environ, "DDLKIT_PLUGINS": FAKES_MODULE})
+    proc = subprocess.run(
+        [sys.executable, "-m", "ddlkit.rank.worker", "job.json"],
+        cwd=job_dir,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "DDLKIT_PLUGINS": FAKES_MODULE},
+    )
     assert proc.returncode == 0, proc.stderr
     assert json.loads((job_dir / "result.json").read_text())["status"] == "completed"
 
 
 NEEDS = ("framework.needs=[ddlkit_no_such_module]",)
-NEEDS_MESSAGE = ("framework=fake needs ddlkit_no_such_module, which this environment lacks: install it where the "
-                 "ranks run.")
+NEEDS_MESSAGE = (
+    "framework=fake needs ddlkit_no_such_module, which this environment lacks: install it where the ranks run."
+)
 
 
 def test_what_the_ranks_need_is_required_here_when_they_run_here(run_factory: RunFactory) -> None:
@@ -146,13 +187,17 @@ def test_what_the_ranks_need_is_required_here_when_they_run_here(run_factory: Ru
 
 @pytest.mark.slow
 def test_what_the_ranks_need_is_not_required_of_a_launcher_whose_target_runs_them_elsewhere(
-        run_factory: RunFactory, tmp_path: Path) -> None:
+    run_factory: RunFactory, tmp_path: Path
+) -> None:
     """A laptop plans and submits a job whose ranks run in their own environment (an image, another
     interpreter); the plan says what they need, and a rank that lacks it fails at once, in one line."""
-    plan = run_factory.cli("plan", "framework=fake", *COMMON, *NEEDS, *elsewhere(tmp_path),
-                           f"hydra.run.dir={tmp_path / 'planned'}").assert_success()
-    assert (f"      where the ranks run: {NEEDS_MESSAGE} (not needed here: compute=elsewhere's ranks check their "
-            "own environment when they start)\n") in plan.stdout
+    plan = run_factory.cli(
+        "plan", "framework=fake", *COMMON, *NEEDS, *elsewhere(tmp_path), f"hydra.run.dir={tmp_path / 'planned'}"
+    ).assert_success()
+    assert (
+        f"      where the ranks run: {NEEDS_MESSAGE} (not needed here: compute=elsewhere's ranks check their "
+        "own environment when they start)\n"
+    ) in plan.stdout
     outcome = run_factory(*COMMON, *NEEDS, *elsewhere(tmp_path)).assert_returncode(2)
     assert f"ConfigError: {NEEDS_MESSAGE}" in outcome.stderr  # the job's report quotes the rank's line
     assert f"ddlkit worker (rank 0): ConfigError: {NEEDS_MESSAGE}" in (outcome.job_dir / "rank-0.log").read_text()

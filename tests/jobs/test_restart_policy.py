@@ -11,20 +11,23 @@ from ddlkit import JobState, JobStatus
 from ddlkit.compute.restarts import RestartPolicy, classify
 
 
-@pytest.mark.parametrize(("state", "code", "restart", "why"), [
-    (JobState.FAILED, -9, True, "a rank was killed by SIGKILL from outside (a lost node, a preemption)"),
-    (JobState.FAILED, 137, True, "a rank was killed by SIGKILL from outside (a lost node, a preemption)"),
-    (JobState.FAILED, -15, True, "a rank was killed by SIGTERM from outside (a lost node, a preemption)"),
-    (JobState.FAILED, 75, True, "its ranks were stopped on notice (a preemption) after a checkpoint"),
-    (JobState.FAILED, 76, True, "a rank was lost (it left, went silent or never joined)"),
-    (JobState.FAILED, 1, False, "an error in the job's own code or data (exit status 1)"),
-    (JobState.FAILED, 2, False, "a config error, which the same command would meet again"),
-    (JobState.FAILED, 3, False, "a plugin error, which the same command would meet again"),
-    (JobState.FAILED, -11, False, "a rank crashed with SIGSEGV: a fault in the job's own (native) code"),
-    (JobState.FAILED, 134, False, "a rank crashed with SIGABRT: a fault in the job's own (native) code"),
-    (JobState.CANCELLED, -15, False, "the job was cancelled"),
-    (JobState.SUCCEEDED, 0, False, "the job succeeded"),
-])
+@pytest.mark.parametrize(
+    ("state", "code", "restart", "why"),
+    [
+        (JobState.FAILED, -9, True, "a rank was killed by SIGKILL from outside (a lost node, a preemption)"),
+        (JobState.FAILED, 137, True, "a rank was killed by SIGKILL from outside (a lost node, a preemption)"),
+        (JobState.FAILED, -15, True, "a rank was killed by SIGTERM from outside (a lost node, a preemption)"),
+        (JobState.FAILED, 75, True, "its ranks were stopped on notice (a preemption) after a checkpoint"),
+        (JobState.FAILED, 76, True, "a rank was lost (it left, went silent or never joined)"),
+        (JobState.FAILED, 1, False, "an error in the job's own code or data (exit status 1)"),
+        (JobState.FAILED, 2, False, "a config error, which the same command would meet again"),
+        (JobState.FAILED, 3, False, "a plugin error, which the same command would meet again"),
+        (JobState.FAILED, -11, False, "a rank crashed with SIGSEGV: a fault in the job's own (native) code"),
+        (JobState.FAILED, 134, False, "a rank crashed with SIGABRT: a fault in the job's own (native) code"),
+        (JobState.CANCELLED, -15, False, "the job was cancelled"),
+        (JobState.SUCCEEDED, 0, False, "the job succeeded"),
+    ],
+)
 def test_an_end_is_the_infrastructures_or_the_jobs_own(state: JobState, code: int, restart: bool, why: str) -> None:
     assert (classify(JobStatus(state, code)).restart, classify(JobStatus(state, code)).why) == (restart, why)
 
@@ -51,9 +54,11 @@ def test_a_target_restarts_in_place_under_the_launchers_policy_and_the_launcher_
     (tmp_path / "rank-0.log").write_text("train epoch 1/2 step 7/16 loss 1.0 lr 0.1 img/s 10.0 eta 0:00:09\n")
     lost = JobStatus(JobState.FAILED, 137, "rank 1's node (1) was lost: ActorDiedError")
     entry = target.plan_restart(classify(lost), lost, tmp_path, "auto", in_place=True)
-    assert out.getvalue() == ("ddlkit: restart 2/3 in place: a rank was killed by SIGKILL from outside (a lost node, "
-                              "a preemption); it ended at step 7 (rank 1's node (1) was lost: ActorDiedError); "
-                              "resuming from step 0 in 4 s\n")  # the second restart: the backoff doubled
+    assert out.getvalue() == (
+        "ddlkit: restart 2/3 in place: a rank was killed by SIGKILL from outside (a lost node, "
+        "a preemption); it ended at step 7 (rank 1's node (1) was lost: ActorDiedError); "
+        "resuming from step 0 in 4 s\n"
+    )  # the second restart: the backoff doubled
     assert (entry["in_place"], entry["steps_lost"], entry["step_reached"]) == (True, 7, 7)
     ended = JobStatus(JobState.SUCCEEDED, 0, restarts=(entry,))
     launcher.count_in_place(ended)

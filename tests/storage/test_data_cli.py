@@ -9,8 +9,8 @@ import pytest
 from PIL import Image
 
 from ddlkit.builtin.imagefolder.index import load_index
-from ddlkit.storage import Manifest, sha256_file
 from ddlkit.launch.cli import main
+from ddlkit.storage import Manifest, sha256_file
 
 WNIDS = ["n01440764", "n01443537", "n01484850"]
 
@@ -32,8 +32,9 @@ def _snapshot(folder: Path) -> dict[str, tuple[int, str]]:
 
 
 @pytest.mark.parametrize("form", ["wnid-per-line", "pairs", "kaggle-csv", "class-ids"])
-def test_prepare_makes_class_folders_without_touching_the_source(flat_val: tuple[Path, list[str]], tmp_path: Path,
-                                                                 form: str) -> None:
+def test_prepare_makes_class_folders_without_touching_the_source(
+    flat_val: tuple[Path, list[str]], tmp_path: Path, form: str
+) -> None:
     src, labels = flat_val
     names = sorted(p.name for p in src.iterdir())
     extra: list[str] = []
@@ -43,7 +44,8 @@ def test_prepare_makes_class_folders_without_touching_the_source(flat_val: tuple
         text = "\n".join(f"{n} {w}" for n, w in zip(names, labels, strict=True))
     elif form == "kaggle-csv":
         text = "ImageId,PredictionString\n" + "\n".join(
-            f"{Path(n).stem},{w} 1 2 3 4 {w} 5 6 7 8" for n, w in zip(names, labels, strict=True))
+            f"{Path(n).stem},{w} 1 2 3 4 {w} 5 6 7 8" for n, w in zip(names, labels, strict=True)
+        )
     else:
         (tmp_path / "synsets.txt").write_text("\n".join(f"{w} some words" for w in WNIDS))
         text = "\n".join(str(WNIDS.index(w) + 1) for w in labels)
@@ -55,8 +57,18 @@ def test_prepare_makes_class_folders_without_touching_the_source(flat_val: tuple
         Image.new("RGB", (20, 16)).save(train / w / f"{w}_1.JPEG")
     before = _snapshot(src)
     out = tmp_path / "imagenet"
-    args = ["data", "prepare", str(out), "--val-images", str(src), "--val-labels", str(tmp_path / "labels.txt"),
-            "--train", str(train), *extra]
+    args = [
+        "data",
+        "prepare",
+        str(out),
+        "--val-images",
+        str(src),
+        "--val-labels",
+        str(tmp_path / "labels.txt"),
+        "--train",
+        str(train),
+        *extra,
+    ]
     assert main(args) == 0
     assert _snapshot(src) == before, "the source must be left exactly as it was"
     for name, wnid in zip(names, labels, strict=True):
@@ -65,29 +77,47 @@ def test_prepare_makes_class_folders_without_touching_the_source(flat_val: tuple
     manifest = Manifest.read(out / "manifest.tsv")
     assert len(manifest) == 6 + 3
     entry = manifest.by_path[f"validation/{labels[0]}/{names[0]}"]
-    assert (entry.size, entry.sha256, entry.label) == ((src / names[0]).stat().st_size, sha256_file(src / names[0]),
-                                                       labels[0])
+    assert (entry.size, entry.sha256, entry.label) == (
+        (src / names[0]).stat().st_size,
+        sha256_file(src / names[0]),
+        labels[0],
+    )
     index = load_index(str(out))
     assert (index.source, len(index.train), len(index.val)) == ("manifest", 3, 6)
     assert main(args) == 0  # re-running finishes or repeats harmlessly
 
 
-def test_prepare_reports_bad_label_files(flat_val: tuple[Path, list[str]], tmp_path: Path,
-                                         capsys: pytest.CaptureFixture[str]) -> None:
+def test_prepare_reports_bad_label_files(
+    flat_val: tuple[Path, list[str]], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     src, _ = flat_val
     (tmp_path / "ids.txt").write_text("1\n2\n3\n1\n2\n3\n")
-    code = main(["data", "prepare", str(tmp_path / "out"), "--val-images", str(src), "--val-labels",
-                 str(tmp_path / "ids.txt")])
+    code = main(
+        ["data", "prepare", str(tmp_path / "out"), "--val-images", str(src), "--val-labels", str(tmp_path / "ids.txt")]
+    )
     assert code == 2 and "--synsets" in capsys.readouterr().err
     (tmp_path / "short.txt").write_text("n01440764\n")
-    assert main(["data", "prepare", str(tmp_path / "out"), "--val-images", str(src), "--val-labels",
-                 str(tmp_path / "short.txt")]) == 2
+    assert (
+        main(
+            [
+                "data",
+                "prepare",
+                str(tmp_path / "out"),
+                "--val-images",
+                str(src),
+                "--val-labels",
+                str(tmp_path / "short.txt"),
+            ]
+        )
+        == 2
+    )
     assert "1 labels for 6 images" in capsys.readouterr().err
     assert not (tmp_path / "out").exists()
 
 
-def test_upload_to_a_directory_is_resumable_and_skips_what_matches(tmp_path: Path,
-                                                                   capsys: pytest.CaptureFixture[str]) -> None:
+def test_upload_to_a_directory_is_resumable_and_skips_what_matches(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     src = tmp_path / "src"
     (src / "train" / WNIDS[0]).mkdir(parents=True)
     for i in range(5):

@@ -17,8 +17,17 @@ from ddlkit.builtin.local_ssd_storage import LocalSsdStorage
 from ddlkit.builtin.local_storage import LocalStorage, LocalStorageConfig
 from ddlkit.builtin.nfs_storage import NfsStorage, NfsStorageConfig
 from ddlkit.launch.prepare import job_name
-from ddlkit.storage import (LocalSsdConfig, Manifest, TransientStorageError, build_manifest, dataset_dirname,
-                            is_staged, publish_files, result_files, stage)
+from ddlkit.storage import (
+    LocalSsdConfig,
+    Manifest,
+    TransientStorageError,
+    build_manifest,
+    dataset_dirname,
+    is_staged,
+    publish_files,
+    result_files,
+    stage,
+)
 from ddlkit.testing.contracts import StorageBackendContract
 from ddlkit.testing.images import ImageDataset, make_image_dataset
 
@@ -38,8 +47,9 @@ class TestLocalSsdStorage(StorageBackendContract):
 
 @pytest.fixture(scope="module")
 def dataset(tmp_path_factory: pytest.TempPathFactory) -> ImageDataset:
-    ds = make_image_dataset(tmp_path_factory.mktemp("share") / "imagenet", classes=3, train_per_class=6,
-                            val_per_class=2, odd_files=True)
+    ds = make_image_dataset(
+        tmp_path_factory.mktemp("share") / "imagenet", classes=3, train_per_class=6, val_per_class=2, odd_files=True
+    )
     build_manifest(ds.root).write(ds.root / "manifest.tsv")
     return ds
 
@@ -88,8 +98,11 @@ def _no_backoff(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_staging_copies_verifies_and_a_second_staging_transfers_nothing(dataset: ImageDataset, tmp_path: Path) -> None:
     manifest = Manifest.read(dataset.root / "manifest.tsv")
     first = stage(LocalStorage(LocalStorageConfig(root=str(dataset.root))), tmp_path / "copy", describe="share")
-    assert (first.files_transferred, first.bytes_transferred, first.reused) == (len(manifest), manifest.total_bytes,
-                                                                               False)
+    assert (first.files_transferred, first.bytes_transferred, first.reused) == (
+        len(manifest),
+        manifest.total_bytes,
+        False,
+    )
     for e in manifest.entries:
         assert (tmp_path / "copy" / e.path).read_bytes() == (dataset.root / e.path).read_bytes()
     assert build_manifest(tmp_path / "copy").dumps() == manifest.dumps()  # the .ddlkit state folder is not data
@@ -133,8 +146,9 @@ def test_a_changed_manifest_restages_exactly_the_changed_files(dataset: ImageDat
     assert report.files_transferred == 1 and (tmp_path / "copy" / victim).read_bytes() == (src / victim).read_bytes()
 
 
-def test_staging_refuses_a_disk_that_is_too_small(dataset: ImageDataset, tmp_path: Path,
-                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+def test_staging_refuses_a_disk_that_is_too_small(
+    dataset: ImageDataset, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     usage = shutil.disk_usage(tmp_path)
     monkeypatch.setattr(shutil, "disk_usage", lambda p: usage._replace(free=1000))
     with pytest.raises(ConfigError) as info:
@@ -165,8 +179,13 @@ def test_results_are_published_with_result_json_last(tmp_path: Path) -> None:
     job = _job_dir(tmp_path)
     files = result_files(job, checkpoints=True)
     assert files[-1] == "result.json"
-    assert {"model.pt", "rank-0.log", "metrics.jsonl", "checkpoints/latest",
-            "checkpoints/step-00000004.ckpt/weights.bin"} <= set(files)
+    assert {
+        "model.pt",
+        "rank-0.log",
+        "metrics.jsonl",
+        "checkpoints/latest",
+        "checkpoints/step-00000004.ckpt/weights.bin",
+    } <= set(files)
     dest = Flaky(tmp_path / "dest", transient=2)
     publish_files(job, files, dest, "results/job")
     assert dest.puts[-1] == "results/job/result.json"
@@ -208,17 +227,30 @@ def test_nfs_reads_data_in_place_and_explains_a_missing_mount(tmp_path: Path, da
 
 # ---------------------------------------------------------------------------- whole runs (fake framework)
 def _run(run_inprocess: Any, dataset: ImageDataset, tmp_path: Path, name: str, *more: str) -> Any:
-    out = run_inprocess("data=imagefolder", f"data.root={dataset.root}", "data.image_size=16", "trainer.batch_size=4",
-                        "trainer.epochs=2", "trainer.log_every=1", *more, job_dir=tmp_path / name)
+    out = run_inprocess(
+        "data=imagefolder",
+        f"data.root={dataset.root}",
+        "data.image_size=16",
+        "trainer.batch_size=4",
+        "trainer.epochs=2",
+        "trainer.log_every=1",
+        *more,
+        job_dir=tmp_path / name,
+    )
     assert (out.exit_code, out.status) == (0, "completed")
     return out
 
 
-def test_local_ssd_run_stages_once_per_node_and_publishes(run_inprocess: Any, dataset: ImageDataset,
-                                                          tmp_path: Path) -> None:
+def test_local_ssd_run_stages_once_per_node_and_publishes(
+    run_inprocess: Any, dataset: ImageDataset, tmp_path: Path
+) -> None:
     scratch, results = tmp_path / "scratch", tmp_path / "results"
-    args = ("storage=local_ssd", f"storage.scratch={scratch}", f"storage.results={results}",
-            "storage.upload_checkpoints=true")
+    args = (
+        "storage=local_ssd",
+        f"storage.scratch={scratch}",
+        f"storage.results={results}",
+        "storage.upload_checkpoints=true",
+    )
     first = _run(run_inprocess, dataset, tmp_path, "first", *args)
     staged = json.loads((first.job_dir / "staging-node0.json").read_text())
     assert staged["files_transferred"] == len(Manifest.read(dataset.root / "manifest.tsv")) and not staged["reused"]
@@ -236,11 +268,13 @@ def test_local_ssd_run_stages_once_per_node_and_publishes(run_inprocess: Any, da
     assert (again["bytes_transferred"], again["reused"]) == (0, True)
 
 
-def test_local_ssd_defaults_to_the_scratch_directory_the_compute_target_provides(dataset: ImageDataset,
-                                                                               tmp_path: Path) -> None:
+def test_local_ssd_defaults_to_the_scratch_directory_the_compute_target_provides(
+    dataset: ImageDataset, tmp_path: Path
+) -> None:
     barriers = []
-    dist = SimpleNamespace(is_local_main=True, node=3, node_scratch=str(tmp_path / "node3"),
-                           barrier=lambda: barriers.append(1))
+    dist = SimpleNamespace(
+        is_local_main=True, node=3, node_scratch=str(tmp_path / "node3"), barrier=lambda: barriers.append(1)
+    )
     storage = LocalSsdStorage(LocalSsdConfig())
     run = SimpleNamespace(dist=dist, job_dir=tmp_path / "job", extra_result={})
     path = storage.prepare_data(str(dataset.root), run)

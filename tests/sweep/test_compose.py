@@ -47,8 +47,11 @@ def test_value_only_jobs_equal_full_compositions_and_are_composed_once(hydra_loa
     loader, master = hydra_loader
     load = CountingLoad(loader)
     shared = SharedCompositions(load)
-    jobs = [["framework=fake", f"optimizer.lr={lr}", f"trainer.seed={seed}", "data.name='synthetic'"]
-            for lr in (0.1, 0.2, 0.3) for seed in (1, 2)]
+    jobs = [
+        ["framework=fake", f"optimizer.lr={lr}", f"trainer.seed={seed}", "data.name='synthetic'"]
+        for lr in (0.1, 0.2, 0.3)
+        for seed in (1, 2)
+    ]
     taken = [shared.take(master, job) for job in jobs]
     assert load.calls == 1  # one shape: composed once, the other five jobs got their values set
     for job, config in zip(jobs, taken, strict=True):
@@ -73,8 +76,13 @@ def test_other_overrides_are_composed_in_full(hydra_loader: tuple[Any, Any]) -> 
     loader, master = hydra_loader
     load = CountingLoad(loader)
     shared = SharedCompositions(load)
-    for job in (["model=resnet18"], ["model=resnet34"], ["+trainer.max_steps=3"], ["optimizer.decay_epochs=[1,2]"],
-                ["optimizer.decay_epochs=[3]"]):
+    for job in (
+        ["model=resnet18"],
+        ["model=resnet34"],
+        ["+trainer.max_steps=3"],
+        ["optimizer.decay_epochs=[1,2]"],
+        ["optimizer.decay_epochs=[3]"],
+    ):
         job = ["framework=fake", *job]
         assert plain(shared.take(master, job)) == plain(loader.load_sweep_config(master, job))
     assert load.calls == 5  # a group, an add, list values: each its own shape, composed by Hydra
@@ -116,9 +124,15 @@ def test_hydra_still_composes_a_sweeps_jobs_through_load_sweep_config() -> None:
     from hydra.plugins.sweeper import Sweeper
 
     assert list(inspect.signature(ConfigLoaderImpl.load_sweep_config).parameters) == [
-        "self", "master_config", "sweep_overrides"]
+        "self",
+        "master_config",
+        "sweep_overrides",
+    ]
     # ... with these keywords, which SharedCompositions.__call__ takes by the same names
     calls = inspect.getsource(Sweeper.validate_batch_is_legal)
     assert "config_loader.load_sweep_config(" in calls and "master_config=" in calls and "sweep_overrides=" in calls
     assert list(inspect.signature(SharedCompositions.__call__).parameters) == [
-        "self", "master_config", "sweep_overrides"]
+        "self",
+        "master_config",
+        "sweep_overrides",
+    ]

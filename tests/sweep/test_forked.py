@@ -21,8 +21,9 @@ def job_return(status: TaskStatus, value: object) -> JobReturn:
 
 def test_the_job_return_comes_back_from_the_child() -> None:
     parent = os.getpid()
-    handle = ForkedTaskHandle(lambda: job_return(TaskStatus.COMPLETED, {"pid": os.getpid(), "big": "x" * 300_000}),
-                              "job-0")
+    handle = ForkedTaskHandle(
+        lambda: job_return(TaskStatus.COMPLETED, {"pid": os.getpid(), "big": "x" * 300_000}), "job-0"
+    )
     status = handle.wait(timeout=30)
     assert (status.state, status.exit_code) == (JobState.SUCCEEDED, 0)
     value = handle.job_return.return_value

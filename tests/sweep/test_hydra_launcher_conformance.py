@@ -31,10 +31,13 @@ def test_hydra_discovers_the_launcher() -> None:
     assert f"{DdlkitLauncher.__module__}.{DdlkitLauncher.__qualname__}" in found
 
 
-@pytest.mark.parametrize("launcher_name, overrides", [
-    ("ddlkit", []),
-    ("ddlkit", ["hydra.launcher.max_parallel=1"]),
-])
+@pytest.mark.parametrize(
+    "launcher_name, overrides",
+    [
+        ("ddlkit", []),
+        ("ddlkit", ["hydra.launcher.max_parallel=1"]),
+    ],
+)
 class TestDdlkitLauncher(LauncherTestSuite):
     pass
 

@@ -25,7 +25,9 @@ def test_a_new_ledger_records_every_job_and_is_written_atomically(tmp_path: Path
     data = json.loads((tmp_path / LEDGER_FILE).read_text())
     assert data["name"] == "s" and data["version"] == 1
     assert {n: (j["overrides"], j["status"]) for n, j in data["jobs"].items()} == {
-        "0": (["lr=0.1"], "pending"), "1": (["lr=0.2"], "completed")}
+        "0": (["lr=0.1"], "pending"),
+        "1": (["lr=0.2"], "completed"),
+    }
     assert [p.name for p in tmp_path.iterdir()] == [LEDGER_FILE]  # no temporary file left behind
 
 
@@ -76,7 +78,8 @@ def test_another_sweep_in_the_same_directory_is_refused(tmp_path: Path) -> None:
         Ledger.open(tmp_path, "s").reconcile([(0, ["lr=0.5"], "d0")])
     assert str(info.value) == (
         f"{tmp_path} holds another sweep: its job #0 was lr=0.1, this sweep's is lr=0.5. Resume with the same "
-        "command, or give this sweep its own hydra.sweep.dir.")
+        "command, or give this sweep its own hydra.sweep.dir."
+    )
 
 
 def test_an_unreadable_ledger_is_a_config_error(tmp_path: Path) -> None:
@@ -90,9 +93,13 @@ def record(num: int, overrides: list[str], status: str, result: dict | None = No
 
 
 def test_the_report_names_jobs_by_what_varies() -> None:
-    labels = varying_overrides([record(0, ["epochs=1", "lr=0.1", "model=a"], "completed"),
-                                record(1, ["epochs=1", "lr=0.2", "model=a"], "completed"),
-                                record(2, ["epochs=1", "lr=0.2", "model=a", "+extra=x"], "completed")])
+    labels = varying_overrides(
+        [
+            record(0, ["epochs=1", "lr=0.1", "model=a"], "completed"),
+            record(1, ["epochs=1", "lr=0.2", "model=a"], "completed"),
+            record(2, ["epochs=1", "lr=0.2", "model=a", "+extra=x"], "completed"),
+        ]
+    )
     assert labels == {0: "lr=0.1", 1: "lr=0.2", 2: "lr=0.2 +extra=x"}
 
 
@@ -103,11 +110,17 @@ def ledger(tmp_path: Path) -> Ledger:
     for num, lr in enumerate(["0.1", "0.2", "0.3", "0.4"]):
         done = num in results
         ledger.jobs[num] = JobRecord(
-            num, ["trainer.epochs=1", f"optimizer.lr={lr}"], str(tmp_path / str(num)),
-            status="completed" if done else "failed", attempts=1, duration_s=10.0 + num,
+            num,
+            ["trainer.epochs=1", f"optimizer.lr={lr}"],
+            str(tmp_path / str(num)),
+            status="completed" if done else "failed",
+            attempts=1,
+            duration_s=10.0 + num,
             restarts=2 if num == 3 else 0,
-            result=dict(zip(("images_per_sec", "final_loss", "best_top1"), results[num], strict=True)) if done
-            else None)
+            result=dict(zip(("images_per_sec", "final_loss", "best_top1"), results[num], strict=True))
+            if done
+            else None,
+        )
     return ledger
 
 
@@ -124,10 +137,23 @@ def test_the_report_files(ledger: Ledger, tmp_path: Path) -> None:
     with open(report.csv, newline="") as f:
         table = list(csv.DictReader(f))
     assert [(r["job"], r["overrides"], r["status"], r["best_top1"], r["job_dir"]) for r in table] == [
-        ("1", "optimizer.lr=0.2", "completed", "0.5", "1"), ("0", "optimizer.lr=0.1", "completed", "0.25", "0"),
-        ("3", "optimizer.lr=0.4", "completed", "0.125", "3"), ("2", "optimizer.lr=0.3", "failed", "", "2")]
-    assert list(table[0]) == ["job", "overrides", "status", "attempts", "restarts", "duration_s", "images_per_sec",
-                              "final_loss", "best_top1", "job_dir"]
+        ("1", "optimizer.lr=0.2", "completed", "0.5", "1"),
+        ("0", "optimizer.lr=0.1", "completed", "0.25", "0"),
+        ("3", "optimizer.lr=0.4", "completed", "0.125", "3"),
+        ("2", "optimizer.lr=0.3", "failed", "", "2"),
+    ]
+    assert list(table[0]) == [
+        "job",
+        "overrides",
+        "status",
+        "attempts",
+        "restarts",
+        "duration_s",
+        "images_per_sec",
+        "final_loss",
+        "best_top1",
+        "job_dir",
+    ]
     assert report.markdown.read_text().splitlines() == [
         "# Sweep sweep-1: 4 jobs, by best_top1 (largest first)",
         "",
@@ -154,8 +180,7 @@ def test_the_live_report_is_rewritten_in_the_background_as_jobs_end(ledger: Ledg
     first_job = {0: ledger.jobs.pop(0)}
     rest, ledger.jobs = ledger.jobs, first_job
     live.update(ledger)  # job 0 ended: the report shows it while the others still run
-    wait_for(lambda: (tmp_path / "report.md").is_file(), "the report written in the background", timeout=30,
-             pace=0.02)
+    wait_for(lambda: (tmp_path / "report.md").is_file(), "the report written in the background", timeout=30, pace=0.02)
     assert "1 job," in (tmp_path / "report.md").read_text()
     ledger.jobs = {**first_job, **rest}
     report = live.close(ledger)  # the final report, written in the foreground

@@ -33,8 +33,15 @@ class ScriptClock(Clock):
 class ScriptedHandle(JobHandle):
     """Runs for ``duration`` seconds, then ends with ``exit_code``; a cancel ends it at once (status 75)."""
 
-    def __init__(self, clock: ScriptClock, log: list[tuple[str, int, float]], num: int, duration: float,
-                 exit_code: int, chunks: list[str]) -> None:
+    def __init__(
+        self,
+        clock: ScriptClock,
+        log: list[tuple[str, int, float]],
+        num: int,
+        duration: float,
+        exit_code: int,
+        chunks: list[str],
+    ) -> None:
         self.id, self.clock, self.log, self.num, self.exit_code = f"job-{num}", clock, log, num, exit_code
         self.ends_at = clock.monotonic() + duration
         self.chunks, self.cancelled = list(chunks), False
@@ -71,8 +78,9 @@ class Jobs:
         self.log: list[tuple[str, int, float]] = []
         self.handles: list[ScriptedHandle] = []
 
-    def make(self, num: int, duration: float = 0.02, exit_codes: tuple[int, ...] = (0,),
-             chunks: tuple[str, ...] = ()) -> SweepJob:
+    def make(
+        self, num: int, duration: float = 0.02, exit_codes: tuple[int, ...] = (0,), chunks: tuple[str, ...] = ()
+    ) -> SweepJob:
         attempts = iter(exit_codes)
 
         def start() -> JobHandle:
@@ -96,10 +104,18 @@ class Jobs:
         return next(t for k, n, t in self.log if k == kind and n == num)
 
 
-def run(jobs: Jobs, sweep: list[SweepJob], policy: FailurePolicy | None = None, max_parallel: int = 2,
-        observer: Observer | None = None) -> dict[int, Outcome]:
-    return Scheduler(max_parallel, policy or FailurePolicy(), status_interval_s=0.005, observer=observer,
-                     clock=jobs.clock).run(sweep).outcomes
+def run(
+    jobs: Jobs,
+    sweep: list[SweepJob],
+    policy: FailurePolicy | None = None,
+    max_parallel: int = 2,
+    observer: Observer | None = None,
+) -> dict[int, Outcome]:
+    return (
+        Scheduler(max_parallel, policy or FailurePolicy(), status_interval_s=0.005, observer=observer, clock=jobs.clock)
+        .run(sweep)
+        .outcomes
+    )
 
 
 def test_keeps_max_parallel_in_flight_and_starts_a_job_as_soon_as_a_slot_frees() -> None:
@@ -130,9 +146,9 @@ def test_keep_going_runs_every_job_and_reports_the_failure() -> None:
 def test_fail_fast_cancels_the_running_jobs_and_starts_no_other() -> None:
     jobs = Jobs()
     sweep = Scheduler(2, FailurePolicy(stop_on_failure=True), status_interval_s=0.005, clock=jobs.clock).run(
-        [jobs.make(0, duration=0.05, exit_codes=(1,)), jobs.make(1, duration=5.0), jobs.make(2), jobs.make(3)])
-    assert {n: o.state for n, o in sweep.outcomes.items()} == {
-        0: "failed", 1: "cancelled", 2: "pending", 3: "pending"}
+        [jobs.make(0, duration=0.05, exit_codes=(1,)), jobs.make(1, duration=5.0), jobs.make(2), jobs.make(3)]
+    )
+    assert {n: o.state for n, o in sweep.outcomes.items()} == {0: "failed", 1: "cancelled", 2: "pending", 3: "pending"}
     assert sweep.stopped_by == 0
     assert jobs.starts() == [0, 1]
     assert jobs.handles[1].cancelled
@@ -140,8 +156,12 @@ def test_fail_fast_cancels_the_running_jobs_and_starts_no_other() -> None:
 
 def test_retry_reruns_a_failed_job_first_in_line() -> None:
     jobs = Jobs()
-    outcomes = run(jobs, [jobs.make(0, exit_codes=(1, 0)), jobs.make(1, exit_codes=(2, 2, 2)), jobs.make(2)],
-                   policy=FailurePolicy(retries=2), max_parallel=1)
+    outcomes = run(
+        jobs,
+        [jobs.make(0, exit_codes=(1, 0)), jobs.make(1, exit_codes=(2, 2, 2)), jobs.make(2)],
+        policy=FailurePolicy(retries=2),
+        max_parallel=1,
+    )
     assert (outcomes[0].state, outcomes[0].attempts) == ("completed", 2)
     assert (outcomes[1].state, outcomes[1].attempts, outcomes[1].exit_code) == ("failed", 3, 2)
     assert jobs.starts() == [0, 0, 1, 1, 1, 2]
@@ -154,7 +174,9 @@ def test_a_job_that_cannot_start_counts_as_failed() -> None:
     jobs = Jobs()
     outcomes = run(jobs, [SweepJob(0, "x=0", refuse), jobs.make(1)])
     assert (outcomes[0].state, outcomes[0].message) == (
-        "failed", "could not start: trainer.resume=true but there is no checkpoint")
+        "failed",
+        "could not start: trainer.resume=true but there is no checkpoint",
+    )
     assert outcomes[1].state == "completed"
 
 
@@ -171,16 +193,24 @@ def test_each_job_is_polled_at_its_targets_pace_and_its_logs_are_not_read() -> N
             def counting() -> JobStatus:
                 calls[job.num] += 1
                 return status()
+
             handle.status = counting  # type: ignore[method-assign]
             return handle
+
         return SweepJob(job.num, job.label, start, status_interval_s=job.status_interval_s)
 
     slow, fast = jobs.make(0, duration=0.6, chunks=("a\n",)), jobs.make(1, duration=0.6)
-    outcomes = run(jobs, [counted(SweepJob(0, slow.label, slow.start, status_interval_s=0.25)),
-                    counted(SweepJob(1, fast.label, fast.start, status_interval_s=0.01))], max_parallel=2)
+    outcomes = run(
+        jobs,
+        [
+            counted(SweepJob(0, slow.label, slow.start, status_interval_s=0.25)),
+            counted(SweepJob(1, fast.label, fast.start, status_interval_s=0.01)),
+        ],
+        max_parallel=2,
+    )
     assert outcomes[0].state == outcomes[1].state == "completed"
     assert calls[0] <= 0.6 / 0.25 + 3, calls  # 3 polls, and the 2 status calls of the scripted wait()
-    assert calls[1] > 3 * calls[0], calls     # the fast job's pace is its own
+    assert calls[1] > 3 * calls[0], calls  # the fast job's pace is its own
     assert jobs.handles[0].chunks == ["a\n"]  # nobody read the log: the target keeps it
 
 
@@ -192,7 +222,8 @@ def test_an_interrupt_cancels_and_waits_for_the_running_jobs() -> None:
 
     jobs = Jobs()
     sweep = Scheduler(1, FailurePolicy(), status_interval_s=0.005, observer=CtrlC(), clock=jobs.clock).run(
-        [jobs.make(0), jobs.make(1, duration=5.0), jobs.make(2)])
+        [jobs.make(0), jobs.make(1, duration=5.0), jobs.make(2)]
+    )
     assert sweep.interrupted
     assert {n: o.state for n, o in sweep.outcomes.items()} == {0: "completed", 1: "interrupted", 2: "pending"}
     assert jobs.handles[1].cancelled and jobs.starts() == [0, 1]
@@ -211,27 +242,42 @@ def test_the_observer_hears_every_start_and_end() -> None:
 
     jobs, observer = Jobs(), Record()
     run(jobs, [jobs.make(0, exit_codes=(1, 0))], policy=FailurePolicy(retries=1), observer=observer)
-    assert observer.events == [("started", 0, "running", False), ("ended", 0, "failed", True),
-                               ("started", 0, "running", False), ("ended", 0, "completed", False)]
+    assert observer.events == [
+        ("started", 0, "running", False),
+        ("ended", 0, "failed", True),
+        ("started", 0, "running", False),
+        ("ended", 0, "completed", False),
+    ]
 
 
-@pytest.mark.parametrize("text, policy", [
-    ("keep-going", FailurePolicy()),
-    ("fail-fast", FailurePolicy(stop_on_failure=True)),
-    ("retry:3", FailurePolicy(retries=3)),
-])
+@pytest.mark.parametrize(
+    "text, policy",
+    [
+        ("keep-going", FailurePolicy()),
+        ("fail-fast", FailurePolicy(stop_on_failure=True)),
+        ("retry:3", FailurePolicy(retries=3)),
+    ],
+)
 def test_on_failure_values(text: str, policy: FailurePolicy) -> None:
     assert FailurePolicy.parse(text) == policy
     assert str(policy) == text
 
 
-@pytest.mark.parametrize("settings, message", [
-    (SweepSettings(on_failure="retry"), "sweep.on_failure=retry is invalid: it must be keep-going, fail-fast or "
-                                        "retry:N (N a whole number, e.g. retry:2)."),
-    (SweepSettings(max_parallel=0), "sweep.max_parallel=0 is invalid: it must be a positive integer."),
-    (SweepSettings(sort_by="loss"), "sweep.sort_by=loss is invalid: it must be one of best_top1, final_loss, "
-                                    "images_per_sec, duration_s."),
-])
+@pytest.mark.parametrize(
+    "settings, message",
+    [
+        (
+            SweepSettings(on_failure="retry"),
+            "sweep.on_failure=retry is invalid: it must be keep-going, fail-fast or "
+            "retry:N (N a whole number, e.g. retry:2).",
+        ),
+        (SweepSettings(max_parallel=0), "sweep.max_parallel=0 is invalid: it must be a positive integer."),
+        (
+            SweepSettings(sort_by="loss"),
+            "sweep.sort_by=loss is invalid: it must be one of best_top1, final_loss, images_per_sec, duration_s.",
+        ),
+    ],
+)
 def test_bad_settings_are_config_errors_naming_the_key(settings: SweepSettings, message: str) -> None:
     with pytest.raises(ConfigError) as info:
         settings.policy("sweep")
@@ -242,5 +288,6 @@ def test_the_sweep_settings_cannot_vary_within_a_sweep() -> None:
     check_sweep_settings_fixed([["a=1", "sweep.on_failure=fail-fast"], ["a=2", "sweep.on_failure=fail-fast"]])
     with pytest.raises(ConfigError) as info:
         check_sweep_settings_fixed([["sweep.max_parallel=1", "a=1"], ["sweep.max_parallel=2", "a=1"]])
-    assert str(info.value) == ("sweep.max_parallel cannot vary within a sweep: it configures the sweep itself. "
-                               "Give it one value.")
+    assert str(info.value) == (
+        "sweep.max_parallel cannot vary within a sweep: it configures the sweep itself. Give it one value."
+    )

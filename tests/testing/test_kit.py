@@ -25,7 +25,7 @@ def test_the_kit_is_opt_in(pytester: pytest.Pytester) -> None:
 
 def test_a_plugin_author_subclasses_a_contract(pytester: pytest.Pytester) -> None:
     pytester.makeconftest(pytest_plugins_line)
-    pytester.makepyfile('''
+    pytester.makepyfile("""
         import pytest
         from ddlkit.testing.contracts import StorageBackendContract
         from ddlkit.testing.fakes import MemoryStorage, MemoryStorageConfig
@@ -43,24 +43,31 @@ def test_a_plugin_author_subclasses_a_contract(pytester: pytest.Pytester) -> Non
             @pytest.fixture
             def backend(self):
                 return Forgetful(MemoryStorageConfig())
-    ''')
+    """)
     result = pytester.runpytest_inprocess("-p", "no:cacheprovider", "-q")
     # TestMine passes all 9; TestForgetful passes only the 2 that need no stored object
     result.assert_outcomes(passed=11, failed=7)
     failed = sorted(line.split("::")[-1].split(" ")[0] for line in result.outlines if line.startswith("FAILED"))
     assert all("TestForgetful" in line for line in result.outlines if line.startswith("FAILED"))
-    assert failed == ["test_exists", "test_failed_put_keeps_previous_object", "test_get_replaces_local_file",
-                      "test_keys_escaping_the_root_are_rejected", "test_list_is_sorted_and_filtered_by_prefix",
-                      "test_put_get_round_trip", "test_put_replaces_previous_object"]
+    assert failed == [
+        "test_exists",
+        "test_failed_put_keeps_previous_object",
+        "test_get_replaces_local_file",
+        "test_keys_escaping_the_root_are_rejected",
+        "test_list_is_sorted_and_filtered_by_prefix",
+        "test_put_get_round_trip",
+        "test_put_replaces_previous_object",
+    ]
 
 
-def test_a_session_records_its_jobs_in_a_state_directory_of_its_own(pytester: pytest.Pytester,
-                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_session_records_its_jobs_in_a_state_directory_of_its_own(
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Also jobs submitted by a module-scoped fixture or a test without ddlkit_isolation: never
     in the user's `ddlkit jobs list`."""
     monkeypatch.setenv("DDLKIT_STATE_DIR", "/the/users/own")
     pytester.makeconftest(pytest_plugins_line)
-    pytester.makepyfile('''
+    pytester.makepyfile("""
         import pytest
         from ddlkit.launch.jobs import index
 
@@ -71,20 +78,23 @@ def test_a_session_records_its_jobs_in_a_state_directory_of_its_own(pytester: py
         def test_x(shared):
             assert shared == index.state_dir() and shared.is_dir()
             assert str(shared) != "/the/users/own"
-    ''')
+    """)
     pytester.runpytest_inprocess("-p", "no:cacheprovider").assert_outcomes(passed=1)
     assert os.environ["DDLKIT_STATE_DIR"] == "/the/users/own"
 
 
 def test_isolation_reports_a_leaked_environment_variable(pytester: pytest.Pytester) -> None:
-    pytester.makeconftest(pytest_plugins_line + '''
+    pytester.makeconftest(
+        pytest_plugins_line
+        + """
 import pytest
 
 @pytest.fixture(autouse=True)
 def _isolated(ddlkit_isolation):
     pass
-''')
-    pytester.makepyfile('''
+"""
+    )
+    pytester.makepyfile("""
         import os
 
         def test_leaks():
@@ -98,34 +108,43 @@ def _isolated(ddlkit_isolation):
 
         def test_leak_was_undone():
             assert "DDLKIT_TEST_LEAK" not in os.environ
-    ''')
+    """)
     result = pytester.runpytest_inprocess("-p", "no:cacheprovider")
     result.assert_outcomes(passed=4, errors=1)
-    assert ("ERROR at teardown of test_leaks" in result.stdout.str()
-            and "the test changed environment variables ['DDLKIT_TEST_LEAK'] without monkeypatch; they were "
-                "restored." in result.stdout.str())
+    assert (
+        "ERROR at teardown of test_leaks" in result.stdout.str()
+        and "the test changed environment variables ['DDLKIT_TEST_LEAK'] without monkeypatch; they were restored."
+        in result.stdout.str()
+    )
 
 
 def test_isolation_hides_the_developer_shell(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("DDLKIT_PLUGINS", "someone.elses.plugin")
     monkeypatch.setenv("DDLKIT_DISABLE_PLUGIN_AUTOLOAD", "1")
     pytester.makeconftest(pytest_plugins_line)
-    pytester.makepyfile('''
+    pytester.makepyfile("""
         import os
 
         def test_clean(ddlkit_isolation):
             assert "DDLKIT_PLUGINS" not in os.environ
             assert "DDLKIT_DISABLE_PLUGIN_AUTOLOAD" not in os.environ
-    ''')
+    """)
     pytester.runpytest_inprocess("-p", "no:cacheprovider").assert_outcomes(passed=1)
 
 
 def test_ddlkit_pm_has_builtins_only(ddlkit_pm: DdlkitPluginManager) -> None:
     assert sorted(n for n, _ in ddlkit_pm.list_name_plugin()) == [
-        "ddlkit.builtin.console_logger", "ddlkit.builtin.custom_data", "ddlkit.builtin.imagefolder",
+        "ddlkit.builtin.console_logger",
+        "ddlkit.builtin.custom_data",
+        "ddlkit.builtin.imagefolder",
         "ddlkit.builtin.jsonl_logger",
-        "ddlkit.builtin.local_compute", "ddlkit.builtin.local_ssd_storage", "ddlkit.builtin.local_storage",
-        "ddlkit.builtin.nfs_storage", "ddlkit.builtin.run_loop", "ddlkit.builtin.synthetic_data"]
+        "ddlkit.builtin.local_compute",
+        "ddlkit.builtin.local_ssd_storage",
+        "ddlkit.builtin.local_storage",
+        "ddlkit.builtin.nfs_storage",
+        "ddlkit.builtin.run_loop",
+        "ddlkit.builtin.synthetic_data",
+    ]
 
 
 def test_hook_recorder_records_calls_with_their_arguments(ddlkit_pm, hook_recorder: HookRecorder) -> None:
@@ -133,8 +152,11 @@ def test_hook_recorder_records_calls_with_their_arguments(ddlkit_pm, hook_record
     ddlkit_pm.hook.ddlkit_step_end(run=None, step=3, metrics={"loss": 1.0})
     assert hook_recorder.names() == ["ddlkit_configure", "ddlkit_step_end"]
     assert hook_recorder.getcall("ddlkit_step_end")["step"] == 3
-    with pytest.raises(AssertionError, match=r"expected exactly one call of ddlkit_run_end, got 0; calls: "
-                                             r"\['ddlkit_configure', 'ddlkit_step_end'\]"):
+    with pytest.raises(
+        AssertionError,
+        match=r"expected exactly one call of ddlkit_run_end, got 0; calls: "
+        r"\['ddlkit_configure', 'ddlkit_step_end'\]",
+    ):
         hook_recorder.getcall("ddlkit_run_end")
     hook_recorder.finish_recording()
     ddlkit_pm.hook.ddlkit_configure(config={})

@@ -151,8 +151,10 @@ class ImageFolderData(DataSource):
         if self._local_root is not None:
             return self._local_root
         if is_url(self.cfg.root):
-            raise ConfigError(f"data.root={self.cfg.root} must be staged before it is read: use storage=local_ssd "
-                              "(or another staging storage).")
+            raise ConfigError(
+                f"data.root={self.cfg.root} must be staged before it is read: use storage=local_ssd "
+                "(or another staging storage)."
+            )
         return Path(self.cfg.root).expanduser()
 
     def loader(self, split: str, *, batch_size: int, shard: Shard, seed: int) -> ImageFiles:
@@ -162,22 +164,41 @@ class ImageFolderData(DataSource):
         check_split(split)
         part = self.index.split(split)
         if not len(part):
-            raise ConfigError(f"data.root={self.cfg.root} has no {'training' if split == 'train' else 'validation'} "
-                              "images" + ("; add validation/<class>/ folders or set trainer.validate=false."
-                                          if split == "val" else "."))
+            raise ConfigError(
+                f"data.root={self.cfg.root} has no {'training' if split == 'train' else 'validation'} "
+                "images"
+                + ("; add validation/<class>/ folders or set trainer.validate=false." if split == "val" else ".")
+            )
         c = self.cfg
         if c.image_size < 1 or not 0 < c.min_crop_area <= 1:
             raise ConfigError("data.image_size must be >= 1 and data.min_crop_area in (0, 1].")
-        aug = Augment(size=c.image_size, train=split == "train", val_resize=c.val_resize or round(c.image_size / 0.875),
-                      min_area=c.min_crop_area, decoder=resolve_decoder(c.decoder),
-                      device_decoding=c.decoder == Decoder.gpu)
+        aug = Augment(
+            size=c.image_size,
+            train=split == "train",
+            val_resize=c.val_resize or round(c.image_size / 0.875),
+            min_area=c.min_crop_area,
+            decoder=resolve_decoder(c.decoder),
+            device_decoding=c.decoder == Decoder.gpu,
+        )
         root = self.local_root
-        return ImageFiles([str(root / p) for p in part.paths], part.labels, aug, batch_size=batch_size, shard=shard,
-                          seed=seed, workers=c.workers, on_corrupt=c.on_corrupt,
-                          local_size=self._run.dist.local_size if self._run is not None else 1)
+        return ImageFiles(
+            [str(root / p) for p in part.paths],
+            part.labels,
+            aug,
+            batch_size=batch_size,
+            shard=shard,
+            seed=seed,
+            workers=c.workers,
+            on_corrupt=c.on_corrupt,
+            local_size=self._run.dist.local_size if self._run is not None else 1,
+        )
 
 
 @hookimpl
 def ddlkit_data_sources():
-    yield Registration("imagefolder", ImageFolderData, config=ImageFolderConfig,
-                       description="images in ImageNet's class-folder layout or the reference's CSV index")
+    yield Registration(
+        "imagefolder",
+        ImageFolderData,
+        config=ImageFolderConfig,
+        description="images in ImageNet's class-folder layout or the reference's CSV index",
+    )

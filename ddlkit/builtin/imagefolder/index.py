@@ -91,8 +91,10 @@ def load_index(root: str, layout: str = "auto") -> DatasetIndex:
         manifest = Manifest.loads(manifest_text, origin=f"{root}/{MANIFEST_NAME}")
         return _from_listing(root, [e.path for e in manifest.entries], "manifest")
     if src.path is None:
-        raise ConfigError(f"{root} has no {MANIFEST_NAME}: a remote dataset is listed by its manifest. Upload it with "
-                          "`ddlkit data upload`, which writes one.")
+        raise ConfigError(
+            f"{root} has no {MANIFEST_NAME}: a remote dataset is listed by its manifest. Upload it with "
+            "`ddlkit data upload`, which writes one."
+        )
     return _from_listing(root, _walk(src.path), "folders")
 
 
@@ -127,14 +129,17 @@ def _from_listing(root: str, paths: list[str], source: str) -> DatasetIndex:
         raise ConfigError(
             f"data.root={root} has no {TRAIN_DIR}/<class>/<image> files. Expected ImageNet's layout "
             "(train/<class>/*.JPEG and validation/<class>/*.JPEG) or the CSV index (train.csv, validation.csv); "
-            "for ImageNet's flat validation files run `ddlkit data prepare` first.")
+            "for ImageNet's flat validation files run `ddlkit data prepare` first."
+        )
     classes = tuple(sorted(by_split[TRAIN_DIR]))
     number = {c: i for i, c in enumerate(classes)}
     val_dir = next((d for d in VAL_DIRS if d in by_split), None)
     unknown = sorted(set(by_split.get(val_dir, {})) - set(classes)) if val_dir else []
     if unknown:
-        raise ConfigError(f"data.root={root}: {val_dir}/ has classes that {TRAIN_DIR}/ lacks: {', '.join(unknown[:5])}"
-                          f"{' ...' if len(unknown) > 5 else ''}. Both splits must use the same class folders.")
+        raise ConfigError(
+            f"data.root={root}: {val_dir}/ has classes that {TRAIN_DIR}/ lacks: {', '.join(unknown[:5])}"
+            f"{' ...' if len(unknown) > 5 else ''}. Both splits must use the same class folders."
+        )
 
     def split(name: str | None) -> SplitIndex:
         items = sorted((p, number[c]) for c, files in by_split.get(name, {}).items() for p in files) if name else []
@@ -150,8 +155,10 @@ def _from_csv(root: str, train_text: str, val_text: str | None) -> DatasetIndex:
         rows = list(csv.DictReader(io.StringIO(text)))
         missing = {"filenames", "num_id"} - set(rows[0] if rows else {})
         if missing:
-            raise ConfigError(f"{root}/{name} lacks the column(s) {', '.join(sorted(missing))}: the CSV index needs "
-                              "`filenames` and 1-based `num_id`.")
+            raise ConfigError(
+                f"{root}/{name} lacks the column(s) {', '.join(sorted(missing))}: the CSV index needs "
+                "`filenames` and 1-based `num_id`."
+            )
         name_col = next((c for c in CSV_NAME_COLUMNS if c in rows[0]), None)
         paths, labels = [], []
         for n, row in enumerate(rows, start=2):

@@ -79,8 +79,7 @@ def cmd_list(args: argparse.Namespace, out: TextIO) -> int:
                 state = status.state.value if status else f"{sub.state}?"
         except DdlkitError:
             state = "gone"
-        rows.append((entry["name"], entry.get("target", "?"), state, _ago(entry.get("submitted", 0)),
-                     entry["job_dir"]))
+        rows.append((entry["name"], entry.get("target", "?"), state, _ago(entry.get("submitted", 0)), entry["job_dir"]))
     widths = [max(len(r[i]) for r in rows) for i in range(4)]
     for row in rows:
         out.write("  ".join(c.ljust(w) for c, w in zip(row[:4], widths, strict=True)) + "  " + row[4] + "\n")
@@ -91,18 +90,23 @@ def cmd_status(args: argparse.Namespace, out: TextIO) -> int:
     sub = index.find(args.job)
     handle = _handle(sub)
     if _elsewhere(sub, handle):
-        out.write(f"job:       {sub.name}\n"
-                  f"state:     unknown from this host: it runs as process {sub.id} on host {sub.host}; ask there\n"
-                  f"submitted: {_ago(sub.submitted)} on {sub.host}\n"
-                  f"job dir:   {sub.job_dir}\n")
+        out.write(
+            f"job:       {sub.name}\n"
+            f"state:     unknown from this host: it runs as process {sub.id} on host {sub.host}; ask there\n"
+            f"submitted: {_ago(sub.submitted)} on {sub.host}\n"
+            f"job dir:   {sub.job_dir}\n"
+        )
         return 0
     status = handle.status()
-    out.write(f"job:       {sub.name}\n"
-              f"target:    compute={sub.target}, id {sub.id}\n"
-              f"state:     {status.state.value}"
-              + (f" (exit status {status.exit_code})" if status.exit_code not in (None, 0) else "") + "\n"
-              f"submitted: {_ago(sub.submitted)} on {sub.host or '?'}\n"
-              f"job dir:   {sub.job_dir}\n")
+    out.write(
+        f"job:       {sub.name}\n"
+        f"target:    compute={sub.target}, id {sub.id}\n"
+        f"state:     {status.state.value}"
+        + (f" (exit status {status.exit_code})" if status.exit_code not in (None, 0) else "")
+        + "\n"
+        f"submitted: {_ago(sub.submitted)} on {sub.host or '?'}\n"
+        f"job dir:   {sub.job_dir}\n"
+    )
     for number, restart in enumerate(sub.restarts, 1):
         out.write(_restart_line(number, restart) + "\n")
     if status.message:
@@ -129,9 +133,11 @@ def _restart_line(number: int, restart: dict[str, Any]) -> str:
         where += f" after waiting {waited:.0f} s for capacity"
     # restarted where it ran by its target (a Ray job's driver), or submitted again by the launcher
     how = "restarted in place" if restart.get("in_place") else "resubmitted"
-    return (f"restart {number}: {_ago(restart.get('time', 0))}: {restart.get('cause')}; it ended {at}{ended} "
-            f"({restart.get('detail')}); {how}{where}, resuming from step {restart.get('resumed_from')} "
-            f"({lost} step{'' if lost == 1 else 's'} lost){resize}")
+    return (
+        f"restart {number}: {_ago(restart.get('time', 0))}: {restart.get('cause')}; it ended {at}{ended} "
+        f"({restart.get('detail')}); {how}{where}, resuming from step {restart.get('resumed_from')} "
+        f"({lost} step{'' if lost == 1 else 's'} lost){resize}"
+    )
 
 
 def cmd_logs(args: argparse.Namespace, out: TextIO) -> int:
@@ -153,15 +159,18 @@ def cmd_attach(args: argparse.Namespace, out: TextIO) -> int:
     if sub.ended is not None:
         out.write(f"ddlkit: job {sub.name} has ended ({sub.state}); rank 0's output:\n")
     else:
-        out.write(f"ddlkit: attached to job {sub.name} (compute={sub.target}, id {sub.id}); Ctrl-C detaches, "
-                  f"`ddlkit jobs cancel {sub.name}` stops it\n")
+        out.write(
+            f"ddlkit: attached to job {sub.name} (compute={sub.target}, id {sub.id}); Ctrl-C detaches, "
+            f"`ddlkit jobs cancel {sub.name}` stops it\n"
+        )
     out.flush()
     status = follow.follow(handle, out=out, progress_bar=out.isatty(), on_interrupt="detach")
     if status is None:
         out.write(f"\nddlkit: detached; job {sub.name} runs on. Attach again: ddlkit jobs attach {sub.name}\n")
         return 0
-    follow.conclude(handle, status, job_dir=Path(sub.job_dir), name=sub.name,
-                    resume_hint=_resume_hint(Path(sub.job_dir)), out=out)
+    follow.conclude(
+        handle, status, job_dir=Path(sub.job_dir), name=sub.name, resume_hint=_resume_hint(Path(sub.job_dir)), out=out
+    )
     return 0
 
 
@@ -171,8 +180,10 @@ def cmd_cancel(args: argparse.Namespace, out: TextIO) -> int:
     sub = index.find(args.job)
     handle = _handle(sub)
     if _elsewhere(sub, handle):
-        raise ConfigError(f"job {sub.name} runs as process {sub.id} on host {sub.host}: its state is unknown from "
-                          f"this host; cancel it there (ddlkit jobs cancel {sub.name}).")
+        raise ConfigError(
+            f"job {sub.name} runs as process {sub.id} on host {sub.host}: its state is unknown from "
+            f"this host; cancel it there (ddlkit jobs cancel {sub.name})."
+        )
     status = handle.status()
     if status.state.done:
         out.write(f"ddlkit: job {sub.name} already ended ({status.state.value}); nothing to cancel.\n")
@@ -183,10 +194,15 @@ def cmd_cancel(args: argparse.Namespace, out: TextIO) -> int:
     status = handle.wait()
     handle.collect()
     sub.ended_with(status)
-    out.write(f"ddlkit: job {sub.name} {status.state.value}"
-              + (f" (exit status {status.exit_code})" if status.exit_code is not None else "")
-              + (f"; {_resume_hint(Path(sub.job_dir))}\n" if follow.resumable(status, Path(sub.job_dir))
-                 else "; it left no checkpoint: nothing to resume\n"))
+    out.write(
+        f"ddlkit: job {sub.name} {status.state.value}"
+        + (f" (exit status {status.exit_code})" if status.exit_code is not None else "")
+        + (
+            f"; {_resume_hint(Path(sub.job_dir))}\n"
+            if follow.resumable(status, Path(sub.job_dir))
+            else "; it left no checkpoint: nothing to resume\n"
+        )
+    )
     return 0
 
 
@@ -195,8 +211,11 @@ def _parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
     ls = sub.add_parser("list", help="recent jobs")
     ls.add_argument("--all", action="store_true", help="every recorded job, not only the 20 most recent")
-    for name, text in (("status", "a job's state"), ("attach", "follow a job; Ctrl-C detaches"),
-                       ("cancel", "checkpoint and stop a job")):
+    for name, text in (
+        ("status", "a job's state"),
+        ("attach", "follow a job; Ctrl-C detaches"),
+        ("cancel", "checkpoint and stop a job"),
+    ):
         sub.add_parser(name, help=text).add_argument("job", help="job name (or prefix) or job directory")
     lg = sub.add_parser("logs", help="rank 0's output")
     lg.add_argument("job", help="job name (or prefix) or job directory")

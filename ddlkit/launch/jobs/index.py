@@ -36,6 +36,7 @@ from ...jobdir import JOB_FILE, SUBMISSION_FILE, rank_log
 if TYPE_CHECKING:
     from ...registry import Registry
 
+
 def _index_dir() -> Path:
     return state_dir() / "jobs"
 
@@ -43,8 +44,10 @@ def _index_dir() -> Path:
 def _unwritable(err: OSError) -> str:
     """Why the index cannot be written, and how to give it a place (the variable that chose it)."""
     chosen = next((f" (${name})" for name in (STATE_DIR_ENV, "XDG_STATE_HOME") if os.environ.get(name)), "")
-    return (f"the job index's directory {_index_dir()}{chosen} cannot be written ({err.strerror or err}): set "
-            f"{STATE_DIR_ENV} to a writable directory")
+    return (
+        f"the job index's directory {_index_dir()}{chosen} cannot be written ({err.strerror or err}): set "
+        f"{STATE_DIR_ENV} to a writable directory"
+    )
 
 
 def require_writable() -> None:
@@ -53,8 +56,9 @@ def require_writable() -> None:
         _index_dir().mkdir(parents=True, exist_ok=True)
         tempfile.TemporaryFile(dir=_index_dir()).close()
     except OSError as err:
-        raise ConfigError(f"--detach records the job in the job index, to find it again: {_unwritable(err)}, or run "
-                          "without --detach.") from None
+        raise ConfigError(
+            f"--detach records the job in the job index, to find it again: {_unwritable(err)}, or run without --detach."
+        ) from None
 
 
 #: whether the warning that the index cannot be written was printed (once per process: a sweep records many jobs)
@@ -101,8 +105,9 @@ class Submission:
             config = json.loads((Path(self.job_dir) / JOB_FILE).read_text(encoding="utf-8"))["config"]
             compute = rebuild(config, registry, groups=("compute",)).compute
         except (OSError, ValueError, KeyError) as err:
-            raise ConfigError(f"{Path(self.job_dir) / JOB_FILE} is missing or unreadable ({err}); cannot reach job "
-                              f"{self.name}.") from None
+            raise ConfigError(
+                f"{Path(self.job_dir) / JOB_FILE} is missing or unreadable ({err}); cannot reach job {self.name}."
+            ) from None
         target = registry.create("compute", compute.name, compute)
         return target.attach(self.id, job_dir=Path(self.job_dir))
 
@@ -150,8 +155,9 @@ class EndedJob(JobHandle):
         return self.status()
 
 
-def record(name: str, job_dir: Path, target: str, job_id: str, *, detached: bool = False,
-           restart: dict[str, Any] | None = None) -> Submission:
+def record(
+    name: str, job_dir: Path, target: str, job_id: str, *, detached: bool = False, restart: dict[str, Any] | None = None
+) -> Submission:
     """Record a job that was just submitted: in its job directory and in the index. ``restart``: it
     was submitted again after the infrastructure ended it; the earlier restarts stay in the record."""
     earlier: list[dict[str, Any]] = []
@@ -159,18 +165,32 @@ def record(name: str, job_dir: Path, target: str, job_id: str, *, detached: bool
         with contextlib.suppress(DdlkitError):
             ended = load(job_dir)
             earlier, restart = ended.restarts, {**restart, "ended_id": ended.id}
-    sub = Submission(name, str(Path(job_dir).resolve()), target, job_id, time.time(), socket.gethostname(),
-                     detached=detached, restarts=[*earlier, restart] if restart is not None else [])
+    sub = Submission(
+        name,
+        str(Path(job_dir).resolve()),
+        target,
+        job_id,
+        time.time(),
+        socket.gethostname(),
+        detached=detached,
+        restarts=[*earlier, restart] if restart is not None else [],
+    )
     sub.save()
     try:
-        write_json(_index_dir() / f"{name}.json", {"name": name, "job_dir": sub.job_dir, "target": target,
-                                                  "submitted": sub.submitted})
+        write_json(
+            _index_dir() / f"{name}.json",
+            {"name": name, "job_dir": sub.job_dir, "target": target, "submitted": sub.submitted},
+        )
     except OSError as err:
         # the job runs all the same: `ddlkit jobs` finds it by its directory, which holds its record
         global _warned
         if not _warned:
-            print(f"ddlkit: warning: {_unwritable(err)}; until then `ddlkit jobs` finds jobs by their directory only "
-                  "(`ddlkit jobs status <job dir>`).", file=sys.stderr, flush=True)
+            print(
+                f"ddlkit: warning: {_unwritable(err)}; until then `ddlkit jobs` finds jobs by their directory only "
+                "(`ddlkit jobs status <job dir>`).",
+                file=sys.stderr,
+                flush=True,
+            )
             _warned = True
     return sub
 
@@ -183,8 +203,10 @@ def load(job_dir: Path) -> Submission:
         return Submission(**{k: v for k, v in data.items() if k in known})
     except FileNotFoundError:
         if (Path(job_dir) / JOB_FILE).is_file():
-            raise ConfigError(f"{job_dir} is a ddlkit job directory, but its job was never submitted (no "
-                              f"{SUBMISSION_FILE}): run it with `ddlkit ... hydra.run.dir={job_dir}`.") from None
+            raise ConfigError(
+                f"{job_dir} is a ddlkit job directory, but its job was never submitted (no "
+                f"{SUBMISSION_FILE}): run it with `ddlkit ... hydra.run.dir={job_dir}`."
+            ) from None
         raise ConfigError(f"{job_dir} is not a ddlkit job directory (it has no {JOB_FILE}).") from None
     except (OSError, ValueError, TypeError) as err:
         raise ConfigError(f"{path} is not a readable submission record ({err}).") from None
@@ -215,8 +237,10 @@ def find(ref: str) -> Submission:
             raise ConfigError(f"job {matches[0]['name']}'s directory {job_dir} no longer exists.")
         return load(job_dir)
     if len(matches) > 1:
-        raise ConfigError(f"{ref!r} names {len(matches)} jobs: {', '.join(e['name'] for e in matches[:10])}. "
-                          "Give more of the name.")
+        raise ConfigError(
+            f"{ref!r} names {len(matches)} jobs: {', '.join(e['name'] for e in matches[:10])}. Give more of the name."
+        )
     names = ", ".join(e["name"] for e in entries[:10]) or "none recorded yet"
-    raise ConfigError(f"unknown job {ref!r}: not a job directory nor a recorded job name. Recent jobs: {names} "
-                      "(`ddlkit jobs list`).")
+    raise ConfigError(
+        f"unknown job {ref!r}: not a job directory nor a recorded job name. Recent jobs: {names} (`ddlkit jobs list`)."
+    )

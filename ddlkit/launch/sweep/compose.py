@@ -136,9 +136,14 @@ def _shape(parsed: list[Override]) -> tuple[tuple[str, ...], list[Override], lis
         key = o.key_or_group
         if o.is_hydra_override():
             return None
-        if (o.type is OverrideType.CHANGE and o.package is None and "." in key and "/" not in key
-                and not o.is_sweep_override()
-                and isinstance(o.value(), (str, int, float, bool, QuotedString, type(None)))):
+        if (
+            o.type is OverrideType.CHANGE
+            and o.package is None
+            and "." in key
+            and "/" not in key
+            and not o.is_sweep_override()
+            and isinstance(o.value(), (str, int, float, bool, QuotedString, type(None)))
+        ):
             shape.append(f"{key}=")
             values.append(o)
         else:
@@ -164,8 +169,11 @@ def _set_values(config: DictConfig, parsed: list[Override], values: list[Overrid
     with read_write(config.hydra):
         config.hydra.overrides.task = [o.input_line for o in parsed]
         job.override_dirname = get_overrides_dirname(
-            overrides=parsed, exclude_keys=list(job.config.override_dirname.exclude_keys),
-            item_sep=job.config.override_dirname.item_sep, kv_sep=job.config.override_dirname.kv_sep)
+            overrides=parsed,
+            exclude_keys=list(job.config.override_dirname.exclude_keys),
+            item_sep=job.config.override_dirname.item_sep,
+            kv_sep=job.config.override_dirname.kv_sep,
+        )
 
 
 def compose_job(hydra_context: HydraContext, base: DictConfig, overrides: Sequence[str], num: int) -> ComposedJob:
@@ -177,8 +185,9 @@ def compose_job(hydra_context: HydraContext, base: DictConfig, overrides: Sequen
 
 
 @contextlib.contextmanager
-def job_view(hydra_context: HydraContext, base: DictConfig, overrides: Sequence[str],
-             num: int) -> Iterator[tuple[DictConfig, Path]]:
+def job_view(
+    hydra_context: HydraContext, base: DictConfig, overrides: Sequence[str], num: int
+) -> Iterator[tuple[DictConfig, Path]]:
     """The job's task config (its ``hydra`` node set aside, and current as HydraConfig) and its
     output directory, to read within the ``with`` only: the config may be the one
     :class:`SharedCompositions` changes in place for the next job of the same shape. What a

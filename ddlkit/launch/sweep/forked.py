@@ -72,8 +72,9 @@ class ForkedTaskHandle(JobHandle):
             return JobStatus(JobState.CANCELLED, code, "cancelled")
         ret = self.job_return
         if code != 0 or ret is None:
-            return JobStatus(JobState.FAILED, code, f"the task's process ended with exit status {code} "
-                                                    "before returning")
+            return JobStatus(
+                JobState.FAILED, code, f"the task's process ended with exit status {code} before returning"
+            )
         if ret.status is TaskStatus.COMPLETED:
             return JobStatus(JobState.SUCCEEDED, 0)
         value = ret._return_value

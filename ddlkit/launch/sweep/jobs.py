@@ -62,7 +62,6 @@ if TYPE_CHECKING:
     from omegaconf import DictConfig
 
     from ...compute.snapshot import CodeSnapshot
-
     from ...plugins import DdlkitPluginManager
     from ...registry import Registry
 
@@ -113,8 +112,15 @@ class DdlkitSweep:
         self._search: tuple[Ledger, Report, str | None] | None = None
 
     # ---------------------------------------------------------------- entry point (the launcher's)
-    def launch(self, settings: SweepSettings, *, hydra_context: HydraContext, config: DictConfig,
-               job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> list[JobReturn]:
+    def launch(
+        self,
+        settings: SweepSettings,
+        *,
+        hydra_context: HydraContext,
+        config: DictConfig,
+        job_overrides: Sequence[Sequence[str]],
+        initial_job_idx: int,
+    ) -> list[JobReturn]:
         sweep_dir = Path(str(config.hydra.sweep.dir)).resolve()
         # Hydra's sweeper has just written the composed config and the command line, secrets included
         secret_store.redact_config_file(sweep_dir / "multirun.yaml")
@@ -134,8 +140,10 @@ class DdlkitSweep:
                 self._set_exit(0)
                 if sweeper != "basic":
                     # a search sweeper chooses each batch from the results of the ones before: it cannot be planned on
-                    self.say(f"ddlkit plan: hydra/sweeper={sweeper} chooses the values of each batch of trials from "
-                             f"the results before it; these are its first {len(jobs)}.")
+                    self.say(
+                        f"ddlkit plan: hydra/sweeper={sweeper} chooses the values of each batch of trials from "
+                        f"the results before it; these are its first {len(jobs)}."
+                    )
                     raise SystemExit(0)
                 return []
         except DdlkitError as err:
@@ -148,8 +156,10 @@ class DdlkitSweep:
         todo = [j for j in jobs if j.num not in done]
         labels = varying_overrides(list(ledger.jobs.values()))
         computes = sorted({j.compute for j in jobs})
-        where = (f"{sweep_dir} (up to {settings.max_parallel} at once on compute={','.join(computes)}, "
-                 f"on_failure={policy})" + (f"; {len(done)} completed before, skipped" if done else ""))
+        where = (
+            f"{sweep_dir} (up to {settings.max_parallel} at once on compute={','.join(computes)}, "
+            f"on_failure={policy})" + (f"; {len(done)} completed before, skipped" if done else "")
+        )
         if sweeper == "basic":
             self.say(f"ddlkit: sweep of {_jobs(len(jobs))} -> {where}")
         elif self._started is None:  # a search: its batches, chosen one after another, make one sweep
@@ -157,13 +167,18 @@ class DdlkitSweep:
         self._started = self._started or time.perf_counter()
         live_report = LiveReport(settings.sort_by)
         progress = _Progress(self, ledger, labels, policy, live_report)
-        scheduler = Scheduler(settings.max_parallel, policy, status_interval_s=settings.status_interval_s,
-                              observer=progress)
+        scheduler = Scheduler(
+            settings.max_parallel, policy, status_interval_s=settings.status_interval_s, observer=progress
+        )
         start = functools.partial(self._submit, hydra_context, config, ledger, launch)
         # SIGTERM (a scheduler stopping the launcher, `kill`) interrupts the sweep as Ctrl-C does
         with follow.sigterm_interrupts():
-            sweep = scheduler.run([SweepJob(j.num, labels[j.num], functools.partial(start, j),
-                                            status_interval_s=j.status_interval_s) for j in todo])
+            sweep = scheduler.run(
+                [
+                    SweepJob(j.num, labels[j.num], functools.partial(start, j), status_interval_s=j.status_interval_s)
+                    for j in todo
+                ]
+            )
         ledger.save()
         report = live_report.close(ledger)
         if sweeper == "basic" or sweep.interrupted:
@@ -171,18 +186,31 @@ class DdlkitSweep:
         else:
             self._search = (ledger, report, objective)
         if sweep.interrupted:
-            self._end(EXIT_PREEMPTED, "ddlkit: sweep interrupted; its running jobs checkpointed and stopped.\n"
-                                      f"  resume with: {shlex.join(ledger.command)}")
-        failures = {j.num: self._failure(ledger.jobs[j.num], sweep.stopped_by, ledger, report.markdown)
-                    for j in jobs if ledger.jobs[j.num].status != "completed"}
+            self._end(
+                EXIT_PREEMPTED,
+                "ddlkit: sweep interrupted; its running jobs checkpointed and stopped.\n"
+                f"  resume with: {shlex.join(ledger.command)}",
+            )
+        failures = {
+            j.num: self._failure(ledger.jobs[j.num], sweep.stopped_by, ledger, report.markdown)
+            for j in jobs
+            if ledger.jobs[j.num].status != "completed"
+        }
         # a search sweeper is told of failed trials and decides itself whether the search goes on
         self._set_exit(1 if failures and sweeper == "basic" else 0)
         task_name = str(config.hydra.job.name)
         return [self._job_return(j, ledger.jobs[j.num], failures.get(j.num), objective, task_name) for j in jobs]
 
     # ---------------------------------------------------------------- before anything runs
-    def _check_all(self, hydra_context: HydraContext, config: DictConfig, job_overrides: Sequence[Sequence[str]],
-                   first: int, plan: bool, launch: list[str]) -> list[CheckedJob]:
+    def _check_all(
+        self,
+        hydra_context: HydraContext,
+        config: DictConfig,
+        job_overrides: Sequence[Sequence[str]],
+        first: int,
+        plan: bool,
+        launch: list[str],
+    ) -> list[CheckedJob]:
         """Compose and validate every job (each config read and dropped at once); with ``plan``,
         keep what ``ddlkit plan`` prints of each."""
         check_sweep_settings_fixed(job_overrides)
@@ -194,8 +222,11 @@ class DdlkitSweep:
                     target = validate.build_target(cfg, self.registry)
                     validate.validate(cfg, self.registry, self.pm, compute=target)
                     text = self._plan_lines(cfg, target, list(overrides), output_dir, launch) if plan else ""
-                    jobs.append(CheckedJob(num, list(overrides), output_dir, target.status_interval_s,
-                                           str(cfg.compute.name), text))
+                    jobs.append(
+                        CheckedJob(
+                            num, list(overrides), output_dir, target.status_interval_s, str(cfg.compute.name), text
+                        )
+                    )
             except DdlkitError as err:
                 errors.append(f"job #{num} ({label}): {err}")
                 single = err
@@ -207,8 +238,10 @@ class DdlkitSweep:
             raise single
         if errors:
             noun = "job is" if len(errors) == 1 else "jobs are"
-            raise ConfigError(f"{len(errors)} of {len(job_overrides)} sweep {noun} invalid; no job was started:\n  "
-                              + "\n  ".join(errors))
+            raise ConfigError(
+                f"{len(errors)} of {len(job_overrides)} sweep {noun} invalid; no job was started:\n  "
+                + "\n  ".join(errors)
+            )
         return jobs
 
     def _end(self, code: int, message: str) -> NoReturn:
@@ -229,8 +262,9 @@ class DdlkitSweep:
         return secret_store.redact_overrides(job.overrides)
 
     # ---------------------------------------------------------------- running
-    def _submit(self, hydra_context: HydraContext, config: DictConfig, ledger: Ledger, launch: list[str],
-                job: CheckedJob) -> JobHandle:
+    def _submit(
+        self, hydra_context: HydraContext, config: DictConfig, ledger: Ledger, launch: list[str], job: CheckedJob
+    ) -> JobHandle:
         composed = compose_job(hydra_context, config, job.overrides, job.num)
         with hydra_config_of(composed.config):
             cfg = composed.task_config()
@@ -240,12 +274,27 @@ class DdlkitSweep:
             if adopted is not None:
                 self.adopted.add(job.num)
                 return _SweepHandle(adopted, job.output_dir)
-            env = {**{str(k): str(v) for k, v in composed.config.hydra.job.env_set.items()},
-                   SWEEP_NAME_ENV: ledger.name, SWEEP_JOB_ENV: str(job.num)}
-            prepared = prepare.prepare(cfg, job_dir=job.output_dir, overrides=job.overrides, registry=self.registry,
-                                      pm=self.pm, env=env, compute=target, launch=launch)
-        restarts = _Restarts(prepared, follow.restart_policy(prepared, self.out), f"ddlkit: sweep job #{job.num} ",
-                             functools.partial(self._restarted, ledger, job.num))
+            env = {
+                **{str(k): str(v) for k, v in composed.config.hydra.job.env_set.items()},
+                SWEEP_NAME_ENV: ledger.name,
+                SWEEP_JOB_ENV: str(job.num),
+            }
+            prepared = prepare.prepare(
+                cfg,
+                job_dir=job.output_dir,
+                overrides=job.overrides,
+                registry=self.registry,
+                pm=self.pm,
+                env=env,
+                compute=target,
+                launch=launch,
+            )
+        restarts = _Restarts(
+            prepared,
+            follow.restart_policy(prepared, self.out),
+            f"ddlkit: sweep job #{job.num} ",
+            functools.partial(self._restarted, ledger, job.num),
+        )
         return _SweepHandle(follow.submit(prepared, budget=restarts.policy.budget()), prepared.spec.job_dir, restarts)
 
     @staticmethod
@@ -253,9 +302,12 @@ class DdlkitSweep:
         """A job restarted by its compute target's restart policy: counted in the ledger (apart from
         the sweep's own retries, ``attempts``), with the handle a re-run of the sweep re-attaches to."""
         record = ledger.jobs[num]
-        ledger.update(num, restarts=record.restarts + 1,
-                      steps_lost=record.steps_lost + int(entry["steps_lost"]),  # type: ignore[call-overload]
-                      handle=handle.id)
+        ledger.update(
+            num,
+            restarts=record.restarts + 1,
+            steps_lost=record.steps_lost + int(entry["steps_lost"]),  # type: ignore[call-overload]
+            handle=handle.id,
+        )
 
     @staticmethod
     def _reattach(target: ComputeTarget, record: JobRecord) -> JobHandle | None:
@@ -272,8 +324,11 @@ class DdlkitSweep:
 
     def _resume_command(self, sweep_dir: Path) -> list[str]:
         """The command that re-runs this sweep in the same directory (the CLI sets sys.argv to ddlkit's)."""
-        args = [a for a in secret_store.redact_overrides(sys.argv[1:])
-                if a not in ("-m", "--multirun") and not a.startswith("hydra.sweep.dir=")]
+        args = [
+            a
+            for a in secret_store.redact_overrides(sys.argv[1:])
+            if a not in ("-m", "--multirun") and not a.startswith("hydra.sweep.dir=")
+        ]
         return ["ddlkit", "-m", *args, override("hydra.sweep.dir", str(sweep_dir))]
 
     @staticmethod
@@ -287,21 +342,26 @@ class DdlkitSweep:
             what = f"{record.status}: on_failure=fail-fast stopped the sweep after job #{stopped_by} failed"
         else:
             what = record.status
-        return SweepError(f"ddlkit: error: sweep job #{record.num} ({label}) {what}\n"
-                          f"  {failed} of {len(ledger.jobs)} jobs failed; report: {report}")
+        return SweepError(
+            f"ddlkit: error: sweep job #{record.num} ({label}) {what}\n"
+            f"  {failed} of {len(ledger.jobs)} jobs failed; report: {report}"
+        )
 
     @staticmethod
-    def _job_return(job: CheckedJob, record: JobRecord, failure: SweepError | None, objective: str | None,
-                    task_name: str) -> JobReturn:
+    def _job_return(
+        job: CheckedJob, record: JobRecord, failure: SweepError | None, objective: str | None, task_name: str
+    ) -> JobReturn:
         """What Hydra's sweeper gets for the job: with ``sweep.objective``, that field of its result
         (what a search sweeper optimizes); else the whole result. A failed job's return raises."""
         ret = JobReturn(overrides=job.overrides, working_dir=str(job.output_dir), task_name=task_name)
         result_path = job.output_dir / RESULT_FILE
         result = json.loads(result_path.read_text()) if failure is None and result_path.is_file() else record.result
         if failure is None and objective is not None and (result or {}).get(objective) is None:
-            failure = SweepError(f"ddlkit: error: sweep job #{job.num} completed, but its result has no "
-                                 f"{objective} (e.g. best_top1 needs trainer.validate=true); choose another "
-                                 "sweep.objective")
+            failure = SweepError(
+                f"ddlkit: error: sweep job #{job.num} completed, but its result has no "
+                f"{objective} (e.g. best_top1 needs trainer.validate=true); choose another "
+                "sweep.objective"
+            )
         if failure is not None:
             ret.status, ret.return_value = TaskStatus.FAILED, failure
             return ret
@@ -315,25 +375,36 @@ class DdlkitSweep:
         self.out.write(text + "\n")
         self.out.flush()
 
-    def _plan_lines(self, cfg: DictConfig, target: ComputeTarget, overrides: list[str], output_dir: Path,
-                    launch: list[str]) -> str:
+    def _plan_lines(
+        self, cfg: DictConfig, target: ComputeTarget, overrides: list[str], output_dir: Path, launch: list[str]
+    ) -> str:
         """What ``ddlkit plan`` says of a job after its label and state: what it runs on, the
         command that runs it alone, and what its compute target would do."""
         code_env, snapshot = prepare.user_code(cfg, target, output_dir)
         env, secret_env = prepare.job_environment(cfg, self.pm, code_env)
-        spec = JobSpec(name=prepare.job_name(output_dir), job_dir=output_dir, env=env, secret_env=secret_env,
-                       code_digest=snapshot.digest if snapshot is not None else None,
-                       # what a target that restarts in place would be given (compute=ray's plan shows it)
-                       restart=follow.policy_for(cfg.get("restart") or {}, target, self.out).budget())
+        spec = JobSpec(
+            name=prepare.job_name(output_dir),
+            job_dir=output_dir,
+            env=env,
+            secret_env=secret_env,
+            code_digest=snapshot.digest if snapshot is not None else None,
+            # what a target that restarts in place would be given (compute=ray's plan shows it)
+            restart=follow.policy_for(cfg.get("restart") or {}, target, self.out).budget(),
+        )
         command = job_command(secret_store.redact_overrides(overrides), output_dir, launch)
         code = f"      code: {_code_line(snapshot)}\n" if snapshot is not None else ""
-        needs = (f"      where the ranks run: {problem} (not needed here: compute={cfg.compute.name}'s ranks "
-                 "check their own environment when they start)\n"
-                 if (problem := self._needs_where_ranks_run(cfg, target)) else "")
-        return (f"      compute={cfg.compute.name}, world size {target.world_size}, {cfg.framework.name} "
-                f"{cfg.model.name}; {{state}}\n"
-                f"      command: {command}\n{code}{needs}"
-                f"      runs: {target.plan(spec)}")
+        needs = (
+            f"      where the ranks run: {problem} (not needed here: compute={cfg.compute.name}'s ranks "
+            "check their own environment when they start)\n"
+            if (problem := self._needs_where_ranks_run(cfg, target))
+            else ""
+        )
+        return (
+            f"      compute={cfg.compute.name}, world size {target.world_size}, {cfg.framework.name} "
+            f"{cfg.model.name}; {{state}}\n"
+            f"      command: {command}\n{code}{needs}"
+            f"      runs: {target.plan(spec)}"
+        )
 
     def _needs_where_ranks_run(self, cfg: DictConfig, target: ComputeTarget) -> str | None:
         """What the framework needs that this environment lacks, for a target whose ranks run in
@@ -346,27 +417,39 @@ class DdlkitSweep:
             return str(err)
         return None
 
-    def _print_plan(self, jobs: list[CheckedJob], ledger: Ledger, done: set[int], settings: SweepSettings,
-                    policy: FailurePolicy) -> None:
+    def _print_plan(
+        self, jobs: list[CheckedJob], ledger: Ledger, done: set[int], settings: SweepSettings, policy: FailurePolicy
+    ) -> None:
         sweep_dir = ledger.path.parent
         if len(jobs) == 1:  # one job: nothing of a sweep to say (how many at once, what a failure does to the rest)
-            self.say(f"ddlkit plan: 1 job -> {sweep_dir}\n" + jobs[0].plan.replace("{state}", self._state(
-                jobs[0], ledger, done), 1))
+            self.say(
+                f"ddlkit plan: 1 job -> {sweep_dir}\n"
+                + jobs[0].plan.replace("{state}", self._state(jobs[0], ledger, done), 1)
+            )
             self.say("ddlkit plan: the job is valid; nothing was run.")
             return
-        self.say(f"ddlkit plan: {_jobs(len(jobs))} -> {sweep_dir} (up to {settings.max_parallel} at once, "
-                    f"on_failure={policy})")
+        self.say(
+            f"ddlkit plan: {_jobs(len(jobs))} -> {sweep_dir} (up to {settings.max_parallel} at once, "
+            f"on_failure={policy})"
+        )
         labels = varying_overrides([JobRecord(j.num, self._overrides(j), "") for j in jobs])
         for job in jobs:
-            self.say(f"  #{job.num} {labels[job.num] or '-'}\n" + job.plan.replace("{state}",
-                                                                                    self._state(job, ledger, done), 1))
+            self.say(
+                f"  #{job.num} {labels[job.num] or '-'}\n"
+                + job.plan.replace("{state}", self._state(job, ledger, done), 1)
+            )
         self.say(f"ddlkit plan: all {len(jobs)} jobs are valid; nothing was run.")
 
     @staticmethod
     def _state(job: CheckedJob, ledger: Ledger, done: set[int]) -> str:
         record = ledger.jobs[job.num]
-        return ("completed: skipped" if job.num in done else
-                f"{record.status}: runs again in its directory" if record.attempts else "new")
+        return (
+            "completed: skipped"
+            if job.num in done
+            else f"{record.status}: runs again in its directory"
+            if record.attempts
+            else "new"
+        )
 
     def finish(self) -> None:
         """After the sweeper's last batch: a search's report of all its trials, and its best one."""
@@ -384,29 +467,39 @@ class DdlkitSweep:
         params = [f"{key}={value}" for key, value in found["best_params"].items()]
         best = next((r for r in ledger.jobs.values() if set(params) <= set(r.overrides)), None)
         params = " ".join(params)
-        self.say(f"ddlkit: best of {_jobs(len(ledger.jobs)).replace('job', 'trial')}: {params} -> {objective} "
-                 f"{found['best_value']}" + (f" (job #{best.num}, {best.job_dir})" if best else ""))
+        self.say(
+            f"ddlkit: best of {_jobs(len(ledger.jobs)).replace('job', 'trial')}: {params} -> {objective} "
+            f"{found['best_value']}" + (f" (job #{best.num}, {best.job_dir})" if best else "")
+        )
 
     def _print_summary(self, ledger: Ledger, report: Report, nums: list[int]) -> None:
         seconds = time.perf_counter() - (self._started or time.perf_counter())
         counts: dict[str, list[int]] = {}
         for num in nums:
             counts.setdefault(ledger.jobs[num].status, []).append(num)
-        parts = [f"{len(v)} {k}" + ("" if k == "completed" else f" ({', '.join(f'#{n}' for n in v)})")
-                 for k, v in sorted(counts.items())]
+        parts = [
+            f"{len(v)} {k}" + ("" if k == "completed" else f" ({', '.join(f'#{n}' for n in v)})")
+            for k, v in sorted(counts.items())
+        ]
         self.say(f"\n{report.markdown.read_text().strip()}\n")
-        plot = (f", {report.png.name}" if report.png
-                else "; no plot: matplotlib is not installed: pip install matplotlib, or pip install -e '.[sweep]' "
-                     "in ddlkit's checkout")
-        self.say(f"ddlkit: sweep done in {seconds:.1f} s: {', '.join(parts)}; report: {report.markdown} "
-                    f"({report.csv.name}{plot})")
+        plot = (
+            f", {report.png.name}"
+            if report.png
+            else "; no plot: matplotlib is not installed: pip install matplotlib, or pip install -e '.[sweep]' "
+            "in ddlkit's checkout"
+        )
+        self.say(
+            f"ddlkit: sweep done in {seconds:.1f} s: {', '.join(parts)}; report: {report.markdown} "
+            f"({report.csv.name}{plot})"
+        )
 
 
 class _Progress(Observer):
     """Prints each start and end as it happens, and keeps the ledger and the report up to date."""
 
-    def __init__(self, sweep: DdlkitSweep, ledger: Ledger, labels: dict[int, str], policy: FailurePolicy,
-                 report: LiveReport) -> None:
+    def __init__(
+        self, sweep: DdlkitSweep, ledger: Ledger, labels: dict[int, str], policy: FailurePolicy, report: LiveReport
+    ) -> None:
         self.sweep, self.ledger, self.labels, self.policy, self.report = sweep, ledger, labels, policy, report
         # what earlier runs of this sweep (before a resume) already spent on each job
         self.before = {n: (r.attempts, r.duration_s or 0.0) for n, r in ledger.jobs.items()}
@@ -418,10 +511,19 @@ class _Progress(Observer):
         if adopted:  # an earlier run of the sweep started it, and counted the attempt
             attempts, outcome.started, outcome.submitted = record.attempts, record.started, record.submitted
         assert outcome.handle is not None
-        self.ledger.update(job.num, status="running", attempts=attempts, submitted=outcome.submitted,
-                           started=outcome.started, ended=None, exit_code=None, error=None,
-                           name=prepare.job_name(Path(record.job_dir)), handle=outcome.handle.id,
-                           log=str(Path(record.job_dir) / RANK0_LOG))
+        self.ledger.update(
+            job.num,
+            status="running",
+            attempts=attempts,
+            submitted=outcome.submitted,
+            started=outcome.started,
+            ended=None,
+            exit_code=None,
+            error=None,
+            name=prepare.job_name(Path(record.job_dir)),
+            handle=outcome.handle.id,
+            log=str(Path(record.job_dir) / RANK0_LOG),
+        )
         again = f" (attempt {attempts})" if attempts > 1 else ""
         what = "still running: re-attached" if adopted else f"started{again}"
         self.sweep.say(f"ddlkit: sweep job #{job.num} {what}: {self.labels[job.num] or '-'} -> {record.job_dir}")
@@ -435,14 +537,24 @@ class _Progress(Observer):
         if job.num in self.sweep.adopted:
             attempts -= 1  # the earlier run of the sweep counted the attempt this one re-attached to
         log = record.log if record.log and Path(record.log).is_file() else f"ddlkit jobs logs {record.name}"
-        self.ledger.update(job.num, status=outcome.state, attempts=attempts + outcome.attempts,
-                           ended=outcome.ended, duration_s=round(spent + outcome.duration_s, 3),
-                           exit_code=outcome.exit_code, error=outcome.message or None, result=result, log=log)
+        self.ledger.update(
+            job.num,
+            status=outcome.state,
+            attempts=attempts + outcome.attempts,
+            ended=outcome.ended,
+            duration_s=round(spent + outcome.duration_s, 3),
+            exit_code=outcome.exit_code,
+            error=outcome.message or None,
+            result=result,
+            log=log,
+        )
         self.report.update(self.ledger)
         head = f"ddlkit: sweep job #{job.num} {outcome.state} in {outcome.duration_s:.1f} s"
         if record.restarts:  # the restart policy's, over all attempts; the sweep's retries are attempts
-            head += (f" ({record.restarts} restart{'s' if record.restarts > 1 else ''}, "
-                     f"{record.steps_lost} step{'s' if record.steps_lost != 1 else ''} lost)")
+            head += (
+                f" ({record.restarts} restart{'s' if record.restarts > 1 else ''}, "
+                f"{record.steps_lost} step{'s' if record.steps_lost != 1 else ''} lost)"
+            )
         label = self.labels[job.num] or "-"
         if result is not None:
             self.sweep.say(f"{head}: {label}: {_metrics(result)}")
@@ -453,8 +565,9 @@ class _Progress(Observer):
         lines += ["    " + line for line in message[:1] + (["    ..."] if len(message) > 7 else []) + message[1:][-6:]]
         lines.append(f"  log: {record.log}")
         if will_retry:
-            lines.append(f"  retrying it (retry {outcome.attempts} of {self.policy.retries}); it resumes from its "
-                         "checkpoint")
+            lines.append(
+                f"  retrying it (retry {outcome.attempts} of {self.policy.retries}); it resumes from its checkpoint"
+            )
         self.sweep.say("\n".join(lines))
 
 
@@ -473,8 +586,9 @@ def check_sweep_settings_fixed(job_overrides: Sequence[Sequence[str]]) -> None:
                 values.setdefault(key, set()).add(value)
     swept = sorted(key for key, seen in values.items() if len(seen) > 1)
     if swept:
-        raise ConfigError(f"{', '.join(swept)} cannot vary within a sweep: it configures the sweep itself. "
-                          "Give it one value.")
+        raise ConfigError(
+            f"{', '.join(swept)} cannot vary within a sweep: it configures the sweep itself. Give it one value."
+        )
 
 
 def hold_sweep_directory(sweep_dir: Path) -> TextIO:
@@ -484,9 +598,11 @@ def hold_sweep_directory(sweep_dir: Path) -> TextIO:
     try:
         return hold_lock(sweep_dir / SWEEP_LOCK)
     except LockHeld as holder:
-        raise ConfigError(f"{sweep_dir} is in use by another launcher of this sweep ({holder}): wait for it to end "
-                          "(`ddlkit jobs list` shows its jobs), or stop it (Ctrl-C where it runs, or `kill` its pid: "
-                          "its jobs checkpoint and stop), then run this command again to resume the sweep.") from None
+        raise ConfigError(
+            f"{sweep_dir} is in use by another launcher of this sweep ({holder}): wait for it to end "
+            "(`ddlkit jobs list` shows its jobs), or stop it (Ctrl-C where it runs, or `kill` its pid: "
+            "its jobs checkpoint and stop), then run this command again to resume the sweep."
+        ) from None
 
 
 def _jobs(count: int) -> str:
@@ -549,9 +665,13 @@ class _SweepHandle(JobHandle):
         for entry in settled.restarts:  # made by the target, where the job ran: the ledger counts them too
             self.restarts.restarted(dict(entry), self.inner)
         if policy.allows(verdict) and not self._cancelled:
-            entry = policy.plan_restart(verdict, settled, self.job_dir,
-                                        self.restarts.job.redacted_config["trainer"]["resume"],
-                                        prefix=self.restarts.prefix)
+            entry = policy.plan_restart(
+                verdict,
+                settled,
+                self.job_dir,
+                self.restarts.job.redacted_config["trainer"]["resume"],
+                prefix=self.restarts.prefix,
+            )
             self._pending = (time.monotonic() + float(entry["wait_s"]), entry, settled)
             return self._between()
         if settled.state is JobState.FAILED and policy.max_restarts:
@@ -565,8 +685,11 @@ class _SweepHandle(JobHandle):
         assert self._pending is not None
         if self._capacity is not None:
             waited = self._capacity.waited_s or 0.0
-            return JobStatus(JobState.RUNNING, None, f"restart waiting for capacity ({waited:.0f} of "
-                                                     f"restart.capacity_wait_s={self._capacity.wait_s:g} s)")
+            return JobStatus(
+                JobState.RUNNING,
+                None,
+                f"restart waiting for capacity ({waited:.0f} of restart.capacity_wait_s={self._capacity.wait_s:g} s)",
+            )
         return JobStatus(JobState.RUNNING, None, f"restarting in {max(0.0, self._pending[0] - time.monotonic()):.0f} s")
 
     def _resubmit(self) -> None:
@@ -582,9 +705,16 @@ class _SweepHandle(JobHandle):
         try:
             capacity = self._capacity or follow.capacity_wait(job, policy, policy.out, self.restarts.prefix)
             # an elastic job goes on with the nodes that are up now (ddlkit.launch.elastic)
-            placed = place_restart(job.compute, self._target or job.compute, job.spec, job.redacted_config,
-                                   restart=capacity.restart, out=policy.out, prefix=self.restarts.prefix,
-                                   waited_s=capacity.waited_s)
+            placed = place_restart(
+                job.compute,
+                self._target or job.compute,
+                job.spec,
+                job.redacted_config,
+                restart=capacity.restart,
+                out=policy.out,
+                prefix=self.restarts.prefix,
+                waited_s=capacity.waited_s,
+            )
             if isinstance(placed, Shortfall):
                 pause = capacity.next_look(placed)
                 if pause is not None:  # looked at again between the looks at the sweep's other jobs
@@ -644,5 +774,8 @@ def _code_line(snapshot: CodeSnapshot) -> str:
     """What ``ddlkit plan`` says a job ships of the launch directory."""
     shown = [path for path, _ in snapshot.files[:_PLANNED_FILES]]
     more = len(snapshot.files) - len(shown)
-    return (f"a snapshot of the launch directory ships with the job ({snapshot.describe()}): {', '.join(shown)}"
-            + (f" and {more} more" if more else "") + "".join(f"; {said}" for said in snapshot.left_out()))
+    return (
+        f"a snapshot of the launch directory ships with the job ({snapshot.describe()}): {', '.join(shown)}"
+        + (f" and {more} more" if more else "")
+        + "".join(f"; {said}" for said in snapshot.left_out())
+    )

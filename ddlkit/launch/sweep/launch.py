@@ -54,34 +54,61 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 
-def launch(settings: SweepSettings, *, hydra_context: HydraContext, task_function: TaskFunction,
-           config: DictConfig, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> list[JobReturn]:
+def launch(
+    settings: SweepSettings,
+    *,
+    hydra_context: HydraContext,
+    task_function: TaskFunction,
+    config: DictConfig,
+    job_overrides: Sequence[Sequence[str]],
+    initial_job_idx: int,
+) -> list[JobReturn]:
     setup_globals()
     configure_log(config.hydra.hydra_logging, config.hydra.verbose)
     sweep = getattr(task_function, SWEEP_ATTR, None)
     if isinstance(sweep, SweepOnDemand):  # the CLI's task: its sweep is made now
         sweep = sweep()
     if isinstance(sweep, DdlkitSweep):
-        return sweep.launch(settings, hydra_context=hydra_context, config=config, job_overrides=job_overrides,
-                            initial_job_idx=initial_job_idx)
-    return launch_tasks(settings, hydra_context=hydra_context, task_function=task_function, config=config,
-                        job_overrides=job_overrides, initial_job_idx=initial_job_idx)
+        return sweep.launch(
+            settings,
+            hydra_context=hydra_context,
+            config=config,
+            job_overrides=job_overrides,
+            initial_job_idx=initial_job_idx,
+        )
+    return launch_tasks(
+        settings,
+        hydra_context=hydra_context,
+        task_function=task_function,
+        config=config,
+        job_overrides=job_overrides,
+        initial_job_idx=initial_job_idx,
+    )
 
 
-def launch_tasks(settings: SweepSettings, *, hydra_context: HydraContext, task_function: TaskFunction,
-                 config: DictConfig, job_overrides: Sequence[Sequence[str]],
-                 initial_job_idx: int) -> list[JobReturn]:
+def launch_tasks(
+    settings: SweepSettings,
+    *,
+    hydra_context: HydraContext,
+    task_function: TaskFunction,
+    config: DictConfig,
+    job_overrides: Sequence[Sequence[str]],
+    initial_job_idx: int,
+) -> list[JobReturn]:
     """A plain Hydra app's jobs, each Hydra's ``run_job`` in a forked child, ``max_parallel`` at once."""
     try:
         policy = settings.policy("hydra.launcher")
     except ConfigError as err:
         raise SweepError(str(err)) from None
     if "fork" not in multiprocessing.get_all_start_methods():
-        raise SweepError("hydra/launcher=ddlkit runs a Hydra app's jobs in forked processes, which this platform "
-                         "does not have; use hydra/launcher=basic")
+        raise SweepError(
+            "hydra/launcher=ddlkit runs a Hydra app's jobs in forked processes, which this platform "
+            "does not have; use hydra/launcher=basic"
+        )
     Path(str(config.hydra.sweep.dir)).mkdir(parents=True, exist_ok=True)
-    jobs = [compose_job(hydra_context, config, overrides, initial_job_idx + i)
-            for i, overrides in enumerate(job_overrides)]
+    jobs = [
+        compose_job(hydra_context, config, overrides, initial_job_idx + i) for i, overrides in enumerate(job_overrides)
+    ]
     log.info(f"Launching {len(jobs)} jobs, up to {settings.max_parallel} at once")
     for job in jobs:
         log.info(f"\t#{job.num} : {' '.join(filter_overrides(job.overrides))}")
@@ -89,12 +116,19 @@ def launch_tasks(settings: SweepSettings, *, hydra_context: HydraContext, task_f
         return []
 
     def start(job: ComposedJob) -> ForkedTaskHandle:
-        run = functools.partial(run_job, hydra_context=hydra_context, task_function=task_function,
-                                config=job.config, job_dir_key="hydra.sweep.dir", job_subdir_key="hydra.sweep.subdir")
+        run = functools.partial(
+            run_job,
+            hydra_context=hydra_context,
+            task_function=task_function,
+            config=job.config,
+            job_dir_key="hydra.sweep.dir",
+            job_subdir_key="hydra.sweep.subdir",
+        )
         return ForkedTaskHandle(run, name=f"job-{job.num}")
 
-    scheduler = Scheduler(settings.max_parallel, policy, status_interval_s=settings.status_interval_s,
-                          observer=_LogFailures())
+    scheduler = Scheduler(
+        settings.max_parallel, policy, status_interval_s=settings.status_interval_s, observer=_LogFailures()
+    )
     sweep = scheduler.run([SweepJob(j.num, " ".join(j.overrides), functools.partial(start, j)) for j in jobs])
     if sweep.interrupted:
         raise KeyboardInterrupt
@@ -112,8 +146,13 @@ def _task_return(job: ComposedJob, outcome: Outcome, stopped_by: int | None) -> 
         why = f"cancelled: on_failure=fail-fast stopped the sweep after job #{stopped_by} failed"
     else:
         why = f"{outcome.state}: {outcome.message}"
-    ret = JobReturn(overrides=job.overrides, cfg=job.task_config(), hydra_cfg=job.hydra_config(),
-                    working_dir=str(job.output_dir), task_name=str(job.config.hydra.job.name))
+    ret = JobReturn(
+        overrides=job.overrides,
+        cfg=job.task_config(),
+        hydra_cfg=job.hydra_config(),
+        working_dir=str(job.output_dir),
+        task_name=str(job.config.hydra.job.name),
+    )
     ret.status, ret.return_value = TaskStatus.FAILED, SweepError(f"job #{job.num} ({' '.join(job.overrides)}) {why}")
     return ret
 

@@ -91,11 +91,14 @@ class Ledger:
         try:
             data = json.loads(path.read_text(encoding="utf-8"))
             known = {f.name for f in fields(JobRecord)}
-            jobs = {int(num): JobRecord(**{k: v for k, v in rec.items() if k in known})
-                    for num, rec in data["jobs"].items()}
+            jobs = {
+                int(num): JobRecord(**{k: v for k, v in rec.items() if k in known}) for num, rec in data["jobs"].items()
+            }
         except (ValueError, KeyError, TypeError) as err:
-            raise ConfigError(f"{path} is not a readable sweep ledger ({err}). Move it away to start the sweep "
-                              "afresh, or use another hydra.sweep.dir.") from None
+            raise ConfigError(
+                f"{path} is not a readable sweep ledger ({err}). Move it away to start the sweep "
+                "afresh, or use another hydra.sweep.dir."
+            ) from None
         ledger = cls(path, data.get("name", name), jobs, data.get("created", time.time()), data.get("command", []))
         ledger._replay()
         return ledger
@@ -133,7 +136,8 @@ class Ledger:
                 raise ConfigError(
                     f"{self.path.parent} holds another sweep: its job #{num} was {' '.join(known.overrides) or '-'}, "
                     f"this sweep's is {' '.join(overrides) or '-'}. Resume with the same command, or give this "
-                    "sweep its own hydra.sweep.dir.")
+                    "sweep its own hydra.sweep.dir."
+                )
             if known.status == "completed":
                 done.append(num)
         return done
@@ -162,11 +166,18 @@ class Ledger:
             if self._timer is not None:
                 self._timer.cancel()
                 self._timer = None
-            write_json(self.path, {
-                "version": VERSION, "name": self.name, "sweep_dir": str(self.path.parent), "created": self.created,
-                "updated": time.time(), "command": self.command,
-                "jobs": {str(num): asdict(rec) for num, rec in sorted(self.jobs.items())},
-            })
+            write_json(
+                self.path,
+                {
+                    "version": VERSION,
+                    "name": self.name,
+                    "sweep_dir": str(self.path.parent),
+                    "created": self.created,
+                    "updated": time.time(),
+                    "command": self.command,
+                    "jobs": {str(num): asdict(rec) for num, rec in sorted(self.jobs.items())},
+                },
+            )
             self.journal.unlink(missing_ok=True)
             self._journal_lines = 0
 

@@ -52,14 +52,20 @@ def rows(ledger: Ledger, sort_by: str) -> list[dict[str, Any]]:
     for rec in records:
         result = rec.result or {}
         job_dir = Path(rec.job_dir)
-        table.append({
-            "job": rec.num, "overrides": labels[rec.num], "status": rec.status, "attempts": rec.attempts,
-            "restarts": rec.restarts,
-            "duration_s": round(rec.duration_s, 3) if rec.duration_s is not None else None,
-            **{f.name: result.get(f.name) for f in HEADLINE},
-            "job_dir": str(job_dir.relative_to(ledger.path.parent)) if job_dir.is_relative_to(ledger.path.parent)
-            else str(job_dir),
-        })
+        table.append(
+            {
+                "job": rec.num,
+                "overrides": labels[rec.num],
+                "status": rec.status,
+                "attempts": rec.attempts,
+                "restarts": rec.restarts,
+                "duration_s": round(rec.duration_s, 3) if rec.duration_s is not None else None,
+                **{f.name: result.get(f.name) for f in HEADLINE},
+                "job_dir": str(job_dir.relative_to(ledger.path.parent))
+                if job_dir.is_relative_to(ledger.path.parent)
+                else str(job_dir),
+            }
+        )
     larger_first = SORT_KEYS[sort_by]
     with_metric = [r for r in table if r[sort_by] is not None]
     with_metric.sort(key=lambda r: (-r[sort_by] if larger_first else r[sort_by], r["job"]))
@@ -75,8 +81,12 @@ def markdown(table: Sequence[dict[str, Any]], title: str) -> str:
         return str(value).replace("|", "\\|") if col == "overrides" else str(value)
 
     numeric = [c in _FORMATS or c in ("job", "attempts", "restarts") for c in COLUMNS]
-    lines = [f"# {title}", "", "| " + " | ".join(_TITLES.get(c, c) for c in COLUMNS) + " |",
-             "|" + "|".join("---:" if right else "---" for right in numeric) + "|"]
+    lines = [
+        f"# {title}",
+        "",
+        "| " + " | ".join(_TITLES.get(c, c) for c in COLUMNS) + " |",
+        "|" + "|".join("---:" if right else "---" for right in numeric) + "|",
+    ]
     lines += ["| " + " | ".join(cell(c, row[c]) for c in COLUMNS) + " |" for row in table]
     return "\n".join(lines) + "\n"
 
@@ -166,8 +176,14 @@ def plot(table: Sequence[dict[str, Any]], metric: str, path: Path, title: str) -
     bars = ax.barh(positions, values, color=["tab:blue" if r[metric] is not None else "none" for r in table])
     for bar, row in zip(bars, table, strict=True):
         note = _FORMATS[metric].format(row[metric]) if row[metric] is not None else row["status"]
-        ax.annotate(note, (bar.get_width(), bar.get_y() + bar.get_height() / 2), xytext=(3, 0),
-                    textcoords="offset points", va="center", fontsize=8)
+        ax.annotate(
+            note,
+            (bar.get_width(), bar.get_y() + bar.get_height() / 2),
+            xytext=(3, 0),
+            textcoords="offset points",
+            va="center",
+            fontsize=8,
+        )
     ax.set_yticks(positions, labels, fontsize=8)
     ax.set_xlabel(_TITLES.get(metric, metric))
     ax.set_title(f"{title}: {_TITLES.get(metric, metric)} per job", fontsize=10)

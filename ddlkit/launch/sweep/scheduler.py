@@ -84,8 +84,15 @@ class Clock:
 
 
 class Scheduler:
-    def __init__(self, max_parallel: int, policy: FailurePolicy, *, status_interval_s: float,
-                 observer: Observer | None = None, clock: Clock | None = None) -> None:
+    def __init__(
+        self,
+        max_parallel: int,
+        policy: FailurePolicy,
+        *,
+        status_interval_s: float,
+        observer: Observer | None = None,
+        clock: Clock | None = None,
+    ) -> None:
         self.max_parallel = max_parallel
         self.policy = policy
         self.status_interval_s = status_interval_s
@@ -129,8 +136,11 @@ class Scheduler:
             outcome.attempts += 1
             outcome.started = outcome.ended = self.clock.time()
             outcome.state, outcome.exit_code, outcome.handle = "failed", None, None
-            outcome.message = f"could not start: {err}" if isinstance(err, DdlkitError) else (
-                f"could not start: {type(err).__name__}: {err}")
+            outcome.message = (
+                f"could not start: {err}"
+                if isinstance(err, DdlkitError)
+                else (f"could not start: {type(err).__name__}: {err}")
+            )
             return False
         outcome.attempts += 1
         outcome.started, outcome.ended = self.clock.time(), None
@@ -140,8 +150,9 @@ class Scheduler:
     def _pace(self, job: SweepJob) -> float:
         return job.status_interval_s if job.status_interval_s is not None else self.status_interval_s
 
-    def _poll(self, running: dict[int, SweepJob], sweep: SweepRun, pending: deque[SweepJob],
-              cancelled: set[int]) -> bool:
+    def _poll(
+        self, running: dict[int, SweepJob], sweep: SweepRun, pending: deque[SweepJob], cancelled: set[int]
+    ) -> bool:
         """Ask the status of each running job that is due; True if one ended."""
         ended = False
         now = self.clock.monotonic()
@@ -178,8 +189,14 @@ class Scheduler:
             outcome.state = "failed"
             outcome.message = status.message or f"the job ended {status.state.value}"
 
-    def _after_failure(self, job: SweepJob, sweep: SweepRun, pending: deque[SweepJob],
-                       running: dict[int, SweepJob], cancelled: set[int]) -> None:
+    def _after_failure(
+        self,
+        job: SweepJob,
+        sweep: SweepRun,
+        pending: deque[SweepJob],
+        running: dict[int, SweepJob],
+        cancelled: set[int],
+    ) -> None:
         outcome = sweep.outcomes[job.num]
         will_retry = outcome.attempts <= self.policy.retries and sweep.stopped_by is None
         self.observer.ended(job, outcome, will_retry=will_retry)

@@ -12,8 +12,10 @@ from ...result import HEADLINE, LEDGER, MAXIMIZE, MINIMIZE
 
 #: report sort keys -> whether larger is better (sorted first): the report's result columns, by
 #: name, and how long a job ran
-SORT_KEYS: dict[str, bool] = {**{f.name: f.direction == MAXIMIZE for f in sorted(HEADLINE, key=lambda f: f.name)},
-                              "duration_s": False}
+SORT_KEYS: dict[str, bool] = {
+    **{f.name: f.direction == MAXIMIZE for f in sorted(HEADLINE, key=lambda f: f.name)},
+    "duration_s": False,
+}
 #: result fields a search sweeper can optimize (``sweep.objective``), each with its natural direction
 #: (``sweep.direction=auto``); the other fields a sweep's ledger keeps need ``sweep.direction`` set
 OBJECTIVE_DIRECTIONS: dict[str, str] = {f.name: f.direction for f in LEDGER if f.direction is not None}
@@ -65,11 +67,11 @@ class SweepSettings(SweepConfig):
         if self.max_parallel < 1:
             raise ConfigError(f"{prefix}.max_parallel={self.max_parallel} is invalid: it must be a positive integer.")
         if self.sort_by not in SORT_KEYS:
-            raise ConfigError(f"{prefix}.sort_by={self.sort_by} is invalid: it must be one of "
-                              f"{', '.join(SORT_KEYS)}.")
+            raise ConfigError(f"{prefix}.sort_by={self.sort_by} is invalid: it must be one of {', '.join(SORT_KEYS)}.")
         if not self.status_interval_s > 0:
-            raise ConfigError(f"hydra.launcher.status_interval_s={self.status_interval_s} is invalid: it must be "
-                              "positive.")
+            raise ConfigError(
+                f"hydra.launcher.status_interval_s={self.status_interval_s} is invalid: it must be positive."
+            )
         try:
             return FailurePolicy.parse(self.on_failure)
         except ValueError as err:
@@ -85,22 +87,29 @@ class SweepSettings(SweepConfig):
         fields = ", ".join(RESULT_FIELDS)
         if self.objective is None:
             if search:
-                raise ConfigError(f"hydra/sweeper={sweeper_name} searches for the best value of one number: name "
-                                  f"it with sweep.objective=<a result field> ({fields}).")
+                raise ConfigError(
+                    f"hydra/sweeper={sweeper_name} searches for the best value of one number: name "
+                    f"it with sweep.objective=<a result field> ({fields})."
+                )
             return None
         if self.objective not in RESULT_FIELDS:
-            raise ConfigError(f"sweep.objective={self.objective} is no field of a job's result: "
-                              f"choose one of {fields}.")
+            raise ConfigError(
+                f"sweep.objective={self.objective} is no field of a job's result: choose one of {fields}."
+            )
         direction = OBJECTIVE_DIRECTIONS.get(self.objective) if self.direction == "auto" else self.direction
         if direction not in DIRECTIONS:
-            raise ConfigError(f"sweep.direction={self.direction} is invalid for sweep.objective={self.objective}: it "
-                              "must be maximize or minimize" + (" (auto knows no direction for that field)."
-                                                                if self.direction == "auto" else "."))
+            raise ConfigError(
+                f"sweep.direction={self.direction} is invalid for sweep.objective={self.objective}: it "
+                "must be maximize or minimize"
+                + (" (auto knows no direction for that field)." if self.direction == "auto" else ".")
+            )
         wanted = _sweeper_direction(sweeper) if search else None
         if wanted is not None and wanted != direction:
-            raise ConfigError(f"hydra/sweeper={sweeper_name} will {wanted} sweep.objective={self.objective}, "
-                              f"which is to be {direction}d: add hydra.sweeper.direction={direction}, or set "
-                              f"sweep.direction={wanted}.")
+            raise ConfigError(
+                f"hydra/sweeper={sweeper_name} will {wanted} sweep.objective={self.objective}, "
+                f"which is to be {direction}d: add hydra.sweeper.direction={direction}, or set "
+                f"sweep.direction={wanted}."
+            )
         return self.objective
 
 
@@ -122,8 +131,10 @@ def _sweeper_direction(sweeper: Any) -> str | None:
     direction = OmegaConf.select(sweeper, "direction", default=None)
     if direction is not None:
         return str(getattr(direction, "name", direction))
-    for key, meaning in (("optim.maximize", ("minimize", "maximize")), ("ax_config.experiment.minimize",
-                                                                        ("maximize", "minimize"))):
+    for key, meaning in (
+        ("optim.maximize", ("minimize", "maximize")),
+        ("ax_config.experiment.minimize", ("maximize", "minimize")),
+    ):
         flag = OmegaConf.select(sweeper, key, default=None)
         if flag is not None:
             return meaning[bool(flag)]

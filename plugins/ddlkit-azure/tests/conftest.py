@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import pytest
+
 from ddlkit_azure.testing import Azurite
 from ddlkit_azure.testing.azureml import LoopbackWorkspace
 from ddlkit_azure.testing.loopback import (
@@ -62,8 +63,13 @@ def azure_cli_login(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 
 
 @pytest.fixture
-def azureml_workspace(https_loopback: LoopbackServer, azurite: Azurite, azure_cli_login: Path, tmp_path: Path,
-                      monkeypatch: pytest.MonkeyPatch) -> Iterator[LoopbackWorkspace]:
+def azureml_workspace(
+    https_loopback: LoopbackServer,
+    azurite: Azurite,
+    azure_cli_login: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> Iterator[LoopbackWorkspace]:
     """A loopback Azure ML workspace (:mod:`ddlkit_azure.testing.azureml`) whose jobs run on this
     machine, its storage in Azurite; the SDK (in this process and in subprocesses) signed in and
     pointed at it."""
@@ -82,8 +88,14 @@ class UserProject:
 
     root: Path
     #: what trains on it: 8x8 images of 4 classes from my_pkg.data:samples, an epoch of n / 8 steps
-    overrides: tuple[str, ...] = ("data=custom", "data.target=my_pkg.data:samples", "data.num_classes=4",
-                                  "data.image_size=8", "trainer.batch_size=8", "trainer.epochs=1")
+    overrides: tuple[str, ...] = (
+        "data=custom",
+        "data.target=my_pkg.data:samples",
+        "data.num_classes=4",
+        "data.image_size=8",
+        "trainer.batch_size=8",
+        "trainer.epochs=1",
+    )
 
     def write(self, n: int = 32) -> None:
         """The package, its function making ``n`` samples per split by default."""
@@ -93,10 +105,12 @@ class UserProject:
 
     @staticmethod
     def data_module(n: int) -> str:
-        return ("import numpy as np\n\n\n"
-                f"def samples(split, n={n}):\n"
-                "    rng = np.random.default_rng(0 if split == 'train' else 1)\n"
-                "    return rng.uniform(0, 1, (n, 8, 8, 3)).astype('float32'), rng.integers(0, 4, n)\n")
+        return (
+            "import numpy as np\n\n\n"
+            f"def samples(split, n={n}):\n"
+            "    rng = np.random.default_rng(0 if split == 'train' else 1)\n"
+            "    return rng.uniform(0, 1, (n, 8, 8, 3)).astype('float32'), rng.integers(0, 4, n)\n"
+        )
 
 
 @pytest.fixture

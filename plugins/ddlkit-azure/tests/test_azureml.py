@@ -15,10 +15,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import pytest
-from ddlkit_azure._azureml import place_snapshot
-from ddlkit_azure.azureml import AzureMLConfig, AzureMLTarget
-from ddlkit_azure.testing.azureml import ARM_PREFIX, BLOB_URL, LoopbackWorkspace
-from ddlkit_azure.testing.loopback import LoopbackServer, Request, Response, error_body
 from omegaconf import OmegaConf
 
 import ddlkit
@@ -29,6 +25,10 @@ from ddlkit.interfaces import JOB_FILE, JobHandle, JobSpec, JobState
 from ddlkit.plugins import get_plugin_manager
 from ddlkit.registry import Registry
 from ddlkit.testing.registry import LoopbackRegistry
+from ddlkit_azure._azureml import place_snapshot
+from ddlkit_azure.azureml import AzureMLConfig, AzureMLTarget
+from ddlkit_azure.testing.azureml import ARM_PREFIX, BLOB_URL, LoopbackWorkspace
+from ddlkit_azure.testing.loopback import LoopbackServer, Request, Response, error_body
 
 if TYPE_CHECKING:
     from conftest import UserProject
@@ -44,21 +44,33 @@ def target(**changes: object) -> AzureMLTarget:
 
 def on(loopback: LoopbackWorkspace, **changes: object) -> AzureMLTarget:
     """A target on the loopback workspace (``changes`` win)."""
-    return target(**{"subscription_id": loopback.subscription, "resource_group": loopback.resource_group,
-                     "workspace": loopback.workspace, "poll_interval_s": 0.2, **changes})
+    return target(
+        **{
+            "subscription_id": loopback.subscription,
+            "resource_group": loopback.resource_group,
+            "workspace": loopback.workspace,
+            "poll_interval_s": 0.2,
+            **changes,
+        }
+    )
 
 
 def spec(tmp_path: Path, secret_env: dict[str, str] | None = None) -> JobSpec:
-    return JobSpec(name="2026-11-23_10-00-00-0123abcd", job_dir=tmp_path / "job", env={"DDLKIT_PLUGINS": "p"},
-                   secret_env=secret_env or {})
+    return JobSpec(
+        name="2026-11-23_10-00-00-0123abcd",
+        job_dir=tmp_path / "job",
+        env={"DDLKIT_PLUGINS": "p"},
+        secret_env=secret_env or {},
+    )
 
 
 def submitted(loopback: LoopbackWorkspace, job_dir: Path, code: str, **changes: object) -> JobHandle:
     """A job of ``python -c code`` on the loopback workspace (as the compute contract submits one)."""
     job_dir.mkdir(parents=True)
     (job_dir / JOB_FILE).write_text("{}\n", encoding="utf-8")
-    return on(loopback, **changes).submit(JobSpec(name=job_dir.name, job_dir=job_dir,
-                                                   args=("-c", textwrap.dedent(code))))
+    return on(loopback, **changes).submit(
+        JobSpec(name=job_dir.name, job_dir=job_dir, args=("-c", textwrap.dedent(code)))
+    )
 
 
 def planned(t: AzureMLTarget, tmp_path: Path, secret_env: dict[str, str] | None = None) -> tuple[str, dict]:
@@ -74,18 +86,23 @@ def test_azureml_is_registered_through_the_plugins_entry_point() -> None:
 
 
 # ---------------------------------------------------------------------------- the job definition
-@pytest.mark.parametrize(("framework", "dist", "nodes", "per_node", "kind"), [
-    ("pytorch", "none", 1, 1, None),
-    ("pytorch", "native", 2, 4, "PyTorch"),
-    ("pytorch", "horovod", 2, 4, "Mpi"),
-    ("tensorflow", "native", 4, 1, "Mpi"),
-    ("keras", "native", 1, 2, "Mpi"),
-])
-def test_the_distribution_fits_the_framework_and_backend(tmp_path: Path, framework: str, dist: str, nodes: int,
-                                                         per_node: int, kind: str | None) -> None:
+@pytest.mark.parametrize(
+    ("framework", "dist", "nodes", "per_node", "kind"),
+    [
+        ("pytorch", "none", 1, 1, None),
+        ("pytorch", "native", 2, 4, "PyTorch"),
+        ("pytorch", "horovod", 2, 4, "Mpi"),
+        ("tensorflow", "native", 4, 1, "Mpi"),
+        ("keras", "native", 1, 2, "Mpi"),
+    ],
+)
+def test_the_distribution_fits_the_framework_and_backend(
+    tmp_path: Path, framework: str, dist: str, nodes: int, per_node: int, kind: str | None
+) -> None:
     # ddlkit's image with Horovod is a CPU one (a GPU job with Horovod names its image)
-    _, job = planned(target(framework=framework, dist=dist, nodes=nodes, procs_per_node=per_node,
-                            gpu=dist != "horovod"), tmp_path)
+    _, job = planned(
+        target(framework=framework, dist=dist, nodes=nodes, procs_per_node=per_node, gpu=dist != "horovod"), tmp_path
+    )
     assert job["resources"]["instanceCount"] == nodes
     assert (job.get("distribution") or {}).get("distributionType") == kind
     if kind:
@@ -100,15 +117,25 @@ def test_the_distribution_fits_the_framework_and_backend(tmp_path: Path, framewo
 
 def test_the_plan_is_the_request_the_sdk_sends_with_secrets_redacted(tmp_path: Path) -> None:
     request, job = planned(target(experiment="exp", spot=True), tmp_path, {"AZURE_STORAGE_SAS_TOKEN": SECRET})
-    assert request.startswith("PUT https://management.azure.com/subscriptions/sub-x/resourceGroups/rg-x/providers/"
-                              "Microsoft.MachineLearningServices/workspaces/ws-x/jobs/ddlkit-2026-11-23_10-00-00-")
+    assert request.startswith(
+        "PUT https://management.azure.com/subscriptions/sub-x/resourceGroups/rg-x/providers/"
+        "Microsoft.MachineLearningServices/workspaces/ws-x/jobs/ddlkit-2026-11-23_10-00-00-"
+    )
     assert SECRET not in request + json.dumps(job)
-    assert job["environmentVariables"] == {"AZURE_STORAGE_SAS_TOKEN": "***", "DDLKIT_PLUGINS": "p",
-                                           "PYTHONUNBUFFERED": "1"}
+    assert job["environmentVariables"] == {
+        "AZURE_STORAGE_SAS_TOKEN": "***",
+        "DDLKIT_PLUGINS": "p",
+        "PYTHONUNBUFFERED": "1",
+    }
     assert job["jobType"] == "Command" and job["experimentName"] == "exp"
     assert job["computeId"].endswith("/workspaces/ws-x/computes/gpu-cluster")
-    assert job["outputs"] == {"job_dir": {"jobOutputType": "uri_folder", "mode": "ReadWriteMount", "uri":
-                              "azureml://datastores/workspaceblobstore/paths/ddlkit/2026-11-23_10-00-00-0123abcd/"}}
+    assert job["outputs"] == {
+        "job_dir": {
+            "jobOutputType": "uri_folder",
+            "mode": "ReadWriteMount",
+            "uri": "azureml://datastores/workspaceblobstore/paths/ddlkit/2026-11-23_10-00-00-0123abcd/",
+        }
+    }
     assert job["queueSettings"] == {"jobTier": "Spot"}
     assert job["tags"] == {"ddlkit_job": "2026-11-23_10-00-00-0123abcd"}
     assert not (tmp_path / "job").exists()
@@ -124,21 +151,33 @@ from omegaconf import OmegaConf
 from ddlkit.interfaces import JobSpec
 from ddlkit_azure.azureml import AzureMLConfig, AzureMLTarget
 cfg = OmegaConf.structured(AzureMLConfig(**{ {**WORKSPACE, **DERIVED}!r}))
-text = AzureMLTarget(cfg).plan(JobSpec(name="n", job_dir=Path({str(tmp_path / 'job')!r})))
+text = AzureMLTarget(cfg).plan(JobSpec(name="n", job_dir=Path({str(tmp_path / "job")!r})))
 assert text.startswith("PUT "), text
 print("imported:", sorted(m for m in sys.modules if m.startswith("azure.identity")))
 """
-    env = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "HTTPS_PROXY": "http://127.0.0.1:9",
-           "NO_PROXY": "", "AZUREML_DEV_URL_MFE": "https://127.0.0.1:9"}
-    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=120,
-                          check=False)
+    env = {
+        "PATH": "/usr/bin:/bin",
+        "HOME": str(tmp_path),
+        "HTTPS_PROXY": "http://127.0.0.1:9",
+        "NO_PROXY": "",
+        "AZUREML_DEV_URL_MFE": "https://127.0.0.1:9",
+    }
+    proc = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=120, check=False
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "imported: []" in proc.stdout
 
 
-@pytest.mark.parametrize(("storage", "mode", "wire"), [
-    ("local", "auto", "ReadOnlyMount"), ("local_ssd", "auto", "Download"), ("local", "download", "Download"),
-    ("local_ssd", "ro_mount", "ReadOnlyMount")])
+@pytest.mark.parametrize(
+    ("storage", "mode", "wire"),
+    [
+        ("local", "auto", "ReadOnlyMount"),
+        ("local_ssd", "auto", "Download"),
+        ("local", "download", "Download"),
+        ("local_ssd", "ro_mount", "ReadOnlyMount"),
+    ],
+)
 def test_an_azureml_data_root_is_an_input_of_the_job(tmp_path: Path, storage: str, mode: str, wire: str) -> None:
     root = "azureml://datastores/imagenet/paths/ilsvrc/"
     _, job = planned(target(data_root=root, storage=storage, input_mode=mode), tmp_path)
@@ -168,16 +207,25 @@ def test_every_process_puts_the_snapshot_into_the_job_directory_in_one_piece(tmp
     """The command's lines, run by four processes at once (POSIX sh) into a job directory that an
     earlier run left another snapshot in: the new snapshot, exactly, and nothing half-written."""
     source, out = tmp_path / "input", tmp_path / "out"
-    files = {"code/my_pkg/__init__.py": "", "code/my_pkg/nets.py": "x = 2\n" * 5000,
-             "code/my pkg data/a b.txt": "spaces\n", "code.json": '{"digest": "new"}'}
-    earlier = {"code/my_pkg/nets.py": "x = 1\n", "code/my_pkg/stale.py": "", "code.json": '{"digest": "old"}',
-               "result.json": "{}"}
+    files = {
+        "code/my_pkg/__init__.py": "",
+        "code/my_pkg/nets.py": "x = 2\n" * 5000,
+        "code/my pkg data/a b.txt": "spaces\n",
+        "code.json": '{"digest": "new"}',
+    }
+    earlier = {
+        "code/my_pkg/nets.py": "x = 1\n",
+        "code/my_pkg/stale.py": "",
+        "code.json": '{"digest": "old"}',
+        "result.json": "{}",
+    }
     for root, tree in ((source, files), (out, earlier)):
         for rel, text in tree.items():
             (root / rel).parent.mkdir(parents=True, exist_ok=True)
             (root / rel).write_text(text)
-    script = "\n".join(["set -e", f"out={shlex.quote(str(out))}",
-                        *place_snapshot()]).replace("${{inputs.code}}", str(source))
+    script = "\n".join(["set -e", f"out={shlex.quote(str(out))}", *place_snapshot()]).replace(
+        "${{inputs.code}}", str(source)
+    )
     runs = [subprocess.Popen(["sh", "-c", script], stderr=subprocess.PIPE, text=True) for _ in range(4)]
     assert [(run.wait(timeout=60), run.stderr.read()) for run in runs] == [(0, "")] * 4
     placed = {p.relative_to(out).as_posix(): p.read_text() for p in out.rglob("*") if p.is_file()}
@@ -188,26 +236,43 @@ def test_every_process_puts_the_snapshot_into_the_job_directory_in_one_piece(tmp
     assert (out / "code" / "my_pkg" / "nets.py").read_text() == "x = 3\n"
 
 
-@pytest.mark.parametrize("root", ["azureml://datastores/workspaceblobstore", "https://acct.blob.core.windows.net/c",
-                                  "azureml://subscriptions/s/resourcegroups/r/workspaces/w/datastores/d/paths/p"])
+@pytest.mark.parametrize(
+    "root",
+    [
+        "azureml://datastores/workspaceblobstore",
+        "https://acct.blob.core.windows.net/c",
+        "azureml://subscriptions/s/resourcegroups/r/workspaces/w/datastores/d/paths/p",
+    ],
+)
 def test_code_root_must_be_a_datastore_path(root: str) -> None:
-    with pytest.raises(ddlkit.ConfigError, match=r"compute.code_root=.* must be a datastore URI of the form "
-                                                 r"azureml://datastores/<datastore>/paths/<path>"):
+    with pytest.raises(
+        ddlkit.ConfigError,
+        match=r"compute.code_root=.* must be a datastore URI of the form "
+        r"azureml://datastores/<datastore>/paths/<path>",
+    ):
         target(code_root=root)
 
 
-@pytest.mark.parametrize(("framework", "gpu", "environment"), [
-    ("pytorch", True, "ddlkit-pytorch-cuda"), ("tensorflow", True, "ddlkit-tensorflow-cuda"),
-    ("keras", False, "ddlkit-keras-cpu")])
-def test_the_environment_is_built_by_the_workspace_from_ddlkits_dockerfile(tmp_path: Path, framework: str, gpu: bool,
-                                                                          environment: str) -> None:
+@pytest.mark.parametrize(
+    ("framework", "gpu", "environment"),
+    [
+        ("pytorch", True, "ddlkit-pytorch-cuda"),
+        ("tensorflow", True, "ddlkit-tensorflow-cuda"),
+        ("keras", False, "ddlkit-keras-cpu"),
+    ],
+)
+def test_the_environment_is_built_by_the_workspace_from_ddlkits_dockerfile(
+    tmp_path: Path, framework: str, gpu: bool, environment: str
+) -> None:
     context = image_context(framework, gpu=gpu)
     request, job = planned(target(framework=framework, gpu=gpu), tmp_path)
     version = context.digest[:16]
     assert job["environmentId"].endswith(f"/workspaces/ws-x/environments/{environment}/versions/{version}")
     variant = "cuda" if gpu else "cpu"
-    assert (f"# environment: {environment}:{version}, built by the workspace from docker/Dockerfile (FRAMEWORK="
-            f"{framework} VARIANT={variant}) with {len(context.files)} files") in request
+    assert (
+        f"# environment: {environment}:{version}, built by the workspace from docker/Dockerfile (FRAMEWORK="
+        f"{framework} VARIANT={variant}) with {len(context.files)} files"
+    ) in request
 
 
 @pytest.mark.parametrize("framework", ["pytorch", "tensorflow", "keras"])
@@ -217,10 +282,8 @@ def test_dist_horovod_runs_in_ddlkits_image_with_horovod_built_in(tmp_path: Path
     context = image_context(framework, gpu=False, horovod=True)
     assert context.build_args == {"FRAMEWORK": framework, "VARIANT": "cpu", "HOROVOD": "1"}
     assert "\nARG HOROVOD=1\n" in context.dockerfile
-    request, job = planned(target(framework=framework, dist="horovod", gpu=False, nodes=2, procs_per_node=3),
-                           tmp_path)
-    assert job["environmentId"].endswith(
-        f"/environments/ddlkit-{framework}-cpu-horovod/versions/{context.digest[:16]}")
+    request, job = planned(target(framework=framework, dist="horovod", gpu=False, nodes=2, procs_per_node=3), tmp_path)
+    assert job["environmentId"].endswith(f"/environments/ddlkit-{framework}-cpu-horovod/versions/{context.digest[:16]}")
     assert context.digest != image_context(framework, gpu=False).digest
     assert job["distribution"] == {"distributionType": "Mpi", "processCountPerInstance": 3}
     assert job["resources"]["instanceCount"] == 2
@@ -231,8 +294,11 @@ def test_dist_horovod_runs_in_ddlkits_image_with_horovod_built_in(tmp_path: Path
 def test_a_gpu_job_with_horovod_names_its_image(tmp_path: Path) -> None:
     """ddlkit's recipe builds Horovod for the CPU only: a GPU job with Horovod is refused before
     anything is sent unless it names an image, which is then the job's environment."""
-    with pytest.raises(ddlkit.ConfigError, match=r"dist=horovod and compute\.gpu=true needs a CUDA image with "
-                       r"Horovod built with NCCL.*set compute\.image"):
+    with pytest.raises(
+        ddlkit.ConfigError,
+        match=r"dist=horovod and compute\.gpu=true needs a CUDA image with "
+        r"Horovod built with NCCL.*set compute\.image",
+    ):
         target(dist="horovod", gpu=True, nodes=2)
     request, job = planned(target(dist="horovod", gpu=True, nodes=2, image="myacr.azurecr.io/hvd:1"), tmp_path)
     assert "/environments/CliV2AnonymousEnvironment/versions/" in job["environmentId"]
@@ -273,29 +339,47 @@ def test_bad_numbers_are_refused(key: str, value: object) -> None:
 
 
 # ---------------------------------------------------------------------------- the workspace's answers
-def test_an_unknown_cluster_lists_the_workspaces_clusters(azureml_workspace: LoopbackWorkspace,
-                                                          tmp_path: Path) -> None:
-    with pytest.raises(ddlkit.ConfigError, match="compute.cluster=gpu-clutser is not a compute of workspace "
-                                                 r"ws-ddlkit; it has: cpu-cluster, gpu-cluster\.$"):
+def test_an_unknown_cluster_lists_the_workspaces_clusters(azureml_workspace: LoopbackWorkspace, tmp_path: Path) -> None:
+    with pytest.raises(
+        ddlkit.ConfigError,
+        match="compute.cluster=gpu-clutser is not a compute of workspace "
+        r"ws-ddlkit; it has: cpu-cluster, gpu-cluster\.$",
+    ):
         azureml_workspace.clusters["cpu-cluster"] = type(azureml_workspace.clusters["gpu-cluster"])("cpu-cluster")
         on(azureml_workspace, cluster="gpu-clutser").submit(spec(tmp_path))
     assert not azureml_workspace.jobs
 
 
 def test_more_nodes_than_the_cluster_has_are_refused(azureml_workspace: LoopbackWorkspace, tmp_path: Path) -> None:
-    with pytest.raises(ddlkit.ConfigError, match=r"compute.nodes=5 is more than cluster gpu-cluster can have \(4 "
-                                                 r"nodes at most\).*--max-instances 5"):
+    with pytest.raises(
+        ddlkit.ConfigError,
+        match=r"compute.nodes=5 is more than cluster gpu-cluster can have \(4 "
+        r"nodes at most\).*--max-instances 5",
+    ):
         on(azureml_workspace, nodes=5, dist="native").submit(spec(tmp_path))
     assert not azureml_workspace.jobs
 
 
-def test_a_403_names_the_missing_role(azureml_workspace: LoopbackWorkspace, https_loopback: LoopbackServer,
-                                      tmp_path: Path) -> None:
-    https_loopback.route("GET", r"/subscriptions/.*", lambda r, m: Response(403, error_body(
-        "AuthorizationFailed", "The client 'tester@example.invalid' does not have authorization to perform action "
-        "'Microsoft.MachineLearningServices/workspaces/read'")))
-    with pytest.raises(ddlkit.ConfigError, match=r"access denied to workspace ws-ddlkit \(403: .*AuthorizationFailed"
-                                                 r".*'AzureML Data Scientist' role"):
+def test_a_403_names_the_missing_role(
+    azureml_workspace: LoopbackWorkspace, https_loopback: LoopbackServer, tmp_path: Path
+) -> None:
+    https_loopback.route(
+        "GET",
+        r"/subscriptions/.*",
+        lambda r, m: Response(
+            403,
+            error_body(
+                "AuthorizationFailed",
+                "The client 'tester@example.invalid' does not have authorization to perform action "
+                "'Microsoft.MachineLearningServices/workspaces/read'",
+            ),
+        ),
+    )
+    with pytest.raises(
+        ddlkit.ConfigError,
+        match=r"access denied to workspace ws-ddlkit \(403: .*AuthorizationFailed"
+        r".*'AzureML Data Scientist' role",
+    ):
         on(azureml_workspace).submit(spec(tmp_path))
 
 
@@ -304,56 +388,84 @@ def test_a_missing_workspace_names_the_keys(azureml_workspace: LoopbackWorkspace
         on(azureml_workspace, workspace="nowhere").submit(spec(tmp_path))
 
 
-def test_a_job_of_a_workspace_that_is_gone_names_the_keys(azureml_workspace: LoopbackWorkspace,
-                                                         tmp_path: Path) -> None:
+def test_a_job_of_a_workspace_that_is_gone_names_the_keys(azureml_workspace: LoopbackWorkspace, tmp_path: Path) -> None:
     """ARM's 404 naming the workspace as the missing resource, for a request that is not the workspace's own read."""
     handle = on(azureml_workspace, workspace="gone").attach("ddlkit-job-0123ab", job_dir=tmp_path / "job")
-    with pytest.raises(ddlkit.ConfigError, match="^reading job ddlkit-job-0123ab: workspace gone was not found in "
-                                                 "resource group rg-ddlkit"):
+    with pytest.raises(
+        ddlkit.ConfigError,
+        match="^reading job ddlkit-job-0123ab: workspace gone was not found in resource group rg-ddlkit",
+    ):
         handle.status()
 
 
-@pytest.mark.parametrize(("where", "message"), [
-    ({"resource_group": "rg-nowhere"}, "reading workspace ws-ddlkit: resource group rg-nowhere was not found in "
-                                       "subscription sub-0001 (ResourceGroupNotFound: Resource group 'rg-nowhere' "
-                                       "could not be found.): check compute.resource_group and "
-                                       "compute.subscription_id, or create it (az group create --name rg-nowhere "
-                                       "--location <region>)."),
-    ({"subscription_id": "sub-nowhere"}, "reading workspace ws-ddlkit: subscription sub-nowhere was not found "
-                                         "(SubscriptionNotFound: The subscription 'sub-nowhere' could not be found.): "
-                                         "check compute.subscription_id"),
-])
-def test_a_missing_resource_group_or_subscription_is_named(azureml_workspace: LoopbackWorkspace, tmp_path: Path,
-                                                           where: dict, message: str) -> None:
+@pytest.mark.parametrize(
+    ("where", "message"),
+    [
+        (
+            {"resource_group": "rg-nowhere"},
+            "reading workspace ws-ddlkit: resource group rg-nowhere was not found in "
+            "subscription sub-0001 (ResourceGroupNotFound: Resource group 'rg-nowhere' "
+            "could not be found.): check compute.resource_group and "
+            "compute.subscription_id, or create it (az group create --name rg-nowhere "
+            "--location <region>).",
+        ),
+        (
+            {"subscription_id": "sub-nowhere"},
+            "reading workspace ws-ddlkit: subscription sub-nowhere was not found "
+            "(SubscriptionNotFound: The subscription 'sub-nowhere' could not be found.): "
+            "check compute.subscription_id",
+        ),
+    ],
+)
+def test_a_missing_resource_group_or_subscription_is_named(
+    azureml_workspace: LoopbackWorkspace, tmp_path: Path, where: dict, message: str
+) -> None:
     with pytest.raises(ddlkit.ConfigError, match=re.escape(message)):
         on(azureml_workspace, **where).submit(spec(tmp_path))
     assert not azureml_workspace.jobs
 
 
-def test_a_code_root_on_a_datastore_the_workspace_lacks_is_named(azureml_workspace: LoopbackWorkspace,
-                                                                 tmp_path: Path) -> None:
+def test_a_code_root_on_a_datastore_the_workspace_lacks_is_named(
+    azureml_workspace: LoopbackWorkspace, tmp_path: Path
+) -> None:
     job = spec(tmp_path)
     (job.job_dir / "code").mkdir(parents=True)
     (job.job_dir / "code.json").write_text("{}")
     with pytest.raises(ddlkit.ConfigError) as info:
         on(azureml_workspace, code_root="azureml://datastores/nowhere/paths/code").submit(
-            dataclasses.replace(job, code_digest=DIGEST))
+            dataclasses.replace(job, code_digest=DIGEST)
+        )
     assert str(info.value).startswith("reading datastore nowhere (compute.code_root): Azure ML answered 404:")
     assert not azureml_workspace.jobs
 
 
-@pytest.mark.parametrize(("method", "path", "answer"), [
-    # ARM names a missing resource by type and name: here a resource *in* the workspace
-    ("GET", r".*/datastores/workspaceblobstore", lambda ws, r: error_body("ResourceNotFound", (
-        f"The Resource 'Microsoft.MachineLearningServices/workspaces/{ws.workspace}/datastores/workspaceblobstore' "
-        f"under resource group '{ws.resource_group}' was not found."))),
-    # run history's answer for a run it does not know (its text, of a job named after a workspace)
-    ("POST", r"/history/v1\.0/.*/rundata", lambda ws, r: error_body("UserError", f"Run {r.body['runId']} was not "
-                                                                                 "found")),
-])
+@pytest.mark.parametrize(
+    ("method", "path", "answer"),
+    [
+        # ARM names a missing resource by type and name: here a resource *in* the workspace
+        (
+            "GET",
+            r".*/datastores/workspaceblobstore",
+            lambda ws, r: error_body(
+                "ResourceNotFound",
+                (
+                    "The Resource "
+                    f"'Microsoft.MachineLearningServices/workspaces/{ws.workspace}/datastores/workspaceblobstore' "
+                    f"under resource group '{ws.resource_group}' was not found."
+                ),
+            ),
+        ),
+        # run history's answer for a run it does not know (its text, of a job named after a workspace)
+        (
+            "POST",
+            r"/history/v1\.0/.*/rundata",
+            lambda ws, r: error_body("UserError", f"Run {r.body['runId']} was not found"),
+        ),
+    ],
+)
 def test_a_404_of_something_in_the_workspace_is_not_a_missing_workspace(
-        azureml_workspace: LoopbackWorkspace, https_loopback: LoopbackServer, tmp_path: Path, method: str, path: str,
-        answer) -> None:
+    azureml_workspace: LoopbackWorkspace, https_loopback: LoopbackServer, tmp_path: Path, method: str, path: str, answer
+) -> None:
     handle = submitted(azureml_workspace, tmp_path / "workspace-smoke-test", "print('done')")
     assert handle.wait(timeout=90).state is JobState.SUCCEEDED
     https_loopback.route(method, path, lambda r, m: Response(404, answer(azureml_workspace, r)))
@@ -376,7 +488,8 @@ def uploaded_context(workspace: LoopbackWorkspace, put: Request, into: Path) -> 
 
 
 def test_the_first_job_creates_the_environment_from_its_build_context_and_later_jobs_reuse_it(
-        azureml_workspace: LoopbackWorkspace, tmp_path: Path) -> None:
+    azureml_workspace: LoopbackWorkspace, tmp_path: Path
+) -> None:
     server, context = azureml_workspace.server, image_context("pytorch", gpu=True)
     environment, version = "ddlkit-pytorch-cuda", context.digest[:16]
     first = submitted(azureml_workspace, tmp_path / "first", "print('one')")
@@ -387,7 +500,8 @@ def test_the_first_job_creates_the_environment_from_its_build_context_and_later_
     assert set(put.body["properties"]) >= {"build"} and "image" not in put.body["properties"]
     assert put.body["properties"]["build"]["dockerfilePath"] == "docker/Dockerfile"
     assert put.body["properties"]["build"]["contextUri"].startswith(
-        f"{BLOB_URL}/{azureml_workspace.datastores['workspaceblobstore']}/LocalUpload/")
+        f"{BLOB_URL}/{azureml_workspace.datastores['workspaceblobstore']}/LocalUpload/"
+    )
     # the context is what `docker build` gets from the checkout, the build arguments written in
     files = uploaded_context(azureml_workspace, put, tmp_path / "context")
     assert sorted(files) == sorted([*context.files, ".dockerignore", "docker/Dockerfile"])
@@ -395,31 +509,50 @@ def test_the_first_job_creates_the_environment_from_its_build_context_and_later_
     dockerfile = files["docker/Dockerfile"].decode()
     assert "\nARG FRAMEWORK=pytorch\n" in dockerfile and "\nARG VARIANT=cuda\n" in dockerfile
     assert first.wait(timeout=90).state is JobState.SUCCEEDED
-    assert azureml_workspace.jobs[first.id].spec["environmentId"].endswith(
-        f"/environments/{environment}/versions/{version}")
+    assert (
+        azureml_workspace.jobs[first.id]
+        .spec["environmentId"]
+        .endswith(f"/environments/{environment}/versions/{version}")
+    )
     (build,) = azureml_workspace.image_builds.values()
     assert azureml_workspace.jobs[first.id].image == build.image
 
     # a second job finds it: nothing created, nothing uploaded, the image built once
-    blobs = {b.name: b.etag for b in azureml_workspace._service().get_container_client(
-        azureml_workspace.datastores["workspaceblobstore"]).list_blobs(name_starts_with="LocalUpload/")}
+    blobs = {
+        b.name: b.etag
+        for b in azureml_workspace._service()
+        .get_container_client(azureml_workspace.datastores["workspaceblobstore"])
+        .list_blobs(name_starts_with="LocalUpload/")
+    }
     second = submitted(azureml_workspace, tmp_path / "second", "print('two')")
     assert len(server.requests("GET", rf".*/environments/{environment}/versions/{version}")) == 2
     assert environment_puts(server) == [put]
-    assert {b.name: b.etag for b in azureml_workspace._service().get_container_client(
-        azureml_workspace.datastores["workspaceblobstore"]).list_blobs(name_starts_with="LocalUpload/")} == blobs
+    assert {
+        b.name: b.etag
+        for b in azureml_workspace._service()
+        .get_container_client(azureml_workspace.datastores["workspaceblobstore"])
+        .list_blobs(name_starts_with="LocalUpload/")
+    } == blobs
     assert second.wait(timeout=90).state is JobState.SUCCEEDED
     assert azureml_workspace.jobs[second.id].image == build.image and len(azureml_workspace.image_builds) == 1
 
 
-def test_a_horovod_job_creates_the_environment_with_horovod_built_in(azureml_workspace: LoopbackWorkspace,
-                                                                    tmp_path: Path) -> None:
+def test_a_horovod_job_creates_the_environment_with_horovod_built_in(
+    azureml_workspace: LoopbackWorkspace, tmp_path: Path
+) -> None:
     """What the workspace receives for dist=horovod: the environment ddlkit-<framework>-cpu-horovod,
     whose uploaded context's Dockerfile says HOROVOD=1, and a job of Mpi distribution with
     procs_per_node processes per node; the job runs (one process per rank)."""
     server, context = azureml_workspace.server, image_context("tensorflow", gpu=False, horovod=True)
-    handle = submitted(azureml_workspace, tmp_path / "job", "print('a rank')", framework="tensorflow",
-                       dist="horovod", gpu=False, procs_per_node=2)
+    handle = submitted(
+        azureml_workspace,
+        tmp_path / "job",
+        "print('a rank')",
+        framework="tensorflow",
+        dist="horovod",
+        gpu=False,
+        procs_per_node=2,
+    )
     (put,) = environment_puts(server)
     assert put.path.endswith(f"/environments/ddlkit-tensorflow-cpu-horovod/versions/{context.digest[:16]}")
     dockerfile = uploaded_context(azureml_workspace, put, tmp_path / "context")["docker/Dockerfile"].decode()
@@ -427,13 +560,14 @@ def test_a_horovod_job_creates_the_environment_with_horovod_built_in(azureml_wor
     (job_put,) = server.requests("PUT", r".*/jobs/[^/]+")
     assert job_put.body["properties"]["distribution"] == {"distributionType": "Mpi", "processCountPerInstance": 2}
     assert job_put.body["properties"]["environmentId"].endswith(
-        f"/environments/ddlkit-tensorflow-cpu-horovod/versions/{context.digest[:16]}")
+        f"/environments/ddlkit-tensorflow-cpu-horovod/versions/{context.digest[:16]}"
+    )
     assert handle.wait(timeout=90).state is JobState.SUCCEEDED
 
 
-def test_a_changed_file_of_the_context_is_a_new_environment_version(azureml_workspace: LoopbackWorkspace,
-                                                                     tmp_path: Path,
-                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_changed_file_of_the_context_is_a_new_environment_version(
+    azureml_workspace: LoopbackWorkspace, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     # a checkout of its own to change: the context itself is one
     checkout = image_context("pytorch", gpu=False).write(tmp_path / "checkout")
     monkeypatch.setattr(containers, "CHECKOUT", checkout)
@@ -456,9 +590,9 @@ def test_a_changed_file_of_the_context_is_a_new_environment_version(azureml_work
     assert b"# changed" in uploaded_context(azureml_workspace, new, tmp_path / "context")["ddlkit/_version.py"]
 
 
-def test_an_environment_another_launcher_created_meanwhile_is_used(azureml_workspace: LoopbackWorkspace,
-                                                                   https_loopback: LoopbackServer,
-                                                                   tmp_path: Path) -> None:
+def test_an_environment_another_launcher_created_meanwhile_is_used(
+    azureml_workspace: LoopbackWorkspace, https_loopback: LoopbackServer, tmp_path: Path
+) -> None:
     """Jobs submitted at once (a sweep) all find no version; the workspace creates it for the first and
     answers the others 409, as it does for a version that exists: they use it."""
     version = image_context("pytorch", gpu=True).digest[:16]
@@ -467,30 +601,41 @@ def test_an_environment_another_launcher_created_meanwhile_is_used(azureml_works
         azureml_workspace.environments[(m["name"], m["version"])] = dict(r.body["properties"])
         return Response(409, error_body("UserError", f"Environment {m['name']}:{m['version']} already exists."))
 
-    https_loopback.route("PUT", ARM_PREFIX + r"/environments/(?P<name>[^/]+)/versions/(?P<version>[^/]+)",
-                         azureml_workspace._in_scope(created_meanwhile))
+    https_loopback.route(
+        "PUT",
+        ARM_PREFIX + r"/environments/(?P<name>[^/]+)/versions/(?P<version>[^/]+)",
+        azureml_workspace._in_scope(created_meanwhile),
+    )
     handle = submitted(azureml_workspace, tmp_path / "job", "print('done')")
     assert handle.wait(timeout=90).state is JobState.SUCCEEDED
     assert list(azureml_workspace.image_builds) == [("ddlkit-pytorch-cuda", version)]
 
 
 def test_a_given_image_is_asked_of_its_registry_before_the_job_is_submitted(
-        azureml_workspace: LoopbackWorkspace, oci_registry: LoopbackRegistry, tmp_path: Path,
-        capfd: pytest.CaptureFixture[str]) -> None:
+    azureml_workspace: LoopbackWorkspace,
+    oci_registry: LoopbackRegistry,
+    tmp_path: Path,
+    capfd: pytest.CaptureFixture[str],
+) -> None:
     public = oci_registry.push("team/train", "1")
     oci_registry.public.add("team/train")
     handle = submitted(azureml_workspace, tmp_path / "public", "print('done')", image=public)
     assert handle.wait(timeout=90).state is JobState.SUCCEEDED
     assert azureml_workspace.jobs[handle.id].image == public
     assert [(r.method, r.path) for r in oci_registry.requests if r.auth_scheme == "Bearer"] == [
-        ("HEAD", "/v2/team/train/manifests/1")]
+        ("HEAD", "/v2/team/train/manifests/1")
+    ]
     assert "ddlkit: note" not in capfd.readouterr().err
 
     # a tag the registry does not have: refused before anything is sent to the workspace
-    with pytest.raises(ddlkit.ConfigError, match=re.escape(
+    with pytest.raises(
+        ddlkit.ConfigError,
+        match=re.escape(
             f"image {oci_registry.host}/team/train:2 does not exist ({oci_registry.host} answered 404 for "
             f"team/train:2). Build and push it (ddlkit's images: scripts/build_images.sh --registry "
-            f"{oci_registry.host}/team --push), or set compute.image to an image that exists.")):
+            f"{oci_registry.host}/team --push), or set compute.image to an image that exists."
+        ),
+    ):
         submitted(azureml_workspace, tmp_path / "missing", "print('done')", image=f"{oci_registry.host}/team/train:2")
     assert len(azureml_workspace.jobs) == 1
 
@@ -498,13 +643,15 @@ def test_a_given_image_is_asked_of_its_registry_before_the_job_is_submitted(
     private = oci_registry.push("team/private", "1")
     handle = submitted(azureml_workspace, tmp_path / "private", "print('done')", image=private)
     assert handle.wait(timeout=90).state is JobState.SUCCEEDED
-    assert (f"ddlkit: note: could not check that image {private} can be pulled ({oci_registry.host} refused it "
-            "without credentials (401)); submitting anyway\n") in capfd.readouterr().err
+    assert (
+        f"ddlkit: note: could not check that image {private} can be pulled ({oci_registry.host} refused it "
+        "without credentials (401)); submitting anyway\n"
+    ) in capfd.readouterr().err
 
 
-def test_collect_waits_for_the_job_record_to_agree_with_run_history(azureml_workspace: LoopbackWorkspace,
-                                                                     tmp_path: Path,
-                                                                     capfd: pytest.CaptureFixture[str]) -> None:
+def test_collect_waits_for_the_job_record_to_agree_with_run_history(
+    azureml_workspace: LoopbackWorkspace, tmp_path: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
     """Run history says Completed a while before the job's record (which jobs.download reads) does."""
     azureml_workspace.record_lag_s = 3.0
     handle = submitted(azureml_workspace, tmp_path / "job", "open('written-by-the-job.txt', 'w').write('here')")
@@ -515,9 +662,9 @@ def test_collect_waits_for_the_job_record_to_agree_with_run_history(azureml_work
     assert "job record says Finalizing while its run history says Completed: waiting up to 120 s" in said
 
 
-def test_collect_downloads_a_job_whose_record_ends_between_two_reads(azureml_workspace: LoopbackWorkspace,
-                                                                    https_loopback: LoopbackServer,
-                                                                    tmp_path: Path) -> None:
+def test_collect_downloads_a_job_whose_record_ends_between_two_reads(
+    azureml_workspace: LoopbackWorkspace, https_loopback: LoopbackServer, tmp_path: Path
+) -> None:
     """The SDK's download reads the record (still Finalizing) and refuses; ddlkit's own read a moment later
     finds it Completed: the download is tried again, not given up as refused for another reason."""
     handle = submitted(azureml_workspace, tmp_path / "job", "open('written-by-the-job.txt', 'w').write('here')")
@@ -537,23 +684,30 @@ def test_collect_downloads_a_job_whose_record_ends_between_two_reads(azureml_wor
     assert len(reads) >= 3  # the download's read (Finalizing), ddlkit's (Completed), the download's again
 
 
-def test_collect_says_so_when_the_job_record_never_agrees(azureml_workspace: LoopbackWorkspace,
-                                                          tmp_path: Path) -> None:
+def test_collect_says_so_when_the_job_record_never_agrees(azureml_workspace: LoopbackWorkspace, tmp_path: Path) -> None:
     azureml_workspace.record_lag_s = 600.0
     handle = submitted(azureml_workspace, tmp_path / "job", "open('written-by-the-job.txt', 'w').write('here')")
     assert handle.wait(timeout=90).state is JobState.SUCCEEDED
     handle.settle_s = 1.0
-    with pytest.raises(ddlkit.RunError, match=r"run history says the job ended \(Completed\), but its job record "
-                                              r"still says Finalizing after 1 s.*ddlkit jobs attach "
-                                              + re.escape(str(tmp_path / "job"))):
+    with pytest.raises(
+        ddlkit.RunError,
+        match=r"run history says the job ended \(Completed\), but its job record "
+        r"still says Finalizing after 1 s.*ddlkit jobs attach " + re.escape(str(tmp_path / "job")),
+    ):
         handle.collect()
     assert not (tmp_path / "job" / "written-by-the-job.txt").exists()
 
 
 def test_rank_0s_log_is_found_among_ten_processes(azureml_workspace: LoopbackWorkspace, tmp_path: Path) -> None:
     """With 10 or more processes Azure ML names their logs std_log_process_00.txt ... (zero-padded)."""
-    handle = submitted(azureml_workspace, tmp_path / "job", "import os; print('rank', os.environ['RANK'], 'here')",
-                       framework="pytorch", dist="native", procs_per_node=10)
+    handle = submitted(
+        azureml_workspace,
+        tmp_path / "job",
+        "import os; print('rank', os.environ['RANK'], 'here')",
+        framework="pytorch",
+        dist="native",
+        procs_per_node=10,
+    )
     output = "".join(handle.logs(follow=True))
     assert "rank 0 here" in output and "rank 1 here" not in output, output
     assert "user_logs/std_log_process_00.txt" in azureml_workspace.jobs[handle.id].log_files()
@@ -572,8 +726,9 @@ LINES = """
 """
 
 
-def test_a_log_server_that_ignores_range_gets_each_line_printed_once(azureml_workspace: LoopbackWorkspace,
-                                                                     tmp_path: Path) -> None:
+def test_a_log_server_that_ignores_range_gets_each_line_printed_once(
+    azureml_workspace: LoopbackWorkspace, tmp_path: Path
+) -> None:
     """The log is read from where the last read stopped; a 200 to a ranged read is the whole file."""
     azureml_workspace.ignore_range = True
     handle = submitted(azureml_workspace, tmp_path / "job", LINES)
@@ -588,28 +743,52 @@ def test_a_log_server_that_ignores_range_gets_each_line_printed_once(azureml_wor
     assert len(reads) <= following_s / 0.2 + 2, (len(reads), following_s)  # one read per poll interval
 
 
-def test_without_a_credential_the_ways_to_sign_in_are_named(azureml_workspace: LoopbackWorkspace, tmp_path: Path,
-                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+def test_without_a_credential_the_ways_to_sign_in_are_named(
+    azureml_workspace: LoopbackWorkspace, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setenv("PATH", "/usr/bin:/bin")  # no az
-    with pytest.raises(ddlkit.ConfigError, match=r"no Azure credential found.*`az login`.*managed identity.*"
-                                                 "AZURE_CLIENT_ID, AZURE_TENANT_ID and AZURE_CLIENT_SECRET"):
+    with pytest.raises(
+        ddlkit.ConfigError,
+        match=r"no Azure credential found.*`az login`.*managed identity.*"
+        "AZURE_CLIENT_ID, AZURE_TENANT_ID and AZURE_CLIENT_SECRET",
+    ):
         on(azureml_workspace).submit(spec(tmp_path))
     assert not azureml_workspace.server.requests()
 
 
 # ---------------------------------------------------------------------------- through the CLI
 def ddlkit_cli(*args: str, cwd: Path) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "ddlkit", *args], cwd=cwd, capture_output=True, text=True,
-                          timeout=120, check=False)
+    return subprocess.run(
+        [sys.executable, "-m", "ddlkit", *args], cwd=cwd, capture_output=True, text=True, timeout=120, check=False
+    )
 
 
-@pytest.mark.parametrize(("args", "message"), [
-    (("compute.subscription_id=S",), ("ddlkit: error: compute=azureml needs compute.resource_group (its resource "
-                                      "group): set it, e.g. compute.resource_group=<resource_group>.")),
-    (("compute.subscription_id=S", "compute.resource_group=RG", "compute.workspace=W", "compute.cluster=c",
-      "data=imagefolder", "data.root=/data/imagenet"), ("ddlkit: error: data.root=/data/imagenet is a path on this "
-                                                        "machine, which compute=azureml's nodes cannot see")),
-])
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (
+            ("compute.subscription_id=S",),
+            (
+                "ddlkit: error: compute=azureml needs compute.resource_group (its resource "
+                "group): set it, e.g. compute.resource_group=<resource_group>."
+            ),
+        ),
+        (
+            (
+                "compute.subscription_id=S",
+                "compute.resource_group=RG",
+                "compute.workspace=W",
+                "compute.cluster=c",
+                "data=imagefolder",
+                "data.root=/data/imagenet",
+            ),
+            (
+                "ddlkit: error: data.root=/data/imagenet is a path on this "
+                "machine, which compute=azureml's nodes cannot see"
+            ),
+        ),
+    ],
+)
 def test_bad_input_is_one_line_and_exit_status_2(tmp_path: Path, args: tuple[str, ...], message: str) -> None:
     proc = ddlkit_cli("compute=azureml", *args, cwd=tmp_path)
     assert proc.returncode == 2
@@ -618,9 +797,24 @@ def test_bad_input_is_one_line_and_exit_status_2(tmp_path: Path, args: tuple[str
 
 
 def test_composing_an_azureml_run_does_not_import_the_sdk(tmp_path: Path) -> None:
-    proc = subprocess.run([sys.executable, "-X", "importtime", "-m", "ddlkit", "--cfg", "job", "compute=azureml",
-                           *(f"compute.{k}={v}" for k, v in WORKSPACE.items())], cwd=tmp_path, capture_output=True,
-                          text=True, timeout=120, check=False)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-X",
+            "importtime",
+            "-m",
+            "ddlkit",
+            "--cfg",
+            "job",
+            "compute=azureml",
+            *(f"compute.{k}={v}" for k, v in WORKSPACE.items()),
+        ],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "compute:\n  subscription_id: sub-x" in proc.stdout
     imported = [line.rsplit("|", 1)[-1].strip() for line in proc.stderr.splitlines() if "|" in line]
@@ -629,12 +823,20 @@ def test_composing_an_azureml_run_does_not_import_the_sdk(tmp_path: Path) -> Non
 
 
 def test_plan_lists_the_code_snapshot_and_names_where_it_goes(user_project: UserProject, tmp_path: Path) -> None:
-    proc = ddlkit_cli("plan", "compute=azureml", *(f"compute.{k}={v}" for k, v in WORKSPACE.items()),
-                      *user_project.overrides, f"hydra.run.dir={tmp_path / 'job'}", cwd=user_project.root)
+    proc = ddlkit_cli(
+        "plan",
+        "compute=azureml",
+        *(f"compute.{k}={v}" for k, v in WORKSPACE.items()),
+        *user_project.overrides,
+        f"hydra.run.dir={tmp_path / 'job'}",
+        cwd=user_project.root,
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     snapshot = CodeSnapshot.take(user_project.root, max_bytes=10**6)
-    assert (f"code: a snapshot of the launch directory ships with the job ({snapshot.describe()}): "
-            "my_pkg/__init__.py, my_pkg/data.py") in proc.stdout
+    assert (
+        f"code: a snapshot of the launch directory ships with the job ({snapshot.describe()}): "
+        "my_pkg/__init__.py, my_pkg/data.py"
+    ) in proc.stdout
     uri = f"azureml://datastores/workspaceblobstore/paths/ddlkit-code/{snapshot.digest}/"
     assert f"# code snapshot: {uri}, the input code" in proc.stdout
     assert f'"uri": "{uri}"' in proc.stdout

@@ -4,18 +4,26 @@ loopback workspace (ddlkit_azure.testing.azureml), whose jobs run on this machin
 from __future__ import annotations
 
 import pytest
-from ddlkit_azure.azureml import AzureMLConfig, AzureMLTarget
-from ddlkit_azure.testing.azureml import LoopbackWorkspace
 from omegaconf import OmegaConf
 
 from ddlkit.testing.contracts import ComputeTargetContract
+from ddlkit_azure.azureml import AzureMLConfig, AzureMLTarget
+from ddlkit_azure.testing.azureml import LoopbackWorkspace
 
 
 def azureml_target(workspace: LoopbackWorkspace, **changes: object) -> AzureMLTarget:
     """A target on the loopback workspace, as the launcher builds it (the derived keys given)."""
-    cfg = AzureMLConfig(subscription_id=workspace.subscription, resource_group=workspace.resource_group,
-                        workspace=workspace.workspace, cluster="gpu-cluster", poll_interval_s=0.2,
-                        framework="pytorch", dist="none", data_root=None, storage="local")
+    cfg = AzureMLConfig(
+        subscription_id=workspace.subscription,
+        resource_group=workspace.resource_group,
+        workspace=workspace.workspace,
+        cluster="gpu-cluster",
+        poll_interval_s=0.2,
+        framework="pytorch",
+        dist="none",
+        data_root=None,
+        storage="local",
+    )
     return AzureMLTarget(OmegaConf.merge(OmegaConf.structured(cfg), changes))
 
 

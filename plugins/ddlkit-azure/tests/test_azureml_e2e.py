@@ -17,37 +17,65 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import pytest
-from ddlkit_azure.testing import Azurite
-from ddlkit_azure.testing.azureml import BLOB_HOST, DEFAULT_DATASTORE, LoopbackWorkspace
-from ddlkit_azure.testing.loopback import LoopbackServer
 
 from ddlkit.compute.containers import image_context
 from ddlkit.testing import interruptible, wait_for
 from ddlkit.testing.registry import LoopbackRegistry
+from ddlkit_azure.testing import Azurite
+from ddlkit_azure.testing.azureml import BLOB_HOST, DEFAULT_DATASTORE, LoopbackWorkspace
+from ddlkit_azure.testing.loopback import LoopbackServer
 
 if TYPE_CHECKING:
     from conftest import UserProject
 
 pytestmark = pytest.mark.slow
 
-TINY = ("data=synthetic", "data.image_size=32", "data.num_classes=10", "data.length=64", "data.val_length=16",
-        "trainer.batch_size=16", "trainer.epochs=1")
+TINY = (
+    "data=synthetic",
+    "data.image_size=32",
+    "data.num_classes=10",
+    "data.length=64",
+    "data.val_length=16",
+    "trainer.batch_size=16",
+    "trainer.epochs=1",
+)
 #: the fake framework (ddlkit.testing.fakes, loaded on the ranks through DDLKIT_PLUGINS): jobs that last
 #: (with ``fake_image``: ddlkit builds no image for it)
-FAKE = ("framework=fake", "data=synthetic", "data.image_size=8",
-        "data.num_classes=4", "data.val_length=8", "trainer.batch_size=4", "trainer.epochs=1")
+FAKE = (
+    "framework=fake",
+    "data=synthetic",
+    "data.image_size=8",
+    "data.num_classes=4",
+    "data.val_length=8",
+    "trainer.batch_size=4",
+    "trainer.epochs=1",
+)
 
 
 def workspace_args(workspace: LoopbackWorkspace, *more: str) -> list[str]:
-    return ["compute=azureml", f"compute.subscription_id={workspace.subscription}",
-            f"compute.resource_group={workspace.resource_group}", f"compute.workspace={workspace.workspace}",
-            "compute.cluster=gpu-cluster", "compute.poll_interval_s=0.3", *more]
+    return [
+        "compute=azureml",
+        f"compute.subscription_id={workspace.subscription}",
+        f"compute.resource_group={workspace.resource_group}",
+        f"compute.workspace={workspace.workspace}",
+        "compute.cluster=gpu-cluster",
+        "compute.poll_interval_s=0.3",
+        *more,
+    ]
 
 
-def ddlkit(*args: str, cwd: Path, timeout: float = 300,
-           env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "ddlkit", *args], cwd=cwd, capture_output=True, text=True,
-                          timeout=timeout, env={**os.environ, **(env or {})}, check=False)
+def ddlkit(
+    *args: str, cwd: Path, timeout: float = 300, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "ddlkit", *args],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env={**os.environ, **(env or {})},
+        check=False,
+    )
 
 
 def files_holding(root: Path, text: str) -> list[Path]:
@@ -66,21 +94,34 @@ def job_put(server: LoopbackServer) -> dict:
     return put.body["properties"]
 
 
-def test_a_training_run_end_to_end(azureml_workspace: LoopbackWorkspace, azurite: Azurite, tmp_path: Path,
-                                   monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_training_run_end_to_end(
+    azureml_workspace: LoopbackWorkspace, azurite: Azurite, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     server = azureml_workspace.server
     sas = azurite.sas_token()
     monkeypatch.setenv("AZURE_STORAGE_ACCOUNT_URL", azurite.account_url)
     monkeypatch.setenv("AZURE_STORAGE_SAS_TOKEN", sas)
     job_dir = tmp_path / "runs" / "r18"
-    run = ddlkit(*workspace_args(azureml_workspace, "compute.gpu=false"), "framework=pytorch", "model=resnet18",
-                 *TINY, "storage=azure", "storage.container=results", f"hydra.run.dir={job_dir}", cwd=tmp_path)
+    run = ddlkit(
+        *workspace_args(azureml_workspace, "compute.gpu=false"),
+        "framework=pytorch",
+        "model=resnet18",
+        *TINY,
+        "storage=azure",
+        "storage.container=results",
+        f"hydra.run.dir={job_dir}",
+        cwd=tmp_path,
+    )
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
 
     # the result, the model, the metrics, a checkpoint and rank 0's log came back
     result = json.loads((job_dir / "result.json").read_text())
     assert (result["status"], result["framework"], result["steps"], result["world_size"]) == (
-        "completed", "pytorch", 4, 1)
+        "completed",
+        "pytorch",
+        4,
+        1,
+    )
     for name in ("model.pt", "metrics.jsonl", "checkpoints/latest", "rank-0.log"):
         assert (job_dir / name).is_file(), name
     assert "train epoch 1/1" in (job_dir / "rank-0.log").read_text()
@@ -95,12 +136,16 @@ def test_a_training_run_end_to_end(azureml_workspace: LoopbackWorkspace, azurite
     assert job["resources"]["instanceCount"] == 1 and not job.get("distribution")
     assert job["command"].endswith("exec python -m ddlkit.rank.worker job.json")
     assert job["computeId"].endswith("/workspaces/ws-ddlkit/computes/gpu-cluster")
-    assert job["outputs"]["job_dir"] == {"jobOutputType": "uri_folder", "mode": "ReadWriteMount",
-                                         "uri": f"azureml://datastores/workspaceblobstore/paths/ddlkit/{name}/"}
+    assert job["outputs"]["job_dir"] == {
+        "jobOutputType": "uri_folder",
+        "mode": "ReadWriteMount",
+        "uri": f"azureml://datastores/workspaceblobstore/paths/ddlkit/{name}/",
+    }
     # ddlkit's image, built by the workspace from the checkout's docker/Dockerfile, CPU
     (environment,) = server.requests("PUT", r".*/environments/[^/]+/versions/.*")
-    assert environment.path.endswith(f"/environments/ddlkit-pytorch-cpu/versions/"
-                                     f"{image_context('pytorch', gpu=False).digest[:16]}")
+    assert environment.path.endswith(
+        f"/environments/ddlkit-pytorch-cpu/versions/{image_context('pytorch', gpu=False).digest[:16]}"
+    )
     assert environment.body["properties"]["build"]["dockerfilePath"] == "docker/Dockerfile"
     assert job["environmentId"].endswith(environment.path.split("/workspaces/ws-ddlkit")[1])
     (code,) = server.requests("PUT", r".*/codes/[^/]+/versions/[^/]+")
@@ -109,8 +154,9 @@ def test_a_training_run_end_to_end(azureml_workspace: LoopbackWorkspace, azurite
     # the results were published with it
     assert job["environmentVariables"]["AZURE_STORAGE_SAS_TOKEN"] == sas
     assert job["environmentVariables"]["PYTHONUNBUFFERED"] == "1"
-    published = azureml_workspace._service().get_container_client("results").list_blobs(
-        name_starts_with=f"results/{name}/")
+    published = (
+        azureml_workspace._service().get_container_client("results").list_blobs(name_starts_with=f"results/{name}/")
+    )
     assert "result.json" in {blob.name.rsplit("/", 1)[1] for blob in published}
     # ... and nowhere else: not in another request, a file, the console or the jobs index
     carrying = [r.path for r in server.requests() if sas in r.data.decode(errors="replace") or sas in str(r.query)]
@@ -120,7 +166,13 @@ def test_a_training_run_end_to_end(azureml_workspace: LoopbackWorkspace, azurite
 
     # the job went through Azure ML's states, and nothing but the workspace's storage host was proxied
     assert azureml_workspace.jobs[azureml_name].states == [
-        "NotStarted", "Queued", "Preparing", "Running", "Finalizing", "Completed"]
+        "NotStarted",
+        "Queued",
+        "Preparing",
+        "Running",
+        "Finalizing",
+        "Completed",
+    ]
     assert {host for host, _ in azureml_workspace.proxy.connects} == {BLOB_HOST}
     assert all(r.auth_scheme == "Bearer" for r in server.requests() if "/subscriptions/" in r.path)
 
@@ -132,24 +184,44 @@ def test_a_training_run_end_to_end(azureml_workspace: LoopbackWorkspace, azurite
     assert "train epoch 1/1 step 4/4" in logs.stdout
 
 
-def test_detach_then_status_logs_attach_and_cancel(azureml_workspace: LoopbackWorkspace, fake_image: str,
-                                                   tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_detach_then_status_logs_attach_and_cancel(
+    azureml_workspace: LoopbackWorkspace, fake_image: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setenv("DDLKIT_PLUGINS", "ddlkit.testing.fakes")
     job_dir = tmp_path / "long"
-    submit = ddlkit("--detach", *workspace_args(azureml_workspace), *FAKE, fake_image, "framework.step_delay_s=0.2",
-                    "data.length=2000", f"hydra.run.dir={job_dir}", cwd=tmp_path)
+    submit = ddlkit(
+        "--detach",
+        *workspace_args(azureml_workspace),
+        *FAKE,
+        fake_image,
+        "framework.step_delay_s=0.2",
+        "data.length=2000",
+        f"hydra.run.dir={job_dir}",
+        cwd=tmp_path,
+    )
     assert submit.returncode == 0, submit.stdout + submit.stderr
     name = json.loads((job_dir / ".ddlkit" / "submission.json").read_text())["name"]
     (azureml_name,) = azureml_workspace.jobs
     job = azureml_workspace.jobs[azureml_name]
-    wait_for(lambda: job.state == "Running", "the Azure ML job to run", timeout=120, pace=0.2,
-             detail=lambda: f"its states: {job.states}")
+    wait_for(
+        lambda: job.state == "Running",
+        "the Azure ML job to run",
+        timeout=120,
+        pace=0.2,
+        detail=lambda: f"its states: {job.states}",
+    )
 
     status = ddlkit("jobs", "status", name, cwd=tmp_path)
     assert "state:     running" in status.stdout, status.stdout + status.stderr
     # attach streams the job from its start; Ctrl-C (SIGINT) detaches, the job runs on
-    attach = subprocess.Popen([sys.executable, "-m", "ddlkit", "jobs", "attach", name], cwd=tmp_path,
-                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, preexec_fn=interruptible)
+    attach = subprocess.Popen(
+        [sys.executable, "-m", "ddlkit", "jobs", "attach", name],
+        cwd=tmp_path,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        preexec_fn=interruptible,
+    )
     seen = ""
     while "train epoch 1/1" not in seen and (line := attach.stdout.readline()):
         seen += line
@@ -171,19 +243,37 @@ def test_detach_then_status_logs_attach_and_cancel(azureml_workspace: LoopbackWo
     assert again.returncode == 0 and "already ended (cancelled)" in again.stdout
 
 
-@pytest.mark.parametrize(("framework", "layout", "kind"), [
-    (("framework=fake",), ("compute.nodes=2",), "Mpi"),
-    (("framework=pytorch", "model=resnet18", "compute.gpu=false"), ("compute.procs_per_node=2",), "PyTorch"),
-])
-def test_every_rank_finds_its_place(azureml_workspace: LoopbackWorkspace, fake_image: str, tmp_path: Path,
-                                    monkeypatch: pytest.MonkeyPatch, framework: tuple, layout: tuple,
-                                    kind: str) -> None:
+@pytest.mark.parametrize(
+    ("framework", "layout", "kind"),
+    [
+        (("framework=fake",), ("compute.nodes=2",), "Mpi"),
+        (("framework=pytorch", "model=resnet18", "compute.gpu=false"), ("compute.procs_per_node=2",), "PyTorch"),
+    ],
+)
+def test_every_rank_finds_its_place(
+    azureml_workspace: LoopbackWorkspace,
+    fake_image: str,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    framework: tuple,
+    layout: tuple,
+    kind: str,
+) -> None:
     monkeypatch.setenv("DDLKIT_PLUGINS", "ddlkit.testing.fakes")
     if framework == ("framework=fake",):
         framework = (*framework, fake_image)
     job_dir = tmp_path / "two"
-    run = ddlkit(*workspace_args(azureml_workspace, *layout), *framework, "dist=native", *TINY[:4],
-                 "trainer.batch_size=8", "trainer.epochs=1", f"hydra.run.dir={job_dir}", cwd=tmp_path, timeout=600)
+    run = ddlkit(
+        *workspace_args(azureml_workspace, *layout),
+        *framework,
+        "dist=native",
+        *TINY[:4],
+        "trainer.batch_size=8",
+        "trainer.epochs=1",
+        f"hydra.run.dir={job_dir}",
+        cwd=tmp_path,
+        timeout=600,
+    )
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     assert job_put(azureml_workspace.server)["distribution"]["distributionType"] == kind
     result = json.loads((job_dir / "result.json").read_text())
@@ -192,15 +282,26 @@ def test_every_rank_finds_its_place(azureml_workspace: LoopbackWorkspace, fake_i
     assert (job_dir / "rank-0.log").is_file() and (job_dir / "rank-1.log").is_file()
 
 
-def test_a_horovod_job_trains_on_2_ranks_in_the_image_with_horovod(azureml_workspace: LoopbackWorkspace,
-                                                                    tmp_path: Path) -> None:
+def test_a_horovod_job_trains_on_2_ranks_in_the_image_with_horovod(
+    azureml_workspace: LoopbackWorkspace, tmp_path: Path
+) -> None:
     """dist=horovod through the CLI: Azure ML's MPI starts 2 Horovod ranks (the loopback's nodes run
     this machine's Python, standing for the image's), in the environment built with HOROVOD=1."""
     pytest.importorskip("horovod.torch", reason="Horovod is not installed (scripts/install_horovod.sh)")
     job_dir = tmp_path / "hvd"
-    run = ddlkit(*workspace_args(azureml_workspace, "compute.procs_per_node=2", "compute.gpu=false"),
-                 "framework=pytorch", "model=resnet18", "dist=horovod", *TINY[:4], "trainer.batch_size=8",
-                 "trainer.epochs=1", "framework.num_threads=1", f"hydra.run.dir={job_dir}", cwd=tmp_path, timeout=600)
+    run = ddlkit(
+        *workspace_args(azureml_workspace, "compute.procs_per_node=2", "compute.gpu=false"),
+        "framework=pytorch",
+        "model=resnet18",
+        "dist=horovod",
+        *TINY[:4],
+        "trainer.batch_size=8",
+        "trainer.epochs=1",
+        "framework.num_threads=1",
+        f"hydra.run.dir={job_dir}",
+        cwd=tmp_path,
+        timeout=600,
+    )
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     job = job_put(azureml_workspace.server)
     assert job["distribution"] == {"distributionType": "Mpi", "processCountPerInstance": 2}
@@ -212,13 +313,30 @@ def test_a_horovod_job_trains_on_2_ranks_in_the_image_with_horovod(azureml_works
 
 
 def test_a_preempted_job_resumes_from_its_checkpoint_and_a_sweep_counts_it_once(
-        azureml_workspace: LoopbackWorkspace, fake_image: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    azureml_workspace: LoopbackWorkspace, fake_image: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setenv("DDLKIT_PLUGINS", "ddlkit.testing.fakes")
     sweep_dir = tmp_path / "sweep"
     sweep = subprocess.Popen(
-        [sys.executable, "-m", "ddlkit", "-m", *workspace_args(azureml_workspace, "compute.spot=true"), *FAKE,
-         fake_image, "framework.step_delay_s=0.1", "data.length=160", "trainer.checkpoint_every=5", "optimizer.lr=0.1",
-         f"hydra.sweep.dir={sweep_dir}"], cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        [
+            sys.executable,
+            "-m",
+            "ddlkit",
+            "-m",
+            *workspace_args(azureml_workspace, "compute.spot=true"),
+            *FAKE,
+            fake_image,
+            "framework.step_delay_s=0.1",
+            "data.length=160",
+            "trainer.checkpoint_every=5",
+            "optimizer.lr=0.1",
+            f"hydra.sweep.dir={sweep_dir}",
+        ],
+        cwd=tmp_path,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     try:
         wait_for(lambda: azureml_workspace.jobs, "the sweep to submit its job", timeout=120, pace=0.2, process=sweep)
         (azureml_name,) = azureml_workspace.jobs
@@ -229,8 +347,14 @@ def test_a_preempted_job_resumes_from_its_checkpoint_and_a_sweep_counts_it_once(
             """The step of the job's newest checkpoint (the rotation deletes older ones), 0 before the first."""
             return max((int(p.stem.removeprefix("step-")) for p in checkpoints.glob("step-*.ckpt")), default=0)
 
-        wait_for(lambda: last_checkpoint() >= 10, "a checkpoint at step 10 or later", timeout=120, pace=0.1,
-                 process=sweep, detail=lambda: f"the job's states: {job.states}")
+        wait_for(
+            lambda: last_checkpoint() >= 10,
+            "a checkpoint at step 10 or later",
+            timeout=120,
+            pace=0.1,
+            process=sweep,
+            detail=lambda: f"the job's states: {job.states}",
+        )
         azureml_workspace.preempt(azureml_name, hard=True)  # SIGKILL: no checkpoint on the way out
         out, _ = sweep.communicate(timeout=300)
     finally:
@@ -248,9 +372,9 @@ def test_a_preempted_job_resumes_from_its_checkpoint_and_a_sweep_counts_it_once(
     assert result["steps"] == 40
 
 
-def test_running_the_same_job_directory_again_resumes_from_its_output(azureml_workspace: LoopbackWorkspace,
-                                                                      fake_image: str, tmp_path: Path,
-                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+def test_running_the_same_job_directory_again_resumes_from_its_output(
+    azureml_workspace: LoopbackWorkspace, fake_image: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setenv("DDLKIT_PLUGINS", "ddlkit.testing.fakes")
     job_dir = tmp_path / "again"
     args = (*workspace_args(azureml_workspace), *FAKE, fake_image, "data.length=64", f"hydra.run.dir={job_dir}")
@@ -275,13 +399,23 @@ def snapshot_blobs(workspace: LoopbackWorkspace) -> dict[str, str]:
 
 
 def test_a_package_only_in_the_launch_directory_reaches_the_job_as_a_snapshot_uploaded_once(
-        azureml_workspace: LoopbackWorkspace, user_project: UserProject, fake_image: str, tmp_path: Path,
-        monkeypatch: pytest.MonkeyPatch) -> None:
+    azureml_workspace: LoopbackWorkspace,
+    user_project: UserProject,
+    fake_image: str,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     monkeypatch.setenv("DDLKIT_PLUGINS", "ddlkit.testing.fakes")
 
     def train(job_dir: Path, *more: str) -> dict:
-        run = ddlkit(*workspace_args(azureml_workspace, *more), *FAKE[:1], fake_image, *user_project.overrides,
-                     f"hydra.run.dir={job_dir}", cwd=user_project.root)
+        run = ddlkit(
+            *workspace_args(azureml_workspace, *more),
+            *FAKE[:1],
+            fake_image,
+            *user_project.overrides,
+            f"hydra.run.dir={job_dir}",
+            cwd=user_project.root,
+        )
         assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
         return json.loads((job_dir / "result.json").read_text())
 
@@ -291,11 +425,17 @@ def test_a_package_only_in_the_launch_directory_reaches_the_job_as_a_snapshot_up
     where = f"ddlkit-code/{digest}"
     # the snapshot went to the datastore, at its digest, and the job read it from there as an input
     uploaded = snapshot_blobs(azureml_workspace)
-    assert sorted(uploaded) == [f"{where}/code.json", f"{where}/code/my_pkg/__init__.py",
-                                f"{where}/code/my_pkg/data.py"]
+    assert sorted(uploaded) == [
+        f"{where}/code.json",
+        f"{where}/code/my_pkg/__init__.py",
+        f"{where}/code/my_pkg/data.py",
+    ]
     job = job_put(azureml_workspace.server)
-    assert job["inputs"]["code"] == {"jobInputType": "uri_folder", "mode": "Download",
-                                     "uri": f"azureml://datastores/workspaceblobstore/paths/{where}/"}
+    assert job["inputs"]["code"] == {
+        "jobInputType": "uri_folder",
+        "mode": "Download",
+        "uri": f"azureml://datastores/workspaceblobstore/paths/{where}/",
+    }
     assert "DDLKIT_LAUNCH_DIR" not in job["environmentVariables"]
     # on the service's side, the job's directory held the snapshot beside job.json
     (ran,) = azureml_workspace.jobs.values()
@@ -317,5 +457,7 @@ def test_a_package_only_in_the_launch_directory_reaches_the_job_as_a_snapshot_up
     now = snapshot_blobs(azureml_workspace)
     assert {name: tag for name, tag in now.items() if name.startswith(where)} == uploaded
     assert sorted(name for name in now if not name.startswith(where)) == [
-        f"ddlkit-code/{changed}/code.json", f"ddlkit-code/{changed}/code/my_pkg/__init__.py",
-        f"ddlkit-code/{changed}/code/my_pkg/data.py"]
+        f"ddlkit-code/{changed}/code.json",
+        f"ddlkit-code/{changed}/code/my_pkg/__init__.py",
+        f"ddlkit-code/{changed}/code/my_pkg/data.py",
+    ]

@@ -22,6 +22,15 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import pytest
+
+import ddlkit
+from ddlkit import ConfigError, JobState
+from ddlkit.compute.containers import default_image, release_frameworks
+from ddlkit.compute.ports import free_ports
+from ddlkit.compute.snapshot import CodeSnapshot
+from ddlkit.testing import RunFactory, wait_for
+from ddlkit.testing.contracts import ComputeTargetContract
+from ddlkit.testing.registry import LoopbackRegistry
 from ddlkit_azure.batchai import (
     BatchAIConfig,
     BatchAITarget,
@@ -34,15 +43,6 @@ from ddlkit_azure.batchai import (
 from ddlkit_azure.batchai_client import ACCOUNT_KEY_ENV, Service
 from ddlkit_azure.testing.batchai import FILES_ACCOUNT, FILES_KEY, BatchAILoopback, schema_errors
 from ddlkit_azure.testing.loopback import LoopbackServer
-
-import ddlkit
-from ddlkit import ConfigError, JobState
-from ddlkit.compute.containers import default_image, release_frameworks
-from ddlkit.compute.ports import free_ports
-from ddlkit.compute.snapshot import CodeSnapshot
-from ddlkit.testing import RunFactory, wait_for
-from ddlkit.testing.contracts import ComputeTargetContract
-from ddlkit.testing.registry import LoopbackRegistry
 
 if TYPE_CHECKING:
     from conftest import UserProject
@@ -61,8 +61,13 @@ def ssh_key(tmp_path: Path) -> Path:
 
 
 @pytest.fixture
-def batchai(https_loopback: LoopbackServer, azure_cli_login: Path, oci_registry: LoopbackRegistry, tmp_path: Path,
-            monkeypatch: pytest.MonkeyPatch) -> BatchAILoopback:
+def batchai(
+    https_loopback: LoopbackServer,
+    azure_cli_login: Path,
+    oci_registry: LoopbackRegistry,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> BatchAILoopback:
     """The service, its nodes pulling from ``oci_registry``, which has ddlkit's images (in
     ``<registry>/ddlkit``) and :data:`FAKE` for anyone to pull."""
     monkeypatch.setenv(ACCOUNT_KEY_ENV, FILES_KEY)
@@ -81,24 +86,44 @@ def batchai(https_loopback: LoopbackServer, azure_cli_login: Path, oci_registry:
 def config(service: BatchAILoopback, ssh_key: Path, **options) -> BatchAIConfig:
     cluster = options.pop("cluster", {})
     file_server = options.pop("file_server", {})
-    return BatchAIConfig(**{
-        "subscription_id": SUB, "resource_group": RG, "workspace": WS, "endpoint": service.server.url,
-        "gpu": False, "poll_interval_s": 0.2, "framework": "pytorch", "dist": "none", "storage": "local",
-        "data_root": None,
-        "registry": f"{service.registry.host}/ddlkit",
-        "master_port": free_ports(2)[0],  # and the next one for the control plane
-        "cluster": ClusterSettings(**{"vm_size": "Standard_D4_v2", "ssh_public_key_file": str(ssh_key), **cluster}),
-        "file_server": FileServerSettings(**file_server),
-        "file_share": FileShareSettings(url=service.share_url), **options})
+    return BatchAIConfig(
+        **{
+            "subscription_id": SUB,
+            "resource_group": RG,
+            "workspace": WS,
+            "endpoint": service.server.url,
+            "gpu": False,
+            "poll_interval_s": 0.2,
+            "framework": "pytorch",
+            "dist": "none",
+            "storage": "local",
+            "data_root": None,
+            "registry": f"{service.registry.host}/ddlkit",
+            "master_port": free_ports(2)[0],  # and the next one for the control plane
+            "cluster": ClusterSettings(**{"vm_size": "Standard_D4_v2", "ssh_public_key_file": str(ssh_key), **cluster}),
+            "file_server": FileServerSettings(**file_server),
+            "file_share": FileShareSettings(url=service.share_url),
+            **options,
+        }
+    )
 
 
 def cli_args(service: BatchAILoopback, ssh_key: Path, *more: str) -> list[str]:
-    return ["compute=batchai", f"compute.subscription_id={SUB}", f"compute.resource_group={RG}",
-            f"compute.workspace={WS}", f"compute.endpoint={service.server.url}",
-            f"compute.file_share.url={service.share_url}", f"compute.cluster.ssh_public_key_file={ssh_key}",
-            "compute.cluster.vm_size=Standard_D4_v2", "compute.gpu=false", "compute.poll_interval_s=0.2",
-            f"compute.registry={service.registry.host}/ddlkit",
-            f"compute.master_port={free_ports(2)[0]}", *more]
+    return [
+        "compute=batchai",
+        f"compute.subscription_id={SUB}",
+        f"compute.resource_group={RG}",
+        f"compute.workspace={WS}",
+        f"compute.endpoint={service.server.url}",
+        f"compute.file_share.url={service.share_url}",
+        f"compute.cluster.ssh_public_key_file={ssh_key}",
+        "compute.cluster.vm_size=Standard_D4_v2",
+        "compute.gpu=false",
+        "compute.poll_interval_s=0.2",
+        f"compute.registry={service.registry.host}/ddlkit",
+        f"compute.master_port={free_ports(2)[0]}",
+        *more,
+    ]
 
 
 #: framework=fake (the test kit's) has no image of ddlkit's: one in the registry stands for it
@@ -111,8 +136,10 @@ def fake_image(service: BatchAILoopback) -> str:
 
 def creates(service: BatchAILoopback) -> list[str]:
     """The kinds of resource created, in order (workspaces, experiments, fileServers, clusters, jobs)."""
-    return [r.path.split("/")[-2] if "/experiments/" not in r.path or "/jobs/" in r.path else "experiments"
-            for r in service.server.requests("PUT", ARM + r".*")]
+    return [
+        r.path.split("/")[-2] if "/experiments/" not in r.path or "/jobs/" in r.path else "experiments"
+        for r in service.server.requests("PUT", ARM + r".*")
+    ]
 
 
 # ---------------------------------------------------------------------------- the contract
@@ -131,11 +158,13 @@ class TestBatchAIContract(ComputeTargetContract):
 
 # ---------------------------------------------------------------------------- the schema, VM sizes
 def test_the_schema_check_can_fail() -> None:
-    assert schema_errors("ClusterCreateParameters", {"properties": {"vmSize": "x", "vmPriority": "cheap",
-                                                                    "nodes": 3}}) == [
+    assert schema_errors(
+        "ClusterCreateParameters", {"properties": {"vmSize": "x", "vmPriority": "cheap", "nodes": 3}}
+    ) == [
         "properties.userAccountSettings: required by ClusterBaseProperties",
         "properties.vmPriority: 'cheap' is not one of dedicated, lowpriority",
-        "properties.nodes: not a property of ClusterBaseProperties"]
+        "properties.nodes: not a property of ClusterBaseProperties",
+    ]
 
 
 def test_vm_sizes() -> None:
@@ -146,23 +175,50 @@ def test_vm_sizes() -> None:
 
 
 # ---------------------------------------------------------------------------- plan
-def test_plan_prints_every_request_in_order_and_sends_nothing(batchai: BatchAILoopback, ssh_key: Path,
-                                                              run_factory: RunFactory, azure_cli_login: Path,
-                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+def test_plan_prints_every_request_in_order_and_sends_nothing(
+    batchai: BatchAILoopback,
+    ssh_key: Path,
+    run_factory: RunFactory,
+    azure_cli_login: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     monkeypatch.setenv(ACCOUNT_KEY_ENV, SECRET + "-filekey")
     monkeypatch.setenv("AZURE_STORAGE_SAS_TOKEN", f"sv=2024&sig={SECRET}")
     monkeypatch.setenv("AZURE_STORAGE_ACCOUNT_URL", "https://acct.blob.core.windows.net")
-    out = run_factory.cli("plan", *cli_args(batchai, ssh_key, "compute.nodes=2", "compute.procs_per_node=2",
-                                            "storage=nfs", "storage.root=$AZ_BATCHAI_MOUNT_ROOT/nfs",
-                                            "dist=native", "compute.stage_from=blob://datasets/tiny",
-                                            "data=imagefolder", "data.root=datasets/tiny"))
+    out = run_factory.cli(
+        "plan",
+        *cli_args(
+            batchai,
+            ssh_key,
+            "compute.nodes=2",
+            "compute.procs_per_node=2",
+            "storage=nfs",
+            "storage.root=$AZ_BATCHAI_MOUNT_ROOT/nfs",
+            "dist=native",
+            "compute.stage_from=blob://datasets/tiny",
+            "data=imagefolder",
+            "data.root=datasets/tiny",
+        ),
+    )
     out.assert_success()
     text = out.stdout
     sent = re.findall(r"^\s*\d+\. (GET|PUT|POST|DELETE) https://[^/\s]+(/subscriptions/\S+)", text, re.MULTILINE)
     kinds = [(method, url.split("?")[0].rsplit("/", 2)[-2]) for method, url in sent]
-    assert kinds == [("GET", "workspaces"), ("PUT", "workspaces"), ("GET", "experiments"), ("PUT", "experiments"),
-                     ("GET", WS), ("PUT", "fileServers"), ("GET", "clusters"), ("PUT", "clusters"),
-                     ("GET", "jobs"), ("PUT", "jobs"), ("GET", "jobs"), ("GET", "jobs"), ("PUT", "jobs")], text
+    assert kinds == [
+        ("GET", "workspaces"),
+        ("PUT", "workspaces"),
+        ("GET", "experiments"),
+        ("PUT", "experiments"),
+        ("GET", WS),
+        ("PUT", "fileServers"),
+        ("GET", "clusters"),
+        ("PUT", "clusters"),
+        ("GET", "jobs"),
+        ("PUT", "jobs"),
+        ("GET", "jobs"),
+        ("GET", "jobs"),
+        ("PUT", "jobs"),
+    ], text
     assert '"processCount": 4' in text and '"nodeCount": 2' in text and "--node-sizes 2,2" in text
     assert '"accountKey": "***"' in text and '"name": "AZURE_STORAGE_SAS_TOKEN"' in text
     assert SECRET not in text + out.stderr
@@ -175,15 +231,19 @@ def test_the_mpi_command_line_is_a_shell_that_runs_the_rank_script(batchai: Batc
     script (shell syntax) runs under an explicit ``bash -c``, byte for byte as rendered."""
     service = Service(config(batchai, ssh_key, nodes=2, procs_per_node=2, master_port=29500), planning=True)
     service.run_job(ddlkit.JobSpec(name="n", job_dir=Path("/nonexistent/job")))
-    (mpi,) = [r.body["properties"]["customMpiSettings"] for r in service.recorded
-              if r.method == "PUT" and "customMpiSettings" in (r.body or {}).get("properties", {})]
+    (mpi,) = [
+        r.body["properties"]["customMpiSettings"]
+        for r in service.recorded
+        if r.method == "PUT" and "customMpiSettings" in (r.body or {}).get("properties", {})
+    ]
     script = (
         'export MASTER_ADDR="$(awk \'NF && $1 !~ /^#/ {print $1; exit}\' "$AZ_BATCHAI_MPI_HOST_FILE")" '
         'MASTER_PORT=29500 PYTHONUNBUFFERED=1; export DDLKIT_CONTROL_ADDR="$MASTER_ADDR:29501"; '
         'export OMP_NUM_THREADS="${OMP_NUM_THREADS:-$(( $(nproc) / 2 > 0 ? $(nproc) / 2 : 1 ))}"; '
         'cd "$AZ_BATCHAI_OUTPUT_JOB" && export OMPI_MCA_initial_wdir="$PWD" && exec python -m ddlkit_mpi.rank '
         '--job-dir . --node-sizes 2,2 --scratch "$AZ_BATCHAI_JOB_TEMP/ddlkit" --cancel-file .ddlkit/cancel-requested '
-        '-- python -m ddlkit.rank.worker job.json')
+        "-- python -m ddlkit.rank.worker job.json"
+    )
     assert mpi["commandLine"] == "bash -c " + shlex.quote(script)
     assert shlex.split(mpi["commandLine"]) == ["bash", "-c", script]
     assert mpi["processCount"] == 4
@@ -193,8 +253,9 @@ def test_the_mpi_command_line_is_a_shell_that_runs_the_rank_script(batchai: Batc
 SHIPPED_CONF = Path(__file__).resolve().parents[3] / "conf"
 
 
-def test_the_seeds_horovod_job_is_planned_on_a_machine_without_horovod(tmp_path: Path, run_factory: RunFactory,
-                                                                      azure_cli_login: Path) -> None:
+def test_the_seeds_horovod_job_is_planned_on_a_machine_without_horovod(
+    tmp_path: Path, run_factory: RunFactory, azure_cli_login: Path
+) -> None:
     """The reference architecture's job (TensorFlow with Horovod on 2 x 4 GPUs) from a launcher whose
     Python cannot import Horovod: the plan names the image that brings it and starts 8 ranks."""
     hide = tmp_path / "no-horovod"
@@ -206,13 +267,24 @@ def test_the_seeds_horovod_job_is_planned_on_a_machine_without_horovod(tmp_path:
         "    @staticmethod\n"
         "    def find_spec(name, path=None, target=None):\n"
         "        return importlib.machinery.ModuleSpec(name, None) if name.split('.')[0] == 'horovod' else None\n"
-        "sys.meta_path.insert(0, _NoHorovod)\n")
+        "sys.meta_path.insert(0, _NoHorovod)\n"
+    )
     env = {"PYTHONPATH": os.pathsep.join([str(hide), os.environ.get("PYTHONPATH", "")])}
-    out = run_factory.cli("plan", f"hydra.searchpath=[file://{SHIPPED_CONF}]", "compute=batchai_nc24",
-                          f"compute.subscription_id={SUB}", f"compute.resource_group={RG}", f"compute.workspace={WS}",
-                          "compute.file_share.url=https://acct.file.core.windows.net/share", "storage=nfs",
-                          "storage.root=$AZ_BATCHAI_MOUNT_ROOT/nfs", "dist=horovod", "framework=tensorflow",
-                          f"compute.cluster.ssh_public_key_file={tmp_path / 'id.pub'}", env=env)
+    out = run_factory.cli(
+        "plan",
+        f"hydra.searchpath=[file://{SHIPPED_CONF}]",
+        "compute=batchai_nc24",
+        f"compute.subscription_id={SUB}",
+        f"compute.resource_group={RG}",
+        f"compute.workspace={WS}",
+        "compute.file_share.url=https://acct.file.core.windows.net/share",
+        "storage=nfs",
+        "storage.root=$AZ_BATCHAI_MOUNT_ROOT/nfs",
+        "dist=horovod",
+        "framework=tensorflow",
+        f"compute.cluster.ssh_public_key_file={tmp_path / 'id.pub'}",
+        env=env,
+    )
     out.assert_success()
     image = default_image("tensorflow", gpu=True, horovod=True)
     assert image.endswith(f"/tensorflow:{ddlkit.__version__}-cuda-horovod")
@@ -220,14 +292,16 @@ def test_the_seeds_horovod_job_is_planned_on_a_machine_without_horovod(tmp_path:
     assert "the launcher needs no Horovod" in out.stdout
     assert f'"image": "{image}"' in out.stdout
     assert '"processCount": 8' in out.stdout and '"nodeCount": 2' in out.stdout and "--node-sizes 4,4" in out.stdout
-    probe = subprocess.run([sys.executable, "-c", "import horovod"], env={**os.environ, **env}, capture_output=True,
-                           check=False)
+    probe = subprocess.run(
+        [sys.executable, "-c", "import horovod"], env={**os.environ, **env}, capture_output=True, check=False
+    )
     assert probe.returncode != 0, "the launcher could import Horovod"
 
 
 @pytest.mark.slow
-def test_a_horovod_job_runs_in_ddlkits_image_with_horovod(batchai: BatchAILoopback, ssh_key: Path,
-                                                         tmp_path: Path) -> None:
+def test_a_horovod_job_runs_in_ddlkits_image_with_horovod(
+    batchai: BatchAILoopback, ssh_key: Path, tmp_path: Path
+) -> None:
     """What the service receives for dist=horovod: the image with Horovod built in (asked of its
     registry first, as the nodes pull it), and custom MPI settings for every rank of the job."""
     job_dir = tmp_path / "job"
@@ -235,7 +309,8 @@ def test_a_horovod_job_runs_in_ddlkits_image_with_horovod(batchai: BatchAILoopba
     (job_dir / "job.json").write_text("{}\n")
     code = "import os; print('rank', os.environ['OMPI_COMM_WORLD_RANK'], 'of', os.environ['OMPI_COMM_WORLD_SIZE'])"
     handle = BatchAITarget(config(batchai, ssh_key, dist="horovod", procs_per_node=2)).submit(
-        ddlkit.JobSpec(name="hvd", job_dir=job_dir, args=("-c", code)))
+        ddlkit.JobSpec(name="hvd", job_dir=job_dir, args=("-c", code))
+    )
     assert handle.wait(timeout=120).state is JobState.SUCCEEDED
     (put,) = batchai.server.requests("PUT", ARM + r"/experiments/ddlkit/jobs/.*")
     props = put.body["properties"]
@@ -243,16 +318,27 @@ def test_a_horovod_job_runs_in_ddlkits_image_with_horovod(batchai: BatchAILoopba
     assert props["containerSettings"]["imageSourceRegistry"]["image"] == image
     assert props["customMpiSettings"]["processCount"] == 2 and props["nodeCount"] == 1
     assert ("HEAD", f"/v2/ddlkit/pytorch/manifests/{ddlkit.__version__}-cpu-horovod") in [
-        (r.method, r.path) for r in batchai.registry.requests]
+        (r.method, r.path) for r in batchai.registry.requests
+    ]
     assert "rank 0 of 2" in "".join(handle.logs(follow=False))
 
 
 # ---------------------------------------------------------------------------- through the CLI
 @pytest.mark.slow
-def test_a_job_runs_and_a_second_reuses_everything(batchai: BatchAILoopback, ssh_key: Path,
-                                                   run_factory: RunFactory, tmp_path: Path) -> None:
-    args = cli_args(batchai, ssh_key, fake_image(batchai), "compute.nodes=2", "compute.procs_per_node=1", "dist=native",
-                    "storage=nfs", "storage.root=$AZ_BATCHAI_MOUNT_ROOT/nfs", "trainer.epochs=1")
+def test_a_job_runs_and_a_second_reuses_everything(
+    batchai: BatchAILoopback, ssh_key: Path, run_factory: RunFactory, tmp_path: Path
+) -> None:
+    args = cli_args(
+        batchai,
+        ssh_key,
+        fake_image(batchai),
+        "compute.nodes=2",
+        "compute.procs_per_node=1",
+        "dist=native",
+        "storage=nfs",
+        "storage.root=$AZ_BATCHAI_MOUNT_ROOT/nfs",
+        "trainer.epochs=1",
+    )
     first = run_factory(*args, job_dir=tmp_path / "first")
     first.assert_success()
     assert first.result["world_size"] == 2
@@ -277,30 +363,40 @@ def test_a_job_runs_and_a_second_reuses_everything(batchai: BatchAILoopback, ssh
     looked_up = {r.path.rsplit("/", 1)[-1] for r in batchai.server.requests("GET", ARM + r"(/.*)?")}
     assert {WS, "ddlkit", "fileServers"} <= looked_up, looked_up  # workspace, experiment and cluster, file servers
 
-    changed = run_factory(*args[:-1], "compute.cluster.vm_size=Standard_D8_v3", "trainer.epochs=1",
-                          job_dir=tmp_path / "third")
-    changed.assert_one_line_error("cluster ddlkit exists with other settings", "vm_size is Standard_D4_v2",
-                                  "compute.cluster.vm_size=Standard_D8_v3", "compute down")
+    changed = run_factory(
+        *args[:-1], "compute.cluster.vm_size=Standard_D8_v3", "trainer.epochs=1", job_dir=tmp_path / "third"
+    )
+    changed.assert_one_line_error(
+        "cluster ddlkit exists with other settings",
+        "vm_size is Standard_D4_v2",
+        "compute.cluster.vm_size=Standard_D8_v3",
+        "compute down",
+    )
 
 
 @pytest.mark.slow
 def test_a_package_only_in_the_launch_directory_reaches_the_job_as_a_snapshot_uploaded_once(
-        batchai: BatchAILoopback, ssh_key: Path, user_project: UserProject, tmp_path: Path) -> None:
+    batchai: BatchAILoopback, ssh_key: Path, user_project: UserProject, tmp_path: Path
+) -> None:
     run = RunFactory(user_project.root)
     args = cli_args(batchai, ssh_key, fake_image(batchai), *user_project.overrides)
     share = batchai.share_dir(FILES_ACCOUNT, "share")
 
     def uploads(digest: str) -> list[str]:
         """The files of the snapshot the launcher created on the share (Azure Files' Create File)."""
-        return sorted(r.path.split(f"/ddlkit/code/{digest}/", 1)[1] for r in batchai.server.requests(
-            "PUT", rf"/{FILES_ACCOUNT}/share/ddlkit/code/{digest}/.*") if not r.query)
+        return sorted(
+            r.path.split(f"/ddlkit/code/{digest}/", 1)[1]
+            for r in batchai.server.requests("PUT", rf"/{FILES_ACCOUNT}/share/ddlkit/code/{digest}/.*")
+            if not r.query
+        )
 
     first = run(*args, job_dir=tmp_path / "runs" / "first").assert_success()
     assert first.result["steps"] == 4
     digest = json.loads((first.job_dir / "code.json").read_text())["digest"]
     assert uploads(digest) == ["code.json", "code/my_pkg/__init__.py", "code/my_pkg/data.py"]
-    assert (share / "ddlkit" / "code" / digest / "code" / "my_pkg" / "data.py").read_text() == \
-        user_project.data_module(32)
+    assert (share / "ddlkit" / "code" / digest / "code" / "my_pkg" / "data.py").read_text() == user_project.data_module(
+        32
+    )
     # the job's folder on the share holds the job's files but not the snapshot; its preparation
     # copied the snapshot into the job's directory, beside job.json, where the ranks ran
     (job_folder,) = (share / "ddlkit" / "jobs").iterdir()
@@ -325,8 +421,9 @@ def test_a_package_only_in_the_launch_directory_reaches_the_job_as_a_snapshot_up
     assert uploads(changed) == ["code.json", "code/my_pkg/__init__.py", "code/my_pkg/data.py"]
 
 
-def test_plan_names_where_the_code_snapshot_goes(batchai: BatchAILoopback, ssh_key: Path,
-                                                 user_project: UserProject, tmp_path: Path) -> None:
+def test_plan_names_where_the_code_snapshot_goes(
+    batchai: BatchAILoopback, ssh_key: Path, user_project: UserProject, tmp_path: Path
+) -> None:
     args = cli_args(batchai, ssh_key, fake_image(batchai), *user_project.overrides)
     out = RunFactory(user_project.root).cli("plan", *args, f"hydra.run.dir={tmp_path / 'job'}").assert_success()
     digest = CodeSnapshot.take(user_project.root, max_bytes=10**6).digest
@@ -338,8 +435,9 @@ def test_plan_names_where_the_code_snapshot_goes(batchai: BatchAILoopback, ssh_k
 
 
 @pytest.mark.slow
-def test_states_logs_cancel_and_ddlkit_jobs(batchai: BatchAILoopback, ssh_key: Path, run_factory: RunFactory,
-                                           tmp_path: Path) -> None:
+def test_states_logs_cancel_and_ddlkit_jobs(
+    batchai: BatchAILoopback, ssh_key: Path, run_factory: RunFactory, tmp_path: Path
+) -> None:
     batchai.queue_s = 2.0
     job_dir = tmp_path / "job"
     args = cli_args(batchai, ssh_key, fake_image(batchai))
@@ -375,8 +473,9 @@ def test_states_logs_cancel_and_ddlkit_jobs(batchai: BatchAILoopback, ssh_key: P
 
 
 @pytest.mark.slow
-def test_a_log_server_that_ignores_range_gets_each_line_printed_once(batchai: BatchAILoopback, ssh_key: Path,
-                                                                     tmp_path: Path) -> None:
+def test_a_log_server_that_ignores_range_gets_each_line_printed_once(
+    batchai: BatchAILoopback, ssh_key: Path, tmp_path: Path
+) -> None:
     """stdout.txt is read from where the last read stopped (a 200 to a ranged read is the whole
     file), once per poll interval while the job runs."""
     batchai.ignore_range = True
@@ -384,8 +483,9 @@ def test_a_log_server_that_ignores_range_gets_each_line_printed_once(batchai: Ba
     job_dir.mkdir()
     (job_dir / "job.json").write_text("{}\n")
     code = "import time\nfor i in range(6):\n    print(f'line {i}', flush=True)\n    time.sleep(0.3)\n"
-    handle = BatchAITarget(config(batchai, ssh_key)).submit(ddlkit.JobSpec(name="ranged", job_dir=job_dir,
-                                                                           args=("-c", code)))
+    handle = BatchAITarget(config(batchai, ssh_key)).submit(
+        ddlkit.JobSpec(name="ranged", job_dir=job_dir, args=("-c", code))
+    )
     started, output = time.monotonic(), ""
     for chunk in handle.logs(follow=True):
         output += chunk
@@ -397,12 +497,17 @@ def test_a_log_server_that_ignores_range_gets_each_line_printed_once(batchai: Ba
 
 
 @pytest.mark.slow
-def test_secrets_travel_as_job_secrets_and_nowhere_else(batchai: BatchAILoopback, ssh_key: Path,
-                                                        run_factory: RunFactory, tmp_path: Path) -> None:
+def test_secrets_travel_as_job_secrets_and_nowhere_else(
+    batchai: BatchAILoopback, ssh_key: Path, run_factory: RunFactory, tmp_path: Path
+) -> None:
     job_dir = tmp_path / "job"
     # an environment variable the job gets whose name says it is secret (prepare.job_environment)
-    out = run_factory(*cli_args(batchai, ssh_key, fake_image(batchai)), "trainer.epochs=1",
-                      f"+hydra.job.env_set.DDLKIT_TEST_TOKEN={SECRET}", job_dir=job_dir)
+    out = run_factory(
+        *cli_args(batchai, ssh_key, fake_image(batchai)),
+        "trainer.epochs=1",
+        f"+hydra.job.env_set.DDLKIT_TEST_TOKEN={SECRET}",
+        job_dir=job_dir,
+    )
     out.assert_success()
     (put,) = batchai.server.requests("PUT", ARM + r"/experiments/ddlkit/jobs/.*")
     props = put.body["properties"]
@@ -411,19 +516,25 @@ def test_secrets_travel_as_job_secrets_and_nowhere_else(batchai: BatchAILoopback
     reported = Service(config(batchai, ssh_key)).get_job(put.path.rsplit("/", 1)[-1])
     secrets = [(s.name, s.value) for s in reported.secrets if s.name == "DDLKIT_TEST_TOKEN"]
     assert secrets == [("DDLKIT_TEST_TOKEN", None)]
-    leaked = [p for root in (job_dir, batchai.root, tmp_path / ".ddlkit-state") for p in root.rglob("*")
-              if p.is_file() and SECRET.encode() in p.read_bytes()]
+    leaked = [
+        p
+        for root in (job_dir, batchai.root, tmp_path / ".ddlkit-state")
+        for p in root.rglob("*")
+        if p.is_file() and SECRET.encode() in p.read_bytes()
+    ]
     assert not leaked, leaked
     assert SECRET not in out.stdout + out.stderr
 
 
-def test_errors_are_one_line(batchai: BatchAILoopback, ssh_key: Path, run_factory: RunFactory,
-                             monkeypatch: pytest.MonkeyPatch) -> None:
+def test_errors_are_one_line(
+    batchai: BatchAILoopback, ssh_key: Path, run_factory: RunFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
     gpu = run_factory(*[a for a in cli_args(batchai, ssh_key) if a != "compute.gpu=false"])  # a GPU run
     gpu.assert_one_line_error("compute.cluster.vm_size=Standard_D4_v2 has no GPU", "compute.gpu=false")
     assert batchai.server.requests() == []
-    ssd = run_factory(*cli_args(batchai, ssh_key, fake_image(batchai), "compute.cluster.vm_size=Standard_D4s_v4",
-                                "storage=local_ssd"))
+    ssd = run_factory(
+        *cli_args(batchai, ssh_key, fake_image(batchai), "compute.cluster.vm_size=Standard_D4s_v4", "storage=local_ssd")
+    )
     ssd.assert_one_line_error("storage=local_ssd", "Standard_D4s_v4 has none", "storage=nfs")
     nfs = run_factory(*cli_args(batchai, ssh_key, fake_image(batchai), "storage=nfs", "storage.root=/mnt/nfs"))
     nfs.assert_one_line_error("storage.root='$AZ_BATCHAI_MOUNT_ROOT/nfs'")
@@ -438,35 +549,44 @@ def test_errors_are_one_line(batchai: BatchAILoopback, ssh_key: Path, run_factor
 # ---------------------------------------------------------------------------- the image
 # Without the check each of these jobs is created and queued, and fails when the nodes pull its image.
 def test_an_image_the_registry_does_not_have_is_refused_before_anything_is_created(
-        batchai: BatchAILoopback, ssh_key: Path, run_factory: RunFactory) -> None:
+    batchai: BatchAILoopback, ssh_key: Path, run_factory: RunFactory
+) -> None:
     host = batchai.registry.host
     run = run_factory(*cli_args(batchai, ssh_key, f"compute.image={host}/ddlkit-fake:missing"))
-    run.assert_one_line_error(f"image {host}/ddlkit-fake:missing does not exist ({host} answered 404 for "
-                              "ddlkit-fake:missing)", f"scripts/build_images.sh --registry {host} --push",
-                              "or set compute.image to an image that exists")
+    run.assert_one_line_error(
+        f"image {host}/ddlkit-fake:missing does not exist ({host} answered 404 for ddlkit-fake:missing)",
+        f"scripts/build_images.sh --registry {host} --push",
+        "or set compute.image to an image that exists",
+    )
     assert batchai.server.requests("PUT") == []
 
 
-def test_ddlkits_image_never_pushed_to_the_registry_is_refused(batchai: BatchAILoopback, ssh_key: Path,
-                                                               run_factory: RunFactory) -> None:
+def test_ddlkits_image_never_pushed_to_the_registry_is_refused(
+    batchai: BatchAILoopback, ssh_key: Path, run_factory: RunFactory
+) -> None:
     """A repository that does not exist is refused to an anonymous client, as Docker Hub refuses one (401)."""
     host = batchai.registry.host
     run = run_factory(*cli_args(batchai, ssh_key, f"compute.registry={host}/elsewhere"), "framework=pytorch")
     image = default_image("pytorch", gpu=False, registry=f"{host}/elsewhere")
-    run.assert_one_line_error(f"image {image} cannot be pulled: {host} refused it without credentials (401), so it "
-                              "does not exist or is private",
-                              f"scripts/build_images.sh --registry {host}/elsewhere --push")
+    run.assert_one_line_error(
+        f"image {image} cannot be pulled: {host} refused it without credentials (401), so it "
+        "does not exist or is private",
+        f"scripts/build_images.sh --registry {host}/elsewhere --push",
+    )
     assert batchai.server.requests("PUT") == []
 
 
-def test_an_image_that_cannot_be_checked_is_said_and_the_job_submitted(batchai: BatchAILoopback, ssh_key: Path,
-                                                                       run_factory: RunFactory) -> None:
+def test_an_image_that_cannot_be_checked_is_said_and_the_job_submitted(
+    batchai: BatchAILoopback, ssh_key: Path, run_factory: RunFactory
+) -> None:
     batchai.registry.auth = "Negotiate"  # an authentication ddlkit does not speak
     run = run_factory(*cli_args(batchai, ssh_key, fake_image(batchai)), "trainer.epochs=1")
     run.assert_success()
     host = batchai.registry.host
-    assert (f"ddlkit: note: could not check that image {host}/{FAKE} can be pulled ({host} asks for an "
-            "authentication ddlkit does not speak (Negotiate)); submitting anyway\n") in run.stderr, run.output
+    assert (
+        f"ddlkit: note: could not check that image {host}/{FAKE} can be pulled ({host} asks for an "
+        "authentication ddlkit does not speak (Negotiate)); submitting anyway\n"
+    ) in run.stderr, run.output
 
 
 def test_a_file_server_being_created_is_waited_for(batchai: BatchAILoopback, ssh_key: Path) -> None:
@@ -476,17 +596,25 @@ def test_a_file_server_being_created_is_waited_for(batchai: BatchAILoopback, ssh
     assert service.prepare()[1].provisioning_state == "succeeded"
     assert any("file server ddlkit-nfs is still being created" in s for s in said), said
     batchai.add_file_server(SUB, RG, WS, "slow-nfs")
-    slow = Service(config(batchai, ssh_key, storage="nfs", file_server={"name": "slow-nfs", "wait_s": 0.5}),
-                   say=said.append)
+    slow = Service(
+        config(batchai, ssh_key, storage="nfs", file_server={"name": "slow-nfs", "wait_s": 0.5}), say=said.append
+    )
     with pytest.raises(ConfigError, match="file server slow-nfs is still being created after .* compute.file_server"):
         slow.prepare()
 
 
 @pytest.mark.slow
-def test_down_deletes_only_what_ddlkit_created(batchai: BatchAILoopback, ssh_key: Path, run_factory: RunFactory,
-                                               tmp_path: Path) -> None:
-    args = cli_args(batchai, ssh_key, fake_image(batchai), "storage=nfs", "storage.root=$AZ_BATCHAI_MOUNT_ROOT/nfs",
-                    "trainer.epochs=1")
+def test_down_deletes_only_what_ddlkit_created(
+    batchai: BatchAILoopback, ssh_key: Path, run_factory: RunFactory, tmp_path: Path
+) -> None:
+    args = cli_args(
+        batchai,
+        ssh_key,
+        fake_image(batchai),
+        "storage=nfs",
+        "storage.root=$AZ_BATCHAI_MOUNT_ROOT/nfs",
+        "trainer.epochs=1",
+    )
     run_factory(*args, job_dir=tmp_path / "job").assert_success()
     batchai.add_file_server(SUB, RG, WS, "theirs", state="succeeded")
     refused = run_factory.cli("compute", "down", *args)
@@ -496,38 +624,63 @@ def test_down_deletes_only_what_ddlkit_created(batchai: BatchAILoopback, ssh_key
     down.assert_success()
     assert "will delete" in down.stdout and "cluster ddlkit" in down.stdout and "file server ddlkit-nfs" in down.stdout
     assert [r.path.rsplit("/", 2)[-2] for r in batchai.server.requests("DELETE")] == ["clusters", "fileServers"]
-    theirs = run_factory.cli("compute", "down", "--yes", *args[:-2], "compute.file_server.name=theirs", "storage=nfs",
-                             "storage.root=$AZ_BATCHAI_MOUNT_ROOT/nfs")
+    theirs = run_factory.cli(
+        "compute",
+        "down",
+        "--yes",
+        *args[:-2],
+        "compute.file_server.name=theirs",
+        "storage=nfs",
+        "storage.root=$AZ_BATCHAI_MOUNT_ROOT/nfs",
+    )
     theirs.assert_success()
     assert "theirs was not created by ddlkit: kept" in theirs.stderr and "nothing deleted" in theirs.stdout
     assert len(batchai.server.requests("DELETE")) == 2
 
 
 def test_composing_imports_no_azure_sdk(batchai: BatchAILoopback, ssh_key: Path, tmp_path: Path) -> None:
-    code = ("import sys; from ddlkit.launch.cli import main; main(sys.argv[1:]); "
-            "print('AZURE', sorted(m for m in sys.modules if m.startswith(('azure', 'msrest'))))")
-    proc = subprocess.run([sys.executable, "-c", code, "--cfg", "job", *cli_args(batchai, ssh_key)],
-                          capture_output=True, text=True, cwd=tmp_path, timeout=120, check=False)
+    code = (
+        "import sys; from ddlkit.launch.cli import main; main(sys.argv[1:]); "
+        "print('AZURE', sorted(m for m in sys.modules if m.startswith(('azure', 'msrest'))))"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", code, "--cfg", "job", *cli_args(batchai, ssh_key)],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        timeout=120,
+        check=False,
+    )
     assert "AZURE []" in proc.stdout, proc.stdout[-2000:] + proc.stderr
 
 
-def test_a_missing_resource_group_is_one_line_naming_the_fix(batchai: BatchAILoopback, ssh_key: Path,
-                                                             run_factory: RunFactory) -> None:
+def test_a_missing_resource_group_is_one_line_naming_the_fix(
+    batchai: BatchAILoopback, ssh_key: Path, run_factory: RunFactory
+) -> None:
     """ARM answers 404 ResourceGroupNotFound to every request under a resource group that does not exist."""
     batchai.resource_groups = {"someone-elses-rg"}
     run = run_factory(*cli_args(batchai, ssh_key, fake_image(batchai)))
-    run.assert_one_line_error(f"looking up workspace {WS}: resource group {RG} was not found in subscription {SUB}",
-                              "ResourceGroupNotFound", "check compute.resource_group", f"az group create --name {RG}")
+    run.assert_one_line_error(
+        f"looking up workspace {WS}: resource group {RG} was not found in subscription {SUB}",
+        "ResourceGroupNotFound",
+        "check compute.resource_group",
+        f"az group create --name {RG}",
+    )
     assert batchai.server.requests("PUT") == []
     down = run_factory.cli("compute", "down", "--yes", *cli_args(batchai, ssh_key, fake_image(batchai)))
     down.assert_one_line_error(f"resource group {RG} was not found")
 
 
-def test_compute_down_without_the_workspace_has_nothing_to_delete(batchai: BatchAILoopback, ssh_key: Path,
-                                                                  run_factory: RunFactory) -> None:
+def test_compute_down_without_the_workspace_has_nothing_to_delete(
+    batchai: BatchAILoopback, ssh_key: Path, run_factory: RunFactory
+) -> None:
     """Batch AI answers 404 to listing the file servers of a workspace that does not exist."""
-    down = run_factory.cli("compute", "down", "--yes", *cli_args(batchai, ssh_key, fake_image(batchai), "storage=nfs",
-                                                                  "storage.root=$AZ_BATCHAI_MOUNT_ROOT/nfs"))
+    down = run_factory.cli(
+        "compute",
+        "down",
+        "--yes",
+        *cli_args(batchai, ssh_key, fake_image(batchai), "storage=nfs", "storage.root=$AZ_BATCHAI_MOUNT_ROOT/nfs"),
+    )
     down.assert_success()
     assert f"nothing to delete: workspace {WS} does not exist in resource group {RG}" in down.stderr, down.output
     assert "ddlkit compute down: nothing deleted" in down.stdout and "Traceback" not in down.stderr
@@ -536,13 +689,15 @@ def test_compute_down_without_the_workspace_has_nothing_to_delete(batchai: Batch
 
 def test_compute_down_on_a_target_that_keeps_nothing(run_factory: RunFactory) -> None:
     run_factory.cli("compute", "down", "--yes", "compute=local").assert_one_line_error(
-        "compute=local keeps nothing between jobs")
+        "compute=local keeps nothing between jobs"
+    )
 
 
 # ---------------------------------------------------------------------------- staging
 @pytest.mark.slow
-def test_staging_copies_the_dataset_once(batchai: BatchAILoopback, ssh_key: Path, blob_container: str,
-                                         tmp_path: Path) -> None:
+def test_staging_copies_the_dataset_once(
+    batchai: BatchAILoopback, ssh_key: Path, blob_container: str, tmp_path: Path
+) -> None:
     from ddlkit.launch.data_cli import upload
 
     data = tmp_path / "tiny"
@@ -558,7 +713,8 @@ def test_staging_copies_the_dataset_once(batchai: BatchAILoopback, ssh_key: Path
     service.stage(cluster)
     staged = batchai.file_server_dir("ddlkit-nfs") / "datasets" / "tiny"
     assert sorted(p.relative_to(staged).as_posix() for p in staged.rglob("*.bin")) == [
-        f"train/{c}/{i}.bin" for c in ("a", "b") for i in range(3)]
+        f"train/{c}/{i}.bin" for c in ("a", "b") for i in range(3)
+    ]
     assert (staged / ".ddlkit" / "complete").is_file()
     stage_jobs = batchai.server.requests("PUT", ARM + r"/experiments/ddlkit/jobs/stage-.*")
     assert len(stage_jobs) == 1
@@ -572,16 +728,35 @@ def test_staging_copies_the_dataset_once(batchai: BatchAILoopback, ssh_key: Path
 # ---------------------------------------------------------------------------- a real training run
 @pytest.mark.slow
 @pytest.mark.parametrize("dist", ["native", "horovod"])
-def test_resnet18_trains_through_the_cli(batchai: BatchAILoopback, ssh_key: Path, run_factory: RunFactory,
-                                         tmp_path: Path, dist: str) -> None:
+def test_resnet18_trains_through_the_cli(
+    batchai: BatchAILoopback, ssh_key: Path, run_factory: RunFactory, tmp_path: Path, dist: str
+) -> None:
     if dist == "horovod" and shutil.which("mpirun") is not None:
         pytest.importorskip("horovod.torch", reason="Horovod is not installed (scripts/install_horovod.sh)")
     job_dir = tmp_path / "job"
-    out = run_factory(*cli_args(batchai, ssh_key, "compute.nodes=1", "compute.procs_per_node=2", f"dist={dist}",
-                                "storage=nfs", "storage.root=$AZ_BATCHAI_MOUNT_ROOT/nfs"),
-                      "framework=pytorch", "model=resnet18", "data=synthetic", "data.image_size=32",
-                      "data.num_classes=10", "data.length=64", "data.val_length=16", "trainer.batch_size=8",
-                      "trainer.epochs=1", "framework.num_threads=1", job_dir=job_dir, timeout=400)
+    out = run_factory(
+        *cli_args(
+            batchai,
+            ssh_key,
+            "compute.nodes=1",
+            "compute.procs_per_node=2",
+            f"dist={dist}",
+            "storage=nfs",
+            "storage.root=$AZ_BATCHAI_MOUNT_ROOT/nfs",
+        ),
+        "framework=pytorch",
+        "model=resnet18",
+        "data=synthetic",
+        "data.image_size=32",
+        "data.num_classes=10",
+        "data.length=64",
+        "data.val_length=16",
+        "trainer.batch_size=8",
+        "trainer.epochs=1",
+        "framework.num_threads=1",
+        job_dir=job_dir,
+        timeout=400,
+    )
     out.assert_success()
     assert (out.result["world_size"], out.result["framework"], out.result["model"]) == (2, "pytorch", "resnet18")
     assert (job_dir / "model.pt").is_file() and (job_dir / "rank-1.log").is_file()
@@ -592,12 +767,14 @@ def test_resnet18_trains_through_the_cli(batchai: BatchAILoopback, ssh_key: Path
     # the registry was asked for it as the nodes pull it, without credentials, before the job was created
     tag = f"{ddlkit.__version__}-cpu" + ("-horovod" if horovod else "")
     assert ("HEAD", f"/v2/ddlkit/pytorch/manifests/{tag}", "Bearer") in [
-        (r.method, r.path, r.auth_scheme) for r in batchai.registry.requests]
+        (r.method, r.path, r.auth_scheme) for r in batchai.registry.requests
+    ]
 
 
 @pytest.mark.slow
-def test_a_job_whose_node_was_preempted_is_resubmitted_and_resumes(batchai: BatchAILoopback, ssh_key: Path,
-                                                                    run_factory: RunFactory, tmp_path: Path) -> None:
+def test_a_job_whose_node_was_preempted_is_resubmitted_and_resumes(
+    batchai: BatchAILoopback, ssh_key: Path, run_factory: RunFactory, tmp_path: Path
+) -> None:
     """The job's node is taken (its processes killed at once, the job failed with exit code 137):
     the launcher's restart policy submits a new Batch AI job for the same job directory, which resumes
     from the last checkpoint and completes; `ddlkit jobs status` names the job that was lost."""
@@ -605,10 +782,24 @@ def test_a_job_whose_node_was_preempted_is_resubmitted_and_resumes(batchai: Batc
 
     job_dir = tmp_path / "preempted"
     launcher = subprocess.Popen(
-        [sys.executable, "-m", "ddlkit", *cli_args(batchai, ssh_key, fake_image(batchai)), "framework=fake",
-         "framework.step_delay_s=0.2", "trainer.epochs=1", "trainer.checkpoint_every=5", "restart.backoff_s=0",
-         f"hydra.run.dir={job_dir}"], cwd=tmp_path, env={**os.environ, "DDLKIT_PLUGINS": "ddlkit.testing.fakes"},
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        [
+            sys.executable,
+            "-m",
+            "ddlkit",
+            *cli_args(batchai, ssh_key, fake_image(batchai)),
+            "framework=fake",
+            "framework.step_delay_s=0.2",
+            "trainer.epochs=1",
+            "trainer.checkpoint_every=5",
+            "restart.backoff_s=0",
+            f"hydra.run.dir={job_dir}",
+        ],
+        cwd=tmp_path,
+        env={**os.environ, "DDLKIT_PLUGINS": "ddlkit.testing.fakes"},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         submission = job_dir / ".ddlkit" / "submission.json"
         wait_for(submission.is_file, "the job to be submitted", timeout=120, pace=0.2, process=launcher)
@@ -617,8 +808,9 @@ def test_a_job_whose_node_was_preempted_is_resubmitted_and_resumes(batchai: Batc
         def checkpointed() -> int:
             return max((checkpoint_step(p) or 0 for p in batchai.root.rglob("checkpoints/step-*.ckpt")), default=0)
 
-        wait_for(lambda: checkpointed() >= 10, "a checkpoint at step 10 or later", timeout=120, pace=0.1,
-                 process=launcher)
+        wait_for(
+            lambda: checkpointed() >= 10, "a checkpoint at step 10 or later", timeout=120, pace=0.1, process=launcher
+        )
         batchai.preempt(first)
         stdout, stderr = launcher.communicate(timeout=300)
     finally:
@@ -632,7 +824,10 @@ def test_a_job_whose_node_was_preempted_is_resubmitted_and_resumes(batchai: Batc
     assert entry["steps_lost"] == entry["step_reached"] - entry["resumed_from"]
     result = json.loads((job_dir / "result.json").read_text())
     assert (result["restarts"], result["resumed_from_step"], result["steps_lost"]) == (
-        1, entry["resumed_from"], entry["steps_lost"])
+        1,
+        entry["resumed_from"],
+        entry["steps_lost"],
+    )
     assert result["steps"] == 80 and verify(latest_checkpoint(job_dir)) is None
     # two Batch AI jobs: the one that lost its node (failed, exit code 137), and the resubmission
     jobs = {r.path.rsplit("/", 1)[-1] for r in batchai.server.requests("PUT", ARM + r"/experiments/ddlkit/jobs/.*")}

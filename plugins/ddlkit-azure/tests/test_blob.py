@@ -19,12 +19,10 @@ from typing import Any
 import pytest
 
 from ddlkit import ConfigError, RunError, StorageBackend
-from ddlkit.storage import _retry
-from ddlkit.storage import Manifest, build_manifest
-from ddlkit.storage import TransientStorageError, open_storage, stage
 from ddlkit.jobdir import EXIT_PREEMPTED
 from ddlkit.launch.cli import main
 from ddlkit.launch.prepare import job_name
+from ddlkit.storage import Manifest, TransientStorageError, _retry, build_manifest, open_storage, stage
 from ddlkit.testing import FAKES_MODULE, RunFactory, add_plugin, interruptible, wait_for
 from ddlkit.testing.contracts import StorageBackendContract
 from ddlkit.testing.images import ImageDataset, make_image_dataset
@@ -41,8 +39,9 @@ class TestAzureBlobStorage(StorageBackendContract):
 
 @pytest.fixture(scope="module")
 def dataset(tmp_path_factory: pytest.TempPathFactory) -> ImageDataset:
-    ds = make_image_dataset(tmp_path_factory.mktemp("data") / "imagenet", classes=3, train_per_class=6,
-                            val_per_class=2, odd_files=True)
+    ds = make_image_dataset(
+        tmp_path_factory.mktemp("data") / "imagenet", classes=3, train_per_class=6, val_per_class=2, odd_files=True
+    )
     build_manifest(ds.root).write(ds.root / "manifest.tsv")
     return ds
 
@@ -54,8 +53,9 @@ def uploaded(dataset: ImageDataset, blob_container: str) -> str:
     return url
 
 
-def test_blob_urls_open_with_credentials_from_the_environment(blob_container: str, tmp_path: Path, azurite: Azurite,
-                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+def test_blob_urls_open_with_credentials_from_the_environment(
+    blob_container: str, tmp_path: Path, azurite: Azurite, monkeypatch: pytest.MonkeyPatch
+) -> None:
     (tmp_path / "f").write_bytes(b"payload")
     store = open_storage(f"{blob_container}/a/b")
     assert isinstance(store, AzureBlobStorage)
@@ -73,21 +73,30 @@ def test_blob_urls_open_with_credentials_from_the_environment(blob_container: st
 
 
 def test_a_blob_data_root_is_read_in_the_account_of_storage_account_url(
-        run_factory: RunFactory, uploaded: str, azurite: Azurite, tmp_path: Path,
-        monkeypatch: pytest.MonkeyPatch) -> None:
+    run_factory: RunFactory, uploaded: str, azurite: Azurite, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """The account given as storage.account_url (the SAS token in the environment) is the one a
     blob:// data.root is read from; the ranks said "set storage.account_url", which was set (issue 23, item 6)."""
     monkeypatch.delenv("AZURE_STORAGE_CONNECTION_STRING")
     monkeypatch.setenv("AZURE_STORAGE_SAS_TOKEN", azurite.sas_token())
     container = uploaded.removeprefix("blob://").split("/")[0]
-    out = run_factory("data=imagefolder", f"data.root={uploaded}", "data.image_size=16", "trainer.batch_size=4",
-                      "trainer.epochs=1", "storage=azure", f"storage.account_url={azurite.account_url}",
-                      f"storage.container={container}", f"storage.scratch={tmp_path / 'ssd'}").assert_success()
+    out = run_factory(
+        "data=imagefolder",
+        f"data.root={uploaded}",
+        "data.image_size=16",
+        "trainer.batch_size=4",
+        "trainer.epochs=1",
+        "storage=azure",
+        f"storage.account_url={azurite.account_url}",
+        f"storage.container={container}",
+        f"storage.scratch={tmp_path / 'ssd'}",
+    ).assert_success()
     assert out.result["status"] == "completed"
 
 
 def test_no_storage_credential_is_one_line_naming_where_it_was_looked_for(
-        run_factory: RunFactory, azurite: Azurite, monkeypatch: pytest.MonkeyPatch) -> None:
+    run_factory: RunFactory, azurite: Azurite, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """An emulator's http endpoint and no SAS token nor connection string: the SDK's 'Token credential
     is only supported with HTTPS' traceback from every rank, exit 1, and a resume hint (issue 23, item 7)."""
     for name in ("AZURE_STORAGE_SAS_TOKEN", "AZURE_STORAGE_CONNECTION_STRING", "AZURE_STORAGE_ACCOUNT_URL"):
@@ -98,12 +107,14 @@ def test_no_storage_credential_is_one_line_naming_where_it_was_looked_for(
         "$AZURE_STORAGE_CONNECTION_STRING in the environment and storage.sas_token_file, "
         "storage.connection_string_file in the config, and a sign-in (DefaultAzureCredential) cannot be used over "
         f"plain http ({azurite.account_url}): export AZURE_STORAGE_SAS_TOKEN=<a SAS token> or "
-        "AZURE_STORAGE_CONNECTION_STRING=<a connection string>.\n"), out.output
+        "AZURE_STORAGE_CONNECTION_STRING=<a connection string>.\n"
+    ), out.output
     assert out.stdout == "" and not out.job_dir.exists()
 
 
-def test_upload_is_parallel_resumable_and_skips_matching_blobs(dataset: ImageDataset, blob_container: str,
-                                                               capsys: pytest.CaptureFixture[str]) -> None:
+def test_upload_is_parallel_resumable_and_skips_matching_blobs(
+    dataset: ImageDataset, blob_container: str, capsys: pytest.CaptureFixture[str]
+) -> None:
     manifest = Manifest.read(dataset.root / "manifest.tsv")
     uploaded = f"{blob_container}/imagenet"
     assert main(["data", "upload", str(dataset.root), uploaded, "--workers", "4"]) == 0
@@ -128,8 +139,9 @@ def test_local_ssd_stages_from_blob_and_reuses_the_copy(uploaded: str, tmp_path:
     assert (second.bytes_transferred, second.reused) == (0, True)
 
 
-def test_results_survive_transient_errors_and_never_look_complete_when_cut(tmp_path: Path, blob_container: str,
-                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+def test_results_survive_transient_errors_and_never_look_complete_when_cut(
+    tmp_path: Path, blob_container: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setattr(time, "sleep", lambda s: None)
     job = tmp_path / "job"
     job.mkdir()
@@ -149,8 +161,9 @@ def test_results_survive_transient_errors_and_never_look_complete_when_cut(tmp_p
     monkeypatch.setattr(_client.Container, "upload", flaky_upload)
     assert storage.publish_results(job, "job-1") == f"{blob_container}/results/job-1"
     assert sorted(attempts.values()) == [2, 2, 2, 2]
-    assert sorted(storage.list("results/job-1/")) == [f"results/job-1/{n}" for n in
-                                                      ("metrics.jsonl", "model.pt", "rank-0.log", "result.json")]
+    assert sorted(storage.list("results/job-1/")) == [
+        f"results/job-1/{n}" for n in ("metrics.jsonl", "model.pt", "rank-0.log", "result.json")
+    ]
 
     def broken_upload(self: Any, local_path: Path, key: str) -> None:
         if key.endswith("model.pt"):
@@ -203,8 +216,13 @@ def _unused_port() -> int:
 
 @pytest.mark.parametrize("endpoint", ["down", "silent"])
 def test_an_endpoint_that_is_down_or_silent_fails_fast_announcing_each_retry(
-        endpoint: str, request: pytest.FixtureRequest, tmp_path: Path, azurite: Azurite,
-        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    endpoint: str,
+    request: pytest.FixtureRequest,
+    tmp_path: Path,
+    azurite: Azurite,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
     """With the SDK's own silent retries the results upload kept quiet for over 10 minutes; now
     every attempt is bounded, each retry is a line on stderr with its delay, and the end is the
     error with the `ddlkit data upload` hint."""
@@ -230,31 +248,50 @@ def test_an_endpoint_that_is_down_or_silent_fails_fast_announcing_each_retry(
 
 
 def test_a_silent_endpoint_is_reported_within_seconds_of_the_first_contact(
-        silent_endpoint: SilentEndpoint, azurite: Azurite, monkeypatch: pytest.MonkeyPatch,
-        capsys: pytest.CaptureFixture[str]) -> None:
+    silent_endpoint: SilentEndpoint,
+    azurite: Azurite,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
     """The write check, a run's first contact with its storage, waited a whole read timeout (30 s)
     in silence before its first line (issue 23, minor)."""
     monkeypatch.setattr(_retry, "WAIT_NOTICE_S", 0.5)
     monkeypatch.setattr(_client, "READ_TIMEOUT_S", 2)
-    monkeypatch.setenv("AZURE_STORAGE_CONNECTION_STRING",
-                       azurite.connection_string.replace(azurite.account_url, silent_endpoint.url))
+    monkeypatch.setenv(
+        "AZURE_STORAGE_CONNECTION_STRING", azurite.connection_string.replace(azurite.account_url, silent_endpoint.url)
+    )
     storage = AzureBlobStorage(AzureBlobConfig(container="results", attempts=1))
     with pytest.raises(RunError):
         storage.check_access("job-1")
     assert capsys.readouterr().err.splitlines()[0] == (
         "ddlkit: checking that blob://results/results/job-1 is writable: no answer for 0.5 s; still waiting "
-        "(attempt 1 of 1)")
+        "(attempt 1 of 1)"
+    )
 
 
 @pytest.mark.slow
-def test_a_run_stages_from_blob_and_writes_results_back(run_inprocess: Any, ddlkit_pm: Any, uploaded: str,
-                                                        tmp_path: Path, blob_env: Azurite, dataset: ImageDataset,
-                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_run_stages_from_blob_and_writes_results_back(
+    run_inprocess: Any,
+    ddlkit_pm: Any,
+    uploaded: str,
+    tmp_path: Path,
+    blob_env: Azurite,
+    dataset: ImageDataset,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     add_plugin(ddlkit_pm, plugin, name="azure")
     container = uploaded.removeprefix("blob://").split("/")[0]
-    out = run_inprocess("data=imagefolder", f"data.root={uploaded}", "data.image_size=16", "trainer.batch_size=4",
-                        "storage=azure", f"storage.container={container}", f"storage.scratch={tmp_path / 'ssd'}",
-                        "storage.upload_checkpoints=true", job_dir=tmp_path / "job")
+    out = run_inprocess(
+        "data=imagefolder",
+        f"data.root={uploaded}",
+        "data.image_size=16",
+        "trainer.batch_size=4",
+        "storage=azure",
+        f"storage.container={container}",
+        f"storage.scratch={tmp_path / 'ssd'}",
+        "storage.upload_checkpoints=true",
+        job_dir=tmp_path / "job",
+    )
     assert (out.exit_code, out.status) == (0, "completed")
     staging = json.loads((out.job_dir / "staging-node0.json").read_text())
     assert staging["files_transferred"] == len(Manifest.read(dataset.root / "manifest.tsv"))
@@ -273,19 +310,30 @@ def test_a_run_stages_from_blob_and_writes_results_back(run_inprocess: Any, ddlk
 
 @pytest.mark.slow
 def test_a_job_elsewhere_reaches_blob_storage_with_what_the_launcher_passes_on(
-        run_factory: RunFactory, uploaded: str, tmp_path: Path, blob_env: Azurite) -> None:
+    run_factory: RunFactory, uploaded: str, tmp_path: Path, blob_env: Azurite
+) -> None:
     """compute=elsewhere runs the job in a bare environment on a copy of its directory: the
     storage account and its credential reach it only through the job spec (the credential in
     its secret environment), and land in no file on either side."""
     container = uploaded.removeprefix("blob://").split("/")[0]
     cluster = tmp_path / "cluster"
-    out = run_factory("data=imagefolder", f"data.root={uploaded}", "data.image_size=16", "trainer.batch_size=4",
-                      "trainer.epochs=1", "storage=azure", f"storage.container={container}",
-                      f"storage.scratch={tmp_path / 'ssd'}", "compute=elsewhere", f"compute.root={cluster}",
-                      timeout=180).assert_success()
+    out = run_factory(
+        "data=imagefolder",
+        f"data.root={uploaded}",
+        "data.image_size=16",
+        "trainer.batch_size=4",
+        "trainer.epochs=1",
+        "storage=azure",
+        f"storage.container={container}",
+        f"storage.scratch={tmp_path / 'ssd'}",
+        "compute=elsewhere",
+        f"compute.root={cluster}",
+        timeout=180,
+    ).assert_success()
     downloaded = tmp_path / "published.json"
-    AzureBlobStorage(AzureBlobConfig(container=container)).get(f"results/{job_name(out.job_dir)}/result.json",
-                                                               downloaded)
+    AzureBlobStorage(AzureBlobConfig(container=container)).get(
+        f"results/{job_name(out.job_dir)}/result.json", downloaded
+    )
     assert json.loads(downloaded.read_text()) == out.result
     secret = blob_env.connection_string.split("AccountKey=")[1].split(";")[0]
     for path in [*out.job_dir.rglob("*"), *cluster.rglob("*")]:
@@ -294,21 +342,33 @@ def test_a_job_elsewhere_reaches_blob_storage_with_what_the_launcher_passes_on(
 
 
 @pytest.mark.slow
-def test_a_sas_in_the_account_url_is_used_and_never_written_or_printed(run_factory: RunFactory, azurite: Azurite,
-                                                                      tmp_path: Path,
-                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_sas_in_the_account_url_is_used_and_never_written_or_printed(
+    run_factory: RunFactory, azurite: Azurite, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Issue 17, item 10: the SAS in ``storage.account_url`` authenticates the results upload (no
     other credential is set) and is in no file, blob or line of output; item 8: the README's
     ``storage.sas_token=...`` is refused in one line that does not show the token."""
-    for name in ("AZURE_STORAGE_SAS_TOKEN", "AZURE_STORAGE_CONNECTION_STRING", "AZURE_STORAGE_ACCOUNT_URL",
-                 "AZURE_STORAGE_ACCOUNT"):
+    for name in (
+        "AZURE_STORAGE_SAS_TOKEN",
+        "AZURE_STORAGE_CONNECTION_STRING",
+        "AZURE_STORAGE_ACCOUNT_URL",
+        "AZURE_STORAGE_ACCOUNT",
+    ):
         monkeypatch.delenv(name, raising=False)
     sas = azurite.sas_token()
     signature = sas.split("sig=")[1].split("&")[0]
     container = f"t{uuid.uuid4().hex[:20]}"
-    out = run_factory("storage=azure", f"storage.account_url='{azurite.account_url}?{sas}'",
-                      f"storage.container={container}", f"storage.scratch={tmp_path / 'ssd'}", "data.length=64",
-                      "data.val_length=16", "trainer.epochs=1", "trainer.batch_size=8", timeout=180).assert_success()
+    out = run_factory(
+        "storage=azure",
+        f"storage.account_url='{azurite.account_url}?{sas}'",
+        f"storage.container={container}",
+        f"storage.scratch={tmp_path / 'ssd'}",
+        "data.length=64",
+        "data.val_length=16",
+        "trainer.epochs=1",
+        "trainer.batch_size=8",
+        timeout=180,
+    ).assert_success()
     written = json.loads((out.job_dir / "job.json").read_text())
     assert written["config"]["storage"]["account_url"] == f"{azurite.account_url}?***"
     monkeypatch.setenv("AZURE_STORAGE_CONNECTION_STRING", azurite.connection_string)
@@ -330,7 +390,8 @@ def test_a_sas_in_the_account_url_is_used_and_never_written_or_printed(run_facto
 
 @pytest.mark.slow
 def test_a_credential_that_cannot_write_results_is_refused_before_training(
-        run_factory: RunFactory, azurite: Azurite, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    run_factory: RunFactory, azurite: Azurite, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Issue 17, item 13: a read-only SAS used to be found out only when the results were
     uploaded, after training. Rank 0 now writes a probe blob where the results go before the
     dataset is staged, names the credential it used, and stops with exit 2 if it may not write."""
@@ -339,13 +400,21 @@ def test_a_credential_that_cannot_write_results_is_refused_before_training(
     monkeypatch.setenv("AZURE_STORAGE_ACCOUNT_URL", azurite.account_url)
     container = f"t{uuid.uuid4().hex[:20]}"
     monkeypatch.setenv("AZURE_STORAGE_SAS_TOKEN", azurite.sas_token("racwdl"))
-    args = ("storage=azure", f"storage.container={container}", f"storage.scratch={tmp_path / 'ssd'}",
-            "data.length=64", "data.val_length=16", "trainer.epochs=1", "trainer.batch_size=8")
+    args = (
+        "storage=azure",
+        f"storage.container={container}",
+        f"storage.scratch={tmp_path / 'ssd'}",
+        "data.length=64",
+        "data.val_length=16",
+        "trainer.epochs=1",
+        "trainer.batch_size=8",
+    )
     ok = run_factory(*args, timeout=180).assert_success()
     where = f"blob://{container}/results/{job_name(ok.job_dir)}"
     assert f"ddlkit: storage=azure: {where} is writable with the SAS token" in ok.stdout
     assert not AzureBlobStorage(AzureBlobConfig(container=container)).exists(
-        f"results/{job_name(ok.job_dir)}/.ddlkit-write-check")  # the probe is gone
+        f"results/{job_name(ok.job_dir)}/.ddlkit-write-check"
+    )  # the probe is gone
 
     monkeypatch.setenv("AZURE_STORAGE_SAS_TOKEN", azurite.sas_token("rl"))
     refused = run_factory(*args, timeout=180).assert_returncode(2)
@@ -359,21 +428,44 @@ def test_a_credential_that_cannot_write_results_is_refused_before_training(
 
 @pytest.mark.slow
 def test_sigterm_while_staging_from_a_silent_endpoint_stops_the_job_at_once(
-        silent_endpoint: SilentEndpoint, azurite: Azurite, tmp_path: Path) -> None:
+    silent_endpoint: SilentEndpoint, azurite: Azurite, tmp_path: Path
+) -> None:
     """Issue 17, item 3: a SIGTERM (a scheduler's cancel) during a stalled download used to wait
     for the kill after the grace period (30 s here); there is nothing to checkpoint yet, so the
     worker stops at once and the launcher reports a resumable stop."""
     job_dir = tmp_path / "job"
-    env = {**os.environ, "DDLKIT_PLUGINS": FAKES_MODULE,
-           "AZURE_STORAGE_CONNECTION_STRING": azurite.connection_string.replace(azurite.account_url,
-                                                                                silent_endpoint.url)}
-    proc = subprocess.Popen([sys.executable, "-m", "ddlkit", "framework=fake", "storage=azure", "data=imagefolder",
-                             "data.root=blob://data/imagenet", f"storage.scratch={tmp_path / 'ssd'}",
-                             f"hydra.run.dir={job_dir}"], cwd=tmp_path, env=env, text=True,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, preexec_fn=interruptible)
+    env = {
+        **os.environ,
+        "DDLKIT_PLUGINS": FAKES_MODULE,
+        "AZURE_STORAGE_CONNECTION_STRING": azurite.connection_string.replace(azurite.account_url, silent_endpoint.url),
+    }
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "ddlkit",
+            "framework=fake",
+            "storage=azure",
+            "data=imagefolder",
+            "data.root=blob://data/imagenet",
+            f"storage.scratch={tmp_path / 'ssd'}",
+            f"hydra.run.dir={job_dir}",
+        ],
+        cwd=tmp_path,
+        env=env,
+        text=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        preexec_fn=interruptible,
+    )
     try:
-        wait_for(lambda: silent_endpoint.connections, "the worker to be inside its first (never answered) request",
-                 timeout=90, pace=0.2, process=proc)
+        wait_for(
+            lambda: silent_endpoint.connections,
+            "the worker to be inside its first (never answered) request",
+            timeout=90,
+            pace=0.2,
+            process=proc,
+        )
         stopped = time.monotonic()
         proc.send_signal(signal.SIGTERM)
         stdout, stderr = proc.communicate(timeout=60)
@@ -386,8 +478,13 @@ def test_sigterm_while_staging_from_a_silent_endpoint_stops_the_job_at_once(
 
 
 #: remote addresses in /proc/net/{tcp,udp}[6] that are this machine: unspecified, 127.0.0.1, ::1, ::ffff:127.0.0.1
-_LOOPBACK_HEX = {"00000000", "0100007F", "00000000000000000000000000000000", "00000000000000000000000001000000",
-                 "0000000000000000FFFF00000100007F"}
+_LOOPBACK_HEX = {
+    "00000000",
+    "0100007F",
+    "00000000000000000000000000000000",
+    "00000000000000000000000001000000",
+    "0000000000000000FFFF00000100007F",
+}
 
 
 def _remote_addresses(pid: int) -> list[str]:

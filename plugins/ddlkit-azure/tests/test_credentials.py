@@ -17,8 +17,11 @@ URL = "https://acct.blob.core.windows.net"
 
 
 def test_sas_is_preferred_then_connection_string_then_default_credential(tmp_path: Path) -> None:
-    env = {"AZURE_STORAGE_SAS_TOKEN": "?sv=1&sig=abc", "AZURE_STORAGE_CONNECTION_STRING": "AccountName=a;AccountKey=k",
-           "AZURE_STORAGE_ACCOUNT": "acct"}
+    env = {
+        "AZURE_STORAGE_SAS_TOKEN": "?sv=1&sig=abc",
+        "AZURE_STORAGE_CONNECTION_STRING": "AccountName=a;AccountKey=k",
+        "AZURE_STORAGE_ACCOUNT": "acct",
+    }
     sas = resolve("auto", env=env)
     assert (sas.kind, sas.secret, sas.account_url) == (Auth.sas, "sv=1&sig=abc", URL)
     del env["AZURE_STORAGE_SAS_TOKEN"]
@@ -42,8 +45,9 @@ def test_secrets_are_read_from_files_and_never_shown(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("conn", ["garbage", "not;a=connection", ";;"])
-def test_a_malformed_connection_string_is_one_line_that_does_not_show_it(conn: str, tmp_path: Path,
-                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_malformed_connection_string_is_one_line_that_does_not_show_it(
+    conn: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Issue 37, item 11: the SDK's ValueError reached the user from a rank, in a 43-line traceback;
     storage=azure's configure (the launcher, before anything runs) now says it in one line."""
     with pytest.raises(ConfigError) as info:
@@ -95,7 +99,9 @@ def test_the_config_holds_references_not_secrets() -> None:
 
 
 def test_the_plugin_imports_no_azure_sdk(tmp_path: Path) -> None:
-    code = ("import sys, ddlkit_azure.plugin, ddlkit_azure.storage, ddlkit_azure.credentials\n"
-            "print(sorted(m for m in sys.modules if m.startswith('azure')))")
+    code = (
+        "import sys, ddlkit_azure.plugin, ddlkit_azure.storage, ddlkit_azure.credentials\n"
+        "print(sorted(m for m in sys.modules if m.startswith('azure')))"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path, timeout=60)
     assert (out.returncode, out.stdout.strip()) == (0, "[]"), out.stderr

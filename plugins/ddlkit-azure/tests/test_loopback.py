@@ -12,6 +12,8 @@ from pathlib import Path
 import certifi
 import pytest
 import requests
+
+from ddlkit_azure.testing import ACCOUNT, ACCOUNT_KEY, Azurite
 from ddlkit_azure.testing.loopback import (
     InterceptingProxy,
     LoopbackServer,
@@ -19,17 +21,20 @@ from ddlkit_azure.testing.loopback import (
     error_body,
     sdk_environment,
 )
-from ddlkit_azure.testing import ACCOUNT, ACCOUNT_KEY, Azurite
 
 
 def test_routes_answer_and_every_request_is_logged(https_loopback: LoopbackServer) -> None:
-    https_loopback.route("PUT", r"/things/(?P<name>[^/]+)",
-                         lambda req, m: Response(201, {"name": m["name"], "got": req.body}))
+    https_loopback.route(
+        "PUT", r"/things/(?P<name>[^/]+)", lambda req, m: Response(201, {"name": m["name"], "got": req.body})
+    )
     https_loopback.route("GET", r"/things/.*", lambda req, m: {"old": True})
     https_loopback.route("GET", r"/things/new", lambda req, m: {"new": True})  # newest route first
 
-    put = requests.put(f"{https_loopback.url}/things/a%20b?api-version=1&x=", json={"k": [1, 2]},
-                       headers={"Authorization": "Bearer very-secret-token", "x-ms-test": "yes"})
+    put = requests.put(
+        f"{https_loopback.url}/things/a%20b?api-version=1&x=",
+        json={"k": [1, 2]},
+        headers={"Authorization": "Bearer very-secret-token", "x-ms-test": "yes"},
+    )
     assert (put.status_code, put.json()) == (201, {"name": "a b", "got": {"k": [1, 2]}})
     assert requests.get(f"{https_loopback.url}/things/new").json() == {"new": True}
     assert requests.get(f"{https_loopback.url}/things/old").json() == {"old": True}
@@ -38,8 +43,11 @@ def test_routes_answer_and_every_request_is_logged(https_loopback: LoopbackServe
 
     log = https_loopback.requests()
     assert [(r.method, r.path, r.matched) for r in log] == [
-        ("PUT", "/things/a b", True), ("GET", "/things/new", True), ("GET", "/things/old", True),
-        ("DELETE", "/nowhere", False)]
+        ("PUT", "/things/a b", True),
+        ("GET", "/things/new", True),
+        ("GET", "/things/old", True),
+        ("DELETE", "/nowhere", False),
+    ]
     first = log[0]
     assert first.query == {"api-version": ["1"], "x": [""]} and first.param("api-version") == "1"
     assert first.body == {"k": [1, 2]} and first.headers["x-ms-test"] == "yes"
@@ -82,8 +90,10 @@ def test_default_azure_credential_signs_in_through_the_stand_in_az(azure_cli_log
     assert other.returncode == 2
 
 
-def test_an_sdk_sends_its_token_to_the_loopback_over_tls(https_loopback: LoopbackServer, azure_cli_login: Path,
-                                                        ) -> None:
+def test_an_sdk_sends_its_token_to_the_loopback_over_tls(
+    https_loopback: LoopbackServer,
+    azure_cli_login: Path,
+) -> None:
     from azure.core import PipelineClient
     from azure.core.pipeline.policies import BearerTokenCredentialPolicy, RetryPolicy
     from azure.core.pipeline.transport import HttpRequest
@@ -99,7 +109,8 @@ def test_an_sdk_sends_its_token_to_the_loopback_over_tls(https_loopback: Loopbac
 
 
 def test_the_proxy_carries_a_templated_host_to_azurite_and_refuses_any_other(
-        https_loopback: LoopbackServer, azurite: Azurite, monkeypatch: pytest.MonkeyPatch) -> None:
+    https_loopback: LoopbackServer, azurite: Azurite, monkeypatch: pytest.MonkeyPatch
+) -> None:
     from azure.storage.blob import BlobServiceClient
 
     host = f"{ACCOUNT}.blob.core.windows.net"

@@ -20,18 +20,33 @@ pytest.importorskip("tensorflow")
 pytest.importorskip("ddlkit_keras")
 pytest.importorskip("ddlkit_mpi")
 
+from ddlkit.testing.multirank import DistJobs, load_weights, needs_mpirun
 from ddlkit_tensorflow.runtime import horovod_problem
 
-from ddlkit.testing.multirank import DistJobs, load_weights, needs_mpirun
-
-pytestmark = [pytest.mark.slow, needs_mpirun,
-              pytest.mark.skipif(horovod_problem("keras") is not None, reason=str(horovod_problem("keras")))]
+pytestmark = [
+    pytest.mark.slow,
+    needs_mpirun,
+    pytest.mark.skipif(horovod_problem("keras") is not None, reason=str(horovod_problem("keras"))),
+]
 
 B = 8
-TRAIN = ["model=resnet18", "data=twin", "data.image_size=32", "data.num_classes=10", f"data.unique={B}",
-         "data.length=64", "trainer.max_steps=2", "trainer.validate=false", "trainer.save_model=false",
-         "trainer.log_every=1", "trainer.warmup_steps=1", "framework.num_threads=1", "trainer.deterministic=true",
-         "optimizer.lr=0.08", "optimizer.warmup_epochs=0"]
+TRAIN = [
+    "model=resnet18",
+    "data=twin",
+    "data.image_size=32",
+    "data.num_classes=10",
+    f"data.unique={B}",
+    "data.length=64",
+    "trainer.max_steps=2",
+    "trainer.validate=false",
+    "trainer.save_model=false",
+    "trainer.log_every=1",
+    "trainer.warmup_steps=1",
+    "framework.num_threads=1",
+    "trainer.deterministic=true",
+    "optimizer.lr=0.08",
+    "optimizer.warmup_epochs=0",
+]
 TWO_RANKS = ["compute=local_mpi", "compute.procs_per_node=2", f"trainer.batch_size={B}"]
 
 
@@ -47,8 +62,9 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     dirs = {name: jobs.base / name for name in ("single", "horovod", "tensorflow-native")}
     jobs.run("framework=keras", *TRAIN, f"trainer.batch_size={2 * B}", job_dir=dirs["single"]).assert_success()
     jobs.run("framework=keras", *TRAIN, *TWO_RANKS, "dist=horovod", job_dir=dirs["horovod"]).assert_success()
-    jobs.run("framework=tensorflow", *TRAIN, *TWO_RANKS, "dist=native",
-             job_dir=dirs["tensorflow-native"]).assert_success()
+    jobs.run(
+        "framework=tensorflow", *TRAIN, *TWO_RANKS, "dist=native", job_dir=dirs["tensorflow-native"]
+    ).assert_success()
     return dirs
 
 

@@ -26,16 +26,29 @@ pytestmark = [
 
 # ResNet-18 at 32 px, 6 steps per epoch, 2 epochs; deterministic kernels so runs compare bit for bit
 COMMON = [
-    "framework=keras", "model=resnet18", "data.image_size=32", "data.num_classes=10", "data.length=96",
-    "data.val_length=32", "trainer.batch_size=16", "trainer.epochs=2", "trainer.log_every=2",
-    "trainer.warmup_steps=2", "trainer.deterministic=true",
+    "framework=keras",
+    "model=resnet18",
+    "data.image_size=32",
+    "data.num_classes=10",
+    "data.length=96",
+    "data.val_length=32",
+    "trainer.batch_size=16",
+    "trainer.epochs=2",
+    "trainer.log_every=2",
+    "trainer.warmup_steps=2",
+    "trainer.deterministic=true",
 ]
 TOTAL_STEPS = 12
 
 
 def ddlkit(job_dir: Path, *overrides: str) -> subprocess.CompletedProcess:
-    proc = subprocess.run([sys.executable, "-m", "ddlkit", *COMMON, *overrides, f"hydra.run.dir={job_dir}"],
-                          cwd=job_dir.parent, capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        [sys.executable, "-m", "ddlkit", *COMMON, *overrides, f"hydra.run.dir={job_dir}"],
+        cwd=job_dir.parent,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
     return proc
 
@@ -103,8 +116,13 @@ def test_the_logged_loss_is_the_batch_loss_not_keras_running_mean(runs: dict) ->
 def test_checkpoints_are_complete_and_no_partial_write_remains(runs: dict) -> None:
     for job in (runs["straight"], runs["resumed"], runs["boundary"]):
         entries = sorted(p.name for p in (job / "checkpoints").iterdir())
-        assert entries == ["latest", "step-00000006.ckpt", "step-00000006.ckpt.manifest.json", "step-00000012.ckpt",
-                           "step-00000012.ckpt.manifest.json"], entries
+        assert entries == [
+            "latest",
+            "step-00000006.ckpt",
+            "step-00000006.ckpt.manifest.json",
+            "step-00000012.ckpt",
+            "step-00000012.ckpt.manifest.json",
+        ], entries
         assert verify(job / "checkpoints" / "step-00000012.ckpt") is None
         meta = json.loads(str(arrays(latest_checkpoint(job))["meta"]))
         assert meta["state"] == {"epoch": 2, "step": TOTAL_STEPS, "batch": 0}
@@ -112,8 +130,7 @@ def test_checkpoints_are_complete_and_no_partial_write_remains(runs: dict) -> No
 
 
 @pytest.mark.parametrize(("job", "resumed_from"), [("resumed", 3), ("boundary", 6)])
-def test_a_resumed_run_ends_with_the_weights_of_an_uninterrupted_one(runs: dict, job: str,
-                                                                     resumed_from: int) -> None:
+def test_a_resumed_run_ends_with_the_weights_of_an_uninterrupted_one(runs: dict, job: str, resumed_from: int) -> None:
     result = json.loads((runs[job] / "result.json").read_text())
     assert result["resumed_from_step"] == resumed_from and result["steps"] == TOTAL_STEPS and result["epochs"] == 2
     a, b = arrays(latest_checkpoint(runs["straight"])), arrays(latest_checkpoint(runs[job]))

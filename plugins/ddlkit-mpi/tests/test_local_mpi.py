@@ -16,19 +16,21 @@ import pytest
 
 import ddlkit
 from ddlkit import ComputeTarget, JobSpec, JobState
+from ddlkit.compute.rank_minder import ErrorFilter
 from ddlkit.testing import add_plugin, alive, make_run, wait_for
 from ddlkit.testing.contracts import ComputeTargetContract
 from ddlkit_mpi import plugin
-from ddlkit.compute.rank_minder import ErrorFilter
 from ddlkit_mpi.rank import node_layout
 from ddlkit_mpi.target import LocalMpiConfig, LocalMpiTarget
 
-needs_mpirun = pytest.mark.skipif(shutil.which("mpirun") is None,
-                                  reason="OpenMPI's mpirun is not installed (apt-get install openmpi-bin)")
+needs_mpirun = pytest.mark.skipif(
+    shutil.which("mpirun") is None, reason="OpenMPI's mpirun is not installed (apt-get install openmpi-bin)"
+)
 
 
-def spec_for(job_dir: Path, code: str, env: dict[str, str] | None = None,
-             secret_env: dict[str, str] | None = None) -> JobSpec:
+def spec_for(
+    job_dir: Path, code: str, env: dict[str, str] | None = None, secret_env: dict[str, str] | None = None
+) -> JobSpec:
     job_dir.mkdir(parents=True, exist_ok=True)
     (job_dir / "job.json").write_text("{}")
     return JobSpec(name=job_dir.name, job_dir=job_dir, args=("-c", code), env=env or {}, secret_env=secret_env or {})
@@ -42,15 +44,22 @@ def test_ranks_fill_the_nodes_one_after_the_other() -> None:
 
 def test_error_filter_passes_error_lines_and_whole_tracebacks() -> None:
     f = ErrorFilter()
-    picked = f.feed(b"step 1 ok\nWARNING: slow\nTraceback (most recent call last):\n  File \"x.py\", line 1\n")
+    picked = f.feed(b'step 1 ok\nWARNING: slow\nTraceback (most recent call last):\n  File "x.py", line 1\n')
     picked += f.feed(b"    boom()\nRuntimeError: the disk is on fire\nstep 2 ok\nCUDA out of memory. Tried")
     picked += f.feed(b" to allocate 2 GiB\n")
-    assert picked == [b"Traceback (most recent call last):", b"  File \"x.py\", line 1", b"    boom()",
-                      b"RuntimeError: the disk is on fire", b"CUDA out of memory. Tried to allocate 2 GiB"]
+    assert picked == [
+        b"Traceback (most recent call last):",
+        b'  File "x.py", line 1',
+        b"    boom()",
+        b"RuntimeError: the disk is on fire",
+        b"CUDA out of memory. Tried to allocate 2 GiB",
+    ]
     # a rank that says rank 0 went silent is heard on the console: rank 0 itself cannot say it
     warning = b"ddlkit: rank 0 has not been heard from for 60 s (last at step 12): stopped or hung?"
     assert f.feed(b"step 3 ok\n" + warning + b"\nddlkit: rank 0 is answering again, after 70 s of silence\n") == [
-        warning, b"ddlkit: rank 0 is answering again, after 70 s of silence"]
+        warning,
+        b"ddlkit: rank 0 is answering again, after 70 s of silence",
+    ]
 
 
 def test_world_size_and_command(tmp_path: Path) -> None:
@@ -62,14 +71,31 @@ def test_world_size_and_command(tmp_path: Path) -> None:
     assert {"--oversubscribe", "--bind-to"} <= set(cmd)
     # the job's environment is passed on by name: no value (no secret) on the command line
     assert [cmd[i + 1] for i, a in enumerate(cmd) if a == "-x"] == [
-        "MASTER_ADDR", "MASTER_PORT", "DDLKIT_CONTROL_ADDR", "PYTHONUNBUFFERED", "OMP_NUM_THREADS",
-        "GLOO_SOCKET_IFNAME", "DDLKIT_PLUGINS", "API_KEY"]
+        "MASTER_ADDR",
+        "MASTER_PORT",
+        "DDLKIT_CONTROL_ADDR",
+        "PYTHONUNBUFFERED",
+        "OMP_NUM_THREADS",
+        "GLOO_SOCKET_IFNAME",
+        "DDLKIT_PLUGINS",
+        "API_KEY",
+    ]
     assert "s3cr3t" not in target.plan(spec)
     minder = cmd.index("ddlkit_mpi.rank")
     # the ranks run in the job directory: the command names none of the launcher's job paths
-    assert cmd[minder - 2:minder + 9] == [sys.executable, "-m", "ddlkit_mpi.rank", "--job-dir", ".",
-                                          "--procs-per-node", "3", "--scratch", str(tmp_path / "ssd"),
-                                          "--cancel-file", ".ddlkit/cancel-requested"]
+    assert cmd[minder - 2 : minder + 9] == [
+        sys.executable,
+        "-m",
+        "ddlkit_mpi.rank",
+        "--job-dir",
+        ".",
+        "--procs-per-node",
+        "3",
+        "--scratch",
+        str(tmp_path / "ssd"),
+        "--cancel-file",
+        ".ddlkit/cancel-requested",
+    ]
     assert cmd[-4:] == ["--", sys.executable, "-c", "pass"]
     assert str(tmp_path / "job") not in target.plan(spec)
     default = LocalMpiTarget(LocalMpiConfig()).command(spec)
@@ -78,8 +104,9 @@ def test_world_size_and_command(tmp_path: Path) -> None:
     assert target.command(spec, python="python3")[-3:] == ["python3", "-c", "pass"]
 
 
-def test_environment_gives_loopback_rendezvous_and_shares_the_cores(tmp_path: Path,
-                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+def test_environment_gives_loopback_rendezvous_and_shares_the_cores(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
     target = LocalMpiTarget(LocalMpiConfig(nodes=1, procs_per_node=2))
     env = target.environment(spec_for(tmp_path, "pass", env={"PLAIN": "p"}, secret_env={"SECRET_TOKEN": "s3cr3t"}))
@@ -147,7 +174,11 @@ def test_simulated_nodes_have_their_own_layout_and_scratch(tmp_path: Path) -> No
     assert handle.wait(timeout=60).state is JobState.SUCCEEDED
     seen = [json.loads((tmp_path / "job" / f"rank-{r}.log").read_text()) for r in range(4)]
     assert [(s["rank"], s["node"], s["local_rank"], s["local_size"], s["world"]) for s in seen] == [
-        (0, 0, 0, 2, 4), (1, 0, 1, 2, 4), (2, 1, 0, 2, 4), (3, 1, 1, 2, 4)]
+        (0, 0, 0, 2, 4),
+        (1, 0, 1, 2, 4),
+        (2, 1, 0, 2, 4),
+        (3, 1, 1, 2, 4),
+    ]
     assert [s["scratch"] for s in seen] == [str(tmp_path / "ssd" / f"node-{n}") for n in (0, 0, 1, 1)]
     assert (tmp_path / "ssd" / "node-0").is_dir() and (tmp_path / "ssd" / "node-1").is_dir()
     # the console is rank 0's output only
@@ -205,8 +236,10 @@ def test_a_killed_rank_ends_the_whole_job_within_seconds(tmp_path: Path) -> None
     took = time.monotonic() - t0
     assert took < 5, f"the job took {took:.1f} s to end after rank 2 died"
     assert (status.state, status.exit_code) == (JobState.FAILED, -9)
-    assert status.message.startswith("rank 2 (node 1) failed first, with killed by signal SIGKILL; last lines of "
-                                      f"{job_dir / 'rank-2.log'}:\n    rank 2 is working")
+    assert status.message.startswith(
+        "rank 2 (node 1) failed first, with killed by signal SIGKILL; last lines of "
+        f"{job_dir / 'rank-2.log'}:\n    rank 2 is working"
+    )
     assert not [p for p in pids.values() if alive(p)]
     assert not alive(mpirun)
 
@@ -298,27 +331,62 @@ def _rank_process(job_dir: Path, module: str, rank: int) -> int | None:
 
 @pytest.mark.slow
 @needs_mpirun
-@pytest.mark.parametrize(("module", "sig", "headline"), [
-    ("ddlkit_mpi.rank", signal.SIGKILL, "rank 1 was killed by signal SIGKILL first; rank 0 (node 0) failed waiting "
-                                        "for it, with exit status 76; last lines of "),
-    ("ddlkit.rank.worker", signal.SIGSTOP, "rank 1 stopped answering first; rank 0 (node 0) failed waiting for it, "
-                                           "with exit status 76; last lines of "),
-], ids=["wrapper-killed", "worker-stopped"])
+@pytest.mark.parametrize(
+    ("module", "sig", "headline"),
+    [
+        (
+            "ddlkit_mpi.rank",
+            signal.SIGKILL,
+            "rank 1 was killed by signal SIGKILL first; rank 0 (node 0) failed waiting "
+            "for it, with exit status 76; last lines of ",
+        ),
+        (
+            "ddlkit.rank.worker",
+            signal.SIGSTOP,
+            "rank 1 stopped answering first; rank 0 (node 0) failed waiting for it, "
+            "with exit status 76; last lines of ",
+        ),
+    ],
+    ids=["wrapper-killed", "worker-stopped"],
+)
 def test_the_headline_names_the_rank_that_failed_first_not_the_one_that_waited(
-        module: str, sig: signal.Signals, headline: str, tmp_path: Path) -> None:
+    module: str, sig: signal.Signals, headline: str, tmp_path: Path
+) -> None:
     """Rank 1 stopped, or its rank wrapper killed: it reports nothing, rank 0 fails waiting for it
     and was named as the rank that failed (issue 23, minor)."""
     job_dir = tmp_path / "job"
     env = {**os.environ, "DDLKIT_PLUGINS": "ddlkit.testing.fakes"}
-    launcher = subprocess.Popen([sys.executable, "-m", "ddlkit", "framework=fake", "compute=local_mpi",
-                                 "compute.procs_per_node=2", "dist=native", "framework.step_delay_s=0.2",
-                                 "data.length=6400", "dist.timeout_s=5", "dist.warn_after_s=2",
-                                 "restart.max_restarts=0", f"hydra.run.dir={job_dir}"], cwd=tmp_path, env=env,
-                                text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    launcher = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "ddlkit",
+            "framework=fake",
+            "compute=local_mpi",
+            "compute.procs_per_node=2",
+            "dist=native",
+            "framework.step_delay_s=0.2",
+            "data.length=6400",
+            "dist.timeout_s=5",
+            "dist.warn_after_s=2",
+            "restart.max_restarts=0",
+            f"hydra.run.dir={job_dir}",
+        ],
+        cwd=tmp_path,
+        env=env,
+        text=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
     try:
         log = job_dir / "rank-0.log"
-        wait_for(lambda: log.is_file() and "step 10/" in log.read_text(), "the job to train", timeout=90, pace=0.2,
-                 process=launcher)
+        wait_for(
+            lambda: log.is_file() and "step 10/" in log.read_text(),
+            "the job to train",
+            timeout=90,
+            pace=0.2,
+            process=launcher,
+        )
         pid = _rank_process(job_dir, module, 1)
         assert pid is not None
         os.kill(pid, sig)

@@ -39,8 +39,9 @@ from ddlkit_mpi.hosts import (
 from ddlkit_mpi.rank import host_node
 from ddlkit_mpi.target import MpiConfig, MpiTarget, is_this_host
 
-needs_mpirun = pytest.mark.skipif(shutil.which("mpirun") is None,
-                                  reason="OpenMPI's mpirun is not installed (apt-get install openmpi-bin)")
+needs_mpirun = pytest.mark.skipif(
+    shutil.which("mpirun") is None, reason="OpenMPI's mpirun is not installed (apt-get install openmpi-bin)"
+)
 #: a second name for this machine that OpenMPI does not take for its own (no interface has it;
 #: Linux routes all of 127.0.0.0/8 to the loopback device)
 OTHER_NAME = "127.0.0.2"
@@ -59,8 +60,9 @@ def write(path: Path, text: str) -> Path:
     return path
 
 
-def spec_for(job_dir: Path, code: str, env: dict[str, str] | None = None,
-             secret_env: dict[str, str] | None = None) -> JobSpec:
+def spec_for(
+    job_dir: Path, code: str, env: dict[str, str] | None = None, secret_env: dict[str, str] | None = None
+) -> JobSpec:
     job_dir.mkdir(parents=True, exist_ok=True)
     (job_dir / "job.json").write_text("{}")
     return JobSpec(name=job_dir.name, job_dir=job_dir, args=("-c", code), env=env or {}, secret_env=secret_env or {})
@@ -68,7 +70,9 @@ def spec_for(job_dir: Path, code: str, env: dict[str, str] | None = None,
 
 # ---------------------------------------------------------------------------- hostfiles
 def test_hostfile_syntax(tmp_path: Path) -> None:
-    hostfile = write(tmp_path / "hosts", """
+    hostfile = write(
+        tmp_path / "hosts",
+        """
         # the cluster
         node1 slots=4            # a comment after a host
         node2 slots=4 max_slots=8
@@ -76,24 +80,29 @@ def test_hostfile_syntax(tmp_path: Path) -> None:
         10.0.0.7
         node1 slots=2
         fd00::2 slots=1
-    """)
+    """,
+    )
     assert parse_hostfile(hostfile) == [Host("node1", 6), Host("node2", 4), Host("10.0.0.7", None), Host("fd00::2", 1)]
 
 
-@pytest.mark.parametrize(("line", "why"), [
-    ("node1 slots=abc", "slots=abc is not a positive integer"),
-    ("node1 slots=0", "slots=0 is not a positive integer"),
-    ("node1 cores=4", "unknown key 'cores'"),
-    ("node1 slots", "'slots' is not `key=value`"),
-    ("slots=4", "'slots=4' is not a host name"),
-    ("node/1", "'node/1' is not a host name"),
-])
+@pytest.mark.parametrize(
+    ("line", "why"),
+    [
+        ("node1 slots=abc", "slots=abc is not a positive integer"),
+        ("node1 slots=0", "slots=0 is not a positive integer"),
+        ("node1 cores=4", "unknown key 'cores'"),
+        ("node1 slots", "'slots' is not `key=value`"),
+        ("slots=4", "'slots=4' is not a host name"),
+        ("node/1", "'node/1' is not a host name"),
+    ],
+)
 def test_a_bad_hostfile_line_is_named(tmp_path: Path, line: str, why: str) -> None:
     hostfile = write(tmp_path / "hosts", f"node0 slots=2\n\n{line}\n")
     with pytest.raises(ddlkit.ConfigError) as e:
         parse_hostfile(hostfile, what="compute.hostfile")
-    assert str(e.value) == (f"compute.hostfile {hostfile}, line 3: {why} in {line!r} "
-                            "(expected `host [slots=N] [max_slots=M]`).")
+    assert str(e.value) == (
+        f"compute.hostfile {hostfile}, line 3: {why} in {line!r} (expected `host [slots=N] [max_slots=M]`)."
+    )
 
 
 def test_missing_and_empty_hostfiles(tmp_path: Path) -> None:
@@ -126,8 +135,13 @@ def test_slurm_node_lists() -> None:
 def test_hosts_come_from_the_scheduler_in_order(tmp_path: Path) -> None:
     batchai = write(tmp_path / "batchai", "10.0.0.4 slots=2\n10.0.0.5 slots=2\n")
     pbs = write(tmp_path / "pbs", "n1\nn1\nn2\nn2\n")
-    env = {"AZ_BATCHAI_MPI_HOST_FILE": str(batchai), "AZ_BATCH_HOST_LIST": "10.0.0.8,10.0.0.9",
-           "PBS_NODEFILE": str(pbs), "SLURM_JOB_NODELIST": "gpu[1-2]", "SLURM_TASKS_PER_NODE": "4(x2)"}
+    env = {
+        "AZ_BATCHAI_MPI_HOST_FILE": str(batchai),
+        "AZ_BATCH_HOST_LIST": "10.0.0.8,10.0.0.9",
+        "PBS_NODEFILE": str(pbs),
+        "SLURM_JOB_NODELIST": "gpu[1-2]",
+        "SLURM_TASKS_PER_NODE": "4(x2)",
+    }
     assert discover([], None, env) == ([Host("10.0.0.4", 2), Host("10.0.0.5", 2)], "$AZ_BATCHAI_MPI_HOST_FILE")
     del env["AZ_BATCHAI_MPI_HOST_FILE"]
     assert discover([], None, env) == ([Host("10.0.0.8"), Host("10.0.0.9")], "$AZ_BATCH_HOST_LIST")
@@ -163,7 +177,8 @@ def test_no_hosts_anywhere_says_where_it_looked() -> None:
     assert str(e.value) == (
         "compute=mpi found no hosts: set compute.hosts=[host:slots,...] or compute.hostfile=FILE, or run it inside "
         "a cluster job; looked at compute.hosts, compute.hostfile, $AZ_BATCHAI_MPI_HOST_FILE, $AZ_BATCH_HOST_LIST, "
-        "$PBS_NODEFILE, $SLURM_JOB_NODELIST, $SLURM_NODELIST (all unset).")
+        "$PBS_NODEFILE, $SLURM_JOB_NODELIST, $SLURM_NODELIST (all unset)."
+    )
 
 
 # ---------------------------------------------------------------------------- the target
@@ -204,10 +219,15 @@ def test_more_ranks_than_slots_is_a_config_error(tmp_path: Path) -> None:
     hostfile = write(tmp_path / "hosts", "a slots=4\nb slots=2\n")
     with pytest.raises(ddlkit.ConfigError) as e:
         _ = MpiTarget(MpiConfig(hostfile=str(hostfile), procs_per_node=4)).world_size
-    assert str(e.value) == (f"compute=mpi asks for 8 ranks (compute.procs_per_node=4 on 2 hosts) but the hosts have "
-                            f"6 slots: b has 2 (from compute.hostfile={hostfile}).")
-    with pytest.raises(ddlkit.ConfigError, match=r"compute.nodes=3 asks for more hosts than compute.hosts names "
-                                                 r"\(2: a, b\)"):
+    assert str(e.value) == (
+        f"compute=mpi asks for 8 ranks (compute.procs_per_node=4 on 2 hosts) but the hosts have "
+        f"6 slots: b has 2 (from compute.hostfile={hostfile})."
+    )
+    with pytest.raises(
+        ddlkit.ConfigError,
+        match=r"compute.nodes=3 asks for more hosts than compute.hosts names "
+        r"\(2: a, b\)",
+    ):
         _ = MpiTarget(MpiConfig(hosts=["a:1", "b:1"], nodes=3)).world_size
     with pytest.raises(ddlkit.ConfigError, match="compute.master_port=65535 is invalid"):
         MpiTarget(MpiConfig(hosts=["a"], master_port=65535))
@@ -217,17 +237,58 @@ def test_more_ranks_than_slots_is_a_config_error(tmp_path: Path) -> None:
 
 def test_the_command_line(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
-    target = MpiTarget(MpiConfig(hosts=["node1:4", "node2:4"], python="/opt/conda/bin/python",
-                                 scratch="/mnt/resource/ddlkit", mpirun_args=["--mca", "btl_tcp_if_include", "eth0"]))
+    target = MpiTarget(
+        MpiConfig(
+            hosts=["node1:4", "node2:4"],
+            python="/opt/conda/bin/python",
+            scratch="/mnt/resource/ddlkit",
+            mpirun_args=["--mca", "btl_tcp_if_include", "eth0"],
+        )
+    )
     spec = spec_for(tmp_path / "job", "pass", env={"DDLKIT_PLUGINS": "extra"}, secret_env={"WANDB_API_KEY": "k3y"})
     assert target.command(spec) == [
-        "mpirun", "-np", "8", "-H", "node1:4,node2:4", "--bind-to", "none", "--map-by", "slot",
-        "-x", "MASTER_ADDR", "-x", "MASTER_PORT", "-x", "DDLKIT_CONTROL_ADDR", "-x", "PYTHONUNBUFFERED",
-        "-x", "OMP_NUM_THREADS", "-x", "DDLKIT_PLUGINS", "-x", "WANDB_API_KEY",
-        "--mca", "btl_tcp_if_include", "eth0",
-        "/opt/conda/bin/python", "-m", "ddlkit_mpi.rank", "--job-dir", ".", "--node-sizes", "4,4",
-        "--scratch", "/mnt/resource/ddlkit", "--cancel-file", ".ddlkit/cancel-requested",
-        "--", "/opt/conda/bin/python", "-c", "pass"]
+        "mpirun",
+        "-np",
+        "8",
+        "-H",
+        "node1:4,node2:4",
+        "--bind-to",
+        "none",
+        "--map-by",
+        "slot",
+        "-x",
+        "MASTER_ADDR",
+        "-x",
+        "MASTER_PORT",
+        "-x",
+        "DDLKIT_CONTROL_ADDR",
+        "-x",
+        "PYTHONUNBUFFERED",
+        "-x",
+        "OMP_NUM_THREADS",
+        "-x",
+        "DDLKIT_PLUGINS",
+        "-x",
+        "WANDB_API_KEY",
+        "--mca",
+        "btl_tcp_if_include",
+        "eth0",
+        "/opt/conda/bin/python",
+        "-m",
+        "ddlkit_mpi.rank",
+        "--job-dir",
+        ".",
+        "--node-sizes",
+        "4,4",
+        "--scratch",
+        "/mnt/resource/ddlkit",
+        "--cancel-file",
+        ".ddlkit/cancel-requested",
+        "--",
+        "/opt/conda/bin/python",
+        "-c",
+        "pass",
+    ]
     plan = target.plan(spec)
     assert shlex.split(plan) == target.command(spec)
     assert "k3y" not in plan and str(tmp_path) not in plan
@@ -248,8 +309,10 @@ def test_without_hosts_the_error_comes_when_they_are_needed(tmp_path: Path) -> N
     for needs_hosts in (lambda: target.world_size, lambda: target.plan(spec_for(tmp_path / "job", "pass"))):
         with pytest.raises(ddlkit.ConfigError, match="^compute=mpi found no hosts"):
             needs_hosts()
-    write(tmp_path / "job" / ".ddlkit" / "mpi-layout.json",
-          json.dumps({"world_size": 6, "node_sizes": [4, 2], "node_names": ["a", "b"]}))
+    write(
+        tmp_path / "job" / ".ddlkit" / "mpi-layout.json",
+        json.dumps({"world_size": 6, "node_sizes": [4, 2], "node_names": ["a", "b"]}),
+    )
     handle = target.attach("999999", job_dir=tmp_path / "job")
     assert (handle.world_size, handle.node_names) == (6, ("a", "b"))
     with pytest.raises(ddlkit.ConfigError, match="^compute=mpi found no hosts"):
@@ -278,8 +341,10 @@ def test_mpiruns_own_host_comes_first() -> None:
 
 def test_node_of_a_rank_on_real_hosts() -> None:
     # hosts of 3, 2 and 3 ranks: OpenMPI's local rank and size, and the block each host's ranks form
-    seen = [host_node(rank, local, size, [3, 2, 3]) for rank, local, size in
-            [(0, 0, 3), (2, 2, 3), (3, 0, 2), (4, 1, 2), (5, 0, 3), (7, 2, 3)]]
+    seen = [
+        host_node(rank, local, size, [3, 2, 3])
+        for rank, local, size in [(0, 0, 3), (2, 2, 3), (3, 0, 2), (4, 1, 2), (5, 0, 3), (7, 2, 3)]
+    ]
     assert seen == [0, 0, 1, 1, 2, 2]
 
 
@@ -288,11 +353,34 @@ def run_rank_minder(job_dir: Path, code: str, *args: str, env: dict[str, str] | 
     import subprocess
 
     job_dir.mkdir(parents=True, exist_ok=True)
-    full_env = {**os.environ, "OMPI_COMM_WORLD_RANK": "0", "OMPI_COMM_WORLD_LOCAL_RANK": "0",
-                "OMPI_COMM_WORLD_LOCAL_SIZE": "1", **(env or {})}
-    return subprocess.run([sys.executable, "-m", "ddlkit_mpi.rank", "--job-dir", ".", "--node-sizes", "1", *args,
-                           "--", sys.executable, "-c", code], cwd=job_dir, env=full_env, capture_output=True,
-                          text=True, timeout=60)
+    full_env = {
+        **os.environ,
+        "OMPI_COMM_WORLD_RANK": "0",
+        "OMPI_COMM_WORLD_LOCAL_RANK": "0",
+        "OMPI_COMM_WORLD_LOCAL_SIZE": "1",
+        **(env or {}),
+    }
+    return subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "ddlkit_mpi.rank",
+            "--job-dir",
+            ".",
+            "--node-sizes",
+            "1",
+            *args,
+            "--",
+            sys.executable,
+            "-c",
+            code,
+        ],
+        cwd=job_dir,
+        env=full_env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
 
 
 def test_a_rank_that_starts_after_a_cancel_stops_at_once(tmp_path: Path) -> None:
@@ -311,8 +399,11 @@ def test_a_rank_that_starts_after_a_cancel_stops_at_once(tmp_path: Path) -> None
 
 
 def test_a_rank_outside_the_job_directory_refuses_to_start(tmp_path: Path) -> None:
-    done = run_rank_minder(tmp_path / "home", "print('should not run')",
-                           env={"OMPI_MCA_initial_wdir": str(tmp_path / "job-on-the-launcher")})
+    done = run_rank_minder(
+        tmp_path / "home",
+        "print('should not run')",
+        env={"OMPI_MCA_initial_wdir": str(tmp_path / "job-on-the-launcher")},
+    )
     assert done.returncode == 1
     assert f"the job directory {tmp_path / 'job-on-the-launcher'} does not exist on host" in done.stderr
     assert "should not run" not in done.stdout
@@ -328,8 +419,9 @@ def test_plugin_registers_mpi(ddlkit_pm) -> None:
 
 # ---------------------------------------------------------------------------- through the CLI
 def test_ddlkit_plan_prints_the_mpirun_command(run_factory: RunFactory, tmp_path: Path) -> None:
-    out = run_factory.cli("plan", "compute=mpi", "compute.hosts=[node1:2,node2:2]", "dist=native",
-                          "compute.mpirun=no-such-mpirun").assert_success()
+    out = run_factory.cli(
+        "plan", "compute=mpi", "compute.hosts=[node1:2,node2:2]", "dist=native", "compute.mpirun=no-such-mpirun"
+    ).assert_success()
     runs = next(line for line in out.stdout.splitlines() if line.strip().startswith("runs: "))
     command = shlex.split(runs.split("runs: ", 1)[1])
     assert command[:5] == ["no-such-mpirun", "-np", "4", "-H", "node1:2,node2:2"]
@@ -339,10 +431,13 @@ def test_ddlkit_plan_prints_the_mpirun_command(run_factory: RunFactory, tmp_path
 
 def test_too_many_ranks_through_the_cli_is_one_line_exit_2(run_factory: RunFactory, tmp_path: Path) -> None:
     hostfile = write(tmp_path / "hosts", "node1 slots=2\nnode2 slots=1\n")
-    out = run_factory("compute=mpi", f"compute.hostfile={hostfile}", "compute.procs_per_node=2",
-                      "dist=native").assert_returncode(2)
-    assert out.stderr == ("ddlkit: error: compute=mpi asks for 4 ranks (compute.procs_per_node=2 on 2 hosts) but the "
-                          f"hosts have 3 slots: node2 has 1 (from compute.hostfile={hostfile}).\n")
+    out = run_factory(
+        "compute=mpi", f"compute.hostfile={hostfile}", "compute.procs_per_node=2", "dist=native"
+    ).assert_returncode(2)
+    assert out.stderr == (
+        "ddlkit: error: compute=mpi asks for 4 ranks (compute.procs_per_node=2 on 2 hosts) but the "
+        f"hosts have 3 slots: node2 has 1 (from compute.hostfile={hostfile}).\n"
+    )
     out = run_factory("compute=mpi", "dist=native").assert_returncode(2)
     assert out.stderr.startswith("ddlkit: error: compute=mpi found no hosts: ") and out.stderr.count("\n") == 1
 
@@ -350,8 +445,10 @@ def test_too_many_ranks_through_the_cli_is_one_line_exit_2(run_factory: RunFacto
 def test_bad_hostfile_through_the_cli_is_one_line_exit_2(run_factory: RunFactory, tmp_path: Path) -> None:
     hostfile = write(tmp_path / "hosts", "node1 slots=2\nnode2 slots=many\n")
     out = run_factory("compute=mpi", f"compute.hostfile={hostfile}", "dist=native").assert_returncode(2)
-    assert out.stderr == (f"ddlkit: error: compute.hostfile {hostfile}, line 2: slots=many is not a positive integer "
-                          "in 'node2 slots=many' (expected `host [slots=N] [max_slots=M]`).\n")
+    assert out.stderr == (
+        f"ddlkit: error: compute.hostfile {hostfile}, line 2: slots=many is not a positive integer "
+        "in 'node2 slots=many' (expected `host [slots=N] [max_slots=M]`).\n"
+    )
     out = run_factory("compute=mpi", f"compute.hostfile={hostfile}x", "dist=native").assert_returncode(2)
     assert out.stderr == f"ddlkit: error: compute.hostfile {hostfile}x does not exist.\n"
 
@@ -380,12 +477,20 @@ exec setsid env -i HOME="$HOME" PATH="$PATH" /bin/sh -c "$*"
 
     @property
     def overrides(self) -> list[str]:
-        return ["compute=mpi", f"compute.hostfile={self.hostfile}", f"compute.master_port={self.port}",
-                f"compute.mpirun_args=[--mca,plm_rsh_agent,{self.agent}]"]
+        return [
+            "compute=mpi",
+            f"compute.hostfile={self.hostfile}",
+            f"compute.master_port={self.port}",
+            f"compute.mpirun_args=[--mca,plm_rsh_agent,{self.agent}]",
+        ]
 
     def config(self, **kw: object) -> MpiConfig:
-        return MpiConfig(hostfile=str(self.hostfile), master_port=self.port,
-                         mpirun_args=["--mca", "plm_rsh_agent", str(self.agent)], **kw)
+        return MpiConfig(
+            hostfile=str(self.hostfile),
+            master_port=self.port,
+            mpirun_args=["--mca", "plm_rsh_agent", str(self.agent)],
+            **kw,
+        )
 
     def remote_logins(self) -> list[str]:
         return self.logins.read_text().split() if self.logins.exists() else []
@@ -429,30 +534,42 @@ def test_ranks_learn_their_host_layout_and_get_the_jobs_environment(tmp_path: Pa
     assert two_hosts.remote_logins() == [OTHER_NAME]  # OpenMPI took 127.0.0.2 for another host
     seen = [json.loads((job_dir / f"rank-{r}.log").read_text()) for r in range(4)]
     assert [(s["rank"], s["node"], s["local_rank"], s["local_size"], s["world"]) for s in seen] == [
-        (0, 0, 0, 3, 4), (1, 0, 1, 3, 4), (2, 0, 2, 3, 4), (3, 1, 0, 1, 4)]
+        (0, 0, 0, 3, 4),
+        (1, 0, 1, 3, 4),
+        (2, 0, 2, 3, 4),
+        (3, 1, 0, 1, 4),
+    ]
     # rank 3 started from the bare "login": only what mpirun passed on reached it
     assert [s["bare"] for s in seen] == [False, False, False, True]
     # rank 0 runs on the first host, "localhost": the other host reaches it by this machine's name
     host = socket.gethostname()
     assert {(s["master"], s["control"], s["plain"], s["secret"], s["cwd"]) for s in seen} == {
-        (host, f"{host}:{two_hosts.port + 1}", "plain", "s3", str(job_dir))}
+        (host, f"{host}:{two_hosts.port + 1}", "plain", "s3", str(job_dir))
+    }
     # compute.scratch is expanded on the node ($HOME there), node-K below it
     assert [Path(s["scratch"]).resolve() for s in seen] == [tmp_path / "ssd" / f"node-{n}" for n in (0, 0, 0, 1)]
     assert json.loads(console.strip()) == seen[0]
     assert json.loads((job_dir / ".ddlkit" / "mpi-layout.json").read_text()) == {
-        "world_size": 4, "node_sizes": [3, 1], "node_names": ["localhost", OTHER_NAME]}
+        "world_size": 4,
+        "node_sizes": [3, 1],
+        "node_names": ["localhost", OTHER_NAME],
+    }
 
 
 @pytest.mark.slow
 @needs_mpirun
 def test_a_failing_rank_on_the_other_host_is_named(two_hosts: TwoHosts, tmp_path: Path) -> None:
-    code = ("import os, sys; r = os.environ['OMPI_COMM_WORLD_RANK']; print('rank', r, flush=True); "
-            "sys.exit(3 if r == '3' else 0)")
+    code = (
+        "import os, sys; r = os.environ['OMPI_COMM_WORLD_RANK']; print('rank', r, flush=True); "
+        "sys.exit(3 if r == '3' else 0)"
+    )
     handle = MpiTarget(two_hosts.config()).submit(spec_for(tmp_path / "job", code))
     status = handle.wait(timeout=60)
     assert (status.state, status.exit_code) == (JobState.FAILED, 3)
-    assert status.message.startswith(f"rank 3 (node 1, host {OTHER_NAME}) failed first, with exit status 3; "
-                                     f"last lines of {tmp_path / 'job' / 'rank-3.log'}:\n    rank 3")
+    assert status.message.startswith(
+        f"rank 3 (node 1, host {OTHER_NAME}) failed first, with exit status 3; "
+        f"last lines of {tmp_path / 'job' / 'rank-3.log'}:\n    rank 3"
+    )
 
 
 #: how long each rank takes to checkpoint when asked to stop: a rank asked only once the others
@@ -495,13 +612,22 @@ def test_cancel_reaches_the_ranks_on_every_host_through_mpirun(two_hosts: TwoHos
 
 @pytest.mark.slow
 @needs_mpirun
-def test_a_four_rank_job_trains_across_the_two_hosts(two_hosts: TwoHosts, run_factory: RunFactory,
-                                                    tmp_path: Path) -> None:
+def test_a_four_rank_job_trains_across_the_two_hosts(
+    two_hosts: TwoHosts, run_factory: RunFactory, tmp_path: Path
+) -> None:
     job_dir = tmp_path / "train"
     t0 = time.monotonic()
-    out = run_factory(*two_hosts.overrides, "dist=native", "trainer.epochs=2", "data.length=256",
-                      "data.val_length=64", "trainer.batch_size=8", "trainer.log_every=2", job_dir=job_dir,
-                      timeout=240).assert_success()
+    out = run_factory(
+        *two_hosts.overrides,
+        "dist=native",
+        "trainer.epochs=2",
+        "data.length=256",
+        "data.val_length=64",
+        "trainer.batch_size=8",
+        "trainer.log_every=2",
+        job_dir=job_dir,
+        timeout=240,
+    ).assert_success()
     took = time.monotonic() - t0
     result = out.result
     assert (result["status"], result["world_size"], result["global_batch_size"]) == ("completed", 4, 32)
@@ -516,15 +642,27 @@ def test_a_four_rank_job_trains_across_the_two_hosts(two_hosts: TwoHosts, run_fa
 
 @pytest.mark.slow
 @needs_mpirun
-def test_a_four_rank_pytorch_job_trains_across_the_two_hosts(two_hosts: TwoHosts, run_factory: RunFactory,
-                                                            tmp_path: Path) -> None:
+def test_a_four_rank_pytorch_job_trains_across_the_two_hosts(
+    two_hosts: TwoHosts, run_factory: RunFactory, tmp_path: Path
+) -> None:
     pytest.importorskip("ddlkit_pytorch")
     job_dir = tmp_path / "torch"
     t0 = time.monotonic()
-    out = run_factory(*two_hosts.overrides, "framework=pytorch", "model=resnet18", "dist=native",
-                      "data.image_size=32", "data.num_classes=10", "data.length=128", "data.val_length=32",
-                      "trainer.batch_size=4", "trainer.epochs=1", "trainer.log_every=2",
-                      job_dir=job_dir, timeout=400).assert_success()
+    out = run_factory(
+        *two_hosts.overrides,
+        "framework=pytorch",
+        "model=resnet18",
+        "dist=native",
+        "data.image_size=32",
+        "data.num_classes=10",
+        "data.length=128",
+        "data.val_length=32",
+        "trainer.batch_size=4",
+        "trainer.epochs=1",
+        "trainer.log_every=2",
+        job_dir=job_dir,
+        timeout=400,
+    ).assert_success()
     took = time.monotonic() - t0
     assert (out.result["world_size"], out.result["steps"]) == (4, 128 // 16)
     assert (job_dir / "model.pt").is_file()

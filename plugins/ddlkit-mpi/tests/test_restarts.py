@@ -24,19 +24,37 @@ from ddlkit.testing import alive, wait_for
 from ddlkit.testing.fakes import MODEL_FILE
 from ddlkit.testing.multirank import worker_pids
 
-pytestmark = [pytest.mark.slow,
-              pytest.mark.skipif(shutil.which("mpirun") is None, reason="needs OpenMPI's mpirun")]
+pytestmark = [pytest.mark.slow, pytest.mark.skipif(shutil.which("mpirun") is None, reason="needs OpenMPI's mpirun")]
 
 # 2 ranks, 16 steps (2 epochs of 8), a checkpoint every 4 steps
-JOB = ("framework=fake", "compute=local_mpi", "compute.procs_per_node=2", "dist=native", "data.image_size=8",
-       "data.num_classes=4", "data.length=256", "data.val_length=32", "trainer.batch_size=16", "trainer.epochs=2",
-       "trainer.log_every=1", "trainer.checkpoint_every=4", "trainer.deterministic=true", "restart.backoff_s=0")
+JOB = (
+    "framework=fake",
+    "compute=local_mpi",
+    "compute.procs_per_node=2",
+    "dist=native",
+    "data.image_size=8",
+    "data.num_classes=4",
+    "data.length=256",
+    "data.val_length=32",
+    "trainer.batch_size=16",
+    "trainer.epochs=2",
+    "trainer.log_every=1",
+    "trainer.checkpoint_every=4",
+    "trainer.deterministic=true",
+    "restart.backoff_s=0",
+)
 
 
 def ddlkit(tmp_path: Path, job: str, *overrides: str) -> subprocess.CompletedProcess:
     env = {**os.environ, "DDLKIT_PLUGINS": "ddlkit.testing.fakes"}
-    return subprocess.run([sys.executable, "-m", "ddlkit", *JOB, *overrides, f"hydra.run.dir={tmp_path / job}"],
-                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    return subprocess.run(
+        [sys.executable, "-m", "ddlkit", *JOB, *overrides, f"hydra.run.dir={tmp_path / job}"],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
 
 
 def record(job_dir: Path) -> dict:
@@ -71,16 +89,34 @@ def ended_as_if_nothing_happened(job_dir: Path, straight: bytes, *, restarts: in
 def start(tmp_path: Path, job: str, *overrides: str) -> subprocess.Popen:
     """A launcher in the background whose steps last long enough to signal its ranks mid-job."""
     env = {**os.environ, "DDLKIT_PLUGINS": "ddlkit.testing.fakes"}
-    return subprocess.Popen([sys.executable, "-m", "ddlkit", *JOB, "framework.step_delay_s=0.4", *overrides,
-                             f"hydra.run.dir={tmp_path / job}"], cwd=tmp_path, env=env, text=True,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    return subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "ddlkit",
+            *JOB,
+            "framework.step_delay_s=0.4",
+            *overrides,
+            f"hydra.run.dir={tmp_path / job}",
+        ],
+        cwd=tmp_path,
+        env=env,
+        text=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
 
 
 def at_step(launcher: subprocess.Popen, job_dir: Path, step: int) -> dict[int, int]:
     """Once rank 0 has reported ``step``: {rank: pid} of the job's workers."""
     log = job_dir / "rank-0.log"
-    wait_for(lambda: log.is_file() and f"step {step}/" in log.read_text(), f"the job to reach step {step}",
-             timeout=120, pace=0.1, process=launcher)
+    wait_for(
+        lambda: log.is_file() and f"step {step}/" in log.read_text(),
+        f"the job to reach step {step}",
+        timeout=120,
+        pace=0.1,
+        process=launcher,
+    )
     pids = worker_pids(job_dir)
     assert sorted(pids) == [0, 1], pids
     return pids
@@ -90,9 +126,10 @@ def test_a_killed_rank_restarts_the_job_which_ends_as_if_nothing_happened(tmp_pa
     killed = ddlkit(tmp_path, "killed", "framework.kill_at_step=7", "framework.kill_rank=1")
     assert killed.returncode == 0, killed.stdout[-3000:] + killed.stderr[-3000:]
     # rank 1 died before step 7 ended: step 6 was the last one rank 0 reported, step 4 the last checkpoint
-    assert ("ddlkit: restart 1/3: a rank was killed by SIGKILL from outside (a lost node, a preemption); it ended at "
-            "step 6 (rank 1 (node 0) failed first, with killed by signal SIGKILL); resuming from step 4 in 0 s\n"
-            ) in killed.stdout
+    assert (
+        "ddlkit: restart 1/3: a rank was killed by SIGKILL from outside (a lost node, a preemption); it ended at "
+        "step 6 (rank 1 (node 0) failed first, with killed by signal SIGKILL); resuming from step 4 in 0 s\n"
+    ) in killed.stdout
     job_dir = tmp_path / "killed"
     result = json.loads((job_dir / "result.json").read_text())
     assert (result["steps"], result["restarts"], result["steps_lost"], result["resumed_from_step"]) == (16, 1, 2, 4)
@@ -100,13 +137,21 @@ def test_a_killed_rank_restarts_the_job_which_ends_as_if_nothing_happened(tmp_pa
     assert (entry["step_reached"], entry["resumed_from"], entry["steps_lost"], entry["exit_code"]) == (6, 4, 2, -9)
     # the resubmission in the job's record, as `ddlkit jobs status` shows it
     assert entry["ended_id"] and entry["ended_id"] != record(job_dir)["id"]
-    status = subprocess.run([sys.executable, "-m", "ddlkit", "jobs", "status", str(job_dir)], cwd=tmp_path,
-                            capture_output=True, text=True, timeout=120)
+    status = subprocess.run(
+        [sys.executable, "-m", "ddlkit", "jobs", "status", str(job_dir)],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert status.returncode == 0, status.stderr
-    assert re.search(r"^restart 1: \S+ \S+: a rank was killed by SIGKILL from outside \(a lost node, a preemption\); "
-                     rf"it ended at step 6 as {entry['ended_id']} \(rank 1 \(node 0\) failed first, with killed by "
-                     r"signal SIGKILL\); resubmitted, resuming from step 4 \(2 steps lost\)$", status.stdout, re.M), \
-        status.stdout
+    assert re.search(
+        r"^restart 1: \S+ \S+: a rank was killed by SIGKILL from outside \(a lost node, a preemption\); "
+        rf"it ended at step 6 as {entry['ended_id']} \(rank 1 \(node 0\) failed first, with killed by "
+        r"signal SIGKILL\); resubmitted, resuming from step 4 \(2 steps lost\)$",
+        status.stdout,
+        re.M,
+    ), status.stdout
 
 
 def test_a_rank_stopped_past_the_dist_timeout_restarts_the_job(tmp_path: Path, straight: bytes) -> None:
@@ -154,16 +199,20 @@ def test_a_preemption_notice_restarts_the_job_with_no_step_lost(tmp_path: Path, 
     assert json.loads((job_dir / "result.json").read_text())["steps_lost"] == 0
 
 
-def test_a_rank_killed_while_writing_a_checkpoint_resumes_from_the_previous_one(tmp_path: Path,
-                                                                                  straight: bytes) -> None:
+def test_a_rank_killed_while_writing_a_checkpoint_resumes_from_the_previous_one(
+    tmp_path: Path, straight: bytes
+) -> None:
     """Rank 0 dies halfway through writing the checkpoint of step 8: the half-written file is never
     taken for a checkpoint; the restart resumes from step 4's, the last verified one. The write
     runs in the background (trainer.checkpoint_async): the ranks may have trained a step or two
     more when it dies."""
     killed = ddlkit(tmp_path, "saving", "framework.kill_while_saving_at_step=8")
     assert killed.returncode == 0, killed.stdout[-3000:] + killed.stderr[-3000:]
-    ended = re.search(r"ddlkit: restart 1/3: a rank was killed by SIGKILL from outside \(a lost node, a preemption\); "
-                      r"it ended at step (\d+) \(rank 0 \(node 0\) failed first", killed.stdout)
+    ended = re.search(
+        r"ddlkit: restart 1/3: a rank was killed by SIGKILL from outside \(a lost node, a preemption\); "
+        r"it ended at step (\d+) \(rank 0 \(node 0\) failed first",
+        killed.stdout,
+    )
     assert ended and int(ended[1]) >= 8, killed.stdout
     assert "resuming from step 4 in 0 s" in killed.stdout
     [entry] = ended_as_if_nothing_happened(tmp_path / "saving", straight)
@@ -187,14 +236,21 @@ def test_an_error_in_the_jobs_own_code_is_not_restarted(tmp_path: Path) -> None:
     failed = ddlkit(tmp_path, "failed", "framework.fail_at_step=3")
     assert failed.returncode == 1
     assert "ddlkit: restart" not in failed.stdout
-    assert (" failed (not restarted: an error in the job's own code or data (exit status 1)): rank "
-            in failed.stderr), failed.stderr
+    assert " failed (not restarted: an error in the job's own code or data (exit status 1)): rank " in failed.stderr, (
+        failed.stderr
+    )
     assert record(tmp_path / "failed")["restarts"] == []
 
 
 def test_restarts_used_up_end_the_job_and_say_so(tmp_path: Path) -> None:
-    failed = ddlkit(tmp_path, "lost", "framework.kill_at_step=6", "framework.kill_rank=1",
-                    "framework.kill_every_run=true", "restart.max_restarts=1")
+    failed = ddlkit(
+        tmp_path,
+        "lost",
+        "framework.kill_at_step=6",
+        "framework.kill_rank=1",
+        "framework.kill_every_run=true",
+        "restart.max_restarts=1",
+    )
     assert failed.returncode == 1, failed.stderr
     assert failed.stdout.count("ddlkit: restart 1/1: a rank was killed by SIGKILL") == 1
     assert " failed (not restarted again: 1 of restart.max_restarts=1 restarts used): " in failed.stderr
@@ -211,10 +267,26 @@ def test_a_sweeps_jobs_restart_as_single_jobs_do_and_retries_count_apart(tmp_pat
     sweep_dir = tmp_path / "sweep"
     env = {**os.environ, "DDLKIT_PLUGINS": "ddlkit.testing.fakes"}
     proc = subprocess.run(
-        [sys.executable, "-m", "ddlkit", "-m", *JOB, "framework.kill_at_step=7", "framework.kill_rank=1",
-         "framework.kill_every_run=false,true", "restart.max_restarts=1", "sweep.on_failure=retry:1",
-         "sweep.max_parallel=1", f"hydra.sweep.dir={sweep_dir}"],
-        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+        [
+            sys.executable,
+            "-m",
+            "ddlkit",
+            "-m",
+            *JOB,
+            "framework.kill_at_step=7",
+            "framework.kill_rank=1",
+            "framework.kill_every_run=false,true",
+            "restart.max_restarts=1",
+            "sweep.on_failure=retry:1",
+            "sweep.max_parallel=1",
+            f"hydra.sweep.dir={sweep_dir}",
+        ],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert proc.returncode == 1, proc.stdout[-3000:] + proc.stderr[-3000:]
     out = proc.stdout
     assert out.count("ddlkit: sweep job #0 restart 1/1: a rank was killed by SIGKILL") == 1, out
@@ -224,7 +296,9 @@ def test_a_sweeps_jobs_restart_as_single_jobs_do_and_retries_count_apart(tmp_pat
     assert "retrying it (retry 1 of 1)" in out
     jobs = json.loads((sweep_dir / "ledger.json").read_text())["jobs"]
     assert [(j["status"], j["attempts"], j["restarts"]) for j in jobs.values()] == [
-        ("completed", 1, 1), ("failed", 2, 2)]
+        ("completed", 1, 1),
+        ("failed", 2, 2),
+    ]
     assert jobs["0"]["steps_lost"] == 2
     # job #0: the weights and steps of a job that never failed, its final checkpoint verified
     result = json.loads((sweep_dir / "0" / "result.json").read_text())

@@ -23,16 +23,30 @@ pytestmark = pytest.mark.slow
 
 # ResNet-18 at 32 px, 4 steps per epoch, 2 epochs: checkpoints at steps 4 (epoch end) and 6 (max_steps)
 COMMON = [
-    "framework=pytorch", "model=resnet18", "data.image_size=32", "data.num_classes=10", "data.length=64",
-    "data.val_length=16", "trainer.batch_size=16", "trainer.epochs=2", "trainer.log_every=2",
-    "trainer.warmup_steps=1", "framework.num_threads=1",
+    "framework=pytorch",
+    "model=resnet18",
+    "data.image_size=32",
+    "data.num_classes=10",
+    "data.length=64",
+    "data.val_length=16",
+    "trainer.batch_size=16",
+    "trainer.epochs=2",
+    "trainer.log_every=2",
+    "trainer.warmup_steps=1",
+    "framework.num_threads=1",
 ]
 
 
 def ddlkit(job_dir: Path, *overrides: str) -> subprocess.CompletedProcess:
     env = {**os.environ, "DDLKIT_STATE_DIR": str(job_dir.parent / ".ddlkit-state")}
-    return subprocess.run([sys.executable, "-m", "ddlkit", *COMMON, *overrides, f"hydra.run.dir={job_dir}"],
-                          cwd=job_dir.parent, capture_output=True, text=True, timeout=300, env=env)
+    return subprocess.run(
+        [sys.executable, "-m", "ddlkit", *COMMON, *overrides, f"hydra.run.dir={job_dir}"],
+        cwd=job_dir.parent,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
+    )
 
 
 def ok(proc: subprocess.CompletedProcess) -> subprocess.CompletedProcess:
@@ -48,8 +62,9 @@ def tmpfs(tmp_path: Path) -> Iterator[Path]:
     directory.mkdir(parents=True)
     if os.geteuid() != 0:
         pytest.skip("mounting a tmpfs to fill up needs root")
-    proc = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=140m", "tmpfs", str(directory)],
-                          capture_output=True, text=True)
+    proc = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=140m", "tmpfs", str(directory)], capture_output=True, text=True
+    )
     if proc.returncode:
         pytest.skip(f"cannot mount a tmpfs here: {proc.stderr.strip()}")
     yield directory
@@ -67,8 +82,10 @@ def test_a_truncated_latest_checkpoint_falls_back_to_the_newest_intact_one(tmp_p
         f.truncate(size - 4096)  # a torch.load of it: "PytorchStreamReader failed reading zip archive"
     out = ok(ddlkit(job))  # the command a stopped job prints to resume it
     shown = out.stdout + out.stderr
-    assert (f"checkpoint {bad} is damaged: step-00000006.ckpt is {size - 4096} bytes, {size} were written "
-            "(truncated); skipped") in shown
+    assert (
+        f"checkpoint {bad} is damaged: step-00000006.ckpt is {size - 4096} bytes, {size} were written "
+        "(truncated); skipped"
+    ) in shown
     assert f"resuming from {ckdir}/step-00000004.ckpt, the newest intact checkpoint" in shown
     assert "Traceback" not in shown
     result = json.loads((job / "result.json").read_text())
@@ -81,8 +98,10 @@ def test_a_full_disk_while_torch_saves_keeps_the_previous_checkpoint(tmp_path: P
     out = ddlkit(job, "trainer.max_steps=6")
     shown = out.stdout + out.stderr
     assert out.returncode != 0, shown
-    assert (f"no space left on {tmpfs} while writing checkpoint step 6; the previous checkpoint "
-            f"{tmpfs}/step-00000004.ckpt is intact") in shown, shown
+    assert (
+        f"no space left on {tmpfs} while writing checkpoint step 6; the previous checkpoint "
+        f"{tmpfs}/step-00000004.ckpt is intact"
+    ) in shown, shown
     assert "unexpected pos" not in shown and "Traceback" not in shown
     assert (tmpfs / "latest").read_text() == "step-00000004.ckpt\n"
     assert verify(tmpfs / "step-00000004.ckpt") is None

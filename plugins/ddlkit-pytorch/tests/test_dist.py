@@ -24,24 +24,38 @@ pytest.importorskip("ddlkit_mpi")
 
 import torch
 
+from ddlkit.testing.multirank import DistJobs, job_processes, load_weights, needs_mpirun, read_lines_until, worker_pids
 from ddlkit_pytorch.framework import horovod_problem
-
-from ddlkit.testing.multirank import (DistJobs, job_processes, load_weights, needs_mpirun,
-                                      read_lines_until, worker_pids)
 
 pytestmark = [pytest.mark.slow, needs_mpirun]
 
-BACKENDS = ["native", pytest.param("horovod", marks=pytest.mark.skipif(
-    horovod_problem() is not None, reason=str(horovod_problem())))]
+BACKENDS = [
+    "native",
+    pytest.param("horovod", marks=pytest.mark.skipif(horovod_problem() is not None, reason=str(horovod_problem()))),
+]
 B = 8  # per-rank batch of the 2-rank jobs
 STEPS = 3
 # a constant learning rate (peak 0.05) that moves the weights far beyond float32 noise in 3 steps,
 # yet small enough that 3 steps do not amplify the ~1e-6 differences of summation order (at
 # lr 4.0 they grow to 20 % of the update; at 0.8 they stay below 1e-4)
-TRAIN = ["framework=pytorch", "model=resnet18", "data=twin", "data.image_size=32", "data.num_classes=10",
-         f"data.unique={B}", "data.length=64", f"trainer.max_steps={STEPS}", "trainer.validate=false",
-         "trainer.save_model=false", "trainer.log_every=1", "trainer.warmup_steps=1", "framework.num_threads=1",
-         "trainer.deterministic=true", "optimizer.lr=0.08", "optimizer.warmup_epochs=0"]
+TRAIN = [
+    "framework=pytorch",
+    "model=resnet18",
+    "data=twin",
+    "data.image_size=32",
+    "data.num_classes=10",
+    f"data.unique={B}",
+    "data.length=64",
+    f"trainer.max_steps={STEPS}",
+    "trainer.validate=false",
+    "trainer.save_model=false",
+    "trainer.log_every=1",
+    "trainer.warmup_steps=1",
+    "framework.num_threads=1",
+    "trainer.deterministic=true",
+    "optimizer.lr=0.08",
+    "optimizer.warmup_epochs=0",
+]
 TWO_RANKS = ["compute=local_mpi", "compute.procs_per_node=2", f"trainer.batch_size={B}"]
 
 
@@ -117,8 +131,7 @@ def test_horovod_steps_exactly_like_native(runs: dict[str, Path]) -> None:
         if key.endswith("num_batches_tracked"):
             continue
         scale = np.abs(native[key] - w0).max()
-        np.testing.assert_allclose(horovod[key] - w0, native[key] - w0, rtol=0, atol=1e-4 * scale + 1e-8,
-                                   err_msg=key)
+        np.testing.assert_allclose(horovod[key] - w0, native[key] - w0, rtol=0, atol=1e-4 * scale + 1e-8, err_msg=key)
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
@@ -134,8 +147,15 @@ def test_the_result_reports_the_global_batch_and_the_mean_loss(runs: dict[str, P
         assert (runs[backend] / f"rank-{rank}.log").is_file()
 
 
-LONG = [*TRAIN[:6], "data.length=100000", "trainer.epochs=1", "trainer.validate=false", "trainer.log_every=1",
-        "framework.num_threads=1", "optimizer.lr=0.1"]
+LONG = [
+    *TRAIN[:6],
+    "data.length=100000",
+    "trainer.epochs=1",
+    "trainer.validate=false",
+    "trainer.log_every=1",
+    "framework.num_threads=1",
+    "optimizer.lr=0.1",
+]
 
 
 def test_a_killed_rank_stops_the_job_within_seconds_and_is_named(tmp_path: Path) -> None:
@@ -161,17 +181,19 @@ def test_a_stopped_rank_is_named_when_the_all_reduce_times_out(tmp_path: Path) -
     jobs = DistJobs(tmp_path)
     job_dir = tmp_path / "stopped"
     # dist.warn_after_s=5: this rank's own end after a silence of dist.timeout_s + 5 s must not come first
-    launcher = jobs.start(*LONG, *TWO_RANKS, "dist=native", "dist.timeout_s=20", "dist.warn_after_s=5",
-                          job_dir=job_dir)
+    launcher = jobs.start(*LONG, *TWO_RANKS, "dist=native", "dist.timeout_s=20", "dist.warn_after_s=5", job_dir=job_dir)
     read_lines_until(launcher, "step 3/", timeout=120)
     os.kill(worker_pids(job_dir)[1], signal.SIGSTOP)
     output, _ = launcher.communicate(timeout=120)
     assert launcher.returncode == 1, output
     assert re.search(r"ddlkit: rank 1 has not been heard from for 5 s \(last at step \d+\): stopped or hung\?", output)
-    report = output[output.index("ddlkit: error: "):]
+    report = output[output.index("ddlkit: error: ") :]
     assert "Timed out waiting 20000ms" in report, report  # gloo's error, in the quoted end of rank 0's log
-    assert re.search(r"ddlkit worker \(rank 0\): rank 1 stopped answering at step \d+, \d+ s ago \(.*\): this rank's "
-                     r"collectives were waiting for it, which is the likely cause of the error above", report), report
+    assert re.search(
+        r"ddlkit worker \(rank 0\): rank 1 stopped answering at step \d+, \d+ s ago \(.*\): this rank's "
+        r"collectives were waiting for it, which is the likely cause of the error above",
+        report,
+    ), report
     assert not job_processes(job_dir), "processes of the job outlived it"
 
 
@@ -188,15 +210,17 @@ def test_sigterm_stops_every_rank_at_the_same_step_and_resume_continues(tmp_path
     assert launcher.returncode == 75, output
     assert "stopped after saving a checkpoint; resume with: ddlkit" in output
     assert took < 20
-    stops = {r: (job_dir / f"rank-{r}.log").read_text().split("stopped on request at step ")[1].split(";")[0]
-             for r in (0, 1)}
+    stops = {
+        r: (job_dir / f"rank-{r}.log").read_text().split("stopped on request at step ")[1].split(";")[0] for r in (0, 1)
+    }
     assert stops[0] == stops[1], f"the ranks stopped at different steps: {stops}"
     step = int(stops[0])
     assert (job_dir / "checkpoints" / f"step-{step:08d}.ckpt").is_file()
     assert not job_processes(job_dir)
 
-    resumed = jobs.run(*LONG, *TWO_RANKS, *total, "dist=native", "trainer.max_steps=" + str(step + 3),
-                       job_dir=job_dir).assert_success()
+    resumed = jobs.run(
+        *LONG, *TWO_RANKS, *total, "dist=native", "trainer.max_steps=" + str(step + 3), job_dir=job_dir
+    ).assert_success()
     assert resumed.result["resumed_from_step"] == step
     assert resumed.result["steps"] == step + 3 and resumed.result["world_size"] == 2
 
@@ -207,9 +231,17 @@ def test_four_ranks_resumed_mid_epoch_end_bitwise_as_the_run_that_never_stopped(
     sum is taken in depends on DDP's bucket layout, which a fresh DDP only settles after its first
     backward pass: without the settling pass of a resumed run, 83 of 122 tensors up to 2.4e-7 apart.)"""
     jobs = DistJobs(tmp_path)
-    four = ["compute=local_mpi", "compute.nodes=2", "compute.procs_per_node=2", f"trainer.batch_size={B}",
-            "dist=native", "data.length=128", "trainer.max_steps=4", "trainer.checkpoint_every=2",
-            "trainer.save_model=true"]
+    four = [
+        "compute=local_mpi",
+        "compute.nodes=2",
+        "compute.procs_per_node=2",
+        f"trainer.batch_size={B}",
+        "dist=native",
+        "data.length=128",
+        "trainer.max_steps=4",
+        "trainer.checkpoint_every=2",
+        "trainer.save_model=true",
+    ]
     through = jobs.run(*TRAIN, *four, job_dir=tmp_path / "through").assert_success()
     checkpoint = tmp_path / "through" / "checkpoints" / "step-00000002.ckpt"
     resumed = jobs.run(*TRAIN, *four, f"trainer.resume={checkpoint}", job_dir=tmp_path / "resumed").assert_success()

@@ -15,29 +15,36 @@ from ddlkit_pytorch.framework import PytorchConfig, PytorchFramework
 
 
 def config(backend: str) -> object:
-    return OmegaConf.create({"trainer": {"precision": "fp32"}, "dist": {"backend": backend},
-                             "data": {"name": "synthetic"}})
+    return OmegaConf.create(
+        {"trainer": {"precision": "fp32"}, "dist": {"backend": backend}, "data": {"name": "synthetic"}}
+    )
 
 
 def test_horovod_not_installed_is_refused_with_how_to_get_it(monkeypatch: pytest.MonkeyPatch) -> None:
     horovod_at(monkeypatch, None)
     with pytest.raises(ddlkit.ConfigError) as info:
         PytorchFramework(PytorchConfig()).check_environment(config("horovod"))
-    assert str(info.value) == ("dist=horovod with framework=pytorch needs Horovod, which is not installed. Build it "
-                               "against the installed torch with scripts/install_horovod.sh (Horovod 0.28.1 patched to "
-                               "C++17; about 6 minutes on 2 cores, 9 with TensorFlow installed too, then the wheel is "
-                               "cached), or use dist=native.")
+    assert str(info.value) == (
+        "dist=horovod with framework=pytorch needs Horovod, which is not installed. Build it "
+        "against the installed torch with scripts/install_horovod.sh (Horovod 0.28.1 patched to "
+        "C++17; about 6 minutes on 2 cores, 9 with TensorFlow installed too, then the wheel is "
+        "cached), or use dist=native."
+    )
     PytorchFramework(PytorchConfig()).check_environment(config("native"))  # native needs nothing extra
 
 
-def test_horovod_without_its_torch_build_is_refused_with_how_to_get_it(monkeypatch: pytest.MonkeyPatch,
-                                                                       tmp_path: Path) -> None:
+def test_horovod_without_its_torch_build_is_refused_with_how_to_get_it(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
     (tmp_path / "tensorflow").mkdir()
     (tmp_path / "tensorflow" / "mpi_lib.cpython-312-x86_64-linux-gnu.so").touch()  # another framework's binding
     horovod_at(monkeypatch, tmp_path)
-    with pytest.raises(ddlkit.ConfigError, match=r"^dist=horovod with framework=pytorch: the installed Horovod "
-                                                 r"was built without PyTorch support\. Build it against the "
-                                                 r"installed torch with scripts/install_horovod.sh"):
+    with pytest.raises(
+        ddlkit.ConfigError,
+        match=r"^dist=horovod with framework=pytorch: the installed Horovod "
+        r"was built without PyTorch support\. Build it against the "
+        r"installed torch with scripts/install_horovod.sh",
+    ):
         PytorchFramework(PytorchConfig()).check_environment(config("horovod"))
 
 
@@ -71,14 +78,15 @@ def test_a_rank_without_a_gpu_of_its_own_is_refused_by_name(monkeypatch: pytest.
         fw._device(ddlkit.DistContext(rank=1, world_size=2, local_rank=1, local_size=2))
 
 
-
 def test_a_negative_thread_count_is_refused() -> None:
     """Issue 17, item 14: framework.num_threads=-3 passed validation and crashed in torch."""
     with pytest.raises(ddlkit.ConfigError) as info:
         PytorchFramework(PytorchConfig(num_threads=-3)).configure(config("none"))
-    assert str(info.value) == ("framework.num_threads=-3 is invalid: use auto (the cores this process may use, "
-                               "shared by the ranks of its node), a number of threads >= 1, or 0 (torch's default: "
-                               "all cores).")
+    assert str(info.value) == (
+        "framework.num_threads=-3 is invalid: use auto (the cores this process may use, "
+        "shared by the ranks of its node), a number of threads >= 1, or 0 (torch's default: "
+        "all cores)."
+    )
     for fine in (0, 3, "auto"):
         PytorchFramework(PytorchConfig(num_threads=fine)).configure(config("none"))
 
@@ -87,6 +95,8 @@ def test_fp16_on_the_cpu_is_refused_at_launch_with_what_to_use() -> None:
     fp16 = OmegaConf.create({"trainer": {"precision": "fp16"}, "dist": {"backend": "none"}, "data": {"name": "x"}})
     with pytest.raises(ddlkit.ConfigError) as info:
         PytorchFramework(PytorchConfig(device="cpu")).configure(fp16)
-    assert str(info.value) == ("trainer.precision=fp16 needs a GPU (framework.device=cpu was chosen); on the CPU use "
-                               "trainer.precision=bf16 (or fp32) with framework=pytorch.")
+    assert str(info.value) == (
+        "trainer.precision=fp16 needs a GPU (framework.device=cpu was chosen); on the CPU use "
+        "trainer.precision=bf16 (or fp32) with framework=pytorch."
+    )
     PytorchFramework(PytorchConfig(device="auto")).configure(fp16)  # the rank decides where it computes

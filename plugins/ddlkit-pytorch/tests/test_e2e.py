@@ -19,9 +19,18 @@ pytestmark = pytest.mark.slow
 
 # tiny but real: ResNet-18 at 32 px, 12 steps per epoch, deterministic kernels, one thread
 COMMON = [
-    "framework=pytorch", "model=resnet18", "data.image_size=32", "data.num_classes=10", "data.length=192",
-    "data.val_length=32", "trainer.batch_size=16", "trainer.epochs=2", "trainer.log_every=2",
-    "trainer.warmup_steps=2", "trainer.deterministic=true", "framework.num_threads=1",
+    "framework=pytorch",
+    "model=resnet18",
+    "data.image_size=32",
+    "data.num_classes=10",
+    "data.length=192",
+    "data.val_length=32",
+    "trainer.batch_size=16",
+    "trainer.epochs=2",
+    "trainer.log_every=2",
+    "trainer.warmup_steps=2",
+    "trainer.deterministic=true",
+    "framework.num_threads=1",
 ]
 
 
@@ -32,8 +41,13 @@ def _isolated(ddlkit_isolation: None) -> None:
 
 
 def ddlkit(job_dir: Path, *overrides: str, cwd: Path) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "ddlkit", *COMMON, *overrides, f"hydra.run.dir={job_dir}"],
-                          cwd=cwd, capture_output=True, text=True, timeout=300)
+    return subprocess.run(
+        [sys.executable, "-m", "ddlkit", *COMMON, *overrides, f"hydra.run.dir={job_dir}"],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
 
 
 @pytest.fixture(scope="module")
@@ -52,8 +66,17 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 
 def test_job_directory_holds_config_metrics_checkpoint_result(runs):
     job = runs["straight"]
-    for name in ("config.yaml", "overrides.yaml", "environment.json", "job.json", "metrics.jsonl", "result.json",
-                 "model.pt", "rank-0.log", "checkpoints/latest"):
+    for name in (
+        "config.yaml",
+        "overrides.yaml",
+        "environment.json",
+        "job.json",
+        "metrics.jsonl",
+        "result.json",
+        "model.pt",
+        "rank-0.log",
+        "checkpoints/latest",
+    ):
         assert (job / name).is_file(), name
     assert (job / "checkpoints" / (job / "checkpoints/latest").read_text().strip()).is_file()
     env = json.loads((job / "environment.json").read_text())
@@ -107,10 +130,12 @@ def test_model_weights_use_torchvision_keys(runs):
 
 
 def test_a_pytorch_run_never_imports_tensorflow(tmp_path):
-    code = ("import sys, runpy; sys.argv=['ddlkit','--cfg','job']; "
-            "import ddlkit.launch.cli as c\ntry: c.main(['--cfg','job'])\n"
-            "finally: print('TF' if 'tensorflow' in sys.modules else 'NOTF', "
-            "'TORCH' if 'torch' in sys.modules else 'NOTORCH')")
+    code = (
+        "import sys, runpy; sys.argv=['ddlkit','--cfg','job']; "
+        "import ddlkit.launch.cli as c\ntry: c.main(['--cfg','job'])\n"
+        "finally: print('TF' if 'tensorflow' in sys.modules else 'NOTF', "
+        "'TORCH' if 'torch' in sys.modules else 'NOTORCH')"
+    )
     proc = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr
     assert "framework:" in proc.stdout and "name: pytorch" in proc.stdout
@@ -123,6 +148,7 @@ def test_a_batch_of_one_with_batchnorm_is_refused_in_one_line(tmp_path):
     proc = ddlkit(tmp_path / "job", "trainer.batch_size=1", "data.length=8", "data.val_length=4", cwd=tmp_path)
     assert proc.returncode == 2, proc.stdout + proc.stderr
     assert "trainer.batch_size=1 is too small for this model: its BatchNorm layers need at least 2 samples" in (
-        proc.stderr)
+        proc.stderr
+    )
     assert "Traceback" not in proc.stdout + proc.stderr
     assert not (tmp_path / "job" / "metrics.jsonl").exists()

@@ -22,8 +22,8 @@ pytest.importorskip("ddlkit_mpi")
 import torch
 
 from ddlkit.checkpoint import latest_checkpoint, verify
-from ddlkit.jobdir import NODE_DOWN
 from ddlkit.compute.restarts import step_reached
+from ddlkit.jobdir import NODE_DOWN
 from ddlkit.testing.multirank import DistJobs, needs_mpirun, read_lines_until, worker_pids
 
 pytestmark = [pytest.mark.slow, needs_mpirun]
@@ -56,12 +56,32 @@ MODULE = textwrap.dedent("""\
     """)
 
 # 2 nodes x 1 rank x 8 = a global batch of 16: 16 steps per epoch of 256 samples
-JOB = ("framework=pytorch", "model=custom", "model.target=elastic_model:Linear", "data=custom",
-       "data.target=ddlkit.testing.fakes:class_images", "data.num_classes=4", "data.image_size=8", "optimizer=sgd",
-       "optimizer.lr=0.1", "optimizer.warmup_epochs=0", "trainer.epochs=2", "trainer.batch_size=8",
-       "trainer.checkpoint_every=2", "trainer.log_every=1", "trainer.deterministic=true", "trainer.validate=false",
-       "framework.num_threads=1", "compute=local_mpi", "compute.nodes=2", "compute.procs_per_node=1",
-       "compute.min_nodes=1", "dist=native", "restart.backoff_s=0", "logger=[console]")
+JOB = (
+    "framework=pytorch",
+    "model=custom",
+    "model.target=elastic_model:Linear",
+    "data=custom",
+    "data.target=ddlkit.testing.fakes:class_images",
+    "data.num_classes=4",
+    "data.image_size=8",
+    "optimizer=sgd",
+    "optimizer.lr=0.1",
+    "optimizer.warmup_epochs=0",
+    "trainer.epochs=2",
+    "trainer.batch_size=8",
+    "trainer.checkpoint_every=2",
+    "trainer.log_every=1",
+    "trainer.deterministic=true",
+    "trainer.validate=false",
+    "framework.num_threads=1",
+    "compute=local_mpi",
+    "compute.nodes=2",
+    "compute.procs_per_node=1",
+    "compute.min_nodes=1",
+    "dist=native",
+    "restart.backoff_s=0",
+    "logger=[console]",
+)
 
 
 def test_a_pytorch_job_that_loses_a_node_goes_on_with_the_global_batch_and_its_weights(tmp_path: Path) -> None:
@@ -81,8 +101,9 @@ def test_a_pytorch_job_that_loses_a_node_goes_on_with_the_global_batch_and_its_w
         if launcher.poll() is None:
             launcher.kill()
     assert launcher.returncode == 0, output[-4000:]
-    assert ("trainer.on_resize=keep_global_batch: per-rank batch 8 -> 8 x 2 micro-batches, lr unchanged"
-            in output), output[-4000:]
+    assert "trainer.on_resize=keep_global_batch: per-rank batch 8 -> 8 x 2 micro-batches, lr unchanged" in output, (
+        output[-4000:]
+    )
     result = json.loads((job_dir / "result.json").read_text())
     assert (result["steps"], result["restarts"], result["world_size"], result["accumulate_batches"]) == (32, 1, 1, 2)
     assert result["resize"]["planned_world_size"] == 2

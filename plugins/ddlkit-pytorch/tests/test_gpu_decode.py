@@ -18,11 +18,10 @@ pytest.importorskip("torch")
 pytest.importorskip("PIL")
 
 import torch
-
 from PIL import Image
 
 from ddlkit.errors import ConfigError, RunError
-from ddlkit.images import Augment, CorruptImageError, MEAN, STD, resolve_decoder
+from ddlkit.images import MEAN, STD, Augment, CorruptImageError, resolve_decoder
 from ddlkit.interfaces import Shard
 from ddlkit.testing.images import make_image_dataset
 from ddlkit_pytorch.gpu_decode import gpu_decoder, prefetched
@@ -51,13 +50,37 @@ def files_of(root: Path, split: str = "train") -> tuple[list[str], list[int]]:
     return files, [classes.index(Path(f).parent.name) for f in files]
 
 
-def loader(files: list[str], labels: list[int], *, train: bool = True, workers: int = 0, on_corrupt: str = "error",
-           decode_jpegs=None, channels_last: bool = False, batch_size: int = 4) -> TorchImageLoader:
-    aug = Augment(SIZE, train, val_resize=round(SIZE / 0.875), decoder=resolve_decoder("auto"),
-                  device_decoding=decode_jpegs is not None)
-    return TorchImageLoader(files, labels, aug, batch_size=batch_size, shard=Shard(), seed=7, workers=workers,
-                            on_corrupt=on_corrupt, device="cpu", channels_last=channels_last,
-                            decode_jpegs=decode_jpegs)
+def loader(
+    files: list[str],
+    labels: list[int],
+    *,
+    train: bool = True,
+    workers: int = 0,
+    on_corrupt: str = "error",
+    decode_jpegs=None,
+    channels_last: bool = False,
+    batch_size: int = 4,
+) -> TorchImageLoader:
+    aug = Augment(
+        SIZE,
+        train,
+        val_resize=round(SIZE / 0.875),
+        decoder=resolve_decoder("auto"),
+        device_decoding=decode_jpegs is not None,
+    )
+    return TorchImageLoader(
+        files,
+        labels,
+        aug,
+        batch_size=batch_size,
+        shard=Shard(),
+        seed=7,
+        workers=workers,
+        on_corrupt=on_corrupt,
+        device="cpu",
+        channels_last=channels_last,
+        decode_jpegs=decode_jpegs,
+    )
 
 
 def pixels(images: torch.Tensor) -> torch.Tensor:
@@ -67,8 +90,14 @@ def pixels(images: torch.Tensor) -> torch.Tensor:
 
 @pytest.fixture(scope="module")
 def dataset(tmp_path_factory: pytest.TempPathFactory):
-    return make_image_dataset(tmp_path_factory.mktemp("images"), classes=3, train_per_class=6, val_per_class=2,
-                              sizes=((160, 120), (96, 144), (200, 150)), odd_files=True)
+    return make_image_dataset(
+        tmp_path_factory.mktemp("images"),
+        classes=3,
+        train_per_class=6,
+        val_per_class=2,
+        sizes=((160, 120), (96, 144), (200, 150)),
+        odd_files=True,
+    )
 
 
 @pytest.mark.parametrize("train,workers", [(True, 0), (False, 0), (True, 2)])
@@ -138,7 +167,7 @@ def corrupt_body(tmp_path: Path, dataset) -> tuple[list[str], list[int], str]:
     data = Path(good).read_bytes()
     bad = tmp_path / "bad.JPEG"
     sos = data.index(b"\xff\xda")
-    bad.write_bytes(data[:sos + 14] + b"\x00" * 40)  # the header and a scan that ends at once
+    bad.write_bytes(data[: sos + 14] + b"\x00" * 40)  # the header and a scan that ends at once
     return [str(bad), *files], [labels[0], *labels], str(bad)
 
 
@@ -195,14 +224,28 @@ def test_decoder_gpu_with_a_cpu_device_is_refused_before_anything_runs(tmp_path:
     import subprocess
     import sys
 
-    proc = subprocess.run([sys.executable, "-m", "ddlkit", "framework=pytorch", "framework.device=cpu",
-                           "data=imagefolder", f"data.root={dataset.root}", "data.decoder=gpu",
-                           f"hydra.run.dir={tmp_path / 'job'}"], cwd=tmp_path, capture_output=True, text=True,
-                          timeout=120)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "ddlkit",
+            "framework=pytorch",
+            "framework.device=cpu",
+            "data=imagefolder",
+            f"data.root={dataset.root}",
+            "data.decoder=gpu",
+            f"hydra.run.dir={tmp_path / 'job'}",
+        ],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 2, proc.stdout + proc.stderr
     assert proc.stderr.strip().splitlines() == [
         "ddlkit: error: data.decoder=gpu decodes on a CUDA GPU, and framework.device=cpu was chosen: use "
-        "framework.device=cuda (or auto) on a machine with one, or data.decoder=auto."]
+        "framework.device=cuda (or auto) on a machine with one, or data.decoder=auto."
+    ]
     assert not (tmp_path / "job" / "job.json").exists()
 
 

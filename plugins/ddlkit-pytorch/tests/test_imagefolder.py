@@ -26,8 +26,14 @@ def _isolated(ddlkit_isolation: None) -> None:
 
 @pytest.fixture(scope="module")
 def dataset(tmp_path_factory: pytest.TempPathFactory) -> ImageDataset:
-    return make_image_dataset(tmp_path_factory.mktemp("imagenet") / "root", classes=3, train_per_class=6,
-                              val_per_class=2, odd_files=True, corrupt=True)
+    return make_image_dataset(
+        tmp_path_factory.mktemp("imagenet") / "root",
+        classes=3,
+        train_per_class=6,
+        val_per_class=2,
+        odd_files=True,
+        corrupt=True,
+    )
 
 
 @pytest.fixture(autouse=True)
@@ -36,19 +42,30 @@ def _inductor_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
 
 
-def _train(run_inprocess: Any, ddlkit_pm: Any, framework: str, dataset: ImageDataset, job_dir: Path,
-           *more: str) -> Any:
+def _train(run_inprocess: Any, ddlkit_pm: Any, framework: str, dataset: ImageDataset, job_dir: Path, *more: str) -> Any:
     add_plugin(ddlkit_pm, importlib.import_module(f"ddlkit_{framework}.plugin"), name=framework)
-    out = run_inprocess(f"framework={framework}", "data=imagefolder", f"data.root={dataset.root}",
-                        "data.image_size=32", "data.on_corrupt=skip", "data.workers=0", "trainer.batch_size=4",
-                        "trainer.epochs=2", "trainer.log_every=1", "trainer.warmup_steps=1",
-                        "trainer.deterministic=true", *more, job_dir=job_dir)
+    out = run_inprocess(
+        f"framework={framework}",
+        "data=imagefolder",
+        f"data.root={dataset.root}",
+        "data.image_size=32",
+        "data.on_corrupt=skip",
+        "data.workers=0",
+        "trainer.batch_size=4",
+        "trainer.epochs=2",
+        "trainer.log_every=1",
+        "trainer.warmup_steps=1",
+        "trainer.deterministic=true",
+        *more,
+        job_dir=job_dir,
+    )
     assert (out.exit_code, out.status) == (0, "completed")
     return out
 
 
-def test_a_run_resumed_mid_epoch_ends_like_an_uninterrupted_one(run_inprocess: Any, ddlkit_pm: Any,
-                                                                dataset: ImageDataset, tmp_path: Path) -> None:
+def test_a_run_resumed_mid_epoch_ends_like_an_uninterrupted_one(
+    run_inprocess: Any, ddlkit_pm: Any, dataset: ImageDataset, tmp_path: Path
+) -> None:
     framework = "pytorch"
     straight = _train(run_inprocess, ddlkit_pm, framework, dataset, tmp_path / "straight")
     steps = straight.run.steps_per_epoch
@@ -59,4 +76,3 @@ def test_a_run_resumed_mid_epoch_ends_like_an_uninterrupted_one(run_inprocess: A
     assert resumed.result["final_loss"] == straight.result["final_loss"]
     assert (resumed.job_dir / "model.pt").read_bytes() == (straight.job_dir / "model.pt").read_bytes()
     assert 0 <= resumed.result["top1"] <= 1
-

@@ -176,9 +176,7 @@ def test_num_classes_changes_only_fc() -> None:
     assert layout(model("resnet18", num_classes=10)) == expected_state_dict("resnet18", num_classes=10)
 
 
-@pytest.mark.parametrize(
-    ("name", "num_classes"), [("resnet18", 10), ("resnet18", 1000), ("resnet50", 1000)]
-)
+@pytest.mark.parametrize(("name", "num_classes"), [("resnet18", 10), ("resnet18", 1000), ("resnet50", 1000)])
 @pytest.mark.parametrize("size", [32, 64])
 def test_forward_small_inputs(name: str, num_classes: int, size: int) -> None:
     # 32x32 leaves a 1x1 map after layer4; adaptive pooling must still work.

@@ -69,8 +69,9 @@ def test_lars_matches_the_reference_update(registry: Registry, nesterov: bool) -
         np.testing.assert_allclose(got.detach().numpy(), expected, rtol=1e-10, atol=1e-12)
 
 
-@pytest.mark.parametrize("kernel,expected", [("fused", {"fused": True}), ("foreach", {"foreach": True}),
-                                             ("for_loop", {"foreach": False})])
+@pytest.mark.parametrize(
+    "kernel,expected", [("fused", {"fused": True}), ("foreach", {"foreach": True}), ("for_loop", {"foreach": False})]
+)
 @pytest.mark.parametrize("name", ["sgd", "adamw"])
 def test_framework_optimizer_kernel_reaches_torch(registry: Registry, name: str, kernel: str, expected: dict) -> None:
     from types import SimpleNamespace
@@ -82,8 +83,9 @@ def test_framework_optimizer_kernel_reaches_torch(registry: Registry, name: str,
     chosen = framework._optimizer_kernel(run, torch.device("cpu"))
     assert chosen == expected
     model = torch.nn.Linear(4, 2)
-    optimizer = registry.create_for("optimizer", "pytorch", name, OmegaConf.structured(SCHEMAS[name]()),
-                                    model.parameters(), **chosen)
+    optimizer = registry.create_for(
+        "optimizer", "pytorch", name, OmegaConf.structured(SCHEMAS[name]()), model.parameters(), **chosen
+    )
     assert all(optimizer.defaults[k] is v for k, v in expected.items())
     model(torch.randn(3, 4)).sum().backward()
     optimizer.step()
@@ -99,9 +101,22 @@ def test_an_optimizer_kernel_for_lamb_or_lars_is_refused_before_anything_runs(tm
     import subprocess
     import sys
 
-    proc = subprocess.run([sys.executable, "-m", "ddlkit", "plan", "framework=pytorch", "optimizer=lars",
-                           "framework.optimizer_kernel=fused"], cwd=tmp_path, capture_output=True, text=True,
-                          timeout=120)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "ddlkit",
+            "plan",
+            "framework=pytorch",
+            "optimizer=lars",
+            "framework.optimizer_kernel=fused",
+        ],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 2, proc.stdout + proc.stderr
-    assert ("framework.optimizer_kernel=fused applies to optimizer=sgd or adamw, not optimizer=lars: leave it at "
-            "auto.") in proc.stderr
+    assert (
+        "framework.optimizer_kernel=fused applies to optimizer=sgd or adamw, not optimizer=lars: leave it at auto."
+    ) in proc.stderr

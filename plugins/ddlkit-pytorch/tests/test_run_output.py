@@ -19,7 +19,7 @@ pytest.importorskip("ddlkit_pytorch")
 pytestmark = pytest.mark.slow
 
 # a tiny CNN that reports what its rank was given: the thread count and OpenMP's wait policy
-NETS = '''
+NETS = """
 import os
 
 import torch
@@ -36,17 +36,34 @@ def float_labels(split):
     import numpy as np
 
     return np.zeros((16, 8, 8, 3), np.float32), np.arange(16) % 4 * 1.0
-'''
+"""
 # 4 steps per epoch; max_steps stops in the middle of epoch 2
-RUN = ["model=custom", "model.target=nets:cnn", "data.image_size=8", "data.num_classes=4", "data.length=64",
-       "data.val_length=16", "trainer.batch_size=16", "trainer.epochs=2", "trainer.max_steps=6", "trainer.log_every=2",
-       "trainer.warmup_steps=1", "optimizer=adamw"]
+RUN = [
+    "model=custom",
+    "model.target=nets:cnn",
+    "data.image_size=8",
+    "data.num_classes=4",
+    "data.length=64",
+    "data.val_length=16",
+    "trainer.batch_size=16",
+    "trainer.epochs=2",
+    "trainer.max_steps=6",
+    "trainer.log_every=2",
+    "trainer.warmup_steps=1",
+    "optimizer=adamw",
+]
 
 
 def ddlkit(cwd: Path, *overrides: str) -> subprocess.CompletedProcess:
     env = {k: v for k, v in os.environ.items() if k not in ("OMP_WAIT_POLICY", "OMP_NUM_THREADS", "GOMP_SPINCOUNT")}
-    return subprocess.run([sys.executable, "-m", "ddlkit", *overrides, f"hydra.run.dir={cwd / 'job'}"], cwd=cwd,
-                          capture_output=True, text=True, timeout=300, env={**env, "DDLKIT_STATE_DIR": str(cwd / "s")})
+    return subprocess.run(
+        [sys.executable, "-m", "ddlkit", *overrides, f"hydra.run.dir={cwd / 'job'}"],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**env, "DDLKIT_STATE_DIR": str(cwd / "s")},
+    )
 
 
 @pytest.fixture
@@ -63,8 +80,10 @@ def test_what_a_run_says_from_start_to_end(project: Path) -> None:
     # item 2: auto threads (all the cores of this one-rank job), OpenMP's threads waiting passively
     assert f"rank sees OMP_WAIT_POLICY=PASSIVE threads={cores}" in out
     # items 2 and 5: the header says the threads and the learning-rate rule
-    assert (f"| 1 rank(s) x {cores} thread(s) x batch 16 = 16 | 6 steps (4/epoch) | peak lr 0.00025 "
-            "(0.001 x sqrt(16/256): optimizer.scale_lr=sqrt)") in out
+    assert (
+        f"| 1 rank(s) x {cores} thread(s) x batch 16 = 16 | 6 steps (4/epoch) | peak lr 0.00025 "
+        "(0.001 x sqrt(16/256): optimizer.scale_lr=sqrt)"
+    ) in out
     # item 7: the start-up phases, in order, with their times
     phases = re.findall(r"^ddlkit: \[ *\d+\.\ds\] (.*)$", out, re.M)
     assert phases == ["model built (0.000132M parameters)", "data ready", "first step done"], out
@@ -86,9 +105,19 @@ def test_an_explicit_thread_count_is_kept_and_the_wait_policy_left_alone(project
 
 
 def test_float_labels_of_custom_data_are_one_line_before_training(project: Path) -> None:
-    proc = ddlkit(project, "model=custom", "model.target=nets:cnn", "data=custom", "data.target=nets:float_labels",
-                  "data.image_size=8", "data.num_classes=4", "trainer.batch_size=8")
+    proc = ddlkit(
+        project,
+        "model=custom",
+        "model.target=nets:cnn",
+        "data=custom",
+        "data.target=nets:float_labels",
+        "data.image_size=8",
+        "data.num_classes=4",
+        "trainer.batch_size=8",
+    )
     assert proc.returncode == 2, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "Traceback" not in proc.stdout + proc.stderr
-    assert ("ConfigError: data.target=nets:float_labels (split 'train') gives float32 targets, but data.num_classes=4 "
-            "means class indices") in proc.stderr
+    assert (
+        "ConfigError: data.target=nets:float_labels (split 'train') gives float32 targets, but data.num_classes=4 "
+        "means class indices"
+    ) in proc.stderr

@@ -30,8 +30,12 @@ def test_the_copy_is_the_state_of_its_step_and_its_buffers_are_reused() -> None:
         optimizer.step()
 
     def state() -> dict:
-        return {"model": model.state_dict(), "optimizer": optimizer.state_dict(), "rng": torch.get_rng_state(),
-                "meta": {"state": {"step": 1}}}
+        return {
+            "model": model.state_dict(),
+            "optimizer": optimizer.state_dict(),
+            "rng": torch.get_rng_state(),
+            "meta": {"state": {"step": 1}},
+        }
 
     step()
     staging = HostStaging()

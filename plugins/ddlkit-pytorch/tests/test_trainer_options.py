@@ -12,8 +12,14 @@ import pytest
 
 from ddlkit.checkpoint import BEST
 from ddlkit.testing import RunFactory
-from ddlkit.testing.optim import (EVERY_TRAINER_OPTION, LINEAR_BIAS, LINEAR_KERNEL, check_every_trainer_option,
-                                  linear_data, linear_step)
+from ddlkit.testing.optim import (
+    EVERY_TRAINER_OPTION,
+    LINEAR_BIAS,
+    LINEAR_KERNEL,
+    check_every_trainer_option,
+    linear_data,
+    linear_step,
+)
 
 torch = pytest.importorskip("torch")
 pytest.importorskip("ddlkit_pytorch")
@@ -40,10 +46,24 @@ MODULE = textwrap.dedent("""\
     """)
 
 #: one plain SGD step of 16 samples at lr 0.5
-LINEAR = ["framework=pytorch", "model=custom", "model.target=linear_model:Linear", "data=custom",
-          "data.target=ddlkit.testing.optim:linear_data", "data.num_classes=3", "optimizer=sgd", "optimizer.lr=0.5",
-          "optimizer.momentum=0", "optimizer.weight_decay=0", "optimizer.warmup_epochs=0", "optimizer.scale_lr=none",
-          "trainer.epochs=1", "trainer.warmup_steps=0", "framework.num_threads=1", "logger=[]"]
+LINEAR = [
+    "framework=pytorch",
+    "model=custom",
+    "model.target=linear_model:Linear",
+    "data=custom",
+    "data.target=ddlkit.testing.optim:linear_data",
+    "data.num_classes=3",
+    "optimizer=sgd",
+    "optimizer.lr=0.5",
+    "optimizer.momentum=0",
+    "optimizer.weight_decay=0",
+    "optimizer.warmup_epochs=0",
+    "optimizer.scale_lr=none",
+    "trainer.epochs=1",
+    "trainer.warmup_steps=0",
+    "framework.num_threads=1",
+    "logger=[]",
+]
 
 
 @pytest.fixture
@@ -55,8 +75,13 @@ def run_factory(run_factory: RunFactory) -> RunFactory:
 @pytest.mark.parametrize("clip", [None, 0.05])
 def test_accumulated_and_clipped_step_matches_the_reference(run_factory: RunFactory, clip: float | None) -> None:
     # 4 micro-batches of 4: one optimizer step over all 16 samples
-    out = run_factory(*LINEAR, "trainer.batch_size=4", "trainer.accumulate_batches=4", "trainer.validate=false",
-                      f"trainer.clip_grad_norm={clip if clip else 'null'}").assert_success()
+    out = run_factory(
+        *LINEAR,
+        "trainer.batch_size=4",
+        "trainer.accumulate_batches=4",
+        "trainer.validate=false",
+        f"trainer.clip_grad_norm={clip if clip else 'null'}",
+    ).assert_success()
     assert (out.result["steps"], out.result["global_batch_size"]) == (1, 16)
     weights = torch.load(out.job_dir / "model.pt", weights_only=True)
     x, y = linear_data()
@@ -72,9 +97,16 @@ def test_accumulated_and_clipped_step_matches_the_reference(run_factory: RunFact
 @pytest.mark.slow
 def test_two_ranks_accumulate_and_clip_as_one(run_factory: RunFactory) -> None:
     # 2 ranks x 2 micro-batches of 4 under DDP (no_sync but in the last): the same step over 16 samples
-    out = run_factory(*LINEAR, "compute=local_mpi", "compute.procs_per_node=2", "dist=native",
-                      "trainer.batch_size=4", "trainer.accumulate_batches=2", "trainer.validate=false",
-                      "trainer.clip_grad_norm=0.05").assert_success()
+    out = run_factory(
+        *LINEAR,
+        "compute=local_mpi",
+        "compute.procs_per_node=2",
+        "dist=native",
+        "trainer.batch_size=4",
+        "trainer.accumulate_batches=2",
+        "trainer.validate=false",
+        "trainer.clip_grad_norm=0.05",
+    ).assert_success()
     assert (out.result["steps"], out.result["global_batch_size"], out.result["world_size"]) == (1, 16, 2)
     weights = torch.load(out.job_dir / "model.pt", weights_only=True)
     kernel, bias = linear_step(LINEAR_KERNEL, LINEAR_BIAS, *linear_data(), lr=0.5, clip_grad_norm=0.05)

@@ -19,8 +19,17 @@ from ddlkit.testing.images import make_image_dataset
 
 pytest.importorskip("torch")
 
-TINY = ["framework=pytorch", "model=resnet18", "data.image_size=16", "data.num_classes=4", "data.length=32",
-        "data.val_length=8", "trainer.batch_size=8", "trainer.epochs=1", "framework.num_threads=1"]
+TINY = [
+    "framework=pytorch",
+    "model=resnet18",
+    "data.image_size=16",
+    "data.num_classes=4",
+    "data.length=32",
+    "data.val_length=8",
+    "trainer.batch_size=8",
+    "trainer.epochs=1",
+    "framework.num_threads=1",
+]
 
 
 def ddlkit_without_pillow(tmp_path: Path, *overrides: str) -> subprocess.CompletedProcess:
@@ -28,8 +37,9 @@ def ddlkit_without_pillow(tmp_path: Path, *overrides: str) -> subprocess.Complet
     hide.mkdir(exist_ok=True)
     (hide / "sitecustomize.py").write_text("import sys\nsys.modules['PIL'] = None\n")
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(hide), os.environ.get("PYTHONPATH")]))}
-    return subprocess.run([sys.executable, "-m", "ddlkit", *overrides], cwd=tmp_path, env=env, capture_output=True,
-                          text=True, timeout=300)
+    return subprocess.run(
+        [sys.executable, "-m", "ddlkit", *overrides], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300
+    )
 
 
 @pytest.mark.slow
@@ -41,10 +51,12 @@ def test_synthetic_data_trains_without_pillow(tmp_path: Path) -> None:
 
 def test_imagefolder_without_pillow_says_what_to_install_before_anything_runs(tmp_path: Path) -> None:
     root = make_image_dataset(tmp_path / "images", classes=2, train_per_class=2, val_per_class=1).root
-    proc = ddlkit_without_pillow(tmp_path, "framework=pytorch", "data=imagefolder", f"data.root={root}",
-                                 f"hydra.run.dir={tmp_path / 'job'}")
+    proc = ddlkit_without_pillow(
+        tmp_path, "framework=pytorch", "data=imagefolder", f"data.root={root}", f"hydra.run.dir={tmp_path / 'job'}"
+    )
     assert proc.returncode == 2, proc.stdout + proc.stderr
     assert proc.stderr.strip().splitlines() == [
         "ddlkit: error: data=imagefolder decodes images with Pillow, which is not installed: pip install pillow "
-        "(and simplejpeg for faster JPEG decoding: pip install simplejpeg)"]
+        "(and simplejpeg for faster JPEG decoding: pip install simplejpeg)"
+    ]
     assert not (tmp_path / "job" / "job.json").exists()

@@ -37,8 +37,17 @@ def needs_ray() -> None:
 
 
 def ray_target(address: str, **options: object) -> RayTarget:
-    return RayTarget(RayConfig(**{"address": address, "poll_interval_s": 0.3, "grace_period_s": 10.0,
-                                  "placement_timeout_s": 60.0, **options}))
+    return RayTarget(
+        RayConfig(
+            **{
+                "address": address,
+                "poll_interval_s": 0.3,
+                "grace_period_s": 10.0,
+                "placement_timeout_s": 60.0,
+                **options,
+            }
+        )
+    )
 
 
 # ---------------------------------------------------------------------------- the contract
@@ -58,19 +67,35 @@ SLOW = ("framework.step_delay_s=0.25",)
 
 
 def ray_args(address: str, *more: str) -> tuple[str, ...]:
-    return ("compute=ray", f"compute.address={address}", "compute.poll_interval_s=0.3",
-            "compute.grace_period_s=15", "compute.placement_timeout_s=60", *more)
+    return (
+        "compute=ray",
+        f"compute.address={address}",
+        "compute.poll_interval_s=0.3",
+        "compute.grace_period_s=15",
+        "compute.placement_timeout_s=60",
+        *more,
+    )
 
 
 def submission(job_dir: Path) -> dict:
     return json.loads((job_dir / ".ddlkit" / "submission.json").read_text())
 
 
-def follow_until(address: str, job_dir: Path, text: str, timeout: float = 120,
-                 launcher: subprocess.Popen | None = None, after: str = "") -> str:
+def follow_until(
+    address: str,
+    job_dir: Path,
+    text: str,
+    timeout: float = 120,
+    launcher: subprocess.Popen | None = None,
+    after: str = "",
+) -> str:
     """The job's output (through the Jobs API) until ``text`` appears in it (after ``after``)."""
-    wait_for(lambda: (job_dir / ".ddlkit" / "submission.json").is_file(), "the job's submission", timeout=timeout,
-             process=launcher)
+    wait_for(
+        lambda: (job_dir / ".ddlkit" / "submission.json").is_file(),
+        "the job's submission",
+        timeout=timeout,
+        process=launcher,
+    )
     handle = ray_target(address).attach(submission(job_dir)["id"], job_dir=job_dir)
     seen, deadline = "", time.monotonic() + timeout
     for chunk in handle.logs(follow=True):
@@ -83,39 +108,63 @@ def follow_until(address: str, job_dir: Path, text: str, timeout: float = 120,
 
 # ---------------------------------------------------------------------------- no cluster needed
 def test_plan_prints_the_submission_with_secrets_hidden(tmp_path: Path) -> None:
-    target = ray_target("http://head.example:8265", nodes=2, procs_per_node=2, cpus_per_rank=4, gpus_per_rank=1,
-                        runtime_env={"pip": ["einops"]})
-    spec = JobSpec(name="job-1", job_dir=tmp_path / "never", env={"DDLKIT_PLUGINS": "x"},
-                   secret_env={"DDLKIT_SECRET_KEY": "hunter2"})
+    target = ray_target(
+        "http://head.example:8265",
+        nodes=2,
+        procs_per_node=2,
+        cpus_per_rank=4,
+        gpus_per_rank=1,
+        runtime_env={"pip": ["einops"]},
+    )
+    spec = JobSpec(
+        name="job-1",
+        job_dir=tmp_path / "never",
+        env={"DDLKIT_PLUGINS": "x"},
+        secret_env={"DDLKIT_SECRET_KEY": "hunter2"},
+    )
     text = target.plan(spec)
     # never in the runtime environment (Ray logs it on every node): named, in the file that carries them
     assert "hunter2" not in text and "DDLKIT_SECRET_KEY" not in target.runtime_env(spec)["env_vars"]
-    assert ("# secrets: DDLKIT_SECRET_KEY, in .ddlkit-ray-secrets.json in the working_dir (the driver reads and "
-            "removes it; never in the runtime environment)") in text
+    assert (
+        "# secrets: DDLKIT_SECRET_KEY, in .ddlkit-ray-secrets.json in the working_dir (the driver reads and "
+        "removes it; never in the runtime environment)"
+    ) in text
     assert "ray job submit --address=http://head.example:8265" in text
     assert "-- python -m ddlkit_ray.driver ray-job.json\n" in text
-    assert 'placement group (STRICT_SPREAD): 2 bundle(s) {"CPU": 8, "GPU": 2}, one per node; 2 rank actor(s) ' \
-           "per bundle, 4 rank(s)" in text
+    assert (
+        'placement group (STRICT_SPREAD): 2 bundle(s) {"CPU": 8, "GPU": 2}, one per node; 2 rank actor(s) '
+        "per bundle, 4 rank(s)" in text
+    )
     assert '"pip": ["einops"]' in text and '"working_dir": ' in text
     assert target.world_size == 4
     assert not (tmp_path / "never").exists()
 
 
 def test_plan_on_the_command_line_needs_no_cluster(run_factory: RunFactory) -> None:
-    outcome = run_factory.cli("plan", "framework=fake", "compute=ray", "compute.address=http://nowhere.invalid:8265",
-                              "compute.nodes=2", "dist=native").assert_success()
+    outcome = run_factory.cli(
+        "plan",
+        "framework=fake",
+        "compute=ray",
+        "compute.address=http://nowhere.invalid:8265",
+        "compute.nodes=2",
+        "dist=native",
+    ).assert_success()
     assert "ray job submit --address=http://nowhere.invalid:8265" in outcome.stdout
     assert "STRICT_SPREAD" in outcome.stdout and "ddlkit_ray.driver" in outcome.stdout
-    more = run_factory.cli("plan", "framework=fake", "compute=ray",
-                           "+compute.runtime_env.pip=[einops]").assert_success()
+    more = run_factory.cli(
+        "plan", "framework=fake", "compute=ray", "+compute.runtime_env.pip=[einops]"
+    ).assert_success()
     assert '"pip": ["einops"]' in more.stdout, more.output
 
 
-@pytest.mark.parametrize(("options", "fragment"), [
-    ({"nodes": 0}, "compute.nodes=0 is invalid"),
-    ({"strategy": "EVERYWHERE"}, "compute.strategy=EVERYWHERE is invalid"),
-    ({"runtime_env": {"working_dir": "/x"}}, "compute.runtime_env.working_dir is ddlkit's to set"),
-])
+@pytest.mark.parametrize(
+    ("options", "fragment"),
+    [
+        ({"nodes": 0}, "compute.nodes=0 is invalid"),
+        ({"strategy": "EVERYWHERE"}, "compute.strategy=EVERYWHERE is invalid"),
+        ({"runtime_env": {"working_dir": "/x"}}, "compute.runtime_env.working_dir is ddlkit's to set"),
+    ],
+)
 def test_bad_options_are_config_errors(options: dict, fragment: str) -> None:
     with pytest.raises(ddlkit.ConfigError, match=re.escape(fragment)):
         ray_target("auto", **options)
@@ -126,8 +175,11 @@ def test_no_ray_installed_names_the_package(run_factory: RunFactory, tmp_path: P
     hidden.mkdir()
     # what Python says when the package is not installed, for every import of it
     (hidden / "ray.py").write_text("raise ModuleNotFoundError(\"No module named 'ray'\", name='ray')\n")
-    outcome = run_factory("compute=ray", "compute.address=http://127.0.0.1:9",
-                          env={"PYTHONPATH": f"{hidden}:{os.environ.get('PYTHONPATH', '')}"})
+    outcome = run_factory(
+        "compute=ray",
+        "compute.address=http://127.0.0.1:9",
+        env={"PYTHONPATH": f"{hidden}:{os.environ.get('PYTHONPATH', '')}"},
+    )
     outcome.assert_one_line_error("compute=ray needs Ray's Python package on this machine: pip install 'ray[default]'")
 
 
@@ -135,27 +187,37 @@ def test_unreachable_cluster_names_the_address(run_factory: RunFactory) -> None:
     needs_ray()
     address = f"http://127.0.0.1:{free_port()}"
     run_factory("compute=ray", f"compute.address={address}", timeout=120).assert_one_line_error(
-        f"compute=ray cannot reach a Ray cluster at compute.address={address}", "ray start --head")
+        f"compute=ray cannot reach a Ray cluster at compute.address={address}", "ray start --head"
+    )
 
 
 # ---------------------------------------------------------------------------- bad input, on the cluster
-@pytest.mark.parametrize(("more", "fragments"), [
-    (("compute.nodes=3",), ("asks for 3 node(s) with 1 CPU, 0 GPU each", "has 2 such node(s) of 2",
-                            "lower compute.nodes")),
-    (("compute.cpus_per_rank=4",), ("asks for 1 node(s) with 4 CPU, 0 GPU each", "has 0 such node(s) of 2",
-                                    "(1 CPU, 0 GPU; 1 CPU, 0 GPU)")),
-    (("compute.gpus_per_rank=1",), ("asks for 1 node(s) with 1 CPU, 1 GPU each", "has 0 such node(s)")),
-])
-def test_too_few_resources_for_the_gang(ray_cluster, run_factory: RunFactory, more: tuple[str, ...],
-                                        fragments: tuple[str, ...]) -> None:
+@pytest.mark.parametrize(
+    ("more", "fragments"),
+    [
+        (
+            ("compute.nodes=3",),
+            ("asks for 3 node(s) with 1 CPU, 0 GPU each", "has 2 such node(s) of 2", "lower compute.nodes"),
+        ),
+        (
+            ("compute.cpus_per_rank=4",),
+            ("asks for 1 node(s) with 4 CPU, 0 GPU each", "has 0 such node(s) of 2", "(1 CPU, 0 GPU; 1 CPU, 0 GPU)"),
+        ),
+        (("compute.gpus_per_rank=1",), ("asks for 1 node(s) with 1 CPU, 1 GPU each", "has 0 such node(s)")),
+    ],
+)
+def test_too_few_resources_for_the_gang(
+    ray_cluster, run_factory: RunFactory, more: tuple[str, ...], fragments: tuple[str, ...]
+) -> None:
     run_factory(*ray_args(ray_cluster.address, *more), "dist=native", timeout=120).assert_one_line_error(*fragments)
 
 
 # ---------------------------------------------------------------------------- real training jobs
 @pytest.mark.slow
 def test_two_ranks_on_two_nodes(ray_cluster, run_factory: RunFactory) -> None:
-    outcome = run_factory(*ray_args(ray_cluster.address, "compute.nodes=2"), "dist=native",
-                          timeout=240).assert_success()
+    outcome = run_factory(
+        *ray_args(ray_cluster.address, "compute.nodes=2"), "dist=native", timeout=240
+    ).assert_success()
     assert outcome.result["status"] == "completed" and outcome.result["world_size"] == 2
     assert "train epoch" in outcome.stdout  # rank 0's output, streamed through the Ray job's log
     started = re.search(r"ddlkit-ray: 2 rank\(s\) started on node\(s\) 0 \((\w+)\), 1 \((\w+)\)", outcome.stdout)
@@ -183,13 +245,24 @@ def test_secrets_reach_the_ranks_and_no_log_or_file_of_rays(ray_cluster, run_fac
     marker = f"LEAKray{secrets.token_hex(8)}"  # this run's alone: the cluster keeps other jobs' files
     token = f"sv=2026-01-01&se=2030-01-01&sp=r&sig={marker}"
     expected = hashlib.sha256(f"{token}|".encode()).hexdigest()
-    outcome = run_factory(*ray_args(ray_cluster.address, "compute.nodes=2"), "dist=native", "storage=memory",
-                          f"storage.sas_token='{token}'", f"storage.expect_sha256={expected}", timeout=240)
+    outcome = run_factory(
+        *ray_args(ray_cluster.address, "compute.nodes=2"),
+        "dist=native",
+        "storage=memory",
+        f"storage.sas_token='{token}'",
+        f"storage.expect_sha256={expected}",
+        timeout=240,
+    )
     outcome.assert_success()
     assert outcome.result["world_size"] == 2  # a rank on each node, each with the secrets back
     places = [ray_cluster.temp_dir, Path(tempfile.gettempdir()) / "ddlkit-ray", outcome.job_dir]
-    leaks = [str(p) for place in places if place.is_dir() for p in place.rglob("*")
-             if p.is_file() and not p.is_symlink() and marker.encode() in p.read_bytes()]
+    leaks = [
+        str(p)
+        for place in places
+        if place.is_dir()
+        for p in place.rglob("*")
+        if p.is_file() and not p.is_symlink() and marker.encode() in p.read_bytes()
+    ]
     assert leaks == []
     assert marker not in outcome.stdout + outcome.stderr
 
@@ -200,8 +273,13 @@ def test_address_auto_finds_the_cluster_ray_start_started(ray_cluster, run_facto
     own tools find it (its temporary directory, or RAY_ADDRESS, which names this test cluster's GCS)."""
     if not hasattr(ray_cluster, "gcs_address"):
         pytest.skip("the session's cluster was given by its Jobs endpoint only")
-    outcome = run_factory("compute=ray", "compute.address=auto", "compute.poll_interval_s=0.3",
-                          env={"RAY_ADDRESS": ray_cluster.gcs_address}, timeout=240).assert_success()
+    outcome = run_factory(
+        "compute=ray",
+        "compute.address=auto",
+        "compute.poll_interval_s=0.3",
+        env={"RAY_ADDRESS": ray_cluster.gcs_address},
+        timeout=240,
+    ).assert_success()
     assert outcome.result["status"] == "completed"
     assert submission(outcome.job_dir)["id"].startswith("test_address_auto")
 
@@ -215,13 +293,22 @@ def test_a_package_only_in_the_launch_directory_trains_on_the_cluster(ray_cluste
         "import numpy as np\n\n\n"
         "def samples(split, n=32):\n"
         "    rng = np.random.default_rng(0 if split == 'train' else 1)\n"
-        "    return rng.uniform(0, 1, (n, 8, 8, 3)).astype('float32'), rng.integers(0, 4, n)\n")
+        "    return rng.uniform(0, 1, (n, 8, 8, 3)).astype('float32'), rng.integers(0, 4, n)\n"
+    )
     (project / "big.bin").write_bytes(b"\0" * 2_000_000)
     (project / ".gitignore").write_text("big.bin\n")
-    outcome = RunFactory(project)(*ray_args(ray_cluster.address, "compute.nodes=2"), "dist=native", "data=custom",
-                                  "data.target=my_pkg.data:samples", "data.num_classes=4", "data.image_size=8",
-                                  "trainer.batch_size=8", "trainer.epochs=1", job_dir=tmp_path / "job",
-                                  timeout=240).assert_success()
+    outcome = RunFactory(project)(
+        *ray_args(ray_cluster.address, "compute.nodes=2"),
+        "dist=native",
+        "data=custom",
+        "data.target=my_pkg.data:samples",
+        "data.num_classes=4",
+        "data.image_size=8",
+        "trainer.batch_size=8",
+        "trainer.epochs=1",
+        job_dir=tmp_path / "job",
+        timeout=240,
+    ).assert_success()
     assert outcome.result["steps"] == 2 and outcome.result["world_size"] == 2  # 32 samples, 2 x 8 a step
     shipped = json.loads((outcome.job_dir / "code.json").read_text())
     assert sorted(f["path"] for f in shipped["files"]) == [".gitignore", "my_pkg/__init__.py", "my_pkg/data.py"]
@@ -230,8 +317,14 @@ def test_a_package_only_in_the_launch_directory_trains_on_the_cluster(ray_cluste
 @pytest.mark.slow
 def test_a_sweep_of_four_jobs(ray_cluster, run_factory: RunFactory, tmp_path: Path) -> None:
     sweep_dir = tmp_path / "sweep"
-    outcome = run_factory.cli("-m", "framework=fake", *ray_args(ray_cluster.address), "optimizer.lr=0.1,0.05,0.02,0.01",
-                              f"hydra.sweep.dir={sweep_dir}", timeout=400)
+    outcome = run_factory.cli(
+        "-m",
+        "framework=fake",
+        *ray_args(ray_cluster.address),
+        "optimizer.lr=0.1,0.05,0.02,0.01",
+        f"hydra.sweep.dir={sweep_dir}",
+        timeout=400,
+    )
     outcome.assert_success()
     results = sorted(sweep_dir.glob("*/result.json"))
     assert len(results) == 4, outcome.output
@@ -243,8 +336,13 @@ def test_a_sweep_of_four_jobs(ray_cluster, run_factory: RunFactory, tmp_path: Pa
 @pytest.mark.slow
 def test_jobs_attach_follows_a_detached_job_to_its_end(ray_cluster, run_factory: RunFactory, tmp_path: Path) -> None:
     job_dir = tmp_path / "attached"
-    run_factory.cli("--detach", "framework=fake", *ray_args(ray_cluster.address), "framework.step_delay_s=0.02",
-                    f"hydra.run.dir={job_dir}").assert_success()
+    run_factory.cli(
+        "--detach",
+        "framework=fake",
+        *ray_args(ray_cluster.address),
+        "framework.step_delay_s=0.02",
+        f"hydra.run.dir={job_dir}",
+    ).assert_success()
     assert not (job_dir / "result.json").exists()
     attached = run_factory.cli("jobs", "attach", str(job_dir), timeout=180).assert_success()
     assert "train epoch" in attached.stdout and "the job ended with exit status 0" in attached.output
@@ -256,11 +354,17 @@ def test_jobs_attach_follows_a_detached_job_to_its_end(ray_cluster, run_factory:
 
 
 @pytest.mark.slow
-def test_cancel_checkpoints_and_the_checkpoint_comes_back(ray_cluster, run_factory: RunFactory,
-                                                         tmp_path: Path) -> None:
+def test_cancel_checkpoints_and_the_checkpoint_comes_back(ray_cluster, run_factory: RunFactory, tmp_path: Path) -> None:
     job_dir = tmp_path / "cancelled"
-    run_factory.cli("--detach", "framework=fake", *ray_args(ray_cluster.address, "compute.nodes=2"), "dist=native",
-                    "trainer.checkpoint_every=4", *SLOW, f"hydra.run.dir={job_dir}").assert_success()
+    run_factory.cli(
+        "--detach",
+        "framework=fake",
+        *ray_args(ray_cluster.address, "compute.nodes=2"),
+        "dist=native",
+        "trainer.checkpoint_every=4",
+        *SLOW,
+        f"hydra.run.dir={job_dir}",
+    ).assert_success()
     follow_until(ray_cluster.address, job_dir, "step 10/")
     cancel = run_factory.cli("jobs", "cancel", str(job_dir), timeout=180).assert_success()
     assert "resume" in cancel.output, cancel.output
@@ -271,25 +375,35 @@ def test_cancel_checkpoints_and_the_checkpoint_comes_back(ray_cluster, run_facto
     # and the job resumes from it: from the files the cluster kept, which the launcher does not upload again
     # (Ray's Jobs API takes no package over 100 MiB; a ResNet-50 checkpoint alone is bigger)
     assert record["kept"]["key"] == (job_dir / ".ddlkit/ray-key").read_text().strip(), record
-    resumed = run_factory(*ray_args(ray_cluster.address, "compute.nodes=2"), "dist=native",
-                          "trainer.checkpoint_every=4", job_dir=job_dir, timeout=300).assert_success()
+    resumed = run_factory(
+        *ray_args(ray_cluster.address, "compute.nodes=2"),
+        "dist=native",
+        "trainer.checkpoint_every=4",
+        job_dir=job_dir,
+        timeout=300,
+    ).assert_success()
     assert resumed.result["resumed_from_step"] >= 10
     assert json.loads((job_dir / "ray-job.json").read_text())["kept_on_cluster"] is True
     # the ranks get the checkpoint they resume from; the older one (step 8) stays on the driver's node
-    said = re.search(r"(\d+) file\(s\) of the job's last run kept on this node .*; (\d+) file\(s\) of older "
-                     r"checkpoints stay here", resumed.stdout + resumed.stderr)
+    said = re.search(
+        r"(\d+) file\(s\) of the job's last run kept on this node .*; (\d+) file\(s\) of older "
+        r"checkpoints stay here",
+        resumed.stdout + resumed.stderr,
+    )
     assert said and said[2] == "2", resumed.output  # step 8's checkpoint and its manifest
     # a completed job leaves nothing on the cluster
     assert json.loads((job_dir / ".ddlkit/ray-exit.json").read_text())["kept"] is None
 
 
-def test_a_resume_brings_the_checkpoints_when_the_cluster_no_longer_keeps_them(ray_cluster, run_factory: RunFactory,
-                                                                             tmp_path: Path) -> None:
+def test_a_resume_brings_the_checkpoints_when_the_cluster_no_longer_keeps_them(
+    ray_cluster, run_factory: RunFactory, tmp_path: Path
+) -> None:
     """The node that kept a cancelled job's files lost them (its log directory cleaned, a new cluster
     on the same address): the launcher uploads the job's checkpoints with it, and the job resumes."""
     job_dir = tmp_path / "cancelled"
-    run_factory.cli("--detach", "framework=fake", *ray_args(ray_cluster.address), *SLOW,
-                    f"hydra.run.dir={job_dir}").assert_success()
+    run_factory.cli(
+        "--detach", "framework=fake", *ray_args(ray_cluster.address), *SLOW, f"hydra.run.dir={job_dir}"
+    ).assert_success()
     follow_until(ray_cluster.address, job_dir, "step 10/")
     run_factory.cli("jobs", "cancel", str(job_dir), timeout=180).assert_success()
     key = (job_dir / ".ddlkit/ray-key").read_text().strip()
@@ -307,7 +421,8 @@ def test_a_resume_brings_the_checkpoints_when_the_cluster_no_longer_keeps_them(r
 
 @pytest.mark.slow
 def test_a_busy_dashboard_is_asked_again_for_the_files_and_one_that_never_answers_is_an_error(
-        ray_cluster, run_factory: RunFactory, tmp_path: Path) -> None:
+    ray_cluster, run_factory: RunFactory, tmp_path: Path
+) -> None:
     """The job's files come back through the dashboard's log API: an answer that is neither the file
     nor "no such file" (its node agent busy) is asked again; one that never comes ends the launcher
     with the cause and the command that brings the files later -- not a silent success without
@@ -315,16 +430,20 @@ def test_a_busy_dashboard_is_asked_again_for_the_files_and_one_that_never_answer
     job_dir = tmp_path / "busy"
     logs = "/api/v0/logs/file"
     with CountingProxy(ray_cluster.address) as proxy:
-        run_factory.cli("--detach", "framework=fake", *ray_args(proxy.address), "trainer.max_steps=6",
-                        f"hydra.run.dir={job_dir}").assert_success()
+        run_factory.cli(
+            "--detach", "framework=fake", *ray_args(proxy.address), "trainer.max_steps=6", f"hydra.run.dir={job_dir}"
+        ).assert_success()
         job_id = submission(job_dir)["id"]
-        assert ray_target(ray_cluster.address).attach(job_id, job_dir=tmp_path).wait(timeout=180).state \
+        assert (
+            ray_target(ray_cluster.address).attach(job_id, job_dir=tmp_path).wait(timeout=180).state
             is ddlkit.JobState.SUCCEEDED
+        )
         proxy.fail(logs, 1000)
         failed = run_factory.cli("jobs", "attach", str(job_dir), timeout=240)
         assert failed.returncode != 0, failed.output
-        assert "could not be brought back" in failed.output and f"ddlkit jobs attach {job_dir}" in failed.output, \
+        assert "could not be brought back" in failed.output and f"ddlkit jobs attach {job_dir}" in failed.output, (
             failed.output
+        )
         assert not (job_dir / "result.json").exists()
         proxy.fail(logs, 2)
         asked = len(proxy.requests)
@@ -345,8 +464,14 @@ def test_following_a_job_asks_the_dashboard_at_most_30_times_a_minute(ray_cluste
     the dashboard, is at most 30 a minute (reading the whole log twice a second made about 130), and
     the output comes once, whole."""
     with CountingProxy(ray_cluster.address) as proxy:
-        outcome = run_factory("compute=ray", f"compute.address={proxy.address}", "trainer.epochs=1000",
-                              "trainer.max_steps=80", *SLOW, timeout=240).assert_success()
+        outcome = run_factory(
+            "compute=ray",
+            f"compute.address={proxy.address}",
+            "trainer.epochs=1000",
+            "trainer.max_steps=80",
+            *SLOW,
+            timeout=240,
+        ).assert_success()
         end = time.time()
     submitted = next(t for t, method, path in proxy.requests if method == "POST" and path.rstrip("/") == "/api/jobs")
     following = [path.split("?")[0] for t, _, path in proxy.requests if t >= submitted]
@@ -368,20 +493,23 @@ def steps_once(output: str, last: int | None = None) -> list[str]:
 @pytest.mark.slow
 def test_a_dashboard_that_cannot_stream_has_the_log_read_instead(ray_cluster, run_factory: RunFactory) -> None:
     with CountingProxy(ray_cluster.address, websockets=False) as proxy:
-        outcome = run_factory(*ray_args(proxy.address), "trainer.max_steps=12", "framework.step_delay_s=0.1",
-                              timeout=240).assert_success()
+        outcome = run_factory(
+            *ray_args(proxy.address), "trainer.max_steps=12", "framework.step_delay_s=0.1", timeout=240
+        ).assert_success()
     assert outcome.output.count("does not stream job logs") == 1, outcome.output  # said once, with why
     assert any(path.split("?")[0].endswith("/logs") for _, _, path in proxy.requests)
     steps_once(outcome.stdout, last=12)
 
 
 @pytest.mark.slow
-def test_a_log_stream_that_drops_is_opened_again_and_the_output_goes_on_once(ray_cluster, run_factory: RunFactory,
-                                                                             tmp_path: Path) -> None:
+def test_a_log_stream_that_drops_is_opened_again_and_the_output_goes_on_once(
+    ray_cluster, run_factory: RunFactory, tmp_path: Path
+) -> None:
     job_dir = tmp_path / "dropped"
     with CountingProxy(ray_cluster.address) as proxy:
-        run_factory.cli("--detach", "framework=fake", *ray_args(proxy.address), *SLOW,
-                        f"hydra.run.dir={job_dir}").assert_success()
+        run_factory.cli(
+            "--detach", "framework=fake", *ray_args(proxy.address), *SLOW, f"hydra.run.dir={job_dir}"
+        ).assert_success()
         handle = ray_target(proxy.address).attach(submission(job_dir)["id"], job_dir=job_dir)
         seen, dropped = "", 0
         for chunk in handle.logs(follow=True):
@@ -399,9 +527,22 @@ def test_a_log_stream_that_drops_is_opened_again_and_the_output_goes_on_once(ray
 def test_ctrl_c_cancels_the_followed_job_and_its_output_goes_on_once(ray_cluster, tmp_path: Path) -> None:
     job_dir = tmp_path / "interrupted"
     proc = subprocess.Popen(
-        [sys.executable, "-m", "ddlkit", "framework=fake", *ray_args(ray_cluster.address), *SLOW,
-         f"hydra.run.dir={job_dir}"], env={**os.environ, "DDLKIT_PLUGINS": FAKES_MODULE}, cwd=tmp_path, text=True,
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, preexec_fn=interruptible)
+        [
+            sys.executable,
+            "-m",
+            "ddlkit",
+            "framework=fake",
+            *ray_args(ray_cluster.address),
+            *SLOW,
+            f"hydra.run.dir={job_dir}",
+        ],
+        env={**os.environ, "DDLKIT_PLUGINS": FAKES_MODULE},
+        cwd=tmp_path,
+        text=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        preexec_fn=interruptible,
+    )
     seen = ""
     try:
         deadline = time.monotonic() + 180
@@ -434,12 +575,26 @@ def test_a_lost_node_restarts_the_job_in_place_which_resumes(tmp_path: Path, run
     with LocalRayCluster(nodes=3, cpus_per_node=1, env={**os.environ, "DDLKIT_PLUGINS": FAKES_MODULE}) as cluster:
         job_dir = tmp_path / "survives"
         proc = subprocess.Popen(
-            [sys.executable, "-m", "ddlkit", "framework=fake", *ray_args(cluster.address, "compute.nodes=2",
-                                                                          "compute.sync_interval_s=1"),
-             "dist=native", "dist.timeout_s=20", "trainer.checkpoint_every=4", "restart.backoff_s=1", *SLOW,
-             f"hydra.run.dir={job_dir}"],
-            env={**os.environ, "DDLKIT_PLUGINS": FAKES_MODULE}, cwd=tmp_path, text=True, stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT, preexec_fn=interruptible)
+            [
+                sys.executable,
+                "-m",
+                "ddlkit",
+                "framework=fake",
+                *ray_args(cluster.address, "compute.nodes=2", "compute.sync_interval_s=1"),
+                "dist=native",
+                "dist.timeout_s=20",
+                "trainer.checkpoint_every=4",
+                "restart.backoff_s=1",
+                *SLOW,
+                f"hydra.run.dir={job_dir}",
+            ],
+            env={**os.environ, "DDLKIT_PLUGINS": FAKES_MODULE},
+            cwd=tmp_path,
+            text=True,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            preexec_fn=interruptible,
+        )
         try:
             seen = follow_until(cluster.address, job_dir, "step 20/", timeout=180, launcher=proc)
             first_run = submission(job_dir)["id"]
@@ -455,9 +610,13 @@ def test_a_lost_node_restarts_the_job_in_place_which_resumes(tmp_path: Path, run
                 proc.communicate(timeout=60)
         assert proc.returncode == 0, out[-4000:]
         assert "was lost" in out, out[-4000:]
-        assert re.search(r"^ddlkit: restart 1/3 in place: a rank was killed by SIGKILL from outside \(a lost node, a "
-                         r"preemption\); it ended at step \d+ \(rank \d's node \(\d\) was lost: \w+\); resuming from "
-                         r"step \d+ in 1 s$", out, re.MULTILINE), out[-4000:]
+        assert re.search(
+            r"^ddlkit: restart 1/3 in place: a rank was killed by SIGKILL from outside \(a lost node, a "
+            r"preemption\); it ended at step \d+ \(rank \d's node \(\d\) was lost: \w+\); resuming from "
+            r"step \d+ in 1 s$",
+            out,
+            re.MULTILINE,
+        ), out[-4000:]
         assert len(re.findall(r"rank\(s\) started on node", out)) == 2, out[-4000:]  # one driver placed both gangs
         record = submission(job_dir)
         assert record["id"] == first_run and record["state"] == "succeeded", record  # the same Ray job throughout
@@ -480,28 +639,55 @@ def test_fewer_nodes_is_the_same_job_on_a_smaller_gang(tmp_path: Path) -> None:
     assert isinstance(smaller, RayTarget) and smaller.world_size == 2
     plan = smaller.driver_plan(spec, "job-1-x")
     assert (plan["nodes"], plan["procs_per_node"]) == (1, 2)
-    assert 'placement group (STRICT_PACK): 1 bundle(s) {"CPU": 2}, one per node; 2 rank actor(s) per bundle, 2 ' \
-           "rank(s)" in smaller.plan(spec)
+    assert (
+        'placement group (STRICT_PACK): 1 bundle(s) {"CPU": 2}, one per node; 2 rank actor(s) per bundle, 2 '
+        "rank(s)" in smaller.plan(spec)
+    )
     assert smaller.runtime_env(spec)["env_vars"][PLANNED_WORLD_SIZE_ENV] == "4"
 
 
 #: an elastic job of numbered samples whose ranks trace what they train on (ddlkit.testing.elastic):
 #: 2 ranks x 8 = a global batch of 16, 16 steps per epoch of 256 samples
-ELASTIC_JOB = ("framework=fake", "dist=native", "dist.timeout_s=20", "data=custom",
-               "data.target=ddlkit.testing.fakes:class_images", "+data.kwargs.numbered=true", "data.num_classes=4",
-               "data.image_size=8", "trainer.batch_size=8", "trainer.log_every=1", "trainer.checkpoint_every=2",
-               "trainer.deterministic=true", "framework.allreduce=true", "framework.trace_samples=true",
-               "restart.backoff_s=2")
+ELASTIC_JOB = (
+    "framework=fake",
+    "dist=native",
+    "dist.timeout_s=20",
+    "data=custom",
+    "data.target=ddlkit.testing.fakes:class_images",
+    "+data.kwargs.numbered=true",
+    "data.num_classes=4",
+    "data.image_size=8",
+    "trainer.batch_size=8",
+    "trainer.log_every=1",
+    "trainer.checkpoint_every=2",
+    "trainer.deterministic=true",
+    "framework.allreduce=true",
+    "framework.trace_samples=true",
+    "restart.backoff_s=2",
+)
 
 
 def launch(cluster, tmp_path: Path, job: str, *overrides: str) -> subprocess.Popen:
     return subprocess.Popen(
-        [sys.executable, "-m", "ddlkit", *ELASTIC_JOB, *ray_args(cluster.address, "compute.sync_interval_s=1"),
-         # the ranks write into copies of the job directory on their nodes: a lost node takes its ranks'
-         # traces along, so they trace into a directory of this machine's, which all simulated nodes share
-         f"framework.trace_dir={tmp_path / job / 'trace'}", *overrides, f"hydra.run.dir={tmp_path / job / 'job'}"],
-        env={**os.environ, "DDLKIT_PLUGINS": FAKES_MODULE}, cwd=tmp_path, text=True, stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE, preexec_fn=interruptible)
+        [
+            sys.executable,
+            "-m",
+            "ddlkit",
+            *ELASTIC_JOB,
+            *ray_args(cluster.address, "compute.sync_interval_s=1"),
+            # the ranks write into copies of the job directory on their nodes: a lost node takes its ranks'
+            # traces along, so they trace into a directory of this machine's, which all simulated nodes share
+            f"framework.trace_dir={tmp_path / job / 'trace'}",
+            *overrides,
+            f"hydra.run.dir={tmp_path / job / 'job'}",
+        ],
+        env={**os.environ, "DDLKIT_PLUGINS": FAKES_MODULE},
+        cwd=tmp_path,
+        text=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        preexec_fn=interruptible,
+    )
 
 
 def job_nodes(seen: str, nodes: int) -> list[str]:
@@ -528,8 +714,10 @@ class Reading:
         import threading
 
         self.proc, self.lines, self.err = proc, [], ""
-        self.reader = threading.Thread(target=lambda: self.lines.extend(proc.stdout),  # type: ignore[arg-type]
-                                       daemon=True)
+        self.reader = threading.Thread(
+            target=lambda: self.lines.extend(proc.stdout),  # type: ignore[arg-type]
+            daemon=True,
+        )
 
     def __enter__(self) -> Reading:
         self.reader.start()
@@ -547,8 +735,13 @@ class Reading:
         return "".join(self.lines)
 
     def wait_for_line(self, test: Callable[[str], bool], what: str, timeout: float) -> None:
-        wait_for(lambda: any(test(line) for line in self.lines), what, timeout=timeout, process=self.proc,
-                 detail=lambda: self.out[-3000:])
+        wait_for(
+            lambda: any(test(line) for line in self.lines),
+            what,
+            timeout=timeout,
+            process=self.proc,
+            detail=lambda: self.out[-3000:],
+        )
 
 
 def finish(proc: subprocess.Popen, timeout: float) -> tuple[str, str]:
@@ -574,43 +767,68 @@ def test_a_lost_node_shrinks_the_elastic_job_and_it_grows_back_when_a_node_joins
     from ddlkit_ray.testing import LocalRayCluster
 
     with LocalRayCluster(nodes=2, cpus_per_node=1, env={**os.environ, "DDLKIT_PLUGINS": FAKES_MODULE}) as cluster:
-        proc = launch(cluster, tmp_path, "elastic", "compute.nodes=2", "compute.min_nodes=1", "trainer.epochs=4",
-                      "framework.step_delay_s=0.5")
+        proc = launch(
+            cluster,
+            tmp_path,
+            "elastic",
+            "compute.nodes=2",
+            "compute.min_nodes=1",
+            "trainer.epochs=4",
+            "framework.step_delay_s=0.5",
+        )
         job_dir = tmp_path / "elastic" / "job"
         with Reading(proc) as launcher:
             seen = follow_until(cluster.address, job_dir, "step 6/", timeout=240, launcher=proc)
             first_run = submission(job_dir)["id"]
             kill_job_nodes(cluster, seen, 2)
-            launcher.wait_for_line(lambda ln: ln.startswith("ddlkit: restart 1/3 on "), "the restart on fewer nodes",
-                                   timeout=180)
+            launcher.wait_for_line(
+                lambda ln: ln.startswith("ddlkit: restart 1/3 on "), "the restart on fewer nodes", timeout=180
+            )
             cluster.add_node()  # a machine joins while the job runs on one node
-            shrunk = wait_for(lambda: submission(job_dir)["id"] != first_run and submission(job_dir)["id"],
-                              "the restarted run's record", timeout=60, process=proc)
+            shrunk = wait_for(
+                lambda: submission(job_dir)["id"] != first_run and submission(job_dir)["id"],
+                "the restarted run's record",
+                timeout=60,
+                process=proc,
+            )
             # once the shrunk job trains again, a preemption notice to its rank 0 ends it (it checkpoints)
-            follow_until(cluster.address, job_dir, "train epoch", timeout=180, launcher=proc,
-                         after="instead of the planned 2")
+            follow_until(
+                cluster.address, job_dir, "train epoch", timeout=180, launcher=proc, after="instead of the planned 2"
+            )
             rank_dir = Path(tempfile.gettempdir(), "ddlkit-ray", shrunk, "node-0")
-            os.kill(wait_for(lambda: worker_pids(rank_dir).get(0), "the shrunk job's rank 0", timeout=30),
-                    signal.SIGTERM)
+            os.kill(
+                wait_for(lambda: worker_pids(rank_dir).get(0), "the shrunk job's rank 0", timeout=30), signal.SIGTERM
+            )
             proc.wait(timeout=400)
         out = launcher.out
         assert proc.returncode == 0, out[-4000:] + launcher.err[-4000:]
         assert "was lost" in seen + out, out[-4000:]
-        assert ("ddlkit: restart 1/3 on 1 of 2 nodes (compute.min_nodes=1, 1 rank): trainer.on_resize="
-                "keep_global_batch: per-rank batch 8 -> 8 x 2 micro-batches, lr unchanged\n") in out, out[-4000:]
+        assert (
+            "ddlkit: restart 1/3 on 1 of 2 nodes (compute.min_nodes=1, 1 rank): trainer.on_resize="
+            "keep_global_batch: per-rank batch 8 -> 8 x 2 micro-batches, lr unchanged\n"
+        ) in out, out[-4000:]
         # the rank learnt the planned world size through the Ray job's runtime environment, and says so
-        assert ("ddlkit: 1 rank instead of the planned 2: trainer.on_resize=keep_global_batch: per-rank batch 8 -> "
-                "8 x 2 micro-batches, lr unchanged\n") in out, out[-4000:]
+        assert (
+            "ddlkit: 1 rank instead of the planned 2: trainer.on_resize=keep_global_batch: per-rank batch 8 -> "
+            "8 x 2 micro-batches, lr unchanged\n"
+        ) in out, out[-4000:]
         assert re.search(r"ddlkit-ray: 1 rank\(s\) started on node\(s\) 0 \(\w+\);", out), out[-4000:]
-        assert ("ddlkit: restart 2/3 on 2 of 2 nodes (compute.min_nodes=1, 2 ranks): trainer.on_resize="
-                "keep_global_batch: per-rank batch 8 x 2 micro-batches -> 8, lr unchanged\n") in out, out[-4000:]
+        assert (
+            "ddlkit: restart 2/3 on 2 of 2 nodes (compute.min_nodes=1, 2 ranks): trainer.on_resize="
+            "keep_global_batch: per-rank batch 8 x 2 micro-batches -> 8, lr unchanged\n"
+        ) in out, out[-4000:]
         shrink, grow = restarts(job_dir)
         assert (shrink["nodes"], shrink["planned_nodes"], shrink["world_size"]) == (1, 2, 1), shrink
         assert (grow["nodes"], grow["world_size"]) == (2, 2), grow
         assert 2 <= shrink["resumed_from"] < grow["resumed_from"], (shrink, grow)
         result = json.loads((job_dir / "result.json").read_text())
-        assert (result["status"], result["steps"], result["restarts"], result["world_size"], result["resize"]) == \
-            ("completed", 64, 2, 2, None), result
+        assert (result["status"], result["steps"], result["restarts"], result["world_size"], result["resize"]) == (
+            "completed",
+            64,
+            2,
+            2,
+            None,
+        ), result
         assert result["resumed_from_step"] == grow["resumed_from"], result
         assert_every_sample_once(job_dir, epochs=4, samples=256, trace_dir=tmp_path / "elastic" / "trace")
         assert verify(latest_checkpoint(job_dir)) is None
@@ -625,8 +843,16 @@ def test_a_restart_waits_for_capacity_and_goes_on_when_a_node_joins(tmp_path: Pa
     from ddlkit_ray.testing import LocalRayCluster
 
     with LocalRayCluster(nodes=2, cpus_per_node=1, env={**os.environ, "DDLKIT_PLUGINS": FAKES_MODULE}) as cluster:
-        proc = launch(cluster, tmp_path, "waits", "compute.nodes=2", "compute.min_nodes=2", "trainer.epochs=2",
-                      "restart.capacity_wait_s=300", *SLOW)
+        proc = launch(
+            cluster,
+            tmp_path,
+            "waits",
+            "compute.nodes=2",
+            "compute.min_nodes=2",
+            "trainer.epochs=2",
+            "restart.capacity_wait_s=300",
+            *SLOW,
+        )
         job_dir = tmp_path / "waits" / "job"
         with Reading(proc) as launcher:
             kill_job_nodes(cluster, follow_until(cluster.address, job_dir, "step 6/", timeout=240, launcher=proc), 2)
@@ -635,8 +861,10 @@ def test_a_restart_waits_for_capacity_and_goes_on_when_a_node_joins(tmp_path: Pa
             proc.wait(timeout=300)
         out = launcher.out
         assert proc.returncode == 0, out[-4000:] + launcher.err[-4000:]
-        assert ("ddlkit: restart 1/3 waits for capacity: only 1 of its 2 nodes are up on compute=ray, fewer than "
-                "compute.min_nodes=2; looking again every 1 s for up to ") in out, out[-4000:]
+        assert (
+            "ddlkit: restart 1/3 waits for capacity: only 1 of its 2 nodes are up on compute=ray, fewer than "
+            "compute.min_nodes=2; looking again every 1 s for up to "
+        ) in out, out[-4000:]
         assert re.search(r"ddlkit: restart 1/3 on its 2 nodes after waiting \d+ s for capacity\n", out), out[-4000:]
         assert len(re.findall(r"ddlkit-ray: 2 rank\(s\) started on node\(s\) 0 \(\w+\), 1 \(\w+\)", out)) == 2, out
         result = json.loads((job_dir / "result.json").read_text())
@@ -654,8 +882,17 @@ def test_too_few_nodes_after_the_wait_for_capacity_end_the_job_in_one_line(tmp_p
     from ddlkit_ray.testing import LocalRayCluster
 
     with LocalRayCluster(nodes=3, cpus_per_node=1, env={**os.environ, "DDLKIT_PLUGINS": FAKES_MODULE}) as cluster:
-        proc = launch(cluster, tmp_path, "short", "compute.nodes=3", "compute.min_nodes=2", "trainer.epochs=1",
-                      "trainer.batch_size=4", "restart.capacity_wait_s=3", *SLOW)
+        proc = launch(
+            cluster,
+            tmp_path,
+            "short",
+            "compute.nodes=3",
+            "compute.min_nodes=2",
+            "trainer.epochs=1",
+            "trainer.batch_size=4",
+            "restart.capacity_wait_s=3",
+            *SLOW,
+        )
         job_dir = tmp_path / "short" / "job"
         try:
             kill_job_nodes(cluster, follow_until(cluster.address, job_dir, "step 4/", timeout=240, launcher=proc), 3)
@@ -672,11 +909,15 @@ def test_too_few_nodes_after_the_wait_for_capacity_end_the_job_in_one_line(tmp_p
     assert checkpoint is not None and verify(checkpoint) is None
     step = checkpoint_step(checkpoint)
     assert step is not None and step >= 2, checkpoint
-    assert (" not restarted: it waited 3 s (restart.capacity_wait_s) for compute.min_nodes=2 of its 3 nodes to be up "
-            "on compute=ray, but only 1 is: bring nodes back or add some, lower compute.min_nodes, or wait longer "
-            f"(restart.capacity_wait_s); it resumes from step {step} when run again: resume with: ddlkit ") in lines[-1]
-    assert not (job_dir / "result.json").exists() or json.loads((job_dir / "result.json").read_text())[
-        "status"] != "completed"
+    assert (
+        " not restarted: it waited 3 s (restart.capacity_wait_s) for compute.min_nodes=2 of its 3 nodes to be up "
+        "on compute=ray, but only 1 is: bring nodes back or add some, lower compute.min_nodes, or wait longer "
+        f"(restart.capacity_wait_s); it resumes from step {step} when run again: resume with: ddlkit "
+    ) in lines[-1]
+    assert (
+        not (job_dir / "result.json").exists()
+        or json.loads((job_dir / "result.json").read_text())["status"] != "completed"
+    )
 
 
 def test_a_dashboard_that_never_answers_is_one_line_within_seconds(tmp_path: Path) -> None:
@@ -691,14 +932,27 @@ def test_a_dashboard_that_never_answers_is_one_line_within_seconds(tmp_path: Pat
     address = f"http://127.0.0.1:{listener.getsockname()[1]}"
     try:
         started = time.monotonic()
-        proc = subprocess.run([sys.executable, "-m", "ddlkit", "framework=pytorch", "compute=ray",
-                               f"compute.address={address}", f"hydra.run.dir={tmp_path / 'job'}"],
-                              cwd=tmp_path, capture_output=True, text=True, timeout=120)
+        proc = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "ddlkit",
+                "framework=pytorch",
+                "compute=ray",
+                f"compute.address={address}",
+                f"hydra.run.dir={tmp_path / 'job'}",
+            ],
+            cwd=tmp_path,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
         took = time.monotonic() - started
     finally:
         listener.close()
     assert proc.returncode == 2, proc.stdout + proc.stderr
     assert proc.stderr.strip().splitlines()[-1] == (
         f"ddlkit: error: compute=ray: the Ray dashboard at {address} did not answer /api/version within 10 s. Is "
-        f"compute.address={address} the dashboard's Jobs endpoint (http://<head>:8265), and is the head node running?")
+        f"compute.address={address} the dashboard's Jobs endpoint (http://<head>:8265), and is the head node running?"
+    )
     assert took < 40, took

@@ -66,13 +66,19 @@ def two_node_slurm() -> dict[str, str]:
     session's ``SLURM_CONF`` stays the single-node cluster's."""
     if shutil.which("sbatch") is None:
         pytest.skip("Slurm is not installed (apt-get install slurmctld slurmd slurm-client munge)")
-    env = {**os.environ, "DDLKIT_SLURM_NODES": "2", "DDLKIT_SLURM_DIR": TWO_NODE_DIR,
-           "DDLKIT_SLURM_PORT": TWO_NODE_PORT, "SLURM_CONF": f"{TWO_NODE_DIR}/slurm.conf"}
+    env = {
+        **os.environ,
+        "DDLKIT_SLURM_NODES": "2",
+        "DDLKIT_SLURM_DIR": TWO_NODE_DIR,
+        "DDLKIT_SLURM_PORT": TWO_NODE_PORT,
+        "SLURM_CONF": f"{TWO_NODE_DIR}/slurm.conf",
+    }
     if not _controller_answers(env):
         if os.geteuid() != 0 or not LOCAL_SLURM.is_file():
             pytest.skip("a two-node Slurm cluster needs root and scripts/local_slurm.sh to start")
-        proc = subprocess.run(["bash", str(LOCAL_SLURM), "start"], env=env, capture_output=True, text=True,
-                              timeout=120, check=False)
+        proc = subprocess.run(
+            ["bash", str(LOCAL_SLURM), "start"], env=env, capture_output=True, text=True, timeout=120, check=False
+        )
         if proc.returncode != 0:
             pytest.skip(f"scripts/local_slurm.sh start (2 nodes) failed: {proc.stderr.strip()[-500:]}")
     return {k: v for k, v in env.items() if not k.startswith("DDLKIT_SLURM_")}

@@ -44,40 +44,88 @@ def submission(job_dir: Path) -> dict:
 # ---------------------------------------------------------------------------- no cluster needed
 def test_tasks_per_node_and_rank_layout() -> None:
     assert tasks_per_node("4(x2),2") == [4, 4, 2]
-    env = {"SLURM_PROCID": "5", "SLURM_NTASKS": "10", "SLURM_LOCALID": "1", "SLURM_NODEID": "1",
-           "SLURM_STEP_TASKS_PER_NODE": "4(x2),2"}
-    assert layout(env) == {"RANK": "5", "WORLD_SIZE": "10", "LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "4",
-                           "GROUP_RANK": "1", "DDLKIT_NODE": "1", "DDLKIT_LOCAL_RANK": "1", "DDLKIT_LOCAL_SIZE": "4"}
+    env = {
+        "SLURM_PROCID": "5",
+        "SLURM_NTASKS": "10",
+        "SLURM_LOCALID": "1",
+        "SLURM_NODEID": "1",
+        "SLURM_STEP_TASKS_PER_NODE": "4(x2),2",
+    }
+    assert layout(env) == {
+        "RANK": "5",
+        "WORLD_SIZE": "10",
+        "LOCAL_RANK": "1",
+        "LOCAL_WORLD_SIZE": "4",
+        "GROUP_RANK": "1",
+        "DDLKIT_NODE": "1",
+        "DDLKIT_LOCAL_RANK": "1",
+        "DDLKIT_LOCAL_SIZE": "4",
+    }
     dist = ddlkit.DistContext.from_env("native", layout(env))
     assert (dist.rank, dist.world_size, dist.local_rank, dist.local_size, dist.node) == (5, 10, 1, 4, 1)
 
 
 def test_batch_script_has_the_options_and_no_secret(tmp_path: Path) -> None:
-    target = slurm_target(nodes=2, procs_per_node=4, partition="gpu", time="04:00:00", gpus_per_node=4,
-                          cpus_per_task=8, mem="64G", account="proj", qos="high", constraint="a100",
-                          extra_sbatch=["--exclusive", "#SBATCH --reservation=demo"], python="/opt/py/bin/python",
-                          signal_before_s=300, max_requeues=2)
-    spec = JobSpec(name="job-1", job_dir=tmp_path / "never", env={"DDLKIT_PLUGINS": "x"},
-                   secret_env={"DDLKIT_SECRET_KEY": "hunter2"})
+    target = slurm_target(
+        nodes=2,
+        procs_per_node=4,
+        partition="gpu",
+        time="04:00:00",
+        gpus_per_node=4,
+        cpus_per_task=8,
+        mem="64G",
+        account="proj",
+        qos="high",
+        constraint="a100",
+        extra_sbatch=["--exclusive", "#SBATCH --reservation=demo"],
+        python="/opt/py/bin/python",
+        signal_before_s=300,
+        max_requeues=2,
+    )
+    spec = JobSpec(
+        name="job-1",
+        job_dir=tmp_path / "never",
+        env={"DDLKIT_PLUGINS": "x"},
+        secret_env={"DDLKIT_SECRET_KEY": "hunter2"},
+    )
     text = target.plan(spec)
-    for line in ("--nodes=2", "--ntasks-per-node=4", "--partition=gpu", "--time=04:00:00", "--gpus-per-node=4",
-                 "--cpus-per-task=8", "--mem=64G", "--account=proj", "--qos=high", "--constraint=a100",
-                 "--exclusive", "--reservation=demo", "--signal=B:USR1@300", "--requeue", "--job-name=job-1"):
+    for line in (
+        "--nodes=2",
+        "--ntasks-per-node=4",
+        "--partition=gpu",
+        "--time=04:00:00",
+        "--gpus-per-node=4",
+        "--cpus-per-task=8",
+        "--mem=64G",
+        "--account=proj",
+        "--qos=high",
+        "--constraint=a100",
+        "--exclusive",
+        "--reservation=demo",
+        "--signal=B:USR1@300",
+        "--requeue",
+        "--job-name=job-1",
+    ):
         assert f"#SBATCH {line}\n" in text, line
-    assert "srun --kill-on-bad-exit=1 --ntasks=8 /opt/py/bin/python -m ddlkit_slurm.rank -- /opt/py/bin/python " \
-           "-m ddlkit.rank.worker job.json" in text
+    assert (
+        "srun --kill-on-bad-exit=1 --ntasks=8 /opt/py/bin/python -m ddlkit_slurm.rank -- /opt/py/bin/python "
+        "-m ddlkit.rank.worker job.json" in text
+    )
     assert "max_requeues=2" in text and "DDLKIT_SECRET_KEY" in text and "hunter2" not in text
     assert target.world_size == 8
     assert not (tmp_path / "never").exists()
 
 
-@pytest.mark.parametrize(("options", "fragment"), [
-    ({"time": "four hours"}, "compute.time=four hours is not a Slurm time limit"),
-    ({"nodes": 0}, "compute.nodes=0 is invalid"),
-    ({"launcher": "pdsh"}, "compute.launcher=pdsh is not supported"),
-    ({"extra_sbatch": ["exclusive"]}, "is not a batch option"),
-    ({"poll_interval_s": 0}, "compute.poll_interval_s=0 is invalid"),
-])
+@pytest.mark.parametrize(
+    ("options", "fragment"),
+    [
+        ({"time": "four hours"}, "compute.time=four hours is not a Slurm time limit"),
+        ({"nodes": 0}, "compute.nodes=0 is invalid"),
+        ({"launcher": "pdsh"}, "compute.launcher=pdsh is not supported"),
+        ({"extra_sbatch": ["exclusive"]}, "is not a batch option"),
+        ({"poll_interval_s": 0}, "compute.poll_interval_s=0 is invalid"),
+    ],
+)
 def test_bad_options_are_config_errors(options: dict, fragment: str) -> None:
     with pytest.raises(ddlkit.ConfigError, match=fragment.replace("(", r"\(").replace(".", r"\.")):
         slurm_target(**options)
@@ -88,18 +136,28 @@ def test_no_sbatch_on_path_says_it_needs_a_login_node(run_factory: RunFactory, t
     outcome.assert_one_line_error("needs Slurm's `sbatch` on PATH", "login node")
 
 
-@pytest.mark.skipif(shutil.which("sinfo") is None or Path("/etc/slurm/slurm.conf").exists(),
-                    reason="needs Slurm's commands and no cluster configured in /etc/slurm")
+@pytest.mark.skipif(
+    shutil.which("sinfo") is None or Path("/etc/slurm/slurm.conf").exists(),
+    reason="needs Slurm's commands and no cluster configured in /etc/slurm",
+)
 def test_no_slurm_conf_says_how_to_give_one(run_factory: RunFactory, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("SLURM_CONF", raising=False)
-    line = run_factory("compute=slurm").assert_one_line_error("sinfo finds no Slurm configuration: export SLURM_CONF=",
-                                                              "scripts/local_slurm.sh start")
+    line = run_factory("compute=slurm").assert_one_line_error(
+        "sinfo finds no Slurm configuration: export SLURM_CONF=", "scripts/local_slurm.sh start"
+    )
     assert "DNS" not in line
 
 
 def test_plan_prints_the_batch_script(run_factory: RunFactory) -> None:
-    outcome = run_factory.cli("plan", "framework=fake", "compute=slurm", "compute.partition=batch",
-                              "compute.time=10:00", "compute.procs_per_node=2", "dist=native")
+    outcome = run_factory.cli(
+        "plan",
+        "framework=fake",
+        "compute=slurm",
+        "compute.partition=batch",
+        "compute.time=10:00",
+        "compute.procs_per_node=2",
+        "dist=native",
+    )
     outcome.assert_success()
     assert "#!/bin/bash" in outcome.stdout
     assert "#SBATCH --partition=batch" in outcome.stdout and "#SBATCH --time=10:00" in outcome.stdout
@@ -122,41 +180,52 @@ class TestSlurmContract(ComputeTargetContract):
 # ---------------------------------------------------------------------------- bad input, on the cluster
 def test_unknown_partition_lists_the_partitions(slurm_cluster: str, run_factory: RunFactory) -> None:
     run_factory("compute=slurm", "compute.partition=nope").assert_one_line_error(
-        "compute.partition=nope is not a partition", "debug")
+        "compute.partition=nope is not a partition", "debug"
+    )
 
 
 def test_more_nodes_than_the_partition_has(slurm_cluster: str, run_factory: RunFactory) -> None:
     run_factory("compute=slurm", "compute.partition=debug", "compute.nodes=5", "dist=native").assert_one_line_error(
-        "compute.nodes=5 asks for more nodes than partition debug has (1)")
+        "compute.nodes=5 asks for more nodes than partition debug has (1)"
+    )
 
 
 def test_more_nodes_than_the_default_partition_has(slurm_cluster: str, run_factory: RunFactory) -> None:
     """Without compute.partition the job goes to the cluster's default partition: checked as well
     (the job was queued, and stayed PENDING for ever, in silence)."""
     run_factory("compute=slurm", "compute.nodes=2", "dist=native", timeout=60).assert_one_line_error(
-        "compute.nodes=2 asks for more nodes than partition debug has (1), the cluster's default: lower "
-        "compute.nodes.")
+        "compute.nodes=2 asks for more nodes than partition debug has (1), the cluster's default: lower compute.nodes."
+    )
 
 
-@pytest.mark.parametrize("sbatch_args, reason, fix", [
-    # Slurm says PartitionConfig first, the precise reason once its scheduler has looked
-    (["--nodes=2"], "PartitionNodeLimit|PartitionConfig", "lower compute.nodes"),
-    (["--partition=batch", "--time=2-00:00:00"], "PartitionTimeLimit|PartitionConfig", "compute.time"),
-    (["--ntasks-per-node=999"], "PartitionConfig", "compute.procs_per_node"),
-])
-def test_a_job_that_can_never_start_fails_naming_the_fix(slurm_cluster: str, tmp_path: Path, sbatch_args: list[str],
-                                                         reason: str, fix: str) -> None:
+@pytest.mark.parametrize(
+    "sbatch_args, reason, fix",
+    [
+        # Slurm says PartitionConfig first, the precise reason once its scheduler has looked
+        (["--nodes=2"], "PartitionNodeLimit|PartitionConfig", "lower compute.nodes"),
+        (["--partition=batch", "--time=2-00:00:00"], "PartitionTimeLimit|PartitionConfig", "compute.time"),
+        (["--ntasks-per-node=999"], "PartitionConfig", "compute.procs_per_node"),
+    ],
+)
+def test_a_job_that_can_never_start_fails_naming_the_fix(
+    slurm_cluster: str, tmp_path: Path, sbatch_args: list[str], reason: str, fix: str
+) -> None:
     """A job the cluster keeps queued that can never run (the check before sbatch cannot know every
     limit) ends, cancelled, with the fix: exit status 2, as a config error."""
-    job_id = subprocess.run(["sbatch", "--parsable", *sbatch_args, f"--chdir={tmp_path}", "--output=/dev/null",
-                             "--wrap", "true"], capture_output=True, text=True, check=True).stdout.strip()
+    job_id = subprocess.run(
+        ["sbatch", "--parsable", *sbatch_args, f"--chdir={tmp_path}", "--output=/dev/null", "--wrap", "true"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
     handle = slurm_target().attach(job_id, job_dir=tmp_path)
     status = handle.wait(timeout=30)
     assert status.state is JobState.FAILED and status.exit_code == 2, status
     assert re.match(rf"Slurm job {job_id} can never start \(({reason})\): ", status.message), status.message
     assert fix in status.message and "\n" not in status.message
-    wait_for(lambda: scontrol(job_id)["JobState"] == "CANCELLED", "Slurm to cancel the job", timeout=10,
-             pace=SLURM_PACE)
+    wait_for(
+        lambda: scontrol(job_id)["JobState"] == "CANCELLED", "Slurm to cancel the job", timeout=10, pace=SLURM_PACE
+    )
 
 
 def test_bad_time_format_is_rejected(slurm_cluster: str, run_factory: RunFactory) -> None:
@@ -193,22 +262,34 @@ def test_secrets_reach_the_ranks_and_never_slurms_spool(slurm_cluster: str, run_
     marker = f"LEAKslurm{secrets.token_hex(8)}"  # this run's alone: the cluster keeps other jobs' records
     token = f"sv=2026-01-01&se=2030-01-01&sp=r&sig={marker}"
     expected = hashlib.sha256(f"{token}|".encode()).hexdigest()
-    outcome = run_factory("compute=slurm", "compute.procs_per_node=2", "dist=native", "compute.poll_interval_s=0.5",
-                          "storage=memory", f"storage.sas_token='{token}'", f"storage.expect_sha256={expected}",
-                          timeout=240)
+    outcome = run_factory(
+        "compute=slurm",
+        "compute.procs_per_node=2",
+        "dist=native",
+        "compute.poll_interval_s=0.5",
+        "storage=memory",
+        f"storage.sas_token='{token}'",
+        f"storage.expect_sha256={expected}",
+        timeout=240,
+    )
     outcome.assert_success()  # both ranks got them back: the storage checks their digest on each
     slurm_dir = Path(slurm_cluster).resolve().parent  # the cluster's config, state, spool and logs
     places = [slurm_dir, outcome.job_dir]
-    leaks = [str(p) for place in places for p in place.rglob("*")
-             if p.is_file() and not p.is_symlink() and marker.encode() in p.read_bytes()]
+    leaks = [
+        str(p)
+        for place in places
+        for p in place.rglob("*")
+        if p.is_file() and not p.is_symlink() and marker.encode() in p.read_bytes()
+    ]
     assert leaks == []
     assert not (outcome.job_dir / ".ddlkit" / "secrets.json").exists()
 
 
 @pytest.mark.slow
 def test_multi_rank_job_with_native_dist(slurm_cluster: str, run_factory: RunFactory) -> None:
-    outcome = run_factory("compute=slurm", "compute.procs_per_node=3", "dist=native",
-                          "compute.poll_interval_s=0.5").assert_success()
+    outcome = run_factory(
+        "compute=slurm", "compute.procs_per_node=3", "dist=native", "compute.poll_interval_s=0.5"
+    ).assert_success()
     assert outcome.result["world_size"] == 3
     for rank in range(3):
         assert (outcome.job_dir / f"rank-{rank}.log").is_file()
@@ -219,24 +300,47 @@ def test_multi_rank_job_with_native_dist(slurm_cluster: str, run_factory: RunFac
 def test_pending_then_running(slurm_cluster: str, tmp_path: Path) -> None:
     """A job that waits for a full node is PENDING, then RUNNING once the node frees up."""
     cpus = subprocess.run(["sinfo", "-h", "-o", "%c"], capture_output=True, text=True, check=True).stdout.split()[0]
-    blocker = subprocess.run(["sbatch", "--parsable", f"--ntasks={cpus}", f"--chdir={tmp_path}",
-                              "--output=/dev/null", "--wrap", "sleep 120"], capture_output=True, text=True, check=True)
+    blocker = subprocess.run(
+        [
+            "sbatch",
+            "--parsable",
+            f"--ntasks={cpus}",
+            f"--chdir={tmp_path}",
+            "--output=/dev/null",
+            "--wrap",
+            "sleep 120",
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     blocker_id = blocker.stdout.strip()
     try:
-        wait_for(lambda: scontrol(blocker_id)["JobState"] == "RUNNING", "the blocker to run", timeout=60,
-                 pace=SLURM_PACE)
+        wait_for(
+            lambda: scontrol(blocker_id)["JobState"] == "RUNNING", "the blocker to run", timeout=60, pace=SLURM_PACE
+        )
         target = slurm_target()
         job_dir = tmp_path / "waits"
         job_dir.mkdir()
         (job_dir / "job.json").write_text("{}")
-        handle = target.submit(JobSpec(name="waits", job_dir=job_dir,
-                                       args=("-c", "import time; print('running', flush=True); time.sleep(3)")))
+        handle = target.submit(
+            JobSpec(
+                name="waits", job_dir=job_dir, args=("-c", "import time; print('running', flush=True); time.sleep(3)")
+            )
+        )
         assert handle.status().state is JobState.PENDING
-        waiting = wait_for(lambda: (s := handle.status()).state is JobState.PENDING and "Resources" in s.message
-                           and s, "Slurm to say the job waits for resources", timeout=30, pace=SLURM_PACE)
+        waiting = wait_for(
+            lambda: (s := handle.status()).state is JobState.PENDING and "Resources" in s.message and s,
+            "Slurm to say the job waits for resources",
+            timeout=30,
+            pace=SLURM_PACE,
+        )
         assert "PENDING" in waiting.message
-        hold(1.0, "the job stays pending while the node is taken, also when the handle next asks Slurm "
-             "(compute.poll_interval_s=0.5)")
+        hold(
+            1.0,
+            "the job stays pending while the node is taken, also when the handle next asks Slurm "
+            "(compute.poll_interval_s=0.5)",
+        )
         assert handle.status().state is JobState.PENDING
     finally:
         subprocess.run(["scancel", blocker_id], check=True)
@@ -250,16 +354,41 @@ def test_pending_then_running(slurm_cluster: str, tmp_path: Path) -> None:
 def test_a_pending_job_says_so_and_why(slurm_cluster: str, run_factory: RunFactory, tmp_path: Path) -> None:
     """While a job waits in the queue, the launcher prints its state and Slurm's reason: it is not silent."""
     cpus = subprocess.run(["sinfo", "-h", "-o", "%c"], capture_output=True, text=True, check=True).stdout.split()[0]
-    blocker_id = subprocess.run(["sbatch", "--parsable", f"--ntasks={cpus}", f"--chdir={tmp_path}",
-                                 "--output=/dev/null", "--wrap", "sleep 120"], capture_output=True, text=True,
-                                check=True).stdout.strip()
+    blocker_id = subprocess.run(
+        [
+            "sbatch",
+            "--parsable",
+            f"--ntasks={cpus}",
+            f"--chdir={tmp_path}",
+            "--output=/dev/null",
+            "--wrap",
+            "sleep 120",
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
     try:
-        wait_for(lambda: scontrol(blocker_id)["JobState"] == "RUNNING", "the blocker to run", timeout=60,
-                 pace=SLURM_PACE)
+        wait_for(
+            lambda: scontrol(blocker_id)["JobState"] == "RUNNING", "the blocker to run", timeout=60, pace=SLURM_PACE
+        )
         env = {**os.environ, "DDLKIT_PLUGINS": "ddlkit.testing.fakes"}
-        launcher = subprocess.Popen([sys.executable, "-m", "ddlkit", "framework=fake", "compute=slurm",
-                                     "compute.poll_interval_s=0.5", f"hydra.run.dir={tmp_path / 'job'}"],
-                                    cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        launcher = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "ddlkit",
+                "framework=fake",
+                "compute=slurm",
+                "compute.poll_interval_s=0.5",
+                f"hydra.run.dir={tmp_path / 'job'}",
+            ],
+            cwd=tmp_path,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
         try:
             lines = iter(launcher.stdout.readline, "")
             assert next(lines).startswith("ddlkit: job ")
@@ -279,11 +408,13 @@ def test_a_pending_job_says_so_and_why(slurm_cluster: str, run_factory: RunFacto
 
 
 @pytest.mark.slow
-def test_jobs_cancel_checkpoints_and_jobs_status_logs(slurm_cluster: str, run_factory: RunFactory,
-                                                      tmp_path: Path) -> None:
+def test_jobs_cancel_checkpoints_and_jobs_status_logs(
+    slurm_cluster: str, run_factory: RunFactory, tmp_path: Path
+) -> None:
     job_dir = tmp_path / "cancelled"
-    run_factory.cli("--detach", "framework=fake", "compute=slurm", "compute.poll_interval_s=0.5",
-                    *SLOW, f"hydra.run.dir={job_dir}").assert_success()
+    run_factory.cli(
+        "--detach", "framework=fake", "compute=slurm", "compute.poll_interval_s=0.5", *SLOW, f"hydra.run.dir={job_dir}"
+    ).assert_success()
     job_id = submission(job_dir)["id"]
     log = job_dir / "slurm.log"
     wait_for(lambda: log.exists() and "step 10/" in log.read_text(), "the job to train", timeout=90)
@@ -302,13 +433,15 @@ def test_jobs_cancel_checkpoints_and_jobs_status_logs(slurm_cluster: str, run_fa
 
 
 @pytest.mark.slow
-def test_warning_signal_checkpoints_requeues_and_resumes(slurm_cluster: str, run_factory: RunFactory,
-                                                         tmp_path: Path) -> None:
+def test_warning_signal_checkpoints_requeues_and_resumes(
+    slurm_cluster: str, run_factory: RunFactory, tmp_path: Path
+) -> None:
     """What Slurm sends before the time limit (--signal=B:USR1@...): the job checkpoints, re-queues
     itself and resumes from its checkpoint in the same job directory."""
     job_dir = tmp_path / "preempted"
-    run_factory.cli("--detach", "framework=fake", "compute=slurm", "compute.poll_interval_s=0.5",
-                    *SLOW, f"hydra.run.dir={job_dir}").assert_success()
+    run_factory.cli(
+        "--detach", "framework=fake", "compute=slurm", "compute.poll_interval_s=0.5", *SLOW, f"hydra.run.dir={job_dir}"
+    ).assert_success()
     job_id = submission(job_dir)["id"]
     log = job_dir / "slurm.log"
     wait_for(lambda: log.exists() and "step 10/" in log.read_text(), "the job to train", timeout=90)
@@ -325,11 +458,17 @@ def test_warning_signal_checkpoints_requeues_and_resumes(slurm_cluster: str, run
 
 
 @pytest.mark.slow
-def test_max_requeues_zero_stops_with_a_checkpoint(slurm_cluster: str, run_factory: RunFactory,
-                                                   tmp_path: Path) -> None:
+def test_max_requeues_zero_stops_with_a_checkpoint(slurm_cluster: str, run_factory: RunFactory, tmp_path: Path) -> None:
     job_dir = tmp_path / "no-requeue"
-    run_factory.cli("--detach", "framework=fake", "compute=slurm", "compute.poll_interval_s=0.5",
-                    "compute.max_requeues=0", *SLOW, f"hydra.run.dir={job_dir}").assert_success()
+    run_factory.cli(
+        "--detach",
+        "framework=fake",
+        "compute=slurm",
+        "compute.poll_interval_s=0.5",
+        "compute.max_requeues=0",
+        *SLOW,
+        f"hydra.run.dir={job_dir}",
+    ).assert_success()
     job_id = submission(job_dir)["id"]
     log = job_dir / "slurm.log"
     wait_for(lambda: log.exists() and "step 10/" in log.read_text(), "the job to train", timeout=90)
@@ -358,8 +497,15 @@ def test_time_limit_without_checkpoint_says_so(slurm_cluster: str, tmp_path: Pat
 @pytest.mark.slow
 def test_sweep_of_two_jobs(slurm_cluster: str, run_factory: RunFactory, tmp_path: Path) -> None:
     sweep_dir = tmp_path / "sweep"
-    outcome = run_factory.cli("-m", "framework=fake", "compute=slurm", "compute.poll_interval_s=0.5",
-                              "optimizer.lr=0.1,0.05", f"hydra.sweep.dir={sweep_dir}", timeout=240)
+    outcome = run_factory.cli(
+        "-m",
+        "framework=fake",
+        "compute=slurm",
+        "compute.poll_interval_s=0.5",
+        "optimizer.lr=0.1,0.05",
+        f"hydra.sweep.dir={sweep_dir}",
+        timeout=240,
+    )
     outcome.assert_success()
     ledger = json.loads((sweep_dir / "ledger.json").read_text())
     jobs = ledger["jobs"] if isinstance(ledger, dict) and "jobs" in ledger else ledger
@@ -376,10 +522,24 @@ def test_sweep_of_two_jobs(slurm_cluster: str, run_factory: RunFactory, tmp_path
 @pytest.mark.slow
 def test_ctrl_c_cancels_the_job_which_checkpoints(slurm_cluster: str, tmp_path: Path) -> None:
     job_dir = tmp_path / "interrupted"
-    proc = subprocess.Popen([sys.executable, "-m", "ddlkit", "framework=fake", "compute=slurm",
-                             "compute.poll_interval_s=0.5", *SLOW, f"hydra.run.dir={job_dir}"],
-                            env={**os.environ, "DDLKIT_PLUGINS": FAKES_MODULE}, cwd=tmp_path, text=True,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, preexec_fn=interruptible)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "ddlkit",
+            "framework=fake",
+            "compute=slurm",
+            "compute.poll_interval_s=0.5",
+            *SLOW,
+            f"hydra.run.dir={job_dir}",
+        ],
+        env={**os.environ, "DDLKIT_PLUGINS": FAKES_MODULE},
+        cwd=tmp_path,
+        text=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        preexec_fn=interruptible,
+    )
     try:
         log = job_dir / "slurm.log"
         wait_for(lambda: log.exists() and "step 10/" in log.read_text(), "the job to train", timeout=90, process=proc)
@@ -396,11 +556,18 @@ def test_ctrl_c_cancels_the_job_which_checkpoints(slurm_cluster: str, tmp_path: 
 
 
 @pytest.mark.slow
-def test_jobs_attach_follows_a_detached_job_to_its_end(slurm_cluster: str, run_factory: RunFactory,
-                                                      tmp_path: Path) -> None:
+def test_jobs_attach_follows_a_detached_job_to_its_end(
+    slurm_cluster: str, run_factory: RunFactory, tmp_path: Path
+) -> None:
     job_dir = tmp_path / "attached"
-    run_factory.cli("--detach", "framework=fake", "compute=slurm", "compute.poll_interval_s=0.5",
-                    "framework.step_delay_s=0.02", f"hydra.run.dir={job_dir}").assert_success()
+    run_factory.cli(
+        "--detach",
+        "framework=fake",
+        "compute=slurm",
+        "compute.poll_interval_s=0.5",
+        "framework.step_delay_s=0.02",
+        f"hydra.run.dir={job_dir}",
+    ).assert_success()
     attached = run_factory.cli("jobs", "attach", str(job_dir), timeout=120).assert_success()
     assert "train epoch" in attached.stdout and "ranks ended with exit status 0" in attached.stdout
     assert json.loads((job_dir / "result.json").read_text())["status"] == "completed"
@@ -412,8 +579,11 @@ def test_a_plain_scancel_is_reported_as_cancelled(slurm_cluster: str, tmp_path: 
     job_dir = tmp_path / "scancelled"
     job_dir.mkdir()
     (job_dir / "job.json").write_text("{}")
-    handle = slurm_target().submit(JobSpec(name="scancelled", job_dir=job_dir,
-                                           args=("-c", "import time; print('up', flush=True); time.sleep(600)")))
+    handle = slurm_target().submit(
+        JobSpec(
+            name="scancelled", job_dir=job_dir, args=("-c", "import time; print('up', flush=True); time.sleep(600)")
+        )
+    )
     log = job_dir / "slurm.log"
     wait_for(lambda: log.exists() and "up" in log.read_text(), "the job to run", timeout=60)
     subprocess.run(["scancel", handle.id], check=True)
@@ -428,15 +598,31 @@ def test_an_error_in_rank_0_is_not_restarted_whatever_srun_reports(slurm_cluster
     """Rank 0 of 2 raises at step 3 (exit 1); srun then stops rank 1, which checkpoints and exits 75, and
     srun's status (the batch job's ExitCode) is that of whichever task it reports. The job is judged by
     the rank that failed first, as on compute=local_mpi: the job's own error, never restarted."""
-    outcome = run_factory("framework=fake", "compute=slurm", "compute.poll_interval_s=0.5", "compute.procs_per_node=2",
-                          "dist=native", "data.image_size=8", "data.num_classes=4", "data.length=256",
-                          "data.val_length=32", "trainer.batch_size=16", "trainer.epochs=2", "trainer.log_every=1",
-                          "trainer.checkpoint_every=4", "restart.backoff_s=0", "framework.step_delay_s=0.1",
-                          "framework.fail_at_step=3", "framework.fail_rank=0", timeout=300)
+    outcome = run_factory(
+        "framework=fake",
+        "compute=slurm",
+        "compute.poll_interval_s=0.5",
+        "compute.procs_per_node=2",
+        "dist=native",
+        "data.image_size=8",
+        "data.num_classes=4",
+        "data.length=256",
+        "data.val_length=32",
+        "trainer.batch_size=16",
+        "trainer.epochs=2",
+        "trainer.log_every=1",
+        "trainer.checkpoint_every=4",
+        "restart.backoff_s=0",
+        "framework.step_delay_s=0.1",
+        "framework.fail_at_step=3",
+        "framework.fail_rank=0",
+        timeout=300,
+    )
     outcome.assert_returncode(1)
     assert "ddlkit: restart" not in outcome.stdout, outcome.stdout
-    assert " failed (not restarted: an error in the job's own code or data (exit status 1)): " in outcome.stderr, \
+    assert " failed (not restarted: an error in the job's own code or data (exit status 1)): " in outcome.stderr, (
         outcome.stderr
+    )
     assert re.search(r"rank 0 \(node 0, host [^)]+\) failed first, with exit status 1", outcome.stderr), outcome.stderr
     record = submission(outcome.job_dir)
     assert record["restarts"] == []
@@ -444,21 +630,39 @@ def test_an_error_in_rank_0_is_not_restarted_whatever_srun_reports(slurm_cluster
 
 
 @pytest.mark.slow
-def test_a_rank_killed_on_slurm_restarts_the_job_as_a_new_slurm_job(slurm_cluster: str,
-                                                                    run_factory: RunFactory) -> None:
+def test_a_rank_killed_on_slurm_restarts_the_job_as_a_new_slurm_job(
+    slurm_cluster: str, run_factory: RunFactory
+) -> None:
     """The restart policy on the real local Slurm: rank 1 of 2 is killed (SIGKILL, a lost node) in
     step 7; the launcher submits the job again (a new Slurm job, in the same job directory), which
     resumes from the checkpoint at step 4 and completes. The final checkpoint verifies, the steps add
     up, and `ddlkit jobs status` shows the resubmission."""
     from ddlkit.checkpoint import latest_checkpoint, verify
 
-    outcome = run_factory("framework=fake", "compute=slurm", "compute.poll_interval_s=0.5", "compute.procs_per_node=2",
-                          "dist=native", "data.image_size=8", "data.num_classes=4", "data.length=256",
-                          "data.val_length=32", "trainer.batch_size=16", "trainer.epochs=2", "trainer.log_every=1",
-                          "trainer.checkpoint_every=4", "trainer.deterministic=true", "restart.backoff_s=0",
-                          "framework.kill_at_step=7", "framework.kill_rank=1", timeout=600).assert_success()
-    assert "ddlkit: restart 1/3: a rank was killed by SIGKILL from outside (a lost node, a preemption); it ended at " \
-           "step 6 (" in outcome.stdout, outcome.stdout
+    outcome = run_factory(
+        "framework=fake",
+        "compute=slurm",
+        "compute.poll_interval_s=0.5",
+        "compute.procs_per_node=2",
+        "dist=native",
+        "data.image_size=8",
+        "data.num_classes=4",
+        "data.length=256",
+        "data.val_length=32",
+        "trainer.batch_size=16",
+        "trainer.epochs=2",
+        "trainer.log_every=1",
+        "trainer.checkpoint_every=4",
+        "trainer.deterministic=true",
+        "restart.backoff_s=0",
+        "framework.kill_at_step=7",
+        "framework.kill_rank=1",
+        timeout=600,
+    ).assert_success()
+    assert (
+        "ddlkit: restart 1/3: a rank was killed by SIGKILL from outside (a lost node, a preemption); it ended at "
+        "step 6 (" in outcome.stdout
+    ), outcome.stdout
     assert "resuming from step 4 in 0 s" in outcome.stdout
     result = outcome.result
     assert (result["steps"], result["restarts"], result["steps_lost"], result["resumed_from_step"]) == (16, 1, 2, 4)

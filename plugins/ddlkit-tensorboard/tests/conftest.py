@@ -10,4 +10,3 @@ pytest_plugins = ["ddlkit.testing"]
 @pytest.fixture(autouse=True)
 def _isolated(ddlkit_isolation: None) -> None:
     """Environment restored, a working directory of its own, fresh plugin and Hydra state."""
-

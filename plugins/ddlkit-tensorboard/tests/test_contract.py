@@ -6,11 +6,11 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from ddlkit_tensorboard.logger import TensorboardConfig, TensorboardLogger
 from omegaconf import OmegaConf
 
 from ddlkit import Logger, Run
 from ddlkit.testing.contracts import LoggerContract
+from ddlkit_tensorboard.logger import TensorboardConfig, TensorboardLogger
 
 # TensorBoard's reader loads TensorFlow (seconds, once per session)
 pytestmark = pytest.mark.slow
@@ -31,6 +31,10 @@ class TestTensorboardLogger(LoggerContract):
         tags = acc.Tags()["scalars"]
         # TensorBoard keeps each tag's points by step: a train record is its point of train/loss
         # (every train record has a loss), a validation record its point of val/val_loss
-        kept = [(event.step, split) for split, tag in (("train", "train/loss"), ("val", "val/val_loss"))
-                if tag in tags for event in acc.Scalars(tag)]
+        kept = [
+            (event.step, split)
+            for split, tag in (("train", "train/loss"), ("val", "val/val_loss"))
+            if tag in tags
+            for event in acc.Scalars(tag)
+        ]
         return sorted(kept, key=lambda record: (record[0], record[1] == "val"))

@@ -7,16 +7,21 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
-import ddlkit_tensorboard.plugin
 import pytest
 
 import ddlkit
+import ddlkit_tensorboard.plugin
 from ddlkit.plugins import DdlkitPluginManager
 from ddlkit.testing import WorkerOutcome, add_plugin
 
 # 10 steps per epoch, 2 epochs, a log line every 2 steps
-COMMON = ("logger=[jsonl,tensorboard]", "data.length=320", "data.val_length=64", "data.num_classes=10",
-          "trainer.log_every=2")
+COMMON = (
+    "logger=[jsonl,tensorboard]",
+    "data.length=320",
+    "data.val_length=64",
+    "data.num_classes=10",
+    "trainer.log_every=2",
+)
 
 
 @pytest.fixture
@@ -51,8 +56,15 @@ def test_scalars_per_step_and_per_epoch(run: Callable[..., WorkerOutcome], scala
     out = run(*COMMON)
     assert out.exit_code == 0
     steps = scalars(out.job_dir / "tensorboard")
-    assert sorted(steps) == ["train/epoch", "train/images_per_sec", "train/loss", "train/lr", "val/val_loss",
-                             "val/val_top1", "val/val_top5"]
+    assert sorted(steps) == [
+        "train/epoch",
+        "train/images_per_sec",
+        "train/loss",
+        "train/lr",
+        "val/val_loss",
+        "val/val_top1",
+        "val/val_top5",
+    ]
     train = [m for m in out.metrics if m["split"] == "train"]
     assert pairs(steps["train/loss"]) == pairs([(m["step"], m["loss"]) for m in train])
     assert [s for s, _ in steps["train/loss"]] == list(range(2, 21, 2))
@@ -65,7 +77,8 @@ def test_scalars_per_step_and_per_epoch(run: Callable[..., WorkerOutcome], scala
 
 @pytest.mark.slow
 def test_a_resumed_run_replaces_what_the_interrupted_attempt_logged_after_its_checkpoint(
-        run: Callable[..., WorkerOutcome], scalars: Scalars, tmp_path: Path) -> None:
+    run: Callable[..., WorkerOutcome], scalars: Scalars, tmp_path: Path
+) -> None:
     job_dir = tmp_path / "job"
     # a checkpoint at step 6, then step 8 logged, then a failure at step 9
     failed = run(*COMMON, "trainer.checkpoint_every=6", "framework.fail_at_step=9", job_dir=job_dir)
@@ -75,15 +88,18 @@ def test_a_resumed_run_replaces_what_the_interrupted_attempt_logged_after_its_ch
     steps = scalars(job_dir / "tensorboard")
     # each step once, with the values of the attempt that completed
     assert [s for s, _ in steps["train/loss"]] == list(range(2, 21, 2))
-    assert pairs(steps["train/loss"]) == pairs([(m["step"], m["loss"]) for m in resumed.metrics
-                                                if m["split"] == "train"])
+    assert pairs(steps["train/loss"]) == pairs(
+        [(m["step"], m["loss"]) for m in resumed.metrics if m["split"] == "train"]
+    )
     assert [s for s, _ in scalars(job_dir / "tensorboard" / "epoch")["epoch/val_top1"]] == [1, 2]
 
 
 def test_the_logger_imports_neither_tensorflow_nor_torch(tmp_path: Path) -> None:
-    code = ("import sys\nfrom pathlib import Path\nfrom ddlkit_tensorboard.logger import EventFile\n"
-            "f = EventFile(Path('tb'))\nf.scalars(1, {'a': 1.0})\nf.close()\n"
-            "print(sorted(m for m in ('tensorflow', 'torch') if m in sys.modules))")
+    code = (
+        "import sys\nfrom pathlib import Path\nfrom ddlkit_tensorboard.logger import EventFile\n"
+        "f = EventFile(Path('tb'))\nf.scalars(1, {'a': 1.0})\nf.close()\n"
+        "print(sorted(m for m in ('tensorflow', 'torch') if m in sys.modules))"
+    )
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path, timeout=60)
     assert proc.stdout.strip() == "[]", proc.stderr
     assert len(list((tmp_path / "tb").glob("events.out.tfevents.*"))) == 1

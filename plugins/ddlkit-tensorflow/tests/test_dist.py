@@ -21,20 +21,38 @@ pytest.importorskip("tensorflow")
 pytest.importorskip("ddlkit_tensorflow")
 pytest.importorskip("ddlkit_mpi")
 
-from ddlkit_tensorflow.runtime import horovod_problem
-
 from ddlkit.testing.multirank import DistJobs, load_weights, needs_mpirun
+from ddlkit_tensorflow.runtime import horovod_problem
 
 pytestmark = [pytest.mark.slow, needs_mpirun]
 
-BACKENDS = ["native", pytest.param("horovod", marks=pytest.mark.skipif(
-    horovod_problem("tensorflow") is not None, reason=str(horovod_problem("tensorflow"))))]
+BACKENDS = [
+    "native",
+    pytest.param(
+        "horovod",
+        marks=pytest.mark.skipif(horovod_problem("tensorflow") is not None, reason=str(horovod_problem("tensorflow"))),
+    ),
+]
 
 B = 8
-TRAIN = ["framework=tensorflow", "model=resnet18", "data=twin", "data.image_size=32", "data.num_classes=10",
-         f"data.unique={B}", "data.length=64", "trainer.max_steps=2", "trainer.validate=false",
-         "trainer.save_model=false", "trainer.log_every=1", "trainer.warmup_steps=1", "framework.num_threads=1",
-         "trainer.deterministic=true", "optimizer.lr=0.08", "optimizer.warmup_epochs=0"]
+TRAIN = [
+    "framework=tensorflow",
+    "model=resnet18",
+    "data=twin",
+    "data.image_size=32",
+    "data.num_classes=10",
+    f"data.unique={B}",
+    "data.length=64",
+    "trainer.max_steps=2",
+    "trainer.validate=false",
+    "trainer.save_model=false",
+    "trainer.log_every=1",
+    "trainer.warmup_steps=1",
+    "framework.num_threads=1",
+    "trainer.deterministic=true",
+    "optimizer.lr=0.08",
+    "optimizer.warmup_epochs=0",
+]
 
 
 @pytest.fixture(autouse=True)
@@ -52,8 +70,14 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
         if backend == "horovod" and horovod_problem("tensorflow"):
             continue
         dirs[backend] = jobs.base / backend
-        jobs.run(*TRAIN, f"trainer.batch_size={B}", "compute=local_mpi", "compute.procs_per_node=2", f"dist={backend}",
-                 job_dir=dirs[backend]).assert_success()
+        jobs.run(
+            *TRAIN,
+            f"trainer.batch_size={B}",
+            "compute=local_mpi",
+            "compute.procs_per_node=2",
+            f"dist={backend}",
+            job_dir=dirs[backend],
+        ).assert_success()
     return dirs
 
 

@@ -26,16 +26,29 @@ pytestmark = [
 
 # ResNet-18 at 32 px, 6 steps per epoch, 2 epochs; deterministic kernels so runs compare bit for bit
 COMMON = [
-    "framework=tensorflow", "model=resnet18", "data.image_size=32", "data.num_classes=10", "data.length=96",
-    "data.val_length=32", "trainer.batch_size=16", "trainer.epochs=2", "trainer.log_every=2",
-    "trainer.warmup_steps=2", "trainer.deterministic=true",
+    "framework=tensorflow",
+    "model=resnet18",
+    "data.image_size=32",
+    "data.num_classes=10",
+    "data.length=96",
+    "data.val_length=32",
+    "trainer.batch_size=16",
+    "trainer.epochs=2",
+    "trainer.log_every=2",
+    "trainer.warmup_steps=2",
+    "trainer.deterministic=true",
 ]
 TOTAL_STEPS = 12
 
 
 def ddlkit(job_dir: Path, *overrides: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "ddlkit", *COMMON, *overrides, f"hydra.run.dir={job_dir}"],
-                          cwd=job_dir.parent, capture_output=True, text=True, timeout=300)
+    return subprocess.run(
+        [sys.executable, "-m", "ddlkit", *COMMON, *overrides, f"hydra.run.dir={job_dir}"],
+        cwd=job_dir.parent,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
 
 
 def ok(proc: subprocess.CompletedProcess) -> subprocess.CompletedProcess:
@@ -60,8 +73,15 @@ def arrays(path: Path) -> dict[str, np.ndarray]:
 
 def test_job_directory_holds_metrics_checkpoint_model_and_result(runs: dict) -> None:
     job = runs["straight"]
-    for name in ("job.json", "config.yaml", "metrics.jsonl", "result.json", "model.keras", "rank-0.log",
-                 "checkpoints/latest"):
+    for name in (
+        "job.json",
+        "config.yaml",
+        "metrics.jsonl",
+        "result.json",
+        "model.keras",
+        "rank-0.log",
+        "checkpoints/latest",
+    ):
         assert (job / name).is_file(), name
     # model.keras is Keras' zip: architecture + weights, no training state
     with zipfile.ZipFile(job / "model.keras") as z:
@@ -97,8 +117,13 @@ def test_checkpoints_are_complete_and_no_partial_write_remains(runs: dict) -> No
     for job in (runs["straight"], runs["resumed"]):
         entries = sorted(p.name for p in (job / "checkpoints").iterdir())
         # no temporary (.step-*.tmp) entry left; two checkpoints kept (trainer.keep_checkpoints=2)
-        assert entries == ["latest", "step-00000006.ckpt", "step-00000006.ckpt.manifest.json", "step-00000012.ckpt",
-                           "step-00000012.ckpt.manifest.json"], entries
+        assert entries == [
+            "latest",
+            "step-00000006.ckpt",
+            "step-00000006.ckpt.manifest.json",
+            "step-00000012.ckpt",
+            "step-00000012.ckpt.manifest.json",
+        ], entries
         assert verify(job / "checkpoints" / "step-00000012.ckpt") is None
         saved = arrays(latest_checkpoint(job))
         meta = json.loads(str(saved["meta"]))
@@ -137,8 +162,17 @@ def test_fp16_on_the_cpu_is_refused_before_the_job_starts(tmp_path: Path) -> Non
 
 def test_bf16_with_xla_trains(tmp_path: Path) -> None:
     job = tmp_path / "bf16"
-    ok(ddlkit(job, "trainer.precision=bf16", "framework.xla=true", "trainer.max_steps=2", "trainer.validate=false",
-              "trainer.save_model=false", "trainer.deterministic=false"))
+    ok(
+        ddlkit(
+            job,
+            "trainer.precision=bf16",
+            "framework.xla=true",
+            "trainer.max_steps=2",
+            "trainer.validate=false",
+            "trainer.save_model=false",
+            "trainer.deterministic=false",
+        )
+    )
     result = json.loads((job / "result.json").read_text())
     assert result["precision"] == "bf16" and result["steps"] == 2
     assert np.isfinite(result["final_loss"])

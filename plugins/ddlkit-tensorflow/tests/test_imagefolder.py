@@ -14,7 +14,6 @@ import numpy as np
 import pytest
 
 import ddlkit
-
 from ddlkit import Shard
 from ddlkit.builtin.imagefolder import ImageFolderConfig, ImageFolderData
 from ddlkit.images import CorruptImageError
@@ -34,8 +33,14 @@ def _isolated(ddlkit_isolation: None) -> None:
 
 @pytest.fixture(scope="module")
 def dataset(tmp_path_factory: pytest.TempPathFactory) -> ImageDataset:
-    return make_image_dataset(tmp_path_factory.mktemp("imagenet") / "root", classes=3, train_per_class=8,
-                              val_per_class=3, odd_files=True, corrupt=True)
+    return make_image_dataset(
+        tmp_path_factory.mktemp("imagenet") / "root",
+        classes=3,
+        train_per_class=8,
+        val_per_class=3,
+        odd_files=True,
+        corrupt=True,
+    )
 
 
 def source(root: Path, **overrides: Any) -> ImageFolderData:
@@ -48,7 +53,7 @@ def tf_pipeline(src: ImageFolderData, batch_size: int, seed: int = 0, **kw: Any)
 
 def test_odd_files_decode_and_batches_are_normalized(dataset: ImageDataset) -> None:
     loader = tf_pipeline(source(dataset.root, on_corrupt="skip"), 25)
-    (x, y), = [(a.numpy(), b.numpy()) for a, b in loader.iter_epoch(0)]
+    ((x, y),) = [(a.numpy(), b.numpy()) for a, b in loader.iter_epoch(0)]
     assert x.shape == (25, SIZE, SIZE, 3) and x.dtype == np.float32 and y.dtype == np.int64
     assert -3 < x.mean() < 3 and np.isfinite(x).all()
     assert loader.skipped == 1  # the corrupt file; grayscale, CMYK and PNG content decoded
@@ -60,8 +65,9 @@ def test_each_pass_over_dataset_serves_the_runs_current_epoch(dataset: ImageData
     labels = [b.numpy() for _, b in loader.dataset]
     assert np.array_equal(np.concatenate(labels), np.concatenate([b.numpy() for _, b in loader.epoch(2)]))
     epoch[0] = 3
-    assert np.array_equal(np.concatenate([b.numpy() for _, b in loader.dataset]),
-                          np.concatenate([b.numpy() for _, b in loader.epoch(3)]))
+    assert np.array_equal(
+        np.concatenate([b.numpy() for _, b in loader.dataset]), np.concatenate([b.numpy() for _, b in loader.epoch(3)])
+    )
     assert int(loader.dataset.cardinality()) == len(loader)
 
 
@@ -84,13 +90,28 @@ def test_corrupt_file_stops_the_pipeline_naming_it(dataset: ImageDataset) -> Non
 
 
 @pytest.mark.parametrize("framework", ["tensorflow", "keras"])
-def test_a_corrupt_file_ends_the_job_with_one_line_and_status_2(dataset: ImageDataset, framework: str,
-                                                                tmp_path: Path) -> None:
+def test_a_corrupt_file_ends_the_job_with_one_line_and_status_2(
+    dataset: ImageDataset, framework: str, tmp_path: Path
+) -> None:
     pytest.importorskip(f"ddlkit_{framework}")
-    proc = subprocess.run([sys.executable, "-m", "ddlkit", f"framework={framework}", "data=imagefolder",
-                           f"data.root={dataset.root}", f"data.image_size={SIZE}", "trainer.batch_size=25",
-                           "trainer.epochs=1", f"hydra.run.dir={tmp_path / 'job'}"],
-                          cwd=tmp_path, capture_output=True, text=True, timeout=600)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "ddlkit",
+            f"framework={framework}",
+            "data=imagefolder",
+            f"data.root={dataset.root}",
+            f"data.image_size={SIZE}",
+            "trainer.batch_size=25",
+            "trainer.epochs=1",
+            f"hydra.run.dir={tmp_path / 'job'}",
+        ],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert proc.returncode == 2, proc.stdout + proc.stderr
     bad = str(dataset.root / dataset.corrupt[0])
     log = (tmp_path / "job" / "rank-0.log").read_text()
@@ -113,11 +134,25 @@ def test_a_dataset_of_unreadable_files_is_an_error(tmp_path: Path, dataset: Imag
 def test_decoder_gpu_is_refused_before_anything_runs(dataset: ImageDataset, framework: str, tmp_path: Path) -> None:
     """data.decoder=gpu is PyTorch's: tf.data decodes on the CPU, and must not do so silently."""
     pytest.importorskip(f"ddlkit_{framework}")
-    proc = subprocess.run([sys.executable, "-m", "ddlkit", f"framework={framework}", "data=imagefolder",
-                           f"data.root={dataset.root}", "data.decoder=gpu", f"hydra.run.dir={tmp_path / 'job'}"],
-                          cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "ddlkit",
+            f"framework={framework}",
+            "data=imagefolder",
+            f"data.root={dataset.root}",
+            "data.decoder=gpu",
+            f"hydra.run.dir={tmp_path / 'job'}",
+        ],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 2, proc.stdout + proc.stderr
     assert proc.stderr.strip().splitlines() == [
         f"ddlkit: error: data.decoder=gpu is PyTorch's (nvJPEG through torchvision); framework={framework} decodes "
-        "its images in tf.data: use data.decoder=auto, or framework=pytorch."]
+        "its images in tf.data: use data.decoder=auto, or framework=pytorch."
+    ]
     assert not (tmp_path / "job" / "job.json").exists()

@@ -22,8 +22,13 @@ TORCHVISION_NUM_PARAMS = {
     "resnet152": 60_192_808,
 }
 # BatchNorm layers: stem 1 + convs per block (2 basic / 3 bottleneck) + one per projection shortcut
-NUM_BATCHNORMS = {"resnet18": 1 + 8 * 2 + 3, "resnet34": 1 + 16 * 2 + 3, "resnet50": 1 + 16 * 3 + 4,
-                  "resnet101": 1 + 33 * 3 + 4, "resnet152": 1 + 50 * 3 + 4}
+NUM_BATCHNORMS = {
+    "resnet18": 1 + 8 * 2 + 3,
+    "resnet34": 1 + 16 * 2 + 3,
+    "resnet50": 1 + 16 * 3 + 4,
+    "resnet101": 1 + 33 * 3 + 4,
+    "resnet152": 1 + 50 * 3 + 4,
+}
 
 
 def count(weights: list) -> int:
@@ -48,8 +53,9 @@ def test_every_model_is_registered_for_tensorflow_and_keras() -> None:
         assert [r.name for r in models(framework)] == [*RESNETS, "custom"]
 
 
-@pytest.mark.parametrize(("name", "size", "input_size"), [("resnet18", 32, 32), ("resnet50", 64, 64),
-                                                        ("resnet18", None, 40)])
+@pytest.mark.parametrize(
+    ("name", "size", "input_size"), [("resnet18", 32, 32), ("resnet50", 64, 64), ("resnet18", None, 40)]
+)
 def test_forward_gives_float32_logits(name: str, size: int | None, input_size: int) -> None:
     model = build_model(name, num_classes=10, image_size=size)
     images = np.random.default_rng(0).standard_normal((2, input_size, input_size, 3)).astype("float32")

@@ -18,7 +18,7 @@ pytest.importorskip("ddlkit_tensorflow")
 
 pytestmark = pytest.mark.slow
 
-MODULE = '''
+MODULE = """
 import os
 
 import keras
@@ -33,9 +33,18 @@ def cnn(classes=4):
           f"inter={threading.get_inter_op_parallelism_threads()}", flush=True)
     return keras.Sequential([keras.Input((8, 8, 3)), keras.layers.Conv2D(4, 3), keras.layers.GlobalAveragePooling2D(),
                              keras.layers.Dense(classes)])
-'''
-RUN = ["model=custom", "model.target=nets:cnn", "data.image_size=8", "data.num_classes=4", "data.length=64",
-       "trainer.batch_size=16", "trainer.max_steps=1", "trainer.validate=false", "trainer.save_model=false"]
+"""
+RUN = [
+    "model=custom",
+    "model.target=nets:cnn",
+    "data.image_size=8",
+    "data.num_classes=4",
+    "data.length=64",
+    "trainer.batch_size=16",
+    "trainer.max_steps=1",
+    "trainer.validate=false",
+    "trainer.save_model=false",
+]
 NO_THREAD_SETTINGS = {"OMP_NUM_THREADS": "", "TF_NUM_INTEROP_THREADS": "", "TF_NUM_INTRAOP_THREADS": ""}
 
 
@@ -59,16 +68,27 @@ def test_one_thread_from_the_command_line_is_one_thread_in_each_pool(run_factory
 
 
 def test_an_inter_op_count_in_the_environment_is_kept(run_factory: RunFactory) -> None:
-    out = run_factory("framework=tensorflow", *RUN, "framework.num_threads=1",
-                      env={**NO_THREAD_SETTINGS, "TF_NUM_INTEROP_THREADS": "3"})
+    out = run_factory(
+        "framework=tensorflow",
+        *RUN,
+        "framework.num_threads=1",
+        env={**NO_THREAD_SETTINGS, "TF_NUM_INTEROP_THREADS": "3"},
+    )
     out.assert_success()
     assert counts(out.stdout) == [(3, 1, 0)], out.output
 
 
 def test_under_mpirun_each_rank_of_auto_gets_its_share_and_one_inter_op_thread(run_factory: RunFactory) -> None:
     # auto on local_mpi: OMP_NUM_THREADS, which the target sets to the cores per rank
-    out = run_factory("framework=tensorflow", *RUN, "compute=local_mpi", "compute.procs_per_node=2", "dist=native",
-                      env=NO_THREAD_SETTINGS, timeout=300)
+    out = run_factory(
+        "framework=tensorflow",
+        *RUN,
+        "compute=local_mpi",
+        "compute.procs_per_node=2",
+        "dist=native",
+        env=NO_THREAD_SETTINGS,
+        timeout=300,
+    )
     out.assert_success()
     logs = "".join((out.job_dir / f"rank-{r}.log").read_text() for r in (0, 1))
     intra = max(1, len(os.sched_getaffinity(0)) // 2)

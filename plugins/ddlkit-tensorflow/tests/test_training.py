@@ -56,8 +56,9 @@ def test_cross_entropy_matches_torch(smoothing: float) -> None:
     rng = np.random.default_rng(0)
     logits = rng.standard_normal((8, 5)).astype("float32")
     labels = rng.integers(0, 5, 8)
-    expected = torch.nn.functional.cross_entropy(torch.from_numpy(logits), torch.from_numpy(labels),
-                                                 label_smoothing=smoothing, reduction="none").numpy()
+    expected = torch.nn.functional.cross_entropy(
+        torch.from_numpy(logits), torch.from_numpy(labels), label_smoothing=smoothing, reduction="none"
+    ).numpy()
     got = np.asarray(cross_entropy(smoothing)(labels, logits))
     np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-6)
 

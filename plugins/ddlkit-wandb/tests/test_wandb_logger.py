@@ -15,18 +15,18 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
-import ddlkit_wandb.plugin
 import pytest
-from ddlkit_wandb.logger import RUN_ID_FILE, WandbConfig, WandbLogger
 from omegaconf import OmegaConf
 
 import ddlkit
+import ddlkit_wandb.plugin
 from ddlkit.launch.prepare import job_name
 from ddlkit.launch.validate import validate
 from ddlkit.plugins import DdlkitPluginManager
 from ddlkit.registry import Registry
 from ddlkit.testing import FAKES_MODULE, RunFactory, add_plugin, compose, fakes
 from ddlkit.testing.contracts import LoggerContract
+from ddlkit_wandb.logger import RUN_ID_FILE, WandbConfig, WandbLogger
 
 TOKEN = "sv=2026&sig=wandb-must-not-see-this"
 #: an account URL carrying a SAS (issue 17, item 10): the W&B config gets it without the SAS
@@ -37,8 +37,13 @@ API_KEY = "wandb-must-not-see-this-key-" + "k" * 12
 
 
 def test_the_plugin_module_imports_no_wandb(tmp_path: Path) -> None:
-    proc = subprocess.run([sys.executable, "-c", "import sys, ddlkit_wandb.plugin; print('wandb' in sys.modules)"],
-                          capture_output=True, text=True, cwd=tmp_path, timeout=60)
+    proc = subprocess.run(
+        [sys.executable, "-c", "import sys, ddlkit_wandb.plugin; print('wandb' in sys.modules)"],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        timeout=60,
+    )
     assert proc.stdout.strip() == "False", proc.stderr
 
 
@@ -51,20 +56,38 @@ def configured(ddlkit_pm: DdlkitPluginManager, *overrides: str) -> dict[str, Any
 
 def test_logger_wandb_is_registered_with_its_options(ddlkit_pm: DdlkitPluginManager) -> None:
     cfg = configured(ddlkit_pm, "logger=[jsonl,wandb]", "logger.wandb.project=p", "logger.wandb.tags=[a,b]")
-    assert cfg["logger"]["wandb"] == {"name": "wandb", "run_name": None, "project": "p", "entity": None,
-                                      "group": None, "tags": ["a", "b"], "mode": "auto", "log_model": False,
-                                      "api_key": None, "rewind": True}
+    assert cfg["logger"]["wandb"] == {
+        "name": "wandb",
+        "run_name": None,
+        "project": "p",
+        "entity": None,
+        "group": None,
+        "tags": ["a", "b"],
+        "mode": "auto",
+        "log_model": False,
+        "api_key": None,
+        "rewind": True,
+    }
 
 
-@pytest.mark.parametrize("overrides, message", [
-    (["logger.wandb.mode=sometimes"], "logger.wandb.mode=sometimes is invalid: it must be one of auto, online, "
-                                      "offline, disabled."),
-    (["logger.wandb.log_model=true", "trainer.save_model=false"],
-     "logger.wandb.log_model=true uploads the trained model, which trainer.save_model=false does not write; set one "
-     "of them differently."),
-])
-def test_bad_settings_are_reported_before_anything_runs(ddlkit_pm: DdlkitPluginManager, overrides: list[str],
-                                                        message: str) -> None:
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        (
+            ["logger.wandb.mode=sometimes"],
+            "logger.wandb.mode=sometimes is invalid: it must be one of auto, online, offline, disabled.",
+        ),
+        (
+            ["logger.wandb.log_model=true", "trainer.save_model=false"],
+            "logger.wandb.log_model=true uploads the trained model, which trainer.save_model=false does not write; "
+            "set one "
+            "of them differently.",
+        ),
+    ],
+)
+def test_bad_settings_are_reported_before_anything_runs(
+    ddlkit_pm: DdlkitPluginManager, overrides: list[str], message: str
+) -> None:
     with pytest.raises(ddlkit.ConfigError) as info:
         configured(ddlkit_pm, "logger=[wandb]", *overrides)
     assert str(info.value) == message
@@ -81,8 +104,9 @@ def mode_of(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, env: dict[str, str]
     return WandbLogger(SimpleNamespace(**{**vars(WandbConfig()), **cfg}))._mode()
 
 
-def test_auto_mode_is_offline_without_an_api_key_and_online_with_one(monkeypatch: pytest.MonkeyPatch,
-                                                                      tmp_path: Path) -> None:
+def test_auto_mode_is_offline_without_an_api_key_and_online_with_one(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
     assert mode_of(monkeypatch, tmp_path, {}) == "offline"
     assert mode_of(monkeypatch, tmp_path, {"WANDB_API_KEY": "k" * 40}) == "online"
     assert mode_of(monkeypatch, tmp_path, {}, api_key="k" * 40) == "online"
@@ -105,11 +129,11 @@ def wandb_records(path: Path) -> Iterator[Any]:
         if block - pos % block < 7:  # a block's tail too short for a header is padding
             pos += block - pos % block
             continue
-        _, length, kind = struct.unpack("<IHB", data[pos:pos + 7])
+        _, length, kind = struct.unpack("<IHB", data[pos : pos + 7])
         if kind == 0:
             pos += block - pos % block
             continue
-        pending += data[pos + 7:pos + 7 + length]
+        pending += data[pos + 7 : pos + 7 + length]
         pos += 7 + length
         if kind in (1, 4):  # full, last
             record = wandb_internal_pb2.Record()
@@ -152,8 +176,9 @@ def offline_run(job_dir: Path) -> dict[str, Any]:
             out["run"] = record.run
             out["config"] = {item.key: json.loads(item.value_json) for item in record.run.config.update}
         elif kind == "history":
-            out["history"].append({"/".join(i.nested_key) or i.key: json.loads(i.value_json)
-                                   for i in record.history.item})
+            out["history"].append(
+                {"/".join(i.nested_key) or i.key: json.loads(i.value_json) for i in record.history.item}
+            )
         elif kind in ("exit", "environment"):
             out[kind] = getattr(record, kind)
         elif kind == "artifact":
@@ -162,20 +187,38 @@ def offline_run(job_dir: Path) -> dict[str, Any]:
 
 
 @pytest.mark.slow
-def test_a_sweep_logs_one_finished_redacted_offline_run_per_job(run_factory: RunFactory,
-                                                                monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_sweep_logs_one_finished_redacted_offline_run_per_job(
+    run_factory: RunFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
     for name in ("WANDB_API_KEY", "WANDB_MODE", "WANDB_DIR"):
         monkeypatch.delenv(name, raising=False)
     home = run_factory.base_dir / "wandb-home"  # wandb's own caches and settings, kept out of $HOME
-    env = {"WANDB_CACHE_DIR": str(home / "cache"), "WANDB_DATA_DIR": str(home / "data"),
-           "WANDB_CONFIG_DIR": str(home / "config"), "NETRC": str(home / "no-netrc"), "WANDB_MODE": "offline"}
+    env = {
+        "WANDB_CACHE_DIR": str(home / "cache"),
+        "WANDB_DATA_DIR": str(home / "data"),
+        "WANDB_CONFIG_DIR": str(home / "config"),
+        "NETRC": str(home / "no-netrc"),
+        "WANDB_MODE": "offline",
+    }
     sweep = run_factory.base_dir / "sweep"
     # job 0 completes after 3 steps; job 1 fails at step 5
     launcher = run_factory.cli(
-        "-m", "framework=fake", "logger=[jsonl,wandb]", "logger.wandb.log_model=true", "storage=memory",
-        f"storage.sas_token='{TOKEN}'", f"storage.account_url='{ACCOUNT}?{URL_SAS}'", f"logger.wandb.api_key={API_KEY}",
-        "data.length=320", "data.num_classes=10", "trainer.log_every=1", "trainer.max_steps=3,6",
-        "framework.fail_at_step=5", f"hydra.sweep.dir={sweep}", env=env).assert_returncode(1)
+        "-m",
+        "framework=fake",
+        "logger=[jsonl,wandb]",
+        "logger.wandb.log_model=true",
+        "storage=memory",
+        f"storage.sas_token='{TOKEN}'",
+        f"storage.account_url='{ACCOUNT}?{URL_SAS}'",
+        f"logger.wandb.api_key={API_KEY}",
+        "data.length=320",
+        "data.num_classes=10",
+        "trainer.log_every=1",
+        "trainer.max_steps=3,6",
+        "framework.fail_at_step=5",
+        f"hydra.sweep.dir={sweep}",
+        env=env,
+    ).assert_returncode(1)
     for marker in (TOKEN, URL_SAS, API_KEY):
         assert marker not in launcher.stdout + launcher.stderr
         for path in run_factory.base_dir.rglob("*"):
@@ -187,8 +230,12 @@ def test_a_sweep_logs_one_finished_redacted_offline_run_per_job(run_factory: Run
         assert wb["run"].run_id == (job_dir / RUN_ID_FILE).read_text().strip()
         # grouped by the sweep's name (`<parent>_<name>` of its directory), named after the job
         assert (wb["run"].run_group, wb["run"].display_name) == (f"{sweep.parent.name}_sweep", job_name(job_dir))
-        assert wb["config"]["storage"] == {"name": "memory", "sas_token": "***", "account_url": f"{ACCOUNT}?***",
-                                           "expect_sha256": ""}
+        assert wb["config"]["storage"] == {
+            "name": "memory",
+            "sas_token": "***",
+            "account_url": f"{ACCOUNT}?***",
+            "expect_sha256": "",
+        }
         assert wb["config"]["logger"]["wandb"]["api_key"] == "***"
         assert wb["config"]["ddlkit"]["sweep_job"] == str(num)
         assert wb["config"]["ddlkit"]["environment"]["python"] == sys.version.split()[0]
@@ -219,8 +266,9 @@ def test_the_api_key_is_not_printed(run_factory: RunFactory, command: tuple[str,
         assert not path.is_file() or API_KEY.encode() not in path.read_bytes(), path
 
 
-def test_the_ranks_get_the_wandb_environment_the_key_as_a_secret(ddlkit_pm: DdlkitPluginManager, tmp_path: Path,
-                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_ranks_get_the_wandb_environment_the_key_as_a_secret(
+    ddlkit_pm: DdlkitPluginManager, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Rank 0 may run on another machine: the launcher's W&B variables go with the job, the key
     in the secret environment (a target's secret channel), and only when logger=wandb is chosen."""
     from ddlkit.launch.prepare import job_environment
@@ -249,8 +297,12 @@ class TestWandbLogger(LoggerContract):
         for name in ("WANDB_API_KEY", "WANDB_MODE", "WANDB_DIR"):
             monkeypatch.delenv(name, raising=False)
         home = tmp_path / "wandb-home"  # wandb's own caches and settings, kept out of $HOME
-        for name, where in (("WANDB_CACHE_DIR", "cache"), ("WANDB_DATA_DIR", "data"),
-                            ("WANDB_CONFIG_DIR", "config"), ("NETRC", "no-netrc")):
+        for name, where in (
+            ("WANDB_CACHE_DIR", "cache"),
+            ("WANDB_DATA_DIR", "data"),
+            ("WANDB_CONFIG_DIR", "config"),
+            ("NETRC", "no-netrc"),
+        ):
             monkeypatch.setenv(name, str(home / where))
         yield WandbLogger(OmegaConf.structured(WandbConfig(mode="offline")))
         wandb.teardown()  # the service process the test's runs started
@@ -263,8 +315,12 @@ class TestWandbLogger(LoggerContract):
         # wandb names a run's directory after the second it started in, and the contract may start
         # the next attempt at once: in the same second it would overwrite this attempt's file
         time.sleep(1 - time.time() % 1)
-        return [(row["_step"], split) for row in wandb_history(Path(run.job_dir))
-                for split in ("train", "val") if any(key.startswith(f"{split}/") for key in row)]
+        return [
+            (row["_step"], split)
+            for row in wandb_history(Path(run.job_dir))
+            for split in ("train", "val")
+            if any(key.startswith(f"{split}/") for key in row)
+        ]
 
     def test_a_resumed_run_rewinds_to_its_checkpoint(self, logger: ddlkit.Logger, logger_run: ddlkit.Run) -> None:
         """A job that reached step 6 and resumes from its checkpoint at step 4 continues the same W&B
@@ -286,12 +342,22 @@ class TestWandbLogger(LoggerContract):
         self.read_back(resumed, logger_run)
         history = wandb_history(Path(logger_run.job_dir))
         assert [(row["_step"], row["train/loss"], row["_attempt"]) for row in history] == [
-            (1, 1.0, 0), (2, 2.0, 0), (3, 3.0, 0), (4, 4.0, 0), (5, 50.0, 1), (6, 60.0, 1), (7, 70.0, 1), (8, 80.0, 1)]
+            (1, 1.0, 0),
+            (2, 2.0, 0),
+            (3, 3.0, 0),
+            (4, 4.0, 0),
+            (5, 50.0, 1),
+            (6, 60.0, 1),
+            (7, 70.0, 1),
+            (8, 80.0, 1),
+        ]
         assert {path.name.rsplit("-", 1)[1] for path in Path(logger_run.job_dir, "wandb").glob("offline-run-*")} == {
-            (Path(logger_run.job_dir) / RUN_ID_FILE).read_text().strip()}  # one W&B run, two attempts
+            (Path(logger_run.job_dir) / RUN_ID_FILE).read_text().strip()
+        }  # one W&B run, two attempts
 
-    def test_rewind_false_continues_the_run_where_it_stands(self, logger: ddlkit.Logger,
-                                                            logger_run: ddlkit.Run) -> None:
+    def test_rewind_false_continues_the_run_where_it_stands(
+        self, logger: ddlkit.Logger, logger_run: ddlkit.Run
+    ) -> None:
         """logger.wandb.rewind=false (for a W&B server without rewinding): the same run, resumed as it
         stands, so W&B keeps the interrupted attempt's records up to its latest step."""
         from ddlkit.interfaces.run import RunState
@@ -309,31 +375,68 @@ class TestWandbLogger(LoggerContract):
         resumed.finish("completed", logger_run.result("completed"))
         self.read_back(resumed, logger_run)
         assert [(row["_step"], row["train/loss"]) for row in wandb_history(Path(logger_run.job_dir))] == [
-            (1, 1.0), (2, 2.0), (3, 3.0), (4, 4.0), (5, 5.0), (6, 6.0), (7, 70.0), (8, 80.0)]
+            (1, 1.0),
+            (2, 2.0),
+            (3, 3.0),
+            (4, 4.0),
+            (5, 5.0),
+            (6, 6.0),
+            (7, 70.0),
+            (8, 80.0),
+        ]
 
 
 # ---------------------------------------------------------------------------- a real restart
 @pytest.mark.slow
 @pytest.mark.skipif(shutil.which("mpirun") is None, reason="needs OpenMPI's mpirun")
 def test_a_restarted_job_continues_its_w_and_b_run_and_every_step_axis_stays_monotone(
-        tmp_path: Path, event_accumulator: type) -> None:
+    tmp_path: Path, event_accumulator: type
+) -> None:
     """compute=local_mpi, 2 ranks, 16 steps, a checkpoint every 4: rank 1 is killed (SIGKILL) in
     step 7, the job restarts and resumes from step 4. One W&B run (rewound to step 4), TensorBoard's
     step axis and metrics.jsonl each hold steps 1..16 once, in order, with the values of the attempt
     that completed (metrics.jsonl's), and the result says 1 restart, 2 steps lost."""
     home = tmp_path / "wandb-home"
-    env = {**{k: v for k, v in os.environ.items() if k not in ("WANDB_API_KEY", "WANDB_DIR")},
-           "DDLKIT_PLUGINS": "ddlkit.testing.fakes", "WANDB_MODE": "offline", "WANDB_CACHE_DIR": str(home / "cache"),
-           "WANDB_DATA_DIR": str(home / "data"), "WANDB_CONFIG_DIR": str(home / "config"),
-           "NETRC": str(home / "no-netrc")}
+    env = {
+        **{k: v for k, v in os.environ.items() if k not in ("WANDB_API_KEY", "WANDB_DIR")},
+        "DDLKIT_PLUGINS": "ddlkit.testing.fakes",
+        "WANDB_MODE": "offline",
+        "WANDB_CACHE_DIR": str(home / "cache"),
+        "WANDB_DATA_DIR": str(home / "data"),
+        "WANDB_CONFIG_DIR": str(home / "config"),
+        "NETRC": str(home / "no-netrc"),
+    }
     job_dir = tmp_path / "job"
     proc = subprocess.run(
-        [sys.executable, "-m", "ddlkit", "framework=fake", "compute=local_mpi", "compute.procs_per_node=2",
-         "dist=native", "data.image_size=8", "data.num_classes=4", "data.length=256", "data.val_length=32",
-         "trainer.batch_size=16", "trainer.epochs=2", "trainer.log_every=1", "trainer.checkpoint_every=4",
-         "trainer.deterministic=true", "restart.backoff_s=0", "framework.kill_at_step=7", "framework.kill_rank=1",
-         "logger=[console,jsonl,tensorboard,wandb]", f"hydra.run.dir={job_dir}"],
-        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+        [
+            sys.executable,
+            "-m",
+            "ddlkit",
+            "framework=fake",
+            "compute=local_mpi",
+            "compute.procs_per_node=2",
+            "dist=native",
+            "data.image_size=8",
+            "data.num_classes=4",
+            "data.length=256",
+            "data.val_length=32",
+            "trainer.batch_size=16",
+            "trainer.epochs=2",
+            "trainer.log_every=1",
+            "trainer.checkpoint_every=4",
+            "trainer.deterministic=true",
+            "restart.backoff_s=0",
+            "framework.kill_at_step=7",
+            "framework.kill_rank=1",
+            "logger=[console,jsonl,tensorboard,wandb]",
+            f"hydra.run.dir={job_dir}",
+        ],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "ddlkit: restart 1/3: " in proc.stdout and "resuming from step 4" in proc.stdout
     result = json.loads((job_dir / "result.json").read_text())
@@ -348,7 +451,8 @@ def test_a_restarted_job_continues_its_w_and_b_run_and_every_step_axis_stays_mon
     assert [(row["_step"], round(row["train/loss"], 4)) for row in history] == losses
     runs = sorted((job_dir / "wandb").glob("offline-run-*"))
     assert len(runs) == 2 and {run.name.rsplit("-", 1)[1] for run in runs} == {
-        (job_dir / RUN_ID_FILE).read_text().strip()}
+        (job_dir / RUN_ID_FILE).read_text().strip()
+    }
     summary = {}
     for record in wandb_records(next(runs[1].glob("run-*.wandb"))):
         if record.WhichOneof("record_type") == "summary":

@@ -48,8 +48,19 @@ import ddlkit
 from ddlkit.compute.containers import horovod_image_note
 from ddlkit.compute.layout import LOCAL_SIZE_ENV, NODE_ENV
 from ddlkit.interfaces import JobHandle, JobSpec, JobState, JobStatus
-from ddlkit.jobdir import (CODE_DIR, CODE_FILE, CONFIG_FILE, ENVIRONMENT_FILE, EXIT_COMPLETED, EXIT_FAILED,
-                           EXIT_PREEMPTED, JOB_FILE, OVERRIDES_FILE, STATE_DIR, rank_log)
+from ddlkit.jobdir import (
+    CODE_DIR,
+    CODE_FILE,
+    CONFIG_FILE,
+    ENVIRONMENT_FILE,
+    EXIT_COMPLETED,
+    EXIT_FAILED,
+    EXIT_PREEMPTED,
+    JOB_FILE,
+    OVERRIDES_FILE,
+    STATE_DIR,
+    rank_log,
+)
 from ddlkit.redact import REDACTED, scrub
 
 from ._environment import job_environment, workspace_build
@@ -82,7 +93,8 @@ DATA_ROOT_ENV = "DDLKIT_DATA_ROOT"
 STATES = {
     **dict.fromkeys(("NotStarted", "Queued", "Preparing", "Starting", "Provisioning", "Paused"), JobState.PENDING),
     **dict.fromkeys(("Running", "Finalizing", "NotResponding"), JobState.RUNNING),
-    "Completed": JobState.SUCCEEDED, "Failed": JobState.FAILED,
+    "Completed": JobState.SUCCEEDED,
+    "Failed": JobState.FAILED,
     **dict.fromkeys(("Canceled", "CancelRequested"), JobState.CANCELLED),
 }
 TERMINAL = ("Completed", "Failed", "Canceled")
@@ -127,9 +139,11 @@ def job_command(target: AzureMLTarget, spec: JobSpec, files: list[str]) -> str:
     kind = distribution_kind(target)
     if kind == "mpi":
         # OpenMPI gives each rank its place; rank 0's host comes from Azure ML (several nodes: "ip:port")
-        lines += ['MASTER_ADDR="${AZ_BATCH_MASTER_NODE%%:*}"',
-                  'export MASTER_ADDR="${MASTER_ADDR:-${AZ_BATCHAI_MPI_MASTER_NODE:-127.0.0.1}}"',
-                  f"export MASTER_PORT={int(target.cfg.master_port)}"]
+        lines += [
+            'MASTER_ADDR="${AZ_BATCH_MASTER_NODE%%:*}"',
+            'export MASTER_ADDR="${MASTER_ADDR:-${AZ_BATCHAI_MPI_MASTER_NODE:-127.0.0.1}}"',
+            f"export MASTER_PORT={int(target.cfg.master_port)}",
+        ]
     elif kind == "pytorch":
         # Azure ML sets MASTER_ADDR, MASTER_PORT, RANK, WORLD_SIZE, LOCAL_RANK and NODE_RANK
         lines.append(f'export {LOCAL_SIZE_ENV}={int(target.cfg.procs_per_node)} {NODE_ENV}="${{NODE_RANK:-0}}"')
@@ -145,8 +159,10 @@ def place_snapshot() -> list[str]:
     are removed; ``code.json`` comes last, and once it matches, a process (a later one, or the job
     queued again after a preemption) has nothing to do."""
     # $0: the job's directory; the arguments: the snapshot's files, relative to its input
-    put = (f'for f; do d="$0/${{f%/*}}"; t="$d/.${{f##*/}}{PARTIAL}.$(hostname).$$"; '
-           'mkdir -p "$d" && cp "$f" "$t" && mv -f "$t" "$0/$f" || exit 1; done')
+    put = (
+        f'for f; do d="$0/${{f%/*}}"; t="$d/.${{f##*/}}{PARTIAL}.$(hostname).$$"; '
+        'mkdir -p "$d" && cp "$f" "$t" && mv -f "$t" "$0/$f" || exit 1; done'
+    )
     # $0: the snapshot; the arguments: the files in the job's directory
     drop = 'for f; do [ -e "$0/$f" ] || rm -f "$f"; done'
     partial = f'"$out/.{CODE_FILE}{PARTIAL}.$(hostname).$$"'
@@ -157,7 +173,7 @@ def place_snapshot() -> list[str]:
         f'  (cd "$out" && find {CODE_DIR} -type f ! -name "*{PARTIAL}*" '
         f'-exec sh -c {shlex.quote(drop)} "$code" {{}} +)',
         f'  cp "$code/{CODE_FILE}" {partial} && mv -f {partial} "$out/{CODE_FILE}"',
-        'fi',
+        "fi",
     ]
 
 
@@ -174,26 +190,52 @@ def azureml_job_name(spec: JobSpec) -> str:
     return re.sub(r"[^A-Za-z0-9_-]", "_", f"ddlkit-{spec.name}")[:240] + f"-{uuid.uuid4().hex[:6]}"
 
 
-def build_job(target: AzureMLTarget, spec: JobSpec, *, code: str, files: list[str], name: str, environment: Any,
-              environment_variables: Mapping[str, str]) -> Any:
+def build_job(
+    target: AzureMLTarget,
+    spec: JobSpec,
+    *,
+    code: str,
+    files: list[str],
+    name: str,
+    environment: Any,
+    environment_variables: Mapping[str, str],
+) -> Any:
     """The command job; ``environment``: an ``Environment`` or an ``azureml:<name>:<version>`` reference."""
     cfg = target.cfg
     kind = distribution_kind(target)
-    distribution = (PyTorchDistribution(process_count_per_instance=cfg.procs_per_node) if kind == "pytorch" else
-                    MpiDistribution(process_count_per_instance=cfg.procs_per_node) if kind == "mpi" else None)
-    inputs = ({DATA_INPUT: Input(type="uri_folder", path=target.data_input, mode=target.input_mode)}
-              if target.data_input else {})
+    distribution = (
+        PyTorchDistribution(process_count_per_instance=cfg.procs_per_node)
+        if kind == "pytorch"
+        else MpiDistribution(process_count_per_instance=cfg.procs_per_node)
+        if kind == "mpi"
+        else None
+    )
+    inputs = (
+        {DATA_INPUT: Input(type="uri_folder", path=target.data_input, mode=target.input_mode)}
+        if target.data_input
+        else {}
+    )
     if spec.code_digest:
         # downloaded: each node's processes read it from the node's own disk
         inputs[CODE_INPUT] = Input(type="uri_folder", path=target.snapshot_uri(spec.code_digest), mode="download")
     output_dir = f"{str(cfg.output_root).rstrip('/')}/{spec.name}/"
     outputs = {OUTPUT: Output(type="uri_folder", mode="rw_mount", path=output_dir)}
     return command(
-        name=name, display_name=spec.name, experiment_name=cfg.experiment, tags={"ddlkit_job": spec.name},
-        code=code, command=job_command(target, spec, files), environment=environment,
-        compute=cfg.cluster, instance_count=cfg.nodes, distribution=distribution, inputs=inputs, outputs=outputs,
+        name=name,
+        display_name=spec.name,
+        experiment_name=cfg.experiment,
+        tags={"ddlkit_job": spec.name},
+        code=code,
+        command=job_command(target, spec, files),
+        environment=environment,
+        compute=cfg.cluster,
+        instance_count=cfg.nodes,
+        distribution=distribution,
+        inputs=inputs,
+        outputs=outputs,
         environment_variables={**environment_variables, "PYTHONUNBUFFERED": "1"},
-        queue_settings={"job_tier": "Spot"} if cfg.spot else None)
+        queue_settings={"job_tier": "Spot"} if cfg.spot else None,
+    )
 
 
 def stage(spec: JobSpec, target: AzureMLTarget, into: Path) -> list[str]:
@@ -218,15 +260,24 @@ def plan(target: AzureMLTarget, spec: JobSpec) -> str:
     from azure.ai.ml.entities._job.to_rest_functions import to_rest_job_object
 
     cfg = target.cfg
-    arm = (f"/subscriptions/{cfg.subscription_id}/resourceGroups/{cfg.resource_group}/providers/"
-           f"Microsoft.MachineLearningServices/workspaces/{cfg.workspace}")
+    arm = (
+        f"/subscriptions/{cfg.subscription_id}/resourceGroups/{cfg.resource_group}/providers/"
+        f"Microsoft.MachineLearningServices/workspaces/{cfg.workspace}"
+    )
     name = azureml_job_name(spec)[:-6] + "<random>"
     files = list(LAUNCHER_FILES)  # what the launcher writes into the job directory before it submits
     shown = {**spec.env, **dict.fromkeys(spec.secret_env, REDACTED)}
     build = workspace_build(target)
     environment = Environment(image=str(cfg.image)) if build is None else build.reference
-    job = build_job(target, spec, code=str(spec.job_dir), files=files, name=name, environment=environment,
-                    environment_variables=shown)._to_job()
+    job = build_job(
+        target,
+        spec,
+        code=str(spec.job_dir),
+        files=files,
+        name=name,
+        environment=environment,
+        environment_variables=shown,
+    )._to_job()
     if build is None:
         job.environment = f"{arm}/environments/{environment.name}/versions/{environment.version}"
         about_environment = f"{cfg.image} (an anonymous environment version; its registry is asked for it first)"
@@ -238,21 +289,29 @@ def plan(target: AzureMLTarget, spec: JobSpec) -> str:
         if target.horovod:
             about_environment += f"; dist=horovod: {horovod_image_note(gpu=bool(cfg.gpu))}"
     if distribution_kind(target) == "mpi" and target.horovod:
-        about_environment += (f"\n# distribution: Mpi, {cfg.procs_per_node} process(es) on each of {cfg.nodes} "
-                              f"node(s): Azure ML's mpirun starts the {target.world_size} Horovod ranks")
+        about_environment += (
+            f"\n# distribution: Mpi, {cfg.procs_per_node} process(es) on each of {cfg.nodes} "
+            f"node(s): Azure ML's mpirun starts the {target.world_size} Horovod ranks"
+        )
     job.code = f"{arm}/codes/<uploaded at submission>/versions/1"
     job.compute = f"{arm}/computes/{cfg.cluster}"
     body = to_rest_job_object(job).as_dict()
     body.pop("name", None)
     text = json.dumps(body, indent=2, sort_keys=True)
-    snapshot = (f"# code snapshot: {target.snapshot_uri(spec.code_digest)}, the input {CODE_INPUT} (uploaded there "
-                f"unless its {CODE_FILE} is there already: once per content digest), put into the job's directory "
-                f"as {CODE_DIR}/ by the command\n" if spec.code_digest else "")
-    return (f"PUT {_ARM}{arm}/jobs/{name}\n"
-            f"# code: {', '.join(files)} from {spec.job_dir}, uploaded to the workspace's default datastore\n"
-            f"{snapshot}"
-            f"# environment: {about_environment}\n"
-            f"{scrub(text, spec.secret_env)}")
+    snapshot = (
+        f"# code snapshot: {target.snapshot_uri(spec.code_digest)}, the input {CODE_INPUT} (uploaded there "
+        f"unless its {CODE_FILE} is there already: once per content digest), put into the job's directory "
+        f"as {CODE_DIR}/ by the command\n"
+        if spec.code_digest
+        else ""
+    )
+    return (
+        f"PUT {_ARM}{arm}/jobs/{name}\n"
+        f"# code: {', '.join(files)} from {spec.job_dir}, uploaded to the workspace's default datastore\n"
+        f"{snapshot}"
+        f"# environment: {about_environment}\n"
+        f"{scrub(text, spec.secret_env)}"
+    )
 
 
 # ---------------------------------------------------------------------------- the workspace
@@ -267,13 +326,20 @@ class Workspace:
     def client(self) -> MLClient:
         if self._client is None:
             c = self.cfg
-            self._client = MLClient(management_credential(), str(c.subscription_id), str(c.resource_group),
-                                    str(c.workspace), enable_telemetry=False, show_progress=False)
+            self._client = MLClient(
+                management_credential(),
+                str(c.subscription_id),
+                str(c.resource_group),
+                str(c.workspace),
+                enable_telemetry=False,
+                show_progress=False,
+            )
         return self._client
 
     @contextlib.contextmanager
-    def errors(self, what: str, secrets: Mapping[str, str] | None = None, *,
-               reading_workspace: bool = False) -> Iterator[None]:
+    def errors(
+        self, what: str, secrets: Mapping[str, str] | None = None, *, reading_workspace: bool = False
+    ) -> Iterator[None]:
         """Azure's answers as the errors ddlkit acts on (one line, secrets scrubbed);
         ``reading_workspace``: the call reads the workspace itself, so its 404 says it is missing."""
         c = self.cfg
@@ -281,8 +347,10 @@ class Workspace:
             yield
         except ClientAuthenticationError as err:
             if getattr(err, "status_code", None) == 401:
-                raise ddlkit.ConfigError(f"{what}: Azure refused the credential (401): sign in again (`az login`) "
-                                         "or check the service principal's secret.") from None
+                raise ddlkit.ConfigError(
+                    f"{what}: Azure refused the credential (401): sign in again (`az login`) "
+                    "or check the service principal's secret."
+                ) from None
             raise ddlkit.ConfigError(f"{what}: no Azure credential found; {SIGN_IN}.") from None
         except HttpResponseError as err:
             status = err.status_code
@@ -291,7 +359,8 @@ class Workspace:
                 raise ddlkit.ConfigError(
                     f"{what}: access denied to workspace {c.workspace} (403: {message}). The identity needs the "
                     f"'AzureML Data Scientist' role (or Contributor) on the workspace: ask its owner for `az role "
-                    f"assignment create --role \"AzureML Data Scientist\" --scope <workspace id>`.") from None
+                    f'assignment create --role "AzureML Data Scientist" --scope <workspace id>`.'
+                ) from None
             if status == 404:
                 raise self._not_found(what, err, message, reading_workspace=reading_workspace) from None
             raise ddlkit.ConfigError(f"{what}: Azure ML answered {status}: {message}") from None
@@ -300,8 +369,7 @@ class Workspace:
         except MlException as err:
             raise ddlkit.ConfigError(f"{what}: the Azure ML SDK refused the job: {_first_line(err, secrets)}") from None
 
-    def _not_found(self, what: str, err: BaseException, message: str, *,
-                   reading_workspace: bool) -> ddlkit.ConfigError:
+    def _not_found(self, what: str, err: BaseException, message: str, *, reading_workspace: bool) -> ddlkit.ConfigError:
         """A 404 as what is missing: the subscription or resource group (ARM's code says which), the
         workspace (its own read, or ARM naming it as the missing resource or parent), or whatever
         else was asked for (the service's message)."""
@@ -311,13 +379,15 @@ class Workspace:
             return wrong
         # ARM names a missing resource by type and name, quoted: the workspace itself ends the
         # quote, a resource in it (.../workspaces/<ws>/datastores/<name>') does not
-        names_workspace = re.search(rf"Microsoft\.MachineLearningServices/workspaces/{re.escape(str(c.workspace))}'",
-                                    message, re.IGNORECASE)
+        names_workspace = re.search(
+            rf"Microsoft\.MachineLearningServices/workspaces/{re.escape(str(c.workspace))}'", message, re.IGNORECASE
+        )
         if reading_workspace or error_code(err) in _NOT_FOUND_CODES and names_workspace:
             return ddlkit.ConfigError(
                 f"{what}: workspace {c.workspace} was not found in resource group {c.resource_group} of "
                 f"subscription {c.subscription_id} ({message}): check compute.subscription_id, "
-                "compute.resource_group and compute.workspace.")
+                "compute.resource_group and compute.workspace."
+            )
         return ddlkit.ConfigError(f"{what}: Azure ML answered 404: {message}")
 
     def check_cluster(self) -> None:
@@ -330,14 +400,17 @@ class Workspace:
                 cluster = self.client.compute.get(str(c.cluster))
             except ResourceNotFoundError:
                 names = sorted(compute.name for compute in self.client.compute.list())
-                raise ddlkit.ConfigError(f"compute.cluster={c.cluster} is not a compute of workspace {c.workspace}; "
-                                         f"it has: {', '.join(names) or '(none)'}.") from None
+                raise ddlkit.ConfigError(
+                    f"compute.cluster={c.cluster} is not a compute of workspace {c.workspace}; "
+                    f"it has: {', '.join(names) or '(none)'}."
+                ) from None
         most = getattr(cluster, "max_instances", None)
         if most is not None and c.nodes > most:
             raise ddlkit.ConfigError(
                 f"compute.nodes={c.nodes} is more than cluster {c.cluster} can have ({most} nodes at most): lower "
                 f"compute.nodes, or raise the cluster's maximum (az ml compute update --name {c.cluster} "
-                f"--max-instances {c.nodes}).")
+                f"--max-instances {c.nodes})."
+            )
 
     def upload_snapshot(self, target: AzureMLTarget, spec: JobSpec) -> None:
         """The job's code snapshot (``code/`` and ``code.json`` of its directory) to
@@ -354,13 +427,17 @@ class Workspace:
             info = get_datastore_info(self.client.datastores, datastore)
         kind = info["storage_type"]  # the SDK's DatastoreType, a str
         if kind != "AzureBlob":
-            raise ddlkit.ConfigError(f"compute.code_root={target.cfg.code_root} names datastore {datastore}, of type "
-                                     f"{getattr(kind, 'value', kind)}: code snapshots go to a blob datastore, e.g. "
-                                     "azureml://datastores/workspaceblobstore/paths/ddlkit-code.")
-        container = BlobServiceClient(account_url=info["account_url"], credential=info["credential"]) \
-            .get_container_client(info["container_name"])
-        files = [p.relative_to(spec.job_dir).as_posix() for p in sorted((spec.job_dir / CODE_DIR).rglob("*"))
-                 if p.is_file()]
+            raise ddlkit.ConfigError(
+                f"compute.code_root={target.cfg.code_root} names datastore {datastore}, of type "
+                f"{getattr(kind, 'value', kind)}: code snapshots go to a blob datastore, e.g. "
+                "azureml://datastores/workspaceblobstore/paths/ddlkit-code."
+            )
+        container = BlobServiceClient(
+            account_url=info["account_url"], credential=info["credential"]
+        ).get_container_client(info["container_name"])
+        files = [
+            p.relative_to(spec.job_dir).as_posix() for p in sorted((spec.job_dir / CODE_DIR).rglob("*")) if p.is_file()
+        ]
 
         def put(rel: str) -> None:
             with open(spec.job_dir / rel, "rb") as f:
@@ -376,10 +453,13 @@ class Workspace:
             raise ddlkit.ConfigError(
                 f"uploading the code snapshot to {uri}: the datastore's storage answered {err.status_code}: "
                 f"{_first_line(err, spec.secret_env)} (writing needs the datastore's credential, or for an "
-                "identity-based datastore the 'Storage Blob Data Contributor' role on its storage account).") from None
+                "identity-based datastore the 'Storage Blob Data Contributor' role on its storage account)."
+            ) from None
         except ServiceRequestError as err:
-            raise ddlkit.ConfigError(f"uploading the code snapshot to {uri}: cannot reach the datastore's storage "
-                                     f"({_first_line(err, spec.secret_env)}).") from None
+            raise ddlkit.ConfigError(
+                f"uploading the code snapshot to {uri}: cannot reach the datastore's storage "
+                f"({_first_line(err, spec.secret_env)})."
+            ) from None
 
     def submit(self, target: AzureMLTarget, spec: JobSpec) -> AzureMLJob:
         self.check_cluster()
@@ -390,15 +470,26 @@ class Workspace:
         with tempfile.TemporaryDirectory(prefix="ddlkit-azureml-") as tmp:
             code = Path(tmp) / "job"
             files = stage(spec, target, code)
-            job = build_job(target, spec, code=str(code), files=files, name=name, environment=environment,
-                            environment_variables={**spec.env, **spec.secret_env})
+            job = build_job(
+                target,
+                spec,
+                code=str(code),
+                files=files,
+                name=name,
+                environment=environment,
+                environment_variables={**spec.env, **spec.secret_env},
+            )
             # the SDK prints a colour reset and blank lines to stderr after uploading the code,
             # whatever show_progress says: they would land among the job's output
-            with self.errors(f"submitting job {spec.name}", spec.secret_env), \
-                    contextlib.redirect_stderr(io.StringIO()):
+            with self.errors(f"submitting job {spec.name}", spec.secret_env), contextlib.redirect_stderr(io.StringIO()):
                 created = self.client.jobs.create_or_update(job)
-        return AzureMLJob(self, created.name, job_dir=spec.job_dir, poll_interval_s=target.cfg.poll_interval_s,
-                          secrets=spec.secret_env)
+        return AzureMLJob(
+            self,
+            created.name,
+            job_dir=spec.job_dir,
+            poll_interval_s=target.cfg.poll_interval_s,
+            secrets=spec.secret_env,
+        )
 
 
 def _first_line(err: BaseException, secrets: Mapping[str, str] | None) -> str:
@@ -415,8 +506,15 @@ class AzureMLJob(JobHandle):
     ``poll_interval_s`` however often :meth:`status` is called; following the log adds one ranged
     read of rank 0's log file per look."""
 
-    def __init__(self, workspace: Workspace, name: str, *, job_dir: Path, poll_interval_s: float,
-                 secrets: Mapping[str, str] | None = None) -> None:
+    def __init__(
+        self,
+        workspace: Workspace,
+        name: str,
+        *,
+        job_dir: Path,
+        poll_interval_s: float,
+        secrets: Mapping[str, str] | None = None,
+    ) -> None:
         self.workspace, self.id = workspace, name
         self.job_dir = Path(job_dir)
         self.poll_interval_s = poll_interval_s
@@ -464,9 +562,12 @@ class AzureMLJob(JobHandle):
             # whether it stopped after a checkpoint (the resume hint then applies)
             code = EXIT_PREEMPTED if ", resumable" in tail else code  # ddlkit.rank.worker: "...; <what>, resumable"
             return JobStatus(JobState.CANCELLED, code, f"Azure ML job {self.id} was cancelled; {self._tail_text(tail)}")
-        return JobStatus(JobState.FAILED, code if code is not None else EXIT_FAILED,
-                         f"Azure ML job {self.id} failed: {scrub(error, self._secrets) or 'no reason given'}; "
-                         f"{self._tail_text(tail)}")
+        return JobStatus(
+            JobState.FAILED,
+            code if code is not None else EXIT_FAILED,
+            f"Azure ML job {self.id} failed: {scrub(error, self._secrets) or 'no reason given'}; "
+            f"{self._tail_text(tail)}",
+        )
 
     def _tail_text(self, tail: str) -> str:
         lines = tail.splitlines()[-15:] or ["(no log)"]
@@ -572,11 +673,16 @@ class AzureMLJob(JobHandle):
                     f"downloading job {self.id}'s output: Azure ML's run history says the job ended ({ended}), but "
                     f"its job record still says {recorded} after {self.settle_s:.0f} s, and the output is downloaded "
                     f"only once they agree. It stays in the workspace: download it later with `ddlkit jobs attach "
-                    f"{self.job_dir}`.", component="compute")
+                    f"{self.job_dir}`.",
+                    component="compute",
+                )
             if not told:
-                print(f"ddlkit: Azure ML's job record says {recorded} while its run history says {ended}: waiting "
-                      f"up to {self.settle_s:.0f} s for them to agree before downloading the output",
-                      file=sys.stderr, flush=True)
+                print(
+                    f"ddlkit: Azure ML's job record says {recorded} while its run history says {ended}: waiting "
+                    f"up to {self.settle_s:.0f} s for them to agree before downloading the output",
+                    file=sys.stderr,
+                    flush=True,
+                )
                 told = True
             time.sleep(max(0.0, min(self.poll_interval_s, deadline - time.monotonic())))
 
@@ -597,8 +703,11 @@ class AzureMLJob(JobHandle):
                     rel = path.relative_to(source)
                     # the launcher's own files (its job files, its code snapshot) stay; the job's
                     # bookkeeping (its lock) stays there
-                    if rel.parts[0] in (STATE_DIR, CODE_DIR) or len(rel.parts) == 1 and rel.name in (
-                            *LAUNCHER_FILES, CODE_FILE):
+                    if (
+                        rel.parts[0] in (STATE_DIR, CODE_DIR)
+                        or len(rel.parts) == 1
+                        and rel.name in (*LAUNCHER_FILES, CODE_FILE)
+                    ):
                         continue
                     if path.is_file():
                         (self.job_dir / rel).parent.mkdir(parents=True, exist_ok=True)

@@ -18,14 +18,21 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 import requests
-from azure.core.exceptions import (AzureError, ClientAuthenticationError, HttpResponseError, ResourceExistsError,
-                                   ResourceNotFoundError, ServiceRequestError, ServiceResponseError)
+from azure.core.exceptions import (
+    AzureError,
+    ClientAuthenticationError,
+    HttpResponseError,
+    ResourceExistsError,
+    ResourceNotFoundError,
+    ServiceRequestError,
+    ServiceResponseError,
+)
 from azure.core.pipeline.transport import RequestsTransport
 from azure.storage.blob import BlobServiceClient, ContainerClient, ContentSettings
 
 from ddlkit import ConfigError, RunError
-from ddlkit.storage import TransientStorageError
 from ddlkit.redact import scrub
+from ddlkit.storage import TransientStorageError
 
 from .credentials import Auth, Credential, check_tls
 
@@ -33,8 +40,10 @@ from .credentials import Auth, Credential, check_tls
 SHA256_KEY = "ddlkit_sha256"
 _CHUNK = 4 << 20
 _TRANSIENT_STATUS = {408, 429, 500, 502, 503, 504}
-_SOCKET_ERROR = re.compile(r"(\[Errno -?\d+\][^\"')]*|Read timed out|timed out|Connection aborted|"
-                           r"Connection reset by peer|Remote end closed connection without response)")
+_SOCKET_ERROR = re.compile(
+    r"(\[Errno -?\d+\][^\"')]*|Read timed out|timed out|Connection aborted|"
+    r"Connection reset by peer|Remote end closed connection without response)"
+)
 #: Every network wait is bounded, and the SDK does not retry on its own: ddlkit's retry loop
 #: (ddlkit.storage.retry) is the only one, and it prints each retry with its delay. The
 #: SDK's default (3 silent retries with 15-24 s back-off, 20 s connects, 300 s reads) kept a run
@@ -49,10 +58,10 @@ _CREDENTIAL_NAMES = {Auth.sas: "the SAS token", Auth.connection_string: "the con
 #: what to do about a refusal, per credential kind
 _FIXES = {
     Auth.sas: "The SAS token needs read, write, create and list permissions on the container and must not have "
-              "expired.",
+    "expired.",
     Auth.connection_string: "Check the connection string's account key (regenerated keys invalidate it).",
     Auth.default_credential: "Give the identity the 'Storage Blob Data Contributor' role on the storage account "
-                             "(or sign in as one that has it: az login).",
+    "(or sign in as one that has it: az login).",
 }
 
 
@@ -63,8 +72,9 @@ def service_client(cred: Credential, *, connections: int) -> BlobServiceClient:
     session.mount("https://", adapter)
     session.mount("http://", adapter)
     # the timeouts go to the transport itself: a client given a transport does not pass its own on
-    transport = RequestsTransport(session=session, session_owner=True, connection_timeout=CONNECT_TIMEOUT_S,
-                                  read_timeout=READ_TIMEOUT_S)
+    transport = RequestsTransport(
+        session=session, session_owner=True, connection_timeout=CONNECT_TIMEOUT_S, read_timeout=READ_TIMEOUT_S
+    )
     options = dict(transport=transport, retry_total=0)
     if cred.kind is Auth.connection_string:
         client = BlobServiceClient.from_connection_string(cred.secret, **options)
@@ -75,16 +85,19 @@ def service_client(cred: Credential, *, connections: int) -> BlobServiceClient:
     try:
         from azure.identity import DefaultAzureCredential
     except ImportError:
-        raise ConfigError("storage.auth=default_credential (or no SAS token / connection string found) needs "
-                          "azure-identity: pip install 'ddlkit-azure[identity]'.") from None
+        raise ConfigError(
+            "storage.auth=default_credential (or no SAS token / connection string found) needs "
+            "azure-identity: pip install 'ddlkit-azure[identity]'."
+        ) from None
     return BlobServiceClient(cred.account_url, credential=DefaultAzureCredential(), **options)
 
 
 class Container:
     """Blobs under ``prefix`` in one container, addressed by keys relative to the prefix."""
 
-    def __init__(self, service: BlobServiceClient, container: str, prefix: str, cred: Credential,
-                 max_concurrency: int) -> None:
+    def __init__(
+        self, service: BlobServiceClient, container: str, prefix: str, cred: Credential, max_concurrency: int
+    ) -> None:
         self.client: ContainerClient = service.get_container_client(container)
         self.name, self.prefix = container, prefix.strip("/")
         self.max_concurrency = max_concurrency
@@ -103,14 +116,16 @@ class Container:
         except ResourceNotFoundError:
             raise FileNotFoundError(f"{what}: not found in container {self.name!r}") from None
         except ClientAuthenticationError as err:
-            raise ConfigError(f"{what}: Azure refused {self.credential} ({self._message(err)}). "
-                              f"{_FIXES[self._auth]}") from None
+            raise ConfigError(
+                f"{what}: Azure refused {self.credential} ({self._message(err)}). {_FIXES[self._auth]}"
+            ) from None
         except HttpResponseError as err:
             if err.status_code in _TRANSIENT_STATUS:
                 raise TransientStorageError(f"{what}: {self._message(err)}") from None
             if err.status_code == 403:
-                raise ConfigError(f"{what}: access denied to {self.credential} ({self._message(err)}). "
-                                  f"{_FIXES[self._auth]}") from None
+                raise ConfigError(
+                    f"{what}: access denied to {self.credential} ({self._message(err)}). {_FIXES[self._auth]}"
+                ) from None
             raise RunError(f"{what}: {self._message(err)}", component="storage") from None
         except (ServiceRequestError, ServiceResponseError) as err:
             raise TransientStorageError(f"{what}: {self._network_message(err)}") from None
@@ -166,9 +181,14 @@ class Container:
                 md5.update(chunk)
         self.ensure_container()
         with self._errors(f"uploading {key}"), open(local_path, "rb") as f:
-            self.client.upload_blob(self.blob_name(key), f, overwrite=True, max_concurrency=self.max_concurrency,
-                                    metadata={SHA256_KEY: sha.hexdigest()},
-                                    content_settings=ContentSettings(content_md5=bytearray(md5.digest())))
+            self.client.upload_blob(
+                self.blob_name(key),
+                f,
+                overwrite=True,
+                max_concurrency=self.max_concurrency,
+                metadata={SHA256_KEY: sha.hexdigest()},
+                content_settings=ContentSettings(content_md5=bytearray(md5.digest())),
+            )
 
     def download(self, key: str, local_path: Path) -> None:
         """To a temporary sibling, then renamed: ``local_path`` is the whole blob or untouched."""
@@ -193,7 +213,7 @@ class Container:
         try:
             with self._errors(f"listing {base}{prefix}"):
                 for blob in self.client.list_blobs(name_starts_with=base + prefix, include=["metadata"]):
-                    found[blob.name[len(base):]] = (blob.size, (blob.metadata or {}).get(SHA256_KEY))
+                    found[blob.name[len(base) :]] = (blob.size, (blob.metadata or {}).get(SHA256_KEY))
         except FileNotFoundError:  # no container yet: nothing in it
             return {}
         return found

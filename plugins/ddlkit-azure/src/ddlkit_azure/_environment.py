@@ -56,9 +56,11 @@ class WorkspaceBuild:
 
     def describe(self) -> str:
         args = " ".join(f"{k}={v}" for k, v in self.context.build_args.items())
-        return (f"{self.name}:{self.version}, built by the workspace from {DOCKERFILE} ({args}) with "
-                f"{len(self.context.files)} files, {self.context.size / 1e6:.1f} MB, of {self.context.root}; "
-                "created by the first job that finds no such version, reused by every later one")
+        return (
+            f"{self.name}:{self.version}, built by the workspace from {DOCKERFILE} ({args}) with "
+            f"{len(self.context.files)} files, {self.context.size / 1e6:.1f} MB, of {self.context.root}; "
+            "created by the first job that finds no such version, reused by every later one"
+        )
 
 
 def workspace_build(target: AzureMLTarget) -> WorkspaceBuild | None:
@@ -89,16 +91,23 @@ def job_environment(workspace: Workspace, target: AzureMLTarget) -> Any:
             return build.reference
         except ResourceNotFoundError:
             pass
-    print(f"ddlkit: creating environment {build.name}:{build.version} in workspace {target.cfg.workspace}: the "
-          f"workspace builds ddlkit's image from it for the first job (this takes a while), later jobs reuse it",
-          file=sys.stderr, flush=True)
-    with tempfile.TemporaryDirectory(prefix="ddlkit-azureml-") as tmp, \
-            workspace.errors(f"creating environment {build.name}:{build.version}"):
+    print(
+        f"ddlkit: creating environment {build.name}:{build.version} in workspace {target.cfg.workspace}: the "
+        f"workspace builds ddlkit's image from it for the first job (this takes a while), later jobs reuse it",
+        file=sys.stderr,
+        flush=True,
+    )
+    with (
+        tempfile.TemporaryDirectory(prefix="ddlkit-azureml-") as tmp,
+        workspace.errors(f"creating environment {build.name}:{build.version}"),
+    ):
         environment = Environment(
-            name=build.name, version=build.version,
+            name=build.name,
+            version=build.version,
             build=BuildContext(path=str(build.context.write(Path(tmp) / "context")), dockerfile_path=DOCKERFILE),
             description=f"ddlkit {ddlkit.__version__}'s image, built from {DOCKERFILE}",
-            tags={"ddlkit_version": ddlkit.__version__, "sha256": build.context.digest, **build.context.build_args})
+            tags={"ddlkit_version": ddlkit.__version__, "sha256": build.context.digest, **build.context.build_args},
+        )
         try:
             workspace.client.environments.create_or_update(environment)
         except ResourceExistsError:

@@ -20,8 +20,10 @@ from ddlkit import ConfigError
 #: for was never looked at)
 SUBSCRIPTION_NOT_FOUND, RESOURCE_GROUP_NOT_FOUND = "SubscriptionNotFound", "ResourceGroupNotFound"
 #: how to sign in, for every "no credential" message
-SIGN_IN = ("sign in with `az login`, run where a managed identity is assigned, or set AZURE_CLIENT_ID, "
-           "AZURE_TENANT_ID and AZURE_CLIENT_SECRET (a service principal) in the environment")
+SIGN_IN = (
+    "sign in with `az login`, run where a managed identity is assigned, or set AZURE_CLIENT_ID, "
+    "AZURE_TENANT_ID and AZURE_CLIENT_SECRET (a service principal) in the environment"
+)
 
 
 def management_credential() -> Any:
@@ -47,8 +49,10 @@ def signed_in(what: str) -> Iterator[None]:
     except ClientAuthenticationError as err:
         status = getattr(err, "status_code", None)
         if status in (401, 403):
-            raise ConfigError(f"{what}: Azure refused the credential (HTTP {status}: {first_line(err)}); check that "
-                              "the signed-in identity has the Contributor role on the resource group.") from None
+            raise ConfigError(
+                f"{what}: Azure refused the credential (HTTP {status}: {first_line(err)}); check that "
+                "the signed-in identity has the Contributor role on the resource group."
+            ) from None
         raise ConfigError(f"{what}: no Azure credential found; {SIGN_IN}.") from None
 
 
@@ -72,10 +76,14 @@ def missing_scope(err: BaseException, what: str, *, subscription: str, resource_
     exist (the config names the wrong one); None for any other answer."""
     code = error_code(err)
     if code == SUBSCRIPTION_NOT_FOUND:
-        return ConfigError(f"{what}: subscription {subscription} was not found ({first_line(err)}): check "
-                           "compute.subscription_id (`az account list` shows the subscriptions you can use).")
+        return ConfigError(
+            f"{what}: subscription {subscription} was not found ({first_line(err)}): check "
+            "compute.subscription_id (`az account list` shows the subscriptions you can use)."
+        )
     if code == RESOURCE_GROUP_NOT_FOUND:
-        return ConfigError(f"{what}: resource group {resource_group} was not found in subscription {subscription} "
-                           f"({first_line(err)}): check compute.resource_group and compute.subscription_id, or "
-                           f"create it (az group create --name {resource_group} --location <region>).")
+        return ConfigError(
+            f"{what}: resource group {resource_group} was not found in subscription {subscription} "
+            f"({first_line(err)}): check compute.resource_group and compute.subscription_id, or "
+            f"create it (az group create --name {resource_group} --location <region>)."
+        )
     return None

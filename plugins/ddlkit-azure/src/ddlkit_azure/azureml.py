@@ -197,8 +197,12 @@ if TYPE_CHECKING:
     from ._azureml import AzureMLJob, Workspace
 
 #: the keys that name the workspace and the cluster: required
-REQUIRED = {"subscription_id": "the workspace's Azure subscription id", "resource_group": "its resource group",
-            "workspace": "the Azure ML workspace's name", "cluster": "the compute cluster that runs the job"}
+REQUIRED = {
+    "subscription_id": "the workspace's Azure subscription id",
+    "resource_group": "its resource group",
+    "workspace": "the Azure ML workspace's name",
+    "cluster": "the compute cluster that runs the job",
+}
 _DATASTORE_URI = re.compile(r"^azureml://")
 #: a path on a datastore of the workspace, in its short form: (datastore, path)
 DATASTORE_PATH = re.compile(r"^azureml://datastores/(?P<datastore>[^/]+)/paths/(?P<path>[^?#]*)$")
@@ -265,28 +269,35 @@ class AzureMLTarget(ddlkit.ComputeTarget):
         super().__init__(cfg)
         for key, what in REQUIRED.items():
             if isinstance(cfg, DictConfig) and OmegaConf.is_missing(cfg, key) or not getattr(cfg, key, None):
-                raise ddlkit.ConfigError(f"compute=azureml needs compute.{key} ({what}): set it, e.g. "
-                                         f"compute.{key}=<{key}>.")
+                raise ddlkit.ConfigError(
+                    f"compute=azureml needs compute.{key} ({what}): set it, e.g. compute.{key}=<{key}>."
+                )
         root = cfg.data_root
         if root and not _URL.match(str(root)):
             raise ddlkit.ConfigError(
                 f"data.root={root} is a path on this machine, which compute=azureml's nodes cannot see: put the data "
                 "on a datastore of the workspace and give its URI, e.g. "
-                "data.root=azureml://datastores/<datastore>/paths/<path>/ (or a blob:// URL with storage=azure).")
+                "data.root=azureml://datastores/<datastore>/paths/<path>/ (or a blob:// URL with storage=azure)."
+            )
         if not _DATASTORE_URI.match(str(cfg.output_root)):
-            raise ddlkit.ConfigError(f"compute.output_root={cfg.output_root} must be a datastore URI, e.g. "
-                                     "azureml://datastores/workspaceblobstore/paths/ddlkit.")
+            raise ddlkit.ConfigError(
+                f"compute.output_root={cfg.output_root} must be a datastore URI, e.g. "
+                "azureml://datastores/workspaceblobstore/paths/ddlkit."
+            )
         code_root = DATASTORE_PATH.match(str(cfg.code_root))
         if code_root is None:
-            raise ddlkit.ConfigError(f"compute.code_root={cfg.code_root} must be a datastore URI of the form "
-                                     "azureml://datastores/<datastore>/paths/<path>, e.g. "
-                                     "azureml://datastores/workspaceblobstore/paths/ddlkit-code.")
+            raise ddlkit.ConfigError(
+                f"compute.code_root={cfg.code_root} must be a datastore URI of the form "
+                "azureml://datastores/<datastore>/paths/<path>, e.g. "
+                "azureml://datastores/workspaceblobstore/paths/ddlkit-code."
+            )
         if self.horovod and cfg.gpu and not cfg.image:
             raise ddlkit.ConfigError(
                 "compute=azureml with dist=horovod and compute.gpu=true needs a CUDA image with Horovod built with "
                 "NCCL, which ddlkit's docker/Dockerfile does not build (its Horovod is CPU-only; docs/how-to/docker.md "
                 "says which base image to build one on): set compute.image to such an image, or "
-                "compute.gpu=false (ddlkit's CPU image with Horovod), or use dist=native.")
+                "compute.gpu=false (ddlkit's CPU image with Horovod), or use dist=native."
+            )
         #: where code snapshots are kept: a datastore, and a path in it
         self.code_datastore, self.code_path = code_root["datastore"], code_root["path"].strip("/")
         self.status_interval_s = float(cfg.poll_interval_s)

@@ -268,7 +268,7 @@ class BatchAIConfig:
     endpoint: str = "https://management.azure.com"
     # seconds between looks at the job (GET); a cluster's API has rate limits
     poll_interval_s: float = checked(5.0, POSITIVE)
-        # taken from the run's config: the framework and dist pick the default image, storage and data.root
+    # taken from the run's config: the framework and dist pick the default image, storage and data.root
     # the file server's role (set by ddlkit; do not override)
     framework: str = "${framework.name}"
     # dist=horovod: the default image is the one with Horovod built in (<framework>:<version>-<variant>-horovod)
@@ -280,12 +280,27 @@ class BatchAIConfig:
 # ---------------------------------------------------------------------------- VM sizes
 #: GPUs per VM of the GPU sizes of Batch AI's time (NC, NCv2, NCv3, ND, NDv2, NV)
 GPU_SIZES = {
-    "standard_nc6": 1, "standard_nc12": 2, "standard_nc24": 4, "standard_nc24r": 4,
-    "standard_nc6s_v2": 1, "standard_nc12s_v2": 2, "standard_nc24s_v2": 4, "standard_nc24rs_v2": 4,
-    "standard_nc6s_v3": 1, "standard_nc12s_v3": 2, "standard_nc24s_v3": 4, "standard_nc24rs_v3": 4,
-    "standard_nd6s": 1, "standard_nd12s": 2, "standard_nd24s": 4, "standard_nd24rs": 4,
-    "standard_nd40s_v3": 8, "standard_nd40rs_v2": 8,
-    "standard_nv6": 1, "standard_nv12": 2, "standard_nv24": 4,
+    "standard_nc6": 1,
+    "standard_nc12": 2,
+    "standard_nc24": 4,
+    "standard_nc24r": 4,
+    "standard_nc6s_v2": 1,
+    "standard_nc12s_v2": 2,
+    "standard_nc24s_v2": 4,
+    "standard_nc24rs_v2": 4,
+    "standard_nc6s_v3": 1,
+    "standard_nc12s_v3": 2,
+    "standard_nc24s_v3": 4,
+    "standard_nc24rs_v3": 4,
+    "standard_nd6s": 1,
+    "standard_nd12s": 2,
+    "standard_nd24s": 4,
+    "standard_nd24rs": 4,
+    "standard_nd40s_v3": 8,
+    "standard_nd40rs_v2": 8,
+    "standard_nv6": 1,
+    "standard_nv12": 2,
+    "standard_nv24": 4,
 }
 # the N families are Azure's GPU VMs
 _GPU_FAMILY = re.compile(r"^standard_n[cdv]\d", re.IGNORECASE)
@@ -327,11 +342,13 @@ class BatchAITarget(ddlkit.ComputeTarget):
             raise ddlkit.ConfigError(
                 f"compute.cluster.vm_size={c.cluster.vm_size} has no GPU, but compute.gpu=true asks for a GPU run: "
                 "choose a GPU size (Standard_NC6, Standard_NC24rs_v3, Standard_ND40rs_v2, ...) or set "
-                "compute.gpu=false for a CPU run.")
+                "compute.gpu=false for a CPU run."
+            )
         if c.gpu and gpus is not None and c.procs_per_node > gpus:
             raise ddlkit.ConfigError(
                 f"compute.procs_per_node={c.procs_per_node} asks for more ranks per node than "
-                f"compute.cluster.vm_size={c.cluster.vm_size} has GPUs ({gpus}): one rank per GPU.")
+                f"compute.cluster.vm_size={c.cluster.vm_size} has GPUs ({gpus}): one rank per GPU."
+            )
         if not c.image:
             # refused before anything
             default_image(str(c.framework), gpu=bool(c.gpu), registry=str(c.registry), horovod=c.dist == "horovod")
@@ -340,10 +357,13 @@ class BatchAITarget(ddlkit.ComputeTarget):
             if most < c.nodes or c.cluster.min_nodes < 0 or c.cluster.min_nodes > most:
                 raise ddlkit.ConfigError(
                     f"compute.cluster.min_nodes={c.cluster.min_nodes}, max_nodes={c.cluster.max_nodes} do not fit a "
-                    f"job of compute.nodes={c.nodes}: need 0 <= min_nodes <= max_nodes and max_nodes >= nodes.")
+                    f"job of compute.nodes={c.nodes}: need 0 <= min_nodes <= max_nodes and max_nodes >= nodes."
+                )
         if c.stage_from is not None and not str(c.stage_from).startswith("blob://"):
-            raise ddlkit.ConfigError(f"compute.stage_from={c.stage_from} is not a blob:// URL: it names the dataset "
-                                     "in Blob Storage that is copied onto the file server.")
+            raise ddlkit.ConfigError(
+                f"compute.stage_from={c.stage_from} is not a blob:// URL: it names the dataset "
+                "in Blob Storage that is copied onto the file server."
+            )
 
     def configure(self, config: DictConfig) -> None:
         """What compute=batchai needs of the rest of the run: storage=nfs's root, local disks."""
@@ -352,18 +372,21 @@ class BatchAITarget(ddlkit.ComputeTarget):
         if storage.name == "nfs" and str(storage.root).rstrip("/") != mount:
             raise ddlkit.ConfigError(
                 f"storage=nfs on compute=batchai reads and writes the file server the nodes mount at {mount}: set "
-                f"storage.root='{mount}' (it is expanded on the nodes).")
+                f"storage.root='{mount}' (it is expanded on the nodes)."
+            )
         if storage.name == "local_ssd" and not vm_has_local_disk(c.cluster.vm_size):
             raise ddlkit.ConfigError(
                 f"storage=local_ssd stages data onto each node's local disk, but compute.cluster.vm_size="
                 f"{c.cluster.vm_size} has none (v4 and later sizes without a 'd' have no temporary disk): choose a "
-                "size with one (e.g. Standard_D4ds_v4, Standard_NC24rs_v3) or use storage=nfs.")
+                "size with one (e.g. Standard_D4ds_v4, Standard_NC24rs_v3) or use storage=nfs."
+            )
         if c.stage_from is not None:
             root = config.data.get("root")
             if storage.name != "nfs" or not root or str(root).startswith(("/", "$")) or "://" in str(root):
                 raise ddlkit.ConfigError(
                     f"compute.stage_from={c.stage_from} copies the dataset onto the file server: use storage=nfs and "
-                    "a data.root relative to it, e.g. data.root=datasets/imagenet.")
+                    "a data.root relative to it, e.g. data.root=datasets/imagenet."
+                )
 
     @property
     def world_size(self) -> int:
@@ -435,11 +458,16 @@ class BatchAIJob(JobHandle):
             return self._final
         errors = "; ".join(f"{e.code}: {e.message}" for e in (info.errors or [])) if info is not None else ""
         tail = self.service.stdout_tail(self.id)
-        message = (f"Batch AI job {self.id} {state}" + (f" with exit code {code}" if code is not None else "")
-                   + (f" ({errors})" if errors else "") + "; last lines of its stdout.txt:\n"
-                   + "\n".join("    " + ln for ln in tail))
-        self._final = JobStatus(JobState.CANCELLED if self.cancel_requested else JobState.FAILED,
-                                code if code is not None else 1, message)
+        message = (
+            f"Batch AI job {self.id} {state}"
+            + (f" with exit code {code}" if code is not None else "")
+            + (f" ({errors})" if errors else "")
+            + "; last lines of its stdout.txt:\n"
+            + "\n".join("    " + ln for ln in tail)
+        )
+        self._final = JobStatus(
+            JobState.CANCELLED if self.cancel_requested else JobState.FAILED, code if code is not None else 1, message
+        )
         return self._final
 
     def wait(self, timeout: float | None = None) -> JobStatus:

@@ -66,16 +66,20 @@ ACCOUNT_KEY_ENV = "AZURE_STORAGE_KEY"
 #: the ranks' command runs in the job's output directory, copied from its input directory (and the
 #: job's code snapshot from its folder on the share, ``{snapshot}``) once per job (the first node to
 #: make the marker directory copies; the others wait for it)
-PREPARE = ('out="$AZ_BATCHAI_OUTPUT_{id}"; mkdir -p "$out/{state}"; '
-           'if mkdir "$out/{state}/copy" 2>/dev/null; then cp -a "$AZ_BATCHAI_INPUT_{id}/." "$out/"{snapshot} '
-           '&& touch "$out/{state}/copied"; else while [ ! -e "$out/{state}/copied" ]; do sleep 1; done; fi')
+PREPARE = (
+    'out="$AZ_BATCHAI_OUTPUT_{id}"; mkdir -p "$out/{state}"; '
+    'if mkdir "$out/{state}/copy" 2>/dev/null; then cp -a "$AZ_BATCHAI_INPUT_{id}/." "$out/"{snapshot} '
+    '&& touch "$out/{state}/copied"; else while [ ! -e "$out/{state}/copied" ]; do sleep 1; done; fi'
+)
 #: the folder of the share (below compute.file_share.directory) that keeps the code snapshots, one per digest
 SNAPSHOTS = "code"
 #: what the ranks need to find rank 0: the first host of the service's MPI host file
-RENDEZVOUS = ('export MASTER_ADDR="$(awk \'NF && $1 !~ /^#/ {{print $1; exit}}\' "$AZ_BATCHAI_MPI_HOST_FILE")" '
-              'MASTER_PORT={port} PYTHONUNBUFFERED=1; export {control_env}="$MASTER_ADDR:{control}"; '
-              'export OMP_NUM_THREADS="${{OMP_NUM_THREADS:-'
-              '$(( $(nproc) / {per_node} > 0 ? $(nproc) / {per_node} : 1 ))}}"')
+RENDEZVOUS = (
+    'export MASTER_ADDR="$(awk \'NF && $1 !~ /^#/ {{print $1; exit}}\' "$AZ_BATCHAI_MPI_HOST_FILE")" '
+    'MASTER_PORT={port} PYTHONUNBUFFERED=1; export {control_env}="$MASTER_ADDR:{control}"; '
+    'export OMP_NUM_THREADS="${{OMP_NUM_THREADS:-'
+    '$(( $(nproc) / {per_node} > 0 ? $(nproc) / {per_node} : 1 ))}}"'
+)
 #: body keys whose values are secrets in Batch AI's requests
 _SECRET_BODY_KEYS = {"accountKey", "adminUserPassword", "password"}
 _PROGRESS_EVERY_S = 30.0
@@ -118,10 +122,17 @@ class EmptyService(requests.adapters.BaseAdapter):
         self.recorded.append(Recorded(str(request.method), str(request.url), body))
         path = urlsplit(str(request.url)).path.rstrip("/")
         if request.method == "PUT":
-            properties = {**(body or {}).get("properties", {}), "provisioningState": "succeeded",
-                          "executionState": "succeeded"}
-            self.resources[path.lower()] = {**(body or {}), "id": path, "name": path.rsplit("/", 1)[-1],
-                                            "properties": properties}
+            properties = {
+                **(body or {}).get("properties", {}),
+                "provisioningState": "succeeded",
+                "executionState": "succeeded",
+            }
+            self.resources[path.lower()] = {
+                **(body or {}),
+                "id": path,
+                "name": path.rsplit("/", 1)[-1],
+                "properties": properties,
+            }
             return self._answer(request, 200, self.resources[path.lower()])
         if request.method == "GET" and path.lower() in self.resources:
             return self._answer(request, 200, self.resources[path.lower()])
@@ -137,8 +148,9 @@ class EmptyService(requests.adapters.BaseAdapter):
         content = json.dumps(body).encode()
         response = requests.Response()
         response.status_code, response.reason = status, "OK" if status == 200 else "Not Found"
-        response.raw = urllib3.HTTPResponse(body=io.BytesIO(content), status=status, preload_content=False,
-                                            headers={"Content-Type": "application/json"})
+        response.raw = urllib3.HTTPResponse(
+            body=io.BytesIO(content), status=status, preload_content=False, headers={"Content-Type": "application/json"}
+        )
         response._content = content
         response.headers["Content-Type"] = "application/json"
         response.url, response.request, response.encoding = str(request.url), request, "utf-8"
@@ -203,13 +215,17 @@ class FileShare:
         parts = urlsplit(self.url.rstrip("/"))
         segments = [s for s in parts.path.split("/") if s]
         if parts.scheme != "https" or not segments:
-            raise ConfigError(f"compute.file_share.url={self.url} is not an Azure Files share URL: write "
-                              "https://<account>.file.core.windows.net/<share>.")
+            raise ConfigError(
+                f"compute.file_share.url={self.url} is not an Azure Files share URL: write "
+                "https://<account>.file.core.windows.net/<share>."
+            )
         if ".file." in (parts.hostname or ""):
             return f"https://{parts.netloc}", parts.hostname.split(".")[0], segments[-1]
         if len(segments) != 2:
-            raise ConfigError(f"compute.file_share.url={self.url}: a share URL without the account in its host "
-                              "names it first: https://<host>/<account>/<share>.")
+            raise ConfigError(
+                f"compute.file_share.url={self.url}: a share URL without the account in its host "
+                "names it first: https://<host>/<account>/<share>."
+            )
         return f"https://{parts.netloc}/{segments[0]}", segments[0], segments[1]
 
     @property
@@ -220,8 +236,9 @@ class FileShare:
         from azure.storage.fileshare import ShareClient
 
         account_url, account, share = self._parts
-        return ShareClient(account_url=account_url, share_name=share,
-                           credential={"account_name": account, "account_key": key})
+        return ShareClient(
+            account_url=account_url, share_name=share, credential={"account_name": account, "account_key": key}
+        )
 
 
 # ---------------------------------------------------------------------------- the service
@@ -273,8 +290,9 @@ class Service:
                     raise
                 raise ConfigError(f"{what}: Batch AI answered 404: {scrub(first_line(err), self._secrets)}") from None
             except HttpResponseError as err:
-                raise ConfigError(f"{what}: Batch AI answered {err.status_code}: "
-                                  f"{scrub(first_line(err), self._secrets)}") from None
+                raise ConfigError(
+                    f"{what}: Batch AI answered {err.status_code}: {scrub(first_line(err), self._secrets)}"
+                ) from None
             except requests.RequestException as err:
                 raise RunError(f"{what}: {scrub(str(err), self._secrets)}", component="compute") from None
 
@@ -293,8 +311,10 @@ class Service:
                 minutes = (time.monotonic() - started) / 60
                 self.say(f"ddlkit: {what}: still in progress ({minutes:.0f} min so far)")
                 if limit_s is not None and time.monotonic() - started > limit_s:
-                    raise ConfigError(f"{what} has not finished within {limit_s:.0f} s; run again later (ddlkit "
-                                      "reuses what is there).")
+                    raise ConfigError(
+                        f"{what} has not finished within {limit_s:.0f} s; run again later (ddlkit "
+                        "reuses what is there)."
+                    )
         return poller.result()
 
     @property
@@ -311,13 +331,16 @@ class Service:
             try:
                 key = path.read_text(encoding="utf-8").strip()
             except OSError as err:
-                raise ConfigError(f"cannot read compute.file_share.account_key_file={path}: "
-                                  f"{err.strerror or err}") from None
+                raise ConfigError(
+                    f"cannot read compute.file_share.account_key_file={path}: {err.strerror or err}"
+                ) from None
         else:
             key = os.environ.get(ACCOUNT_KEY_ENV, "").strip()
         if not key:
-            raise ConfigError(f"the cluster mounts the Azure Files share {c.url} with its account key: set "
-                              f"${ACCOUNT_KEY_ENV} or compute.file_share.account_key_file.")
+            raise ConfigError(
+                f"the cluster mounts the Azure Files share {c.url} with its account key: set "
+                f"${ACCOUNT_KEY_ENV} or compute.file_share.account_key_file."
+            )
         self._secrets["account_key"] = key
         return key
 
@@ -328,12 +351,15 @@ class Service:
         except OSError:
             if self.planning:
                 return f"<the public key in {path}>"
-            raise ConfigError(f"compute.cluster.ssh_public_key_file={path} cannot be read: the nodes' admin user "
-                              f"signs in with a public key; create one (ssh-keygen -t rsa) or name yours.") from None
+            raise ConfigError(
+                f"compute.cluster.ssh_public_key_file={path} cannot be read: the nodes' admin user "
+                f"signs in with a public key; create one (ssh-keygen -t rsa) or name yours."
+            ) from None
 
     def users(self) -> m.UserAccountSettings:
-        return m.UserAccountSettings(admin_user_name=self.cfg.cluster.admin_user,
-                                     admin_user_ssh_public_key=self.ssh_public_key())
+        return m.UserAccountSettings(
+            admin_user_name=self.cfg.cluster.admin_user, admin_user_ssh_public_key=self.ssh_public_key()
+        )
 
     def needs_file_server(self) -> bool:
         return self.cfg.storage == "nfs" or self.cfg.stage_from is not None
@@ -345,8 +371,10 @@ class Service:
             return found
         self.say(f"ddlkit: creating Batch AI workspace {ws} in {self.cfg.location}")
         with self._calling(f"creating workspace {ws}"):
-            workspace = self._wait(self.client.workspaces.begin_create(
-                rg, ws, m.WorkspaceCreateParameters(location=self.cfg.location)), f"creating workspace {ws}")
+            workspace = self._wait(
+                self.client.workspaces.begin_create(rg, ws, m.WorkspaceCreateParameters(location=self.cfg.location)),
+                f"creating workspace {ws}",
+            )
         self._created("workspace", workspace)
         return workspace
 
@@ -371,77 +399,118 @@ class Service:
         rg, ws = self._rg_ws
         name = self.cfg.file_server.name
         with self._calling(f"listing the file servers of workspace {ws}"):
-            return next((f for f in self.client.file_servers.list_by_workspace(rg, ws)
-                         if str(f.name).lower() == name.lower()), None)
+            return next(
+                (f for f in self.client.file_servers.list_by_workspace(rg, ws) if str(f.name).lower() == name.lower()),
+                None,
+            )
 
     def file_server_parameters(self) -> m.FileServerCreateParameters:
         c = self.cfg.file_server
         return m.FileServerCreateParameters(
-            vm_size=c.vm_size, ssh_configuration=m.SshConfiguration(user_account_settings=self.users()),
-            data_disks=m.DataDisks(disk_size_in_gb=c.disk_size_gb, disk_count=c.disk_count,
-                                   storage_account_type=c.disk_type))
+            vm_size=c.vm_size,
+            ssh_configuration=m.SshConfiguration(user_account_settings=self.users()),
+            data_disks=m.DataDisks(
+                disk_size_in_gb=c.disk_size_gb, disk_count=c.disk_count, storage_account_type=c.disk_type
+            ),
+        )
 
     def ensure_file_server(self) -> Any:
         c = self.cfg.file_server
         rg, ws = self._rg_ws
         found = self.find_file_server()
         if found is None:
-            self.say(f"ddlkit: creating NFS file server {c.name} ({c.vm_size}, {c.disk_count} x {c.disk_size_gb} GB "
-                     f"{c.disk_type})")
+            self.say(
+                f"ddlkit: creating NFS file server {c.name} ({c.vm_size}, {c.disk_count} x {c.disk_size_gb} GB "
+                f"{c.disk_type})"
+            )
             with self._calling(f"creating file server {c.name}"):
-                found = self._wait(self.client.file_servers.begin_create(rg, ws, c.name, self.file_server_parameters()),
-                                   f"creating file server {c.name}", limit_s=c.wait_s)
+                found = self._wait(
+                    self.client.file_servers.begin_create(rg, ws, c.name, self.file_server_parameters()),
+                    f"creating file server {c.name}",
+                    limit_s=c.wait_s,
+                )
             self._created("file server", found)
-        different = _differences([
-            ("compute.file_server.vm_size", found.vm_size, c.vm_size, str.lower),
-            ("compute.file_server.disk_count", found.data_disks.disk_count, c.disk_count, None),
-            ("compute.file_server.disk_size_gb", found.data_disks.disk_size_in_gb, c.disk_size_gb, None),
-            ("compute.file_server.disk_type", found.data_disks.storage_account_type,
-             c.disk_type, str.lower)])
+        different = _differences(
+            [
+                ("compute.file_server.vm_size", found.vm_size, c.vm_size, str.lower),
+                ("compute.file_server.disk_count", found.data_disks.disk_count, c.disk_count, None),
+                ("compute.file_server.disk_size_gb", found.data_disks.disk_size_in_gb, c.disk_size_gb, None),
+                ("compute.file_server.disk_type", found.data_disks.storage_account_type, c.disk_type, str.lower),
+            ]
+        )
         if different:
-            raise ConfigError(f"file server {c.name} exists with other settings: {'; '.join(different)}. Use it as "
-                              "it is (set those options to its values), delete it with `ddlkit compute down` (if "
-                              "ddlkit created it), or choose another compute.file_server.name.")
+            raise ConfigError(
+                f"file server {c.name} exists with other settings: {'; '.join(different)}. Use it as "
+                "it is (set those options to its values), delete it with `ddlkit compute down` (if "
+                "ddlkit created it), or choose another compute.file_server.name."
+            )
         started, said = time.monotonic(), 0.0
         while str(found.provisioning_state).lower() in ("creating", "updating"):
             waited = time.monotonic() - started
             if waited > c.wait_s:
-                raise ConfigError(f"file server {c.name} is still being created after {waited:.0f} s: run again later, "
-                                  "or raise compute.file_server.wait_s.")
+                raise ConfigError(
+                    f"file server {c.name} is still being created after {waited:.0f} s: run again later, "
+                    "or raise compute.file_server.wait_s."
+                )
             if waited - said >= _PROGRESS_EVERY_S or said == 0.0:
                 said = waited or 1e-9
-                self.say(f"ddlkit: file server {c.name} is still being created ({waited / 60:.0f} min so far); "
-                         f"waiting up to compute.file_server.wait_s={c.wait_s:.0f} s")
+                self.say(
+                    f"ddlkit: file server {c.name} is still being created ({waited / 60:.0f} min so far); "
+                    f"waiting up to compute.file_server.wait_s={c.wait_s:.0f} s"
+                )
             time.sleep(min(self.poll_interval_s, _PROGRESS_EVERY_S))
             found = self.find_file_server()
             if found is None:
                 raise ConfigError(f"file server {c.name} disappeared while it was being created; run again.")
         if str(found.provisioning_state).lower() != "succeeded":
-            raise ConfigError(f"file server {c.name} is {found.provisioning_state}: delete it (`ddlkit compute down`, "
-                              "if ddlkit created it) and run again, or choose another compute.file_server.name.")
+            raise ConfigError(
+                f"file server {c.name} is {found.provisioning_state}: delete it (`ddlkit compute down`, "
+                "if ddlkit created it) and run again, or choose another compute.file_server.name."
+            )
         return found
 
     def cluster_parameters(self, file_server: Any | None) -> m.ClusterCreateParameters:
         c, share = self.cfg.cluster, self.cfg.file_share
         nodes = self.cfg.nodes
         if c.scale == Scale.auto:
-            scale = m.ScaleSettings(auto_scale=m.AutoScaleSettings(minimum_node_count=c.min_nodes,
-                                                                   maximum_node_count=c.max_nodes or nodes,
-                                                                   initial_node_count=c.min_nodes))
+            scale = m.ScaleSettings(
+                auto_scale=m.AutoScaleSettings(
+                    minimum_node_count=c.min_nodes,
+                    maximum_node_count=c.max_nodes or nodes,
+                    initial_node_count=c.min_nodes,
+                )
+            )
         else:
-            scale = m.ScaleSettings(manual=m.ManualScaleSettings(target_node_count=c.max_nodes or nodes,
-                                                                 node_deallocation_option="requeue"))
-        mounts = m.MountVolumes(azure_file_shares=[m.AzureFileShareReference(
-            account_name=self.share.account, azure_file_url=share.url.rstrip("/"),
-            credentials=m.AzureStorageCredentialsInfo(account_key=self.account_key()),
-            relative_mount_path=share.mount_path, file_mode="0777", directory_mode="0777")])
+            scale = m.ScaleSettings(
+                manual=m.ManualScaleSettings(target_node_count=c.max_nodes or nodes, node_deallocation_option="requeue")
+            )
+        mounts = m.MountVolumes(
+            azure_file_shares=[
+                m.AzureFileShareReference(
+                    account_name=self.share.account,
+                    azure_file_url=share.url.rstrip("/"),
+                    credentials=m.AzureStorageCredentialsInfo(account_key=self.account_key()),
+                    relative_mount_path=share.mount_path,
+                    file_mode="0777",
+                    directory_mode="0777",
+                )
+            ]
+        )
         if file_server is not None:
-            mounts.file_servers = [m.FileServerReference(file_server=m.ResourceId(id=file_server.id),
-                                                         relative_mount_path=self.cfg.file_server.mount_path,
-                                                         mount_options="rw")]
-        return m.ClusterCreateParameters(vm_size=c.vm_size, vm_priority=c.vm_priority,
-                                         scale_settings=scale, node_setup=m.NodeSetup(mount_volumes=mounts),
-                                         user_account_settings=self.users())
+            mounts.file_servers = [
+                m.FileServerReference(
+                    file_server=m.ResourceId(id=file_server.id),
+                    relative_mount_path=self.cfg.file_server.mount_path,
+                    mount_options="rw",
+                )
+            ]
+        return m.ClusterCreateParameters(
+            vm_size=c.vm_size,
+            vm_priority=c.vm_priority,
+            scale_settings=scale,
+            node_setup=m.NodeSetup(mount_volumes=mounts),
+            user_account_settings=self.users(),
+        )
 
     def ensure_cluster(self, file_server: Any | None) -> Any:
         c = self.cfg.cluster
@@ -450,16 +519,19 @@ class Service:
         if existing is not None:
             self._check_cluster(existing, file_server)
             return existing
-        self.say(f"ddlkit: creating cluster {c.name} ({self.cfg.nodes} x {c.vm_size}, "
-                 f"{c.vm_priority}, {c.scale} scale)")
+        self.say(
+            f"ddlkit: creating cluster {c.name} ({self.cfg.nodes} x {c.vm_size}, {c.vm_priority}, {c.scale} scale)"
+        )
         with self._calling(f"creating cluster {c.name}"):
             begun = self.client.clusters.begin_create(rg, ws, c.name, self.cluster_parameters(file_server))
             cluster = self._wait(begun, f"creating cluster {c.name}")
         self._created("cluster", cluster)
         if cluster.errors:
-            raise ConfigError(f"cluster {c.name} was created but Batch AI reports: "
-                              + "; ".join(f"{e.code}: {e.message}" for e in cluster.errors)
-                              + " -- fix that (e.g. ask for more quota), then run again.")
+            raise ConfigError(
+                f"cluster {c.name} was created but Batch AI reports: "
+                + "; ".join(f"{e.code}: {e.message}" for e in cluster.errors)
+                + " -- fix that (e.g. ask for more quota), then run again."
+            )
         return cluster
 
     def _check_cluster(self, cluster: Any, file_server: Any | None) -> None:
@@ -467,12 +539,17 @@ class Service:
         nodes = self.cfg.nodes
         scale = cluster.scale_settings
         mode = "auto" if scale is not None and scale.auto_scale is not None else "manual"
-        checks = [("compute.cluster.vm_size", cluster.vm_size, c.vm_size, str.lower),
-                  ("compute.cluster.vm_priority", cluster.vm_priority, c.vm_priority, str.lower),
-                  ("compute.cluster.scale", mode, c.scale, None)]
+        checks = [
+            ("compute.cluster.vm_size", cluster.vm_size, c.vm_size, str.lower),
+            ("compute.cluster.vm_priority", cluster.vm_priority, c.vm_priority, str.lower),
+            ("compute.cluster.scale", mode, c.scale, None),
+        ]
         different = _differences(checks)
-        most = (scale.auto_scale.maximum_node_count if mode == "auto" else scale.manual.target_node_count) \
-            if scale is not None else 0
+        most = (
+            (scale.auto_scale.maximum_node_count if mode == "auto" else scale.manual.target_node_count)
+            if scale is not None
+            else 0
+        )
         if not different and most < nodes:
             different.append(f"it has at most {most} nodes (compute.nodes={nodes} asks for {nodes})")
         volumes = cluster.node_setup.mount_volumes if cluster.node_setup else None
@@ -484,12 +561,16 @@ class Service:
         if file_server is not None and str(file_server.id).lower() not in servers:
             different.append(f"it does not mount file server {self.cfg.file_server.name}")
         if different:
-            raise ConfigError(f"cluster {c.name} exists with other settings: {'; '.join(different)}. Use it as it is "
-                              "(set those options to its values), delete it with `ddlkit compute down` (if ddlkit "
-                              "created it), or choose another compute.cluster.name.")
+            raise ConfigError(
+                f"cluster {c.name} exists with other settings: {'; '.join(different)}. Use it as it is "
+                "(set those options to its values), delete it with `ddlkit compute down` (if ddlkit "
+                "created it), or choose another compute.cluster.name."
+            )
         if str(cluster.provisioning_state).lower() == "failed":
-            raise ConfigError(f"cluster {c.name} failed to provision; delete it with `ddlkit compute down` (if ddlkit "
-                              "created it) and run again.")
+            raise ConfigError(
+                f"cluster {c.name} failed to provision; delete it with `ddlkit compute down` (if ddlkit "
+                "created it) and run again."
+            )
 
     def prepare(self) -> tuple[Any, Any | None]:
         """The workspace, the experiment, the file server (when needed) and the cluster: created
@@ -503,8 +584,10 @@ class Service:
     def get_job(self, name: str) -> Any:
         found = self._job_exists(name)
         if found is None:
-            raise ConfigError(f"Batch AI has no job {name} in experiment {self.cfg.experiment} of workspace "
-                              f"{self.cfg.workspace} (deleted, or another workspace?).")
+            raise ConfigError(
+                f"Batch AI has no job {name} in experiment {self.cfg.experiment} of workspace "
+                f"{self.cfg.workspace} (deleted, or another workspace?)."
+            )
         return found
 
     def _job_exists(self, name: str) -> Any | None:
@@ -514,8 +597,9 @@ class Service:
     def _create_job(self, name: str, parameters: m.JobCreateParameters) -> Any:
         rg, ws = self._rg_ws
         with self._calling(f"creating job {name}"):
-            return self._wait(self.client.jobs.begin_create(rg, ws, self.cfg.experiment, name, parameters),
-                              f"creating job {name}")
+            return self._wait(
+                self.client.jobs.begin_create(rg, ws, self.cfg.experiment, name, parameters), f"creating job {name}"
+            )
 
     def mount(self, path: str) -> str:
         return f"$AZ_BATCHAI_MOUNT_ROOT/{path}"
@@ -526,8 +610,9 @@ class Service:
         return self.cfg.dist == "horovod"
 
     def image(self) -> str:
-        return self.cfg.image or default_image(self.cfg.framework, gpu=self.cfg.gpu, registry=self.cfg.registry,
-                                               horovod=self.horovod)
+        return self.cfg.image or default_image(
+            self.cfg.framework, gpu=self.cfg.gpu, registry=self.cfg.registry, horovod=self.horovod
+        )
 
     def _base_job(self, cluster: Any, nodes: int) -> dict[str, Any]:
         constraints = None
@@ -536,29 +621,54 @@ class Service:
 
             try:
                 constraints = m.JobBasePropertiesConstraints(
-                    max_wall_clock_time=isodate.parse_duration(self.cfg.max_wall_clock_time))
+                    max_wall_clock_time=isodate.parse_duration(self.cfg.max_wall_clock_time)
+                )
             except (isodate.ISO8601Error, ValueError):
-                raise ConfigError(f"compute.max_wall_clock_time={self.cfg.max_wall_clock_time} is not an ISO 8601 "
-                                  "duration such as P7D or PT12H.") from None
-        return {"scheduling_priority": "normal", "cluster": m.ResourceId(id=cluster.id), "node_count": nodes,
-                    "container_settings": m.ContainerSettings(image_source_registry=m.ImageSourceRegistry(
-                        image=self.image())),
-                    "std_out_err_path_prefix": self.mount(self.cfg.file_share.mount_path), "constraints": constraints}
+                raise ConfigError(
+                    f"compute.max_wall_clock_time={self.cfg.max_wall_clock_time} is not an ISO 8601 "
+                    "duration such as P7D or PT12H."
+                ) from None
+        return {
+            "scheduling_priority": "normal",
+            "cluster": m.ResourceId(id=cluster.id),
+            "node_count": nodes,
+            "container_settings": m.ContainerSettings(image_source_registry=m.ImageSourceRegistry(image=self.image())),
+            "std_out_err_path_prefix": self.mount(self.cfg.file_share.mount_path),
+            "constraints": constraints,
+        }
 
     def job_parameters(self, spec: JobSpec, name: str, cluster: Any) -> m.JobCreateParameters:
         c = self.cfg
         python = c.python
-        rank = [python, "-m", "ddlkit_mpi.rank", "--job-dir", ".", "--node-sizes",
-                ",".join([str(c.procs_per_node)] * c.nodes), "--scratch", "$AZ_BATCHAI_JOB_TEMP/ddlkit",
-                "--cancel-file", CANCEL_FILE, "--", *spec.command(python)]
+        rank = [
+            python,
+            "-m",
+            "ddlkit_mpi.rank",
+            "--job-dir",
+            ".",
+            "--node-sizes",
+            ",".join([str(c.procs_per_node)] * c.nodes),
+            "--scratch",
+            "$AZ_BATCHAI_JOB_TEMP/ddlkit",
+            "--cancel-file",
+            CANCEL_FILE,
+            "--",
+            *spec.command(python),
+        ]
         # the node's variables stay for its shell to expand
         quoted = " ".join(f'"{a}"' if a.startswith("$AZ_BATCHAI") else shlex.quote(a) for a in rank)
         # the service's mpirun starts every rank in its own directory; the rank minder checks that it
         # runs where mpirun meant it to, so it is told the job directory is that place
-        script = (RENDEZVOUS.format(port=c.master_port, control=control_port(c.master_port),
-                                    control_env=CONTROL_ADDR_ENV, per_node=c.procs_per_node)
-                  + f'; cd "$AZ_BATCHAI_OUTPUT_{JOB_DIRECTORY_ID}" && export OMPI_MCA_initial_wdir="$PWD" '
-                  f'&& exec {quoted}')
+        script = (
+            RENDEZVOUS.format(
+                port=c.master_port,
+                control=control_port(c.master_port),
+                control_env=CONTROL_ADDR_ENV,
+                per_node=c.procs_per_node,
+            )
+            + f'; cd "$AZ_BATCHAI_OUTPUT_{JOB_DIRECTORY_ID}" && export OMPI_MCA_initial_wdir="$PWD" '
+            f"&& exec {quoted}"
+        )
         # mpirun starts the command line's program on every rank: the script is shell syntax, so
         # that program is a shell (the node's variables are expanded there, on each rank)
         command = shlex.join(["bash", "-c", script])
@@ -571,13 +681,18 @@ class Service:
         return m.JobCreateParameters(
             **self._base_job(cluster, c.nodes),
             custom_mpi_settings=m.CustomMpiSettings(command_line=command, process_count=c.nodes * c.procs_per_node),
-            job_preparation=m.JobPreparation(command_line=PREPARE.format(id=JOB_DIRECTORY_ID, state=STATE_DIR,
-                                                                         snapshot=snapshot)),
+            job_preparation=m.JobPreparation(
+                command_line=PREPARE.format(id=JOB_DIRECTORY_ID, state=STATE_DIR, snapshot=snapshot)
+            ),
             input_directories=[m.InputDirectory(id=JOB_DIRECTORY_ID, path=job_dir)],
-            output_directories=[m.OutputDirectory(id=JOB_DIRECTORY_ID, path_prefix=self.mount(c.file_share.mount_path),
-                                                  path_suffix="job")],
+            output_directories=[
+                m.OutputDirectory(
+                    id=JOB_DIRECTORY_ID, path_prefix=self.mount(c.file_share.mount_path), path_suffix="job"
+                )
+            ],
             environment_variables=[m.EnvironmentVariable(name=k, value=v) for k, v in sorted(spec.env.items())],
-            secrets=[m.EnvironmentVariableWithSecretValue(name=k, value=v) for k, v in sorted(spec.secret_env.items())])
+            secrets=[m.EnvironmentVariableWithSecretValue(name=k, value=v) for k, v in sorted(spec.secret_env.items())],
+        )
 
     def job_folder(self, name: str) -> str:
         return posixpath.join(self.cfg.file_share.directory.strip("/"), "jobs", name)
@@ -601,12 +716,21 @@ class Service:
         ``STATE_DIR`` and the code snapshot, which has a folder of its own (:meth:`upload_snapshot`)."""
         folder = self.job_folder(name)
         if self.planning:
-            self.recorded.append(Recorded("PUT", f"{self.cfg.file_share.url.rstrip('/')}/{folder}/...", None,
-                                          "Azure Files: the job directory (job.json, config.yaml, overrides.yaml, "
-                                          "environment.json, and checkpoints of a resumed job), file by file"))
+            self.recorded.append(
+                Recorded(
+                    "PUT",
+                    f"{self.cfg.file_share.url.rstrip('/')}/{folder}/...",
+                    None,
+                    "Azure Files: the job directory (job.json, config.yaml, overrides.yaml, "
+                    "environment.json, and checkpoints of a resumed job), file by file",
+                )
+            )
             return
-        files = [p for p in sorted(Path(spec.job_dir).rglob("*"))
-                 if p.is_file() and p.relative_to(spec.job_dir).parts[0] not in (STATE_DIR, CODE_DIR, CODE_FILE)]
+        files = [
+            p
+            for p in sorted(Path(spec.job_dir).rglob("*"))
+            if p.is_file() and p.relative_to(spec.job_dir).parts[0] not in (STATE_DIR, CODE_DIR, CODE_FILE)
+        ]
         self._upload(spec.job_dir, files, folder, "the job directory")
 
     def upload_snapshot(self, spec: JobSpec) -> None:
@@ -618,21 +742,37 @@ class Service:
         url = f"{self.cfg.file_share.url.rstrip('/')}/{folder}"
         if self.planning:
             self.recorded += [
-                Recorded("HEAD", f"{url}/{CODE_FILE}", None, "Azure Files: is the job's code snapshot there already? "
-                         f"(then nothing of it is uploaded; its {CODE_FILE} is uploaded last)"),
-                Recorded("PUT", f"{url}/...", None, f"Azure Files: the code snapshot, when it is not there: "
-                         f"{CODE_DIR}/ file by file, then {CODE_FILE}")]
+                Recorded(
+                    "HEAD",
+                    f"{url}/{CODE_FILE}",
+                    None,
+                    "Azure Files: is the job's code snapshot there already? "
+                    f"(then nothing of it is uploaded; its {CODE_FILE} is uploaded last)",
+                ),
+                Recorded(
+                    "PUT",
+                    f"{url}/...",
+                    None,
+                    f"Azure Files: the code snapshot, when it is not there: {CODE_DIR}/ file by file, then {CODE_FILE}",
+                ),
+            ]
             return
         share = self.share.client(self.account_key())
         try:
             if share.get_file_client(posixpath.join(folder, CODE_FILE)).exists():
                 return
         except HttpResponseError as err:
-            raise ConfigError(f"looking for the code snapshot at {url}: {scrub(first_line(err), self._secrets)} "
-                              "(check the share and its account key).") from None
+            raise ConfigError(
+                f"looking for the code snapshot at {url}: {scrub(first_line(err), self._secrets)} "
+                "(check the share and its account key)."
+            ) from None
         code = Path(spec.job_dir) / CODE_DIR
-        self._upload(spec.job_dir, [*(p for p in sorted(code.rglob("*")) if p.is_file()),
-                                    Path(spec.job_dir) / CODE_FILE], folder, "the code snapshot")
+        self._upload(
+            spec.job_dir,
+            [*(p for p in sorted(code.rglob("*")) if p.is_file()), Path(spec.job_dir) / CODE_FILE],
+            folder,
+            "the code snapshot",
+        )
 
     def _upload(self, root: Path, files: Sequence[Path], folder: str, what: str) -> None:
         """``files`` (below ``root``) to ``folder`` of the share, at their paths relative to ``root``, in order."""
@@ -646,9 +786,11 @@ class Service:
                 with open(path, "rb") as f:
                     share.get_file_client(posixpath.join(folder, rel)).upload_file(f)
         except HttpResponseError as err:
-            raise ConfigError(f"uploading {what} to {self.cfg.file_share.url}/{folder}: "
-                              f"{scrub(first_line(err), self._secrets)} "
-                              "(check the share and its account key).") from None
+            raise ConfigError(
+                f"uploading {what} to {self.cfg.file_share.url}/{folder}: "
+                f"{scrub(first_line(err), self._secrets)} "
+                "(check the share and its account key)."
+            ) from None
 
     @staticmethod
     def _make_directories(share: Any, directory: str, made: set[str]) -> None:
@@ -684,16 +826,17 @@ class Service:
         where = hashlib.sha256(f"{self.cfg.stage_from} {self.cfg.data_root}".encode()).hexdigest()[:10]
         if self.planning:
             return f"stage-{where}-MANIFESTSHA256"
-        from ddlkit.storage import MANIFEST_NAME, Manifest
-        from ddlkit.storage import open_storage
+        from ddlkit.storage import MANIFEST_NAME, Manifest, open_storage
 
         source = open_storage(str(self.cfg.stage_from))
         with tempfile.TemporaryDirectory(prefix="ddlkit-batchai-") as tmp:
             try:
                 source.get(MANIFEST_NAME, Path(tmp) / MANIFEST_NAME)
             except FileNotFoundError:
-                raise ConfigError(f"{self.cfg.stage_from} has no {MANIFEST_NAME}, so it cannot be staged and verified: "
-                                  "upload it with `ddlkit data upload`, which writes one.") from None
+                raise ConfigError(
+                    f"{self.cfg.stage_from} has no {MANIFEST_NAME}, so it cannot be staged and verified: "
+                    "upload it with `ddlkit data upload`, which writes one."
+                ) from None
             digest = Manifest.read(Path(tmp) / MANIFEST_NAME).digest
         return f"stage-{where}-{digest[:16]}"
 
@@ -704,46 +847,70 @@ class Service:
         if self.planning:
             blob = {k: REDACTED for k in blob}
         self._secrets.update({f"env:{k}": v for k, v in blob.items() if is_secret_key(k)})
-        command = shlex.join([self.cfg.python, "-m", "ddlkit_azure.batchai_stage", str(self.cfg.stage_from)]) + \
-            f' "{self.staging_destination()}"'
+        command = (
+            shlex.join([self.cfg.python, "-m", "ddlkit_azure.batchai_stage", str(self.cfg.stage_from)])
+            + f' "{self.staging_destination()}"'
+        )
         return m.JobCreateParameters(
-            **self._base_job(cluster, 1), custom_toolkit_settings=m.CustomToolkitSettings(command_line=command),
-            environment_variables=[m.EnvironmentVariable(name=k, value=v) for k, v in sorted(blob.items())
-                                   if not is_secret_key(k)],
-            secrets=[m.EnvironmentVariableWithSecretValue(name=k, value=v) for k, v in sorted(blob.items())
-                     if is_secret_key(k)])
+            **self._base_job(cluster, 1),
+            custom_toolkit_settings=m.CustomToolkitSettings(command_line=command),
+            environment_variables=[
+                m.EnvironmentVariable(name=k, value=v) for k, v in sorted(blob.items()) if not is_secret_key(k)
+            ],
+            secrets=[
+                m.EnvironmentVariableWithSecretValue(name=k, value=v)
+                for k, v in sorted(blob.items())
+                if is_secret_key(k)
+            ],
+        )
 
     def stage(self, cluster: Any) -> None:
         """The dataset onto the file server, once: by a staging job on the cluster."""
         name = self.staging_job_name()
         if self.planning:
-            self.recorded.append(Recorded("#", f"staging job {name}", None, "named after the sha256 of the "
-                                          "dataset's manifest.tsv, read from Blob Storage when the job runs"))
+            self.recorded.append(
+                Recorded(
+                    "#",
+                    f"staging job {name}",
+                    None,
+                    "named after the sha256 of the dataset's manifest.tsv, read from Blob Storage when the job runs",
+                )
+            )
         found = self._job_exists(name)
         if found is not None and str(found.execution_state).lower() == "succeeded":
-            self.say(f"ddlkit: {self.cfg.stage_from} is already on file server {self.cfg.file_server.name} "
-                     f"({self.staging_destination()}): staging skipped")
+            self.say(
+                f"ddlkit: {self.cfg.stage_from} is already on file server {self.cfg.file_server.name} "
+                f"({self.staging_destination()}): staging skipped"
+            )
             return
         if found is not None and str(found.execution_state).lower() == "failed":
             self._delete_job(name)
             found = None
         if found is None:
-            self.say(f"ddlkit: staging {self.cfg.stage_from} onto file server {self.cfg.file_server.name} "
-                     f"({self.staging_destination()}) with job {name}")
+            self.say(
+                f"ddlkit: staging {self.cfg.stage_from} onto file server {self.cfg.file_server.name} "
+                f"({self.staging_destination()}) with job {name}"
+            )
             self._create_job(name, self.staging_parameters(cluster))
         started = said = time.monotonic()
         while (job := self.get_job(name)) and str(job.execution_state).lower() not in ("succeeded", "failed"):
             if time.monotonic() - said >= _PROGRESS_EVERY_S:
                 said = time.monotonic()
-                self.say(f"ddlkit: staging job {name} is {job.execution_state} "
-                         f"({(said - started) / 60:.0f} min so far)")
+                self.say(
+                    f"ddlkit: staging job {name} is {job.execution_state} ({(said - started) / 60:.0f} min so far)"
+                )
             time.sleep(self.poll_interval_s)
         if str(job.execution_state).lower() == "failed":
             tail = "\n".join("    " + ln for ln in self.stdout_tail(name))
-            raise RunError(f"staging {self.cfg.stage_from} onto the file server failed (job {name}); its last lines:\n"
-                           f"{tail}\n  the next run tries again.", component="compute")
-        self.say(f"ddlkit: staged {self.cfg.stage_from} -> {self.staging_destination()} "
-                 f"({(time.monotonic() - started):.1f} s)")
+            raise RunError(
+                f"staging {self.cfg.stage_from} onto the file server failed (job {name}); its last lines:\n"
+                f"{tail}\n  the next run tries again.",
+                component="compute",
+            )
+        self.say(
+            f"ddlkit: staged {self.cfg.stage_from} -> {self.staging_destination()} "
+            f"({(time.monotonic() - started):.1f} s)"
+        )
 
     def _delete_job(self, name: str) -> None:
         rg, ws = self._rg_ws
@@ -753,10 +920,13 @@ class Service:
     # ------------------------------------------------------------ a job's files
     def output_files(self, name: str, directory_id: str, directory: str = ".") -> list[Any]:
         rg, ws = self._rg_ws
-        options = m.JobsListOutputFilesOptions(outputdirectoryid=directory_id, directory=directory,
-                                               linkexpiryinminutes=60)
-        listed = self._look_up(f"listing the files of job {name}", lambda: list(
-            self.client.jobs.list_output_files(rg, ws, self.cfg.experiment, name, options)))
+        options = m.JobsListOutputFilesOptions(
+            outputdirectoryid=directory_id, directory=directory, linkexpiryinminutes=60
+        )
+        listed = self._look_up(
+            f"listing the files of job {name}",
+            lambda: list(self.client.jobs.list_output_files(rg, ws, self.cfg.experiment, name, options)),
+        )
         return listed or []
 
     def _fetch(self, url: str, *, start: int = 0) -> bytes:
@@ -822,8 +992,10 @@ class Service:
             return []
         created = self.ledger.load()
         doomed: list[tuple[str, Any]] = []
-        cluster = self._look_up(f"looking up cluster {self.cfg.cluster.name}",
-                                lambda: self.client.clusters.get(rg, ws, self.cfg.cluster.name))
+        cluster = self._look_up(
+            f"looking up cluster {self.cfg.cluster.name}",
+            lambda: self.client.clusters.get(rg, ws, self.cfg.cluster.name),
+        )
         if cluster is not None:
             doomed.append(("cluster", cluster))
         file_server = self.find_file_server()
@@ -839,8 +1011,10 @@ class Service:
             lines.append(f"{kind} {resource.name} ({resource.vm_size}; created by ddlkit on {when}): {resource.id}")
             keep.append((kind, resource))
         if not keep:
-            self.say(f"ddlkit: nothing to delete in workspace {ws}: ddlkit created no cluster "
-                     f"{self.cfg.cluster.name} nor file server {self.cfg.file_server.name} that still exists.")
+            self.say(
+                f"ddlkit: nothing to delete in workspace {ws}: ddlkit created no cluster "
+                f"{self.cfg.cluster.name} nor file server {self.cfg.file_server.name} that still exists."
+            )
             return []
         if not confirm(lines):
             return []
@@ -849,8 +1023,9 @@ class Service:
             self.say(f"ddlkit: deleting {kind} {resource.name}")
             if kind == "cluster":
                 with self._calling(f"deleting cluster {resource.name}"):
-                    self._wait(self.client.clusters.begin_delete(rg, ws, resource.name), f"deleting cluster "
-                                                                                          f"{resource.name}")
+                    self._wait(
+                        self.client.clusters.begin_delete(rg, ws, resource.name), f"deleting cluster {resource.name}"
+                    )
             else:
                 self._delete_file_server(resource)
             self.ledger.remove(resource.id)
@@ -868,8 +1043,10 @@ class Service:
         deadline = time.monotonic() + self.cfg.file_server.wait_s
         while self.find_file_server() is not None:
             if time.monotonic() > deadline:
-                raise ConfigError(f"file server {resource.name} is still being deleted after "
-                                  f"{self.cfg.file_server.wait_s:.0f} s; run `ddlkit compute down` again later.")
+                raise ConfigError(
+                    f"file server {resource.name} is still being deleted after "
+                    f"{self.cfg.file_server.wait_s:.0f} s; run `ddlkit compute down` again later."
+                )
             time.sleep(self.poll_interval_s)
 
     # ------------------------------------------------------------ the plan
@@ -877,22 +1054,29 @@ class Service:
         shown = []
         for r in self.recorded:
             shown.append(Recorded(r.method, r.url, redact_body(r.body), r.note))
-        text = (f"compute=batchai: the requests to {self.cfg.endpoint} (Batch AI API {API_VERSION}) for a job whose "
-                "resources do not exist yet; existing ones with the same settings are reused (only their look-up "
-                "is sent). Batch AI was retired in 2019: a Batch AI-compatible endpoint is needed to run it.\n"
-                + self._describe_image() + describe_requests(shown))
+        text = (
+            f"compute=batchai: the requests to {self.cfg.endpoint} (Batch AI API {API_VERSION}) for a job whose "
+            "resources do not exist yet; existing ones with the same settings are reused (only their look-up "
+            "is sent). Batch AI was retired in 2019: a Batch AI-compatible endpoint is needed to run it.\n"
+            + self._describe_image()
+            + describe_requests(shown)
+        )
         return scrub(text, self._secrets)
-
 
     def _describe_image(self) -> str:
         """The job's image, and for dist=horovod where the ranks' Horovod comes from."""
         line = f"  the ranks run in image {self.image()}"
         if self.horovod:
-            where = ("compute.image, which must have Horovod built in; the launcher needs none" if self.cfg.image
-                     else horovod_image_note(gpu=self.cfg.gpu))
-            line += (f"; dist=horovod: Horovod comes from the image ({where}); the service's mpirun (custom MPI "
-                     f"settings) starts processCount={self.cfg.nodes * self.cfg.procs_per_node} ranks, "
-                     f"{self.cfg.procs_per_node} per node")
+            where = (
+                "compute.image, which must have Horovod built in; the launcher needs none"
+                if self.cfg.image
+                else horovod_image_note(gpu=self.cfg.gpu)
+            )
+            line += (
+                f"; dist=horovod: Horovod comes from the image ({where}); the service's mpirun (custom MPI "
+                f"settings) starts processCount={self.cfg.nodes * self.cfg.procs_per_node} ranks, "
+                f"{self.cfg.procs_per_node} per node"
+            )
         return line + "\n"
 
 

@@ -16,8 +16,8 @@ import os
 import sys
 from pathlib import Path
 
-from ddlkit.storage import open_storage, stage
 from ddlkit.errors import DdlkitError, exit_code_for
+from ddlkit.storage import open_storage, stage
 
 #: files copied at once
 WORKERS = 16

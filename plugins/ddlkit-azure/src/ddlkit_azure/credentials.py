@@ -66,12 +66,21 @@ def _read_secret(file: str | None, env_name: str, env: Mapping[str, str]) -> str
     return env.get(env_name, "").strip() or None
 
 
-def resolve(auth: str, *, account_url: str | None = None, sas_token_file: str | None = None,
-            connection_string_file: str | None = None, env: Mapping[str, str] | None = None) -> Credential:
+def resolve(
+    auth: str,
+    *,
+    account_url: str | None = None,
+    sas_token_file: str | None = None,
+    connection_string_file: str | None = None,
+    env: Mapping[str, str] | None = None,
+) -> Credential:
     env = os.environ if env is None else env
     kind = Auth(auth)
-    url = account_url or env.get(ACCOUNT_URL_ENV) or (
-        f"https://{env[ACCOUNT_ENV]}.blob.core.windows.net" if env.get(ACCOUNT_ENV) else None)
+    url = (
+        account_url
+        or env.get(ACCOUNT_URL_ENV)
+        or (f"https://{env[ACCOUNT_ENV]}.blob.core.windows.net" if env.get(ACCOUNT_ENV) else None)
+    )
     url, url_sas = split_sas(url) if url else (url, None)
     if kind in (Auth.auto, Auth.sas):
         sas = _read_secret(sas_token_file, SAS_ENV, env) or url_sas
@@ -87,18 +96,26 @@ def resolve(auth: str, *, account_url: str | None = None, sas_token_file: str | 
             _check_connection_string(conn, connection_string_file or f"${CONNECTION_STRING_ENV}")
             return Credential(Auth.connection_string, conn, check_tls(url) if url else None)
         if kind is Auth.connection_string:
-            raise ConfigError(f"storage.auth=connection_string but there is none: set ${CONNECTION_STRING_ENV} or "
-                              "storage.connection_string_file.")
-    looked_for = (f"no Azure storage credential found: looked for ${SAS_ENV} and ${CONNECTION_STRING_ENV} in the "
-                  "environment and storage.sas_token_file, storage.connection_string_file in the config")
+            raise ConfigError(
+                f"storage.auth=connection_string but there is none: set ${CONNECTION_STRING_ENV} or "
+                "storage.connection_string_file."
+            )
+    looked_for = (
+        f"no Azure storage credential found: looked for ${SAS_ENV} and ${CONNECTION_STRING_ENV} in the "
+        "environment and storage.sas_token_file, storage.connection_string_file in the config"
+    )
     if url is None:
-        raise ConfigError(f"{looked_for}: set ${SAS_ENV} (preferred) or ${CONNECTION_STRING_ENV}, or set "
-                          f"storage.account_url (or ${ACCOUNT_URL_ENV}) to sign in with DefaultAzureCredential.")
+        raise ConfigError(
+            f"{looked_for}: set ${SAS_ENV} (preferred) or ${CONNECTION_STRING_ENV}, or set "
+            f"storage.account_url (or ${ACCOUNT_URL_ENV}) to sign in with DefaultAzureCredential."
+        )
     if urlsplit(url).scheme == "http":
         # the SDK refuses a sign-in's token over plain http (the emulator): a ValueError from deep inside it
-        raise ConfigError(f"{looked_for}, and a sign-in (DefaultAzureCredential) cannot be used over plain http "
-                          f"({url}): export {SAS_ENV}=<a SAS token> or {CONNECTION_STRING_ENV}=<a connection "
-                          "string>.")
+        raise ConfigError(
+            f"{looked_for}, and a sign-in (DefaultAzureCredential) cannot be used over plain http "
+            f"({url}): export {SAS_ENV}=<a SAS token> or {CONNECTION_STRING_ENV}=<a connection "
+            "string>."
+        )
     return Credential(Auth.default_credential, None, check_tls(url))
 
 
@@ -114,7 +131,8 @@ def _check_connection_string(conn: str, source: str) -> None:
         raise ConfigError(
             f"the Azure storage connection string in {source} is malformed ({err}): it is name=value pairs "
             "joined by ';', among them DefaultEndpointsProtocol, AccountName and AccountKey: copy it whole from "
-            f"the portal (the storage account's Access keys), or give a SAS token in ${SAS_ENV} instead") from None
+            f"the portal (the storage account's Access keys), or give a SAS token in ${SAS_ENV} instead"
+        ) from None
 
 
 def split_sas(url: str) -> tuple[str, str | None]:
@@ -138,5 +156,7 @@ def check_tls(url: str) -> str:
         loopback = False
     if parts.scheme == "http" and loopback:
         return url
-    raise ConfigError(f"the storage account URL must use https (got {parts.scheme}://{host}); plain http is allowed "
-                      "only to the local emulator on 127.0.0.1.")
+    raise ConfigError(
+        f"the storage account URL must use https (got {parts.scheme}://{host}); plain http is allowed "
+        "only to the local emulator on 127.0.0.1."
+    )

@@ -15,25 +15,33 @@ if TYPE_CHECKING:
 
 @ddlkit.hookimpl
 def ddlkit_storage_backends() -> Iterator[ddlkit.Registration]:
-    yield ddlkit.Registration("azure", "ddlkit_azure.storage:AzureBlobStorage",
-                              config="ddlkit_azure.storage:AzureBlobConfig",
-                              packages=("azure-storage-blob", "azure-identity"),
-                              description="Azure Blob Storage: blob:// data staged to local disk, results to "
-                                          "a container")
+    yield ddlkit.Registration(
+        "azure",
+        "ddlkit_azure.storage:AzureBlobStorage",
+        config="ddlkit_azure.storage:AzureBlobConfig",
+        packages=("azure-storage-blob", "azure-identity"),
+        description="Azure Blob Storage: blob:// data staged to local disk, results to a container",
+    )
 
 
 @ddlkit.hookimpl
 def ddlkit_compute_targets() -> Iterator[ddlkit.Registration]:
-    yield ddlkit.Registration("azureml", "ddlkit_azure.azureml:AzureMLTarget",
-                              config="ddlkit_azure.azureml:AzureMLConfig",
-                              packages=("azure-ai-ml", "azure-identity"),
-                              description="one Azure Machine Learning command job per ddlkit job on a compute "
-                                          "cluster: nodes x procs_per_node ranks, MPI or PyTorch distribution")
-    yield ddlkit.Registration("batchai", "ddlkit_azure.batchai:BatchAITarget",
-                              config="ddlkit_azure.batchai:BatchAIConfig",
-                              packages=("azure-mgmt-batchai", "azure-storage-file-share", "azure-identity"),
-                              description="Azure Batch AI (retired 2019; API 2018-05-01): workspace, NFS file "
-                                          "server and GPU cluster created or reused, one MPI job per ddlkit job")
+    yield ddlkit.Registration(
+        "azureml",
+        "ddlkit_azure.azureml:AzureMLTarget",
+        config="ddlkit_azure.azureml:AzureMLConfig",
+        packages=("azure-ai-ml", "azure-identity"),
+        description="one Azure Machine Learning command job per ddlkit job on a compute "
+        "cluster: nodes x procs_per_node ranks, MPI or PyTorch distribution",
+    )
+    yield ddlkit.Registration(
+        "batchai",
+        "ddlkit_azure.batchai:BatchAITarget",
+        config="ddlkit_azure.batchai:BatchAIConfig",
+        packages=("azure-mgmt-batchai", "azure-storage-file-share", "azure-identity"),
+        description="Azure Batch AI (retired 2019; API 2018-05-01): workspace, NFS file "
+        "server and GPU cluster created or reused, one MPI job per ddlkit job",
+    )
 
 
 #: what the ranks read from their environment to reach Blob Storage (credentials.py): the storage

@@ -104,8 +104,12 @@ class AzureBlobStorage(StagingStorage):
         # a connection string given here reaches the ranks: a malformed one is said here, not by each rank
         given = c.connection_string_file or os.environ.get(CONNECTION_STRING_ENV)
         if (url and str(url).startswith("http://")) or (given and c.auth in ("auto", "connection_string")):
-            resolve(c.auth, account_url=url, sas_token_file=c.sas_token_file,
-                    connection_string_file=c.connection_string_file)
+            resolve(
+                c.auth,
+                account_url=url,
+                sas_token_file=c.sas_token_file,
+                connection_string_file=c.connection_string_file,
+            )
 
     @classmethod
     def from_url(cls, url: str) -> AzureBlobStorage:
@@ -126,8 +130,12 @@ class AzureBlobStorage(StagingStorage):
                 from ._client import Container, service_client
 
                 c = self.cfg
-                cred = resolve(c.auth, account_url=c.account_url,
-                               sas_token_file=c.sas_token_file, connection_string_file=c.connection_string_file)
+                cred = resolve(
+                    c.auth,
+                    account_url=c.account_url,
+                    sas_token_file=c.sas_token_file,
+                    connection_string_file=c.connection_string_file,
+                )
                 service = service_client(cred, connections=max(c.workers, 1) * max(c.max_concurrency, 1))
                 self._container = Container(service, c.container, c.prefix, cred, c.max_concurrency)
             return self._container
@@ -178,8 +186,12 @@ class AzureBlobStorage(StagingStorage):
         if not isinstance(backend, AzureBlobStorage):
             return backend.check_access(job_name)
         where = self.describe_results(job_name)
-        retry(lambda: backend.container.check_write(backend._key(f"{prefix}/.ddlkit-write-check")),
-              what=f"checking that {where} is writable", attempts=self.cfg.attempts, small=True)
+        retry(
+            lambda: backend.container.check_write(backend._key(f"{prefix}/.ddlkit-write-check")),
+            what=f"checking that {where} is writable",
+            attempts=self.cfg.attempts,
+            small=True,
+        )
         return f"storage=azure: {where} is writable with {backend.container.credential}"
 
     def describe_results(self, job_name: str) -> str:

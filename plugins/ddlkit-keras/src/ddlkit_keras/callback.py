@@ -13,7 +13,6 @@ import keras
 import ddlkit
 
 
-
 class DdlkitCallback(keras.callbacks.Callback):
     """Per optimizer step (``trainer.accumulate_batches`` of fit's batches, which the optimizer
     accumulates): the scheduled learning rate before, ``run.step_end`` after (which logs,

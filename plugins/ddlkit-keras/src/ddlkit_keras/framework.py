@@ -119,19 +119,22 @@ class KerasFramework(ddlkit.Framework):
         if self.cfg.backend not in BACKENDS:
             raise ddlkit.ConfigError(
                 f"framework.backend={self.cfg.backend} is not supported: framework=keras trains with "
-                f"{', '.join(BACKENDS)} (for PyTorch use framework=pytorch).")
+                f"{', '.join(BACKENDS)} (for PyTorch use framework=pytorch)."
+            )
         check_config("keras", self.cfg.device, self.cfg.xla, self.cfg.num_threads, config)
         if config.dist.backend == "native":
             raise ddlkit.ConfigError(
                 "framework=keras cannot train with dist=native: Keras 3's model.fit fails under "
                 "tf.distribute.MultiWorkerMirroredStrategy (keras-team/keras#20585, tensorflow/tensorflow#72388). "
                 "For several ranks use dist=horovod, or framework=tensorflow (the same ResNets, optimizer and "
-                "checkpoints, in a custom loop) with dist=native.")
+                "checkpoints, in a custom loop) with dist=native."
+            )
         if config.trainer.accumulate_batches > 1 and config.trainer.precision == "fp16":
             raise ddlkit.ConfigError(
                 "framework=keras cannot accumulate gradients under trainer.precision=fp16: Keras' loss-scale "
                 "optimizer skips an overflowing micro-batch without counting it, which shifts its accumulation "
-                "out of step with the optimizer steps. Use framework=tensorflow, or trainer.precision=bf16.")
+                "out of step with the optimizer steps. Use framework=tensorflow, or trainer.precision=bf16."
+            )
 
     def train(self, run: ddlkit.RunContext) -> None:
         # Keras reads its backend once, at its first import in this process
@@ -140,11 +143,20 @@ class KerasFramework(ddlkit.Framework):
         import keras
 
         if keras.backend.backend() != self.cfg.backend:
-            raise ddlkit.ConfigError(f"Keras was already imported in this process with backend "
-                                     f"{keras.backend.backend()}; framework.backend={self.cfg.backend} cannot apply.")
+            raise ddlkit.ConfigError(
+                f"Keras was already imported in this process with backend "
+                f"{keras.backend.backend()}; framework.backend={self.cfg.backend} cannot apply."
+            )
         from ddlkit_tensorflow.data import data_errors, tf_loader
-        from ddlkit_tensorflow.training import (build_model, check_classifier, export_model, load_state,
-                                                make_optimizer, save_state, task)
+        from ddlkit_tensorflow.training import (
+            build_model,
+            check_classifier,
+            export_model,
+            load_state,
+            make_optimizer,
+            save_state,
+            task,
+        )
 
         from .callback import DdlkitCallback
 
@@ -163,8 +175,12 @@ class KerasFramework(ddlkit.Framework):
             if run.accumulate > 1:
                 inner.gradient_accumulation_steps = run.accumulate  # read when it is built, below
             loss, metrics = task(run)
-            model.compile(optimizer=optimizer, loss=loss, jit_compile=self.cfg.xla,
-                          metrics=[keras.metrics.MeanMetricWrapper(fn, name=name) for name, fn in metrics.items()])
+            model.compile(
+                optimizer=optimizer,
+                loss=loss,
+                jit_compile=self.cfg.xla,
+                metrics=[keras.metrics.MeanMetricWrapper(fn, name=name) for name, fn in metrics.items()],
+            )
             # slots (momentum buffers) exist before a checkpoint is loaded into them
             optimizer.build(model.trainable_variables)
         run.phase(f"model built ({model.count_params() / 1e6:.3g}M parameters)")
@@ -205,13 +221,27 @@ class KerasFramework(ddlkit.Framework):
         epoch, done = run.state.epoch, run.state.batch
         if done and not run.finished:
             if done < run.steps_per_epoch:
-                model.fit(steps(train_loader.epoch(epoch, done * n), run.steps_per_epoch - done), initial_epoch=epoch,
-                          epochs=epoch + 1, validation_data=val_data, callbacks=[callback], shuffle=False, verbose=0)
+                model.fit(
+                    steps(train_loader.epoch(epoch, done * n), run.steps_per_epoch - done),
+                    initial_epoch=epoch,
+                    epochs=epoch + 1,
+                    validation_data=val_data,
+                    callbacks=[callback],
+                    shuffle=False,
+                    verbose=0,
+                )
             else:
                 # stopped after the epoch's last step, before its validation: only that is left
                 logs = model.evaluate(val_data, return_dict=True, verbose=0) if val_data is not None else {}
                 callback.end_epoch({f"val_{name}": value for name, value in logs.items()})
         if not run.finished and run.state.epoch < t.epochs:
             # shuffle=False: a tf.data pipeline orders itself (Keras would only warn that it cannot)
-            model.fit(steps(train_loader.dataset, run.steps_per_epoch), initial_epoch=run.state.epoch, epochs=t.epochs,
-                      validation_data=val_data, callbacks=[callback], shuffle=False, verbose=0)
+            model.fit(
+                steps(train_loader.dataset, run.steps_per_epoch),
+                initial_epoch=run.state.epoch,
+                epochs=t.epochs,
+                validation_data=val_data,
+                callbacks=[callback],
+                shuffle=False,
+                verbose=0,
+            )

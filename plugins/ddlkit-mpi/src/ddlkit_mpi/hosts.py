@@ -82,8 +82,9 @@ def parse_hostfile(path: str | os.PathLike[str], *, what: str = "hostfile") -> l
         name, *options = line.split()
 
         def bad(why: str, number: int = number, raw: str = raw) -> ddlkit.ConfigError:
-            return ddlkit.ConfigError(f"{what} {path}, line {number}: {why} in {raw.strip()!r} "
-                                      "(expected `host [slots=N] [max_slots=M]`).")
+            return ddlkit.ConfigError(
+                f"{what} {path}, line {number}: {why} in {raw.strip()!r} (expected `host [slots=N] [max_slots=M]`)."
+            )
 
         if not _HOST_NAME.match(name) or "=" in name:
             raise bad(f"{name!r} is not a host name")
@@ -118,8 +119,10 @@ def parse_hosts(entries: Iterable[str]) -> list[Host]:
             name, sep, slots_text = entry, "", ""
         slots = _positive(slots_text) if sep else None
         if not name or not _HOST_NAME.match(name) or (":" in name and not _is_ipv6(name)) or (sep and slots is None):
-            raise ddlkit.ConfigError(f"compute.hosts: {entry!r} is not a host (expected `name` or `name:slots`, "
-                                     "e.g. compute.hosts=[node1:4,node2:4]).")
+            raise ddlkit.ConfigError(
+                f"compute.hosts: {entry!r} is not a host (expected `name` or `name:slots`, "
+                "e.g. compute.hosts=[node1:4,node2:4])."
+            )
         hosts.append(Host(name, slots))
     if not hosts:
         raise ddlkit.ConfigError("compute.hosts is empty.")
@@ -188,7 +191,7 @@ def _expand_name(name: str) -> list[str]:
     match = re.search(r"\[([^\[\]]*)\]", name)
     if not match:
         return [name]
-    head, tail = name[:match.start()], name[match.end():]
+    head, tail = name[: match.start()], name[match.end() :]
     return [f"{head}{n}{rest}" for n in _expand_range(match.group(1)) for rest in _expand_name(tail)]
 
 
@@ -241,12 +244,18 @@ def _slurm_hosts(env: Mapping[str, str], var: str) -> list[Host]:
 
 # ---------------------------------------------------------------------------- discovery
 #: where :func:`discover` looks when the config names no hosts, in order
-SCHEDULER_SOURCES = ("AZ_BATCHAI_MPI_HOST_FILE", "AZ_BATCH_HOST_LIST", "PBS_NODEFILE", "SLURM_JOB_NODELIST",
-                     "SLURM_NODELIST")
+SCHEDULER_SOURCES = (
+    "AZ_BATCHAI_MPI_HOST_FILE",
+    "AZ_BATCH_HOST_LIST",
+    "PBS_NODEFILE",
+    "SLURM_JOB_NODELIST",
+    "SLURM_NODELIST",
+)
 
 
-def discover(hosts: Iterable[str] | None, hostfile: str | None,
-             env: Mapping[str, str] | None = None) -> tuple[list[Host], str]:
+def discover(
+    hosts: Iterable[str] | None, hostfile: str | None, env: Mapping[str, str] | None = None
+) -> tuple[list[Host], str]:
     """The job's hosts and a phrase naming where they came from (for messages and ``plan``)."""
     env = os.environ if env is None else env
     hosts = list(hosts or [])
@@ -271,6 +280,8 @@ def discover(hosts: Iterable[str] | None, hostfile: str | None,
         if var == "PBS_NODEFILE":
             return parse_nodefile(value, what=f"${var}"), f"${var}"
         return _slurm_hosts(env, var), f"${var}"
-    raise ddlkit.ConfigError("compute=mpi found no hosts: set compute.hosts=[host:slots,...] or "
-                             "compute.hostfile=FILE, or run it inside a cluster job; looked at compute.hosts, "
-                             "compute.hostfile, " + ", ".join(f"${v}" for v in SCHEDULER_SOURCES) + " (all unset).")
+    raise ddlkit.ConfigError(
+        "compute=mpi found no hosts: set compute.hosts=[host:slots,...] or "
+        "compute.hostfile=FILE, or run it inside a cluster job; looked at compute.hosts, "
+        "compute.hostfile, " + ", ".join(f"${v}" for v in SCHEDULER_SOURCES) + " (all unset)."
+    )

@@ -73,8 +73,12 @@ def layout(rank: int, args: argparse.Namespace, env: os._Environ[str] | dict[str
     base = Path(os.path.expanduser(os.path.expandvars(args.scratch)))
     scratch = (base if base.is_absolute() else Path.cwd() / base) / f"node-{node}"
     scratch.mkdir(parents=True, exist_ok=True)
-    return {NODE_ENV: str(node), LOCAL_RANK_ENV: str(local_rank), LOCAL_SIZE_ENV: str(local_size),
-            NODE_SCRATCH_ENV: str(scratch)}
+    return {
+        NODE_ENV: str(node),
+        LOCAL_RANK_ENV: str(local_rank),
+        LOCAL_SIZE_ENV: str(local_size),
+        NODE_SCRATCH_ENV: str(scratch),
+    }
 
 
 def _parse(argv: list[str] | None) -> argparse.Namespace:
@@ -82,16 +86,28 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--job-dir", type=Path, default=Path("."))
     group = parser.add_mutually_exclusive_group(required=True)
     group.add_argument("--procs-per-node", type=int, help="simulated nodes of this many ranks each, on this machine")
-    group.add_argument("--node-sizes", type=lambda s: [int(n) for n in s.split(",")],
-                       help="real hosts: the ranks mpirun places on each host, in order (e.g. 4,4)")
-    parser.add_argument("--node-ids", type=lambda s: [int(n) for n in s.split(",")],
-                        help="simulated nodes: which nodes the job runs on, in order (default 0,1,...): a job "
-                             "restarted on the nodes that were not lost")
-    parser.add_argument("--scratch", default="nodes",
-                        help="base of the nodes' scratch directories ($VARS and ~ expanded on the node; "
-                             "relative: to the job directory)")
-    parser.add_argument("--cancel-file", help="the job's cancel marker (relative: to the job directory): a rank "
-                                              "that starts after it was written stops at once")
+    group.add_argument(
+        "--node-sizes",
+        type=lambda s: [int(n) for n in s.split(",")],
+        help="real hosts: the ranks mpirun places on each host, in order (e.g. 4,4)",
+    )
+    parser.add_argument(
+        "--node-ids",
+        type=lambda s: [int(n) for n in s.split(",")],
+        help="simulated nodes: which nodes the job runs on, in order (default 0,1,...): a job "
+        "restarted on the nodes that were not lost",
+    )
+    parser.add_argument(
+        "--scratch",
+        default="nodes",
+        help="base of the nodes' scratch directories ($VARS and ~ expanded on the node; "
+        "relative: to the job directory)",
+    )
+    parser.add_argument(
+        "--cancel-file",
+        help="the job's cancel marker (relative: to the job directory): a rank "
+        "that starts after it was written stops at once",
+    )
     parser.add_argument("command", nargs=argparse.REMAINDER)
     return parser.parse_args(argv)
 
@@ -108,12 +124,21 @@ def main(argv: list[str] | None = None) -> int:
     wanted = os.environ.get("OMPI_MCA_initial_wdir")
     if wanted and os.path.realpath(wanted) != os.path.realpath(os.getcwd()):
         # OpenMPI falls back to the home directory on a host where mpirun's directory is missing
-        print(f"[rank {rank}] error: the job directory {wanted} does not exist on host {os.uname().nodename}: "
-              "compute=mpi needs the job directory on a file system every host mounts at the same path",
-              file=sys.stderr, flush=True)
+        print(
+            f"[rank {rank}] error: the job directory {wanted} does not exist on host {os.uname().nodename}: "
+            "compute=mpi needs the job directory on a file system every host mounts at the same path",
+            file=sys.stderr,
+            flush=True,
+        )
         return 1
-    return minder.run(command, rank=rank, variables=layout(rank, args, os.environ), name="ddlkit_mpi",
-                      job_dir=str(args.job_dir), cancel_file=args.cancel_file)
+    return minder.run(
+        command,
+        rank=rank,
+        variables=layout(rank, args, os.environ),
+        name="ddlkit_mpi",
+        job_dir=str(args.job_dir),
+        cancel_file=args.cancel_file,
+    )
 
 
 if __name__ == "__main__":

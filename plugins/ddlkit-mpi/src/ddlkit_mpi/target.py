@@ -281,33 +281,57 @@ class MpiJob(ProcessJob):
     node_names: Sequence[str] = ()
 
     @classmethod
-    def launch(cls, command: Sequence[str], *, job_dir: Path, env: Mapping[str, str], grace_period_s: float,
-               world_size: int, abort_timeout_s: float, stop_via: str, node_names: Sequence[str] = ()) -> MpiJob:
+    def launch(
+        cls,
+        command: Sequence[str],
+        *,
+        job_dir: Path,
+        env: Mapping[str, str],
+        grace_period_s: float,
+        world_size: int,
+        abort_timeout_s: float,
+        stop_via: str,
+        node_names: Sequence[str] = (),
+    ) -> MpiJob:
         """Start ``command`` (an mpirun command line) in ``job_dir``, and its abort watchdog here."""
         # a resumed job runs in the same directory: the previous run's exit records are not ours
         shutil.rmtree(Path(job_dir) / RANKS_DIR, ignore_errors=True)
         # should the launcher die before detaching the job, the minder asks the ranks to stop as a
         # cancel does: mpirun passes SIGUSR1 on to every rank (SIGTERM would kill them at once)
-        job = cls.start(command, job_dir=job_dir, log_name=MPIRUN_LOG, env=env, grace_period_s=grace_period_s,
-                        stop_signal=signal.SIGUSR1)
+        job = cls.start(
+            command,
+            job_dir=job_dir,
+            log_name=MPIRUN_LOG,
+            env=env,
+            grace_period_s=grace_period_s,
+            stop_signal=signal.SIGUSR1,
+        )
         assert isinstance(job, MpiJob)
-        job.configure(world_size=world_size, abort_timeout_s=abort_timeout_s, stop_via=stop_via,
-                      node_names=node_names)
+        job.configure(world_size=world_size, abort_timeout_s=abort_timeout_s, stop_via=stop_via, node_names=node_names)
         threading.Thread(target=job._watch, name=f"ddlkit-mpi-watch-{job.id}", daemon=True).start()
         return job
 
     @classmethod
-    def find(cls, job_id: str, *, job_dir: Path, grace_period_s: float, world_size: int, abort_timeout_s: float,
-             stop_via: str, node_names: Sequence[str] = ()) -> MpiJob:
+    def find(
+        cls,
+        job_id: str,
+        *,
+        job_dir: Path,
+        grace_period_s: float,
+        world_size: int,
+        abort_timeout_s: float,
+        stop_via: str,
+        node_names: Sequence[str] = (),
+    ) -> MpiJob:
         """The job ``job_id`` (started by :meth:`launch`, maybe in another process)."""
         job = cls.attach(job_id, job_dir=job_dir, log_name=MPIRUN_LOG, grace_period_s=grace_period_s)
         assert isinstance(job, MpiJob)
-        job.configure(world_size=world_size, abort_timeout_s=abort_timeout_s, stop_via=stop_via,
-                      node_names=node_names)
+        job.configure(world_size=world_size, abort_timeout_s=abort_timeout_s, stop_via=stop_via, node_names=node_names)
         return job
 
-    def configure(self, *, world_size: int, abort_timeout_s: float, stop_via: str,
-                  node_names: Sequence[str] = ()) -> None:
+    def configure(
+        self, *, world_size: int, abort_timeout_s: float, stop_via: str, node_names: Sequence[str] = ()
+    ) -> None:
         self.world_size, self.abort_timeout_s, self.stop_via = world_size, abort_timeout_s, stop_via
         self.node_names = tuple(node_names)
 
@@ -319,8 +343,10 @@ class MpiJob(ProcessJob):
     def _mpirun(self) -> int | None:
         """mpirun's pid: the minder's child that is not its guard (a fork of the minder)."""
         minder = _cmdline(self.pid)
-        return next((pid for pid, ppid, sid in processes()
-                     if ppid == self.pid and sid == self.pid and _cmdline(pid) != minder), None)
+        return next(
+            (pid for pid, ppid, sid in processes() if ppid == self.pid and sid == self.pid and _cmdline(pid) != minder),
+            None,
+        )
 
     def _kill_leftovers(self) -> None:
         for pid in self.session():
@@ -352,17 +378,23 @@ class MpiJob(ProcessJob):
             return JobStatus(JobState.SUCCEEDED, 0)
         state = JobState.CANCELLED if self.cancel_requested else JobState.FAILED
         if failure is None:
-            return JobStatus(state, code or 1, f"mpirun ended with {describe_exit(code)} and {len(records)} of "
-                             f"{self.world_size} ranks reported an exit; last lines of {self.log_path}:\n"
-                             + "\n".join("    " + ln for ln in log_tail(self.log_path)))
+            return JobStatus(
+                state,
+                code or 1,
+                f"mpirun ended with {describe_exit(code)} and {len(records)} of "
+                f"{self.world_size} ranks reported an exit; last lines of {self.log_path}:\n"
+                + "\n".join("    " + ln for ln in log_tail(self.log_path)),
+            )
         headline = None
         # the first rank to report a failure may only have waited for another, which its error names
         # (a named rank that reported its own failure is already the one first_failure returns)
         named = named_peer(failure.tail)
         if named is not None and named[0] != failure.rank and all(r["rank"] != named[0] for r in records):
             # stopped (SIGSTOP, hung), or killed with its rank wrapper: it reports nothing
-            headline = (f"{self._culprit(*named)} first; rank {failure.rank} ({failure.where()}) failed "
-                        f"waiting for it, with {describe_exit(failure.code)}")
+            headline = (
+                f"{self._culprit(*named)} first; rank {failure.rank} ({failure.where()}) failed "
+                f"waiting for it, with {describe_exit(failure.code)}"
+            )
         return JobStatus(state, failure.code, failure.message(headline))
 
     def _culprit(self, rank: int, how: str) -> str:
@@ -456,8 +488,10 @@ class MpirunTarget(ddlkit.ComputeTarget):
         """local_mpi checks when it is built; mpi when it submits, so that ``ddlkit plan`` prints
         its command on a machine without OpenMPI."""
         if shutil.which(self.cfg.mpirun) is None:
-            raise ddlkit.ConfigError(f"compute={self.name} needs OpenMPI's `{self.cfg.mpirun}`, which is not on PATH: "
-                                     "apt-get install openmpi-bin (or set compute.mpirun to its path).")
+            raise ddlkit.ConfigError(
+                f"compute={self.name} needs OpenMPI's `{self.cfg.mpirun}`, which is not on PATH: "
+                "apt-get install openmpi-bin (or set compute.mpirun to its path)."
+            )
 
     # ------------------------------------------------------------ the command and its environment
     def forwarded_env(self, spec: JobSpec) -> list[str]:
@@ -473,21 +507,44 @@ class MpirunTarget(ddlkit.ComputeTarget):
         if os.sep in mpirun and not os.path.isabs(mpirun):
             mpirun = os.path.abspath(mpirun)  # mpirun starts in the job directory
         return [
-            mpirun, "-np", str(self.world_size), *self.placement_args(),
+            mpirun,
+            "-np",
+            str(self.world_size),
+            *self.placement_args(),
             # ranks fill one node after the other; none is pinned, so the OS spreads them
-            "--bind-to", "none", "--map-by", "slot",
+            "--bind-to",
+            "none",
+            "--map-by",
+            "slot",
             *(arg for name in self.forwarded_env(spec) for arg in ("-x", name)),
             *c.mpirun_args,
-            python, "-m", RANK_MODULE, "--job-dir", ".", *self.layout_args(), "--scratch", c.scratch or "nodes",
-            "--cancel-file", CANCEL_FILE, "--", *spec.command(python),
+            python,
+            "-m",
+            RANK_MODULE,
+            "--job-dir",
+            ".",
+            *self.layout_args(),
+            "--scratch",
+            c.scratch or "nodes",
+            "--cancel-file",
+            CANCEL_FILE,
+            "--",
+            *spec.command(python),
         ]
 
     def environment(self, spec: JobSpec) -> dict[str, str]:
         """mpirun's environment: this one, the job's (``spec.env``, ``spec.secret_env``), the rendezvous."""
         addr, master_port, control = self.rendezvous()
-        env = {**os.environ, **spec.env, **spec.secret_env, "PYTHONUNBUFFERED": "1",
-               # torch.distributed's rendezvous, and ddlkit's control plane
-               "MASTER_ADDR": addr, "MASTER_PORT": str(master_port), CONTROL_ADDR_ENV: f"{addr}:{control}"}
+        env = {
+            **os.environ,
+            **spec.env,
+            **spec.secret_env,
+            "PYTHONUNBUFFERED": "1",
+            # torch.distributed's rendezvous, and ddlkit's control plane
+            "MASTER_ADDR": addr,
+            "MASTER_PORT": str(master_port),
+            CONTROL_ADDR_ENV: f"{addr}:{control}",
+        }
         # like torchrun: ranks sharing a machine share its cores instead of each taking them all
         env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // self.ranks_per_machine())))
         if os.geteuid() == 0:
@@ -504,11 +561,20 @@ class MpirunTarget(ddlkit.ComputeTarget):
         command, env = self.command(spec), self.environment(spec)
         # what attach() needs, should it be built where the hosts cannot be found again (another
         # shell, outside the cluster job): no secret, only the layout
-        write_json(spec.job_dir / LAYOUT_FILE, {"world_size": self.world_size, "node_sizes": self.node_sizes(),
-                                                "node_names": self.node_names()})
-        return MpiJob.launch(command, job_dir=spec.job_dir, env=env, grace_period_s=self.cfg.grace_period_s,
-                             world_size=self.world_size, abort_timeout_s=self.cfg.abort_timeout_s,
-                             stop_via=self.stop_via, node_names=self.node_names())
+        write_json(
+            spec.job_dir / LAYOUT_FILE,
+            {"world_size": self.world_size, "node_sizes": self.node_sizes(), "node_names": self.node_names()},
+        )
+        return MpiJob.launch(
+            command,
+            job_dir=spec.job_dir,
+            env=env,
+            grace_period_s=self.cfg.grace_period_s,
+            world_size=self.world_size,
+            abort_timeout_s=self.cfg.abort_timeout_s,
+            stop_via=self.stop_via,
+            node_names=self.node_names(),
+        )
 
     def attach(self, job_id: str, *, job_dir: Path) -> JobHandle:
         try:
@@ -516,8 +582,15 @@ class MpirunTarget(ddlkit.ComputeTarget):
             world_size, node_names = int(layout["world_size"]), list(layout["node_names"])
         except (OSError, ValueError, KeyError, TypeError):
             world_size, node_names = self.world_size, self.node_names()
-        return MpiJob.find(job_id, job_dir=job_dir, grace_period_s=self.cfg.grace_period_s, world_size=world_size,
-                           abort_timeout_s=self.cfg.abort_timeout_s, stop_via=self.stop_via, node_names=node_names)
+        return MpiJob.find(
+            job_id,
+            job_dir=job_dir,
+            grace_period_s=self.cfg.grace_period_s,
+            world_size=world_size,
+            abort_timeout_s=self.cfg.abort_timeout_s,
+            stop_via=self.stop_via,
+            node_names=node_names,
+        )
 
 
 class LocalMpiTarget(MpirunTarget):
@@ -650,9 +723,11 @@ class MpiTarget(MpirunTarget):
         hosts, self.source = discover(c.hosts, c.hostfile, env)
         if c.nodes is not None:
             if c.nodes > len(hosts):
-                raise ddlkit.ConfigError(f"compute.nodes={c.nodes} asks for more hosts than {self.source} names "
-                                         f"({len(hosts)}: {', '.join(h.name for h in hosts)}).")
-            hosts = hosts[:c.nodes]
+                raise ddlkit.ConfigError(
+                    f"compute.nodes={c.nodes} asks for more hosts than {self.source} names "
+                    f"({len(hosts)}: {', '.join(h.name for h in hosts)})."
+                )
+            hosts = hosts[: c.nodes]
         wanted = c.procs_per_node
         short = [h for h in hosts if wanted is not None and h.slots is not None and h.slots < wanted]
         if short:
@@ -660,7 +735,9 @@ class MpiTarget(MpirunTarget):
             raise ddlkit.ConfigError(
                 f"compute=mpi asks for {c.procs_per_node * len(hosts)} ranks (compute.procs_per_node="
                 f"{c.procs_per_node} on {len(hosts)} hosts) but the hosts have {total_slots} slots: "
-                + ", ".join(f"{h.name} has {h.slots}" for h in short) + f" (from {self.source}).")
+                + ", ".join(f"{h.name} has {h.slots}" for h in short)
+                + f" (from {self.source})."
+            )
         # mpirun places the first ranks on its own host when that host is listed (OpenMPI's rule,
         # whatever the order given): list it first, so node ids and rank 0's address are right
         local = [h for h in hosts if is_this_host(h.name)]
@@ -725,4 +802,3 @@ class MpiTarget(MpirunTarget):
         if first in _LOOPBACK_NAMES and not all(is_this_host(h.name) for h in self.hosts):
             first = socket.gethostname()  # other machines cannot reach rank 0 at "localhost"
         return first, self.cfg.master_port, control_port(self.cfg.master_port)
-

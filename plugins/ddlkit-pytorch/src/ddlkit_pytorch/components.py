@@ -46,26 +46,38 @@ def build_custom_model(cfg: Any, data: ddlkit.DataInfo) -> Any:
 
 def models() -> Iterator[ddlkit.Registration]:
     for name in RESNETS:
-        yield ddlkit.Registration(name, _resnet(name), config=ResNetConfig, framework=FRAMEWORK,
-                                  description=f"{name}, torchvision's layout and state_dict keys")
-    yield ddlkit.Registration("custom", build_custom_model, config=CustomModelConfig, framework=FRAMEWORK,
-                              description="your torch.nn.Module: model.target=package.module:function")
+        yield ddlkit.Registration(
+            name,
+            _resnet(name),
+            config=ResNetConfig,
+            framework=FRAMEWORK,
+            description=f"{name}, torchvision's layout and state_dict keys",
+        )
+    yield ddlkit.Registration(
+        "custom",
+        build_custom_model,
+        config=CustomModelConfig,
+        framework=FRAMEWORK,
+        description="your torch.nn.Module: model.target=package.module:function",
+    )
 
 
 def sgd(cfg: Any, params: Any, **kernel: bool) -> Any:
     """``kernel``: torch's ``fused=True`` or ``foreach=True|False`` (``framework.optimizer_kernel``)."""
     import torch
 
-    return torch.optim.SGD(params, lr=cfg.lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay,
-                           nesterov=cfg.nesterov, **kernel)
+    return torch.optim.SGD(
+        params, lr=cfg.lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay, nesterov=cfg.nesterov, **kernel
+    )
 
 
 def adamw(cfg: Any, params: Any, **kernel: bool) -> Any:
     """``kernel``: as :func:`sgd`'s."""
     import torch
 
-    return torch.optim.AdamW(params, lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), eps=cfg.eps,
-                             weight_decay=cfg.weight_decay, **kernel)
+    return torch.optim.AdamW(
+        params, lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), eps=cfg.eps, weight_decay=cfg.weight_decay, **kernel
+    )
 
 
 #: the optimizers whose step torch implements as one fused kernel, as a loop over tensor lists
@@ -77,20 +89,34 @@ def lamb(cfg: Any, params: Any) -> Any:
     from pytorch_optimizer import Lamb
 
     # decoupled weight decay (AdamW's), no gradient pre-normalisation: the paper's algorithm 2
-    return Lamb(params, lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), eps=cfg.eps, weight_decay=cfg.weight_decay,
-                weight_decouple=True)
+    return Lamb(
+        params,
+        lr=cfg.lr,
+        betas=(cfg.beta1, cfg.beta2),
+        eps=cfg.eps,
+        weight_decay=cfg.weight_decay,
+        weight_decouple=True,
+    )
 
 
 def lars(cfg: Any, params: Any) -> Any:
     from pytorch_optimizer import LARS
 
-    return LARS(params, lr=cfg.lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay,
-                trust_coefficient=cfg.trust_coefficient, nesterov=cfg.nesterov)
+    return LARS(
+        params,
+        lr=cfg.lr,
+        momentum=cfg.momentum,
+        weight_decay=cfg.weight_decay,
+        trust_coefficient=cfg.trust_coefficient,
+        nesterov=cfg.nesterov,
+    )
 
 
 def optimizers() -> Iterator[ddlkit.Registration]:
-    for name, factory, schema, what in (("sgd", sgd, SGDConfig, "torch.optim.SGD"),
-                                        ("adamw", adamw, AdamWConfig, "torch.optim.AdamW"),
-                                        ("lamb", lamb, LambConfig, "pytorch_optimizer.Lamb"),
-                                        ("lars", lars, LarsConfig, "pytorch_optimizer.LARS")):
+    for name, factory, schema, what in (
+        ("sgd", sgd, SGDConfig, "torch.optim.SGD"),
+        ("adamw", adamw, AdamWConfig, "torch.optim.AdamW"),
+        ("lamb", lamb, LambConfig, "pytorch_optimizer.Lamb"),
+        ("lars", lars, LarsConfig, "pytorch_optimizer.LARS"),
+    ):
         yield ddlkit.Registration(name, factory, config=schema, framework=FRAMEWORK, description=what)

@@ -34,9 +34,19 @@ def torch_loader(loader: Any, *, images: bool, device: Any, channels_last: bool)
     if isinstance(spec, ImageFilesSpec):
         from .imagefolder import TorchImageLoader
 
-        return TorchImageLoader(spec.files, spec.labels, spec.aug, batch_size=spec.batch_size, shard=spec.shard,
-                                seed=spec.seed, workers=spec.auto_workers(), on_corrupt=spec.on_corrupt,
-                                device=device, channels_last=channels_last, auto_workers=spec.workers < 0)
+        return TorchImageLoader(
+            spec.files,
+            spec.labels,
+            spec.aug,
+            batch_size=spec.batch_size,
+            shard=spec.shard,
+            seed=spec.seed,
+            workers=spec.auto_workers(),
+            on_corrupt=spec.on_corrupt,
+            device=device,
+            channels_last=channels_last,
+            auto_workers=spec.workers < 0,
+        )
     if isinstance(spec, ImagePoolSpec):
         return PooledLoader(spec, device=device, channels_last=channels_last)
     return NumpyLoader(loader, images=images, device=device, channels_last=channels_last)
@@ -92,5 +102,6 @@ def probe_inputs(loader: Any, info: Any, *, images: bool, device: Any, channels_
         x = torch.zeros(2, info.image_size, info.image_size, 3)
         return to_torch_images(x, channels_last).to(device)
     inputs, _ = next(iter(loader.iter_epoch(0)))
-    return NumpyLoader(loader, images=False, device=device, channels_last=channels_last).convert(inputs[:2],
-                                                                                                   inputs[:2])[0]
+    return NumpyLoader(loader, images=False, device=device, channels_last=channels_last).convert(
+        inputs[:2], inputs[:2]
+    )[0]

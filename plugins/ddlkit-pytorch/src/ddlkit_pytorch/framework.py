@@ -94,6 +94,7 @@ from .components import KERNEL_OPTIMIZERS
 if TYPE_CHECKING:
     from omegaconf import DictConfig
 
+
 class OptimizerKernel(StrEnum):
     auto = "auto"
     fused = "fused"
@@ -129,9 +130,11 @@ class PytorchConfig:
 
 
 #: how to get a Horovod that trains PyTorch, or what to use instead
-HOROVOD_HOW_TO = ("Build it against the installed torch with scripts/install_horovod.sh (Horovod 0.28.1 patched to "
-                  "C++17; about 6 minutes on 2 cores, 9 with TensorFlow installed too, then the wheel is cached), or "
-                  "use dist=native.")
+HOROVOD_HOW_TO = (
+    "Build it against the installed torch with scripts/install_horovod.sh (Horovod 0.28.1 patched to "
+    "C++17; about 6 minutes on 2 cores, 9 with TensorFlow installed too, then the wheel is cached), or "
+    "use dist=native."
+)
 
 
 def horovod_problem() -> str | None:
@@ -140,8 +143,10 @@ def horovod_problem() -> str | None:
     if built is None:
         return f"dist=horovod with framework=pytorch needs Horovod, which is not installed. {HOROVOD_HOW_TO}"
     if not built:
-        return ("dist=horovod with framework=pytorch: the installed Horovod was built without PyTorch support. "
-                f"{HOROVOD_HOW_TO}")
+        return (
+            "dist=horovod with framework=pytorch: the installed Horovod was built without PyTorch support. "
+            f"{HOROVOD_HOW_TO}"
+        )
     return None
 
 
@@ -157,11 +162,15 @@ class PytorchFramework(ddlkit.Framework):
             raise cpu.fp16_refusal("pytorch", "framework.device=cpu was chosen")
         kernel, optimizer = self.cfg.optimizer_kernel, (config.get("optimizer") or {}).get("name")
         if kernel != "auto" and optimizer not in KERNEL_OPTIMIZERS:
-            raise ddlkit.ConfigError(f"framework.optimizer_kernel={kernel} applies to optimizer=sgd or adamw, not "
-                                     f"optimizer={optimizer}: leave it at auto.")
+            raise ddlkit.ConfigError(
+                f"framework.optimizer_kernel={kernel} applies to optimizer=sgd or adamw, not "
+                f"optimizer={optimizer}: leave it at auto."
+            )
         if (config.get("data") or {}).get("decoder") == "gpu" and self.cfg.device == "cpu":
-            raise ddlkit.ConfigError("data.decoder=gpu decodes on a CUDA GPU, and framework.device=cpu was chosen: use "
-                                     "framework.device=cuda (or auto) on a machine with one, or data.decoder=auto.")
+            raise ddlkit.ConfigError(
+                "data.decoder=gpu decodes on a CUDA GPU, and framework.device=cpu was chosen: use "
+                "framework.device=cuda (or auto) on a machine with one, or data.decoder=auto."
+            )
         threads.check(self.cfg.num_threads, "torch")
 
     def check_environment(self, config: DictConfig) -> None:
@@ -188,7 +197,8 @@ class PytorchFramework(ddlkit.Framework):
             raise ddlkit.ConfigError(
                 f"framework.device={wanted}: torch sees {torch.cuda.device_count()} GPU(s) on this node, so rank "
                 f"{dist.rank} (local rank {dist.local_rank}) has none; run one rank per GPU (e.g. "
-                "compute.procs_per_node=<GPUs>) or use framework.device=cpu")
+                "compute.procs_per_node=<GPUs>) or use framework.device=cpu"
+            )
         return device
 
     def train(self, run: ddlkit.RunContext) -> None:
@@ -236,9 +246,11 @@ class PytorchFramework(ddlkit.Framework):
             raise wrong_kind(model_source(run.cfg.model), model, "pytorch", "torch.nn.Module")
         if t.batch_size < 2 and any(isinstance(m, nn.modules.batchnorm._BatchNorm) for m in model.modules()):
             # torch refuses it at the first BatchNorm whose input is 1x1 (the ResNets' last stage), with a traceback
-            raise ddlkit.ConfigError(f"trainer.batch_size={t.batch_size} is too small for this model: its BatchNorm "
-                                     "layers need at least 2 samples per rank to train. Use trainer.batch_size=2 or "
-                                     "more.")
+            raise ddlkit.ConfigError(
+                f"trainer.batch_size={t.batch_size} is too small for this model: its BatchNorm "
+                "layers need at least 2 samples per rank to train. Use trainer.batch_size=2 or "
+                "more."
+            )
         memory_format = torch.channels_last if self.cfg.channels_last else torch.contiguous_format
         model = model.to(device, memory_format=memory_format)
         run.phase(f"model built ({sum(p.numel() for p in model.parameters()) / 1e6:.3g}M parameters)")
@@ -250,13 +262,21 @@ class PytorchFramework(ddlkit.Framework):
         custom_loss = run.cfg.model.get("loss")
         if custom_loss:
             loss_fn = import_target(custom_loss, "model.loss")
-            metrics = {"loss": loss_fn, **{name: import_target(path, f"model.metrics.{name}")
-                                           for name, path in run.cfg.model.get("metrics", {}).items()}}
+            metrics = {
+                "loss": loss_fn,
+                **{
+                    name: import_target(path, f"model.metrics.{name}")
+                    for name, path in run.cfg.model.get("metrics", {}).items()
+                },
+            }
         else:
             loss_fn = nn.CrossEntropyLoss(label_smoothing=run.cfg.optimizer.label_smoothing)
             # top-5 of 5 classes or fewer is always 1: not reported
-            metrics = {"loss": loss_fn, "top1": _top_k(1),
-                       **({"top5": _top_k(5)} if run.data.info.num_classes > 5 else {})}
+            metrics = {
+                "loss": loss_fn,
+                "top1": _top_k(1),
+                **({"top5": _top_k(5)} if run.data.info.num_classes > 5 else {}),
+            }
         replicas = Replicas(run, device)
         optimizer = replicas.wrap_optimizer(model, optimizer, accumulate=run.accumulate)
         # DDP and Horovod start every replica from rank 0's weights: the ranks wait here for the slowest
@@ -267,10 +287,17 @@ class PytorchFramework(ddlkit.Framework):
             run.extra_result["device_name"] = torch.cuda.get_device_name(device)
         else:
             run.device = str(device)
-        return _Parts(device=device, model=model, optimizer=optimizer, replicas=replicas,
-                      scaler=torch.amp.GradScaler(device.type, enabled=precision == "fp16"),
-                      autocast_dtype={"bf16": torch.bfloat16, "fp16": torch.float16}.get(precision),
-                      loss_fn=loss_fn, metrics=metrics, classifier=not custom_loss)
+        return _Parts(
+            device=device,
+            model=model,
+            optimizer=optimizer,
+            replicas=replicas,
+            scaler=torch.amp.GradScaler(device.type, enabled=precision == "fp16"),
+            autocast_dtype={"bf16": torch.bfloat16, "fp16": torch.float16}.get(precision),
+            loss_fn=loss_fn,
+            metrics=metrics,
+            classifier=not custom_loss,
+        )
 
     def _optimizer_kernel(self, run: ddlkit.RunContext, device: Any) -> dict[str, bool]:
         """The keyword that picks how optimizer=sgd|adamw step (framework.optimizer_kernel)."""
@@ -321,8 +348,13 @@ class PytorchFramework(ddlkit.Framework):
             rng = {"torch": torch.get_rng_state(), "python": random.getstate()}
             if device.type == "cuda":
                 rng["cuda"] = torch.cuda.get_rng_state(device)
-            return {"model": model.state_dict(), "optimizer": optimizer.state_dict(),
-                    "scaler": scaler.state_dict(), "rng": rng, "meta": meta}
+            return {
+                "model": model.state_dict(),
+                "optimizer": optimizer.state_dict(),
+                "scaler": scaler.state_dict(),
+                "rng": rng,
+                "meta": meta,
+            }
 
         def write(path: Path, checkpoint: dict[str, Any]) -> None:
             # into a file object, not a path: torch then hands each tensor's bytes to Python's
@@ -399,8 +431,11 @@ class PytorchFramework(ddlkit.Framework):
 
                 def settling_loss() -> Any:
                     with parts.autocast():
-                        return scaler.scale(loss_fn(step_model(images.to(device, non_blocking=True)),
-                                                    labels.to(device, non_blocking=True)))
+                        return scaler.scale(
+                            loss_fn(
+                                step_model(images.to(device, non_blocking=True)), labels.to(device, non_blocking=True)
+                            )
+                        )
 
                 replicas.settle_buckets(model, settling_loss)
                 unsettled = False
@@ -423,8 +458,7 @@ class PytorchFramework(ddlkit.Framework):
             return mean.item  # read on logging steps only (a device sync on GPUs)
 
         model.train()
-        run.train_epochs(run.step_batches(train_loader.iter_epoch), step,
-                         evaluate if val_loader is not None else None)
+        run.train_epochs(run.step_batches(train_loader.iter_epoch), step, evaluate if val_loader is not None else None)
         if scaler.is_enabled():
             run.extra_result["loss_scale"] = scaler.get_scale()
         if decoder := getattr(train_loader, "decoder", None):  # data=imagefolder: which decoder ran, and how often
@@ -503,7 +537,8 @@ def _cuda_settings(device: Any, *, deterministic: bool) -> Iterator[None]:
             raise ddlkit.ConfigError(
                 "trainer.deterministic=true on a GPU: this process ran a cuBLAS product before the run started, "
                 f"so cuBLAS is not deterministic here; set CUBLAS_WORKSPACE_CONFIG={CUBLAS_DETERMINISTIC} before "
-                "the process starts") from err
+                "the process starts"
+            ) from err
         raise
     finally:
         torch.backends.cudnn.benchmark = benchmark
@@ -530,21 +565,31 @@ class Replicas:
         self.device = device
         f = run.cfg.framework
         #: DistributedDataParallel's settings (framework.ddp_*)
-        self.ddp = {"bucket_cap_mb": f.ddp_bucket_cap_mb, "gradient_as_bucket_view": f.ddp_gradient_as_bucket_view,
-                    "static_graph": f.ddp_static_graph}
+        self.ddp = {
+            "bucket_cap_mb": f.ddp_bucket_cap_mb,
+            "gradient_as_bucket_view": f.ddp_gradient_as_bucket_view,
+            "static_graph": f.ddp_static_graph,
+        }
         self.hvd: Any = None
         if self.backend == "native":
             from datetime import timedelta
 
-            init_process_group(device, rank=run.dist.rank, world_size=run.dist.world_size,
-                               timeout=timedelta(seconds=run.cfg.dist.timeout_s))
+            init_process_group(
+                device,
+                rank=run.dist.rank,
+                world_size=run.dist.world_size,
+                timeout=timedelta(seconds=run.cfg.dist.timeout_s),
+            )
         elif self.backend == "horovod":
             import horovod.torch as hvd
 
             hvd.init()
             if hvd.size() != run.dist.world_size:
-                raise ddlkit.RunError(f"Horovod sees {hvd.size()} ranks but the job has {run.dist.world_size}: "
-                                      "Horovod was started outside the job's launcher?", component="framework")
+                raise ddlkit.RunError(
+                    f"Horovod sees {hvd.size()} ranks but the job has {run.dist.world_size}: "
+                    "Horovod was started outside the job's launcher?",
+                    component="framework",
+                )
             self.hvd = hvd
 
     def wrap_optimizer(self, model: Any, optimizer: Any, *, accumulate: int = 1) -> Any:
@@ -552,8 +597,9 @@ class Replicas:
         the checkpoint must fill. It all-reduces once per ``accumulate`` backward passes."""
         if self.hvd is None:
             return optimizer
-        return self.hvd.DistributedOptimizer(optimizer, named_parameters=model.named_parameters(),
-                                             backward_passes_per_step=accumulate)
+        return self.hvd.DistributedOptimizer(
+            optimizer, named_parameters=model.named_parameters(), backward_passes_per_step=accumulate
+        )
 
     def wrap_model(self, model: Any, optimizer: Any) -> Any:
         """The module to train with; ``model`` itself stays the plain one (state_dict keys)."""
@@ -561,10 +607,13 @@ class Replicas:
             from torch.nn.parallel import DistributedDataParallel
 
             device_ids = [self.device.index] if self.device.type == "cuda" else None
-            return DistributedDataParallel(model, device_ids=device_ids,
-                                           bucket_cap_mb=self.ddp["bucket_cap_mb"],
-                                           gradient_as_bucket_view=self.ddp["gradient_as_bucket_view"],
-                                           static_graph=self.ddp["static_graph"])
+            return DistributedDataParallel(
+                model,
+                device_ids=device_ids,
+                bucket_cap_mb=self.ddp["bucket_cap_mb"],
+                gradient_as_bucket_view=self.ddp["gradient_as_bucket_view"],
+                static_graph=self.ddp["static_graph"],
+            )
         if self.hvd is not None:
             self.hvd.broadcast_parameters(model.state_dict(), root_rank=0)
             # only a resumed optimizer has state to share (every rank loaded the same checkpoint,
@@ -609,8 +658,9 @@ class Replicas:
             return contextlib.nullcontext()
         return model.no_sync()
 
-    def step(self, optimizer: Any, scaler: Any, *, clip_grad_norm: float | None = None,
-             parameters: list[Any] | None = None) -> None:
+    def step(
+        self, optimizer: Any, scaler: Any, *, clip_grad_norm: float | None = None, parameters: list[Any] | None = None
+    ) -> None:
         """The optimizer step, the gradients clipped to ``clip_grad_norm`` (their global L2 norm)
         first: after the all-reduce (DDP's ran in the backward pass, Horovod's is forced here) and
         after fp16's unscaling. An fp16 overflow makes the norm inf and the gradients NaN, which the

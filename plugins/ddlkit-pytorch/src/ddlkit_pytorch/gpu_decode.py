@@ -64,9 +64,11 @@ def nvjpeg(device: torch.device) -> DecodeJpegs:
     try:
         from torchvision.io import ImageReadMode, decode_jpeg
     except Exception as err:  # not installed, or built for another torch (RuntimeError from its ops)
-        raise ConfigError(f"data.decoder=gpu decodes with torchvision's nvJPEG, and torchvision cannot be imported "
-                          f"({type(err).__name__}: {err}): pip install the torchvision built for the installed torch "
-                          f"{torch.__version__}, or use data.decoder=auto.") from None
+        raise ConfigError(
+            f"data.decoder=gpu decodes with torchvision's nvJPEG, and torchvision cannot be imported "
+            f"({type(err).__name__}: {err}): pip install the torchvision built for the installed torch "
+            f"{torch.__version__}, or use data.decoder=auto."
+        ) from None
 
     def decode(files: list[torch.Tensor]) -> Sequence[torch.Tensor]:
         return decode_jpeg(files, mode=ImageReadMode.RGB, device=device)
@@ -78,16 +80,20 @@ def nvjpeg(device: torch.device) -> DecodeJpegs:
     try:
         decode([torch.frombuffer(bytearray(probe.getvalue()), dtype=torch.uint8)])
     except Exception as err:
-        raise ConfigError(f"data.decoder=gpu: torchvision cannot decode JPEGs on {device} ({type(err).__name__}: "
-                          f"{str(err).strip()[:300]}); use data.decoder=auto.") from None
+        raise ConfigError(
+            f"data.decoder=gpu: torchvision cannot decode JPEGs on {device} ({type(err).__name__}: "
+            f"{str(err).strip()[:300]}); use data.decoder=auto."
+        ) from None
     return decode
 
 
 def gpu_decoder(device: torch.device) -> DecodeJpegs:
     """data.decoder=gpu's decoder on ``device``; a :class:`ConfigError` where there is none."""
     if device.type != "cuda":
-        raise ConfigError(f"data.decoder=gpu needs a CUDA GPU, and this rank trains on {device}: use "
-                          "framework.device=cuda on a machine with one, or data.decoder=auto.")
+        raise ConfigError(
+            f"data.decoder=gpu needs a CUDA GPU, and this rank trains on {device}: use "
+            "framework.device=cuda on a machine with one, or data.decoder=auto."
+        )
     return nvjpeg(device)
 
 
@@ -96,8 +102,14 @@ class DeviceDecoder:
     docstring). ``cpu_image(index, epoch) -> (uint8 CHW image, label)`` decodes one image on the CPU
     where nvJPEG failed (and raises what ``data.on_corrupt`` says for a file nothing decodes)."""
 
-    def __init__(self, size: int, device: torch.device, channels_last: bool, decode_jpegs: DecodeJpegs,
-                 cpu_image: Callable[[int, int], tuple[torch.Tensor, int]]) -> None:
+    def __init__(
+        self,
+        size: int,
+        device: torch.device,
+        channels_last: bool,
+        decode_jpegs: DecodeJpegs,
+        cpu_image: Callable[[int, int], tuple[torch.Tensor, int]],
+    ) -> None:
         self.size, self.device, self.decode_jpegs, self.cpu_image = size, device, decode_jpegs, cpu_image
         self.memory_format = torch.channels_last if channels_last else torch.contiguous_format
         self.mean = torch.tensor(MEAN, device=device).view(1, 3, 1, 1) * 255
@@ -113,7 +125,7 @@ class DeviceDecoder:
         on_gpu = [k for k in range(n) if where[k] < 0]
         flip = batch.flips.tolist()
         flipped, retry = [], []
-        decoded = self._decode([batch.data[offsets[k]:offsets[k + 1]] for k in on_gpu])
+        decoded = self._decode([batch.data[offsets[k] : offsets[k + 1]] for k in on_gpu])
         for k, image in zip(on_gpu, decoded, strict=True):
             left, top, right, bottom = boxes[k]
             if image is None or image.shape[0] != 3 or right > image.shape[2] or bottom > image.shape[1]:
@@ -157,16 +169,18 @@ class DeviceDecoder:
         the filter the CPU path uses (and Pillow's)."""
         x = crop.unsqueeze(0).float()
         if x.shape[-2:] != (self.size, self.size):
-            x = torch.nn.functional.interpolate(x, size=(self.size, self.size), mode="bilinear", antialias=True,
-                                                align_corners=False)
+            x = torch.nn.functional.interpolate(
+                x, size=(self.size, self.size), mode="bilinear", antialias=True, align_corners=False
+            )
         out.copy_(x[0])
 
 
 _END = object()
 
 
-def prefetched(batches: Callable[[], Iterator[tuple[torch.Tensor, ...]]], device: torch.device,
-               depth: int = 2) -> Iterator[tuple[torch.Tensor, ...]]:
+def prefetched(
+    batches: Callable[[], Iterator[tuple[torch.Tensor, ...]]], device: torch.device, depth: int = 2
+) -> Iterator[tuple[torch.Tensor, ...]]:
     """The tensors ``batches()`` yields, made ``depth`` batches ahead in a thread of its own (on a
     CUDA device: on a stream of its own, each batch handed over with an event that the consumer's
     stream waits for, and recorded on that stream so that its memory is not reused too early).

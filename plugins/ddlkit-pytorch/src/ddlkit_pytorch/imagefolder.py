@@ -31,8 +31,17 @@ import torch
 from torch.utils.data import DataLoader, Dataset, get_worker_info
 
 from ddlkit.errors import RunError
-from ddlkit.images import (MEAN, STD, Augment, CorruptImageError, crop_window, decode_region, epoch_order, num_batches,
-                           sample_rng)
+from ddlkit.images import (
+    MEAN,
+    STD,
+    Augment,
+    CorruptImageError,
+    crop_window,
+    decode_region,
+    epoch_order,
+    num_batches,
+    sample_rng,
+)
 from ddlkit.interfaces import Shard
 
 from .gpu_decode import DecodeJpegs, DeviceDecoder, Encoded, gpu_decoder, prefetched
@@ -53,8 +62,17 @@ class _BatchDataset(Dataset):
     (an :class:`~.gpu_decode.Encoded` batch).
     """
 
-    def __init__(self, files: Sequence[str], labels: Sequence[int], aug: Augment, seed: int, skip_corrupt: bool,
-                 normalize: bool, channels_last: bool, encoded: bool = False) -> None:
+    def __init__(
+        self,
+        files: Sequence[str],
+        labels: Sequence[int],
+        aug: Augment,
+        seed: int,
+        skip_corrupt: bool,
+        normalize: bool,
+        channels_last: bool,
+        encoded: bool = False,
+    ) -> None:
         # one numpy array, not a list of 1.3 million str objects: forked workers would touch (and
         # so copy) every page of the list just by reference-counting its items
         self.files = np.array([f.encode() for f in files])
@@ -88,7 +106,7 @@ class _BatchDataset(Dataset):
         # a Pillow image (the fallback decoder) is copied into a writable array
         arr = region.image if isinstance(region.image, np.ndarray) else np.array(region.image)
         left, top, right, bottom = (round(v) for v in region.box)
-        x = torch.from_numpy(arr[top:max(bottom, top + 1), left:max(right, left + 1)]).permute(2, 0, 1)
+        x = torch.from_numpy(arr[top : max(bottom, top + 1), left : max(right, left + 1)]).permute(2, 0, 1)
         size = self.aug.size
         if x.shape[1:] != (size, size):
             x = torch.nn.functional.interpolate(x[None], size=(size, size), mode="bilinear", antialias=True)[0]
@@ -158,8 +176,11 @@ class _BatchDataset(Dataset):
 
         labels, errors, complete = self._substituted(epoch, indices, take)
         sizes = torch.tensor([0] + [len(f) for f in files], dtype=torch.int64)
-        data = torch.frombuffer(bytearray(b"".join(files)), dtype=torch.uint8) if sizes.sum() else torch.empty(
-            0, dtype=torch.uint8)
+        data = (
+            torch.frombuffer(bytearray(b"".join(files)), dtype=torch.uint8)
+            if sizes.sum()
+            else torch.empty(0, dtype=torch.uint8)
+        )
         size = self.aug.size
         stacked = torch.stack(decoded) if decoded else torch.empty((0, size, size, 3), dtype=torch.uint8)
         if get_worker_info() is not None:
@@ -172,7 +193,8 @@ class _BatchDataset(Dataset):
         files that failed."""
         found: list[torch.Tensor] = []
         labels, errors, complete = self._substituted(
-            epoch, [index], lambda i, j: found.append(self._image(self.files[j].decode(), epoch, j)))
+            epoch, [index], lambda i, j: found.append(self._image(self.files[j].decode(), epoch, j))
+        )
         return (found[0], int(labels[0]), errors) if complete else (None, -1, errors)
 
 
@@ -187,20 +209,34 @@ class _EpochSampler:
         return num_batches(self.n, self.batch_size, self.shard, self.train) - self.start
 
     def __iter__(self) -> Iterator[BatchKey]:
-        order = epoch_order(self.n, batch_size=self.batch_size, shard=self.shard, seed=self.seed, epoch=self.epoch,
-                            train=self.train)
+        order = epoch_order(
+            self.n, batch_size=self.batch_size, shard=self.shard, seed=self.seed, epoch=self.epoch, train=self.train
+        )
         b = self.batch_size
         for k in range(self.start, num_batches(self.n, b, self.shard, self.train)):
-            yield self.epoch, tuple(int(i) for i in order[k * b:(k + 1) * b])
+            yield self.epoch, tuple(int(i) for i in order[k * b : (k + 1) * b])
 
 
 class TorchImageLoader:
     """``decode_jpegs``: how to decode JPEG files on the device (default: nvJPEG where
     ``aug.device_decoding`` asks for it)."""
 
-    def __init__(self, files: Sequence[str], labels: Sequence[int], aug: Augment, *, batch_size: int, shard: Shard,
-                 seed: int, workers: int, on_corrupt: str, device: Any = None, channels_last: bool = False,
-                 decode_jpegs: DecodeJpegs | None = None, auto_workers: bool = False) -> None:
+    def __init__(
+        self,
+        files: Sequence[str],
+        labels: Sequence[int],
+        aug: Augment,
+        *,
+        batch_size: int,
+        shard: Shard,
+        seed: int,
+        workers: int,
+        on_corrupt: str,
+        device: Any = None,
+        channels_last: bool = False,
+        decode_jpegs: DecodeJpegs | None = None,
+        auto_workers: bool = False,
+    ) -> None:
         self.device = torch.device(device) if device is not None else torch.device("cpu")
         self.channels_last = channels_last
         self.skip_corrupt = on_corrupt == "skip"
@@ -216,13 +252,29 @@ class TorchImageLoader:
             workers = min(workers, GPU_DECODE_WORKERS)
         # on a CPU the workers normalize (in parallel); a GPU gets uint8 and normalizes itself
         self.on_device_normalize = self.device.type != "cpu"
-        self.dataset = _BatchDataset(files, labels, aug, seed, self.skip_corrupt,
-                                     normalize=not self.on_device_normalize, channels_last=channels_last,
-                                     encoded=decode_jpegs is not None)
-        self.device_decoder = None if decode_jpegs is None else DeviceDecoder(
-            aug.size, self.device, channels_last, decode_jpegs, self._cpu_image)
-        self.loader = DataLoader(self.dataset, batch_size=None, sampler=self.sampler, num_workers=workers,
-                                 persistent_workers=workers > 0, pin_memory=self.device.type == "cuda")
+        self.dataset = _BatchDataset(
+            files,
+            labels,
+            aug,
+            seed,
+            self.skip_corrupt,
+            normalize=not self.on_device_normalize,
+            channels_last=channels_last,
+            encoded=decode_jpegs is not None,
+        )
+        self.device_decoder = (
+            None
+            if decode_jpegs is None
+            else DeviceDecoder(aug.size, self.device, channels_last, decode_jpegs, self._cpu_image)
+        )
+        self.loader = DataLoader(
+            self.dataset,
+            batch_size=None,
+            sampler=self.sampler,
+            num_workers=workers,
+            persistent_workers=workers > 0,
+            pin_memory=self.device.type == "cuda",
+        )
         shape = (1, 3, 1, 1)
         self.mean = torch.tensor(MEAN, device=self.device).view(shape) * 255
         self.inv_std = 1 / (torch.tensor(STD, device=self.device).view(shape) * 255)
@@ -265,14 +317,21 @@ class TorchImageLoader:
         if not self.skip_corrupt:
             raise CorruptImageError(*errors[0])
         if not complete:
-            raise RunError(f"{MAX_SUBSTITUTES} images in a row failed to decode, {errors[0][0]} to {errors[-1][0]} "
-                           f"({errors[0][1]}): is the dataset readable?", component="data")
+            raise RunError(
+                f"{MAX_SUBSTITUTES} images in a row failed to decode, {errors[0][0]} to {errors[-1][0]} "
+                f"({errors[0][1]}): is the dataset readable?",
+                component="data",
+            )
         for path, reason in errors:
             self.skipped += 1
             if path not in self._reported:  # once per file, not once per epoch
                 self._reported.add(path)
-                print(f"ddlkit: warning: skipped corrupt image {path} ({reason}); trained on the next image instead "
-                      f"({len(self._reported)} corrupt files so far)", file=sys.stderr, flush=True)
+                print(
+                    f"ddlkit: warning: skipped corrupt image {path} ({reason}); trained on the next image instead "
+                    f"({len(self._reported)} corrupt files so far)",
+                    file=sys.stderr,
+                    flush=True,
+                )
 
     def _normalize(self, images: torch.Tensor) -> torch.Tensor:
         """uint8 NHWC -> normalized float NCHW on the device (NHWC permuted *is* channels-last)."""

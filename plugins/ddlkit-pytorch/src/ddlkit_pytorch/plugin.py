@@ -13,10 +13,13 @@ from . import components
 
 @ddlkit.hookimpl
 def ddlkit_frameworks() -> Iterator[ddlkit.Registration]:
-    yield ddlkit.Registration("pytorch", "ddlkit_pytorch.framework:PytorchFramework",
-                              config="ddlkit_pytorch.framework:PytorchConfig",
-                              packages=("torch", "horovod"),
-                              description="PyTorch: bf16/fp16 autocast, channels_last, torch.compile")
+    yield ddlkit.Registration(
+        "pytorch",
+        "ddlkit_pytorch.framework:PytorchFramework",
+        config="ddlkit_pytorch.framework:PytorchConfig",
+        packages=("torch", "horovod"),
+        description="PyTorch: bf16/fp16 autocast, channels_last, torch.compile",
+    )
 
 
 @ddlkit.hookimpl

@@ -27,14 +27,24 @@ pytest.importorskip("ddlkit_pytorch")
 
 pytestmark = [
     pytest.mark.slow,
-    pytest.mark.skipif(os.environ.get("DDLKIT_RUN_GPU_TESTS") != "1",
-                       reason="GPU tests: set DDLKIT_RUN_GPU_TESTS=1 on a machine with a CUDA GPU"),
+    pytest.mark.skipif(
+        os.environ.get("DDLKIT_RUN_GPU_TESTS") != "1",
+        reason="GPU tests: set DDLKIT_RUN_GPU_TESTS=1 on a machine with a CUDA GPU",
+    ),
     pytest.mark.skipif(not torch.cuda.is_available(), reason="torch sees no CUDA GPU"),
 ]
 
 # small but real: ResNet-18 at 64 px, 6 steps, validation on (evaluate() under autocast too)
-COMMON = ["framework=pytorch", "framework.device=cuda", "model=resnet18", "data.image_size=64",
-          "trainer.batch_size=16", "trainer.epochs=1", "trainer.log_every=1", "trainer.warmup_steps=1"]
+COMMON = [
+    "framework=pytorch",
+    "framework.device=cuda",
+    "model=resnet18",
+    "data.image_size=64",
+    "trainer.batch_size=16",
+    "trainer.epochs=1",
+    "trainer.log_every=1",
+    "trainer.warmup_steps=1",
+]
 SYNTHETIC = ["data.num_classes=10", "data.length=96", "data.val_length=32"]
 
 
@@ -46,19 +56,35 @@ def _isolated(ddlkit_isolation: None) -> None:
 
 def ddlkit(job_dir: Path, *overrides: str) -> dict:
     data = [] if "data=imagefolder" in overrides else SYNTHETIC
-    proc = subprocess.run([sys.executable, "-m", "ddlkit", *COMMON, *data, *overrides, f"hydra.run.dir={job_dir}"],
-                          cwd=job_dir.parent, capture_output=True, text=True, timeout=600)
+    proc = subprocess.run(
+        [sys.executable, "-m", "ddlkit", *COMMON, *data, *overrides, f"hydra.run.dir={job_dir}"],
+        cwd=job_dir.parent,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     return json.loads((job_dir / "result.json").read_text())
 
 
-@pytest.mark.parametrize("precision,channels_last,compile", [
-    ("fp32", False, False), ("bf16", False, False), ("fp16", False, False), ("fp16", True, False),
-    ("bf16", True, True), ("fp16", True, True),
-])
+@pytest.mark.parametrize(
+    "precision,channels_last,compile",
+    [
+        ("fp32", False, False),
+        ("bf16", False, False),
+        ("fp16", False, False),
+        ("fp16", True, False),
+        ("bf16", True, True),
+        ("fp16", True, True),
+    ],
+)
 def test_trains_on_cuda(tmp_path: Path, precision: str, channels_last: bool, compile: bool) -> None:
-    result = ddlkit(tmp_path / "job", f"trainer.precision={precision}", f"framework.channels_last={channels_last}",
-                    f"framework.compile={compile}")
+    result = ddlkit(
+        tmp_path / "job",
+        f"trainer.precision={precision}",
+        f"framework.channels_last={channels_last}",
+        f"framework.compile={compile}",
+    )
     assert result["device"].startswith("cuda")
     assert result["device_name"] == torch.cuda.get_device_name()
     assert result["precision"] == precision
@@ -93,8 +119,13 @@ def test_compile_keeps_each_runs_autocast_dtype(monkeypatch: pytest.MonkeyPatch,
 
     def net() -> torch.nn.Module:
         torch.manual_seed(0)
-        return torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3), torch.nn.BatchNorm2d(8), torch.nn.ReLU(),
-                                   torch.nn.Flatten(), torch.nn.Linear(8 * 14 * 14, 10)).cuda()
+        return torch.nn.Sequential(
+            torch.nn.Conv2d(3, 8, 3),
+            torch.nn.BatchNorm2d(8),
+            torch.nn.ReLU(),
+            torch.nn.Flatten(),
+            torch.nn.Linear(8 * 14 * 14, 10),
+        ).cuda()
 
     x = torch.randn(4, 3, 16, 16, device="cuda")
     try:
@@ -122,8 +153,9 @@ def test_deterministic_in_process_sets_cublas_config_for_the_run_only() -> None:
 
 
 @pytest.mark.parametrize("channels_last", [False, True])
-def test_imagefolder_batches_are_pinned_and_normalized_on_the_gpu_like_on_the_cpu(tmp_path: Path,
-                                                                                 channels_last: bool) -> None:
+def test_imagefolder_batches_are_pinned_and_normalized_on_the_gpu_like_on_the_cpu(
+    tmp_path: Path, channels_last: bool
+) -> None:
     from ddlkit import Shard
     from ddlkit.builtin.imagefolder import ImageFolderConfig, ImageFolderData
     from ddlkit.testing.images import make_image_dataset
@@ -134,8 +166,9 @@ def test_imagefolder_batches_are_pinned_and_normalized_on_the_gpu_like_on_the_cp
 
     def batches(device: str) -> list:
         neutral = source.loader("train", batch_size=4, shard=Shard(), seed=0)
-        return list(torch_loader(neutral, images=True, device=torch.device(device),
-                                 channels_last=channels_last).iter_epoch(0))
+        return list(
+            torch_loader(neutral, images=True, device=torch.device(device), channels_last=channels_last).iter_epoch(0)
+        )
 
     gpu, cpu = batches("cuda"), batches("cpu")
     assert len(gpu) == len(cpu) == 3
@@ -153,8 +186,12 @@ def batches(root: Path, train: bool, decoder: str, device: str, **config: object
     from ddlkit_pytorch.data import torch_loader
 
     source = ImageFolderData(ImageFolderConfig(root=str(root), image_size=64, workers=2, decoder=decoder, **config))
-    loader = torch_loader(source.loader("train" if train else "val", batch_size=4, shard=Shard(), seed=0),
-                          images=True, device=torch.device(device), channels_last=True)
+    loader = torch_loader(
+        source.loader("train" if train else "val", batch_size=4, shard=Shard(), seed=0),
+        images=True,
+        device=torch.device(device),
+        channels_last=True,
+    )
     return list(loader.iter_epoch(0)), loader
 
 
@@ -174,8 +211,14 @@ def test_nvjpeg_batches_equal_the_cpu_paths(tmp_path: Path, train: bool) -> None
     from ddlkit.images import MEAN, STD
     from ddlkit.testing.images import make_image_dataset
 
-    ds = make_image_dataset(tmp_path / "imagenet", classes=3, train_per_class=8, val_per_class=4, odd_files=True,
-                            sizes=((500, 375), (333, 500), (640, 480)))
+    ds = make_image_dataset(
+        tmp_path / "imagenet",
+        classes=3,
+        train_per_class=8,
+        val_per_class=4,
+        odd_files=True,
+        sizes=((500, 375), (333, 500), (640, 480)),
+    )
     (gpu, loader), (cpu, _) = batches(ds.root, train, "gpu", "cuda"), batches(ds.root, train, "pil", "cpu")
     assert loader.decoder == "gpu" and len(gpu) == len(cpu) > 0
     mean, std = torch.tensor(MEAN).view(1, 3, 1, 1) * 255, torch.tensor(STD).view(1, 3, 1, 1) * 255
@@ -198,12 +241,11 @@ def test_a_jpeg_cut_short_goes_to_the_cpu_and_on_corrupt(tmp_path: Path, on_corr
     from ddlkit.images import CorruptImageError
     from ddlkit.testing.images import make_image_dataset
 
-    ds = make_image_dataset(tmp_path / "imagenet", classes=2, train_per_class=4, val_per_class=2,
-                            sizes=((320, 240),))
+    ds = make_image_dataset(tmp_path / "imagenet", classes=2, train_per_class=4, val_per_class=2, sizes=((320, 240),))
     good = sorted((ds.root / "validation" / ds.classes[0]).iterdir())[0]
     data = good.read_bytes()
     sos = data.index(b"\xff\xda")
-    (good.parent / "bad.JPEG").write_bytes(data[:sos + 14] + b"\x00" * 40)  # the header, then no image data
+    (good.parent / "bad.JPEG").write_bytes(data[: sos + 14] + b"\x00" * 40)  # the header, then no image data
     if on_corrupt == "error":
         with pytest.raises(CorruptImageError, match="bad.JPEG"):
             batches(ds.root, False, "gpu", "cuda", on_corrupt=on_corrupt)
@@ -217,8 +259,15 @@ def test_imagefolder_trains_on_cuda_with_worker_processes(tmp_path: Path) -> Non
     from ddlkit.testing.images import make_image_dataset
 
     ds = make_image_dataset(tmp_path / "imagenet", classes=3, train_per_class=8, val_per_class=2, odd_files=True)
-    common = ["data=imagefolder", f"data.root={ds.root}", "data.image_size=64", "data.workers=2",
-              "trainer.batch_size=4", "trainer.precision=bf16", "framework.channels_last=true"]
+    common = [
+        "data=imagefolder",
+        f"data.root={ds.root}",
+        "data.image_size=64",
+        "data.workers=2",
+        "trainer.batch_size=4",
+        "trainer.precision=bf16",
+        "framework.channels_last=true",
+    ]
     for decoder in ("auto", "gpu"):
         result = ddlkit(tmp_path / decoder, *common, f"data.decoder={decoder}")
         assert result["device"].startswith("cuda") and result["steps"] == 6
@@ -248,8 +297,12 @@ def test_nccl_process_group_and_ddp_train_one_rank(monkeypatch: pytest.MonkeyPat
         x = torch.ones(4, device=device)
         tdist.all_reduce(x)
         assert x.tolist() == [1.0] * 4
-        replicas = Replicas(SimpleNamespace(cfg=SimpleNamespace(dist=SimpleNamespace(backend="native")),
-                                            dist=SimpleNamespace(world_size=1)), device)
+        replicas = Replicas(
+            SimpleNamespace(
+                cfg=SimpleNamespace(dist=SimpleNamespace(backend="native")), dist=SimpleNamespace(world_size=1)
+            ),
+            device,
+        )
         replicas.backend = "native"  # as a rank of a multi-rank job would have it (the group exists already)
         model = build_model("resnet18", num_classes=10).to(device, memory_format=torch.channels_last)
         opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)

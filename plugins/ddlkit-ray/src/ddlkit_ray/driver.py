@@ -65,11 +65,19 @@ from typing import Any
 from ddlkit.compute import secret_file
 from ddlkit.compute.layout import RankLayout
 from ddlkit.compute.ports import free_ports
+from ddlkit.compute.restarts import RestartPolicy, classify
 from ddlkit.compute.resume import files_to_leave, resume_setting
 from ddlkit.interfaces import JobState, JobStatus, RestartBudget
-from ddlkit.jobdir import (CHECKPOINT_DIR, CODE_DIR, EXIT_CONFIG_ERROR, EXIT_PREEMPTED, JOB_FILE, RESTARTS_ENV,
-                           STATE_DIR, STEPS_LOST_ENV)
-from ddlkit.compute.restarts import RestartPolicy, classify
+from ddlkit.jobdir import (
+    CHECKPOINT_DIR,
+    CODE_DIR,
+    EXIT_CONFIG_ERROR,
+    EXIT_PREEMPTED,
+    JOB_FILE,
+    RESTARTS_ENV,
+    STATE_DIR,
+    STEPS_LOST_ENV,
+)
 
 #: the driver's plan, written by the launcher into the job directory (no secret in it)
 PLAN_FILE = "ray-job.json"
@@ -168,8 +176,11 @@ class Rank:
                         extract_files(tar, staging)
                 staging.rename(self.job_dir)
         # what is there now is not the ranks' to send back: the driver has it, or it is the code
-        self.sent = {p.relative_to(self.job_dir).as_posix(): (p.stat().st_size, p.stat().st_mtime_ns)
-                     for p in self.job_dir.rglob("*") if p.is_file()}
+        self.sent = {
+            p.relative_to(self.job_dir).as_posix(): (p.stat().st_size, p.stat().st_mtime_ns)
+            for p in self.job_dir.rglob("*")
+            if p.is_file()
+        }
 
     def start(self, python: str | None, args: list[str], variables: dict[str, str], kept: list[Any]) -> int:
         """Start the rank: ``python args...`` under its minder; without ``python``, this actor's
@@ -177,8 +188,13 @@ class Rank:
         self._prepare(kept)
         python = python or sys.executable
         self.process = subprocess.Popen(
-            [python, "-m", "ddlkit_ray.rank", "--", python, *args], cwd=self.job_dir, stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, env={**os.environ, **variables, "PYTHONUNBUFFERED": "1"})
+            [python, "-m", "ddlkit_ray.rank", "--", python, *args],
+            cwd=self.job_dir,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            env={**os.environ, **variables, "PYTHONUNBUFFERED": "1"},
+        )
         for stream, sink in ((self.process.stdout, self.out), (self.process.stderr, self.err)):
             threading.Thread(target=self._pump, args=(stream, sink), daemon=True).start()
         return self.process.pid
@@ -214,8 +230,12 @@ class Rank:
                 rel = path.relative_to(self.job_dir).as_posix()
                 if rel.startswith(f"{CHECKPOINT_DIR}/"):
                     checkpoints.append(rel)
-                if rel.split("/")[0] in NOT_COLLECTED or not path.is_file() or path.is_symlink() \
-                        or rel.endswith((".tmp", ".partial")):
+                if (
+                    rel.split("/")[0] in NOT_COLLECTED
+                    or not path.is_file()
+                    or path.is_symlink()
+                    or rel.endswith((".tmp", ".partial"))
+                ):
                     continue
                 stat = path.stat()
                 if self.sent.get(rel) == (stat.st_size, stat.st_mtime_ns):
@@ -292,8 +312,7 @@ class Driver:
 
         strategy = self.strategy
         bundle = self.bundle()
-        pg = placement_group([dict(bundle) for _ in range(self.nodes)], strategy=strategy,
-                             name=f"ddlkit-{self.sid}")
+        pg = placement_group([dict(bundle) for _ in range(self.nodes)], strategy=strategy, name=f"ddlkit-{self.sid}")
         timeout = float(self.plan["placement_timeout_s"])
         deadline = time.monotonic() + timeout
         said = False
@@ -304,8 +323,10 @@ class Driver:
             if self.stop_requested.is_set():
                 return None
             if not said:
-                say(f"waiting for the gang: {self.nodes} node(s) with {_resources(bundle)} each ({strategy}); "
-                    f"the cluster has {_cluster(ray)} free")
+                say(
+                    f"waiting for the gang: {self.nodes} node(s) with {_resources(bundle)} each ({strategy}); "
+                    f"the cluster has {_cluster(ray)} free"
+                )
                 said = True
             if time.monotonic() > deadline:
                 ray.util.remove_placement_group(pg)
@@ -313,7 +334,8 @@ class Driver:
                     f"the cluster did not have room for the job's {self.world} rank(s) within "
                     f"compute.placement_timeout_s={timeout:g}: it asks for {self.nodes} node(s) with "
                     f"{_resources(bundle)} each ({strategy}); the cluster has {_cluster(ray)} free on "
-                    f"{_alive_nodes(ray)} live node(s)")
+                    f"{_alive_nodes(ray)} live node(s)"
+                )
 
     # ------------------------------------------------------------ the ranks
     def start(self, pg: Any) -> None:
@@ -325,8 +347,9 @@ class Driver:
         for rank in range(self.world):
             node = rank // self.ppn
             strategy = PlacementGroupSchedulingStrategy(pg, placement_group_bundle_index=node)
-            self.actors.append(remote.options(num_cpus=cpus, num_gpus=gpus, scheduling_strategy=strategy)
-                               .remote(self.sid, node))
+            self.actors.append(
+                remote.options(num_cpus=cpus, num_gpus=gpus, scheduling_strategy=strategy).remote(self.sid, node)
+            )
         places = ray.get([a.where.remote() for a in self.actors])
         self.node_ids = [node_id for _, node_id in places]
         # rank 0's node as the cluster knows it (the address its raylet was started with)
@@ -339,16 +362,21 @@ class Driver:
         pids = []
         for rank, actor in enumerate(self.actors):
             node, local = divmod(rank, self.ppn)
-            variables: dict[str, object] = dict(RankLayout(rank, self.world, local, self.ppn, node, master,
-                                                           port).to_env())
+            variables: dict[str, object] = dict(
+                RankLayout(rank, self.world, local, self.ppn, node, master, port).to_env()
+            )
             if self.policy is not None:  # the restarts so far, for result.json (the launcher's, and ours)
                 variables |= {RESTARTS_ENV: self.policy.done, STEPS_LOST_ENV: self.policy.steps_lost}
-            pids.append(actor.start.remote(python, args, {**{k: str(v) for k, v in variables.items()}, **self.secrets},
-                                           kept))
+            pids.append(
+                actor.start.remote(python, args, {**{k: str(v) for k, v in variables.items()}, **self.secrets}, kept)
+            )
         ray.get(pids)
         nodes = sorted({(rank // self.ppn, places[rank][1][:8]) for rank in range(self.world)})
-        say(f"{self.world} rank(s) started on node(s) " + ", ".join(f"{i} ({nid})" for i, nid in nodes)
-            + f"; rendezvous {master}:{port}")
+        say(
+            f"{self.world} rank(s) started on node(s) "
+            + ", ".join(f"{i} ({nid})" for i, nid in nodes)
+            + f"; rendezvous {master}:{port}"
+        )
 
     def kept(self) -> list[Any]:
         """What an earlier run of the job kept here, for the ranks' nodes: ``[reference to a tar]`` in
@@ -356,8 +384,11 @@ class Driver:
         its node), or ``[]``."""
         import ray
 
-        files = [p for p in sorted(self.collected.rglob("*")) if p.is_file()
-                 and p.relative_to(self.collected).as_posix() not in (KEPT_MARK, EXIT_RECORD)]
+        files = [
+            p
+            for p in sorted(self.collected.rglob("*"))
+            if p.is_file() and p.relative_to(self.collected).as_posix() not in (KEPT_MARK, EXIT_RECORD)
+        ]
         if not files:
             return []
         # the ranks load one checkpoint: the older ones stay here (the job file, in this driver's
@@ -365,15 +396,20 @@ class Driver:
         if leave := set(files_to_leave(self.collected, resume_setting(Path(JOB_FILE)))):
             files = [p for p in files if p not in leave]
             self.left_behind = {p.relative_to(self.collected).as_posix() for p in leave}
-            self.sent_checkpoints = {name for p in files if (name := p.relative_to(self.collected).as_posix())
-                                     .startswith(f"{CHECKPOINT_DIR}/")}
+            self.sent_checkpoints = {
+                name
+                for p in files
+                if (name := p.relative_to(self.collected).as_posix()).startswith(f"{CHECKPOINT_DIR}/")
+            }
         buffer = io.BytesIO()
         with tarfile.open(fileobj=buffer, mode="w") as tar:
             for path in files:
                 tar.add(path, arcname=path.relative_to(self.collected).as_posix())
-        say(f"{len(files)} file(s) of the job's last run kept on this node ({buffer.tell() / 2**20:.1f} MiB) go to "
-            "the ranks' nodes" + (f"; {len(self.left_behind)} file(s) of older checkpoints stay here"
-                                  if self.left_behind else ""))
+        say(
+            f"{len(files)} file(s) of the job's last run kept on this node ({buffer.tell() / 2**20:.1f} MiB) go to "
+            "the ranks' nodes"
+            + (f"; {len(self.left_behind)} file(s) of older checkpoints stay here" if self.left_behind else "")
+        )
         return [ray.put(buffer.getvalue())]
 
     def sync(self, ranks: list[int]) -> None:
@@ -412,8 +448,10 @@ class Driver:
         if self.plan.get("kept_on_cluster") and not (self.collected / KEPT_MARK).is_file():
             # the launcher left the checkpoints behind because this node kept them, and they are gone
             # since (the node's log directory cleaned): a restart ships them from the launcher
-            say("the files the job's last run kept on this node are gone: the next run brings them from the "
-                "launcher's job directory")
+            say(
+                "the files the job's last run kept on this node are gone: the next run brings them from the "
+                "launcher's job directory"
+            )
             return EXIT_NODE_LOST
         while True:
             code = self.run_gang()
@@ -437,8 +475,7 @@ class Driver:
         grace = float(self.plan["grace_period_s"])
         while len(codes) < self.world:
             if self.stop_requested.is_set() and stopping_since is None:
-                say("stop requested: the ranks checkpoint and stop "
-                    f"(at most compute.grace_period_s={grace:g} s)")
+                say(f"stop requested: the ranks checkpoint and stop (at most compute.grace_period_s={grace:g} s)")
                 self._stop_all(codes)
                 stopping_since = time.monotonic()
             for rank, actor in enumerate(self.actors):
@@ -464,8 +501,10 @@ class Driver:
                             self._stop_all(codes)
                             stopping_since = time.monotonic()
             if stopping_since is not None and time.monotonic() - stopping_since > grace + 5:
-                say(f"rank(s) {sorted(set(range(self.world)) - set(codes))} did not stop within "
-                    f"{grace:g} s: killing them")
+                say(
+                    f"rank(s) {sorted(set(range(self.world)) - set(codes))} did not stop within "
+                    f"{grace:g} s: killing them"
+                )
                 for rank in set(range(self.world)) - set(codes):
                     ray.kill(self.actors[rank])
                     codes[rank] = 128 + signal.SIGKILL
@@ -505,8 +544,10 @@ class Driver:
             return False
         self.release()
         if (fit := self.nodes_that_fit(ray)) < self.nodes:
-            say(f"{fit} live node(s) can take a node's share of the gang, {self.nodes} needed: the job ends here and "
-                "the launcher restarts it")
+            say(
+                f"{fit} live node(s) can take a node's share of the gang, {self.nodes} needed: the job ends here and "
+                "the launcher restarts it"
+            )
             return False
         entry = self.policy.plan_restart(verdict, status, self.collected, resume_setting(Path(JOB_FILE)), in_place=True)
         self.restarts.append(entry)
@@ -520,8 +561,11 @@ class Driver:
         """Live nodes, less those the job lost, that can hold one node's share of the gang (their
         whole resources: what other jobs use now is the placement's to wait for)."""
         bundle = self.bundle()
-        fit = sum(1 for n in ray.nodes() if n.get("Alive") and n["NodeID"] not in self.lost_nodes
-                  and holds(n.get("Resources"), bundle))
+        fit = sum(
+            1
+            for n in ray.nodes()
+            if n.get("Alive") and n["NodeID"] not in self.lost_nodes and holds(n.get("Resources"), bundle)
+        )
         return fit if self.strategy.endswith("SPREAD") else min(fit, 1) * self.nodes
 
     def release(self) -> None:
@@ -549,11 +593,17 @@ class Driver:
         import ray
 
         keep = code != 0
-        record = {"submission_id": self.sid, "code": code, "why": why, "lost": sorted(self.lost.values()),
-                  "lost_nodes": sorted(self.lost_nodes), "time": time.time(), "restarts": self.restarts,
-                  # where the next run finds this run's files (the launcher asks for KEPT_MARK there)
-                  "kept": {"key": self.plan["key"], "node_id": ray.get_runtime_context().get_node_id()}
-                  if keep else None}
+        record = {
+            "submission_id": self.sid,
+            "code": code,
+            "why": why,
+            "lost": sorted(self.lost.values()),
+            "lost_nodes": sorted(self.lost_nodes),
+            "time": time.time(),
+            "restarts": self.restarts,
+            # where the next run finds this run's files (the launcher asks for KEPT_MARK there)
+            "kept": {"key": self.plan["key"], "node_id": ray.get_runtime_context().get_node_id()} if keep else None,
+        }
         (self.collected / KEPT_MARK).unlink(missing_ok=True)
         (self.collected / STATE_DIR).mkdir(exist_ok=True)
         (self.collected / EXIT_RECORD).write_text(json.dumps(record) + "\n", encoding="utf-8")

@@ -8,6 +8,10 @@ import ddlkit
 
 @ddlkit.hookimpl
 def ddlkit_compute_targets():
-    yield ddlkit.Registration("ray", "ddlkit_ray.target:RayTarget", config="ddlkit_ray.target:RayConfig",
-                              description="one Ray job (Jobs API) per ddlkit job, nodes x procs_per_node ranks placed "
-                                          "as a gang; the user's code travels with it, files come back by collect")
+    yield ddlkit.Registration(
+        "ray",
+        "ddlkit_ray.target:RayTarget",
+        config="ddlkit_ray.target:RayConfig",
+        description="one Ray job (Jobs API) per ddlkit job, nodes x procs_per_node ranks placed "
+        "as a gang; the user's code travels with it, files come back by collect",
+    )

@@ -29,8 +29,9 @@ def main(argv: list[str] | None = None) -> int:
         print("usage: python -m ddlkit_ray.rank -- COMMAND...", file=sys.stderr)
         return 2
     variables = {key: os.environ[key] for key in VARIABLES if key in os.environ}
-    return minder.run(command, rank=int(variables["RANK"]), variables=variables, name="ddlkit_ray",
-                      tail_lines=TAIL_LINES)
+    return minder.run(
+        command, rank=int(variables["RANK"]), variables=variables, name="ddlkit_ray", tail_lines=TAIL_LINES
+    )
 
 
 if __name__ == "__main__":

@@ -210,8 +210,7 @@ from ddlkit.interfaces import JobHandle, JobSpec, JobState, JobStatus
 from ddlkit.jobdir import CHECKPOINT_DIR, STATE_DIR
 from ddlkit.options import NON_NEGATIVE, POSITIVE, POSITIVE_INTEGER, checked, one_of
 
-from .driver import (EXIT_RECORD, NOT_COLLECTED, PLAN_FILE, SECRETS_FILE, extract_files, holds, kept_name,
-                     published_name)
+from .driver import EXIT_RECORD, NOT_COLLECTED, PLAN_FILE, SECRETS_FILE, extract_files, holds, kept_name, published_name
 
 #: the strategies a gang may be placed with (null: STRICT_SPREAD over several nodes, STRICT_PACK on one)
 STRATEGIES = ("STRICT_SPREAD", "SPREAD", "STRICT_PACK", "PACK")
@@ -298,13 +297,16 @@ def client(address: str) -> Any:
     try:
         return BoundedClient(address)
     except DashboardSilent as exc:
-        raise ddlkit.ConfigError(f"compute=ray: {exc}. Is compute.address={address} the dashboard's Jobs endpoint "
-                                 "(http://<head>:8265), and is the head node running?") from None
+        raise ddlkit.ConfigError(
+            f"compute=ray: {exc}. Is compute.address={address} the dashboard's Jobs endpoint "
+            "(http://<head>:8265), and is the head node running?"
+        ) from None
     except (ConnectionError, RuntimeError, ValueError) as exc:
         reason = " ".join(str(exc).split())[:300]
         raise ddlkit.ConfigError(
             f"compute=ray cannot reach a Ray cluster at compute.address={address} ({reason}): start one (ray start "
-            "--head) or give its Jobs endpoint, e.g. compute.address=http://<head>:8265.") from None
+            "--head) or give its Jobs endpoint, e.g. compute.address=http://<head>:8265."
+        ) from None
 
 
 class DashboardSilent(ddlkit.RunError):
@@ -335,12 +337,16 @@ class RayJob(JobHandle):
             try:
                 self._asked = (now, self.jobs.get_job_info(self.id))
             except DashboardSilent as exc:
-                raise ddlkit.RunError(f"{exc}; the job may still be running there: follow it again with `ddlkit "
-                                      f"jobs attach {self.job_dir}`") from None
+                raise ddlkit.RunError(
+                    f"{exc}; the job may still be running there: follow it again with `ddlkit "
+                    f"jobs attach {self.job_dir}`"
+                ) from None
             except RuntimeError as exc:
                 if "does not exist" in str(exc):
-                    raise ddlkit.ConfigError(f"the Ray cluster at {self.address} has no job {self.id} (a cluster that "
-                                             "was restarted forgets its jobs).") from None
+                    raise ddlkit.ConfigError(
+                        f"the Ray cluster at {self.address} has no job {self.id} (a cluster that "
+                        "was restarted forgets its jobs)."
+                    ) from None
                 raise
         return self._asked[1]
 
@@ -362,15 +368,27 @@ class RayJob(JobHandle):
         if state == "SUCCEEDED":
             self._final = JobStatus(JobState.SUCCEEDED, 0, restarts=restarts)
         elif state == "STOPPED":
-            self._final = JobStatus(JobState.CANCELLED, record.get("code"), f"Ray job {self.id} was stopped; "
-                                    f"{self._tail()}", restarts=restarts)
+            self._final = JobStatus(
+                JobState.CANCELLED,
+                record.get("code"),
+                f"Ray job {self.id} was stopped; {self._tail()}",
+                restarts=restarts,
+            )
         else:
             code = info.driver_exit_code
             why = record.get("why") or ""
-            self._final = JobStatus(JobState.FAILED, code, (
-                f"Ray job {self.id} failed" + (f" with exit status {code}" if code is not None else "")
-                + (f" ({why})" if why else "") + (f": {info.message}" if code is None and info.message else "")
-                + f"; {self._tail()}"), restarts=restarts)
+            self._final = JobStatus(
+                JobState.FAILED,
+                code,
+                (
+                    f"Ray job {self.id} failed"
+                    + (f" with exit status {code}" if code is not None else "")
+                    + (f" ({why})" if why else "")
+                    + (f": {info.message}" if code is None and info.message else "")
+                    + f"; {self._tail()}"
+                ),
+                restarts=restarts,
+            )
         return self._final
 
     def _tail(self, lines: int = 15) -> str:
@@ -449,9 +467,12 @@ class RayJob(JobHandle):
                 if self.address not in _NO_STREAM_SAID:
                     _NO_STREAM_SAID.add(self.address)
                     reason = " ".join(str(item).split())[:200] or type(item).__name__
-                    print(f"ddlkit: the Ray cluster at {self.address} does not stream job logs ({reason}); reading "
-                          f"the log every compute.poll_interval_s={self.poll_interval_s:g} s instead",
-                          file=sys.stderr, flush=True)
+                    print(
+                        f"ddlkit: the Ray cluster at {self.address} does not stream job logs ({reason}); reading "
+                        f"the log every compute.poll_interval_s={self.poll_interval_s:g} s instead",
+                        file=sys.stderr,
+                        flush=True,
+                    )
                 return None
             got_any = True
             text, made = self._new_output(output, item, made, ended=False)
@@ -466,7 +487,7 @@ class RayJob(JobHandle):
         start, made = made, made + len(text)
         if made <= self._yielded:
             return "", made
-        text, self._yielded = text[max(0, self._yielded - start):], made
+        text, self._yielded = text[max(0, self._yielded - start) :], made
         return text, made
 
     def _read_log(self, *, ended: bool) -> Iterator[str]:
@@ -516,13 +537,17 @@ class RayJob(JobHandle):
             raise ddlkit.RunError(
                 f"Ray job {self.id} ended, but its files (results, checkpoints) could not be brought back: {exc}. "
                 f"They stay on the cluster; `ddlkit jobs attach {self.job_dir}` brings them once the dashboard "
-                "answers.") from None
+                "answers."
+            ) from None
         if not data:
-            raise ddlkit.RunError(f"Ray job {self.id} ended, but the archive of its files is missing from its driver's "
-                                  f"node ({published_name(self.id, 'files.tar')} below the node's Ray log directory)")
+            raise ddlkit.RunError(
+                f"Ray job {self.id} ended, but the archive of its files is missing from its driver's "
+                f"node ({published_name(self.id, 'files.tar')} below the node's Ray log directory)"
+            )
         with tarfile.open(fileobj=io.BytesIO(data)) as tar:
-            extract_files(tar, self.job_dir, skip=lambda name: name.split("/")[0] in NOT_COLLECTED
-                          and name != EXIT_RECORD)
+            extract_files(
+                tar, self.job_dir, skip=lambda name: name.split("/")[0] in NOT_COLLECTED and name != EXIT_RECORD
+            )
 
 
 def _strip_header(text: str, *, whole_lines: bool = False) -> str:
@@ -612,13 +637,16 @@ class RayTarget(ddlkit.ComputeTarget):
     def __init__(self, cfg: Any) -> None:
         super().__init__(cfg)
         if not str(cfg.address).strip():
-            raise ddlkit.ConfigError("compute.address is empty: give the Ray Jobs endpoint, e.g. "
-                                     "compute.address=http://<head>:8265, or auto for the cluster on this machine.")
+            raise ddlkit.ConfigError(
+                "compute.address is empty: give the Ray Jobs endpoint, e.g. "
+                "compute.address=http://<head>:8265, or auto for the cluster on this machine."
+            )
         for key in ("working_dir", "env_vars"):
             if key in (cfg.runtime_env or {}):
                 raise ddlkit.ConfigError(
                     f"compute.runtime_env.{key} is ddlkit's to set (the job directory; the job's environment): "
-                    "leave it out" + (" and put variables in the config's env instead." if key == "env_vars" else "."))
+                    "leave it out" + (" and put variables in the config's env instead." if key == "env_vars" else ".")
+                )
         self.status_interval_s = float(cfg.poll_interval_s)
         self._jobs: Any = None
 
@@ -638,24 +666,38 @@ class RayTarget(ddlkit.ComputeTarget):
         return str(getattr(self.jobs, "_address", self.cfg.address))
 
     # ------------------------------------------------------------ the request
-    def driver_plan(self, spec: JobSpec, submission_id: str, *, key: str = "<key>",
-                    kept_on_cluster: bool = False) -> dict[str, Any]:
+    def driver_plan(
+        self, spec: JobSpec, submission_id: str, *, key: str = "<key>", kept_on_cluster: bool = False
+    ) -> dict[str, Any]:
         c = self.cfg
-        return {"submission_id": submission_id, "key": key, "kept_on_cluster": kept_on_cluster,
-                "nodes": c.nodes, "procs_per_node": c.procs_per_node,
-                "cpus_per_rank": c.cpus_per_rank, "gpus_per_rank": c.gpus_per_rank, "strategy": c.strategy,
-                "python": c.python, "args": list(spec.args), "grace_period_s": c.grace_period_s,
-                "placement_timeout_s": c.placement_timeout_s, "sync_interval_s": c.sync_interval_s,
-                # the driver restarts the gang in place under the job's restart policy (ddlkit.RestartBudget)
-                "restart": asdict(spec.restart) if spec.restart is not None else None}
+        return {
+            "submission_id": submission_id,
+            "key": key,
+            "kept_on_cluster": kept_on_cluster,
+            "nodes": c.nodes,
+            "procs_per_node": c.procs_per_node,
+            "cpus_per_rank": c.cpus_per_rank,
+            "gpus_per_rank": c.gpus_per_rank,
+            "strategy": c.strategy,
+            "python": c.python,
+            "args": list(spec.args),
+            "grace_period_s": c.grace_period_s,
+            "placement_timeout_s": c.placement_timeout_s,
+            "sync_interval_s": c.sync_interval_s,
+            # the driver restarts the gang in place under the job's restart policy (ddlkit.RestartBudget)
+            "restart": asdict(spec.restart) if spec.restart is not None else None,
+        }
 
     def entrypoint(self) -> str:
         return shlex.join([self.cfg.python or "python", "-m", "ddlkit_ray.driver", PLAN_FILE])
 
     def runtime_env(self, spec: JobSpec, *, kept_on_cluster: bool = False) -> dict[str, Any]:
-        env_vars = {**spec.env, "PYTHONUNBUFFERED": "1",
-                    # how long Ray lets the stopped driver (and the ranks) checkpoint before it kills them
-                    "RAY_JOB_STOP_WAIT_TIME_S": str(int(self.cfg.grace_period_s + 60))}
+        env_vars = {
+            **spec.env,
+            "PYTHONUNBUFFERED": "1",
+            # how long Ray lets the stopped driver (and the ranks) checkpoint before it kills them
+            "RAY_JOB_STOP_WAIT_TIME_S": str(int(self.cfg.grace_period_s + 60)),
+        }
         extra = self.cfg.runtime_env or {}
         if isinstance(extra, DictConfig):  # from the command line: +compute.runtime_env.pip=[einops]
             extra = OmegaConf.to_container(extra, resolve=True)
@@ -667,22 +709,48 @@ class RayTarget(ddlkit.ComputeTarget):
         c = self.cfg
         strategy = c.strategy or ("STRICT_SPREAD" if c.nodes > 1 else "STRICT_PACK")
         bundle = ", ".join(f'"{k}": {v:g}' for k, v in self.node_bundle().items() if v > 0)
-        return (f"placement group ({strategy}): {c.nodes} bundle(s) {{{bundle}}}, one per node; "
-                f"{c.procs_per_node} rank actor(s) per bundle, {self.world_size} rank(s)")
+        return (
+            f"placement group ({strategy}): {c.nodes} bundle(s) {{{bundle}}}, one per node; "
+            f"{c.procs_per_node} rank actor(s) per bundle, {self.world_size} rank(s)"
+        )
 
     def plan(self, spec: JobSpec) -> str:
         submission_id = f"{spec.name}-<id>"
         runtime_env = self.runtime_env(spec)
-        secrets = (f"# secrets: {', '.join(sorted(spec.secret_env))}, in {SECRETS_FILE} in the working_dir (the "
-                   "driver reads and removes it; never in the runtime environment)" if spec.secret_env else None)
-        return "\n".join(filter(None, [
-            f"# {self.placement()}",
-            f"# {PLAN_FILE} (written into the job directory): "
-            + json.dumps(self.driver_plan(spec, submission_id)),
-            shlex.join(["ray", "job", "submit", f"--address={self.cfg.address}", f"--submission-id={submission_id}",
-                        f"--runtime-env-json={json.dumps(runtime_env)}", "--no-wait", "--"]) + " " + self.entrypoint(),
-            secrets,
-        ])) + "\n"
+        secrets = (
+            f"# secrets: {', '.join(sorted(spec.secret_env))}, in {SECRETS_FILE} in the working_dir (the "
+            "driver reads and removes it; never in the runtime environment)"
+            if spec.secret_env
+            else None
+        )
+        return (
+            "\n".join(
+                filter(
+                    None,
+                    [
+                        f"# {self.placement()}",
+                        f"# {PLAN_FILE} (written into the job directory): "
+                        + json.dumps(self.driver_plan(spec, submission_id)),
+                        shlex.join(
+                            [
+                                "ray",
+                                "job",
+                                "submit",
+                                f"--address={self.cfg.address}",
+                                f"--submission-id={submission_id}",
+                                f"--runtime-env-json={json.dumps(runtime_env)}",
+                                "--no-wait",
+                                "--",
+                            ]
+                        )
+                        + " "
+                        + self.entrypoint(),
+                        secrets,
+                    ],
+                )
+            )
+            + "\n"
+        )
 
     # ------------------------------------------------------------ checks against the cluster
     def node_bundle(self) -> dict[str, float]:
@@ -707,8 +775,10 @@ class RayTarget(ddlkit.ComputeTarget):
         try:
             nodes, fit = self.live_nodes()
         except Exception as exc:  # said in one line with the address
-            raise ddlkit.ConfigError(f"compute=ray cannot list the nodes of the Ray cluster at {self.address}: "
-                                     f"{' '.join(str(exc).split())[:300]}") from None
+            raise ddlkit.ConfigError(
+                f"compute=ray cannot list the nodes of the Ray cluster at {self.address}: "
+                f"{' '.join(str(exc).split())[:300]}"
+            ) from None
         if len(fit) >= c.nodes:
             return
         need = self.node_bundle()
@@ -719,7 +789,8 @@ class RayTarget(ddlkit.ComputeTarget):
             f"(compute.procs_per_node={c.procs_per_node} x cpus_per_rank={c.cpus_per_rank:g}, "
             f"gpus_per_rank={c.gpus_per_rank:g}), but the Ray cluster at {self.address} has {len(fit)} such node(s) "
             f"of {len(nodes)} ({has}): lower compute.nodes, compute.procs_per_node or the resources per rank, or add "
-            "nodes to the cluster.")
+            "nodes to the cluster."
+        )
 
     # ------------------------------------------------------------ elastic world size
     def nodes_up(self, spec: JobSpec) -> int | None:
@@ -746,20 +817,27 @@ class RayTarget(ddlkit.ComputeTarget):
         submission_id = f"{spec.name}-{uuid.uuid4().hex[:8]}"
         key = job_key(job_dir)
         kept = self.kept_on_cluster(job_dir, key)
-        write_text(job_dir / PLAN_FILE, json.dumps(self.driver_plan(spec, submission_id, key=key, kept_on_cluster=kept),
-                                                   indent=2) + "\n")
+        write_text(
+            job_dir / PLAN_FILE,
+            json.dumps(self.driver_plan(spec, submission_id, key=key, kept_on_cluster=kept), indent=2) + "\n",
+        )
         secret_file.write(job_dir, spec.secret_env, SECRETS_FILE)  # for the working_dir's upload alone
         try:
-            jobs.submit_job(entrypoint=self.entrypoint(), submission_id=submission_id,
-                            runtime_env=self.runtime_env(replace_dir(spec, job_dir), kept_on_cluster=kept),
-                            metadata={"ddlkit_job": spec.name})
+            jobs.submit_job(
+                entrypoint=self.entrypoint(),
+                submission_id=submission_id,
+                runtime_env=self.runtime_env(replace_dir(spec, job_dir), kept_on_cluster=kept),
+                metadata={"ddlkit_job": spec.name},
+            )
         except RuntimeError as exc:
-            raise ddlkit.ConfigError(f"the Ray cluster at {self.address} refused the job: "
-                                     f"{' '.join(str(exc).split())[:500]}") from None
+            raise ddlkit.ConfigError(
+                f"the Ray cluster at {self.address} refused the job: {' '.join(str(exc).split())[:500]}"
+            ) from None
         finally:
             secret_file.remove(job_dir, SECRETS_FILE)
-        return RayJob(jobs, submission_id, address=self.address, job_dir=job_dir,
-                      poll_interval_s=self.cfg.poll_interval_s)
+        return RayJob(
+            jobs, submission_id, address=self.address, job_dir=job_dir, poll_interval_s=self.cfg.poll_interval_s
+        )
 
     def kept_on_cluster(self, job_dir: Path, key: str) -> bool:
         """Whether the node that ran the job's last driver still keeps that run's files (their
@@ -774,8 +852,13 @@ class RayTarget(ddlkit.ComputeTarget):
             return False
 
     def attach(self, job_id: str, *, job_dir: Path) -> JobHandle:
-        handle = RayJob(self.jobs, str(job_id), address=self.address, job_dir=Path(job_dir).resolve(),
-                        poll_interval_s=self.cfg.poll_interval_s)
+        handle = RayJob(
+            self.jobs,
+            str(job_id),
+            address=self.address,
+            job_dir=Path(job_dir).resolve(),
+            poll_interval_s=self.cfg.poll_interval_s,
+        )
         handle.info()  # a job the cluster does not know is said now, in one line
         return handle
 
@@ -804,8 +887,9 @@ def node_file(jobs: Any, address: str, node_id: str, filename: str, *, tries: in
         if attempt:
             time.sleep(2 ** (attempt - 1))
         try:
-            reply = requests.get(f"{address}/api/v0/logs/file?{query}", timeout=300,
-                                 headers=getattr(jobs, "_headers", None) or {})
+            reply = requests.get(
+                f"{address}/api/v0/logs/file?{query}", timeout=300, headers=getattr(jobs, "_headers", None) or {}
+            )
         except requests.RequestException as exc:
             why = f"{type(exc).__name__}: {' '.join(str(exc).split())[:200]}"
             continue
@@ -816,8 +900,9 @@ def node_file(jobs: Any, address: str, node_id: str, filename: str, *, tries: in
         if _NO_NODE in reply.text and attempt == tries - 1:
             return None
         why = f"HTTP {reply.status_code}: {' '.join(reply.text.split())[:200]}"
-    raise NodeUnreachable(f"the Ray dashboard at {address} did not read {filename} on node {node_id[:8]} "
-                          f"({tries} tries): {why}")
+    raise NodeUnreachable(
+        f"the Ray dashboard at {address} did not read {filename} on node {node_id[:8]} ({tries} tries): {why}"
+    )
 
 
 def job_key(job_dir: Path) -> str:

@@ -97,14 +97,19 @@ class LocalRayCluster:
 
     def _ports(self) -> list[str]:
         # every raylet on one machine needs ports of its own (Ray's defaults are fixed numbers)
-        return [f"--node-manager-port={free_port()}", f"--object-manager-port={free_port()}",
-                f"--dashboard-agent-listen-port={free_port()}", f"--dashboard-agent-grpc-port={free_port()}",
-                f"--runtime-env-agent-port={free_port()}", f"--metrics-export-port={free_port()}",
-                # below the ephemeral range (32768-) the ports above come from, and below the range
-                # (20000-) ddlkit.compute.ports picks rendezvous ports from; apart per node (up to 4)
-                # and per cluster
-                f"--min-worker-port={(base := 11000 + os.getpid() % 10 * 800 + 200 * len(self._nodes))}",
-                f"--max-worker-port={base + 199}"]
+        return [
+            f"--node-manager-port={free_port()}",
+            f"--object-manager-port={free_port()}",
+            f"--dashboard-agent-listen-port={free_port()}",
+            f"--dashboard-agent-grpc-port={free_port()}",
+            f"--runtime-env-agent-port={free_port()}",
+            f"--metrics-export-port={free_port()}",
+            # below the ephemeral range (32768-) the ports above come from, and below the range
+            # (20000-) ddlkit.compute.ports picks rendezvous ports from; apart per node (up to 4)
+            # and per cluster
+            f"--min-worker-port={(base := 11000 + os.getpid() % 10 * 800 + 200 * len(self._nodes))}",
+            f"--max-worker-port={base + 199}",
+        ]
 
     def add_node(self) -> None:
         """One more worker node (a machine joining the cluster)."""
@@ -113,14 +118,27 @@ class LocalRayCluster:
 
     def _start_node(self, *, head: bool) -> None:
         index = len(self._nodes)
-        args = [*_ray_cli(), "start", "--block", f"--num-cpus={self.cpus_per_node}", "--num-gpus=0",
-                "--object-store-memory=80000000", "--disable-usage-stats", "--node-ip-address=127.0.0.1",
-                *self._ports()]
+        args = [
+            *_ray_cli(),
+            "start",
+            "--block",
+            f"--num-cpus={self.cpus_per_node}",
+            "--num-gpus=0",
+            "--object-store-memory=80000000",
+            "--disable-usage-stats",
+            "--node-ip-address=127.0.0.1",
+            *self._ports(),
+        ]
         if head:
-            args += ["--head", f"--port={self.gcs_port}", "--dashboard-host=127.0.0.1",
-                     f"--dashboard-port={self.dashboard_port}", f"--temp-dir={self.temp_dir}",
-                     f"--ray-client-server-port={free_port()}",
-                     "--include-dashboard=true"]
+            args += [
+                "--head",
+                f"--port={self.gcs_port}",
+                "--dashboard-host=127.0.0.1",
+                f"--dashboard-port={self.dashboard_port}",
+                f"--temp-dir={self.temp_dir}",
+                f"--ray-client-server-port={free_port()}",
+                "--include-dashboard=true",
+            ]
         else:
             # a temporary directory of its own, as a machine has: Ray unpacks a job's working_dir below
             # it, and a raylet that finds a package it did not unpack itself deletes and unpacks it
@@ -129,8 +147,9 @@ class LocalRayCluster:
         log = self.temp_dir / f"node-{index}.out"
         env = {**self.env, "RAY_USAGE_STATS_ENABLED": "0", "PYTHONUNBUFFERED": "1"}
         with open(log, "ab") as out:
-            process = subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                       env=env, start_new_session=True)
+            process = subprocess.Popen(
+                args, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env, start_new_session=True
+            )
         self._nodes.append(_Node(process, log))
         if head:
             self._wait_for_dashboard()
@@ -178,10 +197,15 @@ class LocalRayCluster:
             except Exception:  # the state API answers once the head is ready
                 pass
             time.sleep(0.5)
-        ended = [f"node {i}: {n.log.read_text(errors='replace')[-1000:]}" for i, n in enumerate(self._nodes)
-                 if n.alive and n.process.poll() is not None]
-        raise RuntimeError(f"the local Ray cluster did not have {count} live nodes within {self.start_timeout_s:.0f} s"
-                           + ("; " + "; ".join(ended) if ended else ""))
+        ended = [
+            f"node {i}: {n.log.read_text(errors='replace')[-1000:]}"
+            for i, n in enumerate(self._nodes)
+            if n.alive and n.process.poll() is not None
+        ]
+        raise RuntimeError(
+            f"the local Ray cluster did not have {count} live nodes within {self.start_timeout_s:.0f} s"
+            + ("; " + "; ".join(ended) if ended else "")
+        )
 
     def _raylets(self) -> dict[str, tuple[int, int]]:
         """Node id -> (index in start order, raylet pid), for this cluster's live raylets."""
@@ -239,8 +263,16 @@ def _stop_session(process: subprocess.Popen) -> None:
 
 # ---------------------------------------------------------------------------- counting requests
 #: headers that belong to one connection, not to the message (RFC 9110 7.6.1), and the length, set anew
-_HOP = {"connection", "keep-alive", "proxy-connection", "transfer-encoding", "te", "trailer", "upgrade",
-        "content-length"}
+_HOP = {
+    "connection",
+    "keep-alive",
+    "proxy-connection",
+    "transfer-encoding",
+    "te",
+    "trailer",
+    "upgrade",
+    "content-length",
+}
 
 
 class CountingProxy:
@@ -324,7 +356,8 @@ class CountingProxy:
                 self.close_connection = True
                 upstream = socket.create_connection((proxy.upstream_host, proxy.upstream_port))
                 head = [f"{self.command} {self.path} HTTP/1.1"] + [
-                    f"{k}: {v}" for k, v in self.headers.items() if k.lower() != "host"]
+                    f"{k}: {v}" for k, v in self.headers.items() if k.lower() != "host"
+                ]
                 head.append(f"Host: {proxy.upstream_host}:{proxy.upstream_port}")
                 upstream.sendall(("\r\n".join(head) + "\r\n\r\n").encode("latin-1"))
 

@@ -34,7 +34,6 @@ from ddlkit.compute.layout import RankLayout
 TAIL_LINES = 15
 
 
-
 def tasks_per_node(spec: str) -> list[int]:
     """Slurm's compressed task counts, ``"4(x2),2"`` -> ``[4, 4, 2]``."""
     sizes: list[int] = []
@@ -67,8 +66,9 @@ def main(argv: list[str] | None = None) -> int:
     variables = layout(os.environ)
     # the job's secrets come in a file of the job directory, not in sbatch's environment (ddlkit.compute.secret_file)
     variables |= secret_file.read(Path.cwd())
-    return minder.run(command, rank=int(variables["RANK"]), variables=variables, name="ddlkit_slurm",
-                      tail_lines=TAIL_LINES)
+    return minder.run(
+        command, rank=int(variables["RANK"]), variables=variables, name="ddlkit_slurm", tail_lines=TAIL_LINES
+    )
 
 
 if __name__ == "__main__":

@@ -134,9 +134,9 @@ from pathlib import Path
 from typing import Any
 
 import ddlkit
+from ddlkit.atomic import write_text
 from ddlkit.compute import secret_file
 from ddlkit.compute.layout import CONTROL_ADDR_ENV, CONTROL_PORT_SHELL
-from ddlkit.atomic import write_text
 from ddlkit.compute.process import LogFollower, log_tail
 from ddlkit.compute.rank_exits import RankFailure, first_failure
 from ddlkit.interfaces import JobHandle, JobSpec, JobState, JobStatus
@@ -154,24 +154,32 @@ STOP_RECORD = f"{STATE_DIR}/slurm-stopped.json"
 RANK_MODULE = "ddlkit_slurm.rank"
 #: Slurm's time formats: minutes, minutes:seconds, hours:minutes:seconds, days-hours,
 #: days-hours:minutes, days-hours:minutes:seconds; and the unlimited ones
-_TIME = re.compile(r"^(\d+|\d+:\d+|\d+:\d+:\d+|\d+-\d+|\d+-\d+:\d+|\d+-\d+:\d+:\d+|unlimited|infinite)$",
-                   re.IGNORECASE)
-_PENDING = {"PENDING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED", "CONFIGURING", "RESV_DEL_HOLD", "SUSPENDED",
-            "STOPPED", "RESIZING"}
+_TIME = re.compile(r"^(\d+|\d+:\d+|\d+:\d+:\d+|\d+-\d+|\d+-\d+:\d+|\d+-\d+:\d+:\d+|unlimited|infinite)$", re.IGNORECASE)
+_PENDING = {
+    "PENDING",
+    "REQUEUED",
+    "REQUEUE_HOLD",
+    "REQUEUE_FED",
+    "CONFIGURING",
+    "RESV_DEL_HOLD",
+    "SUSPENDED",
+    "STOPPED",
+    "RESIZING",
+}
 _RUNNING = {"RUNNING", "COMPLETING", "SIGNALING", "STAGE_OUT"}
 #: reasons a job stays PENDING that no wait resolves (the job asks for more than its partition has
 #: or allows, and the cluster does not refuse it at sbatch: EnforcePartLimits=NO), with the fix
 _NEVER_STARTS = {
     "PartitionNodeLimit": "it asks for more nodes than its partition has or allows: lower compute.nodes, or choose "
-                          "another compute.partition (sinfo lists them)",
+    "another compute.partition (sinfo lists them)",
     "PartitionTimeLimit": "its time limit is above its partition's: lower compute.time, or choose another "
-                          "compute.partition (sinfo -o '%P %l' lists their limits)",
+    "compute.partition (sinfo -o '%P %l' lists their limits)",
     # what Slurm says first of any of the above
     "PartitionConfig": "it asks for more than its partition has or allows: lower compute.nodes, compute.time, "
-                       "compute.procs_per_node, compute.cpus_per_task, compute.gpus_per_node or compute.mem, or choose "
-                       "another compute.partition (sinfo -o '%P %D %l %c %m' shows what each has)",
+    "compute.procs_per_node, compute.cpus_per_task, compute.gpus_per_node or compute.mem, or choose "
+    "another compute.partition (sinfo -o '%P %D %l %c %m' shows what each has)",
     "BadConstraints": "no node satisfies its constraints: check compute.constraint, compute.gpus_per_node, "
-                      "compute.cpus_per_task and compute.mem",
+    "compute.cpus_per_task and compute.mem",
 }
 #: the node states (sinfo's %t) in which Slurm gives a node to a job that asks for it now or soon
 _USABLE = {"idle", "mix", "alloc", "comp", "plnd", "resv"}
@@ -224,14 +232,25 @@ class SlurmConfig:
 def _run(args: list[str], *, env: Mapping[str, str] | None = None, timeout: float = 60) -> subprocess.CompletedProcess:
     SCHEDULER_CALLS["count"] += 1
     try:
-        return subprocess.run(args, capture_output=True, text=True, env=None if env is None else dict(env), check=False,
-                              timeout=timeout, stdin=subprocess.DEVNULL)
+        return subprocess.run(
+            args,
+            capture_output=True,
+            text=True,
+            env=None if env is None else dict(env),
+            check=False,
+            timeout=timeout,
+            stdin=subprocess.DEVNULL,
+        )
     except FileNotFoundError:
-        raise ddlkit.ConfigError(f"compute=slurm needs Slurm's `{args[0]}` on PATH: run ddlkit on a Slurm login "
-                                 "node (or start a local cluster with scripts/local_slurm.sh start).") from None
+        raise ddlkit.ConfigError(
+            f"compute=slurm needs Slurm's `{args[0]}` on PATH: run ddlkit on a Slurm login "
+            "node (or start a local cluster with scripts/local_slurm.sh start)."
+        ) from None
     except subprocess.TimeoutExpired:
-        raise ddlkit.ConfigError(f"`{shlex.join(args[:3])}` did not answer within {timeout:.0f} s: "
-                                 "is the Slurm controller up (scontrol ping)?") from None
+        raise ddlkit.ConfigError(
+            f"`{shlex.join(args[:3])}` did not answer within {timeout:.0f} s: "
+            "is the Slurm controller up (scontrol ping)?"
+        ) from None
 
 
 def _first_line(text: str) -> str:
@@ -244,8 +263,10 @@ def _failed(what: str, proc: subprocess.CompletedProcess) -> ddlkit.ConfigError:
     (Slurm's own words are a DNS lookup's)."""
     text = proc.stderr or proc.stdout
     if _NO_CONFIG in text:
-        return ddlkit.ConfigError(f"{what} finds no Slurm configuration: export SLURM_CONF=<path to slurm.conf> (for "
-                                  'the local cluster: eval "$(bash scripts/local_slurm.sh start)").')
+        return ddlkit.ConfigError(
+            f"{what} finds no Slurm configuration: export SLURM_CONF=<path to slurm.conf> (for "
+            'the local cluster: eval "$(bash scripts/local_slurm.sh start)").'
+        )
     return ddlkit.ConfigError(f"{what} failed: {_first_line(text)}")
 
 
@@ -263,8 +284,16 @@ def parse_scontrol(text: str) -> dict[str, str]:
 class SlurmJob(JobHandle):
     """A Slurm batch job of ddlkit's; ``id`` is the Slurm job id."""
 
-    def __init__(self, job_id: str, *, job_dir: Path, poll_interval_s: float, grace_period_s: float,
-                 time_limit: str | None = None, world_size: int = 1) -> None:
+    def __init__(
+        self,
+        job_id: str,
+        *,
+        job_dir: Path,
+        poll_interval_s: float,
+        grace_period_s: float,
+        time_limit: str | None = None,
+        world_size: int = 1,
+    ) -> None:
         self.id = str(job_id)
         self.job_dir = Path(job_dir)
         #: ranks the job has (those that never reported are named in a failure's message)
@@ -306,9 +335,12 @@ class SlurmJob(JobHandle):
         failure = self._first_failure()
         code = failure.code if failure is not None else code
         if code == EXIT_PREEMPTED:
-            why = (f"the ranks checkpointed and stopped (exit {code}) after {record.get('restarts', 0)} re-queue(s), "
-                   "the most compute.max_requeues allows" if record.get("warned") else
-                   f"the ranks checkpointed and stopped (exit {code})")
+            why = (
+                f"the ranks checkpointed and stopped (exit {code}) after {record.get('restarts', 0)} re-queue(s), "
+                "the most compute.max_requeues allows"
+                if record.get("warned")
+                else f"the ranks checkpointed and stopped (exit {code})"
+            )
             return JobStatus(state, code, f"Slurm job {self.id}: {why}; {self._tail()}")
         if failure is not None:
             return JobStatus(state, code, f"Slurm job {self.id}: {failure.message()}")
@@ -347,17 +379,23 @@ class SlurmJob(JobHandle):
             self._final = self._from_record(record)
             return self._final
         if info is None:
-            self._final = JobStatus(JobState.FAILED, None, f"Slurm no longer knows job {self.id} and it left no exit "
-                                                           f"record in {self.job_dir / EXIT_RECORD}; {self._tail()}")
+            self._final = JobStatus(
+                JobState.FAILED,
+                None,
+                f"Slurm no longer knows job {self.id} and it left no exit "
+                f"record in {self.job_dir / EXIT_RECORD}; {self._tail()}",
+            )
             return self._final
         state = info.get("JobState", "")
         reason = info.get("Reason", "")
         if state == "PENDING" and reason in _NEVER_STARTS:
             # Slurm would keep it queued, silently, for ever
             _run(["scancel", self.id])
-            self._final = JobStatus(JobState.FAILED, EXIT_CONFIG_ERROR,
-                                    f"Slurm job {self.id} can never start ({reason}): {_NEVER_STARTS[reason]}; "
-                                    "it was cancelled")
+            self._final = JobStatus(
+                JobState.FAILED,
+                EXIT_CONFIG_ERROR,
+                f"Slurm job {self.id} can never start ({reason}): {_NEVER_STARTS[reason]}; it was cancelled",
+            )
             return self._final
         if state in _PENDING:
             return JobStatus(JobState.PENDING, None, f"Slurm: {state}, reason {reason}")
@@ -370,23 +408,40 @@ class SlurmJob(JobHandle):
             self._final = JobStatus(JobState.SUCCEEDED, 0)
         elif state == "CANCELLED" or self.cancel_requested:
             stopped = self._stop_code()
-            self._final = JobStatus(JobState.CANCELLED, stopped if stopped is not None else exit_code,
-                                    f"Slurm job {self.id} was cancelled ({reason}); {self._tail()}")
+            self._final = JobStatus(
+                JobState.CANCELLED,
+                stopped if stopped is not None else exit_code,
+                f"Slurm job {self.id} was cancelled ({reason}); {self._tail()}",
+            )
         elif state == "TIMEOUT":
             if self._stop_code() == EXIT_PREEMPTED:
-                self._final = JobStatus(JobState.FAILED, EXIT_PREEMPTED, (
-                    f"Slurm job {self.id} ran out of time (time limit {info.get('TimeLimit', self.time_limit)}); the "
-                    f"ranks saved a checkpoint when Slurm stopped them; {self._tail()}"))
+                self._final = JobStatus(
+                    JobState.FAILED,
+                    EXIT_PREEMPTED,
+                    (
+                        f"Slurm job {self.id} ran out of time (time limit {info.get('TimeLimit', self.time_limit)}); "
+                        "the "
+                        f"ranks saved a checkpoint when Slurm stopped them; {self._tail()}"
+                    ),
+                )
             else:
                 failure = self._first_failure()
-                self._final = JobStatus(JobState.FAILED, failure.code if failure else exit_code, (
-                    f"Slurm job {self.id} ran out of time (time limit {info.get('TimeLimit', self.time_limit)}) "
-                    "without saving a checkpoint: raise compute.time, or compute.signal_before_s so that the "
-                    f"warning comes while the job can still checkpoint; {self._ranks_ended(failure)}"))
+                self._final = JobStatus(
+                    JobState.FAILED,
+                    failure.code if failure else exit_code,
+                    (
+                        f"Slurm job {self.id} ran out of time (time limit {info.get('TimeLimit', self.time_limit)}) "
+                        "without saving a checkpoint: raise compute.time, or compute.signal_before_s so that the "
+                        f"warning comes while the job can still checkpoint; {self._ranks_ended(failure)}"
+                    ),
+                )
         else:
             failure = self._first_failure()
-            self._final = JobStatus(JobState.FAILED, failure.code if failure else exit_code,
-                                    f"Slurm job {self.id} ended {state} ({reason}); {self._ranks_ended(failure)}")
+            self._final = JobStatus(
+                JobState.FAILED,
+                failure.code if failure else exit_code,
+                f"Slurm job {self.id} ended {state} ({reason}); {self._ranks_ended(failure)}",
+            )
         return self._final
 
     def _ranks_ended(self, failure: RankFailure | None) -> str:
@@ -401,7 +456,8 @@ class SlurmJob(JobHandle):
         """The batch job's output (rank 0's output and the script's lines), from where the
         previous call stopped. Without ``follow``, Slurm is not asked whether the job ended."""
         return self._log.chunks(
-            lambda: self.status().state.done if follow or self._record() is not None else False, follow=follow)
+            lambda: self.status().state.done if follow or self._record() is not None else False, follow=follow
+        )
 
     # ------------------------------------------------------------ stopping
     def cancel(self) -> None:
@@ -442,14 +498,19 @@ class SlurmTarget(ddlkit.ComputeTarget):
         if c.time is not None and not _TIME.match(str(c.time)):
             raise ddlkit.ConfigError(
                 f"compute.time={c.time} is not a Slurm time limit: use minutes (90), HH:MM:SS (04:00:00), "
-                "D-HH:MM:SS (1-12:00:00), D-HH, MM:SS or UNLIMITED.")
+                "D-HH:MM:SS (1-12:00:00), D-HH, MM:SS or UNLIMITED."
+            )
         if c.launcher != "srun":
-            raise ddlkit.ConfigError(f"compute.launcher={c.launcher} is not supported: compute=slurm starts its ranks "
-                                     "with srun (for mpirun inside an allocation, run compute=mpi in a batch job).")
+            raise ddlkit.ConfigError(
+                f"compute.launcher={c.launcher} is not supported: compute=slurm starts its ranks "
+                "with srun (for mpirun inside an allocation, run compute=mpi in a batch job)."
+            )
         for line in c.extra_sbatch:
             if not str(line).strip().lstrip("#").replace("SBATCH", "", 1).strip().startswith("-"):
-                raise ddlkit.ConfigError(f"compute.extra_sbatch entry {line!r} is not a batch option: write it as "
-                                         "sbatch takes it, e.g. --exclusive or --reservation=demo.")
+                raise ddlkit.ConfigError(
+                    f"compute.extra_sbatch entry {line!r} is not a batch option: write it as "
+                    "sbatch takes it, e.g. --exclusive or --reservation=demo."
+                )
         #: the handle asks Slurm once per compute.poll_interval_s and reads the exit record in between,
         #: so watchers may look often: a sweep sees a job's end within half a second
         self.status_interval_s = min(0.5, float(c.poll_interval_s))
@@ -469,11 +530,24 @@ class SlurmTarget(ddlkit.ComputeTarget):
     # ------------------------------------------------------------ the batch script
     def sbatch_options(self, spec: JobSpec) -> list[str]:
         c = self.cfg
-        opts = [f"--job-name={spec.name}", f"--nodes={c.nodes}", f"--ntasks-per-node={c.procs_per_node}",
-                f"--output={OUTPUT}", "--open-mode=append", "--requeue"]
-        for key, flag in (("partition", "partition"), ("time", "time"), ("gpus_per_node", "gpus-per-node"),
-                          ("cpus_per_task", "cpus-per-task"), ("mem", "mem"), ("account", "account"),
-                          ("qos", "qos"), ("constraint", "constraint")):
+        opts = [
+            f"--job-name={spec.name}",
+            f"--nodes={c.nodes}",
+            f"--ntasks-per-node={c.procs_per_node}",
+            f"--output={OUTPUT}",
+            "--open-mode=append",
+            "--requeue",
+        ]
+        for key, flag in (
+            ("partition", "partition"),
+            ("time", "time"),
+            ("gpus_per_node", "gpus-per-node"),
+            ("cpus_per_task", "cpus-per-task"),
+            ("mem", "mem"),
+            ("account", "account"),
+            ("qos", "qos"),
+            ("constraint", "constraint"),
+        ):
             value = getattr(c, key)
             if value is not None and value != "":
                 opts.append(f"--{flag}={value}")
@@ -580,8 +654,7 @@ exit "$code"
         return ["sbatch", "--parsable", f"--chdir={job_dir}", "--export=ALL", SCRIPT]
 
     def plan(self, spec: JobSpec) -> str:
-        return (f"# {shlex.join(self.sbatch_command(spec, spec.job_dir))}   (in {spec.job_dir})\n"
-                + self.script(spec))
+        return f"# {shlex.join(self.sbatch_command(spec, spec.job_dir))}   (in {spec.job_dir})\n" + self.script(spec)
 
     # ------------------------------------------------------------ elastic
     def nodes_up(self, spec: JobSpec) -> int | None:
@@ -610,8 +683,10 @@ exit "$code"
     def check_cluster(self) -> None:
         c = self.cfg
         if shutil.which("sbatch") is None:
-            raise ddlkit.ConfigError("compute=slurm needs Slurm's `sbatch` on PATH: run ddlkit on a Slurm login node "
-                                     "(or start a local cluster with scripts/local_slurm.sh start).")
+            raise ddlkit.ConfigError(
+                "compute=slurm needs Slurm's `sbatch` on PATH: run ddlkit on a Slurm login node "
+                "(or start a local cluster with scripts/local_slurm.sh start)."
+            )
         # %P marks the default partition with a '*'; a partition has a line per state of its nodes
         proc = _run(["sinfo", "-h", "-o", "%P %D"])
         if proc.returncode != 0:
@@ -625,15 +700,19 @@ exit "$code"
                     name = default = name[:-1]
                 partitions[name] = partitions.get(name, 0) + (int(count) if count.isdigit() else 0)
         if c.partition is not None and c.partition not in partitions:
-            raise ddlkit.ConfigError(f"compute.partition={c.partition} is not a partition of this cluster; sinfo "
-                                     f"reports: {', '.join(sorted(partitions)) or '(none)'}.")
+            raise ddlkit.ConfigError(
+                f"compute.partition={c.partition} is not a partition of this cluster; sinfo "
+                f"reports: {', '.join(sorted(partitions)) or '(none)'}."
+            )
         partition = c.partition if c.partition is not None else default
         if partition is not None and c.nodes > partitions[partition]:
             larger = sorted(p for p, n in partitions.items() if n >= c.nodes)
             raise ddlkit.ConfigError(
                 f"compute.nodes={c.nodes} asks for more nodes than partition {partition} has ({partitions[partition]})"
-                + ("" if c.partition is not None else ", the cluster's default") + ": lower compute.nodes"
-                + (f", or choose compute.partition={' or '.join(larger)}." if larger else "."))
+                + ("" if c.partition is not None else ", the cluster's default")
+                + ": lower compute.nodes"
+                + (f", or choose compute.partition={' or '.join(larger)}." if larger else ".")
+            )
 
     # ------------------------------------------------------------ ComputeTarget
     def submit(self, spec: JobSpec) -> JobHandle:
@@ -653,11 +732,23 @@ exit "$code"
         job_id = proc.stdout.strip().split(";")[0]
         if proc.returncode != 0 or not job_id.isdigit():
             raise ddlkit.ConfigError(f"sbatch refused the job: {_first_line(proc.stderr or proc.stdout)}")
-        return SlurmJob(job_id, job_dir=job_dir, poll_interval_s=self.cfg.poll_interval_s,
-                        grace_period_s=self.cfg.grace_period_s, time_limit=self.cfg.time, world_size=self.world_size)
+        return SlurmJob(
+            job_id,
+            job_dir=job_dir,
+            poll_interval_s=self.cfg.poll_interval_s,
+            grace_period_s=self.cfg.grace_period_s,
+            time_limit=self.cfg.time,
+            world_size=self.world_size,
+        )
 
     def attach(self, job_id: str, *, job_dir: Path) -> JobHandle:
         if not str(job_id).isdigit():
             raise ddlkit.ConfigError(f"{job_id!r} is not a Slurm job id.")
-        return SlurmJob(str(job_id), job_dir=Path(job_dir).resolve(), poll_interval_s=self.cfg.poll_interval_s,
-                        grace_period_s=self.cfg.grace_period_s, time_limit=self.cfg.time, world_size=self.world_size)
+        return SlurmJob(
+            str(job_id),
+            job_dir=Path(job_dir).resolve(),
+            poll_interval_s=self.cfg.poll_interval_s,
+            grace_period_s=self.cfg.grace_period_s,
+            time_limit=self.cfg.time,
+            world_size=self.world_size,
+        )

@@ -62,8 +62,9 @@ class EventFile:
         from tensorboard.summary.writer.record_writer import RecordWriter
 
         logdir.mkdir(parents=True, exist_ok=True)
-        self.path = logdir / (f"events.out.tfevents.{int(time.time()):010d}.{socket.gethostname()}."
-                              f"{os.getpid()}.{next(_FILE_NUMBERS)}")
+        self.path = logdir / (
+            f"events.out.tfevents.{int(time.time()):010d}.{socket.gethostname()}.{os.getpid()}.{next(_FILE_NUMBERS)}"
+        )
         self._records = RecordWriter(open(self.path, "wb"))
         self.write(Event(wall_time=time.time(), file_version="brain.Event:2"))
 
@@ -91,12 +92,16 @@ class EventFile:
 class TensorboardLogger(ddlkit.Logger):
     def configure(self, config: DictConfig) -> None:
         if find_spec("tensorboard") is None:
-            raise ddlkit.ConfigError("logger=tensorboard needs the tensorboard package: pip install tensorboard "
-                                     "(or drop tensorboard from logger).")
+            raise ddlkit.ConfigError(
+                "logger=tensorboard needs the tensorboard package: pip install tensorboard "
+                "(or drop tensorboard from logger)."
+            )
         subdir = self.cfg.subdir
         if not subdir or subdir.startswith(("/", "..")):
-            raise ddlkit.ConfigError(f"logger.tensorboard.subdir={subdir} is invalid: it must be a relative path "
-                                     "inside the job directory, e.g. tensorboard.")
+            raise ddlkit.ConfigError(
+                f"logger.tensorboard.subdir={subdir} is invalid: it must be a relative path "
+                "inside the job directory, e.g. tensorboard."
+            )
 
     def start(self, run: RunContext) -> None:
         logdir = run.job_dir / self.cfg.subdir
@@ -108,12 +113,14 @@ class TensorboardLogger(ddlkit.Logger):
             self.epochs.purge_from(run.resumed_at.epoch + 1)
 
     def log_metrics(self, step: int, metrics: Mapping[str, float], *, split: str) -> None:
-        self.steps.scalars(step, {f"{split}/{key}": value for key, value in metrics.items()
-                                  if not (split == "val" and key == "epoch")})
+        self.steps.scalars(
+            step, {f"{split}/{key}": value for key, value in metrics.items() if not (split == "val" and key == "epoch")}
+        )
         if split == "val":
             # a validation after a partial epoch (max_steps) counts for the epoch it happened in
-            self.epochs.scalars(math.ceil(metrics["epoch"]),
-                                {f"epoch/{key}": value for key, value in metrics.items() if key != "epoch"})
+            self.epochs.scalars(
+                math.ceil(metrics["epoch"]), {f"epoch/{key}": value for key, value in metrics.items() if key != "epoch"}
+            )
 
     def finish(self, status: str, result: Mapping[str, Any] | None) -> None:
         try:

@@ -46,10 +46,20 @@ def build_custom_model(cfg: Any, data: ddlkit.DataInfo) -> Any:
 
 def models(framework: str) -> Iterator[ddlkit.Registration]:
     for name in RESNETS:
-        yield ddlkit.Registration(name, _resnet(name), config=ResNetConfig, framework=framework,
-                                  description=f"{name} in Keras 3, the PyTorch plugin's network")
-    yield ddlkit.Registration("custom", build_custom_model, config=CustomModelConfig, framework=framework,
-                              description="your keras.Model: model.target=package.module:function")
+        yield ddlkit.Registration(
+            name,
+            _resnet(name),
+            config=ResNetConfig,
+            framework=framework,
+            description=f"{name} in Keras 3, the PyTorch plugin's network",
+        )
+    yield ddlkit.Registration(
+        "custom",
+        build_custom_model,
+        config=CustomModelConfig,
+        framework=framework,
+        description="your keras.Model: model.target=package.module:function",
+    )
 
 
 def sgd(cfg: Any) -> Any:
@@ -61,27 +71,36 @@ def sgd(cfg: Any) -> Any:
 def adamw(cfg: Any) -> Any:
     import keras
 
-    return keras.optimizers.AdamW(learning_rate=cfg.lr, weight_decay=cfg.weight_decay, beta_1=cfg.beta1,
-                                  beta_2=cfg.beta2, epsilon=cfg.eps)
+    return keras.optimizers.AdamW(
+        learning_rate=cfg.lr, weight_decay=cfg.weight_decay, beta_1=cfg.beta1, beta_2=cfg.beta2, epsilon=cfg.eps
+    )
 
 
 def lamb(cfg: Any) -> Any:
     import keras
 
-    return keras.optimizers.Lamb(learning_rate=cfg.lr, beta_1=cfg.beta1, beta_2=cfg.beta2, epsilon=cfg.eps,
-                                 weight_decay=cfg.weight_decay)
+    return keras.optimizers.Lamb(
+        learning_rate=cfg.lr, beta_1=cfg.beta1, beta_2=cfg.beta2, epsilon=cfg.eps, weight_decay=cfg.weight_decay
+    )
 
 
 def lars(cfg: Any) -> Any:
     from .training import Lars
 
-    return Lars(learning_rate=cfg.lr, momentum=cfg.momentum, nesterov=cfg.nesterov, l2=cfg.weight_decay,
-                trust_coefficient=cfg.trust_coefficient)
+    return Lars(
+        learning_rate=cfg.lr,
+        momentum=cfg.momentum,
+        nesterov=cfg.nesterov,
+        l2=cfg.weight_decay,
+        trust_coefficient=cfg.trust_coefficient,
+    )
 
 
 def optimizers(framework: str) -> Iterator[ddlkit.Registration]:
-    for name, factory, schema, what in (("sgd", sgd, SGDConfig, "SGD with torch.optim.SGD's update"),
-                                        ("adamw", adamw, AdamWConfig, "keras.optimizers.AdamW"),
-                                        ("lamb", lamb, LambConfig, "keras.optimizers.Lamb"),
-                                        ("lars", lars, LarsConfig, "LARS (ddlkit_tensorflow.training.Lars)")):
+    for name, factory, schema, what in (
+        ("sgd", sgd, SGDConfig, "SGD with torch.optim.SGD's update"),
+        ("adamw", adamw, AdamWConfig, "keras.optimizers.AdamW"),
+        ("lamb", lamb, LambConfig, "keras.optimizers.Lamb"),
+        ("lars", lars, LarsConfig, "LARS (ddlkit_tensorflow.training.Lars)"),
+    ):
         yield ddlkit.Registration(name, factory, config=schema, framework=framework, description=what)

@@ -41,8 +41,17 @@ def tf_loader(loader: Any, *, pass_epoch: Callable[[], int] | None = None) -> An
         from .imagefolder import TfImageLoader
 
         # data.workers as configured: -1 leaves the decoding threads to tf.data's autotuning
-        return TfImageLoader(spec.files, spec.labels, spec.aug, batch_size=spec.batch_size, shard=spec.shard,
-                             seed=spec.seed, workers=spec.workers, on_corrupt=spec.on_corrupt, pass_epoch=pass_epoch)
+        return TfImageLoader(
+            spec.files,
+            spec.labels,
+            spec.aug,
+            batch_size=spec.batch_size,
+            shard=spec.shard,
+            seed=spec.seed,
+            workers=spec.workers,
+            on_corrupt=spec.on_corrupt,
+            pass_epoch=pass_epoch,
+        )
     if isinstance(spec, ImagePoolSpec):
         return PooledLoader(spec, pass_epoch)
     return NumpyLoader(loader, pass_epoch)

@@ -126,6 +126,7 @@ from .runtime import check_config, check_environment, distribution_strategy, set
 if TYPE_CHECKING:
     from omegaconf import DictConfig
 
+
 @dataclass
 class TensorflowConfig:
     # compile the train and evaluation steps with XLA (tf.function(jit_compile=True)): often
@@ -153,8 +154,7 @@ class TensorflowFramework(ddlkit.Framework):
     def train(self, run: ddlkit.RunContext) -> None:
         tf = setup_tensorflow(run, framework="tensorflow", device=self.cfg.device, num_threads=self.cfg.num_threads)
         from .data import data_errors, tf_loader
-        from .training import (build_model, check_classifier, export_model, load_state, make_optimizer, save_state,
-                               task)
+        from .training import build_model, check_classifier, export_model, load_state, make_optimizer, save_state, task
 
         strategy = distribution_strategy(run, "tensorflow")
         with strategy.scope():
@@ -211,8 +211,9 @@ class TensorflowFramework(ddlkit.Framework):
             run.save_artifact("model.keras", lambda path: export_model(model, path))
         self.model = model
 
-    def _steps(self, tf: Any, run: ddlkit.RunContext, strategy: Any, model: Any, optimizer: Any,
-               metrics: dict[str, Any]) -> tuple[Any, Any]:
+    def _steps(
+        self, tf: Any, run: ddlkit.RunContext, strategy: Any, model: Any, optimizer: Any, metrics: dict[str, Any]
+    ) -> tuple[Any, Any]:
         """The compiled ``train_step(images, labels) -> loss`` (one optimizer step over the
         replicas, micro-batches accumulated, gradients clipped) and ``eval_step(images, labels)
         -> {metric: sum, "count": n}``."""
@@ -246,7 +247,8 @@ class TensorflowFramework(ddlkit.Framework):
                 grads = [tf.zeros(v.shape, v.dtype) for v in model.trainable_variables]
                 for i in tf.range(accumulate):
                     micro_loss, micro_grads = loss_and_gradients(
-                        images[i], labels[i], unconnected_gradients=tf.UnconnectedGradients.ZERO)
+                        images[i], labels[i], unconnected_gradients=tf.UnconnectedGradients.ZERO
+                    )
                     loss += micro_loss
                     grads = [g + m for g, m in zip(grads, micro_grads, strict=True)]
             # Horovod sums the ranks' gradients here (before clipping); tf.distribute's optimizer in apply()

@@ -34,8 +34,8 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 
-from ddlkit.images import MEAN, RATIO, STD, Augment, CorruptImageError, epoch_order, num_batches
 from ddlkit.errors import DdlkitError, RunError
+from ddlkit.images import MEAN, RATIO, STD, Augment, CorruptImageError, epoch_order, num_batches
 from ddlkit.interfaces import Shard
 
 MAX_SUBSTITUTES = 16
@@ -45,8 +45,19 @@ _SEED_STRIDE = 1_000_003
 
 
 class TfImageLoader:
-    def __init__(self, files: Sequence[str], labels: Sequence[int], aug: Augment, *, batch_size: int, shard: Shard,
-                 seed: int, workers: int, on_corrupt: str, pass_epoch: Callable[[], int] | None = None) -> None:
+    def __init__(
+        self,
+        files: Sequence[str],
+        labels: Sequence[int],
+        aug: Augment,
+        *,
+        batch_size: int,
+        shard: Shard,
+        seed: int,
+        workers: int,
+        on_corrupt: str,
+        pass_epoch: Callable[[], int] | None = None,
+    ) -> None:
         self.files = np.array([f.encode() for f in files], dtype=object)
         self.labels = np.asarray(labels, dtype=np.int64)
         self.aug, self.batch_size, self.shard, self.seed = aug, batch_size, shard, seed
@@ -68,8 +79,14 @@ class TfImageLoader:
     @functools.lru_cache(maxsize=4)  # noqa: B019 -- a loader lives as long as its run
     def _extended_order(self, epoch: int) -> np.ndarray:
         """The epoch's file indices, then the spares that may stand in for trailing corrupt files."""
-        order = epoch_order(len(self.files), batch_size=self.batch_size, shard=self.shard, seed=self.seed,
-                            epoch=epoch, train=self.aug.train)
+        order = epoch_order(
+            len(self.files),
+            batch_size=self.batch_size,
+            shard=self.shard,
+            seed=self.seed,
+            epoch=epoch,
+            train=self.aug.train,
+        )
         last = int(order[-1]) if len(order) else -1
         spares = (last + 1 + np.arange(MAX_SUBSTITUTES)) % max(len(self.files), 1)
         return np.concatenate([order, spares]).astype(np.int64)
@@ -103,8 +120,13 @@ class TfImageLoader:
     def _next_pass(self) -> tf.data.Dataset:
         """Each iteration reads the epoch to serve when it starts (``pass_epoch``): Keras' ``fit``
         iterates one dataset once per epoch."""
-        signature = (tf.TensorSpec([None], tf.int64), tf.TensorSpec([None], tf.int64), tf.TensorSpec([None], tf.int64),
-                     tf.TensorSpec([None], tf.string), tf.TensorSpec([None], tf.int64))
+        signature = (
+            tf.TensorSpec([None], tf.int64),
+            tf.TensorSpec([None], tf.int64),
+            tf.TensorSpec([None], tf.int64),
+            tf.TensorSpec([None], tf.string),
+            tf.TensorSpec([None], tf.int64),
+        )
 
         def one_pass() -> Iterator[tuple[np.ndarray, ...]]:
             yield self._elements(self._pass_epoch(), 0)
@@ -133,8 +155,11 @@ class TfImageLoader:
         failed), and say how many slots this element fills."""
         epoch, pos, image, label = element
         gap = pos - expected
-        report = tf.cond(gap > 0, lambda: tf.numpy_function(self._on_gap, [epoch, expected, pos], tf.int64),
-                         lambda: tf.constant(0, tf.int64))
+        report = tf.cond(
+            gap > 0,
+            lambda: tf.numpy_function(self._on_gap, [epoch, expected, pos], tf.int64),
+            lambda: tf.constant(0, tf.int64),
+        )
         # a Python exception raised inside numpy_function would be logged by TensorFlow with its
         # whole traceback, per thread: the error is kept in self.error instead, and this short
         # assertion stops the pipeline (data_errors() raises self.error in its place)
@@ -155,8 +180,11 @@ class TfImageLoader:
         if not failed:
             return np.int64(0)
         if int(end) >= len(order):  # reached the sentinel: every spare failed too
-            self.error = RunError(f"{len(failed) + MAX_SUBSTITUTES} images in a row failed to decode, from "
-                                  f"{failed[0]}: is the dataset readable?", component="data")
+            self.error = RunError(
+                f"{len(failed) + MAX_SUBSTITUTES} images in a row failed to decode, from "
+                f"{failed[0]}: is the dataset readable?",
+                component="data",
+            )
             return np.int64(1)
         if not self.skip_corrupt:
             self.error = CorruptImageError(failed[0], "TensorFlow could not read or decode it")
@@ -165,31 +193,47 @@ class TfImageLoader:
         for path in failed:
             if path not in self._reported:  # once per file, not once per epoch
                 self._reported.add(path)
-                print(f"ddlkit: warning: skipped corrupt image {path}; trained on the next image instead "
-                      f"({len(self._reported)} corrupt files so far)", file=sys.stderr, flush=True)
+                print(
+                    f"ddlkit: warning: skipped corrupt image {path}; trained on the next image instead "
+                    f"({len(self._reported)} corrupt files so far)",
+                    file=sys.stderr,
+                    flush=True,
+                )
         return np.int64(0)
 
     # ------------------------------------------------------------ one image
     def _decode(self, epoch: Any, pos: Any, index: Any, path: Any, label: Any) -> tuple[Any, ...]:
         size = self.aug.size
-        image = tf.cond(tf.equal(path, ""), lambda: tf.zeros([size, size, 3], tf.float32),
-                        lambda: self._load(path, tf.stack([epoch + self.seed * _SEED_STRIDE, index])))
+        image = tf.cond(
+            tf.equal(path, ""),
+            lambda: tf.zeros([size, size, 3], tf.float32),
+            lambda: self._load(path, tf.stack([epoch + self.seed * _SEED_STRIDE, index])),
+        )
         return epoch, pos, image, label
 
     def _load(self, path: Any, seed: Any) -> Any:
         data = tf.io.read_file(path)
         size = self.aug.size
         if self.aug.train:
+
             def window(shape: Any) -> Any:
                 begin, extent, _ = tf.image.stateless_sample_distorted_bounding_box(
-                    shape, tf.constant([[[0.0, 0.0, 1.0, 1.0]]]), seed=seed, min_object_covered=0.0,
-                    aspect_ratio_range=RATIO, area_range=(self.aug.min_area, 1.0), max_attempts=10,
-                    use_image_if_no_bounding_boxes=True)
+                    shape,
+                    tf.constant([[[0.0, 0.0, 1.0, 1.0]]]),
+                    seed=seed,
+                    min_object_covered=0.0,
+                    aspect_ratio_range=RATIO,
+                    area_range=(self.aug.min_area, 1.0),
+                    max_attempts=10,
+                    use_image_if_no_bounding_boxes=True,
+                )
                 return tf.stack([begin[0], begin[1], extent[0], extent[1]])
         else:
+
             def window(shape: Any) -> Any:
-                side = tf.cast(tf.round(size * tf.cast(tf.minimum(shape[0], shape[1]), tf.float32)
-                                        / self.aug.val_resize), tf.int32)
+                side = tf.cast(
+                    tf.round(size * tf.cast(tf.minimum(shape[0], shape[1]), tf.float32) / self.aug.val_resize), tf.int32
+                )
                 side = tf.minimum(side, tf.minimum(shape[0], shape[1]))
                 return tf.stack([(shape[0] - side) // 2, (shape[1] - side) // 2, side, side])
 

@@ -64,13 +64,15 @@ def _conv(x: Any, filters: int, kernel: int, stride: int, name: str) -> Any:
     else:
         # stride 1 with an odd kernel: Keras' "same" pads symmetrically, exactly like PyTorch
         padding = "same"
-    return layers.Conv2D(filters, kernel, strides=stride, padding=padding, use_bias=False,
-                         kernel_initializer=_conv_init(), name=name)(x)
+    return layers.Conv2D(
+        filters, kernel, strides=stride, padding=padding, use_bias=False, kernel_initializer=_conv_init(), name=name
+    )(x)
 
 
 def _bn(x: Any, name: str, zero_gamma: bool = False) -> Any:
-    return layers.BatchNormalization(momentum=0.9, epsilon=1e-5, gamma_initializer="zeros" if zero_gamma else "ones",
-                                     name=name)(x)
+    return layers.BatchNormalization(
+        momentum=0.9, epsilon=1e-5, gamma_initializer="zeros" if zero_gamma else "ones", name=name
+    )(x)
 
 
 def _basic_block(x: Any, planes: int, stride: int, project: bool, name: str, zero_init_residual: bool) -> Any:
@@ -96,8 +98,9 @@ def _merge(x: Any, out: Any, channels: int, stride: int, project: bool, name: st
 _BLOCKS: dict[str, tuple[Callable[..., Any], int]] = {"basic": (_basic_block, 1), "bottleneck": (_bottleneck, 4)}
 
 
-def build_model(name: str, num_classes: int, image_size: int | None = None,
-                zero_init_residual: bool = False) -> keras.Model:
+def build_model(
+    name: str, num_classes: int, image_size: int | None = None, zero_init_residual: bool = False
+) -> keras.Model:
     """The named ResNet as a functional ``keras.Model`` mapping NHWC float images to logits.
 
     ``image_size`` fixes the input's spatial size (None accepts any); ``zero_init_residual``
@@ -123,7 +126,11 @@ def build_model(name: str, num_classes: int, image_size: int | None = None,
     x = layers.GlobalAveragePooling2D(name="avgpool")(x)
     # nn.Linear's default init: weights and bias uniform in +-1/sqrt(fan_in)
     bound = 1.0 / math.sqrt(channels)
-    logits = layers.Dense(num_classes, dtype="float32", name="fc",
-                          kernel_initializer=keras.initializers.VarianceScaling(1 / 3, "fan_in", "uniform"),
-                          bias_initializer=keras.initializers.RandomUniform(-bound, bound))(x)
+    logits = layers.Dense(
+        num_classes,
+        dtype="float32",
+        name="fc",
+        kernel_initializer=keras.initializers.VarianceScaling(1 / 3, "fan_in", "uniform"),
+        bias_initializer=keras.initializers.RandomUniform(-bound, bound),
+    )(x)
     return keras.Model(images, logits, name=name)

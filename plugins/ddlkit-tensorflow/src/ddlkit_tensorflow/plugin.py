@@ -11,10 +11,13 @@ from . import components
 
 @ddlkit.hookimpl
 def ddlkit_frameworks() -> Iterator[ddlkit.Registration]:
-    yield ddlkit.Registration("tensorflow", "ddlkit_tensorflow.framework:TensorflowFramework",
-                              config="ddlkit_tensorflow.framework:TensorflowConfig",
-                              packages=("tensorflow", "tensorflow-cpu", "keras", "horovod"),
-                              description="TensorFlow: tf.function + GradientTape loop, bf16/fp16, XLA")
+    yield ddlkit.Registration(
+        "tensorflow",
+        "ddlkit_tensorflow.framework:TensorflowFramework",
+        config="ddlkit_tensorflow.framework:TensorflowConfig",
+        packages=("tensorflow", "tensorflow-cpu", "keras", "horovod"),
+        description="TensorFlow: tf.function + GradientTape loop, bf16/fp16, XLA",
+    )
 
 
 @ddlkit.hookimpl

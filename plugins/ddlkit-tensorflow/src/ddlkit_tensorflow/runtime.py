@@ -49,8 +49,10 @@ def import_tensorflow(framework: str) -> ModuleType:
         with _without_load_notices():
             import tensorflow as tf
     except ImportError as err:
-        raise ddlkit.ConfigError(f"framework={framework} needs TensorFlow, which cannot be imported here ({err}). "
-                                 f"Install it: {INSTALL_HINT}.") from None
+        raise ddlkit.ConfigError(
+            f"framework={framework} needs TensorFlow, which cannot be imported here ({err}). "
+            f"Install it: {INSTALL_HINT}."
+        ) from None
     return tf
 
 
@@ -78,18 +80,24 @@ def check_config(framework: str, device: str, xla: bool, num_threads: Any, confi
     options come from its component config, the rest from the run's ``config``."""
     threads.check(num_threads, "TensorFlow")
     if xla and config.trainer.deterministic:
-        raise ddlkit.ConfigError(f"framework.xla=true cannot run with trainer.deterministic=true: XLA has no "
-                                 f"deterministic max-pool gradient. Choose one of the two for framework={framework}.")
+        raise ddlkit.ConfigError(
+            f"framework.xla=true cannot run with trainer.deterministic=true: XLA has no "
+            f"deterministic max-pool gradient. Choose one of the two for framework={framework}."
+        )
     if xla and config.dist.backend == "horovod":
         # XLA compiles the whole train step, Horovod's all-reduce included, and the Horovod that
         # scripts/install_horovod.sh builds has no XLA kernels (they are GPU-only, and do not build
         # against TensorFlow 2.21's XLA headers)
-        raise ddlkit.ConfigError(f"framework.xla=true cannot run with dist=horovod: Horovod's collectives have no XLA "
-                                 f"kernels here. Choose one of the two for framework={framework} (dist=native "
-                                 f"compiles with XLA).")
+        raise ddlkit.ConfigError(
+            f"framework.xla=true cannot run with dist=horovod: Horovod's collectives have no XLA "
+            f"kernels here. Choose one of the two for framework={framework} (dist=native "
+            f"compiles with XLA)."
+        )
     if (config.get("data") or {}).get("decoder") == "gpu":
-        raise ddlkit.ConfigError(f"data.decoder=gpu is PyTorch's (nvJPEG through torchvision); framework={framework} "
-                                 "decodes its images in tf.data: use data.decoder=auto, or framework=pytorch.")
+        raise ddlkit.ConfigError(
+            f"data.decoder=gpu is PyTorch's (nvJPEG through torchvision); framework={framework} "
+            "decodes its images in tf.data: use data.decoder=auto, or framework=pytorch."
+        )
     if device not in DEVICES:
         raise ddlkit.ConfigError(f"framework.device={device} is invalid: choose one of {', '.join(DEVICES)}.")
     if config.trainer.precision == "fp16" and device == "cpu":
@@ -109,8 +117,10 @@ def setup_tensorflow(run: ddlkit.RunContext, *, framework: str, device: str, num
         tf.config.set_visible_devices([], "GPU")
     gpus = tf.config.get_visible_devices("GPU")
     if device == "gpu" and not gpus:
-        raise ddlkit.ConfigError(f"framework.device=gpu but TensorFlow sees no GPU here (is tensorflow-cpu "
-                                 f"installed?); use framework.device=auto or cpu with framework={framework}.")
+        raise ddlkit.ConfigError(
+            f"framework.device=gpu but TensorFlow sees no GPU here (is tensorflow-cpu "
+            f"installed?); use framework.device=auto or cpu with framework={framework}."
+        )
     precision = run.cfg.trainer.precision
     if precision == "fp16" and not gpus:
         raise cpu.fp16_refusal(framework, "TensorFlow sees none here")
@@ -154,10 +164,14 @@ def _set_threads(tf: ModuleType, wanted: int) -> int:
         if not interop_set and threading.get_inter_op_parallelism_threads() != 1:
             threading.set_inter_op_parallelism_threads(1)
     except RuntimeError:
-        print(f"ddlkit: warning: TensorFlow already started in this process with {current or 'its default'} "
-              f"intra-op threads and {threading.get_inter_op_parallelism_threads() or 'its default'} inter-op "
-              f"threads, and keeps them (framework.num_threads asked for {wanted} and 1); start a new process to "
-              f"change them", file=sys.stderr, flush=True)
+        print(
+            f"ddlkit: warning: TensorFlow already started in this process with {current or 'its default'} "
+            f"intra-op threads and {threading.get_inter_op_parallelism_threads() or 'its default'} inter-op "
+            f"threads, and keeps them (framework.num_threads asked for {wanted} and 1); start a new process to "
+            f"change them",
+            file=sys.stderr,
+            flush=True,
+        )
     return current or os.cpu_count() or 1
 
 
@@ -178,8 +192,10 @@ def distribution_strategy(run: ddlkit.RunContext, framework: str) -> Any:
     """
     backend = run.cfg.dist.backend
     if backend == "none" and run.dist.world_size != 1:
-        raise ddlkit.ConfigError(f"dist.backend=none trains in one process, but this job has "
-                                 f"{run.dist.world_size} ranks; use dist.backend=native or horovod.")
+        raise ddlkit.ConfigError(
+            f"dist.backend=none trains in one process, but this job has "
+            f"{run.dist.world_size} ranks; use dist.backend=native or horovod."
+        )
     if backend not in ("none", "native", "horovod"):
         raise ddlkit.ConfigError(f"dist.backend={backend} is unknown: choose none, native or horovod.")
     import tensorflow as tf
@@ -210,9 +226,11 @@ def device_names(devices: Any) -> str:
 
 
 #: how to get a Horovod that trains TensorFlow and Keras, or what to use instead
-HOROVOD_HOW_TO = ("Build it against the installed TensorFlow (and torch, if installed) with "
-                  "scripts/install_horovod.sh (Horovod 0.28.1 patched for C++17 and TensorFlow 2.21; about 9 minutes "
-                  "on 2 cores, then the wheel is cached), or use dist=native.")
+HOROVOD_HOW_TO = (
+    "Build it against the installed TensorFlow (and torch, if installed) with "
+    "scripts/install_horovod.sh (Horovod 0.28.1 patched for C++17 and TensorFlow 2.21; about 9 minutes "
+    "on 2 cores, then the wheel is cached), or use dist=native."
+)
 
 
 def check_environment(framework: str, config: DictConfig) -> None:
@@ -229,8 +247,10 @@ def horovod_problem(framework: str) -> str | None:
     if built is None:
         return f"dist=horovod with framework={framework} needs Horovod, which is not installed. {HOROVOD_HOW_TO}"
     if not built:
-        return (f"dist=horovod with framework={framework}: the installed Horovod was built without TensorFlow "
-                f"support. {HOROVOD_HOW_TO}")
+        return (
+            f"dist=horovod with framework={framework}: the installed Horovod was built without TensorFlow "
+            f"support. {HOROVOD_HOW_TO}"
+        )
     return None
 
 
@@ -294,14 +314,18 @@ class Horovod:
 
         hvd.init()
         if hvd.size() != run.dist.world_size:
-            raise ddlkit.RunError(f"Horovod sees {hvd.size()} ranks but the job has {run.dist.world_size}: "
-                                  "Horovod was started outside the job's launcher?", component="framework")
+            raise ddlkit.RunError(
+                f"Horovod sees {hvd.size()} ranks but the job has {run.dist.world_size}: "
+                "Horovod was started outside the job's launcher?",
+                component="framework",
+            )
         if gpus := tf.config.get_visible_devices("GPU"):
             if hvd.local_rank() >= len(gpus):
                 raise ddlkit.ConfigError(
                     f"TensorFlow sees {len(gpus)} GPU(s) on this node, so rank {hvd.rank()} (local rank "
                     f"{hvd.local_rank()}) has none; run one rank per GPU (e.g. compute.procs_per_node=<GPUs>) or "
-                    "use framework.device=cpu")
+                    "use framework.device=cpu"
+                )
             tf.config.set_visible_devices(gpus[hvd.local_rank()], "GPU")
         self.hvd = hvd
 
@@ -377,8 +401,9 @@ class MultiWorker(TfDistribute):
             s.bind((host, 0))
             port = s.getsockname()[1]
         workers = run.dist.allgather(f"{host}:{port}")
-        os.environ["TF_CONFIG"] = json.dumps({"cluster": {"worker": workers},
-                                              "task": {"type": "worker", "index": run.dist.rank}})
+        os.environ["TF_CONFIG"] = json.dumps(
+            {"cluster": {"worker": workers}, "task": {"type": "worker", "index": run.dist.rank}}
+        )
         super().__init__(tf.distribute.MultiWorkerMirroredStrategy())
 
     def experimental_distribute_dataset(self, dataset: Any) -> Any:

@@ -43,8 +43,15 @@ class TorchSGD(keras.optimizers.Optimizer):
     (BatchNorm and biases too), as PyTorch's ``weight_decay`` does.
     """
 
-    def __init__(self, learning_rate: float = 0.01, momentum: float = 0.0, nesterov: bool = False, l2: float = 0.0,
-                 name: str = "torch_sgd", **kwargs: Any) -> None:
+    def __init__(
+        self,
+        learning_rate: float = 0.01,
+        momentum: float = 0.0,
+        nesterov: bool = False,
+        l2: float = 0.0,
+        name: str = "torch_sgd",
+        **kwargs: Any,
+    ) -> None:
         super().__init__(learning_rate=learning_rate, name=name, **kwargs)
         if not 0.0 <= momentum < 1.0:
             raise ValueError(f"momentum must be in [0, 1), got {momentum}")
@@ -94,8 +101,16 @@ class Lars(TorchSGD):
     and the step are :class:`TorchSGD`'s.
     """
 
-    def __init__(self, learning_rate: float = 0.1, momentum: float = 0.9, nesterov: bool = False, l2: float = 0.0,
-                 trust_coefficient: float = 0.001, name: str = "lars", **kwargs: Any) -> None:
+    def __init__(
+        self,
+        learning_rate: float = 0.1,
+        momentum: float = 0.9,
+        nesterov: bool = False,
+        l2: float = 0.0,
+        trust_coefficient: float = 0.001,
+        name: str = "lars",
+        **kwargs: Any,
+    ) -> None:
         super().__init__(learning_rate=learning_rate, momentum=momentum, nesterov=nesterov, l2=l2, name=name, **kwargs)
         self.trust_coefficient = float(trust_coefficient)
 
@@ -104,8 +119,11 @@ class Lars(TorchSGD):
             return gradient
         w_norm, g_norm = ops.sqrt(ops.sum(ops.square(variable))), ops.sqrt(ops.sum(ops.square(gradient)))
         denominator = g_norm + self.l2 * w_norm
-        trust = ops.where(ops.logical_and(w_norm > 0, denominator > 0),
-                          self.trust_coefficient * w_norm / ops.maximum(denominator, 1e-30), 1.0)
+        trust = ops.where(
+            ops.logical_and(w_norm > 0, denominator > 0),
+            self.trust_coefficient * w_norm / ops.maximum(denominator, 1e-30),
+            1.0,
+        )
         return ops.multiply(ops.add(gradient, ops.multiply(variable, self.l2)), trust)
 
     def get_config(self) -> dict[str, Any]:
@@ -116,8 +134,10 @@ def make_optimizer(run: ddlkit.RunContext, precision: str) -> keras.optimizers.O
     """The selected optimizer (``run.build_optimizer``); under fp16 wrapped in dynamic loss scaling."""
     opt = run.build_optimizer()
     if not isinstance(opt, keras.optimizers.Optimizer):
-        raise ddlkit.PluginError(f"optimizer={run.cfg.optimizer.name} for framework={run.cfg.framework.name} built a "
-                                 f"{type(opt).__name__}, not a keras.optimizers.Optimizer")
+        raise ddlkit.PluginError(
+            f"optimizer={run.cfg.optimizer.name} for framework={run.cfg.framework.name} built a "
+            f"{type(opt).__name__}, not a keras.optimizers.Optimizer"
+        )
     if precision == "fp16":
         opt = keras.optimizers.LossScaleOptimizer(opt)
     return opt
@@ -143,7 +163,8 @@ def task(run: ddlkit.RunContext) -> tuple[Callable[[Any, Any], Any], dict[str, C
     if loss:
         metrics = run.cfg.model.get("metrics", {})
         return import_target(loss, "model.loss"), {
-            name: import_target(path, f"model.metrics.{name}") for name, path in metrics.items()}
+            name: import_target(path, f"model.metrics.{name}") for name, path in metrics.items()
+        }
     classes = run.data.info.num_classes
 
     def top_k(k: int) -> Callable[[Any, Any], Any]:
@@ -221,21 +242,23 @@ def load_state(path: Path, model: keras.Model, optimizer: keras.optimizers.Optim
     """Restore what :func:`save_state` wrote into a built ``model`` and ``optimizer``; return ``meta``."""
     with np.load(path, allow_pickle=False) as f:  # a checkpoint is data, never code to run
         arrays = {k: f[k] for k in f.files}
-    weights = {k[len(MODEL_PREFIX):]: v for k, v in arrays.items() if k.startswith(MODEL_PREFIX)}
-    store = {k[len(OPTIMIZER_PREFIX):]: v for k, v in arrays.items() if k.startswith(OPTIMIZER_PREFIX)}
+    weights = {k[len(MODEL_PREFIX) :]: v for k, v in arrays.items() if k.startswith(MODEL_PREFIX)}
+    store = {k[len(OPTIMIZER_PREFIX) :]: v for k, v in arrays.items() if k.startswith(OPTIMIZER_PREFIX)}
     unfit = [v.path for v in model.weights if v.path not in weights or weights[v.path].shape != tuple(v.shape)]
     if unfit or len(weights) != len(model.weights):
         raise ddlkit.ConfigError(
             f"checkpoint {path} does not fit this model: {len(weights)} saved variables for its "
             f"{len(model.weights)}, {len(unfit)} missing or of another shape (e.g. {unfit[:2]}). It was written for "
-            "another model or data.num_classes; use the same settings, or start fresh with trainer.resume=false.")
+            "another model or data.num_classes; use the same settings, or start fresh with trainer.resume=false."
+        )
     have = len(optimizer.variables)
     if len(store) != have:
         # Keras would only warn and skip; a silently fresh momentum buffer is not a resume
         raise ddlkit.ConfigError(
             f"checkpoint {path} holds {len(store)} optimizer variables, this run's optimizer has {have}: it was "
             "written with another optimizer, trainer.precision, optimizer.momentum or (framework=keras) "
-            "trainer.accumulate_batches. Use the same settings, or start fresh with trainer.resume=false.")
+            "trainer.accumulate_batches. Use the same settings, or start fresh with trainer.resume=false."
+        )
     for v in model.weights:
         v.assign(weights[v.path])
     optimizer.load_own_variables(store)

@@ -101,28 +101,45 @@ class WandbConfig:
 class WandbLogger(ddlkit.Logger):
     def configure(self, config: DictConfig) -> None:
         if find_spec("wandb") is None:
-            raise ddlkit.ConfigError("logger=wandb needs the wandb package: pip install wandb (or drop wandb from "
-                                     "logger).")
+            raise ddlkit.ConfigError(
+                "logger=wandb needs the wandb package: pip install wandb (or drop wandb from logger)."
+            )
         if self.cfg.mode not in MODES:
-            raise ddlkit.ConfigError(f"logger.wandb.mode={self.cfg.mode} is invalid: it must be one of "
-                                     f"{', '.join(MODES)}.")
+            raise ddlkit.ConfigError(
+                f"logger.wandb.mode={self.cfg.mode} is invalid: it must be one of {', '.join(MODES)}."
+            )
         if self.cfg.log_model and not config.trainer.save_model:
-            raise ddlkit.ConfigError("logger.wandb.log_model=true uploads the trained model, which "
-                                     "trainer.save_model=false does not write; set one of them differently.")
+            raise ddlkit.ConfigError(
+                "logger.wandb.log_model=true uploads the trained model, which "
+                "trainer.save_model=false does not write; set one of them differently."
+            )
 
     def start(self, run: RunContext) -> None:
         import wandb
 
         self.job_dir = run.job_dir
         config, _ = split_secrets(OmegaConf.to_container(run.cfg, resolve=True, enum_to_str=True))
-        config["ddlkit"] = {"job": run.name, "job_dir": str(run.job_dir), "world_size": run.dist.world_size,
-                            "sweep": os.environ.get(SWEEP_NAME_ENV), "sweep_job": os.environ.get(SWEEP_JOB_ENV),
-                            "environment": _read_json(run.job_dir / ENVIRONMENT_FILE)}
+        config["ddlkit"] = {
+            "job": run.name,
+            "job_dir": str(run.job_dir),
+            "world_size": run.dist.world_size,
+            "sweep": os.environ.get(SWEEP_NAME_ENV),
+            "sweep_job": os.environ.get(SWEEP_JOB_ENV),
+            "environment": _read_json(run.job_dir / ENVIRONMENT_FILE),
+        }
         settings = wandb.Settings(api_key=self.cfg.api_key) if self.cfg.api_key else None
-        options = dict(project=self.cfg.project, entity=self.cfg.entity,
-                       group=self.cfg.group or os.environ.get(SWEEP_NAME_ENV), name=self.cfg.run_name or run.name,
-                       tags=list(self.cfg.tags), job_type="train", config=config, dir=str(run.job_dir),
-                       mode=self._mode(), settings=settings)
+        options = dict(
+            project=self.cfg.project,
+            entity=self.cfg.entity,
+            group=self.cfg.group or os.environ.get(SWEEP_NAME_ENV),
+            name=self.cfg.run_name or run.name,
+            tags=list(self.cfg.tags),
+            job_type="train",
+            config=config,
+            dir=str(run.job_dir),
+            mode=self._mode(),
+            settings=settings,
+        )
         # a resumed job whose earlier attempt started the run rewinds it to the step it resumes from:
         # W&B refuses a step below the run's latest, so merely resuming the run would keep the
         # interrupted attempt's records past the checkpoint and ignore this attempt's
@@ -135,9 +152,12 @@ class WandbLogger(ddlkit.Logger):
                 return
             except wandb.errors.Error as err:
                 reason = (str(err).strip().splitlines() or [type(err).__name__])[0]
-                print(f"ddlkit: logger.wandb: W&B did not rewind run {run_id} to step {step} ({reason}); it continues "
-                      f"where it stands, with the interrupted attempt's records after step {step} (rewinding is a W&B "
-                      "preview feature; logger.wandb.rewind=false skips asking)", flush=True)
+                print(
+                    f"ddlkit: logger.wandb: W&B did not rewind run {run_id} to step {step} ({reason}); it continues "
+                    f"where it stands, with the interrupted attempt's records after step {step} (rewinding is a W&B "
+                    "preview feature; logger.wandb.rewind=false skips asking)",
+                    flush=True,
+                )
         self.wb = wandb.init(**options, id=run_id, resume="allow")
 
     def _mode(self) -> str | None:
@@ -176,8 +196,11 @@ class WandbLogger(ddlkit.Logger):
         if not models:
             print(f"ddlkit: logger.wandb.log_model: the framework saved no model.* in {self.job_dir}", flush=True)
             return
-        artifact = wandb.Artifact(re.sub(r"[^A-Za-z0-9._-]", "-", f"model-{self.wb.name}"), type="model",
-                                  metadata={"job_dir": str(self.job_dir)})
+        artifact = wandb.Artifact(
+            re.sub(r"[^A-Za-z0-9._-]", "-", f"model-{self.wb.name}"),
+            type="model",
+            metadata={"job_dir": str(self.job_dir)},
+        )
         for path in models:
             artifact.add_file(str(path))
         self.wb.log_artifact(artifact)

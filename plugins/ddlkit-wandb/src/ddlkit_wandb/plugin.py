@@ -14,9 +14,13 @@ if TYPE_CHECKING:
 
 @ddlkit.hookimpl
 def ddlkit_loggers() -> Iterator[ddlkit.Registration]:
-    yield ddlkit.Registration("wandb", "ddlkit_wandb.logger:WandbLogger", config="ddlkit_wandb.logger:WandbConfig",
-                              packages=("wandb",),
-                              description="Weights & Biases: one run per job, grouped by sweep; offline without a key")
+    yield ddlkit.Registration(
+        "wandb",
+        "ddlkit_wandb.logger:WandbLogger",
+        config="ddlkit_wandb.logger:WandbConfig",
+        packages=("wandb",),
+        description="Weights & Biases: one run per job, grouped by sweep; offline without a key",
+    )
 
 
 #: what wandb reads from the environment on rank 0: the key, where to log, and how

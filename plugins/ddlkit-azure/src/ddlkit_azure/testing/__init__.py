@@ -51,16 +51,22 @@ class Azurite:
 
     @property
     def connection_string(self) -> str:
-        return (f"DefaultEndpointsProtocol=http;AccountName={ACCOUNT};AccountKey={ACCOUNT_KEY};"
-                f"BlobEndpoint={self.account_url};")
+        return (
+            f"DefaultEndpointsProtocol=http;AccountName={ACCOUNT};AccountKey={ACCOUNT_KEY};"
+            f"BlobEndpoint={self.account_url};"
+        )
 
     def sas_token(self, permissions: str = "racwdl", hours: float = 1.0) -> str:
         """An account SAS for the blob service (read, add, create, write, delete, list by default)."""
         from azure.storage.blob import AccountSasPermissions, ResourceTypes, generate_account_sas
 
-        return generate_account_sas(ACCOUNT, ACCOUNT_KEY, ResourceTypes(service=True, container=True, object=True),
-                                    AccountSasPermissions.from_string(permissions),
-                                    datetime.now(UTC) + timedelta(hours=hours))
+        return generate_account_sas(
+            ACCOUNT,
+            ACCOUNT_KEY,
+            ResourceTypes(service=True, container=True, object=True),
+            AccountSasPermissions.from_string(permissions),
+            datetime.now(UTC) + timedelta(hours=hours),
+        )
 
 
 def azurite_command() -> str | None:
@@ -81,9 +87,23 @@ def start_azurite(location: Path) -> Azurite:
     log = open(location / "azurite.log", "wb")
     process = subprocess.Popen(
         # --disableTelemetry: Azurite otherwise reports to an outside host; tests talk to loopback only
-        [command, "--blobHost", "127.0.0.1", "--blobPort", str(port), "--location", str(location), "--silent",
-         "--skipApiVersionCheck", "--loose", "--disableTelemetry"], stdout=log, stderr=subprocess.STDOUT,
-        start_new_session=True)
+        [
+            command,
+            "--blobHost",
+            "127.0.0.1",
+            "--blobPort",
+            str(port),
+            "--location",
+            str(location),
+            "--silent",
+            "--skipApiVersionCheck",
+            "--loose",
+            "--disableTelemetry",
+        ],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
     log.close()
     deadline = time.monotonic() + START_TIMEOUT_S
     while time.monotonic() < deadline:
@@ -95,8 +115,10 @@ def start_azurite(location: Path) -> Azurite:
         except OSError:
             time.sleep(0.1)
     stop_azurite(process)
-    raise RuntimeError(f"azurite did not listen on 127.0.0.1:{port} within {START_TIMEOUT_S}s: "
-                       f"{(location / 'azurite.log').read_text()}")
+    raise RuntimeError(
+        f"azurite did not listen on 127.0.0.1:{port} within {START_TIMEOUT_S}s: "
+        f"{(location / 'azurite.log').read_text()}"
+    )
 
 
 def stop_azurite(process: subprocess.Popen) -> None:
@@ -132,4 +154,3 @@ def blob_env(azurite: Azurite, monkeypatch: pytest.MonkeyPatch) -> Azurite:
 def blob_container(blob_env: Azurite) -> str:
     """``blob://<unique container>`` (created on first write)."""
     return f"blob://t{uuid.uuid4().hex[:20]}"
-

@@ -66,8 +66,10 @@ from ddlkit.compute.ports import free_ports
 from . import ACCOUNT, ACCOUNT_KEY, Azurite
 from .loopback import InterceptingProxy, LoopbackServer, Request, Response, error_body
 
-ARM_PREFIX = (r"/subscriptions/(?P<sub>[^/]+)/resourceGroups/(?P<rg>[^/]+)/providers/"
-              r"Microsoft\.MachineLearningServices/workspaces/(?P<ws>[^/]+)")
+ARM_PREFIX = (
+    r"/subscriptions/(?P<sub>[^/]+)/resourceGroups/(?P<rg>[^/]+)/providers/"
+    r"Microsoft\.MachineLearningServices/workspaces/(?P<ws>[^/]+)"
+)
 #: the host name the SDK builds for the datastores' storage account (carried to Azurite by the proxy)
 BLOB_HOST = f"{ACCOUNT}.blob.core.windows.net"
 BLOB_URL = f"https://{BLOB_HOST}"
@@ -158,10 +160,20 @@ class LoopbackWorkspace:
     ``root``. Set :attr:`environment` where the SDK runs (and remove
     :data:`~ddlkit_azure.testing.loopback.CREDENTIAL_ENV`; sign in with ``install_az``)."""
 
-    def __init__(self, server: LoopbackServer, azurite: Azurite, root: Path, *, subscription: str = "sub-0001",
-                 resource_group: str = "rg-ddlkit", workspace: str = "ws-ddlkit",
-                 clusters: Mapping[str, int] | None = None, queue_s: float = 0.2, grace_period_s: float = 30.0,
-                 python: str = sys.executable) -> None:
+    def __init__(
+        self,
+        server: LoopbackServer,
+        azurite: Azurite,
+        root: Path,
+        *,
+        subscription: str = "sub-0001",
+        resource_group: str = "rg-ddlkit",
+        workspace: str = "ws-ddlkit",
+        clusters: Mapping[str, int] | None = None,
+        queue_s: float = 0.2,
+        grace_period_s: float = 30.0,
+        python: str = sys.executable,
+    ) -> None:
         self.server, self.azurite, self.root = server, azurite, Path(root)
         self.subscription, self.resource_group, self.workspace = subscription, resource_group, workspace
         self.clusters = {name: Cluster(name, n) for name, n in (clusters or {"gpu-cluster": 4}).items()}
@@ -174,8 +186,7 @@ class LoopbackWorkspace:
         self.ignore_range = False
         self.workspace_id = str(uuid.uuid5(uuid.NAMESPACE_URL, f"{subscription}/{resource_group}/{workspace}"))
         #: datastore name -> Azurite container
-        self.datastores = {DEFAULT_DATASTORE: f"azureml-blobstore-{self.workspace_id}",
-                           ARTIFACT_DATASTORE: "azureml"}
+        self.datastores = {DEFAULT_DATASTORE: f"azureml-blobstore-{self.workspace_id}", ARTIFACT_DATASTORE: "azureml"}
         self.codes: dict[tuple[str, str], dict[str, Any]] = {}
         self.environments: dict[tuple[str, str], dict[str, Any]] = {}
         #: (environment, version) -> its image, built by the first job that used it
@@ -220,13 +231,20 @@ class LoopbackWorkspace:
     def environment(self) -> dict[str, str]:
         """What the SDK's process needs besides the sign-in: the ARM endpoint, and the proxy for
         the datastores' blob host (``NO_PROXY`` keeps this server direct)."""
-        return {"AZUREML_DEV_URL_MFE": self.server.url, "HTTPS_PROXY": self.proxy.url,
-                "https_proxy": self.proxy.url, "NO_PROXY": "127.0.0.1,localhost", "no_proxy": "127.0.0.1,localhost"}
+        return {
+            "AZUREML_DEV_URL_MFE": self.server.url,
+            "HTTPS_PROXY": self.proxy.url,
+            "https_proxy": self.proxy.url,
+            "NO_PROXY": "127.0.0.1,localhost",
+            "no_proxy": "127.0.0.1,localhost",
+        }
 
     @property
     def arm_id(self) -> str:
-        return (f"/subscriptions/{self.subscription}/resourceGroups/{self.resource_group}/providers/"
-                f"Microsoft.MachineLearningServices/workspaces/{self.workspace}")
+        return (
+            f"/subscriptions/{self.subscription}/resourceGroups/{self.resource_group}/providers/"
+            f"Microsoft.MachineLearningServices/workspaces/{self.workspace}"
+        )
 
     # ------------------------------------------------------------ storage
     def _service(self) -> Any:
@@ -264,7 +282,7 @@ class LoopbackWorkspace:
         prefix = prefix.strip("/")
         count = 0
         for blob in client.list_blobs(name_starts_with=f"{prefix}/" if prefix else None):
-            target = Path(local) / blob.name[len(prefix):].lstrip("/")
+            target = Path(local) / blob.name[len(prefix) :].lstrip("/")
             target.parent.mkdir(parents=True, exist_ok=True)
             with open(target, "wb") as f:
                 client.download_blob(blob.name).readinto(f)
@@ -277,7 +295,7 @@ class LoopbackWorkspace:
         prefix = prefix.strip("/")
         present = {p.relative_to(local).as_posix() for p in Path(local).rglob("*") if p.is_file()}
         for blob in client.list_blobs(name_starts_with=f"{prefix}/"):
-            if blob.name[len(prefix) + 1:] not in present:
+            if blob.name[len(prefix) + 1 :] not in present:
                 client.delete_blob(blob.name)
         for rel in sorted(present):
             with open(Path(local) / rel, "rb") as f:
@@ -286,10 +304,13 @@ class LoopbackWorkspace:
     def _sas(self, container: str) -> str:
         from azure.storage.blob import ContainerSasPermissions, generate_container_sas
 
-        return generate_container_sas(ACCOUNT, container, account_key=ACCOUNT_KEY,
-                                      permission=ContainerSasPermissions(read=True, write=True, list=True, add=True,
-                                                                         create=True, delete=True),
-                                      expiry=datetime.now(UTC) + timedelta(hours=2))
+        return generate_container_sas(
+            ACCOUNT,
+            container,
+            account_key=ACCOUNT_KEY,
+            permission=ContainerSasPermissions(read=True, write=True, list=True, add=True, create=True, delete=True),
+            expiry=datetime.now(UTC) + timedelta(hours=2),
+        )
 
     @staticmethod
     def parse_datastore_uri(uri: str) -> tuple[str, str]:
@@ -301,35 +322,79 @@ class LoopbackWorkspace:
 
     # ------------------------------------------------------------ REST resources
     def _resource(self, kind: str, name: str, properties: dict[str, Any], *, suffix: str = "") -> dict[str, Any]:
-        return {"id": f"{self.arm_id}/{kind}/{name}{suffix}", "name": name.split("/")[-1],
-                "type": f"Microsoft.MachineLearningServices/workspaces/{kind}", "properties": properties,
-                "systemData": {"createdAt": _now(), "createdBy": "tester@example.invalid", "createdByType": "User",
-                               "lastModifiedAt": _now()}}
+        return {
+            "id": f"{self.arm_id}/{kind}/{name}{suffix}",
+            "name": name.split("/")[-1],
+            "type": f"Microsoft.MachineLearningServices/workspaces/{kind}",
+            "properties": properties,
+            "systemData": {
+                "createdAt": _now(),
+                "createdBy": "tester@example.invalid",
+                "createdByType": "User",
+                "lastModifiedAt": _now(),
+            },
+        }
 
     def _workspace(self) -> dict[str, Any]:
-        return {"id": self.arm_id, "name": self.workspace, "type": "Microsoft.MachineLearningServices/workspaces",
-                "location": "westeurope", "identity": {"type": "SystemAssigned"},
-                "properties": {"workspaceId": self.workspace_id, "discoveryUrl": f"{self.server.url}/discovery",
-                               "provisioningState": "Succeeded", "friendlyName": self.workspace,
-                               "storageAccount": f"/subscriptions/{self.subscription}/resourceGroups/"
-                                                 f"{self.resource_group}/providers/Microsoft.Storage/"
-                                                 f"storageAccounts/{ACCOUNT}",
-                               "mlFlowTrackingUri": f"azureml://westeurope.api.azureml.ms/mlflow/v1.0{self.arm_id}"}}
+        return {
+            "id": self.arm_id,
+            "name": self.workspace,
+            "type": "Microsoft.MachineLearningServices/workspaces",
+            "location": "westeurope",
+            "identity": {"type": "SystemAssigned"},
+            "properties": {
+                "workspaceId": self.workspace_id,
+                "discoveryUrl": f"{self.server.url}/discovery",
+                "provisioningState": "Succeeded",
+                "friendlyName": self.workspace,
+                "storageAccount": f"/subscriptions/{self.subscription}/resourceGroups/"
+                f"{self.resource_group}/providers/Microsoft.Storage/"
+                f"storageAccounts/{ACCOUNT}",
+                "mlFlowTrackingUri": f"azureml://westeurope.api.azureml.ms/mlflow/v1.0{self.arm_id}",
+            },
+        }
 
     def _compute(self, cluster: Cluster) -> dict[str, Any]:
-        return {**self._resource("computes", cluster.name, {
-            "computeType": "AmlCompute", "provisioningState": "Succeeded", "computeLocation": "westeurope",
-            "properties": {"vmSize": cluster.vm_size, "vmPriority": cluster.vm_priority,
-                           "scaleSettings": {"maxNodeCount": cluster.max_nodes, "minNodeCount": 0,
-                                             "nodeIdleTimeBeforeScaleDown": "PT120S"},
-                           "osType": "Linux", "currentNodeCount": 0, "targetNodeCount": 0}}),
-            "location": "westeurope"}
+        return {
+            **self._resource(
+                "computes",
+                cluster.name,
+                {
+                    "computeType": "AmlCompute",
+                    "provisioningState": "Succeeded",
+                    "computeLocation": "westeurope",
+                    "properties": {
+                        "vmSize": cluster.vm_size,
+                        "vmPriority": cluster.vm_priority,
+                        "scaleSettings": {
+                            "maxNodeCount": cluster.max_nodes,
+                            "minNodeCount": 0,
+                            "nodeIdleTimeBeforeScaleDown": "PT120S",
+                        },
+                        "osType": "Linux",
+                        "currentNodeCount": 0,
+                        "targetNodeCount": 0,
+                    },
+                },
+            ),
+            "location": "westeurope",
+        }
 
     def _datastore(self, name: str) -> dict[str, Any]:
-        return self._resource("datastores", name, {
-            "datastoreType": "AzureBlob", "accountName": ACCOUNT, "containerName": self.datastores[name],
-            "endpoint": "core.windows.net", "protocol": "https", "isDefault": name == DEFAULT_DATASTORE,
-            "credentials": {"credentialsType": "AccountKey"}, "serviceDataAccessAuthIdentity": "None"})
+        return self._resource(
+            "datastores",
+            name,
+            {
+                "datastoreType": "AzureBlob",
+                "accountName": ACCOUNT,
+                "containerName": self.datastores[name],
+                "endpoint": "core.windows.net",
+                "protocol": "https",
+                "isDefault": name == DEFAULT_DATASTORE,
+                "credentials": {"credentialsType": "AccountKey"},
+                "serviceDataAccessAuthIdentity": "None",
+            },
+        )
 
     def _job_resource(self, job: LoopbackJob) -> dict[str, Any]:
         with job.lock:
@@ -339,25 +404,36 @@ class LoopbackWorkspace:
                 props["status"] = CANCEL_REQUESTED if job.state == CANCELED else FINALIZING
             for name, output in (props.get("outputs") or {}).items():
                 output.setdefault("uri", self.output_uri(job.name, name, output))
-            props["services"] = {"Studio": {"jobServiceType": "Studio",
-                                            "endpoint": f"{self.server.url}/studio/runs/{job.name}"}}
+            props["services"] = {
+                "Studio": {"jobServiceType": "Studio", "endpoint": f"{self.server.url}/studio/runs/{job.name}"}
+            }
             props.setdefault("properties", {})
         return self._resource("jobs", job.name, props)
 
     def output_uri(self, job_name: str, output_name: str, output: Mapping[str, Any]) -> str:
         """Where an output lives: its own ``uri``, else Azure ML's default path for it."""
-        return output.get("uri") or (f"azureml://datastores/{DEFAULT_DATASTORE}/paths/azureml/{job_name}/"
-                                     f"{output_name}/")
+        return output.get("uri") or (
+            f"azureml://datastores/{DEFAULT_DATASTORE}/paths/azureml/{job_name}/{output_name}/"
+        )
 
     def _run_details(self, job: LoopbackJob) -> dict[str, Any]:
         with job.lock:
             state, error = job.state, job.error
         details: dict[str, Any] = {
-            "runId": job.name, "runUuid": str(uuid.uuid5(uuid.NAMESPACE_URL, job.name)), "status": state,
-            "target": job.spec.get("computeId", "").rsplit("/", 1)[-1], "createdTimeUtc": job.created,
-            "startTimeUtc": job.started, "endTimeUtc": job.ended, "properties": {}, "tags": {},
-            "logFiles": {name: f"{self.server.url}/loopback/logs/{job.name}/{name}?sv=2021-08-06&sig=loopback"
-                         for name in job.log_files()}}
+            "runId": job.name,
+            "runUuid": str(uuid.uuid5(uuid.NAMESPACE_URL, job.name)),
+            "status": state,
+            "target": job.spec.get("computeId", "").rsplit("/", 1)[-1],
+            "createdTimeUtc": job.created,
+            "startTimeUtc": job.started,
+            "endTimeUtc": job.ended,
+            "properties": {},
+            "tags": {},
+            "logFiles": {
+                name: f"{self.server.url}/loopback/logs/{job.name}/{name}?sv=2021-08-06&sig=loopback"
+                for name in job.log_files()
+            },
+        }
         if error:
             details["error"] = {"error": {"code": "UserError", "message": error}}
         return details
@@ -367,18 +443,40 @@ class LoopbackWorkspace:
         s, p = self.server, ARM_PREFIX
         arm = self._in_scope
         s.route("GET", p, arm(lambda r, m: self._workspace()))
-        s.route("GET", "/discovery", lambda r, m: {key: self.server.url for key in (
-            "api", "catalog", "experimentation", "gallery", "history", "hyperdrive", "labeling", "modelmanagement",
-            "pipelines", "studiometadata")})
+        s.route(
+            "GET",
+            "/discovery",
+            lambda r, m: {
+                key: self.server.url
+                for key in (
+                    "api",
+                    "catalog",
+                    "experimentation",
+                    "gallery",
+                    "history",
+                    "hyperdrive",
+                    "labeling",
+                    "modelmanagement",
+                    "pipelines",
+                    "studiometadata",
+                )
+            },
+        )
         s.route("GET", p + "/computes", arm(lambda r, m: {"value": [self._compute(c) for c in self.clusters.values()]}))
         s.route("GET", p + r"/computes/(?P<name>[^/]+)", arm(self._get_compute))
         s.route("GET", p + "/datastores", arm(self._list_datastores))
         s.route("GET", p + r"/datastores/(?P<name>[^/]+)", arm(self._get_datastore))
-        s.route("POST", p + r"/datastores/(?P<name>[^/]+)/listSecrets",
-                arm(lambda r, m: {"secretsType": "AccountKey", "key": ACCOUNT_KEY}))
+        s.route(
+            "POST",
+            p + r"/datastores/(?P<name>[^/]+)/listSecrets",
+            arm(lambda r, m: {"secretsType": "AccountKey", "key": ACCOUNT_KEY}),
+        )
         s.route("GET", p + r"/codes/(?P<name>[^/]+)/versions", arm(self._list_codes))
-        s.route("POST", p + r"/codes/(?P<name>[^/]+)/versions/(?P<version>[^/]+)/startPendingUpload",
-                arm(self._pending_upload))
+        s.route(
+            "POST",
+            p + r"/codes/(?P<name>[^/]+)/versions/(?P<version>[^/]+)/startPendingUpload",
+            arm(self._pending_upload),
+        )
         for kind, store in (("codes", self.codes), ("environments", self.environments)):
             put, get = self._asset_versions(kind, store)
             s.route("PUT", p + rf"/{kind}/(?P<name>[^/]+)/versions/(?P<version>[^/]+)", arm(put))
@@ -395,18 +493,30 @@ class LoopbackWorkspace:
     def _in_scope(self, handler: Any) -> Any:
         """``handler`` for this workspace's requests; ARM's 404 for any other subscription, resource
         group (the subscription has only this workspace's) or workspace."""
+
         def scoped(r: Request, m: re.Match[str]) -> Any:
             if m["sub"] != self.subscription:
-                return Response(404, error_body("SubscriptionNotFound", f"The subscription '{m['sub']}' could not "
-                                                                        "be found."))
+                return Response(
+                    404, error_body("SubscriptionNotFound", f"The subscription '{m['sub']}' could not be found.")
+                )
             if m["rg"].lower() != self.resource_group.lower():
-                return Response(404, error_body("ResourceGroupNotFound", f"Resource group '{m['rg']}' could not be "
-                                                                         "found."))
+                return Response(
+                    404, error_body("ResourceGroupNotFound", f"Resource group '{m['rg']}' could not be found.")
+                )
             if m["ws"] != self.workspace:
-                return Response(404, error_body("ResourceNotFound", (
-                    f"The Resource 'Microsoft.MachineLearningServices/workspaces/{m['ws']}' under resource group "
-                    f"'{m['rg']}' was not found.")))
+                return Response(
+                    404,
+                    error_body(
+                        "ResourceNotFound",
+                        (
+                            f"The Resource 'Microsoft.MachineLearningServices/workspaces/{m['ws']}' under resource "
+                            "group "
+                            f"'{m['rg']}' was not found."
+                        ),
+                    ),
+                )
             return handler(r, m)
+
         return scoped
 
     def _job(self, m: re.Match[str]) -> LoopbackJob | None:
@@ -431,8 +541,11 @@ class LoopbackWorkspace:
     def _list_codes(self, r: Request, m: re.Match[str]) -> dict:
         wanted = r.param("hash")
         with self._lock:
-            found = [self._resource("codes", f"{n}/versions/{v}", body) for (n, v), body in self.codes.items()
-                     if n == m["name"] and wanted and body.get("properties", {}).get("hash_sha256") == wanted]
+            found = [
+                self._resource("codes", f"{n}/versions/{v}", body)
+                for (n, v), body in self.codes.items()
+                if n == m["name"] and wanted and body.get("properties", {}).get("hash_sha256") == wanted
+            ]
         return {"value": found}
 
     def _pending_upload(self, r: Request, m: re.Match[str]) -> dict:
@@ -440,13 +553,19 @@ class LoopbackWorkspace:
         container = f"code-{uuid.uuid4().hex}"
         self._container(container)
         blob_uri = f"{BLOB_URL}/{container}"
-        return {"blobReferenceForConsumption": {
-            "blobUri": blob_uri, "storageAccountArmId": f"{self.arm_id}/storage",
-            "credential": {"credentialType": "SAS", "sasUri": f"{blob_uri}?{self._sas(container)}"}},
-            "pendingUploadId": uuid.uuid4().hex, "pendingUploadType": "TemporaryBlobReference"}
+        return {
+            "blobReferenceForConsumption": {
+                "blobUri": blob_uri,
+                "storageAccountArmId": f"{self.arm_id}/storage",
+                "credential": {"credentialType": "SAS", "sasUri": f"{blob_uri}?{self._sas(container)}"},
+            },
+            "pendingUploadId": uuid.uuid4().hex,
+            "pendingUploadType": "TemporaryBlobReference",
+        }
 
     def _asset_versions(self, kind: str, store: dict[tuple[str, str], dict[str, Any]]) -> tuple[Any, Any]:
         """PUT and GET of ``<kind>/<name>/versions/<version>`` (code and environment versions), kept in ``store``."""
+
         def put(r: Request, m: re.Match[str]) -> Response:
             props = dict(r.body.get("properties") or {})
             with self._lock:
@@ -481,8 +600,9 @@ class LoopbackWorkspace:
         if job is None:
             return self._not_found(f"Job {m['name']}")
         job.cancel_event.set()
-        return Response(202, None, {"Location": f"{self.server.url}/loopback/operations/{uuid.uuid4().hex}",
-                                    "Retry-After": "0"})
+        return Response(
+            202, None, {"Location": f"{self.server.url}/loopback/operations/{uuid.uuid4().hex}", "Retry-After": "0"}
+        )
 
     def _get_run_details(self, r: Request, m: re.Match[str]) -> Response | dict:
         job = self._job(m)
@@ -497,8 +617,10 @@ class LoopbackWorkspace:
             job = self.jobs.get(r.body.get("runId", ""))
         if job is None:
             return self._not_found(f"Run {r.body.get('runId')}")
-        outputs = {name: {"assetId": self._output_asset_id(job.name, name), "type": entry.get("jobOutputType")}
-                   for name, entry in (job.spec.get("outputs") or {}).items()}
+        outputs = {
+            name: {"assetId": self._output_asset_id(job.name, name), "type": entry.get("jobOutputType")}
+            for name, entry in (job.spec.get("outputs") or {}).items()
+        }
         return {"runMetadata": {**self._run_details(job), "outputs": outputs}}
 
     def _resolve_data_uris(self, r: Request, m: re.Match[str]) -> dict:
@@ -511,9 +633,12 @@ class LoopbackWorkspace:
                 if asset in (r.body.get("values") or []):
                     _, path = self.parse_datastore_uri(self.output_uri(job.name, name, entry))
                     store, _ = self.parse_datastore_uri(self.output_uri(job.name, name, entry))
-                    values[asset] = {"uri": f"azureml://subscriptions/{self.subscription}/resourcegroups/"
-                                            f"{self.resource_group}/workspaces/{self.workspace}/datastores/{store}/"
-                                            f"paths/{path}/", "type": entry.get("jobOutputType")}
+                    values[asset] = {
+                        "uri": f"azureml://subscriptions/{self.subscription}/resourcegroups/"
+                        f"{self.resource_group}/workspaces/{self.workspace}/datastores/{store}/"
+                        f"paths/{path}/",
+                        "type": entry.get("jobOutputType"),
+                    }
         return {"values": values}
 
     def _get_log(self, r: Request, m: re.Match[str]) -> Response:
@@ -529,8 +654,11 @@ class LoopbackWorkspace:
         end = min(int(ranged.group(2)) if ranged.group(2) else len(data) - 1, len(data) - 1)
         if start >= len(data):
             return Response(416, b"", {"content-range": f"bytes */{len(data)}"})
-        return Response(206, data[start:end + 1], {"content-type": "text/plain",
-                                                   "content-range": f"bytes {start}-{end}/{len(data)}"})
+        return Response(
+            206,
+            data[start : end + 1],
+            {"content-type": "text/plain", "content-range": f"bytes {start}-{end}/{len(data)}"},
+        )
 
     # ------------------------------------------------------------ running a job
     def cancel(self, name: str) -> None:
@@ -624,10 +752,15 @@ class LoopbackWorkspace:
         elif code == 0:
             job.set_state(COMPLETED)
         else:
-            log = "user_logs/std_log.txt" if (job.log_dir / "user_logs/std_log.txt").exists() else \
-                process_log(process_count(job.spec)) % 0
-            job.error = (f"Execution failed. User process 'bash' exited with status code {code}. Please check log "
-                         f"file '{log}' for error details.")
+            log = (
+                "user_logs/std_log.txt"
+                if (job.log_dir / "user_logs/std_log.txt").exists()
+                else process_log(process_count(job.spec)) % 0
+            )
+            job.error = (
+                f"Execution failed. User process 'bash' exited with status code {code}. Please check log "
+                f"file '{log}' for error details."
+            )
             job.set_state(FAILED)
         return False
 
@@ -662,12 +795,17 @@ class LoopbackWorkspace:
         spec = job.spec
         paths = {(kind, name): str(local) for (kind, name), (local, _) in mounts.items()}
         command = _PLACEHOLDER.sub(lambda m: paths[(m.group(1), m.group(2))], spec["command"])
-        env = {"PATH": f"{self._bin}{os.pathsep}{os.environ.get('PATH', os.defpath)}",
-               "HOME": os.environ.get("HOME", "/root"), "LANG": os.environ.get("LANG", "C.UTF-8"),
-               "AZUREML_RUN_ID": job.name, "AZUREML_ARM_WORKSPACE_NAME": self.workspace,
-               "AZUREML_ARM_SUBSCRIPTION": self.subscription, "AZUREML_ARM_RESOURCEGROUP": self.resource_group,
-               **{f"AZURE_ML_{kind[:-1].upper()}_{name}": path for (kind, name), path in paths.items()},
-               **(spec.get("environmentVariables") or {})}
+        env = {
+            "PATH": f"{self._bin}{os.pathsep}{os.environ.get('PATH', os.defpath)}",
+            "HOME": os.environ.get("HOME", "/root"),
+            "LANG": os.environ.get("LANG", "C.UTF-8"),
+            "AZUREML_RUN_ID": job.name,
+            "AZUREML_ARM_WORKSPACE_NAME": self.workspace,
+            "AZUREML_ARM_SUBSCRIPTION": self.subscription,
+            "AZUREML_ARM_RESOURCEGROUP": self.resource_group,
+            **{f"AZURE_ML_{kind[:-1].upper()}_{name}": path for (kind, name), path in paths.items()},
+            **(spec.get("environmentVariables") or {}),
+        }
         instances = int((spec.get("resources") or {}).get("instanceCount") or 1)
         dist = spec.get("distribution") or {}
         per_node = int(dist.get("processCountPerInstance") or 1)
@@ -681,16 +819,33 @@ class LoopbackWorkspace:
                 env["AZ_BATCH_MASTER_NODE"] = "127.0.0.1:6105"
             rank_log = f'$(printf {process_log(world)} "$OMPI_COMM_WORLD_RANK")'
             per_rank = f'exec > "{job.log_dir}/{rank_log}" 2>&1; {command}'
-            argv = [shutil.which("mpirun") or "mpirun", "--allow-run-as-root", "--oversubscribe", "-np", str(world),
-                    "--bind-to", "none", "bash", "-c", per_rank]
+            argv = [
+                shutil.which("mpirun") or "mpirun",
+                "--allow-run-as-root",
+                "--oversubscribe",
+                "-np",
+                str(world),
+                "--bind-to",
+                "none",
+                "bash",
+                "-c",
+                per_rank,
+            ]
             job.process_env = env
             self._start(job, [(argv, env, logs / "mpirun.txt")], code_dir)
         elif kind == "PyTorch":
             port = free_ports(2)[0]  # MASTER_PORT, and the next one for ddlkit's control plane
             starts = []
             for rank in range(world):
-                rank_env = {**env, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "WORLD_SIZE": str(world),
-                            "RANK": str(rank), "LOCAL_RANK": str(rank % per_node), "NODE_RANK": str(rank // per_node)}
+                rank_env = {
+                    **env,
+                    "MASTER_ADDR": "127.0.0.1",
+                    "MASTER_PORT": str(port),
+                    "WORLD_SIZE": str(world),
+                    "RANK": str(rank),
+                    "LOCAL_RANK": str(rank % per_node),
+                    "NODE_RANK": str(rank // per_node),
+                }
                 starts.append((["bash", "-c", command], rank_env, job.log_dir / (process_log(world) % rank)))
             job.process_env = starts[0][1]
             self._start(job, starts, code_dir)
@@ -703,8 +858,17 @@ class LoopbackWorkspace:
         job.processes = []
         for argv, env, log in starts:
             with open(log, "ab") as out:
-                job.processes.append(subprocess.Popen(argv, cwd=cwd, env=env, stdout=out, stderr=subprocess.STDOUT,
-                                                      stdin=subprocess.DEVNULL, start_new_session=True))
+                job.processes.append(
+                    subprocess.Popen(
+                        argv,
+                        cwd=cwd,
+                        env=env,
+                        stdout=out,
+                        stderr=subprocess.STDOUT,
+                        stdin=subprocess.DEVNULL,
+                        start_new_session=True,
+                    )
+                )
 
     def _supervise(self, job: LoopbackJob) -> int:
         """Wait for the processes; on a cancel or an eviction SIGTERM them (SIGKILL after the
@@ -715,8 +879,10 @@ class LoopbackWorkspace:
                 if job.cancel_event.is_set():
                     job.set_state(CANCEL_REQUESTED)
                 stopping_since = time.monotonic()
-                _signal_all(job.processes, signal.SIGKILL if job.preempt_hard and not job.cancel_event.is_set()
-                            else signal.SIGTERM)
+                _signal_all(
+                    job.processes,
+                    signal.SIGKILL if job.preempt_hard and not job.cancel_event.is_set() else signal.SIGTERM,
+                )
             if stopping_since is not None and time.monotonic() - stopping_since > self.grace_period_s:
                 _signal_all(job.processes, signal.SIGKILL)
             # a process that failed stops the job, as Azure ML does when a process of a distributed job fails

@@ -71,10 +71,14 @@ API_VERSION = "2018-05-01"
 #: the storage account of the loopback Azure Files share, and its key (made up here; not a secret of anyone's)
 FILES_ACCOUNT = "ddlkitfiles"
 FILES_KEY = base64.b64encode(b"ddlkit loopback azure files key, not a secret").decode()
-_WS = (r"/subscriptions/(?P<sub>[^/]+)/resourceGroups/(?P<rg>[^/]+)/providers/Microsoft\.BatchAI/"
-       r"workspaces/(?P<ws>[^/]+)")
-_OPS = (r"/subscriptions/(?P<sub>[^/]+)/providers/Microsoft\.BatchAI/locations/(?P<loc>[^/]+)/"
-        r"operationresults/(?P<op>[^/]+)")
+_WS = (
+    r"/subscriptions/(?P<sub>[^/]+)/resourceGroups/(?P<rg>[^/]+)/providers/Microsoft\.BatchAI/"
+    r"workspaces/(?P<ws>[^/]+)"
+)
+_OPS = (
+    r"/subscriptions/(?P<sub>[^/]+)/providers/Microsoft\.BatchAI/locations/(?P<loc>[^/]+)/"
+    r"operationresults/(?P<op>[^/]+)"
+)
 
 # ---------------------------------------------------------------------------- the published schema
 #: the create bodies' definitions (2018-05-01): required properties, and each known property's type:
@@ -82,68 +86,165 @@ _OPS = (r"/subscriptions/(?P<sub>[^/]+)/providers/Microsoft\.BatchAI/locations/(
 SCHEMA: dict[str, dict[str, Any]] = {
     "WorkspaceCreateParameters": {"required": ["location"], "properties": {"location": str, "tags": dict}},
     "FileServerCreateParameters": {"required": [], "properties": {"properties": "FileServerBaseProperties"}},
-    "FileServerBaseProperties": {"required": ["vmSize", "sshConfiguration", "dataDisks"], "properties": {
-        "vmSize": str, "sshConfiguration": "SshConfiguration", "dataDisks": "DataDisks", "subnet": "ResourceId"}},
-    "SshConfiguration": {"required": ["userAccountSettings"], "properties": {
-        "publicIPsToAllow": list, "userAccountSettings": "UserAccountSettings"}},
-    "UserAccountSettings": {"required": ["adminUserName"], "properties": {
-        "adminUserName": str, "adminUserSshPublicKey": str, "adminUserPassword": str}},
-    "DataDisks": {"required": ["diskSizeInGB", "diskCount", "storageAccountType"], "properties": {
-        "diskSizeInGB": int, "cachingType": ("none", "readonly", "readwrite"), "diskCount": int,
-        "storageAccountType": ("Standard_LRS", "Premium_LRS")}},
+    "FileServerBaseProperties": {
+        "required": ["vmSize", "sshConfiguration", "dataDisks"],
+        "properties": {
+            "vmSize": str,
+            "sshConfiguration": "SshConfiguration",
+            "dataDisks": "DataDisks",
+            "subnet": "ResourceId",
+        },
+    },
+    "SshConfiguration": {
+        "required": ["userAccountSettings"],
+        "properties": {"publicIPsToAllow": list, "userAccountSettings": "UserAccountSettings"},
+    },
+    "UserAccountSettings": {
+        "required": ["adminUserName"],
+        "properties": {"adminUserName": str, "adminUserSshPublicKey": str, "adminUserPassword": str},
+    },
+    "DataDisks": {
+        "required": ["diskSizeInGB", "diskCount", "storageAccountType"],
+        "properties": {
+            "diskSizeInGB": int,
+            "cachingType": ("none", "readonly", "readwrite"),
+            "diskCount": int,
+            "storageAccountType": ("Standard_LRS", "Premium_LRS"),
+        },
+    },
     "ResourceId": {"required": ["id"], "properties": {"id": str}},
     "ClusterCreateParameters": {"required": [], "properties": {"properties": "ClusterBaseProperties"}},
-    "ClusterBaseProperties": {"required": ["vmSize", "userAccountSettings"], "properties": {
-        "vmSize": str, "vmPriority": ("dedicated", "lowpriority"), "scaleSettings": "ScaleSettings",
-        "virtualMachineConfiguration": dict, "nodeSetup": "NodeSetup", "userAccountSettings": "UserAccountSettings",
-        "subnet": "ResourceId"}},
-    "ScaleSettings": {"required": [], "properties": {"manual": "ManualScaleSettings",
-                                                     "autoScale": "AutoScaleSettings"}},
-    "ManualScaleSettings": {"required": ["targetNodeCount"], "properties": {
-        "targetNodeCount": int, "nodeDeallocationOption": ("requeue", "terminate", "waitforjobcompletion")}},
-    "AutoScaleSettings": {"required": ["minimumNodeCount", "maximumNodeCount"], "properties": {
-        "minimumNodeCount": int, "maximumNodeCount": int, "initialNodeCount": int}},
-    "NodeSetup": {"required": [], "properties": {"setupTask": dict, "mountVolumes": "MountVolumes",
-                                                 "performanceCountersSettings": dict}},
-    "MountVolumes": {"required": [], "properties": {
-        "azureFileShares": ["AzureFileShareReference"], "azureBlobFileSystems": [dict],
-        "fileServers": ["FileServerReference"], "unmanagedFileSystems": [dict]}},
-    "AzureFileShareReference": {"required": ["accountName", "azureFileUrl", "credentials", "relativeMountPath"],
-                                "properties": {"accountName": str, "azureFileUrl": str,
-                                               "credentials": "AzureStorageCredentialsInfo", "relativeMountPath": str,
-                                               "fileMode": str, "directoryMode": str}},
-    "AzureStorageCredentialsInfo": {"required": [], "properties": {"accountKey": str,
-                                                                   "accountKeySecretReference": dict}},
-    "FileServerReference": {"required": ["fileServer", "relativeMountPath"], "properties": {
-        "fileServer": "ResourceId", "sourceDirectory": str, "relativeMountPath": str, "mountOptions": str}},
+    "ClusterBaseProperties": {
+        "required": ["vmSize", "userAccountSettings"],
+        "properties": {
+            "vmSize": str,
+            "vmPriority": ("dedicated", "lowpriority"),
+            "scaleSettings": "ScaleSettings",
+            "virtualMachineConfiguration": dict,
+            "nodeSetup": "NodeSetup",
+            "userAccountSettings": "UserAccountSettings",
+            "subnet": "ResourceId",
+        },
+    },
+    "ScaleSettings": {
+        "required": [],
+        "properties": {"manual": "ManualScaleSettings", "autoScale": "AutoScaleSettings"},
+    },
+    "ManualScaleSettings": {
+        "required": ["targetNodeCount"],
+        "properties": {
+            "targetNodeCount": int,
+            "nodeDeallocationOption": ("requeue", "terminate", "waitforjobcompletion"),
+        },
+    },
+    "AutoScaleSettings": {
+        "required": ["minimumNodeCount", "maximumNodeCount"],
+        "properties": {"minimumNodeCount": int, "maximumNodeCount": int, "initialNodeCount": int},
+    },
+    "NodeSetup": {
+        "required": [],
+        "properties": {"setupTask": dict, "mountVolumes": "MountVolumes", "performanceCountersSettings": dict},
+    },
+    "MountVolumes": {
+        "required": [],
+        "properties": {
+            "azureFileShares": ["AzureFileShareReference"],
+            "azureBlobFileSystems": [dict],
+            "fileServers": ["FileServerReference"],
+            "unmanagedFileSystems": [dict],
+        },
+    },
+    "AzureFileShareReference": {
+        "required": ["accountName", "azureFileUrl", "credentials", "relativeMountPath"],
+        "properties": {
+            "accountName": str,
+            "azureFileUrl": str,
+            "credentials": "AzureStorageCredentialsInfo",
+            "relativeMountPath": str,
+            "fileMode": str,
+            "directoryMode": str,
+        },
+    },
+    "AzureStorageCredentialsInfo": {
+        "required": [],
+        "properties": {"accountKey": str, "accountKeySecretReference": dict},
+    },
+    "FileServerReference": {
+        "required": ["fileServer", "relativeMountPath"],
+        "properties": {
+            "fileServer": "ResourceId",
+            "sourceDirectory": str,
+            "relativeMountPath": str,
+            "mountOptions": str,
+        },
+    },
     "JobCreateParameters": {"required": [], "properties": {"properties": "JobBaseProperties"}},
-    "JobBaseProperties": {"required": ["cluster", "nodeCount", "stdOutErrPathPrefix"], "properties": {
-        "schedulingPriority": ("low", "normal", "high"), "cluster": "ResourceId", "mountVolumes": "MountVolumes",
-        "nodeCount": int, "containerSettings": "ContainerSettings", "cntkSettings": dict, "pyTorchSettings": dict,
-        "tensorFlowSettings": dict, "caffeSettings": dict, "caffe2Settings": dict, "chainerSettings": dict,
-        "customToolkitSettings": "CustomToolkitSettings", "customMpiSettings": "CustomMpiSettings",
-        "horovodSettings": "HorovodSettings", "jobPreparation": "JobPreparation", "stdOutErrPathPrefix": str,
-        "inputDirectories": ["InputDirectory"], "outputDirectories": ["OutputDirectory"],
-        "environmentVariables": ["EnvironmentVariable"], "secrets": ["EnvironmentVariableWithSecretValue"],
-        "constraints": "JobConstraints"}},
+    "JobBaseProperties": {
+        "required": ["cluster", "nodeCount", "stdOutErrPathPrefix"],
+        "properties": {
+            "schedulingPriority": ("low", "normal", "high"),
+            "cluster": "ResourceId",
+            "mountVolumes": "MountVolumes",
+            "nodeCount": int,
+            "containerSettings": "ContainerSettings",
+            "cntkSettings": dict,
+            "pyTorchSettings": dict,
+            "tensorFlowSettings": dict,
+            "caffeSettings": dict,
+            "caffe2Settings": dict,
+            "chainerSettings": dict,
+            "customToolkitSettings": "CustomToolkitSettings",
+            "customMpiSettings": "CustomMpiSettings",
+            "horovodSettings": "HorovodSettings",
+            "jobPreparation": "JobPreparation",
+            "stdOutErrPathPrefix": str,
+            "inputDirectories": ["InputDirectory"],
+            "outputDirectories": ["OutputDirectory"],
+            "environmentVariables": ["EnvironmentVariable"],
+            "secrets": ["EnvironmentVariableWithSecretValue"],
+            "constraints": "JobConstraints",
+        },
+    },
     "JobConstraints": {"required": [], "properties": {"maxWallClockTime": str}},
-    "ContainerSettings": {"required": ["imageSourceRegistry"], "properties": {
-        "imageSourceRegistry": "ImageSourceRegistry", "shmSize": str}},
+    "ContainerSettings": {
+        "required": ["imageSourceRegistry"],
+        "properties": {"imageSourceRegistry": "ImageSourceRegistry", "shmSize": str},
+    },
     "ImageSourceRegistry": {"required": ["image"], "properties": {"serverUrl": str, "image": str, "credentials": dict}},
     "CustomToolkitSettings": {"required": [], "properties": {"commandLine": str}},
     "CustomMpiSettings": {"required": ["commandLine"], "properties": {"commandLine": str, "processCount": int}},
-    "HorovodSettings": {"required": ["pythonScriptFilePath"], "properties": {
-        "pythonScriptFilePath": str, "pythonInterpreterPath": str, "commandLineArgs": str, "processCount": int}},
+    "HorovodSettings": {
+        "required": ["pythonScriptFilePath"],
+        "properties": {
+            "pythonScriptFilePath": str,
+            "pythonInterpreterPath": str,
+            "commandLineArgs": str,
+            "processCount": int,
+        },
+    },
     "JobPreparation": {"required": ["commandLine"], "properties": {"commandLine": str}},
     "InputDirectory": {"required": ["id", "path"], "properties": {"id": str, "path": str}},
-    "OutputDirectory": {"required": ["id", "pathPrefix"],
-                        "properties": {"id": str, "pathPrefix": str, "pathSuffix": str}},
+    "OutputDirectory": {
+        "required": ["id", "pathPrefix"],
+        "properties": {"id": str, "pathPrefix": str, "pathSuffix": str},
+    },
     "EnvironmentVariable": {"required": ["name", "value"], "properties": {"name": str, "value": str}},
-    "EnvironmentVariableWithSecretValue": {"required": ["name"], "properties": {
-        "name": str, "value": str, "valueSecretReference": dict}},
+    "EnvironmentVariableWithSecretValue": {
+        "required": ["name"],
+        "properties": {"name": str, "value": str, "valueSecretReference": dict},
+    },
 }
-_TOOLKITS = ("cntkSettings", "pyTorchSettings", "tensorFlowSettings", "caffeSettings", "caffe2Settings",
-             "chainerSettings", "customToolkitSettings", "customMpiSettings", "horovodSettings")
+_TOOLKITS = (
+    "cntkSettings",
+    "pyTorchSettings",
+    "tensorFlowSettings",
+    "caffeSettings",
+    "caffe2Settings",
+    "chainerSettings",
+    "customToolkitSettings",
+    "customMpiSettings",
+    "horovodSettings",
+)
 
 
 def schema_errors(definition: str, value: Any, where: str = "") -> list[str]:
@@ -255,15 +356,30 @@ class BatchAILoopback:
         """The file server's "NFS export" on this machine."""
         return self.root / "fileservers" / name.lower() / "export"
 
-    def add_file_server(self, sub: str, rg: str, ws: str, name: str, *, vm_size: str = "Standard_D14_v2",
-                        state: str = "creating", ready_after_s: float | None = None, disks: tuple[int, int] = (4, 512),
-                        disk_type: str = "Premium_LRS") -> None:
+    def add_file_server(
+        self,
+        sub: str,
+        rg: str,
+        ws: str,
+        name: str,
+        *,
+        vm_size: str = "Standard_D14_v2",
+        state: str = "creating",
+        ready_after_s: float | None = None,
+        disks: tuple[int, int] = (4, 512),
+        disk_type: str = "Premium_LRS",
+    ) -> None:
         """A file server someone else created (maybe still being created)."""
-        path = (f"/subscriptions/{sub}/resourceGroups/{rg}/providers/Microsoft.BatchAI/workspaces/{ws}"
-                f"/fileServers/{name}")
-        body = {"properties": {"vmSize": vm_size, "sshConfiguration": {"userAccountSettings": {"adminUserName": "x"}},
-                               "dataDisks": {"diskCount": disks[0], "diskSizeInGB": disks[1],
-                                             "storageAccountType": disk_type}}}
+        path = (
+            f"/subscriptions/{sub}/resourceGroups/{rg}/providers/Microsoft.BatchAI/workspaces/{ws}/fileServers/{name}"
+        )
+        body = {
+            "properties": {
+                "vmSize": vm_size,
+                "sshConfiguration": {"userAccountSettings": {"adminUserName": "x"}},
+                "dataDisks": {"diskCount": disks[0], "diskSizeInGB": disks[1], "storageAccountType": disk_type},
+            }
+        }
         self._store(path, "Microsoft.BatchAI/FileServers", body, state)
         if ready_after_s is not None:
             threading.Timer(ready_after_s, self._provisioned, (path,)).start()
@@ -283,8 +399,11 @@ class BatchAILoopback:
         succeeded or failed, and the service does not re-queue it): the killed command's exit code
         in ``executionInfo`` (137: SIGKILL) is what tells a node's loss from the job's own failure."""
         with self._lock:
-            running = [run.process for path, run in self._jobs.items() if path.endswith(f"/jobs/{name.lower()}")
-                       and run.process is not None and run.process.poll() is None]
+            running = [
+                run.process
+                for path, run in self._jobs.items()
+                if path.endswith(f"/jobs/{name.lower()}") and run.process is not None and run.process.poll() is None
+            ]
         if not running:
             raise ValueError(f"job {name} is not running")
         kill_session(running[0].pid, signal.SIGKILL)
@@ -306,12 +425,21 @@ class BatchAILoopback:
         for method in ("PUT", "GET", "DELETE"):
             route(method, _WS, self._resource("Microsoft.BatchAI/Workspaces", "WorkspaceCreateParameters"))
             route(method, _WS + r"/experiments/(?P<exp>[^/]+)", self._resource("Microsoft.BatchAI/Experiments", None))
-            route(method, _WS + r"/fileServers/(?P<fs>[^/]+)",
-                  self._resource("Microsoft.BatchAI/FileServers", "FileServerCreateParameters"))
-            route(method, _WS + r"/clusters/(?P<cluster>[^/]+)",
-                  self._resource("Microsoft.BatchAI/Clusters", "ClusterCreateParameters"))
-            route(method, _WS + r"/experiments/(?P<exp>[^/]+)/jobs/(?P<job>[^/]+)",
-                  self._resource("Microsoft.BatchAI/Jobs", "JobCreateParameters"))
+            route(
+                method,
+                _WS + r"/fileServers/(?P<fs>[^/]+)",
+                self._resource("Microsoft.BatchAI/FileServers", "FileServerCreateParameters"),
+            )
+            route(
+                method,
+                _WS + r"/clusters/(?P<cluster>[^/]+)",
+                self._resource("Microsoft.BatchAI/Clusters", "ClusterCreateParameters"),
+            )
+            route(
+                method,
+                _WS + r"/experiments/(?P<exp>[^/]+)/jobs/(?P<job>[^/]+)",
+                self._resource("Microsoft.BatchAI/Jobs", "JobCreateParameters"),
+            )
         route("GET", _WS + r"/fileServers", self._list("fileservers"))
         route("GET", _WS + r"/clusters", self._list("clusters"))
         route("GET", _WS + r"/experiments/(?P<exp>[^/]+)/jobs", self._list("jobs"))
@@ -320,21 +448,32 @@ class BatchAILoopback:
 
     def _refuse(self, request: Request) -> Response | None:
         if request.auth_scheme != "Bearer":
-            return Response(401, error_body("AuthenticationFailed", "Authentication failed. The 'Authorization' header "
-                                                                    "is missing."))
+            return Response(
+                401, error_body("AuthenticationFailed", "Authentication failed. The 'Authorization' header is missing.")
+            )
         group = re.match(r"/subscriptions/[^/]+/resourceGroups/([^/]+)/", request.path)
-        if group and self.resource_groups is not None and group[1].lower() not in {
-                g.lower() for g in self.resource_groups}:
-            return Response(404, error_body("ResourceGroupNotFound",
-                                            f"Resource group '{group[1]}' could not be found."))
+        if (
+            group
+            and self.resource_groups is not None
+            and group[1].lower() not in {g.lower() for g in self.resource_groups}
+        ):
+            return Response(
+                404, error_body("ResourceGroupNotFound", f"Resource group '{group[1]}' could not be found.")
+            )
         if request.param("api-version") != API_VERSION:
-            return Response(400, error_body("InvalidApiVersionParameter",
-                                            f"The api-version '{request.param('api-version')}' is invalid. The "
-                                            f"supported versions are '{API_VERSION}'."))
+            return Response(
+                400,
+                error_body(
+                    "InvalidApiVersionParameter",
+                    f"The api-version '{request.param('api-version')}' is invalid. The "
+                    f"supported versions are '{API_VERSION}'.",
+                ),
+            )
         return None
 
-    def _accepted(self, sub: str, on_done: Callable[[], None] | None = None, body: Any = None,
-                  path: str | None = None) -> Response:
+    def _accepted(
+        self, sub: str, on_done: Callable[[], None] | None = None, body: Any = None, path: str | None = None
+    ) -> Response:
         op = str(uuid.uuid4())
         with self._lock:
             self._operations[op] = _Operation(self.polls, on_done, path)
@@ -342,8 +481,10 @@ class BatchAILoopback:
         timer = threading.Timer(self.operation_s, self._complete, (op,))
         timer.daemon = True
         timer.start()
-        location = (f"{self.server.url}/subscriptions/{sub}/providers/Microsoft.BatchAI/locations/{self.location}/"
-                    f"operationresults/{op}?api-version={API_VERSION}")
+        location = (
+            f"{self.server.url}/subscriptions/{sub}/providers/Microsoft.BatchAI/locations/{self.location}/"
+            f"operationresults/{op}?api-version={API_VERSION}"
+        )
         return Response(202, body, {"Location": location, "Retry-After": str(self.retry_after_s)})
 
     def _operation(self, request: Request, match: re.Match[str]) -> Response:
@@ -355,8 +496,14 @@ class BatchAILoopback:
                 return Response(404, error_body("NotFound", f"no operation {match['op']}"))
             if op.remaining > 0:
                 op.remaining -= 1
-                return Response(202, None, {"Location": f"{self.server.url}{request.path}?api-version={API_VERSION}",
-                                            "Retry-After": str(self.retry_after_s)})
+                return Response(
+                    202,
+                    None,
+                    {
+                        "Location": f"{self.server.url}{request.path}?api-version={API_VERSION}",
+                        "Retry-After": str(self.retry_after_s),
+                    },
+                )
         self._complete(match["op"])
         with self._lock:
             resource = self.resources.get(op.path.lower()) if op.path else None
@@ -420,8 +567,10 @@ class BatchAILoopback:
             resource = self._store(path, kind, body, "creating")
             if kind == "Microsoft.BatchAI/FileServers":
                 self.file_server_dir(resource["name"]).mkdir(parents=True, exist_ok=True)
-                resource["properties"]["mountSettings"] = {"mountPoint": "/mnt/data",
-                                                           "fileServerInternalIP": "127.0.0.1"}
+                resource["properties"]["mountSettings"] = {
+                    "mountPoint": "/mnt/data",
+                    "fileServerInternalIP": "127.0.0.1",
+                }
             if kind == "Microsoft.BatchAI/Clusters":
                 self._allocate(resource)
             if kind == "Microsoft.BatchAI/Jobs":
@@ -449,11 +598,21 @@ class BatchAILoopback:
             parent = request.path.rstrip("/").rsplit("/", 1)[0]
             with self._lock:
                 if parent.lower() not in self.resources:  # the workspace (or experiment) the list is of
-                    return Response(404, error_body("ResourceNotFound", (
-                        f"The Resource '{parent.split('/providers/', 1)[1]}' under resource group "
-                        f"'{match['rg']}' was not found.")))
-                found = [self._shown(r) for p, r in self.resources.items()
-                         if p.startswith(prefix) and "/" not in p[len(prefix):]]
+                    return Response(
+                        404,
+                        error_body(
+                            "ResourceNotFound",
+                            (
+                                f"The Resource '{parent.split('/providers/', 1)[1]}' under resource group "
+                                f"'{match['rg']}' was not found."
+                            ),
+                        ),
+                    )
+                found = [
+                    self._shown(r)
+                    for p, r in self.resources.items()
+                    if p.startswith(prefix) and "/" not in p[len(prefix) :]
+                ]
             return Response(200, {"value": found})
 
         return handle
@@ -463,24 +622,46 @@ class BatchAILoopback:
             return None
         props = body.get("properties", {})
         scale = props.get("scaleSettings", {})
-        nodes = (scale.get("manual") or {}).get("targetNodeCount") or (scale.get("autoScale") or {}).get(
-            "maximumNodeCount") or 0
+        nodes = (
+            (scale.get("manual") or {}).get("targetNodeCount")
+            or (scale.get("autoScale") or {}).get("maximumNodeCount")
+            or 0
+        )
         asked = nodes * _cores(str(props.get("vmSize", "")))
         if asked <= self.core_quota:
             return None
-        return Response(400, error_body("QuotaExceeded", (
-            f"Operation results in exceeding quota limits of Core. Maximum allowed: {self.core_quota}, Current in "
-            f"use: 0, Additional requested: {asked}. Please read more about quota increase at "
-            "https://aka.ms/quotaincrease.")))
+        return Response(
+            400,
+            error_body(
+                "QuotaExceeded",
+                (
+                    f"Operation results in exceeding quota limits of Core. Maximum allowed: {self.core_quota}, "
+                    "Current in "
+                    f"use: 0, Additional requested: {asked}. Please read more about quota increase at "
+                    "https://aka.ms/quotaincrease."
+                ),
+            ),
+        )
 
     def _allocate(self, cluster: dict[str, Any]) -> None:
         props = cluster["properties"]
         scale = props.get("scaleSettings", {})
-        nodes = (scale.get("manual") or {}).get("targetNodeCount") or (scale.get("autoScale") or {}).get(
-            "initialNodeCount") or 0
-        props.update(allocationState="steady", currentNodeCount=nodes,
-                     nodeStateCounts={"idleNodeCount": nodes, "runningNodeCount": 0, "preparingNodeCount": 0,
-                                      "unusableNodeCount": 0, "leavingNodeCount": 0})
+        nodes = (
+            (scale.get("manual") or {}).get("targetNodeCount")
+            or (scale.get("autoScale") or {}).get("initialNodeCount")
+            or 0
+        )
+        props.update(
+            allocationState="steady",
+            currentNodeCount=nodes,
+            nodeStateCounts={
+                "idleNodeCount": nodes,
+                "runningNodeCount": 0,
+                "preparingNodeCount": 0,
+                "unusableNodeCount": 0,
+                "leavingNodeCount": 0,
+            },
+        )
 
     # ------------------------------------------------------------ jobs
     def _job_problem(self, body: dict[str, Any]) -> str | None:
@@ -496,17 +677,24 @@ class BatchAILoopback:
 
     def _queue(self, path: str, job: dict[str, Any], match: re.Match[str]) -> None:
         props = job["properties"]
-        segment = f"{match['sub']}/{match['rg']}/workspaces/{match['ws']}/experiments/{match['exp']}/jobs/" \
-                  f"{match['job']}/{uuid.uuid4()}"
-        props.update(jobOutputDirectoryPathSegment=segment, executionState="queued",
-                     executionStateTransitionTime=_now(), toolType=_tool_type(props),
-                     schedulingPriority=props.get("schedulingPriority", "normal"))
+        segment = (
+            f"{match['sub']}/{match['rg']}/workspaces/{match['ws']}/experiments/{match['exp']}/jobs/"
+            f"{match['job']}/{uuid.uuid4()}"
+        )
+        props.update(
+            jobOutputDirectoryPathSegment=segment,
+            executionState="queued",
+            executionStateTransitionTime=_now(),
+            toolType=_tool_type(props),
+            schedulingPriority=props.get("schedulingPriority", "normal"),
+        )
         props.setdefault("constraints", {"maxWallClockTime": "P7D"})
         run = _RunningJob()
         with self._lock:
             self._jobs[path.lower()] = run
-        run.thread = threading.Thread(target=self._run, args=(path, run), name=f"batchai-job-{match['job']}",
-                                      daemon=True)
+        run.thread = threading.Thread(
+            target=self._run, args=(path, run), name=f"batchai-job-{match['job']}", daemon=True
+        )
         run.thread.start()
 
     def _set(self, path: str, **changes: Any) -> None:
@@ -558,29 +746,48 @@ class BatchAILoopback:
         env = self._environment(props, mounts, temp, nodes)
         stdouterr = Path(_expand(props["stdOutErrPathPrefix"], env)) / segment / "stdouterr"
         stdouterr.mkdir(parents=True, exist_ok=True)
-        self._set(path, executionState="running", executionStateTransitionTime=_now(),
-                  executionInfo={"startTime": _now()})
+        self._set(
+            path, executionState="running", executionStateTransitionTime=_now(), executionInfo={"startTime": _now()}
+        )
         with open(stdouterr / "stdout.txt", "ab") as out, open(stdouterr / "stderr.txt", "ab") as err:
             preparation = (props.get("jobPreparation") or {}).get("commandLine")
             for _ in range(nodes if preparation else 0):  # on each node, before the toolkit
                 code = self._execute(run, ["bash", "-c", preparation], env, out, err)
                 if code != 0 or run.terminated:
-                    self._end(path, code, [{"code": "JobPreparationFailed",
-                                            "message": f"The job preparation task failed with exit code {code}."}]
-                              if code != 0 else None)
+                    self._end(
+                        path,
+                        code,
+                        [
+                            {
+                                "code": "JobPreparationFailed",
+                                "message": f"The job preparation task failed with exit code {code}.",
+                            }
+                        ]
+                        if code != 0
+                        else None,
+                    )
                     return
             code = self._execute(run, self._command(props, env), env, out, err)
-        self._end(path, code, [{"code": "JobTerminated", "message": "The job was terminated by the user."}]
-                  if run.terminated else None)
+        self._end(
+            path,
+            code,
+            [{"code": "JobTerminated", "message": "The job was terminated by the user."}] if run.terminated else None,
+        )
 
     def _environment(self, props: Mapping[str, Any], mounts: Path, temp: Path, nodes: int) -> dict[str, str]:
         base = {k: os.environ[k] for k in ("HOME", "LANG", "PATH") if k in os.environ}
-        env = {**base, "PATH": os.pathsep.join([str(Path(self.python).parent), base.get("PATH", os.defpath)]),
-               "AZ_BATCHAI_MOUNT_ROOT": str(mounts), "AZ_BATCHAI_JOB_TEMP": str(temp),
-               "AZ_BATCHAI_JOB_MOUNT_ROOT": str(temp / "mounts"),
-               # the cluster's nodes: OpenMPI as root, loopback networking, yielding waits (several "nodes" share cores)
-               "OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1", "GLOO_SOCKET_IFNAME": "lo",
-               "OMPI_MCA_mpi_yield_when_idle": "1"}
+        env = {
+            **base,
+            "PATH": os.pathsep.join([str(Path(self.python).parent), base.get("PATH", os.defpath)]),
+            "AZ_BATCHAI_MOUNT_ROOT": str(mounts),
+            "AZ_BATCHAI_JOB_TEMP": str(temp),
+            "AZ_BATCHAI_JOB_MOUNT_ROOT": str(temp / "mounts"),
+            # the cluster's nodes: OpenMPI as root, loopback networking, yielding waits (several "nodes" share cores)
+            "OMPI_ALLOW_RUN_AS_ROOT": "1",
+            "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1",
+            "GLOO_SOCKET_IFNAME": "lo",
+            "OMPI_MCA_mpi_yield_when_idle": "1",
+        }
         for var in props.get("environmentVariables") or []:
             env[var["name"]] = var["value"]
         for var in props.get("secrets") or []:
@@ -588,8 +795,11 @@ class BatchAILoopback:
         for directory in props.get("inputDirectories") or []:
             env[f"AZ_BATCHAI_INPUT_{directory['id']}"] = _expand(directory["path"], env)
         for directory in props.get("outputDirectories") or []:
-            out = Path(_expand(directory["pathPrefix"], env)) / props["jobOutputDirectoryPathSegment"] / \
-                directory.get("pathSuffix", "")
+            out = (
+                Path(_expand(directory["pathPrefix"], env))
+                / props["jobOutputDirectoryPathSegment"]
+                / directory.get("pathSuffix", "")
+            )
             out.mkdir(parents=True, exist_ok=True)
             env[f"AZ_BATCHAI_OUTPUT_{directory['id']}"] = str(out)
         processes = self._process_count(props)
@@ -610,8 +820,19 @@ class BatchAILoopback:
         # "the command line to be executed by mpi runtime on each compute node" (the API's words):
         # appended to the service's mpirun line, which the node's shell runs (exec: the job's command
         # is mpirun itself, which terminate spares)
-        mpirun = shlex.join(["exec", "mpirun", "-np", str(self._process_count(props)), "--hostfile",
-                             env["AZ_BATCHAI_MPI_HOST_FILE"], "--oversubscribe", "--bind-to", "none"])
+        mpirun = shlex.join(
+            [
+                "exec",
+                "mpirun",
+                "-np",
+                str(self._process_count(props)),
+                "--hostfile",
+                env["AZ_BATCHAI_MPI_HOST_FILE"],
+                "--oversubscribe",
+                "--bind-to",
+                "none",
+            ]
+        )
         if "customMpiSettings" in props:
             return ["bash", "-c", f"{mpirun} {props['customMpiSettings']['commandLine']}"]
         if "horovodSettings" in props:
@@ -627,8 +848,15 @@ class BatchAILoopback:
         with self._lock:
             if run.terminated:
                 return -signal.SIGTERM
-            run.process = subprocess.Popen(command, env=dict(env), stdout=out, stderr=err, stdin=subprocess.DEVNULL,
-                                           cwd=env["AZ_BATCHAI_JOB_TEMP"], start_new_session=True)
+            run.process = subprocess.Popen(
+                command,
+                env=dict(env),
+                stdout=out,
+                stderr=err,
+                stdin=subprocess.DEVNULL,
+                cwd=env["AZ_BATCHAI_JOB_TEMP"],
+                start_new_session=True,
+            )
         code = run.process.wait()
         kill_session(run.process.pid, signal.SIGKILL)  # whatever the command left behind
         return code
@@ -687,8 +915,14 @@ class BatchAILoopback:
             prefix, suffix = found[0]["pathPrefix"], found[0].get("pathSuffix", "")
         share = self._share_for(prefix, props)
         if share is None:
-            return Response(400, error_body("OutputDirectoryNotOnStorage", "Output files can be listed only for "
-                                            "output directories on an Azure File Share or a Storage Container."))
+            return Response(
+                400,
+                error_body(
+                    "OutputDirectoryNotOnStorage",
+                    "Output files can be listed only for "
+                    "output directories on an Azure File Share or a Storage Container.",
+                ),
+            )
         account, name, below = share
         directory = (request.param("directory") or ".").strip("/")
         rel = "/".join(p for p in [below, segment, suffix, directory] if p and p != ".")
@@ -700,10 +934,17 @@ class BatchAILoopback:
                 entries.append({"name": item.name, "fileType": "directory"})
                 continue
             stat = item.stat()
-            entries.append({"name": item.name, "fileType": "file",
-                            "downloadUrl": self._download_url(account, name, f"{rel}/{item.name}", expiry),
-                            "properties": {"lastModified": datetime.fromtimestamp(stat.st_mtime, UTC)
-                                           .strftime("%Y-%m-%dT%H:%M:%SZ"), "contentLength": stat.st_size}})
+            entries.append(
+                {
+                    "name": item.name,
+                    "fileType": "file",
+                    "downloadUrl": self._download_url(account, name, f"{rel}/{item.name}", expiry),
+                    "properties": {
+                        "lastModified": datetime.fromtimestamp(stat.st_mtime, UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
+                        "contentLength": stat.st_size,
+                    },
+                }
+            )
         return Response(200, {"value": entries})
 
     def _share_for(self, prefix: str, props: Mapping[str, Any]) -> tuple[str, str, str] | None:
@@ -715,7 +956,7 @@ class BatchAILoopback:
             mount = f"$AZ_BATCHAI_MOUNT_ROOT/{share['relativeMountPath']}"
             if prefix.rstrip("/") == mount or prefix.startswith(mount + "/"):
                 account, name = self._share_of(share["azureFileUrl"])
-                return account, name, prefix.rstrip("/")[len(mount):].strip("/")
+                return account, name, prefix.rstrip("/")[len(mount) :].strip("/")
         return None
 
     def _download_url(self, account: str, share: str, rel: str, minutes: int) -> str:
@@ -739,8 +980,11 @@ class BatchAILoopback:
         target = (root / rel).resolve()
         if target != root.resolve() and root.resolve() not in target.parents:
             return Response(400, b"", {"x-ms-error-code": "InvalidResourceName"})
-        stamp = {"ETag": f'"0x{time.monotonic_ns():X}"', "Last-Modified": time.strftime(
-            "%a, %d %b %Y %H:%M:%S GMT", time.gmtime()), "x-ms-request-server-encrypted": "true"}
+        stamp = {
+            "ETag": f'"0x{time.monotonic_ns():X}"',
+            "Last-Modified": time.strftime("%a, %d %b %Y %H:%M:%S GMT", time.gmtime()),
+            "x-ms-request-server-encrypted": "true",
+        }
         if request.method == "PUT" and request.param("restype") == "directory":
             if not target.parent.is_dir():
                 return Response(404, b"", {"x-ms-error-code": "ParentNotFound"})
@@ -777,7 +1021,9 @@ class BatchAILoopback:
             if first >= len(data):
                 return Response(416, b"", {"x-ms-error-code": "InvalidRange"})
             last = min(int(last_text) if last_text else len(data) - 1, len(data) - 1)
-            return Response(206, data[first:last + 1], {**stamp, "Content-Range": f"bytes {first}-{last}/{len(data)}"})
+            return Response(
+                206, data[first : last + 1], {**stamp, "Content-Range": f"bytes {first}-{last}/{len(data)}"}
+            )
         return Response(404, b"", {"x-ms-error-code": "ResourceNotFound"})
 
 
@@ -798,9 +1044,17 @@ def _without_secrets(resource: Any) -> Any:
 
 
 def _tool_type(props: Mapping[str, Any]) -> str:
-    names = {"customMpiSettings": "custommpi", "customToolkitSettings": "custom", "horovodSettings": "horovod",
-             "cntkSettings": "cntk", "tensorFlowSettings": "tensorflow", "caffeSettings": "caffe",
-             "caffe2Settings": "caffe2", "chainerSettings": "chainer", "pyTorchSettings": "pytorch"}
+    names = {
+        "customMpiSettings": "custommpi",
+        "customToolkitSettings": "custom",
+        "horovodSettings": "horovod",
+        "cntkSettings": "cntk",
+        "tensorFlowSettings": "tensorflow",
+        "caffeSettings": "caffe",
+        "caffe2Settings": "caffe2",
+        "chainerSettings": "chainer",
+        "pyTorchSettings": "pytorch",
+    }
     return next((v for k, v in names.items() if k in props), "custom")
 
 

@@ -68,22 +68,52 @@ from pathlib import Path
 from typing import Any, Self
 from urllib.parse import parse_qs, unquote, urlsplit
 
-__all__ = ["CREDENTIAL_ENV", "TOKEN_CLAIMS", "Certificate", "Handler", "InterceptingProxy", "LoopbackServer",
-           "Request", "Response", "error_body", "install_az", "make_certificate", "sdk_environment"]
+__all__ = [
+    "CREDENTIAL_ENV",
+    "TOKEN_CLAIMS",
+    "Certificate",
+    "Handler",
+    "InterceptingProxy",
+    "LoopbackServer",
+    "Request",
+    "Response",
+    "error_body",
+    "install_az",
+    "make_certificate",
+    "sdk_environment",
+]
 
 #: variables that make ``DefaultAzureCredential`` use another credential than the CLI (service
 #: principal, workload identity, managed identity endpoints): removed where the stand-in ``az`` is used
 CREDENTIAL_ENV = (
-    "AZURE_CLIENT_ID", "AZURE_CLIENT_SECRET", "AZURE_TENANT_ID", "AZURE_CLIENT_CERTIFICATE_PATH",
-    "AZURE_CLIENT_CERTIFICATE_PASSWORD", "AZURE_CLIENT_SEND_CERTIFICATE_CHAIN", "AZURE_USERNAME", "AZURE_PASSWORD",
-    "AZURE_FEDERATED_TOKEN_FILE", "AZURE_AUTHORITY_HOST", "AZURE_POD_IDENTITY_AUTHORITY_HOST", "IDENTITY_ENDPOINT",
-    "IDENTITY_HEADER", "IDENTITY_SERVER_THUMBPRINT", "MSI_ENDPOINT", "MSI_SECRET", "IMDS_ENDPOINT",
+    "AZURE_CLIENT_ID",
+    "AZURE_CLIENT_SECRET",
+    "AZURE_TENANT_ID",
+    "AZURE_CLIENT_CERTIFICATE_PATH",
+    "AZURE_CLIENT_CERTIFICATE_PASSWORD",
+    "AZURE_CLIENT_SEND_CERTIFICATE_CHAIN",
+    "AZURE_USERNAME",
+    "AZURE_PASSWORD",
+    "AZURE_FEDERATED_TOKEN_FILE",
+    "AZURE_AUTHORITY_HOST",
+    "AZURE_POD_IDENTITY_AUTHORITY_HOST",
+    "IDENTITY_ENDPOINT",
+    "IDENTITY_HEADER",
+    "IDENTITY_SERVER_THUMBPRINT",
+    "MSI_ENDPOINT",
+    "MSI_SECRET",
+    "IMDS_ENDPOINT",
     "AZURE_TOKEN_CREDENTIALS",
 )
 #: the claims of the stand-in's token (a user of a made-up tenant)
-TOKEN_CLAIMS = {"aud": "https://management.azure.com", "iss": "https://sts.windows.net/00000000-0000-0000-0000-"
-                "00000000000a/", "tid": "00000000-0000-0000-0000-00000000000a", "oid": "00000000-0000-0000-0000-"
-                "0000000000b1", "upn": "tester@example.invalid", "name": "ddlkit tester"}
+TOKEN_CLAIMS = {
+    "aud": "https://management.azure.com",
+    "iss": "https://sts.windows.net/00000000-0000-0000-0000-00000000000a/",
+    "tid": "00000000-0000-0000-0000-00000000000a",
+    "oid": "00000000-0000-0000-0000-0000000000b1",
+    "upn": "tester@example.invalid",
+    "name": "ddlkit tester",
+}
 #: request headers never logged (the bearer token)
 _UNLOGGED_HEADERS = frozenset({"authorization"})
 
@@ -115,22 +145,40 @@ def make_certificate(directory: Path, *, days: int = 7) -> Certificate:
     name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "ddlkit loopback")])
     now = dt.datetime.now(dt.UTC)
     cert = (
-        x509.CertificateBuilder().subject_name(name).issuer_name(name).public_key(key.public_key())
+        x509.CertificateBuilder()
+        .subject_name(name)
+        .issuer_name(name)
+        .public_key(key.public_key())
         .serial_number(x509.random_serial_number())
-        .not_valid_before(now - dt.timedelta(minutes=5)).not_valid_after(now + dt.timedelta(days=days))
-        .add_extension(x509.SubjectAlternativeName([x509.DNSName("localhost"),
-                                                    x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]), critical=False)
+        .not_valid_before(now - dt.timedelta(minutes=5))
+        .not_valid_after(now + dt.timedelta(days=days))
+        .add_extension(
+            x509.SubjectAlternativeName([x509.DNSName("localhost"), x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]),
+            critical=False,
+        )
         .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
-        .add_extension(x509.KeyUsage(digital_signature=True, key_cert_sign=True, crl_sign=True,
-                                     content_commitment=False, key_encipherment=False, data_encipherment=False,
-                                     key_agreement=False, encipher_only=False, decipher_only=False), critical=True)
+        .add_extension(
+            x509.KeyUsage(
+                digital_signature=True,
+                key_cert_sign=True,
+                crl_sign=True,
+                content_commitment=False,
+                key_encipherment=False,
+                data_encipherment=False,
+                key_agreement=False,
+                encipher_only=False,
+                decipher_only=False,
+            ),
+            critical=True,
+        )
         .add_extension(x509.ExtendedKeyUsage([x509.oid.ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
         .sign(key, hashes.SHA256())
     )
     cert_file, key_file = directory / "loopback.crt", directory / "loopback.key"
     cert_file.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
-    key_file.write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
-                                           serialization.NoEncryption()))
+    key_file.write_bytes(
+        key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
+    )
     key_file.chmod(0o600)
     return Certificate(cert_file, key_file)
 
@@ -196,8 +244,12 @@ class _Serving:
 
     def start(self) -> Self:
         self._server = self._make_server()
-        self._thread = threading.Thread(target=self._server.serve_forever, kwargs={"poll_interval": 0.1},
-                                        name=f"{type(self).__name__}-{self.port}", daemon=True)
+        self._thread = threading.Thread(
+            target=self._server.serve_forever,
+            kwargs={"poll_interval": 0.1},
+            name=f"{type(self).__name__}-{self.port}",
+            daemon=True,
+        )
         self._thread.start()
         return self
 
@@ -235,6 +287,7 @@ class LoopbackServer(_Serving):
     def route(self, method: str, pattern: str, handler: Handler | None = None) -> Any:
         """Answer ``method`` (``"*"``: any) requests whose whole path matches ``pattern`` with
         ``handler``; without ``handler``, a decorator."""
+
         def add(fn: Handler) -> Handler:
             with self._lock:
                 self._routes.insert(0, (method.upper(), re.compile(pattern), fn))
@@ -257,8 +310,11 @@ class LoopbackServer(_Serving):
         with self._lock:
             log = list(self._log)
         pattern = re.compile(path) if path else None
-        return [r for r in log if (method is None or r.method == method.upper())
-                and (pattern is None or pattern.fullmatch(r.path))]
+        return [
+            r
+            for r in log
+            if (method is None or r.method == method.upper()) and (pattern is None or pattern.fullmatch(r.path))
+        ]
 
     def clear(self) -> None:
         """Forget the requests logged so far."""
@@ -285,6 +341,7 @@ class LoopbackServer(_Serving):
 
 class _Server(ThreadingHTTPServer):
     daemon_threads = True
+
     # a client that hangs up mid-handshake is no test failure
     def handle_error(self, request: Any, client_address: Any) -> None:
         exc = sys.exc_info()[1]
@@ -309,9 +366,15 @@ def _make_handler(server: LoopbackServer) -> type[BaseHTTPRequestHandler]:
                 body = None
             auth = self.headers.get("Authorization")
             request = Request(
-                method=self.command, path=unquote(parts.path), query=parse_qs(parts.query, keep_blank_values=True),
+                method=self.command,
+                path=unquote(parts.path),
+                query=parse_qs(parts.query, keep_blank_values=True),
                 headers={k.lower(): v for k, v in self.headers.items() if k.lower() not in _UNLOGGED_HEADERS},
-                body=body, data=data, auth_scheme=auth.split(" ", 1)[0] if auth else None, time=time.time())
+                body=body,
+                data=data,
+                auth_scheme=auth.split(" ", 1)[0] if auth else None,
+                time=time.time(),
+            )
             found = server._find(self.command, request.path)
             if found is None:
                 server._record(_replace(request, matched=False))
@@ -415,9 +478,13 @@ def _sign_leaf(ca: Certificate, host: str, directory: Path) -> tuple[Path, Path]
     key = ec.generate_private_key(ec.SECP256R1())
     now = dt.datetime.now(dt.UTC)
     cert = (
-        x509.CertificateBuilder().subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, host)]))
-        .issuer_name(ca_cert.subject).public_key(key.public_key()).serial_number(x509.random_serial_number())
-        .not_valid_before(now - dt.timedelta(minutes=5)).not_valid_after(ca_cert.not_valid_after_utc)
+        x509.CertificateBuilder()
+        .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, host)]))
+        .issuer_name(ca_cert.subject)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - dt.timedelta(minutes=5))
+        .not_valid_after(ca_cert.not_valid_after_utc)
         .add_extension(x509.SubjectAlternativeName([x509.DNSName(host)]), critical=False)
         .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
         .add_extension(x509.ExtendedKeyUsage([x509.oid.ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
@@ -426,8 +493,9 @@ def _sign_leaf(ca: Certificate, host: str, directory: Path) -> tuple[Path, Path]
     directory.mkdir(parents=True, exist_ok=True)
     cert_file, key_file = directory / f"{host}.crt", directory / f"{host}.key"
     cert_file.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
-    key_file.write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
-                                           serialization.NoEncryption()))
+    key_file.write_bytes(
+        key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
+    )
     key_file.chmod(0o600)
     return cert_file, key_file
 
@@ -461,8 +529,10 @@ class _ProxyHandler(socketserver.BaseRequestHandler):
             client.sendall(b"HTTP/1.1 403 Forbidden\r\ncontent-length: 0\r\nconnection: close\r\n\r\n")
             return
         client.sendall(b"HTTP/1.1 200 Connection established\r\n\r\n")
-        with self.server.proxy.context(host).wrap_socket(client, server_side=True) as tls, \
-                socket.create_connection(upstream, timeout=30) as plain:
+        with (
+            self.server.proxy.context(host).wrap_socket(client, server_side=True) as tls,
+            socket.create_connection(upstream, timeout=30) as plain,
+        ):
             _pipe(tls, plain)
 
 
@@ -505,16 +575,29 @@ def install_az(bin_dir: Path, *, claims: Mapping[str, Any] | None = None, lifeti
     bin_dir.mkdir(parents=True, exist_ok=True)
     expires = int(time.time()) + lifetime_s
     all_claims = {**TOKEN_CLAIMS, **(claims or {}), "exp": expires, "iat": int(time.time())}
-    token = ".".join([_b64url(json.dumps({"alg": "none", "typ": "JWT"}).encode()),
-                      _b64url(json.dumps(all_claims).encode()), _b64url(b"loopback")])
-    answer = json.dumps({
-        "accessToken": token, "expiresOn": dt.datetime.fromtimestamp(expires).strftime("%Y-%m-%d %H:%M:%S.%f"),
-        "expires_on": expires, "subscription": "00000000-0000-0000-0000-0000000000c1",
-        "tenant": all_claims["tid"], "tokenType": "Bearer"}, indent=2)
+    token = ".".join(
+        [
+            _b64url(json.dumps({"alg": "none", "typ": "JWT"}).encode()),
+            _b64url(json.dumps(all_claims).encode()),
+            _b64url(b"loopback"),
+        ]
+    )
+    answer = json.dumps(
+        {
+            "accessToken": token,
+            "expiresOn": dt.datetime.fromtimestamp(expires).strftime("%Y-%m-%d %H:%M:%S.%f"),
+            "expires_on": expires,
+            "subscription": "00000000-0000-0000-0000-0000000000c1",
+            "tenant": all_claims["tid"],
+            "tokenType": "Bearer",
+        },
+        indent=2,
+    )
     script = bin_dir / "az"
-    script.write_text(f"""#!/bin/sh
+    script.write_text(
+        f"""#!/bin/sh
 # A stand-in for the Azure CLI (ddlkit_azure.testing.loopback): answers `az account get-access-token` only.
-echo "$*" >> "{bin_dir / 'az.log'}"
+echo "$*" >> "{bin_dir / "az.log"}"
 if [ "$1 $2" = "account get-access-token" ]; then
 cat <<'EOF'
 {answer}
@@ -523,13 +606,20 @@ exit 0
 fi
 echo "ERROR: the loopback stand-in for az only answers 'az account get-access-token'" >&2
 exit 2
-""", encoding="utf-8")
+""",
+        encoding="utf-8",
+    )
     script.chmod(script.stat().st_mode | stat.S_IXUSR | stat.S_IXGRP | stat.S_IXOTH)
     return bin_dir
 
 
-def sdk_environment(certificate: Certificate | None = None, az_bin: Path | None = None,
-                    base: Mapping[str, str] | None = None, *, proxy: InterceptingProxy | None = None) -> dict[str, str]:
+def sdk_environment(
+    certificate: Certificate | None = None,
+    az_bin: Path | None = None,
+    base: Mapping[str, str] | None = None,
+    *,
+    proxy: InterceptingProxy | None = None,
+) -> dict[str, str]:
     """The variables to set so the real Azure SDKs trust ``certificate``, sign in with the
     stand-in ``az`` in ``az_bin`` and reach the hosts ``proxy`` intercepts through it (each may be
     None). ``base``: the environment whose ``PATH`` is extended (default ``os.environ``). Also
