@@ -3,19 +3,17 @@
 Config values under secret-looking keys are replaced by ``"***"`` in every copy written to disk or handed to a
 logger, and so are credentials inside any other value: the query string of a URL that carries a SAS
 (``https://acct.blob.core.windows.net/c?sv=...&sig=...`` -> ``https://acct.blob.core.windows.net/c?***``) and a
-connection string's ``AccountKey=``. The launcher passes the real values to the ranks in the environment variable
-:data:`SECRETS_ENV`, and the worker puts them back in memory only.
+connection string's ``AccountKey=``. The real values reach the ranks by a channel of their own
+(:mod:`ddlkit.compute.secret_env`), never through a file or a log.
 """
 
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import Iterable, Mapping
 from typing import Any
 
 REDACTED = "***"
-SECRETS_ENV = "DDLKIT_JOB_SECRETS"
 
 _SECRET_KEY = re.compile(
     r"(^|_)(key|keys|token|secret|password|passwd|sas|sas_token|connection_string|credential|credentials|api_key)$",
@@ -111,23 +109,6 @@ def override_secrets(overrides: Iterable[str]) -> dict[str, str]:
         for j, candidate in enumerate(sorted(candidates, key=len, reverse=True)):
             found[f"argv.{i}.{j}"] = candidate
     return found
-
-
-def restore_secrets(container: dict[str, Any], secrets: Mapping[str, str]) -> None:
-    for path, value in secrets.items():
-        *parents, leaf = path.split(".")
-        node: Any = container
-        for p in parents:
-            node = node[int(p)] if isinstance(node, list) else node[p]
-        node[int(leaf) if isinstance(node, list) else leaf] = value
-
-
-def encode(secrets: Mapping[str, str]) -> str:
-    return json.dumps(dict(secrets))
-
-
-def decode(text: str | None) -> dict[str, str]:
-    return json.loads(text) if text else {}
 
 
 def scrub(text: str, secrets: Mapping[str, str]) -> str:

@@ -14,8 +14,8 @@ from hydra.errors import ConfigCompositionException
 from omegaconf import MISSING, OmegaConf
 
 import ddlkit
-from ddlkit import ConfigError, Registration
-from ddlkit import redact as secret_store
+from ddlkit import ConfigError, Registration, redact
+from ddlkit.compute import secret_env
 from ddlkit.config import Precision, rebuild, store_schemas, to_container
 from ddlkit.launch.prepare import prepare
 from ddlkit.launch.validate import validate
@@ -300,7 +300,7 @@ def test_experiments_from_ddlkit_experiments(
     ],
 )
 def test_secret_looking_keys(key: str, secret: bool) -> None:
-    assert secret_store.is_secret_key(key) is secret
+    assert redact.is_secret_key(key) is secret
 
 
 def test_split_and_restore_secrets() -> None:
@@ -310,7 +310,7 @@ def test_split_and_restore_secrets() -> None:
         "compute": {"nodes": [{"password": "pw-value"}, {"host": "h"}]},
         "data": {"token": ""},
     }  # empty: nothing to hide
-    redacted, found = secret_store.split_secrets(config)
+    redacted, found = redact.split_secrets(config)
     assert found == {
         "storage.account_key": "k3y-value",
         "logger.wandb.api_key": "wb-value",
@@ -324,7 +324,7 @@ def test_split_and_restore_secrets() -> None:
     }
     assert config["storage"]["account_key"] == "k3y-value"  # the original is untouched
     restored = json.loads(json.dumps(redacted))
-    secret_store.restore_secrets(restored, secret_store.decode(secret_store.encode(found)))
+    secret_env.restore(restored, secret_env.decode(secret_env.encode(found)))
     assert restored == config
 
 
@@ -332,11 +332,11 @@ def test_scrub_removes_secret_values_from_text() -> None:
     secrets = {"storage.sas_token": TOKEN, "x.key": "abc"}
     text = f"HTTP 403 for https://acct.blob/c?{TOKEN} (key abc)"
     # values shorter than 4 characters would wipe ordinary words, so they stay
-    assert secret_store.scrub(text, secrets) == "HTTP 403 for https://acct.blob/c?*** (key abc)"
+    assert redact.scrub(text, secrets) == "HTTP 403 for https://acct.blob/c?*** (key abc)"
 
 
 def test_redact_overrides() -> None:
-    assert secret_store.redact_overrides(
+    assert redact.redact_overrides(
         [
             "ddlkit",
             f"storage.sas_token='{TOKEN}'",
@@ -372,9 +372,9 @@ def test_secrets_never_reach_the_job_directory(
     assert "sas_token: '***'" in (job.spec.job_dir / "config.yaml").read_text()
     assert TOKEN not in job.resume_hint
     # the ranks get the value through their secret environment (a target's secret channel), and only in memory
-    assert dict(job.spec.secret_env) == {secret_store.SECRETS_ENV: json.dumps({"storage.sas_token": TOKEN})}
+    assert dict(job.spec.secret_env) == {secret_env.SECRETS_ENV: json.dumps({"storage.sas_token": TOKEN})}
     assert TOKEN not in json.dumps(dict(job.spec.env))
-    monkeypatch.setenv(secret_store.SECRETS_ENV, job.spec.secret_env[secret_store.SECRETS_ENV])
+    monkeypatch.setenv(secret_env.SECRETS_ENV, job.spec.secret_env[secret_env.SECRETS_ENV])
     assert load_job(job.spec.job_file)["config"]["storage"]["sas_token"] == TOKEN
 
 
@@ -386,7 +386,7 @@ def test_the_ranks_rebuild_the_launchers_types_from_the_job_file(
     registry = Registry.collect(pm)
     overrides = ["framework=fake", "storage=memory", f"storage.sas_token='{TOKEN}'", "trainer.precision=bf16"]
     job = prepare(compose(registry, overrides), job_dir=tmp_path / "job", overrides=overrides, registry=registry, pm=pm)
-    monkeypatch.setenv(secret_store.SECRETS_ENV, job.spec.secret_env[secret_store.SECRETS_ENV])
+    monkeypatch.setenv(secret_env.SECRETS_ENV, job.spec.secret_env[secret_env.SECRETS_ENV])
     cfg = rebuild(load_job(job.spec.job_file)["config"], registry)
     assert cfg.trainer.precision is Precision.bf16
     assert cfg.optimizer.scale_lr is LRScaling.linear

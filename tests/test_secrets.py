@@ -14,7 +14,8 @@ from pathlib import Path
 import pytest
 from omegaconf import OmegaConf
 
-from ddlkit import redact as secret_store
+from ddlkit import redact
+from ddlkit.compute import secret_env
 from ddlkit.testing import RunFactory, RunOutcome
 
 #: every marker contains this; none of it may appear anywhere
@@ -63,8 +64,8 @@ SMALL = (
     ],
 )
 def test_redact_text_removes_credentials_in_values(text: str, expected: str | None) -> None:
-    assert secret_store.redact_text(text) == (text if expected is None else expected)
-    assert secret_store.has_credentials(text) is (expected is not None)
+    assert redact.redact_text(text) == (text if expected is None else expected)
+    assert redact.has_credentials(text) is (expected is not None)
 
 
 def test_a_sas_in_any_url_value_is_split_out_and_restored_on_the_ranks() -> None:
@@ -72,14 +73,14 @@ def test_a_sas_in_any_url_value_is_split_out_and_restored_on_the_ranks() -> None
         "storage": {"name": "azure", "account_url": URL, "container": "c"},
         "data": {"roots": ["blob://c/x", URL], "root": "https://a/c?comp=list"},
     }
-    redacted, found = secret_store.split_secrets(config)
+    redacted, found = redact.split_secrets(config)
     assert redacted == {
         "storage": {"name": "azure", "account_url": f"{ACCOUNT}?***", "container": "c"},
         "data": {"roots": ["blob://c/x", f"{ACCOUNT}?***"], "root": "https://a/c?comp=list"},
     }
     assert found == {"storage.account_url": URL, "data.roots.1": URL}
     restored = json.loads(json.dumps(redacted))
-    secret_store.restore_secrets(restored, secret_store.decode(secret_store.encode(found)))
+    secret_env.restore(restored, secret_env.decode(secret_env.encode(found)))
     assert restored == config
 
 
@@ -91,21 +92,21 @@ def test_redact_overrides_and_override_secrets() -> None:
         "+storage.sas_token=\"'LEAKquoted'\"",
         "optimizer.lr=0.1,0.2",
     ]
-    assert secret_store.redact_overrides(argv) == [
+    assert redact.redact_overrides(argv) == [
         "ddlkit",
         f"storage.account_url='{ACCOUNT}?***'",
         "logger.wandb.api_key=***",
         "+storage.sas_token=***",
         "optimizer.lr=0.1,0.2",
     ]
-    values = set(secret_store.override_secrets(argv).values())
+    values = set(redact.override_secrets(argv).values())
     assert {"LEAKkey1", "LEAKkey2", "LEAKquoted"} <= values
     assert not any("0.1" in v for v in values)
 
 
 def test_a_redacting_stream_scrubs_what_is_written_and_is_otherwise_the_stream() -> None:
     inner = io.StringIO()
-    stream = secret_store.RedactingStream(inner, secret_store.override_secrets(["logger.wandb.api_key=LEAKkey"]))
+    stream = redact.RedactingStream(inner, redact.override_secrets(["logger.wandb.api_key=LEAKkey"]))
     stream.write("api_key: LEAKkey\n")
     stream.writelines([f"url: {URL}\n"])
     stream.flush()
@@ -128,7 +129,7 @@ def test_redact_config_file(tmp_path: Path) -> None:
         ),
         path,
     )
-    secret_store.redact_config_file(path)
+    redact.redact_config_file(path)
     text = path.read_text()
     assert LEAK not in text
     saved = OmegaConf.to_container(OmegaConf.load(path), resolve=False)

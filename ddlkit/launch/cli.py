@@ -18,10 +18,10 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, NoReturn
 
-from .. import redact as secret_store
 from ..errors import ConfigError, DdlkitError, RunError, UnknownNameError, exit_code_for
 from ..first_party import install_hint
 from ..jobdir import EXIT_PREEMPTED
+from ..redact import RedactingStream, is_secret_key, override_secrets
 from ..registry import HOOK_POINTS, Registry
 from .commandline import launch_args
 
@@ -211,7 +211,7 @@ def _check_secret_key(key: str, chosen: dict[str, list[str]], registry: Registry
     import typing
 
     parts = key.split(".")
-    if len(parts) < 2 or parts[0] not in HOOK_POINTS or not secret_store.is_secret_key(parts[-1]):
+    if len(parts) < 2 or parts[0] not in HOOK_POINTS or not is_secret_key(parts[-1]):
         return
     group, hp = parts[0], HOOK_POINTS[parts[0]]
     if hp.multi:
@@ -257,10 +257,10 @@ def run_main(argv: list[str]) -> int:
     """``ddlkit [--detach] [OVERRIDES]``: the Hydra app. Whatever it prints (Hydra's ``--cfg``,
     ``--info``, ``--help``, its errors, a sweep's plan, the job's output) is scrubbed of the
     secret values on the command line and of credentials in URLs."""
-    secrets = secret_store.override_secrets(argv)
+    secrets = override_secrets(argv)
     saved = sys.stdout, sys.stderr
-    sys.stdout = secret_store.RedactingStream(sys.stdout, secrets)
-    sys.stderr = secret_store.RedactingStream(sys.stderr, secrets)
+    sys.stdout = RedactingStream(sys.stdout, secrets)
+    sys.stderr = RedactingStream(sys.stderr, secrets)
     try:
         return _run_main(argv)
     finally:

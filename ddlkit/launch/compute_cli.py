@@ -13,8 +13,8 @@ import sys
 from collections.abc import Sequence
 from typing import TextIO
 
-from .. import redact as secret_store
 from ..errors import ConfigError, DdlkitError, exit_code_for
+from ..redact import RedactingStream, override_secrets, scrub
 
 
 def _confirm(lines: Sequence[str], *, yes: bool, out: TextIO) -> bool:
@@ -64,10 +64,10 @@ def main(argv: list[str], out: TextIO | None = None) -> int:
     parser.add_argument("--yes", action="store_true", help="delete without asking")
     parser.add_argument("overrides", nargs="*", help="the run's overrides, e.g. compute=batchai ...")
     args = parser.parse_intermixed_args(argv)
-    secrets = secret_store.override_secrets(args.overrides)
-    out = secret_store.RedactingStream(out or sys.stdout, secrets)
+    secrets = override_secrets(args.overrides)
+    out = RedactingStream(out or sys.stdout, secrets)
     try:
         return down(list(args.overrides), yes=args.yes, out=out)
     except DdlkitError as err:
-        print(f"ddlkit: error: {secret_store.scrub(str(err), secrets)}", file=sys.stderr)
+        print(f"ddlkit: error: {scrub(str(err), secrets)}", file=sys.stderr)
         return exit_code_for(err)

@@ -19,14 +19,15 @@ from typing import TYPE_CHECKING, Any
 
 from omegaconf import OmegaConf
 
-from .. import redact as secret_store
 from ..atomic import write_json, write_text
 from ..checkpoint import resolve_resume
+from ..compute.secret_env import SECRETS_ENV, encode
 from ..compute.snapshot import CodeSnapshot, imports_from
 from ..custom import LAUNCH_DIR_ENV, import_paths, launch_dir
 from ..errors import ConfigError, DdlkitError
 from ..interfaces import ComputeTarget, JobSpec
 from ..jobdir import CODE_DIR, CODE_FILE, CONFIG_FILE, ENVIRONMENT_FILE, JOB_FILE, OVERRIDES_FILE
+from ..redact import is_secret_key, redact_overrides, split_secrets
 from ..registry import Registry
 from .commandline import job_command
 from .jobs import index
@@ -79,7 +80,7 @@ def environment_info(cfg: DictConfig, registry: Registry, pm: DdlkitPluginManage
         "python": platform.python_version(),
         "platform": platform.platform(),
         "packages": packages,
-        "argv": secret_store.redact_overrides(sys.argv),
+        "argv": redact_overrides(sys.argv),
         "git": _git_state(),
     }
 
@@ -116,7 +117,7 @@ def job_environment(
     for part in pm.hook.ddlkit_job_environment(config=cfg):
         merged.update({str(k): str(v) for k, v in (part or {}).items()})
     merged.update(extra or {})
-    env = {k: v for k, v in merged.items() if not secret_store.is_secret_key(k)}
+    env = {k: v for k, v in merged.items() if not is_secret_key(k)}
     return env, {k: v for k, v in merged.items() if k not in env}
 
 
@@ -161,7 +162,7 @@ def prepare(
     compute = compute or build_target(cfg, registry)
     container = validated if validated is not None else validate(cfg, registry, pm, compute=compute)
     # a secret given on the command line must not reach the job files (nor the resume hint) either
-    overrides = secret_store.redact_overrides(overrides)
+    overrides = redact_overrides(overrides)
     job_dir = Path(job_dir).resolve()
     if compute.shares_job_dir:
         # fail here, not after a queue: the ranks will see this same directory (the worker decides
@@ -170,7 +171,7 @@ def prepare(
         resolve_resume(job_dir, cfg.trainer.resume, warn=lambda message: None)
     refuse_a_running_job(job_dir, registry)
     name = job_name(job_dir)
-    redacted, secrets = secret_store.split_secrets(container)
+    redacted, secrets = split_secrets(container)
     job_dir.mkdir(parents=True, exist_ok=True)
     # nothing in the job directory names the launcher's paths: it runs wherever it is copied
     write_json(
@@ -184,7 +185,7 @@ def prepare(
     _write_snapshot(job_dir, snapshot)
     rank_env, secret_env = job_environment(cfg, pm, {**code_env, **(env or {})})
     if secrets:
-        secret_env[secret_store.SECRETS_ENV] = secret_store.encode(secrets)
+        secret_env[SECRETS_ENV] = encode(secrets)
     spec = JobSpec(
         name=name,
         job_dir=job_dir,
@@ -192,7 +193,7 @@ def prepare(
         secret_env=secret_env,
         code_digest=snapshot.digest if snapshot is not None else None,
     )
-    return PreparedJob(spec, compute, redacted, tuple(overrides), tuple(secret_store.redact_overrides(launch)))
+    return PreparedJob(spec, compute, redacted, tuple(overrides), tuple(redact_overrides(launch)))
 
 
 def remove_empty_dirs(directory: Path) -> None:

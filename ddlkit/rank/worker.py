@@ -23,14 +23,15 @@ import traceback
 from pathlib import Path
 from typing import TextIO
 
-from .. import redact as secret_store
 from ..atomic import LockHeld, hold_lock
 from ..checkpoint import resolve_resume
+from ..compute import secret_env
 from ..config import rebuild
 from ..custom import LAUNCH_DIR_ENV
 from ..errors import ConfigError, DdlkitError, RankLostError, RunError, exit_code_for
 from ..jobdir import CODE_DIR, EXIT_COMPLETED, EXIT_CONFIG_ERROR, EXIT_FAILED, EXIT_LOST_PEER, EXIT_PREEMPTED, LOCK_FILE
 from ..plugins import get_plugin_manager
+from ..redact import scrub
 from ..registry import Registry
 from .distributed import DistContext
 from .phases import RECORDED, record_phase, report_phase
@@ -44,7 +45,7 @@ LOST_PEER_GRACE_S = 1.0
 
 def load_job(job_file: Path) -> dict:
     job = json.loads(Path(job_file).read_text(encoding="utf-8"))
-    secret_store.restore_secrets(job["config"], secret_store.decode(os.environ.get(secret_store.SECRETS_ENV)))
+    secret_env.restore(job["config"], secret_env.decode(os.environ.get(secret_env.SECRETS_ENV)))
     return job
 
 
@@ -65,7 +66,7 @@ def main(argv: list[str] | None = None) -> int:
             file=sys.stderr,
         )
         return EXIT_CONFIG_ERROR
-    secrets = secret_store.decode(os.environ.get(secret_store.SECRETS_ENV))
+    secrets = secret_env.decode(os.environ.get(secret_env.SECRETS_ENV))
     job_dir = Path(argv[0]).resolve().parent
     user_code_on_path(job_dir)
     # the rank's place in the job comes first (every error below is reported with it), before the
@@ -119,14 +120,14 @@ def main(argv: list[str] | None = None) -> int:
         return 130
     except DdlkitError as err:
         print(
-            f"ddlkit worker (rank {dist.rank}): {type(err).__name__}: {secret_store.scrub(str(err), secrets)}",
+            f"ddlkit worker (rank {dist.rank}): {type(err).__name__}: {scrub(str(err), secrets)}",
             file=sys.stderr,
         )
         _name_silent_ranks(dist, err)
         return exit_code_for(err)
     except Exception as err:
         # a bug in a plugin or a framework failure: the full trace belongs in the rank log
-        print(secret_store.scrub(traceback.format_exc(), secrets), file=sys.stderr)
+        print(scrub(traceback.format_exc(), secrets), file=sys.stderr)
         if lost := dist.lost_ranks(wait_s=LOST_PEER_GRACE_S):
             # the framework's collective failed because a rank died (gloo: "Connection closed by
             # peer", naming no rank): the infrastructure's failure, which the restart policy restarts
@@ -195,7 +196,7 @@ def _finish(run: Run, status: str, rank: int, secrets: dict[str, str]) -> int:
         return EXIT_COMPLETED
     except DdlkitError as err:
         print(
-            f"ddlkit worker (rank {rank}): {type(err).__name__}: {secret_store.scrub(str(err), secrets)}",
+            f"ddlkit worker (rank {rank}): {type(err).__name__}: {scrub(str(err), secrets)}",
             file=sys.stderr,
         )
         return exit_code_for(err)

@@ -58,11 +58,11 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import pytest
 
 from .. import result as result_schema
+from ..compute.secret_env import SECRETS_ENV
 from ..compute.state import STATE_DIR_ENV
 from ..hookspecs import hookimpl
 from ..jobdir import JOB_FILE, METRICS_FILE, RESULT_FILE
 from ..plugins import DdlkitPluginManager, PluginInfo, get_plugin_manager, new_plugin_manager
-from ..redact import SECRETS_ENV
 from ..registry import HOOK_POINTS, Registry
 from . import fakes
 

@@ -37,12 +37,12 @@ from hydra.errors import CompactHydraException, HydraException
 from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from ... import redact as secret_store
 from ...atomic import LockHeld, hold_lock
 from ...compute.restarts import RestartPolicy, classify
 from ...errors import ConfigError, DdlkitError, exit_code_for
 from ...interfaces import ComputeTarget, JobHandle, JobSpec, JobState, JobStatus
 from ...jobdir import EXIT_PREEMPTED, RESULT_FILE, SWEEP_JOB_ENV, SWEEP_NAME_ENV, rank_log
+from ...redact import redact_config_file, redact_overrides
 from ...result import HEADLINE
 from .. import follow, prepare, validate
 from ..commandline import job_command, launch_args, override
@@ -123,7 +123,7 @@ class DdlkitSweep:
     ) -> list[JobReturn]:
         sweep_dir = Path(str(config.hydra.sweep.dir)).resolve()
         # Hydra's sweeper has just written the composed config and the command line, secrets included
-        secret_store.redact_config_file(sweep_dir / "multirun.yaml")
+        redact_config_file(sweep_dir / "multirun.yaml")
         had_ledger = (sweep_dir / LEDGER_FILE).is_file()
         sweeper = str(config.hydra.runtime.choices.get("hydra/sweeper", "basic"))
         launch = launch_args(config.hydra)
@@ -216,7 +216,7 @@ class DdlkitSweep:
         check_sweep_settings_fixed(job_overrides)
         jobs, errors = [], []
         for i, overrides in enumerate(job_overrides):
-            num, label = first + i, " ".join(secret_store.redact_overrides(overrides)) or "-"
+            num, label = first + i, " ".join(redact_overrides(overrides)) or "-"
             try:
                 with job_view(hydra_context, config, overrides, num) as (cfg, output_dir):
                     target = validate.build_target(cfg, self.registry)
@@ -259,7 +259,7 @@ class DdlkitSweep:
 
     @staticmethod
     def _overrides(job: CheckedJob) -> list[str]:
-        return secret_store.redact_overrides(job.overrides)
+        return redact_overrides(job.overrides)
 
     # ---------------------------------------------------------------- running
     def _submit(
@@ -326,7 +326,7 @@ class DdlkitSweep:
         """The command that re-runs this sweep in the same directory (the CLI sets sys.argv to ddlkit's)."""
         args = [
             a
-            for a in secret_store.redact_overrides(sys.argv[1:])
+            for a in redact_overrides(sys.argv[1:])
             if a not in ("-m", "--multirun") and not a.startswith("hydra.sweep.dir=")
         ]
         return ["ddlkit", "-m", *args, override("hydra.sweep.dir", str(sweep_dir))]
@@ -391,7 +391,7 @@ class DdlkitSweep:
             # what a target that restarts in place would be given (compute=ray's plan shows it)
             restart=follow.policy_for(cfg.get("restart") or {}, target, self.out).budget(),
         )
-        command = job_command(secret_store.redact_overrides(overrides), output_dir, launch)
+        command = job_command(redact_overrides(overrides), output_dir, launch)
         code = f"      code: {_code_line(snapshot)}\n" if snapshot is not None else ""
         needs = (
             f"      where the ranks run: {problem} (not needed here: compute={cfg.compute.name}'s ranks "
