@@ -157,31 +157,39 @@ def test_a_failed_job_raises_with_its_exit_code_and_a_resume_hint(tmp_path: Path
     )
 
 
+TAIL = "    step 5 loss 1.0\n    Traceback (most recent call last):\n      File 'x.py'\n    ValueError: bad data\n"
+
+
 @pytest.mark.parametrize(
-    ("log", "then", "shown_again"),
+    ("tail", "error"),
     [
-        ("rank-0.log", "", False),
-        ("rank-0.log", "\n  then rank 1: exit status 76", False),
-        ("rank-1.log", "", True),
+        (TAIL, "ValueError: bad data"),
+        (TAIL + "    ddlkit worker (rank 0): ConfigError: bad data\n", "ddlkit worker (rank 0): ConfigError: bad data"),
+        ("    step 5 loss 1.0\n", "step 5 loss 1.0"),
     ],
 )
-def test_the_error_does_not_repeat_the_lines_of_rank_0s_log_the_console_just_showed(
-    tmp_path: Path, log: str, then: str, shown_again: bool
+@pytest.mark.parametrize("then", ["", "\n  then rank 1: exit status 76"])
+def test_the_error_says_rank_0s_error_in_one_line_not_the_log_lines_the_console_just_showed(
+    tmp_path: Path, tail: str, error: str, then: str
 ) -> None:
-    """Issue 37, item 15: the rank's one-line error was printed live, then again in "last lines of
-    rank-0.log". Another rank's log was not streamed: its lines stay in the message."""
-    message = f"rank 0 ended with exit status 2; last lines of {tmp_path / log}:\n    ConfigError: bad data{then}"
-    target = StubTarget(JobStatus(JobState.FAILED, 2, message), ["ConfigError: bad data\n"])
-    out = io.StringIO()
+    """Issue 37, item 15: the console showed the rank's log, then the error repeated its last lines.
+    The error keeps the line that says what went wrong, so stderr alone still tells."""
+    message = f"rank 0 ended with exit status 2; last lines of {tmp_path / 'rank-0.log'}:\n{tail.rstrip()}{then}"
+    target = StubTarget(JobStatus(JobState.FAILED, 2, message), [tail])
     with pytest.raises(JobFailedError) as info:
-        run_job(job(tmp_path, target), out=out, live=False)
-    assert "ConfigError: bad data" in out.getvalue()
-    assert ("ConfigError: bad data" in str(info.value)) is shown_again
-    if not shown_again:
-        assert str(info.value) == (
-            f"job 2026-01-01_00-00-00 failed: rank 0 ended with exit status 2 (its output is "
-            f"above; the whole log: {tmp_path / log}){then}"
-        )
+        run_job(job(tmp_path, target), out=io.StringIO(), live=False)
+    assert str(info.value) == (
+        f"job 2026-01-01_00-00-00 failed: rank 0 ended with exit status 2: {error} "
+        f"(the whole log: {tmp_path / 'rank-0.log'}){then}"
+    )
+
+
+def test_another_ranks_log_lines_stay_whole(tmp_path: Path) -> None:
+    """The console streamed rank 0's log only: rank 1's lines are news."""
+    message = f"rank 1 failed first, with exit status 1; last lines of {tmp_path / 'rank-1.log'}:\n{TAIL.rstrip()}"
+    with pytest.raises(JobFailedError) as info:
+        run_job(job(tmp_path, StubTarget(JobStatus(JobState.FAILED, 1, message), [])), out=io.StringIO(), live=False)
+    assert str(info.value) == f"job 2026-01-01_00-00-00 failed: {message}"
 
 
 def test_a_job_killed_by_a_signal_exits_1(tmp_path: Path) -> None:

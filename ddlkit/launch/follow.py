@@ -14,6 +14,7 @@ import contextlib
 import itertools
 import json
 import os
+import re
 import signal
 import sys
 import threading
@@ -245,15 +246,34 @@ def outcome(
 
 
 def without_followed_tail(message: str) -> str:
-    """A target's failure message without the last lines of rank 0's log it quotes: the launcher
-    followed that log, so the console has just shown them (the error was printed twice). The
-    lines of another rank's log stay: the console did not show them."""
+    """A target's failure message with only the error line of the rank 0 log it quotes: the
+    launcher followed that log, so the console has just shown its last lines (they were printed
+    twice). The error stays, in one line, so that the error on stderr still says what went wrong
+    on its own (a CI log, a sweep's). Another rank's lines stay whole: the console did not show them."""
     head, sep, rest = message.partition("; last lines of ")
     path, sep2, tail = rest.partition(":\n")
     if not (sep and sep2) or Path(path).name != rank_log(0):
         return message
-    then = [line for line in tail.splitlines() if line.startswith("  then ")]
-    return f"{head} (its output is above; the whole log: {path})" + "".join(f"\n{line}" for line in then)
+    lines = tail.splitlines()
+    then = [line for line in lines if line.startswith("  then ")]
+    quoted = [line.strip() for line in lines if line.startswith("    ") and line.strip()]
+    error = _error_line(quoted)
+    return f"{head}{': ' + error if error else ''} (the whole log: {path})" + "".join(f"\n{line}" for line in then)
+
+
+#: how a rank's one-line error starts (ddlkit.rank.worker), and how a Python exception's last line reads
+_WORKER_ERROR = "ddlkit worker (rank "
+_EXCEPTION_LINE = re.compile(r"^[\w.]+(Error|Exception|Interrupt|Exit)\b.*")
+
+
+def _error_line(lines: list[str]) -> str:
+    """The line of a log's tail that says what went wrong: the worker's own error line, else the
+    last exception, else the last line."""
+    for wanted in (lambda line: line.startswith(_WORKER_ERROR), _EXCEPTION_LINE.match):
+        found = [line for line in lines if wanted(line)]
+        if found:
+            return found[-1]
+    return lines[-1] if lines else ""
 
 
 def run_job(

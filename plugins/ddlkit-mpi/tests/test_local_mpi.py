@@ -337,14 +337,12 @@ def _rank_process(job_dir: Path, module: str, rank: int) -> int | None:
         (
             "ddlkit_mpi.rank",
             signal.SIGKILL,
-            "rank 1 was killed by signal SIGKILL first; rank 0 (node 0) failed waiting "
-            "for it, with exit status 76; last lines of ",
+            "rank 1 was killed by signal SIGKILL first; rank 0 (node 0) failed waiting for it, with exit status 76: ",
         ),
         (
             "ddlkit.rank.worker",
             signal.SIGSTOP,
-            "rank 1 stopped answering first; rank 0 (node 0) failed waiting for it, "
-            "with exit status 76; last lines of ",
+            "rank 1 stopped answering first; rank 0 (node 0) failed waiting for it, with exit status 76: ",
         ),
     ],
     ids=["wrapper-killed", "worker-stopped"],
@@ -395,4 +393,6 @@ def test_the_headline_names_the_rank_that_failed_first_not_the_one_that_waited(
         launcher.kill()
     assert launcher.returncode == 76, stderr  # EXIT_LOST_PEER: rank 0 stopped because rank 1 was lost
     assert stderr.startswith(f"ddlkit: error: job {job_dir.parent.name}_job-"), stderr
-    assert f" failed: {headline}{job_dir / 'rank-0.log'}:\n" in stderr, stderr
+    # rank 0's error line, then its log (the console streamed its last lines: not repeated)
+    assert f" failed: {headline}ddlkit worker (rank 0): RankLostError: " in stderr, stderr
+    assert f"(the whole log: {job_dir / 'rank-0.log'})" in stderr, stderr
