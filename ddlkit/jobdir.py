@@ -28,7 +28,7 @@ constants, never the literals. Paths are relative to the job directory, with ``/
         lock              LOCK_FILE         rank 0, while it runs: two runs of one job directory
                                             would destroy each other's checkpoints
         submission.json   SUBMISSION_FILE   launcher, at submit and when the job ends
-                                            (ddlkit.launch.jobs.index: how ``ddlkit jobs`` finds it)
+                                            (ddlkit.launch.index: how ``ddlkit jobs`` finds it)
         cancel-requested  CANCEL_FILE       whoever cancels the job (``JobHandle.cancel``), before
                                             signalling it: the job's end is then a cancellation
         exit.json         EXIT_FILE         the process minder of a job run on this machine

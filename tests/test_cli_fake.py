@@ -281,7 +281,7 @@ NOT_FOR_COMPOSING = {
     "ddlkit_tensorflow.runtime",
     "ddlkit.builtin.imagefolder.index",
     "ddlkit.launch.prepare",
-    "ddlkit.launch.sweep.jobs",
+    "ddlkit.launch.sweep.sweep",
 }
 
 

@@ -17,7 +17,7 @@ Every restart is a line on the console and an entry in the job's record (``ddlki
 the cause, the step the job had reached, the step it resumes from. The ranks learn how many
 restarts and lost steps there were (``DDLKIT_RESTARTS``, ``DDLKIT_STEPS_LOST``) for result.json.
 A single job (:func:`ddlkit.launch.follow.run_job`) and a sweep's job (``_SweepHandle`` in
-:mod:`ddlkit.launch.sweep.jobs`, where a job with its restarts is one attempt of ``retry:N``) use
+:mod:`ddlkit.launch.sweep.sweep`, where a job with its restarts is one attempt of ``retry:N``) use
 the same policy. So does a target that restarts a job's ranks in place, where they run, without a
 new submission (``compute=ray``'s driver): it gets the policy with the job
 (:class:`~ddlkit.interfaces.RestartBudget`, :meth:`RestartPolicy.from_budget`), says each restart

@@ -301,7 +301,7 @@ def _refused_flags(argv: list[str], detach: bool) -> ConfigError | None:
             "so it must keep running (run it under nohup or tmux, or in a batch job)."
         )
     if detach:
-        from .jobs import index
+        from . import index
 
         try:
             index.require_writable()  # before anything is written: a detached job is found again through it
@@ -427,7 +427,7 @@ def _run_hydra(task: Callable[[Any], None], argv: list[str], sweep: Any, *, mult
 
 
 def _sweep_error() -> type[Exception]:
-    from .sweep.jobs import SweepError  # imported with the sweep that raises it
+    from .sweep.sweep import SweepError  # imported with the sweep that raises it
 
     return SweepError
 

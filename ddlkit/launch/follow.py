@@ -29,8 +29,8 @@ from ..compute.restarts import RestartPolicy, classify
 from ..errors import DdlkitError, JobFailedError
 from ..interfaces import ComputeTarget, JobHandle, JobState, JobStatus, RestartBudget
 from ..jobdir import EXIT_CONFIG_ERROR, EXIT_PREEMPTED, RESTARTS_ENV, RESULT_FILE, STEPS_LOST_ENV, rank_log
+from . import index
 from .elastic import CapacityWait, Placement, place_restart_waiting
-from .jobs import index
 from .prepare import PreparedJob
 
 

@@ -29,8 +29,8 @@ from ..interfaces import ComputeTarget, JobSpec
 from ..jobdir import CODE_DIR, CODE_FILE, CONFIG_FILE, ENVIRONMENT_FILE, JOB_FILE, OVERRIDES_FILE
 from ..redact import is_secret_key, redact_overrides, split_secrets
 from ..registry import Registry
+from . import index
 from .commandline import job_command
-from .jobs import index
 from .validate import build_target, validate
 
 if TYPE_CHECKING:

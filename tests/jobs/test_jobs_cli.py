@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from ddlkit.jobdir import EXIT_PREEMPTED
-from ddlkit.launch.jobs import index
+from ddlkit.launch import index
 from ddlkit.launch.prepare import job_name
 from ddlkit.testing import FAKES_MODULE, RunFactory, interruptible, wait_for
 

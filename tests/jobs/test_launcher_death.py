@@ -15,7 +15,7 @@ import pytest
 
 from ddlkit import JobState
 from ddlkit.jobdir import EXIT_FILE, EXIT_PREEMPTED
-from ddlkit.launch.jobs import index
+from ddlkit.launch import index
 from ddlkit.launch.prepare import job_name
 from ddlkit.plugins import get_plugin_manager
 from ddlkit.rank.worker import hold_job_directory

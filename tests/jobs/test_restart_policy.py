@@ -46,7 +46,7 @@ def test_a_target_restarts_in_place_under_the_launchers_policy_and_the_launcher_
     """What a target that restarts in place (compute=ray's driver) gets with the job and gives back:
     the policy with the restarts used so far, the same line as the launcher's (saying 'in place'),
     and entries the launcher adds to its own count -- one allowance for the job, whoever restarts."""
-    from ddlkit.launch.jobs import index
+    from ddlkit.launch import index
 
     launcher = RestartPolicy(max_restarts=3, backoff_s=2, out=io.StringIO(), done=1, steps_lost=4)
     out = io.StringIO()

@@ -9,9 +9,9 @@ from collections.abc import Iterator
 import pytest
 
 from ddlkit import ConfigError, JobHandle, JobState, JobStatus
-from ddlkit.launch.sweep.jobs import check_sweep_settings_fixed
 from ddlkit.launch.sweep.scheduler import Clock, Observer, Outcome, Scheduler, SweepJob
 from ddlkit.launch.sweep.settings import FailurePolicy, SweepSettings
+from ddlkit.launch.sweep.sweep import check_sweep_settings_fixed
 
 
 class ScriptClock(Clock):

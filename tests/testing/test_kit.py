@@ -69,7 +69,7 @@ def test_a_session_records_its_jobs_in_a_state_directory_of_its_own(
     pytester.makeconftest(pytest_plugins_line)
     pytester.makepyfile("""
         import pytest
-        from ddlkit.launch.jobs import index
+        from ddlkit.launch import index
 
         @pytest.fixture(scope="module")
         def shared():

@@ -1,3 +1,2 @@
-"""The launcher's side of submitted jobs: processes on this machine (:mod:`.process`), the index
-that lets ``ddlkit jobs`` find a job again (:mod:`.index`), and the ``ddlkit jobs`` command
-(:mod:`.cli`)."""
+"""The ``ddlkit jobs`` command (:mod:`.cli`): list, status, logs, attach and cancel of submitted
+jobs, found again through the launcher's job index (:mod:`ddlkit.launch.index`)."""

@@ -9,7 +9,7 @@
 JOB is a job's name (or a unique prefix of it) or its job directory. The job's compute target
 is rebuilt from the job's own ``job.json`` and re-attached with the id recorded at submission;
 a job whose end is recorded is answered from its directory, without its target
-(:class:`~ddlkit.launch.jobs.index.EndedJob`).
+(:class:`~ddlkit.launch.index.EndedJob`).
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from ...errors import ConfigError, DdlkitError, exit_code_for
 from ...interfaces import JobHandle, JobStatus
 from ...jobdir import JOB_FILE, RESULT_FILE
 from ...result import STATUS
-from . import index
+from .. import index
 
 
 def _handle(sub: index.Submission) -> JobHandle:

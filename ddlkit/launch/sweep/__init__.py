@@ -17,7 +17,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from .jobs import DdlkitSweep
+    from .sweep import DdlkitSweep
 
 #: the task-function attribute through which the launcher finds ddlkit's sweep support
 SWEEP_ATTR = "ddlkit_sweep"
@@ -34,7 +34,7 @@ class SweepOnDemand:
 
     def __call__(self) -> DdlkitSweep:
         if self.sweep is None:
-            from .jobs import DdlkitSweep
+            from .sweep import DdlkitSweep
 
             self.sweep = DdlkitSweep(self.registry, self.pm)
         return self.sweep

@@ -9,7 +9,7 @@ by batch), and applies ``on_failure`` (keep-going, fail-fast, retry:N). What dif
 the two kinds of Hydra task is only where a job's handle comes from:
 
 * **ddlkit's own task** (``ddlkit -m``): the CLI marks its task function with a
-  :class:`~ddlkit.launch.sweep.jobs.DdlkitSweep`. Every job is composed and validated before any
+  :class:`~ddlkit.launch.sweep.sweep.DdlkitSweep`. Every job is composed and validated before any
   starts; each is then prepared exactly like a single run (``prepare.prepare`` writes its job
   directory) and submitted to *its compute target* -- a child process for ``compute=local``,
   an ``mpirun`` or a remote cluster for other targets, unchanged, since only the contract is
@@ -42,8 +42,8 @@ from ...errors import ConfigError
 from . import SWEEP_ATTR, SweepOnDemand
 from .compose import ComposedJob, compose_job
 from .forked import ForkedTaskHandle
-from .jobs import DdlkitSweep, SweepError
 from .scheduler import Observer, Outcome, Scheduler, SweepJob
+from .sweep import DdlkitSweep, SweepError
 
 if TYPE_CHECKING:
     from hydra.types import HydraContext, TaskFunction

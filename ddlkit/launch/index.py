@@ -27,14 +27,14 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ...atomic import write_json
-from ...compute.state import STATE_DIR_ENV, state_dir
-from ...errors import ConfigError, DdlkitError
-from ...interfaces import JobHandle, JobState, JobStatus
-from ...jobdir import JOB_FILE, SUBMISSION_FILE, rank_log
+from ..atomic import write_json
+from ..compute.state import STATE_DIR_ENV, state_dir
+from ..errors import ConfigError, DdlkitError
+from ..interfaces import JobHandle, JobState, JobStatus
+from ..jobdir import JOB_FILE, SUBMISSION_FILE, rank_log
 
 if TYPE_CHECKING:
-    from ...registry import Registry
+    from ..registry import Registry
 
 
 def _index_dir() -> Path:
@@ -97,7 +97,7 @@ class Submission:
     def handle(self, registry: Registry) -> JobHandle:
         """Rebuild the job's compute target from its job file, and attach to the job; a job whose end
         is recorded is answered from its record instead (:class:`EndedJob`)."""
-        from ...config import rebuild
+        from ..config import rebuild
 
         if self.ended is not None:
             return EndedJob(self)
