@@ -1,8 +1,7 @@
 """Every command and config in the documentation does what it says (issue 22, item 6; issue 39): a
 reader copies them. Read: the pages under docs/, the docstrings the generated pages show (the how-to
 pages' module docstrings and the SDK's public modules', named by their source file and line, where a
-fix goes), and README.md's fenced blocks and config files (its indented commands are
-tests/test_readme.py's, which these rules extend). Test ids are ``file:line: command``.
+fix goes), and README.md. Test ids are ``file:line: command``.
 
 Code blocks: indented blocks (README's style) and fenced ones. A fenced block is read as shell when
 its language is bash, sh, shell, console, shell-session or zsh, or it has none; ``text`` and any other
@@ -53,7 +52,6 @@ from ddlkit.launch.cli import main
 
 ROOT = Path(__file__).resolve().parents[2]
 DOCS = ROOT / "docs"
-#: its indented blocks' commands are tests/test_readme.py's; its fenced blocks and config files are read here
 README = "README.md"
 #: why the generated pages' docstrings could not be read (a plugin missing)
 NOT_READ: list[str] = []
@@ -237,7 +235,7 @@ def _collect() -> tuple[list[Example], list[Config]]:
             config = _config(source, block)
             if config is not None:
                 configs.append(config)
-            elif block.lang in SHELL and not (source.name == README and not block.fenced):
+            elif block.lang in SHELL:
                 examples.extend(_commands(source, block))
     return examples, configs
 
@@ -255,7 +253,11 @@ def _not_here(command: str) -> str | None:
 
 
 def test_the_docs_have_examples_to_check() -> None:
-    """The parser finds the examples: a broken parser would check nothing."""
+    """The parser finds the examples: a broken parser would check nothing. The README alone has
+    its transcripts and commands (a newcomer's first hour)."""
+    readme = [e for e in EXAMPLES if e.source == README]
+    assert len([e for e in readme if e.expected]) >= 5
+    assert len([e for e in readme if not e.expected and not _not_here(e.command)]) >= 15
     assert len([e for e in EXAMPLES if e.expected]) >= 3
     assert len([e for e in EXAMPLES if not e.expected and not _not_here(e.command)]) >= 15
     assert any(e.source.startswith("docs/") for e in EXAMPLES)
