@@ -1,4 +1,4 @@
-"""The baseline of ``benchmarks/ray.py`` (a): a training job written by hand for Ray, as a user
+"""The baseline of ``benchmarks/ray_target.py`` (a): a training job written by hand for Ray, as a user
 without ddlkit would write it, submitted with ``ray job submit --working-dir <this directory> --
 python _ray_plain_job.py ...``. The entrypoint (the Ray job's driver) places one bundle per node
 (a ``STRICT_SPREAD`` placement group), starts one actor per rank in it, and the actors train the

@@ -142,7 +142,7 @@ asked, per node, and what each live node has), the cluster refusing the job.
 
 How `compute=ray` compares with a plain `ray job submit` and Ray Train's `TorchTrainer` (time to
 the first step, images/sec, recovery from a lost node, requests to the dashboard) is measured by
-`benchmarks/ray.py`: [Performance](../../explanation/performance.md#ray).
+`benchmarks/ray_target.py`: [Performance](../../explanation/performance.md#ray).
 
 ## How it works
 

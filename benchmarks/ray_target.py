@@ -38,7 +38,7 @@
   and by kind -- goal: <= 30.
 
     pip install 'ray[train]==2.60.0'       # Ray Train, for the TorchTrainer baselines (Ray's own version)
-    python benchmarks/ray.py [--steps 60 --rounds 3 --cpus-per-node 2 --follow-s 120] [--skip a,b,c,d] [--quick]
+    python benchmarks/ray_target.py [--steps 60 --rounds 3 --cpus-per-node 2 --follow-s 120] [--skip a,b,c,d] [--quick]
 
 ``--quick`` runs each part once, small: the fake framework for ddlkit's jobs and a tiny net for the
 hand-written and Ray Train baselines (a check that the script runs, not figures). Writes
@@ -61,15 +61,13 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-# this file's name is Ray's: its directory goes last on the import path, so that `import ray` is Ray
+from _common import RESULTS, summary, write_result
+from _ray_plain_job import build_model  # the baselines' model, ResNet-18 as ddlkit's or a tiny net
+
+from ddlkit_ray.testing import CountingProxy, LocalRayCluster
+
 HERE = Path(__file__).resolve().parent
-sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != HERE] + [str(HERE)]
-
-from _common import RESULTS, summary, write_result  # noqa: E402 -- after the sys.path change above
-from _ray_plain_job import build_model  # noqa: E402 -- the baselines' model, ResNet-18 as ddlkit's or a tiny net
-
 REPO = HERE.parent
-from ddlkit_ray.testing import CountingProxy, LocalRayCluster  # noqa: E402 -- after the sys.path change above
 
 FIRST_STEP = "first step done"
 PLAIN_JOB = HERE / "_ray_plain_job.py"
