@@ -87,7 +87,8 @@ def ddlkit_imports(path: Path) -> Iterator[tuple[int, str]]:
 
 
 def sources() -> Iterator[tuple[Path, tuple[str, ...]]]:
-    for path in sorted(REPO.glob("plugins/*/src/**/*.py")):
+    # a plugin's test suite too: what it needs of the core's internals, ddlkit.testing.core names
+    for path in sorted([*REPO.glob("plugins/*/src/**/*.py"), *REPO.glob("plugins/*/tests/**/*.py")]):
         yield path, PUBLIC_MODULES
     for path in sorted(REPO.glob("hydra_plugins/**/*.py")):
         yield path, PUBLIC_MODULES + HYDRA_PLUGINS_MAY_ALSO_USE
@@ -105,6 +106,7 @@ def private_imports() -> list[str]:
 def test_the_walk_sees_every_plugin() -> None:
     walked = {path.relative_to(REPO).parts[:2] for path, _ in sources()}
     assert {("plugins", p.name) for p in (REPO / "plugins").iterdir() if (p / "src").is_dir()} < walked
+    assert any(path.parts[-3:-1] == ("ddlkit-ray", "tests") for path, _ in sources())
     assert ("hydra_plugins", "ddlkit_launcher") in walked
 
 

@@ -22,8 +22,7 @@ from ddlkit.compute import containers
 from ddlkit.compute.containers import image_context
 from ddlkit.compute.snapshot import CodeSnapshot
 from ddlkit.interfaces import JOB_FILE, JobHandle, JobSpec, JobState
-from ddlkit.plugins import get_plugin_manager
-from ddlkit.registry import Registry
+from ddlkit.testing.core import Registry, get_plugin_manager
 from ddlkit.testing.registry import LoopbackRegistry
 from ddlkit_azure._azureml import place_snapshot
 from ddlkit_azure.azureml import AzureMLConfig, AzureMLTarget

@@ -698,7 +698,7 @@ def test_compute_down_on_a_target_that_keeps_nothing(run_factory: RunFactory) ->
 def test_staging_copies_the_dataset_once(
     batchai: BatchAILoopback, ssh_key: Path, blob_container: str, tmp_path: Path
 ) -> None:
-    from ddlkit.launch.data_cli import upload
+    from ddlkit.testing.core import upload
 
     data = tmp_path / "tiny"
     for cls in ("a", "b"):
@@ -778,7 +778,7 @@ def test_a_job_whose_node_was_preempted_is_resubmitted_and_resumes(
     """The job's node is taken (its processes killed at once, the job failed with exit code 137):
     the launcher's restart policy submits a new Batch AI job for the same job directory, which resumes
     from the last checkpoint and completes; `ddlkit jobs status` names the job that was lost."""
-    from ddlkit.checkpoint import checkpoint_step, latest_checkpoint, verify
+    from ddlkit.testing.core import checkpoint_step, latest_checkpoint, verify
 
     job_dir = tmp_path / "preempted"
     launcher = subprocess.Popen(

@@ -20,11 +20,10 @@ import pytest
 
 from ddlkit import ConfigError, RunError, StorageBackend
 from ddlkit.jobdir import EXIT_PREEMPTED
-from ddlkit.launch.cli import main
-from ddlkit.launch.prepare import job_name
 from ddlkit.storage import Manifest, TransientStorageError, _retry, build_manifest, open_storage, stage
 from ddlkit.testing import FAKES_MODULE, RunFactory, add_plugin, interruptible, wait_for
 from ddlkit.testing.contracts import StorageBackendContract
+from ddlkit.testing.core import job_name, main
 from ddlkit.testing.images import ImageDataset, make_image_dataset
 from ddlkit_azure import _client, plugin
 from ddlkit_azure.storage import AzureBlobConfig, AzureBlobStorage

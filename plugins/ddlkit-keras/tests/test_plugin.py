@@ -11,8 +11,8 @@ import pytest
 from omegaconf import OmegaConf
 
 import ddlkit
-from ddlkit.config import Precision, TrainerConfig
 from ddlkit.testing import horovod_at
+from ddlkit.testing.core import Precision, TrainerConfig
 from ddlkit_keras.framework import KerasConfig, KerasFramework
 
 
@@ -57,8 +57,7 @@ def test_without_ddlkit_tensorflow_choosing_keras_says_what_to_install(tmp_path:
 
 
 def test_the_entry_point_registers_framework_keras() -> None:
-    from ddlkit.plugins import new_plugin_manager
-    from ddlkit.registry import Registry
+    from ddlkit.testing.core import Registry, new_plugin_manager
 
     registration = Registry.collect(new_plugin_manager()).get("framework", "keras")
     assert registration.factory is KerasFramework and registration.config is KerasConfig

@@ -21,9 +21,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from ddlkit.checkpoint import latest_checkpoint, verify
 from ddlkit.compute.restarts import step_reached
 from ddlkit.jobdir import NODE_DOWN
+from ddlkit.testing.core import latest_checkpoint, verify
 from ddlkit.testing.elastic import assert_every_sample_once, restarts
 from ddlkit.testing.fakes import MODEL_FILE
 from ddlkit.testing.multirank import worker_pids

@@ -305,7 +305,7 @@ def test_cancel_from_another_process_reaches_every_rank_and_not_mpirun(tmp_path:
 
 
 def test_plugin_registers_local_mpi(ddlkit_pm) -> None:
-    from ddlkit.registry import Registry
+    from ddlkit.testing.core import Registry
 
     add_plugin(ddlkit_pm, plugin, name="local_mpi")
     registration = Registry.collect(ddlkit_pm).get("compute", "local_mpi")

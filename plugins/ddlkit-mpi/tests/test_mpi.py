@@ -410,7 +410,7 @@ def test_a_rank_outside_the_job_directory_refuses_to_start(tmp_path: Path) -> No
 
 
 def test_plugin_registers_mpi(ddlkit_pm) -> None:
-    from ddlkit.registry import Registry
+    from ddlkit.testing.core import Registry
 
     add_plugin(ddlkit_pm, plugin, name="local_mpi")
     registration = Registry.collect(ddlkit_pm).get("compute", "mpi")

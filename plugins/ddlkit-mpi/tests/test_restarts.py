@@ -19,8 +19,8 @@ from pathlib import Path
 
 import pytest
 
-from ddlkit.checkpoint import checkpoint_step, latest_checkpoint, verify
 from ddlkit.testing import alive, wait_for
+from ddlkit.testing.core import checkpoint_step, latest_checkpoint, verify
 from ddlkit.testing.fakes import MODEL_FILE
 from ddlkit.testing.multirank import worker_pids
 

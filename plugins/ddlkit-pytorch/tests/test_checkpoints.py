@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from ddlkit.checkpoint import verify
+from ddlkit.testing.core import verify
 
 pytest.importorskip("torch")
 pytest.importorskip("ddlkit_pytorch")

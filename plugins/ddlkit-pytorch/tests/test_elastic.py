@@ -21,9 +21,9 @@ pytest.importorskip("ddlkit_mpi")
 
 import torch
 
-from ddlkit.checkpoint import latest_checkpoint, verify
 from ddlkit.compute.restarts import step_reached
 from ddlkit.jobdir import NODE_DOWN
+from ddlkit.testing.core import latest_checkpoint, verify
 from ddlkit.testing.multirank import DistJobs, needs_mpirun, read_lines_until, worker_pids
 
 pytestmark = [pytest.mark.slow, needs_mpirun]

@@ -10,8 +10,8 @@ import textwrap
 import numpy as np
 import pytest
 
-from ddlkit.checkpoint import BEST
 from ddlkit.testing import RunFactory
+from ddlkit.testing.core import BEST
 from ddlkit.testing.optim import (
     EVERY_TRAINER_OPTION,
     LINEAR_BIAS,

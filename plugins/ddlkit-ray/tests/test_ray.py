@@ -22,10 +22,9 @@ import pytest
 
 import ddlkit
 from ddlkit import JobSpec
-from ddlkit.checkpoint import checkpoint_step, latest_checkpoint, verify
-from ddlkit.resize import PLANNED_WORLD_SIZE_ENV
 from ddlkit.testing import FAKES_MODULE, RunFactory, interruptible, wait_for
 from ddlkit.testing.contracts import ComputeTargetContract
+from ddlkit.testing.core import PLANNED_WORLD_SIZE_ENV, checkpoint_step, latest_checkpoint, verify
 from ddlkit.testing.elastic import assert_every_sample_once, restarts
 from ddlkit_ray.target import RayConfig, RayTarget, node_file
 from ddlkit_ray.testing import CountingProxy, free_port

@@ -637,7 +637,7 @@ def test_a_rank_killed_on_slurm_restarts_the_job_as_a_new_slurm_job(
     step 7; the launcher submits the job again (a new Slurm job, in the same job directory), which
     resumes from the checkpoint at step 4 and completes. The final checkpoint verifies, the steps add
     up, and `ddlkit jobs status` shows the resubmission."""
-    from ddlkit.checkpoint import latest_checkpoint, verify
+    from ddlkit.testing.core import latest_checkpoint, verify
 
     outcome = run_factory(
         "framework=fake",

@@ -11,8 +11,8 @@ import pytest
 
 import ddlkit
 import ddlkit_tensorboard.plugin
-from ddlkit.plugins import DdlkitPluginManager
 from ddlkit.testing import WorkerOutcome, add_plugin
+from ddlkit.testing.core import DdlkitPluginManager
 
 # 10 steps per epoch, 2 epochs, a log line every 2 steps
 COMMON = (

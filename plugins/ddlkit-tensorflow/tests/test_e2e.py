@@ -15,8 +15,8 @@ from typing import Any
 import numpy as np
 import pytest
 
-from ddlkit.checkpoint import latest_checkpoint, verify
 from ddlkit.testing import RESULT_KEYS
+from ddlkit.testing.core import latest_checkpoint, verify
 
 pytestmark = [
     pytest.mark.slow,

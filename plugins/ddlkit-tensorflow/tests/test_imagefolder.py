@@ -15,8 +15,8 @@ import pytest
 
 import ddlkit
 from ddlkit import Shard
-from ddlkit.builtin.imagefolder import ImageFolderConfig, ImageFolderData
 from ddlkit.images import CorruptImageError
+from ddlkit.testing.core import ImageFolderConfig, ImageFolderData
 from ddlkit.testing.images import ImageDataset, make_image_dataset
 
 pytestmark = pytest.mark.slow

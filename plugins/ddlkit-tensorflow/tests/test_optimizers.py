@@ -15,8 +15,7 @@ pytest.importorskip("keras")
 import keras
 
 from ddlkit.optim import AdamWConfig, LambConfig, LarsConfig, SGDConfig
-from ddlkit.plugins import new_plugin_manager
-from ddlkit.registry import Registry
+from ddlkit.testing.core import Registry, new_plugin_manager
 from ddlkit.testing.optim import lars_reference
 
 SCHEMAS = {"sgd": SGDConfig, "adamw": AdamWConfig, "lamb": LambConfig, "lars": LarsConfig}

@@ -12,8 +12,8 @@ import pytest
 from omegaconf import OmegaConf
 
 import ddlkit
-from ddlkit.config import DistConfig, Precision, TrainerConfig
 from ddlkit.testing import horovod_at
+from ddlkit.testing.core import DistConfig, Precision, TrainerConfig
 from ddlkit_tensorflow.framework import TensorflowConfig, TensorflowFramework
 from ddlkit_tensorflow.runtime import distribution_strategy, import_tensorflow
 
@@ -45,8 +45,7 @@ def test_composing_a_tensorflow_run_imports_no_tensorflow(tmp_path: Path) -> Non
 
 
 def test_the_entry_point_registers_framework_tensorflow() -> None:
-    from ddlkit.plugins import new_plugin_manager
-    from ddlkit.registry import Registry
+    from ddlkit.testing.core import Registry, new_plugin_manager
 
     registry = Registry.collect(new_plugin_manager())
     registration = registry.get("framework", "tensorflow")

@@ -20,12 +20,9 @@ from omegaconf import OmegaConf
 
 import ddlkit
 import ddlkit_wandb.plugin
-from ddlkit.launch.prepare import job_name
-from ddlkit.launch.validate import validate
-from ddlkit.plugins import DdlkitPluginManager
-from ddlkit.registry import Registry
 from ddlkit.testing import FAKES_MODULE, RunFactory, add_plugin, compose, fakes
 from ddlkit.testing.contracts import LoggerContract
+from ddlkit.testing.core import DdlkitPluginManager, Registry, job_name, validate
 from ddlkit_wandb.logger import RUN_ID_FILE, WandbConfig, WandbLogger
 
 TOKEN = "sv=2026&sig=wandb-must-not-see-this"
@@ -271,7 +268,7 @@ def test_the_ranks_get_the_wandb_environment_the_key_as_a_secret(
 ) -> None:
     """Rank 0 may run on another machine: the launcher's W&B variables go with the job, the key
     in the secret environment (a target's secret channel), and only when logger=wandb is chosen."""
-    from ddlkit.launch.prepare import job_environment
+    from ddlkit.testing.core import job_environment
 
     monkeypatch.setenv("WANDB_API_KEY", "k" * 40)
     monkeypatch.setenv("WANDB_MODE", "offline")

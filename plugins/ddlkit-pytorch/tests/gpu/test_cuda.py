@@ -157,7 +157,7 @@ def test_imagefolder_batches_are_pinned_and_normalized_on_the_gpu_like_on_the_cp
     tmp_path: Path, channels_last: bool
 ) -> None:
     from ddlkit import Shard
-    from ddlkit.builtin.imagefolder import ImageFolderConfig, ImageFolderData
+    from ddlkit.testing.core import ImageFolderConfig, ImageFolderData
     from ddlkit.testing.images import make_image_dataset
 
     ds = make_image_dataset(tmp_path / "imagenet", classes=3, train_per_class=4, val_per_class=1)
@@ -182,7 +182,7 @@ def test_imagefolder_batches_are_pinned_and_normalized_on_the_gpu_like_on_the_cp
 def batches(root: Path, train: bool, decoder: str, device: str, **config: object) -> tuple[list, object]:
     """One epoch's batches, and their loader (for its counts)."""
     from ddlkit import Shard
-    from ddlkit.builtin.imagefolder import ImageFolderConfig, ImageFolderData
+    from ddlkit.testing.core import ImageFolderConfig, ImageFolderData
     from ddlkit_pytorch.data import torch_loader
 
     source = ImageFolderData(ImageFolderConfig(root=str(root), image_size=64, workers=2, decoder=decoder, **config))
