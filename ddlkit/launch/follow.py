@@ -26,6 +26,7 @@ from typing import Any, TextIO
 from ..checkpoint import latest_checkpoint
 from ..compute import secret_file
 from ..compute.restarts import RestartPolicy, classify
+from ..config import RestartConfig
 from ..errors import DdlkitError, JobFailedError
 from ..interfaces import ComputeTarget, JobHandle, JobState, JobStatus, RestartBudget
 from ..jobdir import EXIT_CONFIG_ERROR, EXIT_PREEMPTED, RESTARTS_ENV, RESULT_FILE, STEPS_LOST_ENV, rank_log
@@ -365,7 +366,7 @@ def policy_for(options: Mapping[str, Any], target: ComputeTarget, out: TextIO) -
     most, wait = options.get("max_restarts"), options.get("capacity_wait_s")
     return RestartPolicy(
         target.default_max_restarts if most is None else int(most),
-        float(options.get("backoff_s", 10.0)),
+        float(options.get("backoff_s", RestartConfig.backoff_s)),  # the schema's default, for a config without it
         out,
         capacity_wait_s=target.default_capacity_wait_s if wait is None else float(wait),
     )
