@@ -105,3 +105,23 @@ def test_the_plugin_imports_no_azure_sdk(tmp_path: Path) -> None:
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path, timeout=60)
     assert (out.returncode, out.stdout.strip()) == (0, "[]"), out.stderr
+
+
+@pytest.mark.slow
+def test_the_wheel_leaves_the_loopback_services_out(tmp_path: Path) -> None:
+    """The stand-ins of Azure's services (ddlkit_azure.testing) are the test suite's: the plugin's wheel
+    ships the plugin only (issue 38, item 6), while an editable install still imports them."""
+    import zipfile
+
+    plugin = Path(__file__).resolve().parents[1]
+    build = subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-w", str(tmp_path), str(plugin)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert build.returncode == 0, build.stderr
+    (wheel,) = tmp_path.glob("ddlkit_azure-*.whl")
+    names = zipfile.ZipFile(wheel).namelist()
+    assert "ddlkit_azure/storage.py" in names and "ddlkit_azure/azureml.py" in names
+    assert not [n for n in names if n.startswith("ddlkit_azure/testing")], names
