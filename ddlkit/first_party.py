@@ -14,7 +14,7 @@ from importlib.metadata import PackageNotFoundError, distribution
 
 __all__ = ["PLUGINS", "Provider", "install_hint", "providers"]
 
-#: the ResNets every framework plugin registers, and the options each framework plugin's optimizers take
+#: the models (the ResNets, and model=custom) and the optimizers every framework plugin registers
 _MODELS = ("custom", "resnet18", "resnet34", "resnet50", "resnet101", "resnet152")
 _OPTIMIZERS = ("adamw", "lamb", "lars", "sgd")
 
