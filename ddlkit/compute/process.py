@@ -27,6 +27,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
+from typing import NamedTuple
 
 from ..atomic import write_text
 from ..interfaces import JobHandle, JobState, JobStatus
@@ -95,6 +96,37 @@ def log_tail(path: Path, lines: int = 15) -> list[str]:
             return f.read().decode("utf-8", errors="replace").splitlines()[-lines:]
     except OSError:
         return ["(no log)"]
+
+
+#: how a failure message quotes the end of a log: ``<headline>; last lines of <log>:`` then each line
+#: indented by four spaces (and, from a multi-rank target, ``  then ...`` lines on how the others ended)
+_QUOTES = "; last lines of "
+
+
+def quoting_tail(headline: str, log: Path | str, lines: Sequence[str]) -> str:
+    """A failure message that quotes the last ``lines`` of ``log`` (:func:`log_tail`)."""
+    return f"{headline}{_QUOTES}{log}:\n" + "\n".join("    " + line for line in lines)
+
+
+class QuotedTail(NamedTuple):
+    """A failure message of :func:`quoting_tail`'s shape, read back: its headline, the log it quotes,
+    the quoted lines (unindented) and any ``  then ...`` lines after them."""
+
+    headline: str
+    log: str
+    lines: list[str]
+    then: list[str]
+
+
+def split_tail(message: str) -> QuotedTail | None:
+    """``message`` read as :func:`quoting_tail` wrote it; None for a message that quotes no log."""
+    headline, sep, rest = message.partition(_QUOTES)
+    log, sep2, tail = rest.partition(":\n")
+    if not (sep and sep2):
+        return None
+    lines = tail.splitlines()
+    quoted = [line[4:] for line in lines if line.startswith("    ")]
+    return QuotedTail(headline, log, quoted, [line for line in lines if line.startswith("  then ")])
 
 
 class LogFollower:
@@ -283,9 +315,7 @@ class ProcessJob(JobHandle):
         if code == 0:
             return JobStatus(JobState.SUCCEEDED, 0)
         state = JobState.CANCELLED if self.cancel_requested else JobState.FAILED
-        message = f"rank 0 ended with {describe_exit(code)}; last lines of {self.log_path}:\n" + "\n".join(
-            "    " + ln for ln in log_tail(self.log_path)
-        )
+        message = quoting_tail(f"rank 0 ended with {describe_exit(code)}", self.log_path, log_tail(self.log_path))
         return JobStatus(state, code, message)
 
     def wait(self, timeout: float | None = None) -> JobStatus:

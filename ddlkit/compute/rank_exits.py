@@ -35,7 +35,7 @@ from typing import Any
 
 from ..errors import RankLostError
 from ..jobdir import EXIT_LOST_PEER, EXIT_PREEMPTED, RANKS_DIR, rank_record
-from .process import describe_exit, log_tail
+from .process import describe_exit, log_tail, quoting_tail
 
 #: how a rank that found a peer gone says so (ddlkit.rank's RankLostError): the peer's rank, and
 #: ``did not reach`` (it went silent) or ``left the job`` (its process ended)
@@ -118,10 +118,8 @@ class RankFailure:
         """The failure for a :class:`~ddlkit.interfaces.JobStatus`: ``headline`` (default: which rank
         failed first, where, how), the last lines of its log, the others."""
         others = self.others()
-        return (
-            f"{headline or self.headline()}; last lines of {self.log}:\n"
-            + "\n".join("    " + ln for ln in self.tail)
-            + (f"\n  then {'; '.join(others)}" if others else "")
+        return quoting_tail(headline or self.headline(), self.log, self.tail) + (
+            f"\n  then {'; '.join(others)}" if others else ""
         )
 
 

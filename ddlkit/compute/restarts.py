@@ -37,6 +37,7 @@ from typing import Any, TextIO
 from ..checkpoint import checkpoint_step, resolve_resume
 from ..interfaces import JobState, JobStatus, RestartBudget
 from ..jobdir import EXIT_CONFIG_ERROR, EXIT_LOST_PEER, EXIT_PLUGIN_ERROR, EXIT_PREEMPTED, PROGRESS_PATTERN, rank_log
+from .process import split_tail
 
 #: signals that come from outside a rank: a node lost or shut down, a VM preempted, a scheduler's kill
 INFRASTRUCTURE_SIGNALS = frozenset({signal.SIGKILL, signal.SIGTERM, signal.SIGHUP, signal.SIGINT})
@@ -184,4 +185,5 @@ class RestartPolicy:
 def _first_line(message: str) -> str:
     """The headline of a target's message about an end, without the log lines it goes on to quote."""
     line = (message or "").strip().splitlines()[0] if (message or "").strip() else "no message"
-    return line.split("; last lines of ")[0].rstrip(":;")
+    quoted = split_tail(line + "\n")
+    return (quoted.headline if quoted else line).rstrip(":;")

@@ -25,6 +25,7 @@ from typing import Any, TextIO
 
 from ..checkpoint import latest_checkpoint
 from ..compute import secret_file
+from ..compute.process import split_tail
 from ..compute.restarts import RestartPolicy, classify
 from ..config import RestartConfig
 from ..errors import DdlkitError, JobFailedError
@@ -251,15 +252,13 @@ def without_followed_tail(message: str) -> str:
     launcher followed that log, so the console has just shown its last lines (they were printed
     twice). The error stays, in one line, so that the error on stderr still says what went wrong
     on its own (a CI log, a sweep's). Another rank's lines stay whole: the console did not show them."""
-    head, sep, rest = message.partition("; last lines of ")
-    path, sep2, tail = rest.partition(":\n")
-    if not (sep and sep2) or Path(path).name != rank_log(0):
+    quoted = split_tail(message)
+    if quoted is None or Path(quoted.log).name != rank_log(0):
         return message
-    lines = tail.splitlines()
-    then = [line for line in lines if line.startswith("  then ")]
-    quoted = [line.strip() for line in lines if line.startswith("    ") and line.strip()]
-    error = _error_line(quoted)
-    return f"{head}{': ' + error if error else ''} (the whole log: {path})" + "".join(f"\n{line}" for line in then)
+    error = _error_line([line.strip() for line in quoted.lines if line.strip()])
+    return f"{quoted.headline}{': ' + error if error else ''} (the whole log: {quoted.log})" + "".join(
+        f"\n{line}" for line in quoted.then
+    )
 
 
 #: how a rank's one-line error starts (ddlkit.rank.worker), and how a Python exception's last line reads

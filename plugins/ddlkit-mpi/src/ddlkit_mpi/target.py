@@ -185,7 +185,7 @@ import ddlkit
 from ddlkit.atomic import write_json, write_text
 from ddlkit.compute.layout import CONTROL_ADDR_ENV, control_port
 from ddlkit.compute.ports import free_ports
-from ddlkit.compute.process import ProcessJob, describe_exit, kill_session, log_tail, processes
+from ddlkit.compute.process import ProcessJob, describe_exit, kill_session, log_tail, processes, quoting_tail
 from ddlkit.compute.rank_exits import first_failure, named_peer, read_records
 from ddlkit.interfaces import JobHandle, JobSpec, JobState, JobStatus
 from ddlkit.jobdir import CANCEL_FILE, NODE_DOWN, RANKS_DIR, STATE_DIR
@@ -381,9 +381,12 @@ class MpiJob(ProcessJob):
             return JobStatus(
                 state,
                 code or 1,
-                f"mpirun ended with {describe_exit(code)} and {len(records)} of "
-                f"{self.world_size} ranks reported an exit; last lines of {self.log_path}:\n"
-                + "\n".join("    " + ln for ln in log_tail(self.log_path)),
+                quoting_tail(
+                    f"mpirun ended with {describe_exit(code)} and {len(records)} of {self.world_size} ranks "
+                    "reported an exit",
+                    self.log_path,
+                    log_tail(self.log_path),
+                ),
             )
         headline = None
         # the first rank to report a failure may only have waited for another, which its error names
