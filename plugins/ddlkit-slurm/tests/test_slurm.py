@@ -37,6 +37,15 @@ def scontrol(job_id: str) -> dict[str, str]:
     return dict(t.split("=", 1) for t in out.split() if "=" in t)
 
 
+def settled_state(job_id: str) -> str:
+    """The job's final state in Slurm. Our handle may decide the job's end from the ranks' own exit records
+    while slurmctld still says COMPLETING (the epilog and the last processes ending): wait that out."""
+    transitional = {"COMPLETING", "CONFIGURING", "RUNNING", "SIGNALING", "STAGE_OUT"}
+    settled = lambda: scontrol(job_id)["JobState"] not in transitional  # noqa: E731
+    wait_for(settled, f"Slurm to settle job {job_id}", timeout=60, pace=SLURM_PACE)
+    return scontrol(job_id)["JobState"]
+
+
 def submission(job_dir: Path) -> dict:
     return json.loads((job_dir / ".ddlkit" / "submission.json").read_text())
 
@@ -247,7 +256,7 @@ def test_training_run_on_slurm(slurm_cluster: str, run_factory: RunFactory) -> N
     assert "train epoch" in outcome.stdout  # rank 0's output streamed through the batch job's output
     job_id = submission(job_dir)["id"]
     assert json.loads((job_dir / EXIT_RECORD).read_text())["job_id"] == job_id
-    assert scontrol(job_id)["JobState"] == "COMPLETED"
+    assert settled_state(job_id) == "COMPLETED"
     assert (job_dir / SCRIPT).read_text().startswith("#!/bin/bash")
 
 
@@ -491,7 +500,7 @@ def test_time_limit_without_checkpoint_says_so(slurm_cluster: str, tmp_path: Pat
     assert status.state is JobState.FAILED, status
     assert "ran out of time" in status.message and "without saving a checkpoint" in status.message, status.message
     assert "compute.signal_before_s" in status.message
-    assert scontrol(handle.id)["JobState"] == "TIMEOUT"
+    assert settled_state(handle.id) == "TIMEOUT"
 
 
 @pytest.mark.slow
@@ -515,7 +524,7 @@ def test_sweep_of_two_jobs(slurm_cluster: str, run_factory: RunFactory, tmp_path
     ids = {str(e["handle"]) for e in entries}
     assert len(ids) == 2 and all(i.isdigit() for i in ids)  # one Slurm job each
     for i in ids:
-        assert scontrol(i)["JobState"] == "COMPLETED"
+        assert settled_state(i) == "COMPLETED"
     assert (sweep_dir / "report.md").is_file()
 
 
@@ -589,7 +598,7 @@ def test_a_plain_scancel_is_reported_as_cancelled(slurm_cluster: str, tmp_path: 
     subprocess.run(["scancel", handle.id], check=True)
     status = handle.wait(timeout=60)
     assert status.state is JobState.CANCELLED, status
-    assert scontrol(handle.id)["JobState"] == "CANCELLED"
+    assert settled_state(handle.id) == "CANCELLED"
     assert "stopped by Slurm" in (job_dir / "slurm.log").read_text()
 
 
@@ -626,7 +635,7 @@ def test_an_error_in_rank_0_is_not_restarted_whatever_srun_reports(slurm_cluster
     assert re.search(r"rank 0 \(node 0, host [^)]+\) failed first, with exit status 1", outcome.stderr), outcome.stderr
     record = submission(outcome.job_dir)
     assert record["restarts"] == []
-    assert scontrol(record["id"])["JobState"] == "FAILED"
+    assert settled_state(record["id"]) == "FAILED"
 
 
 @pytest.mark.slow
@@ -672,7 +681,7 @@ def test_a_rank_killed_on_slurm_restarts_the_job_as_a_new_slurm_job(
     assert (entry["step_reached"], entry["resumed_from"], entry["steps_lost"]) == (6, 4, 2)
     # two Slurm jobs: the one that lost its rank, and the resubmission that completed
     assert entry["ended_id"] != record["id"]
-    assert scontrol(entry["ended_id"])["JobState"] == "FAILED" and scontrol(record["id"])["JobState"] == "COMPLETED"
+    assert settled_state(entry["ended_id"]) == "FAILED" and settled_state(record["id"]) == "COMPLETED"
     status = run_factory.cli("jobs", "status", str(outcome.job_dir)).assert_success()
     assert f"; it ended at step 6 as {entry['ended_id']} (" in status.stdout, status.stdout
     assert f"target:    compute=slurm, id {record['id']}" in status.stdout
