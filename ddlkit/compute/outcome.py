@@ -23,6 +23,7 @@ The rule, in order:
 
 One message shape: ``<job> <reason>; <what the ranks did>; last lines of <log>:`` then the quoted lines
 (:func:`~ddlkit.compute.process.quoting_tail`), then ``  then ...`` lines on how the other ranks ended.
+When a rank's failure says it all and the scheduler gives no reason, ``<job> <reason>; `` is left out.
 """
 
 from __future__ import annotations
@@ -62,6 +63,9 @@ class Observation:
     ranks_always_report: bool = False
     #: the restarts the target made in place (:attr:`ddlkit.JobStatus.restarts`)
     restarts: tuple[Mapping[str, Any], ...] = ()
+    #: False: the job ended before any rank started (the scheduler refused it, or the target removed it
+    #: from the queue: it could never start); its message is then :attr:`reason` alone, one line
+    started: bool = True
 
 
 _SAID = {JobState.SUCCEEDED: "ended", JobState.FAILED: "failed", JobState.CANCELLED: "was cancelled"}
@@ -100,9 +104,15 @@ def judge(
         reason = f"was cancelled ({reason})"
     saved = code == 0 if cancelled else code == EXIT_PREEMPTED
     head = f"{job} {reason}" + (f" {seen.unless_saved}" if seen.unless_saved and not saved else "")
+    if not seen.started and failure is None:  # no rank ran, no log to quote: the reason says it all
+        return JobStatus(state, code, head, restarts=restarts)
 
     if failure is not None and failure.code != EXIT_PREEMPTED:
-        return JobStatus(state, code, failure.message(f"{head}; {_headline(failure, seen)}"), restarts=restarts)
+        # the rank says it all; what the scheduler adds (its reason, a cancel) comes first
+        headline = _headline(failure, seen)
+        if seen.reason or cancelled or seen.unless_saved:
+            headline = f"{head}; {headline}"
+        return JobStatus(state, code, failure.message(headline), restarts=restarts)
     if failure is not None:  # every rank that failed checkpointed and stopped: on notice
         what = f"the ranks checkpointed and stopped (exit {EXIT_PREEMPTED})"
     elif code == EXIT_PREEMPTED:
@@ -111,14 +121,17 @@ def judge(
         # ended cleanly, yet a rank never said it did: killed with its minder
         code = code or 1
         what = f"{len(records)} of {world_size} ranks reported an exit"
-    elif code is not None:
+    elif code is not None and describe_exit(code) not in reason:
         what = f"the ranks ended with {describe_exit(code)}"
+    elif code is not None:  # the reason says it: "mpirun ended with exit status 1"
+        what = ""
     else:
         what = "no rank reported how it ended"
+    said = f"{head}; {what}" if what else head
     if log is None and tail is None:
-        return JobStatus(state, code, f"{head}; {what}", restarts=restarts)
+        return JobStatus(state, code, said, restarts=restarts)
     lines = list(tail) if tail is not None else log_tail(Path(log)) if log is not None else []
-    return JobStatus(state, code, quoting_tail(f"{head}; {what}", log or "its log", lines), restarts=restarts)
+    return JobStatus(state, code, quoting_tail(said, log or "its log", lines), restarts=restarts)
 
 
 def _headline(failure: RankFailure, seen: Observation) -> str:

@@ -108,6 +108,11 @@ def quoting_tail(headline: str, log: Path | str, lines: Sequence[str]) -> str:
     return f"{headline}{_QUOTES}{log}:\n" + "\n".join("    " + line for line in lines)
 
 
+def _ended_with(code: int) -> str:
+    """What a process's end says of it, for a failure message's headline."""
+    return f"ended with {describe_exit(code)}" if code else ""
+
+
 class QuotedTail(NamedTuple):
     """A failure message of :func:`quoting_tail`'s shape, read back: its headline, the log it quotes,
     the quoted lines (unindented) and any ``  then ...`` lines after them."""
@@ -311,12 +316,12 @@ class ProcessJob(JobHandle):
         return self._final
 
     def final_status(self, code: int) -> JobStatus:
-        """The job's status once its command ended with ``code``."""
-        if code == 0:
-            return JobStatus(JobState.SUCCEEDED, 0)
-        state = JobState.CANCELLED if self.cancel_requested else JobState.FAILED
-        message = quoting_tail(f"rank 0 ended with {describe_exit(code)}", self.log_path, log_tail(self.log_path))
-        return JobStatus(state, code, message)
+        """The job's status once its command ended with ``code``, as :func:`~ddlkit.compute.outcome.judge`
+        rules (the command is rank 0 itself; a launcher such as ``mpirun`` says more of its ranks)."""
+        from .outcome import Observation, judge  # outcome reads this module's log helpers
+
+        seen = Observation(JobState.SUCCEEDED if code == 0 else JobState.FAILED, code, _ended_with(code))
+        return judge(seen, self.job_dir, job="rank 0", world_size=1, log=self.log_path)
 
     def wait(self, timeout: float | None = None) -> JobStatus:
         if self.proc is not None:

@@ -49,7 +49,7 @@ class TestLocalTarget(ComputeTargetContract):
         status = handle.wait(timeout=10)
         assert 0.4 < time.monotonic() - t0 < 10
         assert (status.state, status.exit_code) == (JobState.CANCELLED, -9)
-        assert status.message.startswith("rank 0 ended with killed by signal SIGKILL; last lines of ")
+        assert status.message.startswith("rank 0 was cancelled (ended with killed by signal SIGKILL); last lines of ")
 
 
 @pytest.mark.parametrize(

@@ -184,9 +184,10 @@ from typing import Any, ClassVar
 import ddlkit
 from ddlkit.atomic import write_json, write_text
 from ddlkit.compute.layout import CONTROL_ADDR_ENV, control_port
+from ddlkit.compute.outcome import Observation, judge
 from ddlkit.compute.ports import free_ports
-from ddlkit.compute.process import ProcessJob, describe_exit, kill_session, log_tail, processes, quoting_tail
-from ddlkit.compute.rank_exits import first_failure, named_peer, read_records
+from ddlkit.compute.process import ProcessJob, kill_session, log_tail, processes
+from ddlkit.compute.rank_exits import read_records
 from ddlkit.interfaces import JobHandle, JobSpec, JobState, JobStatus
 from ddlkit.jobdir import CANCEL_FILE, NODE_DOWN, RANKS_DIR, STATE_DIR
 from ddlkit.options import MASTER_PORT, NON_NEGATIVE, POSITIVE_INTEGER, checked
@@ -372,41 +373,17 @@ class MpiJob(ProcessJob):
     def final_status(self, code: int) -> JobStatus:
         # mpirun has ended: whatever a rank left behind goes with it
         self._kill_leftovers()
-        records = read_records(self.job_dir)
-        failure = first_failure(self.job_dir, self.world_size, records=records, node_names=self.node_names)
-        if code == 0 and failure is None and len(records) == self.world_size:
-            return JobStatus(JobState.SUCCEEDED, 0)
-        state = JobState.CANCELLED if self.cancel_requested else JobState.FAILED
-        if failure is None:
-            return JobStatus(
-                state,
-                code or 1,
-                quoting_tail(
-                    f"mpirun ended with {describe_exit(code)} and {len(records)} of {self.world_size} ranks "
-                    "reported an exit",
-                    self.log_path,
-                    log_tail(self.log_path),
-                ),
-            )
-        headline = None
-        # the first rank to report a failure may only have waited for another, which its error names
-        # (a named rank that reported its own failure is already the one first_failure returns)
-        named = named_peer(failure.tail)
-        if named is not None and named[0] != failure.rank and all(r["rank"] != named[0] for r in records):
-            # stopped (SIGSTOP, hung), or killed with its rank wrapper: it reports nothing
-            headline = (
-                f"{self._culprit(*named)} first; rank {failure.rank} ({failure.where()}) failed "
-                f"waiting for it, with {describe_exit(failure.code)}"
-            )
-        return JobStatus(state, failure.code, failure.message(headline))
-
-    def _culprit(self, rank: int, how: str) -> str:
-        """What happened to a rank that reported nothing, as mpirun saw it end or the waiting rank's
-        error (``how``: ``did not reach`` or ``left the job``) says."""
-        noticed = {int(m[1]): int(m[2]) for m in _MPIRUN_NOTICED.finditer("\n".join(log_tail(self.log_path, 40)))}
-        if rank in noticed:
-            return f"rank {rank} was {describe_exit(-noticed[rank])}"
-        return f"rank {rank} {'stopped answering' if how == 'did not reach' else 'left the job'}"
+        # what mpirun saw of ranks that may have left no record (killed with their rank minder)
+        noticed = {int(m[1]): -int(m[2]) for m in _MPIRUN_NOTICED.finditer("\n".join(log_tail(self.log_path, 40)))}
+        seen = Observation(
+            JobState.SUCCEEDED if code == 0 else JobState.FAILED,
+            code,
+            rank_signals=noticed,
+            ranks_always_report=True,
+        )
+        return judge(
+            seen, self.job_dir, job="mpirun", world_size=self.world_size, log=self.log_path, node_names=self.node_names
+        )
 
     # ------------------------------------------------------------ cancel
     def cancel(self) -> None:
