@@ -20,7 +20,7 @@ from ddlkit import JobSpec, JobState
 from ddlkit.testing import FAKES_MODULE, RunFactory, hold, interruptible, wait_for
 from ddlkit.testing.contracts import ComputeTargetContract
 from ddlkit_slurm.rank import layout, tasks_per_node
-from ddlkit_slurm.target import EXIT_RECORD, SCRIPT, SlurmConfig, SlurmJob, SlurmTarget
+from ddlkit_slurm.target import EXIT_RECORD, SCRIPT, SlurmConfig, SlurmTarget
 
 #: a job that lasts: the fake framework sleeps this long per step (80 steps by default)
 SLOW = ("framework.step_delay_s=0.25",)
@@ -438,7 +438,8 @@ def test_jobs_cancel_checkpoints_and_jobs_status_logs(
     assert any((job_dir / "checkpoints").iterdir())
     after = run_factory.cli("jobs", "status", str(job_dir))
     assert "cancelled" in after.stdout.lower(), after.output
-    assert SlurmJob(job_id, job_dir=job_dir, poll_interval_s=1, grace_period_s=1).status().state is JobState.CANCELLED
+    handle = slurm_target(poll_interval_s=1, grace_period_s=1).attach(job_id, job_dir=job_dir)
+    assert handle.status().state is JobState.CANCELLED
 
 
 @pytest.mark.slow
@@ -456,7 +457,7 @@ def test_warning_signal_checkpoints_requeues_and_resumes(
     wait_for(lambda: log.exists() and "step 10/" in log.read_text(), "the job to train", timeout=90)
     subprocess.run(["scancel", "--signal=USR1", "--batch", job_id], check=True)
     wait_for(lambda: "re-queueing" in log.read_text(), "the job to re-queue itself", timeout=60)
-    handle = SlurmJob(job_id, job_dir=job_dir, poll_interval_s=0.5, grace_period_s=10)
+    handle = slurm_target(grace_period_s=10).attach(job_id, job_dir=job_dir)
     status = handle.wait(timeout=180)
     assert status.state is JobState.SUCCEEDED, status
     result = json.loads((job_dir / "result.json").read_text())
@@ -482,7 +483,7 @@ def test_max_requeues_zero_stops_with_a_checkpoint(slurm_cluster: str, run_facto
     log = job_dir / "slurm.log"
     wait_for(lambda: log.exists() and "step 10/" in log.read_text(), "the job to train", timeout=90)
     subprocess.run(["scancel", "--signal=USR1", "--batch", job_id], check=True)
-    status = SlurmJob(job_id, job_dir=job_dir, poll_interval_s=0.5, grace_period_s=10).wait(timeout=90)
+    status = slurm_target(grace_period_s=10).attach(job_id, job_dir=job_dir).wait(timeout=90)
     assert (status.state, status.exit_code) == (JobState.FAILED, 75), status
     assert "compute.max_requeues" in status.message
     assert scontrol(job_id)["Restarts"] == "0"
@@ -501,6 +502,37 @@ def test_time_limit_without_checkpoint_says_so(slurm_cluster: str, tmp_path: Pat
     assert "ran out of time" in status.message and "without saving a checkpoint" in status.message, status.message
     assert "compute.signal_before_s" in status.message
     assert settled_state(handle.id) == "TIMEOUT"
+
+
+@pytest.mark.slow
+def test_time_limit_is_said_when_the_ranks_end_before_the_batch_shell_hears_it(
+    slurm_cluster: str, tmp_path: Path
+) -> None:
+    """At the time limit Slurm signals the ranks' step and the batch shell; when srun ends first, the
+    script writes its exit record (srun's status, 143) before its own SIGTERM arrives, as it does after
+    any failure. A batch script that does just that: the job still ran out of time, and says so."""
+    script = tmp_path / "ends-first.sbatch"
+    script.write_text(
+        "#!/bin/bash\n"
+        f"mkdir -p {Path(EXIT_RECORD).parent}\n"
+        f'ended() {{ printf \'{{"job_id": "%s", "code": 143}}\' "$SLURM_JOB_ID" > {EXIT_RECORD}; exit 143; }}\n'
+        "trap ended TERM\n"
+        "sleep 600 &\n"
+        "wait\n"
+    )
+    job_id = subprocess.run(
+        ["sbatch", "--parsable", "--time=1", f"--chdir={tmp_path}", "--output=slurm.log", str(script)],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
+    handle = slurm_target().attach(job_id, job_dir=tmp_path)
+    wait_for(lambda: (tmp_path / EXIT_RECORD).exists(), "the time limit", timeout=200, pace=SLURM_PACE)
+    status = handle.wait(timeout=60)
+    assert (status.state, status.exit_code) == (JobState.FAILED, 143), status
+    assert status.message.startswith(f"Slurm job {job_id} ran out of time (time limit 00:01:00) without saving"), (
+        status.message
+    )
 
 
 @pytest.mark.slow

@@ -104,16 +104,17 @@ either they skip, saying why:
 
 ## How it works
 
-The handle's status is the exit record, else `scontrol show job`: `PENDING`/`REQUEUED` ->
-pending (with Slurm's reason), `RUNNING`/`COMPLETING` -> running, `TIMEOUT` -> failed with "ran
-out of time before it saved a checkpoint". It asks `scontrol show job` at most once per
-`compute.poll_interval_s`, however often `SlurmJob.status` is called; in between it reads the
-script's exit record (`EXIT_RECORD`: srun's exit code, the job id, the restarts), a file in the
-job directory, so the end of a job is seen at once while the scheduler is asked a few times a
-minute, also after Slurm forgot the job. A watcher (the sweep scheduler) may therefore look every
-half second (`SlurmTarget.status_interval_s`). The secrets file is
-`ddlkit.compute.secret_file.SECRETS_FILE` (mode 0600). The failed rank comes from
-`ddlkit.compute.rank_exits.first_failure`. Only `srun` starts the ranks for now
+A job is the core's `ddlkit.compute.scheduler.SchedulerJob` over `SlurmScheduler`, which says
+what Slurm sees: the script's exit record (`EXIT_RECORD`: srun's exit code, the job id, the
+restarts), a file in the job directory read on every look, else `scontrol show job`:
+`PENDING`/`REQUEUED` -> pending (with Slurm's reason), `RUNNING`/`COMPLETING` -> running,
+`TIMEOUT` -> failed, "ran out of time". Slurm is asked at most once per `compute.poll_interval_s`,
+however often the handle's status is asked, so the end of a job is seen at once while the
+scheduler is asked a few times a minute, also after Slurm forgot the job. A watcher (the sweep
+scheduler) may therefore look every half second (`SlurmTarget.status_interval_s`). How the job
+ended (the rank that failed first, a checkpoint before the end) `ddlkit.compute.outcome.judge`
+decides from the ranks' exit records, as for every target. The secrets file is
+`ddlkit.compute.secret_file.SECRETS_FILE` (mode 0600). Only `srun` starts the ranks for now
 (`compute.launcher`); for mpirun inside an allocation use `compute=mpi` in your own batch script.
 """
 
@@ -126,20 +127,20 @@ import shlex
 import shutil
 import subprocess
 import sys
-import threading
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import ddlkit
 from ddlkit.atomic import write_text
 from ddlkit.compute import secret_file
 from ddlkit.compute.layout import CONTROL_ADDR_ENV, CONTROL_PORT_SHELL
-from ddlkit.compute.process import LogFollower, log_tail
-from ddlkit.compute.rank_exits import RankFailure, first_failure
-from ddlkit.interfaces import JobHandle, JobSpec, JobState, JobStatus
+from ddlkit.compute.outcome import Observation
+from ddlkit.compute.process import LogFollower
+from ddlkit.compute.scheduler import Scheduler, SchedulerJob
+from ddlkit.interfaces import JobHandle, JobSpec, JobState
 from ddlkit.jobdir import CANCEL_FILE, EXIT_CONFIG_ERROR, EXIT_PREEMPTED, RANKS_DIR, STATE_DIR
 from ddlkit.options import NON_NEGATIVE, POSITIVE, POSITIVE_INTEGER, checked
 
@@ -280,208 +281,111 @@ def parse_scontrol(text: str) -> dict[str, str]:
     return fields
 
 
-# ---------------------------------------------------------------------------- the handle
-class SlurmJob(JobHandle):
-    """A Slurm batch job of ddlkit's; ``id`` is the Slurm job id."""
+# ---------------------------------------------------------------------------- the scheduler
+class SlurmScheduler(Scheduler):
+    """What Slurm says of one ddlkit batch job, whose directory (``job_dir``, on the shared disk)
+    holds its batch output and the script's records; how it ended, :func:`ddlkit.compute.outcome.judge`
+    decides."""
 
-    def __init__(
-        self,
-        job_id: str,
-        *,
-        job_dir: Path,
-        poll_interval_s: float,
-        grace_period_s: float,
-        time_limit: str | None = None,
-        world_size: int = 1,
-    ) -> None:
-        self.id = str(job_id)
+    noun = "Slurm job"
+    #: what the batch shell takes to pass a stop (SIGUSR1) on to the ranks
+    kill_slack_s = 5.0
+
+    def __init__(self, job_dir: Path) -> None:
         self.job_dir = Path(job_dir)
-        #: ranks the job has (those that never reported are named in a failure's message)
-        self.world_size = world_size
-        self.poll_interval_s, self.grace = poll_interval_s, grace_period_s
-        self.time_limit = time_limit
-        self.log_path = self.job_dir / OUTPUT
-        self._log = LogFollower(self.log_path, pace_s=0.1)
-        self._final: JobStatus | None = None
-        #: (when, what) Slurm last said: asked again only after poll_interval_s
-        self._asked: tuple[float, dict[str, str] | None] | None = None
+        self._log, self._read = LogFollower(self.job_dir / OUTPUT, pace_s=0.1), 0
 
-    # ------------------------------------------------------------ state
-    def _record(self) -> dict | None:
+    def _record(self, name: str, job_id: str) -> dict | None:
+        """One of the batch script's records (``EXIT_RECORD``, ``STOP_RECORD``), if it is this job's."""
         try:
-            record = json.loads((self.job_dir / EXIT_RECORD).read_text(encoding="utf-8"))
+            record = json.loads((self.job_dir / name).read_text(encoding="utf-8"))
         except (OSError, ValueError):
             return None
-        return record if str(record.get("job_id")) == self.id else None
+        return record if str(record.get("job_id")) == job_id else None
 
-    @property
-    def cancel_requested(self) -> bool:
-        return (self.job_dir / CANCEL_FILE).exists()
+    def look(self, job_id: str) -> Observation | None:
+        """The script's exit record: how srun ended, read on every look (a file in the job
+        directory), so the end is seen at once while Slurm is asked a few times a minute. Ranks that
+        a signal ended (srun's status above 128) wait for Slurm's word: its time limit may have come,
+        and the script's record be written before its own signal arrives."""
+        record = self._record(EXIT_RECORD, job_id)
+        return None if record is None or int(record["code"]) > 128 else self._ended(record)
 
-    def _tail(self) -> str:
-        return f"last lines of {self.log_path}:\n" + "\n".join("    " + ln for ln in log_tail(self.log_path))
-
-    def _first_failure(self) -> RankFailure | None:
-        """The rank that failed first, from the exit records the ranks left in the job directory on
-        every node. srun's status (the script's, the batch job's ExitCode) is that of whichever task
-        srun reports: often a peer stopped because that rank failed (exit 75 or 76, SIGTERM)."""
-        return first_failure(self.job_dir, self.world_size)
-
-    def _from_record(self, record: dict) -> JobStatus:
+    @staticmethod
+    def _ended(record: dict) -> Observation:
         code = int(record["code"])
         if code == 0:
-            return JobStatus(JobState.SUCCEEDED, 0)
-        state = JobState.CANCELLED if self.cancel_requested else JobState.FAILED
-        failure = self._first_failure()
-        code = failure.code if failure is not None else code
-        if code == EXIT_PREEMPTED:
-            why = (
-                f"the ranks checkpointed and stopped (exit {code}) after {record.get('restarts', 0)} re-queue(s), "
-                "the most compute.max_requeues allows"
-                if record.get("warned")
-                else f"the ranks checkpointed and stopped (exit {code})"
-            )
-            return JobStatus(state, code, f"Slurm job {self.id}: {why}; {self._tail()}")
-        if failure is not None:
-            return JobStatus(state, code, f"Slurm job {self.id}: {failure.message()}")
-        return JobStatus(state, code, f"Slurm job {self.id}: the ranks ended with exit status {code}; {self._tail()}")
+            return Observation(JobState.SUCCEEDED, 0)
+        requeued = f"stopped after {record.get('restarts', 0)} re-queue(s), the most compute.max_requeues allows"
+        return Observation(JobState.FAILED, code, requeued if code == EXIT_PREEMPTED and record.get("warned") else "")
 
-    def _stop_code(self) -> int | None:
-        """The ranks' exit code when Slurm stopped the job (from the script's stop record)."""
-        try:
-            record = json.loads((self.job_dir / STOP_RECORD).read_text(encoding="utf-8"))
-        except (OSError, ValueError):
-            return None
-        return int(record["code"]) if str(record.get("job_id")) == self.id else None
-
-    def query(self) -> dict[str, str] | None:
+    def query(self, job_id: str) -> dict[str, str] | None:
         """Slurm's view of the job (``scontrol show job``); None when Slurm no longer knows it."""
-        proc = _run(["scontrol", "show", "job", "-o", self.id])
+        proc = _run(["scontrol", "show", "job", "-o", job_id])
         if proc.returncode != 0:
             if "invalid job id" in (proc.stderr + proc.stdout).lower():
                 return None
-            raise _failed(f"scontrol show job {self.id}", proc)
+            raise _failed(f"scontrol show job {job_id}", proc)
         return parse_scontrol(proc.stdout)
 
-    def status(self) -> JobStatus:
-        if self._final is not None:
-            return self._final
-        record = self._record()
-        if record is not None:
-            self._final = self._from_record(record)
-            return self._final
-        now = time.monotonic()
-        if self._asked is None or now - self._asked[0] >= self.poll_interval_s:
-            self._asked = (now, self.query())
-        info = self._asked[1]
-        record = self._record()  # the job may have ended while we asked
-        if record is not None:
-            self._final = self._from_record(record)
-            return self._final
+    def describe(self, job_id: str) -> Observation:
+        info = self.query(job_id)
+        record = self._record(EXIT_RECORD, job_id)  # the job may have ended while Slurm was asked
+        state, reason = ("", "") if info is None else (info.get("JobState", ""), info.get("Reason", ""))
+        timed_out = state == "TIMEOUT" or reason == "TimeLimit" and record is not None
+        if record is not None and not (int(record["code"]) > 128 and (timed_out or state == "CANCELLED")):
+            return self._ended(record)  # else Slurm's time limit or scancel killed the ranks: it says so
         if info is None:
-            self._final = JobStatus(
-                JobState.FAILED,
-                None,
-                f"Slurm no longer knows job {self.id} and it left no exit "
-                f"record in {self.job_dir / EXIT_RECORD}; {self._tail()}",
-            )
-            return self._final
-        state = info.get("JobState", "")
-        reason = info.get("Reason", "")
-        if state == "PENDING" and reason in _NEVER_STARTS:
-            # Slurm would keep it queued, silently, for ever
-            _run(["scancel", self.id])
-            self._final = JobStatus(
-                JobState.FAILED,
-                EXIT_CONFIG_ERROR,
-                f"Slurm job {self.id} can never start ({reason}): {_NEVER_STARTS[reason]}; it was cancelled",
-            )
-            return self._final
+            gone = f"left no exit record in {self.job_dir / EXIT_RECORD}: Slurm no longer knows job {job_id}"
+            return Observation(JobState.FAILED, reason=gone)
+        if state == "PENDING" and reason in _NEVER_STARTS:  # Slurm would keep it queued, silently, for ever
+            _run(["scancel", job_id])
+            why = f"can never start ({reason}): {_NEVER_STARTS[reason]}; it was cancelled"
+            return Observation(JobState.FAILED, EXIT_CONFIG_ERROR, why, started=False)
         if state in _PENDING:
-            return JobStatus(JobState.PENDING, None, f"Slurm: {state}, reason {reason}")
-        if state in _RUNNING:
-            return JobStatus(JobState.RUNNING, None, f"Slurm: {state} on {info.get('NodeList', '?')}")
-        code_text = info.get("ExitCode", "0:0")
-        code, _, sig = code_text.partition(":")
-        exit_code = -int(sig) if sig.isdigit() and int(sig) else int(code) if code.isdigit() else None
+            return Observation(JobState.PENDING, reason=f"Slurm: {state}, reason {reason}")
+        if state in _RUNNING and not timed_out:
+            return Observation(JobState.RUNNING, reason=f"Slurm: {state} on {info.get('NodeList', '?')}")
         if state == "COMPLETED":
-            self._final = JobStatus(JobState.SUCCEEDED, 0)
-        elif state == "CANCELLED" or self.cancel_requested:
-            stopped = self._stop_code()
-            self._final = JobStatus(
-                JobState.CANCELLED,
-                stopped if stopped is not None else exit_code,
-                f"Slurm job {self.id} was cancelled ({reason}); {self._tail()}",
-            )
-        elif state == "TIMEOUT":
-            if self._stop_code() == EXIT_PREEMPTED:
-                self._final = JobStatus(
-                    JobState.FAILED,
-                    EXIT_PREEMPTED,
-                    (
-                        f"Slurm job {self.id} ran out of time (time limit {info.get('TimeLimit', self.time_limit)}); "
-                        "the "
-                        f"ranks saved a checkpoint when Slurm stopped them; {self._tail()}"
-                    ),
-                )
-            else:
-                failure = self._first_failure()
-                self._final = JobStatus(
-                    JobState.FAILED,
-                    failure.code if failure else exit_code,
-                    (
-                        f"Slurm job {self.id} ran out of time (time limit {info.get('TimeLimit', self.time_limit)}) "
-                        "without saving a checkpoint: raise compute.time, or compute.signal_before_s so that the "
-                        f"warning comes while the job can still checkpoint; {self._ranks_ended(failure)}"
-                    ),
-                )
-        else:
-            failure = self._first_failure()
-            self._final = JobStatus(
+            return Observation(JobState.SUCCEEDED, 0)
+        # the ranks' status when Slurm stopped the job (time limit, scancel, preemption), else the batch job's
+        stopped = record or self._record(STOP_RECORD, job_id)
+        code, _, sig = info.get("ExitCode", "0:0").partition(":")
+        exit_code = -int(sig) if sig.isdigit() and int(sig) else int(code) if code.isdigit() else None
+        exit_code = int(stopped["code"]) if stopped is not None else exit_code
+        if state == "CANCELLED":
+            return Observation(JobState.CANCELLED, exit_code, f"was cancelled ({reason})")
+        if timed_out:
+            return Observation(
                 JobState.FAILED,
-                failure.code if failure else exit_code,
-                f"Slurm job {self.id} ended {state} ({reason}); {self._ranks_ended(failure)}",
+                exit_code,
+                f"ran out of time (time limit {info.get('TimeLimit', '?')})",
+                unless_saved="without saving a checkpoint: raise compute.time, or compute.signal_before_s so that "
+                "the warning comes while the job can still checkpoint",
             )
-        return self._final
+        return Observation(JobState.FAILED, exit_code, f"ended {state} ({reason})")
 
-    def _ranks_ended(self, failure: RankFailure | None) -> str:
-        """The end of a message about a failed job: the rank that failed first, else the batch job's output."""
-        return failure.message() if failure is not None else self._tail()
-
-    def wait(self, timeout: float | None = None) -> JobStatus:
-        return self.poll_until_done(timeout, 0.1)
-
-    # ------------------------------------------------------------ output
-    def logs(self, follow: bool = True) -> Iterator[str]:
-        """The batch job's output (rank 0's output and the script's lines), from where the
-        previous call stopped. Without ``follow``, Slurm is not asked whether the job ended."""
-        return self._log.chunks(
-            lambda: self.status().state.done if follow or self._record() is not None else False, follow=follow
-        )
-
-    # ------------------------------------------------------------ stopping
-    def cancel(self) -> None:
-        if self._final is not None or self._record() is not None or self.cancel_requested:
+    def signal(self, job_id: str, how: Literal["stop", "kill"]) -> None:
+        if how == "kill":
+            _run(["scancel", job_id])
             return
-        self._asked = None  # what Slurm says now: a pending job is removed, a running one checkpoints
-        status = self.status()
-        if status.state.done:
-            return
-        write_text(self.job_dir / CANCEL_FILE, f"{time.time()}\n")
-        if status.state is JobState.PENDING:
-            _run(["scancel", self.id])
-            return
-        # SIGUSR1 to the batch shell only (srun itself must not get SIGTERM: it would kill the
-        # ranks at once): seeing the cancel marker, it passes SIGTERM to the ranks, which
-        # checkpoint, and ends the job after the grace period by itself (also when this process is gone)
-        _run(["scancel", "--signal=USR1", "--batch", self.id])
-        timer = threading.Timer(self.grace + 5, self._kill)
-        timer.daemon = True
-        timer.start()
+        # SIGUSR1 to the batch shell only (srun itself must not get SIGTERM: it would kill the ranks at
+        # once): seeing the cancel mark, it passes SIGTERM to the ranks, which checkpoint, and ends the
+        # job after the grace period by itself (also when this process is gone)
+        if _run(["scancel", "--signal=USR1", "--batch", job_id]).returncode != 0:
+            info = self.query(job_id)  # a job still queued has no batch shell: it is removed
+            if info is not None and info.get("JobState") in _PENDING:
+                _run(["scancel", job_id])
 
-    def _kill(self) -> None:
-        if not self.status().state.done:
-            _run(["scancel", self.id])
+    def read_log(self, job_id: str, offset: int) -> str:
+        """The batch output (the script's lines and rank 0's output), read on from where the last
+        read stopped (decoded across reads)."""
+        if offset < self._read:
+            self._log, self._read = LogFollower(self.job_dir / OUTPUT, pace_s=0.1), 0
+        start = self._read
+        text = self._log.read_new()
+        self._read += len(text)
+        return text[offset - start :]
 
 
 # ---------------------------------------------------------------------------- the target
@@ -732,23 +636,18 @@ exit "$code"
         job_id = proc.stdout.strip().split(";")[0]
         if proc.returncode != 0 or not job_id.isdigit():
             raise ddlkit.ConfigError(f"sbatch refused the job: {_first_line(proc.stderr or proc.stdout)}")
-        return SlurmJob(
-            job_id,
-            job_dir=job_dir,
-            poll_interval_s=self.cfg.poll_interval_s,
-            grace_period_s=self.cfg.grace_period_s,
-            time_limit=self.cfg.time,
-            world_size=self.world_size,
-        )
+        return self.attach(job_id, job_dir=job_dir)
 
     def attach(self, job_id: str, *, job_dir: Path) -> JobHandle:
         if not str(job_id).isdigit():
             raise ddlkit.ConfigError(f"{job_id!r} is not a Slurm job id.")
-        return SlurmJob(
+        job_dir = Path(job_dir).resolve()
+        return SchedulerJob(
+            SlurmScheduler(job_dir),
             str(job_id),
-            job_dir=Path(job_dir).resolve(),
+            job_dir=job_dir,
+            world_size=self.world_size,
             poll_interval_s=self.cfg.poll_interval_s,
             grace_period_s=self.cfg.grace_period_s,
-            time_limit=self.cfg.time,
-            world_size=self.world_size,
+            log=job_dir / OUTPUT,
         )
