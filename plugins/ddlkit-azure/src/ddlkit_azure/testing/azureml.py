@@ -193,6 +193,7 @@ class LoopbackWorkspace:
         self.image_builds: dict[tuple[str, str], ImageBuild] = {}
         self.jobs: dict[str, LoopbackJob] = {}
         self._lock = threading.Lock()
+        self._build_lock = threading.Lock()
         self._bin = self.root / "bin"
         self._bin.mkdir(parents=True, exist_ok=True)
         # "python" in a job is this machine's interpreter, in place of the image's: a script that runs
@@ -775,7 +776,9 @@ class LoopbackWorkspace:
         if not build:
             return environment.get("image")
         key = (m.group(1), m.group(2))
-        with self._lock:
+        # one build per version, and the workspace answers meanwhile (a build takes a while: its
+        # context comes from Azurite)
+        with self._build_lock:
             if key not in self.image_builds:
                 self.image_builds[key] = self._build_image(*key, build)
             return self.image_builds[key].image
