@@ -20,10 +20,12 @@ from omegaconf import OmegaConf
 import ddlkit
 from ddlkit.compute import containers
 from ddlkit.compute.containers import image_context
+from ddlkit.compute.scheduler import SchedulerJob
 from ddlkit.compute.snapshot import CodeSnapshot
-from ddlkit.interfaces import JOB_FILE, JobHandle, JobSpec, JobState
+from ddlkit.interfaces import JOB_FILE, JobSpec, JobState
 from ddlkit.testing.core import Registry, get_plugin_manager
 from ddlkit.testing.registry import LoopbackRegistry
+from ddlkit_azure import rank as rank_entry
 from ddlkit_azure._azureml import place_snapshot
 from ddlkit_azure.azureml import AzureMLConfig, AzureMLTarget
 from ddlkit_azure.testing.azureml import ARM_PREFIX, BLOB_URL, LoopbackWorkspace
@@ -63,7 +65,7 @@ def spec(tmp_path: Path, secret_env: dict[str, str] | None = None) -> JobSpec:
     )
 
 
-def submitted(loopback: LoopbackWorkspace, job_dir: Path, code: str, **changes: object) -> JobHandle:
+def submitted(loopback: LoopbackWorkspace, job_dir: Path, code: str, **changes: object) -> SchedulerJob:
     """A job of ``python -c code`` on the loopback workspace (as the compute contract submits one)."""
     job_dir.mkdir(parents=True)
     (job_dir / JOB_FILE).write_text("{}\n", encoding="utf-8")
@@ -107,7 +109,8 @@ def test_the_distribution_fits_the_framework_and_backend(
     if kind:
         assert job["distribution"]["processCountPerInstance"] == per_node
     command = job["command"]
-    assert command.endswith("exec python -m ddlkit.rank.worker job.json")
+    # every process runs the worker under ddlkit's rank minder (its log and exit record in the job's output)
+    assert command.endswith("exec python -m ddlkit_azure.rank -- python -m ddlkit.rank.worker job.json")
     # every case gives the ranks their place: MPI's from OpenMPI plus rank 0's host from Azure ML,
     # PyTorch's from Azure ML plus the node layout
     assert ('MASTER_ADDR="${AZ_BATCH_MASTER_NODE%%:*}"' in command) is (kind == "Mpi")
@@ -233,6 +236,53 @@ def test_every_process_puts_the_snapshot_into_the_job_directory_in_one_piece(tmp
     (out / "code" / "my_pkg" / "nets.py").write_text("x = 3\n")
     subprocess.run(["sh", "-c", script], check=True)
     assert (out / "code" / "my_pkg" / "nets.py").read_text() == "x = 3\n"
+
+
+@pytest.mark.parametrize(
+    ("env", "place"),
+    [
+        ({}, (0, 1, "0", "0", "1")),
+        # MpiDistribution: OpenMPI's, the node from the rank and the ranks on each node
+        (
+            {
+                "OMPI_COMM_WORLD_RANK": "5",
+                "OMPI_COMM_WORLD_SIZE": "8",
+                "OMPI_COMM_WORLD_LOCAL_RANK": "1",
+                "OMPI_COMM_WORLD_LOCAL_SIZE": "4",
+            },
+            (5, 8, "1", "1", "4"),
+        ),
+        # PyTorchDistribution: Azure ML's RANK and LOCAL_RANK, the node and its size from the command
+        (
+            {
+                "RANK": "3",
+                "WORLD_SIZE": "4",
+                "LOCAL_RANK": "1",
+                "NODE_RANK": "1",
+                "DDLKIT_NODE": "1",
+                "DDLKIT_LOCAL_SIZE": "2",
+            },
+            (3, 4, "1", "1", "2"),
+        ),
+    ],
+)
+def test_each_process_finds_its_place_under_the_rank_minder(env: dict[str, str], place: tuple) -> None:
+    rank, world, variables = rank_entry.layout(env)
+    node, local_rank, local_size = (variables[k] for k in ("DDLKIT_NODE", "DDLKIT_LOCAL_RANK", "DDLKIT_LOCAL_SIZE"))
+    assert (rank, world, node, local_rank, local_size) == place
+
+
+def test_a_rank_forgets_the_records_an_earlier_run_left_in_the_output(tmp_path: Path) -> None:
+    """The output outlives a job (queued again after a preemption, the job directory run again): a
+    rank removes its own earlier record, rank 0 those of ranks this job does not have."""
+    ranks = tmp_path / ".ranks"
+    ranks.mkdir()
+    for n in range(4):
+        (ranks / f"rank-{n}.json").write_text("{}")
+    rank_entry.forget_earlier_records(1, 2, tmp_path)
+    assert sorted(p.name for p in ranks.iterdir()) == ["rank-0.json", "rank-2.json", "rank-3.json"]
+    rank_entry.forget_earlier_records(0, 2, tmp_path)
+    assert sorted(p.name for p in ranks.iterdir()) == []
 
 
 @pytest.mark.parametrize(
@@ -466,10 +516,10 @@ def test_a_404_of_something_in_the_workspace_is_not_a_missing_workspace(
     azureml_workspace: LoopbackWorkspace, https_loopback: LoopbackServer, tmp_path: Path, method: str, path: str, answer
 ) -> None:
     handle = submitted(azureml_workspace, tmp_path / "workspace-smoke-test", "print('done')")
-    assert handle.wait(timeout=90).state is JobState.SUCCEEDED
+    assert handle.wait(timeout=90).state is JobState.SUCCEEDED  # its output downloaded before it was judged
     https_loopback.route(method, path, lambda r, m: Response(404, answer(azureml_workspace, r)))
     with pytest.raises(ddlkit.ConfigError) as refused:
-        handle.collect()
+        on(azureml_workspace).attach(handle.id, job_dir=tmp_path / "again").collect()
     assert str(refused.value).startswith(f"downloading job {handle.id}'s output: Azure ML answered 404: ")
     assert "was not found in resource group" not in str(refused.value)
 
@@ -668,6 +718,8 @@ def test_collect_downloads_a_job_whose_record_ends_between_two_reads(
     finds it Completed: the download is tried again, not given up as refused for another reason."""
     handle = submitted(azureml_workspace, tmp_path / "job", "open('written-by-the-job.txt', 'w').write('here')")
     assert handle.wait(timeout=90).state is JobState.SUCCEEDED
+    # the handle downloaded the output before it judged the job: another handle downloads it anew
+    handle = on(azureml_workspace).attach(handle.id, job_dir=tmp_path / "again")
     reads = []
 
     def lagging_once(r: Request, m: re.Match[str]) -> dict:
@@ -679,15 +731,16 @@ def test_collect_downloads_a_job_whose_record_ends_between_two_reads(
 
     https_loopback.route("GET", ARM_PREFIX + r"/jobs/(?P<name>[^/]+)", lagging_once)
     handle.collect()
-    assert (tmp_path / "job" / "written-by-the-job.txt").read_text() == "here"
+    assert (tmp_path / "again" / "written-by-the-job.txt").read_text() == "here"
     assert len(reads) >= 3  # the download's read (Finalizing), ddlkit's (Completed), the download's again
 
 
 def test_collect_says_so_when_the_job_record_never_agrees(azureml_workspace: LoopbackWorkspace, tmp_path: Path) -> None:
     azureml_workspace.record_lag_s = 600.0
     handle = submitted(azureml_workspace, tmp_path / "job", "open('written-by-the-job.txt', 'w').write('here')")
+    # the handle downloads the output before it judges the job, then collect() tries again
+    handle.scheduler.settle_s = 1.0
     assert handle.wait(timeout=90).state is JobState.SUCCEEDED
-    handle.settle_s = 1.0
     with pytest.raises(
         ddlkit.RunError,
         match=r"run history says the job ended \(Completed\), but its job record "
@@ -695,6 +748,34 @@ def test_collect_says_so_when_the_job_record_never_agrees(azureml_workspace: Loo
     ):
         handle.collect()
     assert not (tmp_path / "job" / "written-by-the-job.txt").exists()
+
+
+def test_the_rank_that_failed_first_is_judged_from_the_records_in_the_output(
+    azureml_workspace: LoopbackWorkspace, tmp_path: Path
+) -> None:
+    """Every process runs under the rank minder, whose exit record goes into the job's output with
+    its log: the job is judged from them once they are downloaded. Azure ML reports the exit status
+    of the first process it lists (rank 0's, stopped when rank 1 failed); the job's is rank 1's."""
+    code = """
+        import os, sys, time
+        if os.environ["RANK"] == "1":
+            print("rank 1: the batch is bad", flush=True)
+            sys.exit(4)
+        time.sleep(60)
+    """
+    handle = submitted(azureml_workspace, tmp_path / "rank-1-fails", code, dist="native", procs_per_node=2)
+    status = handle.wait(timeout=90)
+    assert azureml_workspace.jobs[handle.id].exit_code == 143  # rank 0's minder, its worker stopped by SIGTERM
+    assert (status.state, status.exit_code) == (JobState.FAILED, 4), status
+    assert re.match(
+        rf"Azure ML job {handle.id} failed: Execution failed\. User process 'bash' exited with status code 143\. .*; "
+        r"rank 1 \(node 0, host [^)]+\) failed first, with exit status 4; last lines of .*rank-1\.log:\n"
+        r"    rank 1: the batch is bad\n",
+        status.message,
+    ), status.message
+    assert "then rank 0: killed by signal SIGTERM" in status.message, status.message
+    records = {p.name: json.loads(p.read_text())["code"] for p in (tmp_path / "rank-1-fails" / ".ranks").iterdir()}
+    assert records == {"rank-0.json": -15, "rank-1.json": 4}
 
 
 def test_rank_0s_log_is_found_among_ten_processes(azureml_workspace: LoopbackWorkspace, tmp_path: Path) -> None:

@@ -134,7 +134,7 @@ def test_a_training_run_end_to_end(
     (azureml_name,) = azureml_workspace.jobs
     assert job["jobType"] == "Command" and job["experimentName"] == "ddlkit"
     assert job["resources"]["instanceCount"] == 1 and not job.get("distribution")
-    assert job["command"].endswith("exec python -m ddlkit.rank.worker job.json")
+    assert job["command"].endswith("exec python -m ddlkit_azure.rank -- python -m ddlkit.rank.worker job.json")
     assert job["computeId"].endswith("/workspaces/ws-ddlkit/computes/gpu-cluster")
     assert job["outputs"]["job_dir"] == {
         "jobOutputType": "uri_folder",

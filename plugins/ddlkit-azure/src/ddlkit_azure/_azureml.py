@@ -9,7 +9,6 @@ asked for and ARM's error code, not by the words of its message.
 
 from __future__ import annotations
 
-import codecs
 import contextlib
 import io
 import json
@@ -21,10 +20,10 @@ import sys
 import tempfile
 import time
 import uuid
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 import requests
 from azure.ai.ml import (
@@ -47,15 +46,15 @@ from azure.core.exceptions import (
 import ddlkit
 from ddlkit.compute.containers import horovod_image_note
 from ddlkit.compute.layout import LOCAL_SIZE_ENV, NODE_ENV
-from ddlkit.interfaces import JobHandle, JobSpec, JobState, JobStatus
+from ddlkit.compute.outcome import Observation
+from ddlkit.compute.scheduler import Scheduler
+from ddlkit.interfaces import JobSpec, JobState
 from ddlkit.jobdir import (
     CODE_DIR,
     CODE_FILE,
     CONFIG_FILE,
     ENVIRONMENT_FILE,
-    EXIT_COMPLETED,
     EXIT_FAILED,
-    EXIT_PREEMPTED,
     JOB_FILE,
     OVERRIDES_FILE,
     STATE_DIR,
@@ -65,7 +64,7 @@ from ddlkit.redact import REDACTED, scrub
 
 from ._environment import job_environment, workspace_build
 from .arm import SIGN_IN, error_code, management_credential, missing_scope
-from .ranged import bytes_from, range_header
+from .ranged import RangedLog, bytes_from, follow_paced, range_header
 
 if TYPE_CHECKING:
     from .azureml import AzureMLConfig, AzureMLTarget
@@ -87,6 +86,8 @@ CODE_INPUT = "code"
 UPLOAD_WORKERS = 8
 #: in the name of a file a process of the job is still writing (never part of a snapshot's files)
 PARTIAL = ".ddlkit-partial"
+#: what every process of the job runs, the worker under it (:mod:`ddlkit_azure.rank`)
+RANK_ENTRY = "ddlkit_azure.rank"
 #: where the job's copy of job.json reads data.root from (the input's path on the node)
 DATA_ROOT_ENV = "DDLKIT_DATA_ROOT"
 #: Azure ML's job states (run history's) -> ddlkit's
@@ -109,13 +110,7 @@ _NOT_FOUND_CODES = ("ResourceNotFound", "ParentResourceNotFound")
 #: how long collect waits, once run history says the job ended, for the job's record (a separate
 #: service, read by jobs.download, which refuses a job it says is still running) to say so too
 SETTLE_S = 120.0
-#: REST calls this process made to follow jobs (run details, log reads, job reads): what the benchmark counts
-REST_CALLS = {"count": 0}
 _ARM = "https://management.azure.com"
-
-
-def _counted() -> None:
-    REST_CALLS["count"] += 1
 
 
 # ---------------------------------------------------------------------------- the job definition
@@ -147,7 +142,8 @@ def job_command(target: AzureMLTarget, spec: JobSpec, files: list[str]) -> str:
     elif kind == "pytorch":
         # Azure ML sets MASTER_ADDR, MASTER_PORT, RANK, WORLD_SIZE, LOCAL_RANK and NODE_RANK
         lines.append(f'export {LOCAL_SIZE_ENV}={int(target.cfg.procs_per_node)} {NODE_ENV}="${{NODE_RANK:-0}}"')
-    lines.append("exec " + shlex.join(spec.command("python")))
+    # each process under ddlkit's rank minder: its log, its exit record, the service's SIGTERM passed on
+    lines.append("exec " + shlex.join(["python", "-m", RANK_ENTRY, "--", *spec.command("python")]))
     return "\n".join(lines)
 
 
@@ -461,7 +457,8 @@ class Workspace:
                 f"({_first_line(err, spec.secret_env)})."
             ) from None
 
-    def submit(self, target: AzureMLTarget, spec: JobSpec) -> AzureMLJob:
+    def submit(self, target: AzureMLTarget, spec: JobSpec) -> str:
+        """Create the job (its cluster checked, its environment and code snapshot there); its name."""
         self.check_cluster()
         environment = job_environment(self, target)
         if spec.code_digest:
@@ -483,13 +480,7 @@ class Workspace:
             # whatever show_progress says: they would land among the job's output
             with self.errors(f"submitting job {spec.name}", spec.secret_env), contextlib.redirect_stderr(io.StringIO()):
                 created = self.client.jobs.create_or_update(job)
-        return AzureMLJob(
-            self,
-            created.name,
-            job_dir=spec.job_dir,
-            poll_interval_s=target.cfg.poll_interval_s,
-            secrets=spec.secret_env,
-        )
+        return str(created.name)
 
 
 def _first_line(err: BaseException, secrets: Mapping[str, str] | None) -> str:
@@ -498,168 +489,133 @@ def _first_line(err: BaseException, secrets: Mapping[str, str] | None) -> str:
     return scrub(lines[0] if lines else type(err).__name__, dict(secrets or {}))
 
 
-# ---------------------------------------------------------------------------- the handle
-class AzureMLJob(JobHandle):
-    """An Azure ML command job; ``id`` is its name in the workspace.
+# ---------------------------------------------------------------------------- the scheduler
+class AzureMLScheduler(Scheduler):
+    """What Azure ML says of its command jobs (``job_id``: the job's name in the workspace), their
+    cancel, rank 0's log and the output; :class:`~ddlkit.compute.scheduler.SchedulerJob` paces the
+    looks and :func:`~ddlkit.compute.outcome.judge` decides how a job ended, from the ranks' exit
+    records in the output (:mod:`ddlkit_azure.rank`).
 
-    One look at the job is one run-history call (state, error, log files), at most once per
-    ``poll_interval_s`` however often :meth:`status` is called; following the log adds one ranged
+    One look is one run-history call (state, error, log files); following the log adds one ranged
     read of rank 0's log file per look."""
 
-    def __init__(
-        self,
-        workspace: Workspace,
-        name: str,
-        *,
-        job_dir: Path,
-        poll_interval_s: float,
-        secrets: Mapping[str, str] | None = None,
-    ) -> None:
-        self.workspace, self.id = workspace, name
-        self.job_dir = Path(job_dir)
-        self.poll_interval_s = poll_interval_s
-        self._secrets = dict(secrets or {})
-        self._details: Any = None
-        self._asked = float("-inf")
-        self._final: JobStatus | None = None
-        self._offset = 0
-        self._decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
-        self._cancelled = False
+    noun = "Azure ML job"
+
+    def __init__(self, workspace: Workspace, *, poll_interval_s: float, secrets: Mapping[str, str] | None = None):
+        self.workspace, self.poll_interval_s = workspace, poll_interval_s
+        self.secrets = dict(secrets or {})
+        #: how long fetch waits, once run history says the job ended, for the job's record to say so too
         self.settle_s = SETTLE_S
+        self._seen: dict[str, tuple[float, Any]] = {}
+        self._logs: dict[str, RangedLog] = {}
+        self._fetched: set[tuple[str, Path]] = set()
 
-    # ------------------------------------------------------------ state
-    def details(self, *, fresh: bool = False) -> Any:
-        """Run history's details of the job (state, error, log files), asked at most once per poll interval."""
-        if fresh or self._details is None or time.monotonic() - self._asked >= self.poll_interval_s:
-            with self.workspace.errors(f"reading job {self.id}", self._secrets):
-                _counted()
-                # what `az ml job stream` / MLClient.jobs.stream read: the run's details
-                self._details = self.workspace.client.jobs._runs_operations.get_run_details(self.id)
-            self._asked = time.monotonic()
-        return self._details
+    def details(self, job_id: str) -> Any:
+        """Run history's details of the job (state, error, log files): what `az ml job stream` reads."""
+        with self.workspace.errors(f"reading job {job_id}", self.secrets):
+            details = self.workspace.client.jobs._runs_operations.get_run_details(job_id)
+        self._seen[job_id] = (time.monotonic(), details)
+        return details
 
-    def status(self) -> JobStatus:
-        if self._final is not None:
-            return self._final
-        details = self.details()
-        state = STATES.get(details.status or "NotStarted", JobState.PENDING)
-        if details.status not in TERMINAL:
-            if state is JobState.CANCELLED:  # CancelRequested: still stopping
-                state = JobState.RUNNING
-            return JobStatus(state, None, f"Azure ML: {details.status}")
-        self._final = self._ended(details)
-        return self._final
-
-    def _ended(self, details: Any) -> JobStatus:
-        if details.status == "Completed":
-            return JobStatus(JobState.SUCCEEDED, EXIT_COMPLETED)
-        error = getattr(getattr(details.error, "error", None), "message", None) or ""
-        tail = self._tail(details)
+    def describe(self, job_id: str) -> Observation:
+        status = self.details(job_id).status or "NotStarted"
+        state = STATES.get(status, JobState.PENDING)
+        if status not in TERMINAL:
+            # CancelRequested: still stopping (its ranks checkpoint), so its files come after they stopped
+            return Observation(JobState.RUNNING if state.done else state, reason=f"Azure ML: {status}")
+        if status == "Completed":
+            return Observation(JobState.SUCCEEDED, 0)
+        details = self._seen[job_id][1]
+        error = scrub(getattr(getattr(details.error, "error", None), "message", None) or "", self.secrets)
         found = _EXIT.search(error)
         code = int(found.group(1)) if found else None
-        if details.status == "Canceled":
-            # Azure ML keeps no exit status for a cancelled job: the worker's own last words say
-            # whether it stopped after a checkpoint (the resume hint then applies)
-            code = EXIT_PREEMPTED if ", resumable" in tail else code  # ddlkit.rank.worker: "...; <what>, resumable"
-            return JobStatus(JobState.CANCELLED, code, f"Azure ML job {self.id} was cancelled; {self._tail_text(tail)}")
-        return JobStatus(
-            JobState.FAILED,
-            code if code is not None else EXIT_FAILED,
-            f"Azure ML job {self.id} failed: {scrub(error, self._secrets) or 'no reason given'}; "
-            f"{self._tail_text(tail)}",
+        if status == "Canceled":  # Azure ML keeps no exit status of its own: the ranks' records say
+            return Observation(JobState.CANCELLED, code)
+        return Observation(
+            JobState.FAILED, EXIT_FAILED if code is None else code, reason=f"failed: {error or 'no reason given'}"
         )
 
-    def _tail_text(self, tail: str) -> str:
-        lines = tail.splitlines()[-15:] or ["(no log)"]
-        return "last lines of rank 0's log:\n" + "\n".join("    " + ln for ln in lines)
+    def signal(self, job_id: str, how: Literal["stop", "kill"]) -> None:
+        # stop and kill alike: Azure ML stops the processes (SIGTERM: the ranks checkpoint), then kills them
+        with self.workspace.errors(f"cancelling job {job_id}", self.secrets):
+            self.workspace.client.jobs.begin_cancel(job_id)
 
-    def _tail(self, details: Any) -> str:
-        url = self._rank0_url(details)
+    # ------------------------------------------------------------ rank 0's log
+    def read_log(self, job_id: str, offset: int) -> str:
+        """Rank 0's log (``user_logs/std_log.txt``, or ``std_log_process_0.txt`` of several
+        processes, zero-padded) from ``offset``: the log files of the last look at the job, looked
+        at again when it had none and is a poll interval old."""
+        seen = self._seen.get(job_id)
+        if seen is None or 0 not in rank_logs(seen[1]) and time.monotonic() - seen[0] >= self.poll_interval_s:
+            seen = (0.0, self.details(job_id))
+        url = rank_logs(seen[1]).get(0)
         if url is None:
             return ""
-        return self._read(url).decode("utf-8", errors="replace")
+        return self._logs.setdefault(job_id, RangedLog()).read(offset, lambda start: self._read(job_id, url, start))
 
-    def wait(self, timeout: float | None = None) -> JobStatus:
-        return self.poll_until_done(timeout, self.poll_interval_s)
+    def follow_log(self, job_id: str, offset: int, done: Callable[[], bool]) -> Iterator[str]:
+        return follow_paced(lambda at: self.read_log(job_id, at), offset, done, self.poll_interval_s)
 
-    # ------------------------------------------------------------ output
-    @staticmethod
-    def _rank_logs(details: Any) -> dict[int, str]:
-        """Each process's log file: {rank: its URL}."""
-        found = {}
-        for name, url in (details.log_files or {}).items():
-            m = _RANK_LOG.match(name)
-            if m:
-                found[int(m.group(1) or 0)] = url
-        return found
-
-    def _rank0_url(self, details: Any) -> str | None:
-        return self._rank_logs(details).get(0)
-
-    def _read(self, url: str, start: int | None = None) -> bytes:
+    def _read(self, job_id: str, url: str, start: int | None = None) -> bytes:
         """The log file at ``url``, or its bytes from ``start`` on (a ranged read)."""
-        _counted()
         try:
             response = requests.get(url, headers={} if start is None else range_header(start), timeout=60)
         except requests.RequestException as err:
-            raise ddlkit.ConfigError(f"reading job {self.id}'s log: {scrub(str(err), self._secrets)}") from None
+            raise ddlkit.ConfigError(f"reading job {job_id}'s log: {scrub(str(err), self.secrets)}") from None
         data = bytes_from(response, start or 0)
         if data is None:
-            raise ddlkit.ConfigError(f"reading job {self.id}'s log: HTTP {response.status_code}")
+            raise ddlkit.ConfigError(f"reading job {job_id}'s log: HTTP {response.status_code}")
         return data
 
-    def _read_new(self, details: Any) -> str:
-        url = self._rank0_url(details)
-        if url is None:
-            return ""
-        data = self._read(url, start=self._offset)
-        self._offset += len(data)
-        return self._decoder.decode(data)
-
-    def logs(self, follow: bool = True) -> Iterator[str]:
-        """Rank 0's log (``user_logs/std_log.txt``, or ``std_log_process_0.txt`` of several
-        processes, zero-padded), from where the previous call stopped; one look per poll interval."""
-        first = True
-        while True:
-            details = self.details(fresh=first)
-            first = False
-            done = details.status in TERMINAL
-            text = self._read_new(details)
-            if text:
-                yield text
-            if done or not follow:
-                if done:
-                    self.status()
-                return
-            time.sleep(self.poll_interval_s)
-
-    # ------------------------------------------------------------ stopping
-    def cancel(self) -> None:
-        if self._cancelled or self.status().state.done:
-            return
-        self._cancelled = True
-        with self.workspace.errors(f"cancelling job {self.id}", self._secrets):
-            _counted()
-            # Azure ML stops the processes (SIGTERM: a ddlkit worker checkpoints and exits)
-            self.workspace.client.jobs.begin_cancel(self.id)
-        self._asked = float("-inf")
-
     # ------------------------------------------------------------ files
-    def _download_output(self, into: str) -> None:
+    def fetch(self, job_id: str, job_dir: Path) -> None:
+        """The job's output (its directory: the ranks' exit records and logs, result, metrics,
+        checkpoints, model) into the launcher's job directory -- the launcher's own files stay --,
+        and the Azure ML log of each process that left no ``rank-N.log`` there (it failed before its
+        rank minder started) as its ``rank-N.log``. An ended job's output is downloaded once."""
+        job_dir = Path(job_dir)
+        if (job_id, job_dir) in self._fetched:
+            return
+        details = self.details(job_id)
+        brought: set[str] = set()
+        downloaded = False
+        with tempfile.TemporaryDirectory(prefix="ddlkit-azureml-") as tmp:
+            try:
+                self._download_output(job_id, tmp, job_dir, details.status)
+                downloaded = True
+            except ddlkit.DdlkitError:
+                if details.status == "Completed":
+                    raise
+                # a job that failed or was cancelled before it ran has no output: its logs may still tell why
+            source = Path(tmp) / "named-outputs" / OUTPUT
+            for path in sorted(source.rglob("*")):
+                rel = path.relative_to(source)
+                # the launcher's own files (its job files, its code snapshot) stay; the job's
+                # bookkeeping (its lock) stays there
+                launchers = len(rel.parts) == 1 and rel.name in (*LAUNCHER_FILES, CODE_FILE)
+                if rel.parts[0] not in (STATE_DIR, CODE_DIR) and not launchers and path.is_file():
+                    (job_dir / rel).parent.mkdir(parents=True, exist_ok=True)
+                    shutil.copy2(path, job_dir / rel)
+                    brought.add(rel.as_posix())
+        for rank, url in rank_logs(details).items():
+            if rank_log(rank) not in brought:
+                (job_dir / rank_log(rank)).write_bytes(self._read(job_id, url))
+        if downloaded and details.status in TERMINAL:
+            self._fetched.add((job_id, job_dir))
+
+    def _download_output(self, job_id: str, into: str, job_dir: Path, ended: str) -> None:
         """The job's output into ``into``, once the job's record agrees with run history that the
         job ended: ``jobs.download`` reads the record, and refuses a job it says is still running.
         Waits up to ``settle_s`` for that, a look every poll interval."""
         deadline = time.monotonic() + self.settle_s
         told = refused_when_ended = False
         while True:
-            with self.workspace.errors(f"downloading job {self.id}'s output", self._secrets):
+            with self.workspace.errors(f"downloading job {job_id}'s output", self.secrets):
                 try:
-                    _counted()
-                    self.workspace.client.jobs.download(self.id, download_path=into, output_name=OUTPUT)
+                    self.workspace.client.jobs.download(job_id, download_path=into, output_name=OUTPUT)
                     return
                 except JobException:
-                    _counted()
-                    status = self.workspace.client.jobs.get(self.id).status
+                    status = self.workspace.client.jobs.get(job_id).status
                     recorded = str(getattr(status, "value", status))
                     if recorded in TERMINAL:
                         if refused_when_ended:
@@ -667,13 +623,12 @@ class AzureMLJob(JobHandle):
                         # the record ended between the download's read of it and this one: once more
                         refused_when_ended = True
                         continue
-            ended = self.details().status
             if time.monotonic() >= deadline:
                 raise ddlkit.RunError(
-                    f"downloading job {self.id}'s output: Azure ML's run history says the job ended ({ended}), but "
+                    f"downloading job {job_id}'s output: Azure ML's run history says the job ended ({ended}), but "
                     f"its job record still says {recorded} after {self.settle_s:.0f} s, and the output is downloaded "
                     f"only once they agree. It stays in the workspace: download it later with `ddlkit jobs attach "
-                    f"{self.job_dir}`.",
+                    f"{job_dir}`.",
                     component="compute",
                 )
             if not told:
@@ -686,31 +641,12 @@ class AzureMLJob(JobHandle):
                 told = True
             time.sleep(max(0.0, min(self.poll_interval_s, deadline - time.monotonic())))
 
-    def collect(self) -> None:
-        """The job's output (its directory: result, metrics, checkpoints, model, rank logs) into
-        the launcher's job directory -- the launcher's own files stay -- and each process's
-        Azure ML log as ``rank-N.log``."""
-        with tempfile.TemporaryDirectory(prefix="ddlkit-azureml-") as tmp:
-            try:
-                self._download_output(tmp)
-            except ddlkit.DdlkitError:
-                if self.status().state is JobState.SUCCEEDED:
-                    raise
-                # a job that failed or was cancelled before it ran has no output: its logs may still tell why
-            source = Path(tmp) / "named-outputs" / OUTPUT
-            if source.is_dir():
-                for path in sorted(source.rglob("*")):
-                    rel = path.relative_to(source)
-                    # the launcher's own files (its job files, its code snapshot) stay; the job's
-                    # bookkeeping (its lock) stays there
-                    if (
-                        rel.parts[0] in (STATE_DIR, CODE_DIR)
-                        or len(rel.parts) == 1
-                        and rel.name in (*LAUNCHER_FILES, CODE_FILE)
-                    ):
-                        continue
-                    if path.is_file():
-                        (self.job_dir / rel).parent.mkdir(parents=True, exist_ok=True)
-                        shutil.copy2(path, self.job_dir / rel)
-        for rank, url in self._rank_logs(self.details(fresh=True)).items():
-            (self.job_dir / rank_log(rank)).write_bytes(self._read(url))
+
+def rank_logs(details: Any) -> dict[int, str]:
+    """Each process's log file among the run's: {rank: its URL}."""
+    found = {}
+    for name, url in (details.log_files or {}).items():
+        m = _RANK_LOG.match(name)
+        if m:
+            found[int(m.group(1) or 0)] = url
+    return found

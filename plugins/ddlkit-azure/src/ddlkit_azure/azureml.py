@@ -67,9 +67,12 @@ What `ddlkit plan` prints, secrets as `***`:
 - an output `job_dir`, a read-write mount of `<compute.output_root>/<job name>/` on the
   workspace's default datastore: the command copies the job's files there and runs the worker
   *in it*, so what the ranks write (checkpoints, metrics, `result.json`, the model) is in the
-  workspace as it is written. At the end (any end) `result.json`, the checkpoints, metrics and
-  model are downloaded into the local job directory, and each process's Azure ML log
-  (`user_logs/std_log*.txt`) becomes `rank-N.log`;
+  workspace as it is written. Each process runs the worker under ddlkit's rank minder
+  (`python -m ddlkit_azure.rank -- python -m ddlkit.rank.worker job.json`), which writes the
+  rank's `rank-N.log` and its exit record `.ranks/rank-N.json` there too. At the end (any end)
+  `result.json`, the checkpoints, metrics, model, rank logs and exit records are downloaded into
+  the local job directory, before the job is judged; a process that left no `rank-N.log` (it
+  failed before its minder started) has its Azure ML log (`user_logs/std_log*.txt`) as one;
 - `data.root=azureml://datastores/<name>/paths/<path>` becomes an input `data`, downloaded to the
   nodes with `storage=local_ssd` (or `compute.input_mode=download`), mounted read-only otherwise
   (`ro_mount`); the job's copy of `job.json` reads `data.root` from the input's path. A local
@@ -114,13 +117,18 @@ loopback workspace) the ranks checkpoint, the job ends `Canceled` and the resume
 printed. How long Azure ML waits before killing them was not measured.
 
 Azure ML's states map as NotStarted/Queued/Preparing/Starting/Provisioning -> pending,
-Running/Finalizing -> running, Completed -> succeeded, Failed -> failed (with the exit status
-Azure ML reports and the last lines of rank 0's log), Canceled -> cancelled; CancelRequested
-counts as running until the job is Canceled (its ranks are checkpointing), so the job's files are
-collected after they stopped. The output is downloaded once the job's record (another service
-than run history, and the one the SDK's download reads) also says the job ended: it may lag by
-seconds, so ddlkit waits up to 120 s, saying so, and otherwise ends with a one-line error that
-the output stays in the workspace (`ddlkit jobs attach <job dir>` downloads it later).
+Running/Finalizing -> running, Completed -> succeeded, Failed -> failed, Canceled -> cancelled;
+CancelRequested counts as running until the job is Canceled (its ranks are checkpointing), so the
+job's files are collected after they stopped. How a job ended is ddlkit's one rule
+([Failures, restarts and elastic jobs](../failures.md)), from the ranks' exit records in its
+output: the rank that failed first gives the job its exit status and its log's last lines (Azure
+ML's own exit status, of whichever process it lists first, and its error stay in the message);
+ranks that checkpointed on a cancel end it with exit status 75, resumable; without records,
+Azure ML's exit status and the last lines of rank 0's log are all there is. The output is
+downloaded once the job's record (another service than run history, and the one the SDK's
+download reads) also says the job ended: it may lag by seconds, so ddlkit waits up to 120 s,
+saying so, and otherwise ends with a one-line error that the output stays in the workspace
+(`ddlkit jobs attach <job dir>` downloads it later).
 
 ## Spot and low priority
 
@@ -177,13 +185,18 @@ The request is built in `ddlkit_azure._azureml`, the environment in `ddlkit_azur
 when a run is composed. The job's copy of `job.json` reads `data.root` from the input's path
 through `DDLKIT_DATA_ROOT`; under `MpiDistribution` the command takes `MASTER_ADDR` from
 `AZ_BATCH_MASTER_NODE` / `AZ_BATCHAI_MPI_MASTER_NODE` and the ranks read OpenMPI's
-`OMPI_COMM_WORLD_*`. The code snapshot is `ddlkit.compute.snapshot`'s.
+`OMPI_COMM_WORLD_*`, which `ddlkit_azure.rank` (the rank minder's entry) turns into ddlkit's node
+layout. A job is followed by the core's `SchedulerJob` over `ddlkit_azure._azureml.AzureMLScheduler`,
+which says what Azure ML sees and downloads the output. The code snapshot is
+`ddlkit.compute.snapshot`'s.
 """
 
 from __future__ import annotations
 
 import enum
 import re
+import shutil
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -191,10 +204,12 @@ from typing import TYPE_CHECKING, Any
 from omegaconf import MISSING, DictConfig, OmegaConf
 
 import ddlkit
+from ddlkit.compute.scheduler import SchedulerJob
+from ddlkit.jobdir import RANKS_DIR
 from ddlkit.options import POSITIVE, POSITIVE_INTEGER, Rule, checked
 
 if TYPE_CHECKING:
-    from ._azureml import AzureMLJob, Workspace
+    from ._azureml import Workspace
 
 #: the keys that name the workspace and the cluster: required
 REQUIRED = {
@@ -207,6 +222,8 @@ _DATASTORE_URI = re.compile(r"^azureml://")
 #: a path on a datastore of the workspace, in its short form: (datastore, path)
 DATASTORE_PATH = re.compile(r"^azureml://datastores/(?P<datastore>[^/]+)/paths/(?P<path>[^?#]*)$")
 _URL = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")
+#: seconds after a cancel before it is sent again (Azure ML stops the processes, then kills them itself)
+CANCEL_AGAIN_S = 60.0
 
 
 class InputMode(enum.StrEnum):
@@ -343,13 +360,22 @@ class AzureMLTarget(ddlkit.ComputeTarget):
         return self._workspace
 
     # ------------------------------------------------------------ ComputeTarget
-    def submit(self, spec: ddlkit.JobSpec) -> AzureMLJob:
-        return self.workspace.submit(self, spec)
+    def submit(self, spec: ddlkit.JobSpec) -> SchedulerJob:
+        shutil.rmtree(spec.job_dir / RANKS_DIR, ignore_errors=True)  # an earlier run's records are not this job's
+        return self.attach(self.workspace.submit(self, spec), job_dir=spec.job_dir, secrets=spec.secret_env)
 
-    def attach(self, job_id: str, *, job_dir: Path) -> AzureMLJob:
-        from ._azureml import AzureMLJob
+    def attach(self, job_id: str, *, job_dir: Path, secrets: Mapping[str, str] | None = None) -> SchedulerJob:
+        from ._azureml import AzureMLScheduler
 
-        return AzureMLJob(self.workspace, str(job_id), job_dir=Path(job_dir), poll_interval_s=self.cfg.poll_interval_s)
+        scheduler = AzureMLScheduler(self.workspace, poll_interval_s=self.cfg.poll_interval_s, secrets=secrets)
+        return SchedulerJob(
+            scheduler,
+            str(job_id),
+            job_dir=Path(job_dir),
+            world_size=self.world_size,
+            poll_interval_s=self.cfg.poll_interval_s,
+            grace_period_s=CANCEL_AGAIN_S,
+        )
 
     def plan(self, spec: ddlkit.JobSpec) -> str:
         from ._azureml import plan
