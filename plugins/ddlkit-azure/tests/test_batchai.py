@@ -473,6 +473,39 @@ def test_states_logs_cancel_and_ddlkit_jobs(
 
 
 @pytest.mark.slow
+def test_the_rank_that_failed_first_is_judged_from_the_records_in_the_output(
+    batchai: BatchAILoopback, ssh_key: Path, tmp_path: Path
+) -> None:
+    """The ranks' exit records come back with the output directory, before the job is judged: the
+    rank that failed first is named, with its own log's last lines, instead of the service's word
+    alone; an earlier run's records neither go up with the job directory nor stay in it."""
+    job_dir = tmp_path / "job"
+    (job_dir / ".ranks").mkdir(parents=True)
+    (job_dir / "job.json").write_text("{}\n")
+    stale = {"rank": 0, "node": 0, "local_rank": 0, "code": 1, "time": 1.0, "log": "rank-0.log", "pid": 1, "host": "x"}
+    (job_dir / ".ranks" / "rank-0.json").write_text(json.dumps(stale))
+    code = (
+        "import os, sys, time\n"
+        "if os.environ['OMPI_COMM_WORLD_RANK'] == '1':\n"
+        "    print('rank 1: the batch is bad', flush=True)\n"
+        "    sys.exit(4)\n"
+        "time.sleep(60)\n"
+    )
+    handle = BatchAITarget(config(batchai, ssh_key, procs_per_node=2)).submit(
+        ddlkit.JobSpec(name="first-failure", job_dir=job_dir, args=("-c", code))
+    )
+    status = handle.wait(timeout=90)
+    assert (status.state, status.exit_code) == (JobState.FAILED, 4), status
+    assert re.match(
+        rf"Batch AI job {handle.id} failed with exit code \d+; rank 1 \(node 0, host [^)]+\) failed first, with "
+        r"exit status 4; last lines of .*rank-1\.log:\n    rank 1: the batch is bad\n",
+        status.message,
+    ), status.message
+    records = {p.name: json.loads(p.read_text())["code"] for p in (job_dir / ".ranks").iterdir()}
+    assert records["rank-1.json"] == 4 and records["rank-0.json"] != 1, records
+
+
+@pytest.mark.slow
 def test_a_log_server_that_ignores_range_gets_each_line_printed_once(
     batchai: BatchAILoopback, ssh_key: Path, tmp_path: Path
 ) -> None:

@@ -67,9 +67,13 @@ In order; each step reuses what exists with the same settings:
    download URL, one per `compute.poll_interval_s`; a whole-file answer to it has the bytes
    already read skipped). Ctrl-C and `ddlkit jobs cancel` terminate the job (the service stops its
    processes; the ranks checkpoint on the SIGTERM when it leaves them the time: the loopback gives
-   10 s). At the end the output directory `JOB` (result, metrics, rank logs, model, checkpoints)
-   is downloaded into the local job directory; with `storage=nfs` the results are also copied to
-   the file server (`storage.root` is expanded on the node).
+   10 s). At the end the output directory `JOB` (result, metrics, rank logs, the ranks' exit
+   records, model, checkpoints) is downloaded into the local job directory before the job is
+   judged, by ddlkit's one rule ([Failures, restarts and elastic jobs](../failures.md)): the rank
+   that failed first gives the job its exit status (ranks that checkpointed on a terminate: 75,
+   resumable), the service's exit code and errors stay in the message, and are all there is when
+   no rank left a record; with `storage=nfs` the results are also copied to the file server
+   (`storage.root` is expanded on the node).
 
 **With `dist=horovod`** the default image is the one with Horovod built in,
 `<framework>:<version>-<cpu|cuda>-horovod` (`scripts/build_images.sh --horovod --variant cpu`
@@ -144,23 +148,25 @@ credential helpers (`DefaultAzureCredential` without the browser, one-line sign-
 
 from __future__ import annotations
 
-import codecs
 import re
-import time
+import shutil
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 from omegaconf import MISSING
 
 import ddlkit
-from ddlkit.atomic import write_text
 from ddlkit.compute.containers import DEFAULT_REGISTRY, default_image, ensure_pullable
-from ddlkit.interfaces import JobHandle, JobSpec, JobState, JobStatus
-from ddlkit.jobdir import CANCEL_FILE, STATE_DIR
+from ddlkit.compute.outcome import Observation
+from ddlkit.compute.scheduler import Scheduler, SchedulerJob
+from ddlkit.interfaces import JobSpec, JobState
+from ddlkit.jobdir import RANKS_DIR, STATE_DIR
 from ddlkit.options import MASTER_PORT, POSITIVE, POSITIVE_INTEGER, checked
+
+from .ranged import RangedLog, follow_paced
 
 if TYPE_CHECKING:
     from omegaconf import DictConfig
@@ -172,6 +178,8 @@ API_VERSION = "2018-05-01"
 JOB_DIRECTORY_ID = "JOB"
 #: the output directory Batch AI keeps the job's stdout.txt and stderr.txt in
 STDOUTERR = "stdouterr"
+#: seconds after a terminate before it is sent again (the service stops the processes, then kills them itself)
+TERMINATE_AGAIN_S = 60.0
 
 
 class VmPriority(StrEnum):
@@ -402,105 +410,86 @@ class BatchAITarget(ddlkit.ComputeTarget):
         service.run_job(spec)
         return service.describe_plan()
 
-    def submit(self, spec: JobSpec) -> JobHandle:
+    def submit(self, spec: JobSpec) -> SchedulerJob:
         service = self.service()
         # before anything is created: the nodes pull the image without credentials, so a registry that
         # has no such image, or refuses it to an anonymous pull, would fail the job once it is queued
         ensure_pullable(service.image(), say=service.say)
-        name = service.run_job(spec)
-        return BatchAIJob(service, name, job_dir=spec.job_dir)
+        shutil.rmtree(spec.job_dir / RANKS_DIR, ignore_errors=True)  # an earlier run's records are not this job's
+        return self._job(service, service.run_job(spec), spec.job_dir)
 
-    def attach(self, job_id: str, *, job_dir: Path) -> JobHandle:
-        return BatchAIJob(self.service(), job_id, job_dir=Path(job_dir))
+    def attach(self, job_id: str, *, job_dir: Path) -> SchedulerJob:
+        return self._job(self.service(), job_id, job_dir)
+
+    def _job(self, service: Service, job_id: str, job_dir: Path) -> SchedulerJob:
+        return SchedulerJob(
+            BatchAIScheduler(service),
+            job_id,
+            job_dir=Path(job_dir),
+            world_size=self.world_size,
+            poll_interval_s=service.poll_interval_s,
+            grace_period_s=TERMINATE_AGAIN_S,
+        )
 
     def down(self, *, confirm: Callable[[Sequence[str]], bool]) -> list[str]:
         return self.service().down(confirm)
 
 
-# ---------------------------------------------------------------------------- the handle
+# ---------------------------------------------------------------------------- the scheduler
 _STATES = {"queued": JobState.PENDING, "running": JobState.RUNNING, "terminating": JobState.RUNNING}
 
 
-class BatchAIJob(JobHandle):
-    """A Batch AI job; ``id`` is its name in the experiment."""
+class BatchAIScheduler(Scheduler):
+    """What Batch AI says of its jobs (``job_id``: the job's name in the experiment), their
+    terminate, ``stdout.txt`` and the output directory ``JOB``;
+    :class:`~ddlkit.compute.scheduler.SchedulerJob` paces the looks and
+    :func:`~ddlkit.compute.outcome.judge` decides how a job ended, from the ranks' exit records in
+    the output."""
 
-    def __init__(self, service: Service, job_id: str, *, job_dir: Path) -> None:
-        self.service, self.id, self.job_dir = service, job_id, Path(job_dir)
-        self.poll_interval_s = service.poll_interval_s
-        self._final: JobStatus | None = None
-        self._asked: tuple[float, Any] | None = None
-        self._offset = 0
-        self._decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+    noun = "Batch AI job"
 
-    @property
-    def cancel_requested(self) -> bool:
-        return (self.job_dir / CANCEL_FILE).exists()
+    def __init__(self, service: Service) -> None:
+        self.service = service
+        self._logs: dict[str, RangedLog] = {}
+        self._ended: set[str] = set()
+        self._fetched: set[tuple[str, Path]] = set()
 
-    def _job(self) -> Any:
-        """The service's view of the job, asked again only after poll_interval_s."""
-        now = time.monotonic()
-        if self._asked is None or now - self._asked[0] >= self.poll_interval_s:
-            self._asked = (now, self.service.get_job(self.id))
-        return self._asked[1]
-
-    def status(self) -> JobStatus:
-        if self._final is not None:
-            return self._final
-        job = self._job()
+    def describe(self, job_id: str) -> Observation:
+        job = self.service.get_job(job_id)
         state = str(job.execution_state or "queued").lower()
         if state in _STATES:
             where = f" on {job.node_count} node(s)" if state == "running" else ""
-            return JobStatus(_STATES[state], None, f"Batch AI: {state}{where}")
+            return Observation(_STATES[state], reason=f"Batch AI: {state}{where}")
+        self._ended.add(job_id)
         info = job.execution_info
         code = info.exit_code if info is not None else None
         if state == "succeeded":
-            self._final = JobStatus(JobState.SUCCEEDED, 0 if code is None else code)
-            return self._final
+            return Observation(JobState.SUCCEEDED, code or 0)
         errors = "; ".join(f"{e.code}: {e.message}" for e in (info.errors or [])) if info is not None else ""
-        tail = self.service.stdout_tail(self.id)
-        message = (
-            f"Batch AI job {self.id} {state}"
-            + (f" with exit code {code}" if code is not None else "")
-            + (f" ({errors})" if errors else "")
-            + "; last lines of its stdout.txt:\n"
-            + "\n".join("    " + ln for ln in tail)
-        )
-        self._final = JobStatus(
-            JobState.CANCELLED if self.cancel_requested else JobState.FAILED, code if code is not None else 1, message
-        )
-        return self._final
+        reason = state + (f" with exit code {code}" if code is not None else "") + (f" ({errors})" if errors else "")
+        return Observation(JobState.FAILED, 1 if code is None else code, reason=reason)
 
-    def wait(self, timeout: float | None = None) -> JobStatus:
-        return self.poll_until_done(timeout, self.poll_interval_s)
+    def signal(self, job_id: str, how: Literal["stop", "kill"]) -> None:
+        # stop and kill alike: the service stops the processes (SIGTERM: the ranks checkpoint when it
+        # leaves them the time), then kills them
+        self.service.terminate(job_id)
 
-    def logs(self, follow: bool = True) -> Iterator[str]:
-        """``stdout.txt`` of the job's ``stdouterr`` output directory, from where the last call stopped;
-        while the job runs, one read per poll interval."""
-        while True:
-            finished = self.status().state.done
-            data = self.service.read_stdout(self.id, self._offset)
-            if data:
-                self._offset += len(data)
-                yield self._decoder.decode(data)
-            if finished or not follow:
-                if not data:  # all that was there has been read
-                    return
-            else:
-                time.sleep(self.poll_interval_s)
+    def read_log(self, job_id: str, offset: int) -> str:
+        """``stdout.txt`` of the job's ``stdouterr`` output directory from ``offset``."""
+        reader = self._logs.setdefault(job_id, RangedLog())
+        return reader.read(offset, lambda start: self.service.read_stdout(job_id, start))
 
-    def cancel(self) -> None:
-        """Terminate the job (the service stops its processes: ddlkit's ranks checkpoint on the SIGTERM
-        when the service leaves them the time); the cancel is recorded in the job directory."""
-        if self._final is not None or self.cancel_requested:
+    def follow_log(self, job_id: str, offset: int, done: Callable[[], bool]) -> Iterator[str]:
+        return follow_paced(lambda at: self.read_log(job_id, at), offset, done, self.service.poll_interval_s)
+
+    def fetch(self, job_id: str, job_dir: Path) -> None:
+        """Download the job's output directory ``JOB`` (what the ranks wrote, their exit records
+        included) into the job directory; the launcher's own bookkeeping (``STATE_DIR``) is kept. An
+        ended job's output is downloaded once."""
+        fetched = (job_id, Path(job_dir))
+        if fetched in self._fetched:
             return
-        self._asked = None
-        if self.status().state.done:
-            return
-        write_text(self.job_dir / CANCEL_FILE, f"{time.time()}\n")
-        self.service.terminate(self.id)
-        self._asked = None
-
-    def collect(self) -> None:
-        """Download the job's output directory ``JOB`` (what the ranks wrote) into the job
-        directory; the launcher's own bookkeeping (``STATE_DIR``) is kept."""
-        self.service.download_outputs(self.id, self.job_dir, skip=(STATE_DIR,))
+        ended = job_id in self._ended
+        self.service.download_outputs(job_id, Path(job_dir), skip=(STATE_DIR,))
+        if ended:
+            self._fetched.add(fetched)

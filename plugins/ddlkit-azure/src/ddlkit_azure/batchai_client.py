@@ -47,7 +47,7 @@ from ddlkit.atomic import atomic_path, write_json
 from ddlkit.compute.containers import default_image, horovod_image_note
 from ddlkit.compute.layout import CONTROL_ADDR_ENV, control_port
 from ddlkit.compute.state import state_dir
-from ddlkit.jobdir import CANCEL_FILE, CODE_DIR, CODE_FILE, STATE_DIR
+from ddlkit.jobdir import CANCEL_FILE, CODE_DIR, CODE_FILE, RANKS_DIR, STATE_DIR
 from ddlkit.redact import REDACTED, is_secret_key, scrub
 
 from .arm import first_line, management_credential, missing_scope, signed_in
@@ -713,7 +713,8 @@ class Service:
 
     def upload_job_dir(self, spec: JobSpec, name: str) -> None:
         """The job directory to ``<share>/<directory>/jobs/<name>/``: all but the launcher's
-        ``STATE_DIR`` and the code snapshot, which has a folder of its own (:meth:`upload_snapshot`)."""
+        ``STATE_DIR``, the exit records of an earlier run's ranks (``RANKS_DIR``: this job's ranks
+        write their own) and the code snapshot, which has a folder of its own (:meth:`upload_snapshot`)."""
         folder = self.job_folder(name)
         if self.planning:
             self.recorded.append(
@@ -729,7 +730,7 @@ class Service:
         files = [
             p
             for p in sorted(Path(spec.job_dir).rglob("*"))
-            if p.is_file() and p.relative_to(spec.job_dir).parts[0] not in (STATE_DIR, CODE_DIR, CODE_FILE)
+            if p.is_file() and p.relative_to(spec.job_dir).parts[0] not in (STATE_DIR, RANKS_DIR, CODE_DIR, CODE_FILE)
         ]
         self._upload(spec.job_dir, files, folder, "the job directory")
 
