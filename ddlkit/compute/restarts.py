@@ -16,13 +16,12 @@ of the rank that failed first):
 Every restart is a line on the console and an entry in the job's record (``ddlkit jobs status``):
 the cause, the step the job had reached, the step it resumes from. The ranks learn how many
 restarts and lost steps there were (``DDLKIT_RESTARTS``, ``DDLKIT_STEPS_LOST``) for result.json.
-A single job (:func:`ddlkit.launch.follow.run_job`) and a sweep's job (``_SweepHandle`` in
-:mod:`ddlkit.launch.sweep.sweep`, where a job with its restarts is one attempt of ``retry:N``) use
-the same policy. So does a target that restarts a job's ranks in place, where they run, without a
-new submission (``compute=ray``'s driver): it gets the policy with the job
-(:class:`~ddlkit.interfaces.RestartBudget`, :meth:`RestartPolicy.from_budget`), says each restart
-with the same line, and reports the entries with the job's end, which the launcher counts
-(:meth:`RestartPolicy.count_in_place`) and records.
+A single job and a sweep's job (where a job with its restarts is one attempt of ``retry:N``) run the
+one restart loop, :class:`ddlkit.launch.controller.JobController`, under the same policy. So does a
+target that restarts a job's ranks in place, where they run, without a new submission
+(``compute=ray``'s driver): it gets the policy with the job (:class:`~ddlkit.interfaces.RestartBudget`,
+:meth:`RestartPolicy.from_budget`), says each restart with the same line, and reports the entries with
+the job's end, which the launcher counts (:meth:`RestartPolicy.count_in_place`) and records.
 """
 
 from __future__ import annotations
@@ -134,13 +133,6 @@ class RestartPolicy:
         if verdict.restart:
             return f"not restarted again: {self.done} of restart.max_restarts={self.max_restarts} restarts used"
         return f"not restarted: {verdict.why}"
-
-    def before_restart(self, verdict: Verdict, status: JobStatus, job_dir: Path, resume: object) -> dict[str, Any]:
-        """Say and record the restart that is about to happen, wait out the backoff, and return the entry
-        for the job's record. KeyboardInterrupt during the wait stops the job instead."""
-        entry = self.plan_restart(verdict, status, job_dir, resume)
-        time.sleep(float(entry["wait_s"]))
-        return entry
 
     def plan_restart(
         self,

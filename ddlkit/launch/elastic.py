@@ -153,8 +153,8 @@ class CapacityWait:
     """One restart's wait for capacity: while the target has fewer of the job's nodes up than the
     restart needs, look again every ``interval_s`` (the target's poll interval, at least
     :data:`MIN_CAPACITY_POLL_S`), saying so, for up to ``wait_s`` seconds (``restart.capacity_wait_s``).
-    :meth:`next_look` paces the looks; a single job blocks on them (:func:`place_restart_waiting`),
-    a sweep's job keeps them between its looks at the sweep's other jobs."""
+    :meth:`next_look` paces the looks, which the job's controller (:mod:`ddlkit.launch.controller`)
+    makes between its steps."""
 
     def __init__(
         self, wait_s: float, interval_s: float, out: TextIO, *, restart: str, prefix: str = "ddlkit: "
@@ -203,31 +203,6 @@ class CapacityWait:
             f"on compute={short.compute}, but only {short.up} {'is' if short.up == 1 else 'are'}: bring nodes "
             "back or add some, lower compute.min_nodes, or wait longer (restart.capacity_wait_s)"
         )
-
-
-def place_restart_waiting(
-    planned: ComputeTarget, current: ComputeTarget, spec: JobSpec, config: dict[str, Any], *, capacity: CapacityWait
-) -> Placement | str:
-    """:func:`place_restart`, waiting for capacity as ``capacity`` says: the placement once enough
-    nodes are up, or why the job is not restarted once the wait is over. KeyboardInterrupt during
-    the wait stops the job instead."""
-    while True:
-        placed = place_restart(
-            planned,
-            current,
-            spec,
-            config,
-            restart=capacity.restart,
-            out=capacity.out,
-            prefix=capacity.prefix,
-            waited_s=capacity.waited_s,
-        )
-        if isinstance(placed, Placement):
-            return placed
-        pause = capacity.next_look(placed)
-        if pause is None:
-            return capacity.failure(placed)
-        time.sleep(pause)
 
 
 def _ranks(n: int) -> str:

@@ -18,46 +18,18 @@ import re
 import signal
 import sys
 import threading
-from collections.abc import Iterator, Mapping
-from dataclasses import replace
+import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, TextIO
 
 from ..checkpoint import latest_checkpoint
-from ..compute import secret_file
 from ..compute.process import split_tail
-from ..compute.restarts import RestartPolicy, classify
-from ..config import RestartConfig
-from ..errors import DdlkitError, JobFailedError
-from ..interfaces import ComputeTarget, JobHandle, JobState, JobStatus, RestartBudget
-from ..jobdir import EXIT_CONFIG_ERROR, EXIT_PREEMPTED, RESTARTS_ENV, RESULT_FILE, STEPS_LOST_ENV, rank_log
-from . import index
-from .elastic import CapacityWait, Placement, place_restart_waiting
+from ..errors import JobFailedError
+from ..interfaces import JobHandle, JobState, JobStatus
+from ..jobdir import EXIT_CONFIG_ERROR, EXIT_PREEMPTED, RESULT_FILE, rank_log
+from .controller import JobController, Restarts, restart_policy, settle, submit
 from .prepare import PreparedJob
-
-
-def submit(
-    job: PreparedJob,
-    *,
-    detach: bool = False,
-    restart: dict[str, object] | None = None,
-    budget: RestartBudget | None = None,
-) -> JobHandle:
-    """Submit the job and record it, so that ``ddlkit jobs`` finds it from any shell; ``restart``:
-    this submission restarts the job, for the reason the entry gives (added to its record);
-    ``budget``: the restart policy the target may apply in place (:attr:`JobSpec.restart`)."""
-    handle = job.compute.submit(replace(job.spec, restart=budget))
-    if detach:
-        handle.detach()
-    index.record(
-        job.spec.name,
-        job.spec.job_dir,
-        str(job.redacted_config["compute"]["name"]),
-        handle.id,
-        detached=detach,
-        restart=restart,
-    )
-    return handle
 
 
 @contextlib.contextmanager
@@ -160,19 +132,6 @@ def follow(handle: JobHandle, *, out: TextIO, progress_bar: bool, on_interrupt: 
             for chunk in handle.logs(follow=True):
                 out.write(chunk)
             return handle.wait()
-
-
-def settle(handle: JobHandle, status: JobStatus, job_dir: Path) -> JobStatus:
-    """Once a job has ended: bring its files back, record its end, and apply ddlkit's rule for
-    an end -- a job that exited cleanly but wrote no ``result.json`` has failed."""
-    handle.collect()
-    secret_file.remove(job_dir)  # a target's that keeps them there (Slurm); a restart's submit writes it again
-    result_path = Path(job_dir) / RESULT_FILE
-    if status.state is JobState.SUCCEEDED and not result_path.is_file():
-        status = JobStatus(JobState.FAILED, status.exit_code, f"the job exited cleanly but wrote no {result_path}")
-    with contextlib.suppress(DdlkitError):  # a job directory without a record still has a result
-        index.load(job_dir).ended_with(status)
-    return status
 
 
 def resumable(status: JobStatus, job_dir: Path) -> bool:
@@ -297,86 +256,25 @@ def run_job(
         out.flush()
         return None
     progress_bar = live and "console" in job.redacted_config.get("logger", {})
-    current = job.compute  # the target of the job's last run: fewer nodes after an elastic restart
+    life = JobController(handle, spec.job_dir, Restarts(job, policy))
     while True:
-        status = follow(handle, out=out, progress_bar=progress_bar)
-        assert status is not None
-        status = settle(handle, status, spec.job_dir)
-        policy.count_in_place(status)
-        verdict = classify(status)
-        if not policy.allows(verdict):
-            break
+        # the current run, streamed to its end (Ctrl-C cancels it: it checkpoints, and the job ends with it)
+        status = life.step(follow(life.inner, out=out, progress_bar=progress_bar))
         try:
-            entry = policy.before_restart(verdict, status, spec.job_dir, job.redacted_config["trainer"]["resume"])
+            while life.between_runs:  # the backoff before a restart, or its wait for capacity
+                time.sleep(life.next_step_in())
+                status = life.step()
         except KeyboardInterrupt:
             out.write("\nddlkit: interrupted before the restart\n")
+            life.cancel()
+            status = life.step()
+        if status.state.done:
             break
-        # asked after the backoff: a lost node may have come back in the meantime; with too few up,
-        # the restart waits for capacity (restart.capacity_wait_s)
-        try:
-            placed = place_restart_waiting(
-                job.compute, current, spec, job.redacted_config, capacity=capacity_wait(job, policy, out)
-            )
-        except KeyboardInterrupt:
-            out.write("\nddlkit: interrupted while the restart waited for capacity\n")
-            break
-        if isinstance(placed, str):
-            # the job's own failure was said at the restart: this is why it ends, in one line
-            raise JobFailedError(
-                f"job {spec.name} {placed}; it resumes from step {entry['resumed_from']} when run "
-                f"again: {job.resume_hint}"
-            )
-        current = placed.target
-        handle = resubmit(job, policy, entry, placed)
-    # a failure on a target that restarts says why this one was not restarted; a cancel is no failure
-    note = policy.why_not(verdict) if status.state is JobState.FAILED and policy.max_restarts else ""
+    if life.refused is not None:
+        # the job's own failure was said at the restart: this is why it ends, in one line
+        why, entry = life.refused
+        raise JobFailedError(
+            f"job {spec.name} {why}; it resumes from step {entry['resumed_from']} when run again: {job.resume_hint}"
+        )
+    note = life.why_not
     return outcome(status, job_dir=spec.job_dir, name=spec.name, resume_hint=job.resume_hint, out=out, note=note)
-
-
-def resubmit(
-    job: PreparedJob, policy: RestartPolicy, entry: dict[str, object], placed: Placement | None = None
-) -> JobHandle:
-    """Submit the job again, as the restart ``entry`` says (added to its record), on the target
-    ``placed`` chose (:func:`~ddlkit.launch.elastic.place_restart`; None: the job's own); its ranks
-    learn how many restarts and lost steps there were so far, for result.json. A job on fewer nodes
-    than planned is restarted by the launcher alone, which places it on all of them again when they
-    are back: its target gets no budget to restart it in place at its smaller size."""
-    placed = placed or Placement(job.compute)
-    restarted = replace(
-        job.spec,
-        env={**job.spec.env, **placed.env, RESTARTS_ENV: str(policy.done), STEPS_LOST_ENV: str(policy.steps_lost)},
-    )
-    shrunk = placed.target.nodes < job.compute.nodes
-    return submit(
-        replace(job, compute=placed.target, spec=restarted),
-        restart={**entry, **placed.entry},
-        budget=None if shrunk else policy.budget(),
-    )
-
-
-def restart_policy(job: PreparedJob, out: TextIO) -> RestartPolicy:
-    """The job's restart policy (:func:`policy_for` its config's ``restart`` and its target)."""
-    return policy_for(job.redacted_config.get("restart") or {}, job.compute, out)
-
-
-def policy_for(options: Mapping[str, Any], target: ComputeTarget, out: TextIO) -> RestartPolicy:
-    """``restart.max_restarts`` and ``restart.capacity_wait_s`` (or ``target``'s defaults) and
-    ``restart.backoff_s``, from a config's ``restart`` options."""
-    most, wait = options.get("max_restarts"), options.get("capacity_wait_s")
-    return RestartPolicy(
-        target.default_max_restarts if most is None else int(most),
-        float(options.get("backoff_s", RestartConfig.backoff_s)),  # the schema's default, for a config without it
-        out,
-        capacity_wait_s=target.default_capacity_wait_s if wait is None else float(wait),
-    )
-
-
-def capacity_wait(job: PreparedJob, policy: RestartPolicy, out: TextIO, prefix: str = "ddlkit: ") -> CapacityWait:
-    """The wait for capacity of the restart ``policy`` is about to make, at the target's pace."""
-    return CapacityWait(
-        policy.capacity_wait_s,
-        job.compute.status_interval_s,
-        out,
-        restart=f"{policy.done}/{policy.max_restarts}",
-        prefix=prefix,
-    )

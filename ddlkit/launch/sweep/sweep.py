@@ -26,8 +26,8 @@ import json
 import shlex
 import sys
 import time
-from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, replace
+from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn, TextIO
 
@@ -38,15 +38,14 @@ from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from ...atomic import LockHeld, hold_lock
-from ...compute.restarts import RestartPolicy, classify
 from ...errors import ConfigError, DdlkitError, exit_code_for
-from ...interfaces import ComputeTarget, JobHandle, JobSpec, JobState, JobStatus
+from ...interfaces import ComputeTarget, JobHandle, JobSpec, JobState
 from ...jobdir import EXIT_PREEMPTED, RESULT_FILE, SWEEP_JOB_ENV, SWEEP_NAME_ENV, rank_log
 from ...redact import redact_config_file, redact_overrides
 from ...result import HEADLINE
-from .. import follow, prepare, validate
+from .. import controller, follow, prepare, validate
 from ..commandline import job_command, launch_args, override
-from ..elastic import CapacityWait, Shortfall, place_restart
+from ..controller import JobController, Restarts
 from ..hydra_errors import explain
 from .compose import compose_job, hydra_config_of, job_view
 from .ledger import LEDGER_FILE, JobRecord, Ledger, result_summary
@@ -273,7 +272,7 @@ class DdlkitSweep:
             adopted = self._reattach(target, ledger.jobs[job.num])
             if adopted is not None:
                 self.adopted.add(job.num)
-                return _SweepHandle(adopted, job.output_dir)
+                return JobController(adopted, job.output_dir, annotate=True)
             env = {
                 **{str(k): str(v) for k, v in composed.config.hydra.job.env_set.items()},
                 SWEEP_NAME_ENV: ledger.name,
@@ -289,13 +288,14 @@ class DdlkitSweep:
                 compute=target,
                 launch=launch,
             )
-        restarts = _Restarts(
+        restarts = Restarts(
             prepared,
-            follow.restart_policy(prepared, self.out),
+            controller.restart_policy(prepared, self.out),
             f"ddlkit: sweep job #{job.num} ",
             functools.partial(self._restarted, ledger, job.num),
         )
-        return _SweepHandle(follow.submit(prepared, budget=restarts.policy.budget()), prepared.spec.job_dir, restarts)
+        handle = controller.submit(prepared, budget=restarts.policy.budget())
+        return JobController(handle, prepared.spec.job_dir, restarts, annotate=True)
 
     @staticmethod
     def _restarted(ledger: Ledger, num: int, entry: dict[str, Any], handle: JobHandle) -> None:
@@ -389,7 +389,7 @@ class DdlkitSweep:
             secret_env=secret_env,
             code_digest=snapshot.digest if snapshot is not None else None,
             # what a target that restarts in place would be given (compute=ray's plan shows it)
-            restart=follow.policy_for(cfg.get("restart") or {}, target, self.out).budget(),
+            restart=controller.policy_for(cfg.get("restart") or {}, target, self.out).budget(),
         )
         command = job_command(redact_overrides(overrides), output_dir, launch)
         code = f"      code: {_code_line(snapshot)}\n" if snapshot is not None else ""
@@ -614,160 +614,6 @@ def _remove_plan_leftovers(sweep_dir: Path) -> None:
     for; a plan leaves nothing behind."""
     (sweep_dir / "multirun.yaml").unlink(missing_ok=True)
     prepare.remove_empty_dirs(sweep_dir)
-
-
-@dataclass
-class _Restarts:
-    """What a sweep's job needs to restart as a single job does (:func:`follow.run_job`): the
-    prepared job, its restart policy, how the console names it, and whom to tell of a restart."""
-
-    job: prepare.PreparedJob
-    policy: RestartPolicy
-    prefix: str
-    restarted: Callable[[dict[str, Any], JobHandle], None]
-
-
-class _SweepHandle(JobHandle):
-    """A compute target's handle, settled (``follow.settle``: files collected, end recorded,
-    no result.json = failed) once the scheduler sees it end.
-
-    With ``restarts``, a job that the infrastructure ended is restarted here, under the same
-    restart policy as a single job: the scheduler sees one attempt, running until the job
-    completes or fails for good, so a job that used its restarts and still failed counts once
-    against ``sweep.on_failure=retry:N``. The backoff before a restart is waited out between status
-    calls, never holding up the sweep's other jobs."""
-
-    def __init__(self, inner: JobHandle, job_dir: Path, restarts: _Restarts | None = None) -> None:
-        self.inner, self.job_dir, self.id = inner, job_dir, inner.id
-        self.restarts = restarts
-        self._settled: JobStatus | None = None
-        #: between a failure and its restart: (when to resubmit, on the monotonic clock; the restart's
-        #: entry; the failed run's settled status)
-        self._pending: tuple[float, dict[str, Any], JobStatus] | None = None
-        #: cancelled: whatever ends the running attempt is its end
-        self._cancelled = False
-        #: the target of the job's last run, when a restart put it on fewer nodes (None: the job's own)
-        self._target: ComputeTarget | None = None
-        #: the pending restart's wait for capacity, once a look found too few nodes up (ddlkit.launch.elastic)
-        self._capacity: CapacityWait | None = None
-
-    def _settle(self, status: JobStatus) -> JobStatus:
-        if not status.state.done:
-            return status
-        if self._settled is not None:
-            return self._settled
-        settled = follow.settle(self.inner, status, self.job_dir)
-        if self.restarts is None:
-            self._settled = settled
-            return settled
-        policy, verdict = self.restarts.policy, classify(settled)
-        policy.count_in_place(settled)
-        for entry in settled.restarts:  # made by the target, where the job ran: the ledger counts them too
-            self.restarts.restarted(dict(entry), self.inner)
-        if policy.allows(verdict) and not self._cancelled:
-            entry = policy.plan_restart(
-                verdict,
-                settled,
-                self.job_dir,
-                self.restarts.job.redacted_config["trainer"]["resume"],
-                prefix=self.restarts.prefix,
-            )
-            self._pending = (time.monotonic() + float(entry["wait_s"]), entry, settled)
-            return self._between()
-        if settled.state is JobState.FAILED and policy.max_restarts:
-            # why a target that restarts did not restart it, on the line the sweep shows first
-            head, _, rest = settled.message.partition("\n")
-            settled = replace(settled, message=f"{head} ({policy.why_not(verdict)})" + (f"\n{rest}" if rest else ""))
-        self._settled = settled
-        return settled
-
-    def _between(self) -> JobStatus:
-        assert self._pending is not None
-        if self._capacity is not None:
-            waited = self._capacity.waited_s or 0.0
-            return JobStatus(
-                JobState.RUNNING,
-                None,
-                f"restart waiting for capacity ({waited:.0f} of restart.capacity_wait_s={self._capacity.wait_s:g} s)",
-            )
-        return JobStatus(JobState.RUNNING, None, f"restarting in {max(0.0, self._pending[0] - time.monotonic()):.0f} s")
-
-    def _resubmit(self) -> None:
-        """Submit the job again (an elastic job on the nodes that are up now); with fewer nodes up
-        than it needs, look again later, as long as ``restart.capacity_wait_s`` allows. If the target
-        refuses (unreachable, out of quota) or the wait for capacity is over, the job ends as its last
-        run did, with why it was not restarted."""
-        assert self._pending is not None and self.restarts is not None
-        _, entry, ended = self._pending
-        self._pending = None
-        job, policy = self.restarts.job, self.restarts.policy
-        why = ""
-        try:
-            capacity = self._capacity or follow.capacity_wait(job, policy, policy.out, self.restarts.prefix)
-            # an elastic job goes on with the nodes that are up now (ddlkit.launch.elastic)
-            placed = place_restart(
-                job.compute,
-                self._target or job.compute,
-                job.spec,
-                job.redacted_config,
-                restart=capacity.restart,
-                out=policy.out,
-                prefix=self.restarts.prefix,
-                waited_s=capacity.waited_s,
-            )
-            if isinstance(placed, Shortfall):
-                pause = capacity.next_look(placed)
-                if pause is not None:  # looked at again between the looks at the sweep's other jobs
-                    self._pending, self._capacity = (time.monotonic() + pause, entry, ended), capacity
-                    return
-                why = capacity.failure(placed)
-            else:
-                self.inner, self._target = follow.resubmit(job, policy, entry, placed), placed.target
-        except DdlkitError as err:
-            why = f"its restart could not be submitted: {err}"
-        self._capacity = None
-        if why:
-            head, _, rest = ended.message.partition("\n")
-            self._settled = replace(ended, message=f"{head} ({why})" + (f"\n{rest}" if rest else ""))
-            return
-        self.id = self.inner.id
-        self.restarts.restarted(entry, self.inner)
-
-    def status(self) -> JobStatus:
-        if self._settled is None and self._pending is not None:
-            if time.monotonic() < self._pending[0]:
-                return self._between()
-            self._resubmit()
-            if self._pending is not None:  # still waiting for capacity
-                return self._between()
-        if self._settled is not None:
-            return self._settled
-        return self._settle(self.inner.status())
-
-    def logs(self, follow: bool = True) -> Iterator[str]:
-        return self.inner.logs(follow)
-
-    def cancel(self) -> None:
-        self._cancelled = True
-        if self._pending is not None:
-            # between two runs nothing runs: the job ends as its last run did
-            self._settled, self._pending = self._pending[2], None
-            return
-        self.inner.cancel()
-
-    def wait(self, timeout: float | None = None) -> JobStatus:
-        while self._settled is None:
-            if self._pending is not None:
-                time.sleep(max(0.0, self._pending[0] - time.monotonic()))
-                self._resubmit()
-                continue  # settled, resubmitted, or still waiting for capacity
-            status = self._settle(self.inner.wait(timeout))
-            if timeout is not None and self._settled is None:
-                return status
-        return self._settled
-
-    def detach(self) -> None:
-        self.inner.detach()
 
 
 def _code_line(snapshot: CodeSnapshot) -> str:
