@@ -353,6 +353,33 @@ def test_jobs_attach_follows_a_detached_job_to_its_end(ray_cluster, run_factory:
 
 
 @pytest.mark.slow
+def test_the_rank_that_failed_first_names_the_failure_and_its_record_comes_back(ray_cluster, tmp_path: Path) -> None:
+    """Rank 1 of two, on the other node, fails with its own error; the driver stops rank 0, which
+    then ends too (killed by the SIGTERM it does not handle). The job fails as rank 1 did -- its exit
+    status, its node, its last lines -- judged from the ranks' exit records, which came back from the
+    cluster with the job's files."""
+    job_dir = tmp_path / "fails"
+    job_dir.mkdir()
+    code = (
+        "import os, sys, time\n"
+        "if os.environ['RANK'] == '1':\n"
+        "    time.sleep(2)\n"
+        "    print('rank 1: the disk is on fire', flush=True)\n"
+        "    sys.exit(3)\n"
+        "print('rank 0 waits', flush=True)\n"
+        "time.sleep(120)\n"
+    )
+    handle = ray_target(ray_cluster.address, nodes=2).submit(JobSpec(name="fails", job_dir=job_dir, args=("-c", code)))
+    status = handle.wait(timeout=180)
+    assert (status.state, status.exit_code) == (ddlkit.JobState.FAILED, 3), status
+    assert "rank 1 (node 1" in status.message and "failed first, with exit status 3" in status.message, status
+    assert "rank 1: the disk is on fire" in status.message, status.message
+    handle.collect()
+    records = {int(p.stem.split("-")[1]): json.loads(p.read_text()) for p in (job_dir / ".ranks").glob("rank-*.json")}
+    assert records[1]["code"] == 3 and records[0]["code"] == -signal.SIGTERM, records
+
+
+@pytest.mark.slow
 def test_cancel_checkpoints_and_the_checkpoint_comes_back(ray_cluster, run_factory: RunFactory, tmp_path: Path) -> None:
     job_dir = tmp_path / "cancelled"
     run_factory.cli(
@@ -450,7 +477,7 @@ def test_a_busy_dashboard_is_asked_again_for_the_files_and_one_that_never_answer
         assert json.loads((job_dir / "result.json").read_text())["steps"] == 6
         assert sum(path.startswith(logs) for _, _, path in proxy.requests[asked:]) >= 4  # 2 refused, asked again
         # a file the node does not have is no file, at once
-        node = ray_target(ray_cluster.address).attach(job_id, job_dir=tmp_path).info().driver_node_id
+        node = ray_target(ray_cluster.address).attach(job_id, job_dir=tmp_path).scheduler.info(job_id).driver_node_id
         asked = len(proxy.requests)
         assert node_file(None, proxy.address, node, "ddlkit/no-such-job/exit.json") is None
         assert len(proxy.requests) == asked + 1
@@ -865,6 +892,14 @@ def test_a_restart_waits_for_capacity_and_goes_on_when_a_node_joins(tmp_path: Pa
             "compute.min_nodes=2; looking again every 1 s for up to "
         ) in out, out[-4000:]
         assert re.search(r"ddlkit: restart 1/3 on its 2 nodes after waiting \d+ s for capacity\n", out), out[-4000:]
+        # the launcher judged the run by its ranks' exit records: the rank lost with its node failed first
+        assert re.search(
+            r"^ddlkit: restart 1/3: a rank was killed by SIGKILL from outside \(a lost node, a preemption\); it ended "
+            r"at step \d+ \(Ray job \S+ failed with exit status 137 \(rank (\d)'s node \(\d\) was lost: \w+\); "
+            r"rank \1 \(node \d\) failed first, with killed by signal SIGKILL\)",
+            out,
+            re.MULTILINE,
+        ), out[-4000:]
         assert len(re.findall(r"ddlkit-ray: 2 rank\(s\) started on node\(s\) 0 \(\w+\), 1 \(\w+\)", out)) == 2, out
         result = json.loads((job_dir / "result.json").read_text())
         assert (result["status"], result["restarts"], result["world_size"]) == ("completed", 1, 2), result

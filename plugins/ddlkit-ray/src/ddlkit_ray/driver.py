@@ -37,8 +37,11 @@ What it does, in order:
    again and starts the ranks with the files it kept (they resume from the newest verified
    checkpoint), without ending the Ray job -- no new submission, no new driver, no files going
    to the launcher and back. The exit record lists these restarts for the launcher's count;
-7. **ends as the job** otherwise: with the status of the rank that failed first; a rank whose node
-   was lost counts as killed by SIGKILL (137), which ddlkit's restart policy restarts (the launcher
+7. **ends as the job** otherwise: with the status of the rank that failed first, as ddlkit's one
+   rule judges it (:func:`ddlkit.compute.outcome.judge`) from the exit records the ranks' minders
+   wrote (``.ranks/``, which come here with the ranks' other files); a rank whose node was lost counts
+   as killed by SIGKILL (its exit record says so, written here; the driver ends with 137), which
+   ddlkit's restart policy restarts (the launcher
    submits the job again, with the checkpoints that came back; an elastic job on the nodes the
    cluster has left, less those the exit record names as lost).
 """
@@ -64,7 +67,9 @@ from typing import Any
 
 from ddlkit.compute import secret_file
 from ddlkit.compute.layout import RankLayout
+from ddlkit.compute.outcome import Observation, judge
 from ddlkit.compute.ports import free_ports
+from ddlkit.compute.rank_exits import read_records
 from ddlkit.compute.restarts import RestartPolicy, classify
 from ddlkit.compute.resume import files_to_leave, resume_setting
 from ddlkit.interfaces import JobState, JobStatus, RestartBudget
@@ -74,9 +79,12 @@ from ddlkit.jobdir import (
     EXIT_CONFIG_ERROR,
     EXIT_PREEMPTED,
     JOB_FILE,
+    RANKS_DIR,
     RESTARTS_ENV,
     STATE_DIR,
     STEPS_LOST_ENV,
+    rank_log,
+    rank_record,
 )
 
 #: the driver's plan, written by the launcher into the job directory (no secret in it)
@@ -279,6 +287,8 @@ class Driver:
         self.actors: list[Any] = []
         self.pg: Any = None
         self.lost: dict[int, str] = {}
+        #: when the driver lost each of them
+        self.lost_at: dict[int, float] = {}
         #: the Ray node id each rank runs on, once started
         self.node_ids: list[str] = []
         #: the Ray node ids of the nodes the job lost: the exit record names them, so that the launcher
@@ -294,8 +304,8 @@ class Driver:
         self.policy = RestartPolicy.from_budget(RestartBudget(**budget), sys.stderr) if budget else None
         #: the restarts made in place: the policy's entries, for the exit record
         self.restarts: list[dict[str, Any]] = []
-        #: how the last gang ended, in a phrase (the rank that failed first, or the nodes lost)
-        self.ended = ""
+        #: how the last gang ended (the rank that failed first, or the nodes lost), once it did
+        self.ended: JobStatus | None = None
 
     # ------------------------------------------------------------ placement
     def bundle(self) -> dict[str, float]:
@@ -440,6 +450,7 @@ class Driver:
         if rank not in self.lost:
             node = rank // self.ppn
             self.lost[rank] = f"rank {rank}'s node ({node}) was lost: {type(exc).__name__}"
+            self.lost_at[rank] = time.time()
             if rank < len(self.node_ids):
                 self.lost_nodes.add(self.node_ids[rank])
             say(self.lost[rank])
@@ -466,9 +477,10 @@ class Driver:
         if pg is None:
             return EXIT_PREEMPTED
         self.pg = pg
+        # the exit records of this gang's ranks come here (sync): an earlier gang's are not theirs
+        shutil.rmtree(self.collected / RANKS_DIR, ignore_errors=True)
         self.start(pg)
         codes: dict[int, int] = {}
-        first_failure: tuple[int, int] | None = None
         stopping_since: float | None = None
         last_sync = time.monotonic()
         sync_every = float(self.plan["sync_interval_s"])
@@ -494,12 +506,10 @@ class Driver:
                     sys.stderr.flush()
                 if code is not None:
                     codes[rank] = code
-                    if code != 0 and first_failure is None:
-                        first_failure = (rank, code)
-                        if len(codes) < self.world and not self.stop_requested.is_set():
-                            say(f"rank {rank} ended with exit status {code}: stopping the other ranks")
-                            self._stop_all(codes)
-                            stopping_since = time.monotonic()
+                    if code != 0 and stopping_since is None and len(codes) < self.world:
+                        say(f"rank {rank} ended with exit status {code}: stopping the other ranks")
+                        self._stop_all(codes)
+                        stopping_since = time.monotonic()
             if stopping_since is not None and time.monotonic() - stopping_since > grace + 5:
                 say(
                     f"rank(s) {sorted(set(range(self.world)) - set(codes))} did not stop within "
@@ -520,14 +530,51 @@ class Driver:
                 except Exception:  # nothing to clean on a lost node
                     pass
         if self.lost:
-            self.ended = "; ".join(self.lost.values())
+            self.record_lost()
+            self.ended = JobStatus(JobState.FAILED, EXIT_NODE_LOST, "; ".join(self.lost.values()))
             return EXIT_NODE_LOST
         if self.stop_requested.is_set():
             return codes.get(0, EXIT_PREEMPTED) or EXIT_PREEMPTED
-        if first_failure is None:
-            return 0
-        self.ended = f"rank {first_failure[0]} failed first, with exit status {first_failure[1]}"
-        return first_failure[1]
+        self.ended = self.judge(codes)
+        code = self.ended.exit_code or 0
+        return 128 - code if code < 0 else code  # a rank killed by signal N: 128 + N, the shell's way
+
+    def judge(self, codes: dict[int, int]) -> JobStatus:
+        """How the gang ended, by ddlkit's one rule (:func:`ddlkit.compute.outcome.judge`): the
+        rank that failed first, from the exit records the ranks' minders wrote, which the last sync
+        brought here; ``codes``: the ranks' exit statuses, as their actors saw them."""
+        reported = {int(r["rank"]) for r in read_records(self.collected)}
+        unreported = {rank: code for rank, code in sorted(codes.items()) if rank not in reported}
+        seen = Observation(
+            JobState.FAILED if any(codes.values()) else JobState.SUCCEEDED,
+            exit_code=next((code for _, code in sorted(codes.items()) if code), None),
+            rank_signals={rank: 128 - code if code > 128 else code for rank, code in unreported.items() if code},
+            # every rank's minder has written its record by the time its actor saw it end
+            ranks_always_report=True,
+        )
+        return judge(seen, self.collected, job=f"the gang of Ray job {self.sid}", world_size=self.world)
+
+    def record_lost(self) -> None:
+        """The exit records of the ranks lost with their nodes, which their minders could not leave
+        here: each ended, as the driver saw it, as if killed by SIGKILL when the driver lost it, so
+        that the job's records name it and :func:`~ddlkit.compute.outcome.judge` weighs it with the
+        others (a rank that ended before its node was lost, and whose record came here, keeps its own)."""
+        for rank, why in self.lost.items():
+            path = self.collected / rank_record(rank)
+            if path.is_file():
+                continue
+            path.parent.mkdir(parents=True, exist_ok=True)
+            node, local = divmod(rank, self.ppn)
+            record = {
+                "rank": rank,
+                "node": node,
+                "local_rank": local,
+                "code": -signal.SIGKILL,
+                "time": self.lost_at[rank],
+                "log": rank_log(rank),
+                "lost": why,
+            }
+            path.write_text(json.dumps(record) + "\n", encoding="utf-8")
 
     def restart_in_place(self, code: int) -> bool:
         """Whether the gang that ended with ``code`` starts again here, under the job's restart
@@ -536,9 +583,9 @@ class Driver:
         elastic job goes on with fewer nodes; a job that needs all of them waits for capacity)."""
         import ray
 
-        if self.policy is None or code == 0 or self.stop_requested.is_set():
+        if self.policy is None or code == 0 or self.stop_requested.is_set() or self.ended is None:
             return False
-        status = JobStatus(JobState.FAILED, code, self.ended or f"the ranks ended with exit status {code}")
+        status = self.ended
         verdict = classify(status)
         if not self.policy.allows(verdict):
             return False
@@ -553,7 +600,7 @@ class Driver:
         self.restarts.append(entry)
         if self.stop_requested.wait(float(entry["wait_s"])):
             return False
-        self.actors, self.node_ids, self.lost, self.ended = [], [], {}, ""
+        self.actors, self.node_ids, self.lost, self.lost_at, self.ended = [], [], {}, {}, None
         self.left_behind, self.sent_checkpoints = set(), set()
         return True
 

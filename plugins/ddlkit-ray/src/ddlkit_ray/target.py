@@ -168,8 +168,9 @@ elastic job `RayTarget.nodes_up` counts the live nodes that can hold one node of
 state API), less those the exit record names, and the launcher resubmits the job on that many
 (`with_nodes`); the capacity wait is `ddlkit.launch.elastic.CapacityWait`.
 
-The handle asks Ray (`JobSubmissionClient.get_job_info`) at most once per
-`compute.poll_interval_s`; `logs` follows the job's log over `tail_job_logs`. Ray's Python package
+A job's handle is the core's `SchedulerJob` over `RayScheduler`: the job's info
+(`JobSubmissionClient.get_job_info`) at most once per `compute.poll_interval_s`, its log over
+`tail_job_logs`; the core's `judge` decides how it ended from the ranks' exit records (`.ranks/`). Ray's Python package
 is imported only when a job is submitted or followed, never when a run is composed or planned.
 
 Tests and the benchmark start real clusters of simulated nodes on this machine with
@@ -190,24 +191,27 @@ import logging
 import queue
 import re
 import shlex
+import shutil
 import sys
 import tarfile
 import threading
 import time
 import urllib.parse
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Generator, Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from omegaconf import DictConfig, OmegaConf
 
 import ddlkit
 from ddlkit.atomic import write_text
 from ddlkit.compute import secret_file
-from ddlkit.interfaces import JobHandle, JobSpec, JobState, JobStatus
-from ddlkit.jobdir import CHECKPOINT_DIR, STATE_DIR
+from ddlkit.compute.outcome import Observation
+from ddlkit.compute.scheduler import Scheduler, SchedulerJob
+from ddlkit.interfaces import JobHandle, JobSpec, JobState
+from ddlkit.jobdir import CANCEL_FILE, CHECKPOINT_DIR, RANKS_DIR, STATE_DIR
 from ddlkit.options import NON_NEGATIVE, POSITIVE, POSITIVE_INTEGER, checked, one_of
 
 from .driver import EXIT_RECORD, NOT_COLLECTED, PLAN_FILE, SECRETS_FILE, extract_files, holds, kept_name, published_name
@@ -316,132 +320,117 @@ class DashboardSilent(ddlkit.RunError):
         super().__init__(f"the Ray dashboard at {address} did not answer {endpoint} within {seconds:g} s")
 
 
-# ---------------------------------------------------------------------------- the handle
-class RayJob(JobHandle):
-    """A Ray job of ddlkit's; ``id`` is its submission id."""
+# ---------------------------------------------------------------------------- the scheduler
+class RayScheduler(Scheduler):
+    """The Jobs API of the Ray cluster at ``address`` (``jobs``: its client), for ddlkit's jobs of
+    ``job_dir``; a job's id is its submission id."""
 
-    def __init__(self, jobs: Any, job_id: str, *, address: str, job_dir: Path, poll_interval_s: float) -> None:
-        self.jobs, self.id, self.address = jobs, str(job_id), address
-        self.job_dir = Path(job_dir)
+    noun = "Ray job"
+    #: Ray kills a stopped driver itself, grace_period_s + 60 s later (RAY_JOB_STOP_WAIT_TIME_S)
+    kill_slack_s = 60.0
+
+    def __init__(self, jobs: Any, *, address: str, job_dir: Path, poll_interval_s: float) -> None:
+        self.jobs, self.address, self.job_dir = jobs, address, Path(job_dir)
         self.poll_interval_s = poll_interval_s
-        self._final: JobStatus | None = None
-        self._exit: dict[str, Any] | None = None  # the driver's exit record, once read (it is final)
-        self._asked: tuple[float, Any] | None = None
-        self._yielded = 0  # characters of the job's output that logs() has yielded
-        self._streaming: _LogStream | None = None
+        self._ended: dict[str, Any] = {}  # the final job info of the jobs seen ended
+        self._exit: dict[str, dict[str, Any] | None] = {}  # their drivers' exit records, once read
+        self._fetched: set[tuple[str, Path]] = set()  # (job, directory) whose files were brought there
+        self._streams: dict[str, _LogStream] = {}  # the log stream each job's follower has open
 
     # ------------------------------------------------------------ state
-    def info(self, fresh: bool = False) -> Any:
-        now = time.monotonic()
-        if fresh or self._asked is None or now - self._asked[0] >= self.poll_interval_s:
-            try:
-                self._asked = (now, self.jobs.get_job_info(self.id))
-            except DashboardSilent as exc:
-                raise ddlkit.RunError(
-                    f"{exc}; the job may still be running there: follow it again with `ddlkit "
-                    f"jobs attach {self.job_dir}`"
-                ) from None
-            except RuntimeError as exc:
-                if "does not exist" in str(exc):
-                    raise ddlkit.ConfigError(
-                        f"the Ray cluster at {self.address} has no job {self.id} (a cluster that "
-                        "was restarted forgets its jobs)."
-                    ) from None
-                raise
-        return self._asked[1]
-
-    def status(self) -> JobStatus:
-        if self._final is not None:
-            return self._final
-        info = self.info()
-        state = str(getattr(info.status, "value", info.status))
-        if state == "PENDING":
-            return JobStatus(JobState.PENDING, None, f"Ray: PENDING ({info.message or 'waiting to start'})")
-        if state == "RUNNING":
-            return JobStatus(JobState.RUNNING, None, f"Ray: RUNNING, driver on node {str(info.driver_node_id)[:8]}")
+    def info(self, job_id: str) -> Any:
+        """The Jobs API's job info (one request, until the job has ended: that info is final)."""
+        if job_id in self._ended:
+            return self._ended[job_id]
         try:
-            record = self.exit_record(info) or {}
+            info = self.jobs.get_job_info(job_id)
+        except DashboardSilent as exc:
+            raise ddlkit.RunError(
+                f"{exc}; the job may still be running there: follow it again with `ddlkit jobs attach {self.job_dir}`"
+            ) from None
+        except RuntimeError as exc:
+            if "does not exist" in str(exc):
+                raise ddlkit.ConfigError(
+                    f"the Ray cluster at {self.address} has no job {job_id} (a cluster that was restarted forgets "
+                    "its jobs)."
+                ) from None
+            raise
+        if _state(info) in _ENDED:
+            self._ended[job_id] = info
+        return info
+
+    def describe(self, job_id: str) -> Observation:
+        info = self.info(job_id)
+        state = _state(info)
+        if state == "PENDING":
+            return Observation(JobState.PENDING, reason=f"Ray: PENDING ({info.message or 'waiting to start'})")
+        if state not in _ENDED:
+            return Observation(JobState.RUNNING, reason=f"Ray: RUNNING, driver on node {str(info.driver_node_id)[:8]}")
+        try:
+            record = self.exit_record(job_id) or {}
         except NodeUnreachable:  # the state stands without it; collect() says what could not be read
             record = {}
-        # the restarts the driver made in place (the launcher counts and records them)
-        restarts = tuple(record.get("restarts") or ())
+        why = f" ({record['why']})" if record.get("why") else ""
+        restarts = tuple(record.get("restarts") or ())  # made in place: the launcher counts and records them
         if state == "SUCCEEDED":
-            self._final = JobStatus(JobState.SUCCEEDED, 0, restarts=restarts)
-        elif state == "STOPPED":
-            self._final = JobStatus(
-                JobState.CANCELLED,
-                record.get("code"),
-                f"Ray job {self.id} was stopped; {self._tail()}",
-                restarts=restarts,
-            )
-        else:
-            code = info.driver_exit_code
-            why = record.get("why") or ""
-            self._final = JobStatus(
-                JobState.FAILED,
-                code,
-                (
-                    f"Ray job {self.id} failed"
-                    + (f" with exit status {code}" if code is not None else "")
-                    + (f" ({why})" if why else "")
-                    + (f": {info.message}" if code is None and info.message else "")
-                    + f"; {self._tail()}"
-                ),
-                restarts=restarts,
-            )
-        return self._final
+            return Observation(JobState.SUCCEEDED, 0, restarts=restarts)
+        if state == "STOPPED":
+            return Observation(JobState.CANCELLED, record.get("code"), why and f"was cancelled{why}", restarts=restarts)
+        code, message = info.driver_exit_code, info.message
+        said = f" with exit status {code}{why}" if code is not None else f"{why}: {message}" if message else why
+        return Observation(JobState.FAILED, code, f"failed{said}", restarts=restarts)
 
-    def _tail(self, lines: int = 15) -> str:
-        try:
-            text = _strip_header(self.jobs.get_job_logs(self.id))
-        except Exception:  # a message without the log still says how the job ended
-            return "(its log could not be read)"
-        return "last lines of its log:\n" + "\n".join("    " + ln for ln in text.splitlines()[-lines:])
+    def signal(self, job_id: str, how: Literal["stop", "kill"]) -> None:
+        # SIGTERM to the driver, which passes it to the ranks; Ray kills what has not ended
+        # grace_period_s + 60 s later. A kill is the same request: Ray has no other. A no-op once it ended
+        self.jobs.stop_job(job_id)
 
-    def wait(self, timeout: float | None = None) -> JobStatus:
-        return self.poll_until_done(timeout, min(self.poll_interval_s, 0.5))
+    # ------------------------------------------------------------ output
+    def read_log(self, job_id: str, offset: int) -> str:
+        return _JobOutput(offset).feed(self.jobs.get_job_logs(job_id), ended=True)
 
-    def logs(self, follow: bool = True) -> Iterator[str]:
-        """The job's output from where the previous call stopped (the first call: from its start)."""
-        if not follow:
-            yield from self._read_log(ended=True)
-            return
-        while self._final is None:
-            # the stream, for as long as the job runs (again after a drop: the dashboard restarted)
-            stream = self._open_stream()
+    def follow_log(self, job_id: str, offset: int, done: Callable[[], bool]) -> Iterator[str]:
+        """The job's output over the log stream, for as long as the job runs (opened again after a
+        drop: the dashboard restarted); a dashboard that cannot stream has the whole log read every
+        ``poll_interval_s``."""
+        output = _JobOutput(offset)
+        while True:
+            stream = self._open_stream(job_id)
             try:
-                closed = yield from self._stream(stream)
+                closed = yield from self._stream(stream, output, done)
             finally:
                 stream.close()
-                if self._streaming is stream:
-                    self._streaming = None
+                if self._streams.get(job_id) is stream:
+                    del self._streams[job_id]
             if closed is None:  # it could not be opened: the log is read at the poll interval instead
                 break
-            if self._final is None:
-                self.info(fresh=True)  # the stream's end: the job's state, asked once
-            if self.status().state.done:
-                if not closed:
-                    yield from self._read_log(ended=True)  # what a broken or stalled stream left out
+            if _state(self.info(job_id)) in _ENDED:  # the stream's end: the job's state, asked once
+                if not closed and (text := self.read_log(job_id, output.end)):
+                    yield text  # what a broken or stalled stream left out
                 return
             time.sleep(self.poll_interval_s)  # it dropped while the job runs: open it again
+            output = _JobOutput(output.end)
         while True:
-            done = self.status().state.done
-            yield from self._read_log(ended=done)
-            if done:
+            finished = done()
+            output = _JobOutput(output.end)  # the whole log's new output (until the end, complete lines only)
+            if text := output.feed(self.jobs.get_job_logs(job_id), ended=finished):
+                yield text
+            if finished:
                 return
             time.sleep(self.poll_interval_s)
 
-    def _open_stream(self) -> _LogStream:
-        if self._streaming is not None:  # an earlier follower left unclosed (its caller raised): one stream at a time
-            self._streaming.close()
-        self._streaming = _LogStream(self.jobs, self.id)
-        return self._streaming
+    def _open_stream(self, job_id: str) -> _LogStream:
+        if (earlier := self._streams.pop(job_id, None)) is not None:
+            earlier.close()  # an earlier follower left unclosed (its caller raised): one stream at a time
+        self._streams[job_id] = stream = _LogStream(self.jobs, job_id)
+        return stream
 
-    def _stream(self, stream: _LogStream) -> Iterator[str]:
+    def _stream(
+        self, stream: _LogStream, output: _JobOutput, done: Callable[[], bool]
+    ) -> Generator[str, None, bool | None]:
         """The job's new output as the stream brings it; returns True when the stream closed in
         order (the dashboard closes it after the job ended), False when it broke or stalled, None
         when it could not be opened (said once, with why)."""
-        output, made = _JobOutput(), 0
         look_every = max(self.poll_interval_s, _STREAM_LOOK_S)
         next_look, drain_until = time.monotonic() + look_every, None
         got_any = False
@@ -453,12 +442,11 @@ class RayJob(JobHandle):
                 if drain_until is not None:
                     return False  # ended, yet the stream stays open: read the rest at once
                 next_look = time.monotonic() + look_every
-                if self.status().state.done:
+                if done():
                     drain_until = time.monotonic() + _STREAM_DRAIN_S
                 continue
             if item is _LogStream.END:
-                text, made = self._new_output(output, "", made, ended=True)
-                if text:
+                if text := output.feed("", ended=True):
                     yield text
                 return True
             if isinstance(item, BaseException):
@@ -475,98 +463,87 @@ class RayJob(JobHandle):
                     )
                 return None
             got_any = True
-            text, made = self._new_output(output, item, made, ended=False)
-            if text:
+            if text := output.feed(item, ended=False):
                 yield text
 
-    def _new_output(self, output: _JobOutput, raw: str, made: int, *, ended: bool) -> tuple[str, int]:
-        """What ``raw`` (the log's next piece, as one reading of it from its start brings it) adds
-        to the output this handle has yielded: a reading that starts again (a stream reopened, the
-        whole log read) skips what was yielded before, so nothing is yielded twice or left out."""
-        text = output.feed(raw, ended=ended)
-        start, made = made, made + len(text)
-        if made <= self._yielded:
-            return "", made
-        text, self._yielded = text[max(0, self._yielded - start) :], made
-        return text, made
-
-    def _read_log(self, *, ended: bool) -> Iterator[str]:
-        """The new output in the whole log, read once (ended: its last line too, complete or not)."""
-        text, _ = self._new_output(_JobOutput(), self.jobs.get_job_logs(self.id), 0, ended=ended)
-        if text:
-            yield text
-
-    def cancel(self) -> None:
-        if self._final is not None:
-            return
-        if not self.status().state.done:
-            self.jobs.stop_job(self.id)  # SIGTERM to the driver; False (no-op) once it ended
-            self._asked = None
-
     # ------------------------------------------------------------ the job's files
-    def _published(self, info: Any, what: str) -> bytes | None:
+    def _published(self, job_id: str, what: str) -> bytes | None:
         """A file the driver published in its node's Ray log directory; None when there is none
         (:class:`NodeUnreachable` when the node could not be asked)."""
-        if not info.driver_node_id:
+        node_id = self.info(job_id).driver_node_id
+        if not node_id:
             return None
-        return node_file(self.jobs, self.address, info.driver_node_id, published_name(self.id, what))
+        return node_file(self.jobs, self.address, node_id, published_name(job_id, what))
 
-    def exit_record(self, info: Any) -> dict[str, Any] | None:
-        """How the driver said the job ended (asked once the job ended: status() reads it, collect()
-        finds it read); None when it said nothing (it was killed first, or its node was lost).
-        Raises :class:`NodeUnreachable` when its node could not be asked."""
-        if self._exit is None:
-            data = self._published(info, "exit.json")
+    def exit_record(self, job_id: str) -> dict[str, Any] | None:
+        """How the driver said the job ended (asked once the job ended); None when it said nothing
+        (it was killed first, or its node was lost). Raises :class:`NodeUnreachable` when its node
+        could not be asked."""
+        if job_id not in self._exit:
+            data = self._published(job_id, "exit.json")
+            self._exit[job_id] = None
             with contextlib.suppress(ValueError):
-                self._exit = json.loads(data) if data else None
-        return self._exit
+                self._exit[job_id] = json.loads(data) if data else None
+        return self._exit[job_id]
 
-    def collect(self) -> None:
-        """The files the driver published (rank 0's last, checkpoints included), unpacked into
-        the launcher's job directory; the job's bookkeeping there is the launcher's and stays. A
-        driver that published nothing leaves nothing to collect; a node that cannot be asked is an
-        error: the job's files (its checkpoints) would silently stay behind."""
-        info = self.info(fresh=True)
-        if str(getattr(info.status, "value", info.status)) not in ("SUCCEEDED", "FAILED", "STOPPED"):
-            return
+    def fetch(self, job_id: str, job_dir: Path) -> None:
+        """The files the driver published (rank 0's last, checkpoints, the ranks' exit records
+        ``.ranks/``), unpacked into the launcher's job directory; the job's bookkeeping there is the
+        launcher's and stays. A driver that published nothing leaves nothing to fetch; a node that
+        cannot be asked is an error: the job's files (its checkpoints) would silently stay behind."""
+        job_dir = Path(job_dir)
+        if (job_id, job_dir) in self._fetched or _state(self.info(job_id)) not in _ENDED:
+            return  # the archive of an ended job does not change
         try:
-            if self.exit_record(info) is None:  # written last: without it there is no complete archive
+            if self.exit_record(job_id) is None:  # written last: without it there is no complete archive
                 return
-            data = self._published(info, "files.tar")
+            data = self._published(job_id, "files.tar")
         except NodeUnreachable as exc:
             raise ddlkit.RunError(
-                f"Ray job {self.id} ended, but its files (results, checkpoints) could not be brought back: {exc}. "
-                f"They stay on the cluster; `ddlkit jobs attach {self.job_dir}` brings them once the dashboard "
-                "answers."
+                f"Ray job {job_id} ended, but its files (results, checkpoints) could not be brought back: {exc}. "
+                f"They stay on the cluster; `ddlkit jobs attach {job_dir}` brings them once the dashboard answers."
             ) from None
         if not data:
             raise ddlkit.RunError(
-                f"Ray job {self.id} ended, but the archive of its files is missing from its driver's "
-                f"node ({published_name(self.id, 'files.tar')} below the node's Ray log directory)"
+                f"Ray job {job_id} ended, but the archive of its files is missing from its driver's "
+                f"node ({published_name(job_id, 'files.tar')} below the node's Ray log directory)"
             )
         with tarfile.open(fileobj=io.BytesIO(data)) as tar:
-            extract_files(
-                tar, self.job_dir, skip=lambda name: name.split("/")[0] in NOT_COLLECTED and name != EXIT_RECORD
-            )
+            extract_files(tar, job_dir, skip=lambda name: name.split("/")[0] in NOT_COLLECTED and name != EXIT_RECORD)
+        self._fetched.add((job_id, job_dir))
 
 
-def _strip_header(text: str, *, whole_lines: bool = False) -> str:
-    """The job's own output in its whole log ``text`` (:class:`_JobOutput`). ``whole_lines``: only
-    up to the last newline (a line is judged once it is complete)."""
-    return _JobOutput().feed(text, ended=not whole_lines)
+#: the Jobs API's states of a job that has ended
+_ENDED = ("SUCCEEDED", "FAILED", "STOPPED")
+
+
+def _state(info: Any) -> str:
+    return str(getattr(info.status, "value", info.status))
 
 
 class _JobOutput:
     """The job's own output out of its log, fed in pieces as they come (a stream's chunks, or the
     whole log at once): what follows the job manager's line that starts the entrypoint, less Ray's
     own lines in it (when a node dies, Ray writes that raylet's state dump into the drivers'
-    output). A line is judged once it is complete; ``ended`` gives the last one as it is."""
+    output). A line is judged once it is complete; ``ended`` gives the last one as it is. Every
+    reading of the log starts at its start: the first ``skip`` characters of output, yielded by an
+    earlier reading (a stream that dropped), are left out; :attr:`end` is where the next one starts."""
 
-    def __init__(self) -> None:
+    def __init__(self, skip: int = 0) -> None:
         self.pending = ""
         self.started = False  # the job manager's entrypoint line has gone by
+        self.skip, self.made = skip, 0
+
+    @property
+    def end(self) -> int:
+        return max(self.skip, self.made)
 
     def feed(self, text: str, *, ended: bool) -> str:
+        out = self._feed(text, ended)
+        start, self.made = self.made, self.made + len(out)
+        return out[max(0, self.skip - start) :]
+
+    def _feed(self, text: str, ended: bool) -> str:
         self.pending += text
         if not self.started:
             head, sep, rest = self.pending.partition(_ENTRYPOINT_LINE)
@@ -815,6 +792,9 @@ class RayTarget(ddlkit.ComputeTarget):
         self.check_cluster()
         job_dir = Path(spec.job_dir).resolve()
         submission_id = f"{spec.name}-{uuid.uuid4().hex[:8]}"
+        # a job directory run again: the last run's cancel mark and its ranks' exit records are not this run's
+        (job_dir / CANCEL_FILE).unlink(missing_ok=True)
+        shutil.rmtree(job_dir / RANKS_DIR, ignore_errors=True)
         key = job_key(job_dir)
         kept = self.kept_on_cluster(job_dir, key)
         write_text(
@@ -835,9 +815,7 @@ class RayTarget(ddlkit.ComputeTarget):
             ) from None
         finally:
             secret_file.remove(job_dir, SECRETS_FILE)
-        return RayJob(
-            jobs, submission_id, address=self.address, job_dir=job_dir, poll_interval_s=self.cfg.poll_interval_s
-        )
+        return self._job(submission_id, job_dir)
 
     def kept_on_cluster(self, job_dir: Path, key: str) -> bool:
         """Whether the node that ran the job's last driver still keeps that run's files (their
@@ -852,15 +830,21 @@ class RayTarget(ddlkit.ComputeTarget):
             return False
 
     def attach(self, job_id: str, *, job_dir: Path) -> JobHandle:
-        handle = RayJob(
-            self.jobs,
-            str(job_id),
-            address=self.address,
-            job_dir=Path(job_dir).resolve(),
-            poll_interval_s=self.cfg.poll_interval_s,
+        return self._job(str(job_id), Path(job_dir).resolve(), ask=True)
+
+    def _job(self, job_id: str, job_dir: Path, *, ask: bool = False) -> SchedulerJob:
+        c = self.cfg
+        scheduler = RayScheduler(self.jobs, address=self.address, job_dir=job_dir, poll_interval_s=c.poll_interval_s)
+        if ask:
+            scheduler.info(job_id)  # a job the cluster does not know is said now, in one line
+        return SchedulerJob(
+            scheduler,
+            job_id,
+            job_dir=job_dir,
+            world_size=self.world_size,
+            poll_interval_s=c.poll_interval_s,
+            grace_period_s=c.grace_period_s,
         )
-        handle.info()  # a job the cluster does not know is said now, in one line
-        return handle
 
 
 class NodeUnreachable(Exception):
