@@ -9,7 +9,7 @@ It behaves as a target whose ranks run on another machine would, with what one m
   (anything that reaches for the launcher's paths fails), and runs the job there in a process with that copy as its
   working directory and a **bare environment**: ``PATH``, ``HOME``, ``LANG`` and what ``JobSpec.env`` /
   ``JobSpec.secret_env`` carry -- nothing inherited from the launcher;
-* ``collect`` moves the launcher's directory back and copies the job's files into it;
+* ``collect`` (its scheduler's ``fetch``) moves the launcher's directory back and copies the job's files into it;
 * its jobs outlive the launcher (as a cluster's do); ``attach`` works from any process (the id
   names the job and its process);
 * it is polled at ``compute.poll_interval_s``, as a slow remote service would be.
@@ -23,16 +23,18 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import sys
 import tempfile
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
-from ..compute.process import ProcessJob
+from ..compute.outcome import Observation
+from ..compute.process import ProcessJob, kill_session
+from ..compute.scheduler import Scheduler, SchedulerJob
 from ..errors import ConfigError
-from ..interfaces import JOB_FILE, ComputeTarget, JobHandle, JobSpec, JobStatus
+from ..interfaces import JOB_FILE, ComputeTarget, JobHandle, JobSpec, JobState
 from ..jobdir import STATE_DIR, rank_log
 from ..options import POSITIVE, checked
 
@@ -49,42 +51,56 @@ class ElsewhereComputeConfig:
     grace_period_s: float = 30.0
 
 
-class ElsewhereHandle(JobHandle):
-    def __init__(self, remote: ProcessJob, name: str, job_dir: Path) -> None:
-        self.remote, self.name, self.job_dir = remote, name, Path(job_dir)
-        self.id = f"{name}/{remote.id}"
+class ElsewhereScheduler(Scheduler):
+    """The "cluster" as a scheduler adapter: each job is a process under ddlkit's minder in its copy
+    of the job directory (``<root>/<job name>``); its id is ``<job name>/<pid>``. It says what it sees
+    and passes signals on; :class:`~ddlkit.compute.scheduler.SchedulerJob` does the rest."""
 
-    def status(self) -> JobStatus:
-        return self.remote.status()
+    noun = "elsewhere job"
 
-    def logs(self, follow: bool = True) -> Iterator[str]:
-        return self.remote.logs(follow)
+    def __init__(self, root: Path, grace_period_s: float) -> None:
+        self.root, self.grace = root, grace_period_s
 
-    def cancel(self) -> None:
-        self.remote.cancel()
+    def process(self, job_id: str) -> ProcessJob:
+        """The job's process on the cluster (what :func:`ProcessJob.attach` sees of it)."""
+        name, _, pid = job_id.rpartition("/")
+        if not name or not (self.root / name).is_dir():
+            raise ConfigError(f"compute=elsewhere has no job {job_id!r} under {self.root}.")
+        return ProcessJob.attach(pid, job_dir=self.root / name, log_name=rank_log(0), grace_period_s=self.grace)
 
-    def wait(self, timeout: float | None = None) -> JobStatus:
-        return self.remote.wait(timeout)
+    def describe(self, job_id: str) -> Observation:
+        seen = self.process(job_id).status()  # the process's state, and its exit code once it ended
+        if not seen.state.done:
+            return Observation(seen.state, reason=f"process {job_id} on the cluster's disk")
+        ended = JobState.SUCCEEDED if seen.exit_code == 0 else JobState.FAILED
+        return Observation(ended, seen.exit_code)
 
-    def detach(self) -> None:
-        self.remote.detach()
+    def signal(self, job_id: str, how: Literal["stop", "kill"]) -> None:
+        process = self.process(job_id)
+        if how == "stop":
+            process.cancel()  # SIGTERM: the ranks checkpoint and stop
+        else:
+            kill_session(process.pid, signal.SIGKILL)
 
-    def collect(self) -> None:
+    def read_log(self, job_id: str, offset: int) -> str:
+        try:
+            return self.process(job_id).log_path.read_text(errors="replace")[offset:]
+        except FileNotFoundError:
+            return ""
+
+    def fetch(self, job_id: str, job_dir: Path) -> None:
         """Put the launcher's directory back (keeping what the launcher wrote meanwhile, e.g. its
         submission record), then copy in what the job wrote. The remote side's own bookkeeping
         (``STATE_DIR``) stays there."""
-        away = self.job_dir.with_name(self.job_dir.name + AWAY_SUFFIX)
+        remote_dir = self.process(job_id).job_dir
+        away = job_dir.with_name(job_dir.name + AWAY_SUFFIX)
         if away.is_dir():
-            if self.job_dir.is_dir():
-                shutil.copytree(self.job_dir, away, dirs_exist_ok=True)
-                shutil.rmtree(self.job_dir)
-            os.replace(away, self.job_dir)
-        shutil.copytree(
-            self.remote.job_dir,
-            self.job_dir,
-            dirs_exist_ok=True,
-            ignore=lambda d, names: [STATE_DIR] if Path(d) == self.remote.job_dir else [],
-        )
+            if job_dir.is_dir():
+                shutil.copytree(job_dir, away, dirs_exist_ok=True)
+                shutil.rmtree(job_dir)
+            os.replace(away, job_dir)
+        theirs = lambda d, names: [STATE_DIR] if Path(d) == remote_dir else []  # noqa: E731
+        shutil.copytree(remote_dir, job_dir, dirs_exist_ok=True, ignore=theirs)
 
 
 class ElsewhereTarget(ComputeTarget):
@@ -94,6 +110,7 @@ class ElsewhereTarget(ComputeTarget):
         super().__init__(cfg)
         self.status_interval_s = cfg.poll_interval_s
         self.root = Path(cfg.root or Path(tempfile.gettempdir()) / "ddlkit-elsewhere").expanduser().resolve()
+        self.scheduler = ElsewhereScheduler(self.root, cfg.grace_period_s)
 
     def _bare_environment(self, spec: JobSpec) -> dict[str, str]:
         base = {k: os.environ[k] for k in ("PATH", "HOME", "LANG") if k in os.environ}
@@ -118,16 +135,18 @@ class ElsewhereTarget(ComputeTarget):
             grace_period_s=self.cfg.grace_period_s,
         )
         remote.detach()  # a cluster's job does not die with the launcher that submitted it
-        return ElsewhereHandle(remote, spec.name, spec.job_dir)
+        return self.attach(f"{spec.name}/{remote.id}", job_dir=spec.job_dir)
 
     def attach(self, job_id: str, *, job_dir: Path) -> JobHandle:
-        name, _, pid = job_id.rpartition("/")
-        if not name or not (self.root / name).is_dir():
-            raise ConfigError(f"compute=elsewhere has no job {job_id!r} under {self.root}.")
-        remote = ProcessJob.attach(
-            pid, job_dir=self.root / name, log_name=rank_log(0), grace_period_s=self.cfg.grace_period_s
+        self.scheduler.process(job_id)  # refuses an id the cluster does not know
+        return SchedulerJob(
+            self.scheduler,
+            job_id,
+            job_dir=job_dir,
+            world_size=1,
+            poll_interval_s=self.cfg.poll_interval_s,
+            grace_period_s=self.cfg.grace_period_s,
         )
-        return ElsewhereHandle(remote, name, job_dir)
 
     def plan(self, spec: JobSpec) -> str:
         return f"copy {spec.job_dir} to {self.root / spec.name}; there: {' '.join(spec.command('python'))}"
