@@ -1,5 +1,10 @@
 """The SDK for compute-target plugins: what a target that starts ddlkit's ranks may build on.
 
+* :mod:`ddlkit.compute.scheduler`: the adapter a target implements for its scheduler (``Scheduler``:
+  describe, signal, read_log, fetch) and the one handle the core keeps over any (``SchedulerJob``:
+  paced asking, the cancel protocol, the final status);
+* :mod:`ddlkit.compute.outcome`: how a job ended, one rule for every target (``judge`` over what the
+  scheduler says, an ``Observation``, and the ranks' exit records);
 * :mod:`ddlkit.compute.process`: jobs whose processes run on this machine -- :class:`ProcessJob`
   (a command under a minder in a session of its own: follow, judge, cancel and detach it from its
   id and directory; override ``final_status`` for a launcher such as ``mpirun``), and the helpers
@@ -8,9 +13,8 @@
 * :mod:`ddlkit.compute.rank_minder`: the program a target starts once per rank, around the ddlkit
   worker (logs, console, exit records, signals, no orphans); the target adds only how a rank
   learns its place in the job;
-* :mod:`ddlkit.compute.rank_exits`: the ranks' exit records read back by the launcher:
-  ``first_failure`` names the rank that failed first, whose exit status is the job's (what the
-  restart policy judges), whatever ``mpirun`` or ``srun`` reports;
+* :mod:`ddlkit.compute.rank_exits`: the ranks' exit records read back (``first_failure``: the rank
+  that failed first, whatever ``mpirun`` or ``srun`` reports), which ``judge`` rules by;
 * :mod:`ddlkit.compute.containers`: ddlkit's container images for targets that run the ranks in a
   container: their names (``default_image``), their build context for a service that builds images
   itself (``image_context``), and whether a registry has one (``check_image``, ``ensure_pullable``);

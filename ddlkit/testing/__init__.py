@@ -32,7 +32,8 @@ in-process, about two seconds through the CLI. Helpers for your own fixtures: :f
 to happen for a while) and :func:`alive`. For a framework's ``dist=horovod`` checks:
 :func:`horovod_at` (which Horovod, built with which bindings, ``import horovod`` finds).
 Contract suites for the five interfaces are in :mod:`ddlkit.testing.contracts`; multi-rank
-jobs under ``mpirun`` in :mod:`ddlkit.testing.multirank`; a loopback container registry (the OCI
+jobs under ``mpirun`` in :mod:`ddlkit.testing.multirank`; a rank's real exit record (under the
+rank minder, for tests of how a job ended) in :mod:`ddlkit.testing.ranks`; a loopback container registry (the OCI
 distribution API over HTTPS, token auth) in :mod:`ddlkit.testing.registry`.
 """
 
