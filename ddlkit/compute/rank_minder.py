@@ -118,6 +118,16 @@ def forward_signals() -> None:
         signal.signal(sig, _forward)
 
 
+def entry_command(argv: Sequence[str], module: str) -> list[str] | None:
+    """The worker's command in a rank entry's arguments (``python -m MODULE -- COMMAND...``, the
+    ``--`` optional); None, with the usage said on stderr, when there is none."""
+    command = list(argv[1:] if argv[:1] == ["--"] else argv)
+    if not command:
+        print(f"usage: python -m {module} -- COMMAND...", file=sys.stderr)
+        return None
+    return command
+
+
 def _forward(signum: int, frame: object) -> None:
     """To the child only, not its process group: the worker decides how to stop (it checkpoints
     at the next step); its helpers are killed when it has ended. Always as SIGTERM: the worker

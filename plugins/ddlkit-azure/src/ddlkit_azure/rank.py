@@ -60,10 +60,8 @@ def forget_earlier_records(rank: int, world: int, job_dir: Path) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     minder.forward_signals()  # first of all: a stop request while this rank starts must not kill it
-    argv = sys.argv[1:] if argv is None else argv
-    command = argv[1:] if argv[:1] == ["--"] else argv
-    if not command:
-        print("usage: python -m ddlkit_azure.rank -- COMMAND...", file=sys.stderr)
+    command = minder.entry_command(sys.argv[1:] if argv is None else argv, "ddlkit_azure.rank")
+    if command is None:
         return 2
     rank, world, variables = layout(os.environ)
     forget_earlier_records(rank, world, Path.cwd())

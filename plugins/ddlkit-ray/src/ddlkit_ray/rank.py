@@ -23,10 +23,8 @@ VARIABLES = RankLayout.variables()
 
 def main(argv: list[str] | None = None) -> int:
     minder.forward_signals()  # first of all: a stop request while this rank starts must not kill it
-    argv = sys.argv[1:] if argv is None else argv
-    command = argv[1:] if argv[:1] == ["--"] else argv
-    if not command:
-        print("usage: python -m ddlkit_ray.rank -- COMMAND...", file=sys.stderr)
+    command = minder.entry_command(sys.argv[1:] if argv is None else argv, "ddlkit_ray.rank")
+    if command is None:
         return 2
     variables = {key: os.environ[key] for key in VARIABLES if key in os.environ}
     return minder.run(

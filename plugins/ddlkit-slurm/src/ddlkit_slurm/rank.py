@@ -58,10 +58,8 @@ def layout(env: dict[str, str] | os._Environ[str]) -> dict[str, str]:
 
 def main(argv: list[str] | None = None) -> int:
     minder.forward_signals()  # first of all: a stop request while this rank starts must not kill it
-    argv = sys.argv[1:] if argv is None else argv
-    command = argv[1:] if argv[:1] == ["--"] else argv
-    if not command:
-        print("usage: python -m ddlkit_slurm.rank -- COMMAND...", file=sys.stderr)
+    command = minder.entry_command(sys.argv[1:] if argv is None else argv, "ddlkit_slurm.rank")
+    if command is None:
         return 2
     variables = layout(os.environ)
     # the job's secrets come in a file of the job directory, not in sbatch's environment (ddlkit.compute.secret_file)
