@@ -119,7 +119,12 @@ def capacity_wait(job: PreparedJob, policy: RestartPolicy, out: TextIO, prefix: 
 
 
 def resubmit(
-    job: PreparedJob, policy: RestartPolicy, entry: dict[str, object], placed: Placement | None = None
+    job: PreparedJob,
+    policy: RestartPolicy,
+    entry: dict[str, object],
+    placed: Placement | None = None,
+    *,
+    detach: bool = False,
 ) -> JobHandle:
     """Submit the job again, as the restart ``entry`` says (added to its record), on the target
     ``placed`` chose (:func:`~ddlkit.launch.elastic.place_restart`; None: the job's own); its ranks
@@ -134,6 +139,7 @@ def resubmit(
     shrunk = placed.target.nodes < job.compute.nodes
     return submit(
         replace(job, compute=placed.target, spec=restarted),
+        detach=detach,
         restart={**entry, **placed.entry},
         budget=None if shrunk else policy.budget(),
     )
@@ -141,7 +147,8 @@ def resubmit(
 
 class Restarts:
     """What a job needs to be restarted: the prepared job, its restart policy, how the console names
-    it (``prefix``: a sweep's job number), and whom to tell of each restart (a sweep's ledger)."""
+    it (``prefix``: a sweep's job number), whom to tell of each restart (a sweep's ledger), and whether
+    its runs outlive this process (``detach``: a detached job's minder, :mod:`ddlkit.launch.minder`)."""
 
     def __init__(
         self,
@@ -149,8 +156,10 @@ class Restarts:
         policy: RestartPolicy,
         prefix: str = "ddlkit: ",
         restarted: Callable[[dict[str, Any], JobHandle], None] | None = None,
+        *,
+        detach: bool = False,
     ) -> None:
-        self.job, self.policy, self.prefix = job, policy, prefix
+        self.job, self.policy, self.prefix, self.detach = job, policy, prefix, detach
         self.restarted = restarted or (lambda entry, handle: None)
 
 
@@ -282,7 +291,8 @@ class JobController(JobHandle):
                     return
                 why = capacity.failure(placed)
             else:
-                self.inner, self._target = resubmit(job, policy, entry, placed), placed.target
+                self.inner = resubmit(job, policy, entry, placed, detach=self.restarts.detach)
+                self._target = placed.target
         except DdlkitError as err:
             why = f"not restarted: its restart could not be submitted: {err}"
         self._capacity = None

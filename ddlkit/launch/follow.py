@@ -28,7 +28,9 @@ from ..compute.process import split_tail
 from ..errors import JobFailedError
 from ..interfaces import JobHandle, JobState, JobStatus
 from ..jobdir import EXIT_CONFIG_ERROR, EXIT_PREEMPTED, RESULT_FILE, rank_log
+from . import minder
 from .controller import JobController, Restarts, restart_policy, settle, submit
+from .minder import MINDER_LOG
 from .prepare import PreparedJob
 
 
@@ -248,9 +250,13 @@ def run_job(
     policy = restart_policy(job, out)
     handle = submit(job, detach=detach, budget=policy.budget())
     if detach:
+        # restarts under the job's policy go on without the launcher: its minder drives the controller
+        restarts = f"; its minder restarts it (log: {spec.job_dir / MINDER_LOG})" if policy.max_restarts else ""
+        if restarts:
+            minder.start(job, handle.id)
         out.write(
             f"ddlkit: detached; job {spec.name} runs on compute={job.redacted_config['compute']['name']} as "
-            f"{handle.id}.\n  follow it: ddlkit jobs attach {spec.name}\n"
+            f"{handle.id}{restarts}.\n  follow it: ddlkit jobs attach {spec.name}\n"
             f"  or: ddlkit jobs status|logs|cancel {spec.name}\n"
         )
         out.flush()

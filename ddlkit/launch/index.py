@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any
 from ..atomic import write_json
 from ..compute.state import STATE_DIR_ENV, state_dir
 from ..errors import ConfigError, DdlkitError
-from ..interfaces import JobHandle, JobState, JobStatus
+from ..interfaces import ComputeTarget, JobHandle, JobState, JobStatus
 from ..jobdir import JOB_FILE, SUBMISSION_FILE, rank_log
 
 if TYPE_CHECKING:
@@ -97,10 +97,14 @@ class Submission:
     def handle(self, registry: Registry) -> JobHandle:
         """Rebuild the job's compute target from its job file, and attach to the job; a job whose end
         is recorded is answered from its record instead (:class:`EndedJob`)."""
-        from ..config import rebuild
-
         if self.ended is not None:
             return EndedJob(self)
+        return self.compute_target(registry).attach(self.id, job_dir=Path(self.job_dir))
+
+    def compute_target(self, registry: Registry) -> ComputeTarget:
+        """The job's compute target, rebuilt from its job file."""
+        from ..config import rebuild
+
         try:
             config = json.loads((Path(self.job_dir) / JOB_FILE).read_text(encoding="utf-8"))["config"]
             compute = rebuild(config, registry, groups=("compute",)).compute
@@ -108,8 +112,7 @@ class Submission:
             raise ConfigError(
                 f"{Path(self.job_dir) / JOB_FILE} is missing or unreadable ({err}); cannot reach job {self.name}."
             ) from None
-        target = registry.create("compute", compute.name, compute)
-        return target.attach(self.id, job_dir=Path(self.job_dir))
+        return registry.create("compute", compute.name, compute)
 
     def ended_with(self, status: JobStatus) -> None:
         """Record the end the launcher saw, once the job's files are back (``JobHandle.collect``),

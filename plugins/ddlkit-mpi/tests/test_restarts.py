@@ -309,3 +309,18 @@ def test_a_sweeps_jobs_restart_as_single_jobs_do_and_retries_count_apart(tmp_pat
     assert [(e["step_reached"], e["resumed_from"]) for e in record(sweep_dir / "1")["restarts"]] == [(6, 4)]
     assert verify(latest_checkpoint(sweep_dir / "1")) is None
     assert "| job | overrides | status | attempts | restarts |" in (sweep_dir / "report.md").read_text()
+
+
+def test_a_detached_job_heals_its_killed_rank_without_a_launcher(tmp_path: Path, straight: bytes) -> None:
+    """`ddlkit --detach` returns at once; the job's minder (ddlkit.launch.minder) drives the same
+    controller as a followed job: rank 1 killed at step 7 is restarted under the same policy, and the job
+    ends as if nothing happened. The prepared job it was handed (it holds the job's secrets) is gone."""
+    launched = ddlkit(tmp_path, "detached", "--detach", "framework.kill_at_step=7", "framework.kill_rank=1")
+    assert launched.returncode == 0, launched.stderr
+    job_dir = tmp_path / "detached"
+    assert f"its minder restarts it (log: {job_dir / '.ddlkit' / 'minder.log'})" in launched.stdout
+    wait_for(lambda: record(job_dir).get("state") == "succeeded", "the detached job to end", timeout=240, pace=0.5)
+    ended_as_if_nothing_happened(job_dir, straight)
+    said = (job_dir / ".ddlkit" / "minder.log").read_text()
+    assert "ddlkit: restart 1/3: a rank was killed by SIGKILL from outside" in said, said
+    assert not (job_dir / ".ddlkit" / "minder.job").exists()
