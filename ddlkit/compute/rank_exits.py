@@ -38,17 +38,17 @@ from ..jobdir import EXIT_LOST_PEER, EXIT_PREEMPTED, RANKS_DIR, rank_record
 from .process import describe_exit, log_tail, quoting_tail
 
 #: how a rank that found a peer gone says so (ddlkit.rank's RankLostError): the peer's rank, and
-#: ``did not reach`` (it went silent) or ``left the job`` (its process ended)
-_PEER_FAILED = re.compile(rf"{RankLostError.__name__}: rank (\d+) (did not reach|left the job)")
+#: ``did not reach`` or ``stopped answering`` (it went silent) or ``left the job`` (its process ended)
+_PEER_FAILED = re.compile(rf"{RankLostError.__name__}: rank (\d+) (did not reach|stopped answering|left the job)")
 #: how a rank ends because of another: stopped by its launcher, or finding a peer gone
 _ENDED_BY_ANOTHER = (0, EXIT_LOST_PEER, EXIT_PREEMPTED)
 
 
 def named_peer(tail: Sequence[str]) -> tuple[int, str] | None:
     """The rank a failed rank's log (its last lines) says it waited for, and how: ``did not reach``
-    or ``left the job``; None when it names none."""
+    (it went silent) or ``left the job``; None when it names none."""
     named = _PEER_FAILED.search("\n".join(tail))
-    return None if named is None else (int(named[1]), named[2])
+    return None if named is None else (int(named[1]), "left the job" if named[2] == "left the job" else "did not reach")
 
 
 def read_records(job_dir: Path) -> list[dict[str, Any]]:

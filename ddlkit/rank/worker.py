@@ -137,7 +137,10 @@ def main(argv: list[str] | None = None) -> int:
                 file=sys.stderr,
             )
             return EXIT_LOST_PEER
-        _name_silent_ranks(dist, err)
+        if _name_silent_ranks(dist, err):
+            # a collective that timed out waiting for a stopped or hung rank: the infrastructure's failure
+            # too, which the restart policy restarts; the silent rank is named as the one that failed first
+            return EXIT_LOST_PEER
         return EXIT_FAILED
     finally:
         finish_code = _finish(run, status, dist.rank, secrets) if run is not None else EXIT_COMPLETED
@@ -175,18 +178,21 @@ def hold_job_directory(job_dir: Path) -> TextIO:
         ) from None
 
 
-def _name_silent_ranks(dist: DistContext, err: BaseException) -> None:
-    """After a failure, name the ranks that had stopped answering, last: a framework's
+def _name_silent_ranks(dist: DistContext, err: BaseException) -> bool:
+    """After a failure, name the ranks that had stopped answering, last, as a lost peer
+    (``RankLostError: rank N stopped answering ...``, which the launcher's judge reads): a framework's
     collective that timed out waiting for a stopped rank names none, and the launcher's report
-    quotes the end of the log of the rank that failed first, a live one (#17)."""
+    quotes the end of the log of the rank that failed first, a live one (#17). Whether any was silent."""
     if isinstance(err, RunError) and err.component == "dist":
-        return  # the control plane's own errors say it already
-    for silent in dist.silent_ranks():
+        return False  # the control plane's own errors say it already
+    silent = dist.silent_ranks()
+    for said in silent:
         print(
-            f"ddlkit worker (rank {dist.rank}): {silent}: this rank's collectives were waiting for it, which "
-            "is the likely cause of the error above",
+            f"ddlkit worker (rank {dist.rank}): {RankLostError.__name__}: {said}: this rank's collectives were "
+            "waiting for it, which is the likely cause of the error above",
             file=sys.stderr,
         )
+    return bool(silent)
 
 
 def _finish(run: Run, status: str, rank: int, secrets: dict[str, str]) -> int:

@@ -24,6 +24,7 @@ pytest.importorskip("ddlkit_mpi")
 
 import torch
 
+from ddlkit.jobdir import EXIT_LOST_PEER
 from ddlkit.testing.multirank import DistJobs, job_processes, load_weights, needs_mpirun, read_lines_until, worker_pids
 from ddlkit_pytorch.framework import horovod_problem
 
@@ -177,23 +178,35 @@ def test_a_killed_rank_stops_the_job_within_seconds_and_is_named(tmp_path: Path)
 
 
 def test_a_stopped_rank_is_named_when_the_all_reduce_times_out(tmp_path: Path) -> None:
-    """Issue 17, item 4: gloo's timeout names no rank, and the report quoted only rank 0's log."""
+    """Issue 17, item 4: gloo's timeout names no rank, and the report quoted only rank 0's log. Issue 37,
+    item 5: a rank named as silent makes the job's end the infrastructure's (EXIT_LOST_PEER, which the
+    restart policy restarts; here restart.max_restarts=0 keeps it to one run), and the headline names
+    the silent rank, not rank 0."""
     jobs = DistJobs(tmp_path)
     job_dir = tmp_path / "stopped"
     # dist.warn_after_s=5: this rank's own end after a silence of dist.timeout_s + 5 s must not come first
-    launcher = jobs.start(*LONG, *TWO_RANKS, "dist=native", "dist.timeout_s=20", "dist.warn_after_s=5", job_dir=job_dir)
+    launcher = jobs.start(
+        *LONG,
+        *TWO_RANKS,
+        "dist=native",
+        "dist.timeout_s=20",
+        "dist.warn_after_s=5",
+        "restart.max_restarts=0",
+        job_dir=job_dir,
+    )
     read_lines_until(launcher, "step 3/", timeout=120)
     os.kill(worker_pids(job_dir)[1], signal.SIGSTOP)
     output, _ = launcher.communicate(timeout=120)
-    assert launcher.returncode == 1, output
+    assert launcher.returncode == EXIT_LOST_PEER, output
     assert re.search(r"ddlkit: rank 1 has not been heard from for 5 s \(last at step \d+\): stopped or hung\?", output)
     report = output[output.index("ddlkit: error: ") :]
     assert "Timed out waiting 20000ms" in output, output  # gloo's error, in rank 0's log the console streamed
+    assert re.search(r"failed: rank 1 (stopped answering first|\(node 0\) failed first)", report), report
     assert re.search(
-        r"ddlkit worker \(rank 0\): rank 1 stopped answering at step \d+, \d+ s ago \(.*\): this rank's "
-        r"collectives were waiting for it, which is the likely cause of the error above",
-        report,
-    ), report
+        r"ddlkit worker \(rank 0\): RankLostError: rank 1 stopped answering at step \d+, \d+ s ago \(.*\): this "
+        r"rank's collectives were waiting for it, which is the likely cause of the error above",
+        output,
+    ), output
     assert not job_processes(job_dir), "processes of the job outlived it"
 
 
