@@ -155,7 +155,9 @@ def collect(
     while waiting - set(out) and time.monotonic() < deadline:
         running = any(procs[r].is_alive() for r in waiting)
         try:
-            rank, kind, value = results.get(timeout=0.1)
+            # a rank that has ended may have put its answer a moment before: its queue's feeder thread
+            # delivers it later on a loaded machine, so a look after the ends waits longer
+            rank, kind, value = results.get(timeout=0.1 if running else 5.0)
         except queue.Empty:
             if not running:
                 break
