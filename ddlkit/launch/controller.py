@@ -207,6 +207,13 @@ class JobController(JobHandle):
                 return self._settled
         return self._settle(ended if ended is not None and ended.state.done else self.inner.status())
 
+    def restarts_used(self) -> str:
+        """``1 of restart.max_restarts=3 restarts used``."""
+        used = self.restarts.policy if self.restarts is not None else None
+        return (
+            "no restarts" if used is None else f"{used.done} of restart.max_restarts={used.max_restarts} restarts used"
+        )
+
     @property
     def between_runs(self) -> bool:
         """Whether the job waits for a restart (its backoff, or capacity): nothing of it runs."""

@@ -263,19 +263,27 @@ def run_job(
         return None
     progress_bar = live and "console" in job.redacted_config.get("logger", {})
     life = JobController(handle, spec.job_dir, Restarts(job, policy))
-    while True:
-        # the current run, streamed to its end (Ctrl-C cancels it: it checkpoints, and the job ends with it)
-        status = life.step(follow(life.inner, out=out, progress_bar=progress_bar))
-        try:
-            while life.between_runs:  # the backoff before a restart, or its wait for capacity
-                time.sleep(life.next_step_in())
-                status = life.step()
-        except KeyboardInterrupt:
-            out.write("\nddlkit: interrupted before the restart\n")
-            life.cancel()
-            status = life.step()
-        if status.state.done:
-            break
+    with sigterm_interrupts():  # from the submission on: a SIGTERM to ddlkit stops the job as Ctrl-C does
+        while True:
+            # the current run, streamed to its end (Ctrl-C cancels it: it checkpoints, and the job ends with it)
+            ended = follow(life.inner, out=out, progress_bar=progress_bar)
+            try:
+                status = life.step(ended)
+                while life.between_runs:  # the backoff before a restart, or its wait for capacity
+                    time.sleep(life.next_step_in())
+                    status = life.step()
+            except KeyboardInterrupt:
+                life.cancel()
+                # nothing runs between two runs: the job stops where its last checkpoint left it
+                checkpoint = latest_checkpoint(spec.job_dir)
+                saved = f"its checkpoint {checkpoint.name}" if checkpoint is not None else "no checkpoint yet"
+                stopped = f"job {spec.name} stopped before its restart ({life.restarts_used()}), with {saved}"
+                raise JobFailedError(
+                    f"{stopped}; {job.resume_hint}",
+                    exit_code=EXIT_PREEMPTED,
+                ) from None
+            if status.state.done:
+                break
     if life.refused is not None:
         # the job's own failure was said at the restart: this is why it ends, in one line
         why, entry = life.refused

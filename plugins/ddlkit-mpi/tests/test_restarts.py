@@ -22,7 +22,7 @@ import pytest
 from ddlkit.testing import alive, wait_for
 from ddlkit.testing.core import checkpoint_step, latest_checkpoint, verify
 from ddlkit.testing.fakes import MODEL_FILE
-from ddlkit.testing.multirank import worker_pids
+from ddlkit.testing.multirank import read_lines_until, worker_pids
 
 pytestmark = [pytest.mark.slow, pytest.mark.skipif(shutil.which("mpirun") is None, reason="needs OpenMPI's mpirun")]
 
@@ -324,3 +324,20 @@ def test_a_detached_job_heals_its_killed_rank_without_a_launcher(tmp_path: Path,
     said = (job_dir / ".ddlkit" / "minder.log").read_text()
     assert "ddlkit: restart 1/3: a rank was killed by SIGKILL from outside" in said, said
     assert not (job_dir / ".ddlkit" / "minder.job").exists()
+
+
+@pytest.mark.parametrize("stop", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
+def test_a_stop_during_the_backoff_before_a_restart_says_where_the_job_stands(tmp_path: Path, stop: int) -> None:
+    """A SIGTERM (or Ctrl-C) to the launcher while a restart waits out its backoff: nothing runs, so the
+    job stops there -- one line naming its checkpoint and the resume command, exit 75 (issue 37, item 8;
+    a SIGTERM used to kill the launcher with exit 143 and no word)."""
+    launcher = start(tmp_path, "stopped", "framework.kill_at_step=7", "framework.kill_rank=1", "restart.backoff_s=120")
+    read_lines_until(launcher, "ddlkit: restart 1/3", timeout=120)
+    launcher.send_signal(stop)
+    _, err = launcher.communicate(timeout=30)
+    assert launcher.returncode == 75, err
+    assert (
+        "stopped before its restart (1 of restart.max_restarts=3 restarts used), with its checkpoint "
+        "step-00000004.ckpt; resume with: ddlkit "
+    ) in err, err
+    assert "Traceback" not in err
