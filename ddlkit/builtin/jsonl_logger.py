@@ -16,9 +16,11 @@ the lines past its checkpoint.
 from __future__ import annotations
 
 import json
+import sys
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..atomic import write_text
@@ -44,8 +46,8 @@ class JsonlLogger(Logger):
             # drop lines logged after the checkpoint we resume from: they will be logged again
             keep = [
                 ln
-                for ln in self.path.read_text(encoding="utf-8").splitlines()
-                if ln.strip() and json.loads(ln).get("step", 0) <= run.resumed_at.step
+                for ln, record in _records(self.path)
+                if record is not None and record.get("step", 0) <= run.resumed_at.step
             ]
             write_text(self.path, "".join(ln + "\n" for ln in keep))
         elif run.resumed_at is None and self.path.exists():
@@ -58,6 +60,29 @@ class JsonlLogger(Logger):
 
     def finish(self, status: str, result: Mapping[str, Any] | None) -> None:
         self.file.close()
+
+
+def _records(path: Path) -> list[tuple[str, dict[str, Any] | None]]:
+    """Each line of a metrics file and its record; a line that is not one (torn by a crash while it was
+    written) is dropped, and said once: it must not keep a job from resuming."""
+    lines = []
+    torn = 0
+    for ln in path.read_text(encoding="utf-8", errors="replace").splitlines():
+        if not ln.strip():
+            continue
+        try:
+            record = json.loads(ln)
+        except ValueError:
+            torn += 1
+            continue
+        lines.append((ln, record if isinstance(record, dict) else None))
+    if torn:
+        print(
+            f"ddlkit: {path}: dropped {torn} line(s) that are not complete JSON (a crash while it was written)",
+            file=sys.stderr,
+            flush=True,
+        )
+    return lines
 
 
 @hookimpl

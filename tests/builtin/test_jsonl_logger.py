@@ -57,6 +57,21 @@ def test_resume_truncates_records_after_the_checkpoint(run_inprocess, tmp_path: 
     ]
 
 
+def test_a_line_torn_by_a_crash_is_dropped_and_the_job_resumes(
+    run_inprocess, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A crash mid-write leaves half a line last (issue 37, item 9): every resume failed on it with a
+    JSONDecodeError. It is dropped, with one line saying so."""
+    job_dir = tmp_path / "job"
+    run_inprocess(*SMALL, "trainer.max_steps=10", "trainer.checkpoint_every=5", job_dir=job_dir)
+    with open(job_dir / "metrics.jsonl", "a") as f:
+        f.write('{"step": 11, "split": "tr')
+    out = run_inprocess(*SMALL, job_dir=job_dir)
+    assert out.result["resumed_from_step"] == 10 and out.result["steps"] == 20
+    assert [r["step"] for r in out.metrics if r["split"] == "train"] == [2, 4, 6, 8, 10, 12, 14, 16, 18, 20]
+    assert "dropped 1 line(s) that are not complete JSON (a crash while it was written)" in capsys.readouterr().err
+
+
 def test_a_fresh_run_replaces_an_old_file(run_inprocess, tmp_path: Path) -> None:
     job_dir = tmp_path / "job"
     job_dir.mkdir()
