@@ -8,7 +8,8 @@
   pipe to the launcher, so a detached job outlives its launcher;
 * when COMMAND ends, ``{"code": N, "time": T}`` is written to EXIT_FILE (atomically): its exit
   code, negative for a signal, which a process that is not this one's parent cannot learn otherwise;
-* SIGTERM and SIGINT are passed to COMMAND (it decides how to stop: a ddlkit worker checkpoints);
+* SIGTERM and SIGINT are passed to COMMAND (it decides how to stop: a ddlkit worker checkpoints),
+  after CANCEL_FILE is written: someone stopped the job, which is not restarted;
 * if the launcher that started it dies (even by SIGKILL) before it detached the job (DETACHED_FILE
   says it did), CANCEL_FILE is written, as a cancel does, and COMMAND gets STOP_SIGNAL (a
   number: SIGTERM for a worker; mpirun passes SIGUSR1 on to its ranks), and SIGKILL GRACE_S
@@ -119,8 +120,16 @@ def main(argv: list[str]) -> int:
         except ProcessLookupError:
             pass
 
+    def stop(signum: int, frame: object = None) -> None:
+        # a TERM or INT to the job's id (``kill <id>``, ProcessJob.cancel) is someone stopping the job:
+        # marked as a cancel does, its end is a stop, never a pre-emption the restart policy restarts
+        if not os.path.exists(cancel_path):
+            with open(cancel_path, "w", encoding="utf-8") as f:
+                f.write(f"{time.time()} signal {signum} to the job's minder\n")
+        forward(signum)
+
     for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, forward)
+        signal.signal(sig, stop)
     orphaned_at = None
     while True:
         try:

@@ -341,3 +341,21 @@ def test_a_stop_during_the_backoff_before_a_restart_says_where_the_job_stands(tm
         "step-00000004.ckpt; resume with: ddlkit "
     ) in err, err
     assert "Traceback" not in err
+
+
+def test_a_term_to_the_jobs_id_is_a_stop_that_is_not_restarted(tmp_path: Path) -> None:
+    """`kill -TERM <id>` (the id --detach printed: the job's minder) is someone stopping the job: its
+    ranks checkpoint and stop, and its end is a cancel, which the detached job's minder does not restart
+    (issue 37, item 7: it was taken for a pre-emption, and the job restarted and ran to its end)."""
+    launched = ddlkit(tmp_path, "termed", "--detach", "framework.step_delay_s=0.4")
+    assert launched.returncode == 0, launched.stderr
+    job_id = int(launched.stdout.split(" runs on compute=local_mpi as ")[1].split(";")[0])
+    job_dir = tmp_path / "termed"
+    log = job_dir / "rank-0.log"
+    wait_for(lambda: log.is_file() and "step 5/" in log.read_text(), "the job to reach step 5", timeout=120)
+    os.kill(job_id, signal.SIGTERM)
+    wait_for(lambda: record(job_dir).get("state") == "cancelled", "the job to end cancelled", timeout=120, pace=0.5)
+    assert (
+        record(job_dir)["restarts"] == [] and "ddlkit: restart" not in (job_dir / ".ddlkit" / "minder.log").read_text()
+    )
+    assert verify(latest_checkpoint(job_dir)) is None and checkpoint_step(latest_checkpoint(job_dir)) >= 5
