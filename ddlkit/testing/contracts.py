@@ -12,7 +12,8 @@ one in your own test module and provide its fixture (as Hydra's launcher test su
 
 Subject fixtures: ``backend`` (an *empty* :class:`~ddlkit.StorageBackend`), ``logger`` (a
 :class:`~ddlkit.Logger`), ``data_source`` (a small :class:`~ddlkit.DataSource`) and ``target``
-(a :class:`~ddlkit.ComputeTarget`); :class:`FrameworkContract` instead takes class attributes
+(a :class:`~ddlkit.ComputeTarget`; ``multi_rank_target``, one whose jobs have 2 ranks or more, where
+``target``'s have 1); :class:`FrameworkContract` instead takes class attributes
 naming the framework and its plugin module. Class attributes tune a suite where an
 implementation legitimately differs; each is documented where it is declared. The suites need the kit's
 fixtures: ``pytest_plugins = ["ddlkit.testing"]`` in your top-level conftest.py.
@@ -23,6 +24,7 @@ from __future__ import annotations
 import hashlib
 import importlib
 import math
+import re
 import textwrap
 import time
 import uuid
@@ -33,6 +35,8 @@ from typing import Any, ClassVar
 import pytest
 
 from .. import result as result_schema
+from ..compute.restarts import classify
+from ..compute.scheduler import SchedulerJob
 from ..interfaces import (
     JOB_FILE,
     Batch,
@@ -43,14 +47,17 @@ from ..interfaces import (
     JobHandle,
     JobSpec,
     JobState,
+    JobStatus,
     Logger,
     Shard,
     StorageBackend,
 )
 from ..interfaces.data import Split, native_spec
+from ..jobdir import EXIT_PREEMPTED, rank_record
 from ..plugins import DdlkitPluginManager
 from ..rank.run import Run, RunState
 from . import HookRecorder, WorkerOutcome, add_plugin, alive, make_run, wait_for
+from .ranks import LOST_PEER
 
 __all__ = [
     "ComputeTargetContract",
@@ -306,7 +313,14 @@ class ComputeTargetContract:
     """Provide ``target``. Its jobs run ``[sys.executable, "-c", CODE]`` in their job directory
     (``JobSpec.args = ("-c", CODE)``), so the Python running the tests must exist where the jobs
     run (true for local targets and most containers). Nothing here assumes that the job runs in
-    the launcher's job directory: what a job writes is checked after :meth:`JobHandle.collect`."""
+    the launcher's job directory: what a job writes is checked after :meth:`JobHandle.collect`.
+
+    How a job ended is checked as the restart policy reads it (:func:`ddlkit.compute.restarts.classify`):
+    a rank killed first, a rank's own error beside a peer that found it gone, a cancel, ranks that
+    checkpointed and stopped, a scheduler that says otherwise than the ranks' exit records. The cases
+    of several ranks run on ``multi_rank_target`` (default: ``target`` if its jobs have 2 ranks or
+    more; a class whose ``target`` has 1 rank provides one with 2, else those cases are skipped).
+    Their ranks read their rank from ``OMPI_COMM_WORLD_RANK`` or ``RANK``."""
 
     #: whether jobs run on this machine, so that process ids written by a job can be checked here
     local_processes: ClassVar[bool] = True
@@ -314,6 +328,19 @@ class ComputeTargetContract:
     timeout_s: ClassVar[float] = 60.0
     #: seconds a cancelled job may take to end
     cancel_timeout_s: ClassVar[float] = 15.0
+
+    @pytest.fixture
+    def multi_rank_target(self, target: ComputeTarget) -> ComputeTarget:
+        """A target whose jobs have 2 ranks or more, for the cases of how such a job ended (which rank
+        failed first). The default is ``target`` when its jobs have; override this fixture with one
+        of 2 ranks (2 nodes, or 2 processes on a node) where ``target``'s have 1. A target whose
+        jobs always have 1 rank leaves it: those cases are skipped."""
+        if target.world_size < 2:
+            pytest.skip(
+                f"{type(target).__name__} runs jobs of {target.world_size} rank here and the test class gives "
+                "no multi_rank_target: which rank failed first needs 2 ranks or more"
+            )
+        return target
 
     @pytest.fixture
     def handles(self) -> Iterator[list[JobHandle]]:
@@ -534,6 +561,210 @@ class ComputeTargetContract:
         assert isinstance(text, str) and text
         assert "never-printed" not in text
         assert not (tmp_path / "plan").exists()
+
+    # ------------------------------------------------------------ how a job ended: whose failure it was
+    # The restart policy (ddlkit.compute.restarts.classify) restarts what the infrastructure ended and
+    # never what the job's own code did; these cases check that a target's status says which.
+
+    def ended(self, handle: JobHandle, timeout: float | None = None) -> JobStatus:
+        status = handle.wait(timeout=self.timeout_s if timeout is None else timeout)
+        assert status.state.done, f"the job did not end in time: {status}"
+        return status
+
+    def wait_until_ready(self, handle: JobHandle) -> None:
+        seen = ""
+        for chunk in handle.logs(follow=True):
+            seen += chunk
+            if "ready" in seen and "\n" in seen.split("ready", 1)[1]:
+                return
+        pytest.fail(f"the job ended before it was ready; output: {seen!r}")
+
+    def test_a_rank_killed_first_is_the_infrastructures_failure(
+        self, multi_rank_target: ComputeTarget, handles: list[JobHandle], tmp_path: Path
+    ) -> None:
+        """Rank 1 is killed (SIGKILL: a lost node, an OOM killer); the other ranks then find it gone.
+        The job ends as rank 1 did, and is restarted."""
+        handle = self.submit(
+            multi_rank_target,
+            handles,
+            tmp_path / "killed",
+            f"""
+            {_RANK_PROLOGUE}
+            if rank == 1:
+                print("rank 1: about to be killed from outside", flush=True)
+                os.kill(os.getpid(), signal.SIGKILL)
+            signal.signal(signal.SIGTERM, lambda *_: exec({_lost(1)!r}.format(rank=rank)))
+            wait_for_record(1)
+            exec({_lost(1)!r}.format(rank=rank))
+        """,
+        )
+        status = self.ended(handle)
+        assert (status.state, status.exit_code) in {(JobState.FAILED, -9), (JobState.FAILED, 128 + 9)}, status
+        assert re.search(r"\brank 1\b[^;]*\bfirst\b", status.message.splitlines()[0]), status.message
+        verdict = classify(status)
+        assert verdict.restart, (verdict, status)
+
+    def test_a_ranks_own_error_wins_over_the_peer_that_found_it_gone(
+        self, multi_rank_target: ComputeTarget, handles: list[JobHandle], tmp_path: Path
+    ) -> None:
+        """Rank 0 fails with an error of its own (exit 1); the other ranks report a lost peer
+        (``EXIT_LOST_PEER``, naming rank 0). The job ends as rank 0 did, and is not restarted."""
+        handle = self.submit(
+            multi_rank_target,
+            handles,
+            tmp_path / "own-error",
+            f"""
+            {_RANK_PROLOGUE}
+            if rank == 0:
+                print("rank 0: step 3", flush=True)
+                raise RuntimeError("rank 0's own error: the batch has no labels")
+            signal.signal(signal.SIGTERM, lambda *_: exec({_lost(0)!r}.format(rank=rank)))
+            wait_for_record(0)
+            exec({_lost(0)!r}.format(rank=rank))
+        """,
+        )
+        status = self.ended(handle)
+        assert (status.state, status.exit_code) == (JobState.FAILED, 1), status
+        assert re.search(r"\brank 0\b[^;]*\bfirst\b", status.message.splitlines()[0]), status.message
+        assert "RuntimeError: rank 0's own error" in status.message, status.message
+        verdict = classify(status)
+        assert not verdict.restart, (verdict, status)
+
+    def test_a_cancel_wins_over_the_ranks_failures(
+        self, target: ComputeTarget, handles: list[JobHandle], tmp_path: Path
+    ) -> None:
+        """A cancelled job whose ranks then end with errors of their own was cancelled."""
+        handle = self.submit(
+            target,
+            handles,
+            tmp_path / "cancel-fails",
+            f"""
+            {_READY_PROLOGUE}
+            def stop(*_):
+                print("stopping with an error", file=sys.stderr, flush=True)
+                sys.exit(3)
+            signal.signal(signal.SIGTERM, stop)
+            ready()
+            time.sleep(60)
+        """,
+        )
+        self.wait_until_ready(handle)
+        handle.cancel()
+        status = self.ended(handle, self.cancel_timeout_s)
+        assert status.state is JobState.CANCELLED, status
+        assert not classify(status).restart
+
+    def test_ranks_that_checkpointed_and_stopped_are_resumable(
+        self, target: ComputeTarget, handles: list[JobHandle], tmp_path: Path
+    ) -> None:
+        """Every rank stops on notice after a checkpoint (``EXIT_PREEMPTED``): the job is restarted."""
+        handle = self.submit(
+            target,
+            handles,
+            tmp_path / "notice",
+            f"""
+            import sys
+            print("checkpoint saved at step 7; stopping on notice", flush=True)
+            sys.exit({EXIT_PREEMPTED})
+        """,
+        )
+        status = self.ended(handle)
+        assert (status.state, status.exit_code) == (JobState.FAILED, EXIT_PREEMPTED), status
+        assert "checkpointed and stopped" in status.message, status.message
+        verdict = classify(status)
+        assert verdict.restart, (verdict, status)
+
+    def test_a_cancelled_job_that_checkpointed_says_so(
+        self, target: ComputeTarget, handles: list[JobHandle], tmp_path: Path
+    ) -> None:
+        """``cancel`` is the ranks' stop request: they checkpoint and exit ``EXIT_PREEMPTED``. The job
+        was cancelled (not restarted), and its message says that it can resume."""
+        handle = self.submit(
+            target,
+            handles,
+            tmp_path / "cancel-saved",
+            f"""
+            {_READY_PROLOGUE}
+            asked = []
+            signal.signal(signal.SIGTERM, lambda *_: asked.append(1))  # as the worker: stop at the next step
+            ready()
+            deadline = time.monotonic() + 60
+            while not asked and time.monotonic() < deadline:
+                time.sleep(0.05)  # a training step
+            if not asked:
+                sys.exit(1)
+            time.sleep(0.2)  # the checkpoint
+            print("checkpoint saved at step 7", flush=True)
+            sys.exit({EXIT_PREEMPTED})
+        """,
+        )
+        self.wait_until_ready(handle)
+        handle.cancel()
+        status = self.ended(handle, self.cancel_timeout_s)
+        assert (status.state, status.exit_code) == (JobState.CANCELLED, EXIT_PREEMPTED), status
+        assert "checkpointed and stopped" in status.message, status.message
+        assert not classify(status).restart
+
+    def test_the_ranks_records_win_over_the_scheduler(
+        self, multi_rank_target: ComputeTarget, handles: list[JobHandle], tmp_path: Path
+    ) -> None:
+        """Rank 1 fails with an error of its own; rank 0 is killed after it (SIGKILL), which is what
+        a scheduler that reports one process, or the last, sees. The ranks' records say who failed
+        first: the job ends as rank 1 did (not restarted), with the scheduler's reason in its message."""
+        handle = self.submit(
+            multi_rank_target,
+            handles,
+            tmp_path / "disagree",
+            f"""
+            {_RANK_PROLOGUE}
+            if rank == 1:
+                print("rank 1: the batch is bad", file=sys.stderr, flush=True)
+                sys.exit(3)
+            signal.signal(signal.SIGTERM, lambda *_: os.kill(os.getpid(), signal.SIGKILL))
+            wait_for_record(1)
+            os.kill(os.getpid(), signal.SIGKILL)
+        """,
+        )
+        status = self.ended(handle)
+        assert (status.state, status.exit_code) == (JobState.FAILED, 3), status
+        assert re.search(r"\brank 1\b[^;]*\bfirst\b", status.message.splitlines()[0]), status.message
+        assert not classify(status).restart, status
+        if isinstance(handle, SchedulerJob):
+            seen = handle.observe(fresh=True)
+            assert seen.reason in status.message, (seen, status)
+
+
+#: the start of a rank's code in the cases of how a job ended: its rank (under mpirun, OpenMPI's
+#: variable: the MPI targets' and Batch AI's ranks have no RANK), and a wait for a peer's exit record
+#: (where the ranks share the job directory; else a few seconds)
+_RANK_PROLOGUE = f"""import os, signal, sys, time
+            rank = int(os.environ.get("OMPI_COMM_WORLD_RANK") or os.environ["RANK"])  # as DistContext reads it
+            def wait_for_record(peer, seconds=5.0):
+                deadline = time.monotonic() + seconds
+                path = {rank_record("{peer}")!r}.replace("{{peer}}", str(peer))
+                while not os.path.exists(path) and time.monotonic() < deadline:
+                    time.sleep(0.05)"""
+
+#: the start of a rank's code in the cases of a cancel: ``ready()`` says "ready" on rank 0 once every
+#: rank has its SIGTERM handler (where the ranks share the job directory; else after a few seconds):
+#: a rank still starting when the cancel comes would be killed by it
+_READY_PROLOGUE = """import os, signal, sys, time
+            rank = int(os.environ.get("OMPI_COMM_WORLD_RANK") or os.environ.get("RANK") or 0)
+            world = int(os.environ.get("OMPI_COMM_WORLD_SIZE") or os.environ.get("WORLD_SIZE") or 1)
+            def ready(seconds=5.0):
+                open(f"ready-{rank}", "w").close()
+                deadline = time.monotonic() + seconds
+                while rank == 0 and time.monotonic() < deadline:
+                    if all(os.path.exists(f"ready-{r}") for r in range(world)):
+                        break
+                    time.sleep(0.05)
+                print("ready", flush=True)"""
+
+
+def _lost(peer: int) -> str:
+    """The code of a rank that finds rank ``peer`` gone (``EXIT_LOST_PEER``), for ``exec`` once
+    ``.format(rank=rank)`` names the rank that found it."""
+    return LOST_PEER.format(rank="{rank}", peer=peer, how="left the job")
 
 
 # ---------------------------------------------------------------------------- frameworks

@@ -34,3 +34,7 @@ class TestAzureMLContract(ComputeTargetContract):
     @pytest.fixture
     def target(self, azureml_workspace: LoopbackWorkspace) -> AzureMLTarget:
         return azureml_target(azureml_workspace)
+
+    @pytest.fixture
+    def multi_rank_target(self, azureml_workspace: LoopbackWorkspace) -> AzureMLTarget:
+        return azureml_target(azureml_workspace, dist="native", procs_per_node=2)

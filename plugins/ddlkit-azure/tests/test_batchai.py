@@ -155,6 +155,11 @@ class TestBatchAIContract(ComputeTargetContract):
         batchai.terminate_grace_s = 5.0
         return BatchAITarget(config(batchai, ssh_key))
 
+    @pytest.fixture
+    def multi_rank_target(self, batchai: BatchAILoopback, ssh_key: Path) -> BatchAITarget:
+        batchai.terminate_grace_s = 5.0
+        return BatchAITarget(config(batchai, ssh_key, procs_per_node=2))
+
 
 # ---------------------------------------------------------------------------- the schema, VM sizes
 def test_the_schema_check_can_fail() -> None:

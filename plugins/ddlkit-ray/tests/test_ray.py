@@ -60,6 +60,10 @@ class TestRayContract(ComputeTargetContract):
     def target(self, ray_cluster) -> RayTarget:
         return ray_target(ray_cluster.address)
 
+    @pytest.fixture
+    def multi_rank_target(self, ray_cluster) -> RayTarget:
+        return ray_target(ray_cluster.address, nodes=2)  # a rank on each of the cluster's two nodes
+
 
 #: a job that lasts: the fake framework sleeps this long per step (80 steps by default)
 SLOW = ("framework.step_delay_s=0.25",)

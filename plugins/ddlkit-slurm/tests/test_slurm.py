@@ -185,6 +185,10 @@ class TestSlurmContract(ComputeTargetContract):
     def target(self, slurm_cluster: str) -> SlurmTarget:
         return slurm_target(grace_period_s=10.0)
 
+    @pytest.fixture
+    def multi_rank_target(self, slurm_cluster: str) -> SlurmTarget:
+        return slurm_target(grace_period_s=10.0, procs_per_node=2)
+
 
 # ---------------------------------------------------------------------------- bad input, on the cluster
 def test_unknown_partition_lists_the_partitions(slurm_cluster: str, run_factory: RunFactory) -> None:
