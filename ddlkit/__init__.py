@@ -8,7 +8,8 @@ optimizer schemas in :mod:`ddlkit.optim`, constraints on schema fields in :mod:`
 bring-your-own-code helpers in :mod:`ddlkit.custom`, the job directory's layout and exit statuses
 in :mod:`ddlkit.jobdir`, the fields of ``result.json`` in :mod:`ddlkit.result`; for compute targets,
 the scheduler adapter and the one job handle in :mod:`ddlkit.compute.scheduler` and the rule for how a
-job ended in :mod:`ddlkit.compute.outcome`. Everything else is internal.
+job ended in :mod:`ddlkit.compute.outcome`, the schema base of a target of ``nodes x procs_per_node``
+ranks in :mod:`ddlkit.compute.gang`. Everything else is internal.
 
 The names load when first used (PEP 562), so ``import ddlkit`` -- and any of its stdlib-only
 modules, such as :mod:`ddlkit.jobdir` or the rank minder every cluster target starts once per

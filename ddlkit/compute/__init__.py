@@ -5,6 +5,9 @@
   paced asking, the cancel protocol, the final status);
 * :mod:`ddlkit.compute.outcome`: how a job ended, one rule for every target (``judge`` over what the
   scheduler says, an ``Observation``, and the ranks' exit records);
+* :mod:`ddlkit.compute.gang`: the schema base of a target whose job is ``nodes`` nodes of
+  ``procs_per_node`` ranks (``GangConfig``; ``ElasticGangConfig`` adds ``min_nodes``), from which
+  ``ComputeTarget.world_size``, ``nodes`` and ``min_nodes`` come;
 * :mod:`ddlkit.compute.process`: jobs whose processes run on this machine -- :class:`ProcessJob`
   (a command under a minder in a session of its own: follow, judge, cancel and detach it from its
   id and directory; override ``final_status`` for a launcher such as ``mpirun``), and the helpers

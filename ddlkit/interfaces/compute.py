@@ -212,7 +212,11 @@ class ComputeTarget(ABC):
 
     @property
     def world_size(self) -> int:
-        return 1
+        """The ranks of a job: ``nodes x procs_per_node`` for a target whose schema is a
+        :class:`ddlkit.compute.gang.GangConfig`, 1 for a target that says nothing else."""
+        from ..compute.gang import is_gang, world_size
+
+        return world_size(self.cfg) if is_gang(self.cfg) else 1
 
     # ---------------------------------------------------------------- elastic world size
     # A job of ``nodes`` nodes whose target sets ``compute.min_nodes`` lower is elastic: when the
@@ -226,15 +230,25 @@ class ComputeTarget(ABC):
     @property
     def nodes(self) -> int:
         """The nodes a job of this target asks for (``compute.nodes``; 1 for a target without nodes)."""
+        from ..compute.gang import is_gang
+
+        if is_gang(self.cfg):
+            return int(self.cfg.nodes)
+        # a config that is no GangConfig: read by name for one more minor version (a target's own
+        # schema written before ddlkit.compute.gang; compute=mpi says its nodes itself, from its hosts)
         return int(getattr(self.cfg, "nodes", None) or 1)
 
     @property
     def min_nodes(self) -> int:
         """The fewest nodes a job may go on with after it lost some (``compute.min_nodes``; null or
         absent: :attr:`nodes`, the job is not elastic)."""
+        from ..compute.gang import is_gang
         from ..errors import ConfigError
 
-        least = getattr(self.cfg, "min_nodes", None)
+        if is_gang(self.cfg):
+            least = self.cfg.min_nodes if is_gang(self.cfg, elastic=True) else None
+        else:  # a config that is no GangConfig: compute=mpi's, or a target's schema written before it
+            least = getattr(self.cfg, "min_nodes", None)
         if least is None:
             return self.nodes
         if not 1 <= int(least) <= self.nodes:

@@ -204,6 +204,7 @@ from typing import TYPE_CHECKING, Any
 from omegaconf import MISSING, DictConfig, OmegaConf
 
 import ddlkit
+from ddlkit.compute.gang import GangConfig
 from ddlkit.compute.scheduler import SchedulerJob
 from ddlkit.jobdir import RANKS_DIR
 from ddlkit.options import POSITIVE, POSITIVE_INTEGER, Rule, checked
@@ -234,16 +235,15 @@ class InputMode(enum.StrEnum):
 
 
 @dataclass
-class AzureMLConfig:
+class AzureMLConfig(GangConfig):
     # the workspace: its subscription id, resource group and name (required)
     subscription_id: str = MISSING
     resource_group: str = MISSING
     workspace: str = MISSING
     # the compute cluster (AmlCompute) that runs the job (required)
     cluster: str = MISSING
-    # nodes of the cluster (instance_count) and ranks per node; the job has nodes x procs_per_node ranks
+    # nodes of the cluster (instance_count); the job has nodes x procs_per_node ranks
     nodes: int = checked(1, POSITIVE_INTEGER)
-    procs_per_node: int = checked(1, POSITIVE_INTEGER)
     # the job's Docker image; null: ddlkit's image for the framework, built by the workspace from
     # ddlkit's docker/Dockerfile (environment ddlkit-<framework>-<cpu|cuda>, once per content; with
     # dist=horovod ddlkit-<framework>-cpu-horovod, Horovod built in: CPU only, a GPU job names its image)
@@ -319,10 +319,6 @@ class AzureMLTarget(ddlkit.ComputeTarget):
         self.code_datastore, self.code_path = code_root["datastore"], code_root["path"].strip("/")
         self.status_interval_s = float(cfg.poll_interval_s)
         self._workspace: Workspace | None = None
-
-    @property
-    def world_size(self) -> int:
-        return self.cfg.nodes * self.cfg.procs_per_node
 
     @property
     def horovod(self) -> bool:

@@ -160,11 +160,12 @@ from omegaconf import MISSING
 
 import ddlkit
 from ddlkit.compute.containers import DEFAULT_REGISTRY, default_image, ensure_pullable
+from ddlkit.compute.gang import GangConfig
 from ddlkit.compute.outcome import Observation
 from ddlkit.compute.scheduler import Scheduler, SchedulerJob
 from ddlkit.interfaces import JobSpec, JobState
 from ddlkit.jobdir import RANKS_DIR, STATE_DIR
-from ddlkit.options import MASTER_PORT, POSITIVE, POSITIVE_INTEGER, checked
+from ddlkit.options import MASTER_PORT, POSITIVE, checked
 
 from .ranged import RangedLog, follow_paced
 
@@ -243,7 +244,7 @@ class FileShareSettings:
 
 
 @dataclass
-class BatchAIConfig:
+class BatchAIConfig(GangConfig):
     # where the resources live; the credential comes from DefaultAzureCredential, never from here
     subscription_id: str = MISSING
     resource_group: str = MISSING
@@ -252,9 +253,6 @@ class BatchAIConfig:
     location: str = "eastus"
     # the experiment the jobs go in
     experiment: str = "ddlkit"
-    # nodes of the job, and ranks per node (GPUs per node); the job has nodes x procs_per_node ranks
-    nodes: int = checked(1, POSITIVE_INTEGER)
-    procs_per_node: int = checked(1, POSITIVE_INTEGER)
     # the job runs on GPUs: the framework's CUDA image, and a VM size with GPUs
     gpu: bool = True
     cluster: ClusterSettings = field(default_factory=ClusterSettings)
@@ -395,10 +393,6 @@ class BatchAITarget(ddlkit.ComputeTarget):
                     f"compute.stage_from={c.stage_from} copies the dataset onto the file server: use storage=nfs and "
                     "a data.root relative to it, e.g. data.root=datasets/imagenet."
                 )
-
-    @property
-    def world_size(self) -> int:
-        return self.cfg.nodes * self.cfg.procs_per_node
 
     def service(self, *, planning: bool = False, say: Callable[[str], None] | None = None) -> Service:
         from .batchai_client import Service

@@ -45,6 +45,7 @@ from azure.mgmt.batchai import models as m
 from ddlkit import ConfigError, JobSpec, RunError
 from ddlkit.atomic import atomic_path, write_json
 from ddlkit.compute.containers import default_image, horovod_image_note
+from ddlkit.compute.gang import world_size
 from ddlkit.compute.layout import CONTROL_ADDR_ENV, control_port
 from ddlkit.compute.state import state_dir
 from ddlkit.jobdir import CANCEL_FILE, CODE_DIR, CODE_FILE, RANKS_DIR, STATE_DIR
@@ -680,7 +681,7 @@ class Service:
             snapshot = f' && cp -a "{folder}/." "$out/"'
         return m.JobCreateParameters(
             **self._base_job(cluster, c.nodes),
-            custom_mpi_settings=m.CustomMpiSettings(command_line=command, process_count=c.nodes * c.procs_per_node),
+            custom_mpi_settings=m.CustomMpiSettings(command_line=command, process_count=world_size(c)),
             job_preparation=m.JobPreparation(
                 command_line=PREPARE.format(id=JOB_DIRECTORY_ID, state=STATE_DIR, snapshot=snapshot)
             ),
@@ -1075,7 +1076,7 @@ class Service:
             )
             line += (
                 f"; dist=horovod: Horovod comes from the image ({where}); the service's mpirun (custom MPI "
-                f"settings) starts processCount={self.cfg.nodes * self.cfg.procs_per_node} ranks, "
+                f"settings) starts processCount={world_size(self.cfg)} ranks, "
                 f"{self.cfg.procs_per_node} per node"
             )
         return line + "\n"

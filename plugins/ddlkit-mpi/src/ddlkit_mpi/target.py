@@ -183,6 +183,7 @@ from typing import Any, ClassVar
 
 import ddlkit
 from ddlkit.atomic import write_json, write_text
+from ddlkit.compute.gang import ElasticGangConfig
 from ddlkit.compute.layout import CONTROL_ADDR_ENV, control_port
 from ddlkit.compute.outcome import Observation, judge
 from ddlkit.compute.ports import free_ports
@@ -204,14 +205,13 @@ RANK_ENV = ("MASTER_ADDR", "MASTER_PORT", CONTROL_ADDR_ENV, "PYTHONUNBUFFERED", 
 
 
 @dataclass
-class LocalMpiConfig:
+class LocalMpiConfig(ElasticGangConfig):
     # simulated nodes; the job has nodes x procs_per_node ranks, all on this machine
     nodes: int = checked(1, POSITIVE_INTEGER)
     # elastic: after losing nodes, a restart goes on with those left if at least this many (null: nodes,
     # not elastic). A simulated node is lost when its ranks are killed and it is marked down (a file
     # `down` in its scratch directory, nodes/node-K/down); it returns when the file is gone
     min_nodes: int | None = checked(None, POSITIVE_INTEGER)
-    # ranks per node (on a GPU cluster: GPUs per node)
     procs_per_node: int = checked(2, POSITIVE_INTEGER)
     # seconds a cancelled job gets to checkpoint at its next step before it is killed
     grace_period_s: float = 30.0

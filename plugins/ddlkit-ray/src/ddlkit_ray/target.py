@@ -208,11 +208,12 @@ from omegaconf import DictConfig, OmegaConf
 import ddlkit
 from ddlkit.atomic import write_text
 from ddlkit.compute import secret_file
+from ddlkit.compute.gang import ElasticGangConfig
 from ddlkit.compute.outcome import Observation
 from ddlkit.compute.scheduler import Scheduler, SchedulerJob
 from ddlkit.interfaces import JobHandle, JobSpec, JobState
 from ddlkit.jobdir import CANCEL_FILE, CHECKPOINT_DIR, RANKS_DIR, STATE_DIR
-from ddlkit.options import NON_NEGATIVE, POSITIVE, POSITIVE_INTEGER, checked, one_of
+from ddlkit.options import NON_NEGATIVE, POSITIVE, checked, one_of
 
 from .driver import EXIT_RECORD, NOT_COLLECTED, PLAN_FILE, SECRETS_FILE, extract_files, holds, kept_name, published_name
 
@@ -232,16 +233,10 @@ _INSTALL = "pip install 'ray[default]' (the same version as the cluster's)"
 
 
 @dataclass
-class RayConfig:
+class RayConfig(ElasticGangConfig):
     # the Ray Jobs endpoint: the head node's dashboard address, e.g. http://head:8265; auto: the
     # cluster `ray start --head` started on this machine (or the one RAY_ADDRESS names)
     address: str = "auto"
-    # nodes of the gang, and ranks per node; the job has nodes x procs_per_node ranks
-    nodes: int = checked(1, POSITIVE_INTEGER)
-    procs_per_node: int = checked(1, POSITIVE_INTEGER)
-    # elastic world size: the fewest nodes a job restarted after losing a node goes on with (null:
-    # compute.nodes, not elastic); with fewer up, the restart waits for capacity (restart.capacity_wait_s)
-    min_nodes: int | None = checked(None, POSITIVE_INTEGER)
     # Ray resources per rank
     cpus_per_rank: float = checked(1.0, NON_NEGATIVE)
     gpus_per_rank: float = checked(0.0, NON_NEGATIVE)
@@ -626,10 +621,6 @@ class RayTarget(ddlkit.ComputeTarget):
                 )
         self.status_interval_s = float(cfg.poll_interval_s)
         self._jobs: Any = None
-
-    @property
-    def world_size(self) -> int:
-        return self.cfg.nodes * self.cfg.procs_per_node
 
     @property
     def jobs(self) -> Any:

@@ -136,6 +136,7 @@ from typing import Any, Literal
 import ddlkit
 from ddlkit.atomic import write_text
 from ddlkit.compute import secret_file
+from ddlkit.compute.gang import ElasticGangConfig
 from ddlkit.compute.layout import CONTROL_ADDR_ENV, CONTROL_PORT_SHELL
 from ddlkit.compute.outcome import Observation
 from ddlkit.compute.process import LogFollower
@@ -192,10 +193,9 @@ SCHEDULER_CALLS = {"count": 0}
 
 
 @dataclass
-class SlurmConfig:
+class SlurmConfig(ElasticGangConfig):
     # nodes of the allocation, and ranks (Slurm tasks) per node; the job has nodes x procs_per_node ranks
     nodes: int = checked(1, POSITIVE_INTEGER)
-    procs_per_node: int = checked(1, POSITIVE_INTEGER)
     # elastic: after losing nodes, a restart asks for the nodes of the partition that are up (sinfo) if at
     # least this many, and for all of compute.nodes again once they are back (null: nodes, not elastic)
     min_nodes: int | None = checked(None, POSITIVE_INTEGER)
@@ -418,10 +418,6 @@ class SlurmTarget(ddlkit.ComputeTarget):
         #: the handle asks Slurm once per compute.poll_interval_s and reads the exit record in between,
         #: so watchers may look often: a sweep sees a job's end within half a second
         self.status_interval_s = min(0.5, float(c.poll_interval_s))
-
-    @property
-    def world_size(self) -> int:
-        return self.cfg.nodes * self.cfg.procs_per_node
 
     @property
     def ranks_share_environment(self) -> bool:
