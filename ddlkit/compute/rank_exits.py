@@ -39,7 +39,10 @@ from .process import describe_exit, log_tail, quoting_tail
 
 #: how a rank that found a peer gone says so (ddlkit.rank's RankLostError): the peer's rank, and
 #: ``did not reach`` or ``stopped answering`` (it went silent) or ``left the job`` (its process ended)
-_PEER_FAILED = re.compile(rf"{RankLostError.__name__}: rank (\d+) (did not reach|stopped answering|left the job)")
+_PEER_FAILED = re.compile(
+    # a RunError relayed from rank 0 ("RunError: rank 0: rank 2 left the job") names the peer too
+    rf"(?:{RankLostError.__name__}|RunError): (?:rank \d+: )?rank (\d+) (did not reach|stopped answering|left the job)"
+)
 #: how a rank ends because of another: stopped by its launcher, or finding a peer gone
 _ENDED_BY_ANOTHER = (0, EXIT_LOST_PEER, EXIT_PREEMPTED)
 
