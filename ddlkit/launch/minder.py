@@ -22,6 +22,7 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
+from ..errors import DdlkitError
 from ..jobdir import STATE_DIR
 from .prepare import PreparedJob
 
@@ -68,8 +69,12 @@ def main(path: str) -> int:
     life = JobController(handle, job.spec.job_dir, Restarts(job, restart_policy(job, out), detach=True))
     out.write(f"ddlkit: minding job {job.spec.name} ({job_id}) for its restarts\n")
     out.flush()
-    while not (status := life.step()).state.done:
-        time.sleep(max(job.compute.status_interval_s, life.next_step_in()))
+    try:
+        while not (status := life.step()).state.done:
+            time.sleep(max(job.compute.status_interval_s, life.next_step_in()))
+    except DdlkitError as err:  # e.g. the ended job's files could not be brought back: the error says how to
+        out.write(f"ddlkit: error: {err}\n")
+        return 1
     why = f" ({life.why_not})" if life.why_not else ""
     out.write(f"ddlkit: job {job.spec.name} {status.state.value}{why}\n")
     return 0

@@ -456,13 +456,20 @@ def test_a_busy_dashboard_is_asked_again_for_the_files_and_one_that_never_answer
     """The job's files come back through the dashboard's log API: an answer that is neither the file
     nor "no such file" (its node agent busy) is asked again; one that never comes ends the launcher
     with the cause and the command that brings the files later -- not a silent success without
-    them, nor a cancelled job said to have left no checkpoint."""
+    them, nor a cancelled job said to have left no checkpoint. (No restarts: a detached job that may be
+    restarted has a minder, which would bring the files back itself the moment the job ends.)"""
     job_dir = tmp_path / "busy"
     logs = "/api/v0/logs/file"
     with CountingProxy(ray_cluster.address) as proxy:
         run_factory.cli(
-            "--detach", "framework=fake", *ray_args(proxy.address), "trainer.max_steps=6", f"hydra.run.dir={job_dir}"
+            "--detach",
+            "framework=fake",
+            *ray_args(proxy.address),
+            "trainer.max_steps=6",
+            "restart.max_restarts=0",
+            f"hydra.run.dir={job_dir}",
         ).assert_success()
+        assert not (job_dir / ".ddlkit" / "minder.log").exists()
         job_id = submission(job_dir)["id"]
         assert (
             ray_target(ray_cluster.address).attach(job_id, job_dir=tmp_path).wait(timeout=180).state
