@@ -131,6 +131,40 @@ class TrainerConfig:
     callbacks: list[str] = field(default_factory=list)
 
 
+#: sweep.early_stopping.scheduler: every trial to its end; asynchronous successive halving; median stopping
+EARLY_STOPPING_SCHEDULERS = ("none", "asha", "median")
+#: sweep.early_stopping.unit: what grace, max_t and the rungs count
+BUDGET_UNITS = ("epochs", "steps")
+
+
+@dataclass
+class SweepEarlyStoppingConfig:
+    """Stop a sweep's bad trials early (``ddlkit.launch.sweep.halving``). Each trial runs in segments,
+    from rung to rung (grace x reduction_factor^k epochs or steps, up to max_t), each ending with a
+    checkpoint; at a rung the launcher compares it with the trials that reached that rung before it."""
+
+    # none: every trial runs to its end; asha: a trial not in the top 1/reduction_factor of its rung
+    # is paused there, with its checkpoint, and promoted later (resumed, not recomputed) if it
+    # qualifies; median: a trial whose best so far is worse than the median of the others' at the
+    # same rung is stopped for good (pruned)
+    scheduler: str = checked("none", one_of(EARLY_STOPPING_SCHEDULERS))
+    # what the trials are compared by: a key of the trials' metrics.jsonl (logger=jsonl), e.g.
+    # val_top1, val_loss, loss; the last value logged when a trial reaches a rung
+    metric: str = "val_top1"
+    # max or min: which way is better; auto: max for *top1, *top5, *acc*, min for *loss*
+    mode: str = checked("auto", one_of(("auto", "max", "min")))
+    # what grace and max_t count: epochs (trainer.epochs) or optimizer steps (trainer.max_steps)
+    unit: str = checked("epochs", one_of(BUDGET_UNITS))
+    # the first rung: epochs (or steps) every trial runs before it can be stopped
+    grace: int = checked(1, POSITIVE_INTEGER)
+    # the rungs are grace x reduction_factor^k; asha keeps the top 1/reduction_factor of each rung
+    reduction_factor: int = checked(3, at_least(2, "an integer >= 2"))
+    # a trial's full budget; null: the trials' trainer.epochs (unit=epochs) or trainer.max_steps (steps)
+    max_t: int | None = checked(None, at_least(1, "null or a positive integer"))
+    # median: the others that must have reached a rung before a trial can be stopped there
+    min_samples: int = checked(3, POSITIVE_INTEGER)
+
+
 @dataclass
 class SweepConfig:
     # `ddlkit -m`: jobs in flight at once, each a separate job on the compute target
@@ -144,6 +178,8 @@ class SweepConfig:
     objective: str | None = None
     # maximize, minimize, or auto: the objective's natural direction (best_top1 up, final_loss down)
     direction: str = "auto"
+    # stop bad trials early: successive halving (asha) or median stopping (see SweepEarlyStoppingConfig)
+    early_stopping: SweepEarlyStoppingConfig = field(default_factory=SweepEarlyStoppingConfig)
 
 
 @dataclass

@@ -86,6 +86,9 @@ class Submission:
     #: reached, step resumed from, steps lost, the target's id of the run that ended (``ended_id``);
     #: this submission is the last one
     restarts: list[dict[str, Any]] = field(default_factory=list)
+    #: what a sweep's early stopping decided when this run ended ("paused at 3 epochs: ..."), shown
+    #: by ``ddlkit jobs status``: a paused or pruned trial's run succeeded, but the trial went no further
+    sweep_decision: str = ""
 
     @property
     def path(self) -> Path:

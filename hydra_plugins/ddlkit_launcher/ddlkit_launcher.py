@@ -33,6 +33,7 @@ class DdlkitLauncherConf:
     sort_by: Any = "${oc.select:sweep.sort_by,null}"
     objective: Any = "${oc.select:sweep.objective,null}"
     direction: Any = "${oc.select:sweep.direction,null}"
+    early_stopping: Any = "${oc.select:sweep.early_stopping,null}"
     status_interval_s: float | None = None
     dry_run: bool | None = None
 

@@ -109,6 +109,8 @@ def cmd_status(args: argparse.Namespace, out: TextIO) -> int:
     )
     for number, restart in enumerate(sub.restarts, 1):
         out.write(_restart_line(number, restart) + "\n")
+    if sub.sweep_decision:
+        out.write(f"sweep:     {sub.sweep_decision}\n")
     if status.message:
         out.write(status.message.rstrip() + "\n")
     result = Path(sub.job_dir) / RESULT_FILE

@@ -43,7 +43,8 @@ class JobRecord:
     #: the job's task overrides, as the sweeper expanded them (secrets redacted)
     overrides: list[str]
     job_dir: str
-    #: pending, running, completed, failed, cancelled or interrupted (see ddlkit.launch.sweep.scheduler)
+    #: pending, running, completed, failed, cancelled or interrupted (see ddlkit.launch.sweep.scheduler);
+    #: under sweep.early_stopping also paused, pruned or promoted (see ddlkit.launch.sweep.halving)
     status: str = "pending"
     #: attempts so far, across resumes: the first run and the sweep's retries (sweep.on_failure=retry:N)
     attempts: int = 0
@@ -64,8 +65,16 @@ class JobRecord:
     #: the job's name (``ddlkit jobs`` finds it by it) and its compute target's id for the last attempt
     name: str | None = None
     handle: str | None = None
-    #: the RESULT_FIELDS of result.json, once completed
+    #: the RESULT_FIELDS of result.json, once completed (under early stopping: of its last segment)
     result: dict[str, Any] | None = None
+    #: sweep.early_stopping: the metric's value at each milestone the trial reached ({"3": 0.52}),
+    #: the end of the last segment it was given (its budget so far), and each segment it ran
+    #: ({"started": t, "ended": t, "from": 1, "to": 3}: epochs or steps)
+    rung_values: dict[str, float] | None = None
+    target: int | None = None
+    segments: list[dict[str, Any]] | None = None
+    #: and the last decision on it: "paused at 3 epochs: 4 of 9 at 3 epochs by val_top1 (0.41); the top 3 go on"
+    decision: str | None = None
 
 
 @dataclass

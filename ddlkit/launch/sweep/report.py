@@ -17,11 +17,14 @@ from typing import Any
 
 from ...atomic import atomic_path, write_text
 from ...result import HEADLINE
+from .halving import PAUSED, PRUNED
 from .ledger import JobRecord, Ledger
 from .settings import SORT_KEYS
 
 #: the report's own columns around the result's headline fields
 COLUMNS = ("job", "overrides", "status", "attempts", "restarts", "duration_s", *(f.name for f in HEADLINE), "job_dir")
+#: early stopping's statuses, shown with the milestone the trial stopped at ("paused at 3")
+STOPPED = (PAUSED, PRUNED)
 #: how the Markdown table shows each numeric column
 _FORMATS = {"duration_s": "{:.1f}", **{f.name: f.format for f in HEADLINE}}
 _TITLES = {"duration_s": "duration (s)", **{f.name: f.title for f in HEADLINE}, "job_dir": "directory"}
@@ -56,7 +59,8 @@ def rows(ledger: Ledger, sort_by: str) -> list[dict[str, Any]]:
             {
                 "job": rec.num,
                 "overrides": labels[rec.num],
-                "status": rec.status,
+                "status": rec.status
+                + (f" at {max(map(int, rec.rung_values))}" if rec.status in STOPPED and rec.rung_values else ""),
                 "attempts": rec.attempts,
                 "restarts": rec.restarts,
                 "duration_s": round(rec.duration_s, 3) if rec.duration_s is not None else None,

@@ -14,7 +14,7 @@ from __future__ import annotations
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from ...errors import DdlkitError
 from ...interfaces import JobHandle, JobState, JobStatus
@@ -33,6 +33,9 @@ class SweepJob:
     start: Callable[[], JobHandle]
     #: seconds between status calls for this job; None: the scheduler's own pace
     status_interval_s: float | None = None
+    #: the job goes on from where a run of it that completed left off (early stopping's next
+    #: segment): a run of the same attempt, not an attempt of its own
+    continues: bool = False
 
 
 @dataclass
@@ -62,6 +65,11 @@ class Observer:
 
     def ended(self, job: SweepJob, outcome: Outcome, *, will_retry: bool) -> None:
         """An attempt ended in ``outcome.state``; ``will_retry``: the job goes back to the queue."""
+
+    def follow_ups(self) -> list[SweepJob]:
+        """Asked after each end: jobs to run before any other waiting one, in this order (a
+        trial promoted by early stopping: its next segment)."""
+        return []
 
 
 @dataclass
@@ -117,6 +125,7 @@ class Scheduler:
                         self.observer.started(job, sweep.outcomes[job.num])
                     else:
                         self._after_failure(job, sweep, pending, running, cancelled)
+                    pending.extendleft(reversed(self.observer.follow_ups()))
                 if sweep.stopped_by is not None:
                     pending.clear()
                 ended = self._poll(running, sweep, pending, cancelled)
@@ -142,7 +151,7 @@ class Scheduler:
                 else (f"could not start: {type(err).__name__}: {err}")
             )
             return False
-        outcome.attempts += 1
+        outcome.attempts += 0 if job.continues else 1
         outcome.started, outcome.ended = self.clock.time(), None
         outcome.state, outcome.exit_code, outcome.message, outcome.handle = "running", None, "", handle
         return True
@@ -172,6 +181,7 @@ class Scheduler:
                 self._after_failure(job, sweep, pending, running, cancelled)
             else:
                 self.observer.ended(job, outcome, will_retry=False)
+            pending.extendleft(reversed(self.observer.follow_ups()))
         return ended
 
     def _record_end(self, outcome: Outcome, status: JobStatus, *, cancelled_by_us: bool) -> None:
@@ -202,7 +212,7 @@ class Scheduler:
         self.observer.ended(job, outcome, will_retry=will_retry)
         if will_retry:
             # first in line: it has waited longest, and its directory holds the checkpoint to resume from
-            pending.appendleft(job)
+            pending.appendleft(replace(job, continues=False))  # a retry is an attempt
         elif self.policy.stop_on_failure and sweep.stopped_by is None:
             sweep.stopped_by = job.num
             for num in running:

@@ -6,7 +6,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from ...config import SweepConfig
+from ...config import SweepConfig, SweepEarlyStoppingConfig
 from ...errors import ConfigError
 from ...result import HEADLINE, LEDGER, MAXIMIZE, MINIMIZE
 
@@ -61,6 +61,27 @@ class SweepSettings(SweepConfig):
     status_interval_s: float = 0.05
     #: expand, compose and validate every job and print them, run nothing (what `ddlkit plan` sets)
     dry_run: bool = False
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.early_stopping, SweepEarlyStoppingConfig):  # the launcher's conf: a DictConfig
+            from omegaconf import DictConfig, OmegaConf
+
+            given = self.early_stopping
+            values = OmegaConf.to_container(given, resolve=True) if isinstance(given, DictConfig) else given
+            self.early_stopping = SweepEarlyStoppingConfig(**(values or {}))  # type: ignore[arg-type]
+
+    def stopping_options(self, sweeper_name: str) -> SweepEarlyStoppingConfig | None:
+        """``sweep.early_stopping`` when it stops trials (None: every trial runs to its end)."""
+        options = self.early_stopping
+        if options.scheduler == "none":
+            return None
+        if sweeper_name != "basic":
+            raise ConfigError(
+                f"sweep.early_stopping.scheduler={options.scheduler} stops the trials of a grid (the basic "
+                f"sweeper); hydra/sweeper={sweeper_name} chooses its own trials and is told only their final "
+                "results. Set sweep.early_stopping.scheduler=none with it."
+            )
+        return options
 
     def policy(self, prefix: str) -> FailurePolicy:
         """Check every setting; errors name the keys as the user set them (``prefix``: sweep or hydra.launcher)."""

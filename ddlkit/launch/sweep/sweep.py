@@ -21,12 +21,13 @@ of calling the task function once per job. Then:
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import shlex
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn, TextIO
@@ -43,11 +44,12 @@ from ...interfaces import ComputeTarget, JobHandle, JobSpec, JobState
 from ...jobdir import EXIT_PREEMPTED, RESULT_FILE, SWEEP_JOB_ENV, SWEEP_NAME_ENV, rank_log
 from ...redact import redact_config_file, redact_overrides
 from ...result import HEADLINE
-from .. import controller, follow, prepare, validate
+from .. import controller, follow, index, prepare, validate
 from ..commandline import job_command, launch_args, override
 from ..controller import JobController, Restarts
 from ..hydra_errors import explain
 from .compose import compose_job, hydra_config_of, job_view
+from .halving import FINAL, PROMOTED, EarlyStopping, Ladder, Segment, budget_of, check_job, last_value
 from .ledger import LEDGER_FILE, JobRecord, Ledger, result_summary
 from .report import LiveReport, Report, varying_overrides
 from .scheduler import Observer, Outcome, Scheduler, SweepJob
@@ -93,6 +95,8 @@ class CheckedJob:
     compute: str
     #: ``ddlkit plan`` only: the job's lines after its label and state
     plan: str = ""
+    #: under sweep.early_stopping: the job's full budget (epochs or steps)
+    budget: int | None = None
 
 
 class DdlkitSweep:
@@ -109,6 +113,8 @@ class DdlkitSweep:
         self._started: float | None = None
         #: a search sweeper's latest (ledger, report, objective): what finish() reports
         self._search: tuple[Ledger, Report, str | None] | None = None
+        #: sweep.early_stopping's rule; None: every job runs to its end
+        self.stopping: EarlyStopping | None = None
 
     # ---------------------------------------------------------------- entry point (the launcher's)
     def launch(
@@ -129,13 +135,17 @@ class DdlkitSweep:
         try:
             policy = settings.policy("sweep")
             objective = settings.objective_for(config.hydra.get("sweeper"), sweeper)
-            jobs = self._check_all(hydra_context, config, job_overrides, initial_job_idx, settings.dry_run, launch)
+            options = settings.stopping_options(sweeper)
+            jobs = self._check_all(
+                hydra_context, config, job_overrides, initial_job_idx, settings.dry_run, launch, options
+            )
+            stopping = self.stopping = _early_stopping(options, jobs)
             if not settings.dry_run and self._writer is None:  # a plan writes nothing
                 self._writer = hold_sweep_directory(sweep_dir)
             ledger = Ledger.open(sweep_dir, sweep_name(sweep_dir))
             done = set(ledger.reconcile((j.num, self._overrides(j), str(j.output_dir)) for j in jobs))
             if settings.dry_run:
-                self._print_plan(jobs, ledger, done, settings, policy)
+                self._print_plan(jobs, ledger, done, settings, policy, stopping)
                 self._set_exit(0)
                 if sweeper != "basic":
                     # a search sweeper chooses each batch from the results of the ones before: it cannot be planned on
@@ -152,7 +162,6 @@ class DdlkitSweep:
                 _remove_plan_leftovers(sweep_dir)
         ledger.command = self._resume_command(sweep_dir)
         ledger.save()
-        todo = [j for j in jobs if j.num not in done]
         labels = varying_overrides(list(ledger.jobs.values()))
         computes = sorted({j.compute for j in jobs})
         where = (
@@ -161,27 +170,50 @@ class DdlkitSweep:
         )
         if sweeper == "basic":
             self.say(f"ddlkit: sweep of {_jobs(len(jobs))} -> {where}")
+            if stopping is not None:
+                self.say(f"ddlkit: early stopping: {stopping.describe()}")
         elif self._started is None:  # a search: its batches, chosen one after another, make one sweep
             self.say(f"ddlkit: sweep by hydra/sweeper={sweeper}, in batches of {len(jobs)} -> {where}")
         self._started = self._started or time.perf_counter()
         live_report = LiveReport(settings.sort_by)
-        progress = _Progress(self, ledger, labels, policy, live_report)
+        start = functools.partial(self._submit, hydra_context, config, ledger, launch)
+        by_num = {j.num: j for j in jobs}
+        segments: dict[int, Segment] = {}  # early stopping: the segment each trial runs next, or last ran
+
+        def sweep_job(num: int, segment: Segment | None = None) -> SweepJob:
+            job = by_num[num]
+            if segment is not None:
+                segments[num] = segment
+            return SweepJob(
+                num,
+                labels[num],
+                functools.partial(start, job, segment),
+                status_interval_s=job.status_interval_s,
+                continues=segment is not None and segment.start > 0,
+            )
+
+        ladder = None
+        if stopping is None:
+            todo = [sweep_job(j.num) for j in jobs if j.num not in done]
+        else:
+            records = {j.num: ledger.jobs[j.num] for j in jobs}
+            ladder = Ladder(stopping, {n: (r.rung_values, r.target) for n, r in records.items()})
+            runs = ladder.begin(by_num, {n: r.status for n, r in ledger.jobs.items()})
+            for num, segment in runs:  # promotions owed since the sweep last ran: recorded before they run
+                if segment.start > 0:
+                    ledger.update(num, status=PROMOTED, target=segment.to)
+            todo = [sweep_job(num, segment) for num, segment in runs]
+        progress = _Progress(self, ledger, labels, policy, live_report, ladder, sweep_job, segments)
         scheduler = Scheduler(
             settings.max_parallel, policy, status_interval_s=settings.status_interval_s, observer=progress
         )
-        start = functools.partial(self._submit, hydra_context, config, ledger, launch)
         # SIGTERM (a scheduler stopping the launcher, `kill`) interrupts the sweep as Ctrl-C does
         with follow.sigterm_interrupts():
-            sweep = scheduler.run(
-                [
-                    SweepJob(j.num, labels[j.num], functools.partial(start, j), status_interval_s=j.status_interval_s)
-                    for j in todo
-                ]
-            )
+            sweep = scheduler.run(todo)
         ledger.save()
         report = live_report.close(ledger)
         if sweeper == "basic" or sweep.interrupted:
-            self._print_summary(ledger, report, [j.num for j in jobs])
+            self._print_summary(ledger, report, [j.num for j in jobs], stopping)
         else:
             self._search = (ledger, report, objective)
         if sweep.interrupted:
@@ -193,7 +225,7 @@ class DdlkitSweep:
         failures = {
             j.num: self._failure(ledger.jobs[j.num], sweep.stopped_by, ledger, report.markdown)
             for j in jobs
-            if ledger.jobs[j.num].status != "completed"
+            if ledger.jobs[j.num].status not in FINAL
         }
         # a search sweeper is told of failed trials and decides itself whether the search goes on
         self._set_exit(1 if failures and sweeper == "basic" else 0)
@@ -209,9 +241,11 @@ class DdlkitSweep:
         first: int,
         plan: bool,
         launch: list[str],
+        stopping: Any = None,
     ) -> list[CheckedJob]:
         """Compose and validate every job (each config read and dropped at once); with ``plan``,
-        keep what ``ddlkit plan`` prints of each."""
+        keep what ``ddlkit plan`` prints of each; with ``stopping`` (``sweep.early_stopping``), check
+        what it needs of each job and keep its budget."""
         check_sweep_settings_fixed(job_overrides)
         jobs, errors = [], []
         for i, overrides in enumerate(job_overrides):
@@ -221,9 +255,17 @@ class DdlkitSweep:
                     target = validate.build_target(cfg, self.registry)
                     validate.validate(cfg, self.registry, self.pm, compute=target)
                     text = self._plan_lines(cfg, target, list(overrides), output_dir, launch) if plan else ""
+                    if stopping is not None:
+                        check_job(stopping, cfg)
                     jobs.append(
                         CheckedJob(
-                            num, list(overrides), output_dir, target.status_interval_s, str(cfg.compute.name), text
+                            num,
+                            list(overrides),
+                            output_dir,
+                            target.status_interval_s,
+                            str(cfg.compute.name),
+                            text,
+                            budget_of(stopping, cfg) if stopping is not None else None,
                         )
                     )
             except DdlkitError as err:
@@ -262,9 +304,24 @@ class DdlkitSweep:
 
     # ---------------------------------------------------------------- running
     def _submit(
-        self, hydra_context: HydraContext, config: DictConfig, ledger: Ledger, launch: list[str], job: CheckedJob
+        self,
+        hydra_context: HydraContext,
+        config: DictConfig,
+        ledger: Ledger,
+        launch: list[str],
+        job: CheckedJob,
+        segment: Segment | None = None,
     ) -> JobHandle:
-        composed = compose_job(hydra_context, config, job.overrides, job.num)
+        """Prepare and submit ``job``; under early stopping, its ``segment``: the same job with the
+        segment's budget, resumed from its checkpoint where an earlier segment left off."""
+        overrides = job.overrides
+        if segment is not None:
+            assert self.stopping is not None
+            key = self.stopping.budget_key
+            overrides = [o for o in overrides if o.partition("=")[0].lstrip("+~") != key] + [f"{key}={segment.to}"]
+            if segment.start > 0:  # the last segment's: this one writes its own, or has not completed
+                (job.output_dir / RESULT_FILE).unlink(missing_ok=True)
+        composed = compose_job(hydra_context, config, overrides, job.num)
         with hydra_config_of(composed.config):
             cfg = composed.task_config()
             target = validate.build_target(cfg, self.registry)
@@ -281,7 +338,7 @@ class DdlkitSweep:
             prepared = prepare.prepare(
                 cfg,
                 job_dir=job.output_dir,
-                overrides=job.overrides,
+                overrides=overrides,
                 registry=self.registry,
                 pm=self.pm,
                 env=env,
@@ -418,7 +475,13 @@ class DdlkitSweep:
         return None
 
     def _print_plan(
-        self, jobs: list[CheckedJob], ledger: Ledger, done: set[int], settings: SweepSettings, policy: FailurePolicy
+        self,
+        jobs: list[CheckedJob],
+        ledger: Ledger,
+        done: set[int],
+        settings: SweepSettings,
+        policy: FailurePolicy,
+        stopping: EarlyStopping | None,
     ) -> None:
         sweep_dir = ledger.path.parent
         if len(jobs) == 1:  # one job: nothing of a sweep to say (how many at once, what a failure does to the rest)
@@ -432,6 +495,8 @@ class DdlkitSweep:
             f"ddlkit plan: {_jobs(len(jobs))} -> {sweep_dir} (up to {settings.max_parallel} at once, "
             f"on_failure={policy})"
         )
+        if stopping is not None:
+            self.say(f"ddlkit plan: early stopping: {stopping.describe()}")
         labels = varying_overrides([JobRecord(j.num, self._overrides(j), "") for j in jobs])
         for job in jobs:
             self.say(
@@ -472,7 +537,9 @@ class DdlkitSweep:
             f"{found['best_value']}" + (f" (job #{best.num}, {best.job_dir})" if best else "")
         )
 
-    def _print_summary(self, ledger: Ledger, report: Report, nums: list[int]) -> None:
+    def _print_summary(
+        self, ledger: Ledger, report: Report, nums: list[int], stopping: EarlyStopping | None = None
+    ) -> None:
         seconds = time.perf_counter() - (self._started or time.perf_counter())
         counts: dict[str, list[int]] = {}
         for num in nums:
@@ -492,17 +559,40 @@ class DdlkitSweep:
             f"ddlkit: sweep done in {seconds:.1f} s: {', '.join(parts)}; report: {report.markdown} "
             f"({report.csv.name}{plot})"
         )
+        if stopping is not None:
+            used = sum(max(map(int, ledger.jobs[n].rung_values or {}), default=0) for n in nums)
+            full = stopping.max_t * len(nums)
+            self.say(
+                f"ddlkit: early stopping ({stopping.rule}) trained {used} of the {full} {stopping.unit} that "
+                f"every trial to its end takes ({used / full:.0%})"
+            )
 
 
 class _Progress(Observer):
     """Prints each start and end as it happens, and keeps the ledger and the report up to date."""
 
     def __init__(
-        self, sweep: DdlkitSweep, ledger: Ledger, labels: dict[int, str], policy: FailurePolicy, report: LiveReport
+        self,
+        sweep: DdlkitSweep,
+        ledger: Ledger,
+        labels: dict[int, str],
+        policy: FailurePolicy,
+        report: LiveReport,
+        ladder: Ladder | None = None,
+        sweep_job: Callable[[int, Segment], SweepJob] | None = None,
+        segments: dict[int, Segment] | None = None,
     ) -> None:
         self.sweep, self.ledger, self.labels, self.policy, self.report = sweep, ledger, labels, policy, report
         # what earlier runs of this sweep (before a resume) already spent on each job
         self.before = {n: (r.attempts, r.duration_s or 0.0) for n, r in ledger.jobs.items()}
+        #: sweep.early_stopping: the trials' milestones, and the job of a trial's next segment
+        #: and the segment each trial was last given (see ``DdlkitSweep.launch``)
+        self.ladder, self.sweep_job, self.segments = ladder, sweep_job, segments or {}
+        self._next: list[SweepJob] = []
+
+    def follow_ups(self) -> list[SweepJob]:
+        follow, self._next = self._next, []
+        return follow
 
     def started(self, job: SweepJob, outcome: Outcome) -> None:
         record = self.ledger.jobs[job.num]
@@ -526,6 +616,16 @@ class _Progress(Observer):
         )
         again = f" (attempt {attempts})" if attempts > 1 else ""
         what = "still running: re-attached" if adopted else f"started{again}"
+        if self.ladder is not None:
+            segment = self.segments[job.num]
+            self.ladder.started(job.num, segment)
+            self.ledger.update(job.num, target=segment.to)
+            unit = self.ladder.rule.unit
+            what += (
+                f", {unit} {segment.start} to {segment.to}" + (" (resumed)" if segment.start else "")
+                if segment.to < self.ladder.rule.max_t or segment.start
+                else ""
+            )
         self.sweep.say(f"ddlkit: sweep job #{job.num} {what}: {self.labels[job.num] or '-'} -> {record.job_dir}")
 
     def ended(self, job: SweepJob, outcome: Outcome, *, will_retry: bool) -> None:
@@ -537,9 +637,12 @@ class _Progress(Observer):
         if job.num in self.sweep.adopted:
             attempts -= 1  # the earlier run of the sweep counted the attempt this one re-attached to
         log = record.log if record.log and Path(record.log).is_file() else f"ddlkit jobs logs {record.name}"
+        status, rung = outcome.state, {}
+        if self.ladder is not None:
+            status, rung = self._milestone(job, outcome, result is not None)
         self.ledger.update(
             job.num,
-            status=outcome.state,
+            status=status,
             attempts=attempts + outcome.attempts,
             ended=outcome.ended,
             duration_s=round(spent + outcome.duration_s, 3),
@@ -547,9 +650,16 @@ class _Progress(Observer):
             error=outcome.message or None,
             result=result,
             log=log,
+            **rung,
         )
         self.report.update(self.ledger)
         head = f"ddlkit: sweep job #{job.num} {outcome.state} in {outcome.duration_s:.1f} s"
+        if rung.get("decision"):  # early stopping: a segment ended at a milestone
+            ran = rung["segments"][-1]
+            head = (
+                f"ddlkit: sweep job #{job.num} reached {ran['to']} {self.ladder.rule.unit} "  # type: ignore[union-attr]
+                f"in {ran['ended'] - ran['started']:.1f} s"
+            )
         if record.restarts:  # the restart policy's, over all attempts; the sweep's retries are attempts
             head += (
                 f" ({record.restarts} restart{'s' if record.restarts > 1 else ''}, "
@@ -557,7 +667,8 @@ class _Progress(Observer):
             )
         label = self.labels[job.num] or "-"
         if result is not None:
-            self.sweep.say(f"{head}: {label}: {_metrics(result)}")
+            decided = f"\n  {rung['decision']}" if rung.get("decision") else ""
+            self.sweep.say(f"{head}: {label}: {_metrics(result)}{decided}")
             return
         lines = [f"{head}: {label}"]
         message = [line for line in outcome.message.splitlines() if line.strip()]
@@ -570,10 +681,56 @@ class _Progress(Observer):
             )
         self.sweep.say("\n".join(lines))
 
+    def _milestone(self, job: SweepJob, outcome: Outcome, completed: bool) -> tuple[str, dict[str, Any]]:
+        """Under early stopping, a trial's segment ended: its status and what the ledger keeps of it
+        (the segment; at a milestone its value, the decision and why, and the promotions it made)."""
+        assert self.ladder is not None and self.sweep_job is not None
+        record, segment = self.ledger.jobs[job.num], self.segments[job.num]
+        ran = {"started": outcome.started, "ended": outcome.ended, "from": segment.start, "to": segment.to}
+        changes: dict[str, Any] = {"segments": [*(record.segments or []), ran]}
+        if not completed:
+            return outcome.state, changes
+        try:
+            value = last_value(Path(record.job_dir), self.ladder.rule.metric)
+        except ConfigError as err:
+            outcome.message = str(err)
+            return "failed", changes
+        verdict = self.ladder.arrived(job.num, segment.to, value)
+        changes["rung_values"] = {**(record.rung_values or {}), str(segment.to): value}
+        changes["target"] = self.ladder.target[job.num]
+        changes["decision"] = f"{verdict.status} at {segment.to} {self.ladder.rule.unit}: {verdict.why}"
+        with contextlib.suppress(DdlkitError):  # `ddlkit jobs status` of the trial's job says it too
+            submission = index.load(Path(record.job_dir))
+            submission.sweep_decision = changes["decision"]
+            submission.save()
+        for num, promoted in verdict.runs:
+            if num != job.num:
+                self.ledger.update(num, status=PROMOTED, target=promoted.to)
+                self.sweep.say(
+                    f"ddlkit: sweep job #{num} promoted: resumes at {promoted.start} {self.ladder.rule.unit} "
+                    f"to run to {promoted.to}"
+                )
+            self._next.append(self.sweep_job(num, promoted))
+        return verdict.status, changes
+
 
 def _metrics(result: dict[str, Any]) -> str:
     parts = [f"{f.title} {f.format.format(result[f.name])}" for f in HEADLINE if result.get(f.name) is not None]
     return ", ".join(parts) or "no metrics"
+
+
+def _early_stopping(options: Any, jobs: Sequence[CheckedJob]) -> EarlyStopping | None:
+    """``sweep.early_stopping``'s rule for ``jobs``, which it compares at the same budgets."""
+    if options is None:
+        return None
+    budgets = sorted({j.budget for j in jobs if j.budget is not None})
+    if len(budgets) > 1:
+        raise ConfigError(
+            "sweep.early_stopping compares trials at the same budgets, but these jobs' differ "
+            f"({', '.join(map(str, budgets))} {options.unit}): set sweep.early_stopping.max_t=<{options.unit}> "
+            "(at most the smallest), or sweep trainer.epochs in sweeps of its own."
+        )
+    return EarlyStopping.from_options(options, max_t=budgets[0]) if budgets else None
 
 
 def check_sweep_settings_fixed(job_overrides: Sequence[Sequence[str]]) -> None:
