@@ -148,10 +148,10 @@ class SweepEarlyStoppingConfig:
     # qualifies; median: a trial whose best so far is worse than the median of the others' at the
     # same rung is stopped for good (pruned)
     scheduler: str = checked("none", one_of(EARLY_STOPPING_SCHEDULERS))
-    # what the trials are compared by: a key of the trials' metrics.jsonl (logger=jsonl), e.g.
-    # val_top1, val_loss, loss; the last value logged when a trial reaches a rung
+    # what the trials are compared by: a metric their metrics.jsonl logs (logger=jsonl): val_top1,
+    # val_top5, val_loss (or val_<name> of model.metrics), loss; its last value when a trial reaches a rung
     metric: str = "val_top1"
-    # max or min: which way is better; auto: max for *top1, *top5, *acc*, min for *loss*
+    # max or min: which way is better; auto: max for val_top1 and val_top5, min for val_loss and loss
     mode: str = checked("auto", one_of(("auto", "max", "min")))
     # what grace and max_t count: epochs (trainer.epochs) or optimizer steps (trainer.max_steps)
     unit: str = checked("epochs", one_of(BUDGET_UNITS))

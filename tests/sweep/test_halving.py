@@ -39,7 +39,7 @@ def test_the_rungs_grow_by_the_reduction_factor_up_to_the_budget() -> None:
 @pytest.mark.parametrize(
     ("metric", "mode", "maximize"),
     [("val_top1", "auto", True), ("val_top5", "auto", True), ("val_loss", "auto", False), ("loss", "auto", False)]
-    + [("val_loss", "max", True), ("val_top1", "min", False), ("my_score", "max", True)],
+    + [("val_loss", "max", True), ("val_top1", "min", False), ("val_f1", "max", True)],
 )
 def test_which_way_is_better(metric: str, mode: str, maximize: bool) -> None:
     assert EarlyStopping.from_options(replace(ASHA, metric=metric, mode=mode), max_t=9).maximize is maximize
@@ -47,7 +47,7 @@ def test_which_way_is_better(metric: str, mode: str, maximize: bool) -> None:
 
 def test_a_metric_auto_cannot_read_asks_for_its_mode() -> None:
     with pytest.raises(ConfigError, match=r"set sweep.early_stopping.mode=max or min"):
-        EarlyStopping.from_options(replace(ASHA, metric="my_score"), max_t=9)
+        EarlyStopping.from_options(replace(ASHA, metric="val_f1"), max_t=9)
 
 
 def test_asha_pauses_a_trial_until_it_is_in_the_top_third_of_its_rung() -> None:
@@ -171,7 +171,10 @@ class _Cfg(dict):
 
 def cfg(epochs: int = 9, max_steps: int | None = None, validate: bool = True, loggers: tuple = ("jsonl",)) -> _Cfg:
     return _Cfg(
-        trainer=_Cfg(epochs=epochs, max_steps=max_steps, validate=validate), logger=dict.fromkeys(loggers, {})
+        trainer=_Cfg(epochs=epochs, max_steps=max_steps, validate=validate),
+        logger=dict.fromkeys(loggers, {}),
+        model=_Cfg(loss=None),
+        data=_Cfg(num_classes=4),
     )
 
 
@@ -192,6 +195,12 @@ def test_a_trials_budget_and_what_early_stopping_needs_of_it() -> None:
     with pytest.raises(ConfigError, match=r"trainer.validate=false"):
         check_job(ASHA, cfg(validate=False))
     check_job(replace(ASHA, metric="loss"), cfg(validate=False))
+    with pytest.raises(
+        ConfigError,
+        match=r"metric=val_top5 is not a metric these trials log: choose one of loss, lr, "
+        r"images_per_sec, val_loss, val_top1\.$",
+    ):
+        check_job(replace(ASHA, metric="val_top5"), cfg())  # 4 classes: no top-5
 
 
 def test_early_stopping_is_for_the_basic_sweeper() -> None:

@@ -34,6 +34,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ... import monitor
 from ...errors import ConfigError
 from ...jobdir import METRICS_FILE
 
@@ -62,19 +63,22 @@ class Verdict:
     runs: list[tuple[int, Segment]] = field(default_factory=list)
 
 
+#: which way the metrics ddlkit logs itself are better (``mode=auto``)
+DIRECTIONS = {**monitor.DIRECTIONS, "loss": "min"}
+#: what every run logs while it trains (besides its validation metrics)
+TRAINING_METRICS = ("loss", "lr", "images_per_sec")
+
+
 def direction(metric: str, mode: str) -> bool:
-    """Whether larger values of ``metric`` are better (``mode`` max or min; auto: from its name)."""
+    """Whether larger values of ``metric`` are better (``mode`` max or min; auto: ddlkit's own metrics)."""
     if mode in ("max", "min"):
         return mode == "max"
-    name = metric.lower()
-    if "loss" in name:
-        return False
-    if any(word in name for word in ("top1", "top5", "acc")):
-        return True
-    raise ConfigError(
-        f"sweep.early_stopping.mode=auto cannot tell which way sweep.early_stopping.metric={metric} is better: "
-        "set sweep.early_stopping.mode=max or min."
-    )
+    if metric not in DIRECTIONS:
+        raise ConfigError(
+            f"sweep.early_stopping.mode=auto cannot tell which way sweep.early_stopping.metric={metric} is better: "
+            "set sweep.early_stopping.mode=max or min."
+        )
+    return DIRECTIONS[metric] == "max"
 
 
 @dataclass(frozen=True)
@@ -166,16 +170,23 @@ def budget_of(options: Any, cfg: Any) -> int:
 
 
 def check_job(options: Any, cfg: Any) -> None:
-    """What early stopping needs of every trial's config: its metric logged to metrics.jsonl."""
+    """What early stopping needs of every trial's config: its metric, logged to metrics.jsonl."""
     if "jsonl" not in (cfg.get("logger") or {}):
         raise ConfigError(
             "sweep.early_stopping reads each trial's metrics.jsonl, which logger=jsonl writes: keep jsonl "
             "among the loggers (e.g. 'logger=[console,jsonl]')."
         )
-    if str(options.metric).startswith("val_") and not cfg.trainer.validate:
+    validated = monitor.validation_metrics(cfg)
+    if options.metric in validated and not cfg.trainer.validate:
         raise ConfigError(
             f"sweep.early_stopping.metric={options.metric} is a validation metric, but trainer.validate=false: "
             "set trainer.validate=true, or compare by the training loss (sweep.early_stopping.metric=loss)."
+        )
+    logged = [*TRAINING_METRICS, *(validated if cfg.trainer.validate else [])]
+    if options.metric not in logged:
+        raise ConfigError(
+            f"sweep.early_stopping.metric={options.metric} is not a metric these trials log: choose one of "
+            f"{', '.join(logged)}."
         )
 
 

@@ -247,7 +247,7 @@ class DdlkitSweep:
         keep what ``ddlkit plan`` prints of each; with ``stopping`` (``sweep.early_stopping``), check
         what it needs of each job and keep its budget."""
         check_sweep_settings_fixed(job_overrides)
-        jobs, errors = [], []
+        jobs, errors, said = [], [], set()
         for i, overrides in enumerate(job_overrides):
             num, label = first + i, " ".join(redact_overrides(overrides)) or "-"
             try:
@@ -270,12 +270,15 @@ class DdlkitSweep:
                     )
             except DdlkitError as err:
                 errors.append(f"job #{num} ({label}): {err}")
+                said.add(str(err))
                 single = err
             except (HydraException, OmegaConfBaseException) as err:  # Hydra could not compose it: a bad type, ...
                 explained = explain(err)
                 errors.append(f"job #{num} ({label}): {explained if explained is not None else err}")
                 single = explained or ConfigError(str(err))
-        if len(job_overrides) == 1 and errors:  # a sweep of one job: its error as a single run tells it
+                said.add(str(single))
+        # a sweep of one job, or the same error in every job (a sweep-wide setting): one line, as a single run
+        if errors and (len(job_overrides) == 1 or (len(errors) == len(job_overrides) and len(said) == 1)):
             raise single
         if errors:
             noun = "job is" if len(errors) == 1 else "jobs are"
@@ -640,6 +643,8 @@ class _Progress(Observer):
         status, rung = outcome.state, {}
         if self.ladder is not None:
             status, rung = self._milestone(job, outcome, result is not None)
+            if status == "failed":  # its metric could not be read: a failure to see, not a result
+                result = None
         self.ledger.update(
             job.num,
             status=status,
@@ -653,11 +658,11 @@ class _Progress(Observer):
             **rung,
         )
         self.report.update(self.ledger)
-        head = f"ddlkit: sweep job #{job.num} {outcome.state} in {outcome.duration_s:.1f} s"
-        if rung.get("decision"):  # early stopping: a segment ended at a milestone
+        head = f"ddlkit: sweep job #{job.num} {status} in {outcome.duration_s:.1f} s"
+        if rung.get("decision") and self.ladder is not None:  # early stopping: a segment ended at a milestone
             ran = rung["segments"][-1]
             head = (
-                f"ddlkit: sweep job #{job.num} reached {ran['to']} {self.ladder.rule.unit} "  # type: ignore[union-attr]
+                f"ddlkit: sweep job #{job.num} reached {ran['to']} {self.ladder.rule.unit} "
                 f"in {ran['ended'] - ran['started']:.1f} s"
             )
         if record.restarts:  # the restart policy's, over all attempts; the sweep's retries are attempts
