@@ -131,8 +131,9 @@ class TrainerConfig:
     callbacks: list[str] = field(default_factory=list)
 
 
-#: sweep.early_stopping.scheduler: every trial to its end; asynchronous successive halving; median stopping
-EARLY_STOPPING_SCHEDULERS = ("none", "asha", "median")
+#: sweep.early_stopping.scheduler: every trial to its end; asynchronous successive halving; median
+#: stopping; Optuna's pruners (hydra/sweeper=optuna_pruning)
+EARLY_STOPPING_SCHEDULERS = ("none", "asha", "median", "optuna")
 #: sweep.early_stopping.unit: what grace, max_t and the rungs count
 BUDGET_UNITS = ("epochs", "steps")
 
@@ -146,7 +147,8 @@ class SweepEarlyStoppingConfig:
     # none: every trial runs to its end; asha: a trial not in the top 1/reduction_factor of its rung
     # is paused there, with its checkpoint, and promoted later (resumed, not recomputed) if it
     # qualifies; median: a trial whose best so far is worse than the median of the others' at the
-    # same rung is stopped for good (pruned)
+    # same rung is stopped for good (pruned); optuna: with hydra/sweeper=optuna_pruning, every grace
+    # epochs (or steps) the study's pruner (hydra.sweeper.pruner) decides
     scheduler: str = checked("none", one_of(EARLY_STOPPING_SCHEDULERS))
     # what the trials are compared by: a metric their metrics.jsonl logs (logger=jsonl): val_top1,
     # val_top5, val_loss (or val_<name> of model.metrics), loss; its last value when a trial reaches a rung

@@ -47,6 +47,8 @@ class DdlkitLauncher(Launcher):
 
         # checked at launch, where a bad value can be reported in the app's terms (sweep.* for ddlkit)
         self.settings = SweepSettings(**{key: value for key, value in settings.items() if value is not None})
+        #: set by hydra/sweeper=optuna_pruning: the trials its study asks for (ddlkit.launch.sweep.optuna)
+        self.pruning: Any = None
         self.config: DictConfig | None = None
         self.hydra_context: HydraContext | None = None
         self.task_function: TaskFunction | None = None
@@ -72,4 +74,5 @@ class DdlkitLauncher(Launcher):
             config=self.config,
             job_overrides=job_overrides,
             initial_job_idx=initial_job_idx,
+            pruning=self.pruning,
         )

@@ -172,3 +172,133 @@ def test_a_key_an_experiment_searches_given_a_value_too_is_searched(run_factory:
     lrs = [next(float(o.split("=")[1]) for o in job["overrides"] if o.startswith("optimizer.lr=")) for job in jobs]
     assert len(set(lrs)) == 2 and all(0.01 <= lr <= 0.4 for lr in lrs), lrs
     assert "A new study created" in out.stderr and "\x1b[" not in out.stderr
+
+
+#: a trial the fake framework learns at a speed its learning rate sets (16 steps an epoch), over 4 epochs
+PRUNED_STUDY = (
+    "-m",
+    "framework=fake",
+    "logger=[jsonl]",
+    "data=custom",
+    "data.target=ddlkit.testing.fakes:class_images",
+    "data.num_classes=8",
+    "data.image_size=2",
+    "+data.kwargs.num_classes=8",
+    "+data.kwargs.image_size=2",
+    "+data.kwargs.val_n=128",
+    "trainer.batch_size=16",
+    "trainer.epochs=4",
+    "hydra/sweeper=optuna_pruning",
+    "hydra.sweeper.n_trials=6",
+    "hydra.sweeper.n_jobs=2",
+    "hydra.sweeper.sampler.seed=1",
+    "hydra.sweeper.direction=maximize",
+    "sweep.objective=best_top1",
+    "sweep.early_stopping.scheduler=optuna",
+    "optimizer.lr=tag(log, interval(0.0001, 1))",
+)
+
+
+def test_optunas_pruner_stops_trials_as_they_train(run_factory: RunFactory) -> None:
+    """hydra/sweeper=optuna_pruning: each trial reports val_top1 to its Optuna trial at every epoch; the
+    study's pruner (MedianPruner after 2 trials) stops the bad ones there, and the best trial the
+    study names is one that trained all 4 epochs. (What the study holds: the test below, in-process:
+    Optuna's SQLite storage does not work with the SQLAlchemy here, and the default study is in memory.)"""
+    sweep_dir = run_factory.base_dir / "pruned"
+    out = run_factory.cli(
+        *PRUNED_STUDY,
+        "hydra.sweeper.pruner={_target_: optuna.pruners.MedianPruner, n_startup_trials: 2}",
+        f"hydra.sweep.dir={sweep_dir}",
+        timeout=300,
+    ).assert_success()
+    jobs = json.loads((sweep_dir / "ledger.json").read_text())["jobs"]
+    statuses = {int(num): job["status"] for num, job in jobs.items()}
+    pruned = sorted(n for n, s in statuses.items() if s == "pruned")
+    assert pruned and set(statuses.values()) == {"completed", "pruned"}, out.stdout
+    for num, job in jobs.items():
+        reached = max(map(int, job["rung_values"]))
+        assert list(job["rung_values"]) == [str(at) for at in range(1, reached + 1)]  # reported every epoch
+        if job["status"] == "pruned":
+            said = f"pruned at {reached} epochs: the study's MedianPruner pruned trial {num} "
+            assert job["decision"].startswith(said), job
+        else:
+            assert reached == 4
+    best = OmegaConf.load(sweep_dir / "optimization_results.yaml")
+    complete = {n: job["result"]["best_top1"] for n, job in jobs.items() if job["status"] == "completed"}
+    assert best.best_value == max(complete.values())
+    assert f"{len(pruned)} pruned ({', '.join(f'#{n}' for n in pruned)})" in out.stdout
+
+
+def test_the_study_is_told_of_each_value_and_of_the_trials_pruned() -> None:
+    """The launcher's side against a real Optuna study: each value a trial reaches goes to its study
+    trial; the pruner's decision is the verdict; a pruned trial is told to the study as pruned when
+    the sweeper tells it its result."""
+    import optuna
+
+    from ddlkit.config import SweepEarlyStoppingConfig
+    from ddlkit.launch.sweep.halving import EarlyStopping
+    from ddlkit.launch.sweep.optuna import PrunerLadder, Pruning, _Study
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    pruning = Pruning()
+    pruner = optuna.pruners.MedianPruner(n_startup_trials=2)
+    study = _Study(optuna.create_study(direction="maximize", pruner=pruner), pruning)
+    asked = [study.ask() for _ in range(3)]
+    rule = EarlyStopping.from_options(SweepEarlyStoppingConfig(scheduler="optuna", grace=1), max_t=3)
+    assert rule.milestones == (1, 2, 3)
+    trials = pruning.batch(10)
+    assert list(trials) == [10, 11, 12] and [t.number for t in trials.values()] == [0, 1, 2]
+    ladder = PrunerLadder(rule, dict.fromkeys(trials, (None, None)), trials, pruning)
+    for num, values in ((10, (0.5, 0.6, 0.7)), (11, (0.7, 0.8, 0.9))):  # the startup trials: never pruned
+        assert [ladder.arrived(num, at, value).status for at, value in enumerate(values, 1)] == [
+            "promoted",
+            "promoted",
+            "completed",
+        ]
+    low = ladder.arrived(12, 1, 0.55)  # before the startup trials finished: not pruned
+    assert low.status == "promoted" and "the study's pruner kept trial 2 (val_top1 0.55)" in low.why
+    for trial, value in zip(asked[:2], (0.7, 0.9), strict=True):  # the sweeper tells their results
+        study.tell(trial, optuna.trial.TrialState.COMPLETE, [value])
+    worse = ladder.arrived(12, 2, 0.6)  # below the median (0.7) of the others at step 2
+    assert worse.status == "pruned" and "the study's MedianPruner pruned trial 2 (val_top1 0.6)" in worse.why
+    study.tell(asked[2], optuna.trial.TrialState.COMPLETE, [0.6])
+    assert [t.state.name for t in study.trials] == ["COMPLETE", "COMPLETE", "PRUNED"]
+    assert study.trials[1].intermediate_values == {1: 0.7, 2: 0.8, 3: 0.9}
+    assert study.trials[2].intermediate_values == {1: 0.55, 2: 0.6}
+
+
+@pytest.mark.parametrize(
+    ("given", "error"),
+    [
+        (
+            ("hydra/sweeper=optuna_pruning", "sweep.objective=best_top1", "sweep.early_stopping.scheduler=none"),
+            "hydra/sweeper=optuna_pruning prunes the trials its study asks for: set sweep.early_stopping.scheduler=",
+        ),
+        (
+            ("hydra/sweeper=optuna", "sweep.objective=best_top1", "sweep.early_stopping.scheduler=asha"),
+            "sweep.early_stopping.scheduler=asha stops the trials of a grid (the basic sweeper); hydra/sweeper=optuna",
+        ),
+        (
+            ("sweep.early_stopping.scheduler=optuna", "optimizer.lr=0.1,0.2"),
+            "sweep.early_stopping.scheduler=optuna lets an Optuna study's pruner stop trials: select",
+        ),
+        (
+            (
+                "hydra/sweeper=optuna_pruning",
+                "sweep.objective=best_top1",
+                "sweep.early_stopping.scheduler=optuna",
+                "sweep.early_stopping.metric=val_loss",
+            ),
+            "sweep.early_stopping.metric=val_loss is better down, but the study's direction is maximize",
+        ),
+    ],
+)
+def test_early_stopping_and_the_sweeper_must_agree(run_factory: RunFactory, given: tuple[str, ...], error: str) -> None:
+    sweep_dir = run_factory.base_dir / "refused"
+    own = ("hydra/sweeper=", "hydra.sweeper.", "sweep.", "optimizer.lr=")
+    study = [a for a in PRUNED_STUDY if not a.startswith(own)]
+    lr = () if any(a.startswith("optimizer.lr=") for a in given) else ("optimizer.lr=interval(0.001, 1)",)
+    search = ("hydra.sweeper.direction=maximize",) if any(a.startswith("hydra/sweeper=") for a in given) else ()
+    out = run_factory.cli(*study, *search, *lr, *given, f"hydra.sweep.dir={sweep_dir}")
+    out.assert_returncode(2).assert_one_line_error(error)
+    assert not (sweep_dir / "0").exists()

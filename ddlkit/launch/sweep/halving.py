@@ -16,6 +16,8 @@ ended, which every target brings back.
   arrival, every trial in the top ``floor(n / reduction_factor)`` of a rung's ``n`` values that has
   not gone beyond the rung is *promoted* (its next segment runs, first in the queue: the highest
   rung first). A trial paused early may so be promoted later, when more trials reached its rung.
+* **optuna** (``hydra/sweeper=optuna_pruning``): at every ``grace``, the trial's value goes to its
+  Optuna trial and the study's pruner decides (:mod:`.optuna`).
 * **median**: a trial whose best value so far is worse than the median of the best values of the
   other trials that reached the same milestone (at least ``min_samples`` of them) is *pruned*;
   otherwise it goes on to the next milestone.
@@ -104,9 +106,9 @@ class EarlyStopping:
                 "early. Lower the grace, or raise the budget."
             )
         milestones, at = [], grace
-        while at < max_t:
+        while at < max_t:  # optuna: every grace, where the study's pruner is asked; else the rungs
             milestones.append(at)
-            at *= factor
+            at = at + grace if options.scheduler == "optuna" else at * factor
         return cls(
             rule=str(options.scheduler),
             metric=str(options.metric),
@@ -136,11 +138,11 @@ class EarlyStopping:
     def describe(self) -> str:
         """``asha on val_top1 (max): rungs at 1, 3 of 9 epochs, the top 1/3 of each goes on``."""
         rungs = f"rungs at {', '.join(map(str, self.rungs))} of {self.max_t} {self.unit}"
-        how = (
-            f"the top 1/{self.reduction_factor} of each goes on, the others pause"
-            if self.rule == "asha"
-            else f"a trial worse than the median of {self.min_samples}+ others there is pruned"
-        )
+        how = {
+            "asha": f"the top 1/{self.reduction_factor} of each goes on, the others pause",
+            "median": f"a trial worse than the median of {self.min_samples}+ others there is pruned",
+            "optuna": "at each, the study's pruner (hydra.sweeper.pruner) decides whether a trial goes on",
+        }[self.rule]
         return f"{self.rule} on {self.metric} ({'max' if self.maximize else 'min'}): {rungs}; {how}"
 
 

@@ -49,6 +49,7 @@ if TYPE_CHECKING:
     from hydra.types import HydraContext, TaskFunction
     from omegaconf import DictConfig
 
+    from .optuna import Pruning
     from .settings import SweepSettings
 
 log = logging.getLogger(__name__)
@@ -62,6 +63,7 @@ def launch(
     config: DictConfig,
     job_overrides: Sequence[Sequence[str]],
     initial_job_idx: int,
+    pruning: Pruning | None = None,
 ) -> list[JobReturn]:
     setup_globals()
     configure_log(config.hydra.hydra_logging, config.hydra.verbose)
@@ -75,6 +77,8 @@ def launch(
             config=config,
             job_overrides=job_overrides,
             initial_job_idx=initial_job_idx,
+            trials=pruning.batch(initial_job_idx) if pruning is not None else None,
+            pruning=pruning,
         )
     return launch_tasks(
         settings,

@@ -23,6 +23,9 @@ DIRECTIONS = (MAXIMIZE, MINIMIZE)
 #: Hydra's own sweeper, which enumerates values and optimizes nothing
 BASIC_SWEEPER = "hydra._internal.core_plugins.basic_sweeper.BasicSweeper"
 
+#: Optuna's sweeper with a pruner (hydra_plugins/ddlkit_optuna)
+PRUNING_SWEEPER = "optuna_pruning"
+
 _RETRY = re.compile(r"^retry:(\d+)$")
 
 
@@ -73,13 +76,23 @@ class SweepSettings(SweepConfig):
     def stopping_options(self, sweeper_name: str) -> SweepEarlyStoppingConfig | None:
         """``sweep.early_stopping`` when it stops trials (None: every trial runs to its end)."""
         options = self.early_stopping
+        if sweeper_name == PRUNING_SWEEPER and options.scheduler != "optuna":
+            raise ConfigError(
+                f"hydra/sweeper={PRUNING_SWEEPER} prunes the trials its study asks for: set "
+                "sweep.early_stopping.scheduler=optuna (and its metric, grace: the trials report at every grace)."
+            )
         if options.scheduler == "none":
             return None
-        if sweeper_name != "basic":
+        if options.scheduler == "optuna" and sweeper_name != PRUNING_SWEEPER:
+            raise ConfigError(
+                f"sweep.early_stopping.scheduler=optuna lets an Optuna study's pruner stop trials: select "
+                f"hydra/sweeper={PRUNING_SWEEPER} (Optuna's sweeper with hydra.sweeper.pruner)."
+            )
+        if options.scheduler != "optuna" and sweeper_name != "basic":
             raise ConfigError(
                 f"sweep.early_stopping.scheduler={options.scheduler} stops the trials of a grid (the basic "
-                f"sweeper); hydra/sweeper={sweeper_name} chooses its own trials and is told only their final "
-                "results. Set sweep.early_stopping.scheduler=none with it."
+                f"sweeper); hydra/sweeper={sweeper_name} chooses its own trials. Use its pruners instead: "
+                f"hydra/sweeper={PRUNING_SWEEPER} sweep.early_stopping.scheduler=optuna."
             )
         return options
 

@@ -65,6 +65,7 @@ if TYPE_CHECKING:
     from ...compute.snapshot import CodeSnapshot
     from ...plugins import DdlkitPluginManager
     from ...registry import Registry
+    from .optuna import Pruning
 
 #: where a job's rank 0 output is, once the target has brought the job's files back
 RANK0_LOG = rank_log(0)
@@ -125,7 +126,12 @@ class DdlkitSweep:
         config: DictConfig,
         job_overrides: Sequence[Sequence[str]],
         initial_job_idx: int,
+        trials: dict[int, Any] | None = None,
+        pruning: Pruning | None = None,
     ) -> list[JobReturn]:
+        """Run one batch of the sweep (all of a grid; a search sweeper's batch). With
+        hydra/sweeper=optuna_pruning: ``trials``, the batch's Optuna trials by job number, and
+        ``pruning``, what the sweeper shares with the launcher (:mod:`.optuna`)."""
         sweep_dir = Path(str(config.hydra.sweep.dir)).resolve()
         # Hydra's sweeper has just written the composed config and the command line, secrets included
         redact_config_file(sweep_dir / "multirun.yaml")
@@ -140,6 +146,8 @@ class DdlkitSweep:
                 hydra_context, config, job_overrides, initial_job_idx, settings.dry_run, launch, options
             )
             stopping = self.stopping = _early_stopping(options, jobs)
+            if stopping is not None and stopping.rule == "optuna":
+                _check_study_direction(stopping, config.hydra.sweeper)
             if not settings.dry_run and self._writer is None:  # a plan writes nothing
                 self._writer = hold_sweep_directory(sweep_dir)
             ledger = Ledger.open(sweep_dir, sweep_name(sweep_dir))
@@ -197,7 +205,14 @@ class DdlkitSweep:
             todo = [sweep_job(j.num) for j in jobs if j.num not in done]
         else:
             records = {j.num: ledger.jobs[j.num] for j in jobs}
-            ladder = Ladder(stopping, {n: (r.rung_values, r.target) for n, r in records.items()})
+            reached = {n: (r.rung_values, r.target) for n, r in records.items()}
+            if stopping.rule == "optuna":
+                from .optuna import PrunerLadder
+
+                assert trials is not None and pruning is not None, "hydra/sweeper=optuna_pruning hands out the trials"
+                ladder = PrunerLadder(stopping, reached, trials, pruning)
+            else:
+                ladder = Ladder(stopping, reached)
             runs = ladder.begin(by_num, {n: r.status for n, r in ledger.jobs.items()})
             for num, segment in runs:  # promotions owed since the sweep last ran: recorded before they run
                 if segment.start > 0:
@@ -524,7 +539,7 @@ class DdlkitSweep:
         if self._search is None:
             return
         ledger, report, objective = self._search
-        self._print_summary(ledger, report, sorted(ledger.jobs))
+        self._print_summary(ledger, report, sorted(ledger.jobs), self.stopping)
         try:  # what the sweeper found (hydra-optuna-sweeper writes it when the study ends)
             found = OmegaConf.to_container(OmegaConf.load(ledger.path.parent / "optimization_results.yaml"))
         except (OSError, OmegaConfBaseException):
@@ -722,6 +737,20 @@ class _Progress(Observer):
 def _metrics(result: dict[str, Any]) -> str:
     parts = [f"{f.title} {f.format.format(result[f.name])}" for f in HEADLINE if result.get(f.name) is not None]
     return ", ".join(parts) or "no metrics"
+
+
+def _check_study_direction(stopping: EarlyStopping, sweeper: Any) -> None:
+    """An Optuna pruner compares the trials' reported values the study's way: the metric reported
+    must be better in the direction the study optimizes."""
+    from .settings import _sweeper_direction
+
+    study = _sweeper_direction(sweeper) or "minimize"  # Optuna's default
+    if (study == "maximize") != stopping.maximize:
+        raise ConfigError(
+            f"sweep.early_stopping.metric={stopping.metric} is better {'up' if stopping.maximize else 'down'}, but "
+            f"the study's direction is {study}: its pruner would keep the worst trials. Report a metric that is "
+            "better the study's way, or set hydra.sweeper.direction (and sweep.early_stopping.mode) to agree."
+        )
 
 
 def _early_stopping(options: Any, jobs: Sequence[CheckedJob]) -> EarlyStopping | None:

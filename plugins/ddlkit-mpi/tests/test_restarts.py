@@ -311,6 +311,38 @@ def test_a_sweeps_jobs_restart_as_single_jobs_do_and_retries_count_apart(tmp_pat
     assert "| job | overrides | status | attempts | restarts |" in (sweep_dir / "report.md").read_text()
 
 
+def test_a_halving_sweep_promotes_a_two_rank_trial_by_resuming_it(tmp_path: Path, straight: bytes) -> None:
+    """sweep.early_stopping=asha on local_mpi (2 ranks a trial; rungs at 1 of 2 epochs, the better half
+    by training loss goes on): the promoted trial's second segment resumes its checkpoint and ends
+    with the weights of the same job run straight through."""
+    sweep_dir = tmp_path / "sweep"
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "ddlkit",
+            "-m",
+            *JOB,
+            "optimizer.lr=0.1,0.001",
+            "sweep.early_stopping.scheduler=asha",
+            "sweep.early_stopping.metric=loss",
+            "sweep.early_stopping.reduction_factor=2",
+            f"hydra.sweep.dir={sweep_dir}",
+        ],
+        cwd=tmp_path,
+        env={**os.environ, "DDLKIT_PLUGINS": "ddlkit.testing.fakes"},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    jobs = json.loads((sweep_dir / "ledger.json").read_text())["jobs"]
+    assert [j["status"] for j in jobs.values()] == ["completed", "paused"], proc.stdout
+    assert [(s["from"], s["to"]) for s in jobs["0"]["segments"]] == [(0, 1), (1, 2)]
+    assert json.loads((sweep_dir / "0" / "result.json").read_text())["resumed_from_step"] == 8
+    assert (sweep_dir / "0" / MODEL_FILE).read_bytes() == straight
+
+
 def test_a_detached_job_heals_its_killed_rank_without_a_launcher(tmp_path: Path, straight: bytes) -> None:
     """`ddlkit --detach` returns at once; the job's minder (ddlkit.launch.minder) drives the same
     controller as a followed job: rank 1 killed at step 7 is restarted under the same policy, and the job

@@ -318,22 +318,33 @@ def test_a_package_only_in_the_launch_directory_trains_on_the_cluster(ray_cluste
 
 
 @pytest.mark.slow
-def test_a_sweep_of_four_jobs(ray_cluster, run_factory: RunFactory, tmp_path: Path) -> None:
+def test_a_sweep_of_four_jobs_with_early_stopping(ray_cluster, run_factory: RunFactory, tmp_path: Path) -> None:
+    """A sweep on Ray, one Ray job per run; with sweep.early_stopping=asha (rungs at 1 of 2 epochs, the
+    better half goes on) the promoted trials' second segments are Ray jobs of their own that resume
+    the checkpoint the first ones brought back."""
     sweep_dir = tmp_path / "sweep"
     outcome = run_factory.cli(
         "-m",
         "framework=fake",
         *ray_args(ray_cluster.address),
         "optimizer.lr=0.1,0.05,0.02,0.01",
+        "sweep.early_stopping.scheduler=asha",
+        "sweep.early_stopping.reduction_factor=2",
         f"hydra.sweep.dir={sweep_dir}",
         timeout=400,
     )
     outcome.assert_success()
-    results = sorted(sweep_dir.glob("*/result.json"))
-    assert len(results) == 4, outcome.output
-    assert all(json.loads(r.read_text())["status"] == "completed" for r in results)
-    ids = {submission(r.parent)["id"] for r in results}
-    assert len(ids) == 4  # one Ray job each
+    jobs = list(json.loads((sweep_dir / "ledger.json").read_text())["jobs"].values())
+    statuses = [j["status"] for j in jobs]
+    # the top half of the four at 1 epoch went on: 2, or 3 where one went on early, as the best of the first two
+    assert set(statuses) == {"completed", "paused"} and 2 <= statuses.count("completed") <= 3, outcome.output
+    for job in jobs:
+        result = json.loads((Path(job["job_dir"]) / "result.json").read_text())
+        assert result["status"] == "completed"
+        if job["status"] == "completed":  # its second segment resumed from the checkpoint at 1 epoch
+            assert [(s["from"], s["to"]) for s in job["segments"]] == [(0, 1), (1, 2)]
+            assert result["resumed_from_step"] == result["steps"] // 2 > 0
+    assert len({submission(Path(j["job_dir"]))["id"] for j in jobs}) == 4  # one Ray job each (the last run's)
 
 
 @pytest.mark.slow

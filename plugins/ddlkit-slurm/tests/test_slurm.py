@@ -540,7 +540,10 @@ def test_time_limit_is_said_when_the_ranks_end_before_the_batch_shell_hears_it(
 
 
 @pytest.mark.slow
-def test_sweep_of_two_jobs(slurm_cluster: str, run_factory: RunFactory, tmp_path: Path) -> None:
+def test_sweep_of_two_jobs_with_early_stopping(slurm_cluster: str, run_factory: RunFactory, tmp_path: Path) -> None:
+    """A sweep on Slurm, one Slurm job per run; with sweep.early_stopping=asha (rungs at 1 of 2 epochs,
+    the better half goes on) the better trial's second segment is a Slurm job of its own that resumes
+    the first one's checkpoint."""
     sweep_dir = tmp_path / "sweep"
     outcome = run_factory.cli(
         "-m",
@@ -548,17 +551,21 @@ def test_sweep_of_two_jobs(slurm_cluster: str, run_factory: RunFactory, tmp_path
         "compute=slurm",
         "compute.poll_interval_s=0.5",
         "optimizer.lr=0.1,0.05",
+        "sweep.early_stopping.scheduler=asha",
+        "sweep.early_stopping.reduction_factor=2",
         f"hydra.sweep.dir={sweep_dir}",
         timeout=240,
     )
     outcome.assert_success()
-    ledger = json.loads((sweep_dir / "ledger.json").read_text())
-    jobs = ledger["jobs"] if isinstance(ledger, dict) and "jobs" in ledger else ledger
-    entries = list(jobs.values()) if isinstance(jobs, dict) else jobs
-    assert len(entries) == 2
-    assert all(e["status"] == "completed" for e in entries), entries
+    entries = list(json.loads((sweep_dir / "ledger.json").read_text())["jobs"].values())
+    assert sorted(e["status"] for e in entries) == ["completed", "paused"], entries
+    best = next(e for e in entries if e["status"] == "completed")
+    assert [(s["from"], s["to"]) for s in best["segments"]] == [(0, 1), (1, 2)]
+    result = json.loads((Path(best["job_dir"]) / "result.json").read_text())
+    assert result["resumed_from_step"] == result["steps"] // 2 > 0  # from the checkpoint at 1 epoch
+    assert submission(Path(best["job_dir"]))["restarts"] == []  # a segment is a submission of its own, not a restart
     ids = {str(e["handle"]) for e in entries}
-    assert len(ids) == 2 and all(i.isdigit() for i in ids)  # one Slurm job each
+    assert len(ids) == 2 and all(i.isdigit() for i in ids)  # one Slurm job each (the last run's)
     for i in ids:
         assert settled_state(i) == "COMPLETED"
     assert (sweep_dir / "report.md").is_file()

@@ -1,0 +1,1 @@
+"""Hydra sweeper plugin shipped with ddlkit: ``hydra/sweeper=optuna_pruning`` (see ddlkit_optuna.py)."""
