@@ -75,7 +75,12 @@ def test_asha_pauses_the_worse_half_at_each_rung_and_promotes_by_resuming(run_fa
         assert jobs[num]["target"] == reached  # sent no further than where it paused
     # the trials' compute: 4 first epochs, 2 more from 1 to 2, 2 more from 2 to 4 = 8 of 16
     assert "early stopping (asha) trained 8 of the 16 epochs that every trial to its end takes (50%)" in out.stdout
-    assert "| paused at 1 |" in (sweep / "report.md").read_text()
+    report = (sweep / "report.md").read_text()
+    assert "| paused at 1 |" in report
+    assert "Early stopping (asha) trained 8 of the 16 epochs" in report and "report_curves.png" in report
+    assert (sweep / "report_curves.png").read_bytes().startswith(b"\x89PNG")
+    rule = json.loads((sweep / "ledger.json").read_text())["early_stopping"]
+    assert (rule["rule"], rule["metric"], rule["milestones"]) == ("asha", "val_top1", [1, 2, 4])
     # each segment resumed the last one's checkpoint: the promoted trial ends with the weights of the
     # same config trained straight through, bit for bit
     lr = next(o for o in jobs[best]["overrides"] if o.startswith("optimizer.lr="))

@@ -85,6 +85,8 @@ class Ledger:
     created: float = field(default_factory=time.time)
     #: the command that ran the sweep most recently (secrets redacted)
     command: list[str] = field(default_factory=list)
+    #: sweep.early_stopping, when it stops trials: rule, metric, maximize, unit, milestones
+    early_stopping: dict[str, Any] | None = None
     #: changes appended to the journal since ledger.json was last written
     _journal_lines: int = field(default=0, repr=False)
     #: the pending delayed save, and the lock that keeps it and update() apart
@@ -109,6 +111,7 @@ class Ledger:
                 "afresh, or use another hydra.sweep.dir."
             ) from None
         ledger = cls(path, data.get("name", name), jobs, data.get("created", time.time()), data.get("command", []))
+        ledger.early_stopping = data.get("early_stopping")
         ledger._replay()
         return ledger
 
@@ -184,6 +187,7 @@ class Ledger:
                     "created": self.created,
                     "updated": time.time(),
                     "command": self.command,
+                    **({"early_stopping": self.early_stopping} if self.early_stopping else {}),
                     "jobs": {str(num): asdict(rec) for num, rec in sorted(self.jobs.items())},
                 },
             )

@@ -96,7 +96,7 @@ def markdown(table: Sequence[dict[str, Any]], title: str) -> str:
 
 
 def write_report(ledger: Ledger, sort_by: str) -> Report:
-    return _write(rows(ledger, sort_by), ledger.path.parent, ledger.name, sort_by)
+    return _write(rows(ledger, sort_by), ledger.path.parent, ledger.name, sort_by, ledger)
 
 
 class LiveReport:
@@ -153,7 +153,20 @@ class LiveReport:
             self._pause = max(self.SETTLE_S, 10 * (time.perf_counter() - started))
 
 
-def _write(table: list[dict[str, Any]], sweep_dir: Path, name: str, sort_by: str) -> Report:
+def compute_trained(ledger: Ledger, nums: Sequence[int] | None = None) -> str:
+    """Under early stopping: how much of the compute of every trial run to its end the sweep's
+    trials took (of jobs ``nums``; all by default)."""
+    rule = ledger.early_stopping or {}
+    records = [ledger.jobs[n] for n in (nums if nums is not None else sorted(ledger.jobs))]
+    used = sum(max(map(int, r.rung_values or {}), default=0) for r in records)
+    full = rule["milestones"][-1] * len(records)
+    return (
+        f"early stopping ({rule['rule']}) trained {used} of the {full} {rule['unit']} that every trial "
+        f"to its end takes ({used / full:.0%})"
+    )
+
+
+def _write(table: list[dict[str, Any]], sweep_dir: Path, name: str, sort_by: str, ledger: Ledger) -> Report:
     buffer = io.StringIO()
     writer = csv.DictWriter(buffer, fieldnames=COLUMNS, lineterminator="\n")
     writer.writeheader()
@@ -161,7 +174,13 @@ def _write(table: list[dict[str, Any]], sweep_dir: Path, name: str, sort_by: str
     write_text(sweep_dir / "report.csv", buffer.getvalue())
     order = "largest" if SORT_KEYS[sort_by] else "smallest"
     jobs = "1 job" if len(table) == 1 else f"{len(table)} jobs"
-    write_text(sweep_dir / "report.md", markdown(table, f"Sweep {name}: {jobs}, by {sort_by} ({order} first)"))
+    text = markdown(table, f"Sweep {name}: {jobs}, by {sort_by} ({order} first)")
+    if ledger.early_stopping:
+        curves_png = curves(ledger, sweep_dir / CURVES_PNG, f"Sweep {name}")
+        text += f"\n{compute_trained(ledger).capitalize()}." + (
+            f" Each trial's curve and where it stopped: {CURVES_PNG}.\n" if curves_png else "\n"
+        )
+    write_text(sweep_dir / "report.md", text)
     png = plot(table, sort_by, sweep_dir / "report.png", f"Sweep {name}")
     return Report(table, sweep_dir / "report.csv", sweep_dir / "report.md", png)
 
@@ -193,6 +212,44 @@ def plot(table: Sequence[dict[str, Any]], metric: str, path: Path, title: str) -
     ax.set_title(f"{title}: {_TITLES.get(metric, metric)} per job", fontsize=10)
     # bars grow from 0; room on the right for the labels (and a visible axis when every value is 0)
     ax.set_xlim(min(0.0, *values), (max(0.0, *values) or 1.0) * 1.2)
+    with atomic_path(path) as tmp:
+        fig.savefig(tmp, format="png", dpi=100)
+    return path
+
+
+#: under early stopping: each trial's metric at its milestones, and where it stopped
+CURVES_PNG = "report_curves.png"
+_MARKERS = {"completed": ("o", "reached the full budget"), PAUSED: ("D", "paused"), PRUNED: ("x", "pruned")}
+
+
+def curves(ledger: Ledger, path: Path, title: str) -> Path | None:
+    """Each trial's metric at the milestones it reached (the values early stopping compared), its
+    last point marked by how it ended."""
+    try:
+        from matplotlib.figure import Figure
+    except ImportError:
+        return None
+    rule = ledger.early_stopping or {}
+    fig = Figure(figsize=(8, 5), layout="constrained")
+    ax = fig.subplots()
+    shown: set[str] = set()
+    for num, rec in sorted(ledger.jobs.items()):
+        points = sorted((int(at), value) for at, value in (rec.rung_values or {}).items())
+        if not points:
+            continue
+        xs, ys = zip(*points, strict=True)
+        (line,) = ax.plot(xs, ys, alpha=0.7, linewidth=1)
+        marker, meaning = _MARKERS.get(rec.status, ("s", rec.status))
+        label = None if rec.status in shown else meaning  # one legend entry per way of ending
+        ax.plot(xs[-1:], ys[-1:], marker=marker, color=line.get_color(), linestyle="", label=label)
+        shown.add(rec.status)
+        ax.annotate(f"#{num}", (xs[-1], ys[-1]), xytext=(3, 0), textcoords="offset points", fontsize=7)
+    ax.set_xticks(list(rule.get("milestones", [])))
+    ax.set_xlabel(f"{rule.get('unit', 'budget')} trained")
+    ax.set_ylabel(str(rule.get("metric", "metric")))
+    ax.set_title(f"{title}: {rule.get('rule')} on {rule.get('metric')}\n{compute_trained(ledger)}", fontsize=9)
+    if shown:
+        ax.legend(fontsize=8)
     with atomic_path(path) as tmp:
         fig.savefig(tmp, format="png", dpi=100)
     return path

@@ -22,6 +22,7 @@ of calling the task function once per job. Then:
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import json
 import shlex
@@ -51,7 +52,7 @@ from ..hydra_errors import explain
 from .compose import compose_job, hydra_config_of, job_view
 from .halving import FINAL, PROMOTED, EarlyStopping, Ladder, Segment, budget_of, check_job, last_value
 from .ledger import LEDGER_FILE, JobRecord, Ledger, result_summary
-from .report import LiveReport, Report, varying_overrides
+from .report import LiveReport, Report, compute_trained, varying_overrides
 from .scheduler import Observer, Outcome, Scheduler, SweepJob
 from .settings import FailurePolicy, SweepSettings
 
@@ -169,6 +170,8 @@ class DdlkitSweep:
             if settings.dry_run and not had_ledger:
                 _remove_plan_leftovers(sweep_dir)
         ledger.command = self._resume_command(sweep_dir)
+        if stopping is not None:
+            ledger.early_stopping = dataclasses.asdict(stopping)
         ledger.save()
         labels = varying_overrides(list(ledger.jobs.values()))
         computes = sorted({j.compute for j in jobs})
@@ -578,12 +581,7 @@ class DdlkitSweep:
             f"({report.csv.name}{plot})"
         )
         if stopping is not None:
-            used = sum(max(map(int, ledger.jobs[n].rung_values or {}), default=0) for n in nums)
-            full = stopping.max_t * len(nums)
-            self.say(
-                f"ddlkit: early stopping ({stopping.rule}) trained {used} of the {full} {stopping.unit} that "
-                f"every trial to its end takes ({used / full:.0%})"
-            )
+            self.say(f"ddlkit: {compute_trained(ledger, nums)}")
 
 
 class _Progress(Observer):
