@@ -391,6 +391,38 @@ def test_running_the_same_job_directory_again_resumes_from_its_output(
     assert len(azureml_workspace.jobs) == 2
 
 
+def test_a_halving_sweep_promotes_a_trial_by_resuming_it_from_its_output(
+    azureml_workspace: LoopbackWorkspace, fake_image: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """sweep.early_stopping=asha on Azure ML (rungs at 1 of 2 epochs, the better half goes on): each
+    segment is an Azure ML job of its own on the job directory's output, and the promoted trial's
+    second one resumes from the checkpoint its first one wrote there."""
+    monkeypatch.setenv("DDLKIT_PLUGINS", "ddlkit.testing.fakes")
+    sweep_dir = tmp_path / "sweep"
+    run = ddlkit(
+        "-m",
+        *workspace_args(azureml_workspace),
+        *FAKE[:-1],
+        fake_image,
+        "data.length=64",
+        "trainer.epochs=2",
+        "optimizer.lr=0.1,0.001",
+        "sweep.early_stopping.scheduler=asha",
+        "sweep.early_stopping.metric=loss",
+        "sweep.early_stopping.reduction_factor=2",
+        f"hydra.sweep.dir={sweep_dir}",
+        cwd=tmp_path,
+    )
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    jobs = json.loads((sweep_dir / "ledger.json").read_text())["jobs"]
+    assert sorted(j["status"] for j in jobs.values()) == ["completed", "paused"], run.stdout[-3000:]
+    best = next(j for j in jobs.values() if j["status"] == "completed")
+    assert [(s["from"], s["to"]) for s in best["segments"]] == [(0, 1), (1, 2)]
+    result = json.loads((Path(best["job_dir"]) / "result.json").read_text())
+    assert (result["resumed_from_step"], result["steps"]) == (16, 32)
+    assert len(azureml_workspace.jobs) == 3  # two first segments and the promoted one
+
+
 def snapshot_blobs(workspace: LoopbackWorkspace) -> dict[str, str]:
     """Every blob under the code snapshots' folder of the default datastore, with its ETag (which
     each upload of the blob changes)."""
