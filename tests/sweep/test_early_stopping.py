@@ -5,19 +5,17 @@ learns at a speed that depends on the learning rate."""
 from __future__ import annotations
 
 import json
-import os
 import shlex
 import signal
-import subprocess
-import sys
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import pytest
 
 from ddlkit.jobdir import EXIT_PREEMPTED
-from ddlkit.testing import FAKES_MODULE, RunFactory, interruptible, wait_for
+from ddlkit.testing import RunFactory, wait_for
+
+from .test_sweep_cli import ledger, start_launcher
 
 pytestmark = pytest.mark.slow
 
@@ -44,14 +42,6 @@ ASHA = (
     "sweep.early_stopping.scheduler=asha",
     "sweep.early_stopping.reduction_factor=2",
 )
-
-
-def ledger(sweep_dir: Path) -> dict[int, dict[str, Any]]:
-    return {int(n): job for n, job in json.loads((sweep_dir / "ledger.json").read_text())["jobs"].items()}
-
-
-def decisions(jobs: dict[int, dict[str, Any]]) -> dict[int, tuple[str, dict[str, float]]]:
-    return {n: (j["status"], j["rung_values"]) for n, j in jobs.items()}
 
 
 def test_asha_pauses_the_worse_half_at_each_rung_and_promotes_by_resuming(run_factory: RunFactory) -> None:
@@ -100,16 +90,7 @@ def test_an_interrupted_halving_sweep_resumes_to_the_same_decisions(run_factory:
     straight = ledger(straight_dir)
 
     sweep = run_factory.base_dir / "sweep"
-    args = ["-m", *TRIAL, *ASHA, "framework.step_delay_s=0.05", f"hydra.sweep.dir={sweep}"]
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "ddlkit", *args],
-        cwd=run_factory.base_dir,
-        env={**os.environ, "DDLKIT_PLUGINS": FAKES_MODULE},
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        preexec_fn=interruptible,
-    )
+    proc = start_launcher(run_factory, ["-m", *TRIAL, *ASHA, "framework.step_delay_s=0.05", f"hydra.sweep.dir={sweep}"])
     try:
 
         def promoted_and_training() -> bool:  # a segment from 1 epoch on, past its first logged step

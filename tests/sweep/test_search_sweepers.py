@@ -10,6 +10,8 @@ from omegaconf import OmegaConf
 
 from ddlkit.testing import RunFactory
 
+from .test_early_stopping import TRIAL
+
 pytestmark = [pytest.mark.slow, pytest.mark.extras]  # hydra/sweeper=optuna: pip install -e '.[sweep]'
 
 STUDY = (
@@ -174,20 +176,10 @@ def test_a_key_an_experiment_searches_given_a_value_too_is_searched(run_factory:
     assert "A new study created" in out.stderr and "\x1b[" not in out.stderr
 
 
-#: a trial the fake framework learns at a speed its learning rate sets (16 steps an epoch), over 4 epochs
+#: the trials of test_early_stopping's sweeps (8 classes in noise, 4 epochs), sampled by a study that prunes
 PRUNED_STUDY = (
     "-m",
-    "framework=fake",
-    "logger=[jsonl]",
-    "data=custom",
-    "data.target=ddlkit.testing.fakes:class_images",
-    "data.num_classes=8",
-    "data.image_size=2",
-    "+data.kwargs.num_classes=8",
-    "+data.kwargs.image_size=2",
-    "+data.kwargs.val_n=128",
-    "trainer.batch_size=16",
-    "trainer.epochs=4",
+    *TRIAL,
     "hydra/sweeper=optuna_pruning",
     "hydra.sweeper.n_trials=6",
     "hydra.sweeper.n_jobs=2",

@@ -207,15 +207,7 @@ class DdlkitSweep:
         if stopping is None:
             todo = [sweep_job(j.num) for j in jobs if j.num not in done]
         else:
-            records = {j.num: ledger.jobs[j.num] for j in jobs}
-            reached = {n: (r.rung_values, r.target) for n, r in records.items()}
-            if stopping.rule == "optuna":
-                from .optuna import PrunerLadder
-
-                assert trials is not None and pruning is not None, "hydra/sweeper=optuna_pruning hands out the trials"
-                ladder = PrunerLadder(stopping, reached, trials, pruning)
-            else:
-                ladder = Ladder(stopping, reached)
+            ladder = _ladder(stopping, [j.num for j in jobs], ledger, trials, pruning)
             runs = ladder.begin(by_num, {n: r.status for n, r in ledger.jobs.items()})
             for num, segment in runs:  # promotions owed since the sweep last ran: recorded before they run
                 if segment.start > 0:
@@ -735,6 +727,20 @@ class _Progress(Observer):
 def _metrics(result: dict[str, Any]) -> str:
     parts = [f"{f.title} {f.format.format(result[f.name])}" for f in HEADLINE if result.get(f.name) is not None]
     return ", ".join(parts) or "no metrics"
+
+
+def _ladder(
+    stopping: EarlyStopping, nums: list[int], ledger: Ledger, trials: dict[int, Any] | None, pruning: Pruning | None
+) -> Ladder:
+    """The trials ``nums`` on their milestones, as the ledger has them; with Optuna's pruners, each
+    paired with its study trial."""
+    reached = {num: (ledger.jobs[num].rung_values, ledger.jobs[num].target) for num in nums}
+    if stopping.rule != "optuna":
+        return Ladder(stopping, reached)
+    from .optuna import PrunerLadder
+
+    assert trials is not None and pruning is not None, "hydra/sweeper=optuna_pruning hands out the trials"
+    return PrunerLadder(stopping, reached, trials, pruning)
 
 
 def _check_study_direction(stopping: EarlyStopping, sweeper: Any) -> None:
