@@ -46,8 +46,13 @@ def atomic_path(final: Path, *, directory: bool = False) -> Iterator[Path]:
 
 
 def write_text(path: Path, text: str) -> None:
-    with atomic_path(Path(path)) as tmp:
-        tmp.write_text(text, encoding="utf-8")
+    try:
+        with atomic_path(Path(path)) as tmp:
+            tmp.write_text(text, encoding="utf-8")
+    except OSError as err:
+        if err.filename is None:  # a write that ran out of room names no file: name the one being written
+            raise OSError(err.errno, err.strerror, str(path)) from err
+        raise
 
 
 def write_json(path: Path, obj: Any) -> None:

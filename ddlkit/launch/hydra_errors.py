@@ -17,14 +17,16 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import errno
+import os
 import re
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 from omegaconf import DictConfig, OmegaConf, open_dict, read_write
 
 from ..config import CORE_SCHEMAS, named_schema, yaml_error_line
-from ..errors import ConfigError, DdlkitError
+from ..errors import ConfigError, DdlkitError, RunError
 from ..first_party import install_hint
 from ..registry import HOOK_POINTS, Registry
 
@@ -55,8 +57,9 @@ EXPERIMENT_PLACES = (
 
 
 def explain(err: BaseException) -> DdlkitError | None:
-    """``err``, raised while Hydra parsed the command line or composed the config, as a ddlkit
-    error; None when it is not about the user's input (a bug: the caller lets it through)."""
+    """``err``, raised while Hydra parsed the command line or composed the config (or the launcher
+    wrote a job's files on a full disk), as a ddlkit error; None when it is not about the user's
+    input or machine (a bug: the caller lets it through)."""
     from hydra.errors import HydraException, MissingConfigException, OverrideParseException, SearchPathException
     from omegaconf.errors import OmegaConfBaseException
     from yaml import YAMLError
@@ -66,6 +69,14 @@ def explain(err: BaseException) -> DdlkitError | None:
             return ConfigError(
                 f"{link.filename} is longer than the file system allows for a path or a name in it: "
                 "give hydra.run.dir (or hydra.sweep.dir) a shorter one."
+            )
+        if isinstance(link, OSError) and link.errno in (errno.ENOSPC, errno.EDQUOT):
+            # the launcher writing a job's files (its record, a restart's submission) on a full disk
+            where = Path(link.filename).parent if link.filename else Path.cwd()
+            return RunError(
+                f"no space left on the disk of {where} ({os.strerror(link.errno)}): free some (df -h {where}), "
+                "then run the same command again: the job resumes from its last checkpoint, which is whole "
+                "(checkpoints and results are written to a temporary file and renamed)."
             )
         if isinstance(link, ValueError) and "integer string conversion" in str(link):
             limit = str(link).split(": ", 1)[-1].split(";")[0]
