@@ -12,8 +12,10 @@ Four variants, in one script, on one machine, alternating their order between ro
   runs the same ddlkit job (``python -m ddlkit <the trial's overrides>`` with the full 9 epochs) and
   reports each validation of the job's metrics.jsonl to Tune as it appears; a trial Tune stops is
   killed with its process group. This is what a ddlkit user would write to use Tune; Tune stops a
-  trial for good (its ASHA does not pause and resume). Ray's start (``ray.init``) is not in its wall
-  time; ``ddlkit -m``'s CLI start-up is in ddlkit's.
+  trial for good (its ASHA does not pause and resume). Tune runs with ``reuse_actors=True``, its own
+  setting for quick trial turnover: without it every trial starts a new Ray worker process first (on a
+  busy 2-core machine that doubled Tune's wall time in the --quick grid, idle slots 46 % against 15 %).
+  Ray's start (``ray.init``) is not in its wall time; ``ddlkit -m``'s CLI start-up is in ddlkit's.
 
 The trainable: ddlkit's ``framework=fake`` (momentum SGD on a softmax regression, float64, numpy,
 deterministic) on ``_tuning_data:noisy_classes`` (16 classes of 8x8x3 patterns under noise, 131,072
@@ -28,12 +30,19 @@ ddlkit's from the ledger's segments, Tune's measured around each trial's process
 the idle-slot share (1 - trial-seconds / (2 slots x wall time); for ddlkit also over the span from the
 first trial's start to the last one's end, which leaves the CLI's start-up out). Goals (issue 40): asha within 0.01
 of the full grid's best with <= 40 % of its trial-seconds and <= 5 % idle; ddlkit's asha at least
-as good as Ray Tune's ASHA in <= 1.1x its wall time.
+as good as Ray Tune's ASHA in <= 1.1x its wall time; each is printed with "met" or "MISSED" (of the
+medians) and kept in the JSON's ``goals``.
+
+After each variant the script counts the trial processes still running (a command line naming the
+variant's directory, or a working directory in it): ``stray_processes`` in the JSON, a warning if any.
+The JSON's ``quiet`` is false for a smoke run (``--quick``, fewer than 3 rounds, or a 1-minute load
+average >= 0.5 before it started): such figures prove the script works, they measure nothing.
 
     pip install 'ray[tune]'        # the Ray Tune baseline (pip install -e '.[bench]')
-    python benchmarks/early_stopping.py [--rounds 3] [--quick]
+    python benchmarks/early_stopping.py [--rounds 3] [--quick] [--variants full,asha,median,ray_tune_asha]
 
-Writes ``benchmarks/results/early_stopping.json`` and ``early_stopping.png``.
+Writes ``benchmarks/results/early_stopping.json`` and ``early_stopping.png``; a partial run (--quick,
+fewer than 3 rounds, or not every variant) writes ``early_stopping-smoke.json`` and ``.png`` instead.
 """
 
 from __future__ import annotations
@@ -58,6 +67,14 @@ HERE = Path(__file__).resolve().parent
 LRS = ("0.0003", "0.003", "0.03", "0.3")
 BATCHES = ("32", "64", "128", "256")
 MAX_T, GRACE, FACTOR, METRIC = 9, 1, 3, "val_top1"
+#: issue 40's goals: ratio name -> (bound, "<=" or ">="), checked on the ratio's median
+GOALS = {
+    "asha_trial_s_vs_full": (0.40, "<="),
+    "asha_best_minus_full_best": (-0.01, ">="),
+    "asha_idle_share": (0.05, "<="),
+    "asha_wall_vs_ray_tune_asha": (1.1, "<="),
+    "asha_best_minus_ray_tune_best": (0.0, ">="),
+}
 
 
 def trial_args(samples: int) -> list[str]:
@@ -85,6 +102,8 @@ def env() -> dict[str, str]:
         "OMP_NUM_THREADS": "1",
         "OPENBLAS_NUM_THREADS": "1",
         "RAY_USAGE_STATS_ENABLED": "0",
+        # Tune's old console output, which verbose=0 silences (the new one prints a table regardless)
+        "RAY_AIR_NEW_OUTPUT": "0",
     }
 
 
@@ -97,8 +116,11 @@ def run_ddlkit(variant: str, base: Path, samples: int) -> dict[str, Any]:
         else [
             f"sweep.early_stopping.scheduler={variant}",
             f"sweep.early_stopping.metric={METRIC}",
+            "sweep.early_stopping.mode=max",
+            "sweep.early_stopping.unit=epochs",
             f"sweep.early_stopping.grace={GRACE}",
             f"sweep.early_stopping.reduction_factor={FACTOR}",
+            f"sweep.early_stopping.max_t={MAX_T}",
         ]
     )
     args = [
@@ -120,6 +142,7 @@ def run_ddlkit(variant: str, base: Path, samples: int) -> dict[str, Any]:
         check=False,
     )
     wall = time.perf_counter() - started
+    strays = stray_processes(sweep)
     if done.returncode != 0:
         raise RuntimeError(
             f"ddlkit -m ({variant}) exited {done.returncode}:\n{done.stdout[-2000:]}{done.stderr[-2000:]}"
@@ -138,10 +161,23 @@ def run_ddlkit(variant: str, base: Path, samples: int) -> dict[str, Any]:
         "trial_s": busy,
         "wall_s": wall,
         "full_budget_trials": len(finals),
+        "stray_processes": strays,
         # the slots idle from the first trial's start to the last one's end (the CLI's start-up and the
         # report at the end left out): what the scheduling itself leaves idle
         "idle_share_running": max(0.0, 1 - busy / (2 * span)),
     }
+
+
+def stray_processes(directory: Path) -> int:
+    """Processes still running that belong to a trial under ``directory`` (left behind): their command
+    line names it (``ddlkit ... hydra.run.dir=...``) or they run in it (the rank worker, in its job directory)."""
+    needle, count = str(directory.resolve()), 0
+    for entry in os.scandir("/proc"):
+        if entry.name.isdigit() and int(entry.name) != os.getpid():
+            with contextlib.suppress(OSError):
+                cmdline = Path(entry.path, "cmdline").read_bytes().decode(errors="replace")
+                count += needle in cmdline or os.readlink(Path(entry.path, "cwd")).startswith(needle)
+    return count
 
 
 def last_values(job_dir: Path) -> dict[int, float]:
@@ -209,7 +245,7 @@ def run_tune(base: Path, samples: int) -> dict[str, Any]:
 
     tune_dir = base / "ray_tune_asha"
     tune_dir.mkdir()
-    os.environ.update({k: v for k, v in env().items() if k in ("DDLKIT_PLUGINS", "RAY_USAGE_STATS_ENABLED")})
+    os.environ.update({k: v for k, v in env().items() if k.startswith("RAY_") or k == "DDLKIT_PLUGINS"})
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, logging_level="ERROR")
     try:
         scheduler = ASHAScheduler(
@@ -228,7 +264,9 @@ def run_tune(base: Path, samples: int) -> dict[str, Any]:
         tuner = tune.Tuner(
             tune.with_resources(tune_trainable, {"cpu": 1}),
             param_space=space,
-            tune_config=tune.TuneConfig(metric=METRIC, mode="max", scheduler=scheduler, max_concurrent_trials=2),
+            tune_config=tune.TuneConfig(
+                metric=METRIC, mode="max", scheduler=scheduler, max_concurrent_trials=2, reuse_actors=True
+            ),
             run_config=tune.RunConfig(storage_path=str(base / "ray_results"), verbose=0),
         )
         started = time.perf_counter()
@@ -236,6 +274,7 @@ def run_tune(base: Path, samples: int) -> dict[str, Any]:
         wall = time.perf_counter() - started
     finally:
         ray.shutdown()
+    strays = stray_processes(tune_dir)
     finals = [r.metrics[METRIC] for r in results if r.metrics and r.metrics.get("epoch") == MAX_T]
     busy = sum(float(p.read_text()) for p in (tune_dir / "times").iterdir())
     return {
@@ -243,6 +282,7 @@ def run_tune(base: Path, samples: int) -> dict[str, Any]:
         "trial_s": busy,
         "wall_s": wall,
         "full_budget_trials": len(finals),
+        "stray_processes": strays,
     }
 
 
@@ -258,6 +298,8 @@ def main() -> None:
     parser.add_argument("--variants", default="full,asha,median,ray_tune_asha")
     args = parser.parse_args()
     samples = 32768 if args.quick else 131072
+    # 1-minute load average (2 cores) before anything runs, then after each round
+    load = [os.getloadavg()[0]]
     variants = args.variants.split(",")
     rounds: list[dict[str, Any]] = []
     for number in range(args.rounds):
@@ -279,23 +321,42 @@ def main() -> None:
                     flush=True,
                 )
         rounds.append(measured)
+        load.append(os.getloadavg()[0])
 
     def ratio(a: str, b: str, key: str) -> list[float]:
         return [r[a][key] / r[b][key] for r in rounds if a in r and b in r]
 
+    def minus(a: str, b: str, key: str) -> list[float]:
+        return [r[a][key] - r[b][key] for r in rounds if a in r and b in r]
+
     ratios = {
-        "asha_trial_s_vs_full": summary(ratio("asha", "full", "trial_s")),
-        "median_trial_s_vs_full": summary(ratio("median", "full", "trial_s")),
-        "asha_best_minus_full_best": summary([r["asha"]["best"] - r["full"]["best"] for r in rounds if "full" in r]),
-        "asha_wall_vs_ray_tune_asha": summary(ratio("asha", "ray_tune_asha", "wall_s")),
-        "asha_best_minus_ray_tune_best": summary(
-            [r["asha"]["best"] - r["ray_tune_asha"]["best"] for r in rounds if "ray_tune_asha" in r]
-        ),
-        "asha_idle_share": summary([r["asha"]["idle_share"] for r in rounds if "asha" in r]),
-        "asha_idle_share_running": summary([r["asha"]["idle_share_running"] for r in rounds if "asha" in r]),
+        name: summary(samples)
+        for name, samples in {
+            "asha_trial_s_vs_full": ratio("asha", "full", "trial_s"),
+            "median_trial_s_vs_full": ratio("median", "full", "trial_s"),
+            "asha_best_minus_full_best": minus("asha", "full", "best"),
+            "median_best_minus_full_best": minus("median", "full", "best"),
+            "asha_wall_vs_ray_tune_asha": ratio("asha", "ray_tune_asha", "wall_s"),
+            "asha_best_minus_ray_tune_best": minus("asha", "ray_tune_asha", "best"),
+            "asha_idle_share": [r["asha"]["idle_share"] for r in rounds if "asha" in r],
+            "asha_idle_share_running": [r["asha"]["idle_share_running"] for r in rounds if "asha" in r],
+        }.items()
+        if samples
     }
+    goals = {}
     for key, value in ratios.items():
-        print(f"{key}: median {value['median']:.3f} (rounds: {', '.join(f'{v:.3f}' for v in value['samples'])})")
+        verdict = ""
+        if key in GOALS and value["samples"]:
+            bound, way = GOALS[key]
+            met = value["median"] <= bound if way == "<=" else value["median"] >= bound
+            goals[key] = {"goal": f"{way} {bound}", "met": met}
+            verdict = f"  goal {way} {bound}: {'met' if met else 'MISSED'}"
+        samples_text = ", ".join(f"{v:.4f}" for v in value["samples"])
+        print(f"{key}: median {value['median']:.4f} (rounds: {samples_text}){verdict}")
+    strays = sum(m.get("stray_processes", 0) for r in rounds for m in r.values())
+    if strays:
+        print(f"WARNING: {strays} trial process(es) outlived their variant's run", flush=True)
+    partial = args.quick or args.rounds < 3 or set(variants) != {"full", "asha", "median", "ray_tune_asha"}
     payload = {
         "grid": {
             "lr": LRS,
@@ -306,14 +367,18 @@ def main() -> None:
         },
         "samples_per_epoch": samples,
         "quick": args.quick,
+        # a smoke run (partial, or on a busy machine before it started) is no measurement
+        "quiet": not partial and load[0] < 0.5,
+        "load_average": load,
         "rounds": rounds,
         "ratios": ratios,
+        "goals": goals,
         "medians": {
             v: {k: statistics.median(r[v][k] for r in rounds) for k in ("best", "trial_s", "wall_s", "idle_share")}
             for v in variants
         },
     }
-    path = write_result("early_stopping" + ("-quick" if args.quick else ""), payload)
+    path = write_result("early_stopping" + ("-smoke" if partial else ""), payload)
     plot(payload, path.with_suffix(".png"))
     print(f"wrote {path}")
 
