@@ -194,6 +194,40 @@ def test_unreachable_cluster_names_the_address(run_factory: RunFactory) -> None:
     )
 
 
+@pytest.mark.slow
+def test_a_cluster_with_token_authentication_takes_its_token_and_refuses_none_or_a_wrong_one(
+    run_factory: RunFactory, tmp_path: Path
+) -> None:
+    """Ray's token authentication, on wherever a token exists when ``ray start --head`` runs (any
+    local ``ray.init()`` writes ``~/.ray/auth_token``): the launcher sends the token it finds
+    (RAY_AUTH_TOKEN, RAY_AUTH_TOKEN_PATH or ~/.ray/auth_token) and the job trains; no token or a
+    wrong one is one line naming the fix; the token is in no file of the job's and on no console."""
+    needs_ray()
+    import secrets
+
+    from ddlkit_ray.testing import LocalRayCluster
+
+    token = secrets.token_hex(32)
+    home = tmp_path / "home"  # a machine with no ~/.ray/auth_token
+    home.mkdir()
+    env = {**os.environ, "DDLKIT_PLUGINS": FAKES_MODULE}
+    with LocalRayCluster(nodes=1, cpus_per_node=1, token=token, env=env) as cluster:
+        asks = f"the Ray cluster at compute.address={cluster.address} asks for its token"
+        run_factory(*ray_args(cluster.address), env={"HOME": str(home)}, timeout=120).assert_one_line_error(
+            asks, "none was found here", "~/.ray/auth_token", "RAY_AUTH_TOKEN"
+        )
+        wrong = {"HOME": str(home), "RAY_AUTH_TOKEN": secrets.token_hex(32)}
+        run_factory(*ray_args(cluster.address), env=wrong, timeout=120).assert_one_line_error(
+            asks, "the token found here is not its token"
+        )
+        (home / ".ray").mkdir()
+        (home / ".ray" / "auth_token").write_text(token)
+        outcome = run_factory(*ray_args(cluster.address), env={"HOME": str(home)}, timeout=240).assert_success()
+    assert outcome.result["status"] == "completed"
+    leaks = [str(p) for p in outcome.job_dir.rglob("*") if p.is_file() and token.encode() in p.read_bytes()]
+    assert leaks == [] and token not in outcome.stdout + outcome.stderr
+
+
 # ---------------------------------------------------------------------------- bad input, on the cluster
 @pytest.mark.parametrize(
     ("more", "fragments"),

@@ -188,6 +188,7 @@ import contextlib
 import io
 import json
 import logging
+import os
 import queue
 import re
 import shlex
@@ -266,6 +267,30 @@ def _ray() -> Any:
     return ray
 
 
+def auth_headers() -> dict[str, str]:
+    """The header that carries this machine's Ray token, found where Ray's own tools look
+    (``RAY_AUTH_TOKEN``, the file ``RAY_AUTH_TOKEN_PATH`` names, ``~/.ray/auth_token``), unless
+    ``RAY_AUTH_MODE=disabled``. A head started where a token exists (any local ``ray.init()``
+    writes one) refuses every request without it, and Ray's clients send it only when this process
+    has ``RAY_AUTH_MODE=token``: ddlkit sends it itself, and to a cluster without token
+    authentication it does no harm."""
+    if os.environ.get("RAY_AUTH_MODE", "").lower() == "disabled":
+        return {}
+    token = os.environ.get("RAY_AUTH_TOKEN", "").strip()
+    if not token and (path := os.environ.get("RAY_AUTH_TOKEN_PATH")):
+        try:
+            token = Path(path).expanduser().read_text().strip()
+        except OSError as exc:
+            raise ddlkit.ConfigError(
+                f"RAY_AUTH_TOKEN_PATH={path}: the Ray token cannot be read ({exc.strerror}): point it at the file "
+                "that holds the cluster's token, or unset it."
+            ) from None
+    if not token:
+        with contextlib.suppress(OSError):
+            token = (Path.home() / ".ray" / "auth_token").read_text().strip()
+    return {"Authorization": f"Bearer {token}"} if token else {}
+
+
 #: seconds the Jobs API may take to accept a connection, and to answer a question (a GET) or a
 #: submission (which waits for its upload): Ray's client waits for ever, so a dashboard that takes
 #: connections and never answers kept the launcher silent for minutes
@@ -293,8 +318,17 @@ def client(address: str) -> Any:
             except requests.Timeout:
                 raise DashboardSilent(address, endpoint, answer) from None
 
+    from ray.exceptions import AuthenticationError
+
     try:
-        return BoundedClient(address)
+        return BoundedClient(address, headers=auth_headers())
+    except AuthenticationError as exc:
+        found = "the token found here is not its token" if "invalid" in str(exc) else "none was found here"
+        raise ddlkit.ConfigError(
+            f"compute=ray: the Ray cluster at compute.address={address} asks for its token (Ray's token "
+            f"authentication) and {found}: copy the head's ~/.ray/auth_token here, or set RAY_AUTH_TOKEN "
+            "(or RAY_AUTH_TOKEN_PATH, a file holding it) in the launcher's environment."
+        ) from None
     except DashboardSilent as exc:
         raise ddlkit.ConfigError(
             f"compute=ray: {exc}. Is compute.address={address} the dashboard's Jobs endpoint "
@@ -730,10 +764,13 @@ class RayTarget(ddlkit.ComputeTarget):
         """The cluster's live nodes, and those of them that can each hold one node's bundle of the
         job when idle (their total resources: a busy node is waited for), through Ray's state API
         at the address the Jobs client answers on."""
-        from ray.util.state import list_nodes
+        from ray.util.state import StateApiClient
+        from ray.util.state.common import ListApiOptions, StateResource
 
         need = self.node_bundle()
-        nodes = [n for n in list_nodes(address=self.address, timeout=30) if n.state == "ALIVE"]
+        state = StateApiClient(address=self.address, headers={"Content-Type": "application/json", **auth_headers()})
+        listed = state.list(StateResource.NODES, options=ListApiOptions(timeout=30), raise_on_missing_output=True)
+        nodes = [n for n in listed if n.state == "ALIVE"]
         fit = [n for n in nodes if holds(n.resources_total, need)]
         return nodes, fit
 

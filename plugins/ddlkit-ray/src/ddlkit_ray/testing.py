@@ -59,6 +59,10 @@ class LocalRayCluster:
     start_timeout_s: float = 180.0
     #: the environment of the raylets and of every process they start (PYTHONPATH, DDLKIT_PLUGINS, ...)
     env: dict[str, str] = field(default_factory=lambda: dict(os.environ))
+    #: Ray's token authentication: the cluster's token (every request must carry it), or None for a
+    #: cluster without it -- either way whatever ``~/.ray/auth_token`` this machine has (any local
+    #: ``ray.init()`` writes one, and ``ray start`` then turns token authentication on) plays no part
+    token: str | None = None
 
     def __post_init__(self) -> None:
         # short: Ray's Unix sockets live below it (a socket path has at most 107 characters)
@@ -145,7 +149,8 @@ class LocalRayCluster:
             # again -- under the feet of another simulated node's ranks, whose working directory it is
             args += [f"--address={self.gcs_address}", f"--temp-dir={self.temp_dir / f'n{index}'}"]
         log = self.temp_dir / f"node-{index}.out"
-        env = {**self.env, "RAY_USAGE_STATS_ENABLED": "0", "PYTHONUNBUFFERED": "1"}
+        env = {k: v for k, v in self.env.items() if k not in ("RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH")}
+        env.update(RAY_USAGE_STATS_ENABLED="0", PYTHONUNBUFFERED="1", **self._auth_env())
         with open(log, "ab") as out:
             process = subprocess.Popen(
                 args, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env, start_new_session=True
@@ -154,17 +159,37 @@ class LocalRayCluster:
         if head:
             self._wait_for_dashboard()
 
+    def _auth_env(self) -> dict[str, str]:
+        """The nodes' side of token authentication: the token in a file only its owner reads (as
+        ``~/.ray/auth_token`` is on a real head), or token authentication off."""
+        if self.token is None:
+            return {"RAY_AUTH_MODE": "disabled"}
+        path = self.temp_dir / "auth_token"
+        path.touch(mode=0o600)
+        path.write_text(self.token)
+        return {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": str(path)}
+
+    @property
+    def headers(self) -> dict[str, str]:
+        """What a request to the dashboard carries: the token, where the cluster has one."""
+        return {"Authorization": f"Bearer {self.token}"} if self.token is not None else {}
+
     def _wait_for_dashboard(self) -> None:
+        import urllib.error
         import urllib.request
 
         deadline = time.monotonic() + self.start_timeout_s
         while time.monotonic() < deadline:
             if self._nodes[0].process.poll() is not None:
                 raise RuntimeError(f"ray start --head ended: {self._nodes[0].log.read_text()[-2000:]}")
+            request = urllib.request.Request(f"{self.address}/api/version", headers=self.headers)
             try:
-                with urllib.request.urlopen(f"{self.address}/api/version", timeout=2) as reply:
+                with urllib.request.urlopen(request, timeout=2) as reply:
                     if reply.status == 200:
                         return
+            except urllib.error.HTTPError as exc:
+                if exc.code in (401, 403):  # waiting would not change it
+                    raise RuntimeError(f"the Ray dashboard at {self.address} refused the test kit: {exc}") from None
             except OSError:
                 pass
             time.sleep(0.5)
@@ -176,9 +201,12 @@ class LocalRayCluster:
 
     def node_ids(self) -> list[str]:
         """The Ray node ids of the live nodes, the head first (as Ray's state API reports them)."""
-        from ray.util.state import list_nodes
+        from ray.util.state import StateApiClient
+        from ray.util.state.common import ListApiOptions, StateResource
 
-        nodes = [n for n in list_nodes(address=self.address, timeout=10) if n.state == "ALIVE"]
+        state = StateApiClient(address=self.address, headers={"Content-Type": "application/json", **self.headers})
+        listed = state.list(StateResource.NODES, options=ListApiOptions(timeout=10), raise_on_missing_output=True)
+        nodes = [n for n in listed if n.state == "ALIVE"]
         return [n.node_id for n in sorted(nodes, key=lambda n: not n.is_head_node)]
 
     def wait_for_nodes(self, count: int) -> None:
