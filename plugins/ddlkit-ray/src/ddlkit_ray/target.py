@@ -291,6 +291,19 @@ def auth_headers() -> dict[str, str]:
     return {"Authorization": f"Bearer {token}"} if token else {}
 
 
+def alive_nodes(address: str, headers: dict[str, str], *, timeout: int) -> list[Any]:
+    """The live nodes of the cluster whose Jobs API is at ``address`` (Ray's state API, with
+    ``headers``: the token)."""
+    from ray.util.state import StateApiClient
+    from ray.util.state.common import ListApiOptions, StateResource
+
+    state = StateApiClient(address=address, headers={"Content-Type": "application/json", **headers})
+    listed: list[Any] = state.list(
+        StateResource.NODES, options=ListApiOptions(timeout=timeout), raise_on_missing_output=True
+    )
+    return [n for n in listed if n.state == "ALIVE"]
+
+
 #: seconds the Jobs API may take to accept a connection, and to answer a question (a GET) or a
 #: submission (which waits for its upload): Ray's client waits for ever, so a dashboard that takes
 #: connections and never answers kept the launcher silent for minutes
@@ -764,13 +777,8 @@ class RayTarget(ddlkit.ComputeTarget):
         """The cluster's live nodes, and those of them that can each hold one node's bundle of the
         job when idle (their total resources: a busy node is waited for), through Ray's state API
         at the address the Jobs client answers on."""
-        from ray.util.state import StateApiClient
-        from ray.util.state.common import ListApiOptions, StateResource
-
         need = self.node_bundle()
-        state = StateApiClient(address=self.address, headers={"Content-Type": "application/json", **auth_headers()})
-        listed = state.list(StateResource.NODES, options=ListApiOptions(timeout=30), raise_on_missing_output=True)
-        nodes = [n for n in listed if n.state == "ALIVE"]
+        nodes = alive_nodes(self.address, auth_headers(), timeout=30)
         fit = [n for n in nodes if holds(n.resources_total, need)]
         return nodes, fit
 

@@ -201,12 +201,9 @@ class LocalRayCluster:
 
     def node_ids(self) -> list[str]:
         """The Ray node ids of the live nodes, the head first (as Ray's state API reports them)."""
-        from ray.util.state import StateApiClient
-        from ray.util.state.common import ListApiOptions, StateResource
+        from .target import alive_nodes
 
-        state = StateApiClient(address=self.address, headers={"Content-Type": "application/json", **self.headers})
-        listed = state.list(StateResource.NODES, options=ListApiOptions(timeout=10), raise_on_missing_output=True)
-        nodes = [n for n in listed if n.state == "ALIVE"]
+        nodes = alive_nodes(self.address, self.headers, timeout=10)
         return [n.node_id for n in sorted(nodes, key=lambda n: not n.is_head_node)]
 
     def wait_for_nodes(self, count: int) -> None:
