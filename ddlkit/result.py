@@ -61,6 +61,12 @@ FIELDS: tuple[Field, ...] = (
     #: several, comma-separated, where a rank replicates over several GPUs (TensorFlow's strategy
     #: uses every GPU its worker sees)
     Field("device", str, None),
+    #: the most memory a rank held in this attempt, the largest over the ranks, in MiB (ddlkit.rank.memory):
+    #: on a GPU the peak its framework allocated there (run.device_peak_memory_mib), else the peak resident
+    #: set size of the rank's process (not counting the data-loading workers it starts)
+    Field("peak_memory_mib", float, MINIMIZE, "{:.1f}", "peak memory (MiB)"),
+    #: which memory peak_memory_mib is: "device" where every rank's framework reported its GPU's, else "rss"
+    Field("peak_memory", str, None),
     #: epochs completed
     Field("epochs", int, None),
     #: optimizer steps taken since the start of training (across resumes)

@@ -183,6 +183,11 @@ class RunContext(Protocol):
     num_threads: int | None
     #: where this rank computes, "cpu" or "cuda:<index>" (``ddlkit.result``): the framework sets it, result.json has it
     device: str | None
+    #: this rank's peak device memory in MiB, for a framework that computes on a GPU: a number, or a
+    #: function ddlkit calls once at the end of a completed run (PyTorch: ``lambda:
+    #: torch.cuda.max_memory_allocated(device) / 2**20``); result.json's ``peak_memory_mib`` is the
+    #: largest over the ranks, and the process's peak resident set size while this stays None (the CPU)
+    device_peak_memory_mib: float | Callable[[], float | None] | None
 
     def phase(self, what: str, *, say: bool = True) -> None:
         """Say on rank 0 that start-up reached ``what`` ("model built", "data ready"); every phase

@@ -35,6 +35,7 @@ from ..monitor import EarlyStopping, Watch
 from ..resize import PLANNED_WORLD_SIZE_ENV, BatchPlan, describe, plan_batch
 from . import loop
 from .checkpointing import CheckpointKeeper, check_compatible, saved_position
+from .memory import peak_over_ranks
 from .phases import record_phase, report_phase, startup
 from .preemption import Preempted, StopRequest
 from .results import keep_results
@@ -130,6 +131,9 @@ class Run:
         self.num_threads: int | None = None
         #: where this rank computes ("cpu", "cuda:0", see ddlkit.result): the framework sets it
         self.device: str | None = None
+        #: the framework's peak device memory in MiB, or a function returning it (None on the CPU):
+        #: result.json's peak_memory_mib then says it instead of the process's peak RSS (ddlkit.rank.memory)
+        self.device_peak_memory_mib: float | Callable[[], float | None] | None = None
         #: trainer.early_stopping and trainer.best_checkpoint, when they watch a metric
         self.early_stopping = EarlyStopping(t.early_stopping) if t.early_stopping.monitor else None
         self.best = Watch("best_checkpoint", t.best_checkpoint) if t.best_checkpoint.monitor else None
@@ -477,9 +481,11 @@ class Run:
 
     def result(self, status: str) -> dict[str, Any]:
         """The content of result.json: one key per row of :data:`ddlkit.result.FIELDS`, in its order,
-        after the keys plugins add through ``extra_result``."""
+        after the keys plugins add through ``extra_result``. With several ranks every rank calls it
+        (:meth:`finish` does, once the run completed): the peak memory is gathered from them all."""
         t = self.cfg.trainer
         early, best = self.early_stopping, self.best
+        peak_mib, peak_kind = peak_over_ranks(self.dist, self.device_peak_memory_mib)
         return {
             **self.extra_result,
             "status": status,
@@ -491,6 +497,9 @@ class Run:
             "global_batch_size": self.global_batch,
             "precision": str(t.precision),
             "device": self.device,
+            # the largest of the ranks' peaks: device memory where every rank's framework reported it, else RSS
+            "peak_memory_mib": peak_mib,
+            "peak_memory": peak_kind,
             "epochs": self.state.epoch,
             "steps": self.state.step,
             "steps_per_epoch": self.steps_per_epoch,

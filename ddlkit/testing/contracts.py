@@ -845,6 +845,11 @@ class FrameworkContract:
         assert wrong == {}, "values of another type than ddlkit.result.FIELDS says"
         unset = [f.name for f in result_schema.FRAMEWORK if result[f.name] is None]
         assert unset == [], "the framework left these fields unset (run.<field> = ...); see ddlkit.result"
+        # a framework on a GPU reports its device's peak (run.device_peak_memory_mib), on the CPU the core measures
+        expected = "device" if str(result["device"]).startswith("cuda") else "rss"
+        assert (result["peak_memory"], result["peak_memory_mib"] > 0) == (expected, True), (
+            f"peak_memory_mib={result['peak_memory_mib']} ({result['peak_memory']}) on {result['device']}"
+        )
 
     def test_stops_at_max_steps(self, train: Any) -> None:
         out = train("trainer.max_steps=3")

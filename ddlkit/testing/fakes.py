@@ -81,6 +81,11 @@ class FakeFrameworkConfig:
     save_delay_s: float = 0.0
     # modules the ranks' environment must have (as Horovod for dist=horovod): check_environment's path in tests
     needs: list[str] = field(default_factory=list)
+    # MiB of memory each rank allocates, writes and holds while it trains (0 = none): a rank that needs more
+    # memory than the others, for result.json's peak_memory_mib
+    hold_mib: int = 0
+    # only this rank holds hold_mib (null: every rank)
+    hold_rank: int | None = None
 
 
 class FakeFramework(Framework):
@@ -95,6 +100,8 @@ class FakeFramework(Framework):
     def configure(self, config: DictConfig) -> None:
         if self.cfg.side < 1:
             raise ConfigError(f"framework.side={self.cfg.side} is invalid: it must be a positive integer.")
+        if self.cfg.hold_mib < 0:
+            raise ConfigError(f"framework.hold_mib={self.cfg.hold_mib} is invalid: it must be 0 or more.")
 
     def check_environment(self, config: DictConfig) -> None:
         import importlib.util
@@ -111,6 +118,9 @@ class FakeFramework(Framework):
 
         t, o = run.cfg.trainer, run.cfg.optimizer
         run.device = "cpu"  # numpy
+        holds = self.cfg.hold_mib and self.cfg.hold_rank in (None, run.dist.rank)
+        # float64s, every page written, so that the rank's resident set holds them
+        held = np.ones(self.cfg.hold_mib << 17) if holds else None
         info = run.data.info
         side = min(self.cfg.side, info.image_size)
         # parameters and momentum buffer in one dict, so save/load cannot forget one of them
@@ -195,6 +205,7 @@ class FakeFramework(Framework):
             return float("nan") if self.cfg.nan_at_step == run.state.step + 1 else loss
 
         run.train_epochs(run.step_batches(train_loader.iter_epoch), step, evaluate if val_loader is not None else None)
+        del held  # held until training ended
         if t.save_model:
             # .npy rather than .npz: no zip timestamps, so equal weights give equal bytes
             run.save_artifact(MODEL_FILE, lambda p: _save_npy(p, params["theta"]))

@@ -208,3 +208,20 @@ def test_a_pause_shorter_than_the_timeout_is_reported_and_the_job_completes(
     assert launcher.returncode == 0, output
     assert re.search(r"ddlkit: rank 1 is answering again, after [4-9] s of silence", output), output
     assert json.loads((job_dir / "result.json").read_text())["steps"] == 5000
+
+
+def test_peak_memory_is_the_largest_over_the_ranks(tmp_path: Path, dt: SimpleNamespace) -> None:
+    """Issue 41, item 5: rank 1 holds 400 MiB more than rank 0 (whose own peak is under 200 MiB
+    here): result.json, written by rank 0, says rank 1's peak."""
+    jobs = dt.DistJobs(tmp_path)
+    out = jobs.run(
+        "framework=fake",
+        *FAKE_LONG,
+        "trainer.max_steps=3",
+        "framework.hold_mib=400",
+        "framework.hold_rank=1",
+        job_dir=tmp_path / "job",
+    )
+    out.assert_success()
+    assert out.result["world_size"] == 2 and out.result["peak_memory"] == "rss"
+    assert out.result["peak_memory_mib"] > 400, out.result["peak_memory_mib"]

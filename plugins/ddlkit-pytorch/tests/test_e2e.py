@@ -91,6 +91,8 @@ def test_result_json_reports_the_run(runs):
     assert result["steps"] == 24 and result["epochs"] == 2
     assert result["world_size"] == 1 and result["global_batch_size"] == 16
     assert result["images_per_sec"] > 0
+    # the rank process's peak resident set (issue 41, item 5): torch and the model, well over 100 MiB
+    assert result["peak_memory"] == "rss" and result["peak_memory_mib"] > 100, result["peak_memory_mib"]
     # warm-up excluded: 24 steps minus 2 warm-up, minus the first step after each validation pause
     assert result["measured_steps"] in range(19, 23)
     assert 0.0 <= result["top1"] <= result["top5"] <= 1.0

@@ -149,3 +149,7 @@ def test_the_result_reports_two_ranks_and_the_global_loss(runs: dict[str, Path],
     assert result["final_loss"] == pytest.approx(single["final_loss"], rel=1e-3)
     # the devices of MultiWorkerMirroredStrategy's worker or Horovod's rank, in ddlkit.result's names
     assert result["device"] and all(d == "cpu" or d.startswith("cuda:") for d in result["device"].split(","))
+    # the larger of the two ranks' peaks (issue 41, item 5): a rank's process holds TensorFlow, over 200 MiB
+    on_gpu = result["device"].startswith("cuda")
+    assert result["peak_memory"] == ("device" if on_gpu else "rss")
+    assert result["peak_memory_mib"] > (0 if on_gpu else 200), result["peak_memory_mib"]

@@ -138,3 +138,24 @@ def test_the_exported_model_loads_for_scoring_without_ddlkit_objects(tmp_path: P
     assert not loaded.compiled
     x = np.ones((2, 4, 4, 3), "float32")
     np.testing.assert_allclose(np.asarray(loaded(x)), np.asarray(model(x)), rtol=1e-6)
+
+
+def test_the_gpu_peak_memory_is_tensorflow_s_largest_peak_over_the_rank_s_gpus(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """run.device_peak_memory_mib on GPUs (issue 41, item 5); the GPUs' answers are stood in for here."""
+    import tensorflow as tf
+
+    from ddlkit_tensorflow.runtime import gpu_peak_memory
+
+    assert gpu_peak_memory("cpu") is None  # result.json says the process's peak RSS instead
+    asked = []
+
+    def memory_info(device: str) -> dict[str, int]:
+        asked.append(device)
+        return {"current": 0, "peak": {"GPU:0": 3 << 30, "GPU:2": 5 << 30}[device]}
+
+    monkeypatch.setattr(tf.config.experimental, "get_memory_info", memory_info)
+    peak = gpu_peak_memory("cuda:0,cuda:2")
+    assert peak is not None and peak() == 5 * 1024.0
+    assert asked == ["GPU:0", "GPU:2"]

@@ -15,7 +15,7 @@ import re
 import socket
 import sys
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
@@ -188,7 +188,8 @@ def distribution_strategy(run: ddlkit.RunContext, framework: str) -> Any:
       per rank, ``TF_CONFIG`` built from the ranks' addresses;
     * ``horovod``: Horovod's collectives (:class:`Horovod`) over the job's ranks.
 
-    It sets ``run.device`` to the devices the strategy computes on (:func:`device_names`).
+    It sets ``run.device`` to the devices the strategy computes on (:func:`device_names`), and on
+    GPUs ``run.device_peak_memory_mib`` to how result.json learns their peak (:func:`gpu_peak_memory`).
     """
     backend = run.cfg.dist.backend
     if backend == "none" and run.dist.world_size != 1:
@@ -204,12 +205,32 @@ def distribution_strategy(run: ddlkit.RunContext, framework: str) -> Any:
         # first: the strategy configures TensorFlow's runtime, which listing the devices would start
         strategy = MultiWorker(run)
         run.device = device_names(strategy.strategy.extended.worker_devices)
+        run.device_peak_memory_mib = gpu_peak_memory(run.device)
         return strategy
     replicas = Horovod(run) if run.dist.world_size > 1 else TfDistribute(tf.distribute.get_strategy())
     # without a tf.distribute strategy across ranks (one rank, or Horovod), every op runs on the
     # first GPU TensorFlow sees, else on the CPU
     run.device = device_names(tf.config.list_logical_devices("GPU")[:1] or tf.config.list_logical_devices("CPU"))
+    run.device_peak_memory_mib = gpu_peak_memory(run.device)
     return replicas
+
+
+def gpu_peak_memory(device: str) -> Callable[[], float] | None:
+    """For ``run.device_peak_memory_mib``: a function returning the most memory TensorFlow has
+    allocated on any of the GPUs in ``device`` (``run.device``'s terms: "cuda:0,cuda:1"), in MiB,
+    since it started (``tf.config.experimental.get_memory_info``'s ``peak``); None where the rank
+    computes on no GPU (result.json then says the process's peak resident set size)."""
+    gpus = [int(name.partition(":")[2]) for name in device.split(",") if name.startswith("cuda:")]
+    if not gpus:
+        return None
+
+    def peak() -> float:
+        import tensorflow as tf
+
+        # per GPU: what must fit on one device; the index is the rank's own (its logical GPUs)
+        return max(tf.config.experimental.get_memory_info(f"GPU:{index}")["peak"] for index in gpus) / 2**20
+
+    return peak
 
 
 def device_names(devices: Any) -> str:
