@@ -3,7 +3,8 @@
 Light at import (the launcher imports it through ``plugin.py``); torch and the optimizer
 libraries are imported by the factories, which run on the ranks.
 
-* models: ``resnet18`` ... ``resnet152`` (:mod:`.models`, torchvision's state_dict keys), and
+* models: ``resnet18`` ... ``resnet152`` (:mod:`.models`) and ``vit_b_16``, ``vit_l_16``,
+  ``vit_h_14`` (:mod:`.vit`, built for the data's image size), with torchvision's state_dict keys; and
   ``custom``: ``model.target=package.module:function`` called with ``model.kwargs``, which must
   return a ``torch.nn.Module``;
 * optimizers: ``sgd`` and ``adamw`` from ``torch.optim``; ``lamb`` and ``lars`` from
@@ -19,9 +20,12 @@ from typing import Any
 import ddlkit
 from ddlkit.custom import CustomModelConfig, build
 from ddlkit.optim import AdamWConfig, LambConfig, LarsConfig, SGDConfig
+from ddlkit.options import IN_0_1, checked
 
 FRAMEWORK = "pytorch"
 RESNETS = ("resnet18", "resnet34", "resnet50", "resnet101", "resnet152")
+#: the Vision Transformers and their patch sides (the images' side must be a multiple)
+VITS = {"vit_b_16": 16, "vit_l_16": 16, "vit_h_14": 14}
 
 
 @dataclass
@@ -39,6 +43,49 @@ def _resnet(name: str) -> Callable[..., Any]:
     return build
 
 
+@dataclass
+class ViTConfig:
+    # dropout after the attention, in the MLP and on the embeddings (torchvision's `dropout`)
+    dropout: float = checked(0.0, IN_0_1)
+    # dropout of the attention weights (torchvision's `attention_dropout`)
+    attention_dropout: float = checked(0.0, IN_0_1)
+
+
+def check_vit_image_size(name: str, image_size: int) -> None:
+    """``data.image_size`` is a multiple of the model's patch side, or a ConfigError saying which
+    sizes would do."""
+    patch = VITS[name]
+    if image_size > 0 and image_size % patch == 0:
+        return
+    if image_size <= 0:
+        raise ddlkit.ConfigError(
+            f"model={name} takes images, and this data has none (data.image_size={image_size}): "
+            "use an image data source, or another model."
+        )
+    lower, upper = image_size // patch * patch, (image_size // patch + 1) * patch
+    sizes = f"{lower} or {upper}" if lower else f"{upper}"
+    raise ddlkit.ConfigError(
+        f"data.image_size={image_size} is not a multiple of model={name}'s patch size {patch}: "
+        f"set data.image_size={sizes}, for example."
+    )
+
+
+def _vit(name: str) -> Callable[..., Any]:
+    def build(cfg: Any, data: ddlkit.DataInfo) -> Any:
+        # the position embedding has one entry per patch: the model is built for the data's image size
+        check_vit_image_size(name, data.image_size)
+        from .vit import MODELS
+
+        return MODELS[name](
+            image_size=data.image_size,
+            num_classes=data.num_classes,
+            dropout=cfg.dropout,
+            attention_dropout=cfg.attention_dropout,
+        )
+
+    return build
+
+
 def build_custom_model(cfg: Any, data: ddlkit.DataInfo) -> Any:
     """``model=custom``: whatever ``model.target`` builds (the framework checks it is a ``torch.nn.Module``)."""
     return build(cfg.target, "model.target", cfg.kwargs)
@@ -52,6 +99,14 @@ def models() -> Iterator[ddlkit.Registration]:
             config=ResNetConfig,
             framework=FRAMEWORK,
             description=f"{name}, torchvision's layout and state_dict keys",
+        )
+    for name, patch in VITS.items():
+        yield ddlkit.Registration(
+            name,
+            _vit(name),
+            config=ViTConfig,
+            framework=FRAMEWORK,
+            description=f"{name}, {patch} px patches; torchvision's layout and state_dict keys",
         )
     yield ddlkit.Registration(
         "custom",

@@ -33,6 +33,16 @@ def ddlkit_optimizers() -> Iterator[ddlkit.Registration]:
 
 
 @ddlkit.hookimpl
+def ddlkit_configure(config: Any) -> None:
+    # a ViT's image size, checked in the launcher when the data's config states it (the rank
+    # checks it again against what the data source reports)
+    if config.framework.name == "pytorch" and config.model.name in components.VITS:
+        image_size = config.data.get("image_size")
+        if isinstance(image_size, int):
+            components.check_vit_image_size(config.model.name, image_size)
+
+
+@ddlkit.hookimpl
 def ddlkit_job_environment(config: Any) -> Mapping[str, str] | None:
     # torch's OpenMP reads its wait policy once, when torch is imported: the ranks' environment has it
     if config.framework.name == "pytorch":
