@@ -45,7 +45,7 @@ def _fakes(monkeypatch: pytest.MonkeyPatch) -> None:
         pytest.param(
             "model=resnet99",
             "unknown model 'resnet99' (config key `model`). Choose one of: custom, resnet101, "
-            "resnet152, resnet18, resnet34, resnet50, softmax, vit_b_16, vit_h_14, vit_l_16.",
+            "resnet152, resnet18, resnet34, resnet50, softmax, swin_b, swin_t, vit_b_16, vit_h_14, vit_l_16.",
             marks=pytest.mark.plugins,
         ),
         ("hydra/sweeper=nevergrad", "hydra/sweeper=nevergrad is not installed: pip install hydra-nevergrad-sweeper"),
@@ -170,7 +170,8 @@ def test_a_group_only_a_search_path_holds_given_no_name_is_one_line(
             "model=[resnet18,resnet50]",
             "`model=[resnet18,resnet50]` is invalid: model takes one option, and the "
             "list gives 2. Choose one of: custom, resnet101, resnet152, resnet18, resnet34, resnet50, softmax, "
-            "vit_b_16, vit_h_14, vit_l_16 (model=<name>), or run one job per option with -m model=<a>,<b>.",
+            "swin_b, swin_t, vit_b_16, vit_h_14, vit_l_16 (model=<name>), or run one job per option with "
+            "-m model=<a>,<b>.",
             marks=pytest.mark.plugins,
         ),
         ("trainer.seed=-1", "trainer.seed=-1 is invalid: it must be an integer in [0, 4294967295]."),

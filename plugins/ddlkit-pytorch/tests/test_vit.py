@@ -53,7 +53,7 @@ def test_parameter_count_matches_torchvision(name: str) -> None:
     assert sum(p.numel() for p in model.parameters()) == TORCHVISION_NUM_PARAMS[name]
     assert len(model.state_dict()) == FIXTURE["models"][name]["num_entries"]
     # what the launcher checks data.image_size against
-    assert components.VITS[name] == model.patch_size == FIXTURE["models"][name]["patch_size"]
+    assert components.PATCH_SIZES[name] == model.patch_size == FIXTURE["models"][name]["patch_size"]
 
 
 def test_vit_b_16_state_dict_keys_and_shapes_match_torchvision() -> None:

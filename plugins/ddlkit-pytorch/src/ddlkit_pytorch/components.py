@@ -3,8 +3,9 @@
 Light at import (the launcher imports it through ``plugin.py``); torch and the optimizer
 libraries are imported by the factories, which run on the ranks.
 
-* models: ``resnet18`` ... ``resnet152`` (:mod:`.models`) and ``vit_b_16``, ``vit_l_16``,
-  ``vit_h_14`` (:mod:`.vit`, built for the data's image size), with torchvision's state_dict keys; and
+* models: ``resnet18`` ... ``resnet152`` (:mod:`.models`), ``vit_b_16``, ``vit_l_16``,
+  ``vit_h_14`` (:mod:`.vit`, built for the data's image size) and ``swin_t``, ``swin_b``
+  (:mod:`.swin`), with torchvision's state_dict keys; and
   ``custom``: ``model.target=package.module:function`` called with ``model.kwargs``, which must
   return a ``torch.nn.Module``;
 * optimizers: ``sgd`` and ``adamw`` from ``torch.optim``; ``lamb`` and ``lars`` from
@@ -24,8 +25,11 @@ from ddlkit.options import IN_0_1, checked
 
 FRAMEWORK = "pytorch"
 RESNETS = ("resnet18", "resnet34", "resnet50", "resnet101", "resnet152")
-#: the Vision Transformers and their patch sides (the images' side must be a multiple)
-VITS = {"vit_b_16": 16, "vit_l_16": 16, "vit_h_14": 14}
+#: the Vision Transformers and the Swin Transformers
+VITS = ("vit_b_16", "vit_l_16", "vit_h_14")
+SWINS = ("swin_t", "swin_b")
+#: each transformer's patch side: a ViT's image side must be a multiple, a Swin's at least one patch
+PATCH_SIZES = {"vit_b_16": 16, "vit_l_16": 16, "vit_h_14": 14, "swin_t": 4, "swin_b": 4}
 
 
 @dataclass
@@ -51,36 +55,61 @@ class ViTConfig:
     attention_dropout: float = checked(0.0, IN_0_1)
 
 
-def check_vit_image_size(name: str, image_size: int) -> None:
-    """``data.image_size`` is a multiple of the model's patch side, or a ConfigError saying which
-    sizes would do."""
-    patch = VITS[name]
-    if image_size > 0 and image_size % patch == 0:
-        return
+@dataclass
+class SwinTConfig(ViTConfig):
+    # the rate at which the last block's residual branches are dropped (stochastic depth); it
+    # grows linearly from 0 at the first block. torchvision's default for this model
+    stochastic_depth_prob: float = checked(0.2, IN_0_1)
+
+
+@dataclass
+class SwinBConfig(SwinTConfig):
+    stochastic_depth_prob: float = checked(0.5, IN_0_1)
+
+
+def check_image_size(name: str, image_size: int) -> None:
+    """``data.image_size`` suits the transformer ``name`` (a ViT: a multiple of its patch side; a
+    Swin: at least one patch), or a ConfigError saying which sizes would do."""
+    patch = PATCH_SIZES[name]
     if image_size <= 0:
         raise ddlkit.ConfigError(
             f"model={name} takes images, and this data has none (data.image_size={image_size}): "
             "use an image data source, or another model."
         )
-    lower, upper = image_size // patch * patch, (image_size // patch + 1) * patch
-    sizes = f"{lower} or {upper}" if lower else f"{upper}"
-    raise ddlkit.ConfigError(
-        f"data.image_size={image_size} is not a multiple of model={name}'s patch size {patch}: "
-        f"set data.image_size={sizes}, for example."
-    )
+    if name in VITS and image_size % patch:
+        lower, upper = image_size // patch * patch, (image_size // patch + 1) * patch
+        sizes = f"{lower} or {upper}" if lower else f"{upper}"
+        raise ddlkit.ConfigError(
+            f"data.image_size={image_size} is not a multiple of model={name}'s patch size {patch}: "
+            f"set data.image_size={sizes}, for example."
+        )
+    if image_size < patch:
+        raise ddlkit.ConfigError(
+            f"data.image_size={image_size} is smaller than model={name}'s patch size {patch}: "
+            f"set data.image_size={patch} or more."
+        )
 
 
-def _vit(name: str) -> Callable[..., Any]:
+def _transformer(name: str) -> Callable[..., Any]:
     def build(cfg: Any, data: ddlkit.DataInfo) -> Any:
-        # the position embedding has one entry per patch: the model is built for the data's image size
-        check_vit_image_size(name, data.image_size)
-        from .vit import MODELS
+        check_image_size(name, data.image_size)
+        if name in VITS:
+            from . import vit
 
-        return MODELS[name](
-            image_size=data.image_size,
+            # the position embedding has one entry per patch: the model is built for the data's image size
+            return vit.MODELS[name](
+                image_size=data.image_size,
+                num_classes=data.num_classes,
+                dropout=cfg.dropout,
+                attention_dropout=cfg.attention_dropout,
+            )
+        from . import swin
+
+        return swin.MODELS[name](
             num_classes=data.num_classes,
             dropout=cfg.dropout,
             attention_dropout=cfg.attention_dropout,
+            stochastic_depth_prob=cfg.stochastic_depth_prob,
         )
 
     return build
@@ -100,13 +129,19 @@ def models() -> Iterator[ddlkit.Registration]:
             framework=FRAMEWORK,
             description=f"{name}, torchvision's layout and state_dict keys",
         )
-    for name, patch in VITS.items():
+    for name, schema in (
+        ("vit_b_16", ViTConfig),
+        ("vit_l_16", ViTConfig),
+        ("vit_h_14", ViTConfig),
+        ("swin_t", SwinTConfig),
+        ("swin_b", SwinBConfig),
+    ):
         yield ddlkit.Registration(
             name,
-            _vit(name),
-            config=ViTConfig,
+            _transformer(name),
+            config=schema,
             framework=FRAMEWORK,
-            description=f"{name}, {patch} px patches; torchvision's layout and state_dict keys",
+            description=f"{name}, {PATCH_SIZES[name]} px patches; torchvision's layout and state_dict keys",
         )
     yield ddlkit.Registration(
         "custom",

@@ -34,12 +34,12 @@ def ddlkit_optimizers() -> Iterator[ddlkit.Registration]:
 
 @ddlkit.hookimpl
 def ddlkit_configure(config: Any) -> None:
-    # a ViT's image size, checked in the launcher when the data's config states it (the rank
-    # checks it again against what the data source reports)
-    if config.framework.name == "pytorch" and config.model.name in components.VITS:
+    # a transformer's image size, checked in the launcher when the data's config states it (the
+    # rank checks it again against what the data source reports)
+    if config.framework.name == "pytorch" and config.model.name in components.PATCH_SIZES:
         image_size = config.data.get("image_size")
         if isinstance(image_size, int):
-            components.check_vit_image_size(config.model.name, image_size)
+            components.check_image_size(config.model.name, image_size)
 
 
 @ddlkit.hookimpl

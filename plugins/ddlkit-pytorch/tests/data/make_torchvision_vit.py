@@ -1,9 +1,11 @@
-"""Writes ``torchvision_vit.json``, what ``test_vit.py`` holds ``ddlkit_pytorch.vit`` to, from
-torchvision's own ViT code. Run once, by hand; no test imports this file or torchvision.
+"""Writes ``torchvision_vit.json``, what ``test_vit.py`` and ``test_swin.py`` hold
+``ddlkit_pytorch.vit`` and ``ddlkit_pytorch.swin`` to, from torchvision's own ViT and Swin code.
+Run once, by hand; no test imports this file or torchvision.
 
 torchvision's wheels do not load against the CPU torch here (their compiled ops fail to
-register), so this loads only its pure-Python ``models/vision_transformer.py`` and
-``ops/misc.py``, with the packages around them replaced by empty modules::
+register), so this loads only its pure-Python ``models/vision_transformer.py``,
+``models/swin_transformer.py``, ``ops/misc.py`` and ``ops/stochastic_depth.py``, with the
+packages around them replaced by empty modules::
 
     pip download --no-deps torchvision==0.28.0 -d /tmp/tv && unzip -q /tmp/tv/*.whl -d /tmp/tvsite
     python tests/data/make_torchvision_vit.py /tmp/tvsite/torchvision
@@ -25,6 +27,19 @@ import torch
 OUT = Path(__file__).with_name("torchvision_vit.json")
 NAMES = ("vit_b_16", "vit_l_16", "vit_h_14")
 #: entries (beyond encoder_layer_0's) whose shapes the fixture keeps for every model
+SWINS = ("swin_t", "swin_b")
+SWIN_SPOT = {
+    "swin_t": ("features.0.0.weight", "features.5.5.attn.qkv.weight", "head.weight"),
+    "swin_b": (
+        "features.0.0.weight",
+        "features.5.17.attn.relative_position_bias_table",
+        "features.5.17.attn.relative_position_index",
+        "features.6.reduction.weight",
+        "features.7.1.mlp.3.weight",
+        "norm.weight",
+        "head.weight",
+    ),
+}
 SPOT = ("conv_proj.weight", "class_token", "encoder.pos_embedding", "encoder.ln.weight", "heads.head.weight")
 
 
@@ -49,8 +64,9 @@ def _load(name: str, path: Path) -> types.ModuleType:
     return module
 
 
-def torchvision_vit(root: Path) -> types.ModuleType:
-    """``torchvision.models.vision_transformer`` from the unpacked package at ``root``."""
+def torchvision_models(root: Path) -> tuple[types.ModuleType, types.ModuleType]:
+    """``torchvision.models.vision_transformer`` and ``swin_transformer`` from the unpacked package
+    at ``root``."""
     for sub in ("", ".models", ".ops", ".transforms"):
         _package(f"torchvision{sub}", root / sub.lstrip(".").replace(".", "/"))
     presets = types.ModuleType("torchvision.transforms._presets")  # only named in the weights' metadata
@@ -58,7 +74,11 @@ def torchvision_vit(root: Path) -> types.ModuleType:
     presets.InterpolationMode = _InterpolationMode  # type: ignore[attr-defined]
     sys.modules[presets.__name__] = presets
     _load("torchvision.ops.misc", root / "ops" / "misc.py")
-    return _load("torchvision.models.vision_transformer", root / "models" / "vision_transformer.py")
+    _load("torchvision.ops.stochastic_depth", root / "ops" / "stochastic_depth.py")
+    return (
+        _load("torchvision.models.vision_transformer", root / "models" / "vision_transformer.py"),
+        _load("torchvision.models.swin_transformer", root / "models" / "swin_transformer.py"),
+    )
 
 
 def _version(root: Path) -> str:
@@ -97,8 +117,32 @@ def reference_numerics(build: Any) -> dict[str, Any]:
     }
 
 
+def swin_numerics(build: Any) -> dict[str, Any]:
+    """What ``build(num_classes=10)`` computes at 32 px from seed 0: logits in training (stochastic
+    depth drawn from seed 3) and in evaluation, and one gradient."""
+    torch.manual_seed(0)
+    model = build(num_classes=10)
+    images = torch.randn(2, 3, 32, 32, generator=torch.Generator().manual_seed(2))
+    model.train()
+    torch.manual_seed(3)
+    train_logits = model(images)
+    torch.nn.functional.cross_entropy(train_logits, torch.tensor([3, 7])).backward()
+    model.eval()
+    with torch.no_grad():
+        eval_logits = model(images)
+    return {
+        "seed": 0,
+        "images_seed": 2,
+        "stochastic_depth_seed": 3,
+        "labels": [3, 7],
+        "train_logits": train_logits.tolist(),
+        "eval_logits": eval_logits.tolist(),
+        "patch_embed_grad_norm": model.features[0][0].weight.grad.norm().item(),
+    }
+
+
 def main(root: Path) -> None:
-    vit = torchvision_vit(root)
+    vit, swin = torchvision_models(root)
     models: dict[str, Any] = {}
     for name in NAMES:
         with torch.device("meta"):  # shapes only: no memory, no time
@@ -113,14 +157,28 @@ def main(root: Path) -> None:
             "layer_0": [(k, s) for k, s in entries if k.startswith("encoder.layers.encoder_layer_0.")],
             "spot": {k: shapes[k] for k in SPOT},
         }
+    for name in SWINS:
+        with torch.device("meta"):
+            model = getattr(swin, name)()
+        entries = layout(model)
+        shapes = dict(entries)
+        models[name] = {
+            "num_params": sum(p.numel() for p in model.parameters()),
+            "num_entries": len(entries),
+            "spot": {k: shapes[k] for k in SWIN_SPOT[name]},
+        }
     with torch.device("meta"):
         b16 = vit.vit_b_16()
+        swin_t = swin.swin_t()
     fixture = {
-        "source": f"torchvision {_version(root)} models/vision_transformer.py (tests/data/make_torchvision_vit.py)",
+        "source": f"torchvision {_version(root)} models/vision_transformer.py, models/swin_transformer.py "
+        "(tests/data/make_torchvision_vit.py)",
         "torch": torch.__version__,
         "models": models,
         "vit_b_16_224_state_dict": layout(b16),
         "vit_b_16_32px_numerics": reference_numerics(vit.vit_b_16),
+        "swin_t_state_dict": layout(swin_t),
+        "swin_t_32px_numerics": swin_numerics(swin.swin_t),
     }
     text = json.dumps(fixture, indent=1)
     # one state_dict entry, one list of numbers, per line
