@@ -31,18 +31,32 @@ def atomic_path(final: Path, *, directory: bool = False) -> Iterator[Path]:
         target.mkdir()
     try:
         yield target
-        _fsync_tree(target)
-        if final.is_dir():  # a directory cannot be os.replace'd over: swap it out first
-            old = final.with_name(f".{final.name}.old")
-            shutil.rmtree(old, ignore_errors=True)
-            os.replace(final, old)
-            os.replace(target, final)
-            shutil.rmtree(old, ignore_errors=True)
-        else:
-            os.replace(target, final)
-        _fsync_dir(final.parent)
+        put_in_place(target, final)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+def temporary_sibling(final: Path, tag: str) -> Path:
+    """A temporary path for ``final`` that every process computes alike (``tag`` tells writers
+    apart), inside a directory that :func:`ddlkit.checkpoint.remove_stale` recognises as an
+    interrupted write's: for several processes writing one directory together."""
+    final = Path(final)
+    return final.parent / f".{final.name}.{tag}.tmp" / final.name
+
+
+def put_in_place(written: Path, final: Path) -> None:
+    """Make the file or directory ``written`` (complete) ``final``: fsync it, rename it over
+    ``final`` (a directory is swapped out first: it cannot be renamed over), fsync the directory."""
+    _fsync_tree(written)
+    if final.is_dir():
+        old = final.with_name(f".{final.name}.old")
+        shutil.rmtree(old, ignore_errors=True)
+        os.replace(final, old)
+        os.replace(written, final)
+        shutil.rmtree(old, ignore_errors=True)
+    else:
+        os.replace(written, final)
+    _fsync_dir(final.parent)
 
 
 def write_text(path: Path, text: str) -> None:

@@ -36,8 +36,10 @@ EXPERIMENTS_DIR = "experiments"
 #: the user's own config directory beside their code (relative to the working directory), searched
 #: like ``--config-dir``: presets (``conf/compute/mycluster.yaml``) and experiments (``conf/experiment/``)
 USER_CONF_DIR = "conf"
-#: dist.backend: one process (none), the framework's own collectives (native), or Horovod
-BACKENDS = ("none", "native", "horovod")
+#: dist.backend: one process (none), the framework's own collectives (native), Horovod, or the
+#: framework's sharded data parallelism (fsdp: parameters, gradients and optimizer state split over
+#: the ranks; frameworks say which they train with, ``Framework.backends``)
+BACKENDS = ("none", "native", "horovod", "fsdp")
 
 
 class Precision(enum.StrEnum):
@@ -215,7 +217,8 @@ class CodeConfig:
 @dataclass
 class DistConfig:
     # none: one process; native: the framework's collectives (torch.distributed, tf.distribute);
-    # horovod: Horovod (scripts/install_horovod.sh)
+    # horovod: Horovod (scripts/install_horovod.sh); fsdp: PyTorch's fully sharded data parallelism
+    # (each rank holds 1/N of the parameters, gradients and optimizer state; sharded checkpoints)
     backend: str = checked("none", one_of(BACKENDS))
     # seconds a rank waits in a collective for the slowest rank before the job fails (at most
     # 2147483: gloo and NCCL count it in milliseconds in 32 bits, about 24.8 days)

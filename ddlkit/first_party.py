@@ -17,6 +17,8 @@ __all__ = ["PLUGINS", "Provider", "install_hint", "providers"]
 #: the models (the ResNets, and model=custom) and the optimizers every framework plugin registers
 _MODELS = ("custom", "resnet18", "resnet34", "resnet50", "resnet101", "resnet152")
 _OPTIMIZERS = ("adamw", "lamb", "lars", "sgd")
+#: the Vision Transformers, PyTorch's alone
+_TRANSFORMERS = ("vit_b_16", "vit_l_16", "vit_h_14", "swin_t", "swin_b")
 
 
 @dataclass(frozen=True)
@@ -39,15 +41,19 @@ class Provider:
         return True
 
 
-def _framework(name: str) -> tuple[tuple[str, str], ...]:
-    return (("framework", name), *(("model", m) for m in _MODELS), *(("optimizer", o) for o in _OPTIMIZERS))
+def _framework(name: str, *models: str) -> tuple[tuple[str, str], ...]:
+    return (
+        ("framework", name),
+        *(("model", m) for m in (*_MODELS, *models)),
+        *(("optimizer", o) for o in _OPTIMIZERS),
+    )
 
 
 PLUGINS: tuple[Provider, ...] = (
     Provider(
         "ddlkit-pytorch",
         "pip install -e ./plugins/ddlkit-pytorch",
-        _framework("pytorch"),
+        _framework("pytorch", *_TRANSFORMERS),
         needs="the torch build for your machine first (the install page says which)",
     ),
     Provider(

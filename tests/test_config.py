@@ -59,7 +59,7 @@ def test_every_option_of_every_group_composes_and_validates(pm: DdlkitPluginMana
         "model": ["resnet101", "resnet152", "resnet18", "resnet34", "resnet50", "softmax"],
         "optimizer": ["sgd"],
         "trainer": ["default"],
-        "dist": ["horovod", "native", "none"],
+        "dist": ["fsdp", "horovod", "native", "none"],
     }
     for group, names in options.items():
         for name in names:
@@ -139,7 +139,7 @@ def test_wrong_values_fail_when_composing(pm: DdlkitPluginManager, override: str
         ("optimizer.momentum=1", "optimizer.momentum=1.0 is invalid: it must be in [0, 1)."),
         ("optimizer.label_smoothing=1.5", "optimizer.label_smoothing=1.5 is invalid: it must be in [0, 1)."),
         ("optimizer.name=adam", "unknown optimizer 'adam' (config key `optimizer`). Choose one of: sgd."),
-        ("dist.backend=mpi", "dist.backend=mpi is invalid: it must be one of: none, native, horovod."),
+        ("dist.backend=mpi", "dist.backend=mpi is invalid: it must be one of: none, native, horovod, fsdp."),
         ("dist.timeout_s=0", "dist.timeout_s=0.0 is invalid: it must be positive and at most 2147483 (seconds)."),
         ("dist.stop_check_every=0", "dist.stop_check_every=0 is invalid: it must be a positive integer."),
         ("data.image_size=0", "data.image_size=0 is invalid: it must be >= 1."),

@@ -47,6 +47,9 @@ class Framework(ABC):
     #: whether ddlkit's release images (``docker/Dockerfile``, built by ``scripts/build_images.sh``)
     #: exist for this framework: remote targets then default ``compute.image`` to one of them
     release_image: ClassVar[bool] = False
+    #: the ``dist.backend`` values this framework trains with; another is refused in the launcher
+    #: with one line naming these
+    backends: ClassVar[tuple[str, ...]] = ("none", "native", "horovod")
 
     def __init__(self, cfg: Any) -> None:
         self.cfg = cfg

@@ -203,9 +203,14 @@ class RunContext(Protocol):
     def loaders(self) -> tuple[Loader, Loader | None]:
         """This rank's ``(train, val)`` loaders; ``val`` is None when ``trainer.validate`` is off."""
 
-    def checkpointing(self, save: SaveFn, load: LoadFn, snapshot: SnapshotFn | None = None) -> RunState:
+    def checkpointing(
+        self, save: SaveFn, load: LoadFn, snapshot: SnapshotFn | None = None, *, sharded: bool = False
+    ) -> RunState:
         """Register how the framework's state is saved and loaded (and, optionally, copied for a
-        write in the background), resume, and return where training starts."""
+        write in the background), resume, and return where training starts. ``sharded``: every
+        rank's ``save`` writes its part of the state into the same directory and returns once
+        every rank's part is written (a collective, as ``torch.distributed.checkpoint.save`` is);
+        rank 0 then completes the checkpoint."""
 
     def start(self) -> None:
         """Training starts now: the ``ddlkit_run_start`` hooks and the loggers (after :meth:`checkpointing`)."""

@@ -54,6 +54,8 @@ def validate(
     compute = compute or build_target(cfg, registry)
     _check_distributed(cfg, compute, registry)
     for component in _selected(cfg, registry, compute):
+        if isinstance(component, Framework):
+            _check_backend(cfg, component)
         component.configure(cfg)
         if isinstance(component, Framework) and compute.ranks_share_environment:
             component.check_environment(cfg)  # else the ranks check it where they run
@@ -62,6 +64,14 @@ def validate(
     # what no one component owns: checks across the config (user code importable, ...)
     pm.hook.ddlkit_configure(config=cfg)
     return container
+
+
+def _check_backend(cfg: DictConfig, framework: Framework) -> None:
+    """``dist.backend`` is one the selected framework trains with."""
+    backend = cfg.dist.backend
+    if backend not in framework.backends:
+        others = " or ".join(f"dist={b}" for b in framework.backends if b != "none")
+        raise ConfigError(f"framework={cfg.framework.name} does not train with dist={backend}: use {others}.")
 
 
 def _launch_relative(container: dict[str, Any], storage: StorageBackend) -> None:

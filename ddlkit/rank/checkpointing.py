@@ -1,6 +1,9 @@
 """The run's checkpoint files: rank 0 writes each one atomically with its manifest, moves the
 ``latest`` pointer and drops the oldest beyond ``trainer.keep_checkpoints``, keeps the best
-apart; a full disk is reported with what is still intact. Where the framework can copy its state
+apart; a full disk is reported with what is still intact. A sharded checkpoint (``dist=fsdp``)
+is a directory every rank writes its part of, into a temporary directory all ranks name alike;
+once the framework's collective save has returned, every part is there and rank 0 completes it
+as any other: manifest first, then the rename, then the pointer. Where the framework can copy its state
 (a ``snapshot``), a checkpoint in the middle of training is written in the background: the
 training thread pays for the copy only, and the write, its checksum and the fsync run on a thread
 while the next steps do (one write at a time; its error surfaces at the next step). The files a
@@ -20,7 +23,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from ..atomic import atomic_path
+from ..atomic import atomic_path, put_in_place, temporary_sibling
 from ..checkpoint import (
     BEST,
     CHECKPOINT_DIR,
@@ -52,8 +55,10 @@ class CheckpointKeeper:
         self.keep = keep
         #: trainer.checkpoint_checksum: what the manifests keep of each file
         self.checksum = checksum
-        #: whether this rank writes (rank 0)
+        #: whether this rank completes checkpoints and writes artifacts (rank 0)
         self.writer = writer
+        #: every rank writes its part of each checkpoint (Run.checkpointing(sharded=True))
+        self.sharded = False
         #: the framework's ``save``, from Run.checkpointing() on
         self.save: SaveFn | None = None
         #: the newest complete checkpoint of this job (the one resumed from, then each one written)
@@ -100,9 +105,10 @@ class CheckpointKeeper:
             ) from err
 
     def is_due(self, state: RunState) -> bool:
-        """Whether this rank writes a checkpoint of ``state`` now: it is the writer, the framework
-        said how, and no checkpoint holds this point yet."""
-        return self.save is not None and self.writer and self.saved_at != (state.step, state.epoch)
+        """Whether this rank writes a checkpoint of ``state`` now: it is the writer (or every rank
+        writes its part), the framework said how, and no checkpoint holds this point yet."""
+        writes = self.writer or self.sharded
+        return self.save is not None and writes and self.saved_at != (state.step, state.epoch)
 
     def holds(self, state: RunState) -> bool:
         """Whether the newest checkpoint is of ``state``."""
@@ -132,15 +138,43 @@ class CheckpointKeeper:
         def out_of_space(reason: str) -> RunError:
             return self._out_of_space(reason, step)
 
+        def manifest(tmp: Path) -> None:
+            # hashed from the bytes just written (still in the page cache), and in place before
+            # the checkpoint is: a checkpoint of this version always has its manifest with the
+            # run's position, which a run on another world size reads before it builds its
+            # loaders (ddlkit.resize), without the framework's load
+            write_manifest(path, {**build_manifest(tmp, self.checksum), "position": position(meta)})
+
+        if self.sharded:
+            self._write_sharded(path, write, manifest, out_of_space)
+            return
         with _explained_if_full(self.directory, out_of_space, only=OSError, slack=0):  # fsync, a rename, the pointer
             with atomic_path(path) as tmp:
                 with _explained_if_full(tmp.parent, out_of_space):
                     write(tmp)
-                    # hashed from the bytes just written (still in the page cache), and in place
-                    # before the checkpoint is: a checkpoint of this version always has its manifest
-                    # with the run's position, which a run on another world size reads before it
-                    # builds its loaders (ddlkit.resize), without the framework's load
-                    write_manifest(path, {**build_manifest(tmp, self.checksum), "position": position(meta)})
+                    manifest(tmp)
+            mark_latest(path, keep=self.keep)
+
+    def _write_sharded(
+        self,
+        path: Path,
+        write: Callable[[Path], None],
+        manifest: Callable[[Path], None],
+        out_of_space: Callable[[str], RunError],
+    ) -> None:
+        """Every rank writes its part into the temporary directory all ranks name alike; the
+        framework's ``write`` returns on each rank once all parts are written, and rank 0 then
+        completes the checkpoint. A rank whose part fails raises, and the job ends with the
+        previous checkpoint the latest (the next start removes the partial directory)."""
+        tmp = temporary_sibling(path, "shards")
+        with _explained_if_full(self.directory, out_of_space):
+            write(tmp)
+        if not self.writer:
+            return
+        with _explained_if_full(self.directory, out_of_space, only=OSError, slack=0):
+            manifest(tmp)
+            put_in_place(tmp, path)
+            tmp.parent.rmdir()
             mark_latest(path, keep=self.keep)
 
     def _written(self, path: Path, step: int) -> None:

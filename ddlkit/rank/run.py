@@ -217,15 +217,19 @@ class Run:
 
         return loader("train"), (loader("val") if t.validate else None)
 
-    def checkpointing(self, save: SaveFn, load: LoadFn, snapshot: SnapshotFn | None = None) -> RunState:
+    def checkpointing(
+        self, save: SaveFn, load: LoadFn, snapshot: SnapshotFn | None = None, *, sharded: bool = False
+    ) -> RunState:
         """Register how to write/read the framework's state, load ``resume_from`` if set, and
         return where training starts. ``save(path, meta)`` must write everything to ``path``
         (a file, or a directory it creates) and ``load(path)`` must return ``meta``. A framework
         that can copy its state cheaply also gives ``snapshot(meta)``, which returns a writer of
         that copy: checkpoints in the middle of training are then written in the background
-        (``trainer.checkpoint_async``). From here on a SIGTERM checkpoints at the next step
-        boundary. Call :meth:`start` next."""
+        (``trainer.checkpoint_async``). ``sharded``: every rank writes its part of each checkpoint,
+        a directory (see :class:`~ddlkit.rank.checkpointing.CheckpointKeeper`). From here on a
+        SIGTERM checkpoints at the next step boundary. Call :meth:`start` next."""
         self.checkpoints.save = save
+        self.checkpoints.sharded = sharded
         if self.cfg.trainer.checkpoint_async:
             self.checkpoints.snapshot = snapshot
         self._stop_request.training = True
@@ -429,10 +433,10 @@ class Run:
 
     # ---------------------------------------------------------------- checkpoints
     def save_checkpoint(self, *, background: bool = False) -> None:
-        """Write a checkpoint of the current state (rank 0 only; no-op if already saved at this
-        point). With ``background``, only the copy of the state is taken now (where the framework
-        gave a ``snapshot``): ``ddlkit_checkpoint_saved`` then fires at a later step, once it is
-        complete."""
+        """Write a checkpoint of the current state (rank 0, or every rank its part of a sharded
+        one; no-op if already saved at this point). With ``background``, only the copy of the
+        state is taken now (where the framework gave a ``snapshot``): ``ddlkit_checkpoint_saved``
+        then fires at a later step, once it is complete."""
         if not self.checkpoints.is_due(self.state):
             return
         self.meter.pause()

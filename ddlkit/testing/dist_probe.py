@@ -74,8 +74,10 @@ def ddlkit_run_end(run: ddlkit.RunContext, status: str) -> None:
     model = getattr(run.framework, "model", None)
     if model is None:
         return
-    if hasattr(model, "state_dict"):  # torch
-        arrays = {k: v.detach().cpu().numpy() for k, v in model.state_dict().items()}
+    if hasattr(model, "state_dict"):  # torch; with dist=fsdp, this rank's shards
+        state = model.state_dict()
+        local = {k: v.to_local() if hasattr(v, "to_local") else v for k, v in state.items()}
+        arrays = {k: v.detach().cpu().numpy() for k, v in local.items()}
     else:  # keras
         arrays = {w.path: np.asarray(w) for w in model.weights}
     np.savez(run.job_dir / f"weights-rank-{run.dist.rank}.npz", **arrays)

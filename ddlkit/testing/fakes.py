@@ -15,6 +15,7 @@ neither torch nor TensorFlow, so tests of the core and of non-framework plugins 
 
 from __future__ import annotations
 
+import functools
 import io
 import json
 import os
@@ -26,6 +27,7 @@ from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING, Any
 
 from ..atomic import atomic_path
+from ..config import BACKENDS
 from ..errors import ConfigError
 from ..hookspecs import hookimpl
 from ..interfaces import ComputeTarget, Framework, Logger, StorageBackend
@@ -95,7 +97,14 @@ class FakeFramework(Framework):
     It drives :class:`ddlkit.Run` exactly as a real framework plugin does (schedule, step_end,
     validation_end, epoch_end, loaders, checkpointing, start, save_artifact), deterministically and in float64, so
     an interrupted and resumed run ends with weights identical to an uninterrupted one.
+
+    With ``dist=fsdp`` its checkpoints are sharded as a sharded framework's are: each rank writes
+    its rows of the weights into the checkpoint's directory and waits until every rank's part is
+    there (a file barrier: the collective), rank 0 adds the rest; loading reassembles the rows
+    from however many parts there are (another world size reshards).
     """
+
+    backends = BACKENDS
 
     def configure(self, config: DictConfig) -> None:
         if self.cfg.side < 1:
@@ -145,7 +154,7 @@ class FakeFramework(Framework):
 
         def snapshot(meta: dict[str, Any]) -> Callable[[Path], None]:
             # the arrays as they are at this step: the steps that follow replace them while the copy is written
-            arrays = {key: value.copy() for key, value in params.items()}
+            arrays = _copy(params)
             return lambda path: write(path, arrays, meta)
 
         def load(path: Path) -> dict[str, Any]:
@@ -155,7 +164,20 @@ class FakeFramework(Framework):
                 return json.loads(str(ckpt["meta"]))
 
         train_loader, val_loader = run.loaders()
-        run.checkpointing(save, load, snapshot)
+        sharded = run.cfg.dist.backend == "fsdp"
+        if sharded:
+            shards = _Shards(run.dist.rank, run.dist.world_size, run.cfg.dist.timeout_s)
+
+            def save(path: Path, meta: dict[str, Any]) -> None:
+                shards.write(path, params, meta)
+
+            def snapshot(meta: dict[str, Any]) -> Callable[[Path], None]:
+                return functools.partial(shards.write, arrays=_copy(params), meta=meta)
+
+            def load(path: Path) -> dict[str, Any]:
+                return shards.read(path, params)
+
+        run.checkpointing(save, load, snapshot, sharded=sharded)
         run.start()
 
         def evaluate() -> dict[str, float]:
@@ -306,6 +328,58 @@ def _save_npy(path: Path, array: np.ndarray) -> None:
 
     with open(path, "wb") as f:
         np.save(f, array)
+
+
+def _copy(arrays: dict[str, Any]) -> dict[str, Any]:
+    return {key: value.copy() for key, value in arrays.items()}
+
+
+@dataclass
+class _Shards:
+    """The fake framework's sharded checkpoints (dist=fsdp): rank r of n keeps rows r, r+n, ...
+    of each array in ``part-r.npz``; rank 0 also writes ``meta.json``."""
+
+    rank: int
+    world_size: int
+    timeout_s: float
+
+    def write(self, path: Path, arrays: dict[str, Any], meta: dict[str, Any]) -> None:
+        import numpy as np
+
+        path.mkdir(parents=True, exist_ok=True)
+        rows = {key: value[self.rank :: self.world_size] for key, value in arrays.items()}
+        with atomic_path(path / f"part-{self.rank}.npz") as tmp, open(tmp, "wb") as f:
+            np.savez(f, **rows)
+        if self.rank == 0:
+            with atomic_path(path / "meta.json") as tmp:
+                tmp.write_text(json.dumps({**meta, "parts": self.world_size}))
+        # the collective: every rank returns once all parts are there, rank 0 last (it completes
+        # the checkpoint, which moves the directory the others look into)
+        self._wait_for(path, "part-{}.npz")
+        (path / f"seen-{self.rank}").touch()
+        if self.rank == 0:
+            self._wait_for(path, "seen-{}")
+
+    def _wait_for(self, path: Path, name: str) -> None:
+        deadline = time.monotonic() + self.timeout_s
+        while not all((path / name.format(r)).exists() for r in range(self.world_size)):
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"not every rank wrote {name.format('N')} in {path} within {self.timeout_s:g} s")
+            time.sleep(0.05)
+
+    @staticmethod
+    def read(path: Path, arrays: dict[str, Any]) -> dict[str, Any]:
+        import numpy as np
+
+        meta = json.loads((path / "meta.json").read_text())
+        parts = meta.pop("parts")
+        for key, value in arrays.items():
+            full = np.empty_like(value)
+            for r in range(parts):
+                with np.load(path / f"part-{r}.npz", allow_pickle=False) as part:
+                    full[r::parts] = part[key]
+            arrays[key] = full
+        return meta
 
 
 # ---------------------------------------------------------------------------- storage=memory

@@ -46,7 +46,7 @@ class DistJobs:
         self.factory = RunFactory(base)
 
     def run(self, *overrides: str, job_dir: Path, timeout: float = 240.0) -> RunOutcome:
-        return self.factory(*overrides, job_dir=job_dir, env=probe_env(), timeout=timeout)
+        return self.factory(*overrides, job_dir=job_dir, env=probe_env(path=self.path), timeout=timeout)
 
     def start(
         self, *overrides: str, job_dir: Path, env: Mapping[str, str] | None = None, plugins: tuple[str, ...] = ()

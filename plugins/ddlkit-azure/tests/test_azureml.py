@@ -92,6 +92,7 @@ def test_azureml_is_registered_through_the_plugins_entry_point() -> None:
     [
         ("pytorch", "none", 1, 1, None),
         ("pytorch", "native", 2, 4, "PyTorch"),
+        ("pytorch", "fsdp", 2, 4, "PyTorch"),
         ("pytorch", "horovod", 2, 4, "Mpi"),
         ("tensorflow", "native", 4, 1, "Mpi"),
         ("keras", "native", 1, 2, "Mpi"),

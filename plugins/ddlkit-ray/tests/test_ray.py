@@ -160,6 +160,14 @@ def test_plan_on_the_command_line_needs_no_cluster(run_factory: RunFactory) -> N
     assert '"pip": ["einops"]' in more.stdout, more.output
 
 
+def test_sharded_training_over_nodes_that_share_no_disk_is_refused_in_the_plan(run_factory: RunFactory) -> None:
+    args = ("plan", "framework=fake", "compute=ray", "compute.address=http://nowhere.invalid:8265", "dist=fsdp")
+    run_factory.cli(*args, "compute.nodes=2").assert_one_line_error(
+        "compute=ray with compute.nodes=2 cannot train dist=fsdp", "dist=native, compute.nodes=1"
+    )
+    assert "ray job submit" in run_factory.cli(*args, "compute.nodes=1").assert_success().stdout
+
+
 @pytest.mark.parametrize(
     ("options", "fragment"),
     [

@@ -176,7 +176,7 @@ def place_snapshot() -> list[str]:
 def distribution_kind(target: AzureMLTarget) -> str | None:
     if target.world_size == 1:
         return None
-    if target.cfg.framework == "pytorch" and target.cfg.dist == "native":
+    if target.cfg.framework == "pytorch" and target.cfg.dist in ("native", "fsdp"):
         return "pytorch"
     return "mpi"
 

@@ -17,6 +17,15 @@ so that nothing else pulls another one.
   not load against the CPU torch build), and `model=custom`: any `torch.nn.Module` from
   `model.target=package.module:function`, with `model.loss` and `model.metrics` for other tasks
   ([Your own model](../../tutorials/your-own-model.md)).
+- **Vision Transformers**: `vit_b_16`, `vit_l_16`, `vit_h_14` (`ddlkit_pytorch.vit`) and `swin_t`,
+  `swin_b` (`ddlkit_pytorch.swin`), with torchvision's module tree, `state_dict` keys and
+  initialisation: from one seed they compute torchvision's logits. A ViT is built for the data's
+  `data.image_size`, which must be a multiple of its patch size (16, or 14 for ViT-H/14); a Swin
+  takes any size of at least one 4 px patch. Each transformer block is its own module
+  (`EncoderBlock`, `SwinTransformerBlock`): the unit `dist=fsdp` shards and
+  `framework.activation_checkpointing` recomputes. `+experiment=vit_b16_imagenet` is
+  torchvision's ViT-B/16 ImageNet recipe where ddlkit can express it; its comments list what it
+  leaves out (the cosine decay, mixup/cutmix, the weights' moving average).
 - **Optimizers**: `sgd` and `adamw` from `torch.optim`, `lamb` and `lars` from
   [pytorch-optimizer](https://pypi.org/project/pytorch-optimizer/) (torch has neither; a
   dependency of this plugin), with ddlkit's shared learning-rate schedule
@@ -41,8 +50,16 @@ so that nothing else pulls another one.
   torch: no gradient copies into the all-reduce buckets, one gradient-sized buffer less per rank)
   and `framework.ddp_static_graph`. `benchmarks/ddp_ab.py` compares them
   ([Performance](../../explanation/performance.md#ddlkits-ddp-is-torchs-ddp)).
+  `dist=fsdp` shards the parameters, gradients and optimizer state over the ranks with FSDP2
+  (`ddlkit_pytorch.sharded`), block by block (`framework.fsdp_blocks` names your own model's
+  blocks, `framework.fsdp_reshard_after_forward` trades memory for all-gathers), with sharded
+  checkpoints that load into any number of ranks; `framework.activation_checkpointing=true`
+  recomputes each block's activations (any `dist`)
+  ([Sharded training](../distributed.md#sharded-training-distfsdp)). With `dist=fsdp` the
+  `model` a `ddlkit_run_end` hook sees is the sharded module; `model.pt` holds the full weights.
 - **Checkpoints** hold model, optimizer, scaler and RNG state; they are written by ddlkit
-  (atomically, in the background) and loaded with `weights_only=True`. `trainer.save_model=true`
+  (atomically, in the background) and loaded with `weights_only=True` (with `dist=fsdp`, a
+  directory of shards: see above). `trainer.save_model=true`
   writes `model.pt`.
 
 ## On CUDA
@@ -79,7 +96,7 @@ import os
 import random
 import sys
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -127,6 +144,16 @@ class PytorchConfig:
     # the model uses the same parameters in every step (the ResNets do): DDP then skips its
     # per-step bookkeeping of which were used; leave it off for models with data-dependent branches
     ddp_static_graph: bool = False
+    # dist=fsdp: the module classes sharded each on its own (class names, or module.QualName);
+    # empty: the model family's blocks (the ResNets' BasicBlock/Bottleneck, the ViTs' EncoderBlock).
+    # Parameters outside them (stem, head) are sharded with the whole model
+    fsdp_blocks: list[str] = field(default_factory=list)
+    # dist=fsdp: free a block's gathered parameters after its forward pass and gather them again
+    # for its backward (the least memory); false keeps them until then (fewer all-gathers)
+    fsdp_reshard_after_forward: bool = True
+    # recompute each block's activations in the backward pass instead of keeping them from the
+    # forward (any dist; the blocks as for fsdp): less memory for about a third more compute
+    activation_checkpointing: bool = False
 
 
 #: how to get a Horovod that trains PyTorch, or what to use instead
@@ -153,6 +180,7 @@ def horovod_problem() -> str | None:
 class PytorchFramework(ddlkit.Framework):
     model_libraries = {"torch": "a PyTorch module"}
     release_image = True
+    backends = ("none", "native", "horovod", "fsdp")
     #: the trained model (the plain module, without DDP/compile wrappers) once :meth:`train` has
     #: returned, for ``ddlkit_run_end`` hooks that export or inspect it
     model: Any = None
@@ -172,6 +200,17 @@ class PytorchFramework(ddlkit.Framework):
                 "framework.device=cuda (or auto) on a machine with one, or data.decoder=auto."
             )
         threads.check(self.cfg.num_threads, "torch")
+        fsdp = config.dist.backend == "fsdp"
+        if fsdp and config.trainer.precision == "fp16":
+            raise ddlkit.ConfigError(
+                "dist=fsdp trains in fp32 or bf16 (its gradients are reduced in fp32), not "
+                "trainer.precision=fp16: use trainer.precision=bf16."
+            )
+        if not fsdp and self.cfg.fsdp_blocks:
+            raise ddlkit.ConfigError(
+                f"framework.fsdp_blocks applies to dist=fsdp, not dist={config.dist.backend}: add dist=fsdp "
+                "or leave it empty."
+            )
 
     def check_environment(self, config: DictConfig) -> None:
         if config.dist.backend == "horovod" and (problem := horovod_problem()):
@@ -254,6 +293,9 @@ class PytorchFramework(ddlkit.Framework):
         memory_format = torch.channels_last if self.cfg.channels_last else torch.contiguous_format
         model = model.to(device, memory_format=memory_format)
         run.phase(f"model built ({sum(p.numel() for p in model.parameters()) / 1e6:.3g}M parameters)")
+        replicas = Replicas(run, device)
+        model = self._blocks(run, model, replicas)
+        # after sharding: the optimizer steps each rank's shards (dist=fsdp)
         optimizer = run.build_optimizer(model.parameters(), **self._optimizer_kernel(run, device))
         # torch imports torch._dynamo when an optimizer is first used (~850 modules, 2.4 s on 2 shared
         # cores), in any training script: recorded apart from ddlkit's own start-up
@@ -277,7 +319,6 @@ class PytorchFramework(ddlkit.Framework):
                 "top1": _top_k(1),
                 **({"top5": _top_k(5)} if run.data.info.num_classes > 5 else {}),
             }
-        replicas = Replicas(run, device)
         optimizer = replicas.wrap_optimizer(model, optimizer, accumulate=run.accumulate)
         # DDP and Horovod start every replica from rank 0's weights: the ranks wait here for the slowest
         run.phase("replicas synchronized", say=False)
@@ -285,6 +326,8 @@ class PytorchFramework(ddlkit.Framework):
             # named by its index also where torch was given just "cuda" (the current GPU), as ddlkit.result says
             run.device = f"cuda:{torch.cuda.current_device() if device.index is None else device.index}"
             run.extra_result["device_name"] = torch.cuda.get_device_name(device)
+            # result.json's peak_memory_mib: this rank's peak allocated on its GPU, read once the run completed
+            run.device_peak_memory_mib = lambda: torch.cuda.max_memory_allocated(device) / 2**20
         else:
             run.device = str(device)
         return _Parts(
@@ -298,6 +341,31 @@ class PytorchFramework(ddlkit.Framework):
             metrics=metrics,
             classifier=not custom_loss,
         )
+
+    def _blocks(self, run: ddlkit.RunContext, model: Any, replicas: Replicas) -> Any:
+        """The model with its blocks' activations recomputed (framework.activation_checkpointing)
+        and sharded over the ranks (dist=fsdp)."""
+        from . import models, sharded, swin, vit
+
+        f = self.cfg
+        if not (f.activation_checkpointing or run.cfg.dist.backend == "fsdp"):
+            return model
+        units = sharded.shard_units(model, f.fsdp_blocks, models.BLOCKS + vit.BLOCKS + swin.BLOCKS)
+        if not units and run.dist.is_main:
+            what = "activation checkpointing recomputes" if f.activation_checkpointing else "dist=fsdp shards"
+            print(
+                f"ddlkit: warning: {what} per block, and this model has none of the built-in block classes: "
+                "the whole model is one unit. Name the classes of its blocks in framework.fsdp_blocks=[...].",
+                file=sys.stderr,
+                flush=True,
+            )
+        if f.activation_checkpointing:
+            sharded.checkpoint_activations(units)
+        if replicas.backend == "fsdp":
+            bf16 = str(run.cfg.trainer.precision) == "bf16"
+            model = replicas.shard(model, units, bf16=bf16, reshard_after_forward=f.fsdp_reshard_after_forward)
+            run.phase(f"model sharded over {run.dist.world_size} ranks ({len(units)} blocks)")
+        return model
 
     def _optimizer_kernel(self, run: ddlkit.RunContext, device: Any) -> dict[str, bool]:
         """The keyword that picks how optimizer=sgd|adamw step (framework.optimizer_kernel)."""
@@ -343,6 +411,15 @@ class PytorchFramework(ddlkit.Framework):
         from .staging import HostStaging
 
         device, model, optimizer, scaler = parts.device, parts.model, parts.optimizer, parts.scaler
+        if run.cfg.dist.backend == "fsdp":
+            # sharded at any world size, so that 2 ranks resume on 1 and back
+            from .sharded import ShardedCheckpoints
+
+            shards = ShardedCheckpoints(
+                model, optimizer, scaler, device=device, rank=run.dist.rank, group=parts.replicas.checkpoint_group
+            )
+            run.checkpointing(shards.save, shards.load, shards.snapshot, sharded=True)
+            return
 
         def state(meta: dict[str, Any]) -> dict[str, Any]:
             rng = {"torch": torch.get_rng_state(), "python": random.getstate()}
@@ -464,7 +541,9 @@ class PytorchFramework(ddlkit.Framework):
         if decoder := getattr(train_loader, "decoder", None):  # data=imagefolder: which decoder ran, and how often
             run.extra_result.update(decoder=decoder, **train_loader.decoded_counts)
         if t.save_model:
-            run.save_artifact("model.pt", lambda p: torch.save(model.state_dict(), p))
+            # a plain state dict, whatever the dist: gathered from the shards (every rank takes part)
+            weights = replicas.full_state_dict(model)
+            run.save_artifact("model.pt", lambda p: torch.save(weights, p))
         replicas.close()
         self.model = model
 
@@ -557,7 +636,9 @@ class Replicas:
       broadcasts rank 0's parameters (and BatchNorm buffers, at each forward) to the others;
     * ``horovod``: ``hvd.DistributedOptimizer`` averages gradients; rank 0's parameters (and,
       after a resume, its optimizer state) are broadcast before the first step. BatchNorm running
-      statistics stay per rank (rank 0's are the ones checkpointed), as in Horovod's own examples.
+      statistics stay per rank (rank 0's are the ones checkpointed), as in Horovod's own examples;
+    * ``fsdp``: ``torch.distributed`` as for native, the model sharded (:mod:`.sharded`): there
+      are no replicas, each rank holds its shards, gathered block by block as they are needed.
     """
 
     def __init__(self, run: ddlkit.RunContext, device: Any) -> None:
@@ -571,15 +652,21 @@ class Replicas:
             "static_graph": f.ddp_static_graph,
         }
         self.hvd: Any = None
-        if self.backend == "native":
+        #: dist=fsdp: the sharded model, and the process group its checkpoints are written over
+        self.root: Any = None
+        self.checkpoint_group: Any = None
+        self.world_size = run.dist.world_size
+        if self.backend in ("native", "fsdp"):
             from datetime import timedelta
 
-            init_process_group(
-                device,
-                rank=run.dist.rank,
-                world_size=run.dist.world_size,
-                timeout=timedelta(seconds=run.cfg.dist.timeout_s),
-            )
+            timeout = timedelta(seconds=run.cfg.dist.timeout_s)
+            init_process_group(device, rank=run.dist.rank, world_size=run.dist.world_size, timeout=timeout)
+            if self.backend == "fsdp":
+                import torch.distributed as tdist
+
+                # a group of its own: a checkpoint written in the background runs its collectives on
+                # a thread while training runs its own, which must not share a group
+                self.checkpoint_group = tdist.new_group(backend="gloo", timeout=timeout)
         elif self.backend == "horovod":
             import horovod.torch as hvd
 
@@ -600,6 +687,29 @@ class Replicas:
         return self.hvd.DistributedOptimizer(
             optimizer, named_parameters=model.named_parameters(), backward_passes_per_step=accumulate
         )
+
+    def shard(self, model: Any, units: list[Any], *, bf16: bool, reshard_after_forward: bool) -> Any:
+        """dist=fsdp: ``model`` sharded over the ranks, in place (before its optimizer is built)."""
+        from .sharded import shard
+
+        self.root = shard(
+            model,
+            units,
+            world_size=self.world_size,
+            device=self.device,
+            bf16=bf16,
+            reshard_after_forward=reshard_after_forward,
+        )
+        return self.root
+
+    def full_state_dict(self, model: Any) -> dict[str, Any]:
+        """The plain state dict of the trained model: gathered from the shards with dist=fsdp
+        (on every rank; rank 0 holds it), the replica's own otherwise."""
+        if self.root is None:
+            return model.state_dict()
+        from .sharded import full_state_dict
+
+        return full_state_dict(self.root)
 
     def wrap_model(self, model: Any, optimizer: Any) -> Any:
         """The module to train with; ``model`` itself stays the plain one (state_dict keys)."""
@@ -653,7 +763,11 @@ class Replicas:
     def accumulating(self, model: Any, *, last: bool) -> contextlib.AbstractContextManager:
         """Around a micro-batch's forward and backward pass: DDP's ``no_sync`` unless it is the
         step's last, so the ranks all-reduce once per optimizer step (Horovod counts the passes
-        itself: ``backward_passes_per_step``)."""
+        itself: ``backward_passes_per_step``; FSDP keeps the micro-batches' gradients unsharded
+        and reduce-scatters them in the last one's backward pass)."""
+        if self.root is not None:
+            self.root.set_requires_gradient_sync(last)
+            return contextlib.nullcontext()
         if last or self.backend != "native":
             return contextlib.nullcontext()
         return model.no_sync()
@@ -682,7 +796,7 @@ class Replicas:
         scaler.step(optimizer)
 
     def close(self) -> None:
-        if self.backend == "native":
+        if self.backend in ("native", "fsdp"):
             import torch.distributed as tdist
 
             tdist.destroy_process_group()

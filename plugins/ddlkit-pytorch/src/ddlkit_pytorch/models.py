@@ -27,7 +27,7 @@ from collections.abc import Callable, Sequence
 import torch
 from torch import Tensor, nn
 
-__all__ = ["BasicBlock", "Bottleneck", "ResNet", "MODELS", "build_model", "AutocastForward"]
+__all__ = ["BasicBlock", "Bottleneck", "ResNet", "BLOCKS", "MODELS", "build_model", "AutocastForward"]
 
 
 def _conv3x3(in_planes: int, out_planes: int, stride: int = 1) -> nn.Conv2d:
@@ -215,6 +215,9 @@ def resnet101(num_classes: int = 1000, zero_init_residual: bool = False) -> ResN
 def resnet152(num_classes: int = 1000, zero_init_residual: bool = False) -> ResNet:
     return ResNet(Bottleneck, [3, 8, 36, 3], num_classes, zero_init_residual)
 
+
+#: the blocks of these models: what dist=fsdp shards, and activation checkpointing recomputes, one by one
+BLOCKS: tuple[type[nn.Module], ...] = (BasicBlock, Bottleneck)
 
 MODELS: dict[str, Callable[..., nn.Module]] = {
     "resnet18": resnet18,

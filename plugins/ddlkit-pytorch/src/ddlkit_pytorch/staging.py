@@ -12,13 +12,16 @@ from __future__ import annotations
 from typing import Any
 
 import torch
+from torch.distributed.tensor import DTensor
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
 
 class HostStaging:
     """Copies of state dicts (any nesting of dicts, lists and tuples) with every tensor in
     host memory that this object owns; the other values are kept as they are (numbers,
-    strings, the RNG's tuples: nothing the training goes on to change in place)."""
+    strings, the RNG's tuples: nothing the training goes on to change in place). A sharded
+    tensor (``DTensor``, dist=fsdp) is copied as this rank's shard, and stays a DTensor of the
+    same layout."""
 
     def __init__(self) -> None:
         self._buffers: list[torch.Tensor | None] = []
@@ -34,11 +37,17 @@ class HostStaging:
             if not isinstance(leaf, torch.Tensor):
                 copied.append(leaf)
                 continue
+            local = leaf.to_local() if isinstance(leaf, DTensor) else leaf
             buffer = self._buffers[i]
-            if buffer is None or buffer.shape != leaf.shape or buffer.dtype != leaf.dtype:
-                buffer = torch.empty(leaf.shape, dtype=leaf.dtype, device="cpu", pin_memory=leaf.is_cuda)
+            if buffer is None or buffer.shape != local.shape or buffer.dtype != local.dtype:
+                buffer = torch.empty(local.shape, dtype=local.dtype, device="cpu", pin_memory=local.is_cuda)
                 self._buffers[i] = buffer
-            copied.append(buffer.copy_(leaf.detach()))
+            buffer.copy_(local.detach())
+            if isinstance(leaf, DTensor):
+                buffer = DTensor.from_local(
+                    buffer, leaf.device_mesh, leaf.placements, run_check=False, shape=leaf.shape, stride=leaf.stride()
+                )
+            copied.append(buffer)
         copy = tree_unflatten(copied, spec)
         _carry_metadata(state, copy)
         return copy

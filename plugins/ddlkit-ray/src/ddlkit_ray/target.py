@@ -669,6 +669,16 @@ class RayTarget(ddlkit.ComputeTarget):
         self.status_interval_s = float(cfg.poll_interval_s)
         self._jobs: Any = None
 
+    def configure(self, config: Any) -> None:
+        if config.dist.backend == "fsdp" and self.cfg.nodes > 1:
+            # each rank writes its shards of a checkpoint into its own node's copy of the job
+            # directory, and the driver brings back only rank 0's: no checkpoint would be whole
+            raise ddlkit.ConfigError(
+                f"compute=ray with compute.nodes={self.cfg.nodes} cannot train dist=fsdp: its sharded checkpoints "
+                "need a job directory every node shares, and Ray's nodes each have their own copy. Use "
+                "dist=native, compute.nodes=1, or a target whose nodes share a disk (compute=slurm, compute=mpi)."
+            )
+
     @property
     def jobs(self) -> Any:
         if self._jobs is None:
