@@ -166,7 +166,7 @@ class FakeFramework(Framework):
         train_loader, val_loader = run.loaders()
         sharded = run.cfg.dist.backend == "fsdp"
         if sharded:
-            shards = _Shards(run.dist.rank, run.dist.world_size, run.cfg.dist.timeout_s)
+            shards = _Shards(run.dist.rank, run.dist.world_size, run.cfg.dist.timeout_s, self.cfg.save_delay_s)
 
             def save(path: Path, meta: dict[str, Any]) -> None:
                 shards.write(path, params, meta)
@@ -342,11 +342,15 @@ class _Shards:
     rank: int
     world_size: int
     timeout_s: float
+    #: framework.save_delay_s: a slow disk
+    delay_s: float = 0.0
 
     def write(self, path: Path, arrays: dict[str, Any], meta: dict[str, Any]) -> None:
         import numpy as np
 
         path.mkdir(parents=True, exist_ok=True)
+        if self.delay_s:
+            time.sleep(self.delay_s)
         rows = {key: value[self.rank :: self.world_size] for key, value in arrays.items()}
         with atomic_path(path / f"part-{self.rank}.npz") as tmp, open(tmp, "wb") as f:
             np.savez(f, **rows)
