@@ -19,6 +19,7 @@ import ddlkit
 from ddlkit import JobSpec, JobState
 from ddlkit.testing import FAKES_MODULE, RunFactory, hold, interruptible, wait_for
 from ddlkit.testing.contracts import ComputeTargetContract
+from ddlkit.testing.core import latest_checkpoint, verify
 from ddlkit_slurm.rank import layout, tasks_per_node
 from ddlkit_slurm.target import EXIT_RECORD, SCRIPT, SlurmConfig, SlurmTarget
 
@@ -172,6 +173,34 @@ def test_plan_prints_the_batch_script(run_factory: RunFactory) -> None:
     assert "#SBATCH --partition=batch" in outcome.stdout and "#SBATCH --time=10:00" in outcome.stdout
     assert "#SBATCH --ntasks-per-node=2" in outcome.stdout and "sbatch --parsable" in outcome.stdout
     assert "srun" in outcome.stdout and "ddlkit.rank.worker job.json" in outcome.stdout
+
+
+@pytest.mark.slow
+def test_sharded_training_writes_whole_checkpoints_that_resume_on_fewer_ranks(
+    slurm_cluster: str, run_factory: RunFactory
+) -> None:
+    """dist=fsdp under srun: both ranks write their shards into the job directory on the shared
+    disk, and the checkpoint of 2 ranks resumes in a job of 1."""
+    pytest.importorskip("ddlkit_pytorch")
+    train = (
+        "framework=pytorch",
+        "model=resnet18",
+        "data.image_size=16",
+        "data.num_classes=10",
+        "trainer.validate=false",
+        "trainer.checkpoint_every=2",
+        "dist=fsdp",
+        "compute=slurm",
+        "compute.poll_interval_s=0.5",
+    )
+    first = run_factory(*train, "compute.procs_per_node=2", "trainer.batch_size=4", "trainer.max_steps=4", timeout=300)
+    first.assert_success()
+    checkpoint = latest_checkpoint(first.job_dir)
+    assert verify(checkpoint) is None and {"__0_0.distcp", "__1_0.distcp"} <= {p.name for p in checkpoint.iterdir()}
+    resumed = run_factory(
+        *train, "trainer.batch_size=8", "trainer.max_steps=6", job_dir=first.job_dir, timeout=300
+    ).assert_success()
+    assert (resumed.result["world_size"], resumed.result["resumed_from_step"], resumed.result["steps"]) == (1, 4, 6)
 
 
 # ---------------------------------------------------------------------------- the contract
@@ -689,7 +718,6 @@ def test_a_rank_killed_on_slurm_restarts_the_job_as_a_new_slurm_job(
     step 7; the launcher submits the job again (a new Slurm job, in the same job directory), which
     resumes from the checkpoint at step 4 and completes. The final checkpoint verifies, the steps add
     up, and `ddlkit jobs status` shows the resubmission."""
-    from ddlkit.testing.core import latest_checkpoint, verify
 
     outcome = run_factory(
         "framework=fake",
