@@ -53,9 +53,23 @@ def test_urls_absolute_paths_and_nfs_roots_are_left_as_they_are(launch_dir: Path
     from ddlkit.builtin.nfs_storage import NfsStorage, NfsStorageConfig
 
     # storage=nfs: a relative data.root is the share's, below storage.root on every node
-    assert NfsStorage(NfsStorageConfig(root="/mnt/nfs")).launch_relative("imagenet", launch_dir) == "imagenet"
+    nfs = NfsStorage(NfsStorageConfig(root="/mnt/nfs"))
+    assert nfs.launch_relative("imagenet", launch_dir) == "/mnt/nfs/imagenet"
+    assert nfs.launch_relative("/data/imagenet", launch_dir) == "/data/imagenet"
     storage = LocalStorage(LocalStorageConfig())
     for root in ("blob://datasets/imagenet", "file:///data/imagenet", "/data/imagenet"):
         assert storage.launch_relative(root, launch_dir) == root
     assert storage.launch_relative("~/imagenet", launch_dir) == "~/imagenet"
     assert storage.launch_relative("data/imagenet", launch_dir) == str(launch_dir / "data" / "imagenet")
+
+
+def test_a_relative_data_root_with_storage_nfs_is_read_below_the_share(launch_dir: Path) -> None:
+    """Issue 37, item 14: ``data.root=imgs storage=nfs`` failed with "data.root=imgs is not a
+    directory on this node": the image folder's index read the root as given, before the storage
+    put it below its mount point."""
+    share = launch_dir / "share"
+    share.mkdir()
+    (launch_dir / "imgs").rename(share / "imgs")
+    assert main([*IMAGES, "storage=nfs", f"storage.root={share}", "hydra.run.dir=runs/nfs"]) == 0
+    assert job_config(launch_dir / "runs" / "nfs")["data"]["root"] == str(share / "imgs")
+    assert json.loads((launch_dir / "runs" / "nfs" / "result.json").read_text())["steps"] == 2

@@ -55,7 +55,12 @@ class NfsStorage(LocalStorage, CheckpointPublisher):
         return self.root
 
     def launch_relative(self, root: str, launch_dir: Path) -> str:
-        return root  # a relative data.root is the share's, below storage.root on every node
+        # a relative data.root is the share's: below storage.root, the mount point every node has.
+        # Made absolute here, so that what lists the dataset before the storage reads it (the
+        # image folder's index, built with the run) finds it too
+        if is_url(root) or Path(root).expanduser().is_absolute():
+            return root
+        return str(self.root / root)
 
     def data_path(self, root: str) -> Path:
         if is_url(root):
