@@ -45,7 +45,8 @@ TRAIN = [
 ]
 TWO = ["compute=local_mpi", "compute.procs_per_node=2", "trainer.batch_size=8"]
 ONE = ["trainer.batch_size=16"]  # the same global batch
-FSDP = ["dist=fsdp", "framework.fsdp_blocks=[Block]"]
+BLOCKS = "framework.fsdp_blocks=[Block]"
+FSDP = ["dist=fsdp", BLOCKS]
 
 
 def losses(job_dir: Path) -> list[float]:
@@ -63,14 +64,26 @@ def jobs(tmp_path_factory: pytest.TempPathFactory) -> DistJobs:
 
 
 @pytest.mark.parametrize(
-    "more", [[], ["trainer.accumulate_batches=2", "trainer.clip_grad_norm=0.05"]], ids=["plain", "accumulate+clip"]
+    ("name", "more"),
+    [
+        ("plain", []),
+        # activations recomputed in the backward pass are the same activations: the same losses
+        (
+            "accumulate-clip-recompute",
+            [
+                "trainer.accumulate_batches=2",
+                "trainer.clip_grad_norm=0.05",
+                "framework.activation_checkpointing=true",
+                BLOCKS,
+            ],
+        ),
+    ],
 )
-def test_fsdp_trains_as_native_does(jobs: DistJobs, more: list[str]) -> None:
+def test_fsdp_trains_as_native_does(jobs: DistJobs, name: str, more: list[str]) -> None:
     """10 steps of the same model, seed and data: the same losses to 1e-5, and model.pt is the
     plain full state dict (the names of the unsharded model), equal to native's."""
-    name = "accumulate" if more else "plain"
     runs = {}
-    for dist in (["dist=native"], FSDP):
+    for dist in (["dist=native"], ["dist=fsdp"] if BLOCKS in more else FSDP):
         job_dir = jobs.base / f"{dist[0][5:]}-{name}"
         jobs.run(*TRAIN, *TWO, *dist, *more, "trainer.max_steps=10", job_dir=job_dir).assert_success()
         runs[dist[0]] = job_dir
@@ -96,19 +109,18 @@ def test_a_resume_on_as_many_ranks_is_bitwise(jobs: DistJobs) -> None:
     assert all(torch.equal(ours[k], theirs[k]) for k in theirs)
 
 
-@pytest.mark.parametrize(("before", "after"), [(TWO, ONE), (ONE, TWO)], ids=["2->1", "1->2"])
-def test_a_resume_on_another_world_size_reshards(jobs: DistJobs, before: list[str], after: list[str]) -> None:
-    """Steps 1-3 on one world size, 4-6 on the other: the same losses as native's resume of its
-    plain checkpoint, i.e. the model and the optimizer's state came back whole from the shards."""
+def test_a_resume_on_another_world_size_reshards(jobs: DistJobs) -> None:
+    """Steps 1-3 on 2 ranks, 4-6 on 1, 7-9 on 2 again: the same losses as native's resumes of its
+    plain checkpoints, i.e. the model and the optimizer's state came back whole from the shards."""
     out = {}
     for dist in (["dist=native"], FSDP):
-        job_dir = jobs.base / f"{dist[0][5:]}-{len(before)}-to-{len(after)}"
-        jobs.run(*TRAIN, *before, *dist, "trainer.max_steps=3", job_dir=job_dir).assert_success()
-        outcome = jobs.run(*TRAIN, *after, *dist, "trainer.max_steps=6", job_dir=job_dir).assert_success()
-        assert outcome.result["world_size"] == (2 if after is TWO else 1)
-        assert "resumed from" in outcome.stdout
+        job_dir = jobs.base / f"{dist[0][5:]}-2-1-2"
+        for ranks, steps in ((TWO, 3), (ONE, 6), (TWO, 9)):
+            outcome = jobs.run(*TRAIN, *ranks, *dist, f"trainer.max_steps={steps}", job_dir=job_dir).assert_success()
+            assert outcome.result["world_size"] == (2 if ranks is TWO else 1)
+        assert outcome.result["resumed_from_step"] == 6
         out[dist[0]] = losses(job_dir)
-    assert len(out["dist=fsdp"]) == 6 and out["dist=fsdp"] == pytest.approx(out["dist=native"], rel=1e-5)
+    assert len(out["dist=fsdp"]) == 9 and out["dist=fsdp"] == pytest.approx(out["dist=native"], rel=1e-5)
 
 
 def test_a_damaged_shard_falls_back_to_the_previous_checkpoint(jobs: DistJobs) -> None:
@@ -134,3 +146,32 @@ def test_tensorflow_and_keras_refuse_fsdp_in_one_line(run_factory: RunFactory, f
     run_factory(f"framework={framework}", "dist=fsdp", "trainer.max_steps=1").assert_one_line_error(
         f"framework={framework} does not train with dist=fsdp: use dist=native or dist=horovod."
     )
+
+
+def test_vit_l_16_trains_on_two_ranks_holding_half_the_model_state(jobs: DistJobs) -> None:
+    """ViT-L/16 (304 M parameters) with AdamW: replicated, each rank holds 16 bytes per parameter
+    of model state (4.5 GiB: weights, gradients, two moments); sharded over 2 ranks, half of that
+    (result.json's model_state_mib). The process's peak RSS also holds what is not model state
+    (the interpreter and torch, the full model built once before it is sharded, activations, the
+    allocator's slack): measured 3.6-4.4 GiB against 5.1 GiB, asserted loosely."""
+    vit = [
+        "framework=pytorch",
+        "model=vit_l_16",
+        "data.image_size=32",
+        "data.num_classes=10",
+        "optimizer=adamw",
+        "trainer.max_steps=2",
+        "trainer.validate=false",
+        "trainer.save_model=false",
+        "framework.num_threads=1",
+        *TWO,
+    ]
+    results = {}
+    for dist in ("native", "fsdp"):
+        outcome = jobs.run(*vit, f"dist={dist}", job_dir=jobs.base / f"vit-l-{dist}", timeout=900).assert_success()
+        results[dist] = outcome.result
+    state = {d: r["model_state_mib"] for d, r in results.items()}
+    peak = {d: r["peak_memory_mib"] for d, r in results.items()}
+    assert state["native"] == pytest.approx(304_326_632 * 16 / 2**20, rel=0.01), state
+    assert state["fsdp"] <= 0.51 * state["native"], state
+    assert peak["native"] > state["native"] and peak["fsdp"] < 0.9 * peak["native"], peak

@@ -70,7 +70,8 @@ cuBLAS product. A rank whose local GPU does not exist is refused by name. `frame
 with bf16 or fp16 compiles the autocast with the model (`ddlkit_pytorch.models.AutocastForward`):
 torch 2.11's compile cache ignores the dtype of an autocast *around* the compiled module, so an
 fp16 run after a bf16 one reused the bf16 graph. `result.json`'s `device` is `cuda:<index>` (or
-`cpu`); the plugin adds `device_name`, fp16's final `loss_scale`, and with `data=imagefolder`
+`cpu`); the plugin adds `device_name`, fp16's final `loss_scale`, `model_state_mib` (rank 0's
+parameters, gradients and optimizer state: its shards under `dist=fsdp`), and with `data=imagefolder`
 `decoder` (with `data.decoder=gpu`, `gpu_decoded_images` and `cpu_decoded_images`). Running on a
 GPU and what was measured there: [GPUs](../gpus.md).
 
@@ -144,8 +145,9 @@ class PytorchConfig:
     # the model uses the same parameters in every step (the ResNets do): DDP then skips its
     # per-step bookkeeping of which were used; leave it off for models with data-dependent branches
     ddp_static_graph: bool = False
-    # dist=fsdp: the module classes sharded each on its own (class names, or module.QualName);
-    # empty: the model family's blocks (the ResNets' BasicBlock/Bottleneck, the ViTs' EncoderBlock).
+    # the model's blocks: the module classes dist=fsdp shards each on its own and activation
+    # checkpointing recomputes (class names, or module.QualName); empty: the model family's blocks
+    # (the ResNets' BasicBlock/Bottleneck, the ViTs' EncoderBlock, the Swins' SwinTransformerBlock).
     # Parameters outside them (stem, head) are sharded with the whole model
     fsdp_blocks: list[str] = field(default_factory=list)
     # dist=fsdp: free a block's gathered parameters after its forward pass and gather them again
@@ -206,10 +208,11 @@ class PytorchFramework(ddlkit.Framework):
                 "dist=fsdp trains in fp32 or bf16 (its gradients are reduced in fp32), not "
                 "trainer.precision=fp16: use trainer.precision=bf16."
             )
-        if not fsdp and self.cfg.fsdp_blocks:
+        if self.cfg.fsdp_blocks and not (fsdp or self.cfg.activation_checkpointing):
             raise ddlkit.ConfigError(
-                f"framework.fsdp_blocks applies to dist=fsdp, not dist={config.dist.backend}: add dist=fsdp "
-                "or leave it empty."
+                f"framework.fsdp_blocks names the blocks dist=fsdp shards and activation checkpointing "
+                f"recomputes, and this run has neither (dist={config.dist.backend}): add dist=fsdp or "
+                "framework.activation_checkpointing=true, or leave it empty."
             )
 
     def check_environment(self, config: DictConfig) -> None:
@@ -538,6 +541,7 @@ class PytorchFramework(ddlkit.Framework):
         run.train_epochs(run.step_batches(train_loader.iter_epoch), step, evaluate if val_loader is not None else None)
         if scaler.is_enabled():
             run.extra_result["loss_scale"] = scaler.get_scale()
+        run.extra_result["model_state_mib"] = round(_state_bytes(parameters, optimizer) / 2**20, 1)
         if decoder := getattr(train_loader, "decoder", None):  # data=imagefolder: which decoder ran, and how often
             run.extra_result.update(decoder=decoder, **train_loader.decoded_counts)
         if t.save_model:
@@ -572,6 +576,19 @@ class _Parts:
         import torch
 
         return torch.autocast(self.device.type, dtype=self.autocast_dtype)
+
+
+def _state_bytes(parameters: list[Any], optimizer: Any) -> int:
+    """What rank 0 holds of the model's state: its parameters, their gradients and the optimizer's
+    state (this rank's shards under dist=fsdp), in bytes."""
+
+    def nbytes(t: Any) -> int:
+        local = t.to_local() if hasattr(t, "to_local") else t
+        return local.numel() * local.element_size()
+
+    tensors = [*parameters, *(p.grad for p in parameters if p.grad is not None)]
+    tensors += [v for state in optimizer.state.values() for v in state.values() if hasattr(v, "numel")]
+    return sum(nbytes(t) for t in tensors)
 
 
 def _top_k(k: int) -> Any:
