@@ -85,23 +85,7 @@ def shard(
     for unit in units:
         fully_shard(unit, **options)
     fully_shard(model, **options)
-    _return_freed_memory()
     return model
-
-
-def _return_freed_memory() -> None:
-    """Give the memory of the full parameters that sharding freed back to the system. glibc keeps
-    freed heap memory for later allocations, but the gradients' and the optimizer's shards,
-    allocated later in other sizes, mostly do not fit the holes: without this a rank kept the
-    whole model's size (1.2 GB for ViT-L/16) on top of its shards."""
-    import ctypes
-    import ctypes.util
-    import gc
-
-    gc.collect()
-    libc = ctypes.util.find_library("c")
-    if libc is not None and hasattr(trim := ctypes.CDLL(libc), "malloc_trim"):  # glibc
-        trim.malloc_trim(0)
 
 
 def full_state_dict(model: nn.Module) -> dict[str, Any]:
