@@ -19,5 +19,7 @@ class TestPytorchFramework(FrameworkContract):
     model_file = "model.pt"
     # device_name on a GPU; loss_scale with fp16; with data=imagefolder the decoder and, with
     # data.decoder=gpu, how many images the GPU and the CPU decoded
-    extra_result_keys = frozenset({"device_name", "loss_scale", "decoder", "gpu_decoded_images", "cpu_decoded_images"})
+    extra_result_keys = frozenset(
+        {"device_name", "loss_scale", "model_state_mib", "decoder", "gpu_decoded_images", "cpu_decoded_images"}
+    )
     overrides = (*FrameworkContract.overrides, "model=resnet18", "framework.num_threads=1")
