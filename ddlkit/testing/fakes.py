@@ -15,7 +15,6 @@ neither torch nor TensorFlow, so tests of the core and of non-framework plugins 
 
 from __future__ import annotations
 
-import functools
 import io
 import json
 import os
@@ -172,7 +171,8 @@ class FakeFramework(Framework):
                 shards.write(path, params, meta)
 
             def snapshot(meta: dict[str, Any]) -> Callable[[Path], None]:
-                return functools.partial(shards.write, arrays=_copy(params), meta=meta)
+                arrays = _copy(params)  # as they are at this step
+                return lambda path: shards.write(path, arrays, meta)
 
             def load(path: Path) -> dict[str, Any]:
                 return shards.read(path, params)

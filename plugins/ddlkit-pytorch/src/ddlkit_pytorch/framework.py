@@ -425,14 +425,11 @@ class PytorchFramework(ddlkit.Framework):
             return
 
         def state(meta: dict[str, Any]) -> dict[str, Any]:
-            rng = {"torch": torch.get_rng_state(), "python": random.getstate()}
-            if device.type == "cuda":
-                rng["cuda"] = torch.cuda.get_rng_state(device)
             return {
                 "model": model.state_dict(),
                 "optimizer": optimizer.state_dict(),
                 "scaler": scaler.state_dict(),
-                "rng": rng,
+                "rng": random_state(device),
                 "meta": meta,
             }
 
@@ -459,10 +456,7 @@ class PytorchFramework(ddlkit.Framework):
             model.load_state_dict(ckpt["model"])
             optimizer.load_state_dict(ckpt["optimizer"])
             scaler.load_state_dict(ckpt["scaler"])
-            torch.set_rng_state(ckpt["rng"]["torch"].cpu())
-            random.setstate(_as_random_state(ckpt["rng"]["python"]))
-            if "cuda" in ckpt["rng"] and device.type == "cuda":
-                torch.cuda.set_rng_state(ckpt["rng"]["cuda"].cpu(), device)
+            set_random_state(ckpt["rng"], device)
             return ckpt["meta"]
 
         run.checkpointing(save, load, snapshot)
@@ -835,7 +829,23 @@ def init_process_group(device: Any, *, rank: int, world_size: int, timeout: Any)
         tdist.init_process_group("gloo", rank=rank, world_size=world_size, timeout=timeout)
 
 
-def _as_random_state(state: Any) -> tuple:
-    """torch.load gives lists back where random.getstate() had tuples."""
-    version, internal, gauss = state
-    return (version, tuple(internal), gauss)
+def random_state(device: Any) -> dict[str, Any]:
+    """The random state a checkpoint keeps: torch's, Python's, and the GPU's on CUDA."""
+    import torch
+
+    rng = {"torch": torch.get_rng_state(), "python": random.getstate()}
+    if device.type == "cuda":
+        rng["cuda"] = torch.cuda.get_rng_state(device)
+    return rng
+
+
+def set_random_state(rng: dict[str, Any], device: Any) -> None:
+    """Take up the :func:`random_state` a checkpoint kept."""
+    import torch
+
+    torch.set_rng_state(rng["torch"].cpu())
+    # torch.load gives lists back where random.getstate() had tuples
+    version, internal, gauss = rng["python"]
+    random.setstate((version, tuple(internal), gauss))
+    if "cuda" in rng and device.type == "cuda":
+        torch.cuda.set_rng_state(rng["cuda"].cpu(), device)

@@ -22,7 +22,6 @@ of two threads must not share a group).
 
 from __future__ import annotations
 
-import random
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
@@ -32,6 +31,7 @@ from torch import nn
 
 import ddlkit
 
+from .framework import random_state, set_random_state
 from .staging import HostStaging
 
 #: rank 0's file in a sharded checkpoint: what is not a tensor of the model or the optimizer
@@ -114,10 +114,7 @@ class ShardedCheckpoints:
         return {"model": model_state, "optimizer": optimizer_state}
 
     def _extra(self, meta: dict[str, Any]) -> dict[str, Any]:
-        rng = {"torch": torch.get_rng_state(), "python": random.getstate()}
-        if self.device.type == "cuda":
-            rng["cuda"] = torch.cuda.get_rng_state(self.device)
-        return {"scaler": self.scaler.state_dict(), "rng": rng, "meta": meta}
+        return {"scaler": self.scaler.state_dict(), "rng": random_state(self.device), "meta": meta}
 
     def _write(self, path: Path, state: dict[str, Any], extra: dict[str, Any]) -> None:
         import torch.distributed.checkpoint as dcp
@@ -140,15 +137,10 @@ class ShardedCheckpoints:
         import torch.distributed.checkpoint as dcp
         from torch.distributed.checkpoint.state_dict import set_state_dict
 
-        from .framework import _as_random_state
-
         state = self._state()  # what to load into: this run's shapes and shards
         dcp.load(state, storage_reader=dcp.FileSystemReader(path), process_group=self.group)
         set_state_dict(self.model, self.optimizer, model_state_dict=state["model"], optim_state_dict=state["optimizer"])
         extra = torch.load(path / EXTRA_FILE, map_location="cpu", weights_only=True)
         self.scaler.load_state_dict(extra["scaler"])
-        torch.set_rng_state(extra["rng"]["torch"])
-        random.setstate(_as_random_state(extra["rng"]["python"]))
-        if "cuda" in extra["rng"] and self.device.type == "cuda":
-            torch.cuda.set_rng_state(extra["rng"]["cuda"], self.device)
+        set_random_state(extra["rng"], self.device)
         return extra["meta"]
