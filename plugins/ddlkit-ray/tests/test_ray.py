@@ -498,7 +498,42 @@ def test_a_resume_brings_the_checkpoints_when_the_cluster_no_longer_keeps_them(
         shutil.rmtree(directory)
     resumed = run_factory(*ray_args(ray_cluster.address), job_dir=job_dir, timeout=300).assert_success()
     assert (resumed.result["resumed_from_step"] or 0) >= 10, resumed.output
-    assert resumed.result["restarts"] == 0, resumed.output
+    assert json.loads((job_dir / "ray-job.json").read_text())["kept_on_cluster"] is False
+    if resumed.result["restarts"]:
+        # the launcher still found the kept files' mark when it asked, and the driver found them gone:
+        # the driver ends at once, keeping nothing, and the restart brings the checkpoints along
+        assert resumed.result["restarts"] == 1, resumed.output
+        assert "the files the job's last run kept on this node are gone" in resumed.output
+
+
+def test_a_driver_that_finds_the_kept_files_gone_keeps_nothing_and_the_restart_brings_the_checkpoints(
+    ray_cluster, run_factory: RunFactory, tmp_path: Path
+) -> None:
+    """The launcher finds the kept files' mark, and the driver does not find them on its node (they
+    went between the two looks; here: they are on another node than the driver's): the driver ends
+    at once, without a mark that would say its empty directory is the job's, and the restart brings
+    the checkpoints from the launcher."""
+    if not hasattr(ray_cluster, "temp_dir"):
+        pytest.skip("the cluster's log directories are not on this machine")
+    job_dir = tmp_path / "cancelled"
+    run_factory.cli(
+        "--detach", "framework=fake", *ray_args(ray_cluster.address), *SLOW, f"hydra.run.dir={job_dir}"
+    ).assert_success()
+    follow_until(ray_cluster.address, job_dir, "step 10/")
+    run_factory.cli("jobs", "cancel", str(job_dir), timeout=180).assert_success()
+    key = (job_dir / ".ddlkit/ray-key").read_text().strip()
+    exit_record = job_dir / ".ddlkit/ray-exit.json"
+    record = json.loads(exit_record.read_text())
+    head, worker = ray_cluster.node_ids()
+    assert record["kept"]["node_id"] == head, record  # the driver runs on the head node
+    (kept,) = {p.resolve() for p in Path(ray_cluster.temp_dir).glob(f"session_*/logs/ddlkit/kept/{key}")}
+    (worker_logs,) = {p.resolve() for p in Path(ray_cluster.temp_dir).glob("n1/session_*/logs")}
+    shutil.move(kept, worker_logs / "ddlkit/kept" / key)
+    exit_record.write_text(json.dumps({**record, "kept": {**record["kept"], "node_id": worker}}))
+    resumed = run_factory(*ray_args(ray_cluster.address), job_dir=job_dir, timeout=300).assert_success()
+    assert "the files the job's last run kept on this node are gone" in resumed.output
+    assert resumed.result["restarts"] == 1, resumed.output
+    assert (resumed.result["resumed_from_step"] or 0) >= 10, resumed.output
     assert json.loads((job_dir / "ray-job.json").read_text())["kept_on_cluster"] is False
 
 

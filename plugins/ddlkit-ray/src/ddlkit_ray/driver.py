@@ -284,6 +284,9 @@ class Driver:
         #: the ranks' files, kept here between the runs of the job until it completes
         self.collected = self.logs / KEPT_DIR / plan["key"]
         self.collected.mkdir(parents=True, exist_ok=True)
+        #: whether this run holds the job's files: not when the files an earlier run kept here are gone
+        #: (it ends at once, and must not leave a mark that says this empty directory is the job's)
+        self.holds_files = True
         self.actors: list[Any] = []
         self.pg: Any = None
         self.lost: dict[int, str] = {}
@@ -463,6 +466,7 @@ class Driver:
                 "the files the job's last run kept on this node are gone: the next run brings them from the "
                 "launcher's job directory"
             )
+            self.holds_files = False
             return EXIT_NODE_LOST
         while True:
             code = self.run_gang()
@@ -639,7 +643,7 @@ class Driver:
         the files stay on this node for the job's next run unless it completed."""
         import ray
 
-        keep = code != 0
+        keep = code != 0 and self.holds_files
         record = {
             "submission_id": self.sid,
             "code": code,
