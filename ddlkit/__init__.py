@@ -52,6 +52,7 @@ _EXPORTS: dict[str, str] = {
     "JobStatus": ".interfaces",
     "Loader": ".interfaces",
     "Logger": ".interfaces",
+    "Profiler": ".interfaces",
     "Registration": ".interfaces",
     "RestartBudget": ".interfaces",
     "RunContext": ".interfaces",
@@ -110,6 +111,7 @@ if TYPE_CHECKING:  # the same names, for type checkers and editors ("X as X": re
     from .interfaces import JobStatus as JobStatus
     from .interfaces import Loader as Loader
     from .interfaces import Logger as Logger
+    from .interfaces import Profiler as Profiler
     from .interfaces import Registration as Registration
     from .interfaces import RestartBudget as RestartBudget
     from .interfaces import RunContext as RunContext

@@ -3,7 +3,7 @@ each with (:class:`Registration`), and the protocol of the run they are handed (
 
 from .compute import JOB_FILE, WORKER_ARGS, ComputeTarget, JobHandle, JobSpec, JobState, JobStatus, RestartBudget
 from .data import Batch, DataInfo, DataSource, ImageFilesSpec, ImagePoolSpec, Loader, Shard
-from .framework import Framework
+from .framework import Framework, Profiler
 from .logger import Logger
 from .registration import Registration
 from .run import DistView, RunContext, RunState, Schedule
@@ -26,6 +26,7 @@ __all__ = [
     "JobStatus",
     "Loader",
     "Logger",
+    "Profiler",
     "Registration",
     "RestartBudget",
     "RunContext",

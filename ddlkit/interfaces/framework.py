@@ -7,9 +7,38 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, ClassVar
 
 if TYPE_CHECKING:
+    from pathlib import Path
+
     from omegaconf import DictConfig
 
     from .run import RunContext
+
+
+class Profiler(ABC):
+    """A framework's profiler over a window of optimizer steps (``trainer.profile``), which the run
+    drives: :meth:`start` before the window's first step, :meth:`step` between two of its steps,
+    :meth:`stop` after its last one -- or when the run ends inside the window (a stop on request, a
+    failure), so that the steps recorded are still written. Made by :meth:`Framework.profiler`
+    just before the window, on every rank; no profiler object exists outside the window.
+
+    A PyTorch one wraps ``torch.profiler.profile`` (``step`` is its ``step()``); a TensorFlow
+    one calls ``tf.profiler.experimental.start(out_dir)`` and ``stop()`` and needs no ``step``.
+    """
+
+    @abstractmethod
+    def start(self, steps: range) -> None:
+        """Start recording the window's optimizer ``steps`` (1-based, as ``run.state.step`` counts
+        them once each is done): ``range(20, 25)`` for ``trainer.profile.start_step=20
+        trainer.profile.num_steps=5``; the first of them begins now."""
+
+    def step(self, step: int) -> None:
+        """Optimizer step ``step`` is done and step ``step + 1``, also in the window, begins
+        (the place for a step marker in the trace). Nothing by default."""
+
+    @abstractmethod
+    def stop(self) -> None:
+        """Stop recording and write this rank's trace into the directory the profiler was made
+        for (one file or folder per rank: the ranks of a node share the directory)."""
 
 
 class Framework(ABC):
@@ -68,3 +97,11 @@ class Framework(ABC):
     @abstractmethod
     def train(self, run: RunContext) -> None:
         """Train from ``run.resume_from`` (if set) to the end of ``trainer.epochs``."""
+
+    def profiler(self, run: RunContext, out_dir: Path) -> Profiler | None:
+        """A :class:`Profiler` that writes this rank's trace of ``trainer.profile``'s window into
+        ``out_dir`` (the job directory's ``profile/``, which the framework may lay out as its
+        viewer reads it; ``run.dist.rank`` names the rank's file), or None: this framework has no
+        profiler, and the run says so and trains on unprofiled. Called on every rank right
+        before the window's first step, only when ``trainer.profile.start_step`` is set."""
+        return None

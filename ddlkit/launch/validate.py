@@ -16,6 +16,7 @@ from ..config import check_one_global_batch, to_container
 from ..custom import launch_dir
 from ..errors import ConfigError
 from ..interfaces import ComputeTarget, Framework, StorageBackend
+from ..rank.profiling import check_window
 from ..registry import HOOK_POINTS, Registry
 from . import elastic
 from .hydra_errors import check_composed
@@ -114,3 +115,19 @@ def _check_distributed(cfg: DictConfig, compute: ComputeTarget, registry: Regist
     stated = registry.create("data", cfg.data.name, cfg.data).config_info()
     if stated is not None:
         check_one_global_batch(stated.train_length, cfg.trainer, world_size)
+    _check_profile(cfg.trainer, stated.train_length if stated is not None else None, world_size)
+
+
+def _check_profile(trainer: Any, train_length: int | None, world_size: int) -> None:
+    """``trainer.profile``'s window ends within the run: its total steps where the data source states
+    its length, else within ``trainer.max_steps`` (the ranks check the rest once the data is readable)."""
+    t = trainer
+    if train_length is not None:
+        global_batch = t.batch_size * world_size * t.accumulate_batches
+        per_epoch = train_length // global_batch
+        total, why = per_epoch * t.epochs, f"{t.epochs} epochs x {per_epoch} steps"
+        if t.max_steps is not None and t.max_steps < total:
+            total, why = t.max_steps, "trainer.max_steps"
+        check_window(t.profile, total, why)
+    elif t.max_steps is not None:
+        check_window(t.profile, t.max_steps, "trainer.max_steps")
