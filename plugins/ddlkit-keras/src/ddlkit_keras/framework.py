@@ -136,6 +136,13 @@ class KerasFramework(ddlkit.Framework):
                 "out of step with the optimizer steps. Use framework=tensorflow, or trainer.precision=bf16."
             )
 
+    def profiler(self, run: ddlkit.RunContext, out_dir: Path) -> ddlkit.Profiler:
+        """``trainer.profile``: TensorFlow's profiler over the window, a trace per rank
+        (:mod:`ddlkit_tensorflow.profiling`); the window follows the optimizer steps fit's callback reports."""
+        from ddlkit_tensorflow.profiling import TensorflowProfiler
+
+        return TensorflowProfiler(out_dir, rank=run.dist.rank)
+
     def train(self, run: ddlkit.RunContext) -> None:
         # Keras reads its backend once, at its first import in this process
         os.environ["KERAS_BACKEND"] = self.cfg.backend

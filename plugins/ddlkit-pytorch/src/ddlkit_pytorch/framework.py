@@ -57,6 +57,9 @@ so that nothing else pulls another one.
   recomputes each block's activations (any `dist`)
   ([Sharded training](../distributed.md#sharded-training-distfsdp)). With `dist=fsdp` the
   `model` a `ddlkit_run_end` hook sees is the sharded module; `model.pt` holds the full weights.
+- **Profiling**: `trainer.profile.start_step=20` runs `torch.profiler` over steps 20-24 on every rank
+  (CPU activity, and CUDA's on a GPU; `framework.profile_memory=true` adds the allocations): one
+  Chrome/Perfetto trace per rank under the job directory's `profile/` ([Profiling](../profiling.md)).
 - **Checkpoints** hold model, optimizer, scaler and RNG state; they are written by ddlkit
   (atomically, in the background) and loaded with `weights_only=True` (with `dist=fsdp`, a
   directory of shards: see above). `trainer.save_model=true`
@@ -156,6 +159,8 @@ class PytorchConfig:
     # recompute each block's activations in the backward pass instead of keeping them from the
     # forward (any dist; the blocks as for fsdp): less memory for about a third more compute
     activation_checkpointing: bool = False
+    # trainer.profile: also record the tensors' memory allocations and frees in the trace (larger traces)
+    profile_memory: bool = False
 
 
 #: how to get a Horovod that trains PyTorch, or what to use instead
@@ -223,6 +228,13 @@ class PytorchFramework(ddlkit.Framework):
             from ddlkit.images import PILLOW_MISSING
 
             raise ddlkit.ConfigError(PILLOW_MISSING)
+
+    def profiler(self, run: ddlkit.RunContext, out_dir: Path) -> ddlkit.Profiler:
+        """``trainer.profile``: ``torch.profiler`` over the window, a trace per rank (:mod:`.profiling`)."""
+        from .profiling import TorchProfiler
+
+        cuda = (run.device or "").startswith("cuda")
+        return TorchProfiler(out_dir, rank=run.dist.rank, cuda=cuda, memory=self.cfg.profile_memory)
 
     def _device(self, dist: ddlkit.DistContext) -> Any:
         import torch

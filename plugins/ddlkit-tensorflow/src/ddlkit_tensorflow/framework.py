@@ -151,6 +151,13 @@ class TensorflowFramework(ddlkit.Framework):
     def configure(self, config: DictConfig) -> None:
         check_config("tensorflow", self.cfg.device, self.cfg.xla, self.cfg.num_threads, config)
 
+    def profiler(self, run: ddlkit.RunContext, out_dir: Path) -> ddlkit.Profiler:
+        """``trainer.profile``: TensorFlow's profiler over the window, a trace per rank
+        (:mod:`ddlkit_tensorflow.profiling`)."""
+        from .profiling import TensorflowProfiler
+
+        return TensorflowProfiler(out_dir, rank=run.dist.rank)
+
     def train(self, run: ddlkit.RunContext) -> None:
         tf = setup_tensorflow(run, framework="tensorflow", device=self.cfg.device, num_threads=self.cfg.num_threads)
         from .data import data_errors, tf_loader
