@@ -73,6 +73,17 @@ class BestCheckpointConfig:
 
 
 @dataclass
+class ProfileConfig:
+    """``trainer.profile``: the framework's profiler over a window of optimizer steps
+    (:mod:`ddlkit.rank.profiling`); every rank writes its trace into the job directory's ``profile/``."""
+
+    # the first optimizer step profiled (1-based); null or 0: no profiler (the default)
+    start_step: int | None = checked(None, at_least(0, "null, 0 (off) or a step number >= 1"))
+    # how many optimizer steps the window holds, from start_step on
+    num_steps: int = checked(5, POSITIVE_INTEGER)
+
+
+@dataclass
 class TrainerConfig:
     # passes over the training data
     epochs: int = checked(2, POSITIVE_INTEGER)
@@ -127,6 +138,9 @@ class TrainerConfig:
     early_stopping: EarlyStoppingConfig = field(default_factory=EarlyStoppingConfig)
     # keep the checkpoint of the best validation (trainer.best_checkpoint.monitor=val_top1)
     best_checkpoint: BestCheckpointConfig = field(default_factory=BestCheckpointConfig)
+    # profile optimizer steps start_step .. start_step + num_steps - 1 with the framework's profiler
+    # (trainer.profile.start_step=20): a trace per rank in the job directory's profile/
+    profile: ProfileConfig = field(default_factory=ProfileConfig)
     # your callbacks, as import paths like model.target: trainer.callbacks=[my_pkg.cbs:PrintLr], each a
     # class (called with no arguments) or object with any of the methods on_run_start, on_step_end,
     # on_epoch_end, on_checkpoint_saved, on_run_end (see ddlkit.callbacks)
@@ -226,6 +240,14 @@ class DistConfig:
     # seconds without a heartbeat from a rank (stopped, hung) before the others say so, and
     # again after each further such period; a slow but live rank keeps sending them
     warn_after_s: float = checked(60.0, at_least(1, "at least 1 (seconds)"))
+    # when a rank is silent for warn_after_s, every rank that answers writes the Python stacks of all its
+    # threads (and native frames, where py-spy is installed) to <job dir>/hang/rank-N.txt
+    hang_stacks: bool = True
+    # a rank whose own time per step (its step less its waits for the others) stays at least this many
+    # times the median of the other ranks' over straggler_window steps is named a straggler (0: never)
+    straggler_factor: float = checked(1.2, Rule(lambda v: v == 0 or v > 1, "0 (off) or more than 1"))
+    # the steps that verdict looks back over (a rank's summary is gathered every trainer.log_every steps)
+    straggler_window: int = checked(50, POSITIVE_INTEGER)
     # ranks agree every N steps whether one of them got SIGTERM, and then all stop at that step
     stop_check_every: int = checked(1, POSITIVE_INTEGER)
 

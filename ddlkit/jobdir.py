@@ -95,6 +95,8 @@ def rank_record(rank: int | str) -> str:
 METRICS_FILE = "metrics.jsonl"
 #: written by rank 0 when training completed, and only then (its fields: :mod:`ddlkit.result`)
 RESULT_FILE = "result.json"
+#: rank 0's latest view of the ranks' step telemetry (ddlkit.rank.telemetry), which `ddlkit jobs status` shows
+TELEMETRY_FILE = "telemetry.json"
 #: the job's files that are its results, in the order they are published: result.json last
 RESULT_FILES = (CONFIG_FILE, OVERRIDES_FILE, ENVIRONMENT_FILE, METRICS_FILE, RESULT_FILE)
 #: what a storage that publishes a job's whole output adds to RESULT_FILES (checkpoints aside)

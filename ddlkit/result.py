@@ -116,6 +116,10 @@ FIELDS: tuple[Field, ...] = (
     Field("startup_s", dict, None),
     #: the best checkpoint kept: monitor, mode, value, step, epoch, path
     Field("best_checkpoint", dict, None),
+    #: the ranks named slower than the others (dist.straggler_factor), one entry per episode: rank, node,
+    #: since and until (steps; until null: to the end), slower_pct, and the phase that made the difference
+    #: with its share of the rank's own time per step and the others' share (phase_share, others_share)
+    Field("stragglers", list, None),
 )
 BY_NAME: dict[str, Field] = {f.name: f for f in FIELDS}
 NAMES: frozenset[str] = frozenset(BY_NAME)

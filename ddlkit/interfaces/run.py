@@ -11,6 +11,7 @@ own). ``tests/test_run_context.py`` fails when ``Run`` lacks a member declared h
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
@@ -135,6 +136,24 @@ class Schedule(Protocol):
         """The learning rate of 0-based optimizer step ``step``."""
 
 
+class StepClock(Protocol):
+    """What a framework may tell of its step's phases (``run.telemetry``): the waits for the other
+    ranks it can see the end of, so that a straggler is told from the ranks that wait for it."""
+
+    def phase(self, name: str) -> AbstractContextManager[None]:
+        """Time the ``"data"`` (waiting for the next batch) or ``"step"`` phase of a step: the
+        shared epoch loop does; a framework with a loop of its own may."""
+        ...
+
+    def waiting(self, what: str = ...) -> AbstractContextManager[None]:
+        """Time a wait for the other ranks (a hang report says ``what`` of a rank that waits here)."""
+        ...
+
+    def add_sync(self, seconds: float) -> None:
+        """Count ``seconds`` of waiting for the other ranks, timed by the framework itself."""
+        ...
+
+
 class RunContext(Protocol):
     """The rank-side state of a job as plugins see it: handed to the framework (``train``), the
     data source (``prepare``), the storage backend (``prepare_data``), the loggers (``start``)
@@ -188,6 +207,14 @@ class RunContext(Protocol):
     #: torch.cuda.max_memory_allocated(device) / 2**20``); result.json's ``peak_memory_mib`` is the
     #: largest over the ranks, and the process's peak resident set size while this stays None (the CPU)
     device_peak_memory_mib: float | Callable[[], float | None] | None
+
+    @property
+    def telemetry(self) -> StepClock:
+        """This rank's clock of its step phases (:class:`ddlkit.rank.telemetry.StepTelemetry`): a
+        framework that can see where its step waits for the other ranks (the end of its gradient
+        all-reduce) times that in ``with run.telemetry.waiting():`` or reports it with
+        ``run.telemetry.add_sync(seconds)``, so that a straggler is told from the ranks that wait for it."""
+        ...
 
     def phase(self, what: str, *, say: bool = True) -> None:
         """Say on rank 0 that start-up reached ``what`` ("model built", "data ready"); every phase

@@ -30,6 +30,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from ..compute.layout import CONTROL_ADDR_ENV
@@ -71,8 +72,23 @@ class ControlPlane:
         #: on rank 0 the connection to each other rank; elsewhere {0: the connection to rank 0}
         self.peers = peers
         self.seq = 0
+        #: seconds spent in collectives so far (waiting for the other ranks, mostly): the step telemetry's sync
+        self.wait_s = 0.0
+        #: the collective this rank is in now (its name and number), or None: a hang report says it
+        self.in_op: tuple[str, int] | None = None
         #: the training step this rank is at, sent with its heartbeats (DistContext.track_step)
         self.step: Callable[[], int | None] = lambda: None
+        #: what this rank is doing now (its step telemetry's phase), for a hang report
+        self.where: Callable[[], str] = lambda: ""
+        #: writes this rank's stacks for a hang report, given what heads them (DistContext.on_hang); None: no report
+        self.on_dump: Callable[[str], str] | None = None
+        #: rank -> its pid and host, as it said hello (rank 0): a silent rank on rank 0's host is read from outside
+        self.members: dict[int, dict[str, Any]] = {}
+        #: rank 0: the ranks' answers to the hang report asked last (rank -> what it said), and when all came
+        self._dumped: dict[int, dict[str, Any]] = {}
+        self._dump_answered = threading.Event()
+        self._dump_round = 0
+        self._dump_expected = 0
         now = time.monotonic()
         #: peer -> (when it was last heard from, the step it was then at)
         self._heard: dict[int, tuple[float, int | None]] = {peer: (now, None) for peer in peers}
@@ -105,6 +121,8 @@ class ControlPlane:
     ) -> ControlPlane:
         deadline = time.monotonic() + timeout_s
         hello = {"rank": rank, "world_size": world_size, "job": job_id}
+        # rank 0 keeps each rank's pid and host (members): a silent rank on its host, it reads from outside
+        me = {**hello, "pid": os.getpid(), "host": socket.gethostname()}
         if rank == 0:
             peers = cls._accept_all(address, world_size, job_id, deadline)
         else:
@@ -115,7 +133,7 @@ class ControlPlane:
             sock.settimeout(timeout_s)
         plane = cls(rank, world_size, peers, timeout_s, warn_after_s)
         # one round trip: every rank returns only once rank 0 has accepted all of them
-        plane.exchange("hello", hello, lambda values: None)
+        plane.exchange("hello", me, lambda values: plane.members.update(enumerate(values)))
         # only now: a rank waiting here for the last one to start up is not a silent rank 0
         plane._heard = dict.fromkeys(peers, (time.monotonic(), None))
         threading.Thread(target=plane._keep_alive, name="ddlkit-control-heartbeat", daemon=True).start()
@@ -257,6 +275,12 @@ class ControlPlane:
         elif "left" in message:  # rank 0 lost these ranks' connections
             self._left_relayed.update(int(r) for r in message["left"])
             self._someone_left.set()
+        elif "dump" in message:  # rank 0 asks for this rank's stacks: a rank fell silent
+            threading.Thread(target=self._answer_dump, args=(message,), name="ddlkit-hang-stacks", daemon=True).start()
+        elif "dumped" in message and message["dumped"] == self._dump_round:
+            self._dumped[peer] = message
+            if len(self._dumped) >= self._dump_expected:
+                self._dump_answered.set()
 
     def _recv_from(self, peer: int, op: str) -> Any:
         try:
@@ -278,6 +302,15 @@ class ControlPlane:
         """Gather ``data`` from every rank on rank 0, compute ``combine(values_in_rank_order)``
         there, and return that result on every rank."""
         self.seq += 1
+        self.in_op = (op, self.seq)
+        start = time.perf_counter()
+        try:
+            return self._exchange(op, data, combine)
+        finally:
+            self.wait_s += time.perf_counter() - start
+            self.in_op = None
+
+    def _exchange(self, op: str, data: Any, combine: Callable[[list[Any]], Any]) -> Any:
         if self.rank != 0:
             self._send_to(0, {"op": op, "seq": self.seq, "data": data, "step": self._current_step()})
             answer = self._recv_from(0, op)
@@ -369,11 +402,14 @@ class ControlPlane:
         ``warn_after_s`` ends this rank: a framework collective with no timeout of its own
         (Horovod's) would otherwise wait for it forever, and one with a timeout has failed by now."""
         now = time.monotonic()
+        silent_now: list[int] = []
         for peer, (heard, step) in list(self._heard.items()):
             silence = now - heard
             periods = 0 if peer in self._left else int(silence // self.warn_after_s)
             reported, since = self._warned.get(peer, (0, heard))
             if periods > reported:
+                if not reported:
+                    silent_now.append(peer)
                 self._warned[peer] = (periods, heard)
                 _say(
                     f"ddlkit: rank {peer} has not been heard from for {periods * self.warn_after_s:g} s (last "
@@ -390,6 +426,62 @@ class ControlPlane:
                     f"has waited for it longer than dist.timeout_s={self.timeout_s:g} s: this rank ends the job"
                 )
                 os._exit(1)
+        if silent_now and self.rank == 0 and self.on_dump is not None:
+            threading.Thread(
+                target=self._hang_report, args=(silent_now,), name="ddlkit-hang-report", daemon=True
+            ).start()
+
+    # ------------------------------------------------------------ hang forensics (ddlkit.rank.hang)
+    def _doing(self) -> dict[str, Any]:
+        """Where this rank is: its step, its phase, the control-plane collective it is in."""
+        op = self.in_op
+        return {"step": self._current_step(), "where": _safely(self.where), "op": f"`{op[0]}` #{op[1]}" if op else ""}
+
+    def _answer_dump(self, message: dict[str, Any]) -> None:
+        doing = self._doing()
+        path = ""
+        if self.on_dump is not None:
+            with contextlib.suppress(Exception):  # a report that cannot be written must not end the rank
+                path = self.on_dump(_header(self.rank, self.world_size, doing, message.get("why", "")))
+        with contextlib.suppress(OSError, KeyError):
+            self._send_to(0, {"heartbeat": True, "dumped": message["dump"], "file": path, **doing})
+
+    def _hang_report(self, silent: list[int]) -> None:
+        """Rank 0, when ``silent`` ranks fell silent: every rank that answers writes its stacks
+        (asked over the heartbeat channel, which its reader thread serves while its main thread
+        waits in a collective); rank 0 writes its own and reads those of silent ranks on its host
+        with py-spy; then it says which ranks are not where the others wait."""
+        from .hang import write_stacks_of
+
+        start = time.monotonic()
+        self._dump_round += 1
+        self._dumped, why = {}, f"rank(s) {', '.join(map(str, silent))} silent for {self.warn_after_s:g} s"
+        asked = [p for p in self.peers if p not in self._left and p not in silent]
+        self._dump_answered.clear()
+        self._dump_expected = len(asked)
+        for peer in asked:
+            with contextlib.suppress(OSError, KeyError):
+                self._send_to(peer, {"heartbeat": True, "dump": self._dump_round, "why": why})
+        if not asked:
+            self._dump_answered.set()
+        doing = self._doing()
+        assert self.on_dump is not None
+        own = self.on_dump(_header(0, self.world_size, doing, why))
+        answers: dict[int, dict[str, Any]] = {0: {**doing, "file": own}}
+        here = socket.gethostname()
+        for peer in silent:
+            member = self.members.get(peer) or {}
+            heard_step = self._heard.get(peer, (0.0, None))[1]
+            if member.get("host") == here and member.get("pid") and own:
+                doing_then = {"step": heard_step, "where": "? (it did not answer: read from outside by rank 0)"}
+                with contextlib.suppress(OSError):
+                    header = _header(peer, self.world_size, doing_then, why, pid=int(member["pid"]))
+                    write_stacks_of(Path(own).with_name(f"rank-{peer}.txt"), int(member["pid"]), header)
+        self._dump_answered.wait(_DUMP_WAIT_S)
+        answers.update(self._dumped)
+        took = time.monotonic() - start
+        for line in _verdict(answers, silent, self._heard, asked, took):
+            _say(line)
 
     @staticmethod
     def _silence(peer: int, heard: float, step: int | None, now: float, witness: str = "") -> str:
@@ -432,6 +524,75 @@ class ControlPlane:
         framework's error about a dead peer can come before the control connection's end is read."""
         self._someone_left.wait(wait_s)
         return sorted(self._left | self._left_relayed)
+
+
+#: seconds rank 0 waits for the ranks' stack files
+_DUMP_WAIT_S = 15.0
+
+
+def _safely(read: Callable[[], str]) -> str:
+    try:
+        return read()
+    except Exception:
+        return ""
+
+
+def _header(rank: int, world_size: int, doing: dict[str, Any], why: str, pid: int | None = None) -> str:
+    at = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    return (
+        f"# rank {rank} of {world_size} on {socket.gethostname()} (pid {pid or os.getpid()}), {at}\n"
+        f"# {_at_step(doing.get('step'))}, in: {doing.get('where') or '?'}"
+        + (f", in the control-plane collective {doing['op']}" if doing.get("op") else "")
+        + f"\n# why: {why}"
+    )
+
+
+def _place(answer: dict[str, Any]) -> str:
+    where = answer.get("where") or "?"
+    return f"{where} ({answer['op']})" if answer.get("op") else where
+
+
+def _verdict(
+    answers: dict[int, dict[str, Any]],
+    silent: list[int],
+    heard: dict[int, tuple[float, int | None]],
+    asked: list[int],
+    took: float,
+) -> list[str]:
+    """What the console says of a hang report: where the stacks are, where the ranks that answered
+    wait, and the ranks that are not there (silent, or elsewhere)."""
+    from collections import Counter
+
+    from .hang import HANG_DIR
+
+    missing = sorted(set(asked) - set(answers))
+    lines = [
+        f"ddlkit: stacks of rank(s) {_ranks(sorted(answers))} written to {HANG_DIR}/ in {took:.1f} s"
+        + (f"; rank(s) {_ranks(missing)} did not write theirs" if missing else "")
+    ]
+    places = Counter(_place(a) for a in answers.values())
+    common, _ = places.most_common(1)[0]
+    waiting = sorted(r for r, a in answers.items() if _place(a) == common)
+    steps = {answers[r].get("step") for r in waiting}
+    lines.append(
+        f"ddlkit: rank(s) {_ranks(waiting)} wait in {common}" + (f" {_at_step(steps.pop())}" if len(steps) == 1 else "")
+    )
+    for rank in sorted(silent):
+        lines.append(
+            f"ddlkit: rank {rank} does not answer ({_at_step(heard.get(rank, (0.0, None))[1])} when last heard "
+            f"from; stopped, or hung holding the interpreter): it is not in {common} where the others wait; "
+            f"its stack, where rank 0 could read it: {HANG_DIR}/rank-{rank}.txt"
+        )
+    for rank in sorted(set(answers) - set(waiting)):
+        lines.append(
+            f"ddlkit: rank {rank} is not where the others wait: it is in {_place(answers[rank])} "
+            f"{_at_step(answers[rank].get('step'))} (its stacks: {HANG_DIR}/rank-{rank}.txt)"
+        )
+    return lines
+
+
+def _ranks(ranks: list[int]) -> str:
+    return ", ".join(map(str, ranks)) or "none"
 
 
 def _at_step(step: int | None) -> str:

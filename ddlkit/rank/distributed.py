@@ -26,6 +26,7 @@ from __future__ import annotations
 import os
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from ..compute.layout import CONTROL_ADDR_ENV, LOCAL_RANK_ENV, LOCAL_SIZE_ENV, NODE_ENV, NODE_SCRATCH_ENV, control_port
@@ -97,11 +98,33 @@ class DistContext:
             ControlPlane.connect(self.rank, self.world_size, address, job_id, self.timeout_s, self.warn_after_s),
         )
 
-    def track_step(self, step: Callable[[], int]) -> None:
+    def track_step(self, step: Callable[[], int], where: Callable[[], str] | None = None) -> None:
         """Have the heartbeats carry ``step()``, so that a rank that stops answering is reported
-        with the step it had reached."""
+        with the step it had reached; a hang report says ``where()`` too (the step's phase)."""
         if self._plane is not None:
             self._plane.step = step
+            if where is not None:
+                self._plane.where = where
+
+    def write_stacks_on_hang(self, job_dir: Path) -> None:
+        """When a rank falls silent (``warn_after_s``), every rank that answers writes its stacks to
+        ``<job_dir>/hang/rank-N.txt`` (:mod:`ddlkit.rank.hang`); rank 0 then says who is not where
+        the others wait."""
+        if self._plane is None:
+            return
+        from .hang import stack_file, write_own_stacks
+
+        def dump(header: str) -> str:
+            path = stack_file(job_dir, self.rank)
+            write_own_stacks(path, header)
+            return str(path)
+
+        self._plane.on_dump = dump
+
+    @property
+    def wait_s(self) -> float:
+        """Seconds this rank has spent in control-plane collectives so far (0 for one process)."""
+        return 0.0 if self._plane is None else self._plane.wait_s
 
     def silent_ranks(self) -> list[str]:
         """A sentence for each rank that has stopped answering (none for one process): what a
@@ -152,6 +175,21 @@ class DistContext:
         keys = sorted(metrics)
         means = self._exchange("allreduce_mean", [keys, [float(metrics[k]) for k in keys]], _mean_by_key)
         return dict(zip(keys, means, strict=True))
+
+    def mean_and_gather(self, metrics: Mapping[str, float], extra: Any) -> tuple[dict[str, float], list[Any] | None]:
+        """:meth:`allreduce_mean` of ``metrics`` and, in the same round trip, every rank's ``extra``
+        gathered on rank 0 (in rank order; None on the other ranks, which do not need it)."""
+        if self.world_size == 1:
+            return dict(metrics), [extra]
+        keys = sorted(metrics)
+        gathered: list[Any] = []
+
+        def combine(values: list[list[Any]]) -> list[float]:
+            gathered.extend(value[1] for value in values)
+            return _mean_by_key([value[0] for value in values])
+
+        means = self._exchange("mean_and_gather", [[keys, [float(metrics[k]) for k in keys]], extra], combine)
+        return dict(zip(keys, means, strict=True)), (gathered if self.is_main else None)
 
     def any(self, flag: bool) -> bool:
         """True on every rank if it is True on any rank: how ranks agree to stop together."""

@@ -14,6 +14,10 @@ if TYPE_CHECKING:
     from ..interfaces import RunContext
 
 
+#: the end of an epoch's batches
+_END = object()
+
+
 def step_batches(
     micro_batches: Callable[[int, int], Iterable[Any]], accumulate: int
 ) -> Callable[[int, int], Iterable[list]]:
@@ -58,12 +62,20 @@ def train_epochs(
     checkpointed at that step; at ``max_steps`` it validates what it has without ending the
     epoch, so that a resumed run finishes the epoch."""
     stopped = run.finished
+    clock = run.telemetry
     for epoch in range(run.state.epoch, run.cfg.trainer.epochs):
         if stopped:
             break
-        for batch in batches(epoch, run.state.batch):
+        items = iter(batches(epoch, run.state.batch))
+        while True:
+            with clock.phase("data"):
+                batch = next(items, _END)
+            if batch is _END:
+                break
             lr = run.schedule(run.state.step)
-            if run.step_end(loss=step(batch, lr), lr=lr):
+            with clock.phase("step"):
+                loss = step(batch, lr)
+            if run.step_end(loss=loss, lr=lr):
                 stopped = True
                 break
         metrics = dict(evaluate()) if evaluate is not None else {}

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 from omegaconf import open_dict
 
+from ..atomic import write_json
 from ..callbacks import CallbackPlugin
 from ..callbacks import load as load_callbacks
 from ..checkpoint import BEST, CHECKPOINT_DIR
@@ -30,7 +31,7 @@ from ..errors import DdlkitError, RunError
 from ..interfaces import DataSource, Framework, Loader, Logger, RunState, Shard, StorageBackend
 from ..interfaces.data import Split
 from ..interfaces.run import LoadFn, SaveFn, SnapshotFn
-from ..jobdir import RESTARTS_ENV, STEPS_LOST_ENV
+from ..jobdir import RESTARTS_ENV, STEPS_LOST_ENV, TELEMETRY_FILE
 from ..monitor import EarlyStopping, Watch
 from ..resize import PLANNED_WORLD_SIZE_ENV, BatchPlan, describe, plan_batch
 from . import loop
@@ -38,8 +39,10 @@ from .checkpointing import CheckpointKeeper, check_compatible, saved_position
 from .memory import peak_over_ranks
 from .phases import record_phase, report_phase, startup
 from .preemption import Preempted, StopRequest
+from .profiling import ProfileWindow
 from .results import keep_results
 from .schedule import LRSchedule
+from .telemetry import HOST, StepTelemetry, StragglerWatch, rank_table
 from .throughput import ThroughputMeter
 
 if TYPE_CHECKING:
@@ -106,6 +109,16 @@ class Run:
             scale_lr=o.scale_lr,
         )
         self.meter = ThroughputMeter(self.global_batch, t.warmup_steps)
+        #: trainer.profile's window of steps (ddlkit.rank.profiling); None when it is off
+        self.profile = ProfileWindow.of(self)
+        #: this rank's step phases; on rank 0 of several, the verdict on stragglers (dist.straggler_factor)
+        self.telemetry = StepTelemetry(dist.rank, t.batch_size * self.accumulate, sync_clock=dist)
+        d = cfg.dist
+        self.stragglers = (
+            StragglerWatch(d.straggler_factor, d.straggler_window)
+            if dist.is_main and dist.world_size > 1 and d.straggler_factor
+            else None
+        )
         self.state = RunState()
         self.resume_from = resume_from
         self.resumed_at: RunState | None = None
@@ -283,6 +296,8 @@ class Run:
         after :meth:`checkpointing` (the hooks and loggers see the resumed state) and before
         the first step."""
         self.hook.ddlkit_run_start(run=self)
+        if self.profile is not None:
+            self.profile.step(self.state.step)
         for lg in self.loggers:
             lg.start(self)
             self._active_loggers.append(lg)
@@ -335,6 +350,7 @@ class Run:
         """Record one optimizer step. Returns True when the loop must stop now (max_steps
         reached or a stop requested; a checkpoint has then been written)."""
         self.meter.tick()
+        self.telemetry.tick()
         if self.meter.steps_seen == 1:
             self.phase("first step done")
         self.checkpoints.poll()  # a checkpoint written in the background is complete: announce it
@@ -353,6 +369,8 @@ class Run:
             # the run's last checkpoint is complete before the run ends; the others may be written
             # while training goes on
             self.save_checkpoint(background=not stop)
+        if self.profile is not None:
+            self.profile.step(st.step)
         if stopping:
             raise Preempted(f"stopped on request at step {st.step}")
         return stop
@@ -362,9 +380,11 @@ class Run:
         the recent rate, to the loggers and the ``ddlkit_step_end`` hooks."""
         st = self.state
         self.last_loss = loss() if callable(loss) else float(loss)
-        if self.dist.world_size > 1:
-            # rank 0 logs the loss of the global batch; every rank then judges the same value
-            self.last_loss = self.dist.allreduce_mean({"loss": self.last_loss})["loss"]
+        mine = {"t": self.telemetry.summary(), "node": self.dist.node, "host": HOST}
+        # rank 0 logs the loss of the global batch (every rank then judges the same value), and gathers
+        # the ranks' step telemetry in the same round trip
+        means, ranks = self.dist.mean_and_gather({"loss": self.last_loss}, mine)
+        self.last_loss = means["loss"]
         if not math.isfinite(self.last_loss):
             raise RunError(
                 f"loss became {self.last_loss} at step {st.step}: training diverged. Lower optimizer.lr "
@@ -380,13 +400,34 @@ class Run:
             # none yet at the first step of an attempt: a rate needs two
             **({"images_per_sec": rate} if rate is not None else {}),
         }
+        if ranks is not None and len(ranks) > 1:
+            metrics.update(self._rank_telemetry(st.step, ranks))
         for lg in self.loggers:
             lg.log_metrics(st.step, metrics, split="train")
         self.hook.ddlkit_step_end(run=self, step=st.step, metrics=metrics)
 
+    def _rank_telemetry(self, step: int, ranks: list[dict[str, Any]]) -> dict[str, float]:
+        """Rank 0: the ranks' step telemetry of the window that ended at ``step`` -- the straggler
+        verdict said, ``telemetry.json`` (``ddlkit jobs status`` reads it) written, and the
+        per-rank fields of the metrics returned."""
+        summaries = [r["t"] for r in ranks]
+        if self.stragglers is not None:
+            self.stragglers.nodes = [r["node"] for r in ranks]
+            for line in self.stragglers.observe(step, summaries):
+                print(line, file=sys.stderr, flush=True)
+        table = rank_table(ranks)
+        current = self.stragglers.current if self.stragglers is not None else {}
+        write_json(
+            self.job_dir / TELEMETRY_FILE,
+            {"step": step, "time": round(time.time(), 3), "ranks": table, "stragglers": sorted(current)},
+        )
+        keys = ("images_per_sec", "data_wait", "sync_wait")
+        return {f"rank{row['rank']}/{key}": row[key] for row in table for key in keys}
+
     def validation_end(self, **metrics: float) -> None:
         """Report validation metrics (``val_loss``, ``val_top1``, ``val_top5``) for the current state."""
         self.meter.pause()
+        self.telemetry.pause()
         # each rank validated its own shard: rank 0 logs (and checkpoints) the mean over ranks
         self.epoch_metrics = self.dist.allreduce_mean({k: float(v) for k, v in metrics.items()})
         if "val_top1" in self.epoch_metrics:
@@ -407,6 +448,7 @@ class Run:
         st.epoch += 1
         st.batch = 0
         self.meter.pause()
+        self.telemetry.pause()
         self.hook.ddlkit_epoch_end(run=self, epoch=st.epoch, metrics=self.epoch_metrics)
         stop = False
         if self.early_stopping is not None and metrics:
@@ -440,6 +482,7 @@ class Run:
         if not self.checkpoints.is_due(self.state):
             return
         self.meter.pause()
+        self.telemetry.pause()
         self.checkpoints.write(self.state, self._checkpoint_meta(), background=background)
 
     def _checkpoint_written(self, path: Path, step: int) -> None:
@@ -544,9 +587,12 @@ class Run:
                 if best is not None and best.best is not None
                 else None
             ),
+            "stragglers": self.stragglers.record() if self.stragglers is not None else [],
         }
 
     def finish(self, status: str) -> dict[str, Any] | None:
+        if self.profile is not None:
+            self.profile.close()  # a run that ends inside the window still writes its trace
         try:
             self.checkpoints.wait()  # a run that failed or was interrupted mid-write
         except DdlkitError as err:

@@ -82,6 +82,8 @@ def main(argv: list[str] | None = None) -> int:
         # the ranks of one job share its job file: its name (unique per job directory) tells them
         # apart from the ranks of any other job that might reach the same port
         dist.connect(job_id=str(job.get("name")))
+        if d.get("hang_stacks", True):
+            dist.write_stacks_on_hang(job_dir)
         if dist.world_size > 1:
             report_phase(dist, f"{dist.world_size} ranks connected", "ranks connected")
         record_phase("ranks connected")  # one rank: connected to no one, at once
@@ -102,7 +104,7 @@ def main(argv: list[str] | None = None) -> int:
             resume_from=resolve_resume(job_dir, cfg.trainer.resume),
             name=job.get("name"),
         )
-        dist.track_step(lambda: run.state.step)
+        dist.track_step(lambda: run.state.step, lambda: run.telemetry.where)
         run.install_signal_handlers()
         if dist.is_main and (checked := run.storage.check_access(run.name)):
             print(f"ddlkit: {checked}", flush=True)

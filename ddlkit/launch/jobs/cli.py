@@ -25,7 +25,7 @@ from typing import Any, TextIO
 
 from ...errors import ConfigError, DdlkitError, exit_code_for
 from ...interfaces import JobHandle, JobStatus
-from ...jobdir import JOB_FILE, RESULT_FILE
+from ...jobdir import JOB_FILE, RESULT_FILE, TELEMETRY_FILE
 from ...result import STATUS
 from .. import index
 
@@ -113,12 +113,33 @@ def cmd_status(args: argparse.Namespace, out: TextIO) -> int:
         out.write(f"sweep:     {sub.sweep_decision}\n")
     if status.message:
         out.write(status.message.rstrip() + "\n")
+    out.write(_ranks_view(Path(sub.job_dir), running=not status.state.done))
     result = Path(sub.job_dir) / RESULT_FILE
     if status.state.done and result.is_file():
         data = json.loads(result.read_text(encoding="utf-8"))
         shown = {f.name: data.get(f.name) for f in STATUS if f.name in data}
         out.write(f"result:    {json.dumps(shown)}\n")
     return 0
+
+
+def _ranks_view(job_dir: Path, *, running: bool) -> str:
+    """The ranks' step telemetry as rank 0 last wrote it (every trainer.log_every steps): each rank's
+    images/sec, its data wait and its wait for the others as shares of its step time, stragglers marked."""
+    try:
+        view = json.loads((job_dir / TELEMETRY_FILE).read_text(encoding="utf-8"))
+        rows, named = view["ranks"], set(view.get("stragglers") or ())
+    except (OSError, ValueError, KeyError, TypeError):
+        return ""  # one rank, a target whose ranks write elsewhere, or no logging step yet
+    age = f" (written {_ago(view['time'])})" if running and view.get("time") else ""
+    header = "  rank  node  host              img/s  data wait  sync wait"
+    lines = [f"ranks:     at step {view.get('step')}{age}", header]
+    for r in rows:
+        mark = "  <- straggler" if r["rank"] in named else ""
+        lines.append(
+            f"  {r['rank']:>4}  {r['node']:>4}  {str(r['host'])[:16]:<16} {r['images_per_sec']:>6.1f}  "
+            f"{r['data_wait']:>9.0%}  {r['sync_wait']:>9.0%}{mark}"
+        )
+    return "\n".join(lines) + "\n"
 
 
 def _restart_line(number: int, restart: dict[str, Any]) -> str:
