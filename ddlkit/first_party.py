@@ -87,6 +87,7 @@ PLUGINS: tuple[Provider, ...] = (
     ),
     Provider("ddlkit-wandb", "pip install -e ./plugins/ddlkit-wandb", (("logger", "wandb"),)),
     Provider("ddlkit-tensorboard", "pip install -e ./plugins/ddlkit-tensorboard", (("logger", "tensorboard"),)),
+    Provider("ddlkit-mlflow", "pip install -e ./plugins/ddlkit-mlflow", (("logger", "mlflow"),)),
 )
 
 
