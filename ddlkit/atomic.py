@@ -69,6 +69,15 @@ def write_text(path: Path, text: str) -> None:
         raise
 
 
+def replace_text(path: Path, text: str) -> None:
+    """Replace ``path`` whole with ``text`` (a reader sees the old file or the new one), without
+    syncing it to disk: for views rewritten often (a progress file), where a crash may lose the
+    latest but must not leave half of one."""
+    tmp = Path(path).with_name(f".{Path(path).name}.{os.getpid()}.tmp")
+    tmp.write_text(text, encoding="utf-8")
+    os.replace(tmp, path)
+
+
 def write_json(path: Path, obj: Any) -> None:
     write_text(path, json.dumps(obj, indent=2, sort_keys=True, default=str) + "\n")
 

@@ -240,6 +240,9 @@ class DistConfig:
     # seconds without a heartbeat from a rank (stopped, hung) before the others say so, and
     # again after each further such period; a slow but live rank keeps sending them
     warn_after_s: float = checked(60.0, at_least(1, "at least 1 (seconds)"))
+    # each rank times its steps' phases (data wait, compute, waits for the others); rank 0 gathers them every
+    # trainer.log_every steps: per-rank metrics, telemetry.json (ddlkit jobs status), the straggler verdict
+    telemetry: bool = True
     # when a rank is silent for warn_after_s, every rank that answers writes the Python stacks of all its
     # threads (and native frames, where py-spy is installed) to <job dir>/hang/rank-N.txt
     hang_stacks: bool = True

@@ -10,6 +10,7 @@ publishing it (:mod:`.results`), the start-up phases (:mod:`.phases`).
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import sys
@@ -22,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 from omegaconf import open_dict
 
-from ..atomic import write_json
+from ..atomic import replace_text
 from ..callbacks import CallbackPlugin
 from ..callbacks import load as load_callbacks
 from ..checkpoint import BEST, CHECKPOINT_DIR
@@ -42,7 +43,7 @@ from .preemption import Preempted, StopRequest
 from .profiling import ProfileWindow
 from .results import keep_results
 from .schedule import LRSchedule
-from .telemetry import HOST, StepTelemetry, StragglerWatch, rank_table
+from .telemetry import HOST, TELEMETRY_EVERY_S, StepTelemetry, StragglerWatch, rank_table
 from .throughput import ThroughputMeter
 
 if TYPE_CHECKING:
@@ -112,11 +113,12 @@ class Run:
         #: trainer.profile's window of steps (ddlkit.rank.profiling); None when it is off
         self.profile = ProfileWindow.of(self)
         #: this rank's step phases; on rank 0 of several, the verdict on stragglers (dist.straggler_factor)
-        self.telemetry = StepTelemetry(dist.rank, t.batch_size * self.accumulate, sync_clock=dist)
         d = cfg.dist
+        self.telemetry = StepTelemetry(dist.rank, t.batch_size * self.accumulate, sync_clock=dist, enabled=d.telemetry)
+        self._telemetry_due = 0.0
         self.stragglers = (
             StragglerWatch(d.straggler_factor, d.straggler_window)
-            if dist.is_main and dist.world_size > 1 and d.straggler_factor
+            if dist.is_main and dist.world_size > 1 and d.straggler_factor and d.telemetry
             else None
         )
         self.state = RunState()
@@ -380,7 +382,7 @@ class Run:
         the recent rate, to the loggers and the ``ddlkit_step_end`` hooks."""
         st = self.state
         self.last_loss = loss() if callable(loss) else float(loss)
-        mine = {"t": self.telemetry.summary(), "node": self.dist.node, "host": HOST}
+        mine = {"t": self.telemetry.summary(), "node": self.dist.node, "host": HOST} if self.telemetry.enabled else None
         # rank 0 logs the loss of the global batch (every rank then judges the same value), and gathers
         # the ranks' step telemetry in the same round trip
         means, ranks = self.dist.mean_and_gather({"loss": self.last_loss}, mine)
@@ -400,7 +402,7 @@ class Run:
             # none yet at the first step of an attempt: a rate needs two
             **({"images_per_sec": rate} if rate is not None else {}),
         }
-        if ranks is not None and len(ranks) > 1:
+        if ranks is not None and len(ranks) > 1 and self.telemetry.enabled:
             metrics.update(self._rank_telemetry(st.step, ranks))
         for lg in self.loggers:
             lg.log_metrics(st.step, metrics, split="train")
@@ -417,10 +419,11 @@ class Run:
                 print(line, file=sys.stderr, flush=True)
         table = rank_table(ranks)
         current = self.stragglers.current if self.stragglers is not None else {}
-        write_json(
-            self.job_dir / TELEMETRY_FILE,
-            {"step": step, "time": round(time.time(), 3), "ranks": table, "stragglers": sorted(current)},
-        )
+        if time.monotonic() >= self._telemetry_due or step >= self.total_steps:
+            # a view for `ddlkit jobs status`, not data: replaced whole, not synced to disk, at most every few s
+            self._telemetry_due = time.monotonic() + TELEMETRY_EVERY_S
+            view = {"step": step, "time": round(time.time(), 3), "ranks": table, "stragglers": sorted(current)}
+            replace_text(self.job_dir / TELEMETRY_FILE, json.dumps(view))
         keys = ("images_per_sec", "data_wait", "sync_wait")
         return {f"rank{row['rank']}/{key}": row[key] for row in table for key in keys}
 

@@ -26,6 +26,8 @@ from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+#: the shortest time between two writes of the job directory's telemetry.json (rank 0's view of the ranks)
+TELEMETRY_EVERY_S = 2.0
 #: this rank's host, as the telemetry names it
 HOST = socket.gethostname()
 #: the phases a rank's step time is split into, as a summary names them
@@ -44,8 +46,10 @@ class StepTelemetry:
     """One rank's clock of its step phases. ``where`` says what it is doing now (the heartbeats
     carry it, so that a hang report can say which rank is not in the collective the others wait in)."""
 
-    def __init__(self, rank: int, local_batch: int, sync_clock: Any = None) -> None:
+    def __init__(self, rank: int, local_batch: int, sync_clock: Any = None, *, enabled: bool = True) -> None:
         self.rank, self.local_batch = rank, local_batch
+        #: dist.telemetry: off, the phases are not timed (a hang report still says the phase)
+        self.enabled = enabled
         #: the cumulative seconds this rank waited in control-plane collectives (ControlPlane.wait_s), or None
         self.sync_clock = sync_clock
         self.where = "starting"
@@ -64,6 +68,12 @@ class StepTelemetry:
     def phase(self, name: str) -> Iterator[None]:
         """Time a ``data`` or ``step`` phase of the current step."""
         before, self.where = self.where, _WHERE[name]
+        if not self.enabled:
+            try:
+                yield
+            finally:
+                self.where = before
+            return
         start = time.perf_counter()
         try:
             yield
