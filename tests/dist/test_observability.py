@@ -97,6 +97,9 @@ def test_a_rank_slowed_from_outside_is_named_within_50_steps_with_its_phase(
     ).stdout
     rows = re.findall(r"^\s+(\d)\s+0\s+\S+\s+[\d.]+\s+\d+%\s+\d+%", status, re.M)
     assert rows == ["0", "1", "2", "3"], status
+    assert re.search(
+        r"^straggler: rank 2 \(node 0\) from step \d+ to (step \d+|the end), up to \d+ % slower", status, re.M
+    ), status
 
 
 def test_ranks_that_keep_pace_are_never_named(tmp_path: Path, dt: SimpleNamespace) -> None:

@@ -119,6 +119,12 @@ def cmd_status(args: argparse.Namespace, out: TextIO) -> int:
         data = json.loads(result.read_text(encoding="utf-8"))
         shown = {f.name: data.get(f.name) for f in STATUS if f.name in data}
         out.write(f"result:    {json.dumps(shown)}\n")
+        for s in data.get("stragglers") or ():
+            until = f"to step {s['until']}" if s.get("until") is not None else "to the end"
+            out.write(
+                f"straggler: rank {s['rank']} (node {s['node']}) from step {s['since']} {until}, up to "
+                f"{s['slower_pct']:.0f} % slower than the others: {s['phase']} {s['phase_share']:.0%} of its time\n"
+            )
     return 0
 
 
