@@ -756,3 +756,53 @@ def test_a_rank_killed_on_slurm_restarts_the_job_as_a_new_slurm_job(
     status = run_factory.cli("jobs", "status", str(outcome.job_dir)).assert_success()
     assert f"; it ended at step 6 as {entry['ended_id']} (" in status.stdout, status.stdout
     assert f"target:    compute=slurm, id {record['id']}" in status.stdout
+
+
+@pytest.mark.slow
+def test_a_stopped_rank_on_slurm_gets_the_others_stacks_written_and_is_named(
+    slurm_cluster: str, tmp_path: Path
+) -> None:
+    """Issue 42: the hang report works where srun starts the ranks -- rank 2 is stopped (SIGSTOP),
+    ranks 0 and 1 write their stacks into the shared job directory, and rank 0 names rank 2."""
+    from ddlkit.testing.multirank import worker_pids
+
+    job_dir = tmp_path / "hung"
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "ddlkit",
+            "framework=fake",
+            "compute=slurm",
+            "compute.procs_per_node=3",
+            "dist=native",
+            "compute.poll_interval_s=0.5",
+            "dist.warn_after_s=3",
+            "restart.max_restarts=0",
+            *SLOW,
+            f"hydra.run.dir={job_dir}",
+        ],
+        env={**os.environ, "DDLKIT_PLUGINS": FAKES_MODULE},
+        cwd=tmp_path,
+        text=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+    )
+    try:
+        log = job_dir / "slurm.log"
+        wait_for(lambda: log.exists() and "step 10/" in log.read_text(), "the job to train", timeout=90, process=proc)
+        os.kill(worker_pids(job_dir)[2], signal.SIGSTOP)
+        report = "ddlkit: rank 2 does not answer"
+        wait_for(lambda: report in log.read_text(), "rank 0's hang report", timeout=60, process=proc)
+    finally:
+        subprocess.run(["scancel", submission(job_dir)["id"]], check=False)
+        for pid in worker_pids(job_dir).values():
+            os.kill(pid, signal.SIGKILL)
+        proc.kill()
+        proc.wait()
+    text = log.read_text()
+    assert "ddlkit: stacks of rank(s) 0, 1 written to hang/" in text, text
+    assert "ddlkit: rank(s) 0, 1 wait in " in text, text
+    for rank in (0, 1):
+        stacks = (job_dir / f"hang/rank-{rank}.txt").read_text()
+        assert stacks.startswith(f"# rank {rank} of 3 on ") and "in train_epochs" in stacks, stacks[:500]
