@@ -15,7 +15,8 @@ import ddlkit
 from ddlkit import ConfigError
 from ddlkit.launch.validate import validate
 from ddlkit.plugins import DdlkitPluginManager
-from ddlkit.rank.profiling import PROFILE_DIR, ProfileWindow
+from ddlkit.profiling import PROFILE_DIR
+from ddlkit.rank.profiling import ProfileWindow
 from ddlkit.registry import Registry
 from ddlkit.testing import RunFactory, add_plugin, compose, fakes, make_run, with_default_framework
 

@@ -16,7 +16,7 @@ from ..config import check_one_global_batch, to_container
 from ..custom import launch_dir
 from ..errors import ConfigError
 from ..interfaces import ComputeTarget, Framework, StorageBackend
-from ..rank.profiling import check_window
+from ..profiling import check_window
 from ..registry import HOOK_POINTS, Registry
 from . import elastic
 from .hydra_errors import check_composed

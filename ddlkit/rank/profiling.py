@@ -20,35 +20,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ..errors import ConfigError
+from ..profiling import PROFILE_DIR, check_window, window
 
 if TYPE_CHECKING:
     from ..interfaces import Profiler, RunContext
-
-#: the job directory's folder of traces
-PROFILE_DIR = "profile"
-
-
-def window(profile: Any) -> tuple[int, int] | None:
-    """``trainer.profile``'s first and last step, or None when it is off (start_step null or 0)."""
-    if not profile.start_step:
-        return None
-    return profile.start_step, profile.start_step + profile.num_steps - 1
-
-
-def check_window(profile: Any, total_steps: int, why: str = "") -> None:
-    """A ConfigError when ``trainer.profile``'s window ends past the run's ``total_steps``
-    (``why``: how that number comes about, for the message)."""
-    steps = window(profile)
-    if steps is None or steps[1] <= total_steps:
-        return
-    first, last = steps
-    because = f" ({why})" if why else ""
-    raise ConfigError(
-        f"trainer.profile.start_step={first} with trainer.profile.num_steps={profile.num_steps} profiles "
-        f"steps {first}-{last}, past the run's last step {total_steps}{because}: lower "
-        "trainer.profile.start_step or trainer.profile.num_steps."
-    )
 
 
 def _pause(meter: Any) -> None:
