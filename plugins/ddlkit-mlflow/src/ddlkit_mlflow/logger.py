@@ -10,8 +10,9 @@
   and refuses to open unless `MLFLOW_ALLOW_FILE_STORE=true`.
   `mlflow ui --backend-store-uri sqlite:///<job dir>/mlflow.db` shows it.
 - **One MLflow run per job**, in the experiment `logger.mlflow.experiment` (default `ddlkit`,
-  created when missing), named after the job. Its id is kept in `<job dir>/.ddlkit/mlflow-run.json`,
-  so a restarted, resumed or retried job continues the same run.
+  created when missing), named after the job. Its id is kept in `<job dir>/.ddlkit/mlflow-run.json`
+  (and the run is tagged with the job's name, which is unique to its directory, for a target that
+  does not bring `.ddlkit/` back), so a restarted, resumed or retried job continues the same run.
 - **A parent run per sweep**: under `ddlkit -m` (the sweep launcher sets `DDLKIT_SWEEP_NAME` for
   every job) each job's run is nested under one run named after the sweep, found by its tags or
   created by the first job to start (`logger.mlflow.nest_sweeps=false`: no parent). The parent is
@@ -208,7 +209,7 @@ class MlflowLogger(ddlkit.Logger):
         sweep = os.environ.get(SWEEP_NAME_ENV)
         kept = _read_json(run.job_dir / RUN_FILE)
         run_id = kept.get("run_id") if isinstance(kept, dict) and kept.get("tracking_uri") == uri else None
-        existing = self._existing(run_id)
+        existing = self._existing(run_id) if run_id else self._job_run(experiment_id, run.name)
         # a parent needs one store for the whole sweep: the default one is each job's own
         nest = self.cfg.nest_sweeps and not self.local
         parent = self._sweep_parent(experiment_id, sweep) if sweep and nest else None
@@ -218,16 +219,15 @@ class MlflowLogger(ddlkit.Logger):
                 tags[PARENT_TAG] = parent
             created = self.client.create_run(experiment_id, tags=tags, run_name=self.cfg.run_name or run.name)
             self.run_id = created.info.run_id
-            write_text(
-                run.job_dir / RUN_FILE,
-                json.dumps({"run_id": self.run_id, "experiment_id": experiment_id, "tracking_uri": uri}) + "\n",
-            )
             logged: dict[str, str] = {}
         else:
             self.run_id = existing.info.run_id
             self.client.update_run(self.run_id, status="RUNNING")
             logged = dict(existing.data.params)
             self._resume_after(existing, run)
+        if self.run_id != run_id:
+            record = {"run_id": self.run_id, "experiment_id": experiment_id, "tracking_uri": uri}
+            write_text(run.job_dir / RUN_FILE, json.dumps(record) + "\n")
         if parent is not None:
             self.client.update_run(parent, status="RUNNING")
         self.parent = parent
@@ -270,6 +270,15 @@ class MlflowLogger(ddlkit.Logger):
         except MlflowException:
             return None
         return None if found.info.lifecycle_stage == "deleted" else found
+
+    def _job_run(self, experiment_id: str, job: str) -> Any:
+        """The job's run when its id was not kept here (a target that copies the job directory to
+        its nodes leaves ``.ddlkit/`` behind): the one tagged with the job's name, which is unique
+        to its directory."""
+        found = self.client.search_runs(
+            [experiment_id], filter_string=f"tags.`ddlkit.job` = '{_quote(job)}'", max_results=1
+        )
+        return found[0] if found else None
 
     def _resume_after(self, existing: Any, run: RunContext) -> None:
         """A run continued from an earlier attempt: steps at or below what it has already logged of
@@ -359,9 +368,21 @@ class MlflowLogger(ddlkit.Logger):
         """Wait until the metrics sent in the background have reached MLflow (all but the last
         ``keep`` calls'). Called when a checkpoint is saved (:mod:`ddlkit_mlflow.plugin`): every
         step up to a checkpoint is then in the run, so a job resumed from it leaves no gap."""
+        from mlflow.exceptions import MlflowException
+
         done, self.pending = self.pending[: len(self.pending) - keep], self.pending[len(self.pending) - keep :]
+        failed: list[str] = []
         for operations in done:
-            operations.wait()
+            try:
+                operations.wait()
+            except MlflowException as err:  # the server went away: training goes on, the job says so
+                failed.append((str(err).strip().splitlines() or [type(err).__name__])[0])
+        if failed:
+            print(
+                f"ddlkit: logger.mlflow: {len(failed)} of the metric batches sent in the background did not reach "
+                f"MLflow run {self.run_id} ({failed[0][:300]})",
+                flush=True,
+            )
 
     # ------------------------------------------------------------------------------ finish
     def finish(self, status: str, result: Mapping[str, Any] | None) -> None:
