@@ -31,57 +31,79 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+class Server:
+    """A real ``mlflow server`` (SQLite store, artifacts it serves itself) in ``root``."""
+
+    def __init__(self, root: Path) -> None:
+        port = free_port()
+        mlflow = shutil.which("mlflow", path=str(Path(sys.executable).parent)) or shutil.which("mlflow")
+        if mlflow is None:
+            pytest.fail("the tests need the mlflow package's server: pip install mlflow")
+        self.log = open(root / "server.log", "wb")  # noqa: SIM115 -- open for the server's life
+        self.proc = subprocess.Popen(
+            [
+                mlflow,
+                "server",
+                "--backend-store-uri",
+                f"sqlite:///{root / 'mlflow.db'}",
+                "--artifacts-destination",
+                str(root / "artifacts"),
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(port),
+                "--workers",
+                "1",
+            ],
+            stdout=self.log,
+            stderr=subprocess.STDOUT,
+            cwd=root,
+            start_new_session=True,  # its workers go with it
+            env={**os.environ, "MLFLOW_TRACKING_URI": ""},
+        )
+        self.uri = f"http://127.0.0.1:{port}"
+        deadline = time.monotonic() + 120
+        while True:
+            try:
+                with urllib.request.urlopen(self.uri + "/health", timeout=2) as answer:
+                    if answer.status == 200:
+                        break
+            except OSError:
+                pass
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                self.stop()
+                pytest.fail(
+                    f"mlflow server did not start:\n{(root / 'server.log').read_text(errors='replace')[-3000:]}"
+                )
+            time.sleep(0.5)
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait()
+        self.log.close()
+
+
 @pytest.fixture(scope="session")
 def mlflow_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    """A real ``mlflow server`` (SQLite store, artifacts it serves itself) for the session: its URI."""
-    if shutil.which("mlflow") is None and not Path(sys.executable).with_name("mlflow").exists():
-        pytest.fail("the tests need the mlflow package's server: pip install mlflow")
-    root = tmp_path_factory.mktemp("mlflow-server")
-    port = free_port()
-    mlflow = shutil.which("mlflow", path=str(Path(sys.executable).parent)) or "mlflow"
-    log = open(root / "server.log", "wb")  # noqa: SIM115 -- open for the server's life
-    proc = subprocess.Popen(
-        [
-            mlflow,
-            "server",
-            "--backend-store-uri",
-            f"sqlite:///{root / 'mlflow.db'}",
-            "--artifacts-destination",
-            str(root / "artifacts"),
-            "--host",
-            "127.0.0.1",
-            "--port",
-            str(port),
-            "--workers",
-            "1",
-        ],
-        stdout=log,
-        stderr=subprocess.STDOUT,
-        cwd=root,
-        start_new_session=True,  # its workers go with it
-        env={**os.environ, "MLFLOW_TRACKING_URI": ""},
-    )
-    uri = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 120
-    while True:
-        try:
-            with urllib.request.urlopen(uri + "/health", timeout=2) as answer:
-                if answer.status == 200:
-                    break
-        except OSError:
-            pass
-        if proc.poll() is not None or time.monotonic() > deadline:
-            proc.kill()
-            log.close()
-            pytest.fail(f"mlflow server did not start:\n{(root / 'server.log').read_text(errors='replace')[-3000:]}")
-        time.sleep(0.5)
+    """The session's MLflow server: its URI."""
+    server = Server(tmp_path_factory.mktemp("mlflow-server"))
     try:
-        yield uri
+        yield server.uri
     finally:
-        os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-        log.close()
+        server.stop()
+
+
+@pytest.fixture
+def own_mlflow_server(tmp_path: Path) -> Iterator[Server]:
+    """A server of the test's own, which it may stop."""
+    (tmp_path / "own-server").mkdir()
+    server = Server(tmp_path / "own-server")
+    try:
+        yield server
+    finally:
+        server.stop()

@@ -21,7 +21,7 @@ from omegaconf import OmegaConf
 
 import ddlkit
 import ddlkit_mlflow.plugin
-from ddlkit.testing import FAKES_MODULE, RunFactory, add_plugin, compose, fakes
+from ddlkit.testing import FAKES_MODULE, RunFactory, add_plugin, compose, fakes, make_run
 from ddlkit.testing.contracts import LoggerContract
 from ddlkit.testing.core import DdlkitPluginManager, Registry, job_name, validate
 from ddlkit_mlflow.logger import (
@@ -101,6 +101,7 @@ def test_logger_mlflow_is_registered_with_its_options(ddlkit_pm: DdlkitPluginMan
         "nest_sweeps": True,
         "log_model": False,
         "async_logging": True,
+        "send_every_s": 2.0,
     }
 
 
@@ -111,6 +112,10 @@ def test_logger_mlflow_is_registered_with_its_options(ddlkit_pm: DdlkitPluginMan
             ["logger.mlflow.log_model=true", "trainer.save_model=false"],
             "logger.mlflow.log_model=true uploads the trained model, which trainer.save_model=false does not write; "
             "set one of them differently.",
+        ),
+        (
+            ["logger.mlflow.send_every_s=-1"],
+            "logger.mlflow.send_every_s=-1.0 is invalid: seconds between sends, 0 or more.",
         ),
         (
             ["logger.mlflow.experiment=' '"],
@@ -371,6 +376,32 @@ def test_two_ranks_log_one_run(run_factory: RunFactory, mlflow_server: str) -> N
         "local_mpi",
     )
     assert [s for s, _ in steps(mlflow_server, run.info.run_id)] == [1, 2, 3, 4]
+
+
+# ---------------------------------------------------------------------------- a server that goes away
+@pytest.mark.slow
+def test_metrics_that_do_not_reach_a_server_gone_away_are_reported_not_fatal(
+    own_mlflow_server: Any,
+    ddlkit_pm: DdlkitPluginManager,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """The server stops while the job trains: the metrics sent in the background fail (MLflow's client
+    retries are cut to none here), the checkpoint's flush says so in one line, training goes on."""
+    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
+    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_TIMEOUT", "5")
+    run = make_run(ddlkit_pm, tmp_path / "job", "trainer.epochs=1", "data.length=320")
+    logger = MlflowLogger(OmegaConf.structured(MlflowConfig(tracking_uri=own_mlflow_server.uri, experiment="e")))
+    logger.start(run)
+    logger.log_metrics(1, {"loss": 1.0}, split="train")
+    logger.flush()
+    own_mlflow_server.stop()
+    logger.log_metrics(2, {"loss": 0.5}, split="train")
+    logger.flush()  # as ddlkit_checkpoint_saved calls it
+    out = capsys.readouterr().out
+    reported = f"1 of the metric batches sent in the background did not reach MLflow run {logger.run_id}"
+    assert f"ddlkit: logger.mlflow: {reported}" in out, out
 
 
 # ---------------------------------------------------------------------------- the test kit's contract

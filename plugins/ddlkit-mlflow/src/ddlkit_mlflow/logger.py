@@ -28,9 +28,11 @@
   metric's points, so a job that resumes from step S after its run had reached step L > S logs
   from step L + 1 on: the run keeps the interrupted attempt's values for steps S + 1 to L (the job
   says so; `metrics.jsonl` has the resumed attempt's), and every step appears once, in order.
-  Sent in the background (MLflow's asynchronous logging; `logger.mlflow.async_logging=false`:
-  each call waits), and waited for at each checkpoint and when the job ends, so a job killed and
-  resumed from its checkpoint has every step up to it in the run.
+  Sent together every `logger.mlflow.send_every_s` seconds (2; each request costs the job's
+  process a few milliseconds of CPU, one per step would be a per-cent of a fast step), in the
+  background (MLflow's asynchronous logging; `logger.mlflow.async_logging=false`: the send waits),
+  and sent and waited for at each checkpoint and when the job ends, so a job killed and resumed
+  from its checkpoint has every step up to it in the run. Measured: `benchmarks/mlflow_overhead.py`.
 - **Artifacts**: `result.json` when the job completed; `logger.mlflow.log_model=true` also uploads
   `model.*` (the trained weights, so `trainer.save_model=true`) under `model/`.
 - **Tags**: `ddlkit.job` (the job's name), `ddlkit.job_dir`, `ddlkit.compute`, `ddlkit.framework`,
@@ -136,6 +138,9 @@ class MlflowConfig:
     log_model: bool = False
     # send metrics in the background (MLflow's asynchronous logging), waited for at checkpoints and the end
     async_logging: bool = True
+    # seconds between two sends of the metrics logged since (one request for all of them: each costs
+    # the job's process milliseconds of CPU); 0 = a request at every logging step
+    send_every_s: float = 2.0
 
 
 def shown_uri(uri: str) -> str:
@@ -177,6 +182,10 @@ class MlflowLogger(ddlkit.Logger):
             )
         if not str(self.cfg.experiment).strip():
             raise ddlkit.ConfigError("logger.mlflow.experiment is empty: name an MLflow experiment (default ddlkit).")
+        if self.cfg.send_every_s < 0:
+            raise ddlkit.ConfigError(
+                f"logger.mlflow.send_every_s={self.cfg.send_every_s} is invalid: seconds between sends, 0 or more."
+            )
         if self.cfg.log_model and not config.trainer.save_model:
             raise ddlkit.ConfigError(
                 "logger.mlflow.log_model=true uploads the trained model, which "
@@ -200,6 +209,8 @@ class MlflowLogger(ddlkit.Logger):
 
         self.job_dir = run.job_dir
         self.pending: list[Any] = []
+        self.buffer: list[Any] = []
+        self.sent_at = time.monotonic()
         self.skip_to: dict[str, int] = {}
         self.last_step = 0
         uri = self.cfg.tracking_uri or os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{run.job_dir / LOCAL_DB}"
@@ -350,24 +361,33 @@ class MlflowLogger(ddlkit.Logger):
         from mlflow.entities import Metric
 
         now = int(time.time() * 1000)
-        batch = []
         for key, value in metrics.items():
             name = f"{split}/{key}"
-            if step <= self.skip_to.get(name, -1):
-                continue
-            batch.append(Metric(name, float(value), now, step))
+            if step > self.skip_to.get(name, -1):
+                self.buffer.append(Metric(name, float(value), now, step))
         self.last_step = max(self.last_step, step)
-        for chunk in _chunks(batch, MAX_METRICS_PER_BATCH):
+        if len(self.buffer) >= MAX_METRICS_PER_BATCH or time.monotonic() - self.sent_at >= self.cfg.send_every_s:
+            self._send()
+
+    def _send(self) -> None:
+        """One request (per MLflow's 1000 metrics) for the metrics logged since the last."""
+        for chunk in _chunks(self.buffer, MAX_METRICS_PER_BATCH):
             pending = self.client.log_batch(self.run_id, metrics=chunk, synchronous=not self.cfg.async_logging)
             if pending is not None:
                 self.pending.append(pending)
+        self.buffer, self.sent_at = [], time.monotonic()
         if len(self.pending) > 1000:  # long done, as a rule: waiting costs nothing
-            self.flush(keep=100)
+            self._wait(keep=100)
 
-    def flush(self, keep: int = 0) -> None:
-        """Wait until the metrics sent in the background have reached MLflow (all but the last
-        ``keep`` calls'). Called when a checkpoint is saved (:mod:`ddlkit_mlflow.plugin`): every
-        step up to a checkpoint is then in the run, so a job resumed from it leaves no gap."""
+    def flush(self) -> None:
+        """Send what is logged and wait until it has reached MLflow. Called when a checkpoint is
+        saved (:mod:`ddlkit_mlflow.plugin`): every step up to a checkpoint is then in the run, so a
+        job resumed from it leaves no gap; and when the job ends."""
+        self._send()
+        self._wait()
+
+    def _wait(self, keep: int = 0) -> None:
+        """Wait for the background sends, all but the last ``keep``."""
         from mlflow.exceptions import MlflowException
 
         done, self.pending = self.pending[: len(self.pending) - keep], self.pending[len(self.pending) - keep :]
