@@ -97,6 +97,41 @@ def test_every_rank_holds_identical_weights(runs: dict[str, Path], backend: str)
     assert not np.allclose(rank0["fc.weight"], start["fc.weight"]), "the weights did not move"
 
 
+def test_a_rank_slowed_in_its_step_is_named_and_the_other_waits_in_ddps_all_reduce(tmp_path: Path) -> None:
+    """Issue 42: rank 1 is stopped for 0.2 s of every 0.4 s (SIGSTOP, SIGCONT) while it trains; rank
+    0 waits for it inside DDP's gradient all-reduce, which the plugin times (a comm hook notes its
+    last bucket ready), so rank 1 is named a straggler for its compute. Without that timing both
+    ranks' steps look alike -- each waits in the backward pass -- and no one is named."""
+    job_dir = tmp_path / "slowed"
+    launcher = DistJobs(tmp_path).start(
+        *TRAIN,
+        *TWO_RANKS,
+        "dist=native",
+        "data.length=4096",
+        "trainer.max_steps=100",
+        "trainer.log_every=10",
+        "dist.straggler_window=30",
+        job_dir=job_dir,
+    )
+    read_lines_until(launcher, "first step done", timeout=120)
+    rank_1 = worker_pids(job_dir)[1]
+    try:
+        while launcher.poll() is None:
+            os.kill(rank_1, signal.SIGSTOP)
+            time.sleep(0.2)
+            os.kill(rank_1, signal.SIGCONT)
+            time.sleep(0.2)
+    except ProcessLookupError:
+        pass
+    output, _ = launcher.communicate(timeout=300)
+    assert launcher.returncode == 0, output
+    named = re.search(r"ddlkit: rank (\d) on node 0 is \d+ % slower than the median of the others .*: (\w+)", output)
+    assert named and named[1] == "1" and named[2] == "compute", output
+    logged = [json.loads(line) for line in (job_dir / "metrics.jsonl").read_text().splitlines()]
+    rank_0_waits = [m["rank0/sync_wait"] for m in logged if m["split"] == "train"]
+    assert max(rank_0_waits) > 0.2, rank_0_waits  # rank 0 waited for rank 1, and it shows
+
+
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_two_ranks_step_like_one_rank_with_twice_the_batch(runs: dict[str, Path], backend: str) -> None:
     start = initial_weights()

@@ -99,6 +99,7 @@ import importlib.util
 import os
 import random
 import sys
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from enum import StrEnum
@@ -538,6 +539,8 @@ class PytorchFramework(ddlkit.Framework):
                         loss = loss_fn(step_model(images), labels)
                     scaler.scale(loss / n if n > 1 else loss).backward()
                 total = loss.detach() if total is None else total + loss.detach()
+            # the wait for the others, so that a straggler is told from the ranks that wait for it
+            run.telemetry.add_sync(replicas.waited())
             replicas.step(optimizer, scaler, clip_grad_norm=t.clip_grad_norm, parameters=parameters)
             scaler.update()
             mean = total / n if n > 1 else total
@@ -675,6 +678,8 @@ class Replicas:
             "static_graph": f.ddp_static_graph,
         }
         self.hvd: Any = None
+        #: dist=native on the CPU: when this rank's last gradient bucket of the step was ready (perf_counter)
+        self.last_bucket_ready: float | None = None
         #: dist=fsdp: the sharded model, and the process group its checkpoints are written over
         self.root: Any = None
         self.checkpoint_group: Any = None
@@ -740,13 +745,16 @@ class Replicas:
             from torch.nn.parallel import DistributedDataParallel
 
             device_ids = [self.device.index] if self.device.type == "cuda" else None
-            return DistributedDataParallel(
+            ddp = DistributedDataParallel(
                 model,
                 device_ids=device_ids,
                 bucket_cap_mb=self.ddp["bucket_cap_mb"],
                 gradient_as_bucket_view=self.ddp["gradient_as_bucket_view"],
                 static_graph=self.ddp["static_graph"],
             )
+            if self.device.type == "cpu":
+                ddp.register_comm_hook(self, _timed_allreduce)
+            return ddp
         if self.hvd is not None:
             self.hvd.broadcast_parameters(model.state_dict(), root_rank=0)
             # only a resumed optimizer has state to share (every rank loaded the same checkpoint,
@@ -782,6 +790,13 @@ class Replicas:
         torch.set_rng_state(rng)
         if cuda_rng is not None:
             torch.cuda.set_rng_state(cuda_rng, self.device)
+
+    def waited(self) -> float:
+        """Seconds this rank waited for the others in the step's gradient all-reduce (DDP on the
+        CPU, whose backward pass returns once every bucket is summed): from its last bucket ready
+        to now, the end of the backward pass; 0 where that cannot be seen (GPUs, other backends)."""
+        ready, self.last_bucket_ready = self.last_bucket_ready, None
+        return time.perf_counter() - ready if ready is not None else 0.0
 
     def accumulating(self, model: Any, *, last: bool) -> contextlib.AbstractContextManager:
         """Around a micro-batch's forward and backward pass: DDP's ``no_sync`` unless it is the
@@ -825,6 +840,16 @@ class Replicas:
             tdist.destroy_process_group()
         elif self.hvd is not None:
             self.hvd.shutdown()
+
+
+def _timed_allreduce(replicas, bucket):  # type: ignore[no-untyped-def]  # DDP checks annotations against its own
+    """DDP's own all-reduce (torch's ``allreduce_hook``: the same sums as without a hook), noting
+    when this rank's bucket was ready: the last one's time, to the end of the backward pass, is
+    how long this rank waited for the slowest (:meth:`Replicas.waited`)."""
+    from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
+
+    replicas.last_bucket_ready = time.perf_counter()
+    return allreduce_hook(None, bucket)
 
 
 def init_process_group(device: Any, *, rank: int, world_size: int, timeout: Any) -> None:
