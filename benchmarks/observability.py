@@ -29,7 +29,6 @@ import json
 import os
 import re
 import signal
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -38,7 +37,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from _common import one_thread_env, summary, write_result
+from _common import RESULTS, one_thread_env, summary, write_result
 
 FAKES = {"DDLKIT_PLUGINS": "ddlkit.testing.fakes"}
 
@@ -166,9 +165,49 @@ def clean_runs(work: Path, runs: int) -> dict[str, Any]:
     return {"runs": runs, "steps_each": 400, "ranks": 4, "runs_naming_a_straggler": sum(1 for n in named if n)}
 
 
+def unit_cost(work: Path) -> dict[str, Any]:
+    """The telemetry's own cost, timed alone in this process (no noise of other jobs): per step,
+    the two timed phases and the tick; per logging step, the summary, and on rank 0 the verdict
+    and the per-rank table over 4 and over 64 ranks."""
+    import timeit
+
+    from ddlkit.rank.telemetry import StepTelemetry, StragglerWatch, rank_table
+
+    clock = StepTelemetry(0, 32)
+
+    def one_step() -> None:
+        with clock.phase("data"):
+            pass
+        with clock.phase("step"):
+            pass
+        clock.tick()
+
+    n = 200_000
+    per_step = min(timeit.repeat(one_step, number=n, repeat=5)) / n
+    out: dict[str, Any] = {"per_step_us": round(per_step * 1e6, 3)}
+    for ranks in (4, 64):
+        watch = StragglerWatch(1.2, 50)
+        summaries = [clock.summary() | {"steps": 10, "wall": 0.1, "sync": 0.01} for _ in range(ranks)]
+        gathered = [{"t": s, "node": 0, "host": "h"} for s in summaries]
+        step = iter(range(10, 10**9, 10))
+
+        def log_step(summaries=summaries, gathered=gathered, watch=watch, step=step) -> None:  # type: ignore[no-untyped-def]
+            clock.summary()
+            watch.observe(next(step), summaries)
+            rank_table(gathered)
+
+        m = 2000
+        out[f"per_logging_step_us_{ranks}_ranks"] = round(min(timeit.repeat(log_step, number=m, repeat=5)) / m * 1e6, 1)
+    return out
+
+
+#: the console's progress lines: the runs that are watched as they go
+WATCHED = ["logger=[console,jsonl]"]
+
+
 def time_to_name(work: Path) -> dict[str, Any]:
     job_dir = work / "slowed"
-    args = [*FAKE, "compute.procs_per_node=4", "trainer.max_steps=300", "framework.step_delay_s=0.02"]
+    args = [*FAKE, *WATCHED, "compute.procs_per_node=4", "trainer.max_steps=300", "framework.step_delay_s=0.02"]
     proc = start(args, job_dir)
     lines = Lines(proc)
     lines.wait_for(r"step 100/", 300)
@@ -199,6 +238,7 @@ def time_to_stacks(work: Path) -> dict[str, Any]:
     job_dir = work / "hung"
     args = [
         *FAKE,
+        *WATCHED,
         "compute.procs_per_node=4",
         "trainer.max_steps=100000",
         "framework.step_delay_s=0.02",
@@ -232,23 +272,33 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--clean-runs", type=int, default=10)
+    parser.add_argument(
+        "--parts",
+        default="unit_cost,overhead,clean_runs,time_to_name,time_to_stacks",
+        help="the parts to measure; the others' figures stay as the JSON has them",
+    )
     args = parser.parse_args()
     load = os.getloadavg()[0]
-    with tempfile.TemporaryDirectory(prefix="ddlkit-observability-") as tmp:
-        work = Path(tmp)
-        payload = {
-            "load_average_at_start": round(load, 2),
-            # a quiet machine: nothing else on its cores (the load average says what was)
-            "quiet": load < 0.5,
-            "overhead": overhead(work, args.rounds),
-            "clean_runs": clean_runs(work, args.clean_runs),
-            "time_to_name": time_to_name(work),
-            "time_to_stacks": time_to_stacks(work),
-        }
-    for name, o in payload["overhead"].items():
-        print(f"{name}: telemetry on/off images/sec median {statistics.median(o['ratio_on_over_off']['samples']):.4f}")
-    print(json.dumps({k: payload[k] for k in ("clean_runs", "time_to_name", "time_to_stacks")}, indent=2))
-    print(f"wrote {write_result('observability', payload)}")
+    parts = {
+        "overhead": lambda work: overhead(work, args.rounds),
+        "clean_runs": lambda work: clean_runs(work, args.clean_runs),
+        "time_to_name": time_to_name,
+        "time_to_stacks": time_to_stacks,
+        "unit_cost": unit_cost,
+    }
+    path = RESULTS / "observability.json"
+    payload = json.loads(path.read_text()) if path.is_file() else {}
+    payload.pop("machine", None)
+    with tempfile.TemporaryDirectory(prefix="ddlkit-observability-", ignore_cleanup_errors=True) as tmp:
+        for part in args.parts.split(","):
+            # a quiet machine: nothing else on its cores (the load average before the part says what was)
+            payload[part] = {"load_average_before": round(os.getloadavg()[0], 2), **parts[part](Path(tmp))}
+            payload["quiet"] = load < 0.5 and payload.get("quiet", True)
+            write_result("observability", payload)  # each part as it is measured
+    for name, o in payload.get("overhead", {}).items():
+        if isinstance(o, dict):
+            print(f"{name}: telemetry on/off images/sec median {o['ratio_on_over_off']['median']:.4f}")
+    print(f"wrote {path}")
 
 
 if __name__ == "__main__":

@@ -17,6 +17,7 @@ that makes the difference, and says when it keeps pace again.
 
 from __future__ import annotations
 
+import bisect
 import socket
 import statistics
 import time
@@ -184,9 +185,10 @@ class StragglerWatch:
         totals = {rank: _total(h) for rank, h in self._history.items()}
         if not totals or min(t["steps"] for t in totals.values()) < self.window / 2:
             return said  # too few steps yet to judge: a rank's first steps are its slowest
+        # each rank against the median of the others: one sort, then each rank's own value left out
+        ordered = sorted(own_time(t) for t in totals.values())
         for rank, mine in totals.items():
-            others = [own_time(t) for r, t in totals.items() if r != rank]
-            median = statistics.median(others)
+            median = _median_without(ordered, own_time(mine))
             ratio = own_time(mine) / median if median > 0 else 1.0
             named = self.current.get(rank)
             if named is None and ratio >= self.factor:
@@ -229,6 +231,17 @@ class StragglerWatch:
     def record(self) -> list[dict[str, Any]]:
         """result.json's ``stragglers``: every episode, the current ones with ``until`` None."""
         return [asdict(s) for s in self.episodes]
+
+
+def _median_without(ordered: list[float], value: float) -> float:
+    """The median of the sorted ``ordered`` with one occurrence of ``value`` left out."""
+    i = bisect.bisect_left(ordered, value)
+    n = len(ordered) - 1
+
+    def at(k: int) -> float:  # the k-th of the others
+        return ordered[k if k < i else k + 1]
+
+    return at(n // 2) if n % 2 else (at(n // 2 - 1) + at(n // 2)) / 2
 
 
 def _total(history: deque) -> dict[str, float]:
