@@ -112,6 +112,9 @@ DDLKIT_ENV = (
 RESULT_KEYS = result_schema.NAMES
 #: pytest itself rewrites this one around every phase of a test
 _PYTEST_ENV = "PYTEST_CURRENT_TEST"
+#: variables a library sets when it is first imported, whichever test imports it first: not the test's doing
+#: (scikit-learn's, which Optuna imports where it is installed -- MLflow brings it)
+_SET_ON_IMPORT = frozenset({"KMP_DUPLICATE_LIB_OK", "KMP_INIT_AT_FORK"})
 #: the groups ddlkit.config.store_schemas stores besides the hook points
 _CORE_GROUPS = ("trainer", "dist", "experiment")
 #: what DDLKIT_PLUGINS names to load the fakes in a subprocess
@@ -506,7 +509,7 @@ def ddlkit_isolation(tmp_path: Path) -> Iterator[None]:
             leaked = sorted(
                 k
                 for k in set(env_before) | set(os.environ)
-                if k != _PYTEST_ENV and env_before.get(k) != os.environ.get(k)
+                if k != _PYTEST_ENV and k not in _SET_ON_IMPORT and env_before.get(k) != os.environ.get(k)
             )
             current = os.environ.get(_PYTEST_ENV)
             os.environ.clear()
