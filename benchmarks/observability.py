@@ -27,17 +27,17 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
 import signal
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 from typing import Any
 
 from _common import RESULTS, one_thread_env, summary, write_result
+
+from ddlkit.testing.multirank import Lines, worker_pids
 
 FAKES = {"DDLKIT_PLUGINS": "ddlkit.testing.fakes"}
 
@@ -97,34 +97,6 @@ def run(args: list[str], job_dir: Path) -> tuple[dict[str, Any], str]:
     if proc.returncode != 0:
         raise RuntimeError(f"ddlkit {' '.join(args)} failed ({proc.returncode}):\n{output[-3000:]}")
     return json.loads((job_dir / "result.json").read_text()), output
-
-
-class Lines:
-    """A launcher's lines as they come, each with when it came."""
-
-    def __init__(self, proc: subprocess.Popen) -> None:
-        self.lines: list[tuple[float, str]] = []
-        threading.Thread(target=self._read, args=(proc,), daemon=True).start()
-
-    def _read(self, proc: subprocess.Popen) -> None:
-        assert proc.stdout is not None
-        for line in proc.stdout:
-            self.lines.append((time.monotonic(), line))
-
-    def wait_for(self, pattern: str, timeout: float) -> tuple[float, re.Match[str]]:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            for when, line in list(self.lines):
-                if found := re.search(pattern, line):
-                    return when, found
-            time.sleep(0.02)
-        raise RuntimeError(f"no line matching {pattern!r} within {timeout} s")
-
-
-def worker_pids(job_dir: Path) -> dict[int, int]:
-    from ddlkit.testing.multirank import worker_pids as pids
-
-    return pids(job_dir)
 
 
 def overhead(work: Path, rounds: int) -> dict[str, Any]:

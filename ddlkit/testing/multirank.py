@@ -8,11 +8,13 @@ What a framework plugin needs to show that N ranks step like one rank with N tim
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 import sys
+import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -119,6 +121,34 @@ def read_lines_until(proc: subprocess.Popen, needle: str, timeout: float) -> str
         if time.monotonic() > deadline:
             break
     raise AssertionError(f"no line with {needle!r} in the launcher's output:\n{''.join(seen)}")
+
+
+class Lines:
+    """A launcher's output lines as they come, each with when it came (``time.monotonic()``): for
+    tests and benchmarks that act on a running job and time what it says."""
+
+    def __init__(self, proc: subprocess.Popen) -> None:
+        self.lines: list[tuple[float, str]] = []
+        assert proc.stdout is not None
+        threading.Thread(target=self._read, args=(proc.stdout,), daemon=True).start()
+
+    def _read(self, stream: Iterable[str]) -> None:
+        for line in stream:
+            self.lines.append((time.monotonic(), line))
+
+    def wait_for(self, pattern: str, timeout: float) -> tuple[float, re.Match[str]]:
+        """When the first line matching ``pattern`` came, and its match."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            for when, line in list(self.lines):
+                if found := re.search(pattern, line):
+                    return when, found
+            time.sleep(0.02)
+        raise AssertionError(f"no line matching {pattern!r} within {timeout} s:\n{self.text}")
+
+    @property
+    def text(self) -> str:
+        return "".join(line for _, line in self.lines)
 
 
 def load_weights(path: Path) -> dict[str, np.ndarray]:

@@ -11,12 +11,13 @@ import shutil
 import signal
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+
+from ddlkit.testing.multirank import Lines
 
 pytestmark = pytest.mark.slow
 
@@ -37,33 +38,6 @@ FOUR_RANKS = [
 ]
 
 
-class Output:
-    """The launcher's lines as they come, each with the time it came."""
-
-    def __init__(self, proc: subprocess.Popen) -> None:
-        self.lines: list[tuple[float, str]] = []
-        assert proc.stdout is not None
-        self._thread = threading.Thread(target=self._read, args=(proc.stdout,), daemon=True)
-        self._thread.start()
-
-    def _read(self, stream) -> None:  # type: ignore[no-untyped-def]
-        for line in stream:
-            self.lines.append((time.monotonic(), line))
-
-    def wait_for(self, pattern: str, timeout: float) -> tuple[float, re.Match[str]]:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            for when, line in list(self.lines):
-                if found := re.search(pattern, line):
-                    return when, found
-            time.sleep(0.05)
-        raise AssertionError(f"no line matching {pattern!r} within {timeout} s:\n{self.text}")
-
-    @property
-    def text(self) -> str:
-        return "".join(line for _, line in self.lines)
-
-
 def test_a_rank_slowed_from_outside_is_named_within_50_steps_with_its_phase(
     tmp_path: Path, dt: SimpleNamespace
 ) -> None:
@@ -71,7 +45,7 @@ def test_a_rank_slowed_from_outside_is_named_within_50_steps_with_its_phase(
     half again as long as the others, which wait for it; rank 0 names it, in result.json too."""
     job_dir = tmp_path / "job"
     launcher = dt.DistJobs(tmp_path).start(*FOUR_RANKS, "trainer.max_steps=300", job_dir=job_dir)
-    out = Output(launcher)
+    out = Lines(launcher)
     out.wait_for(r"step 100/", timeout=180)
     slowed_from = int(json.loads((job_dir / "telemetry.json").read_text())["step"])
     rank_2 = dt.worker_pids(job_dir)[2]
@@ -120,7 +94,7 @@ def test_a_silent_rank_gets_every_other_ranks_stacks_written_and_is_named(tmp_pa
     launcher = dt.DistJobs(tmp_path).start(
         *FOUR_RANKS, "trainer.max_steps=100000", "dist.warn_after_s=3", "dist.timeout_s=60", job_dir=job_dir
     )
-    out = Output(launcher)
+    out = Lines(launcher)
     try:
         out.wait_for(r"step 50/", timeout=180)
         rank_2 = dt.worker_pids(job_dir)[2]
