@@ -24,15 +24,9 @@ from __future__ import annotations
 
 import argparse
 import os
-import shutil
-import signal
-import socket
 import statistics
-import subprocess
-import sys
 import tempfile
 import time
-import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -42,43 +36,9 @@ os.environ.setdefault("MKL_NUM_THREADS", "1")
 
 from _common import make_job, run_worker, summary, write_result  # noqa: E402
 
+from ddlkit_mlflow.testing import MlflowServer  # noqa: E402
+
 SIDES = ("console", "mlflow_async", "mlflow_sync")
-
-
-def start_server(root: Path) -> tuple[subprocess.Popen[bytes], str]:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    mlflow = shutil.which("mlflow", path=str(Path(sys.executable).parent)) or "mlflow"
-    proc = subprocess.Popen(
-        [
-            mlflow,
-            "server",
-            "--backend-store-uri",
-            f"sqlite:///{root / 'mlflow.db'}",
-            "--artifacts-destination",
-            str(root / "artifacts"),
-            "--host",
-            "127.0.0.1",
-            "--port",
-            str(port),
-            "--workers",
-            "1",
-        ],
-        stdout=open(root / "server.log", "wb"),  # noqa: SIM115 -- the server's for its life
-        stderr=subprocess.STDOUT,
-        start_new_session=True,
-    )
-    uri = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline:
-        try:
-            with urllib.request.urlopen(uri + "/health", timeout=2):
-                return proc, uri
-        except OSError:
-            time.sleep(0.5)
-    os.killpg(proc.pid, signal.SIGKILL)
-    raise RuntimeError(f"mlflow server did not start: {(root / 'server.log').read_text()[-2000:]}")
 
 
 def main() -> None:
@@ -110,8 +70,8 @@ def main() -> None:
     cpu: dict[str, list[float]] = {side: [] for side in SIDES}
     images = args.batch * args.steps
     with tempfile.TemporaryDirectory() as tmp:
-        server, uri = start_server(Path(tmp))
-        try:
+        with MlflowServer(Path(tmp)) as server:
+            uri = server.uri
             run_worker(make_job(Path(tmp) / "warm-up", common))
             for r in range(args.rounds):
                 order = SIDES if r % 2 == 0 else SIDES[::-1]
@@ -138,9 +98,6 @@ def main() -> None:
                     ),
                     flush=True,
                 )
-        finally:
-            os.killpg(server.pid, signal.SIGTERM)
-            server.wait(timeout=30)
     medians = {side: summary(ips[side]) for side in SIDES}
     per_round = {
         side: [m / c for m, c in zip(ips[side], ips["console"], strict=True)]

@@ -145,7 +145,7 @@ def unit_cost(work: Path) -> dict[str, Any]:
 
     from ddlkit.rank.telemetry import StepTelemetry, StragglerWatch, rank_table
 
-    clock = StepTelemetry(0, 32)
+    clock = StepTelemetry(32)
 
     def one_step() -> None:
         with clock.phase("data"):

@@ -95,7 +95,7 @@ def test_step_telemetry_splits_a_step_into_its_own_time_and_its_waits() -> None:
         wait_s = 0.0
 
     plane = Plane()
-    clock = StepTelemetry(rank=0, local_batch=8, sync_clock=plane)
+    clock = StepTelemetry(local_batch=8, sync_clock=plane)
     clock.tick()  # the first step of a start has no wall time to share
     for _ in range(4):
         with clock.phase("data"):

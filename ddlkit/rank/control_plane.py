@@ -31,7 +31,7 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from ..compute.layout import CONTROL_ADDR_ENV
 from ..errors import RankLostError, RunError
@@ -382,10 +382,8 @@ class ControlPlane:
             self._watch()
 
     def _current_step(self) -> int | None:
-        try:
-            return self.step()
-        except Exception:  # never let a bad reading stop the heartbeats: the others would call this rank hung
-            return None
+        # never let a bad reading stop the heartbeats: the others would call this rank hung
+        return _safely(self.step, None)
 
     def _silent(self) -> list[tuple[int, float, int | None]]:
         """(peer, last heard from, its step then) for each connected peer silent for warn_after_s."""
@@ -435,7 +433,8 @@ class ControlPlane:
     def _doing(self) -> dict[str, Any]:
         """Where this rank is: its step, its phase, the control-plane collective it is in."""
         op = self.in_op
-        return {"step": self._current_step(), "where": _safely(self.where), "op": f"`{op[0]}` #{op[1]}" if op else ""}
+        step, where = self._current_step(), _safely(self.where, "")
+        return {"step": step, "where": where, "op": f"`{op[0]}` #{op[1]}" if op else ""}
 
     def _answer_dump(self, message: dict[str, Any]) -> None:
         doing = self._doing()
@@ -526,15 +525,17 @@ class ControlPlane:
         return sorted(self._left | self._left_relayed)
 
 
+_T = TypeVar("_T")
 #: seconds rank 0 waits for the ranks' stack files
 _DUMP_WAIT_S = 15.0
 
 
-def _safely(read: Callable[[], str]) -> str:
+def _safely(read: Callable[[], _T], default: _T) -> _T:
+    """What ``read()`` says, or ``default`` if it fails: a reading for a heartbeat or a hang report."""
     try:
         return read()
     except Exception:
-        return ""
+        return default
 
 
 def _header(rank: int, world_size: int, doing: dict[str, Any], why: str, pid: int | None = None) -> str:

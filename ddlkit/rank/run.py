@@ -114,7 +114,7 @@ class Run:
         self.profile = ProfileWindow.of(self)
         #: this rank's step phases; on rank 0 of several, the verdict on stragglers (dist.straggler_factor)
         d = cfg.dist
-        self.telemetry = StepTelemetry(dist.rank, t.batch_size * self.accumulate, sync_clock=dist, enabled=d.telemetry)
+        self.telemetry = StepTelemetry(t.batch_size * self.accumulate, sync_clock=dist, enabled=d.telemetry)
         self._telemetry_due = 0.0
         self.stragglers = (
             StragglerWatch(d.straggler_factor, d.straggler_window)

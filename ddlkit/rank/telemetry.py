@@ -47,17 +47,18 @@ class StepTelemetry:
     """One rank's clock of its step phases. ``where`` says what it is doing now (the heartbeats
     carry it, so that a hang report can say which rank is not in the collective the others wait in)."""
 
-    def __init__(self, rank: int, local_batch: int, sync_clock: Any = None, *, enabled: bool = True) -> None:
-        self.rank, self.local_batch = rank, local_batch
-        #: dist.telemetry: off, the phases are not timed (a hang report still says the phase)
+    def __init__(self, local_batch: int, sync_clock: Any = None, *, enabled: bool = True) -> None:
+        self.local_batch = local_batch
+        #: dist.telemetry: off, rank 0 gathers no summaries (the clock's few microseconds a step still run:
+        #: a hang report says the phase)
         self.enabled = enabled
         #: the cumulative seconds this rank waited in control-plane collectives (ControlPlane.wait_s), or None
         self.sync_clock = sync_clock
         self.where = "starting"
-        self._reset(time.perf_counter())
+        self._reset()
         self._last_tick: float | None = None
 
-    def _reset(self, now: float) -> None:
+    def _reset(self) -> None:
         self.steps = 0
         self.wall = self.data = self.step = self.sync = 0.0
         self._sync_mark = self._sync_total()
@@ -69,12 +70,6 @@ class StepTelemetry:
     def phase(self, name: str) -> Iterator[None]:
         """Time a ``data`` or ``step`` phase of the current step."""
         before, self.where = self.where, _WHERE[name]
-        if not self.enabled:
-            try:
-                yield
-            finally:
-                self.where = before
-            return
         start = time.perf_counter()
         try:
             yield
@@ -110,7 +105,7 @@ class StepTelemetry:
             self.wall += now - self._last_tick
             self.steps += 1
         else:  # the first step after a start or a pause: its phases have no wall time to share
-            self._reset(now)
+            self._reset()
         self._last_tick = now
         self.where = "between steps"
 
@@ -136,7 +131,7 @@ class StepTelemetry:
             "other": max(wall - data - compute - sync, 0.0) / steps,
             "images_per_sec": self.local_batch * self.steps / wall if wall > 0 else 0.0,
         }
-        self._reset(time.perf_counter())
+        self._reset()
         return out
 
 

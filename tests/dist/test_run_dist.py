@@ -156,7 +156,8 @@ def test_a_stopped_rank_is_named_while_the_job_waits_and_when_it_fails(tmp_path:
     assert warned_after < 10, f"the first warning came {warned_after:.1f} s after the stop, for dist.warn_after_s=3"
     # the launcher's report quotes the log of rank 0, the rank that failed first: it names rank 1
     report = output[output.index("ddlkit: error: ") :]
-    # `any` (the stop agreement) or `allreduce_mean` (a logging step's mean loss): where rank 1 stopped decides
+    # `any` (the stop agreement) or `mean_and_gather` (a logging step's mean loss and telemetry): where rank 1
+    # stopped decides
     assert re.search(
         rf"ddlkit worker \(rank 0\): RankLostError: rank 1 did not reach `\w+` within 20 s "
         rf"\(dist.timeout_s\): rank 1 stopped answering at step {found[1]}, \d+ s ago",

@@ -1,9 +1,11 @@
-"""``trainer.profile`` with ``framework=tensorflow`` (issue 42, item 4): TensorFlow's profiler through
-the real CLI writes its ``.xplane.pb`` under the job directory's ``profile/``, in TensorBoard's
-layout, with the window's steps as step traces."""
+"""``trainer.profile`` with ``framework=tensorflow`` and ``framework=keras`` (issue 42, item 4):
+TensorFlow's profiler, which both plugins use, through the real CLI writes its ``.xplane.pb`` under
+the job directory's ``profile/``, in TensorBoard's layout, with the window's steps as step traces
+(Keras's fit reports them through its callback)."""
 
 from __future__ import annotations
 
+import importlib.util
 from pathlib import Path
 
 import pytest
@@ -17,7 +19,6 @@ xplane_pb2 = pytest.importorskip("tensorflow.tsl.profiler.protobuf.xplane_pb2")
 pytestmark = pytest.mark.slow
 
 TINY = [
-    "framework=tensorflow",
     "model=resnet18",
     "data.image_size=32",
     "data.num_classes=10",
@@ -50,9 +51,21 @@ def traced_steps(xplane: Path) -> list[int]:
     return sorted(steps)
 
 
-def test_the_profile_of_the_window_in_tensorboards_layout(tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    "framework",
+    [
+        "tensorflow",
+        pytest.param(
+            "keras",
+            marks=pytest.mark.skipif(
+                importlib.util.find_spec("ddlkit_keras") is None, reason="the ddlkit-keras plugin is not installed"
+            ),
+        ),
+    ],
+)
+def test_the_profile_of_the_window_in_tensorboards_layout(tmp_path: Path, framework: str) -> None:
     outcome = RunFactory(tmp_path)(
-        *TINY, "trainer.profile.start_step=2", "trainer.profile.num_steps=2", timeout=300
+        f"framework={framework}", *TINY, "trainer.profile.start_step=2", "trainer.profile.num_steps=2", timeout=300
     ).assert_success()
     assert outcome.result["status"] == "completed" and outcome.job_dir is not None
     found = list((outcome.job_dir / "profile").rglob("*.xplane.pb"))
