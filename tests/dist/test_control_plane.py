@@ -456,7 +456,7 @@ def test_a_pause_shorter_than_the_timeout_is_reported_and_then_forgiven(tmp_path
     assert re.fullmatch(r"ddlkit: rank 1 is answering again, after [2-5] s of silence", lines[-1]), lines
 
 
-def _rank_2_stops(ctx: DistContext) -> tuple[list[str], float]:
+def _rank_2_stops(ctx: DistContext, rank_1_heard: Path) -> tuple[list[str], float]:
     """What ranks 0 and 1 say of rank 2, which stops after a barrier, and how long after it they say it."""
     ctx.track_step(lambda: 5)
     ctx.barrier()
@@ -464,12 +464,20 @@ def _rank_2_stops(ctx: DistContext) -> tuple[list[str], float]:
     if ctx.rank == 2:
         os.kill(os.getpid(), signal.SIGSTOP)
     silent = wait_for(ctx.silent_ranks, "rank 2 to be named silent", timeout=20)
-    return silent, time.monotonic() - passed
+    waited = time.monotonic() - passed
+    if ctx.rank == 1:
+        rank_1_heard.touch()
+    else:
+        # rank 0 names rank 2 from its own clock, before its next heartbeat tells rank 1: were it to end
+        # now, rank 1 would never hear it
+        wait_for(rank_1_heard.exists, "rank 1 to hear of rank 2 from rank 0", timeout=20)
+    return silent, waited
 
 
 @pytest.mark.slow
 def test_every_rank_can_name_a_stopped_rank_that_only_rank_0_hears(tmp_path: Path) -> None:
-    out = collect(*start_ranks(3, _rank_2_stops, plane=Plane(warn_after_s=1.0, stderr_dir=tmp_path)), ranks=[0, 1])
+    body = functools.partial(_rank_2_stops, rank_1_heard=tmp_path / "rank-1-heard")
+    out = collect(*start_ranks(3, body, plane=Plane(warn_after_s=1.0, stderr_dir=tmp_path)), ranks=[0, 1])
     about = r" \(its process is stopped or hung, or its host or the network is\)"
     for rank, witness in ((0, ""), (1, ", as rank 0 sees it")):
         kind, answer = out[rank]
