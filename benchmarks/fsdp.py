@@ -13,25 +13,28 @@ attention: read images/sec as relative figures, not as ViT's speed at 224 px.
 1. **native / fsdp / fsdp+ac** (``dist=native``; ``dist=fsdp``; ``dist=fsdp
    framework.activation_checkpointing=true``): ``images_per_sec`` (warm-up steps excluded) and
    ``peak_memory_mib`` (the largest peak RSS over the ranks) from ``result.json``. The memory ratio
-   fsdp/native is given twice: measured (peak RSS, which holds much besides the model's state:
-   torch, the activations, the gloo buffers, the input pool, and DDP's gradient buckets for native)
-   and estimated for the model's state alone -- parameters, gradients and AdamW's two moments,
-   16 bytes a parameter: 16 P per rank for native, 16 P / N for fsdp (issue goal: <= 0.6).
+   fsdp/native is given twice: for the model's state (``model_state_mib``: rank 0's parameters,
+   gradients and AdamW's two moments, its shards under fsdp; issue goal: <= 0.6; beside it the
+   estimate of 16 bytes a parameter, 16 P per rank for native and 16 P / N for fsdp), and for peak
+   RSS, which holds much besides the model's state: torch, the activations, the gloo buffers, the
+   input pool, DDP's gradient buckets for native, and the host copy of a background checkpoint.
 2. **hand-written**: ``benchmarks/_fsdp_loop.py`` under ``torchrun`` (``python -m
    torch.distributed.run --standalone --nproc_per_node 2``): the same model, blocks, AdamW,
    batch and data shape, with no framework. It runs right after (or, every other round, right
    before) the same round's ``dist=fsdp`` job; ``ddlkit_over_hand`` is their images/sec ratio per
    round, and its median (goal >= 0.98).
-3. **checkpoint stall**: ViT-B/16 with ``dist=fsdp``, ``trainer.checkpoint_every=3``, one line per
-   step in ``metrics.jsonl`` (``trainer.log_every=1``, each with its time), once with
+3. **checkpoint stall**: ViT-B/16 with ``dist=fsdp``, ``trainer.checkpoint_every=3``, once with
    ``trainer.checkpoint_async=true`` (ddlkit's default: the state is copied into host memory at
-   the step and written by a thread) and once with ``false`` (DCP writes at the step). A step's
-   duration is the time between its line and the previous one's; a checkpoint taken after step k
-   lands in step k + 1's duration, whose excess over the median of the run's other steps (warm-up
-   excluded) is the stall. The synchronous stall is the whole write; the goal is a background
-   stall <= 10 % of it. The background write competes with training for the 2 cores while it
-   runs: ``async_other_steps_slowdown_s`` is how much longer the other steps of the background
-   run are than those of the synchronous one (median against median).
+   the step and written by a thread) and once with ``false`` (DCP writes at the step). The stall is
+   how long each checkpoint held the training thread, from ``result.json``'s ``checkpoint_stall_s``
+   (the median over the job's checkpoints): the copy in the background, the whole write at once;
+   the goal is a background stall <= 10 % of the synchronous one. Beside it, from one line per step
+   in ``metrics.jsonl`` (``trainer.log_every=1``, each with its time), the checkpointing step's
+   excess over the median of the run's other steps (warm-up excluded; a checkpoint taken after step
+   k lands in step k + 1's duration): with 2 ranks on 2 cores the background writer has no core of
+   its own, so its work lands on the steps it overlaps -- the hold is the training thread's, the
+   excess the machine's. ``async_other_steps_slowdown_s`` is how much longer the other steps of the
+   background run are than those of the synchronous one (median against median).
 
 Rounds visit the configurations in an order that rotates from round to round. ViT-L/16 jobs are
 long (a minute or more of start-up, ~15 s a step here), so they run in ``--large-rounds`` rounds
@@ -248,6 +251,8 @@ def main() -> None:
     hand: list[dict[str, Any]] = []
     paired: list[float] = []
     stall: dict[str, list[float]] = {"sync": [], "async": []}
+    held: dict[str, list[float]] = {"sync": [], "async": []}
+    state: dict[str, dict[str, list[float]]] = {m: {v: [] for v in VARIANTS} for m in models}
     base_step: dict[str, list[float]] = {"sync": [], "async": []}
     loads: list[dict[str, Any]] = []
     failures: list[dict[str, str]] = []
@@ -273,6 +278,7 @@ def main() -> None:
                     result = run_job([*job_args(model, **shape), *VARIANTS[v]], work / f"{model}-{v}-{r}")
                     ips[model][v].append(result["images_per_sec"])
                     peak[model][v].append(result["peak_memory_mib"])
+                    state[model][v].append(result["model_state_mib"])
                     print(
                         f"round {r + 1} {model} {v}: {ips[model][v][-1]:.2f} images/s, "
                         f"peak {peak[model][v][-1]:.0f} MiB (load before {loads[-1]['load_1m_before']})",
@@ -294,7 +300,7 @@ def main() -> None:
                     job_dir = work / f"checkpoint-{mode}-{r}"
                     load(f"checkpoint {mode}")
                     try:
-                        run_job(
+                        result = run_job(
                             [
                                 *job_args(model, **{**shape, "steps": args.checkpoint_steps}),
                                 "dist=fsdp",
@@ -314,7 +320,15 @@ def main() -> None:
                     excess, base = stalls(job_dir, every=CHECKPOINT_EVERY, warmup=args.warmup)
                     stall[mode] += excess
                     base_step[mode].append(round(base, 3))
-                    print(f"round {r + 1} checkpoint {mode}: stalls {excess} s (other steps {base:.2f} s)", flush=True)
+                    measured = result["checkpoint_stall_s"]
+                    assert measured["background"] == (mode == "async"), measured
+                    held[mode].append(measured["median"])
+                    print(
+                        f"round {r + 1} checkpoint {mode}: training thread held {measured['median']} s a checkpoint "
+                        f"(median of {measured['checkpoints']}); checkpointing steps longer by {excess} s (other "
+                        f"steps {base:.2f} s)",
+                        flush=True,
+                    )
     cpu = watch.others_share()
 
     throughput: dict[str, Any] = {}
@@ -326,10 +340,13 @@ def main() -> None:
         n = parameters(model, args.image_size)
         native_state = n * STATE_BYTES_PER_PARAM / 2**20
         native_peak = statistics.median(peak[model]["native"])
+        measured_state = {v: statistics.median(state[model][v]) for v in VARIANTS}
         memory[model] = {
             "parameters": n,
             "model_state_mib_per_rank_estimate": {"native": round(native_state), "fsdp": round(native_state / RANKS)},
-            "model_state_ratio_estimate": round(1 / RANKS, 3),
+            # result.json's model_state_mib: rank 0's parameters, gradients and optimizer state (its shards)
+            "model_state_mib_per_rank": measured_state,
+            "model_state_ratio_fsdp_over_native": round(measured_state["fsdp"] / measured_state["native"], 3),
             "peak_ratio_fsdp_over_native": round(statistics.median(peak[model]["fsdp"]) / native_peak, 3),
             "peak_ratio_fsdp_ac_over_native": round(statistics.median(peak[model]["fsdp+ac"]) / native_peak, 3),
             "speed_ratio_fsdp_over_native": round(
@@ -344,13 +361,14 @@ def main() -> None:
         "peak_memory_mib": summary([h["peak_memory_mib"] for h in hand]),
     }
     hand_ratio = statistics.median(paired)
+    sync_held, async_held = statistics.median(held["sync"]), statistics.median(held["async"])
+    held_ratio = async_held / sync_held if sync_held > 0 else float("inf")
     sync_stall, async_stall = statistics.median(stall["sync"]), statistics.median(stall["async"])
     stall_ratio = async_stall / sync_stall if sync_stall > 0 else float("inf")
     goals = {
-        "model_state_ratio_le_0.6": {m: memory[m]["model_state_ratio_estimate"] <= 0.6 for m in models},
-        "peak_rss_ratio_le_0.6": {m: memory[m]["peak_ratio_fsdp_over_native"] <= 0.6 for m in models},
+        "model_state_ratio_le_0.6": {m: memory[m]["model_state_ratio_fsdp_over_native"] <= 0.6 for m in models},
         "ddlkit_over_hand_ge_0.98": hand_ratio >= 0.98,
-        "background_stall_le_0.1_of_sync": stall_ratio <= 0.1,
+        "background_stall_le_0.1_of_sync": held_ratio <= 0.1,
     }
     partial = args.quick or args.rounds < 3
     payload = {
@@ -384,10 +402,17 @@ def main() -> None:
             "goal": 0.98,
         },
         "checkpoint_stall": {
-            "sync_stall_s": summary(stall["sync"]),
-            "async_stall_s": summary(stall["async"]),
-            "async_over_sync": round(stall_ratio, 3),
+            # result.json's checkpoint_stall_s: how long each checkpoint held the training thread (per job: the
+            # median over its checkpoints)
+            "sync_held_s": summary(held["sync"]),
+            "async_held_s": summary(held["async"]),
+            "async_over_sync": round(held_ratio, 3),
             "goal": 0.1,
+            # the checkpointing steps' excess over the other steps: the hold plus, in the background, the writer
+            # thread's competition for the cores while it writes
+            "sync_step_excess_s": summary(stall["sync"]),
+            "async_step_excess_s": summary(stall["async"]),
+            "step_excess_async_over_sync": round(stall_ratio, 3),
             "other_steps_s": {mode: summary(v) for mode, v in base_step.items()},
             "async_other_steps_slowdown_s": round(
                 statistics.median(base_step["async"]) - statistics.median(base_step["sync"]), 3
@@ -412,7 +437,11 @@ def main() -> None:
             )
         print(f"{model} {json.dumps(memory[model])}")
     print(f"ddlkit/hand-written {hand_ratio} (rounds {paired}); goal >= 0.98")
-    print(f"checkpoint stall: sync {sync_stall:.2f} s, background {async_stall:.2f} s, ratio {stall_ratio:.3f}")
+    print(
+        f"checkpoint stall (training thread held): sync {sync_held:.3f} s, background {async_held:.3f} s, "
+        f"ratio {held_ratio:.3f}; checkpointing steps' excess: sync {sync_stall:.2f} s, background "
+        f"{async_stall:.2f} s, ratio {stall_ratio:.3f}"
+    )
     print(f"others' CPU share {cpu['others_share']}; quiet={payload['quiet']}")
     print(f"-> {path}")
 

@@ -120,6 +120,10 @@ FIELDS: tuple[Field, ...] = (
     #: since and until (steps; until null: to the end), slower_pct, and the phase that made the difference
     #: with its share of the rank's own time per step and the others' share (phase_share, others_share)
     Field("stragglers", list, None),
+    #: how long the checkpoints taken while training went on held rank 0's training thread: checkpoints,
+    #: background (whether they were written by a thread: trainer.checkpoint_async), median, max and
+    #: total seconds; a background write's copy of the state, or the whole write
+    Field("checkpoint_stall_s", dict, None),
 )
 BY_NAME: dict[str, Field] = {f.name: f for f in FIELDS}
 NAMES: frozenset[str] = frozenset(BY_NAME)

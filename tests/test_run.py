@@ -109,6 +109,20 @@ def test_a_checkpoint_written_in_the_background_lets_training_go_on_and_holds_th
     assert (out.job_dir / MODEL_FILE).read_bytes() == (at_once.job_dir / MODEL_FILE).read_bytes()
 
 
+def test_result_says_how_long_the_checkpoints_held_the_training_thread(run_inprocess) -> None:
+    """A slow disk (each write waits 1 s): the checkpoint of step 10, taken while training goes on,
+    holds the training thread for its copy only when it is written in the background, for the whole
+    write when not; the run's last checkpoint (step 15) is not a stall of training."""
+    slow = (*SMALL, "trainer.max_steps=15", "framework.save_delay_s=1")
+    synchronous = run_inprocess(*slow, "trainer.checkpoint_async=false").result["checkpoint_stall_s"]
+    background = run_inprocess(*slow).result["checkpoint_stall_s"]
+    assert (synchronous["checkpoints"], synchronous["background"]) == (1, False), synchronous
+    assert (background["checkpoints"], background["background"]) == (1, True), background
+    assert synchronous["median"] == synchronous["max"] == synchronous["total"] >= 1.0, synchronous
+    assert background["max"] < 0.5, background
+    assert run_inprocess(*SMALL, "trainer.max_steps=5").result["checkpoint_stall_s"] is None
+
+
 def test_the_checkpoint_checksum_is_a_setting(run_inprocess) -> None:
     out = run_inprocess(*SMALL, "trainer.max_steps=5", "trainer.checkpoint_checksum=sha256")
     manifest = json.loads((out.job_dir / "checkpoints" / "step-00000005.ckpt.manifest.json").read_text())

@@ -17,7 +17,9 @@ to say; this module keeps the files.
 
 from __future__ import annotations
 
+import statistics
 import threading
+import time
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
@@ -70,6 +72,10 @@ class CheckpointKeeper:
         self.snapshot: SnapshotFn | None = None
         #: called on the training thread with (path, step) once a checkpoint is complete
         self.on_written: Callable[[Path, int], None] = lambda path, step: None
+        #: seconds each checkpoint taken while training goes on held the training thread: the copy of
+        #: the state where it is written in the background, the whole write where not (result.json's
+        #: checkpoint_stall_s)
+        self.stalls: list[float] = []
         self._in_flight: _InFlight | None = None
 
     def remove_stale(self) -> None:
@@ -121,6 +127,7 @@ class CheckpointKeeper:
         the rest runs on a thread, and :meth:`poll` or :meth:`wait` completes it. A write still in
         the background is completed first: one at a time, in order."""
         assert self.save is not None, "Run.checkpointing() registers save before any checkpoint is due"
+        start = time.perf_counter()
         self.wait()
         path = self.directory / checkpoint_name(state.step)
         if background and self.snapshot is not None:
@@ -131,6 +138,22 @@ class CheckpointKeeper:
             self._write(path, state.step, lambda tmp: save(tmp, meta), meta)
             self._written(path, state.step)
         self.saved_at = (state.step, state.epoch)
+        if background:  # the job goes on training (the last checkpoint and a stop's are not asked in the background)
+            self.stalls.append(time.perf_counter() - start)
+
+    def stall_summary(self) -> dict[str, Any] | None:
+        """result.json's ``checkpoint_stall_s``: how long the checkpoints taken while training went
+        on held the training thread (median, max and total seconds), and whether they were written in
+        the background; None if there was none."""
+        if not self.stalls:
+            return None
+        return {
+            "checkpoints": len(self.stalls),
+            "background": self.snapshot is not None,
+            "median": round(statistics.median(self.stalls), 3),
+            "max": round(max(self.stalls), 3),
+            "total": round(sum(self.stalls), 3),
+        }
 
     def _write(self, path: Path, step: int, write: Callable[[Path], None], meta: dict[str, Any]) -> None:
         """Write checkpoint ``path`` with ``write``, its manifest, and move the pointer."""

@@ -591,6 +591,7 @@ class Run:
                 else None
             ),
             "stragglers": self.stragglers.record() if self.stragglers is not None else [],
+            "checkpoint_stall_s": self.checkpoints.stall_summary(),
         }
 
     def finish(self, status: str) -> dict[str, Any] | None:
