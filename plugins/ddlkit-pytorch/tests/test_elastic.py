@@ -84,13 +84,19 @@ JOB = (
 )
 
 
-def test_a_pytorch_job_that_loses_a_node_goes_on_with_the_global_batch_and_its_weights(tmp_path: Path) -> None:
+@pytest.mark.parametrize("dist", ["native", "fsdp"])
+def test_a_pytorch_job_that_loses_a_node_goes_on_with_the_global_batch_and_its_weights(
+    tmp_path: Path, dist: str
+) -> None:
+    """With dist=fsdp the survivor resumes from a checkpoint sharded over 2 ranks: loaded by
+    resharding onto 1 (issue 41)."""
     jobs = DistJobs(tmp_path)
     (tmp_path / "elastic_model.py").write_text(MODULE)
-    jobs.run(*JOB, job_dir=tmp_path / "straight").assert_success()
+    job = (*(arg for arg in JOB if not arg.startswith("dist=")), f"dist={dist}")
+    jobs.run(*job, job_dir=tmp_path / "straight").assert_success()
 
     job_dir = tmp_path / "elastic"
-    launcher = jobs.start(*JOB, "trainer.callbacks=[elastic_model:Slow]", job_dir=job_dir)
+    launcher = jobs.start(*job, "trainer.callbacks=[elastic_model:Slow]", job_dir=job_dir)
     try:
         read_lines_until(launcher, "step 5/", timeout=180)
         # node 1 is lost for good: marked down, then its rank killed

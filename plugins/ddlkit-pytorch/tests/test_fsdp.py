@@ -152,8 +152,9 @@ def test_vit_l_16_trains_on_two_ranks_holding_half_the_model_state(jobs: DistJob
     """ViT-L/16 (304 M parameters) with AdamW: replicated, each rank holds 16 bytes per parameter
     of model state (4.5 GiB: weights, gradients, two moments); sharded over 2 ranks, half of that
     (result.json's model_state_mib). The process's peak RSS also holds what is not model state
-    (the interpreter and torch, the full model built once before it is sharded, activations, the
-    allocator's slack): measured 3.6-4.4 GiB against 5.1 GiB, asserted loosely."""
+    (the interpreter and torch, activations, the checkpoint write's copies): measured 2.9 GiB
+    against 5.1 GiB (0.57x), asserted loosely; 3.75 GiB (0.73x) while glibc's malloc kept the
+    blocks sharding frees (framework.fsdp_mmap_threshold_mib=0)."""
     vit = [
         "framework=pytorch",
         "model=vit_l_16",
@@ -174,4 +175,4 @@ def test_vit_l_16_trains_on_two_ranks_holding_half_the_model_state(jobs: DistJob
     peak = {d: r["peak_memory_mib"] for d, r in results.items()}
     assert state["native"] == pytest.approx(304_326_632 * 16 / 2**20, rel=0.01), state
     assert state["fsdp"] <= 0.51 * state["native"], state
-    assert peak["native"] > state["native"] and peak["fsdp"] < 0.9 * peak["native"], peak
+    assert peak["native"] > state["native"] and peak["fsdp"] < 0.65 * peak["native"], peak

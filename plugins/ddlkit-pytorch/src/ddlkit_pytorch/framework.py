@@ -109,7 +109,7 @@ from typing import TYPE_CHECKING, Any
 import ddlkit
 from ddlkit import cpu, threads
 from ddlkit.horovod import horovod_built_with
-from ddlkit.options import POSITIVE, checked
+from ddlkit.options import POSITIVE, Rule, checked
 
 from .components import KERNEL_OPTIMIZERS
 
@@ -157,6 +157,11 @@ class PytorchConfig:
     # dist=fsdp: free a block's gathered parameters after its forward pass and gather them again
     # for its backward (the least memory); false keeps them until then (fewer all-gathers)
     fsdp_reshard_after_forward: bool = True
+    # dist=fsdp on the CPU: glibc's malloc serves blocks of at least this many MiB (<= 32) with mmap,
+    # which returns them to the system when freed, instead of raising that threshold as such blocks
+    # are freed and keeping them in its heap (ViT-L/16, 2 ranks: peak RSS 3.75 -> 2.89 GiB a rank);
+    # 0 leaves malloc as it is, as does a MALLOC_MMAP_THRESHOLD_ set in the environment
+    fsdp_mmap_threshold_mib: int = checked(1, Rule(lambda v: 0 <= v <= 32, "between 0 and 32 (MiB)"))
     # recompute each block's activations in the backward pass instead of keeping them from the
     # forward (any dist; the blocks as for fsdp): less memory for about a third more compute
     activation_checkpointing: bool = False
@@ -287,6 +292,10 @@ class PytorchFramework(ddlkit.Framework):
             raise cpu.fp16_refusal("pytorch", f"this rank computes on {device.type}")
         if device.type == "cpu" and run.dist.is_main and (slow := cpu.bf16_warning(precision)):
             print(f"ddlkit: warning: {slow}", file=sys.stderr, flush=True)
+        if run.cfg.dist.backend == "fsdp" and device.type == "cpu" and self.cfg.fsdp_mmap_threshold_mib:
+            from .sharded import return_large_frees
+
+            return_large_frees(self.cfg.fsdp_mmap_threshold_mib)  # before the model is built
 
     def _build(self, run: ddlkit.RunContext, device: Any) -> _Parts:
         """The model (checked, on the device), its optimizer, loss and metrics, and the replicas."""
