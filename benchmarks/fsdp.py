@@ -10,8 +10,9 @@ those of the 224 px models but for the position embedding), **batch 8 per rank**
 this size a step is mostly the optimizer, the collectives and the weights' traffic, not the
 attention: read images/sec as relative figures, not as ViT's speed at 224 px.
 
-1. **native / fsdp / fsdp+ac** (``dist=native``; ``dist=fsdp``; ``dist=fsdp
-   framework.activation_checkpointing=true``): ``images_per_sec`` (warm-up steps excluded) and
+1. **native / fsdp / fsdp+ac / fsdp-mmap-1mib** (``dist=native``; ``dist=fsdp``; ``dist=fsdp
+   framework.activation_checkpointing=true``; ``dist=fsdp framework.fsdp_mmap_threshold_mib=1``,
+   glibc's malloc returning freed blocks): ``images_per_sec`` (warm-up steps excluded) and
    ``peak_memory_mib`` (the largest peak RSS over the ranks) from ``result.json``. The memory ratio
    fsdp/native is given twice: for the model's state (``model_state_mib``: rank 0's parameters,
    gradients and AdamW's two moments, its shards under fsdp; issue goal: <= 0.6; beside it the
@@ -74,6 +75,8 @@ VARIANTS: dict[str, list[str]] = {
     "native": ["dist=native"],
     "fsdp": ["dist=fsdp"],
     "fsdp+ac": ["dist=fsdp", "framework.activation_checkpointing=true"],
+    # glibc's malloc returning freed blocks of 1 MiB and more: what it saves of the peak, and what it costs
+    "fsdp-mmap-1mib": ["dist=fsdp", "framework.fsdp_mmap_threshold_mib=1"],
 }
 #: parameters, gradients and AdamW's exp_avg and exp_avg_sq, fp32
 STATE_BYTES_PER_PARAM = 16
@@ -207,7 +210,13 @@ def plot(throughput: dict[str, Any], path: Path, title: str) -> None:
     import matplotlib.pyplot as plt
 
     fig, axes = plt.subplots(1, 2, figsize=(9, 3.4))
-    colors = {"native": "tab:gray", "fsdp": "tab:blue", "fsdp+ac": "tab:cyan", "hand-written": "tab:orange"}
+    colors = {
+        "native": "tab:gray",
+        "fsdp": "tab:blue",
+        "fsdp+ac": "tab:cyan",
+        "fsdp-mmap-1mib": "tab:purple",
+        "hand-written": "tab:orange",
+    }
     for ax, key, label in (
         (axes[0], "images_per_sec", "images/sec (2 ranks)"),
         (axes[1], "peak_memory_mib", "peak RSS per rank, MiB"),
@@ -349,6 +358,12 @@ def main() -> None:
             "model_state_ratio_fsdp_over_native": round(measured_state["fsdp"] / measured_state["native"], 3),
             "peak_ratio_fsdp_over_native": round(statistics.median(peak[model]["fsdp"]) / native_peak, 3),
             "peak_ratio_fsdp_ac_over_native": round(statistics.median(peak[model]["fsdp+ac"]) / native_peak, 3),
+            "peak_ratio_fsdp_mmap_1mib_over_native": round(
+                statistics.median(peak[model]["fsdp-mmap-1mib"]) / native_peak, 3
+            ),
+            "speed_ratio_fsdp_mmap_1mib_over_fsdp": round(
+                statistics.median(ips[model]["fsdp-mmap-1mib"]) / statistics.median(ips[model]["fsdp"]), 3
+            ),
             "speed_ratio_fsdp_over_native": round(
                 statistics.median(ips[model]["fsdp"]) / statistics.median(ips[model]["native"]), 3
             ),

@@ -81,10 +81,11 @@ def return_large_frees(threshold_mib: int) -> bool:
     block is freed, and serves later ones of that size from its heap, which keeps what is freed in
     the process. Sharded training frees blocks of parameter size all along -- the whole model built
     before it is sharded, each block gathered for its forward and backward passes, each shard copied
-    by a checkpoint write -- so the peak RSS grew by about the model's size (ViT-L/16, AdamW, 2 ranks
-    on the CPU: 3.75 GiB a rank, 2.89 with a 1 MiB threshold; dist=native's 5.1 either way).
-    Whether it was set: not where the C library is not glibc's, nor over a MALLOC_MMAP_THRESHOLD_
-    of the environment (the user's choice stands)."""
+    by a checkpoint write -- and the heap they fragment grows (ViT-L/16, AdamW, 2 ranks on the CPU:
+    peak RSS 3.75 GiB a rank, 2.89 with a 1 MiB threshold; ViT-B/16 2282 -> 1118 MiB). The price is
+    speed: each step maps and faults in the blocks it gathers anew (ViT-B/16: 0.58x the images/sec),
+    so it is the user's choice, off by default. Whether it was set: not where the C library is not
+    glibc's, nor over a MALLOC_MMAP_THRESHOLD_ of the environment (that choice stands)."""
     import ctypes
     import os
 
