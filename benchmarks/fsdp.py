@@ -284,7 +284,14 @@ def main() -> None:
                         load("hand-written")
                         hand.append(hand_loop(model, **shape))
                     load(f"{model} {v}")
-                    result = run_job([*job_args(model, **shape), *VARIANTS[v]], work / f"{model}-{v}-{r}")
+                    try:
+                        result = run_job([*job_args(model, **shape), *VARIANTS[v]], work / f"{model}-{v}-{r}")
+                    except RuntimeError as e:  # a finding, recorded; the round goes on without it
+                        failures.append({"job": f"round {r + 1} {model} {v}", "error": str(e)[-1500:]})
+                        print(f"round {r + 1} {model} {v}: FAILED", flush=True)
+                        if hand_first:
+                            hand.pop()  # its pair is gone
+                        continue
                     ips[model][v].append(result["images_per_sec"])
                     peak[model][v].append(result["peak_memory_mib"])
                     state[model][v].append(result["model_state_mib"])

@@ -77,7 +77,8 @@ def ddlkit_run_end(run: ddlkit.RunContext, status: str) -> None:
     if hasattr(model, "state_dict"):  # torch; with dist=fsdp, this rank's shards
         state = model.state_dict()
         local = {k: v.to_local() if hasattr(v, "to_local") else v for k, v in state.items()}
-        arrays = {k: v.detach().cpu().numpy() for k, v in local.items()}
+        # tensors only: a module's extra state (get_extra_state) may be any value
+        arrays = {k: v.detach().cpu().numpy() for k, v in local.items() if hasattr(v, "detach")}
     else:  # keras
         arrays = {w.path: np.asarray(w) for w in model.weights}
     np.savez(run.job_dir / f"weights-rank-{run.dist.rank}.npz", **arrays)

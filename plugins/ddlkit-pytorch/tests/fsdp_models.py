@@ -4,6 +4,8 @@ BatchNorm, whose per-rank statistics would make a run on 2 ranks differ from one
 
 from __future__ import annotations
 
+import os
+
 from torch import Tensor, nn
 
 
@@ -31,3 +33,34 @@ class MLP(nn.Module):
 
 def mlp(image_size: int = 16, width: int = 64, depth: int = 3, classes: int = 10) -> MLP:
     return MLP(3 * image_size * image_size, width, depth, classes)
+
+
+class _FailsOnce:
+    """A value the checkpoint pickles (on the one rank DCP gives it to), whose pickling raises as
+    long as ``marker`` exists, which it then removes: one checkpoint's write fails on one rank, once."""
+
+    def __init__(self, marker: str) -> None:
+        self.marker = marker
+
+    def __reduce__(self) -> tuple[type, tuple[str]]:
+        if os.path.exists(self.marker):
+            os.remove(self.marker)
+            raise OSError(f"a write that fails once (test: {self.marker})")
+        return (_FailsOnce, (self.marker,))
+
+
+class MLPWithExtraState(MLP):
+    def __init__(self, marker: str, **kwargs: int) -> None:
+        super().__init__(**kwargs)
+        self.fails = _FailsOnce(marker)
+
+    def get_extra_state(self) -> _FailsOnce:  # in the state dict as "_extra_state"
+        return self.fails
+
+    def set_extra_state(self, state: _FailsOnce) -> None:
+        self.fails = state
+
+
+def mlp_failing_once(marker: str, image_size: int = 16) -> MLPWithExtraState:
+    """:func:`mlp` whose checkpoint write fails once while ``marker`` exists."""
+    return MLPWithExtraState(marker, inputs=3 * image_size * image_size, width=64, depth=3, classes=10)

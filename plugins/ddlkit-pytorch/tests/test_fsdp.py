@@ -9,6 +9,7 @@ dist=native's plain checkpoint, which ddlkit already reshapes for an elastic job
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -138,6 +139,25 @@ def test_a_damaged_shard_falls_back_to_the_previous_checkpoint(jobs: DistJobs) -
     assert "step-00000006.ckpt" in said and "__1_0.distcp" in said  # named as damaged
     assert "resumed from" in outcome.stdout and "step-00000003.ckpt" in outcome.stdout
     assert outcome.result["steps"] == 9 and verify(latest_checkpoint(job_dir)) is None
+
+
+def test_a_shard_write_that_fails_once_is_written_again(jobs: DistJobs) -> None:
+    """One rank's part of the step-3 checkpoint fails once (a value of the model's state that will
+    not pickle the first time): every rank hears it from DCP, the write is taken again, and the
+    checkpoint is whole; the run goes on as one that never failed."""
+    marker = jobs.base / "fail-once"
+    marker.touch()
+    job = [arg for arg in TRAIN if not arg.startswith(("model.target", "trainer.save_model"))]
+    # trainer.save_model=false: model.pt's gather takes tensors only, and the model's state holds that value
+    model = ["model.target=fsdp_models:mlp_failing_once", f"+model.kwargs.marker={marker}", "trainer.save_model=false"]
+    outcome = jobs.run(*job, *model, *TWO, *FSDP, "trainer.max_steps=4", job_dir=jobs.base / "again")
+    outcome.assert_success()
+    assert not marker.exists()  # the failure happened
+    said = (jobs.base / "again" / "rank-0.log").read_text()
+    warning = r"ddlkit: warning: writing checkpoint step-00000003\.ckpt failed on rank\(s\) (\d) \(rank \1: OSError: "
+    assert re.search(warning + r"a write that fails once \(test: .*\)\); writing it again", said), said
+    for step in (3, 4):
+        assert verify(jobs.base / "again" / "checkpoints" / f"step-{step:08d}.ckpt") is None
 
 
 @pytest.mark.parametrize("framework", ["tensorflow", "keras"])

@@ -22,6 +22,7 @@ of two threads must not share a group).
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
@@ -146,13 +147,30 @@ class ShardedCheckpoints:
 
     def _write(self, path: Path, state: dict[str, Any], extra: dict[str, Any]) -> None:
         import torch.distributed.checkpoint as dcp
+        from torch.distributed.checkpoint.api import CheckpointException
 
         path.mkdir(parents=True, exist_ok=True)
         if self.rank == 0:
             with open(path / EXTRA_FILE, "wb") as f:  # a file object: see PytorchFramework._checkpointing
                 torch.save(extra, f)
-        # returns on every rank once every rank's shards and the index are written
-        dcp.save(state, storage_writer=dcp.FileSystemWriter(path), process_group=self.group)
+        try:
+            # returns on every rank once every rank's shards and the index are written
+            dcp.save(state, storage_writer=dcp.FileSystemWriter(path), process_group=self.group)
+        except CheckpointException as err:
+            # DCP gathers every rank's outcome, so all ranks are here together and write again, once:
+            # a shard write fails now and then for no lasting reason (torch.save's "unexpected pos 704
+            # vs 598", seen in 2 of some 60 writes here, and by others' DCP jobs); a lasting one (a
+            # full disk) fails again and ends the run with the previous checkpoint the latest
+            if self.rank == 0:
+                rank, (first, _) = min(err.failures.items())
+                print(
+                    f"ddlkit: warning: writing checkpoint {path.name} failed on rank(s) "
+                    f"{', '.join(map(str, sorted(err.failures)))} (rank {rank}: {type(first).__name__}: "
+                    f"{(str(first).strip().splitlines() or [''])[-1][:200]}); writing it again",
+                    file=sys.stderr,
+                    flush=True,
+                )
+            dcp.save(state, storage_writer=dcp.FileSystemWriter(path), process_group=self.group)
 
     def save(self, path: Path, meta: dict[str, Any]) -> None:
         self._write(path, self._state(), self._extra(meta))
