@@ -278,6 +278,73 @@ def test_two_ranks_on_two_nodes(ray_cluster, run_factory: RunFactory) -> None:
 
 
 @pytest.mark.slow
+def test_each_nodes_telemetry_traces_and_one_mlflow_run_come_back(ray_cluster, run_factory: RunFactory) -> None:
+    """Issue 42 on Ray: a PyTorch job of a rank on each node with trainer.profile and logger=mlflow.
+    Each rank writes its trace into its node's copy of the job directory; the driver collects every
+    rank's files when the job ends, so both traces, telemetry.json and metrics.jsonl's per-rank fields
+    come back to the launcher; rank 0 logs the one MLflow run."""
+    pytest.importorskip("ddlkit_pytorch")
+    pytest.importorskip("ddlkit_mlflow")
+    from mlflow import MlflowClient
+
+    from ddlkit_mlflow.testing import MlflowServer
+
+    (run_factory.base_dir / "mlflow").mkdir(parents=True)
+    with MlflowServer(run_factory.base_dir / "mlflow") as server:
+        outcome = run_factory(
+            *ray_args(ray_cluster.address, "compute.nodes=2"),
+            "dist=native",
+            "framework=pytorch",
+            "model=resnet18",
+            "data.image_size=16",
+            "data.num_classes=4",
+            "data.length=128",
+            "trainer.batch_size=4",
+            "trainer.max_steps=6",
+            "trainer.validate=false",
+            "trainer.save_model=false",
+            "framework.num_threads=1",
+            "trainer.log_every=2",
+            "trainer.profile.start_step=3",
+            "trainer.profile.num_steps=2",
+            "logger=[console,jsonl,mlflow]",
+            f"logger.mlflow.tracking_uri={server.uri}",
+            "logger.mlflow.experiment=on-ray",
+            timeout=240,
+        ).assert_success()
+        client = MlflowClient(tracking_uri=server.uri)
+        experiment = client.get_experiment_by_name("on-ray")
+        assert experiment is not None
+        runs = client.search_runs([experiment.experiment_id])
+        history = {
+            key: [m.step for m in client.get_metric_history(runs[0].info.run_id, key)]
+            for key in ("train/loss", "train/rank0/images_per_sec", "train/rank1/images_per_sec")
+        }
+    job_dir = outcome.job_dir
+    started = re.search(r"ddlkit-ray: 2 rank\(s\) started on node\(s\) 0 \((\w+)\), 1 \((\w+)\)", outcome.stdout)
+    assert started and started[1] != started[2], outcome.stdout  # one rank per node: rank 1's files were elsewhere
+    traces = sorted((job_dir / "profile/plugins/profile/steps_3-4").glob("*.pt.trace.json"))
+    assert [t.name.split(".")[0] for t in traces] == ["rank0", "rank1"], sorted(job_dir.rglob("*"))
+    for trace in traces:
+        events = json.loads(trace.read_text())["traceEvents"]
+        assert {e["name"] for e in events if e.get("name", "").startswith("ProfilerStep#")} == {
+            "ProfilerStep#3",
+            "ProfilerStep#4",
+        }
+    assert len(runs) == 1 and (runs[0].info.status, runs[0].data.tags["ddlkit.compute"]) == ("FINISHED", "ray")
+    assert history == dict.fromkeys(history, [2, 4, 6]), history
+    metrics = [json.loads(line) for line in (job_dir / "metrics.jsonl").read_text().splitlines()]
+    train = [m for m in metrics if m["split"] == "train"]
+    assert [m["step"] for m in train] == [2, 4, 6]
+    fields = ("images_per_sec", "data_wait", "sync_wait")
+    assert all(f"rank{r}/{f}" in m for m in train for r in (0, 1) for f in fields), train
+    telemetry = json.loads((job_dir / "telemetry.json").read_text())
+    assert telemetry["step"] == 6 and [(r["rank"], r["node"]) for r in telemetry["ranks"]] == [(0, 0), (1, 1)]
+    status = run_factory.cli("jobs", "status", str(job_dir)).assert_success().stdout
+    assert re.findall(r"^\s+(\d)\s+(\d)\s+\S+\s+[\d.]+\s+\d+%\s+\d+%", status, re.M) == [("0", "0"), ("1", "1")]
+
+
+@pytest.mark.slow
 def test_secrets_reach_the_ranks_and_no_log_or_file_of_rays(ray_cluster, run_factory: RunFactory) -> None:
     """A job's secrets were part of its runtime environment, which Ray writes into
     runtime_env_agent.log on every node (issue 37, item 4): now the ranks get them (the storage
