@@ -345,6 +345,56 @@ def test_each_nodes_telemetry_traces_and_one_mlflow_run_come_back(ray_cluster, r
 
 
 @pytest.mark.slow
+def test_a_stopped_rank_is_killed_not_counted_lost_and_the_stacks_come_back(ray_cluster, tmp_path: Path) -> None:
+    """Issue 42 on Ray: rank 1 (on the other node) is stopped (SIGSTOP); rank 0 writes its stacks and names
+    it, then fails waiting for it (dist.timeout_s). The driver kills the rank that does not stop -- its
+    process, not its actor: the node was not lost, so the job ends as rank 0 failed, and every node's files
+    come back, the stopped rank's log and the hang report among them."""
+    import tempfile
+
+    from ddlkit.testing.multirank import worker_pids
+
+    job_dir = tmp_path / "hung"
+    out = tmp_path / "launcher.out"
+    with open(out, "w") as sink:
+        launcher = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "ddlkit",
+                "framework=fake",
+                "framework.step_delay_s=0.1",
+                *ray_args(ray_cluster.address, "compute.nodes=2", "compute.grace_period_s=3"),
+                "dist=native",
+                "dist.warn_after_s=3",
+                "dist.timeout_s=8",
+                "restart.max_restarts=0",
+                f"hydra.run.dir={job_dir}",
+            ],
+            env={**os.environ, "DDLKIT_PLUGINS": FAKES_MODULE},
+            cwd=tmp_path,
+            stdout=sink,
+            stderr=subprocess.STDOUT,
+        )
+    try:
+        wait_for(lambda: "step 10/" in out.read_text(), "the job to train", timeout=120, process=launcher)
+        node_1 = Path(tempfile.gettempdir()) / "ddlkit-ray" / submission(job_dir)["id"] / "node-1"
+        os.kill(worker_pids(node_1)[1], signal.SIGSTOP)
+        assert launcher.wait(timeout=120) == 76, out.read_text()
+    finally:
+        launcher.kill()
+        launcher.wait()
+    text = out.read_text()
+    assert "ddlkit: stacks of rank(s) 0 written to hang/" in text and "ddlkit: rank 1 does not answer" in text, text
+    assert "ddlkit-ray: rank(s) [1] did not stop within 3 s: killing them" in text, text
+    assert "was lost" not in text and "rank 1 stopped answering first; rank 0 (node 0" in text, text
+    stacks = (job_dir / "hang/rank-0.txt").read_text()
+    assert stacks.startswith("# rank 0 of 2 on ") and "in train_epochs" in stacks, stacks[:500]
+    assert (job_dir / "rank-1.log").is_file()  # the stopped rank's node handed its files over
+    assert not node_1.exists()  # and was cleaned up
+
+
+@pytest.mark.slow
 def test_secrets_reach_the_ranks_and_no_log_or_file_of_rays(ray_cluster, run_factory: RunFactory) -> None:
     """A job's secrets were part of its runtime environment, which Ray writes into
     runtime_env_agent.log on every node (issue 37, item 4): now the ranks get them (the storage

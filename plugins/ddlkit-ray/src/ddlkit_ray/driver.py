@@ -228,6 +228,14 @@ class Rank:
         if self.process is not None and self.process.poll() is None:
             self.process.send_signal(signal.SIGTERM)
 
+    def kill(self) -> None:
+        """SIGKILL to the rank that did not stop when asked (a stopped or hung one): to its minder, whose
+        death kills the worker (the minder's death signal). The actor stays, to hand over the node's
+        files (the stacks the ranks wrote of a hang among them)."""
+        if self.process is not None and self.process.poll() is None:
+            self.process.kill()
+            self.process.wait()
+
     def changes(self) -> tuple[bytes, list[str]]:
         """A tar of the files the rank's directory gained or changed since the last call, and the
         checkpoints it holds now (the driver forgets those the rank pruned)."""
@@ -520,7 +528,10 @@ class Driver:
                     f"{grace:g} s: killing them"
                 )
                 for rank in set(range(self.world)) - set(codes):
-                    ray.kill(self.actors[rank])
+                    try:  # the rank's process, not its actor: the node is not lost, and its files still come
+                        ray.get(self.actors[rank].kill.remote(), timeout=30)
+                    except Exception:  # the actor does not answer either
+                        ray.kill(self.actors[rank])
                     codes[rank] = 128 + signal.SIGKILL
             if time.monotonic() - last_sync > sync_every:
                 self.sync([0])
