@@ -160,7 +160,7 @@ class PytorchConfig:
     # dist=fsdp on the CPU, to trade speed for host memory: glibc's malloc serves blocks of at least
     # this many MiB (<= 32) with mmap, which returns them to the system when freed, instead of raising
     # that threshold as such blocks are freed and keeping them in its heap. 1: ViT-B/16, 2 ranks, peak
-    # RSS 0.49x at 0.58x the images/sec (each step maps and faults in its gathered blocks anew); ViT-L/16
+    # RSS 0.45x at 0.60x the images/sec (each step maps and faults in its gathered blocks anew); ViT-L/16
     # 3.75 -> 2.89 GiB a rank. 0 (default) leaves malloc as it is, as does MALLOC_MMAP_THRESHOLD_ set
     # in the environment
     fsdp_mmap_threshold_mib: int = checked(0, Rule(lambda v: 0 <= v <= 32, "between 0 and 32 (MiB)"))

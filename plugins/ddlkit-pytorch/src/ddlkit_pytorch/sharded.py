@@ -84,7 +84,7 @@ def return_large_frees(threshold_mib: int) -> bool:
     before it is sharded, each block gathered for its forward and backward passes, each shard copied
     by a checkpoint write -- and the heap they fragment grows (ViT-L/16, AdamW, 2 ranks on the CPU:
     peak RSS 3.75 GiB a rank, 2.89 with a 1 MiB threshold; ViT-B/16 2282 -> 1118 MiB). The price is
-    speed: each step maps and faults in the blocks it gathers anew (ViT-B/16: 0.58x the images/sec),
+    speed: each step maps and faults in the blocks it gathers anew (ViT-B/16: 0.60x the images/sec, ViT-L/16: 0.94x),
     so it is the user's choice, off by default. Whether it was set: not where the C library is not
     glibc's, nor over a MALLOC_MMAP_THRESHOLD_ of the environment (that choice stands)."""
     import ctypes
