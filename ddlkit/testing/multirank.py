@@ -16,6 +16,7 @@ import threading
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -154,3 +155,49 @@ class Lines:
 def load_weights(path: Path) -> dict[str, np.ndarray]:
     with np.load(path) as f:
         return {k: f[k] for k in f.files}
+
+
+#: a 2-rank PyTorch job for the compute targets' observability tests (issue 42): ResNet-18 at 16 px, 6
+#: steps logged every 2 (metrics.jsonl and MLflow), steps 3-4 profiled
+OBSERVED_JOB = (
+    "framework=pytorch",
+    "model=resnet18",
+    "data.image_size=16",
+    "data.num_classes=4",
+    "data.length=128",
+    "trainer.batch_size=4",
+    "trainer.max_steps=6",
+    "trainer.validate=false",
+    "trainer.save_model=false",
+    "framework.num_threads=1",
+    "trainer.log_every=2",
+    "trainer.profile.start_step=3",
+    "trainer.profile.num_steps=2",
+    "logger=[console,jsonl,mlflow]",
+    "dist=native",
+)
+#: the steps :data:`OBSERVED_JOB` logs
+OBSERVED_STEPS = [2, 4, 6]
+
+
+def assert_every_rank_seen(job_dir: Path, ranks: Sequence[int] = (0, 1)) -> dict[str, Any]:
+    """What a job of :data:`OBSERVED_JOB` leaves in ``job_dir`` of each rank: its profiler trace of
+    steps 3 and 4, and its fields (images_per_sec, data_wait, sync_wait) in every train line of
+    metrics.jsonl; returns telemetry.json, checked to be at the last step with every rank."""
+    import json
+
+    traces = sorted((job_dir / "profile/plugins/profile/steps_3-4").glob("*.pt.trace.json"))
+    assert [t.name.split(".")[0] for t in traces] == [f"rank{r}" for r in ranks], sorted(job_dir.rglob("*"))
+    for trace in traces:
+        events = json.loads(trace.read_text())["traceEvents"]
+        profiled = {e["name"] for e in events if e.get("name", "").startswith("ProfilerStep#")}
+        assert profiled == {"ProfilerStep#3", "ProfilerStep#4"}, (trace, profiled)
+    metrics = [json.loads(line) for line in (job_dir / "metrics.jsonl").read_text().splitlines()]
+    train = [m for m in metrics if m["split"] == "train"]
+    assert [m["step"] for m in train] == OBSERVED_STEPS, train
+    fields = ("images_per_sec", "data_wait", "sync_wait")
+    assert all(f"rank{r}/{f}" in m for m in train for r in ranks for f in fields), train
+    telemetry: dict[str, Any] = json.loads((job_dir / "telemetry.json").read_text())
+    assert telemetry["step"] == OBSERVED_STEPS[-1], telemetry
+    assert [r["rank"] for r in telemetry["ranks"]] == list(ranks), telemetry
+    return telemetry

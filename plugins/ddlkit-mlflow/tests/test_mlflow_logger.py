@@ -34,6 +34,7 @@ from ddlkit_mlflow.logger import (
     _param_value,
     shown_uri,
 )
+from ddlkit_mlflow.testing import runs_of, steps
 
 TOKEN = "sv=2026&sig=mlflow-must-not-see-this"
 #: an account URL carrying a SAS: the params get it without the SAS
@@ -52,17 +53,6 @@ def client(uri: str) -> Any:
 def experiment() -> str:
     """A fresh experiment per test: the server is the session's."""
     return f"t-{uuid.uuid4().hex[:10]}"
-
-
-def runs_of(uri: str, name: str) -> list[Any]:
-    exp = client(uri).get_experiment_by_name(name)
-    assert exp is not None, f"no experiment {name}"
-    return list(client(uri).search_runs([exp.experiment_id], max_results=1000))
-
-
-def steps(uri: str, run_id: str, key: str = "train/loss") -> list[tuple[int, float]]:
-    history = client(uri).get_metric_history(run_id, key)
-    return [(m.step, m.value) for m in sorted(history, key=lambda m: (m.timestamp, m.step))]
 
 
 def kept_run_id(job_dir: Path) -> str:

@@ -285,61 +285,30 @@ def test_each_nodes_telemetry_traces_and_one_mlflow_run_come_back(ray_cluster, r
     come back to the launcher; rank 0 logs the one MLflow run."""
     pytest.importorskip("ddlkit_pytorch")
     pytest.importorskip("ddlkit_mlflow")
-    from mlflow import MlflowClient
-
-    from ddlkit_mlflow.testing import MlflowServer
+    from ddlkit.testing.multirank import OBSERVED_JOB, OBSERVED_STEPS, assert_every_rank_seen
+    from ddlkit_mlflow.testing import MlflowServer, runs_of, steps
 
     (run_factory.base_dir / "mlflow").mkdir(parents=True)
     with MlflowServer(run_factory.base_dir / "mlflow") as server:
         outcome = run_factory(
             *ray_args(ray_cluster.address, "compute.nodes=2"),
-            "dist=native",
-            "framework=pytorch",
-            "model=resnet18",
-            "data.image_size=16",
-            "data.num_classes=4",
-            "data.length=128",
-            "trainer.batch_size=4",
-            "trainer.max_steps=6",
-            "trainer.validate=false",
-            "trainer.save_model=false",
-            "framework.num_threads=1",
-            "trainer.log_every=2",
-            "trainer.profile.start_step=3",
-            "trainer.profile.num_steps=2",
-            "logger=[console,jsonl,mlflow]",
+            *OBSERVED_JOB,
             f"logger.mlflow.tracking_uri={server.uri}",
             "logger.mlflow.experiment=on-ray",
             timeout=240,
         ).assert_success()
-        client = MlflowClient(tracking_uri=server.uri)
-        experiment = client.get_experiment_by_name("on-ray")
-        assert experiment is not None
-        runs = client.search_runs([experiment.experiment_id])
+        runs = runs_of(server.uri, "on-ray")
         history = {
-            key: [m.step for m in client.get_metric_history(runs[0].info.run_id, key)]
+            key: [step for step, _ in steps(server.uri, runs[0].info.run_id, key)]
             for key in ("train/loss", "train/rank0/images_per_sec", "train/rank1/images_per_sec")
         }
     job_dir = outcome.job_dir
     started = re.search(r"ddlkit-ray: 2 rank\(s\) started on node\(s\) 0 \((\w+)\), 1 \((\w+)\)", outcome.stdout)
     assert started and started[1] != started[2], outcome.stdout  # one rank per node: rank 1's files were elsewhere
-    traces = sorted((job_dir / "profile/plugins/profile/steps_3-4").glob("*.pt.trace.json"))
-    assert [t.name.split(".")[0] for t in traces] == ["rank0", "rank1"], sorted(job_dir.rglob("*"))
-    for trace in traces:
-        events = json.loads(trace.read_text())["traceEvents"]
-        assert {e["name"] for e in events if e.get("name", "").startswith("ProfilerStep#")} == {
-            "ProfilerStep#3",
-            "ProfilerStep#4",
-        }
     assert len(runs) == 1 and (runs[0].info.status, runs[0].data.tags["ddlkit.compute"]) == ("FINISHED", "ray")
-    assert history == dict.fromkeys(history, [2, 4, 6]), history
-    metrics = [json.loads(line) for line in (job_dir / "metrics.jsonl").read_text().splitlines()]
-    train = [m for m in metrics if m["split"] == "train"]
-    assert [m["step"] for m in train] == [2, 4, 6]
-    fields = ("images_per_sec", "data_wait", "sync_wait")
-    assert all(f"rank{r}/{f}" in m for m in train for r in (0, 1) for f in fields), train
-    telemetry = json.loads((job_dir / "telemetry.json").read_text())
-    assert telemetry["step"] == 6 and [(r["rank"], r["node"]) for r in telemetry["ranks"]] == [(0, 0), (1, 1)]
+    assert history == dict.fromkeys(history, OBSERVED_STEPS), history
+    telemetry = assert_every_rank_seen(job_dir)
+    assert [r["node"] for r in telemetry["ranks"]] == [0, 1], telemetry
     status = run_factory.cli("jobs", "status", str(job_dir)).assert_success().stdout
     assert re.findall(r"^\s+(\d)\s+(\d)\s+\S+\s+[\d.]+\s+\d+%\s+\d+%", status, re.M) == [("0", "0"), ("1", "1")]
 

@@ -818,63 +818,31 @@ def test_telemetry_profiler_and_mlflow_work_under_srun(
     shows the ranks."""
     pytest.importorskip("ddlkit_pytorch")
     pytest.importorskip("ddlkit_mlflow")
-    from mlflow import MlflowClient
-
-    from ddlkit_mlflow.testing import MlflowServer
+    from ddlkit.testing.multirank import OBSERVED_JOB, OBSERVED_STEPS, assert_every_rank_seen
+    from ddlkit_mlflow.testing import MlflowServer, runs_of, steps
 
     (tmp_path / "mlflow").mkdir()
     with MlflowServer(tmp_path / "mlflow") as server:
         outcome = run_factory(
-            "framework=pytorch",
-            "model=resnet18",
-            "data.image_size=16",
-            "data.num_classes=4",
-            "data.length=128",
-            "trainer.batch_size=4",
-            "trainer.max_steps=6",
-            "trainer.validate=false",
-            "trainer.save_model=false",
-            "framework.num_threads=1",
-            "trainer.log_every=2",
-            "trainer.profile.start_step=3",
-            "trainer.profile.num_steps=2",
-            "logger=[console,jsonl,mlflow]",
+            *OBSERVED_JOB,
             f"logger.mlflow.tracking_uri={server.uri}",
             "logger.mlflow.experiment=on-slurm",
             "compute=slurm",
             "compute.procs_per_node=2",
-            "dist=native",
             "compute.poll_interval_s=0.5",
             timeout=240,
         ).assert_success()
-        client = MlflowClient(tracking_uri=server.uri)
-        experiment = client.get_experiment_by_name("on-slurm")
-        assert experiment is not None
-        runs = client.search_runs([experiment.experiment_id])
+        runs = runs_of(server.uri, "on-slurm")
         history = {
-            key: [m.step for m in client.get_metric_history(runs[0].info.run_id, key)]
+            key: [step for step, _ in steps(server.uri, runs[0].info.run_id, key)]
             for key in ("train/loss", *(f"train/rank{r}/{f}" for r in (0, 1) for f in ("images_per_sec", "data_wait")))
         }
     job_dir = outcome.job_dir
     assert outcome.stdout.count("ddlkit: profile of steps 3-4 written to profile/") == 1, outcome.output
-    traces = sorted((job_dir / "profile/plugins/profile/steps_3-4").glob("*.pt.trace.json"))
-    assert [t.name.split(".")[0] for t in traces] == ["rank0", "rank1"], sorted(job_dir.rglob("*"))
-    for trace in traces:
-        events = json.loads(trace.read_text())["traceEvents"]
-        assert {e["name"] for e in events if e.get("name", "").startswith("ProfilerStep#")} == {
-            "ProfilerStep#3",
-            "ProfilerStep#4",
-        }
     # one run, rank 0's, with the logged steps and each rank's figures at them
     assert len(runs) == 1 and (runs[0].info.status, runs[0].data.tags["ddlkit.compute"]) == ("FINISHED", "slurm")
-    assert history == dict.fromkeys(history, [2, 4, 6]), history
-    metrics = [json.loads(line) for line in (job_dir / "metrics.jsonl").read_text().splitlines()]
-    train = [m for m in metrics if m["split"] == "train"]
-    assert [m["step"] for m in train] == [2, 4, 6]
-    fields = ("images_per_sec", "data_wait", "sync_wait")
-    assert all(f"rank{r}/{f}" in m for m in train for r in (0, 1) for f in fields), train
-    telemetry = json.loads((job_dir / "telemetry.json").read_text())
-    assert telemetry["step"] == 6 and [r["rank"] for r in telemetry["ranks"]] == [0, 1]
+    assert history == dict.fromkeys(history, OBSERVED_STEPS), history
+    assert_every_rank_seen(job_dir)
     status = run_factory.cli("jobs", "status", str(job_dir)).assert_success().stdout
     assert "ranks:     at step 6" in status, status
     assert re.findall(r"^\s+(\d)\s+0\s+\S+\s+[\d.]+\s+\d+%\s+\d+%", status, re.M) == ["0", "1"], status

@@ -1,5 +1,6 @@
 """A real MLflow tracking server for tests and benchmarks: ``mlflow server`` with a SQLite store
-and the artifacts it serves itself, on 127.0.0.1, in a directory of its own."""
+and the artifacts it serves itself, on 127.0.0.1, in a directory of its own; and what a test reads
+back from a tracking server (:func:`runs_of`, :func:`steps`)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import sys
 import time
 import urllib.request
 from pathlib import Path
+from typing import Any
 
 from ddlkit.compute.ports import free_ports
 
@@ -77,3 +79,21 @@ class MlflowServer:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+def runs_of(uri: str, name: str) -> list[Any]:
+    """The runs of experiment ``name`` on the tracking server at ``uri``."""
+    from mlflow import MlflowClient
+
+    client = MlflowClient(tracking_uri=uri)
+    exp = client.get_experiment_by_name(name)
+    assert exp is not None, f"no experiment {name}"
+    return list(client.search_runs([exp.experiment_id], max_results=1000))
+
+
+def steps(uri: str, run_id: str, key: str = "train/loss") -> list[tuple[int, float]]:
+    """Metric ``key`` of run ``run_id`` as (step, value), in the order it was logged."""
+    from mlflow import MlflowClient
+
+    history = MlflowClient(tracking_uri=uri).get_metric_history(run_id, key)
+    return [(m.step, m.value) for m in sorted(history, key=lambda m: (m.timestamp, m.step))]
