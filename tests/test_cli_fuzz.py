@@ -5,7 +5,7 @@ status 0, or 2 and one line ``ddlkit: error: ...``: never a traceback, never a f
 
 Each case runs ``ddlkit plan OVERRIDES`` in this process: the whole composition and validation
 of a job, nothing run. The default budget is small, for every test run; CI runs it with
-400 cases (about 3 minutes; issue 23), and a longer search is:
+200 cases (about 100 s; hypothesis draws new ones each run), and a longer search is:
 
     DDLKIT_FUZZ_EXAMPLES=2000 python -m pytest tests/test_cli_fuzz.py
 """
