@@ -28,6 +28,7 @@ from ..callbacks import CallbackPlugin
 from ..callbacks import load as load_callbacks
 from ..checkpoint import BEST, CHECKPOINT_DIR
 from ..config import check_one_global_batch
+from ..custom import launch_dir
 from ..errors import DdlkitError, RunError
 from ..interfaces import DataSource, Framework, Loader, Logger, RunState, Shard, StorageBackend
 from ..interfaces.data import Split
@@ -77,8 +78,9 @@ class Run:
         self.hook = pm.hook
         self.registry = registry
         self.dist = dist
-        self.data: DataSource = registry.create("data", cfg.data.name, cfg.data)
         self.storage: StorageBackend = registry.create("storage", cfg.storage.name, cfg.storage)
+        _data_root_as_read_here(cfg, self.storage)
+        self.data: DataSource = registry.create("data", cfg.data.name, cfg.data)
         self.framework: Framework = registry.create("framework", cfg.framework.name, cfg.framework)
         self.loggers: list[Logger] = (
             # `logger=[]` composes to no `logger` key at all
@@ -614,3 +616,13 @@ class Run:
             for lg in self._active_loggers:
                 lg.finish(status, result)
         return result
+
+
+def _data_root_as_read_here(cfg: DictConfig, storage: StorageBackend) -> None:
+    """A relative ``data.root`` as this rank must read it, before the data source lists it: where
+    the launcher shares its disk with the ranks it made the path absolute already; elsewhere (Ray,
+    Azure) it is below the storage's mount (``storage=nfs``) or the job's code snapshot, the copy
+    of the directory ``ddlkit`` was started in (issue 37, item 14)."""
+    root = cfg.data.get("root")
+    if isinstance(root, str):
+        cfg.data.root = storage.launch_relative(root, launch_dir())

@@ -8,7 +8,8 @@ becomes readable on each node (`storage=nfs` reads in place, `storage=local_ssd`
 first: [Datasets, staging and results](../datasets.md)). A relative `data.root` (and a relative
 `trainer.resume` checkpoint) is read from the directory `ddlkit` was started in, where the ranks
 share its disk (`local`, `local_mpi`, Slurm): the job's `config.yaml` records the absolute path.
-With `storage=nfs` a relative `data.root` is below `storage.root` instead.
+On the other targets (Ray, Azure) it is read from the job's copy of that directory, its code
+snapshot. With `storage=nfs` a relative `data.root` is below `storage.root` instead, on every target.
 
 | `data.root` holds | |
 |---|---|

@@ -26,6 +26,7 @@ from ddlkit.testing import FAKES_MODULE, RunFactory, interruptible, wait_for
 from ddlkit.testing.contracts import ComputeTargetContract
 from ddlkit.testing.core import PLANNED_WORLD_SIZE_ENV, checkpoint_step, latest_checkpoint, verify
 from ddlkit.testing.elastic import assert_every_sample_once, restarts
+from ddlkit.testing.images import make_image_dataset
 from ddlkit_ray.target import RayConfig, RayTarget, node_file
 from ddlkit_ray.testing import CountingProxy, free_port
 
@@ -50,6 +51,34 @@ def ray_target(address: str, **options: object) -> RayTarget:
 
 
 # ---------------------------------------------------------------------------- the contract
+@pytest.mark.slow
+def test_a_relative_data_root_with_storage_nfs_is_read_below_the_share_on_every_node(
+    ray_cluster, tmp_path: Path
+) -> None:
+    """Issue 37, item 14: the ranks of a target that does not share the launcher's disk listed a
+    relative ``data.root`` from where they ran ("data.root=imgs is not a directory on this node")
+    before the storage put it below its mount point."""
+    share = tmp_path / "share"  # mounted at the same path on every node: here, one disk
+    (tmp_path / "project").mkdir()
+    make_image_dataset(share / "imgs", classes=2, train_per_class=8, val_per_class=2)
+    outcome = RunFactory(tmp_path / "project")(
+        *ray_args(ray_cluster.address, "compute.nodes=2"),
+        "dist=native",
+        "data=imagefolder",
+        "data.root=imgs",
+        "data.image_size=8",
+        "data.workers=0",
+        "storage=nfs",
+        f"storage.root={share}",
+        "trainer.batch_size=4",
+        "trainer.epochs=1",
+        job_dir=tmp_path / "job",
+        timeout=240,
+    ).assert_success()
+    assert outcome.result["steps"] == 2 and outcome.result["world_size"] == 2  # 16 images, 2 x 4 a step
+    assert json.loads((outcome.job_dir / "job.json").read_text())["config"]["data"]["root"] == "imgs"
+
+
 @pytest.mark.slow
 class TestRayContract(ComputeTargetContract):
     # a Ray job: the working_dir uploaded, the runtime environment set up, the driver and an actor started
