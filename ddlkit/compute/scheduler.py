@@ -93,6 +93,11 @@ class Scheduler(ABC):
         """Bring what the ranks wrote into the launcher's ``job_dir``; a no-op where the ranks run in
         it (a shared disk). Called once the job ended, before it is judged, and again by ``collect``."""
 
+    def peek(self, job_id: str, job_dir: Path) -> None:  # noqa: B027 -- optional; a no-op on a shared disk
+        """Bring the files a running job keeps current (``telemetry.json``) into the launcher's
+        ``job_dir``, where the ranks write elsewhere; best effort: a job that cannot be asked now
+        leaves the last copy as it is."""
+
     def detach(self, job_id: str) -> None:  # noqa: B027 -- optional
         """Let the job outlive this process (a scheduler whose jobs are this process's children)."""
 
@@ -211,6 +216,9 @@ class SchedulerJob(JobHandle):
     def collect(self) -> None:
         self.scheduler.fetch(self.id, self.job_dir)
         self._fetched = True
+
+    def peek(self) -> None:
+        self.scheduler.peek(self.id, self.job_dir)
 
     def detach(self) -> None:
         self.scheduler.detach(self.id)

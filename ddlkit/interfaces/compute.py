@@ -163,6 +163,11 @@ class JobHandle(ABC):
         ended, whatever its state, before it reads ``result.json``. Targets that run the job in
         the launcher's own directory (a shared disk) have nothing to do."""
 
+    def peek(self) -> None:
+        """Bring the files a running job keeps current (rank 0's ``telemetry.json``: the ranks' step
+        telemetry, which ``ddlkit jobs status`` shows) into the launcher's job directory. Called while
+        the job runs; nothing to do where the ranks write into that directory (a shared disk)."""
+
     def detach(self) -> None:
         """Let the job outlive this process: the launcher is about to exit without waiting, and
         :meth:`ComputeTarget.attach` finds the job again later. Jobs on a remote scheduler are

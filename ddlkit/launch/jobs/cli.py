@@ -15,6 +15,7 @@ a job whose end is recorded is answered from its directory, without its target
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import shlex
 import socket
@@ -113,6 +114,9 @@ def cmd_status(args: argparse.Namespace, out: TextIO) -> int:
         out.write(f"sweep:     {sub.sweep_decision}\n")
     if status.message:
         out.write(status.message.rstrip() + "\n")
+    if not status.state.done:
+        with contextlib.suppress(DdlkitError):  # the ranks' view is a bonus: the state above is the answer
+            handle.peek()
     out.write(_ranks_view(Path(sub.job_dir), running=not status.state.done))
     result = Path(sub.job_dir) / RESULT_FILE
     if status.state.done and result.is_file():

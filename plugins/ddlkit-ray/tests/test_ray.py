@@ -94,6 +94,8 @@ class TestRayContract(ComputeTargetContract):
         return ray_target(ray_cluster.address, nodes=2)  # a rank on each of the cluster's two nodes
 
 
+#: a row of the rank table `ddlkit jobs status` prints: rank, node, host, images/s, data wait, sync wait
+RANK_ROW = re.compile(r"^\s+(\d)\s+(\d)\s+\S+\s+([\d.]+)\s+(\d+)%\s+(\d+)%", re.M)
 #: a job that lasts: the fake framework sleeps this long per step (80 steps by default)
 SLOW = ("framework.step_delay_s=0.25",)
 
@@ -339,7 +341,7 @@ def test_each_nodes_telemetry_traces_and_one_mlflow_run_come_back(ray_cluster, r
     telemetry = assert_every_rank_seen(job_dir)
     assert [r["node"] for r in telemetry["ranks"]] == [0, 1], telemetry
     status = run_factory.cli("jobs", "status", str(job_dir)).assert_success().stdout
-    assert re.findall(r"^\s+(\d)\s+(\d)\s+\S+\s+[\d.]+\s+\d+%\s+\d+%", status, re.M) == [("0", "0"), ("1", "1")]
+    assert [row[:2] for row in RANK_ROW.findall(status)] == [("0", "0"), ("1", "1")], status
 
 
 @pytest.mark.slow
@@ -561,9 +563,20 @@ def test_cancel_checkpoints_and_the_checkpoint_comes_back(ray_cluster, run_facto
         "dist=native",
         "trainer.checkpoint_every=4",
         *SLOW,
+        "framework.step_delay_s=0.5",
+        "compute.sync_interval_s=1",
         f"hydra.run.dir={job_dir}",
     ).assert_success()
     follow_until(ray_cluster.address, job_dir, "step 10/")
+    # while it runs, `jobs status` shows each rank's rate and waits as rank 0 wrote them on its node: the
+    # driver publishes them every compute.sync_interval_s (issue 42)
+    rows = wait_for(
+        lambda: RANK_ROW.findall(run_factory.cli("jobs", "status", str(job_dir)).assert_success().stdout),
+        "a rank table in `ddlkit jobs status` of the running job",
+        pace=1,
+    )
+    assert [row[:2] for row in rows] == [("0", "0"), ("1", "1")], rows
+    assert not (job_dir / "result.json").exists()  # it was still running
     cancel = run_factory.cli("jobs", "cancel", str(job_dir), timeout=180).assert_success()
     assert "resume" in cancel.output, cancel.output
     record = json.loads((job_dir / ".ddlkit/ray-exit.json").read_text())

@@ -83,6 +83,7 @@ from ddlkit.jobdir import (
     RESTARTS_ENV,
     STATE_DIR,
     STEPS_LOST_ENV,
+    TELEMETRY_FILE,
     rank_log,
     rank_record,
 )
@@ -535,6 +536,7 @@ class Driver:
                     codes[rank] = 128 + signal.SIGKILL
             if time.monotonic() - last_sync > sync_every:
                 self.sync([0])
+                self.publish_telemetry()
                 last_sync = time.monotonic()
             time.sleep(_PACE_S)
         self.sync(list(range(self.world)))
@@ -647,6 +649,16 @@ class Driver:
         for rank, actor in enumerate(self.actors):
             if rank not in codes and rank not in self.lost:
                 actor.stop.remote()
+
+    def publish_telemetry(self) -> None:
+        """Rank 0's step telemetry as the last sync brought it, where the launcher's ``ddlkit jobs
+        status`` reads it while the job runs (the rest comes at the end, in one archive)."""
+        view = self.collected / TELEMETRY_FILE
+        with contextlib.suppress(OSError):  # none yet (one rank, no logging step), or a lost race
+            target = self.logs / PUBLISH_DIR / self.sid
+            target.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(view, target / f"{TELEMETRY_FILE}.partial")
+            os.replace(target / f"{TELEMETRY_FILE}.partial", target / TELEMETRY_FILE)
 
     # ------------------------------------------------------------ the end
     def publish(self, code: int, why: str) -> None:

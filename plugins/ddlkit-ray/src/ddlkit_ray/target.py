@@ -56,7 +56,8 @@ whole log read every `compute.poll_interval_s` instead, which the launcher says 
 
 The cluster shares no disk with the launcher: every `compute.sync_interval_s` the driver copies
 what the ranks wrote since its last look (checkpoints first of all), so a node that dies does not
-take rank 0's checkpoints with it. When the job ends it publishes the whole in its node's Ray log
+take rank 0's checkpoints with it, and publishes rank 0's `telemetry.json` (the rank table of
+`ddlkit jobs status` while the job runs). When the job ends it publishes the whole in its node's Ray log
 directory, and `collect()` fetches it through the dashboard's log API (`/api/v0/logs/file`) into
 the launcher's job directory: `rank-N.log`, `.ranks/`, checkpoints, metrics, the model,
 `result.json`, and `.ddlkit/ray-exit.json` (how the job ended). A dashboard whose node agent does
@@ -207,13 +208,13 @@ from typing import Any, Literal
 from omegaconf import DictConfig, OmegaConf
 
 import ddlkit
-from ddlkit.atomic import write_text
+from ddlkit.atomic import replace_text, write_text
 from ddlkit.compute import secret_file
 from ddlkit.compute.gang import ElasticGangConfig
 from ddlkit.compute.outcome import Observation
 from ddlkit.compute.scheduler import Scheduler, SchedulerJob
 from ddlkit.interfaces import JobHandle, JobSpec, JobState
-from ddlkit.jobdir import CANCEL_FILE, CHECKPOINT_DIR, RANKS_DIR, STATE_DIR
+from ddlkit.jobdir import CANCEL_FILE, CHECKPOINT_DIR, RANKS_DIR, STATE_DIR, TELEMETRY_FILE
 from ddlkit.options import NON_NEGATIVE, POSITIVE, checked, one_of
 
 from .driver import EXIT_RECORD, NOT_COLLECTED, PLAN_FILE, SECRETS_FILE, extract_files, holds, kept_name, published_name
@@ -252,7 +253,8 @@ class RayConfig(ElasticGangConfig):
     placement_timeout_s: float = checked(300.0, POSITIVE)
     # seconds a cancelled job's ranks get to checkpoint before they are killed
     grace_period_s: float = checked(30.0, NON_NEGATIVE)
-    # seconds between the driver's copies of rank 0's new files (checkpoints): what a lost node cannot take along
+    # seconds between the driver's copies of rank 0's new files (checkpoints: what a lost node cannot take along;
+    # telemetry.json: what `ddlkit jobs status` shows of a running job)
     sync_interval_s: float = checked(10.0, POSITIVE)
     # seconds between looks at the job (each is one request to the Jobs API)
     poll_interval_s: float = checked(2.0, POSITIVE)
@@ -527,6 +529,16 @@ class RayScheduler(Scheduler):
             with contextlib.suppress(ValueError):
                 self._exit[job_id] = json.loads(data) if data else None
         return self._exit[job_id]
+
+    def peek(self, job_id: str, job_dir: Path) -> None:
+        """Rank 0's ``telemetry.json`` as the driver last published it (every
+        ``compute.sync_interval_s``), for ``ddlkit jobs status`` of a running job; a node that does not
+        answer now leaves the launcher's copy as it was."""
+        if _state(self.info(job_id)) in _ENDED:
+            return  # fetch brings the whole archive
+        with contextlib.suppress(NodeUnreachable):
+            if data := self._published(job_id, TELEMETRY_FILE):
+                replace_text(Path(job_dir) / TELEMETRY_FILE, data.decode("utf-8"))
 
     def fetch(self, job_id: str, job_dir: Path) -> None:
         """The files the driver published (rank 0's last, checkpoints, the ranks' exit records
