@@ -82,7 +82,7 @@ class ControlPlane:
         self.where: Callable[[], str] = lambda: ""
         #: writes this rank's stacks for a hang report, given what heads them (DistContext.on_hang); None: no report
         self.on_dump: Callable[[str], str] | None = None
-        #: rank -> its pid and host, as it said hello (rank 0): a silent rank on rank 0's host is read from outside
+        #: rank -> its pid and host, as it said hello (rank 0): a rank on its host reads a silent one from outside
         self.members: dict[int, dict[str, Any]] = {}
         #: rank 0: the ranks' answers to the hang report asked last (rank -> what it said), and when all came
         self._dumped: dict[int, dict[str, Any]] = {}
@@ -439,43 +439,68 @@ class ControlPlane:
     def _answer_dump(self, message: dict[str, Any]) -> None:
         doing = self._doing()
         path = ""
+        why = message.get("why", "")
         if self.on_dump is not None:
             with contextlib.suppress(Exception):  # a report that cannot be written must not end the rank
-                path = self.on_dump(_header(self.rank, self.world_size, doing, message.get("why", "")))
+                path = self.on_dump(_header(self.rank, self.world_size, doing, why))
+        # silent ranks on this host that rank 0 (elsewhere) asks this rank to read from outside
+        for peer, seen in (message.get("read") or {}).items():
+            if path:
+                self._read_from_outside(int(peer), int(seen["pid"]), seen.get("step"), why, Path(path))
         with contextlib.suppress(OSError, KeyError):
             self._send_to(0, {"heartbeat": True, "dumped": message["dump"], "file": path, **doing})
+
+    def _read_from_outside(self, peer: int, pid: int, step: int | None, why: str, own: Path) -> None:
+        """The stacks of ``peer``, a silent rank on this host, as py-spy reads them from outside, beside
+        this rank's own stack file."""
+        from .hang import write_stacks_of
+
+        doing_then = {"step": step, "where": f"? (it did not answer: read from outside by rank {self.rank})"}
+        with contextlib.suppress(OSError):
+            header = _header(peer, self.world_size, doing_then, why, pid=pid)
+            write_stacks_of(own.with_name(f"rank-{peer}.txt"), pid, header)
 
     def _hang_report(self, silent: list[int]) -> None:
         """Rank 0, when ``silent`` ranks fell silent: every rank that answers writes its stacks
         (asked over the heartbeat channel, which its reader thread serves while its main thread
-        waits in a collective); rank 0 writes its own and reads those of silent ranks on its host
-        with py-spy; then it says which ranks are not where the others wait."""
-        from .hang import write_stacks_of
-
+        waits in a collective); a silent rank's stacks are read from outside with py-spy by a rank on
+        its host (rank 0 on its own, else the first rank there that answers); then it says which
+        ranks are not where the others wait."""
         start = time.monotonic()
         self._dump_round += 1
         self._dumped, why = {}, f"rank(s) {', '.join(map(str, silent))} silent for {self.warn_after_s:g} s"
         asked = [p for p in self.peers if p not in self._left and p not in silent]
+        here = socket.gethostname()
+        readers: dict[int, dict[str, dict[str, Any]]] = {}  # reader rank -> the silent ranks it reads
+        for peer in silent:
+            member = self.members.get(peer) or {}
+            if not member.get("pid"):
+                continue
+            host = member.get("host")
+            reader = (
+                0 if host == here else next((p for p in asked if self.members.get(p, {}).get("host") == host), None)
+            )
+            if reader is not None:
+                readers.setdefault(reader, {})[str(peer)] = {
+                    "pid": member["pid"],
+                    "step": self._heard.get(peer, (0.0, None))[1],
+                }
         self._dump_answered.clear()
         self._dump_expected = len(asked)
         for peer in asked:
             with contextlib.suppress(OSError, KeyError):
-                self._send_to(peer, {"heartbeat": True, "dump": self._dump_round, "why": why})
+                self._send_to(
+                    peer, {"heartbeat": True, "dump": self._dump_round, "why": why, "read": readers.get(peer, {})}
+                )
         if not asked:
             self._dump_answered.set()
         doing = self._doing()
         assert self.on_dump is not None
         own = self.on_dump(_header(0, self.world_size, doing, why))
         answers: dict[int, dict[str, Any]] = {0: {**doing, "file": own}}
-        here = socket.gethostname()
-        for peer in silent:
-            member = self.members.get(peer) or {}
-            heard_step = self._heard.get(peer, (0.0, None))[1]
-            if member.get("host") == here and member.get("pid") and own:
-                doing_then = {"step": heard_step, "where": "? (it did not answer: read from outside by rank 0)"}
-                with contextlib.suppress(OSError):
-                    header = _header(peer, self.world_size, doing_then, why, pid=int(member["pid"]))
-                    write_stacks_of(Path(own).with_name(f"rank-{peer}.txt"), int(member["pid"]), header)
+        for peer, seen in readers.get(0, {}).items():
+            if own:
+                self._read_from_outside(int(peer), int(seen["pid"]), seen["step"], why, Path(own))
         self._dump_answered.wait(_DUMP_WAIT_S)
         answers.update(self._dumped)
         took = time.monotonic() - start
@@ -582,7 +607,7 @@ def _verdict(
         lines.append(
             f"ddlkit: rank {rank} does not answer ({_at_step(heard.get(rank, (0.0, None))[1])} when last heard "
             f"from; stopped, or hung holding the interpreter): it is not in {common} where the others wait; "
-            f"its stack, where rank 0 could read it: {HANG_DIR}/rank-{rank}.txt"
+            f"its stack, where a rank on its host could read it: {HANG_DIR}/rank-{rank}.txt"
         )
     for rank in sorted(set(answers) - set(waiting)):
         lines.append(

@@ -5,7 +5,8 @@ every rank that still answers to write the Python stacks of all its threads (``f
 and with them its native frames where ``py-spy`` is installed, to ``<job dir>/hang/rank-N.txt``,
 headed by the step and the phase the rank was in and the control-plane collective it waits in.
 A rank that does not answer -- stopped (SIGSTOP), or hung with the interpreter's lock held --
-cannot write its own; rank 0 reads it from outside with ``py-spy`` when that rank runs on its host.
+cannot write its own; a rank on its host reads it from outside with ``py-spy`` (rank 0 on its own host,
+else the first rank there that answers).
 The console then names the ranks that are not where the others wait.
 """
 

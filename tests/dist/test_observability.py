@@ -122,3 +122,59 @@ def test_a_silent_rank_gets_every_other_ranks_stacks_written_and_is_named(tmp_pa
         stopped = (job_dir / "hang/rank-2.txt").read_text()
         assert f"at step {silent[1]}, in: ? (it did not answer" in stopped, stopped
         assert "train_epochs (ddlkit/rank/loop.py" in stopped, stopped  # read by py-spy from outside
+
+
+#: the ranks' interpreter for a job on two "hosts": the workers of ranks 1 and 2 run in a host name of
+#: their own (node-b; a UTS namespace each), those of ranks 0 and 3 in another (node-a)
+TWO_HOSTS = """#!/bin/sh
+case " $* " in *" ddlkit.rank.worker "*) ;; *) exec {python} "$@" ;; esac
+case "$OMPI_COMM_WORLD_RANK" in 1|2) host=node-b ;; *) host=node-a ;; esac
+exec unshare --uts sh -c 'hostname "$0" && exec "$@"' "$host" {python} "$@"
+"""
+#: compute.mpirun for that job: mpirun, with the ranks' interpreter replaced by TWO_HOSTS
+MPIRUN = """#!{python}
+import os, sys
+os.execvp("mpirun", ["mpirun", *("{ranks_python}" if a == "{python}" else a for a in sys.argv[1:])])
+"""
+
+
+@pytest.mark.skipif(
+    not (shutil.which("py-spy") and shutil.which("unshare") and os.geteuid() == 0),
+    reason="needs py-spy, and root for unshare --uts (a host name per rank)",
+)
+def test_a_silent_rank_on_another_host_than_rank_0s_is_read_by_a_rank_on_its_host(
+    tmp_path: Path, dt: SimpleNamespace
+) -> None:
+    """Rank 2 is stopped on node-b, where rank 1 runs too, and rank 0 on node-a: rank 0 cannot read
+    it from outside, so it asks rank 1 to, with the stack dump it asks of every rank."""
+    ranks_python, mpirun = tmp_path / "python", tmp_path / "mpirun"
+    ranks_python.write_text(TWO_HOSTS.format(python=sys.executable))
+    mpirun.write_text(MPIRUN.format(python=sys.executable, ranks_python=ranks_python))
+    for script in (ranks_python, mpirun):
+        script.chmod(0o755)
+    job_dir = tmp_path / "job"
+    launcher = dt.DistJobs(tmp_path).start(
+        *FOUR_RANKS,
+        f"compute.mpirun={mpirun}",
+        "trainer.max_steps=100000",
+        "dist.warn_after_s=3",
+        "dist.timeout_s=60",
+        job_dir=job_dir,
+    )
+    out = Lines(launcher)
+    try:
+        out.wait_for(r"step 50/", timeout=180)
+        os.kill(dt.worker_pids(job_dir)[2], signal.SIGSTOP)
+        _, found = out.wait_for(r"ddlkit: stacks of rank\(s\) ([\d, ]+) written to hang/", timeout=40)
+        out.wait_for(r"ddlkit: rank 2 does not answer", timeout=5)
+    finally:
+        for pid in dt.worker_pids(job_dir).values():
+            os.kill(pid, signal.SIGKILL)
+        launcher.kill()
+        launcher.wait()
+    assert found[1] == "0, 1, 3", out.text
+    assert (job_dir / "hang/rank-1.txt").read_text().startswith("# rank 1 of 4 on node-b ")
+    stopped = (job_dir / "hang/rank-2.txt").read_text()
+    assert stopped.startswith("# rank 2 of 4 on node-b "), stopped[:300]
+    assert "in: ? (it did not answer: read from outside by rank 1)" in stopped, stopped
+    assert "train_epochs (ddlkit/rank/loop.py" in stopped, stopped  # what py-spy read of the stopped rank
