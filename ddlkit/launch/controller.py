@@ -27,7 +27,7 @@ from __future__ import annotations
 import contextlib
 import time
 from collections.abc import Callable, Iterator, Mapping
-from dataclasses import replace
+from dataclasses import fields, replace
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -92,18 +92,24 @@ def settle(handle: JobHandle, status: JobStatus, job_dir: Path) -> JobStatus:
 
 def restart_policy(job: PreparedJob, out: TextIO) -> RestartPolicy:
     """The job's restart policy (:func:`policy_for` its config's ``restart`` and its target)."""
-    return policy_for(job.redacted_config.get("restart") or {}, job.compute, out)
+    return policy_for(restart_config(job.redacted_config.get("restart") or {}), job.compute, out)
 
 
-def policy_for(options: Mapping[str, Any], target: ComputeTarget, out: TextIO) -> RestartPolicy:
-    """``restart.max_restarts`` and ``restart.capacity_wait_s`` (or ``target``'s defaults) and
-    ``restart.backoff_s``, from a config's ``restart`` options."""
-    most, wait = options.get("max_restarts"), options.get("capacity_wait_s")
+def restart_config(options: Mapping[str, Any]) -> RestartConfig:
+    """A config's ``restart`` options (job.json's plain copy, or the composed node), typed by their
+    schema: what a config leaves out takes the schema's default, there and only there."""
+    return RestartConfig(**{f.name: options[f.name] for f in fields(RestartConfig) if f.name in options})
+
+
+def policy_for(restart: RestartConfig, target: ComputeTarget, out: TextIO) -> RestartPolicy:
+    """``restart.max_restarts`` and ``restart.capacity_wait_s`` (or ``target``'s defaults where they
+    are null) and ``restart.backoff_s``."""
+    most, wait = restart.max_restarts, restart.capacity_wait_s
     return RestartPolicy(
-        target.default_max_restarts if most is None else int(most),
-        float(options.get("backoff_s", RestartConfig.backoff_s)),  # the schema's default, for a config without it
+        target.default_max_restarts if most is None else most,
+        restart.backoff_s,
         out,
-        capacity_wait_s=target.default_capacity_wait_s if wait is None else float(wait),
+        capacity_wait_s=target.default_capacity_wait_s if wait is None else wait,
     )
 
 

@@ -11,7 +11,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from ddlkit import ComputeTarget, JobHandle, JobSpec, JobState, JobStatus
-from ddlkit.launch.controller import JobController, Restarts, restart_policy, submit
+from ddlkit.config import RestartConfig
+from ddlkit.launch.controller import JobController, Restarts, policy_for, restart_config, restart_policy, submit
 from ddlkit.launch.prepare import PreparedJob
 
 KILLED = JobStatus(JobState.FAILED, -signal.SIGKILL, "rank 1 (node 1) failed first, with killed by signal SIGKILL")
@@ -113,3 +114,13 @@ def test_restarts_used_up_end_the_job_and_a_sweep_sees_why_on_its_first_line(tmp
     status = life.wait()
     assert len(target.runs) == 2 and status.exit_code == -signal.SIGKILL
     assert status.message.endswith("(not restarted again: 1 of restart.max_restarts=1 restarts used)"), status.message
+
+
+def test_a_config_without_restart_options_takes_the_schemas_defaults_and_the_targets() -> None:
+    """The restart options come typed by their schema (job.json's copy may lack keys a newer schema
+    has); null max_restarts and capacity_wait_s mean the target's own defaults."""
+    assert restart_config({}) == RestartConfig()
+    policy = policy_for(restart_config({"backoff_s": 2}), Runs(), io.StringIO())
+    assert (policy.max_restarts, policy.backoff_s, policy.capacity_wait_s) == (3, 2.0, 600.0)
+    policy = policy_for(restart_config({"max_restarts": 0, "capacity_wait_s": 5}), Runs(), io.StringIO())
+    assert (policy.max_restarts, policy.backoff_s, policy.capacity_wait_s) == (0, RestartConfig.backoff_s, 5)

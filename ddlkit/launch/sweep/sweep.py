@@ -459,7 +459,9 @@ class DdlkitSweep:
             secret_env=secret_env,
             code_digest=snapshot.digest if snapshot is not None else None,
             # what a target that restarts in place would be given (compute=ray's plan shows it)
-            restart=controller.policy_for(cfg.get("restart") or {}, target, self.out).budget(),
+            restart=controller.policy_for(
+                controller.restart_config(cfg.get("restart") or {}), target, self.out
+            ).budget(),
         )
         command = job_command(redact_overrides(overrides), output_dir, launch)
         code = f"      code: {_code_line(snapshot)}\n" if snapshot is not None else ""
