@@ -120,6 +120,11 @@ EXIT_PREEMPTED = 75
 #: joined. The infrastructure's failure, not this rank's (a restart policy restarts such a job)
 EXIT_LOST_PEER = 76
 
+#: not a rank's own status: the job's when a rank was killed by the kernel's out-of-memory killer (its
+#: minder saw its memory cgroup count an OOM kill: ``"oom_killed": true`` in its exit record), as
+#: ddlkit.compute.outcome.judge rules. The job's own, never restarted: the same job would meet it again
+EXIT_OOM_KILLED = 77
+
 #: a node is down while its scratch directory holds this file: how compute=local_mpi simulates a lost
 #: node that does not come back (the fake framework's kill_node writes it; removing it brings the node back)
 NODE_DOWN = "down"

@@ -16,7 +16,11 @@ The rule, in order:
    :func:`~ddlkit.compute.rank_exits.first_failure`) gives the job its exit status, which the restart
    policy judges; the scheduler's reason stays in the message. A rank that its peers name as silent and
    that left no record failed first: it stopped answering, or was killed with its minder (the
-   scheduler may have seen its signal: :attr:`Observation.rank_signals`).
+   scheduler may have seen its signal: :attr:`Observation.rank_signals`). A rank whose minder saw the
+   kernel's out-of-memory killer end it (``oom_killed`` in its record) ends the job with
+   :data:`~ddlkit.jobdir.EXIT_OOM_KILLED`, which is never restarted: the same job would meet it again.
+   Where the minder could not read its memory cgroup's count, an OOM kill is a SIGKILL like any other
+   (a lost node's), and restarted.
 3. **Pre-emption and notice.** Ranks that checkpointed and stopped (``EXIT_PREEMPTED``) ended on
    notice, at a step boundary: resumable, no step lost.
 4. **Nothing reported**: the scheduler's exit code is all there is.
@@ -148,4 +152,4 @@ def _headline(failure: RankFailure, seen: Observation) -> str:
     else:
         culprit = f"rank {rank} {'stopped answering' if how == 'did not reach' else 'left the job'}"
     waiting = f"rank {failure.rank} ({failure.where()}) failed waiting for it"
-    return f"{culprit} first; {waiting}, with {describe_exit(failure.code)}"
+    return f"{culprit} first; {waiting}, with {describe_exit(int(failure.first['code']))}"

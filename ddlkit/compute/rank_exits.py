@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import RankLostError
-from ..jobdir import EXIT_LOST_PEER, EXIT_PREEMPTED, RANKS_DIR, rank_record
+from ..jobdir import EXIT_LOST_PEER, EXIT_OOM_KILLED, EXIT_PREEMPTED, RANKS_DIR, rank_record
 from .process import describe_exit, log_tail, quoting_tail
 
 #: how a rank that found a peer gone says so (ddlkit.rank's RankLostError): the peer's rank, and
@@ -83,9 +83,16 @@ class RankFailure:
         return int(self.first["rank"])
 
     @property
+    def oom_killed(self) -> bool:
+        """Whether the kernel's out-of-memory killer ended it (its minder saw its memory cgroup count
+        an OOM kill when SIGKILL ended it: ``oom_killed`` in its record)."""
+        return self.first.get("oom_killed") is True
+
+    @property
     def code(self) -> int:
-        """Its exit status (minus the signal's number when a signal ended it): the job's exit code."""
-        return int(self.first["code"])
+        """Its exit status (minus the signal's number when a signal ended it): the job's exit code;
+        :data:`~ddlkit.jobdir.EXIT_OOM_KILLED` when the out-of-memory killer ended it (never restarted)."""
+        return EXIT_OOM_KILLED if self.oom_killed else int(self.first["code"])
 
     @property
     def log(self) -> Path:
@@ -107,11 +114,21 @@ class RankFailure:
         return f"node {node}, host {host}" if host else f"node {node}"
 
     def headline(self) -> str:
+        if self.oom_killed:
+            return (
+                f"rank {self.rank} ({self.where()}) was killed by the out-of-memory killer (its memory cgroup "
+                "counted an OOM kill); give it more memory or a smaller batch (trainer.batch_size)"
+            )
         return f"rank {self.rank} ({self.where()}) failed first, with {describe_exit(self.code)}"
 
     def others(self) -> list[str]:
         """How the other ranks ended, and which never reported (killed with their rank minder)."""
-        others = [f"rank {r['rank']}: {describe_exit(r['code'])}" for r in self.records if r is not self.first]
+        others = [
+            f"rank {r['rank']}: {describe_exit(r['code'])}"
+            + (" (the out-of-memory killer)" if r.get("oom_killed") is True else "")
+            for r in self.records
+            if r is not self.first
+        ]
         missing = sorted(set(range(self.world_size)) - {r["rank"] for r in self.records})
         if missing:
             others.append(f"ranks {missing}: killed before they could report")

@@ -28,9 +28,10 @@ What :func:`run` guarantees, the same for every target:
 * **exit record**: once the child ended, ``.ranks/rank-N.json`` (:func:`ddlkit.jobdir.rank_record`,
   replaced atomically) says how and when: ``rank``, ``node``, ``local_rank``, ``code`` (the exit
   status; minus the signal's number when a signal ended it), ``time`` (when, in seconds since the
-  epoch), ``log`` (relative to the job directory), ``pid`` and ``host``. A launcher names the rank
-  that failed *first* from these (a failed rank makes the others fail too, later):
-  :func:`ddlkit.compute.rank_exits.first_failure`;
+  epoch), ``log`` (relative to the job directory), ``pid`` and ``host``; for a rank that SIGKILL
+  ended, ``oom_killed``: whether the kernel's out-of-memory killer did (:func:`oom_kill_counter`;
+  null where that cannot be read). A launcher names the rank that failed *first* from these (a
+  failed rank makes the others fail too, later): :func:`ddlkit.compute.rank_exits.first_failure`;
 * **signals** (from :func:`forward_signals` on): SIGTERM, SIGINT and SIGUSR1 reach the child as
   one SIGTERM, the worker's one stop request (it checkpoints at its next step and exits
   ``EXIT_PREEMPTED``); SIGUSR1 is what mpirun forwards to every rank on every host, SIGINT what
@@ -151,6 +152,76 @@ def _die_with_parent() -> None:
     ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
 
 
+def _unescape(field: str) -> str:
+    """A path as /proc/self/mountinfo writes it (``\\040`` for a space)."""
+    return re.sub(r"\\([0-7]{3})", lambda m: chr(int(m[1], 8)), field)
+
+
+def _cgroup_mounts() -> list[tuple[str, str, str, set[str]]]:
+    """The cgroup file systems mounted here: (type, root in the hierarchy, mount point, options)."""
+    try:
+        with open("/proc/self/mountinfo", encoding="utf-8") as f:
+            lines = f.read().splitlines()
+    except OSError:
+        return []
+    mounts = []
+    for line in lines:
+        left, _, right = line.partition(" - ")
+        fields, after = left.split(), right.split()
+        if len(fields) >= 5 and len(after) >= 3 and after[0] in ("cgroup", "cgroup2"):
+            mounts.append((after[0], _unescape(fields[3]), _unescape(fields[4]), set(after[2].split(","))))
+    return mounts
+
+
+def _in_mount(point: str, root: str, path: str, name: str) -> str | None:
+    """File ``name`` of cgroup ``path`` in a hierarchy mounted at ``point`` from its ``root``."""
+    if root != "/":
+        if path != root and not path.startswith(root.rstrip("/") + "/"):
+            return None  # the cgroup is not below what this mount shows
+        path = path[len(root) :]
+    return os.path.join(point, path.lstrip("/"), name)
+
+
+def oom_kill_counter(pid: int | str = "self") -> str | None:
+    """The file that counts the kernel's out-of-memory kills in process ``pid``'s memory cgroup,
+    None where none can be read (no cgroup file system, no memory controller, a kernel older than
+    4.13). cgroup v1 (``N:memory:/path`` in ``/proc/<pid>/cgroup``): ``memory.oom_control``'s
+    ``oom_kill``; v2 (``0::/path``): ``memory.events``' ``oom_kill``. The kernel counts a kill on the
+    victim's memory cgroup whether the cgroup's limit or the machine ran out (a global OOM), so a
+    rise while a process of the cgroup died of SIGKILL is the OOM killer's verdict -- on the cgroup,
+    not the process: another process of it killed at the same moment is counted alike."""
+    try:
+        with open(f"/proc/{pid}/cgroup", encoding="utf-8") as f:
+            lines = f.read().splitlines()
+    except OSError:
+        return None
+    mounts = _cgroup_mounts()
+    candidates: list[str | None] = []
+    for line in lines:
+        hierarchy, _, rest = line.partition(":")
+        controllers, _, path = rest.partition(":")
+        if "memory" in controllers.split(","):  # v1 (listed before v2's line: on a hybrid machine, it counts)
+            candidates += [_in_mount(p, r, path, "memory.oom_control") for t, r, p, o in mounts if "memory" in o]
+            candidates.append(_in_mount("/sys/fs/cgroup/memory", "/", path, "memory.oom_control"))
+        elif hierarchy == "0" and not controllers:
+            candidates += [_in_mount(p, r, path, "memory.events") for t, r, p, o in mounts if t == "cgroup2"]
+            candidates.append(_in_mount("/sys/fs/cgroup", "/", path, "memory.events"))
+    return next((c for c in candidates if c is not None and oom_kills(c) is not None), None)
+
+
+def oom_kills(counter: str) -> int | None:
+    """The ``oom_kill`` count in ``counter`` (:func:`oom_kill_counter`), None where it cannot be read."""
+    try:
+        with open(counter, encoding="utf-8") as f:
+            for line in f:
+                key, _, value = line.partition(" ")
+                if key == "oom_kill":
+                    return int(value)
+    except (OSError, ValueError):
+        return None
+    return None
+
+
 def _describe(code: int) -> str:
     """How a child ended, from its exit code (negative: the signal)."""
     return f"signal {signal.Signals(-code).name}" if code < 0 else f"exit status {code}"
@@ -187,6 +258,9 @@ def run(
     parent = os.getppid()
     if cancel_file and os.path.exists(os.path.join(job_dir, cancel_file)):
         _forward(signal.SIGTERM, None)  # the job was cancelled before this rank started
+    # the OOM kills counted so far in the memory cgroup the child starts in (this process's)
+    counter = oom_kill_counter()
+    kills_before = oom_kills(counter) if counter is not None else None
     child = subprocess.Popen(
         list(command),
         stdout=subprocess.PIPE,
@@ -255,14 +329,21 @@ def run(
         code = child.wait()
         finished = ended_wall or time.time()
         _kill_group(child.pid)
+        oom_killed: bool | None = None
+        if code == -signal.SIGKILL and counter is not None and kills_before is not None:
+            kills_after = oom_kills(counter)
+            oom_killed = None if kills_after is None else kills_after > kills_before
+        how = _describe(code) + (
+            " (the out-of-memory killer: its memory cgroup counted an OOM kill)" if oom_killed else ""
+        )
         if code != 0:
-            log.write(f"[{name}] rank {rank} (node {node}) ended with {_describe(code)}\n".encode())
+            log.write(f"[{name}] rank {rank} (node {node}) ended with {how}\n".encode())
             failed = code not in (jobdir.EXIT_COMPLETED, jobdir.EXIT_PREEMPTED)
             if rank != 0 and failed and unseen:
-                err.write(f"[rank {rank}] ended with {_describe(code)}; last lines of {log_name}:\n".encode())
+                err.write(f"[rank {rank}] ended with {how}; last lines of {log_name}:\n".encode())
                 err.write(b"".join(b"[rank %d] %s\n" % (rank, line) for line in unseen))
             else:
-                err.write(f"[rank {rank}] ended with {_describe(code)}\n".encode())
+                err.write(f"[rank {rank}] ended with {how}\n".encode())
             err.flush()
     _write_record(
         job_dir,
@@ -276,6 +357,7 @@ def run(
             "log": log_name,
             "pid": child.pid,
             "host": os.uname().nodename,
+            **({"oom_killed": oom_killed} if code == -signal.SIGKILL else {}),
         },
     )
     return 128 - code if code < 0 else code

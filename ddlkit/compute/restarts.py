@@ -11,7 +11,9 @@ of the rank that failed first):
   because another was lost, went silent past ``dist.timeout_s`` or never joined (``EXIT_LOST_PEER``);
 * **the job's own** -- never restarted, because the same code would fail again: a config error, a
   plugin error, an exception in the model or data code (NaN loss and out-of-memory included), a
-  crash in native code (SIGSEGV, SIGABRT, ...); a cancelled job is not restarted either.
+  crash in native code (SIGSEGV, SIGABRT, ...), a rank the kernel's out-of-memory killer ended
+  (``EXIT_OOM_KILLED``: its minder saw its memory cgroup count the kill; where it cannot be read, that
+  SIGKILL looks like a lost node's and is restarted); a cancelled job is not restarted either.
 
 Every restart is a line on the console and an entry in the job's record (``ddlkit jobs status``):
 the cause, the step the job had reached, the step it resumes from. The ranks learn how many
@@ -35,7 +37,15 @@ from typing import Any, TextIO
 
 from ..checkpoint import checkpoint_step, resolve_resume
 from ..interfaces import JobState, JobStatus, RestartBudget
-from ..jobdir import EXIT_CONFIG_ERROR, EXIT_LOST_PEER, EXIT_PLUGIN_ERROR, EXIT_PREEMPTED, PROGRESS_PATTERN, rank_log
+from ..jobdir import (
+    EXIT_CONFIG_ERROR,
+    EXIT_LOST_PEER,
+    EXIT_OOM_KILLED,
+    EXIT_PLUGIN_ERROR,
+    EXIT_PREEMPTED,
+    PROGRESS_PATTERN,
+    rank_log,
+)
 from .process import split_tail
 
 #: signals that come from outside a rank: a node lost or shut down, a VM preempted, a scheduler's kill
@@ -65,6 +75,8 @@ def classify(status: JobStatus) -> Verdict:
         return Verdict(True, "its ranks were stopped on notice (a preemption) after a checkpoint")
     if code == EXIT_LOST_PEER:
         return Verdict(True, "a rank was lost (it left, went silent or never joined)")
+    if code == EXIT_OOM_KILLED:
+        return Verdict(False, "the kernel's out-of-memory killer ended a rank, and would again")
     if code is not None and (code < 0 or code > 128):
         number = -code if code < 0 else code - 128
         try:

@@ -4,6 +4,7 @@ the one handle over a scheduler adapter, driven by a scheduler that runs real pr
 
 from __future__ import annotations
 
+import json
 import signal
 import subprocess
 import time
@@ -16,7 +17,7 @@ from ddlkit import JobState
 from ddlkit.compute.outcome import Observation, judge
 from ddlkit.compute.restarts import classify
 from ddlkit.compute.scheduler import Scheduler, SchedulerJob
-from ddlkit.jobdir import CANCEL_FILE, EXIT_LOST_PEER, EXIT_PREEMPTED
+from ddlkit.jobdir import CANCEL_FILE, EXIT_LOST_PEER, EXIT_OOM_KILLED, EXIT_PREEMPTED
 from ddlkit.testing import wait_for
 from ddlkit.testing.ranks import LOST_PEER, rank_command, rank_exit
 
@@ -73,6 +74,46 @@ def test_the_scheduler_says_failed_and_a_rank_killed_first_is_restartable(tmp_pa
     status = judged(tmp_path, Observation(JobState.FAILED, 1, reason="ended NODE_FAIL"))
     assert status.exit_code == -signal.SIGKILL and "rank 1 (node 1, host" in status.message, status.message
     assert classify(status).restart
+
+
+def oom_killed(job_dir: Path, rank: int, *, verdict: bool | None) -> None:
+    """Rank ``rank`` SIGKILLed under the real minder, its record then holding ``verdict`` as a minder
+    writes it after reading its memory cgroup's OOM kill count (True: it rose; None: unreadable).
+    A real OOM kill under a memory cgroup's limit: tests/compute/test_oom_kill.py."""
+    rank_exit(job_dir, rank, KILLED)
+    path = job_dir / ".ranks" / f"rank-{rank}.json"
+    record = json.loads(path.read_text())
+    assert record["code"] == -signal.SIGKILL and "oom_killed" in record, record  # the minder's own key
+    path.write_text(json.dumps({**record, "oom_killed": verdict}))
+
+
+def test_a_rank_the_oom_killer_ended_is_not_restarted_and_the_headline_names_it(tmp_path: Path) -> None:
+    """Rank 1 killed by the kernel's OOM killer, rank 0 finding it gone: the job's own end
+    (EXIT_OOM_KILLED, never restarted), the headline naming rank 1 and the OOM killer."""
+    oom_killed(tmp_path, 1, verdict=True)
+    rank_exit(tmp_path, 0, LOST_PEER.format(rank=0, peer=1, how="left the job"))
+    status = judged(tmp_path, Observation(JobState.FAILED, EXIT_LOST_PEER, reason="ended FAILED (NonZeroExitCode)"))
+    assert (status.state, status.exit_code) == (JobState.FAILED, EXIT_OOM_KILLED), status.message
+    headline = status.message.splitlines()[0]
+    assert headline.startswith("Slurm job 7 ended FAILED (NonZeroExitCode); rank 1 (node 1, host "), headline
+    assert headline.endswith(
+        ") was killed by the out-of-memory killer (its memory cgroup counted an OOM kill); give it more memory or "
+        "a smaller batch (trainer.batch_size); last lines of " + str(tmp_path / "rank-1.log") + ":"
+    ), headline
+    assert "then rank 0: exit status 76" in status.message
+    verdict = classify(status)
+    assert (verdict.restart, verdict.why) == (False, "the kernel's out-of-memory killer ended a rank, and would again")
+
+
+def test_a_sigkill_the_oom_killer_did_not_count_or_that_cannot_be_told_is_a_lost_node(tmp_path: Path) -> None:
+    """Where the memory cgroup counted no OOM kill, or its count could not be read (null), a SIGKILL is
+    what it was before: a lost node's, restarted."""
+    for verdict in (False, None):
+        job_dir = tmp_path / str(verdict)
+        oom_killed(job_dir, 1, verdict=verdict)
+        status = judged(job_dir, Observation(JobState.FAILED, 137))
+        assert status.exit_code == -signal.SIGKILL and "out-of-memory" not in status.message, status.message
+        assert status.message.startswith("rank 1 (node 1, host ") and classify(status).restart
 
 
 def test_a_rank_that_raises_while_another_reports_a_lost_peer_is_not_restarted(tmp_path: Path) -> None:
