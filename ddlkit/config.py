@@ -411,12 +411,11 @@ def _component(registry: Registry, group: str, plain: Mapping[str, Any]) -> Dict
     return OmegaConf.merge(OmegaConf.structured(named_schema(registry.get(group, name).config, name)), plain)
 
 
-def check_one_global_batch(train_length: int, trainer: Any, world_size: int) -> int:
-    """The global batch (``trainer.batch_size`` x ranks x ``trainer.accumulate_batches``), or a
+def check_one_global_batch(train_length: int, batch: int, accumulate: int, world_size: int) -> int:
+    """The global batch (``batch`` per rank x ranks x ``accumulate`` micro-batches), or a
     ConfigError when ``train_length`` samples do not fill one. The ranks check it once their data
     is readable; the launcher asks here too where the data source states its length without
     reading any data (:meth:`ddlkit.DataSource.config_info`), before anything starts."""
-    batch, accumulate = trainer.batch_size, trainer.accumulate_batches
     global_batch = batch * world_size * accumulate
     if train_length < global_batch:
         accumulated = f" x {accumulate} micro-batches" if accumulate > 1 else ""

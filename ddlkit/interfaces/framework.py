@@ -49,7 +49,8 @@ class Framework(ABC):
     framework:
 
     * takes its data from ``run.loaders()``: this rank's train and validation loaders, built
-      from ``trainer.batch_size``, the rank's shard and ``trainer.seed``;
+      from ``run.batch_size`` (``trainer.batch_size``, or as an elastic restart resized it), the
+      rank's shard and ``trainer.seed``;
     * calls ``run.checkpointing(save, load)`` once its model and optimizer exist, with functions
       that write its state to a path and read it back (the run loads ``resume_from`` then), and
       ``run.start()`` right before its first step (the ``ddlkit_run_start`` hook, the loggers);

@@ -182,7 +182,10 @@ class RunContext(Protocol):
     global_batch: int  #: images per optimizer step over all ranks (batch_size x world_size x accumulate)
     steps_per_epoch: int  #: optimizer steps in one epoch
     total_steps: int  #: optimizer steps the run trains for (``trainer.epochs``, capped by ``trainer.max_steps``)
-    accumulate: int  #: micro-batches per optimizer step (``trainer.accumulate_batches``)
+    #: images per rank in a micro-batch: ``trainer.batch_size``, unless an elastic restart runs the job on another
+    #: world size, where ``trainer.on_resize`` may change it (the config keeps what was planned)
+    batch_size: int
+    accumulate: int  #: micro-batches per optimizer step (``trainer.accumulate_batches``, or as resized)
     state: RunState  #: where training is now: epoch, step, batch of the epoch
     resume_from: Path | None  #: the checkpoint this run resumes from, if any
     resumed_at: RunState | None  #: the state it resumed at, once :meth:`checkpointing` has loaded it

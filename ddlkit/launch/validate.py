@@ -114,7 +114,8 @@ def _check_distributed(cfg: DictConfig, compute: ComputeTarget, registry: Regist
     # whose config states its size is checked here as well, before anything starts
     stated = registry.create("data", cfg.data.name, cfg.data).config_info()
     if stated is not None:
-        check_one_global_batch(stated.train_length, cfg.trainer, world_size)
+        t = cfg.trainer
+        check_one_global_batch(stated.train_length, t.batch_size, t.accumulate_batches, world_size)
     _check_profile(cfg.trainer, stated.train_length if stated is not None else None, world_size)
 
 

@@ -21,8 +21,6 @@ from dataclasses import asdict, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from omegaconf import open_dict
-
 from ..atomic import replace_text
 from ..callbacks import CallbackPlugin
 from ..callbacks import load as load_callbacks
@@ -90,12 +88,13 @@ class Run:
         )
         t = cfg.trainer
         self.shard = Shard(dist.rank, dist.world_size)
-        #: what changed because the job runs on another world size than planned (None: it does not)
-        self.resize = self._plan_resize(resume_from)
-        #: micro-batches per optimizer step (trainer.accumulate_batches)
-        self.accumulate = t.accumulate_batches
+        plan, self.resize = self._plan_resize(resume_from)
+        #: images per rank in a micro-batch, and micro-batches per optimizer step: trainer.batch_size and
+        #: trainer.accumulate_batches, or what trainer.on_resize made of them on another world size than
+        #: planned (the config stays as given: it says what was planned)
+        self.batch_size, self.accumulate = plan.batch_size, plan.accumulate
         train_length = self.data.info.train_length
-        self.global_batch = check_one_global_batch(train_length, t, dist.world_size)
+        self.global_batch = check_one_global_batch(train_length, self.batch_size, self.accumulate, dist.world_size)
         self.steps_per_epoch = train_length // self.global_batch
         self.total_steps = self.steps_per_epoch * t.epochs
         if t.max_steps is not None:
@@ -116,7 +115,7 @@ class Run:
         self.profile = ProfileWindow.of(self)
         #: this rank's step phases; on rank 0 of several, the verdict on stragglers (dist.straggler_factor)
         d = cfg.dist
-        self.telemetry = StepTelemetry(t.batch_size * self.accumulate, sync_clock=dist, enabled=d.telemetry)
+        self.telemetry = StepTelemetry(self.batch_size * self.accumulate, sync_clock=dist, enabled=d.telemetry)
         self._telemetry_due = 0.0
         self.stragglers = (
             StragglerWatch(d.straggler_factor, d.straggler_window)
@@ -159,10 +158,10 @@ class Run:
         if self._callbacks is not None:
             pm.register(self._callbacks)
 
-    def _plan_resize(self, resume_from: Path | None) -> dict[str, Any] | None:
-        """On another world size than the job was planned for (an elastic restart on fewer nodes, or
-        back on all of them): apply ``trainer.on_resize`` to ``cfg.trainer`` -- every framework reads
-        the batch there -- say it on rank 0, and return the record of it for result.json."""
+    def _plan_resize(self, resume_from: Path | None) -> tuple[BatchPlan, dict[str, Any] | None]:
+        """The rank's batch: as planned, or on another world size than the job was planned for (an
+        elastic restart on fewer nodes, or back on all of them) what ``trainer.on_resize`` makes of
+        it, said on rank 0; and the record of that for result.json (None: nothing changed)."""
         t, world = self.cfg.trainer, self.dist.world_size
         planned_world = int(os.environ.get(PLANNED_WORLD_SIZE_ENV) or world)
         saved = saved_position(resume_from) or {}
@@ -176,16 +175,14 @@ class Run:
             resumed_batch=int((saved.get("state") or {}).get("batch", 0)),
         )
         if planned_world == world and plan == planned:
-            return None
+            return planned, None
         line = describe(planned, plan, self.cfg.optimizer, t.on_resize)
         if self.dist.is_main:
             print(
                 f"ddlkit: {world} rank{'s' if world != 1 else ''} instead of the planned {planned_world}: {line}",
                 flush=True,
             )
-        with open_dict(t):
-            t.batch_size, t.accumulate_batches = plan.batch_size, plan.accumulate
-        return {
+        return plan, {
             "planned_world_size": planned_world,
             "world_size": world,
             "on_resize": str(t.on_resize),
@@ -223,14 +220,14 @@ class Run:
 
     def loaders(self) -> tuple[Loader, Loader | None]:
         """This rank's ``(train, val)`` loaders of the selected data source: batches of
-        ``trainer.batch_size`` from the rank's shard, ordered by ``trainer.seed``; ``val`` is None
+        :attr:`batch_size` from the rank's shard, ordered by ``trainer.seed``; ``val`` is None
         when ``trainer.validate`` is off. With ``trainer.accumulate_batches=N`` each batch is one
         micro-batch: :meth:`step_batches` groups N of them per optimizer step (or the framework
         groups them in its own pipeline)."""
         t = self.cfg.trainer
 
         def loader(split: Split) -> Loader:
-            return self.data.loader(split, batch_size=t.batch_size, shard=self.shard, seed=t.seed)
+            return self.data.loader(split, batch_size=self.batch_size, shard=self.shard, seed=t.seed)
 
         return loader("train"), (loader("val") if t.validate else None)
 
@@ -545,7 +542,7 @@ class Run:
             "model": self.cfg.model.name,
             "data": self.cfg.data.name,
             "world_size": self.dist.world_size,
-            "batch_size_per_rank": t.batch_size,
+            "batch_size_per_rank": self.batch_size,
             "global_batch_size": self.global_batch,
             "precision": str(t.precision),
             "device": self.device,

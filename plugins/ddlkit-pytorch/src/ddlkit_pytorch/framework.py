@@ -310,10 +310,11 @@ class PytorchFramework(ddlkit.Framework):
         model = run.build_model()
         if not isinstance(model, nn.Module):
             raise wrong_kind(model_source(run.cfg.model), model, "pytorch", "torch.nn.Module")
-        if t.batch_size < 2 and any(isinstance(m, nn.modules.batchnorm._BatchNorm) for m in model.modules()):
+        if run.batch_size < 2 and any(isinstance(m, nn.modules.batchnorm._BatchNorm) for m in model.modules()):
             # torch refuses it at the first BatchNorm whose input is 1x1 (the ResNets' last stage), with a traceback
+            resized = f", {run.batch_size} per rank on this world size," if run.batch_size != t.batch_size else ""
             raise ddlkit.ConfigError(
-                f"trainer.batch_size={t.batch_size} is too small for this model: its BatchNorm "
+                f"trainer.batch_size={t.batch_size}{resized} is too small for this model: its BatchNorm "
                 "layers need at least 2 samples per rank to train. Use trainer.batch_size=2 or "
                 "more."
             )
