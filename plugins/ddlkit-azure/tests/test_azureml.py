@@ -922,3 +922,68 @@ def test_plan_lists_the_code_snapshot_and_names_where_it_goes(user_project: User
     assert f"# code snapshot: {uri}, the input code" in proc.stdout
     assert f'"uri": "{uri}"' in proc.stdout
     assert not (tmp_path / "job").exists()  # a plan uploads and writes nothing
+
+
+# ---------------------------------------------------------------------------- connections that drop (issue 37)
+RUN_DETAILS = "/history/v1.0" + ARM_PREFIX + r"/runs/[^/]+/details"
+
+
+def test_a_dropped_connection_is_retried_then_one_line_naming_the_endpoint(
+    azureml_workspace: LoopbackWorkspace, tmp_path: Path
+) -> None:
+    """Azure ML closing the connection without an answer (the SDK's ServiceResponseError) is retried
+    by the SDK's retry policy, as a 503 is; once it gives up: one ConfigError line naming the endpoint,
+    and a look at a job says that the job runs on and how to follow it again (issue 37, item 18)."""
+    server = azureml_workspace.server
+    jobs = ARM_PREFIX + r"/jobs/[^/]+"
+    server.drop("PUT", jobs, times=1)
+    handle = submitted(azureml_workspace, tmp_path / "job", "import time; time.sleep(1)")
+    assert [r.dropped for r in server.requests("PUT", jobs)] == [True, False]
+    endpoint = f"no answer from Azure ML at {server.host}:{server.port} (the connection was closed with no response)"
+
+    server.drop("GET", RUN_DETAILS, times=None)
+    with pytest.raises(ddlkit.ConfigError) as looked:
+        handle.status()
+    assert endpoint in str(looked.value) and "\n" not in str(looked.value)
+    assert f"`ddlkit jobs attach {tmp_path / 'job'}` follows it again" in str(looked.value)
+    assert len(server.requests("GET", RUN_DETAILS)) == 4  # the SDK's retries: 3 after the first
+
+    server.drop("GET", ARM_PREFIX, times=None)  # the workspace's own read, before a submission
+    with pytest.raises(ddlkit.ConfigError) as submitting:
+        submitted(azureml_workspace, tmp_path / "second", "print('never')")
+    assert str(submitting.value).startswith(f"reading workspace {azureml_workspace.workspace}: {endpoint}")
+    assert "\n" not in str(submitting.value)
+
+
+def test_a_log_read_that_gives_up_leaves_the_job_running_and_says_how_to_attach(
+    azureml_workspace: LoopbackWorkspace, tmp_path: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    """A dropped read of the log's URL is retried (no line lost or repeated); reads that give up end
+    the following, not the job: it is waited for and judged as any other, and stderr says that it
+    runs on and how to follow it again (issue 37, item 20)."""
+    code = (
+        "import time\nfor i in range(40):\n    print(f'step {i}', flush=True)\n    time.sleep(0.15)\nprint('the end')"
+    )
+    handle = submitted(azureml_workspace, tmp_path / "job", code)
+    logs, seen, dropped = r"/loopback/logs/.*", "", []
+    for chunk in handle.logs(follow=True):
+        seen += chunk
+        if "step 1\n" in seen and not dropped:
+            azureml_workspace.server.drop("GET", logs, times=2)  # retried: nothing lost
+            dropped.append(2)
+        if "step 12\n" in seen and dropped == [2]:
+            azureml_workspace.server.drop("GET", logs, times=None)  # given up
+            dropped.append(None)
+    steps = [ln for ln in seen.splitlines() if ln.startswith("step ")]
+    assert steps == [f"step {i}" for i in range(len(steps))] and len(steps) >= 13, seen
+    assert "the end" not in seen
+    assert handle.wait(timeout=90).state is JobState.SUCCEEDED
+    said = capfd.readouterr().err
+    assert (
+        f"ddlkit: reading job {handle.id}'s log: no answer from Azure ML's log storage at "
+        f"{azureml_workspace.server.host}:{azureml_workspace.server.port}"
+    ) in said, said
+    assert (
+        f"Azure ML job {handle.id} runs on: waiting for it to end without its log; "
+        f"`ddlkit jobs attach {tmp_path / 'job'}` follows the log again."
+    ) in said, said

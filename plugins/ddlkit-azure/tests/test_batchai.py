@@ -872,3 +872,95 @@ def test_a_job_whose_node_was_preempted_is_resubmitted_and_resumes(
     assert jobs == {first, record["id"]}
     status = run_factory.cli("jobs", "status", str(job_dir)).assert_success()
     assert f"; it ended at step {entry['step_reached']} as {first} (" in status.stdout, status.output
+
+
+# ---------------------------------------------------------------------------- connections that drop (issue 37)
+def test_an_endpoint_that_drops_or_refuses_is_one_line_and_jobs_list_lists_the_others(
+    batchai: BatchAILoopback, ssh_key: Path, run_factory: RunFactory, tmp_path: Path
+) -> None:
+    """Batch AI closing the connection without an answer, or refusing it, is retried by the SDK's
+    retry policy (as a 503 is), then one line naming the endpoint, exit status 2; a recorded job
+    whose endpoint does not answer is listed by `ddlkit jobs list` with its state unknown (`?`),
+    among the others (issue 37, item 18)."""
+    server = batchai.server
+    endpoint = f"no answer from Batch AI at {server.host}:{server.port}"
+    jobs = ARM + r"/experiments/[^/]+/jobs/[^/]+"
+    args = cli_args(batchai, ssh_key, fake_image(batchai))
+    server.drop("PUT", jobs, times=4)  # the first try and the SDK's 3 retries
+    refused = run_factory(*args, job_dir=tmp_path / "dropped")
+    refused.assert_one_line_error("creating job ", endpoint, "the connection was closed with no response")
+    assert [r.dropped for r in server.requests("PUT", jobs)] == [True] * 4
+
+    local = run_factory("trainer.epochs=1", job_dir=tmp_path / "local")
+    local.assert_success()
+    job_dir = tmp_path / "job"
+    share = rf"/{FILES_ACCOUNT}/.*"
+    server.drop("PUT", share, times=2)  # the job directory's upload to Azure Files: retried
+    before = len(server.requests("PUT", share))
+    run_factory("--detach", *args, "framework.step_delay_s=0.3", job_dir=job_dir).assert_success()
+    assert [r.dropped for r in server.requests("PUT", share)][before : before + 3] == [True, True, False]
+    server.drop("GET", jobs, times=None)
+    status = run_factory.cli("jobs", "status", str(job_dir))
+    status.assert_one_line_error("looking up job ", endpoint, f"`ddlkit jobs attach {job_dir}` follows it again")
+    listed = run_factory.cli("jobs", "list").assert_success()
+    rows = {line.split()[-1]: line.split()[2] for line in listed.stdout.splitlines()[1:]}
+    assert rows[str(job_dir)].endswith("?") and rows[str(tmp_path / "local")] == "succeeded", listed.output
+
+    server.stop()  # nothing listens: connections are refused
+    status = run_factory.cli("jobs", "status", str(job_dir))
+    status.assert_one_line_error("looking up job ", endpoint, "Connection refused")
+    listed = run_factory.cli("jobs", "list").assert_success()
+    assert str(tmp_path / "local") in listed.stdout and str(job_dir) in listed.stdout, listed.output
+
+
+def test_a_stdout_read_that_gives_up_leaves_the_job_running_and_says_how_to_attach(
+    batchai: BatchAILoopback, ssh_key: Path, tmp_path: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    """A dropped read of stdout.txt is retried (no line lost or repeated); reads that give up end the
+    following, not the job: it is waited for and judged as any other, and stderr says that it runs on
+    and how to follow it again (issue 37, item 20)."""
+    job_dir = tmp_path / "job"
+    job_dir.mkdir()
+    (job_dir / "job.json").write_text("{}\n")
+    code = (
+        "import time\nfor i in range(40):\n    print(f'line {i}', flush=True)\n    time.sleep(0.15)\nprint('the end')"
+    )
+    handle = BatchAITarget(config(batchai, ssh_key)).submit(
+        ddlkit.JobSpec(name="dropped", job_dir=job_dir, args=("-c", code))
+    )
+    stdout, output, dropped = r"/[a-z0-9]+/[^/]+/.*/stdout\.txt", "", []
+    for chunk in handle.logs(follow=True):
+        output += chunk
+        if "line 1\n" in output and not dropped:
+            batchai.server.drop("GET", stdout, times=2)  # retried: nothing lost
+            dropped.append(2)
+        if "line 12\n" in output and dropped == [2]:
+            batchai.server.drop("GET", stdout, times=None)  # given up
+            dropped.append(None)
+    lines = [ln for ln in output.splitlines() if ln.startswith("line ")]
+    assert lines == [f"line {i}" for i in range(len(lines))] and len(lines) >= 13, output
+    assert "the end" not in output
+    assert handle.wait(timeout=90).state is JobState.SUCCEEDED
+    said = capfd.readouterr().err
+    assert f"ddlkit: reading the log (stdout.txt) of job {handle.id}: no answer from Batch AI's file storage" in said
+    assert (
+        f"Batch AI job {handle.id} runs on: waiting for it to end without its log; "
+        f"`ddlkit jobs attach {job_dir}` follows the log again."
+    ) in said, said
+
+
+def test_an_azure_files_share_that_drops_every_upload_is_one_line(
+    batchai: BatchAILoopback, ssh_key: Path, run_factory: RunFactory, tmp_path: Path
+) -> None:
+    """Uploads to the share are retried by ddlkit's retry loop (as Blob Storage's are, each retry said),
+    then one line naming the share's endpoint, exit status 2; no job is created (issue 37, item 18)."""
+    share = rf"/{FILES_ACCOUNT}/.*"
+    batchai.server.drop("PUT", share, times=None)
+    out = run_factory(*cli_args(batchai, ssh_key, fake_image(batchai)), job_dir=tmp_path / "job")
+    out.assert_one_line_error(
+        f"to {batchai.share_url}/ddlkit/jobs/",
+        "failed after 5 attempts: no answer from Azure Files at "
+        f"{batchai.server.host}:{batchai.server.port} (the connection was closed with no response)",
+    )
+    assert out.stderr.count("retrying in") == 4, out.output
+    assert not batchai.server.requests("PUT", ARM + r"/experiments/[^/]+/jobs/[^/]+")

@@ -25,7 +25,6 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
-import requests
 from azure.ai.ml import (
     Input,
     MLClient,
@@ -41,6 +40,7 @@ from azure.core.exceptions import (
     HttpResponseError,
     ResourceNotFoundError,
     ServiceRequestError,
+    ServiceResponseError,
 )
 
 import ddlkit
@@ -63,8 +63,8 @@ from ddlkit.jobdir import (
 from ddlkit.redact import REDACTED, scrub
 
 from ._environment import job_environment, workspace_build
-from .arm import SIGN_IN, error_code, management_credential, missing_scope
-from .ranged import RangedLog, bytes_from, follow_paced, range_header
+from .arm import SIGN_IN, error_code, management_credential, missing_scope, unreachable
+from .ranged import LogUnreadable, RangedLog, bytes_from, follow_paced, get_with_retries, range_header
 
 if TYPE_CHECKING:
     from .azureml import AzureMLConfig, AzureMLTarget
@@ -334,10 +334,17 @@ class Workspace:
 
     @contextlib.contextmanager
     def errors(
-        self, what: str, secrets: Mapping[str, str] | None = None, *, reading_workspace: bool = False
+        self,
+        what: str,
+        secrets: Mapping[str, str] | None = None,
+        *,
+        reading_workspace: bool = False,
+        unanswered: str = "",
     ) -> Iterator[None]:
         """Azure's answers as the errors ddlkit acts on (one line, secrets scrubbed);
-        ``reading_workspace``: the call reads the workspace itself, so its 404 says it is missing."""
+        ``reading_workspace``: the call reads the workspace itself, so its 404 says it is missing;
+        ``unanswered``: what to add when the service does not answer (refused or dropped
+        connections, once the SDK's retries gave up)."""
         c = self.cfg
         try:
             yield
@@ -360,8 +367,8 @@ class Workspace:
             if status == 404:
                 raise self._not_found(what, err, message, reading_workspace=reading_workspace) from None
             raise ddlkit.ConfigError(f"{what}: Azure ML answered {status}: {message}") from None
-        except ServiceRequestError as err:
-            raise ddlkit.ConfigError(f"{what}: cannot reach Azure ML ({_first_line(err, secrets)}).") from None
+        except (ServiceRequestError, ServiceResponseError) as err:
+            raise unreachable(what, err, service="Azure ML", then=unanswered, secrets=secrets) from None
         except MlException as err:
             raise ddlkit.ConfigError(f"{what}: the Azure ML SDK refused the job: {_first_line(err, secrets)}") from None
 
@@ -451,7 +458,7 @@ class Workspace:
                 f"{_first_line(err, spec.secret_env)} (writing needs the datastore's credential, or for an "
                 "identity-based datastore the 'Storage Blob Data Contributor' role on its storage account)."
             ) from None
-        except ServiceRequestError as err:
+        except (ServiceRequestError, ServiceResponseError) as err:
             raise ddlkit.ConfigError(
                 f"uploading the code snapshot to {uri}: cannot reach the datastore's storage "
                 f"({_first_line(err, spec.secret_env)})."
@@ -501,9 +508,18 @@ class AzureMLScheduler(Scheduler):
 
     noun = "Azure ML job"
 
-    def __init__(self, workspace: Workspace, *, poll_interval_s: float, secrets: Mapping[str, str] | None = None):
+    def __init__(
+        self,
+        workspace: Workspace,
+        *,
+        poll_interval_s: float,
+        secrets: Mapping[str, str] | None = None,
+        job_dir: Path | None = None,
+    ):
         self.workspace, self.poll_interval_s = workspace, poll_interval_s
         self.secrets = dict(secrets or {})
+        #: how to follow the job again, for the messages of a look that got no answer
+        self.attach_hint = f"`ddlkit jobs attach {job_dir}`" if job_dir else "`ddlkit jobs attach <job>`"
         #: how long fetch waits, once run history says the job ended, for the job's record to say so too
         self.settle_s = SETTLE_S
         self._seen: dict[str, tuple[float, Any]] = {}
@@ -512,7 +528,8 @@ class AzureMLScheduler(Scheduler):
 
     def details(self, job_id: str) -> Any:
         """Run history's details of the job (state, error, log files): what `az ml job stream` reads."""
-        with self.workspace.errors(f"reading job {job_id}", self.secrets):
+        unanswered = f"The job itself runs on in Azure ML whatever this says: {self.attach_hint} follows it again."
+        with self.workspace.errors(f"reading job {job_id}", self.secrets, unanswered=unanswered):
             details = self.workspace.client.jobs._runs_operations.get_run_details(job_id)
         self._seen[job_id] = (time.monotonic(), details)
         return details
@@ -554,17 +571,28 @@ class AzureMLScheduler(Scheduler):
         return self._logs.setdefault(job_id, RangedLog()).read(offset, lambda start: self._read(job_id, url, start))
 
     def follow_log(self, job_id: str, offset: int, done: Callable[[], bool]) -> Iterator[str]:
-        return follow_paced(lambda at: self.read_log(job_id, at), offset, done, self.poll_interval_s)
+        return follow_paced(
+            lambda at: self.read_log(job_id, at),
+            offset,
+            done,
+            self.poll_interval_s,
+            running=f"Azure ML job {job_id} runs on: waiting for it to end without its log; {self.attach_hint} "
+            "follows the log again",
+        )
 
     def _read(self, job_id: str, url: str, start: int | None = None) -> bytes:
-        """The log file at ``url``, or its bytes from ``start`` on (a ranged read)."""
+        """The log file at ``url``, or its bytes from ``start`` on (a ranged read), retried as the
+        SDK's calls are (:func:`~ddlkit_azure.ranged.get_with_retries`)."""
+        what = f"reading job {job_id}'s log"
         try:
-            response = requests.get(url, headers={} if start is None else range_header(start), timeout=60)
-        except requests.RequestException as err:
-            raise ddlkit.ConfigError(f"reading job {job_id}'s log: {scrub(str(err), self.secrets)}") from None
+            response = get_with_retries(url, headers={} if start is None else range_header(start))
+        except (ServiceRequestError, ServiceResponseError) as err:
+            raise LogUnreadable(
+                str(unreachable(what, err, service="Azure ML's log storage", again=False, secrets=self.secrets))
+            ) from None
         data = bytes_from(response, start or 0)
         if data is None:
-            raise ddlkit.ConfigError(f"reading job {job_id}'s log: HTTP {response.status_code}")
+            raise LogUnreadable(f"{what}: HTTP {response.status_code}")
         return data
 
     # ------------------------------------------------------------ files

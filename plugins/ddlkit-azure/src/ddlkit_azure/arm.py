@@ -4,15 +4,18 @@ Credentials never come from a config: :func:`management_credential` is ``Default
 (environment service principal, workload identity, managed identity, ``az login``), and
 :func:`signed_in` turns its failure -- or ARM refusing the token -- into one line that says how
 to sign in. Imports ``azure-identity`` only when called. :func:`missing_scope` reads ARM's answer
-that the subscription or the resource group a request names does not exist.
+that the subscription or the resource group a request names does not exist. :func:`unreachable` is
+the one line for an endpoint that refused or dropped the connection once the SDK's retries gave up.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator
+import re
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any
+from urllib.parse import urlsplit
 
 from ddlkit import ConfigError
 
@@ -24,6 +27,68 @@ SIGN_IN = (
     "sign in with `az login`, run where a managed identity is assigned, or set AZURE_CLIENT_ID, "
     "AZURE_TENANT_ID and AZURE_CLIENT_SECRET (a service principal) in the environment"
 )
+
+
+#: what went wrong on the socket, out of urllib3's wrapper text (pool, URL, retries)
+_SOCKET_ERROR = re.compile(
+    r"(\[Errno -?\d+\][^\"')]*|Read timed out|timed out|Connection aborted|Connection refused|"
+    r"Connection reset by peer|Remote end closed connection without response)"
+)
+
+
+class Unreachable(ConfigError):
+    """A service that refused or dropped the connection, or did not answer, its retries spent."""
+
+
+def endpoint_of(err: BaseException) -> str | None:
+    """The host (and port) a failed request went to, from the transport's error under the SDK's."""
+    seen: set[int] = set()
+    current: BaseException | None = err
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        url = getattr(getattr(current, "request", None), "url", None)
+        if isinstance(url, str) and url:
+            return urlsplit(url).netloc or None
+        # urllib3's error for a connection it could not make names the connection
+        conn = getattr(current, "conn", None) or getattr(current, "pool", None)
+        if isinstance(getattr(conn, "host", None), str):
+            return f"{conn.host}:{conn.port}" if getattr(conn, "port", None) else conn.host
+        inner = getattr(current, "inner_exception", None)
+        current = inner if isinstance(inner, BaseException) else current.__cause__ or current.__context__
+    return None
+
+
+def network_reason(err: BaseException) -> str:
+    """What went wrong on the socket (refused, closed with no response, timed out), in a few words."""
+    found = _SOCKET_ERROR.search(str(err))
+    if found and found.group(1) == "Connection aborted" and "Remote end closed" in str(err):
+        return "the connection was closed with no response"
+    return found.group(1).strip() if found else first_line(err)
+
+
+def unreachable(
+    what: str,
+    err: BaseException,
+    *,
+    service: str,
+    then: str = "",
+    again: bool = True,
+    secrets: Mapping[str, str] | None = None,
+) -> Unreachable:
+    """A connection that was refused, dropped without an answer or timed out, after the SDK's
+    retry policy (azure-core's: refused and dropped connections and 408/429/5xx answers, retried
+    with back-off) gave up: one line naming the endpoint and what to check; ``then``: what else to
+    say (a job that may still be running); ``again``: whether running the command again is the remedy."""
+    from ddlkit.redact import scrub
+
+    host = endpoint_of(err) or service
+    reason = network_reason(err)
+    text = (
+        f"{what}: no answer from {service} at {host} ({reason}), retried and given up: check the network to "
+        f"{host} (proxy, firewall, DNS) and the service's status (https://status.azure.com)"
+        f"{', then run the command again' if again else ''}.{' ' + then if then else ''}"
+    )
+    return Unreachable(scrub(text, dict(secrets or {})))
 
 
 def management_credential() -> Any:

@@ -155,6 +155,16 @@ about 3 s to import); `ddlkit plan` imports it but signs in nowhere. Submission 
 requests made while following a job are measured by `benchmarks/azureml.py`
 ([Performance](../../explanation/performance.md#azure-ml-and-batch-ai)).
 
+A connection Azure ML refuses or closes without an answer, or that times out, is retried by the
+SDK's retry policy (azure-core's, as a 429 or 503 is: three more tries, about 5 s of back-off), then
+one line, exit status 2, naming the endpoint and what to check (`no answer from Azure ML at HOST
+(the connection was closed with no response), retried and given up: check the network to HOST ...`);
+a look at a job (`ddlkit jobs status`, a followed run) adds that the job runs on and
+`ddlkit jobs attach <job dir>` follows it again, and `ddlkit jobs list` shows such a job's state
+as unknown (`running?`) among the others. The log's reads are retried the same way; reads that
+give up end the following, not the run: it says so (the job runs on, `ddlkit jobs attach` follows
+its log again), waits for the job's end and judges it as any other.
+
 ## How it is tested
 
 The real `azure-ai-ml` SDK and the real `ddlkit` CLI run against a loopback Azure ML workspace
@@ -363,7 +373,9 @@ class AzureMLTarget(ddlkit.ComputeTarget):
     def attach(self, job_id: str, *, job_dir: Path, secrets: Mapping[str, str] | None = None) -> SchedulerJob:
         from ._azureml import AzureMLScheduler
 
-        scheduler = AzureMLScheduler(self.workspace, poll_interval_s=self.cfg.poll_interval_s, secrets=secrets)
+        scheduler = AzureMLScheduler(
+            self.workspace, poll_interval_s=self.cfg.poll_interval_s, secrets=secrets, job_dir=Path(job_dir)
+        )
         return SchedulerJob(
             scheduler,
             str(job_id),

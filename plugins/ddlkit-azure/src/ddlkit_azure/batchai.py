@@ -106,6 +106,14 @@ missing subscription/resource group/workspace/share key (`$AZURE_STORAGE_KEY` or
 its registry does not have or refuses to an anonymous pull
 (`scripts/build_images.sh --registry R --push`, or `compute.image`).
 
+A connection Batch AI refuses or closes without an answer is retried by the SDK's retry policy
+(azure-core's, as a 429 or 503 is), and a request to the Azure Files share by ddlkit's retry loop
+(as Blob Storage's: each retry a line with its delay, five tries); then one line, exit status 2,
+naming the endpoint and what to check. A look at a job adds that the job runs on and
+`ddlkit jobs attach <job dir>` follows it again; `ddlkit jobs list` shows its state as unknown
+(`running?`) among the others. Reads of `stdout.txt` are retried as Batch AI's calls are; reads
+that give up end the following, not the run: it says so, waits for the job's end and judges it.
+
 ## Tearing down
 
 `ddlkit compute down compute=batchai ...` (with the run's compute options) lists what it will
@@ -417,7 +425,7 @@ class BatchAITarget(ddlkit.ComputeTarget):
 
     def _job(self, service: Service, job_id: str, job_dir: Path) -> SchedulerJob:
         return SchedulerJob(
-            BatchAIScheduler(service),
+            BatchAIScheduler(service, job_dir=Path(job_dir)),
             job_id,
             job_dir=Path(job_dir),
             world_size=self.world_size,
@@ -442,14 +450,23 @@ class BatchAIScheduler(Scheduler):
 
     noun = "Batch AI job"
 
-    def __init__(self, service: Service) -> None:
+    def __init__(self, service: Service, *, job_dir: Path | None = None) -> None:
         self.service = service
+        #: how to follow the job again, for the messages of a look that got no answer
+        self.attach_hint = f"`ddlkit jobs attach {job_dir}`" if job_dir else "`ddlkit jobs attach <job>`"
         self._logs: dict[str, RangedLog] = {}
         self._ended: set[str] = set()
         self._fetched: set[tuple[str, Path]] = set()
 
     def describe(self, job_id: str) -> Observation:
-        job = self.service.get_job(job_id)
+        from .arm import Unreachable
+
+        try:
+            job = self.service.get_job(job_id)
+        except Unreachable as err:
+            raise Unreachable(
+                f"{err} The job itself runs on in Batch AI whatever this says: {self.attach_hint} follows it again."
+            ) from None
         state = str(job.execution_state or "queued").lower()
         if state in _STATES:
             where = f" on {job.node_count} node(s)" if state == "running" else ""
@@ -474,7 +491,14 @@ class BatchAIScheduler(Scheduler):
         return reader.read(offset, lambda start: self.service.read_stdout(job_id, start))
 
     def follow_log(self, job_id: str, offset: int, done: Callable[[], bool]) -> Iterator[str]:
-        return follow_paced(lambda at: self.read_log(job_id, at), offset, done, self.service.poll_interval_s)
+        return follow_paced(
+            lambda at: self.read_log(job_id, at),
+            offset,
+            done,
+            self.service.poll_interval_s,
+            running=f"Batch AI job {job_id} runs on: waiting for it to end without its log; {self.attach_hint} "
+            "follows the log again",
+        )
 
     def fetch(self, job_id: str, job_dir: Path) -> None:
         """Download the job's output directory ``JOB`` (what the ranks wrote, their exit records

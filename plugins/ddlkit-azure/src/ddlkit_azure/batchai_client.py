@@ -37,6 +37,8 @@ from azure.core.exceptions import (
     HttpResponseError,
     ResourceExistsError,
     ResourceNotFoundError,
+    ServiceRequestError,
+    ServiceResponseError,
 )
 from azure.core.pipeline.transport import HttpRequest, RequestsTransport
 from azure.mgmt.batchai import BatchAI
@@ -51,7 +53,7 @@ from ddlkit.compute.state import state_dir
 from ddlkit.jobdir import CANCEL_FILE, CODE_DIR, CODE_FILE, RANKS_DIR, STATE_DIR
 from ddlkit.redact import REDACTED, is_secret_key, scrub
 
-from .arm import first_line, management_credential, missing_scope, signed_in
+from .arm import endpoint_of, first_line, management_credential, missing_scope, network_reason, signed_in, unreachable
 from .batchai import (
     API_VERSION,
     JOB_DIRECTORY_ID,
@@ -60,7 +62,7 @@ from .batchai import (
     Scale,
     batchai_name,
 )
-from .ranged import bytes_from, range_header
+from .ranged import LogUnreadable, bytes_from, get_with_retries, range_header
 
 #: the account key of the Azure Files share, when compute.file_share.account_key_file is not set
 ACCOUNT_KEY_ENV = "AZURE_STORAGE_KEY"
@@ -84,6 +86,8 @@ RENDEZVOUS = (
 #: body keys whose values are secrets in Batch AI's requests
 _SECRET_BODY_KEYS = {"accountKey", "adminUserPassword", "password"}
 _PROGRESS_EVERY_S = 30.0
+#: tries of each request to the Azure Files share (ddlkit.storage.retry's back-off: 0.5 s, doubled each time)
+SHARE_ATTEMPTS = 5
 _TAIL_BYTES = 16384
 
 
@@ -237,8 +241,13 @@ class FileShare:
         from azure.storage.fileshare import ShareClient
 
         account_url, account, share = self._parts
+        # no silent retries of the SDK's own (15 s and more between them): ddlkit's retry loop
+        # (ddlkit.storage.retry, as for Blob Storage) is the only one, and it says each retry
         return ShareClient(
-            account_url=account_url, share_name=share, credential={"account_name": account, "account_key": key}
+            account_url=account_url,
+            share_name=share,
+            credential={"account_name": account, "account_key": key},
+            retry_total=0,
         )
 
 
@@ -294,8 +303,9 @@ class Service:
                 raise ConfigError(
                     f"{what}: Batch AI answered {err.status_code}: {scrub(first_line(err), self._secrets)}"
                 ) from None
-            except requests.RequestException as err:
-                raise RunError(f"{what}: {scrub(str(err), self._secrets)}", component="compute") from None
+            except (ServiceRequestError, ServiceResponseError) as err:
+                # refused or dropped connections, once azure-core's retry policy gave up
+                raise unreachable(what, err, service="Batch AI", secrets=self._secrets) from None
 
     def _look_up(self, what: str, get: Callable[[], Any]) -> Any | None:
         """What ``get()`` reads, or None when Batch AI answers that it does not exist."""
@@ -761,7 +771,11 @@ class Service:
             return
         share = self.share.client(self.account_key())
         try:
-            if share.get_file_client(posixpath.join(folder, CODE_FILE)).exists():
+            there = self._share_retried(
+                f"looking for the code snapshot at {url}",
+                lambda: share.get_file_client(posixpath.join(folder, CODE_FILE)).exists(),
+            )
+            if there:
                 return
         except HttpResponseError as err:
             raise ConfigError(
@@ -779,19 +793,53 @@ class Service:
     def _upload(self, root: Path, files: Sequence[Path], folder: str, what: str) -> None:
         """``files`` (below ``root``) to ``folder`` of the share, at their paths relative to ``root``, in order."""
         share = self.share.client(self.account_key())
+        made: set[str] = set()
+
+        def put(rel: str) -> None:
+            self._make_directories(share, posixpath.dirname(posixpath.join(folder, rel)), made)
+            with open(root / rel, "rb") as f:
+                share.get_file_client(posixpath.join(folder, rel)).upload_file(f)
+
         try:
-            made: set[str] = set()
             for path in files:
                 rel = path.relative_to(root).as_posix()
-                directory = posixpath.dirname(posixpath.join(folder, rel))
-                self._make_directories(share, directory, made)
-                with open(path, "rb") as f:
-                    share.get_file_client(posixpath.join(folder, rel)).upload_file(f)
+                where = f"{self.cfg.file_share.url.rstrip('/')}/{folder}"
+                self._share_retried(f"uploading {rel} to {where}", lambda rel=rel: put(rel))
         except HttpResponseError as err:
             raise ConfigError(
                 f"uploading {what} to {self.cfg.file_share.url}/{folder}: "
                 f"{scrub(first_line(err), self._secrets)} "
                 "(check the share and its account key)."
+            ) from None
+
+    def _share_retried(self, what: str, call: Callable[[], Any]) -> Any:
+        """``call()`` (a request to the share), a refused or dropped connection and a 408/429/5xx
+        answer retried by ddlkit's retry loop (``ddlkit.storage.retry``, the one Blob Storage's
+        requests go through: each retry said with its delay); given up: one line naming the share's
+        endpoint (:class:`~ddlkit_azure.arm.Unreachable`). Other refusals pass as the SDK raised them."""
+        from ddlkit.storage import TransientStorageError, retry
+
+        from .arm import Unreachable
+
+        def once() -> Any:
+            try:
+                return call()
+            except (ServiceRequestError, ServiceResponseError) as err:
+                host = endpoint_of(err) or urlsplit(self.cfg.file_share.url).netloc
+                raise TransientStorageError(f"no answer from Azure Files at {host} ({network_reason(err)})") from err
+            except HttpResponseError as err:
+                if err.status_code in (408, 429, 500, 502, 503, 504):
+                    raise TransientStorageError(
+                        f"Azure Files answered {err.status_code}: {scrub(first_line(err), self._secrets)}"
+                    ) from err
+                raise
+
+        try:
+            return retry(once, what=what, attempts=SHARE_ATTEMPTS)
+        except RunError as err:
+            raise Unreachable(
+                f"{scrub(str(err), self._secrets)}: check the network to the share (proxy, firewall, DNS), its "
+                "account key and the service's status (https://status.azure.com), then run the command again."
             ) from None
 
     @staticmethod
@@ -931,30 +979,43 @@ class Service:
         )
         return listed or []
 
-    def _fetch(self, url: str, *, start: int = 0) -> bytes:
-        """The file at ``url`` from byte ``start`` on (a ranged read when ``start`` > 0)."""
+    def _fetch(self, url: str, *, start: int = 0, what: str = "downloading a job file") -> bytes:
+        """The file at ``url`` from byte ``start`` on (a ranged read when ``start`` > 0), retried as
+        the SDK's calls are (:func:`~ddlkit_azure.ranged.get_with_retries`)."""
         try:
-            response = requests.get(url, headers=range_header(start) if start else {}, timeout=60)
-        except requests.RequestException as err:
-            raise RunError(f"downloading a job file: {scrub(str(err), {'url': url})}", component="compute") from None
+            response = get_with_retries(url, headers=range_header(start) if start else {})
+        except (ServiceRequestError, ServiceResponseError) as err:
+            raise unreachable(
+                what, err, service="Batch AI's file storage", secrets={**self._secrets, "url": url}
+            ) from None
         data = bytes_from(response, start)
         if data is None:
             raise RunError(f"downloading a job file: HTTP {response.status_code}", component="compute")
         return data
 
     def read_stdout(self, name: str, offset: int) -> bytes:
-        """``stdout.txt`` of the job from ``offset`` on (b"" when there is nothing new)."""
-        if name not in self._stdout_url:
-            found = {f.name: f for f in self.output_files(name, STDOUTERR)}
-            if "stdout.txt" not in found:
-                return b""
-            self._stdout_url[name] = (found["stdout.txt"].download_url, int(found["stdout.txt"].content_length or 0))
-        url = self._stdout_url[name][0]
+        """``stdout.txt`` of the job from ``offset`` on (b"" when there is nothing new); a read that
+        fails (its retries spent) is :class:`~ddlkit_azure.ranged.LogUnreadable`."""
+        what = f"reading the log (stdout.txt) of job {name}"
         try:
-            return self._fetch(url, start=offset)
-        except RunError:
-            self._stdout_url.pop(name, None)  # the link expired: list again next time
+            if name not in self._stdout_url:
+                found = {f.name: f for f in self.output_files(name, STDOUTERR)}
+                if "stdout.txt" not in found:
+                    return b""
+                self._stdout_url[name] = (
+                    found["stdout.txt"].download_url,
+                    int(found["stdout.txt"].content_length or 0),
+                )
+            url = self._stdout_url[name][0]
+            try:
+                return self._fetch(url, start=offset, what=what)
+            except (RunError, ConfigError):
+                self._stdout_url.pop(name, None)  # the link expired: list again next time
+                raise
+        except LogUnreadable:
             raise
+        except (RunError, ConfigError) as err:
+            raise LogUnreadable(str(err) if str(err).startswith(what) else f"{what}: {err}") from None
 
     def stdout_tail(self, name: str, lines: int = 15) -> list[str]:
         found = {f.name: f for f in self.output_files(name, STDOUTERR)}

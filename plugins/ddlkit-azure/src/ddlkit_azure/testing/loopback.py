@@ -38,7 +38,7 @@ Typical use (the plugin's ``tests/conftest.py`` has these as the fixtures ``http
 Standard library and ``cryptography`` only; nothing here imports an Azure SDK.
 
 Stable API (other tests build on it): :func:`make_certificate`, :class:`Certificate`,
-:class:`LoopbackServer` (``url``, ``host``, ``port``, ``route``, ``requests``, ``clear``,
+:class:`LoopbackServer` (``url``, ``host``, ``port``, ``route``, ``drop``, ``requests``, ``clear``,
 ``errors``, ``start``, ``stop``, context manager), :class:`Request`, :class:`Response`,
 :func:`error_body`, :class:`InterceptingProxy` (``url``, ``port``, ``connects``, ``start``, ``stop``,
 context manager), :func:`install_az`, :data:`TOKEN_CLAIMS`, :func:`sdk_environment`, :data:`CREDENTIAL_ENV`.
@@ -203,6 +203,8 @@ class Request:
     #: whether a route answered it (False: the server answered 404 for want of one)
     matched: bool = True
     time: float = 0.0
+    #: whether the server closed the connection without answering it (:meth:`LoopbackServer.drop`)
+    dropped: bool = False
 
     def param(self, name: str, default: str | None = None) -> str | None:
         """The first value of query parameter ``name``."""
@@ -282,6 +284,7 @@ class LoopbackServer(_Serving):
         self._lock = threading.Lock()
         #: tracebacks of handlers that raised (answered 500): a test should assert it is empty
         self.errors: list[str] = []
+        self._drops: list[list[Any]] = []
 
     # ------------------------------------------------------------ routes
     def route(self, method: str, pattern: str, handler: Handler | None = None) -> Any:
@@ -294,6 +297,26 @@ class LoopbackServer(_Serving):
             return fn
 
         return add if handler is None else add(handler)
+
+    # ------------------------------------------------------------ faults
+    def drop(self, method: str, pattern: str, times: int | None = 1) -> None:
+        """Close the connection without answering the next ``times`` requests (None: every one
+        from now on) of ``method`` (``"*"``: any) whose whole path matches ``pattern``, as a server
+        or a proxy that goes away mid-request does: the client reads no status line (the SDKs'
+        ``ServiceResponseError``). Each is logged with ``dropped=True``. A refused connection is
+        :meth:`stop`."""
+        with self._lock:
+            self._drops.append([method.upper(), re.compile(pattern), times])
+
+    def _dropping(self, method: str, path: str) -> bool:
+        with self._lock:
+            for drop in self._drops:
+                m, pattern, left = drop
+                if m in (method, "*") and pattern.fullmatch(path) and (left is None or left > 0):
+                    if left is not None:
+                        drop[2] = left - 1
+                    return True
+        return False
 
     def _find(self, method: str, path: str) -> tuple[Handler, re.Match[str]] | None:
         with self._lock:
@@ -375,6 +398,10 @@ def _make_handler(server: LoopbackServer) -> type[BaseHTTPRequestHandler]:
                 auth_scheme=auth.split(" ", 1)[0] if auth else None,
                 time=time.time(),
             )
+            if server._dropping(self.command, request.path):
+                server._record(_replace(request, dropped=True))
+                self.close_connection = True  # no status line: the connection just closes
+                return
             found = server._find(self.command, request.path)
             if found is None:
                 server._record(_replace(request, matched=False))
