@@ -29,7 +29,15 @@ from ddlkit_azure import rank as rank_entry
 from ddlkit_azure._azureml import place_snapshot
 from ddlkit_azure.azureml import AzureMLConfig, AzureMLTarget
 from ddlkit_azure.testing.azureml import ARM_PREFIX, BLOB_URL, LoopbackWorkspace
-from ddlkit_azure.testing.loopback import LoopbackServer, Request, Response, error_body
+from ddlkit_azure.testing.loopback import (
+    EXPIRED_SIGN_IN,
+    LoopbackServer,
+    Request,
+    Response,
+    error_body,
+    install_az,
+    sdk_environment,
+)
 
 if TYPE_CHECKING:
     from conftest import UserProject
@@ -837,6 +845,22 @@ def test_without_a_credential_the_ways_to_sign_in_are_named(
     assert not azureml_workspace.server.requests()
 
 
+def test_an_expired_cli_sign_in_is_named_with_az_login(
+    azureml_workspace: LoopbackWorkspace, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The Azure CLI's sign-in has expired (it answers AADSTS700082): said so, with `az login`, not
+    "no credential found" (issue 37, item 21)."""
+    bin_dir = install_az(tmp_path / "expired-az", error=EXPIRED_SIGN_IN)
+    monkeypatch.setenv("PATH", sdk_environment(az_bin=bin_dir)["PATH"])
+    with pytest.raises(ddlkit.ConfigError) as refused:
+        on(azureml_workspace).submit(spec(tmp_path))
+    assert str(refused.value) == (
+        f"reading workspace {azureml_workspace.workspace}: the Azure CLI's sign-in has expired (AADSTS700082: "
+        "The refresh token has expired due to inactivity): sign in again with `az login`."
+    )
+    assert (bin_dir / "az.log").read_text().startswith("account get-access-token")
+
+
 # ---------------------------------------------------------------------------- through the CLI
 def ddlkit_cli(*args: str, cwd: Path) -> subprocess.CompletedProcess:
     return subprocess.run(
@@ -987,3 +1011,47 @@ def test_a_log_read_that_gives_up_leaves_the_job_running_and_says_how_to_attach(
         f"Azure ML job {handle.id} runs on: waiting for it to end without its log; "
         f"`ddlkit jobs attach {tmp_path / 'job'}` follows the log again."
     ) in said, said
+
+
+def test_a_cancel_azure_ml_fails_or_does_not_confirm_is_said(
+    azureml_workspace: LoopbackWorkspace,
+    https_loopback: LoopbackServer,
+    tmp_path: Path,
+    capfd: pytest.CaptureFixture[str],
+) -> None:
+    """Azure ML accepts the cancel (202) and its operation then fails: one line saying so and that
+    the job may still run, not a wait with no word; an operation that does not finish within the
+    bound is said, and the cancel returns (issue 37, item 21)."""
+    handle = submitted(azureml_workspace, tmp_path / "job", "import time; time.sleep(60)")
+    wait_for_state = time.monotonic() + 60
+    while handle.status().state is not JobState.RUNNING and time.monotonic() < wait_for_state:
+        time.sleep(0.2)
+    operation = {"status": 400}
+    https_loopback.route(
+        "POST",
+        ARM_PREFIX + r"/jobs/(?P<name>[^/]+)/cancel",
+        lambda r, m: Response(202, None, {"Location": f"{https_loopback.url}/loopback/operations/refused"}),
+    )
+    https_loopback.route(
+        "GET",
+        r"/loopback/operations/refused",
+        lambda r, m: Response(
+            operation["status"],
+            error_body("UserError", "The job cannot be canceled now") if operation["status"] >= 400 else None,
+        ),
+    )
+    with pytest.raises(ddlkit.ConfigError) as failed:
+        handle.scheduler.signal(handle.id, "stop")
+    assert str(failed.value).startswith(f"cancelling job {handle.id}: Azure ML's cancel operation failed (")
+    assert "The job cannot be canceled now" in str(failed.value) and "\n" not in str(failed.value)
+    assert f"`ddlkit jobs attach {tmp_path / 'job'}` follows it" in str(failed.value)
+
+    operation["status"] = 202  # never finishes
+    handle.scheduler.cancel_wait_s = 1.0
+    started = time.monotonic()
+    handle.scheduler.signal(handle.id, "stop")
+    assert time.monotonic() - started < 10
+    assert (
+        f"ddlkit: cancelling job {handle.id}: Azure ML has not confirmed the cancel within 1 s; waiting for the "
+        "job's state to say it stopped"
+    ) in capfd.readouterr().err

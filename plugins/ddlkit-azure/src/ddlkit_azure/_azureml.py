@@ -63,7 +63,7 @@ from ddlkit.jobdir import (
 from ddlkit.redact import REDACTED, scrub
 
 from ._environment import job_environment, workspace_build
-from .arm import SIGN_IN, error_code, management_credential, missing_scope, unreachable
+from .arm import error_code, management_credential, missing_scope, no_credential, unreachable
 from .ranged import LogUnreadable, RangedLog, bytes_from, follow_paced, get_with_retries, range_header
 
 if TYPE_CHECKING:
@@ -110,6 +110,8 @@ _NOT_FOUND_CODES = ("ResourceNotFound", "ParentResourceNotFound")
 #: how long collect waits, once run history says the job ended, for the job's record (a separate
 #: service, read by jobs.download, which refuses a job it says is still running) to say so too
 SETTLE_S = 120.0
+#: how long a cancel waits for Azure ML's cancel operation (a long-running operation) to finish
+CANCEL_WAIT_S = 60.0
 _ARM = "https://management.azure.com"
 
 
@@ -354,7 +356,7 @@ class Workspace:
                     f"{what}: Azure refused the credential (401): sign in again (`az login`) "
                     "or check the service principal's secret."
                 ) from None
-            raise ddlkit.ConfigError(f"{what}: no Azure credential found; {SIGN_IN}.") from None
+            raise no_credential(what, err) from None
         except HttpResponseError as err:
             status = err.status_code
             message = _first_line(err, secrets)
@@ -522,6 +524,8 @@ class AzureMLScheduler(Scheduler):
         self.attach_hint = f"`ddlkit jobs attach {job_dir}`" if job_dir else "`ddlkit jobs attach <job>`"
         #: how long fetch waits, once run history says the job ended, for the job's record to say so too
         self.settle_s = SETTLE_S
+        #: how long a cancel waits for Azure ML's cancel operation to finish
+        self.cancel_wait_s = CANCEL_WAIT_S
         self._seen: dict[str, tuple[float, Any]] = {}
         self._logs: dict[str, RangedLog] = {}
         self._fetched: set[tuple[str, Path]] = set()
@@ -553,9 +557,27 @@ class AzureMLScheduler(Scheduler):
         )
 
     def signal(self, job_id: str, how: Literal["stop", "kill"]) -> None:
-        # stop and kill alike: Azure ML stops the processes (SIGTERM: the ranks checkpoint), then kills them
-        with self.workspace.errors(f"cancelling job {job_id}", self.secrets):
-            self.workspace.client.jobs.begin_cancel(job_id)
+        """Stop and kill alike: Azure ML stops the processes (SIGTERM: the ranks checkpoint), then
+        kills them. The cancel operation is waited for, up to :data:`CANCEL_WAIT_S`: one that fails
+        is one line (the job runs on), one that has not finished by then is said, and the job's
+        state is then what tells."""
+        what = f"cancelling job {job_id}"
+        unanswered = f"The job may still be running: {self.attach_hint} follows it; `ddlkit jobs cancel` asks again."
+        with self.workspace.errors(what, self.secrets, unanswered=unanswered):
+            poller = self.workspace.client.jobs.begin_cancel(job_id, polling_interval=self.poll_interval_s)
+            try:
+                poller.result(timeout=self.cancel_wait_s)
+            except HttpResponseError as err:
+                raise ddlkit.ConfigError(
+                    f"{what}: Azure ML's cancel operation failed ({_first_line(err, self.secrets)}). {unanswered}"
+                ) from None
+        if not poller.done():
+            print(
+                f"ddlkit: {what}: Azure ML has not confirmed the cancel within {self.cancel_wait_s:g} s; waiting for "
+                "the job's state to say it stopped",
+                file=sys.stderr,
+                flush=True,
+            )
 
     # ------------------------------------------------------------ rank 0's log
     def read_log(self, job_id: str, offset: int) -> str:

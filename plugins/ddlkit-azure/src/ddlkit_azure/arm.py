@@ -103,6 +103,22 @@ def management_credential() -> Any:
     return DefaultAzureCredential(exclude_interactive_browser_credential=True)
 
 
+#: the Azure CLI's words (Microsoft Entra's AADSTS codes) for a sign-in that has expired
+_EXPIRED = re.compile(r"(AADSTS\d+): ([^.\n]*\bexpired\b[^.\n]*)", re.IGNORECASE)
+
+
+def no_credential(what: str, err: BaseException) -> ConfigError:
+    """No token: the CLI's sign-in expired (its AADSTS code and words, and `az login`), or no
+    credential at all (the ways to sign in)."""
+    expired = _EXPIRED.search(str(err))
+    if expired:
+        return ConfigError(
+            f"{what}: the Azure CLI's sign-in has expired ({expired.group(1)}: {expired.group(2).strip()}): "
+            "sign in again with `az login`."
+        )
+    return ConfigError(f"{what}: no Azure credential found; {SIGN_IN}.")
+
+
 @contextmanager
 def signed_in(what: str) -> Iterator[None]:
     """Around calls that need a token: no credential, or a token Azure refuses, is a
@@ -118,7 +134,7 @@ def signed_in(what: str) -> Iterator[None]:
                 f"{what}: Azure refused the credential (HTTP {status}: {first_line(err)}); check that "
                 "the signed-in identity has the Contributor role on the resource group."
             ) from None
-        raise ConfigError(f"{what}: no Azure credential found; {SIGN_IN}.") from None
+        raise no_credential(what, err) from None
 
 
 def first_line(err: BaseException) -> str:

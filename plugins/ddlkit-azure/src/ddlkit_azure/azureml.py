@@ -163,7 +163,11 @@ a look at a job (`ddlkit jobs status`, a followed run) adds that the job runs on
 `ddlkit jobs attach <job dir>` follows it again, and `ddlkit jobs list` shows such a job's state
 as unknown (`running?`) among the others. The log's reads are retried the same way; reads that
 give up end the following, not the run: it says so (the job runs on, `ddlkit jobs attach` follows
-its log again), waits for the job's end and judges it as any other.
+its log again), waits for the job's end and judges it as any other. A cancel waits up to 60 s for
+Azure ML's cancel operation: one that fails is one line (the job may still run, and how to follow
+it), one not finished by then is said before the cancel waits on the job's state. An Azure CLI
+sign-in that has expired is named as such (the CLI's `AADSTS` code and words) with `az login`, not
+as "no credential found".
 
 ## How it is tested
 

@@ -41,7 +41,8 @@ Stable API (other tests build on it): :func:`make_certificate`, :class:`Certific
 :class:`LoopbackServer` (``url``, ``host``, ``port``, ``route``, ``drop``, ``requests``, ``clear``,
 ``errors``, ``start``, ``stop``, context manager), :class:`Request`, :class:`Response`,
 :func:`error_body`, :class:`InterceptingProxy` (``url``, ``port``, ``connects``, ``start``, ``stop``,
-context manager), :func:`install_az`, :data:`TOKEN_CLAIMS`, :func:`sdk_environment`, :data:`CREDENTIAL_ENV`.
+context manager), :func:`install_az`, :data:`EXPIRED_SIGN_IN`, :data:`TOKEN_CLAIMS`, :func:`sdk_environment`,
+:data:`CREDENTIAL_ENV`.
 """
 
 from __future__ import annotations
@@ -70,6 +71,7 @@ from urllib.parse import parse_qs, unquote, urlsplit
 
 __all__ = [
     "CREDENTIAL_ENV",
+    "EXPIRED_SIGN_IN",
     "TOKEN_CLAIMS",
     "Certificate",
     "Handler",
@@ -590,14 +592,17 @@ def _b64url(data: bytes) -> str:
     return base64.urlsafe_b64encode(data).rstrip(b"=").decode()
 
 
-def install_az(bin_dir: Path, *, claims: Mapping[str, Any] | None = None, lifetime_s: int = 24 * 3600) -> Path:
+def install_az(
+    bin_dir: Path, *, claims: Mapping[str, Any] | None = None, lifetime_s: int = 24 * 3600, error: str | None = None
+) -> Path:
     """Write a stand-in ``az`` into ``bin_dir`` (created) and return ``bin_dir``.
 
     ``az account get-access-token ...`` prints a token the way the Azure CLI does (``accessToken``,
     ``expiresOn``, ``expires_on``, ``subscription``, ``tenant``, ``tokenType``); the token is an
     unsigned JWT of ``claims`` (default :data:`TOKEN_CLAIMS`), valid for ``lifetime_s`` from now.
     Every call appends its arguments as one line to ``bin_dir/az.log``. Any other ``az`` command
-    exits 2, as the CLI does for a command it does not know."""
+    exits 2, as the CLI does for a command it does not know. ``error``: what the CLI prints to
+    stderr instead of a token, exiting 1 (:data:`EXPIRED_SIGN_IN`: a sign-in that has expired)."""
     bin_dir = Path(bin_dir)
     bin_dir.mkdir(parents=True, exist_ok=True)
     expires = int(time.time()) + lifetime_s
@@ -620,13 +625,14 @@ def install_az(bin_dir: Path, *, claims: Mapping[str, Any] | None = None, lifeti
         },
         indent=2,
     )
+    failing = f"cat >&2 <<'EOF'\n{error}\nEOF\nexit 1\n" if error is not None else ""
     script = bin_dir / "az"
     script.write_text(
         f"""#!/bin/sh
 # A stand-in for the Azure CLI (ddlkit_azure.testing.loopback): answers `az account get-access-token` only.
 echo "$*" >> "{bin_dir / "az.log"}"
 if [ "$1 $2" = "account get-access-token" ]; then
-cat <<'EOF'
+{failing}cat <<'EOF'
 {answer}
 EOF
 exit 0
@@ -638,6 +644,15 @@ exit 2
     )
     script.chmod(script.stat().st_mode | stat.S_IXUSR | stat.S_IXGRP | stat.S_IXOTH)
     return bin_dir
+
+
+#: what the Azure CLI prints when its sign-in has expired (Microsoft Entra's answer to its refresh token)
+EXPIRED_SIGN_IN = (
+    "ERROR: AADSTS700082: The refresh token has expired due to inactivity. The token was issued on "
+    "2026-05-01T09:12:44.0000000Z and was inactive for 90.00:00:00. Trace ID: 0000 Correlation ID: 0000 "
+    "Timestamp: 2026-11-28 10:00:00Z\nInteractive authentication is needed. Please run:\n"
+    "az login --scope https://management.core.windows.net//.default"
+)
 
 
 def sdk_environment(
