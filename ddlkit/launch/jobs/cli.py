@@ -55,13 +55,15 @@ def _ago(t: float) -> str:
     return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(t))
 
 
-def _live_status(sub: index.Submission) -> JobStatus | None:
-    """The target's answer for a job not yet recorded as ended; None if it cannot be reached."""
+def _live_status(sub: index.Submission) -> tuple[JobStatus | None, str]:
+    """The target's answer for a job not yet recorded as ended, or None and why it cannot be asked."""
     try:
         handle = _handle(sub)
-        return None if _elsewhere(sub, handle) else handle.status()
-    except DdlkitError:
-        return None
+        if _elsewhere(sub, handle):
+            return None, f"it runs on host {sub.host}: ask there"
+        return handle.status(), ""
+    except DdlkitError as err:
+        return None, str(err)
 
 
 def cmd_list(args: argparse.Namespace, out: TextIO) -> int:
@@ -70,20 +72,27 @@ def cmd_list(args: argparse.Namespace, out: TextIO) -> int:
         out.write(f"ddlkit: no jobs recorded yet (in {index.state_dir()}).\n")
         return 0
     rows = [("JOB", "TARGET", "STATE", "SUBMITTED", "JOB DIR")]
+    unknown = []  # (job, why its state is not known now): after the table, on stderr, so the table stays a table
     for entry in entries:
         state = "?"
         try:
             sub = index.load(Path(entry["job_dir"]))
             state = sub.state
             if not sub.ended:
-                status = _live_status(sub)
+                status, why = _live_status(sub)
                 state = status.state.value if status else f"{sub.state}?"
-        except DdlkitError:
+                if status is None:
+                    unknown.append((entry["name"], f"{sub.state} when last recorded; not known now: {why}"))
+        except DdlkitError as err:
             state = "gone"
+            unknown.append((entry["name"], str(err)))
         rows.append((entry["name"], entry.get("target", "?"), state, _ago(entry.get("submitted", 0)), entry["job_dir"]))
     widths = [max(len(r[i]) for r in rows) for i in range(4)]
     for row in rows:
         out.write("  ".join(c.ljust(w) for c, w in zip(row[:4], widths, strict=True)) + "  " + row[4] + "\n")
+    out.flush()
+    for name, why in unknown:
+        print(f"ddlkit: {name}: {why}", file=sys.stderr)
     return 0
 
 

@@ -911,6 +911,9 @@ def test_an_endpoint_that_drops_or_refuses_is_one_line_and_jobs_list_lists_the_o
     status.assert_one_line_error("looking up job ", endpoint, "Connection refused")
     listed = run_factory.cli("jobs", "list").assert_success()
     assert str(tmp_path / "local") in listed.stdout and str(job_dir) in listed.stdout, listed.output
+    # and why that one's state is not known now, beside the table
+    assert " when last recorded; not known now: looking up job " in listed.stderr, listed.output
+    assert "Connection refused" in listed.stderr and listed.stderr.count("\n") == 1, listed.output
 
 
 def test_a_stdout_read_that_gives_up_leaves_the_job_running_and_says_how_to_attach(
