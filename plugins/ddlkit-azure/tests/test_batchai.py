@@ -409,6 +409,10 @@ def test_a_package_only_in_the_launch_directory_reaches_the_job_as_a_snapshot_up
     (ran,) = [p.parent for p in share.rglob("job.json") if (p.parent / "result.json").is_file()]
     assert (ran / "code" / "my_pkg" / "data.py").read_text() == user_project.data_module(32)
     assert json.loads((ran / "code.json").read_text())["digest"] == digest
+    # what comes back to the launcher is what the ranks wrote, not the snapshot they ran with the .pyc
+    # running it left (the launcher's own snapshot stays as it wrote it; issue 37, item 21)
+    kept = sorted(p.relative_to(first.job_dir).as_posix() for p in (first.job_dir / "code").rglob("*") if p.is_file())
+    assert kept == ["code/my_pkg/__init__.py", "code/my_pkg/data.py"] and (first.job_dir / "rank-0.log").is_file()
 
     # the same tree again: asked for (HEAD of its code.json), and not uploaded
     batchai.server.clear()

@@ -172,7 +172,7 @@ from ddlkit.compute.gang import GangConfig
 from ddlkit.compute.outcome import Observation
 from ddlkit.compute.scheduler import Scheduler, SchedulerJob
 from ddlkit.interfaces import JobSpec, JobState
-from ddlkit.jobdir import RANKS_DIR, STATE_DIR
+from ddlkit.jobdir import CODE_DIR, RANKS_DIR, STATE_DIR
 from ddlkit.options import MASTER_PORT, POSITIVE, checked
 
 from .ranged import RangedLog, follow_paced
@@ -508,6 +508,7 @@ class BatchAIScheduler(Scheduler):
         if fetched in self._fetched:
             return
         ended = job_id in self._ended
-        self.service.download_outputs(job_id, Path(job_dir), skip=(STATE_DIR,))
+        # not the snapshot the ranks ran from (code/, with the .pyc running it left): the launcher has it
+        self.service.download_outputs(job_id, Path(job_dir), skip=(STATE_DIR, CODE_DIR))
         if ended:
             self._fetched.add(fetched)
