@@ -971,3 +971,19 @@ def test_an_azure_files_share_that_drops_every_upload_is_one_line(
     )
     assert out.stderr.count("retrying in") == 4, out.output
     assert not batchai.server.requests("PUT", ARM + r"/experiments/[^/]+/jobs/[^/]+")
+
+
+def test_a_share_that_refuses_the_key_is_one_line(
+    batchai: BatchAILoopback, ssh_key: Path, run_factory: RunFactory, tmp_path: Path
+) -> None:
+    """Azure Files refusing the account key (403, and without a body, as a refused HEAD is) is one line
+    naming the share and what to check; before, the SDK's own 12-line traceback of parsing the empty
+    body came first (issue 37, item 21)."""
+    from ddlkit_azure.testing.loopback import Response
+
+    batchai.server.route("*", rf"/{FILES_ACCOUNT}/.*", lambda request, match: Response(403, b"", {}))
+    out = run_factory(*cli_args(batchai, ssh_key, fake_image(batchai)), job_dir=tmp_path / "job")
+    out.assert_one_line_error(
+        f"uploading the job directory to {batchai.share_url}/", "check the share and its account key"
+    )
+    assert "Traceback" not in out.output and "deserialization" not in out.output, out.output

@@ -17,6 +17,7 @@ import contextlib
 import hashlib
 import io
 import json
+import logging
 import os
 import posixpath
 import shlex
@@ -240,6 +241,9 @@ class FileShare:
     def client(self, key: str) -> Any:
         from azure.storage.fileshare import ShareClient
 
+        # an answer without a body (a HEAD refused 403) makes the SDK log a 12-line traceback of its XML
+        # parser before raising; the error it raises is what ddlkit says, in one line
+        logging.getLogger("azure.storage.fileshare").setLevel(logging.ERROR)
         account_url, account, share = self._parts
         # no silent retries of the SDK's own (15 s and more between them): ddlkit's retry loop
         # (ddlkit.storage.retry, as for Blob Storage) is the only one, and it says each retry
