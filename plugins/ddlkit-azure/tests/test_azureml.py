@@ -30,11 +30,13 @@ from ddlkit_azure._azureml import place_snapshot
 from ddlkit_azure.azureml import AzureMLConfig, AzureMLTarget
 from ddlkit_azure.testing.azureml import ARM_PREFIX, BLOB_URL, LoopbackWorkspace
 from ddlkit_azure.testing.loopback import (
+    COUNTING_JOB,
     EXPIRED_SIGN_IN,
     LoopbackServer,
     Request,
     Response,
     error_body,
+    follow_while_dropping,
     install_az,
     sdk_environment,
 )
@@ -985,22 +987,8 @@ def test_a_log_read_that_gives_up_leaves_the_job_running_and_says_how_to_attach(
     """A dropped read of the log's URL is retried (no line lost or repeated); reads that give up end
     the following, not the job: it is waited for and judged as any other, and stderr says that it
     runs on and how to follow it again (issue 37, item 20)."""
-    code = (
-        "import time\nfor i in range(40):\n    print(f'step {i}', flush=True)\n    time.sleep(0.15)\nprint('the end')"
-    )
-    handle = submitted(azureml_workspace, tmp_path / "job", code)
-    logs, seen, dropped = r"/loopback/logs/.*", "", []
-    for chunk in handle.logs(follow=True):
-        seen += chunk
-        if "step 1\n" in seen and not dropped:
-            azureml_workspace.server.drop("GET", logs, times=2)  # retried: nothing lost
-            dropped.append(2)
-        if "step 12\n" in seen and dropped == [2]:
-            azureml_workspace.server.drop("GET", logs, times=None)  # given up
-            dropped.append(None)
-    steps = [ln for ln in seen.splitlines() if ln.startswith("step ")]
-    assert steps == [f"step {i}" for i in range(len(steps))] and len(steps) >= 13, seen
-    assert "the end" not in seen
+    handle = submitted(azureml_workspace, tmp_path / "job", COUNTING_JOB)
+    follow_while_dropping(handle.logs(follow=True), azureml_workspace.server, r"/loopback/logs/.*")
     assert handle.wait(timeout=90).state is JobState.SUCCEEDED
     said = capfd.readouterr().err
     assert (

@@ -42,7 +42,7 @@ from ddlkit_azure.batchai import (
 )
 from ddlkit_azure.batchai_client import ACCOUNT_KEY_ENV, Service
 from ddlkit_azure.testing.batchai import FILES_ACCOUNT, FILES_KEY, BatchAILoopback, schema_errors
-from ddlkit_azure.testing.loopback import LoopbackServer
+from ddlkit_azure.testing.loopback import COUNTING_JOB, LoopbackServer, follow_while_dropping
 
 if TYPE_CHECKING:
     from conftest import UserProject
@@ -929,24 +929,10 @@ def test_a_stdout_read_that_gives_up_leaves_the_job_running_and_says_how_to_atta
     job_dir = tmp_path / "job"
     job_dir.mkdir()
     (job_dir / "job.json").write_text("{}\n")
-    code = (
-        "import time\nfor i in range(40):\n    print(f'line {i}', flush=True)\n    time.sleep(0.15)\nprint('the end')"
-    )
     handle = BatchAITarget(config(batchai, ssh_key)).submit(
-        ddlkit.JobSpec(name="dropped", job_dir=job_dir, args=("-c", code))
+        ddlkit.JobSpec(name="dropped", job_dir=job_dir, args=("-c", COUNTING_JOB))
     )
-    stdout, output, dropped = r"/[a-z0-9]+/[^/]+/.*/stdout\.txt", "", []
-    for chunk in handle.logs(follow=True):
-        output += chunk
-        if "line 1\n" in output and not dropped:
-            batchai.server.drop("GET", stdout, times=2)  # retried: nothing lost
-            dropped.append(2)
-        if "line 12\n" in output and dropped == [2]:
-            batchai.server.drop("GET", stdout, times=None)  # given up
-            dropped.append(None)
-    lines = [ln for ln in output.splitlines() if ln.startswith("line ")]
-    assert lines == [f"line {i}" for i in range(len(lines))] and len(lines) >= 13, output
-    assert "the end" not in output
+    follow_while_dropping(handle.logs(follow=True), batchai.server, r"/[a-z0-9]+/[^/]+/.*/stdout\.txt")
     assert handle.wait(timeout=90).state is JobState.SUCCEEDED
     said = capfd.readouterr().err
     assert f"ddlkit: reading the log (stdout.txt) of job {handle.id}: no answer from Batch AI's file storage" in said

@@ -70,6 +70,7 @@ from typing import Any, Self
 from urllib.parse import parse_qs, unquote, urlsplit
 
 __all__ = [
+    "COUNTING_JOB",
     "CREDENTIAL_ENV",
     "EXPIRED_SIGN_IN",
     "TOKEN_CLAIMS",
@@ -80,6 +81,7 @@ __all__ = [
     "Request",
     "Response",
     "error_body",
+    "follow_while_dropping",
     "install_az",
     "make_certificate",
     "sdk_environment",
@@ -225,6 +227,32 @@ class Response:
 
 #: ``handler(request, match)`` -> :class:`Response` (or a JSON-able body, answered 200)
 Handler = Callable[[Request, "re.Match[str]"], "Response | Any"]
+
+
+#: a job's code for :func:`follow_while_dropping`: 40 lines ``line N`` 0.15 s apart, then ``the end``
+COUNTING_JOB = (
+    "import time\nfor i in range(40):\n    print(f'line {i}', flush=True)\n    time.sleep(0.15)\nprint('the end')"
+)
+
+
+def follow_while_dropping(logs: Any, server: LoopbackServer, pattern: str) -> str:
+    """Follow a job of :data:`COUNTING_JOB` (``logs``: its handle's ``logs(follow=True)``) while its log
+    reads (GETs whose path matches ``pattern``) are dropped: the next 2 after ``line 1`` (retried:
+    nothing may be lost or repeated), every one after ``line 12`` (the reads give up: the following
+    ends, the job does not). What was followed, its lines checked to be consecutive from ``line 0``."""
+    text, dropped = "", []
+    for chunk in logs:
+        text += chunk
+        if "line 1\n" in text and not dropped:
+            server.drop("GET", pattern, times=2)
+            dropped.append(2)
+        if "line 12\n" in text and dropped == [2]:
+            server.drop("GET", pattern, times=None)
+            dropped.append(None)
+    lines = [ln for ln in text.splitlines() if ln.startswith("line ")]
+    assert lines == [f"line {i}" for i in range(len(lines))] and len(lines) >= 13, text
+    assert "the end" not in text and dropped == [2, None], text
+    return text
 
 
 def error_body(code: str, message: str) -> dict[str, Any]:
