@@ -32,6 +32,7 @@ from ddlkit_azure.testing.azureml import ARM_PREFIX, BLOB_URL, LoopbackWorkspace
 from ddlkit_azure.testing.loopback import (
     COUNTING_JOB,
     EXPIRED_SIGN_IN,
+    TOKEN_CLAIMS,
     LoopbackServer,
     Request,
     Response,
@@ -135,11 +136,29 @@ def test_the_plan_is_the_request_the_sdk_sends_with_secrets_redacted(tmp_path: P
         "Microsoft.MachineLearningServices/workspaces/ws-x/jobs/ddlkit-2026-11-23_10-00-00-"
     )
     assert SECRET not in request + json.dumps(job)
-    assert job["environmentVariables"] == {
-        "AZURE_STORAGE_SAS_TOKEN": "***",
-        "DDLKIT_PLUGINS": "p",
-        "PYTHONUNBUFFERED": "1",
+    # the secret goes to the workspace's key vault (named at submission), the job names it: no value
+    variables = job["environmentVariables"]
+    assert variables.keys() == {"DDLKIT_AZURE_KEY_VAULT", "DDLKIT_AZURE_SECRETS", "DDLKIT_PLUGINS", "PYTHONUNBUFFERED"}
+    assert variables["DDLKIT_AZURE_KEY_VAULT"] == "<the workspace's key vault>"
+    assert json.loads(variables["DDLKIT_AZURE_SECRETS"]) == {
+        "AZURE_STORAGE_SAS_TOKEN": "ddlkit-2026-11-23-10-00-00-0123abcd-<random>-0-AZURE-STORAGE-SAS-TOKEN"
     }
+    assert job["identity"] == {"identityType": "Managed"}
+    assert (
+        "\n# secrets: AZURE_STORAGE_SAS_TOKEN=*** go to key vault <the workspace's key vault> (one secret each, named "
+        "in DDLKIT_AZURE_SECRETS, tagged ddlkit_job, expiring in 7 days, deleted once the job is collected); the job "
+        "reads them as the cluster's managed identity, which needs the 'Key Vault Secrets User' role on the vault"
+    ) in request
+    # another vault named in the config; without secrets, no vault and no identity
+    _, other = planned(
+        target(key_vault="https://kv-other.vault.azure.net"), tmp_path / "2", {"AZURE_STORAGE_SAS_TOKEN": SECRET}
+    )
+    assert other["environmentVariables"]["DDLKIT_AZURE_KEY_VAULT"] == "https://kv-other.vault.azure.net"
+    none_request, none = planned(target(), tmp_path / "3")
+    assert "DDLKIT_AZURE_KEY_VAULT" not in none["environmentVariables"] and not none.get("identity")
+    assert "# secrets" not in none_request
+    with pytest.raises(ddlkit.ConfigError, match="compute.key_vault=kv-other must be a vault's URL"):
+        target(key_vault="kv-other")
     assert job["jobType"] == "Command" and job["experimentName"] == "exp"
     assert job["computeId"].endswith("/workspaces/ws-x/computes/gpu-cluster")
     assert job["outputs"] == {
@@ -1043,3 +1062,32 @@ def test_a_cancel_azure_ml_fails_or_does_not_confirm_is_said(
         f"ddlkit: cancelling job {handle.id}: Azure ML has not confirmed the cancel within 1 s; waiting for the "
         "job's state to say it stopped"
     ) in capfd.readouterr().err
+
+
+def test_a_missing_secret_is_one_line_naming_the_vault_the_secret_and_the_role(
+    azureml_workspace: LoopbackWorkspace,
+) -> None:
+    """What a rank meets when its job's secret is not in the vault (deleted, as once its job was
+    collected): one line, not the SDK's traceback."""
+    from ddlkit_azure import keyvault
+    from ddlkit_azure.arm import management_credential
+
+    vault = azureml_workspace.key_vault
+    names = keyvault.store(vault.url, "ddlkit-job_x-abc123", {"TOKEN": SECRET}, management_credential())
+    assert names == {"TOKEN": "ddlkit-job-x-abc123-0-TOKEN"}
+    env = keyvault.job_variables(vault.url, names)
+    assert keyvault.read(env, management_credential()) == {"TOKEN": SECRET}
+    assert keyvault.delete(vault.url, names.values(), management_credential()) == []
+    with pytest.raises(keyvault.SecretsError) as err:
+        keyvault.read(env, management_credential())
+    assert str(err.value) == (
+        f"reading the job's secret TOKEN (key vault secret ddlkit-job-x-abc123-0-TOKEN) from key vault {vault.url}: "
+        "the vault has no such secret (deleted once its job was collected, or never stored); if it is there, the "
+        "job's identity (the compute cluster's managed identity) needs the 'Key Vault Secrets User' role on the "
+        'vault (az role assignment create --role "Key Vault Secrets User" --assignee <its principal id> --scope '
+        "<the vault's id>)."
+    )
+    # the launcher's own refusal names the role it needs
+    vault.refuse(TOKEN_CLAIMS["oid"])
+    with pytest.raises(keyvault.SecretsError, match="the identity that submits needs the 'Key Vault Secrets Officer'"):
+        keyvault.store(vault.url, "ddlkit-job_y-abc123", {"TOKEN": SECRET}, management_credential())

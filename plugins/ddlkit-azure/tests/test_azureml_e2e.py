@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -22,8 +23,8 @@ from ddlkit.compute.containers import image_context
 from ddlkit.testing import interruptible, wait_for
 from ddlkit.testing.registry import LoopbackRegistry
 from ddlkit_azure.testing import Azurite
-from ddlkit_azure.testing.azureml import BLOB_HOST, DEFAULT_DATASTORE, LoopbackWorkspace
-from ddlkit_azure.testing.loopback import LoopbackServer
+from ddlkit_azure.testing.azureml import BLOB_HOST, DEFAULT_DATASTORE, MANAGED_IDENTITY_CLAIMS, LoopbackWorkspace
+from ddlkit_azure.testing.loopback import TOKEN_CLAIMS, LoopbackServer
 
 if TYPE_CHECKING:
     from conftest import UserProject
@@ -150,17 +151,36 @@ def test_a_training_run_end_to_end(
     assert job["environmentId"].endswith(environment.path.split("/workspaces/ws-ddlkit")[1])
     (code,) = server.requests("PUT", r".*/codes/[^/]+/versions/[^/]+")
     assert job["codeId"].endswith(code.path.split("/workspaces/ws-ddlkit")[1])
-    # the secret went in the job's environment (its only channel on Azure ML), and reached the rank:
+    # the secret went to the workspace's key vault, not into the job's definition: the job names the vault
+    # and the secret (no value) and runs as the cluster's managed identity, with which its rank read it:
     # the results were published with it
-    assert job["environmentVariables"]["AZURE_STORAGE_SAS_TOKEN"] == sas
-    assert job["environmentVariables"]["PYTHONUNBUFFERED"] == "1"
+    variables = job["environmentVariables"]
+    vault = azureml_workspace.key_vault
+    assert "AZURE_STORAGE_SAS_TOKEN" not in variables and variables["PYTHONUNBUFFERED"] == "1"
+    assert variables["DDLKIT_AZURE_KEY_VAULT"] == vault.url
+    names = json.loads(variables["DDLKIT_AZURE_SECRETS"])
+    assert list(names) == ["AZURE_STORAGE_SAS_TOKEN"]
+    secret = names["AZURE_STORAGE_SAS_TOKEN"]
+    assert secret.startswith(azureml_name.replace("_", "-")) and re.fullmatch(r"[0-9A-Za-z-]{1,127}", secret)
+    assert job["identity"] == {"identityType": "Managed"}
     published = (
         azureml_workspace._service().get_container_client("results").list_blobs(name_starts_with=f"results/{name}/")
     )
     assert "result.json" in {blob.name.rsplit("/", 1)[1] for blob in published}
-    # ... and nowhere else: not in another request, a file, the console or the jobs index
-    carrying = [r.path for r in server.requests() if sas in r.data.decode(errors="replace") or sas in str(r.query)]
-    assert carrying == [server.requests("PUT", r".*/jobs/[^/]+")[0].path]
+    # stored by the launcher, tagged with the job and expiring in 7 days; read by the job's identity (each
+    # read the vault's challenge first: no token, then the cluster identity's); deleted once the job was collected
+    (stored,) = [r for r in vault.server.requests("PUT", f"/secrets/{secret}") if r.auth_scheme]
+    assert stored.body["value"] == sas and stored.body["tags"]["ddlkit_job"] == azureml_name
+    assert 6.9 * 86400 < stored.body["attributes"]["exp"] - stored.time <= 7 * 86400
+    assert stored.principal == TOKEN_CLAIMS["oid"]
+    reads = [r for r in vault.server.requests("GET", f"/secrets/{secret}/?") if r.auth_scheme]
+    assert reads and {r.principal for r in reads} == {MANAGED_IDENTITY_CLAIMS["oid"]}
+    assert vault.secrets[secret].deleted is not None and not vault.live()
+    assert [r.principal for r in vault.server.requests("DELETE") if r.auth_scheme] == [TOKEN_CLAIMS["oid"]]
+    # ... and nowhere else: not in the job's definition the workspace keeps (any Reader's), any request to
+    # Azure ML, a file, the console or the jobs index
+    assert sas not in json.dumps(azureml_workspace.jobs[azureml_name].spec)
+    assert not [r.path for r in server.requests() if sas in r.data.decode(errors="replace") or sas in str(r.query)]
     assert not files_holding(tmp_path, sas), "the SAS token was written to a file"
     assert sas not in run.stdout + run.stderr
 
@@ -173,7 +193,7 @@ def test_a_training_run_end_to_end(
         "Finalizing",
         "Completed",
     ]
-    assert {host for host, _ in azureml_workspace.proxy.connects} == {BLOB_HOST}
+    assert {host for host, _ in azureml_workspace.proxy.connects} == {BLOB_HOST, vault.host}
     assert all(r.auth_scheme == "Bearer" for r in server.requests() if "/subscriptions/" in r.path)
 
     # ddlkit jobs finds it and reads it from Azure ML
@@ -493,3 +513,86 @@ def test_a_package_only_in_the_launch_directory_reaches_the_job_as_a_snapshot_up
         f"ddlkit-code/{changed}/code/my_pkg/__init__.py",
         f"ddlkit-code/{changed}/code/my_pkg/data.py",
     ]
+
+
+def test_a_key_vault_that_refuses_the_jobs_identity_is_one_line_and_the_secrets_go(
+    azureml_workspace: LoopbackWorkspace,
+    azurite: Azurite,
+    fake_image: str,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The cluster's identity has no role on the vault: each rank says so in one line (the vault, the
+    secret, the role to grant) and exits 2 before the worker starts; the launcher still deletes the
+    job's secrets once it has collected the job."""
+    monkeypatch.setenv("DDLKIT_PLUGINS", "ddlkit.testing.fakes")
+    monkeypatch.setenv("AZURE_STORAGE_ACCOUNT_URL", azurite.account_url)
+    sas = azurite.sas_token()
+    monkeypatch.setenv("AZURE_STORAGE_SAS_TOKEN", sas)
+    vault = azureml_workspace.key_vault
+    vault.refuse(MANAGED_IDENTITY_CLAIMS["oid"])
+    job_dir = tmp_path / "runs" / "refused"
+    run = ddlkit(
+        *workspace_args(azureml_workspace),
+        *FAKE,
+        fake_image,
+        "storage=azure",
+        "storage.container=results",
+        f"hydra.run.dir={job_dir}",
+        cwd=tmp_path,
+    )
+    out = run.stdout + run.stderr
+    assert run.returncode == 2 and "not restarted: a config error" in out, out[-3000:]
+    (secret,) = vault.secrets
+    lines = [ln for ln in (job_dir / "rank-0.log").read_text().splitlines() if "key vault" in ln]
+    assert lines == [
+        f"ddlkit_azure: rank 0: reading the job's secret AZURE_STORAGE_SAS_TOKEN (key vault secret {secret}) from key "
+        f"vault {vault.url}: refused (403: Caller is not authorized to perform action on resource. If role assignments "
+        "were recently changed, please wait several minutes for role assignments to become effective. Caller: "
+        f"oid={MANAGED_IDENTITY_CLAIMS['oid']};Action: 'Microsoft.KeyVault/vaults/secrets/getSecret/action';resource: "
+        f"'{vault.arm_id}/secrets/{secret}';Assignment: (not found);Vault: {vault.name};location=westeurope); the "
+        "job's identity (the compute cluster's managed identity) needs the 'Key Vault Secrets User' role on the "
+        'vault (az role assignment create --role "Key Vault Secrets User" --assignee <its principal id> --scope '
+        "<the vault's id>)."
+    ], (job_dir / "rank-0.log").read_text()[-3000:]
+    assert "Traceback" not in (job_dir / "rank-0.log").read_text()
+    assert lines[0] in out
+    assert not vault.live() and vault.secrets[secret].deleted is not None
+    assert sas not in out and not files_holding(tmp_path, sas)
+
+
+def test_secrets_the_vault_will_not_delete_are_one_warning_line(
+    azureml_workspace: LoopbackWorkspace,
+    azurite: Azurite,
+    fake_image: str,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Deleting the job's secrets once it is collected is best effort: a vault that refuses the
+    launcher's delete is one warning line (they expire anyway), and the run succeeds."""
+    monkeypatch.setenv("DDLKIT_PLUGINS", "ddlkit.testing.fakes")
+    monkeypatch.setenv("AZURE_STORAGE_ACCOUNT_URL", azurite.account_url)
+    monkeypatch.setenv("AZURE_STORAGE_SAS_TOKEN", azurite.sas_token())
+    vault = azureml_workspace.key_vault
+    vault.refuse(TOKEN_CLAIMS["oid"], "DELETE")
+    run = ddlkit(
+        *workspace_args(azureml_workspace),
+        *FAKE,
+        fake_image,
+        "storage=azure",
+        "storage.container=results",
+        f"hydra.run.dir={tmp_path / 'runs' / 'kept'}",
+        cwd=tmp_path,
+    )
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    (secret,) = vault.live()
+    (azureml_name,) = azureml_workspace.jobs
+    warnings = [ln for ln in run.stderr.splitlines() if "secrets" in ln]
+    assert len(warnings) == 1 and warnings[0].startswith(
+        f"ddlkit: warning: could not delete job {azureml_name}'s secrets from key vault {vault.url}: {secret} "
+        "(Caller is not authorized to perform action on resource."
+    ), run.stderr[-3000:]
+    assert warnings[0].endswith(
+        "they expire 7 days after the job was submitted (delete them with `az keyvault secret delete "
+        "--vault-name <vault> --name <secret>`)"
+    )

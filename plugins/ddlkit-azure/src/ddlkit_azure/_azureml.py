@@ -33,7 +33,7 @@ from azure.ai.ml import (
     PyTorchDistribution,
     command,
 )
-from azure.ai.ml.entities import Environment
+from azure.ai.ml.entities import Environment, ManagedIdentityConfiguration
 from azure.ai.ml.exceptions import JobException, MlException
 from azure.core.exceptions import (
     ClientAuthenticationError,
@@ -62,6 +62,7 @@ from ddlkit.jobdir import (
 )
 from ddlkit.redact import REDACTED, scrub
 
+from . import keyvault
 from ._environment import job_environment, workspace_build
 from .arm import error_code, management_credential, missing_scope, no_credential, unreachable
 from .ranged import LogUnreadable, RangedLog, bytes_from, follow_paced, get_with_retries, range_header
@@ -197,8 +198,11 @@ def build_job(
     name: str,
     environment: Any,
     environment_variables: Mapping[str, str],
+    managed_identity: bool = False,
 ) -> Any:
-    """The command job; ``environment``: an ``Environment`` or an ``azureml:<name>:<version>`` reference."""
+    """The command job; ``environment``: an ``Environment`` or an ``azureml:<name>:<version>`` reference;
+    ``managed_identity``: the job runs as the compute cluster's managed identity (it reads its
+    secrets from Key Vault with it)."""
     cfg = target.cfg
     kind = distribution_kind(target)
     distribution = (
@@ -233,6 +237,7 @@ def build_job(
         outputs=outputs,
         environment_variables={**environment_variables, "PYTHONUNBUFFERED": "1"},
         queue_settings={"job_tier": "Spot"} if cfg.spot else None,
+        identity=ManagedIdentityConfiguration() if managed_identity else None,
     )
 
 
@@ -264,7 +269,12 @@ def plan(target: AzureMLTarget, spec: JobSpec) -> str:
     )
     name = azureml_job_name(spec)[:-6] + "<random>"
     files = list(LAUNCHER_FILES)  # what the launcher writes into the job directory before it submits
-    shown = {**spec.env, **dict.fromkeys(spec.secret_env, REDACTED)}
+    vault = str(cfg.key_vault or "<the workspace's key vault>")
+    names = {
+        var: secret.replace("RANDOM", "<random>")
+        for var, secret in keyvault.secret_names(name[: -len("<random>")] + "RANDOM", spec.secret_env).items()
+    }
+    shown = {**spec.env, **keyvault.job_variables(vault, names)}
     build = workspace_build(target)
     environment = Environment(image=str(cfg.image)) if build is None else build.reference
     job = build_job(
@@ -275,6 +285,7 @@ def plan(target: AzureMLTarget, spec: JobSpec) -> str:
         name=name,
         environment=environment,
         environment_variables=shown,
+        managed_identity=bool(names),
     )._to_job()
     if build is None:
         job.environment = f"{arm}/environments/{environment.name}/versions/{environment.version}"
@@ -303,11 +314,20 @@ def plan(target: AzureMLTarget, spec: JobSpec) -> str:
         if spec.code_digest
         else ""
     )
+    secrets = (
+        f"# secrets: {', '.join(f'{var}={REDACTED}' for var in sorted(names))} go to key vault {vault} (one secret "
+        f"each, named in {keyvault.NAMES_ENV}, tagged {keyvault.JOB_TAG}, expiring in "
+        f"{keyvault.EXPIRES_AFTER.days} days, deleted once the job is collected); the job reads them as the "
+        f"cluster's managed identity, which needs the '{keyvault.READER_ROLE}' role on the vault\n"
+        if names
+        else ""
+    )
     return (
         f"PUT {_ARM}{arm}/jobs/{name}\n"
         f"# code: {', '.join(files)} from {spec.job_dir}, uploaded to the workspace's default datastore\n"
         f"{snapshot}"
         f"# environment: {about_environment}\n"
+        f"{secrets}"
         f"{scrub(text, spec.secret_env)}"
     )
 
@@ -319,13 +339,23 @@ class Workspace:
     def __init__(self, cfg: AzureMLConfig) -> None:
         self.cfg = cfg
         self._client: MLClient | None = None
+        self._credential: Any = None
+        #: the workspace's ARM resource, once read
+        self._resource: Any = None
+
+    @property
+    def credential(self) -> Any:
+        """The launcher's credential (``DefaultAzureCredential``), for ARM and the job's key vault."""
+        if self._credential is None:
+            self._credential = management_credential()
+        return self._credential
 
     @property
     def client(self) -> MLClient:
         if self._client is None:
             c = self.cfg
             self._client = MLClient(
-                management_credential(),
+                self.credential,
                 str(c.subscription_id),
                 str(c.resource_group),
                 str(c.workspace),
@@ -399,7 +429,7 @@ class Workspace:
         """The workspace answers, the cluster exists and has room for the job's nodes."""
         c = self.cfg
         with self.errors(f"reading workspace {c.workspace}", reading_workspace=True):
-            self.client.workspaces.get(str(c.workspace))
+            self._resource = self.client.workspaces.get(str(c.workspace))
         with self.errors(f"reading cluster {c.cluster}"):
             try:
                 cluster = self.client.compute.get(str(c.cluster))
@@ -466,6 +496,49 @@ class Workspace:
                 f"({_first_line(err, spec.secret_env)})."
             ) from None
 
+    def key_vault(self) -> str:
+        """The URL of the vault that takes the job's secrets: ``compute.key_vault``, or the workspace's
+        own (its ``properties.keyVault``)."""
+        c = self.cfg
+        if c.key_vault:
+            return str(c.key_vault).rstrip("/")
+        if self._resource is None:
+            with self.errors(f"reading workspace {c.workspace}", reading_workspace=True):
+                self._resource = self.client.workspaces.get(str(c.workspace))
+        url = keyvault.vault_url_of(str(getattr(self._resource, "key_vault", None) or ""))
+        if url is None:
+            raise ddlkit.ConfigError(
+                f"workspace {c.workspace} names no key vault for the job's secrets: name one with "
+                "compute.key_vault=https://<name>.vault.azure.net."
+            )
+        return url
+
+    def store_secrets(self, spec: JobSpec, name: str) -> tuple[str, dict[str, str]]:
+        """The job's secrets into its key vault: (the vault, {variable: secret name})."""
+        if not spec.secret_env:
+            return "", {}
+        vault = self.key_vault()
+        try:
+            return vault, keyvault.store(vault, name, spec.secret_env, self.credential)
+        except keyvault.SecretsError as err:
+            raise ddlkit.ConfigError(scrub(str(err), spec.secret_env)) from None
+
+    def delete_secrets(self, job_id: str, vault: str, names: Mapping[str, str]) -> None:
+        """Delete the job's secrets from its vault (best effort: one warning line if it cannot)."""
+        try:
+            failed = keyvault.delete(vault, names.values(), self.credential)
+        except Exception as err:  # best effort: the secrets expire anyway
+            failed = [f"{', '.join(names.values())} ({_first_line(err, None)})"]
+        if failed:
+            print(
+                f"ddlkit: warning: could not delete job {job_id}'s secrets from key vault {vault}: "
+                f"{'; '.join(failed)}; "
+                f"they expire {keyvault.EXPIRES_AFTER.days} days after the job was submitted (delete them with "
+                "`az keyvault secret delete --vault-name <vault> --name <secret>`)",
+                file=sys.stderr,
+                flush=True,
+            )
+
     def submit(self, target: AzureMLTarget, spec: JobSpec) -> str:
         """Create the job (its cluster checked, its environment and code snapshot there); its name."""
         self.check_cluster()
@@ -473,6 +546,7 @@ class Workspace:
         if spec.code_digest:
             self.upload_snapshot(target, spec)
         name = azureml_job_name(spec)
+        vault, names = self.store_secrets(spec, name)
         with tempfile.TemporaryDirectory(prefix="ddlkit-azureml-") as tmp:
             code = Path(tmp) / "job"
             files = stage(spec, target, code)
@@ -483,12 +557,22 @@ class Workspace:
                 files=files,
                 name=name,
                 environment=environment,
-                environment_variables={**spec.env, **spec.secret_env},
+                # the secrets' vault and names, never a value: the job's definition is any workspace Reader's
+                environment_variables={**spec.env, **keyvault.job_variables(vault, names)},
+                managed_identity=bool(names),
             )
-            # the SDK prints a colour reset and blank lines to stderr after uploading the code,
-            # whatever show_progress says: they would land among the job's output
-            with self.errors(f"submitting job {spec.name}", spec.secret_env), contextlib.redirect_stderr(io.StringIO()):
-                created = self.client.jobs.create_or_update(job)
+            try:
+                # the SDK prints a colour reset and blank lines to stderr after uploading the code,
+                # whatever show_progress says: they would land among the job's output
+                with (
+                    self.errors(f"submitting job {spec.name}", spec.secret_env),
+                    contextlib.redirect_stderr(io.StringIO()),
+                ):
+                    created = self.client.jobs.create_or_update(job)
+            except BaseException:
+                if names:
+                    self.delete_secrets(name, vault, names)
+                raise
         return str(created.name)
 
 
@@ -652,6 +736,19 @@ class AzureMLScheduler(Scheduler):
                 (job_dir / rank_log(rank)).write_bytes(self._read(job_id, url))
         if downloaded and details.status in TERMINAL:
             self._fetched.add((job_id, job_dir))
+            self._delete_secrets(job_id)
+
+    def _delete_secrets(self, job_id: str) -> None:
+        """The ended job's secrets out of its key vault (its definition names the vault and the secrets)."""
+        try:
+            with self.workspace.errors(f"reading job {job_id}", self.secrets):
+                variables = self.workspace.client.jobs.get(job_id).environment_variables
+        except ddlkit.DdlkitError as err:
+            print(f"ddlkit: warning: could not delete job {job_id}'s secrets: {err}", file=sys.stderr, flush=True)
+            return
+        stored = keyvault.stored_in(variables)
+        if stored is not None:
+            self.workspace.delete_secrets(job_id, *stored)
 
     def _download_output(self, job_id: str, into: str, job_dir: Path, ended: str) -> None:
         """The job's output into ``into``, once the job's record agrees with run history that the

@@ -23,6 +23,10 @@ workspace's image build.
   in where `DefaultAzureCredential` looks: the environment (`AZURE_CLIENT_ID`, `AZURE_TENANT_ID`,
   `AZURE_CLIENT_SECRET`), workload identity, a managed identity, or `az login`. Credentials never
   go in a config;
+- for a run with secrets (a W&B key, a SAS token, the config's secret values): the workspace's key
+  vault (or `compute.key_vault`) with the **Key Vault Secrets Officer** role for that identity, and
+  a managed identity on the compute cluster with the **Key Vault Secrets User** role on the vault
+  (see [Secrets](#secrets));
 - the data on a datastore of the workspace.
 
 ## The job
@@ -88,21 +92,45 @@ What `ddlkit plan` prints, secrets as `***`:
   it at once; files an earlier run of the same job directory left there and this snapshot lacks
   are removed), where the worker puts it first on the import path. Nothing names a path of the
   launcher's; `ddlkit plan` names the folder;
-- environment variables: the job's (plugin switches, `AZURE_STORAGE_*`) and its secrets;
-  `PYTHONUNBUFFERED=1` so the log streams.
+- environment variables: the job's (plugin switches, `AZURE_STORAGE_ACCOUNT_URL`), where its
+  secrets are (`DDLKIT_AZURE_KEY_VAULT`, `DDLKIT_AZURE_SECRETS`: the vault and the secrets' names,
+  no value) and `PYTHONUNBUFFERED=1` so the log streams; with secrets, `identity: Managed` (the job
+  runs as the cluster's managed identity).
 
 ## Secrets
 
-Azure ML has no secret field for a command job, so a run's secrets (a W&B key, a SAS token, the
-config's secret values) travel as **environment variables of the job**: they are in the job's
-definition in the workspace, readable by anyone who may read the workspace's jobs (Reader and
-up), and visible to the job's code. ddlkit never writes them anywhere else: `ddlkit plan` shows
-`***`, and no file, log, console output or other request of ddlkit's holds them (a test checks
-every file, the console and every request the SDK sent). If that is too wide, keep secrets out of
-the run: give the cluster a managed identity with access to the storage account
-(`storage.auth=default_credential`) instead of a SAS token, and log W&B offline (`wandb sync`
-later) instead of giving the job a key. A Key Vault reference read by the job is not implemented.
+A job's definition is readable by anyone who may read the workspace's jobs (Reader and up), so a
+run's secrets (a W&B key, a SAS token, the config's secret values) are not in it. Before it creates
+the job, ddlkit puts each secret variable into an **Azure Key Vault** as a secret of its own: the
+workspace's own vault (the workspace's `properties.keyVault`), or `compute.key_vault=
+https://<name>.vault.azure.net`. Each is named for the job (`<Azure ML job name>-<n>-<VARIABLE>`,
+dashes for other characters), tagged `ddlkit_job=<Azure ML job name>` and `variable=<VARIABLE>`, and
+expires 7 days later, so a job that is never collected leaves nothing readable for ever. The job's
+environment carries only the vault's URL (`DDLKIT_AZURE_KEY_VAULT`) and the variable -> secret
+name map (`DDLKIT_AZURE_SECRETS`), and the job runs as the compute cluster's managed identity
+(`identity: Managed`). Each process of the job (`ddlkit_azure.rank`) reads the secrets with that
+identity (`DefaultAzureCredential`: Azure ML's managed identity endpoint; a user-assigned identity is
+the one Azure ML names in `DEFAULT_IDENTITY_CLIENT_ID`) and gives them to the worker's environment
+only. When the job has ended and its output is collected, ddlkit deletes them (best effort: a vault
+that refuses is one warning line, and they expire anyway). `ddlkit plan` says where they will go,
+values as `***`.
 
+What this needs:
+
+- the identity that submits: **Key Vault Secrets Officer** on the vault (to set and delete
+  secrets); a refusal is one line naming the role, exit status 2, before the job is created;
+- the compute cluster: a managed identity (system- or user-assigned) with **Key Vault Secrets
+  User** on the vault (`az role assignment create --role "Key Vault Secrets User" --assignee
+  <the identity's principal id> --scope <the vault's id>`). A vault that refuses it, or a secret
+  that is not there, is one line in each rank's log naming the vault, the secret and that role,
+  and the rank exits 2 (a config error: the job is not restarted).
+
+What a Reader of the workspace still sees: the job's variables name the vault and the secrets
+(names such as `ddlkit-<job>-0-AZURE-STORAGE-SAS-TOKEN`), never a value; reading a value needs a
+role on the vault. The vault's deletes are soft deletes (every vault keeps a deleted secret for its
+retention period, recoverable by those with the vault's recover permission, not readable as it
+is). No file, log, console output or other request of ddlkit's holds a value (a test checks every
+file, the console, the job's definition the workspace keeps and every request Azure ML got).
 ## Following a job
 
 ddlkit looks at the job once per `compute.poll_interval_s`: one run history call (state, error,
@@ -171,14 +199,21 @@ as "no credential found".
 
 ## How it is tested
 
-The real `azure-ai-ml` SDK and the real `ddlkit` CLI run against a loopback Azure ML workspace
+The real `azure-ai-ml` and `azure-keyvault-secrets` SDKs and the real `ddlkit` CLI run against a
+loopback Azure ML workspace
 (`ddlkit_azure.testing.azureml`): an HTTPS server on 127.0.0.1 (self-signed certificate, trusted
 through `REQUESTS_CA_BUNDLE`) that follows the REST API the SDK uses (job PUT/GET/cancel,
 computes, datastores, code and environment versions with the code's and the build context's real
-uploads, run history's details, log files and run data), signed in through
+uploads, run history's details, log files and run data), its key vault
+(`ddlkit_azure.testing.keyvault`: secrets set, read, deleted, with Key Vault's challenge
+authentication, at `https://<vault>.vault.azure.net` through the proxy below) and Azure ML's managed
+identity endpoint for a job run with `identity: Managed`, signed in through
 `DefaultAzureCredential` by a stand-in `az` on `PATH`, with the workspace's storage in Azurite
 (the SDK's `https://<account>.blob.core.windows.net` reaches it through a loopback CONNECT proxy
-that refuses any other host). The workspace runs each job on this machine (the machine's `python`
+that refuses any other host than these two). The jobs' processes get the proxy and the loopback
+certificate too, as a node's network and trust store. The key vault reads tokens' `oid` (not their
+signature): the launcher's identity and the cluster's are told apart, so a vault that refuses the
+job's identity is tested end to end. The workspace runs each job on this machine (the machine's `python`
 stands in for the image, which is recorded in the request and asserted; an environment with a
 build context is "built" by the first job that uses it: its context fetched from Azurite and its
 Dockerfile checked) through Azure ML's states, `MpiDistribution` under the real `mpirun`,
@@ -190,7 +225,10 @@ that a changed file makes a new version and a file `.dockerignore` leaves out do
 that exists only in the launch directory trains through it, reaching the job as the uploaded
 snapshot (its blobs and the job's directory checked on the workspace's side); a second submission
 of the same tree uploads nothing of it (every blob keeps its ETag), a changed tree is a new
-snapshot, uploaded and run.
+snapshot, uploaded and run. A run's SAS token reaches its rank through the key vault (the results
+are published with it) and is in no request Azure ML got, not in the job's definition it keeps, no
+file and no console output; the vault's secret is tagged, expires in 7 days and is deleted once the
+job is collected.
 
 ## How it works
 
@@ -200,8 +238,9 @@ when a run is composed. The job's copy of `job.json` reads `data.root` from the 
 through `DDLKIT_DATA_ROOT`; under `MpiDistribution` the command takes `MASTER_ADDR` from
 `AZ_BATCH_MASTER_NODE` / `AZ_BATCHAI_MPI_MASTER_NODE` and the ranks read OpenMPI's
 `OMPI_COMM_WORLD_*`, which `ddlkit_azure.rank` (the rank minder's entry) turns into ddlkit's node
-layout. A job is followed by the core's `SchedulerJob` over `ddlkit_azure._azureml.AzureMLScheduler`,
-which says what Azure ML sees and downloads the output. The code snapshot is
+layout, and reads the job's secrets from its key vault (`ddlkit_azure.keyvault`). A job is
+followed by the core's `SchedulerJob` over `ddlkit_azure._azureml.AzureMLScheduler`, which says
+what Azure ML sees, downloads the output and then deletes the job's secrets. The code snapshot is
 `ddlkit.compute.snapshot`'s.
 """
 
@@ -237,6 +276,7 @@ _DATASTORE_URI = re.compile(r"^azureml://")
 #: a path on a datastore of the workspace, in its short form: (datastore, path)
 DATASTORE_PATH = re.compile(r"^azureml://datastores/(?P<datastore>[^/]+)/paths/(?P<path>[^?#]*)$")
 _URL = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")
+_VAULT_URL = re.compile(r"^https://[A-Za-z0-9-]+\.vault\.[A-Za-z0-9.-]+/?$")
 #: seconds after a cancel before it is sent again (Azure ML stops the processes, then kills them itself)
 CANCEL_AGAIN_S = 60.0
 
@@ -277,6 +317,8 @@ class AzureMLConfig(GangConfig):
     # where code snapshots of the launch directory are kept, one per content digest: <code_root>/<digest>/
     # (a blob datastore; an unchanged tree is uploaded once)
     code_root: str = "azureml://datastores/workspaceblobstore/paths/ddlkit-code"
+    # the Key Vault that takes the job's secrets, https://<name>.vault.azure.net; null: the workspace's own
+    key_vault: str | None = None
     # rank 0's rendezvous port for MPI jobs (ddlkit's control plane uses the next one)
     master_port: int = checked(29500, Rule(lambda v: 0 < v < 65535, "a port below 65535"))
     # seconds between looks at the job (its state, its log); each look is one or two REST calls
@@ -321,6 +363,10 @@ class AzureMLTarget(ddlkit.ComputeTarget):
                 f"compute.code_root={cfg.code_root} must be a datastore URI of the form "
                 "azureml://datastores/<datastore>/paths/<path>, e.g. "
                 "azureml://datastores/workspaceblobstore/paths/ddlkit-code."
+            )
+        if cfg.key_vault and not _VAULT_URL.match(str(cfg.key_vault)):
+            raise ddlkit.ConfigError(
+                f"compute.key_vault={cfg.key_vault} must be a vault's URL, e.g. https://<name>.vault.azure.net."
             )
         if self.horovod and cfg.gpu and not cfg.image:
             raise ddlkit.ConfigError(

@@ -13,10 +13,15 @@ orphans). What is Azure ML's own:
   process;
 * **a record of its own**: the output outlives a job (a preempted job queued again, the same job
   directory run again), so the rank's record of an earlier run goes before the worker starts, and
-  rank 0 removes those of ranks the job does not have.
+  rank 0 removes those of ranks the job does not have;
+* **the job's secrets**: read from the job's Key Vault (:mod:`ddlkit_azure.keyvault`: the job's
+  environment names the vault and the secrets, never a value) with the job's identity, into the
+  worker's environment only, as ``secret_file`` gives them on the other targets. A vault that
+  refuses or lacks a secret is one line (the vault, the secret, the role to grant) and exit status 2.
 
-Standard library, :mod:`ddlkit.compute.rank_minder` and :mod:`~ddlkit.compute.layout` only: it
-starts once per rank before the worker.
+Standard library, :mod:`ddlkit.compute.rank_minder` and :mod:`~ddlkit.compute.layout` only, unless
+the job has secrets (then ``azure-keyvault-secrets`` and ``azure-identity``): it starts once per
+rank before the worker.
 """
 
 from __future__ import annotations
@@ -29,6 +34,8 @@ from pathlib import Path
 from ddlkit.compute import rank_minder as minder
 from ddlkit.compute.layout import LOCAL_RANK_ENV, LOCAL_SIZE_ENV, NODE_ENV
 from ddlkit.jobdir import RANKS_DIR, rank_record
+
+from . import keyvault
 
 
 def _pick(env: Mapping[str, str], *names: str, default: int) -> int:
@@ -65,6 +72,11 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     rank, world, variables = layout(os.environ)
     forget_earlier_records(rank, world, Path.cwd())
+    try:
+        variables |= keyvault.read(os.environ)
+    except keyvault.SecretsError as err:
+        print(f"ddlkit_azure: rank {rank}: {err}", file=sys.stderr, flush=True)
+        return 2
     return minder.run(command, rank=rank, variables=variables, name="ddlkit_azure")
 
 

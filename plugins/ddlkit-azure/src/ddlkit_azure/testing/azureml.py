@@ -22,6 +22,14 @@ Blob traffic goes to a real Azurite. The SDK addresses a datastore as
 ``https://<account>.blob.core.windows.net``; an :class:`~ddlkit_azure.testing.loopback.InterceptingProxy`
 (``HTTPS_PROXY``, see :attr:`LoopbackWorkspace.environment`) carries exactly that host to Azurite.
 
+**The workspace's key vault** (its ``properties.keyVault``) is a
+:class:`~ddlkit_azure.testing.keyvault.LoopbackKeyVault` (:attr:`LoopbackWorkspace.key_vault`),
+``https://kv-ddlkit.vault.azure.net`` carried to it by the same proxy. A job run with
+``identity: Managed`` gets Azure ML's managed identity endpoint (``MSI_ENDPOINT``, ``MSI_SECRET``,
+``DEFAULT_IDENTITY_CLIENT_ID``: a token of the cluster's identity, :data:`MANAGED_IDENTITY_CLAIMS`);
+every job's processes get the proxy and the loopback certificate (``REQUESTS_CA_BUNDLE``), as a
+node's network and trust store.
+
 **Jobs run here.** A job PUT starts a thread that moves the job through ``Queued`` ->
 ``Preparing`` (the code is fetched from Azurite into a scratch directory, the outputs are
 "mounted": downloaded from their datastore path, and the inputs downloaded) -> ``Running`` (the
@@ -64,7 +72,8 @@ from typing import Any
 from ddlkit.compute.ports import free_ports
 
 from . import ACCOUNT, ACCOUNT_KEY, Azurite
-from .loopback import InterceptingProxy, LoopbackServer, Request, Response, error_body
+from .keyvault import LoopbackKeyVault
+from .loopback import InterceptingProxy, LoopbackServer, Request, Response, error_body, unsigned_token
 
 ARM_PREFIX = (
     r"/subscriptions/(?P<sub>[^/]+)/resourceGroups/(?P<rg>[^/]+)/providers/"
@@ -75,6 +84,14 @@ BLOB_HOST = f"{ACCOUNT}.blob.core.windows.net"
 BLOB_URL = f"https://{BLOB_HOST}"
 DEFAULT_DATASTORE = "workspaceblobstore"
 ARTIFACT_DATASTORE = "workspaceartifactstore"
+#: the compute cluster's managed identity: the claims of the tokens a job run with it gets (its ``oid``)
+MANAGED_IDENTITY_CLAIMS = {
+    "aud": "https://vault.azure.net",
+    "iss": "https://sts.windows.net/00000000-0000-0000-0000-00000000000a/",
+    "tid": "00000000-0000-0000-0000-00000000000a",
+    "oid": "00000000-0000-0000-0000-0000000000c2",
+    "appid": "00000000-0000-0000-0000-0000000000c3",
+}
 #: Azure ML's job states, in the order a job goes through them
 QUEUED, PREPARING, RUNNING, FINALIZING = "Queued", "Preparing", "Running", "Finalizing"
 COMPLETED, FAILED, CANCEL_REQUESTED, CANCELED = "Completed", "Failed", "CancelRequested", "Canceled"
@@ -205,10 +222,17 @@ class LoopbackWorkspace:
                 script.write_text(f'#!/bin/sh\nexec {shlex.quote(str(python))} "$@"\n')
                 script.chmod(0o755)
         self.proxy = InterceptingProxy(server.certificate, {re.escape(BLOB_HOST): ("127.0.0.1", azurite.port)})
+        #: the workspace's key vault (its ``properties.keyVault``), reached through the proxy by its host name
+        self.key_vault = LoopbackKeyVault(server.certificate)
+        #: the secret of each job's managed identity endpoint (``MSI_SECRET``) -> the job's name
+        self._msi_secrets: dict[str, str] = {}
         self._register_routes()
 
     # ------------------------------------------------------------ lifecycle
     def start(self) -> LoopbackWorkspace:
+        self.key_vault.start()
+        vault = (re.compile(re.escape(self.key_vault.host)), ("127.0.0.1", self.key_vault.server.port))
+        self.proxy.upstreams.append(vault)
         self.proxy.start()
         for container in self.datastores.values():
             self._container(container)
@@ -221,6 +245,7 @@ class LoopbackWorkspace:
         for job in list(self.jobs.values()):
             job.done_event.wait(timeout=self.grace_period_s + 10)
         self.proxy.stop()
+        self.key_vault.stop()
 
     def __enter__(self) -> LoopbackWorkspace:
         return self.start()
@@ -351,6 +376,7 @@ class LoopbackWorkspace:
                 "storageAccount": f"/subscriptions/{self.subscription}/resourceGroups/"
                 f"{self.resource_group}/providers/Microsoft.Storage/"
                 f"storageAccounts/{ACCOUNT}",
+                "keyVault": self.key_vault.arm_id,
                 "mlFlowTrackingUri": f"azureml://westeurope.api.azureml.ms/mlflow/v1.0{self.arm_id}",
             },
         }
@@ -488,6 +514,7 @@ class LoopbackWorkspace:
         s.route("GET", r"/loopback/operations/(?P<op>[^/]+)", lambda r, m: Response(200, {"status": "Succeeded"}))
         s.route("GET", "/history/v1.0" + p + r"/runs/(?P<name>[^/]+)/details", arm(self._get_run_details))
         s.route("GET", r"/loopback/logs/(?P<name>[^/]+)/(?P<path>.+)", self._get_log)
+        s.route("GET", r"/loopback/msi/token", self._msi_token)
         s.route("POST", "/history/v1.0" + p + "/rundata", arm(self._get_run_data))
         s.route("POST", "/data/v1.0" + p + "/dataversion/batchGetResolvedUris", arm(self._resolve_data_uris))
 
@@ -641,6 +668,24 @@ class LoopbackWorkspace:
                         "type": entry.get("jobOutputType"),
                     }
         return {"values": values}
+
+    def _msi_token(self, r: Request, m: re.Match[str]) -> Response:
+        """Azure ML's managed identity endpoint (``MSI_ENDPOINT``, API 2017-09-01): a token of the
+        cluster's identity for a process of a job run with it (its ``secret`` header)."""
+        with self._lock:
+            job = self._msi_secrets.get(r.headers.get("secret", ""))
+        if job is None:
+            return Response(401, error_body("Unauthorized", "the secret header is not a running job's"))
+        expires = int(time.time()) + 3600
+        return Response(
+            200,
+            {
+                "access_token": unsigned_token(MANAGED_IDENTITY_CLAIMS, expires),
+                "expires_on": str(expires),
+                "resource": r.param("resource"),
+                "token_type": "Bearer",
+            },
+        )
 
     def _get_log(self, r: Request, m: re.Match[str]) -> Response:
         job = self._job(m)
@@ -807,8 +852,22 @@ class LoopbackWorkspace:
             "AZUREML_ARM_SUBSCRIPTION": self.subscription,
             "AZUREML_ARM_RESOURCEGROUP": self.resource_group,
             **{f"AZURE_ML_{kind[:-1].upper()}_{name}": path for (kind, name), path in paths.items()},
+            # the node's trust store and network: they reach the workspace's key vault (through the proxy)
+            "REQUESTS_CA_BUNDLE": str(self.server.certificate.ca_bundle),
+            "SSL_CERT_FILE": str(self.server.certificate.ca_bundle),
+            **{k: v for k, v in self.environment.items() if k.lower() in ("https_proxy", "no_proxy")},
             **(spec.get("environmentVariables") or {}),
         }
+        if (spec.get("identity") or {}).get("identityType") == "Managed":
+            # a job run as the cluster's managed identity: Azure ML's token endpoint for it
+            secret = uuid.uuid4().hex
+            with self._lock:
+                self._msi_secrets[secret] = job.name
+            env.update(
+                MSI_ENDPOINT=f"{self.server.url}/loopback/msi/token",
+                MSI_SECRET=secret,
+                DEFAULT_IDENTITY_CLIENT_ID=MANAGED_IDENTITY_CLAIMS["appid"],
+            )
         instances = int((spec.get("resources") or {}).get("instanceCount") or 1)
         dist = spec.get("distribution") or {}
         per_node = int(dist.get("processCountPerInstance") or 1)

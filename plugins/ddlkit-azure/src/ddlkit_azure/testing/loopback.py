@@ -85,6 +85,8 @@ __all__ = [
     "install_az",
     "make_certificate",
     "sdk_environment",
+    "token_claims",
+    "unsigned_token",
 ]
 
 #: variables that make ``DefaultAzureCredential`` use another credential than the CLI (service
@@ -209,6 +211,8 @@ class Request:
     time: float = 0.0
     #: whether the server closed the connection without answering it (:meth:`LoopbackServer.drop`)
     dropped: bool = False
+    #: the ``oid`` claim of its bearer token (:func:`token_claims`): who called, None without one
+    principal: str | None = None
 
     def param(self, name: str, default: str | None = None) -> str | None:
         """The first value of query parameter ``name``."""
@@ -306,9 +310,11 @@ class LoopbackServer(_Serving):
 
     Routes are tried newest first, so a test can override a default route by adding another."""
 
-    def __init__(self, certificate: Certificate, *, host: str = "127.0.0.1") -> None:
+    def __init__(self, certificate: Certificate, *, host: str = "127.0.0.1", tls: bool = True) -> None:
         self.certificate = certificate
         self.host = host
+        #: False: plain HTTP, for an upstream of an :class:`InterceptingProxy` (which terminates TLS)
+        self.tls = tls
         self._routes: list[tuple[str, re.Pattern[str], Handler]] = []
         self._log: list[Request] = []
         self._lock = threading.Lock()
@@ -381,14 +387,15 @@ class LoopbackServer(_Serving):
     # ------------------------------------------------------------ serving
     @property
     def url(self) -> str:
-        """``https://127.0.0.1:<port>`` (no trailing slash)."""
-        return f"https://{self.host}:{self.port}"
+        """``https://127.0.0.1:<port>`` (no trailing slash; ``http://`` without TLS)."""
+        return f"{'https' if self.tls else 'http'}://{self.host}:{self.port}"
 
     def _make_server(self) -> ThreadingHTTPServer:
         context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
         context.load_cert_chain(self.certificate.cert_file, self.certificate.key_file)
         httpd = _Server((self.host, 0), _make_handler(self))
-        httpd.socket = context.wrap_socket(httpd.socket, server_side=True)
+        if self.tls:
+            httpd.socket = context.wrap_socket(httpd.socket, server_side=True)
         return httpd
 
 
@@ -427,6 +434,7 @@ def _make_handler(server: LoopbackServer) -> type[BaseHTTPRequestHandler]:
                 data=data,
                 auth_scheme=auth.split(" ", 1)[0] if auth else None,
                 time=time.time(),
+                principal=token_claims(auth.split(" ", 1)[-1]).get("oid") if auth else None,
             )
             if server._dropping(self.command, request.path):
                 server._record(_replace(request, dropped=True))
@@ -620,6 +628,27 @@ def _b64url(data: bytes) -> str:
     return base64.urlsafe_b64encode(data).rstrip(b"=").decode()
 
 
+def unsigned_token(claims: Mapping[str, Any], expires: int) -> str:
+    """An unsigned JWT of ``claims`` expiring at ``expires`` (epoch seconds): what the stand-ins'
+    credentials hand out and the loopback services read the caller from."""
+    return ".".join(
+        [
+            _b64url(json.dumps({"alg": "none", "typ": "JWT"}).encode()),
+            _b64url(json.dumps({**claims, "exp": expires, "iat": int(time.time())}).encode()),
+            _b64url(b"loopback"),
+        ]
+    )
+
+
+def token_claims(token: str) -> dict[str, Any]:
+    """The claims of a token :func:`unsigned_token` made ({} for anything else)."""
+    try:
+        payload = token.split(".")[1]
+        return dict(json.loads(base64.urlsafe_b64decode(payload + "=" * (-len(payload) % 4))))
+    except (IndexError, ValueError):
+        return {}
+
+
 def install_az(
     bin_dir: Path, *, claims: Mapping[str, Any] | None = None, lifetime_s: int = 24 * 3600, error: str | None = None
 ) -> Path:
@@ -634,14 +663,8 @@ def install_az(
     bin_dir = Path(bin_dir)
     bin_dir.mkdir(parents=True, exist_ok=True)
     expires = int(time.time()) + lifetime_s
-    all_claims = {**TOKEN_CLAIMS, **(claims or {}), "exp": expires, "iat": int(time.time())}
-    token = ".".join(
-        [
-            _b64url(json.dumps({"alg": "none", "typ": "JWT"}).encode()),
-            _b64url(json.dumps(all_claims).encode()),
-            _b64url(b"loopback"),
-        ]
-    )
+    all_claims = {**TOKEN_CLAIMS, **(claims or {})}
+    token = unsigned_token(all_claims, expires)
     answer = json.dumps(
         {
             "accessToken": token,
