@@ -267,13 +267,12 @@ def plan(target: AzureMLTarget, spec: JobSpec) -> str:
         f"/subscriptions/{cfg.subscription_id}/resourceGroups/{cfg.resource_group}/providers/"
         f"Microsoft.MachineLearningServices/workspaces/{cfg.workspace}"
     )
-    name = azureml_job_name(spec)[:-6] + "<random>"
+    real = azureml_job_name(spec)  # its random end (6 characters) is drawn again at submission
+    name = real[:-6] + "<random>"
     files = list(LAUNCHER_FILES)  # what the launcher writes into the job directory before it submits
     vault = str(cfg.key_vault or "<the workspace's key vault>")
-    names = {
-        var: secret.replace("RANDOM", "<random>")
-        for var, secret in keyvault.secret_names(name[: -len("<random>")] + "RANDOM", spec.secret_env).items()
-    }
+    prefix = keyvault.secret_prefix(real)[:-6] + "<random>"
+    names = keyvault.secret_names(name, spec.secret_env, prefix=prefix)
     shown = {**spec.env, **keyvault.job_variables(vault, names)}
     build = workspace_build(target)
     environment = Environment(image=str(cfg.image)) if build is None else build.reference

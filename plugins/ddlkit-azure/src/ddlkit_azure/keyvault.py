@@ -56,12 +56,19 @@ def vault_url_of(arm_id: str) -> str | None:
     return f"https://{found['name']}.vault.azure.net" if found else None
 
 
-def secret_names(job_name: str, variables: Iterable[str]) -> dict[str, str]:
-    """{variable: its Key Vault secret's name}: alphanumerics and dashes, unique to the job (its
-    Azure ML name, itself unique in the workspace, then the variable's place and name)."""
+def secret_prefix(job_name: str) -> str:
+    """What the names of a job's secrets start with: its Azure ML name (unique in the workspace) in
+    alphanumerics and dashes, its random end kept when it is shortened."""
     base = _NOT_NAME.sub("-", job_name).strip("-")
     if len(base) > 90:  # the job name's random end keeps it unique
         base = base[:82] + "-" + base[-7:].lstrip("-")
+    return base
+
+
+def secret_names(job_name: str, variables: Iterable[str], *, prefix: str | None = None) -> dict[str, str]:
+    """{variable: its Key Vault secret's name}: alphanumerics and dashes, unique to the job
+    (:func:`secret_prefix`, or ``prefix``), then the variable's place and name."""
+    base = secret_prefix(job_name) if prefix is None else prefix
     return {
         var: f"{base}-{i}-{_NOT_NAME.sub('-', var).strip('-')}"[:_NAME_MAX].rstrip("-")
         for i, var in enumerate(sorted(variables))
