@@ -14,6 +14,7 @@ import re
 import signal
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -515,32 +516,38 @@ def test_a_package_only_in_the_launch_directory_reaches_the_job_as_a_snapshot_up
     ]
 
 
-def test_a_key_vault_that_refuses_the_jobs_identity_is_one_line_and_the_secrets_go(
+@pytest.fixture
+def run_with_a_secret(
     azureml_workspace: LoopbackWorkspace,
     azurite: Azurite,
     fake_image: str,
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    """The cluster's identity has no role on the vault: each rank says so in one line (the vault, the
-    secret, the role to grant) and exits 2 before the worker starts; the launcher still deletes the
-    job's secrets once it has collected the job."""
+) -> Callable[[Path], tuple[subprocess.CompletedProcess, str]]:
+    """``run(job_dir)``: a fake job whose results go to Azurite with a SAS token, the run's one secret;
+    the finished ``ddlkit`` process and the token."""
     monkeypatch.setenv("DDLKIT_PLUGINS", "ddlkit.testing.fakes")
     monkeypatch.setenv("AZURE_STORAGE_ACCOUNT_URL", azurite.account_url)
     sas = azurite.sas_token()
     monkeypatch.setenv("AZURE_STORAGE_SAS_TOKEN", sas)
+
+    def run(job_dir: Path) -> tuple[subprocess.CompletedProcess, str]:
+        args = (*workspace_args(azureml_workspace), *FAKE, fake_image, "storage=azure", "storage.container=results")
+        return ddlkit(*args, f"hydra.run.dir={job_dir}", cwd=tmp_path), sas
+
+    return run
+
+
+def test_a_key_vault_that_refuses_the_jobs_identity_is_one_line_and_the_secrets_go(
+    azureml_workspace: LoopbackWorkspace, run_with_a_secret: Callable, tmp_path: Path
+) -> None:
+    """The cluster's identity has no role on the vault: each rank says so in one line (the vault, the
+    secret, the role to grant) and exits 2 before the worker starts; the launcher still deletes the
+    job's secrets once it has collected the job."""
     vault = azureml_workspace.key_vault
     vault.refuse(MANAGED_IDENTITY_CLAIMS["oid"])
     job_dir = tmp_path / "runs" / "refused"
-    run = ddlkit(
-        *workspace_args(azureml_workspace),
-        *FAKE,
-        fake_image,
-        "storage=azure",
-        "storage.container=results",
-        f"hydra.run.dir={job_dir}",
-        cwd=tmp_path,
-    )
+    run, sas = run_with_a_secret(job_dir)
     out = run.stdout + run.stderr
     assert run.returncode == 2 and "not restarted: a config error" in out, out[-3000:]
     (secret,) = vault.secrets
@@ -562,28 +569,13 @@ def test_a_key_vault_that_refuses_the_jobs_identity_is_one_line_and_the_secrets_
 
 
 def test_secrets_the_vault_will_not_delete_are_one_warning_line(
-    azureml_workspace: LoopbackWorkspace,
-    azurite: Azurite,
-    fake_image: str,
-    tmp_path: Path,
-    monkeypatch: pytest.MonkeyPatch,
+    azureml_workspace: LoopbackWorkspace, run_with_a_secret: Callable, tmp_path: Path
 ) -> None:
     """Deleting the job's secrets once it is collected is best effort: a vault that refuses the
     launcher's delete is one warning line (they expire anyway), and the run succeeds."""
-    monkeypatch.setenv("DDLKIT_PLUGINS", "ddlkit.testing.fakes")
-    monkeypatch.setenv("AZURE_STORAGE_ACCOUNT_URL", azurite.account_url)
-    monkeypatch.setenv("AZURE_STORAGE_SAS_TOKEN", azurite.sas_token())
     vault = azureml_workspace.key_vault
     vault.refuse(TOKEN_CLAIMS["oid"], "DELETE")
-    run = ddlkit(
-        *workspace_args(azureml_workspace),
-        *FAKE,
-        fake_image,
-        "storage=azure",
-        "storage.container=results",
-        f"hydra.run.dir={tmp_path / 'runs' / 'kept'}",
-        cwd=tmp_path,
-    )
+    run, _ = run_with_a_secret(tmp_path / "runs" / "kept")
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     (secret,) = vault.live()
     (azureml_name,) = azureml_workspace.jobs
