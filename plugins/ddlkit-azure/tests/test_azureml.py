@@ -7,9 +7,11 @@ import dataclasses
 import json
 import re
 import shlex
+import socket
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -26,8 +28,9 @@ from ddlkit.interfaces import JOB_FILE, JobSpec, JobState
 from ddlkit.testing.core import Registry, get_plugin_manager
 from ddlkit.testing.registry import LoopbackRegistry
 from ddlkit_azure import rank as rank_entry
-from ddlkit_azure._azureml import place_snapshot
+from ddlkit_azure._azureml import place_snapshot, sdk_uploading
 from ddlkit_azure.azureml import AzureMLConfig, AzureMLTarget
+from ddlkit_azure.testing import ACCOUNT
 from ddlkit_azure.testing.azureml import ARM_PREFIX, BLOB_URL, LoopbackWorkspace
 from ddlkit_azure.testing.loopback import (
     COUNTING_JOB,
@@ -1091,3 +1094,85 @@ def test_a_missing_secret_is_one_line_naming_the_vault_the_secret_and_the_role(
     vault.refuse(TOKEN_CLAIMS["oid"])
     with pytest.raises(keyvault.SecretsError, match="the identity that submits needs the 'Key Vault Secrets Officer'"):
         keyvault.store(vault.url, "ddlkit-job_y-abc123", {"TOKEN": SECRET}, management_credential())
+
+
+# ---------------------------------------------------------------------------- storage that refuses the SDK's uploads
+def submitting(loopback: LoopbackWorkspace, job_dir: Path, *, within_s: float = 120.0) -> BaseException | None:
+    """What a submission raised (None: it submitted); fails the test when it has not ended within ``within_s``
+    (the call goes on in a daemon thread, as a hung SDK would)."""
+    ended: list[BaseException | None] = []
+
+    def submit() -> None:
+        try:
+            submitted(loopback, job_dir, "print('submitted')")
+            ended.append(None)
+        except BaseException as err:  # noqa: BLE001 - the outcome under test
+            ended.append(err)
+
+    thread = threading.Thread(target=submit, daemon=True)
+    thread.start()
+    thread.join(within_s)
+    assert ended, f"the submission of {job_dir.name} had not ended after {within_s:.0f} s"
+    return ended[0]
+
+
+@pytest.mark.parametrize("refusal", ["rotated", "read-only"])
+def test_storage_that_refuses_the_sdks_uploads_is_one_line_not_a_wait(
+    azureml_workspace: LoopbackWorkspace, tmp_path: Path, refusal: str
+) -> None:
+    """The SDK uploads the environment's build context and the job's files itself; with its progress bars
+    off it never read its upload threads' results, and it waited forever for a refused write (`--detach`
+    hung, silently). Refused at the first read (a rotated key) or at the first write (read-only
+    credentials): one line naming the storage account and what to check, for both uploads, and no job
+    created (issue 37, item 19)."""
+    # a build context an earlier test uploaded would be found there (its name is its hash): nothing to upload
+    store = azureml_workspace._service().get_container_client(azureml_workspace.datastores["workspaceblobstore"])
+    for blob in store.list_blobs(name_starts_with="LocalUpload/"):
+        store.delete_blob(blob.name)
+
+    def refuse(on: bool) -> None:
+        azureml_workspace.storage_credentials = refusal if on else "full"  # type: ignore[assignment]
+
+    refuse(True)
+    context = submitting(azureml_workspace, tmp_path / "context")  # the environment's build context first
+    refuse(False)
+    assert submitting(azureml_workspace, tmp_path / "created") is None  # the environment exists from now on
+    refuse(True)
+    files = submitting(azureml_workspace, tmp_path / "files")  # the job's own files, the environment found
+    refuse(False)
+
+    environment = f"creating environment ddlkit-pytorch-cuda:{image_context('pytorch', gpu=True).digest[:16]}"
+    for what, err in (
+        (f"{environment}: uploading its build context: ", context),
+        ("submitting job files: uploading its files: ", files),
+    ):
+        assert isinstance(err, ddlkit.ConfigError), repr(err)
+        message = str(err)
+        assert "\n" not in message and message.startswith(what), message
+        # a bad signature: Azure says AuthenticationFailed, Azurite AuthorizationFailure
+        bad_signature = "AuthenticationFailed|AuthorizationFailure"
+        code = bad_signature if refusal == "rotated" else "AuthorizationPermissionMismatch"
+        assert re.search(rf"the workspace's storage account {ACCOUNT} answered 403 \({code}\)", message), message
+        assert "'Storage Blob Data Contributor' role" in message, message
+    assert len(azureml_workspace.jobs) == 1  # the one submitted while storage answered
+
+
+def test_storage_the_sdk_cannot_reach_is_one_line_naming_the_workspaces_storage(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A storage request that gets no connection (here a proxy that refuses it) is the workspace's
+    storage's, not Azure ML's: through a proxy nothing in the error names the host, so the storage
+    SDK's raising it says so. The SDK's own uploads retry for about a minute first; this one does
+    not (issue 37, item 19)."""
+    from azure.storage.blob import BlobServiceClient
+
+    with socket.socket() as closed:
+        closed.bind(("127.0.0.1", 0))
+        monkeypatch.setenv("HTTPS_PROXY", f"http://127.0.0.1:{closed.getsockname()[1]}")
+    blob = BlobServiceClient(BLOB_URL, credential=SECRET, retry_total=0).get_blob_client("c", "LocalUpload/x")
+    what = "submitting job j: uploading its files"
+    with pytest.raises(ddlkit.ConfigError) as refused, sdk_uploading(what, {"s": SECRET}):
+        blob.upload_blob(b"x")
+    message = str(refused.value)
+    assert message.startswith(f"{what}: no answer from the workspace's storage ("), message
+    assert "Connection refused" in message and "\n" not in message and SECRET not in message, message

@@ -925,15 +925,20 @@ def test_a_stdout_read_that_gives_up_leaves_the_job_running_and_says_how_to_atta
 ) -> None:
     """A dropped read of stdout.txt is retried (no line lost or repeated); reads that give up end the
     following, not the job: it is waited for and judged as any other, and stderr says that it runs on
-    and how to follow it again (issue 37, item 20)."""
+    and how to follow it again (issue 37, item 20). The log is found with listOutputFiles, a POST that
+    only reads: a dropped one is retried as a GET is (azure-core retries no POST that may have been
+    received, unless told)."""
     job_dir = tmp_path / "job"
     job_dir.mkdir()
     (job_dir / "job.json").write_text("{}\n")
     handle = BatchAITarget(config(batchai, ssh_key)).submit(
         ddlkit.JobSpec(name="dropped", job_dir=job_dir, args=("-c", COUNTING_JOB))
     )
+    listing = ARM + r"/experiments/[^/]+/jobs/[^/]+/listOutputFiles"
+    batchai.server.drop("POST", listing, times=1)
     follow_while_dropping(handle.logs(follow=True), batchai.server, r"/[a-z0-9]+/[^/]+/.*/stdout\.txt")
     assert handle.wait(timeout=90).state is JobState.SUCCEEDED
+    assert [r.dropped for r in batchai.server.requests("POST", listing)][:2] == [True, False]
     said = capfd.readouterr().err
     assert f"ddlkit: reading the log (stdout.txt) of job {handle.id}: no answer from Batch AI's file storage" in said
     assert (

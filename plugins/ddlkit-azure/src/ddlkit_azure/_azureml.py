@@ -24,6 +24,7 @@ from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
+from urllib.parse import urlsplit
 
 from azure.ai.ml import (
     Input,
@@ -64,7 +65,15 @@ from ddlkit.redact import REDACTED, scrub
 
 from . import keyvault
 from ._environment import job_environment, workspace_build
-from .arm import error_code, management_credential, missing_scope, no_credential, unreachable
+from .arm import (
+    endpoint_of,
+    error_code,
+    management_credential,
+    missing_scope,
+    network_reason,
+    no_credential,
+    unreachable,
+)
 from .ranged import LogUnreadable, RangedLog, bytes_from, follow_paced, get_with_retries, range_header
 
 if TYPE_CHECKING:
@@ -338,6 +347,7 @@ class Workspace:
     def __init__(self, cfg: AzureMLConfig) -> None:
         self.cfg = cfg
         self._client: MLClient | None = None
+        self._uploader: MLClient | None = None
         self._credential: Any = None
         #: the workspace's ARM resource, once read
         self._resource: Any = None
@@ -352,16 +362,30 @@ class Workspace:
     @property
     def client(self) -> MLClient:
         if self._client is None:
-            c = self.cfg
-            self._client = MLClient(
-                self.credential,
-                str(c.subscription_id),
-                str(c.resource_group),
-                str(c.workspace),
-                enable_telemetry=False,
-                show_progress=False,
-            )
+            self._client = self._ml_client(show_progress=False)
         return self._client
+
+    @property
+    def uploader(self) -> MLClient:
+        """The client for the calls that upload local files to the workspace's storage (a job's
+        files, an environment's build context), under :func:`sdk_uploading`. Its progress bars are
+        on because that is the SDK's one path that reads its upload threads' results: with them
+        off, a refused upload is waited for forever (azure-ai-ml's ``upload_directory`` drops the
+        threads' errors, then loops until every file counts as uploaded)."""
+        if self._uploader is None:
+            self._uploader = self._ml_client(show_progress=True)
+        return self._uploader
+
+    def _ml_client(self, *, show_progress: bool) -> MLClient:
+        c = self.cfg
+        return MLClient(
+            self.credential,
+            str(c.subscription_id),
+            str(c.resource_group),
+            str(c.workspace),
+            enable_telemetry=False,
+            show_progress=show_progress,
+        )
 
     @contextlib.contextmanager
     def errors(
@@ -560,19 +584,85 @@ class Workspace:
                 environment_variables={**spec.env, **keyvault.job_variables(vault, names)},
                 managed_identity=bool(names),
             )
+            what = f"submitting job {spec.name}"
             try:
-                # the SDK prints a colour reset and blank lines to stderr after uploading the code,
-                # whatever show_progress says: they would land among the job's output
-                with (
-                    self.errors(f"submitting job {spec.name}", spec.secret_env),
-                    contextlib.redirect_stderr(io.StringIO()),
-                ):
-                    created = self.client.jobs.create_or_update(job)
+                with self.errors(what, spec.secret_env), sdk_uploading(f"{what}: uploading its files", spec.secret_env):
+                    created = self.uploader.jobs.create_or_update(job)
             except BaseException:
                 if names:
                     self.delete_secrets(name, vault, names)
                 raise
         return str(created.name)
+
+
+@contextlib.contextmanager
+def sdk_uploading(what: str, secrets: Mapping[str, str] | None = None) -> Iterator[None]:
+    """Around a call of :attr:`Workspace.uploader` (the SDK uploads local files to the workspace's
+    storage, then calls Azure ML): the progress bars, and the colour reset and blank lines it prints
+    after an upload whatever ``show_progress`` says, kept off the console (they would land among the
+    job's output); the storage account's refusal or silence one line naming it and what to check,
+    not Azure ML's advice. Azure ML's own answers go on to :meth:`Workspace.errors`."""
+    try:
+        with contextlib.redirect_stderr(io.StringIO()):
+            yield
+    except Exception as err:
+        refused = storage_refusal(what, err, secrets)
+        if refused is None:
+            raise
+        raise refused from None
+
+
+#: a storage account's blob (or Data Lake) endpoint: ``<account>.blob.<the cloud's suffix>``
+_STORAGE_HOST = re.compile(r"^([a-z0-9]{3,24})\.(?:blob|dfs)\.", re.IGNORECASE)
+
+
+def storage_refusal(what: str, err: BaseException, secrets: Mapping[str, str] | None) -> ddlkit.ConfigError | None:
+    """``err`` as one line when a storage account answered it, or did not answer (else None): an
+    answer names its account (its URL); a connection that was not made is the storage's when the
+    storage SDK raised it (through a proxy, nothing in the error names the host). The SDK raises a
+    refusal as it is, or wrapped in a plain ``Exception`` of its own words."""
+    chain: list[BaseException] = []
+    current: BaseException | None = err
+    while current is not None and current not in chain:
+        chain.append(current)
+        current = current.__cause__ or current.__context__
+    for current in chain:
+        if isinstance(current, (ServiceRequestError, ServiceResponseError)) and _raised_by_storage(current):
+            account = _STORAGE_HOST.match(endpoint_of(current) or "")
+            storage = "the workspace's storage" + (f" account {account.group(1)}" if account else "")
+            return ddlkit.ConfigError(
+                f"{what}: no answer from {storage} ({network_reason(current)}), retried and given up: check the "
+                "network to it (proxy, firewall, DNS; a storage account's firewall may admit some networks "
+                "only), then run the command again."
+            )
+        url = getattr(getattr(getattr(current, "response", None), "request", None), "url", None)
+        account = _STORAGE_HOST.match(urlsplit(url).netloc if isinstance(url, str) else "")
+        if not isinstance(current, HttpResponseError) or account is None:
+            continue
+        code = getattr(current, "error_code", None) or error_code(current)
+        code = getattr(code, "value", code)  # the storage SDK's StorageErrorCode, a str enum
+        answer = (
+            f"the workspace's storage account {account.group(1)} answered {current.status_code} "
+            f"({code or _first_line(current, secrets)})"
+        )
+        if current.status_code in (401, 403):
+            return ddlkit.ConfigError(
+                f"{what}: {answer}: the workspace's credential for its default datastore must allow writing (a "
+                "rotated account key: `az ml datastore update`; a SAS token: write, create and list permissions), "
+                "and for an identity-based datastore the signed-in identity needs the 'Storage Blob Data "
+                "Contributor' role on the storage account."
+            )
+        return ddlkit.ConfigError(f"{what}: {answer}.")
+    return None
+
+
+def _raised_by_storage(err: BaseException) -> bool:
+    frame = err.__traceback__
+    while frame is not None:
+        if str(frame.tb_frame.f_globals.get("__name__", "")).startswith("azure.storage."):
+            return True
+        frame = frame.tb_next
+    return False
 
 
 def _first_line(err: BaseException, secrets: Mapping[str, str] | None) -> str:

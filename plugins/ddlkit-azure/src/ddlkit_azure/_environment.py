@@ -81,6 +81,8 @@ def job_environment(workspace: Workspace, target: AzureMLTarget) -> Any:
     from azure.ai.ml.entities import BuildContext, Environment
     from azure.core.exceptions import ResourceExistsError, ResourceNotFoundError
 
+    from ._azureml import sdk_uploading
+
     build = workspace_build(target)
     if build is None:
         ensure_pullable(str(target.cfg.image), refusal_is_final=False)
@@ -97,9 +99,11 @@ def job_environment(workspace: Workspace, target: AzureMLTarget) -> Any:
         file=sys.stderr,
         flush=True,
     )
+    what = f"creating environment {build.name}:{build.version}"
     with (
         tempfile.TemporaryDirectory(prefix="ddlkit-azureml-") as tmp,
-        workspace.errors(f"creating environment {build.name}:{build.version}"),
+        workspace.errors(what),
+        sdk_uploading(f"{what}: uploading its build context"),
     ):
         environment = Environment(
             name=build.name,
@@ -109,7 +113,7 @@ def job_environment(workspace: Workspace, target: AzureMLTarget) -> Any:
             tags={"ddlkit_version": ddlkit.__version__, "sha256": build.context.digest, **build.context.build_args},
         )
         try:
-            workspace.client.environments.create_or_update(environment)
+            workspace.uploader.environments.create_or_update(environment)
         except ResourceExistsError:
             pass  # another launcher created the same version meanwhile: the same files, the same image
     return build.reference

@@ -87,6 +87,8 @@ RENDEZVOUS = (
 #: body keys whose values are secrets in Batch AI's requests
 _SECRET_BODY_KEYS = {"accountKey", "adminUserPassword", "password"}
 _PROGRESS_EVERY_S = 30.0
+#: the methods azure-core retries when a connection drops (its own, and POST for requests that only read)
+_READ_METHODS = frozenset({"HEAD", "GET", "PUT", "DELETE", "OPTIONS", "TRACE", "POST"})
 #: tries of each request to the Azure Files share (ddlkit.storage.retry's back-off: 0.5 s, doubled each time)
 SHARE_ATTEMPTS = 5
 _TAIL_BYTES = 16384
@@ -979,7 +981,13 @@ class Service:
         )
         listed = self._look_up(
             f"listing the files of job {name}",
-            lambda: list(self.client.jobs.list_output_files(rg, ws, self.cfg.experiment, name, options)),
+            # a POST that only reads: retried as a GET is when its connection drops (azure-core
+            # retries no POST that the service may have received, unless told it may)
+            lambda: list(
+                self.client.jobs.list_output_files(
+                    rg, ws, self.cfg.experiment, name, options, retry_on_methods=_READ_METHODS
+                )
+            ),
         )
         return listed or []
 

@@ -52,6 +52,7 @@ Nothing here is ddlkit-specific; tests and the benchmark use it through the real
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import re
@@ -67,7 +68,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from ddlkit.compute.ports import free_ports
 
@@ -201,6 +202,11 @@ class LoopbackWorkspace:
         self.record_lag_s = 0.0
         #: answer a ranged read of a log file 200 with the whole file, as a server that ignores ``Range`` does
         self.ignore_range = False
+        #: the credentials the workspace hands out for its storage (a datastore's secrets, a pending
+        #: upload's SAS): "full"; "rotated" (signed with another key: every request is answered 403
+        #: AuthenticationFailed); "read-only" (a SAS that reads and lists: the first write is answered
+        #: 403 AuthorizationPermissionMismatch)
+        self.storage_credentials: Literal["full", "rotated", "read-only"] = "full"
         self.workspace_id = str(uuid.uuid5(uuid.NAMESPACE_URL, f"{subscription}/{resource_group}/{workspace}"))
         #: datastore name -> Azurite container
         self.datastores = {DEFAULT_DATASTORE: f"azureml-blobstore-{self.workspace_id}", ARTIFACT_DATASTORE: "azureml"}
@@ -333,10 +339,22 @@ class LoopbackWorkspace:
         return generate_container_sas(
             ACCOUNT,
             container,
-            account_key=ACCOUNT_KEY,
-            permission=ContainerSasPermissions(read=True, write=True, list=True, add=True, create=True, delete=True),
+            account_key=self._account_key,
+            permission=ContainerSasPermissions(read=True, list=True)
+            if self.storage_credentials == "read-only"
+            else ContainerSasPermissions(read=True, write=True, list=True, add=True, create=True, delete=True),
             expiry=datetime.now(UTC) + timedelta(hours=2),
         )
+
+    @property
+    def _account_key(self) -> str:
+        rotated = self.storage_credentials == "rotated"
+        return base64.b64encode(b"a rotated key".ljust(64, b"!")).decode() if rotated else ACCOUNT_KEY
+
+    def _datastore_secrets(self, r: Request, m: re.Match[str]) -> dict[str, str]:
+        if self.storage_credentials == "read-only":
+            return {"secretsType": "Sas", "sasToken": self._sas(self.datastores[m["name"]])}
+        return {"secretsType": "AccountKey", "key": self._account_key}
 
     @staticmethod
     def parse_datastore_uri(uri: str) -> tuple[str, str]:
@@ -496,7 +514,7 @@ class LoopbackWorkspace:
         s.route(
             "POST",
             p + r"/datastores/(?P<name>[^/]+)/listSecrets",
-            arm(lambda r, m: {"secretsType": "AccountKey", "key": ACCOUNT_KEY}),
+            arm(self._datastore_secrets),
         )
         s.route("GET", p + r"/codes/(?P<name>[^/]+)/versions", arm(self._list_codes))
         s.route(
