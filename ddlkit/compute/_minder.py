@@ -1,6 +1,6 @@
 """Runs one job's command on this machine and leaves what a launcher needs to find it later.
 
-    python -I -S _minder.py LOG EXIT_FILE CANCEL_FILE DETACHED_FILE GRACE_S STOP_SIGNAL -- COMMAND...
+    python -I -S _minder.py LOG EXIT_FILE CANCEL_FILE DETACHED_FILE GRACE_S STOP_SIGNAL OOM_COUNTER -- COMMAND...
 
 (the files are relative to the working directory, the job directory: :mod:`ddlkit.jobdir` names them)
 
@@ -8,6 +8,9 @@
   pipe to the launcher, so a detached job outlives its launcher;
 * when COMMAND ends, ``{"code": N, "time": T}`` is written to EXIT_FILE (atomically): its exit
   code, negative for a signal, which a process that is not this one's parent cannot learn otherwise;
+  when SIGKILL ended it, ``"oom_killed"`` too: whether OOM_COUNTER (the file that counts the kernel's
+  out-of-memory kills in the memory cgroup COMMAND starts in, ``-`` where none can be read) counted
+  one meanwhile (ddlkit.compute.rank_minder.oom_kill_counter finds it);
 * SIGTERM and SIGINT are passed to COMMAND (it decides how to stop: a ddlkit worker checkpoints),
   after CANCEL_FILE is written: someone stopped the job, which is not restarted;
 * if the launcher that started it dies (even by SIGKILL) before it detached the job (DETACHED_FILE
@@ -56,11 +59,26 @@ def _session_members(sid: int) -> list[int]:
     return members
 
 
-def _write_exit(exit_path: str, code: int, ended: float) -> None:
+def _write_exit(exit_path: str, code: int, ended: float, oom_killed: bool | None = None) -> None:
     tmp = f"{exit_path}.{os.getpid()}.tmp"
     with open(tmp, "w", encoding="utf-8") as f:
-        json.dump({"code": code, "time": ended}, f)
+        json.dump({"code": code, "time": ended, **({} if oom_killed is None else {"oom_killed": oom_killed})}, f)
     os.replace(tmp, exit_path)
+
+
+def oom_kills(counter: str) -> int | None:
+    """The ``oom_kill`` count in ``counter`` (:func:`ddlkit.compute.rank_minder.oom_kill_counter`),
+    None where it cannot be read. Here, for the minder runs on the standard library alone; the rank
+    minder imports it."""
+    try:
+        with open(counter, encoding="utf-8") as f:
+            for line in f:
+                key, _, value = line.partition(" ")
+                if key == "oom_kill":
+                    return int(value)
+    except (OSError, ValueError):
+        return None
+    return None
 
 
 def _guard(done: int, log_path: str, exit_path: str) -> None:
@@ -90,13 +108,15 @@ def _guard(done: int, log_path: str, exit_path: str) -> None:
 
 
 def main(argv: list[str]) -> int:
-    log_path, exit_path, cancel_path, detached_path, grace, stop_signal, sep, *command = argv
+    log_path, exit_path, cancel_path, detached_path, grace, stop_signal, oom_counter, sep, *command = argv
     if sep != "--" or not command:
         print(
-            "usage: python -I _minder.py LOG EXIT_FILE CANCEL_FILE DETACHED_FILE GRACE_S STOP_SIGNAL -- COMMAND...",
+            "usage: python -I _minder.py LOG EXIT_FILE CANCEL_FILE DETACHED_FILE GRACE_S STOP_SIGNAL OOM_COUNTER "
+            "-- COMMAND...",
             file=sys.stderr,
         )
         return 2
+    kills_before = None if oom_counter == "-" else oom_kills(oom_counter)
     launcher = os.getppid()
     # the guard first: from here on, a killed minder does not leave the job running
     done_read, done_write = os.pipe()
@@ -152,7 +172,11 @@ def main(argv: list[str]) -> int:
         os.killpg(child.pid, signal.SIGKILL)
     except (ProcessLookupError, PermissionError):
         pass
-    _write_exit(exit_path, code, ended)
+    oom_killed = None
+    if code == -signal.SIGKILL and kills_before is not None:
+        kills_after = oom_kills(oom_counter)
+        oom_killed = None if kills_after is None else kills_after > kills_before
+    _write_exit(exit_path, code, ended, oom_killed)
     try:
         os.write(done_write, b"x")  # the guard's leave to go
     except OSError:

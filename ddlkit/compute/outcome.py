@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from ..interfaces import JobState, JobStatus
-from ..jobdir import CANCEL_FILE, EXIT_PREEMPTED
+from ..jobdir import CANCEL_FILE, EXIT_OOM_KILLED, EXIT_PREEMPTED
 from .process import describe_exit, log_tail, quoting_tail
 from .rank_exits import RankFailure, first_failure, named_peer, read_records
 
@@ -125,9 +125,9 @@ def judge(
         # ended cleanly, yet a rank never said it did: killed with its minder
         code = code or 1
         what = f"{len(records)} of {world_size} ranks reported an exit"
-    elif code is not None and describe_exit(code) not in reason:
+    elif code is not None and describe_exit(code) not in reason and code != EXIT_OOM_KILLED:
         what = f"the ranks ended with {describe_exit(code)}"
-    elif code is not None:  # the reason says it: "mpirun ended with exit status 1"
+    elif code is not None:  # the reason says it: "mpirun ended with exit status 1", "was killed by the OOM killer"
         what = ""
     else:
         what = "no rank reported how it ended"

@@ -31,7 +31,8 @@ from typing import NamedTuple
 
 from ..atomic import write_text
 from ..interfaces import JobHandle, JobState, JobStatus
-from ..jobdir import CANCEL_FILE, DETACHED_FILE, EXIT_FILE, STATE_DIR
+from ..jobdir import CANCEL_FILE, DETACHED_FILE, EXIT_FILE, EXIT_OOM_KILLED, STATE_DIR
+from .rank_minder import oom_kill_counter
 
 _MINDER = str(Path(__file__).with_name("_minder.py"))
 #: seconds between looks at a log file that is being followed
@@ -106,6 +107,13 @@ _QUOTES = "; last lines of "
 def quoting_tail(headline: str, log: Path | str, lines: Sequence[str]) -> str:
     """A failure message that quotes the last ``lines`` of ``log`` (:func:`log_tail`)."""
     return f"{headline}{_QUOTES}{log}:\n" + "\n".join("    " + line for line in lines)
+
+
+#: what a process the kernel's out-of-memory killer ended did, and what to change
+OOM_KILLED = (
+    "was killed by the out-of-memory killer (its memory cgroup counted an OOM kill); give it more memory or a "
+    "smaller batch (trainer.batch_size)"
+)
 
 
 def _ended_with(code: int) -> str:
@@ -231,6 +239,8 @@ class ProcessJob(JobHandle):
                 DETACHED_FILE,
                 str(grace_period_s),
                 str(int(stop_signal)),
+                # the memory cgroup's OOM-kill counter: the command starts in this process's cgroup
+                oom_kill_counter() or "-",
                 "--",
                 *command,
             ],
@@ -320,7 +330,11 @@ class ProcessJob(JobHandle):
         rules (the command is rank 0 itself; a launcher such as ``mpirun`` says more of its ranks)."""
         from .outcome import Observation, judge  # outcome reads this module's log helpers
 
-        seen = Observation(JobState.SUCCEEDED if code == 0 else JobState.FAILED, code, _ended_with(code))
+        record = self._record() or {}
+        if record.get("oom_killed") is True:  # the minder saw the command's memory cgroup count an OOM kill
+            seen = Observation(JobState.FAILED, EXIT_OOM_KILLED, OOM_KILLED)
+        else:
+            seen = Observation(JobState.SUCCEEDED if code == 0 else JobState.FAILED, code, _ended_with(code))
         return judge(seen, self.job_dir, job="rank 0", world_size=1, log=self.log_path)
 
     def wait(self, timeout: float | None = None) -> JobStatus:

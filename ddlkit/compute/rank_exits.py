@@ -35,7 +35,7 @@ from typing import Any
 
 from ..errors import RankLostError
 from ..jobdir import EXIT_LOST_PEER, EXIT_OOM_KILLED, EXIT_PREEMPTED, RANKS_DIR, rank_record
-from .process import describe_exit, log_tail, quoting_tail
+from .process import OOM_KILLED, describe_exit, log_tail, quoting_tail
 
 #: how a rank that found a peer gone says so (ddlkit.rank's RankLostError): the peer's rank, and
 #: ``did not reach`` or ``stopped answering`` (it went silent) or ``left the job`` (its process ended)
@@ -115,10 +115,7 @@ class RankFailure:
 
     def headline(self) -> str:
         if self.oom_killed:
-            return (
-                f"rank {self.rank} ({self.where()}) was killed by the out-of-memory killer (its memory cgroup "
-                "counted an OOM kill); give it more memory or a smaller batch (trainer.batch_size)"
-            )
+            return f"rank {self.rank} ({self.where()}) {OOM_KILLED}"
         return f"rank {self.rank} ({self.where()}) failed first, with {describe_exit(self.code)}"
 
     def others(self) -> list[str]:

@@ -65,6 +65,7 @@ from collections import deque
 from collections.abc import Mapping, Sequence
 
 from .. import jobdir
+from ._minder import oom_kills
 from .layout import LAYOUT_VARIABLES, LOCAL_RANK_ENV, NODE_ENV
 
 #: lines of a rank's stderr that name an error
@@ -207,19 +208,6 @@ def oom_kill_counter(pid: int | str = "self") -> str | None:
             candidates += [_in_mount(p, r, path, "memory.events") for t, r, p, o in mounts if t == "cgroup2"]
             candidates.append(_in_mount("/sys/fs/cgroup", "/", path, "memory.events"))
     return next((c for c in candidates if c is not None and oom_kills(c) is not None), None)
-
-
-def oom_kills(counter: str) -> int | None:
-    """The ``oom_kill`` count in ``counter`` (:func:`oom_kill_counter`), None where it cannot be read."""
-    try:
-        with open(counter, encoding="utf-8") as f:
-            for line in f:
-                key, _, value = line.partition(" ")
-                if key == "oom_kill":
-                    return int(value)
-    except (OSError, ValueError):
-        return None
-    return None
 
 
 def _describe(code: int) -> str:

@@ -1,9 +1,10 @@
 """A rank the kernel's out-of-memory killer ends is not a lost node (issue 37, item 10): a real job on
-compute=local_mpi, 2 ranks, run inside a cgroup v1 memory group of its own whose limit is a few hundred
-MiB above what the job needs; rank 1 then allocates past it and the kernel kills it (SIGKILL, as a lost
-node's rank would die). The rank's minder reads the group's ``oom_kill`` counter, its exit record says
-so, and ``judge`` ends the job for good: non-zero, the out-of-memory headline, no restart used although
-``restart.max_restarts`` allows two. Before, the job was restarted twice, OOM-killed each time."""
+compute=local_mpi, 2 ranks (and on compute=local, 1), run inside a cgroup v1 memory group of its own
+whose limit is a few hundred MiB above what the job needs; rank 1 then allocates past it and the kernel
+kills it (SIGKILL, as a lost node's rank would die). The rank's minder reads the group's ``oom_kill``
+counter, its exit record says so, and ``judge`` ends the job for good: non-zero, the out-of-memory
+headline, no restart used although ``restart.max_restarts`` allows two. Before, the job was restarted
+twice, OOM-killed each time."""
 
 from __future__ import annotations
 
@@ -154,10 +155,29 @@ def test_the_minder_records_the_oom_killers_verdict_and_judge_ends_the_job_for_g
 @pytest.mark.extras
 @pytest.mark.skipif(shutil.which("mpirun") is None, reason="needs OpenMPI's mpirun (compute=local_mpi)")
 def test_a_rank_killed_by_the_oom_killer_is_not_restarted(tmp_path: Path, memory_group: Path) -> None:
+    said, job_dir = _oom_killed_job(tmp_path, memory_group, JOB)
+    record = json.loads((job_dir / ".ranks" / "rank-1.json").read_text())
+    assert (record["code"], record.get("oom_killed")) == (-signal.SIGKILL, True), record
+    assert "rank 1 (node 0)" in said and "was killed by the out-of-memory killer" in said, said
+
+
+@pytest.mark.slow
+def test_a_local_job_killed_by_the_oom_killer_is_not_restarted(tmp_path: Path, memory_group: Path) -> None:
+    """compute=local: the job's minder (the standard library's alone) reads the same counter."""
+    local = tuple(o for o in JOB if not o.startswith(("compute", "dist=", "framework.hold_rank")))
+    said, job_dir = _oom_killed_job(tmp_path, memory_group, ("compute=local", *local))
+    record = json.loads((job_dir / ".ddlkit" / "exit.json").read_text())
+    assert (record["code"], record.get("oom_killed")) == (-signal.SIGKILL, True), record
+    assert "rank 0 was killed by the out-of-memory killer" in said, said
+
+
+def _oom_killed_job(tmp_path: Path, memory_group: Path, overrides: tuple[str, ...]) -> tuple[str, Path]:
+    """A job of ``overrides`` run in ``memory_group`` (limited): one OOM kill counted, the job ended
+    EXIT_OOM_KILLED and not restarted. What it said, and its directory."""
     _limit(memory_group, LIMIT)
     job_dir = tmp_path / "job"
     env = {**os.environ, "DDLKIT_PLUGINS": "ddlkit.testing.fakes"}
-    command = [sys.executable, "-m", "ddlkit", *JOB, f"hydra.run.dir={job_dir}"]
+    command = [sys.executable, "-m", "ddlkit", *overrides, f"hydra.run.dir={job_dir}"]
     done = subprocess.run(
         _in_group(memory_group, command), cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300
     )
@@ -165,9 +185,7 @@ def test_a_rank_killed_by_the_oom_killer_is_not_restarted(tmp_path: Path, memory
     oom_kills = (memory_group / "memory.oom_control").read_text()
     assert "oom_kill 1\n" in oom_kills, f"not one OOM kill in the job's group: {oom_kills}\n{said}"
     assert done.returncode == EXIT_OOM_KILLED, said
-    record = json.loads((job_dir / ".ranks" / "rank-1.json").read_text())
-    assert (record["code"], record.get("oom_killed")) == (-signal.SIGKILL, True), record
-    assert "rank 1 (node 0)" in said and "was killed by the out-of-memory killer" in said, said
     assert "restart 1/2" not in said, said
     submission = json.loads((job_dir / ".ddlkit" / "submission.json").read_text())
     assert (submission["state"], submission.get("restarts", [])) == ("failed", []), submission
+    return said, job_dir

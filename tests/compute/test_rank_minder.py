@@ -24,8 +24,8 @@ import json, sys
 from ddlkit.compute import rank_minder as minder
 minder.forward_signals()
 loaded = sorted(m for m in sys.modules if m.split(".")[0] in ("ddlkit", "omegaconf", "pluggy", "hydra", "yaml"))
-assert loaded == ["ddlkit", "ddlkit._version", "ddlkit.compute", "ddlkit.compute.layout", "ddlkit.compute.rank_minder",
-                  "ddlkit.jobdir"], loaded
+assert loaded == ["ddlkit", "ddlkit._version", "ddlkit.compute", "ddlkit.compute._minder", "ddlkit.compute.layout",
+                  "ddlkit.compute.rank_minder", "ddlkit.jobdir"], loaded
 sys.exit(minder.run(sys.argv[2:], **json.loads(sys.argv[1])))
 """
 LAYOUT = {"DDLKIT_NODE": "1", "DDLKIT_LOCAL_RANK": "0", "DDLKIT_LOCAL_SIZE": "2"}
