@@ -523,28 +523,27 @@ def test_max_requeues_zero_stops_with_a_checkpoint(slurm_cluster: str, run_facto
 
 
 @pytest.mark.slow
-def test_time_limit_without_checkpoint_says_so(slurm_cluster: str, tmp_path: Path) -> None:
-    """No warning signal (signal_before_s=0): Slurm ends the job at its time limit (1 minute)."""
-    target = slurm_target(time="1", signal_before_s=0)
+def test_a_time_limit_is_said_whether_or_not_the_ranks_end_before_the_batch_shell_hears_it(
+    slurm_cluster: str, tmp_path: Path
+) -> None:
+    """Two jobs at once, each with Slurm's shortest time limit (1 minute: they share the wait).
+
+    Without a warning signal (signal_before_s=0), Slurm ends the job at its time limit: the job ran
+    out of time without a checkpoint, and what to change is named.
+
+    At the time limit Slurm signals the ranks' step and the batch shell; when srun ends first, the
+    script writes its exit record (srun's status, 143) before its own SIGTERM arrives, as it does after
+    any failure. A batch script that does just that: the job still ran out of time, and says so."""
     job_dir = tmp_path / "timeout"
     job_dir.mkdir()
     (job_dir / "job.json").write_text("{}")
-    handle = target.submit(JobSpec(name="timeout", job_dir=job_dir, args=("-c", "import time; time.sleep(600)")))
-    status = handle.wait(timeout=200)
-    assert status.state is JobState.FAILED, status
-    assert "ran out of time" in status.message and "without saving a checkpoint" in status.message, status.message
-    assert "compute.signal_before_s" in status.message
-    assert settled_state(handle.id) == "TIMEOUT"
+    limited = slurm_target(time="1", signal_before_s=0).submit(
+        JobSpec(name="timeout", job_dir=job_dir, args=("-c", "import time; time.sleep(600)"))
+    )
 
-
-@pytest.mark.slow
-def test_time_limit_is_said_when_the_ranks_end_before_the_batch_shell_hears_it(
-    slurm_cluster: str, tmp_path: Path
-) -> None:
-    """At the time limit Slurm signals the ranks' step and the batch shell; when srun ends first, the
-    script writes its exit record (srun's status, 143) before its own SIGTERM arrives, as it does after
-    any failure. A batch script that does just that: the job still ran out of time, and says so."""
-    script = tmp_path / "ends-first.sbatch"
+    ends_first = tmp_path / "ends-first"
+    ends_first.mkdir()
+    script = ends_first / "ends-first.sbatch"
     script.write_text(
         "#!/bin/bash\n"
         f"mkdir -p {Path(EXIT_RECORD).parent}\n"
@@ -554,13 +553,20 @@ def test_time_limit_is_said_when_the_ranks_end_before_the_batch_shell_hears_it(
         "wait\n"
     )
     job_id = subprocess.run(
-        ["sbatch", "--parsable", "--time=1", f"--chdir={tmp_path}", "--output=slurm.log", str(script)],
+        ["sbatch", "--parsable", "--time=1", f"--chdir={ends_first}", "--output=slurm.log", str(script)],
         capture_output=True,
         text=True,
         check=True,
     ).stdout.strip()
-    handle = slurm_target().attach(job_id, job_dir=tmp_path)
-    wait_for(lambda: (tmp_path / EXIT_RECORD).exists(), "the time limit", timeout=200, pace=SLURM_PACE)
+
+    status = limited.wait(timeout=200)
+    assert status.state is JobState.FAILED, status
+    assert "ran out of time" in status.message and "without saving a checkpoint" in status.message, status.message
+    assert "compute.signal_before_s" in status.message
+    assert settled_state(limited.id) == "TIMEOUT"
+
+    handle = slurm_target().attach(job_id, job_dir=ends_first)
+    wait_for(lambda: (ends_first / EXIT_RECORD).exists(), "the time limit", timeout=60, pace=SLURM_PACE)
     status = handle.wait(timeout=60)
     assert (status.state, status.exit_code) == (JobState.FAILED, 143), status
     assert status.message.startswith(f"Slurm job {job_id} ran out of time (time limit 00:01:00) without saving"), (
