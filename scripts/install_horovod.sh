@@ -4,6 +4,8 @@
 # install it. Needed only for `dist=horovod`; `dist=native` needs nothing.
 #
 #   scripts/install_horovod.sh            # build (or reuse the cached wheel) and install
+#   scripts/install_horovod.sh --build-only   # build the wheel into the cache, install nothing (CI builds
+#                                         # while other packages are installed, then installs it)
 #   DDLKIT_HOROVOD_CACHE=/some/dir ...    # where wheels are cached (default ~/.cache/ddlkit/horovod)
 #   DDLKIT_HOROVOD_WHEEL=/path/horovod-0.28.1-....whl ...   # install this wheel, built by this script
 #                                         # elsewhere (an image build gets the host's cached one): no build
@@ -27,6 +29,12 @@
 set -euo pipefail
 
 HOROVOD_VERSION=0.28.1
+build_only=0
+case "${1:-}" in
+    "") ;;
+    --build-only) build_only=1 ;;
+    *) echo "install_horovod: unknown option $1 (the one option: --build-only)" >&2; exit 2 ;;
+esac
 CACHE_ROOT="${DDLKIT_HOROVOD_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/ddlkit/horovod}"
 PY="${PYTHON:-python}"
 
@@ -102,6 +110,10 @@ elif [[ -z "$wheel" ]]; then
     wheel="$(ls "$cache_dir"/horovod-"$HOROVOD_VERSION"-*.whl | head -n1)"
 else
     echo "install_horovod: reusing cached $wheel"
+fi
+if [[ "$build_only" -eq 1 ]]; then
+    echo "install_horovod: $wheel is ready (not installed: --build-only; run again without it to install)"
+    exit 0
 fi
 
 # --no-deps for horovod itself (its pins are loose); its runtime deps are small and listed here
