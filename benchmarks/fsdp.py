@@ -47,7 +47,8 @@ job and the share of the machine's CPU time that other processes took while the 
     python benchmarks/fsdp.py [--rounds 3 --large-rounds 1 --steps 8 --image-size 32 --batch 8] [--quick]
 
 Writes ``benchmarks/results/fsdp.json`` and ``fsdp.png``; ``--quick`` (1 round, ViT-B/16 only, a few
-steps) writes ``fsdp-smoke.json`` and ``.png`` instead.
+steps) writes ``fsdp-smoke.json`` and ``.png`` instead. ``--large-only --large-rounds 3`` runs ViT-L/16's
+rounds alone (about 15 minutes each here) and merges them into ``fsdp.json``.
 """
 
 from __future__ import annotations
@@ -251,11 +252,21 @@ def main() -> None:
     ap.add_argument("--image-size", type=int, default=32)
     ap.add_argument("--batch", type=int, default=8)
     ap.add_argument("--quick", action="store_true", help="a smoke run: 1 round, ViT-B/16 only, a few steps")
+    ap.add_argument(
+        "--large-only",
+        action="store_true",
+        help="only ViT-L/16's --large-rounds, merged into the last fsdp.json (its ViT-B/16 rows, hand-written "
+        "loop and checkpoint stall kept, with their own date and load)",
+    )
     args = ap.parse_args()
     if args.quick:
         args.rounds, args.large_rounds, args.steps, args.warmup, args.checkpoint_steps = 1, 0, 4, 1, 7
     shape = {"steps": args.steps, "batch": args.batch, "image_size": args.image_size, "warmup": args.warmup}
     models = {"vit_b_16": args.rounds, **({"vit_l_16": args.large_rounds} if args.large_rounds else {})}
+    if args.large_only:
+        if args.large_rounds < 1 or not (RESULTS / "fsdp.json").exists():
+            ap.error("--large-only needs --large-rounds 1 or more and a benchmarks/results/fsdp.json to merge into")
+        models = {"vit_l_16": args.large_rounds}
     ips: dict[str, dict[str, list[float]]] = {m: {v: [] for v in VARIANTS} for m in models}
     peak: dict[str, dict[str, list[float]]] = {m: {v: [] for v in VARIANTS} for m in models}
     hand: list[dict[str, Any]] = []
@@ -379,6 +390,9 @@ def main() -> None:
                 statistics.median(ips[model]["fsdp+ac"]) / statistics.median(ips[model]["native"]), 3
             ),
         }
+    if args.large_only:
+        merge_large(args, throughput, memory, cpu, loads, failures, started)
+        return
     throughput["vit_b_16"]["hand-written"] = {
         "images_per_sec": summary([h["images_per_sec"] for h in hand]),
         "peak_memory_mib": summary([h["peak_memory_mib"] for h in hand]),
@@ -467,6 +481,49 @@ def main() -> None:
     )
     print(f"others' CPU share {cpu['others_share']}; quiet={payload['quiet']}")
     print(f"-> {path}")
+
+
+def merge_large(
+    args: argparse.Namespace,
+    throughput: dict[str, Any],
+    memory: dict[str, Any],
+    cpu: dict[str, float],
+    loads: list[dict[str, Any]],
+    failures: list[dict[str, str]],
+    started: datetime.datetime,
+) -> None:
+    """ViT-L/16's rows of a ``--large-only`` run into the last ``fsdp.json``: its own date, rounds, CPU
+    share and loads under ``vit_l_16_run``; the rest of the file as it was."""
+    payload = json.loads((RESULTS / "fsdp.json").read_text())
+    payload["throughput"]["vit_l_16"] = throughput["vit_l_16"]
+    payload["memory"]["vit_l_16"] = memory["vit_l_16"]
+    payload["goals_met"]["model_state_ratio_le_0.6"]["vit_l_16"] = (
+        memory["vit_l_16"]["model_state_ratio_fsdp_over_native"] <= 0.6
+    )
+    payload["config"]["large_rounds"] = args.large_rounds
+    payload["vit_l_16_run"] = {
+        "date": started.date().isoformat(),
+        "rounds": args.large_rounds,
+        "quiet": args.large_rounds >= 3 and cpu["others_share"] <= 0.10,
+        "cpu": cpu,
+        "load_1m": {"max": max(x["load_1m_before"] for x in loads), "per_job": loads},
+        "failures": failures,
+    }
+    path = write_result("fsdp", payload)
+    rounds = payload["config"]["rounds"]
+    plot(
+        payload["throughput"],
+        RESULTS / "fsdp.png",
+        f"dist=native vs fsdp, 2 ranks x 1 thread, gloo, {args.image_size} px, batch {args.batch}/rank, AdamW; "
+        f"medians of {rounds} (ViT-B) / {args.large_rounds} (ViT-L) rounds",
+    )
+    for v, res in throughput["vit_l_16"].items():
+        print(
+            f"vit_l_16 {v:12s} {res['images_per_sec']['median']:7.2f} images/s  "
+            f"peak {res['peak_memory_mib']['median']:7.0f} MiB"
+        )
+    print(f"vit_l_16 {json.dumps(memory['vit_l_16'])}")
+    print(f"others' CPU share {cpu['others_share']}; quiet={payload['vit_l_16_run']['quiet']} -> {path}")
 
 
 if __name__ == "__main__":
