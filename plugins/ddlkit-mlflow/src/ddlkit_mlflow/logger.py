@@ -34,9 +34,10 @@
   and sent and waited for at each checkpoint and when the job ends, so a job killed and resumed
   from its checkpoint has every step up to it in the run. Measured (`benchmarks/mlflow_overhead.py`:
   ResNet-18 at 32 px on the CPU, every step logged, a tracking server on the same machine, 5 rounds,
-  quiet): images/sec 0.3 % below `logger=[console]` (0.7 % with `async_logging=false`); the
-  process's CPU per image 3 % above it (0.4 % synchronous): the background sender's work, which
-  a core with nothing else to do absorbs.
+  quiet): images/sec 0.3 % below `logger=[console]` as the ratio of the medians, 1.1 % as the
+  median of the rounds' ratios (0.7 % and 1.0 % with `async_logging=false`); the process's CPU per
+  image 3 % above it (0.4 % synchronous): the background sender's work, which a core with nothing
+  else to do absorbs.
 - **Artifacts**: `result.json` when the job completed; `logger.mlflow.log_model=true` also uploads
   `model.*` (the trained weights, so `trainer.save_model=true`) under `model/`.
 - **Tags**: `ddlkit.job` (the job's name), `ddlkit.job_dir`, `ddlkit.compute`, `ddlkit.framework`,
