@@ -68,8 +68,8 @@ def _write_exit(exit_path: str, code: int, ended: float, oom_killed: bool | None
 
 def oom_kills(counter: str) -> int | None:
     """The ``oom_kill`` count in ``counter`` (:func:`ddlkit.compute.rank_minder.oom_kill_counter`),
-    None where it cannot be read. Here, for the minder runs on the standard library alone; the rank
-    minder imports it."""
+    None where it cannot be read. Defined here because this minder runs on the standard library
+    alone; the rank minder imports it from here."""
     try:
         with open(counter, encoding="utf-8") as f:
             for line in f:

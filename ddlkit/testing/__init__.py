@@ -29,8 +29,9 @@ choose a framework, so a run needs no deep-learning library and takes a fraction
 in-process, about two seconds through the CLI. Helpers for your own fixtures: :func:`add_plugin`,
 :func:`compose` and :func:`make_run`. For tests of jobs that run in other processes:
 :func:`wait_for` (until a log line, a file or a state appears), :func:`hold` (where nothing is
-to happen for a while) and :func:`alive`. For a framework's ``dist=horovod`` checks:
-:func:`horovod_at` (which Horovod, built with which bindings, ``import horovod`` finds).
+to happen for a while), :func:`alive`, and :func:`rank_rows` (the rank table of ``ddlkit jobs
+status``). For a framework's ``dist=horovod`` checks: :func:`horovod_at` (which Horovod, built
+with which bindings, ``import horovod`` finds).
 Contract suites for the five interfaces are in :mod:`ddlkit.testing.contracts`; multi-rank
 jobs under ``mpirun`` in :mod:`ddlkit.testing.multirank`; a rank's real exit record (under the
 rank minder, for tests of how a job ended) in :mod:`ddlkit.testing.ranks`; a loopback container registry (the OCI
@@ -44,6 +45,7 @@ import importlib.util
 import itertools
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -90,6 +92,7 @@ __all__ = [
     "hook_recorder",
     "interruptible",
     "make_run",
+    "rank_rows",
     "run_factory",
     "run_inprocess",
     "wait_for",
@@ -345,6 +348,16 @@ def interruptible() -> None:
 
 # ---------------------------------------------------------------------------- other processes
 _T = TypeVar("_T")
+
+
+#: a row of the rank table ``ddlkit jobs status`` prints: rank, node, host, images/sec, data wait, sync wait
+_RANK_ROW = re.compile(r"^\s+(\d+)\s+(\d+)\s+\S+\s+([\d.]+)\s+(\d+)%\s+(\d+)%", re.M)
+
+
+def rank_rows(status: str) -> list[tuple[str, str, str, str, str]]:
+    """The rows of the rank table in ``ddlkit jobs status``'s output ``status``: (rank, node,
+    images/sec, data wait %, sync wait %) each, as printed; [] where it shows none."""
+    return _RANK_ROW.findall(status)
 
 
 def wait_for(

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING
 import pytest
 
 from ddlkit.compute.containers import image_context
-from ddlkit.testing import interruptible, wait_for
+from ddlkit.testing import interruptible, rank_rows, wait_for
 from ddlkit.testing.registry import LoopbackRegistry
 from ddlkit_azure.testing import Azurite
 from ddlkit_azure.testing.azureml import BLOB_HOST, DEFAULT_DATASTORE, MANAGED_IDENTITY_CLAIMS, LoopbackWorkspace
@@ -208,15 +208,20 @@ def test_a_training_run_end_to_end(
 def test_detach_then_status_logs_attach_and_cancel(
     azureml_workspace: LoopbackWorkspace, fake_image: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    """A detached 2-rank job: `jobs status` says it runs and shows each rank's rate and waits, read
+    from rank 0's telemetry.json in the job's output on its datastore (issue 42); `jobs attach`
+    follows it and Ctrl-C leaves it running; `jobs cancel` stops it after a checkpoint."""
     monkeypatch.setenv("DDLKIT_PLUGINS", "ddlkit.testing.fakes")
     job_dir = tmp_path / "long"
     submit = ddlkit(
         "--detach",
-        *workspace_args(azureml_workspace),
+        *workspace_args(azureml_workspace, "compute.nodes=2"),
         *FAKE,
         fake_image,
+        "dist=native",
         "framework.step_delay_s=0.2",
         "data.length=2000",
+        "trainer.log_every=1",
         f"hydra.run.dir={job_dir}",
         cwd=tmp_path,
     )
@@ -234,6 +239,14 @@ def test_detach_then_status_logs_attach_and_cancel(
 
     status = ddlkit("jobs", "status", name, cwd=tmp_path)
     assert "state:     running" in status.stdout, status.stdout + status.stderr
+    rows = wait_for(
+        lambda: rank_rows(ddlkit("jobs", "status", name, cwd=tmp_path).stdout),
+        "a rank table in `ddlkit jobs status` of the running job",
+        timeout=120,
+        pace=1,
+    )
+    assert [row[0] for row in rows] == ["0", "1"], rows  # the loopback's two nodes are this machine
+    assert not (job_dir / "result.json").exists() and job.state == "Running"
     # attach streams the job from its start; Ctrl-C (SIGINT) detaches, the job runs on
     attach = subprocess.Popen(
         [sys.executable, "-m", "ddlkit", "jobs", "attach", name],

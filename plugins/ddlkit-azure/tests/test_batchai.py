@@ -28,7 +28,7 @@ from ddlkit import ConfigError, JobState
 from ddlkit.compute.containers import default_image, release_frameworks
 from ddlkit.compute.ports import free_ports
 from ddlkit.compute.snapshot import CodeSnapshot
-from ddlkit.testing import RunFactory, wait_for
+from ddlkit.testing import RunFactory, rank_rows, wait_for
 from ddlkit.testing.contracts import ComputeTargetContract
 from ddlkit.testing.registry import LoopbackRegistry
 from ddlkit_azure.batchai import (
@@ -447,10 +447,13 @@ def test_plan_names_where_the_code_snapshot_goes(
 def test_states_logs_cancel_and_ddlkit_jobs(
     batchai: BatchAILoopback, ssh_key: Path, run_factory: RunFactory, tmp_path: Path
 ) -> None:
+    """A detached 2-rank job: its states, rank 0's log as it comes, `jobs status` with each rank's
+    rate and waits while it runs (rank 0's telemetry.json read from the file share, issue 42), and
+    `jobs cancel`."""
     batchai.queue_s = 2.0
     job_dir = tmp_path / "job"
-    args = cli_args(batchai, ssh_key, fake_image(batchai))
-    out = run_factory("--detach", *args, "framework.step_delay_s=0.3", job_dir=job_dir)
+    args = cli_args(batchai, ssh_key, fake_image(batchai), "compute.procs_per_node=2", "dist=native")
+    out = run_factory("--detach", *args, "framework.step_delay_s=0.3", "trainer.log_every=1", job_dir=job_dir)
     out.assert_success()
     job_id = json.loads((job_dir / ".ddlkit" / "submission.json").read_text())["id"]
     handle = BatchAITarget(config(batchai, ssh_key)).attach(job_id, job_dir=job_dir)
@@ -470,6 +473,14 @@ def test_states_logs_cancel_and_ddlkit_jobs(
         if "step" in seen:
             break
     assert "step" in seen, seen
+    rows = wait_for(
+        lambda: rank_rows(run_factory.cli("jobs", "status", str(job_dir)).assert_success().stdout),
+        "a rank table in `ddlkit jobs status` of the running job",
+        timeout=60,
+        pace=1,
+    )
+    assert [row[:2] for row in rows] == [("0", "0"), ("1", "0")], rows
+    assert not (job_dir / "result.json").exists()
     cancel = run_factory.cli("jobs", "cancel", str(job_dir), timeout=90)
     cancel.assert_success()
     assert "cancelled" in cancel.stdout and "resume with: ddlkit" in cancel.stdout, cancel.output

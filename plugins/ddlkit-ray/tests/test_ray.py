@@ -22,7 +22,7 @@ import pytest
 
 import ddlkit
 from ddlkit import JobSpec
-from ddlkit.testing import FAKES_MODULE, RunFactory, interruptible, wait_for
+from ddlkit.testing import FAKES_MODULE, RunFactory, interruptible, rank_rows, wait_for
 from ddlkit.testing.contracts import ComputeTargetContract
 from ddlkit.testing.core import PLANNED_WORLD_SIZE_ENV, checkpoint_step, latest_checkpoint, verify
 from ddlkit.testing.elastic import assert_every_sample_once, restarts
@@ -94,8 +94,6 @@ class TestRayContract(ComputeTargetContract):
         return ray_target(ray_cluster.address, nodes=2)  # a rank on each of the cluster's two nodes
 
 
-#: a row of the rank table `ddlkit jobs status` prints: rank, node, host, images/s, data wait, sync wait
-RANK_ROW = re.compile(r"^\s+(\d)\s+(\d)\s+\S+\s+([\d.]+)\s+(\d+)%\s+(\d+)%", re.M)
 #: a job that lasts: the fake framework sleeps this long per step (80 steps by default)
 SLOW = ("framework.step_delay_s=0.25",)
 
@@ -341,7 +339,7 @@ def test_each_nodes_telemetry_traces_and_one_mlflow_run_come_back(ray_cluster, r
     telemetry = assert_every_rank_seen(job_dir)
     assert [r["node"] for r in telemetry["ranks"]] == [0, 1], telemetry
     status = run_factory.cli("jobs", "status", str(job_dir)).assert_success().stdout
-    assert [row[:2] for row in RANK_ROW.findall(status)] == [("0", "0"), ("1", "1")], status
+    assert [row[:2] for row in rank_rows(status)] == [("0", "0"), ("1", "1")], status
 
 
 @pytest.mark.slow
@@ -571,7 +569,7 @@ def test_cancel_checkpoints_and_the_checkpoint_comes_back(ray_cluster, run_facto
     # while it runs, `jobs status` shows each rank's rate and waits as rank 0 wrote them on its node: the
     # driver publishes them every compute.sync_interval_s (issue 42)
     rows = wait_for(
-        lambda: RANK_ROW.findall(run_factory.cli("jobs", "status", str(job_dir)).assert_success().stdout),
+        lambda: rank_rows(run_factory.cli("jobs", "status", str(job_dir)).assert_success().stdout),
         "a rank table in `ddlkit jobs status` of the running job",
         pace=1,
     )

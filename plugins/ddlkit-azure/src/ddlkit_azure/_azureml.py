@@ -37,6 +37,7 @@ from azure.ai.ml import (
 from azure.ai.ml.entities import Environment, ManagedIdentityConfiguration
 from azure.ai.ml.exceptions import JobException, MlException
 from azure.core.exceptions import (
+    AzureError,
     ClientAuthenticationError,
     HttpResponseError,
     ResourceNotFoundError,
@@ -45,6 +46,7 @@ from azure.core.exceptions import (
 )
 
 import ddlkit
+from ddlkit.atomic import replace_text
 from ddlkit.compute.containers import horovod_image_note
 from ddlkit.compute.layout import LOCAL_SIZE_ENV, NODE_ENV
 from ddlkit.compute.outcome import Observation
@@ -59,9 +61,10 @@ from ddlkit.jobdir import (
     JOB_FILE,
     OVERRIDES_FILE,
     STATE_DIR,
+    TELEMETRY_FILE,
     rank_log,
 )
-from ddlkit.redact import REDACTED, scrub
+from ddlkit.redact import REDACTED, redact_text, scrub
 
 from . import keyvault
 from ._environment import job_environment, workspace_build
@@ -115,6 +118,9 @@ TERMINAL = ("Completed", "Failed", "Canceled")
 #: (azure.ai.ml's ``user_logs/std_log[\D]*[0]*(?:_ps)?\.txt`` for rank 0)
 _RANK_LOG = re.compile(r"^user_logs/std_log(?:_process_(\d+))?\.txt$")
 _EXIT = re.compile(r"exited with (?:status )?code (-?\d+)")
+#: where a job's output is: its datastore and path (``azureml://datastores/<name>/paths/<path>``, or
+#: the same below the workspace's ARM id, as Azure ML may give it back)
+_OUTPUT_PATH = re.compile(r"datastores/(?P<datastore>[^/]+)/paths/(?P<path>[^?#]*)$")
 #: ARM's codes for a resource that does not exist, or whose parent does not
 _NOT_FOUND_CODES = ("ResourceNotFound", "ParentResourceNotFound")
 #: how long collect waits, once run history says the job ended, for the job's record (a separate
@@ -470,29 +476,51 @@ class Workspace:
                 f"--max-instances {c.nodes})."
             )
 
-    def upload_snapshot(self, target: AzureMLTarget, spec: JobSpec) -> None:
-        """The job's code snapshot (``code/`` and ``code.json`` of its directory) to
-        ``<compute.code_root>/<digest>/``, unless that digest's ``code.json`` is there: it is
-        uploaded last, so its presence says every file before it arrived. The same route as the
-        SDK's uploads of a job's local inputs: the datastore's own credential (a SAS it issues, or
-        the signed-in identity for an identity-based datastore)."""
+    def _datastore(self, name: str, what: str, secrets: Mapping[str, str] | None = None) -> tuple[Any, str]:
+        """A client of datastore ``name``'s container, with the datastore's own credential (a SAS it
+        issues, or the signed-in identity for an identity-based datastore: the route of the SDK's
+        uploads of a job's local inputs), and the datastore's type."""
         from azure.ai.ml._artifacts._artifact_utilities import get_datastore_info
         from azure.storage.blob import BlobServiceClient
 
+        with self.errors(what, secrets):
+            info = get_datastore_info(self.client.datastores, name)
+        service = BlobServiceClient(account_url=info["account_url"], credential=info["credential"])
+        return service.get_container_client(info["container_name"]), info["storage_type"]
+
+    def read_output(self, job_id: str, name: str) -> bytes | None:
+        """The file ``name`` of the job's output (its directory) as the output's datastore holds it
+        now; None when it is not there (yet)."""
+        what = f"reading job {job_id}'s output"
+        with self.errors(what):
+            output = self.client.jobs.get(job_id).outputs[OUTPUT]
+        where = _OUTPUT_PATH.search(str(getattr(output, "path", "") or ""))
+        if where is None:
+            return None
+        container, _ = self._datastore(where["datastore"], what)
+        try:
+            return bytes(container.download_blob(f"{where['path'].strip('/')}/{name}").readall())
+        except ResourceNotFoundError:
+            return None
+        except AzureError as err:  # the storage's refusal or silence, named as such
+            raise storage_refusal(what, err, None) or ddlkit.ConfigError(f"{what}: {_first_line(err, None)}") from None
+
+    def upload_snapshot(self, target: AzureMLTarget, spec: JobSpec) -> None:
+        """The job's code snapshot (``code/`` and ``code.json`` of its directory) to
+        ``<compute.code_root>/<digest>/``, unless that digest's ``code.json`` is there: it is
+        uploaded last, so its presence says every file before it arrived (:meth:`_datastore`'s
+        route)."""
         uri = target.snapshot_uri(str(spec.code_digest))
         datastore, prefix = target.code_datastore, target.snapshot_path(str(spec.code_digest))
-        with self.errors(f"reading datastore {datastore} (compute.code_root)", spec.secret_env):
-            info = get_datastore_info(self.client.datastores, datastore)
-        kind = info["storage_type"]  # the SDK's DatastoreType, a str
+        container, kind = self._datastore(
+            datastore, f"reading datastore {datastore} (compute.code_root)", spec.secret_env
+        )
         if kind != "AzureBlob":
             raise ddlkit.ConfigError(
                 f"compute.code_root={target.cfg.code_root} names datastore {datastore}, of type "
                 f"{getattr(kind, 'value', kind)}: code snapshots go to a blob datastore, e.g. "
                 "azureml://datastores/workspaceblobstore/paths/ddlkit-code."
             )
-        container = BlobServiceClient(
-            account_url=info["account_url"], credential=info["credential"]
-        ).get_container_client(info["container_name"])
         files = [
             p.relative_to(spec.job_dir).as_posix() for p in sorted((spec.job_dir / CODE_DIR).rglob("*")) if p.is_file()
         ]
@@ -620,7 +648,12 @@ def storage_refusal(what: str, err: BaseException, secrets: Mapping[str, str] | 
     """``err`` as one line when a storage account answered it, or did not answer (else None): an
     answer names its account (its URL); a connection that was not made is the storage's when the
     storage SDK raised it (through a proxy, nothing in the error names the host). The SDK raises a
-    refusal as it is, or wrapped in a plain ``Exception`` of its own words."""
+    refusal as it is, or wrapped in a plain ``Exception`` of its own words. A SAS in what it quotes
+    (the SDK's own, for the upload) is redacted with ``secrets``."""
+
+    def said(text: str) -> ddlkit.ConfigError:
+        return ddlkit.ConfigError(redact_text(scrub(text, dict(secrets or {}))))
+
     chain: list[BaseException] = []
     current: BaseException | None = err
     while current is not None and current not in chain:
@@ -630,7 +663,7 @@ def storage_refusal(what: str, err: BaseException, secrets: Mapping[str, str] | 
         if isinstance(current, (ServiceRequestError, ServiceResponseError)) and _raised_by_storage(current):
             account = _STORAGE_HOST.match(endpoint_of(current) or "")
             storage = "the workspace's storage" + (f" account {account.group(1)}" if account else "")
-            return ddlkit.ConfigError(
+            return said(
                 f"{what}: no answer from {storage} ({network_reason(current)}), retried and given up: check the "
                 "network to it (proxy, firewall, DNS; a storage account's firewall may admit some networks "
                 "only), then run the command again."
@@ -646,13 +679,13 @@ def storage_refusal(what: str, err: BaseException, secrets: Mapping[str, str] | 
             f"({code or _first_line(current, secrets)})"
         )
         if current.status_code in (401, 403):
-            return ddlkit.ConfigError(
+            return said(
                 f"{what}: {answer}: the workspace's credential for its default datastore must allow writing (a "
                 "rotated account key: `az ml datastore update`; a SAS token: write, create and list permissions), "
                 "and for an identity-based datastore the signed-in identity needs the 'Storage Blob Data "
                 "Contributor' role on the storage account."
             )
-        return ddlkit.ConfigError(f"{what}: {answer}.")
+        return said(f"{what}: {answer}.")
     return None
 
 
@@ -751,6 +784,18 @@ class AzureMLScheduler(Scheduler):
                 file=sys.stderr,
                 flush=True,
             )
+
+    def peek(self, job_id: str, job_dir: Path) -> None:
+        """Rank 0's ``telemetry.json`` from the job's output while the job runs, for ``ddlkit jobs
+        status``: the output is a read-write mount of a datastore path, where a file is once it was
+        written (rank 0 replaces it whole every few seconds). An ended job's files come with
+        :meth:`fetch`; a file that cannot be read now leaves the launcher's copy as it was."""
+        if self.details(job_id).status in TERMINAL:
+            return
+        with contextlib.suppress(ddlkit.DdlkitError):
+            data = self.workspace.read_output(job_id, TELEMETRY_FILE)
+            if data is not None:
+                replace_text(Path(job_dir) / TELEMETRY_FILE, data.decode("utf-8", errors="replace"))
 
     # ------------------------------------------------------------ rank 0's log
     def read_log(self, job_id: str, offset: int) -> str:

@@ -156,6 +156,7 @@ credential helpers (`DefaultAzureCredential` without the browser, one-line sign-
 
 from __future__ import annotations
 
+import contextlib
 import re
 import shutil
 from collections.abc import Callable, Iterator, Sequence
@@ -167,12 +168,13 @@ from typing import TYPE_CHECKING, Any, Literal
 from omegaconf import MISSING
 
 import ddlkit
+from ddlkit.atomic import replace_text
 from ddlkit.compute.containers import DEFAULT_REGISTRY, default_image, ensure_pullable
 from ddlkit.compute.gang import GangConfig
 from ddlkit.compute.outcome import Observation
 from ddlkit.compute.scheduler import Scheduler, SchedulerJob
 from ddlkit.interfaces import JobSpec, JobState
-from ddlkit.jobdir import CODE_DIR, RANKS_DIR, STATE_DIR
+from ddlkit.jobdir import CODE_DIR, RANKS_DIR, STATE_DIR, TELEMETRY_FILE
 from ddlkit.options import MASTER_PORT, POSITIVE, checked
 
 from .ranged import RangedLog, follow_paced
@@ -499,6 +501,17 @@ class BatchAIScheduler(Scheduler):
             running=f"Batch AI job {job_id} runs on: waiting for it to end without its log; {self.attach_hint} "
             "follows the log again",
         )
+
+    def peek(self, job_id: str, job_dir: Path) -> None:
+        """Rank 0's ``telemetry.json`` from the job's output directory (on the file share, where the
+        ranks write) while the job runs, for ``ddlkit jobs status``; a file that cannot be read now
+        leaves the launcher's copy as it was. An ended job's files come with :meth:`fetch`."""
+        if job_id in self._ended:
+            return
+        with contextlib.suppress(ddlkit.DdlkitError):
+            data = self.service.output_file(job_id, JOB_DIRECTORY_ID, TELEMETRY_FILE)
+            if data is not None:
+                replace_text(Path(job_dir) / TELEMETRY_FILE, data.decode("utf-8", errors="replace"))
 
     def fetch(self, job_id: str, job_dir: Path) -> None:
         """Download the job's output directory ``JOB`` (what the ranks wrote, their exit records

@@ -1037,6 +1037,19 @@ class Service:
         data = self._fetch(found["stdout.txt"].download_url, start=max(0, size - _TAIL_BYTES))
         return data.decode("utf-8", errors="replace").splitlines()[-lines:] or ["(empty)"]
 
+    def output_file(self, name: str, directory_id: str, filename: str) -> bytes | None:
+        """The file ``filename`` at the top of the job's output directory ``directory_id`` as it is
+        now; None when it is not there (yet)."""
+        entry = next(
+            (
+                f
+                for f in self.output_files(name, directory_id)
+                if f.name == filename and str(f.file_type).lower() != "directory"
+            ),
+            None,
+        )
+        return None if entry is None else self._fetch(entry.download_url, what=f"reading {filename} of job {name}")
+
     def download_outputs(self, name: str, job_dir: Path, *, skip: Sequence[str] = ()) -> None:
         """The ``JOB`` output directory into ``job_dir``, file by file (each written atomically)."""
         pending = ["."]

@@ -202,6 +202,8 @@ class LoopbackWorkspace:
         self.record_lag_s = 0.0
         #: answer a ranged read of a log file 200 with the whole file, as a server that ignores ``Range`` does
         self.ignore_range = False
+        #: seconds between two flushes of a running job's mounted outputs into their datastore
+        self.mount_flush_s = 1.0
         #: the credentials the workspace hands out for its storage (a datastore's secrets, a pending
         #: upload's SAS): "full"; "rotated" (signed with another key: every request is answered 403
         #: AuthenticationFailed); "read-only" (a SAS that reads and lists: the first write is answered
@@ -799,7 +801,14 @@ class LoopbackWorkspace:
             return False
         job.set_state(RUNNING)
         job.started = job.started or _now()
-        code = self._execute(job, code_dir, mounts)
+        ended = threading.Event()
+        flusher = threading.Thread(target=self._flush_outputs, args=(mounts, ended), daemon=True)
+        flusher.start()
+        try:
+            code = self._execute(job, code_dir, mounts)
+        finally:
+            ended.set()
+            flusher.join()
         preempted = job.preempt_event.is_set() and not job.cancel_event.is_set()
         if not job.cancel_event.is_set():
             job.set_state(FINALIZING)
@@ -827,6 +836,31 @@ class LoopbackWorkspace:
             )
             job.set_state(FAILED)
         return False
+
+    def _flush_outputs(self, mounts: dict, ended: threading.Event) -> None:
+        """While a job runs, every :attr:`mount_flush_s`: the files of its mounted outputs that are new
+        or changed since, into their datastore -- as Azure ML's read-write mount (blobfuse) uploads a
+        file once it is written. Files removed stay until the job's end makes the datastore hold
+        exactly what the job left."""
+        written: dict[Path, tuple[int, int]] = {}
+        outputs = [
+            (local, self._container(self.datastores[store]), path.strip("/"))
+            for (kind, _name), (local, uri) in mounts.items()
+            if kind == "outputs" and uri
+            for store, path in [self.parse_datastore_uri(uri)]
+        ]
+        while not ended.wait(self.mount_flush_s):
+            for local, container, prefix in outputs:
+                for file in Path(local).rglob("*"):
+                    try:
+                        stat = file.stat()
+                        if not file.is_file() or written.get(file) == (stat.st_mtime_ns, stat.st_size):
+                            continue
+                        with open(file, "rb") as f:
+                            container.upload_blob(f"{prefix}/{file.relative_to(local).as_posix()}", f, overwrite=True)
+                        written[file] = (stat.st_mtime_ns, stat.st_size)
+                    except OSError:
+                        continue  # a temporary file, replaced meanwhile
 
     def _image(self, job: LoopbackJob) -> str | None:
         """The image of the job's environment: its ``image``, or the one built from its build context
