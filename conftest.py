@@ -26,15 +26,18 @@ ROOT = Path(__file__).resolve().parent
 CORE_TIER = "not slow and not plugins and not extras"
 
 #: the order of the full suite's parts, longest first: two workers take one test file at a time each
-#: (pyproject.toml's addopts), so the longest suites start first and the short ones fill in at the end
+#: (pyproject.toml's addopts), so the longest suites and files (minutes each) start first and the short
+#: ones fill in at the end, where a long file picked up last would leave the other worker idle
 LONGEST_FIRST = (
     "plugins/ddlkit-ray",
     "plugins/ddlkit-slurm",
+    "plugins/ddlkit-pytorch/tests/test_fsdp.py",
+    "tests/docker/test_images.py",
+    "plugins/ddlkit-azure",
     "tests",
     "plugins/ddlkit-pytorch",
     "plugins/ddlkit-tensorflow",
     "plugins/ddlkit-keras",
-    "plugins/ddlkit-azure",
     "plugins/ddlkit-wandb",
     "plugins/ddlkit-tensorboard",
     "plugins/ddlkit-mpi",
