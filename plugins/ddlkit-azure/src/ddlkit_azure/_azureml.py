@@ -457,8 +457,7 @@ class Workspace:
     def check_cluster(self) -> None:
         """The workspace answers, the cluster exists and has room for the job's nodes."""
         c = self.cfg
-        with self.errors(f"reading workspace {c.workspace}", reading_workspace=True):
-            self._resource = self.client.workspaces.get(str(c.workspace))
+        self._read_workspace()
         with self.errors(f"reading cluster {c.cluster}"):
             try:
                 cluster = self.client.compute.get(str(c.cluster))
@@ -475,6 +474,12 @@ class Workspace:
                 f"compute.nodes, or raise the cluster's maximum (az ml compute update --name {c.cluster} "
                 f"--max-instances {c.nodes})."
             )
+
+    def _read_workspace(self) -> Any:
+        """The workspace's ARM resource, read now (and kept for :meth:`key_vault`)."""
+        with self.errors(f"reading workspace {self.cfg.workspace}", reading_workspace=True):
+            self._resource = self.client.workspaces.get(str(self.cfg.workspace))
+        return self._resource
 
     def _datastore(self, name: str, what: str, secrets: Mapping[str, str] | None = None) -> tuple[Any, str]:
         """A client of datastore ``name``'s container, with the datastore's own credential (a SAS it
@@ -502,8 +507,8 @@ class Workspace:
             return bytes(container.download_blob(f"{where['path'].strip('/')}/{name}").readall())
         except ResourceNotFoundError:
             return None
-        except AzureError as err:  # the storage's refusal or silence, named as such
-            raise storage_refusal(what, err, None) or ddlkit.ConfigError(f"{what}: {_first_line(err, None)}") from None
+        except AzureError as err:
+            raise storage_error(what, err, None) from None
 
     def upload_snapshot(self, target: AzureMLTarget, spec: JobSpec) -> None:
         """The job's code snapshot (``code/`` and ``code.json`` of its directory) to
@@ -535,17 +540,8 @@ class Workspace:
             with ThreadPoolExecutor(UPLOAD_WORKERS) as pool:
                 list(pool.map(put, files))
             put(CODE_FILE)
-        except HttpResponseError as err:
-            raise ddlkit.ConfigError(
-                f"uploading the code snapshot to {uri}: the datastore's storage answered {err.status_code}: "
-                f"{_first_line(err, spec.secret_env)} (writing needs the datastore's credential, or for an "
-                "identity-based datastore the 'Storage Blob Data Contributor' role on its storage account)."
-            ) from None
-        except (ServiceRequestError, ServiceResponseError) as err:
-            raise ddlkit.ConfigError(
-                f"uploading the code snapshot to {uri}: cannot reach the datastore's storage "
-                f"({_first_line(err, spec.secret_env)})."
-            ) from None
+        except AzureError as err:
+            raise storage_error(f"uploading the code snapshot to {uri}", err, spec.secret_env) from None
 
     def key_vault(self) -> str:
         """The URL of the vault that takes the job's secrets: ``compute.key_vault``, or the workspace's
@@ -553,10 +549,8 @@ class Workspace:
         c = self.cfg
         if c.key_vault:
             return str(c.key_vault).rstrip("/")
-        if self._resource is None:
-            with self.errors(f"reading workspace {c.workspace}", reading_workspace=True):
-                self._resource = self.client.workspaces.get(str(c.workspace))
-        url = keyvault.vault_url_of(str(getattr(self._resource, "key_vault", None) or ""))
+        resource = self._resource if self._resource is not None else self._read_workspace()
+        url = keyvault.vault_url_of(str(getattr(resource, "key_vault", None) or ""))
         if url is None:
             raise ddlkit.ConfigError(
                 f"workspace {c.workspace} names no key vault for the job's secrets: name one with "
@@ -680,13 +674,19 @@ def storage_refusal(what: str, err: BaseException, secrets: Mapping[str, str] | 
         )
         if current.status_code in (401, 403):
             return said(
-                f"{what}: {answer}: the workspace's credential for its default datastore must allow writing (a "
+                f"{what}: {answer}: the datastore's credential, which the workspace holds, must allow writing (a "
                 "rotated account key: `az ml datastore update`; a SAS token: write, create and list permissions), "
                 "and for an identity-based datastore the signed-in identity needs the 'Storage Blob Data "
                 "Contributor' role on the storage account."
             )
         return said(f"{what}: {answer}.")
     return None
+
+
+def storage_error(what: str, err: BaseException, secrets: Mapping[str, str] | None) -> ddlkit.ConfigError:
+    """An error of a call that only speaks to storage, as one line: :func:`storage_refusal`'s, else
+    the error's first line."""
+    return storage_refusal(what, err, secrets) or ddlkit.ConfigError(f"{what}: {_first_line(err, secrets)}")
 
 
 def _raised_by_storage(err: BaseException) -> bool:
